@@ -1,0 +1,25 @@
+# fl_add_test(NAME <name> SOURCES <files...> LIBS <targets...> [LABELS <labels...>] [TIMEOUT <s>])
+#
+# One test executable per test file (leveldb's habit), registered with CTest test by test through
+# gtest_discover_tests so that `ctest -R` and labels work at the granularity of single tests.
+# Every suite carries a speed label: `fast` (default) or `slow`; `ctest -L fast` runs the quick ones alone.
+include(GoogleTest)
+
+function(fl_add_test)
+  cmake_parse_arguments(ARG "" "NAME;TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  if(NOT FL_BUILD_TESTS)
+    return()
+  endif()
+  if(NOT ARG_LABELS)
+    set(ARG_LABELS fast)
+  endif()
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 300)
+  endif()
+  add_executable(${ARG_NAME} ${ARG_SOURCES})
+  fl_target_defaults(${ARG_NAME})
+  target_link_libraries(${ARG_NAME} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gtest_main)
+  gtest_discover_tests(${ARG_NAME}
+    PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
+    DISCOVERY_TIMEOUT 60)
+endfunction()

@@ -1,0 +1,143 @@
+#include "fl/core/tensor_spec.h"
+
+#include <cmath>
+#include <limits>
+
+#include <gtest/gtest.h>
+
+#include "fl/core/checksum.h"
+#include "fl/core/flat_params.h"
+
+namespace fl::core {
+namespace {
+
+std::vector<TensorSpec> SmallCnn() {
+  return {{"conv1.weight", {8, 1, 3, 3}, DType::kFloat32, 0},
+          {"conv1.bias", {8}, DType::kFloat32, 0},
+          {"bn.num_batches_tracked", {}, DType::kInt64, 0},
+          {"fc.weight", {10, 32}, DType::kFloat32, 0}};
+}
+
+TEST(ModelSpecTest, AssignsContiguousOffsets) {
+  auto spec = ModelSpec::Create(SmallCnn());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_EQ(spec->num_tensors(), 4u);
+  EXPECT_EQ(spec->tensors()[0].offset, 0u);
+  EXPECT_EQ(spec->tensors()[1].offset, 72u);
+  EXPECT_EQ(spec->tensors()[2].offset, 80u);  // a scalar has one element
+  EXPECT_EQ(spec->tensors()[3].offset, 81u);
+  EXPECT_EQ(spec->num_elements(), 81u + 320u);
+}
+
+TEST(ModelSpecTest, FingerprintIsStableAcrossBuilds) {
+  auto a = ModelSpec::Create(SmallCnn());
+  auto b = ModelSpec::Create(SmallCnn());
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->fingerprint(), b->fingerprint());
+  // Pinned value: the fingerprint is part of the wire protocol, so a change to its algorithm must be a
+  // deliberate protocol change, not an accident.
+  EXPECT_EQ(a->FingerprintHex().size(), 16u);
+}
+
+TEST(ModelSpecTest, FingerprintChangesWithShapeNameDtypeAndOrder) {
+  const uint64_t base = ModelSpec::Create(SmallCnn())->fingerprint();
+  auto reshaped = SmallCnn();
+  reshaped[3].shape = {32, 10};  // same element count, different shape
+  EXPECT_NE(ModelSpec::Create(reshaped)->fingerprint(), base);
+  auto renamed = SmallCnn();
+  renamed[1].name = "conv1.b";
+  EXPECT_NE(ModelSpec::Create(renamed)->fingerprint(), base);
+  auto retyped = SmallCnn();
+  retyped[0].dtype = DType::kFloat16;
+  EXPECT_NE(ModelSpec::Create(retyped)->fingerprint(), base);
+  auto reordered = SmallCnn();
+  std::swap(reordered[0], reordered[1]);
+  EXPECT_NE(ModelSpec::Create(reordered)->fingerprint(), base);
+}
+
+TEST(ModelSpecTest, RejectsDuplicateEmptyAndNegative) {
+  auto dup = SmallCnn();
+  dup[1].name = "conv1.weight";
+  auto s = ModelSpec::Create(dup);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("conv1.weight"), std::string::npos);
+  auto empty = SmallCnn();
+  empty[2].name = "";
+  EXPECT_FALSE(ModelSpec::Create(empty).ok());
+  auto neg = SmallCnn();
+  neg[0].shape = {8, -1};
+  s = ModelSpec::Create(neg);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("[8, -1]"), std::string::npos);
+}
+
+TEST(ModelSpecTest, TensorIndexOfElement) {
+  auto spec = ModelSpec::Create(SmallCnn());
+  EXPECT_EQ(spec->TensorIndexOfElement(0), 0u);
+  EXPECT_EQ(spec->TensorIndexOfElement(71), 0u);
+  EXPECT_EQ(spec->TensorIndexOfElement(72), 1u);
+  EXPECT_EQ(spec->TensorIndexOfElement(80), 2u);
+  EXPECT_EQ(spec->TensorIndexOfElement(81), 3u);
+  EXPECT_EQ(spec->TensorIndexOfElement(400), 3u);
+}
+
+TEST(ModelSpecTest, CheckMatchesSpecNamesBothFingerprints) {
+  auto spec = ModelSpec::Create(SmallCnn());
+  EXPECT_TRUE(CheckMatchesSpec(*spec, spec->fingerprint(), spec->num_elements(), "update").ok());
+  auto bad = CheckMatchesSpec(*spec, 0x1234, spec->num_elements(), "update from client 7");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("client 7"), std::string::npos);
+  EXPECT_NE(bad.message().find("0000000000001234"), std::string::npos);
+  EXPECT_NE(bad.message().find(spec->FingerprintHex()), std::string::npos);
+  EXPECT_FALSE(CheckMatchesSpec(*spec, spec->fingerprint(), spec->num_elements() - 1, "update").ok());
+}
+
+TEST(CheckFiniteTest, NamesTensorAndElement) {
+  auto spec = std::make_shared<ModelSpec>(*ModelSpec::Create(SmallCnn()));
+  FlatParams params(spec);
+  EXPECT_TRUE(CheckFinite(params.values(), "update", spec.get()).ok());
+  params.values()[75] = std::numeric_limits<float>::quiet_NaN();
+  auto s = CheckFinite(params.values(), "update", spec.get());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("conv1.bias"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("element 3"), std::string::npos) << s.message();
+  params.values()[75] = 0;
+  params.values()[100] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(CheckFinite(params.values(), "update").ok());
+}
+
+TEST(FlatParamsTest, TensorViewsAliasTheBuffer) {
+  auto spec = std::make_shared<ModelSpec>(*ModelSpec::Create(SmallCnn()));
+  FlatParams params(spec);
+  ASSERT_EQ(params.size(), spec->num_elements());
+  auto bias = params.tensor("conv1.bias");
+  ASSERT_TRUE(bias.ok());
+  ASSERT_EQ(bias->size(), 8u);
+  (*bias)[2] = 5.0f;
+  EXPECT_EQ(params.values()[74], 5.0f);
+  EXPECT_EQ(params.tensor(1)[2], 5.0f);
+  EXPECT_FALSE(params.tensor("nope").ok());
+  EXPECT_FALSE(FlatParams::FromValues(spec, std::vector<float>(3)).ok());
+  EXPECT_TRUE(FlatParams::FromValues(spec, std::vector<float>(spec->num_elements())).ok());
+}
+
+TEST(Checksum64Test, DetectsEveryFlippedBitAndTruncation) {
+  std::vector<uint8_t> bytes(1000);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 37 + 11);
+  const uint64_t base = Checksum64(bytes);
+  EXPECT_EQ(base, Checksum64(bytes));
+  for (size_t i = 0; i < bytes.size(); i += 7) {
+    for (int bit = 0; bit < 8; ++bit) {
+      bytes[i] ^= static_cast<uint8_t>(1 << bit);
+      EXPECT_NE(Checksum64(bytes), base) << "byte " << i << " bit " << bit;
+      bytes[i] ^= static_cast<uint8_t>(1 << bit);
+    }
+  }
+  for (size_t len = 0; len < bytes.size(); len += 13) {
+    EXPECT_NE(Checksum64(std::span(bytes).first(len)), base) << len;
+  }
+  EXPECT_NE(Checksum64(bytes, 1), base);
+}
+
+}  // namespace
+}  // namespace fl::core
