@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Installs every Debian package that the build, the tests and the tools of the testbed need.
+#
+# Idempotent: when everything is installed it only checks and exits. Supports Debian 12 (bookworm) on
+# amd64 and arm64 (Raspberry Pi OS 64-bit is Debian 12 arm64); anything else is refused with a clear
+# message, because the package names and versions below are those of Debian 12.
+#
+# Usage: deploy/install-deps.sh [--check]   (--check: report what is missing, install nothing)
+set -euo pipefail
+
+PACKAGES=(
+  # toolchain
+  g++ cmake ninja-build ccache pkgconf make git ca-certificates
+  # control plane: gRPC + protobuf (+ abseil, which gRPC already pulls in)
+  libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  # island data plane
+  libzmq3-dev cppzmq-dev
+  # records and metrics
+  libsqlite3-dev sqlite3 prometheus-cpp-dev
+  # training
+  libtorch-dev
+  # configuration, CLI, logging, JSON
+  libyaml-cpp-dev libcli11-dev libspdlog-dev nlohmann-json3-dev
+  # tests and benchmarks
+  libgtest-dev libgmock-dev libbenchmark-dev prometheus
+  # real data: Fashion-MNIST images, human text for the small language model
+  dataset-fashion-mnist fortunes-min
+  # link emulation (ip netns, tc)
+  iproute2
+)
+
+die() { echo "install-deps: $*" >&2; exit 1; }
+
+check_platform() {
+  [[ -r /etc/os-release ]] || die "cannot read /etc/os-release; this script supports Debian 12 (bookworm) only"
+  # shellcheck disable=SC1091
+  . /etc/os-release
+  local id="${ID:-unknown}" version="${VERSION_ID:-unknown}"
+  if [[ "$id" != "debian" && "$id" != "raspbian" && "${ID_LIKE:-}" != *debian* ]] || [[ "$version" != "12" ]]; then
+    die "this is ${PRETTY_NAME:-$id $version}; the testbed's dependencies are Debian 12 (bookworm) packages. " \
+        "Use Debian 12 or Raspberry Pi OS (bookworm), or set FL_SKIP_PLATFORM_CHECK=1 to try anyway."
+  fi
+  local arch
+  arch="$(dpkg --print-architecture)"
+  case "$arch" in
+    amd64|arm64) ;;
+    *) die "architecture '$arch' is not supported: use amd64 or arm64 (64-bit Raspberry Pi OS); LibTorch is not packaged for '$arch'" ;;
+  esac
+}
+
+missing_packages() {
+  local p status
+  for p in "${PACKAGES[@]}"; do
+    status="$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)"
+    [[ "$status" == "install ok installed" ]] || echo "$p"
+  done
+}
+
+main() {
+  [[ "${FL_SKIP_PLATFORM_CHECK:-0}" == "1" ]] || check_platform
+  command -v dpkg-query >/dev/null || die "dpkg-query not found: this script needs a Debian system"
+
+  mapfile -t missing < <(missing_packages)
+  if [[ ${#missing[@]} -eq 0 ]]; then
+    echo "install-deps: all ${#PACKAGES[@]} packages are installed"
+    return 0
+  fi
+  echo "install-deps: missing ${#missing[@]} package(s): ${missing[*]}"
+  if [[ "${1:-}" == "--check" ]]; then
+    return 1
+  fi
+
+  local sudo=()
+  if [[ "$(id -u)" -ne 0 ]]; then
+    command -v sudo >/dev/null || die "run as root (or install sudo) to install: ${missing[*]}"
+    sudo=(sudo)
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo[@]}" apt-get update
+  "${sudo[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
+
+  mapfile -t still_missing < <(missing_packages)
+  if [[ ${#still_missing[@]} -ne 0 ]]; then
+    die "these packages are still not installed after apt-get: ${still_missing[*]}; check the apt output above"
+  fi
+  echo "install-deps: installed ${#missing[@]} package(s)"
+}
+
+main "$@"
