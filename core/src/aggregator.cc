@@ -1,0 +1,353 @@
+#include "fl/core/aggregator.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "fl/core/str_cat.h"
+
+namespace fl::core {
+namespace {
+
+// The range check used by every aggregator, on bit patterns: for non-negative IEEE floats the integer
+// order of the bits is the numeric order, and NaN/Inf have the largest patterns of all, so one integer
+// comparison per value checks finiteness and range together. `limit_bits - abs_bits` is negative exactly
+// when abs_bits > limit_bits (both lie in [0, 2^31): no overflow), and OR-ing the differences keeps the
+// sign bit of any negative one. kLanes independent accumulators let the compiler vectorize the loops
+// with no branch inside: the check rides along with the pass that uses the values, at no extra read.
+constexpr size_t kLanes = 16;
+constexpr int32_t kLimitBits = std::bit_cast<int32_t>(kMaxUpdateAbsValue);
+
+inline int32_t RangeBits(float x) { return kLimitBits - (std::bit_cast<int32_t>(x) & 0x7fffffff); }
+
+template <size_t N>
+bool NoneNegative(const int32_t (&lanes)[N], int32_t tail) {
+  int32_t any = tail;
+  for (size_t j = 0; j < N; ++j) any |= lanes[j];
+  return any >= 0;
+}
+
+// next[i] = acc[i] + weight * x[i]; true when every x[i] passed the range check.
+bool FusedAccumulate(const float* __restrict x, const float* __restrict acc, float* __restrict next, size_t n,
+                     float weight) {
+  int32_t lanes[kLanes] = {};
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (size_t j = 0; j < kLanes; ++j) {
+      lanes[j] |= RangeBits(x[i + j]);
+      next[i + j] = acc[i + j] + weight * x[i + j];
+    }
+  }
+  int32_t tail = 0;
+  for (; i < n; ++i) {
+    tail |= RangeBits(x[i]);
+    next[i] = acc[i] + weight * x[i];
+  }
+  return NoneNegative(lanes, tail);
+}
+
+// The same with x and next being one buffer (AddEncoded decodes into the spare accumulator): x_next[i] =
+// acc[i] + weight * x_next[i]. A separate function because the restrict-qualified one must not alias.
+bool FusedAccumulateInPlace(float* __restrict x_next, const float* __restrict acc, size_t n, float weight) {
+  int32_t lanes[kLanes] = {};
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (size_t j = 0; j < kLanes; ++j) {
+      lanes[j] |= RangeBits(x_next[i + j]);
+      x_next[i + j] = acc[i + j] + weight * x_next[i + j];
+    }
+  }
+  int32_t tail = 0;
+  for (; i < n; ++i) {
+    tail |= RangeBits(x_next[i]);
+    x_next[i] = acc[i] + weight * x_next[i];
+  }
+  return NoneNegative(lanes, tail);
+}
+
+// dst[i] = x[i]; true when every x[i] passed the range check.
+bool FusedCopy(const float* __restrict x, float* __restrict dst, size_t n) {
+  int32_t lanes[kLanes] = {};
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (size_t j = 0; j < kLanes; ++j) {
+      lanes[j] |= RangeBits(x[i + j]);
+      dst[i + j] = x[i + j];
+    }
+  }
+  int32_t tail = 0;
+  for (; i < n; ++i) {
+    tail |= RangeBits(x[i]);
+    dst[i] = x[i];
+  }
+  return NoneNegative(lanes, tail);
+}
+
+bool AllInRange(const float* x, size_t n) {
+  int32_t lanes[kLanes] = {};
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (size_t j = 0; j < kLanes; ++j) lanes[j] |= RangeBits(x[i + j]);
+  }
+  int32_t tail = 0;
+  for (; i < n; ++i) tail |= RangeBits(x[i]);
+  return NoneNegative(lanes, tail);
+}
+
+std::string Describe(std::string_view source) { return fl::StrCat("update from ", source); }
+
+absl::Status Prefixed(const absl::Status& status, std::string_view source) {
+  return absl::Status(status.code(), fl::StrCat(Describe(source), ": ", fl::ToStd(status.message())));
+}
+
+// Copies a block of `width` coordinates starting at `base` from every row into `columns`, one column of
+// rows.size() values per coordinate: order statistics then work on contiguous memory, and each row is
+// read sequentially.
+void GatherColumns(const std::vector<std::vector<float>>& rows, size_t num_rows, size_t base, size_t width,
+                   std::vector<float>& columns) {
+  for (size_t k = 0; k < num_rows; ++k) {
+    const float* row = rows[k].data() + base;
+    for (size_t j = 0; j < width; ++j) columns[j * num_rows + k] = row[j];
+  }
+}
+
+// Coordinates per block so that a block's columns stay within about 256 KiB (L2) whatever the count.
+size_t BlockWidth(size_t num_rows) { return std::max<size_t>(16, (size_t{1} << 16) / std::max<size_t>(1, num_rows)); }
+
+float MedianInPlace(float* v, size_t n) {
+  const size_t mid = n / 2;
+  std::nth_element(v, v + mid, v + n);
+  if (n % 2 == 1) return v[mid];
+  // Even count: the mean of the two middle values. The lower one is the largest of the lower half,
+  // which nth_element left (unordered) in front of v[mid]. Averaged in double: cannot overflow.
+  const float lower = *std::max_element(v, v + mid);
+  return static_cast<float>((static_cast<double>(lower) + static_cast<double>(v[mid])) * 0.5);
+}
+
+float TrimmedMeanInPlace(float* v, size_t n, size_t trim) {
+  if (trim > 0) {
+    // Afterwards v[trim, n - trim) holds exactly the values of ranks trim .. n - trim - 1.
+    std::nth_element(v, v + trim, v + n);
+    std::nth_element(v + trim, v + (n - trim - 1), v + n);
+  }
+  double sum = 0.0;
+  for (size_t i = trim; i < n - trim; ++i) sum += v[i];
+  return static_cast<float>(sum / static_cast<double>(n - 2 * trim));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------
+// Aggregator
+
+Aggregator::Aggregator(std::shared_ptr<const ModelSpec> spec) : spec_(std::move(spec)) {}
+
+absl::Status Aggregator::CheckHeader(double weight, uint64_t spec_fingerprint, uint64_t num_values,
+                                     std::string_view source) const {
+  if (absl::Status s = CheckMatchesSpec(*spec_, spec_fingerprint, num_values, Describe(source)); !s.ok()) {
+    return s;
+  }
+  // Written so that NaN fails it too.
+  if (!(weight >= kMinUpdateWeight && weight <= kMaxUpdateWeight)) {
+    return absl::InvalidArgumentError(fl::StrCat(
+        Describe(source), " has weight ", weight, "; a weight must be finite and in [", kMinUpdateWeight, ", ",
+        kMaxUpdateWeight, "] (use the client's example count, or 1 for equal weights)"));
+  }
+  if (num_updates_ >= kMaxUpdatesPerAggregate) {
+    return absl::ResourceExhaustedError(fl::StrCat(
+        Describe(source), " is refused: this aggregate already holds ", num_updates_,
+        " updates, the most one aggregate takes (the fp32 sum is only proven overflow-free up to that); "
+        "call Finish and start a new aggregate"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Aggregator::DescribeBadValues(std::span<const float> values, std::string_view source) const {
+  const std::string what = Describe(source);
+  if (absl::Status s = CheckFinite(values, what, spec_.get()); !s.ok()) return s;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (std::fabs(values[i]) <= kMaxUpdateAbsValue) continue;
+    const TensorSpec& t = spec_->tensors()[spec_->TensorIndexOfElement(i)];
+    return absl::InvalidArgumentError(fl::StrCat(
+        what, " contains ", values[i], " at tensor '", t.name, "' element ", i - t.offset, "; values beyond +-",
+        kMaxUpdateAbsValue, " are never aggregated: the client's training diverged"));
+  }
+  return absl::InternalError(fl::StrCat(what, " was refused but holds no out-of-range value"));
+}
+
+void Aggregator::Count(double weight) {
+  ++num_updates_;
+  total_weight_ += weight;
+}
+
+std::span<float> Aggregator::DecodeBuffer() {
+  decode_scratch_.resize(spec_->num_elements());
+  return decode_scratch_;
+}
+
+absl::Status Aggregator::Add(std::span<const float> values, double weight, uint64_t spec_fingerprint,
+                             std::string_view source) {
+  if (absl::Status s = CheckHeader(weight, spec_fingerprint, values.size(), source); !s.ok()) return s;
+  if (!TryAdd(values, static_cast<float>(weight))) return DescribeBadValues(values, source);
+  Count(weight);
+  return absl::OkStatus();
+}
+
+absl::Status Aggregator::AddEncoded(const Codec& codec, std::span<const uint8_t> payload, double weight,
+                                    uint64_t spec_fingerprint, std::string_view source) {
+  // The header says how many values the payload holds: check it against the model before decoding so
+  // that a wrong-sized update gets the same error as through Add.
+  absl::StatusOr<PayloadInfo> info = PeekPayload(payload);
+  if (!info.ok()) return Prefixed(info.status(), source);
+  if (info->kind != codec.kind()) {
+    return absl::InvalidArgumentError(fl::StrCat(Describe(source), " is a '", CodecKindName(info->kind),
+                                                 "' payload but was handed to the '", codec.name(),
+                                                 "' codec; pick the codec with PeekPayload"));
+  }
+  if (absl::Status s = CheckHeader(weight, spec_fingerprint, info->num_values, source); !s.ok()) return s;
+  // Decode, then add exactly as Add does (rather than DecodeAccumulate into the sum): decoded values are
+  // finite but may still exceed kMaxUpdateAbsValue (an fp32 or bf16 payload can carry 1e38), and the
+  // range check must pass before anything touches the aggregate.
+  std::span<float> buffer = DecodeBuffer();
+  if (absl::Status s = codec.Decode(payload, buffer); !s.ok()) return Prefixed(s, source);
+  if (!TryAdd(buffer, static_cast<float>(weight))) {
+    // TryAdd may have overwritten the decoded values (the mean reuses them); decode again to say which
+    // value was out of range. Rare: only a payload with values beyond 2^64 gets here.
+    buffer = DecodeBuffer();
+    if (absl::Status s = codec.Decode(payload, buffer); !s.ok()) return Prefixed(s, source);
+    return DescribeBadValues(buffer, source);
+  }
+  Count(weight);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> Aggregator::Finish() const {
+  if (num_updates_ == 0) {
+    return absl::FailedPreconditionError(fl::StrCat(
+        "cannot finish a '", name(), "' aggregate with no accepted updates (model fingerprint ",
+        spec_->FingerprintHex(), "); check why every client's update was rejected or missing"));
+  }
+  std::vector<float> out(spec_->num_elements());
+  FinishInto(out);
+  return out;
+}
+
+void Aggregator::Reset() {
+  num_updates_ = 0;
+  total_weight_ = 0.0;
+  ResetState();
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// WeightedMeanAggregator
+
+WeightedMeanAggregator::WeightedMeanAggregator(std::shared_ptr<const ModelSpec> spec)
+    : Aggregator(std::move(spec)),
+      acc_(this->spec().num_elements(), 0.0f),
+      spare_(this->spec().num_elements(), 0.0f) {}
+
+bool WeightedMeanAggregator::TryAdd(std::span<const float> values, float weight) {
+  const bool ok = values.data() == spare_.data()
+                      ? FusedAccumulateInPlace(spare_.data(), acc_.data(), acc_.size(), weight)
+                      : FusedAccumulate(values.data(), acc_.data(), spare_.data(), acc_.size(), weight);
+  if (ok) acc_.swap(spare_);  // swaps the buffers' pointers, not their contents
+  return ok;
+}
+
+void WeightedMeanAggregator::FinishInto(std::span<float> out) const {
+  // Divided in double: W is a sum of doubles, and 1/W in fp32 would add a rounding for nothing.
+  const double inv_total = 1.0 / total_weight();
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(static_cast<double>(acc_[i]) * inv_total);
+}
+
+void WeightedMeanAggregator::ResetState() { std::fill(acc_.begin(), acc_.end(), 0.0f); }
+
+// ---------------------------------------------------------------------------------------------------------
+// BufferingAggregator and its reductions
+
+std::vector<float>& BufferingAggregator::NextRow() {
+  if (num_rows_ == rows_.size()) rows_.emplace_back();
+  std::vector<float>& row = rows_[num_rows_];
+  row.resize(spec().num_elements());
+  return row;
+}
+
+std::span<float> BufferingAggregator::DecodeBuffer() { return NextRow(); }
+
+bool BufferingAggregator::TryAdd(std::span<const float> values, float /*weight*/) {
+  std::vector<float>& row = NextRow();
+  // Decoded straight into the row by AddEncoded: only the check is left to do.
+  const bool ok = values.data() == row.data() ? AllInRange(row.data(), row.size())
+                                              : FusedCopy(values.data(), row.data(), row.size());
+  if (ok) ++num_rows_;  // a refused row stays unused, to be overwritten by the next update
+  return ok;
+}
+
+void BufferingAggregator::FinishInto(std::span<float> out) const {
+  const size_t n = num_rows_;
+  const size_t block = BlockWidth(n);
+  std::vector<float> columns(block * n);
+  for (size_t base = 0; base < out.size(); base += block) {
+    const size_t width = std::min(block, out.size() - base);
+    GatherColumns(rows_, n, base, width, columns);
+    for (size_t j = 0; j < width; ++j) out[base + j] = Reduce(&columns[j * n], n);
+  }
+}
+
+float CoordinateMedianAggregator::Reduce(float* column, size_t n) const { return MedianInPlace(column, n); }
+
+std::string TrimmedMeanAggregator::name() const { return fl::StrCat("trimmed_mean:", beta_); }
+
+float TrimmedMeanAggregator::Reduce(float* column, size_t n) const {
+  // As Flower's _trim_mean / scipy.stats.trim_mean: int(proportiontocut * nobs). beta < 0.5 keeps at
+  // least one value.
+  const size_t trim = static_cast<size_t>(beta_ * static_cast<double>(n));
+  return TrimmedMeanInPlace(column, n, trim);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Factories
+
+absl::StatusOr<std::unique_ptr<Aggregator>> MakeTrimmedMeanAggregator(std::shared_ptr<const ModelSpec> spec,
+                                                                      double beta) {
+  if (!(beta >= 0.0 && beta < 0.5)) {
+    return absl::InvalidArgumentError(fl::StrCat(
+        "trimmed mean fraction beta = ", beta,
+        " is out of range; beta is the fraction cut from EACH end and must be in [0, 0.5) (Flower's "
+        "default is 0.2)"));
+  }
+  return std::make_unique<TrimmedMeanAggregator>(std::move(spec), beta);
+}
+
+absl::StatusOr<std::unique_ptr<Aggregator>> MakeAggregator(std::string_view name,
+                                                           std::shared_ptr<const ModelSpec> spec) {
+  if (spec == nullptr) return absl::InvalidArgumentError("MakeAggregator needs a model spec, got null");
+  const size_t colon = name.find(':');
+  const std::string_view kind = name.substr(0, colon);
+  const bool has_param = colon != std::string_view::npos;
+  const std::string_view param = has_param ? name.substr(colon + 1) : std::string_view();
+
+  if (kind == "trimmed_mean" || kind == "fedtrimmedavg") {
+    double beta = 0.2;  // Flower FedTrimmedAvg's default
+    if (has_param && !absl::SimpleAtod(absl::string_view(param.data(), param.size()), &beta)) {
+      return absl::InvalidArgumentError(fl::StrCat("aggregator '", name, "': '", param,
+                                                   "' is not a number; write e.g. trimmed_mean:0.2"));
+    }
+    return MakeTrimmedMeanAggregator(std::move(spec), beta);
+  }
+  if (has_param && (kind == "mean" || kind == "fedavg" || kind == "median" || kind == "fedmedian")) {
+    return absl::InvalidArgumentError(
+        fl::StrCat("aggregator '", name, "': '", kind, "' takes no parameter; drop ':", param, "'"));
+  }
+  if (kind == "mean" || kind == "fedavg") return std::make_unique<WeightedMeanAggregator>(std::move(spec));
+  if (kind == "median" || kind == "fedmedian") {
+    return std::make_unique<CoordinateMedianAggregator>(std::move(spec));
+  }
+  return absl::InvalidArgumentError(
+      fl::StrCat("unknown aggregator '", name,
+                 "'; expected one of: mean (fedavg), median (fedmedian), trimmed_mean[:beta] (fedtrimmedavg)"));
+}
+
+}  // namespace fl::core
