@@ -1,18 +1,154 @@
 // fl-client: trains on its local shard and reports what each phase of a round cost it.
-//
-// This build provides the command line and the wire schema; training and the session are not implemented
-// yet, so any invocation other than --help/--version says so and exits non-zero.
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <iostream>
+#include <memory>
+#include <thread>
 
 #include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 
-#include "fl/v1/federation.grpc.pb.h"
+#include "fl/client/device_info.h"
+#include "fl/client/session.h"
+#include "fl/client/synthetic_trainer.h"
+#include "fl/core/log_format.h"
+#include "fl/core/str_cat.h"
+#include "fl/proto/convert.h"
+#ifdef FL_HAVE_TORCH_TRAINER
+#include "fl/client/torch_trainer.h"
+#endif
+
+namespace {
+
+struct ModelFlags {
+  std::string model = "cnn";
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  std::string partition = "iid";
+  uint32_t client_index = 0;
+  uint32_t num_clients = 1;
+  uint64_t partition_seed = 0;
+  uint64_t init_seed = 0;
+  std::string device = "auto";
+  int threads = 0;
+};
+
+absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainer(const ModelFlags& f) {
+  if (f.model.starts_with("synthetic:")) {
+    const std::string n = f.model.substr(10);
+    char* end = nullptr;
+    const unsigned long long params = std::strtoull(n.c_str(), &end, 10);
+    if (n.empty() || *end != '\0' || params == 0) {
+      return absl::InvalidArgumentError(fl::StrCat("--model=", f.model, ": expected synthetic:<number of parameters>"));
+    }
+    return std::unique_ptr<fl::client::Trainer>(
+        std::make_unique<fl::client::SyntheticTrainer>(params, 1000, f.init_seed));
+  }
+#ifdef FL_HAVE_TORCH_TRAINER
+  return fl::client::MakeTorchTrainerFromFlags(f.model, f.data_dir, f.partition, f.client_index, f.num_clients,
+                                               f.partition_seed, f.init_seed, f.device, f.threads);
+#else
+  return absl::UnimplementedError(fl::StrCat("--model=", f.model, ": this fl-client was built without LibTorch; "
+                                             "only synthetic:<params> is available"));
+#endif
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"fl-client: the federated-learning edge trainer (fl.v1 control plane over gRPC)"};
   app.set_version_flag("--version", std::string("fl-client ") + FL_VERSION);
+  fl::client::ClientOptions options;
+  ModelFlags model;
+  std::string device_class, link_kind = "ethernet", link_interface, link_profile, log_level = "info";
+  uint32_t give_up_s = 120;
+
+  app.add_option("--server", options.server_address, "fl-server address host:port")->capture_default_str();
+  app.add_option("--name", options.client_name, "Client name, unique in the experiment (default: host name + index)");
+  app.add_option("--model", model.model,
+                 "Model: cnn, squeezenet, or synthetic:<params> (transport benchmarks: no training)")
+      ->capture_default_str();
+  app.add_option("--data-dir", model.data_dir, "Fashion-MNIST directory (Debian's dataset-fashion-mnist)")
+      ->capture_default_str();
+  app.add_option("--partition", model.partition, "How the training set is split: iid, dirichlet:<alpha>, shards:<n>")
+      ->capture_default_str();
+  app.add_option("--client-index", model.client_index, "This client's index i in 0..n-1 (which shard it gets)")
+      ->capture_default_str();
+  app.add_option("--num-clients", model.num_clients, "Number of shards n the data is split into")->capture_default_str();
+  app.add_option("--partition-seed", model.partition_seed, "Seed of the partition (same on every client)")
+      ->capture_default_str();
+  app.add_option("--init-seed", model.init_seed, "Seed of the model's initial weights")->capture_default_str();
+  app.add_option("--device", model.device, "Where to train: auto, cpu or cuda")->capture_default_str();
+  app.add_option("--threads", model.threads, "Intra-op threads for training; 0: LibTorch's default")
+      ->capture_default_str();
+  app.add_option("--device-class", device_class, "Device class recorded with every figure (default: detected)");
+  app.add_option("--link-kind", link_kind, "Link to the server: ethernet, wifi, 5g, other")->capture_default_str();
+  app.add_option("--link-interface", link_interface, "Network interface the link uses (recorded)");
+  app.add_option("--link-profile", link_profile, "Emulated link profile name (recorded)");
+  app.add_option("--max-chunk-bytes", options.max_chunk_bytes, "Largest chunk of a model upload/download")
+      ->capture_default_str();
+  app.add_option("--give-up-after-s", give_up_s, "Exit with an error after this long without reaching the server")
+      ->capture_default_str();
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  std::cerr << "fl-client: training and the session are not built yet; this build offers --help and "
-            << "--version. It will speak " << fl::v1::Federation::service_full_name() << ".\n";
-  return 2;
+
+  spdlog::set_default_logger(spdlog::stderr_color_mt("fl-client"));
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  options.device = fl::client::DetectDevice(device_class);
+  if (options.client_name.empty()) {
+    options.client_name = fl::StrCat(options.device.hostname(), "-", model.client_index);
+  }
+  auto kind = fl::wire::ParseLinkKind(link_kind);
+  if (!kind.ok()) {
+    std::cerr << "fl-client: --link-kind: " << kind.status().message() << "\n";
+    return 2;
+  }
+  options.link.set_kind(*kind);
+  options.link.set_interface(link_interface);
+  options.link.set_profile(link_profile);
+  options.software_version = FL_VERSION;
+  options.give_up_after_ms = give_up_s * 1000;
+  options.seed = model.init_seed ^ model.client_index;
+  if (model.num_clients == 0 || model.client_index >= model.num_clients) {
+    std::cerr << "fl-client: --client-index=" << model.client_index << " must be below --num-clients="
+              << model.num_clients << "\n";
+    return 2;
+  }
+
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto trainer = MakeTrainer(model);
+  if (!trainer.ok()) {
+    std::cerr << "fl-client: " << trainer.status().message() << "\n";
+    return 2;
+  }
+  spdlog::info("model {}: {} tensors, {} parameters, fingerprint {}; {} train / {} test examples",
+               (*trainer)->model_name(), (*trainer)->spec().num_tensors(), (*trainer)->spec().num_elements(),
+               (*trainer)->spec().FingerprintHex(), (*trainer)->num_train_examples(), (*trainer)->num_test_examples());
+
+  fl::client::FederatedClient client(options, trainer->get());
+  std::atomic<bool> exiting{false};
+  std::thread signal_thread([&] {
+    int sig = 0;
+    if (sigwait(&signals, &sig) != 0 || exiting.load()) return;
+    spdlog::warn("signal {} received: leaving", sig);
+    client.Stop();
+  });
+  const absl::Status status = client.Run();
+  exiting.store(true);
+  pthread_kill(signal_thread.native_handle(), SIGTERM);
+  signal_thread.join();
+  if (status.ok()) {
+    spdlog::info("experiment finished");
+    return 0;
+  }
+  std::cerr << "fl-client: " << status.message() << "\n";
+  return status.code() == absl::StatusCode::kCancelled ? 130 : 1;
 }

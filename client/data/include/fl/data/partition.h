@@ -1,0 +1,83 @@
+// Partitioning a labelled dataset across federated clients: IID, Dirichlet label skew, McMahan shards.
+//
+// Every partitioner is a pure function of (spec, labels, number of clients, seed): client i of n gets
+// exactly the same example indices on every run, platform and standard library (see
+// deterministic_random.h), so a recorded experiment can be replayed. Each client's indices are returned
+// sorted ascending (a set; the trainer shuffles per epoch with its own seed); across clients every index
+// appears exactly once.
+//
+//  - iid:                  shuffle, then cut into n parts whose sizes differ by at most one.
+//  - dirichlet:<alpha>:    for each class, shuffle its examples, draw proportions p ~ Dir(alpha, ..., alpha)
+//                          over the n clients and cut the class at floor(cumsum(p) * class size) (Hsu et al.
+//                          2019; as in NIID-Bench / FedLab, without their size rebalancing). Small alpha:
+//                          each client sees few classes; alpha -> inf: IID-like label mix. The whole draw is
+//                          repeated (at most max_attempts times) until every client has >= min_examples.
+//  - shards:<s>:           (McMahan et al. 2017) sort by label (stably), cut into n*s contiguous shards of
+//                          nearly equal size, give each client s shards drawn at random. A shard spans few
+//                          labels, so a client sees about s classes.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace fl::data {
+
+enum class PartitionKind : uint8_t { kIid = 0, kDirichlet = 1, kShards = 2 };
+
+std::string_view PartitionKindName(PartitionKind kind);  // "iid", "dirichlet", "shards"
+
+inline constexpr uint32_t kDefaultDirichletMinExamples = 1;
+inline constexpr uint32_t kDefaultDirichletMaxAttempts = 1000;
+
+struct PartitionSpec {
+  PartitionKind kind = PartitionKind::kIid;
+  double alpha = 0.0;                                      // dirichlet: concentration, > 0
+  uint32_t min_examples = kDefaultDirichletMinExamples;    // dirichlet: resample until every client has this
+  uint32_t max_attempts = kDefaultDirichletMaxAttempts;    // dirichlet: bound on the resampling
+  uint32_t shards_per_client = 0;                          // shards: >= 1
+
+  static PartitionSpec Iid();
+  static PartitionSpec Dirichlet(double alpha, uint32_t min_examples = kDefaultDirichletMinExamples);
+  static PartitionSpec Shards(uint32_t shards_per_client);
+
+  // "iid" | "dirichlet:<alpha>[:min=<n>][:attempts=<n>]" | "shards:<per_client>".
+  static absl::StatusOr<PartitionSpec> Parse(std::string_view text);
+  // The canonical text form; Parse(ToString()) gives back an equal spec.
+  std::string ToString() const;
+  absl::Status Validate() const;
+
+  friend bool operator==(const PartitionSpec&, const PartitionSpec&) = default;
+};
+
+// Indices into `labels` for each of num_clients clients. Errors: invalid spec, no clients, more clients
+// (or shards) than examples, Dirichlet minimum impossible or not reached within max_attempts.
+absl::StatusOr<std::vector<std::vector<uint32_t>>> Partition(const PartitionSpec& spec,
+                                                             std::span<const uint8_t> labels,
+                                                             uint32_t num_clients, uint64_t seed);
+
+// Client `client_index`'s part of Partition(spec, labels, num_clients, seed).
+absl::StatusOr<std::vector<uint32_t>> PartitionFor(uint32_t client_index, const PartitionSpec& spec,
+                                                   std::span<const uint8_t> labels, uint32_t num_clients,
+                                                   uint64_t seed);
+
+// Number of examples of each class among `indices` (size num_classes). Errors: an index outside `labels`
+// or a label >= num_classes.
+absl::StatusOr<std::vector<uint32_t>> LabelHistogram(std::span<const uint8_t> labels,
+                                                     std::span<const uint32_t> indices, uint32_t num_classes);
+
+// A deterministic train/validation split of a client's indices: floor(validation_fraction * size) indices,
+// drawn at random, go to validation; both parts are sorted ascending. validation_fraction in [0, 1).
+struct TrainValidationSplit {
+  std::vector<uint32_t> train;
+  std::vector<uint32_t> validation;
+};
+absl::StatusOr<TrainValidationSplit> SplitTrainValidation(std::span<const uint32_t> indices,
+                                                          double validation_fraction, uint64_t seed);
+
+}  // namespace fl::data

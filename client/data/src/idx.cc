@@ -1,0 +1,295 @@
+#include "fl/data/idx.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "fl/core/str_cat.h"
+
+namespace fl::data {
+namespace {
+
+// Where IDX bytes come from: a (possibly gzip-compressed) file or a buffer in memory.
+class ByteSource {
+ public:
+  virtual ~ByteSource() = default;
+  // Reads up to `size` bytes; returns how many were read (fewer only at the end of the data).
+  virtual absl::StatusOr<size_t> Read(uint8_t* out, size_t size) = 0;
+  // "decompressed " for gzip files, "" otherwise: qualifies sizes in error messages.
+  virtual std::string_view size_qualifier() const = 0;
+  // True when the data ended because a gzip stream was cut short (its end or trailer is missing).
+  virtual bool truncated_stream() const { return false; }
+};
+
+std::string_view TruncationNote(const ByteSource& source) {
+  return source.truncated_stream() ? "; the gzip stream itself is cut short" : "";
+}
+
+class MemorySource final : public ByteSource {
+ public:
+  explicit MemorySource(std::span<const uint8_t> bytes) : bytes_(bytes) {}
+  absl::StatusOr<size_t> Read(uint8_t* out, size_t size) override {
+    const size_t n = std::min(size, bytes_.size() - pos_);
+    if (n > 0) std::memcpy(out, bytes_.data() + pos_, n);
+    pos_ += n;
+    return n;
+  }
+  std::string_view size_qualifier() const override { return ""; }
+
+ private:
+  std::span<const uint8_t> bytes_;
+  size_t pos_ = 0;
+};
+
+// Reads plain and gzip files alike through zlib's gz* interface (plain files pass through unchanged).
+class FileSource final : public ByteSource {
+ public:
+  static absl::StatusOr<std::unique_ptr<FileSource>> Open(const std::string& path) {
+    // Peek at the magic ourselves: zlib would silently read a non-gzip `.gz` file as plain data.
+    std::FILE* peek = std::fopen(path.c_str(), "rb");
+    if (peek == nullptr) {
+      const int err = errno;
+      const std::string message = fl::StrCat(path, ": cannot open: ", std::strerror(err));
+      return err == ENOENT ? absl::NotFoundError(message) : absl::FailedPreconditionError(message);
+    }
+    unsigned char magic[2] = {0, 0};
+    const size_t got = std::fread(magic, 1, 2, peek);
+    std::fclose(peek);
+    const bool gzip = got == 2 && magic[0] == 0x1f && magic[1] == 0x8b;
+    const bool gz_name = path.size() >= 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
+    if (gz_name && !gzip) {
+      return absl::InvalidArgumentError(
+          got < 2 ? fl::StrCat(path, ": not a gzip file (", got, " bytes long, shorter than the gzip magic)")
+                  : absl::StrFormat("%s: not a gzip file (starts with %02x %02x, gzip starts with 1f 8b)", path,
+                                    magic[0], magic[1]));
+    }
+    gzFile file = gzopen(path.c_str(), "rb");
+    if (file == nullptr) {
+      return absl::FailedPreconditionError(fl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+    }
+    gzbuffer(file, 1 << 18);
+    return std::unique_ptr<FileSource>(new FileSource(path, file, gzip));
+  }
+  ~FileSource() override { gzclose(file_); }
+
+  absl::StatusOr<size_t> Read(uint8_t* out, size_t size) override {
+    size_t total = 0;
+    while (total < size) {
+      const unsigned chunk = static_cast<unsigned>(std::min<size_t>(size - total, 1u << 30));
+      const int n = gzread(file_, out + total, chunk);
+      if (n < 0) return Error();
+      if (n == 0) break;
+      total += static_cast<size_t>(n);
+    }
+    if (total < size) {
+      int errnum = Z_OK;
+      gzerror(file_, &errnum);
+      if (errnum == Z_BUF_ERROR) {
+        truncated_ = true;  // zlib: "unexpected end of file"
+      } else if (errnum != Z_OK) {
+        return Error();
+      }
+    }
+    return total;
+  }
+  std::string_view size_qualifier() const override { return gzip_ ? "decompressed " : ""; }
+  bool truncated_stream() const override { return truncated_; }
+
+ private:
+  FileSource(std::string path, gzFile file, bool gzip) : path_(std::move(path)), file_(file), gzip_(gzip) {}
+  absl::Status Error() {
+    int errnum = Z_OK;
+    const char* raw = gzerror(file_, &errnum);
+    std::string_view message = errnum == Z_ERRNO ? std::strerror(errno) : (raw ? raw : "unknown error");
+    // zlib prefixes its messages with "<path>: "; we name the file ourselves.
+    if (message.starts_with(path_) && message.substr(path_.size()).starts_with(": ")) {
+      message.remove_prefix(path_.size() + 2);
+    }
+    return absl::InvalidArgumentError(
+        fl::StrCat(path_, gzip_ && errnum != Z_ERRNO ? ": corrupt gzip data: " : ": read error: ", message));
+  }
+
+  std::string path_;
+  gzFile file_;
+  bool gzip_;
+  bool truncated_ = false;
+};
+
+uint32_t BigEndian32(const uint8_t* p) {
+  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
+}
+
+// Counts what is left in the source (bounded, so that a decompression bomb cannot keep us busy forever).
+absl::StatusOr<std::pair<uint64_t, bool>> CountRemaining(ByteSource& source) {
+  constexpr uint64_t kMaxCount = uint64_t{1} << 32;
+  std::vector<uint8_t> buffer(1 << 16);
+  uint64_t count = 0;
+  while (count < kMaxCount) {
+    auto n = source.Read(buffer.data(), buffer.size());
+    if (!n.ok()) return n.status();
+    if (*n == 0) return std::make_pair(count, false);
+    count += *n;
+  }
+  return std::make_pair(count, true);
+}
+
+// Reads exactly `expected_total - header_bytes` payload bytes into `payload` and checks that nothing follows.
+absl::Status ReadPayload(ByteSource& source, std::string_view name, size_t header_bytes, uint64_t expected_total,
+                         std::string_view layout, std::vector<uint8_t>& payload) {
+  // Read in chunks rather than allocating what the header claims up front: a corrupt or hostile header
+  // with a short file must not make us allocate gigabytes. Real datasets fit the initial reservation.
+  constexpr size_t kReserve = size_t{256} << 20;
+  constexpr size_t kChunk = size_t{64} << 20;
+  const auto payload_size = static_cast<size_t>(expected_total - header_bytes);
+  payload.clear();
+  payload.reserve(std::min(payload_size, kReserve));
+  size_t total = 0;
+  while (total < payload_size) {
+    const size_t want = std::min(kChunk, payload_size - total);
+    payload.resize(total + want);
+    auto n = source.Read(payload.data() + total, want);
+    if (!n.ok()) return n.status();
+    total += *n;
+    if (*n < want) break;
+  }
+  payload.resize(total);
+  if (total < payload_size) {
+    return absl::InvalidArgumentError(fl::StrCat(name, ": truncated IDX file: expected ", expected_total, " ",
+                                                 source.size_qualifier(), "bytes (", layout, "), got ",
+                                                 header_bytes + total, TruncationNote(source)));
+  }
+  auto rest = CountRemaining(source);
+  if (!rest.ok()) return rest.status();
+  if (source.truncated_stream()) {
+    return absl::InvalidArgumentError(
+        fl::StrCat(name, ": truncated gzip stream: the data is complete but the end of the stream (its checksum "
+                         "trailer) is missing"));
+  }
+  if (rest->first > 0) {
+    return absl::InvalidArgumentError(fl::StrCat(name, ": oversized IDX file: expected ", expected_total, " ",
+                                             source.size_qualifier(), "bytes (", layout, "), got ",
+                                             rest->second ? "more than " : "", expected_total + rest->first,
+                                             " (trailing bytes after the data)"));
+  }
+  return absl::OkStatus();
+}
+
+// Reads the header: magic and `dims.size()` dimensions.
+absl::Status ReadHeader(ByteSource& source, std::string_view name, uint32_t expected_magic,
+                        std::string_view what, std::span<uint32_t> dims) {
+  uint8_t header[16];
+  const size_t header_bytes = 4 + 4 * dims.size();
+  auto got = source.Read(header, header_bytes);
+  if (!got.ok()) return got.status();
+  if (*got < header_bytes) {
+    return absl::InvalidArgumentError(fl::StrCat(name, ": truncated IDX file: expected at least ", header_bytes, " ",
+                                             source.size_qualifier(), "bytes (the ", what, " header), got ",
+                                             *got, TruncationNote(source)));
+  }
+  const uint32_t magic = BigEndian32(header);
+  if (magic != expected_magic) {
+    std::string detail;
+    if ((magic >> 16) != 0) {
+      detail = "not an IDX file";
+    } else if (((magic >> 8) & 0xff) != 0x08) {
+      detail = absl::StrFormat("IDX type code 0x%02x, only unsigned bytes (0x08) are supported", (magic >> 8) & 0xff);
+    } else {
+      detail = absl::StrFormat("%u dimensions, %s have %zu", magic & 0xff, what, dims.size());
+    }
+    return absl::InvalidArgumentError(absl::StrFormat("%s: bad magic number 0x%08x, expected 0x%08x for IDX %s (%s)",
+                                                      std::string(name), magic, expected_magic, std::string(what),
+                                                      detail));
+  }
+  for (size_t i = 0; i < dims.size(); ++i) dims[i] = BigEndian32(header + 4 + 4 * i);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<IdxImages> ReadImages(ByteSource& source, std::string_view name) {
+  uint32_t dims[3] = {0, 0, 0};
+  if (auto status = ReadHeader(source, name, kIdxImagesMagic, "images", dims); !status.ok()) return status;
+  IdxImages images;
+  images.count = dims[0];
+  images.rows = dims[1];
+  images.cols = dims[2];
+  if (images.rows == 0 || images.cols == 0) {
+    return absl::InvalidArgumentError(
+        fl::StrCat(name, ": invalid image dimensions ", images.rows, " x ", images.cols, " (must be non-zero)"));
+  }
+  constexpr uint64_t kMaxPayload = uint64_t{1} << 34;  // 16 GiB: far above any IDX dataset
+  const uint64_t image_size = uint64_t{images.rows} * images.cols;  // < 2^64: cannot overflow
+  if (image_size > kMaxPayload || images.count > kMaxPayload / image_size) {
+    return absl::InvalidArgumentError(fl::StrCat(name, ": implausible IDX header: ", images.count, " images of ",
+                                                 images.rows, " x ", images.cols, " would be more than ",
+                                                 kMaxPayload, " bytes"));
+  }
+  const uint64_t payload = images.count * image_size;
+  const std::string layout =
+      fl::StrCat(kIdxImagesHeaderBytes, "-byte header + ", images.count, " x ", images.rows, " x ", images.cols);
+  if (auto status = ReadPayload(source, name, kIdxImagesHeaderBytes, kIdxImagesHeaderBytes + payload, layout,
+                                images.pixels);
+      !status.ok()) {
+    return status;
+  }
+  return images;
+}
+
+absl::StatusOr<std::vector<uint8_t>> ReadLabels(ByteSource& source, std::string_view name,
+                                                uint32_t num_classes) {
+  if (num_classes == 0 || num_classes > 256) {
+    return absl::InvalidArgumentError(fl::StrCat(name, ": num_classes must be in [1, 256], got ", num_classes));
+  }
+  uint32_t count = 0;
+  if (auto status = ReadHeader(source, name, kIdxLabelsMagic, "labels", std::span<uint32_t>(&count, 1));
+      !status.ok()) {
+    return status;
+  }
+  std::vector<uint8_t> labels;
+  const std::string layout = fl::StrCat(kIdxLabelsHeaderBytes, "-byte header + ", count, " labels");
+  if (auto status = ReadPayload(source, name, kIdxLabelsHeaderBytes, kIdxLabelsHeaderBytes + uint64_t{count},
+                                layout, labels);
+      !status.ok()) {
+    return status;
+  }
+  for (size_t i = 0; i < labels.size(); ++i) {
+    if (labels[i] >= num_classes) {
+      return absl::InvalidArgumentError(fl::StrCat(name, ": label ", static_cast<int>(labels[i]), " at index ", i,
+                                               " is out of range [0, ", num_classes, ")"));
+    }
+  }
+  return labels;
+}
+
+}  // namespace
+
+absl::StatusOr<IdxImages> LoadIdxImages(std::string_view path) {
+  auto source = FileSource::Open(std::string(path));
+  if (!source.ok()) return source.status();
+  return ReadImages(**source, path);
+}
+
+absl::StatusOr<std::vector<uint8_t>> LoadIdxLabels(std::string_view path, uint32_t num_classes) {
+  auto source = FileSource::Open(std::string(path));
+  if (!source.ok()) return source.status();
+  return ReadLabels(**source, path, num_classes);
+}
+
+absl::StatusOr<IdxImages> ParseIdxImages(std::span<const uint8_t> bytes, std::string_view name) {
+  MemorySource source(bytes);
+  return ReadImages(source, name);
+}
+
+absl::StatusOr<std::vector<uint8_t>> ParseIdxLabels(std::span<const uint8_t> bytes, std::string_view name,
+                                                    uint32_t num_classes) {
+  MemorySource source(bytes);
+  return ReadLabels(source, name, num_classes);
+}
+
+}  // namespace fl::data

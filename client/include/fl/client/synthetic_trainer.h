@@ -1,0 +1,36 @@
+// SyntheticTrainer: a stand-in for training, for measuring the transport alone.
+//
+// "Training" returns the received model plus a small seeded perturbation, at memory speed, so that a
+// benchmark of K clients x P parameters measures downloads, uploads and aggregation and nothing else. It is
+// selected explicitly (`fl-client --model synthetic:<params>`) and never passes for a real trainer: its
+// model name says "synthetic" in every record.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "fl/client/trainer.h"
+
+namespace fl::client {
+
+class SyntheticTrainer final : public Trainer {
+ public:
+  // `num_params` parameters split into tensors "layers.<i>.weight" of at most 1M values each; initial
+  // values are a deterministic function of `seed`.
+  SyntheticTrainer(uint64_t num_params, uint64_t num_examples, uint64_t seed);
+
+  const core::ModelSpec& spec() const override { return spec_; }
+  std::string model_name() const override;
+  uint64_t num_train_examples() const override { return num_examples_; }
+  uint64_t num_test_examples() const override { return num_examples_; }
+  absl::Status GetParameters(std::span<float> out) override;
+  absl::StatusOr<TrainResult> Train(std::span<const float> global, const TrainOptions& options) override;
+  absl::StatusOr<EvalResult> Evaluate(std::span<const float> global) override;
+
+ private:
+  core::ModelSpec spec_;
+  std::vector<float> params_;
+  uint64_t num_examples_;
+};
+
+}  // namespace fl::client

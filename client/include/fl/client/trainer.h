@@ -1,0 +1,68 @@
+// The trainer interface of fl-client: what the session needs from whatever trains the model.
+//
+// The session is framework-free (no LibTorch in this header): it moves flat fp32 parameters to and from the
+// server, and a Trainer turns them into a model, trains or evaluates it on the client's shard, and hands the
+// result back flat. The LibTorch trainer (client/torch) is the real one; SyntheticTrainer exists for
+// benchmarks of the transport alone.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "fl/core/tensor_spec.h"
+
+namespace fl::client {
+
+struct TrainOptions {
+  uint32_t local_epochs = 1;   // ignored when local_steps > 0
+  uint32_t local_steps = 0;    // optimizer steps; > 0 overrides local_epochs
+  uint32_t batch_size = 32;
+  double learning_rate = 0.05;
+  std::string optimizer = "sgd";  // "sgd" or "adamw"
+  double momentum = 0.0;
+  double weight_decay = 0.0;
+  double proximal_mu = 0.0;  // FedProx: adds mu/2 * ||w - w_global||^2 to the loss
+  uint64_t seed = 0;         // data order and any randomness of this round
+  // Set by the session when the server cancels the task; trainers check it between batches and return
+  // Cancelled.
+  const std::atomic<bool>* cancelled = nullptr;
+};
+
+struct TrainResult {
+  uint64_t num_examples = 0;  // examples seen (the update's FedAvg weight)
+  uint64_t num_steps = 0;
+  double train_loss = 0;      // mean over the round's batches
+  double train_accuracy = 0;  // fraction, over the round's batches
+};
+
+struct EvalResult {
+  uint64_t num_examples = 0;
+  double loss = 0;
+  double accuracy = 0;
+};
+
+class Trainer {
+ public:
+  virtual ~Trainer() = default;
+
+  // The model's layout; its fingerprint is what the server checks every update against.
+  virtual const core::ModelSpec& spec() const = 0;
+  // "cnn-fmnist", "squeezenet1_1-fmnist", ...
+  virtual std::string model_name() const = 0;
+  virtual uint64_t num_train_examples() const = 0;
+  virtual uint64_t num_test_examples() const = 0;
+
+  // The current local parameters (the initial ones before any round), spec().num_elements() values.
+  virtual absl::Status GetParameters(std::span<float> out) = 0;
+  // Loads `global`, trains on the local train shard, keeps the result as the current local parameters.
+  virtual absl::StatusOr<TrainResult> Train(std::span<const float> global, const TrainOptions& options) = 0;
+  // Loads `global` and evaluates it on the local test shard.
+  virtual absl::StatusOr<EvalResult> Evaluate(std::span<const float> global) = 0;
+};
+
+}  // namespace fl::client

@@ -1,0 +1,606 @@
+#include "fl/client/session.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <optional>
+#include <random>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+
+#include "fl/core/log_format.h"
+
+#include "fl/core/checksum.h"
+#include "fl/core/clock.h"
+#include "fl/core/codec.h"
+#include "fl/core/str_cat.h"
+#include "fl/proto/convert.h"
+#include "fl/v1/federation.grpc.pb.h"
+
+namespace fl::client {
+namespace {
+
+using fl::v1::ClientMessage;
+using fl::v1::ServerMessage;
+
+std::chrono::system_clock::time_point DeadlineAfterMs(int64_t ms) {
+  return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
+}
+
+fl::v1::PhaseTiming Phase(fl::v1::Phase phase, int64_t start_ns, int64_t end_ns, uint64_t bytes = 0) {
+  fl::v1::PhaseTiming t;
+  t.set_phase(phase);
+  t.set_start_client_ns(start_ns);
+  t.set_duration_ns(end_ns - start_ns);
+  t.set_bytes(bytes);
+  return t;
+}
+
+// A refusal that a retry cannot fix: the operator has to change something.
+bool IsFatalRefusal(const fl::v1::ErrorDetail& e) {
+  switch (e.code()) {
+    case fl::v1::ERROR_CODE_ADMISSION_REFUSED:
+    case fl::v1::ERROR_CODE_FINGERPRINT_MISMATCH:
+    case fl::v1::ERROR_CODE_MALFORMED:
+    case fl::v1::ERROR_CODE_SHUTTING_DOWN:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::string Describe(const fl::v1::ErrorDetail& e) {
+  return e.hint().empty() ? e.message() : fl::StrCat(e.message(), "; ", e.hint());
+}
+
+// Exponential backoff with full jitter (AWS architecture blog's "full jitter"): spreads reconnecting clients
+// so that a restarted server is not hit by all of them in the same millisecond.
+class Backoff {
+ public:
+  Backoff(uint32_t initial_ms, uint32_t max_ms, uint64_t seed) : initial_ms_(initial_ms), max_ms_(max_ms), rng_(seed) {}
+  uint32_t NextMs() {
+    const uint64_t cap = std::min<uint64_t>(max_ms_, uint64_t{initial_ms_} << std::min(attempt_++, 20u));
+    return static_cast<uint32_t>(cap / 2 + rng_() % (cap / 2 + 1));
+  }
+  void Reset() { attempt_ = 0; }
+
+ private:
+  uint32_t initial_ms_, max_ms_;
+  uint32_t attempt_ = 0;
+  std::mt19937_64 rng_;
+};
+
+struct Downloaded {
+  std::vector<float> values;
+  uint64_t model_version = 0;
+  uint64_t bytes = 0;
+  fl::v1::PhaseTiming timing;
+};
+
+}  // namespace
+
+class FederatedClient::Impl {
+ public:
+  Impl(ClientOptions options, Trainer* trainer) : options_(std::move(options)), trainer_(trainer) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(wire::kMaxMessageBytes);
+    args.SetMaxSendMessageSize(wire::kMaxMessageBytes);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+    channel_ = grpc::CreateCustomChannel(options_.server_address, grpc::InsecureChannelCredentials(), args);
+    stub_ = fl::v1::Federation::NewStub(channel_);
+  }
+
+  absl::Status Run();
+  void Stop() {
+    stop_ = true;
+    task_cancelled_ = true;
+    std::lock_guard lock(ctx_mu_);
+    if (session_ctx_ != nullptr) session_ctx_->TryCancel();
+    queue_cv_.notify_all();
+  }
+
+ private:
+  enum class SessionEnd { kFinished, kReconnect };
+
+  absl::StatusOr<fl::v1::JoinResponse> Join();
+  absl::Status UploadInitialModel();
+  absl::StatusOr<SessionEnd> RunSession();
+  void Worker();
+  void RunTask(const fl::v1::Task& task);
+  absl::StatusOr<Downloaded> Download(const fl::v1::Task& task);
+  absl::StatusOr<fl::v1::UploadUpdateResponse> Upload(fl::v1::UpdateHeader header, const std::vector<uint8_t>& payload,
+                                                      uint32_t deadline_ms);
+  bool WriteToSession(const ClientMessage& msg);
+  void ReportFailure(const std::string& task_id, const absl::Status& status);
+
+  ClientOptions options_;
+  Trainer* trainer_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<fl::v1::Federation::Stub> stub_;
+  std::atomic<bool> stop_{false};
+
+  // Per join.
+  std::string client_id_;
+  std::string token_;
+  uint32_t heartbeat_ms_ = 5000;
+  uint32_t server_max_chunk_ = 1u << 20;
+
+  // Per session.
+  std::mutex ctx_mu_;
+  grpc::ClientContext* session_ctx_ = nullptr;  // guarded by ctx_mu_
+  std::mutex write_mu_;
+  grpc::ClientReaderWriter<ClientMessage, ServerMessage>* stream_ = nullptr;  // guarded by write_mu_
+  uint64_t seq_ = 0;                                                          // guarded by write_mu_
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<fl::v1::Task> tasks_;  // guarded by queue_mu_
+  bool session_over_ = false;       // guarded by queue_mu_
+  std::string current_task_;        // guarded by queue_mu_
+  std::atomic<bool> task_cancelled_{false};
+
+  // Error feedback of a lossy uplink codec: what the codec lost is added to the next update.
+  std::unique_ptr<core::ErrorFeedback> error_feedback_;
+  std::string error_feedback_codec_;
+};
+
+absl::Status FederatedClient::Impl::Run() {
+  Backoff backoff(options_.initial_backoff_ms, options_.max_backoff_ms, options_.seed ^ std::hash<std::string>{}(options_.client_name));
+  int64_t last_contact_ns = NowNs();
+  absl::Status last_error;
+  while (!stop_) {
+    auto joined = Join();
+    if (!joined.ok()) {
+      if (joined.status().code() == absl::StatusCode::kFailedPrecondition) return joined.status();
+      last_error = joined.status();
+      if (NowNs() - last_contact_ns > int64_t{options_.give_up_after_ms} * 1'000'000) {
+        return absl::UnavailableError(fl::StrCat("cannot reach fl-server at ", options_.server_address, " for ",
+                                                 options_.give_up_after_ms / 1000, " s (last error: ",
+                                                 fl::ToStd(last_error.message()),
+                                                 "); check --server and that fl-server is running"));
+      }
+      const uint32_t wait_ms = backoff.NextMs();
+      spdlog::info("join failed ({}); retrying in {} ms", last_error.message(), wait_ms);
+      std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+      continue;
+    }
+    backoff.Reset();
+    last_contact_ns = NowNs();
+    client_id_ = joined->client_id();
+    token_ = joined->session_token();
+    heartbeat_ms_ = std::max<uint32_t>(joined->heartbeat_interval_ms(), 50);
+    server_max_chunk_ = joined->max_chunk_bytes() == 0 ? wire::kDefaultChunkBytes : joined->max_chunk_bytes();
+    spdlog::info("joined experiment {} as '{}'", joined->experiment_id(), client_id_);
+    if (joined->initial_model_requested()) {
+      if (absl::Status s = UploadInitialModel(); !s.ok()) {
+        if (s.code() == absl::StatusCode::kFailedPrecondition) return s;
+        spdlog::warn("initial model upload failed: {}", s.message());
+      }
+    }
+    auto end = RunSession();
+    if (!end.ok()) return end.status();
+    if (*end == SessionEnd::kFinished) return absl::OkStatus();
+    last_contact_ns = NowNs();
+    if (stop_) break;
+    const uint32_t wait_ms = backoff.NextMs();
+    spdlog::info("session ended; reconnecting in {} ms", wait_ms);
+    std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+  }
+  return absl::CancelledError("fl-client was stopped");
+}
+
+absl::StatusOr<fl::v1::JoinResponse> FederatedClient::Impl::Join() {
+  fl::v1::JoinRequest req;
+  req.set_protocol_version(fl::v1::PROTOCOL_VERSION_1);
+  req.set_client_name(options_.client_name);
+  *req.mutable_device() = options_.device;
+  *req.mutable_link() = options_.link;
+  *req.mutable_model_spec() = wire::ToProto(trainer_->spec(), trainer_->model_name());
+  req.set_num_train_examples(trainer_->num_train_examples());
+  req.set_num_test_examples(trainer_->num_test_examples());
+  req.set_software_version(options_.software_version);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineAfterMs(options_.join_timeout_ms));
+  ctx.set_wait_for_ready(true);  // wait for the server to come up instead of failing at once
+  fl::v1::JoinResponse resp;
+  grpc::Status status = stub_->Join(&ctx, req, &resp);
+  if (!status.ok()) {
+    fl::v1::ErrorDetail detail = wire::ErrorFromGrpcStatus(status);
+    if (IsFatalRefusal(detail)) {
+      return absl::FailedPreconditionError(fl::StrCat("fl-server at ", options_.server_address,
+                                                      " refused client '", options_.client_name, "': ", Describe(detail)));
+    }
+    return absl::UnavailableError(status.error_message());
+  }
+  if (!resp.admitted()) {
+    return absl::FailedPreconditionError(fl::StrCat("fl-server refused admission: ", Describe(resp.error())));
+  }
+  return resp;
+}
+
+absl::Status FederatedClient::Impl::UploadInitialModel() {
+  std::vector<float> params(trainer_->spec().num_elements());
+  if (absl::Status s = trainer_->GetParameters(params); !s.ok()) return s;
+  auto codec = core::MakeCodec(core::CodecKind::kFp32);
+  std::vector<uint8_t> payload;
+  if (absl::Status s = (*codec)->Encode(params, &payload); !s.ok()) return s;
+  fl::v1::UpdateHeader h;
+  h.set_kind(fl::v1::UPDATE_KIND_INITIAL_MODEL);
+  h.set_model_fingerprint(trainer_->spec().fingerprint());
+  h.set_codec("fp32");
+  h.set_num_examples(trainer_->num_train_examples());
+  auto resp = Upload(h, payload, 60000);
+  if (!resp.ok()) return resp.status();
+  if (resp->outcome() != fl::v1::UPDATE_OUTCOME_ACCEPTED) {
+    return absl::UnavailableError(fl::StrCat("initial model not accepted: ", Describe(resp->error())));
+  }
+  spdlog::info("uploaded the initial model ({} parameters)", params.size());
+  return absl::OkStatus();
+}
+
+bool FederatedClient::Impl::WriteToSession(const ClientMessage& msg) {
+  std::lock_guard lock(write_mu_);
+  if (stream_ == nullptr) return false;
+  ClientMessage m = msg;
+  m.set_seq(++seq_);
+  return stream_->Write(m);
+}
+
+absl::StatusOr<FederatedClient::Impl::SessionEnd> FederatedClient::Impl::RunSession() {
+  grpc::ClientContext ctx;
+  {
+    std::lock_guard lock(ctx_mu_);
+    if (stop_) return SessionEnd::kReconnect;
+    session_ctx_ = &ctx;
+  }
+  std::unique_ptr<grpc::ClientReaderWriter<ClientMessage, ServerMessage>> stream = stub_->Session(&ctx);
+  {
+    std::lock_guard lock(write_mu_);
+    stream_ = stream.get();
+    seq_ = 0;
+  }
+  {
+    std::lock_guard lock(queue_mu_);
+    session_over_ = false;
+    tasks_.clear();
+  }
+  ClientMessage hello;
+  hello.mutable_hello()->set_client_id(client_id_);
+  hello.mutable_hello()->set_session_token(token_);
+  hello.mutable_hello()->set_sent_client_ns(NowNs());
+  WriteToSession(hello);
+
+  std::thread worker([this] { Worker(); });
+  std::mutex hb_mu;
+  std::condition_variable hb_cv;
+  bool hb_stop = false;
+  std::thread heartbeat([&] {
+    std::unique_lock lock(hb_mu);
+    while (!hb_cv.wait_for(lock, std::chrono::milliseconds(heartbeat_ms_), [&] { return hb_stop; })) {
+      ClientMessage m;
+      m.mutable_heartbeat()->set_sent_client_ns(NowNs());
+      m.mutable_heartbeat()->set_state(fl::v1::CLIENT_STATE_IDLE);
+      WriteToSession(m);
+    }
+  });
+
+  bool finished = false;
+  ServerMessage msg;
+  while (stream->Read(&msg)) {
+    switch (msg.kind_case()) {
+      case ServerMessage::kTask: {
+        std::lock_guard lock(queue_mu_);
+        tasks_.push_back(msg.task());
+        queue_cv_.notify_all();
+        break;
+      }
+      case ServerMessage::kPing: {
+        ClientMessage pong;
+        const int64_t received = NowNs();
+        pong.mutable_pong()->set_ping_id(msg.ping().ping_id());
+        pong.mutable_pong()->set_ping_sent_server_ns(msg.ping().sent_server_ns());
+        pong.mutable_pong()->set_received_client_ns(received);
+        pong.mutable_pong()->set_sent_client_ns(NowNs());
+        WriteToSession(pong);
+        break;
+      }
+      case ServerMessage::kCancel: {
+        std::lock_guard lock(queue_mu_);
+        if (current_task_ == msg.cancel().task_id()) task_cancelled_ = true;
+        std::erase_if(tasks_, [&](const fl::v1::Task& t) { return t.task_id() == msg.cancel().task_id(); });
+        break;
+      }
+      case ServerMessage::kShutdown:
+        finished = msg.shutdown().experiment_finished();
+        spdlog::info("server shutdown: {}", msg.shutdown().reason());
+        break;
+      default:
+        break;
+    }
+  }
+  {
+    std::lock_guard lock(hb_mu);
+    hb_stop = true;
+  }
+  hb_cv.notify_all();
+  heartbeat.join();
+  {
+    std::lock_guard lock(queue_mu_);
+    session_over_ = true;
+    task_cancelled_ = true;
+    queue_cv_.notify_all();
+  }
+  worker.join();
+  task_cancelled_ = false;
+  {
+    std::lock_guard lock(write_mu_);
+    stream->WritesDone();
+    stream_ = nullptr;
+  }
+  grpc::Status status = stream->Finish();
+  {
+    std::lock_guard lock(ctx_mu_);
+    session_ctx_ = nullptr;
+  }
+  if (finished) return SessionEnd::kFinished;
+  if (!status.ok()) {
+    fl::v1::ErrorDetail detail = wire::ErrorFromGrpcStatus(status);
+    if (detail.code() == fl::v1::ERROR_CODE_SHUTTING_DOWN) return SessionEnd::kFinished;
+    spdlog::warn("session ended: {}", status.error_message());
+  }
+  return SessionEnd::kReconnect;
+}
+
+void FederatedClient::Impl::Worker() {
+  for (;;) {
+    fl::v1::Task task;
+    {
+      std::unique_lock lock(queue_mu_);
+      queue_cv_.wait(lock, [&] { return session_over_ || stop_ || !tasks_.empty(); });
+      if (session_over_ || stop_) return;
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+      current_task_ = task.task_id();
+      task_cancelled_ = false;
+    }
+    RunTask(task);
+    std::lock_guard lock(queue_mu_);
+    current_task_.clear();
+  }
+}
+
+void FederatedClient::Impl::ReportFailure(const std::string& task_id, const absl::Status& status) {
+  spdlog::warn("task {} failed: {}", task_id, status.message());
+  ClientMessage m;
+  m.mutable_status()->set_task_id(task_id);
+  m.mutable_status()->set_state(fl::v1::CLIENT_STATE_FAILED);
+  *m.mutable_status()->mutable_error() =
+      wire::MakeError(fl::v1::ERROR_CODE_INTERNAL, std::string(fl::ToStd(status.message())));
+  WriteToSession(m);
+}
+
+absl::StatusOr<Downloaded> FederatedClient::Impl::Download(const fl::v1::Task& task) {
+  const int64_t start = NowNs();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineAfterMs(std::max<uint32_t>(task.deadline_ms(), 1000)));
+  fl::v1::DownloadModelRequest req;
+  req.set_client_id(client_id_);
+  req.set_session_token(token_);
+  req.set_task_id(task.task_id());
+  req.set_model_version(task.model_version());
+  req.set_max_chunk_bytes(options_.max_chunk_bytes);
+  auto reader = stub_->DownloadModel(&ctx, req);
+  fl::v1::ModelChunk chunk;
+  fl::v1::ModelHeader header;
+  std::vector<uint8_t> payload;
+  std::optional<uint64_t> checksum;
+  bool have_header = false;
+  while (reader->Read(&chunk)) {
+    if (chunk.has_header()) {
+      header = chunk.header();
+      have_header = true;
+      payload.reserve(header.payload_bytes());
+    } else if (chunk.part_case() == fl::v1::ModelChunk::kData) {
+      if (!have_header || payload.size() + chunk.data().size() > header.payload_bytes()) {
+        ctx.TryCancel();
+        reader->Finish();
+        return absl::DataLossError("the model download carries more bytes than its header announced");
+      }
+      payload.insert(payload.end(), chunk.data().begin(), chunk.data().end());
+    } else if (chunk.has_trailer()) {
+      checksum = chunk.trailer().payload_checksum();
+    }
+  }
+  grpc::Status status = reader->Finish();
+  if (!status.ok()) {
+    return absl::UnavailableError(fl::StrCat("model download failed: ", status.error_message()));
+  }
+  if (!have_header || !checksum.has_value() || payload.size() != header.payload_bytes() ||
+      core::Checksum64(payload) != *checksum) {
+    return absl::DataLossError(fl::StrCat("the model download is incomplete or damaged (", payload.size(), " of ",
+                                          header.payload_bytes(), " bytes, checksum ",
+                                          checksum.has_value() ? "mismatch" : "missing", ")"));
+  }
+  const int64_t received = NowNs();
+  if (header.spec().fingerprint() != trainer_->spec().fingerprint()) {
+    return absl::FailedPreconditionError(fl::StrCat(
+        "the server's model has fingerprint ", core::FingerprintToHex(header.spec().fingerprint()), " but this client's ",
+        trainer_->model_name(), " has ", trainer_->spec().FingerprintHex(), "; start the client with the server's model"));
+  }
+  auto codec = core::MakeCodec(header.codec());
+  if (!codec.ok()) return codec.status();
+  Downloaded d;
+  d.values.resize(trainer_->spec().num_elements());
+  if (absl::Status s = (*codec)->Decode(payload, d.values); !s.ok()) return s;
+  d.model_version = header.model_version();
+  d.bytes = payload.size();
+  d.timing = Phase(fl::v1::PHASE_DOWNLINK, start, received, payload.size());
+  return d;
+}
+
+absl::StatusOr<fl::v1::UploadUpdateResponse> FederatedClient::Impl::Upload(fl::v1::UpdateHeader header,
+                                                                          const std::vector<uint8_t>& payload,
+                                                                          uint32_t deadline_ms) {
+  header.set_client_id(client_id_);
+  header.set_session_token(token_);
+  header.set_payload_bytes(payload.size());
+  header.set_upload_started_client_ns(NowNs());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineAfterMs(std::max<uint32_t>(deadline_ms, 1000)));
+  fl::v1::UploadUpdateResponse resp;
+  auto writer = stub_->UploadUpdate(&ctx, &resp);
+  fl::v1::UpdateChunk chunk;
+  *chunk.mutable_header() = header;
+  // A false Write means the server already answered (a refusal) or the stream broke: Finish says which.
+  bool open = writer->Write(chunk);
+  const size_t chunk_bytes = std::min<size_t>(options_.max_chunk_bytes, server_max_chunk_);
+  for (size_t off = 0; open && off < payload.size(); off += chunk_bytes) {
+    chunk.Clear();
+    chunk.set_data(payload.data() + off, std::min(chunk_bytes, payload.size() - off));
+    open = writer->Write(chunk);
+  }
+  if (open) {
+    chunk.Clear();
+    chunk.mutable_trailer()->set_payload_checksum(core::Checksum64(payload));
+    open = writer->Write(chunk);
+  }
+  if (open) writer->WritesDone();
+  grpc::Status status = writer->Finish();
+  if (!status.ok()) {
+    return absl::UnavailableError(fl::StrCat("upload failed: ", status.error_message()));
+  }
+  return resp;
+}
+
+void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
+  const int64_t task_start = NowNs();
+  auto global = Download(task);
+  if (!global.ok()) {
+    ReportFailure(task.task_id(), global.status());
+    return;
+  }
+  if (task_cancelled_) return;
+
+  if (task.kind() == fl::v1::TASK_KIND_EVALUATE) {
+    const int64_t eval_start = NowNs();
+    auto result = trainer_->Evaluate(global->values);
+    const int64_t eval_end = NowNs();
+    if (!result.ok()) {
+      ReportFailure(task.task_id(), result.status());
+      return;
+    }
+    ClientMessage m;
+    fl::v1::EvaluationResult* r = m.mutable_evaluation();
+    r->set_task_id(task.task_id());
+    r->set_round(task.round());
+    r->set_model_version(global->model_version);
+    r->set_num_examples(result->num_examples);
+    r->set_loss(result->loss);
+    r->set_accuracy(result->accuracy);
+    *r->add_timings() = global->timing;
+    *r->add_timings() = Phase(fl::v1::PHASE_EVAL, eval_start, eval_end);
+    WriteToSession(m);
+    return;
+  }
+
+  TrainOptions opts;
+  const fl::v1::TrainConfig& c = task.train();
+  opts.local_epochs = c.local_epochs();
+  opts.local_steps = c.local_steps();
+  opts.batch_size = c.batch_size();
+  opts.learning_rate = c.learning_rate();
+  opts.optimizer = c.optimizer().empty() ? "sgd" : c.optimizer();
+  opts.momentum = c.momentum();
+  opts.weight_decay = c.weight_decay();
+  opts.proximal_mu = c.proximal_mu();
+  opts.seed = c.seed();
+  opts.cancelled = &task_cancelled_;
+  const int64_t train_start = NowNs();
+  auto result = trainer_->Train(global->values, opts);
+  const int64_t train_end = NowNs();
+  if (task_cancelled_) return;
+  if (!result.ok()) {
+    ReportFailure(task.task_id(), result.status());
+    return;
+  }
+
+  // The update is the pseudo-gradient global - local (see UPDATE_KIND_DELTA), encoded with the task's
+  // codec, with error feedback when the codec is lossy.
+  std::vector<float> update(global->values.size());
+  if (absl::Status s = trainer_->GetParameters(update); !s.ok()) {
+    ReportFailure(task.task_id(), s);
+    return;
+  }
+  for (size_t i = 0; i < update.size(); ++i) update[i] = global->values[i] - update[i];
+  const std::string codec_name = task.uplink_codec().empty() ? "fp32" : task.uplink_codec();
+  auto codec = core::MakeCodec(codec_name);
+  if (!codec.ok()) {
+    ReportFailure(task.task_id(), codec.status());
+    return;
+  }
+  std::vector<uint8_t> payload;
+  absl::Status encoded;
+  const bool lossy = (*codec)->kind() != core::CodecKind::kFp32;
+  if (lossy) {
+    if (error_feedback_ == nullptr || error_feedback_codec_ != codec_name ||
+        error_feedback_->residual().size() != update.size()) {
+      error_feedback_ = std::make_unique<core::ErrorFeedback>(update.size());
+      error_feedback_codec_ = codec_name;
+    }
+    encoded = error_feedback_->Encode(**codec, update, &payload);
+  } else {
+    encoded = (*codec)->Encode(update, &payload);
+  }
+  if (!encoded.ok()) {
+    // Non-finite values after training: the local model diverged. Tell the server rather than go silent.
+    ReportFailure(task.task_id(), encoded);
+    return;
+  }
+
+  fl::v1::UpdateHeader h;
+  h.set_task_id(task.task_id());
+  h.set_round(task.round());
+  h.set_base_model_version(global->model_version);
+  h.set_model_fingerprint(trainer_->spec().fingerprint());
+  h.set_kind(fl::v1::UPDATE_KIND_DELTA);
+  h.set_num_examples(result->num_examples);
+  h.set_codec(codec_name);
+  (*h.mutable_metrics())["train_loss"] = result->train_loss;
+  (*h.mutable_metrics())["train_accuracy"] = result->train_accuracy;
+  (*h.mutable_metrics())["num_steps"] = static_cast<double>(result->num_steps);
+  *h.add_timings() = global->timing;
+  *h.add_timings() = Phase(fl::v1::PHASE_TRAIN, train_start, train_end);
+  // Idle: time in the task not spent downloading or training (queueing, decoding, encoding).
+  const int64_t idle_ns = (NowNs() - task_start) - global->timing.duration_ns() - (train_end - train_start);
+  fl::v1::PhaseTiming idle = Phase(fl::v1::PHASE_IDLE, task_start, task_start + std::max<int64_t>(idle_ns, 0));
+  *h.add_timings() = idle;
+  const int64_t remaining_ms = (task.deadline_ms() > 0)
+                                   ? std::max<int64_t>(1000, task.deadline_ms() - (NowNs() - task_start) / 1'000'000 + 5000)
+                                   : 60000;
+  auto resp = Upload(h, payload, static_cast<uint32_t>(remaining_ms));
+  if (!resp.ok()) {
+    spdlog::warn("round {}: {}", task.round(), resp.status().message());
+    return;
+  }
+  if (resp->outcome() == fl::v1::UPDATE_OUTCOME_ACCEPTED) {
+    spdlog::info("round {}: update accepted ({} examples, loss {:.4f}, {} bytes)", task.round(),
+                 result->num_examples, result->train_loss, payload.size());
+  } else {
+    spdlog::warn("round {}: update {} — {}", task.round(),
+                 resp->outcome() == fl::v1::UPDATE_OUTCOME_LATE ? "late" : "rejected", Describe(resp->error()));
+  }
+}
+
+FederatedClient::FederatedClient(ClientOptions options, Trainer* trainer)
+    : impl_(std::make_unique<Impl>(std::move(options), trainer)) {}
+FederatedClient::~FederatedClient() = default;
+absl::Status FederatedClient::Run() { return impl_->Run(); }
+void FederatedClient::Stop() { impl_->Stop(); }
+
+}  // namespace fl::client
