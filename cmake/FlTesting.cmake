@@ -19,7 +19,12 @@ function(fl_add_test)
   add_executable(${ARG_NAME} ${ARG_SOURCES})
   fl_target_defaults(${ARG_NAME})
   target_link_libraries(${ARG_NAME} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gtest_main)
+  # The executable's name prefixes every test ("core_codec_test.CodecTest.Fp32RoundTrip"), so that
+  # `ctest -R core_` selects a module. The labels list is joined with an escaped ';' because
+  # gtest_discover_tests forwards PROPERTIES as a flat list.
+  string(REPLACE ";" "\\;" labels_escaped "${ARG_LABELS}")
   gtest_discover_tests(${ARG_NAME}
-    PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
+    TEST_PREFIX "${ARG_NAME}."
+    PROPERTIES LABELS "${labels_escaped}" TIMEOUT ${ARG_TIMEOUT}
     DISCOVERY_TIMEOUT 60)
 endfunction()

@@ -1,18 +1,285 @@
 // fl-server: admits clients, runs rounds, aggregates updates, evaluates and records every phase.
-//
-// This build provides the command line and the wire schema; the round engine is not implemented yet, so
-// any invocation other than --help/--version says so and exits non-zero rather than pretending to serve.
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
 #include <iostream>
+#include <thread>
 
 #include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 
-#include "fl/v1/federation.grpc.pb.h"
+#include "fl/core/log_format.h"
+
+#include "fl/core/str_cat.h"
+#include "fl/instrumentation/record_reader.h"
+#include "fl/instrumentation/record_store.h"
+#include "fl/server/checkpoint.h"
+#include "fl/server/round_engine.h"
+#include "fl/server/service.h"
+
+namespace {
+
+using fl::server::EngineConfig;
+
+// Maps a strategy name as users of Flower know it onto an aggregator + server optimizer pair.
+absl::Status ResolveStrategy(const std::string& strategy, EngineConfig* config) {
+  const std::string name = strategy.substr(0, strategy.find(':'));
+  const std::string args = strategy.find(':') == std::string::npos ? "" : strategy.substr(strategy.find(':') + 1);
+  config->aggregator = "mean";
+  if (name == "fedavg" || name == "fedprox") {
+    config->optimizer = strategy == name ? "fedavg" : fl::StrCat("fedavg:", args);
+    if (name == "fedprox" && config->train.proximal_mu() <= 0) {
+      return absl::InvalidArgumentError("--strategy=fedprox needs --proximal-mu > 0 (e.g. 0.01)");
+    }
+  } else if (name == "fedavgm" || name == "fedadam" || name == "fedyogi" || name == "fedadagrad" || name == "nesterov") {
+    config->optimizer = strategy;
+  } else if (name == "fedmedian") {
+    config->aggregator = "median";
+    config->optimizer = "fedavg";
+  } else if (name == "fedtrimmedavg") {
+    config->aggregator = fl::StrCat("trimmed_mean:", args.empty() ? "0.2" : args);
+    config->optimizer = "fedavg";
+  } else {
+    return absl::InvalidArgumentError(fl::StrCat(
+        "--strategy=", strategy, " is not known; use one of fedavg, fedprox, fedavgm, fedadam, fedyogi, fedadagrad, "
+        "fedmedian, fedtrimmedavg[:beta], nesterov (optimizer options after a colon, e.g. fedadam:lr=0.03)"));
+  }
+  return absl::OkStatus();
+}
+
+// The newest checkpoint in `dir` (highest round), for --resume without --experiment-id.
+absl::StatusOr<std::string> NewestCheckpoint(const std::string& dir) {
+  std::string best;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with("round-") && name.ends_with(".ckpt") && name > std::filesystem::path(best).filename().string()) {
+      best = entry.path().string();
+    }
+  }
+  if (ec) return absl::NotFoundError(fl::StrCat("cannot read --checkpoint-dir ", dir, ": ", ec.message()));
+  if (best.empty()) {
+    return absl::NotFoundError(fl::StrCat("--resume: no checkpoint in ", dir, "; run without --resume to start anew"));
+  }
+  return best;
+}
+
+absl::StatusOr<fl::server::RoundEngine::StartPoint> PlanResume(EngineConfig* config, const std::string& db_path) {
+  fl::server::RoundEngine::StartPoint start;
+  start.resume = true;
+  if (config->checkpoint_dir.empty()) return absl::InvalidArgumentError("--resume needs --checkpoint-dir");
+  if (db_path.empty()) return absl::InvalidArgumentError("--resume needs --db (the records say which round committed)");
+  if (config->experiment_id.empty()) {
+    auto newest = NewestCheckpoint(config->checkpoint_dir);
+    if (!newest.ok()) return newest.status();
+    auto ckpt = fl::server::LoadCheckpoint(*newest);
+    if (!ckpt.ok()) return ckpt.status();
+    config->experiment_id = ckpt->experiment_id;
+  }
+  auto reader = fl::instrumentation::RecordReader::Open(db_path);
+  if (!reader.ok()) return reader.status();
+  if (auto exp = (*reader)->GetExperiment(config->experiment_id); !exp.ok()) {
+    return absl::NotFoundError(fl::StrCat("--resume: experiment '", config->experiment_id, "' is not in ", db_path,
+                                          ": ", fl::ToStd(exp.status().message())));
+  }
+  auto last = (*reader)->LastCommittedRound(config->experiment_id);
+  if (!last.ok()) return last.status();
+  const uint64_t round = last->has_value() ? static_cast<uint64_t>((*last)->round) : 0;
+  auto ckpt = fl::server::LoadCheckpoint(fl::server::CheckpointPath(config->checkpoint_dir, round));
+  if (!ckpt.ok()) {
+    return absl::NotFoundError(fl::StrCat("--resume: the records say round ", round, " is the last committed one but ",
+                                          "its checkpoint cannot be loaded: ", fl::ToStd(ckpt.status().message())));
+  }
+  if (ckpt->experiment_id != config->experiment_id) {
+    return absl::FailedPreconditionError(fl::StrCat("checkpoint of round ", round, " belongs to experiment '",
+                                                    ckpt->experiment_id, "', not '", config->experiment_id, "'"));
+  }
+  auto rounds = (*reader)->ListRounds(config->experiment_id);
+  if (!rounds.ok()) return rounds.status();
+  int64_t max_attempt = 0;
+  for (const auto& r : *rounds) {
+    if (static_cast<uint64_t>(r.round) == round + 1) max_attempt = std::max(max_attempt, r.attempt);
+  }
+  start.first_attempt = static_cast<uint32_t>(max_attempt + 1);
+  start.checkpoint = *std::move(ckpt);
+  return start;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"fl-server: the federated-learning aggregator (fl.v1 control plane over gRPC)"};
   app.set_version_flag("--version", std::string("fl-server ") + FL_VERSION);
+  EngineConfig config;
+  std::string listen = "0.0.0.0:50051";
+  std::string db_path = "fl-records.db";
+  std::string port_file;
+  std::string strategy = "fedavg";
+  std::string initial_model;
+  std::string log_level = "info";
+  bool resume = false;
+  uint32_t local_epochs = 1, local_steps = 0, batch_size = 32;
+  double lr = 0.05, momentum = 0.0, weight_decay = 0.0, proximal_mu = 0.0;
+  std::string client_optimizer = "sgd";
+
+  app.add_option("--listen", listen, "Address to serve gRPC on; port 0 picks a free port")->capture_default_str();
+  app.add_option("--port-file", port_file, "Write the bound port to this file once listening");
+  app.add_option("--db", db_path, "SQLite records database (created if missing); empty: no records")
+      ->capture_default_str();
+  app.add_option("--experiment-name", config.experiment_name, "Name recorded with the experiment")->capture_default_str();
+  app.add_option("--experiment-id", config.experiment_id, "Experiment id (default: generated; with --resume: which one)");
+  app.add_option("--rounds", config.num_rounds, "Number of rounds to commit")->capture_default_str();
+  app.add_option("--strategy", strategy,
+                 "fedavg, fedprox, fedavgm, fedadam, fedyogi, fedadagrad, fedmedian, fedtrimmedavg[:beta], nesterov; "
+                 "optimizer options after a colon, e.g. fedadam:lr=0.03,tau=1e-3")
+      ->capture_default_str();
+  app.add_option("--fraction-fit", config.fit.fraction, "Fraction of connected clients asked to train")
+      ->capture_default_str();
+  app.add_option("--min-fit-clients", config.fit.min_clients,
+                 "Fewest clients to select, and fewest accepted updates for a round to commit")
+      ->capture_default_str();
+  app.add_option("--min-available-clients", config.fit.min_available, "Clients that must be connected to start a round")
+      ->capture_default_str();
+  app.add_option("--fraction-evaluate", config.fraction_evaluate, "Fraction of clients asked to evaluate; 0: none")
+      ->capture_default_str();
+  app.add_option("--min-evaluate-clients", config.min_evaluate_clients, "Fewest clients asked to evaluate")
+      ->capture_default_str();
+  app.add_option("--evaluate-every", config.evaluate_every, "Evaluate after every k-th round (and the last); 0: never")
+      ->capture_default_str();
+  app.add_option("--round-deadline-ms", config.round_deadline_ms, "Time from dispatch for updates to arrive")
+      ->capture_default_str();
+  app.add_option("--evaluate-deadline-ms", config.evaluate_deadline_ms, "Time from dispatch for evaluations")
+      ->capture_default_str();
+  app.add_option("--max-round-attempts", config.max_round_attempts,
+                 "Attempts at a round (too few updates by the deadline) before the experiment fails")
+      ->capture_default_str();
+  app.add_option("--seed", config.seed, "Seed of client selection and of the clients' data order")->capture_default_str();
+  app.add_option("--local-epochs", local_epochs, "Local epochs per round (ignored when --local-steps > 0)")
+      ->capture_default_str();
+  app.add_option("--local-steps", local_steps, "Local optimizer steps per round; 0: use --local-epochs")
+      ->capture_default_str();
+  app.add_option("--batch-size", batch_size, "Clients' mini-batch size")->capture_default_str();
+  app.add_option("--lr", lr, "Clients' learning rate")->capture_default_str();
+  app.add_option("--client-optimizer", client_optimizer, "Clients' optimizer: sgd or adamw")->capture_default_str();
+  app.add_option("--momentum", momentum, "Clients' SGD momentum")->capture_default_str();
+  app.add_option("--weight-decay", weight_decay, "Clients' weight decay")->capture_default_str();
+  app.add_option("--proximal-mu", proximal_mu, "FedProx proximal coefficient mu (with --strategy fedprox)")
+      ->capture_default_str();
+  app.add_option("--uplink-codec", config.uplink_codec, "Codec of client updates: fp32, fp16, bf16, int8, int4, fp4, sign1")
+      ->capture_default_str();
+  app.add_option("--downlink-codec", config.downlink_codec, "Codec of model downloads")->capture_default_str();
+  app.add_option("--upload-slots", config.upload_slots, "Updates buffered at once (bounds server memory)")
+      ->capture_default_str();
+  app.add_option("--heartbeat-interval-ms", config.heartbeat_interval_ms, "Client heartbeat interval")
+      ->capture_default_str();
+  app.add_option("--checkpoint-dir", config.checkpoint_dir, "Write a checkpoint per committed round here");
+  app.add_option("--keep-checkpoints", config.keep_checkpoints, "Checkpoints kept")->capture_default_str();
+  app.add_option("--initial-model", initial_model, "Start from this checkpoint file's model instead of the first client's");
+  app.add_flag("--resume", resume, "Continue the experiment after its last committed round (needs --db, --checkpoint-dir)");
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  std::cerr << "fl-server: the round engine is not built yet; this build offers --help and --version. "
-            << "Service " << fl::v1::Federation::service_full_name() << " is defined in proto/fl/v1/.\n";
-  return 2;
+
+  spdlog::set_default_logger(spdlog::stderr_color_mt("fl-server"));
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  config.software_version = FL_VERSION;
+  config.train.set_local_epochs(local_epochs);
+  config.train.set_local_steps(local_steps);
+  config.train.set_batch_size(batch_size);
+  config.train.set_learning_rate(lr);
+  config.train.set_optimizer(client_optimizer);
+  config.train.set_momentum(momentum);
+  config.train.set_weight_decay(weight_decay);
+  config.train.set_proximal_mu(proximal_mu);
+  if (absl::Status s = ResolveStrategy(strategy, &config); !s.ok()) {
+    std::cerr << "fl-server: " << s.message() << "\n";
+    return 2;
+  }
+  if (absl::Status s = config.Validate(); !s.ok()) {
+    std::cerr << "fl-server: " << s.message() << "\n";
+    return 2;
+  }
+
+  fl::server::RoundEngine::StartPoint start;
+  if (resume) {
+    auto plan = PlanResume(&config, db_path);
+    if (!plan.ok()) {
+      std::cerr << "fl-server: " << plan.status().message() << "\n";
+      return 2;
+    }
+    start = *std::move(plan);
+  } else if (!initial_model.empty()) {
+    auto ckpt = fl::server::LoadCheckpoint(initial_model);
+    if (!ckpt.ok()) {
+      std::cerr << "fl-server: --initial-model: " << ckpt.status().message() << "\n";
+      return 2;
+    }
+    start.checkpoint = *std::move(ckpt);
+  }
+
+  // Signals are taken by one thread with sigwait, so that the handler can do real work (post an event).
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  std::unique_ptr<fl::instrumentation::RecordStore> records;
+  if (!db_path.empty()) {
+    auto opened = fl::instrumentation::RecordStore::Open(db_path);
+    if (!opened.ok()) {
+      std::cerr << "fl-server: " << opened.status().message() << "\n";
+      return 2;
+    }
+    records = std::move(*opened);
+  }
+  fl::server::RoundEngine engine(config, records.get(), std::move(start));
+  if (absl::Status s = engine.Start(); !s.ok()) {
+    std::cerr << "fl-server: " << s.message() << "\n";
+    return 2;
+  }
+  fl::server::FederationService service(&engine);
+  auto server = fl::server::StartGrpcServer(&service, listen);
+  if (!server.ok()) {
+    std::cerr << "fl-server: " << server.status().message() << "\n";
+    engine.Post(fl::server::ShutdownEvent{"could not listen"});
+    engine.Wait();
+    engine.Stop();
+    return 2;
+  }
+  spdlog::info("experiment {} listening on port {}", engine.config().experiment_id, server->port);
+  if (!port_file.empty()) {
+    const std::string tmp = port_file + ".tmp";
+    if (FILE* f = std::fopen(tmp.c_str(), "w")) {
+      std::fprintf(f, "%d\n", server->port);
+      std::fclose(f);
+      std::rename(tmp.c_str(), port_file.c_str());
+    }
+  }
+
+  std::atomic<bool> exiting{false};
+  std::thread signal_thread([&engine, &exiting, signals] {
+    int sig = 0;
+    if (sigwait(&signals, &sig) != 0 || exiting.load()) return;  // woken by main to exit
+    spdlog::warn("signal {} received: aborting the current round and shutting down", sig);
+    engine.Post(fl::server::ShutdownEvent{fl::StrCat("fl-server received signal ", sig)});
+  });
+
+  const fl::server::EngineResult result = engine.Wait();
+  // Let in-flight RPCs finish (final verdicts, the Shutdown message), then cut the rest.
+  server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  engine.Stop();
+  exiting.store(true);
+  pthread_kill(signal_thread.native_handle(), SIGTERM);
+  signal_thread.join();
+  if (records != nullptr) {
+    if (absl::Status s = records->Close(); !s.ok()) spdlog::error("closing the records: {}", s.message());
+  }
+  std::cout << "experiment " << result.experiment_id << " " << result.status << ": " << result.reason << std::endl;
+  if (result.status == "finished") return 0;
+  return result.status == "aborted" ? 130 : 1;
 }

@@ -1,0 +1,179 @@
+// The typed records that fl-server writes for every experiment, one struct per kind.
+//
+// Units are in the field names and match the columns of docs/records.md: `*_unix_ms` are wall-clock
+// timestamps in milliseconds since the Unix epoch (server clock unless said otherwise), `*_ms` are
+// durations in milliseconds measured with a monotonic clock where they happen, `*_bytes` are bytes.
+// std::optional fields are NULL in the database when not set ("not measured" / "does not apply"); for the
+// optional text fields an empty string means NULL.
+//
+// Parents must be enqueued before their children (experiment -> client/round -> client_round/evaluation):
+// foreign keys are checked per row, in the order rows were enqueued.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include "absl/status/statusor.h"
+
+namespace fl::instrumentation {
+
+enum class ExperimentStatus { kRunning, kFinished, kFailed, kAborted };
+enum class RoundStatus { kCommitted, kFailed, kAborted };
+enum class ClientOutcome { kOk, kLate, kDropped, kRejected };
+
+// The spelling stored in the database: "running", "committed", "late", ...
+std::string_view ExperimentStatusName(ExperimentStatus status);
+std::string_view RoundStatusName(RoundStatus status);
+std::string_view ClientOutcomeName(ClientOutcome outcome);
+absl::StatusOr<ExperimentStatus> ParseExperimentStatus(std::string_view name);
+absl::StatusOr<RoundStatus> ParseRoundStatus(std::string_view name);
+absl::StatusOr<ClientOutcome> ParseClientOutcome(std::string_view name);
+
+// Wall-clock now, in ms since the Unix epoch.
+int64_t NowUnixMs();
+
+// One row of `experiments`, inserted when the experiment starts.
+struct ExperimentRecord {
+  std::string id;  // unique across databases: e.g. "<name>-<utc timestamp>-<random>"
+  std::string name;
+  ExperimentStatus status = ExperimentStatus::kRunning;
+  std::string status_reason;  // why it failed / was aborted; "" = none
+  int64_t started_unix_ms = 0;
+  std::optional<int64_t> finished_unix_ms;
+  std::string config_json = "{}";  // the resolved manifest/configuration, as JSON
+  std::string software_version;    // fl-server version (and git revision when known)
+  std::string host;                // where fl-server ran; "" = unknown
+};
+
+// Updates an experiment's status (finish, fail, abort, or back to running on --resume). The experiment
+// must exist; an update of an unknown experiment is reported as NotFound.
+struct ExperimentStatusUpdate {
+  std::string experiment_id;
+  ExperimentStatus status = ExperimentStatus::kFinished;
+  std::string status_reason;
+  std::optional<int64_t> finished_unix_ms;  // NULL while running
+};
+
+// One row of `clients`: a client admitted to an experiment, with what it reported about itself. A client
+// that joins again (a restart, a resumed server) updates its row: what it reports now replaces what it
+// reported before, and left_* is cleared.
+struct ClientRecord {
+  std::string experiment_id;
+  std::string client_id;       // the server-assigned id, unique within the experiment
+  std::string client_name;     // the name the client registered with (host name, manifest name)
+  std::string device_class;    // rpi4, rpi5, gpu, cpu, ...
+  std::string link_kind;       // ethernet, wifi, 5g, loopback, ...
+  std::string link_interface;  // the network interface, e.g. eth0, wlan0, veth-c3
+  std::string link_profile;    // the emulated link profile name; "" = a real, unshaped link
+  std::optional<int64_t> cores;
+  std::optional<int64_t> memory_bytes;
+  std::string accelerator;     // e.g. "cuda:NVIDIA H100 80GB HBM3"; "" = none (CPU only)
+  std::string os;              // e.g. "Debian GNU/Linux 12"
+  std::string arch;            // e.g. aarch64, x86_64
+  std::string client_version;  // fl-client version
+  int64_t joined_unix_ms = 0;
+  std::optional<int64_t> left_unix_ms;
+  std::string left_reason;
+};
+
+// Marks a client as gone (disconnect, eviction, end of experiment). The client must exist.
+struct ClientLeftRecord {
+  std::string experiment_id;
+  std::string client_id;
+  int64_t left_unix_ms = 0;
+  std::string reason;
+};
+
+// One row of `rounds`: one attempt at one round, written when the attempt ends. A failed or aborted
+// attempt is retried as attempt + 1; a round is committed at most once (the database enforces both).
+struct RoundRecord {
+  std::string experiment_id;
+  int64_t round = 0;
+  int64_t attempt = 0;
+  RoundStatus status = RoundStatus::kCommitted;
+  std::string failure_reason;  // "" when committed
+  int64_t started_unix_ms = 0;  // dispatch of the first task
+  int64_t ended_unix_ms = 0;    // commit, or when the attempt was given up
+  double duration_ms = 0;       // dispatch -> commit (or -> given up), monotonic
+  std::optional<double> aggregation_ms;  // finishing the aggregate + server optimizer step
+  int64_t num_selected = 0;
+  int64_t num_accepted = 0;
+  int64_t num_late = 0;
+  int64_t num_rejected = 0;
+  int64_t num_dropped = 0;
+  int64_t num_examples = 0;                 // sum over accepted updates
+  std::optional<int64_t> model_version;     // the global model version this attempt produced (required if committed)
+  std::optional<double> train_loss;         // mean client train loss weighted by num_examples
+  std::optional<double> eval_loss;          // global model, after the commit
+  std::optional<double> eval_accuracy;      // in [0, 1]
+  std::optional<int64_t> eval_num_examples;
+};
+
+// Sets the global evaluation of a round attempt (federated evaluation runs after the commit, so the round's
+// row exists before its evaluation is known). The row must exist.
+struct RoundEvaluationUpdate {
+  std::string experiment_id;
+  int64_t round = 0;
+  int64_t attempt = 0;
+  double eval_loss = 0;
+  double eval_accuracy = 0;  // in [0, 1]
+  int64_t eval_num_examples = 0;
+};
+
+// One row of `client_rounds`: one client's part in one round attempt.
+struct ClientRoundRecord {
+  std::string experiment_id;
+  int64_t round = 0;
+  int64_t attempt = 0;
+  std::string client_id;
+  ClientOutcome outcome = ClientOutcome::kOk;
+  std::string reject_reason;  // only with outcome kRejected; "" otherwise
+  std::optional<int64_t> dispatched_unix_ms;  // server clock
+  std::optional<int64_t> num_examples;
+  std::optional<int64_t> num_steps;          // local optimizer steps
+  std::optional<double> downlink_ms;         // client view: request -> last byte of the model received
+  std::optional<double> train_ms;            // client view
+  std::optional<double> eval_ms;             // client view, local evaluation when asked
+  std::optional<double> uplink_ms;           // client view: first byte sent -> server ack
+  std::optional<double> uplink_server_ms;    // server view: first byte received -> last byte received
+  std::optional<double> idle_ms;             // client waited on the server or the link, not computing
+  std::optional<int64_t> downlink_bytes;     // on the wire, server -> client
+  std::optional<int64_t> uplink_bytes;       // on the wire, client -> server
+  std::string codec;                         // update codec, e.g. fp32, int8-blockwise; "" = unknown
+  std::optional<double> train_loss;          // mean local train loss over this round's steps
+};
+
+// One row of `evaluations`: one client's evaluation of the global model in one round attempt.
+struct EvaluationRecord {
+  std::string experiment_id;
+  int64_t round = 0;
+  int64_t attempt = 0;
+  std::string client_id;
+  int64_t num_examples = 0;
+  std::optional<double> loss;
+  std::optional<double> accuracy;  // in [0, 1]
+  std::optional<double> eval_ms;   // client view
+};
+
+// One row of `checkpoints`: a global model saved after a committed round.
+struct CheckpointRecord {
+  std::string experiment_id;
+  int64_t round = 0;
+  int64_t model_version = 0;
+  std::string path;          // as written by fl-server (absolute, or relative to its working directory)
+  int64_t bytes = 0;         // file size
+  std::string fingerprint;   // ModelSpec fingerprint, 16 lowercase hex digits (fl::core::FingerprintToHex)
+  std::string checksum;      // Checksum64 of the file's bytes, hex; "" = not computed
+  int64_t created_unix_ms = 0;
+};
+
+using Record = std::variant<ExperimentRecord, ExperimentStatusUpdate, ClientRecord, ClientLeftRecord, RoundRecord,
+                            RoundEvaluationUpdate, ClientRoundRecord, EvaluationRecord, CheckpointRecord>;
+
+// "round (experiment e1, round 3, attempt 0)": names a record in errors.
+std::string DescribeRecord(const Record& record);
+
+}  // namespace fl::instrumentation

@@ -1,0 +1,478 @@
+#include "fl/instrumentation/record_store.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "fl/core/str_cat.h"
+#include "fl/instrumentation/schema.h"
+#include "fl/instrumentation/sqlite.h"
+
+namespace fl::instrumentation {
+namespace {
+
+template <class... Ts>
+struct Overloaded : Ts... {
+  using Ts::operator()...;
+};
+template <class... Ts>
+Overloaded(Ts...) -> Overloaded<Ts...>;
+
+constexpr std::string_view kInsertExperiment = R"sql(
+INSERT INTO experiments (id, name, status, status_reason, started_unix_ms, finished_unix_ms, config_json,
+                         software_version, host)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9))sql";
+
+constexpr std::string_view kUpdateExperiment = R"sql(
+UPDATE experiments SET status = ?2, status_reason = ?3, finished_unix_ms = ?4 WHERE id = ?1)sql";
+
+constexpr std::string_view kInsertClient = R"sql(
+INSERT INTO clients (experiment_id, client_id, client_name, device_class, link_kind, link_interface,
+                     link_profile, cores, memory_bytes, accelerator, os, arch, client_version, joined_unix_ms,
+                     left_unix_ms, left_reason)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)
+ON CONFLICT (experiment_id, client_id) DO UPDATE SET
+  client_name = excluded.client_name, device_class = excluded.device_class, link_kind = excluded.link_kind,
+  link_interface = excluded.link_interface, link_profile = excluded.link_profile, cores = excluded.cores,
+  memory_bytes = excluded.memory_bytes, accelerator = excluded.accelerator, os = excluded.os,
+  arch = excluded.arch, client_version = excluded.client_version, left_unix_ms = NULL, left_reason = NULL)sql";
+
+constexpr std::string_view kUpdateClientLeft = R"sql(
+UPDATE clients SET left_unix_ms = ?3, left_reason = ?4 WHERE experiment_id = ?1 AND client_id = ?2)sql";
+
+constexpr std::string_view kInsertRound = R"sql(
+INSERT INTO rounds (experiment_id, round, attempt, status, failure_reason, started_unix_ms, ended_unix_ms,
+                    duration_ms, aggregation_ms, num_selected, num_accepted, num_late, num_rejected,
+                    num_dropped, num_examples, model_version, train_loss, eval_loss, eval_accuracy,
+                    eval_num_examples)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20))sql";
+
+constexpr std::string_view kUpdateRoundEvaluation = R"sql(
+UPDATE rounds SET eval_loss = ?4, eval_accuracy = ?5, eval_num_examples = ?6
+WHERE experiment_id = ?1 AND round = ?2 AND attempt = ?3)sql";
+
+constexpr std::string_view kInsertClientRound = R"sql(
+INSERT INTO client_rounds (experiment_id, round, attempt, client_id, outcome, reject_reason,
+                           dispatched_unix_ms, num_examples, num_steps, downlink_ms, train_ms, eval_ms,
+                           uplink_ms, uplink_server_ms, idle_ms, downlink_bytes, uplink_bytes, codec,
+                           train_loss)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19))sql";
+
+constexpr std::string_view kInsertEvaluation = R"sql(
+INSERT INTO evaluations (experiment_id, round, attempt, client_id, num_examples, loss, accuracy, eval_ms)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8))sql";
+
+constexpr std::string_view kInsertCheckpoint = R"sql(
+INSERT INTO checkpoints (experiment_id, round, model_version, path, bytes, fingerprint, checksum,
+                         created_unix_ms)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8))sql";
+
+}  // namespace
+
+// The write connection and one prepared statement per record kind. Used only by the writer thread once the
+// store is open.
+struct RecordStore::Writer {
+  sqlite::Database db;
+  sqlite::Statement insert_experiment;
+  sqlite::Statement update_experiment;
+  sqlite::Statement insert_client;
+  sqlite::Statement update_client_left;
+  sqlite::Statement insert_round;
+  sqlite::Statement update_round_evaluation;
+  sqlite::Statement insert_client_round;
+  sqlite::Statement insert_evaluation;
+  sqlite::Statement insert_checkpoint;
+
+  struct BatchResult {
+    std::vector<absl::Status> errors;  // one per dropped record, in queue order
+    bool fell_back = false;
+  };
+
+  absl::Status Prepare() {
+    struct Entry {
+      sqlite::Statement* stmt;
+      std::string_view sql;
+    };
+    for (const Entry& e : {Entry{&insert_experiment, kInsertExperiment}, Entry{&update_experiment, kUpdateExperiment},
+                           Entry{&insert_client, kInsertClient}, Entry{&update_client_left, kUpdateClientLeft},
+                           Entry{&insert_round, kInsertRound},
+                           Entry{&update_round_evaluation, kUpdateRoundEvaluation},
+                           Entry{&insert_client_round, kInsertClientRound},
+                           Entry{&insert_evaluation, kInsertEvaluation},
+                           Entry{&insert_checkpoint, kInsertCheckpoint}}) {
+      absl::StatusOr<sqlite::Statement> stmt = db.Prepare(e.sql, /*persistent=*/true);
+      if (!stmt.ok()) return stmt.status();
+      *e.stmt = *std::move(stmt);
+    }
+    return absl::OkStatus();
+  }
+
+  // Runs `stmt` (already bound) and resets it. `expect_change`: a zero-row UPDATE is NotFound.
+  absl::Status Run(sqlite::Statement& stmt, std::string_view what, bool expect_change = false) {
+    absl::Status s = stmt.Run(what);
+    stmt.Reset();
+    if (s.ok() && expect_change && sqlite3_changes(db.get()) == 0) {
+      return absl::NotFoundError(fl::StrCat("records database ", db.path(), ": ", what, ": no such row"));
+    }
+    return s;
+  }
+
+  absl::Status WriteOne(const Record& record) {
+    absl::Status s = std::visit(
+        Overloaded{
+            [&](const ExperimentRecord& r) {
+              sqlite::Statement& st = insert_experiment;
+              st.BindText(1, r.id);
+              st.BindText(2, r.name);
+              st.BindText(3, ExperimentStatusName(r.status));
+              st.BindTextOrNull(4, r.status_reason);
+              st.BindInt64(5, r.started_unix_ms);
+              st.BindOptionalInt64(6, r.finished_unix_ms);
+              st.BindText(7, r.config_json.empty() ? std::string_view("{}") : std::string_view(r.config_json));
+              st.BindText(8, r.software_version);
+              st.BindTextOrNull(9, r.host);
+              return Run(st, "insert into experiments");
+            },
+            [&](const ExperimentStatusUpdate& r) {
+              sqlite::Statement& st = update_experiment;
+              st.BindText(1, r.experiment_id);
+              st.BindText(2, ExperimentStatusName(r.status));
+              st.BindTextOrNull(3, r.status_reason);
+              st.BindOptionalInt64(4, r.finished_unix_ms);
+              return Run(st, "update experiments", /*expect_change=*/true);
+            },
+            [&](const ClientRecord& r) {
+              sqlite::Statement& st = insert_client;
+              st.BindText(1, r.experiment_id);
+              st.BindText(2, r.client_id);
+              st.BindTextOrNull(3, r.client_name);
+              st.BindTextOrNull(4, r.device_class);
+              st.BindTextOrNull(5, r.link_kind);
+              st.BindTextOrNull(6, r.link_interface);
+              st.BindTextOrNull(7, r.link_profile);
+              st.BindOptionalInt64(8, r.cores);
+              st.BindOptionalInt64(9, r.memory_bytes);
+              st.BindTextOrNull(10, r.accelerator);
+              st.BindTextOrNull(11, r.os);
+              st.BindTextOrNull(12, r.arch);
+              st.BindTextOrNull(13, r.client_version);
+              st.BindInt64(14, r.joined_unix_ms);
+              st.BindOptionalInt64(15, r.left_unix_ms);
+              st.BindTextOrNull(16, r.left_reason);
+              return Run(st, "insert into clients");
+            },
+            [&](const ClientLeftRecord& r) {
+              sqlite::Statement& st = update_client_left;
+              st.BindText(1, r.experiment_id);
+              st.BindText(2, r.client_id);
+              st.BindInt64(3, r.left_unix_ms);
+              st.BindTextOrNull(4, r.reason);
+              return Run(st, "update clients", /*expect_change=*/true);
+            },
+            [&](const RoundRecord& r) {
+              sqlite::Statement& st = insert_round;
+              st.BindText(1, r.experiment_id);
+              st.BindInt64(2, r.round);
+              st.BindInt64(3, r.attempt);
+              st.BindText(4, RoundStatusName(r.status));
+              st.BindTextOrNull(5, r.failure_reason);
+              st.BindInt64(6, r.started_unix_ms);
+              st.BindInt64(7, r.ended_unix_ms);
+              st.BindDouble(8, r.duration_ms);
+              st.BindOptionalDouble(9, r.aggregation_ms);
+              st.BindInt64(10, r.num_selected);
+              st.BindInt64(11, r.num_accepted);
+              st.BindInt64(12, r.num_late);
+              st.BindInt64(13, r.num_rejected);
+              st.BindInt64(14, r.num_dropped);
+              st.BindInt64(15, r.num_examples);
+              st.BindOptionalInt64(16, r.model_version);
+              st.BindOptionalDouble(17, r.train_loss);
+              st.BindOptionalDouble(18, r.eval_loss);
+              st.BindOptionalDouble(19, r.eval_accuracy);
+              st.BindOptionalInt64(20, r.eval_num_examples);
+              return Run(st, "insert into rounds");
+            },
+            [&](const RoundEvaluationUpdate& r) {
+              sqlite::Statement& st = update_round_evaluation;
+              st.BindText(1, r.experiment_id);
+              st.BindInt64(2, r.round);
+              st.BindInt64(3, r.attempt);
+              st.BindDouble(4, r.eval_loss);
+              st.BindDouble(5, r.eval_accuracy);
+              st.BindInt64(6, r.eval_num_examples);
+              return Run(st, "update rounds (evaluation)", /*expect_change=*/true);
+            },
+            [&](const ClientRoundRecord& r) {
+              sqlite::Statement& st = insert_client_round;
+              st.BindText(1, r.experiment_id);
+              st.BindInt64(2, r.round);
+              st.BindInt64(3, r.attempt);
+              st.BindText(4, r.client_id);
+              st.BindText(5, ClientOutcomeName(r.outcome));
+              st.BindTextOrNull(6, r.reject_reason);
+              st.BindOptionalInt64(7, r.dispatched_unix_ms);
+              st.BindOptionalInt64(8, r.num_examples);
+              st.BindOptionalInt64(9, r.num_steps);
+              st.BindOptionalDouble(10, r.downlink_ms);
+              st.BindOptionalDouble(11, r.train_ms);
+              st.BindOptionalDouble(12, r.eval_ms);
+              st.BindOptionalDouble(13, r.uplink_ms);
+              st.BindOptionalDouble(14, r.uplink_server_ms);
+              st.BindOptionalDouble(15, r.idle_ms);
+              st.BindOptionalInt64(16, r.downlink_bytes);
+              st.BindOptionalInt64(17, r.uplink_bytes);
+              st.BindTextOrNull(18, r.codec);
+              st.BindOptionalDouble(19, r.train_loss);
+              return Run(st, "insert into client_rounds");
+            },
+            [&](const EvaluationRecord& r) {
+              sqlite::Statement& st = insert_evaluation;
+              st.BindText(1, r.experiment_id);
+              st.BindInt64(2, r.round);
+              st.BindInt64(3, r.attempt);
+              st.BindText(4, r.client_id);
+              st.BindInt64(5, r.num_examples);
+              st.BindOptionalDouble(6, r.loss);
+              st.BindOptionalDouble(7, r.accuracy);
+              st.BindOptionalDouble(8, r.eval_ms);
+              return Run(st, "insert into evaluations");
+            },
+            [&](const CheckpointRecord& r) {
+              sqlite::Statement& st = insert_checkpoint;
+              st.BindText(1, r.experiment_id);
+              st.BindInt64(2, r.round);
+              st.BindInt64(3, r.model_version);
+              st.BindText(4, r.path);
+              st.BindInt64(5, r.bytes);
+              st.BindText(6, r.fingerprint);
+              st.BindTextOrNull(7, r.checksum);
+              st.BindInt64(8, r.created_unix_ms);
+              return Run(st, "insert into checkpoints");
+            },
+        },
+        record);
+    if (s.ok()) return s;
+    return absl::Status(s.code(), fl::StrCat("could not store ", DescribeRecord(record), ": ", fl::ToStd(s.message())));
+  }
+
+  void RollbackIfOpen() {
+    if (db.in_transaction()) (void)db.Exec("ROLLBACK");
+  }
+
+  // Stores `batch` in one transaction. A record that fails on its own (a constraint) is undone alone by
+  // SQLite (statement-level ABORT) and the rest of the batch still commits. If the transaction itself fails
+  // (BEGIN/COMMIT errors, or an error that made SQLite roll the whole transaction back: I/O, disk full),
+  // the batch is re-run one record per transaction so that each record lands or is reported on its own.
+  BatchResult WriteBatch(std::span<const Record> batch) {
+    BatchResult result;
+    if (db.Exec("BEGIN IMMEDIATE").ok()) {
+      bool transaction_lost = false;
+      for (const Record& record : batch) {
+        absl::Status s = WriteOne(record);
+        if (s.ok()) continue;
+        if (!db.in_transaction()) {
+          transaction_lost = true;
+          break;
+        }
+        result.errors.push_back(std::move(s));
+      }
+      if (!transaction_lost && db.Exec("COMMIT").ok()) return result;
+      RollbackIfOpen();
+    }
+    result.errors.clear();
+    result.fell_back = true;
+    for (const Record& record : batch) {
+      if (absl::Status s = db.Exec("BEGIN IMMEDIATE"); !s.ok()) {
+        result.errors.push_back(absl::Status(
+            s.code(), fl::StrCat("could not store ", DescribeRecord(record), ": ", fl::ToStd(s.message()))));
+        continue;
+      }
+      absl::Status s = WriteOne(record);
+      if (s.ok()) {
+        s = db.Exec("COMMIT");
+        if (!s.ok()) {
+          s = absl::Status(s.code(),
+                           fl::StrCat("could not store ", DescribeRecord(record), ": ", fl::ToStd(s.message())));
+        }
+      }
+      if (!s.ok()) {
+        RollbackIfOpen();
+        result.errors.push_back(std::move(s));
+      }
+    }
+    return result;
+  }
+};
+
+absl::StatusOr<std::unique_ptr<RecordStore>> RecordStore::Open(const std::string& path, RecordStoreOptions options) {
+  if (path.empty()) return absl::InvalidArgumentError("records database: empty path");
+  if (options.max_queue_records == 0) options.max_queue_records = 1;
+  if (options.max_batch_records == 0) options.max_batch_records = 1;
+  if (options.busy_timeout_ms < 0) options.busy_timeout_ms = 0;
+
+  auto writer = std::make_unique<Writer>();
+  absl::StatusOr<sqlite::Database> db =
+      sqlite::Database::Open(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX);
+  if (!db.ok()) return db.status();
+  writer->db = *std::move(db);
+  sqlite::Database& d = writer->db;
+
+  // busy_timeout first, so that switching the journal mode and migrating wait for other connections' locks.
+  if (absl::Status s = d.Exec(fl::StrCat("PRAGMA busy_timeout = ", options.busy_timeout_ms)); !s.ok()) return s;
+  absl::StatusOr<std::string> mode = d.QueryText("PRAGMA journal_mode = WAL");
+  if (!mode.ok()) return mode.status();
+  if (*mode != "wal") {
+    return absl::FailedPreconditionError(fl::StrCat(
+        "records database ", path, ": journal_mode=WAL is not available here (SQLite kept '", *mode,
+        "'); records need a database file on a local filesystem (not :memory:, not a network share)"));
+  }
+  if (absl::Status s = d.Exec("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON"); !s.ok()) return s;
+  if (absl::Status s = MigrateSchema(d, SchemaMigrations()); !s.ok()) return s;
+
+  ConnectionSettings settings;
+  settings.journal_mode = *mode;
+  for (auto [pragma, out] : {std::pair{"PRAGMA synchronous", &settings.synchronous},
+                             std::pair{"PRAGMA foreign_keys", &settings.foreign_keys},
+                             std::pair{"PRAGMA busy_timeout", &settings.busy_timeout_ms},
+                             std::pair{"PRAGMA user_version", &settings.schema_version}}) {
+    absl::StatusOr<int64_t> v = d.QueryInt(pragma);
+    if (!v.ok()) return v.status();
+    *out = *v;
+  }
+  if (settings.foreign_keys != 1) {
+    return absl::FailedPreconditionError(fl::StrCat(
+        "records database ", path, ": this SQLite build cannot enforce foreign keys (PRAGMA foreign_keys stays 0)"));
+  }
+  if (absl::Status s = writer->Prepare(); !s.ok()) return s;
+
+  std::unique_ptr<RecordStore> store(new RecordStore(path, std::move(options), std::move(writer), settings));
+  store->thread_ = std::thread(&RecordStore::WriterLoop, store.get());
+  return store;
+}
+
+RecordStore::RecordStore(std::string path, RecordStoreOptions options, std::unique_ptr<Writer> writer,
+                         ConnectionSettings settings)
+    : path_(std::move(path)),
+      options_(std::move(options)),
+      settings_(std::move(settings)),
+      writer_(std::move(writer)) {}
+
+RecordStore::~RecordStore() {
+  absl::Status s = Close();
+  if (!s.ok()) {
+    std::fprintf(stderr, "fl records: error not collected before the record store closed: %s\n",
+                 std::string(fl::ToStd(s.message())).c_str());
+  }
+}
+
+absl::Status RecordStore::EnqueueLocked(std::unique_lock<std::mutex>& lock, Record record, bool wait) {
+  auto closed_error = [&] {
+    return absl::FailedPreconditionError(
+        fl::StrCat("records database ", path_, ": record store is closed; dropped ", DescribeRecord(record)));
+  };
+  if (stopping_) return closed_error();
+  if (queue_.size() >= options_.max_queue_records) {
+    if (!wait) {
+      return absl::ResourceExhaustedError(fl::StrCat("records database ", path_, ": write queue full (",
+                                                     options_.max_queue_records, " records); dropped ",
+                                                     DescribeRecord(record)));
+    }
+    ++stats_.backpressure_waits;
+    space_cv_.wait(lock, [&] { return stopping_ || queue_.size() < options_.max_queue_records; });
+    if (stopping_) return closed_error();
+  }
+  queue_.push_back(std::move(record));
+  ++enqueued_seq_;
+  ++stats_.enqueued;
+  stats_.max_queue_depth = std::max<uint64_t>(stats_.max_queue_depth, queue_.size());
+  return absl::OkStatus();
+}
+
+absl::Status RecordStore::Enqueue(Record record) {
+  absl::Status s;
+  {
+    std::unique_lock lock(mu_);
+    s = EnqueueLocked(lock, std::move(record), /*wait=*/true);
+  }
+  if (s.ok()) work_cv_.notify_one();
+  return s;
+}
+
+absl::Status RecordStore::TryEnqueue(Record record) {
+  absl::Status s;
+  {
+    std::unique_lock lock(mu_);
+    s = EnqueueLocked(lock, std::move(record), /*wait=*/false);
+  }
+  if (s.ok()) work_cv_.notify_one();
+  return s;
+}
+
+absl::Status RecordStore::Flush() {
+  std::unique_lock lock(mu_);
+  const uint64_t target = enqueued_seq_;
+  done_cv_.wait(lock, [&] { return done_seq_ >= target; });
+  return std::exchange(first_error_, absl::OkStatus());
+}
+
+absl::Status RecordStore::Close() {
+  std::lock_guard close_lock(close_mu_);
+  {
+    std::lock_guard lock(mu_);
+    if (closed_) return absl::OkStatus();
+    stopping_ = true;
+  }
+  work_cv_.notify_all();
+  space_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();  // the writer drains the queue before it exits
+  writer_.reset();                          // finalizes statements, closes the connection (checkpoints the WAL)
+  std::lock_guard lock(mu_);
+  closed_ = true;
+  return std::exchange(first_error_, absl::OkStatus());
+}
+
+RecordStoreStats RecordStore::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+void RecordStore::WriterLoop() {
+  std::vector<Record> batch;
+  while (true) {
+    {
+      std::unique_lock lock(mu_);
+      work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and everything is written
+      const size_t n = std::min(queue_.size(), options_.max_batch_records);
+      batch.clear();
+      for (size_t i = 0; i < n; ++i) {
+        batch.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+    }
+    space_cv_.notify_all();
+
+    Writer::BatchResult result = writer_->WriteBatch(batch);
+    if (options_.on_error) {
+      for (const absl::Status& e : result.errors) options_.on_error(e);
+    }
+    {
+      std::lock_guard lock(mu_);
+      if (first_error_.ok() && !result.errors.empty()) first_error_ = result.errors.front();
+      stats_.failed += result.errors.size();
+      stats_.written += batch.size() - result.errors.size();
+      if (result.fell_back) {
+        ++stats_.fallback_batches;
+      } else {
+        ++stats_.batches;
+      }
+      done_seq_ += batch.size();
+    }
+    done_cv_.notify_all();
+  }
+}
+
+}  // namespace fl::instrumentation

@@ -1,0 +1,120 @@
+#include "fl/instrumentation/records.h"
+
+#include <chrono>
+
+#include "fl/core/str_cat.h"
+
+namespace fl::instrumentation {
+namespace {
+
+template <typename Enum, typename NameFn>
+absl::StatusOr<Enum> ParseEnum(std::string_view name, std::initializer_list<Enum> values, NameFn name_of,
+                               std::string_view what) {
+  std::string expected;
+  for (Enum v : values) {
+    if (name_of(v) == name) return v;
+    expected = expected.empty() ? std::string(name_of(v)) : fl::StrCat(expected, ", ", name_of(v));
+  }
+  return absl::InvalidArgumentError(fl::StrCat("unknown ", what, " '", name, "'; expected one of ", expected));
+}
+
+template <class... Ts>
+struct Overloaded : Ts... {
+  using Ts::operator()...;
+};
+template <class... Ts>
+Overloaded(Ts...) -> Overloaded<Ts...>;
+
+}  // namespace
+
+std::string_view ExperimentStatusName(ExperimentStatus status) {
+  switch (status) {
+    case ExperimentStatus::kRunning: return "running";
+    case ExperimentStatus::kFinished: return "finished";
+    case ExperimentStatus::kFailed: return "failed";
+    case ExperimentStatus::kAborted: return "aborted";
+  }
+  return "unknown";
+}
+
+std::string_view RoundStatusName(RoundStatus status) {
+  switch (status) {
+    case RoundStatus::kCommitted: return "committed";
+    case RoundStatus::kFailed: return "failed";
+    case RoundStatus::kAborted: return "aborted";
+  }
+  return "unknown";
+}
+
+std::string_view ClientOutcomeName(ClientOutcome outcome) {
+  switch (outcome) {
+    case ClientOutcome::kOk: return "ok";
+    case ClientOutcome::kLate: return "late";
+    case ClientOutcome::kDropped: return "dropped";
+    case ClientOutcome::kRejected: return "rejected";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<ExperimentStatus> ParseExperimentStatus(std::string_view name) {
+  return ParseEnum(name,
+                   {ExperimentStatus::kRunning, ExperimentStatus::kFinished, ExperimentStatus::kFailed,
+                    ExperimentStatus::kAborted},
+                   ExperimentStatusName, "experiment status");
+}
+
+absl::StatusOr<RoundStatus> ParseRoundStatus(std::string_view name) {
+  return ParseEnum(name, {RoundStatus::kCommitted, RoundStatus::kFailed, RoundStatus::kAborted}, RoundStatusName,
+                   "round status");
+}
+
+absl::StatusOr<ClientOutcome> ParseClientOutcome(std::string_view name) {
+  return ParseEnum(name,
+                   {ClientOutcome::kOk, ClientOutcome::kLate, ClientOutcome::kDropped, ClientOutcome::kRejected},
+                   ClientOutcomeName, "client outcome");
+}
+
+int64_t NowUnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string DescribeRecord(const Record& record) {
+  return std::visit(
+      Overloaded{
+          [](const ExperimentRecord& r) { return fl::StrCat("experiment (id ", r.id, ")"); },
+          [](const ExperimentStatusUpdate& r) {
+            return fl::StrCat("experiment status update (id ", r.experiment_id, " -> ",
+                              ExperimentStatusName(r.status), ")");
+          },
+          [](const ClientRecord& r) {
+            return fl::StrCat("client (experiment ", r.experiment_id, ", client ", r.client_id, ")");
+          },
+          [](const ClientLeftRecord& r) {
+            return fl::StrCat("client left (experiment ", r.experiment_id, ", client ", r.client_id, ")");
+          },
+          [](const RoundRecord& r) {
+            return fl::StrCat("round (experiment ", r.experiment_id, ", round ", r.round, ", attempt ", r.attempt,
+                              ", ", RoundStatusName(r.status), ")");
+          },
+          [](const RoundEvaluationUpdate& r) {
+            return fl::StrCat("round evaluation (experiment ", r.experiment_id, ", round ", r.round, ", attempt ",
+                              r.attempt, ")");
+          },
+          [](const ClientRoundRecord& r) {
+            return fl::StrCat("client round (experiment ", r.experiment_id, ", round ", r.round, ", attempt ",
+                              r.attempt, ", client ", r.client_id, ")");
+          },
+          [](const EvaluationRecord& r) {
+            return fl::StrCat("evaluation (experiment ", r.experiment_id, ", round ", r.round, ", attempt ",
+                              r.attempt, ", client ", r.client_id, ")");
+          },
+          [](const CheckpointRecord& r) {
+            return fl::StrCat("checkpoint (experiment ", r.experiment_id, ", round ", r.round, ")");
+          },
+      },
+      record);
+}
+
+}  // namespace fl::instrumentation

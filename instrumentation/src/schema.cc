@@ -1,0 +1,263 @@
+#include "fl/instrumentation/schema.h"
+
+#include <string>
+
+#include "fl/core/str_cat.h"
+
+namespace fl::instrumentation {
+namespace {
+
+// Schema v1. Column units are in the names (docs/records.md has every column): *_unix_ms = wall clock, ms
+// since the Unix epoch; *_ms = a duration in ms (REAL); *_bytes = bytes (INTEGER).
+constexpr std::string_view kSchemaV1 = R"sql(
+CREATE TABLE experiments (
+  id                TEXT    NOT NULL PRIMARY KEY,
+  name              TEXT    NOT NULL,
+  status            TEXT    NOT NULL DEFAULT 'running'
+                            CHECK (status IN ('running', 'finished', 'failed', 'aborted')),
+  status_reason     TEXT,
+  started_unix_ms   INTEGER NOT NULL,
+  finished_unix_ms  INTEGER,
+  config_json       TEXT    NOT NULL DEFAULT '{}',
+  software_version  TEXT    NOT NULL,
+  host              TEXT
+);
+
+CREATE TABLE clients (
+  experiment_id     TEXT    NOT NULL REFERENCES experiments (id) ON DELETE CASCADE,
+  client_id         TEXT    NOT NULL,
+  client_name       TEXT,
+  device_class      TEXT,
+  link_kind         TEXT,
+  link_interface    TEXT,
+  link_profile      TEXT,
+  cores             INTEGER CHECK (cores IS NULL OR cores >= 0),
+  memory_bytes      INTEGER CHECK (memory_bytes IS NULL OR memory_bytes >= 0),
+  accelerator       TEXT,
+  os                TEXT,
+  arch              TEXT,
+  client_version    TEXT,
+  joined_unix_ms    INTEGER NOT NULL,
+  left_unix_ms      INTEGER,
+  left_reason       TEXT,
+  PRIMARY KEY (experiment_id, client_id)
+);
+
+CREATE TABLE rounds (
+  experiment_id     TEXT    NOT NULL REFERENCES experiments (id) ON DELETE CASCADE,
+  round             INTEGER NOT NULL CHECK (round >= 0),
+  attempt           INTEGER NOT NULL DEFAULT 0 CHECK (attempt >= 0),
+  status            TEXT    NOT NULL CHECK (status IN ('committed', 'failed', 'aborted')),
+  failure_reason    TEXT,
+  started_unix_ms   INTEGER NOT NULL,
+  ended_unix_ms     INTEGER NOT NULL,
+  duration_ms       REAL    NOT NULL CHECK (duration_ms >= 0),
+  aggregation_ms    REAL    CHECK (aggregation_ms IS NULL OR aggregation_ms >= 0),
+  num_selected      INTEGER NOT NULL DEFAULT 0 CHECK (num_selected >= 0),
+  num_accepted      INTEGER NOT NULL DEFAULT 0 CHECK (num_accepted >= 0),
+  num_late          INTEGER NOT NULL DEFAULT 0 CHECK (num_late >= 0),
+  num_rejected      INTEGER NOT NULL DEFAULT 0 CHECK (num_rejected >= 0),
+  num_dropped       INTEGER NOT NULL DEFAULT 0 CHECK (num_dropped >= 0),
+  num_examples      INTEGER NOT NULL DEFAULT 0 CHECK (num_examples >= 0),
+  model_version     INTEGER,
+  train_loss        REAL,
+  eval_loss         REAL,
+  eval_accuracy     REAL,
+  eval_num_examples INTEGER,
+  PRIMARY KEY (experiment_id, round, attempt),
+  CHECK (status <> 'committed' OR model_version IS NOT NULL)
+);
+-- A round is committed at most once; failed/aborted attempts of it may be many.
+CREATE UNIQUE INDEX rounds_committed_once ON rounds (experiment_id, round) WHERE status = 'committed';
+
+CREATE TABLE client_rounds (
+  experiment_id       TEXT    NOT NULL,
+  round               INTEGER NOT NULL,
+  attempt             INTEGER NOT NULL,
+  client_id           TEXT    NOT NULL,
+  outcome             TEXT    NOT NULL CHECK (outcome IN ('ok', 'late', 'dropped', 'rejected')),
+  reject_reason       TEXT    CHECK (reject_reason IS NULL OR outcome = 'rejected'),
+  dispatched_unix_ms  INTEGER,
+  num_examples        INTEGER CHECK (num_examples IS NULL OR num_examples >= 0),
+  num_steps           INTEGER CHECK (num_steps IS NULL OR num_steps >= 0),
+  downlink_ms         REAL,
+  train_ms            REAL,
+  eval_ms             REAL,
+  uplink_ms           REAL,
+  uplink_server_ms    REAL,
+  idle_ms             REAL,
+  downlink_bytes      INTEGER CHECK (downlink_bytes IS NULL OR downlink_bytes >= 0),
+  uplink_bytes        INTEGER CHECK (uplink_bytes IS NULL OR uplink_bytes >= 0),
+  codec               TEXT,
+  train_loss          REAL,
+  PRIMARY KEY (experiment_id, round, attempt, client_id),
+  FOREIGN KEY (experiment_id, round, attempt) REFERENCES rounds (experiment_id, round, attempt)
+    ON DELETE CASCADE,
+  FOREIGN KEY (experiment_id, client_id) REFERENCES clients (experiment_id, client_id) ON DELETE CASCADE
+);
+CREATE INDEX client_rounds_by_client ON client_rounds (experiment_id, client_id);
+
+CREATE TABLE evaluations (
+  experiment_id     TEXT    NOT NULL,
+  round             INTEGER NOT NULL,
+  attempt           INTEGER NOT NULL,
+  client_id         TEXT    NOT NULL,
+  num_examples      INTEGER NOT NULL CHECK (num_examples >= 0),
+  loss              REAL,
+  accuracy          REAL,
+  eval_ms           REAL,
+  PRIMARY KEY (experiment_id, round, attempt, client_id),
+  FOREIGN KEY (experiment_id, round, attempt) REFERENCES rounds (experiment_id, round, attempt)
+    ON DELETE CASCADE,
+  FOREIGN KEY (experiment_id, client_id) REFERENCES clients (experiment_id, client_id) ON DELETE CASCADE
+);
+CREATE INDEX evaluations_by_client ON evaluations (experiment_id, client_id);
+
+CREATE TABLE checkpoints (
+  experiment_id     TEXT    NOT NULL REFERENCES experiments (id) ON DELETE CASCADE,
+  round             INTEGER NOT NULL CHECK (round >= 0),
+  model_version     INTEGER NOT NULL,
+  path              TEXT    NOT NULL,
+  bytes             INTEGER NOT NULL CHECK (bytes >= 0),
+  fingerprint       TEXT    NOT NULL,
+  checksum          TEXT,
+  created_unix_ms   INTEGER NOT NULL,
+  PRIMARY KEY (experiment_id, round)
+);
+)sql";
+
+// Append new migrations here: {N + 1, "what it does", R"sql(...)sql"}. Never edit a shipped entry.
+constexpr Migration kMigrations[] = {
+    {1, "experiments, clients, rounds, client_rounds, evaluations, checkpoints", kSchemaV1, false},
+};
+
+std::string Hex(int64_t v) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out = "0x";
+  for (int shift = 28; shift >= 0; shift -= 4) out.push_back(kDigits[(static_cast<uint64_t>(v) >> shift) & 0xf]);
+  return out;
+}
+
+absl::Status ValidateList(std::span<const Migration> migrations) {
+  for (size_t i = 0; i < migrations.size(); ++i) {
+    if (migrations[i].version != static_cast<int>(i) + 1) {
+      return absl::InternalError(fl::StrCat("schema migration #", i, " has version ", migrations[i].version,
+                                            "; migrations must be numbered 1, 2, 3, ... in order"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ApplyOne(sqlite::Database& db, const Migration& m, bool foreign_keys_were_on) {
+  const std::string what = fl::StrCat("records database ", db.path(), ": migration to schema version ", m.version,
+                                      " (", m.description, ")");
+  if (m.foreign_keys_off) {
+    // A no-op inside a transaction, so it must come before BEGIN.
+    if (absl::Status s = db.Exec("PRAGMA foreign_keys = OFF"); !s.ok()) return s;
+  }
+  auto restore_fk = [&]() {
+    if (m.foreign_keys_off && foreign_keys_were_on) (void)db.Exec("PRAGMA foreign_keys = ON");
+  };
+  if (absl::Status s = db.Exec("BEGIN IMMEDIATE"); !s.ok()) {
+    restore_fk();
+    return absl::Status(s.code(), fl::StrCat(what, " could not start: ", fl::ToStd(s.message())));
+  }
+  auto fail = [&](const absl::Status& s) {
+    (void)db.Exec("ROLLBACK");
+    restore_fk();
+    return absl::Status(s.code(), fl::StrCat(what, " failed, database left at version ", m.version - 1, ": ",
+                                             fl::ToStd(s.message())));
+  };
+  // Another process may have migrated between our version check and BEGIN IMMEDIATE: re-read under the lock.
+  absl::StatusOr<int64_t> current = db.QueryInt("PRAGMA user_version");
+  if (!current.ok()) return fail(current.status());
+  if (*current >= m.version) {
+    if (absl::Status s = db.Exec("COMMIT"); !s.ok()) return fail(s);
+    restore_fk();
+    return absl::OkStatus();
+  }
+  if (absl::Status s = db.Exec(m.sql); !s.ok()) return fail(s);
+  if (m.foreign_keys_off) {
+    absl::StatusOr<int64_t> violations = db.QueryInt("SELECT count(*) FROM pragma_foreign_key_check");
+    if (!violations.ok()) return fail(violations.status());
+    if (*violations > 0) {
+      return fail(absl::FailedPreconditionError(
+          fl::StrCat(*violations, " foreign key violations after the migration (PRAGMA foreign_key_check)")));
+    }
+  }
+  if (m.version == 1) {
+    if (absl::Status s = db.Exec(fl::StrCat("PRAGMA application_id = ", kRecordsApplicationId)); !s.ok()) {
+      return fail(s);
+    }
+  }
+  if (absl::Status s = db.Exec(fl::StrCat("PRAGMA user_version = ", m.version)); !s.ok()) return fail(s);
+  if (absl::Status s = db.Exec("COMMIT"); !s.ok()) return fail(s);
+  restore_fk();
+  return absl::OkStatus();
+}
+
+absl::Status CheckApplicationId(sqlite::Database& db) {
+  absl::StatusOr<int64_t> app_id = db.QueryInt("PRAGMA application_id");
+  if (!app_id.ok()) return app_id.status();
+  if (*app_id != 0 && *app_id != kRecordsApplicationId) {
+    return absl::FailedPreconditionError(
+        fl::StrCat("records database ", db.path(), ": not an fl-testbed records database (its application_id is ",
+                   Hex(*app_id), ", ours is ", Hex(kRecordsApplicationId), "); refusing to touch it"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NewerThanCode(const sqlite::Database& db, int64_t version, int latest) {
+  return absl::FailedPreconditionError(fl::StrCat(
+      "records database ", db.path(), " has schema version ", version,
+      ", newer than the newest version this build knows (", latest,
+      "); it was written by a newer fl-server: upgrade fl-server (and fl-report) to open it"));
+}
+
+}  // namespace
+
+std::span<const Migration> SchemaMigrations() { return kMigrations; }
+
+int LatestSchemaVersion() { return kMigrations[std::size(kMigrations) - 1].version; }
+
+absl::Status MigrateSchema(sqlite::Database& db, std::span<const Migration> migrations) {
+  if (absl::Status s = ValidateList(migrations); !s.ok()) return s;
+  const int latest = migrations.empty() ? 0 : migrations.back().version;
+  if (absl::Status s = CheckApplicationId(db); !s.ok()) return s;
+  absl::StatusOr<int64_t> version = db.QueryInt("PRAGMA user_version");
+  if (!version.ok()) return version.status();
+  if (*version > latest) return NewerThanCode(db, *version, latest);
+  if (*version == latest) return absl::OkStatus();
+  if (*version == 0) {
+    absl::StatusOr<int64_t> objects = db.QueryInt("SELECT count(*) FROM sqlite_schema");
+    if (!objects.ok()) return objects.status();
+    if (*objects > 0) {
+      return absl::FailedPreconditionError(fl::StrCat(
+          "records database ", db.path(), ": the file already holds ", *objects,
+          " tables/indexes but no records schema version (user_version 0); it is not an fl-testbed records "
+          "database: pick another path"));
+    }
+  }
+  absl::StatusOr<int64_t> fk = db.QueryInt("PRAGMA foreign_keys");
+  if (!fk.ok()) return fk.status();
+  for (const Migration& m : migrations) {
+    if (m.version <= *version) continue;
+    if (absl::Status s = ApplyOne(db, m, *fk != 0); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSchemaVersion(sqlite::Database& db, int latest) {
+  if (absl::Status s = CheckApplicationId(db); !s.ok()) return s;
+  absl::StatusOr<int64_t> version = db.QueryInt("PRAGMA user_version");
+  if (!version.ok()) return version.status();
+  if (*version > latest) return NewerThanCode(db, *version, latest);
+  if (*version < latest) {
+    return absl::FailedPreconditionError(fl::StrCat(
+        "records database ", db.path(), " has schema version ", *version, ", older than this build's (", latest,
+        "); open it once with fl-server (RecordStore::Open migrates it) before reading it"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fl::instrumentation

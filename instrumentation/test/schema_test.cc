@@ -1,0 +1,336 @@
+#include "fl/instrumentation/schema.h"
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "fl/instrumentation/record_reader.h"
+#include "fl/instrumentation/record_store.h"
+#include "test_util.h"
+
+namespace fl::instrumentation {
+namespace {
+
+using testing_util::ExecRaw;
+using testing_util::ScratchDir;
+
+std::string Message(const absl::Status& s) { return std::string(s.message()); }
+
+sqlite::Database OpenRaw(const std::string& path) {
+  absl::StatusOr<sqlite::Database> db =
+      sqlite::Database::Open(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+  EXPECT_TRUE(db.ok()) << db.status();
+  return *std::move(db);
+}
+
+int64_t Int(sqlite::Database& db, const std::string& sql) {
+  absl::StatusOr<int64_t> v = db.QueryInt(sql);
+  EXPECT_TRUE(v.ok()) << v.status();
+  return v.ok() ? *v : -1;
+}
+
+// The whole schema as text: equal before and after an operation iff the schema did not change.
+std::string SchemaText(sqlite::Database& db) {
+  absl::StatusOr<std::string> s =
+      db.QueryText("SELECT group_concat(type || ' ' || name || ': ' || coalesce(sql, ''), char(10)) "
+                   "FROM (SELECT * FROM sqlite_schema ORDER BY name)");
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? *s : "";
+}
+
+// Two test migrations: v1 creates a table, v2 adds a column and a second table.
+constexpr Migration kTestV1{1, "create a", "CREATE TABLE a (id INTEGER PRIMARY KEY, x TEXT NOT NULL);", false};
+constexpr Migration kTestV2{2, "a.y, create b",
+                            "ALTER TABLE a ADD COLUMN y REAL; CREATE TABLE b (a_id INTEGER REFERENCES a (id));",
+                            false};
+
+TEST(SchemaTest, RealMigrationListIsNumberedInOrder) {
+  std::span<const Migration> migrations = SchemaMigrations();
+  ASSERT_FALSE(migrations.empty());
+  for (size_t i = 0; i < migrations.size(); ++i) {
+    EXPECT_EQ(migrations[i].version, static_cast<int>(i) + 1);
+    EXPECT_FALSE(migrations[i].description.empty());
+    EXPECT_FALSE(migrations[i].sql.empty());
+  }
+  EXPECT_EQ(LatestSchemaVersion(), migrations.back().version);
+}
+
+TEST(SchemaTest, EmptyFileGetsTheWholeSchema) {
+  ScratchDir dir;
+  const std::string path = dir.File("records.db");
+  auto store = RecordStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->settings().schema_version, LatestSchemaVersion());
+  ASSERT_TRUE((*store)->Close().ok());
+
+  sqlite::Database db = OpenRaw(path);
+  EXPECT_EQ(Int(db, "PRAGMA user_version"), LatestSchemaVersion());
+  EXPECT_EQ(Int(db, "PRAGMA application_id"), kRecordsApplicationId);
+  for (const char* table : {"experiments", "clients", "rounds", "client_rounds", "evaluations", "checkpoints"}) {
+    EXPECT_EQ(Int(db, std::string("SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = '") + table +
+                          "'"),
+              1)
+        << table;
+  }
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND name = 'rounds_committed_once' "
+                    "AND sql LIKE '%WHERE status = ''committed''%'"),
+            1);
+  // Columns carry their units in their names.
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM pragma_table_info('client_rounds') WHERE name IN "
+                    "('downlink_ms', 'train_ms', 'eval_ms', 'uplink_ms', 'uplink_server_ms', 'idle_ms', "
+                    "'downlink_bytes', 'uplink_bytes')"),
+            8);
+  // client_rounds -> rounds (experiment_id, round, attempt) and -> clients (experiment_id, client_id).
+  EXPECT_EQ(Int(db, "SELECT count(DISTINCT id) FROM pragma_foreign_key_list('client_rounds')"), 2);
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM pragma_foreign_key_list('client_rounds')"), 5);
+}
+
+TEST(SchemaTest, ZeroByteFileAtVersionZeroMigrates) {
+  ScratchDir dir;
+  const std::string path = dir.File("records.db");
+  { std::ofstream touch(path); }
+  auto store = RecordStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->settings().schema_version, LatestSchemaVersion());
+}
+
+TEST(SchemaTest, ReopeningIsANoOp) {
+  ScratchDir dir;
+  const std::string path = dir.File("records.db");
+  ASSERT_TRUE(RecordStore::Open(path).ok());
+  std::string before;
+  int64_t data_version_before = 0;
+  {
+    sqlite::Database db = OpenRaw(path);
+    before = SchemaText(db);
+    data_version_before = Int(db, "SELECT count(*) FROM sqlite_schema");
+  }
+  auto again = RecordStore::Open(path);
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_TRUE((*again)->Close().ok());
+  sqlite::Database db = OpenRaw(path);
+  EXPECT_EQ(SchemaText(db), before);
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM sqlite_schema"), data_version_before);
+  EXPECT_EQ(Int(db, "PRAGMA user_version"), LatestSchemaVersion());
+
+  // The runner itself: a second run of migrations that would fail if re-applied (plain CREATE TABLE).
+  ScratchDir dir2;
+  sqlite::Database test_db = OpenRaw(dir2.File("t.db"));
+  const Migration list[] = {kTestV1};
+  ASSERT_TRUE(MigrateSchema(test_db, list).ok());
+  absl::Status again_status = MigrateSchema(test_db, list);
+  EXPECT_TRUE(again_status.ok()) << again_status;
+}
+
+TEST(SchemaTest, NewerDatabaseIsRefusedNamingBothVersions) {
+  ScratchDir dir;
+  const std::string path = dir.File("records.db");
+  ASSERT_TRUE(RecordStore::Open(path).ok());
+  const int newer = LatestSchemaVersion() + 7;
+  ExecRaw(path, "PRAGMA user_version = " + std::to_string(newer));
+
+  auto store = RecordStore::Open(path);
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);
+  const std::string message = Message(store.status());
+  EXPECT_NE(message.find(path), std::string::npos) << message;
+  EXPECT_NE(message.find("schema version " + std::to_string(newer)), std::string::npos) << message;
+  EXPECT_NE(message.find("(" + std::to_string(LatestSchemaVersion()) + ")"), std::string::npos) << message;
+  EXPECT_NE(message.find("upgrade fl-server"), std::string::npos) << message;
+
+  auto reader = RecordReader::Open(path);
+  ASSERT_FALSE(reader.ok());
+  EXPECT_NE(Message(reader.status()).find("upgrade fl-server"), std::string::npos) << reader.status();
+
+  // Nothing was changed by the refusal.
+  sqlite::Database db = OpenRaw(path);
+  EXPECT_EQ(Int(db, "PRAGMA user_version"), newer);
+}
+
+TEST(SchemaTest, OlderDatabaseMigratesAndKeepsItsRows) {
+  ScratchDir dir;
+  sqlite::Database db = OpenRaw(dir.File("t.db"));
+  const Migration v1_only[] = {kTestV1};
+  ASSERT_TRUE(MigrateSchema(db, v1_only).ok());
+  EXPECT_EQ(Int(db, "PRAGMA user_version"), 1);
+  ASSERT_TRUE(db.Exec("INSERT INTO a (id, x) VALUES (1, 'kept')").ok());
+
+  const Migration both[] = {kTestV1, kTestV2};
+  absl::Status s = MigrateSchema(db, both);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(Int(db, "PRAGMA user_version"), 2);
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM a WHERE x = 'kept' AND y IS NULL"), 1);
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM sqlite_schema WHERE name = 'b'"), 1);
+}
+
+TEST(SchemaTest, HandWrittenVersionOneFileMigratesToLatest) {
+  // A file as an older build would have left it: version-1 schema only, user_version 1. Today the latest is
+  // 1, so this is "already current"; when migration 2 lands this test starts exercising the upgrade.
+  ScratchDir dir;
+  const std::string path = dir.File("records.db");
+  {
+    sqlite::Database db = OpenRaw(path);
+    ASSERT_TRUE(MigrateSchema(db, SchemaMigrations().first(1)).ok());
+    ASSERT_TRUE(db.Exec("INSERT INTO experiments (id, name, started_unix_ms, software_version) "
+                        "VALUES ('old', 'old run', 1, '0.0.1')")
+                    .ok());
+  }
+  auto store = RecordStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Close().ok());
+  auto reader = RecordReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto old = (*reader)->GetExperiment("old");
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(old->name, "old run");
+  EXPECT_EQ(old->status, ExperimentStatus::kRunning);
+  EXPECT_EQ(old->config_json, "{}");
+}
+
+TEST(SchemaTest, FailedMigrationLeavesThePreviousVersion) {
+  ScratchDir dir;
+  sqlite::Database db = OpenRaw(dir.File("t.db"));
+  const Migration v1_only[] = {kTestV1};
+  ASSERT_TRUE(MigrateSchema(db, v1_only).ok());
+  const Migration broken_v2{2, "half broken", "CREATE TABLE c (id INTEGER); INSERT INTO no_such_table VALUES (1);",
+                            false};
+  const Migration list[] = {kTestV1, broken_v2};
+  absl::Status s = MigrateSchema(db, list);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(Message(s).find("migration to schema version 2 (half broken)"), std::string::npos) << s;
+  EXPECT_NE(Message(s).find("no such table: no_such_table"), std::string::npos) << s;
+  EXPECT_EQ(Int(db, "PRAGMA user_version"), 1);
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM sqlite_schema WHERE name = 'c'"), 0);  // rolled back whole
+}
+
+TEST(SchemaTest, ForeignKeysOffMigrationRebuildsATableAndChecksKeys) {
+  ScratchDir dir;
+  sqlite::Database db = OpenRaw(dir.File("t.db"));
+  ASSERT_TRUE(db.Exec("PRAGMA foreign_keys = ON").ok());
+  const Migration both[] = {kTestV1, kTestV2};
+  ASSERT_TRUE(MigrateSchema(db, both).ok());
+  ASSERT_TRUE(db.Exec("INSERT INTO a (id, x) VALUES (1, 'one'); INSERT INTO b (a_id) VALUES (1);").ok());
+
+  // SQLite's table rebuild: with enforcement on, DROP TABLE a would fail (b references it).
+  const Migration rebuild{3, "rebuild a",
+                          "CREATE TABLE a_new (id INTEGER PRIMARY KEY, x TEXT NOT NULL, y REAL, z TEXT);"
+                          "INSERT INTO a_new (id, x, y) SELECT id, x, y FROM a;"
+                          "DROP TABLE a; ALTER TABLE a_new RENAME TO a;",
+                          true};
+  const Migration three[] = {kTestV1, kTestV2, rebuild};
+  absl::Status s = MigrateSchema(db, three);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(Int(db, "PRAGMA user_version"), 3);
+  EXPECT_EQ(Int(db, "PRAGMA foreign_keys"), 1);  // restored
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM a JOIN b ON b.a_id = a.id"), 1);
+
+  // A rebuild that loses a parent row is caught by foreign_key_check and rolled back.
+  const Migration lossy{4, "lose rows", "DELETE FROM a;", true};
+  const Migration four[] = {kTestV1, kTestV2, rebuild, lossy};
+  s = MigrateSchema(db, four);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(Message(s).find("foreign key violations"), std::string::npos) << s;
+  EXPECT_EQ(Int(db, "PRAGMA user_version"), 3);
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM a"), 1);
+  EXPECT_EQ(Int(db, "PRAGMA foreign_keys"), 1);
+}
+
+TEST(SchemaTest, InvalidMigrationListIsAnInternalError) {
+  ScratchDir dir;
+  sqlite::Database db = OpenRaw(dir.File("t.db"));
+  const Migration skipped{3, "skips 2", "CREATE TABLE z (id INTEGER);", false};
+  const Migration list[] = {kTestV1, skipped};
+  absl::Status s = MigrateSchema(db, list);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_EQ(Int(db, "PRAGMA user_version"), 0);
+}
+
+TEST(SchemaTest, AnotherProgramsDatabaseIsRefused) {
+  ScratchDir dir;
+  const std::string with_tables = dir.File("app.db");
+  ExecRaw(with_tables, "CREATE TABLE users (id INTEGER PRIMARY KEY)");
+  auto store = RecordStore::Open(with_tables);
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(Message(store.status()).find("not an fl-testbed records database"), std::string::npos)
+      << store.status();
+
+  const std::string other_app = dir.File("other.db");
+  ExecRaw(other_app, "PRAGMA application_id = 1234; PRAGMA user_version = 1;");
+  store = RecordStore::Open(other_app);
+  ASSERT_FALSE(store.ok());
+  EXPECT_NE(Message(store.status()).find("application_id is 0x000004d2"), std::string::npos) << store.status();
+}
+
+TEST(SchemaTest, NotADatabaseFileIsDataLossNamingThePath) {
+  ScratchDir dir;
+  const std::string path = dir.File("notes.txt");
+  {
+    std::ofstream out(path);
+    out << "this is not a database, just some text that is long enough to fill a header page...\n";
+  }
+  auto store = RecordStore::Open(path);
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kDataLoss) << store.status();
+  EXPECT_NE(Message(store.status()).find(path), std::string::npos) << store.status();
+}
+
+TEST(SchemaTest, UnopenablePathNamesThePath) {
+  ScratchDir dir;
+  const std::string path = dir.File("no/such/dir/records.db");
+  auto store = RecordStore::Open(path);
+  ASSERT_FALSE(store.ok());
+  EXPECT_NE(Message(store.status()).find(path), std::string::npos) << store.status();
+  EXPECT_NE(Message(store.status()).find("unable to open database file"), std::string::npos) << store.status();
+
+  auto reader = RecordReader::Open(dir.File("missing.db"));
+  ASSERT_FALSE(reader.ok());
+  EXPECT_EQ(reader.status().code(), absl::StatusCode::kNotFound) << reader.status();
+}
+
+TEST(SchemaTest, InMemoryDatabaseIsRefusedBecauseWalIsUnavailable) {
+  auto store = RecordStore::Open(":memory:");
+  ASSERT_FALSE(store.ok());
+  EXPECT_NE(Message(store.status()).find("journal_mode=WAL is not available"), std::string::npos) << store.status();
+}
+
+TEST(SchemaTest, ReaderRefusesAnUnmigratedDatabase) {
+  ScratchDir dir;
+  const std::string path = dir.File("records.db");
+  ExecRaw(path, "PRAGMA user_version = 0; VACUUM;");
+  auto reader = RecordReader::Open(path);
+  ASSERT_FALSE(reader.ok());
+  EXPECT_EQ(reader.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(Message(reader.status()).find("older than this build's"), std::string::npos) << reader.status();
+}
+
+TEST(SchemaTest, PragmasAreActuallyOn) {
+  ScratchDir dir;
+  const std::string path = dir.File("records.db");
+  RecordStoreOptions options;
+  options.busy_timeout_ms = 1234;
+  auto store = RecordStore::Open(path, options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  const ConnectionSettings& s = (*store)->settings();
+  EXPECT_EQ(s.journal_mode, "wal");
+  EXPECT_EQ(s.synchronous, 1);  // NORMAL
+  EXPECT_EQ(s.foreign_keys, 1);
+  EXPECT_EQ(s.busy_timeout_ms, 1234);
+
+  // journal_mode=WAL is persistent in the file: any other connection sees it.
+  auto reader = RecordReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto mode = (*reader)->QueryText("PRAGMA journal_mode");
+  ASSERT_TRUE(mode.ok()) << mode.status();
+  EXPECT_EQ(*mode, "wal");
+  // foreign_keys is per connection: prove the writer's is on by breaking a key.
+  ASSERT_TRUE((*store)->Enqueue(testing_util::Client("no-such-experiment", "c1")).ok());
+  absl::Status flushed = (*store)->Flush();
+  EXPECT_EQ(flushed.code(), absl::StatusCode::kFailedPrecondition) << flushed;
+  EXPECT_NE(Message(flushed).find("FOREIGN KEY constraint failed"), std::string::npos) << flushed;
+}
+
+}  // namespace
+}  // namespace fl::instrumentation

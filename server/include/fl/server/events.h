@@ -1,0 +1,104 @@
+// Events that the gRPC reactors post to the round engine, and the replies the engine sends back.
+//
+// Reactors never decide anything: they parse, post an event and go back to gRPC. The engine thread owns
+// every piece of federation state and answers through the callbacks carried by the events, which must only
+// enqueue work for gRPC (Finish, StartWrite) and never block.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <grpcpp/support/status.h>
+
+#include "fl/v1/federation.pb.h"
+
+namespace fl::server {
+
+// The server's side of one client's session stream.
+class SessionChannel {
+ public:
+  virtual ~SessionChannel() = default;
+  // Queues a message for the client; thread-safe and non-blocking. Dropped if the stream has ended.
+  virtual void Send(fl::v1::ServerMessage message) = 0;
+  // Ends the stream with `status` after the queued messages are written.
+  virtual void Close(const grpc::Status& status) = 0;
+};
+
+// An encoded global model, immutable once published: downloads hold a reference while they stream it, so
+// the engine can publish the next version without waiting for slow clients.
+struct ModelPayload {
+  uint64_t model_version = 0;
+  uint64_t round = 0;
+  fl::v1::ModelSpec spec;
+  std::string codec;
+  std::vector<uint8_t> bytes;  // one fl::core codec payload
+  uint64_t checksum = 0;       // Checksum64(bytes)
+};
+
+struct JoinEvent {
+  fl::v1::JoinRequest request;
+  std::string peer;
+  std::function<void(const grpc::Status&, const fl::v1::JoinResponse&)> reply;
+};
+
+struct SessionOpenEvent {
+  fl::v1::SessionHello hello;
+  std::shared_ptr<SessionChannel> channel;
+};
+
+struct SessionMessageEvent {
+  std::shared_ptr<SessionChannel> channel;
+  fl::v1::ClientMessage message;
+  int64_t received_server_ns = 0;
+};
+
+struct SessionClosedEvent {
+  std::shared_ptr<SessionChannel> channel;
+};
+
+struct DownloadEvent {
+  fl::v1::DownloadModelRequest request;
+  std::function<void(const grpc::Status&, std::shared_ptr<const ModelPayload>)> reply;
+};
+
+// The header of an upload arrived; the engine admits it (nullopt: go on reading chunks) or refuses it with
+// a verdict the reactor returns at once. Admission may be deferred while the server's upload slots are all
+// busy: the reactor reads no chunk until admitted, so gRPC flow control holds the client back and server
+// memory stays bounded whatever the number of clients.
+struct UploadStartEvent {
+  uint64_t upload_id = 0;
+  fl::v1::UpdateHeader header;
+  int64_t first_byte_server_ns = 0;
+  std::function<void(std::optional<fl::v1::UploadUpdateResponse> refusal)> admit;
+};
+
+// An admitted upload finished: every chunk arrived and the checksum matched (or `transfer_error` says
+// what went wrong, e.g. the client cancelled). The engine validates, aggregates, and answers.
+struct UploadDoneEvent {
+  uint64_t upload_id = 0;
+  fl::v1::UpdateHeader header;
+  std::vector<uint8_t> payload;
+  int64_t first_byte_server_ns = 0;
+  int64_t done_server_ns = 0;
+  grpc::Status transfer_error;
+  std::function<void(const fl::v1::UploadUpdateResponse&)> reply;
+};
+
+struct LeaveEvent {
+  fl::v1::LeaveRequest request;
+  std::function<void(const grpc::Status&, const fl::v1::LeaveResponse&)> reply;
+};
+
+struct ShutdownEvent {
+  std::string reason;
+};
+
+using EngineEvent = std::variant<JoinEvent, SessionOpenEvent, SessionMessageEvent, SessionClosedEvent,
+                                 DownloadEvent, UploadStartEvent, UploadDoneEvent, LeaveEvent, ShutdownEvent>;
+
+}  // namespace fl::server

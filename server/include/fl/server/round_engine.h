@@ -1,0 +1,197 @@
+// The round engine: one single-threaded state machine that runs a federated experiment.
+//
+// States and their one transition each (docs/round-engine.md has the diagram):
+//   kWaitingForModel   no global model yet; the first admitted client is asked for its initial weights
+//                      → kWaitingForClients when they arrive and pass validation
+//   kWaitingForClients fewer connected idle clients than min_available → kCollecting once enough
+//                      (selection and dispatch happen on that transition)
+//   kCollecting        train tasks out; updates are validated and streamed into the aggregate as they
+//                      arrive → on the last answer or the deadline: aggregate + server optimizer + commit
+//                      (→ kEvaluating or kWaitingForClients), or, with too few accepted updates, record the
+//                      attempt as failed and retry (→ kWaitingForClients), or give up (→ kFinished)
+//   kEvaluating        evaluate tasks out → on the last answer or the deadline: record → kWaitingForClients
+//                      (or kFinished after the last round)
+//   kFinished          clients told, records closed; Wait() returns
+// A ShutdownEvent in any state records the open round as aborted, tells every client, and finishes.
+//
+// Everything the engine owns is touched only by its thread; reactors talk to it through EngineEvents.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "fl/core/aggregator.h"
+#include "fl/core/codec.h"
+#include "fl/core/server_optimizer.h"
+#include "fl/core/tensor_spec.h"
+#include "fl/server/checkpoint.h"
+#include "fl/server/events.h"
+#include "fl/instrumentation/record_store.h"
+#include "fl/server/selection.h"
+
+namespace fl::server {
+
+struct EngineConfig {
+  std::string experiment_id;  // stable id in the records; generated when empty
+  std::string experiment_name = "experiment";
+  uint32_t num_rounds = 5;
+  SelectionPolicy fit;                     // fraction_fit, min_fit_clients, min_available_clients
+  double fraction_evaluate = 1.0;          // of connected clients, each evaluation
+  uint32_t min_evaluate_clients = 1;
+  uint32_t evaluate_every = 1;             // evaluate after every k-th committed round; 0: never
+  uint32_t round_deadline_ms = 120000;     // dispatch → last accepted update
+  uint32_t evaluate_deadline_ms = 60000;
+  uint32_t max_round_attempts = 3;         // a round failed this often ends the experiment as failed
+  uint64_t seed = 0;
+  fl::v1::TrainConfig train;               // sent with every train task
+  std::string aggregator = "mean";         // core::MakeAggregator name
+  std::string optimizer = "fedavg";        // core::MakeServerOptimizer spec, e.g. "fedadam:lr=0.03"
+  std::string uplink_codec = "fp32";       // core::MakeCodec spec for client updates (deltas)
+  std::string downlink_codec = "fp32";     // codec for model downloads
+  uint32_t upload_slots = 2;               // uploads buffered at once (bounds server memory)
+  uint32_t heartbeat_interval_ms = 5000;   // clients silent for 4 intervals are considered gone
+  uint32_t max_chunk_bytes = 1u << 20;
+  std::string checkpoint_dir;              // empty: no checkpoints (and no --resume)
+  uint32_t keep_checkpoints = 2;
+  std::string model_name;                  // informational, from the first client or checkpoint
+  std::string software_version;            // recorded with the experiment
+
+  // Checks ranges and parses the codec/aggregator/optimizer names; errors name the flag and the value.
+  absl::Status Validate() const;
+};
+
+enum class EngineState { kWaitingForModel, kWaitingForClients, kCollecting, kEvaluating, kFinished };
+std::string_view EngineStateName(EngineState state);
+
+// What a run ended as.
+struct EngineResult {
+  std::string experiment_id;
+  std::string status;  // "finished", "failed", "aborted"
+  std::string reason;
+  uint64_t rounds_committed = 0;
+};
+
+class RoundEngine {
+ public:
+  // Where a run starts: fresh, from an initial-model checkpoint, or resuming an experiment.
+  struct StartPoint {
+    std::optional<Checkpoint> checkpoint;  // initial model, or the last committed round's when resuming
+    bool resume = false;                   // continue experiment checkpoint->experiment_id after its round
+    uint32_t first_attempt = 1;            // attempt number for the next round (after aborted attempts)
+  };
+  // `records` may be null (no records).
+  RoundEngine(EngineConfig config, instrumentation::RecordStore* records, StartPoint start);
+  ~RoundEngine();
+  RoundEngine(const RoundEngine&) = delete;
+  RoundEngine& operator=(const RoundEngine&) = delete;
+
+  // Validates the configuration and starts the engine thread.
+  absl::Status Start();
+  // Thread-safe, non-blocking.
+  void Post(EngineEvent event);
+  // Blocks until the engine finished (all rounds, failure or shutdown). The engine thread keeps answering
+  // events (with "shutting down") until Stop(), so that in-flight RPCs can complete.
+  EngineResult Wait();
+  // Ends the engine thread; call after the gRPC server has shut down.
+  void Stop();
+
+  const EngineConfig& config() const { return config_; }
+
+ private:
+  struct ClientInfo;
+  struct TaskInfo;
+  struct RoundState;
+  struct PendingUpload;
+
+  void Loop();
+  void Handle(EngineEvent& event);
+  void HandleJoin(JoinEvent& e);
+  void HandleSessionOpen(SessionOpenEvent& e);
+  void HandleSessionMessage(SessionMessageEvent& e);
+  void HandleSessionClosed(SessionClosedEvent& e);
+  void HandleDownload(DownloadEvent& e);
+  void HandleUploadStart(UploadStartEvent& e);
+  void HandleUploadDone(UploadDoneEvent& e);
+  void HandleLeave(LeaveEvent& e);
+  void HandleShutdown(const ShutdownEvent& e);
+
+  // Moves the state machine forward as far as the current facts allow; also called on timer expiry.
+  void Advance();
+  void StartRound();
+  void CloseRound();
+  void StartEvaluation();
+  void CloseEvaluation();
+  void Finish(std::string status, std::string reason);
+
+  absl::Status AdoptModel(core::ModelSpec spec, std::string model_name, std::vector<float> values,
+                          uint64_t model_version);
+  void PublishPayload();
+  absl::Status WriteCheckpoint();
+  fl::v1::UploadUpdateResponse AcceptUpdate(UploadDoneEvent& e, TaskInfo* task);
+  void DisconnectClient(ClientInfo& client, std::string_view why);
+  void GrantUploadSlots();
+  void CloseTaskAsDropped(TaskInfo& task, std::string_view why);
+  void PrintRoundRow(std::optional<double> eval_loss, std::optional<double> eval_accuracy);
+  void Record(instrumentation::Record record);
+  instrumentation::RoundRecord RoundRow(const RoundState& round, instrumentation::RoundStatus status) const;
+  std::vector<ClientInfo*> IdleConnectedClients();
+  ClientInfo* Authenticate(const std::string& client_id, const std::string& token);
+  int64_t NextDeadlineNs() const;
+
+  EngineConfig config_;
+  instrumentation::RecordStore* records_;
+  StartPoint start_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<EngineEvent> queue_;  // guarded by mu_
+  bool done_ = false;              // guarded by mu_
+  bool stop_ = false;              // guarded by mu_
+  EngineResult result_;            // guarded by mu_ once done_
+  std::thread thread_;
+
+  // ---- engine-thread state ----
+  EngineState state_ = EngineState::kWaitingForModel;
+  std::map<std::string, std::unique_ptr<ClientInfo>> clients_;  // by client id
+  std::string initial_model_client_;  // client asked for the initial weights
+  std::shared_ptr<const core::ModelSpec> pending_spec_;  // that client's spec, until its weights arrive
+  std::string pending_model_name_;
+  std::shared_ptr<const core::ModelSpec> spec_;
+  std::vector<float> global_;
+  uint64_t model_version_ = 0;
+  uint64_t round_ = 0;  // last committed round
+  std::unique_ptr<core::ServerOptimizer> optimizer_;
+  std::unique_ptr<core::Codec> uplink_codec_;
+  std::unique_ptr<core::Codec> downlink_codec_;
+  std::shared_ptr<const ModelPayload> payload_;
+  std::unique_ptr<RoundState> current_;
+  std::map<std::string, std::unique_ptr<TaskInfo>> tasks_;  // open and recently closed, by task id
+  uint32_t attempt_ = 1;
+  uint32_t committed_attempt_ = 0;  // attempt that committed round_ (evaluations reference it)
+  std::map<std::string, uint64_t> rejected_by_reason_;
+  uint64_t task_counter_ = 0;
+  uint32_t busy_upload_slots_ = 0;
+  std::deque<std::unique_ptr<PendingUpload>> waiting_uploads_;
+  std::vector<float> scratch_;
+  std::set<std::string> departed_;
+  struct RoundSummary {
+    uint64_t round = 0;
+    uint32_t accepted = 0;
+    std::optional<double> train_loss;
+    double duration_ms = 0;
+  } last_round_summary_;
+  bool printed_table_header_ = false;
+};
+
+}  // namespace fl::server

@@ -1,0 +1,1279 @@
+#include "fl/server/round_engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+
+#include <nlohmann/json.hpp>
+#include "absl/strings/str_format.h"
+#include <spdlog/spdlog.h>
+
+#include "fl/core/log_format.h"
+
+#include "fl/core/checksum.h"
+#include "fl/core/str_cat.h"
+#include "fl/proto/convert.h"
+#include "fl/core/clock.h"
+
+namespace fl::server {
+
+using fl::v1::ErrorCode;
+
+struct RoundEngine::ClientInfo {
+  std::string id;
+  std::string token;
+  fl::v1::JoinRequest join;
+  std::shared_ptr<SessionChannel> session;
+  int64_t last_seen_ns = 0;
+  std::string open_task;
+  uint64_t server_seq = 0;
+};
+
+struct RoundEngine::TaskInfo {
+  std::string id;
+  std::string client_id;
+  fl::v1::TaskKind kind = fl::v1::TASK_KIND_UNSPECIFIED;
+  uint64_t round = 0;
+  uint32_t attempt = 1;
+  int64_t dispatched_ns = 0;
+  int64_t dispatched_unix_ms = 0;
+  int64_t deadline_ns = 0;
+  bool upload_started = false;  // its update's header arrived (the update may still be in transit)
+  bool closed = false;
+  std::string outcome;  // "ok", "late", "dropped", "rejected" once closed
+};
+
+struct RoundEngine::RoundState {
+  uint64_t round = 0;
+  uint32_t attempt = 1;
+  bool evaluation = false;
+  int64_t started_ns = 0;
+  int64_t started_unix_ms = 0;
+  int64_t deadline_ns = 0;
+  std::vector<std::string> task_ids;
+  std::unique_ptr<core::Aggregator> aggregator;
+  double train_loss_sum = 0;
+  double train_loss_weight = 0;
+  uint32_t accepted = 0, late = 0, rejected = 0, dropped = 0;
+  double eval_loss_sum = 0, eval_accuracy_sum = 0;
+  uint64_t eval_examples = 0;
+  uint32_t eval_clients = 0;
+  std::vector<instrumentation::ClientRoundRecord> client_rows;  // written after the round's row
+};
+
+struct RoundEngine::PendingUpload {
+  UploadStartEvent event;
+};
+
+namespace {
+
+constexpr int64_t kMsToNs = 1'000'000;
+
+std::string RandomHex(size_t bytes) {
+  std::random_device rd;
+  std::string out;
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (size_t i = 0; i < bytes; ++i) {
+    const unsigned v = rd() & 0xff;
+    out.push_back(kHex[v >> 4]);
+    out.push_back(kHex[v & 15]);
+  }
+  return out;
+}
+
+bool ValidClientName(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
+           c == '.';
+  });
+}
+
+fl::v1::UploadUpdateResponse Verdict(const std::string& task_id, fl::v1::UpdateOutcome outcome,
+                                     fl::v1::ErrorDetail error = {}) {
+  fl::v1::UploadUpdateResponse r;
+  r.set_task_id(task_id);
+  r.set_outcome(outcome);
+  if (error.code() != fl::v1::ERROR_CODE_UNSPECIFIED) *r.mutable_error() = std::move(error);
+  return r;
+}
+
+fl::v1::UploadUpdateResponse Rejected(const std::string& task_id, ErrorCode code, std::string message,
+                                      std::string hint = "") {
+  return Verdict(task_id, fl::v1::UPDATE_OUTCOME_REJECTED, wire::MakeError(code, std::move(message), "", std::move(hint)));
+}
+
+std::optional<double> PhaseMs(const google::protobuf::RepeatedPtrField<fl::v1::PhaseTiming>& timings,
+                              fl::v1::Phase phase) {
+  std::optional<double> total;
+  for (const auto& t : timings) {
+    if (t.phase() == phase) total = total.value_or(0) + static_cast<double>(t.duration_ns()) / 1e6;
+  }
+  return total;
+}
+
+uint64_t PhaseBytes(const google::protobuf::RepeatedPtrField<fl::v1::PhaseTiming>& timings, fl::v1::Phase phase) {
+  uint64_t total = 0;
+  for (const auto& t : timings) {
+    if (t.phase() == phase) total += t.bytes();
+  }
+  return total;
+}
+
+const char* ReasonName(ErrorCode code) {
+  switch (code) {
+    case fl::v1::ERROR_CODE_MALFORMED: return "malformed";
+    case fl::v1::ERROR_CODE_UNKNOWN_CLIENT: return "unknown_client";
+    case fl::v1::ERROR_CODE_FINGERPRINT_MISMATCH: return "fingerprint_mismatch";
+    case fl::v1::ERROR_CODE_NON_FINITE: return "non_finite";
+    case fl::v1::ERROR_CODE_LATE: return "late";
+    case fl::v1::ERROR_CODE_WRONG_ROUND: return "wrong_round";
+    case fl::v1::ERROR_CODE_CHECKSUM_MISMATCH: return "checksum_mismatch";
+    case fl::v1::ERROR_CODE_TOO_LARGE: return "too_large";
+    case fl::v1::ERROR_CODE_UNSUPPORTED_CODEC: return "unsupported_codec";
+    default: return "other";
+  }
+}
+
+}  // namespace
+
+std::string_view EngineStateName(EngineState state) {
+  switch (state) {
+    case EngineState::kWaitingForModel: return "waiting_for_model";
+    case EngineState::kWaitingForClients: return "waiting_for_clients";
+    case EngineState::kCollecting: return "collecting";
+    case EngineState::kEvaluating: return "evaluating";
+    case EngineState::kFinished: return "finished";
+  }
+  return "unknown";
+}
+
+absl::Status EngineConfig::Validate() const {
+  auto bad = [](std::string_view flag, auto value, std::string_view allowed) {
+    return absl::InvalidArgumentError(fl::StrCat("--", flag, "=", value, " is invalid: ", allowed));
+  };
+  if (num_rounds == 0) return bad("rounds", num_rounds, "run at least one round");
+  if (!(fit.fraction > 0 && fit.fraction <= 1)) return bad("fraction-fit", fit.fraction, "must be in (0, 1]");
+  if (fit.min_clients == 0) return bad("min-fit-clients", fit.min_clients, "must be at least 1");
+  if (fit.min_available < fit.min_clients) {
+    return bad("min-available-clients", fit.min_available, "must be at least --min-fit-clients");
+  }
+  if (!(fraction_evaluate >= 0 && fraction_evaluate <= 1)) {
+    return bad("fraction-evaluate", fraction_evaluate, "must be in [0, 1]");
+  }
+  if (round_deadline_ms < 100) return bad("round-deadline-ms", round_deadline_ms, "must be at least 100");
+  if (evaluate_deadline_ms < 100) return bad("evaluate-deadline-ms", evaluate_deadline_ms, "must be at least 100");
+  if (max_round_attempts == 0) return bad("max-round-attempts", max_round_attempts, "must be at least 1");
+  if (upload_slots == 0) return bad("upload-slots", upload_slots, "must be at least 1");
+  if (heartbeat_interval_ms < 50) return bad("heartbeat-interval-ms", heartbeat_interval_ms, "must be at least 50");
+  if (max_chunk_bytes < 1024 || max_chunk_bytes > wire::kMaxChunkBytes) {
+    return bad("max-chunk-bytes", max_chunk_bytes, fl::StrCat("must be in [1024, ", wire::kMaxChunkBytes, "]"));
+  }
+  if (train.batch_size() == 0) return bad("batch-size", train.batch_size(), "must be at least 1");
+  if (!(train.learning_rate() > 0)) return bad("lr", train.learning_rate(), "must be > 0");
+  if (train.local_epochs() == 0 && train.local_steps() == 0) {
+    return bad("local-epochs", 0, "set --local-epochs or --local-steps to at least 1");
+  }
+  if (train.optimizer() != "sgd" && train.optimizer() != "adamw") {
+    return bad("client-optimizer", train.optimizer(), "expected sgd or adamw");
+  }
+  if (train.proximal_mu() < 0) return bad("proximal-mu", train.proximal_mu(), "must be >= 0");
+  for (const std::string* codec : {&uplink_codec, &downlink_codec}) {
+    if (auto c = core::MakeCodec(*codec); !c.ok()) {
+      return absl::InvalidArgumentError(fl::StrCat("codec '", *codec, "': ", fl::ToStd(c.status().message())));
+    }
+  }
+  auto spec = core::ModelSpec::Create({{"probe", {1}, core::DType::kFloat32, 0}});
+  auto shared = std::make_shared<const core::ModelSpec>(*spec);
+  if (auto a = core::MakeAggregator(aggregator, shared); !a.ok()) {
+    return absl::InvalidArgumentError(fl::StrCat("--aggregator=", aggregator, ": ", fl::ToStd(a.status().message())));
+  }
+  if (auto o = core::MakeServerOptimizer(optimizer, 1); !o.ok()) {
+    return absl::InvalidArgumentError(fl::StrCat("--strategy=", optimizer, ": ", fl::ToStd(o.status().message())));
+  }
+  return absl::OkStatus();
+}
+
+RoundEngine::RoundEngine(EngineConfig config, instrumentation::RecordStore* records, StartPoint start)
+    : config_(std::move(config)), records_(records), start_(std::move(start)) {}
+
+void RoundEngine::Record(instrumentation::Record record) {
+  if (records_ == nullptr) return;
+  if (absl::Status s = records_->Enqueue(std::move(record)); !s.ok()) {
+    spdlog::error("cannot record: {}", s.message());
+  }
+}
+
+RoundEngine::~RoundEngine() {
+  Post(ShutdownEvent{"server destroyed"});
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::Status RoundEngine::Start() {
+  if (absl::Status s = config_.Validate(); !s.ok()) return s;
+  if (config_.experiment_id.empty()) {
+    config_.experiment_id = fl::StrCat("exp-", UnixMs(), "-", RandomHex(3));
+  }
+  auto up = core::MakeCodec(config_.uplink_codec);
+  auto down = core::MakeCodec(config_.downlink_codec);
+  uplink_codec_ = std::move(*up);
+  downlink_codec_ = std::move(*down);
+
+  const bool resumed = start_.resume && start_.checkpoint.has_value();
+  if (start_.checkpoint.has_value()) {
+    Checkpoint& ckpt = *start_.checkpoint;
+    if (resumed) config_.experiment_id = ckpt.experiment_id;
+    if (absl::Status s = AdoptModel(ckpt.spec, ckpt.model_name, std::move(ckpt.values), ckpt.model_version);
+        !s.ok()) {
+      return s;
+    }
+    if (resumed) {
+      if (ckpt.optimizer.optimizer == optimizer_->name()) {
+        if (absl::Status s = optimizer_->ImportState(ckpt.optimizer); !s.ok()) return s;
+      } else {
+        spdlog::warn("checkpoint holds '{}' optimizer state; starting '{}' fresh", ckpt.optimizer.optimizer,
+                     optimizer_->name());
+      }
+      round_ = ckpt.round;
+    }
+    start_.checkpoint.reset();
+    state_ = EngineState::kWaitingForClients;
+  }
+  attempt_ = std::max<uint32_t>(1, start_.first_attempt);
+  if (resumed) {
+    instrumentation::ExperimentStatusUpdate update;
+    update.experiment_id = config_.experiment_id;
+    update.status = instrumentation::ExperimentStatus::kRunning;
+    Record(update);
+    spdlog::info("resuming experiment {} after round {} (model version {}), attempt {}", config_.experiment_id,
+                 round_, model_version_, attempt_);
+  } else {
+    nlohmann::json cfg = {
+        {"experiment_name", config_.experiment_name}, {"num_rounds", config_.num_rounds},
+        {"fraction_fit", config_.fit.fraction}, {"min_fit_clients", config_.fit.min_clients},
+        {"min_available_clients", config_.fit.min_available}, {"fraction_evaluate", config_.fraction_evaluate},
+        {"evaluate_every", config_.evaluate_every}, {"round_deadline_ms", config_.round_deadline_ms},
+        {"max_round_attempts", config_.max_round_attempts}, {"seed", config_.seed},
+        {"aggregator", config_.aggregator}, {"optimizer", config_.optimizer},
+        {"uplink_codec", config_.uplink_codec}, {"downlink_codec", config_.downlink_codec},
+        {"local_epochs", config_.train.local_epochs()}, {"local_steps", config_.train.local_steps()},
+        {"batch_size", config_.train.batch_size()}, {"learning_rate", config_.train.learning_rate()},
+        {"client_optimizer", config_.train.optimizer()}, {"momentum", config_.train.momentum()},
+        {"weight_decay", config_.train.weight_decay()}, {"proximal_mu", config_.train.proximal_mu()}};
+    instrumentation::ExperimentRecord exp;
+    exp.id = config_.experiment_id;
+    exp.name = config_.experiment_name;
+    exp.started_unix_ms = UnixMs();
+    exp.config_json = cfg.dump();
+    exp.software_version = config_.software_version;
+    Record(exp);
+  }
+  if (records_ != nullptr) {
+    if (absl::Status s = records_->Flush(); !s.ok()) return s;
+  }
+  thread_ = std::thread([this] { Loop(); });
+  return absl::OkStatus();
+}
+
+void RoundEngine::Post(EngineEvent event) {
+  {
+    std::lock_guard lock(mu_);
+    queue_.push_back(std::move(event));
+  }
+  cv_.notify_all();
+}
+
+EngineResult RoundEngine::Wait() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return done_; });
+  return result_;
+}
+
+void RoundEngine::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+int64_t RoundEngine::NextDeadlineNs() const {
+  int64_t next = INT64_MAX;
+  if (current_ != nullptr) next = current_->deadline_ns;
+  if (state_ != EngineState::kFinished && !clients_.empty()) {
+    next = std::min(next, NowNs() + int64_t{config_.heartbeat_interval_ms} * kMsToNs);
+  }
+  return next;
+}
+
+void RoundEngine::Loop() {
+  Advance();
+  for (;;) {
+    std::deque<EngineEvent> batch;
+    {
+      std::unique_lock lock(mu_);
+      const int64_t deadline = NextDeadlineNs();
+      auto ready = [&] { return !queue_.empty() || stop_; };
+      if (deadline == INT64_MAX) {
+        cv_.wait(lock, ready);
+      } else {
+        cv_.wait_until(lock, SteadyTimePoint(deadline), ready);
+      }
+      batch.swap(queue_);
+      if (stop_ && batch.empty()) break;
+    }
+    for (EngineEvent& e : batch) Handle(e);
+    Advance();
+  }
+}
+
+void RoundEngine::Handle(EngineEvent& event) {
+  std::visit(
+      [this](auto& e) {
+        using T = std::decay_t<decltype(e)>;
+        if constexpr (std::is_same_v<T, JoinEvent>) HandleJoin(e);
+        else if constexpr (std::is_same_v<T, SessionOpenEvent>) HandleSessionOpen(e);
+        else if constexpr (std::is_same_v<T, SessionMessageEvent>) HandleSessionMessage(e);
+        else if constexpr (std::is_same_v<T, SessionClosedEvent>) HandleSessionClosed(e);
+        else if constexpr (std::is_same_v<T, DownloadEvent>) HandleDownload(e);
+        else if constexpr (std::is_same_v<T, UploadStartEvent>) HandleUploadStart(e);
+        else if constexpr (std::is_same_v<T, UploadDoneEvent>) HandleUploadDone(e);
+        else if constexpr (std::is_same_v<T, LeaveEvent>) HandleLeave(e);
+        else if constexpr (std::is_same_v<T, ShutdownEvent>) HandleShutdown(e);
+      },
+      event);
+}
+
+RoundEngine::ClientInfo* RoundEngine::Authenticate(const std::string& client_id, const std::string& token) {
+  auto it = clients_.find(client_id);
+  if (it == clients_.end() || it->second->token != token || token.empty()) return nullptr;
+  return it->second.get();
+}
+
+void RoundEngine::HandleJoin(JoinEvent& e) {
+  const fl::v1::JoinRequest& req = e.request;
+  fl::v1::JoinResponse resp;
+  auto refuse = [&](grpc::StatusCode code, ErrorCode reason, std::string message, std::string field,
+                    std::string hint) {
+    *resp.mutable_error() = wire::MakeError(reason, std::move(message), std::move(field), std::move(hint));
+    spdlog::warn("refused join of '{}' from {}: {}", req.client_name(), e.peer, resp.error().message());
+    e.reply(wire::ToGrpcStatus(code, resp.error()), resp);
+  };
+  if (state_ == EngineState::kFinished) {
+    return refuse(grpc::StatusCode::UNAVAILABLE, fl::v1::ERROR_CODE_SHUTTING_DOWN, "the experiment has ended", "",
+                  "start a new experiment");
+  }
+  if (req.protocol_version() != fl::v1::PROTOCOL_VERSION_1) {
+    return refuse(grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_ADMISSION_REFUSED,
+                  fl::StrCat("protocol version ", static_cast<int>(req.protocol_version()),
+                             " is not supported; this server speaks version 1"),
+                  "protocol_version", "use an fl-client of the same release as the server");
+  }
+  if (!ValidClientName(req.client_name())) {
+    return refuse(grpc::StatusCode::INVALID_ARGUMENT, fl::v1::ERROR_CODE_MALFORMED,
+                  fl::StrCat("client name '", req.client_name(), "' is invalid"), "client_name",
+                  "use 1-64 characters from [A-Za-z0-9._-]");
+  }
+  auto spec = wire::FromProto(req.model_spec());
+  if (!spec.ok()) {
+    return refuse(grpc::StatusCode::INVALID_ARGUMENT, fl::v1::ERROR_CODE_MALFORMED,
+                  std::string(fl::ToStd(spec.status().message())), "model_spec", "");
+  }
+  if (spec->num_elements() == 0) {
+    return refuse(grpc::StatusCode::INVALID_ARGUMENT, fl::v1::ERROR_CODE_MALFORMED, "the model spec has no parameters",
+                  "model_spec", "send the spec of the model the client trains");
+  }
+  if (spec_ != nullptr && spec->fingerprint() != spec_->fingerprint()) {
+    return refuse(grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_FINGERPRINT_MISMATCH,
+                  fl::StrCat("client '", req.client_name(), "' trains a model with fingerprint ", spec->FingerprintHex(),
+                             " (", spec->num_tensors(), " tensors, ", spec->num_elements(),
+                             " parameters) but this experiment's model has ", spec_->FingerprintHex(), " (",
+                             spec_->num_tensors(), " tensors, ", spec_->num_elements(), " parameters)"),
+                  "model_spec", "start the client with the same --model as the other clients");
+  }
+
+  auto& slot = clients_[req.client_name()];
+  const bool rejoin = slot != nullptr;
+  if (!rejoin) slot = std::make_unique<ClientInfo>();
+  ClientInfo& client = *slot;
+  client.id = req.client_name();
+  client.token = RandomHex(16);
+  client.join = req;
+  client.last_seen_ns = NowNs();
+  departed_.erase(client.id);
+  if (client.session != nullptr) {
+    // A rejoin means the client restarted: its old stream (if the server still has one) is stale.
+    client.session->Close(grpc::Status(grpc::StatusCode::ABORTED, "replaced by a new session after rejoin"));
+    client.session.reset();
+  }
+  if (!client.open_task.empty()) {
+    auto t = tasks_.find(client.open_task);
+    if (t != tasks_.end()) CloseTaskAsDropped(*t->second, "the client rejoined (it restarted)");
+  }
+
+  resp.set_admitted(true);
+  resp.set_client_id(client.id);
+  resp.set_session_token(client.token);
+  resp.set_experiment_id(config_.experiment_id);
+  resp.set_heartbeat_interval_ms(config_.heartbeat_interval_ms);
+  resp.set_max_chunk_bytes(config_.max_chunk_bytes);
+  if (state_ == EngineState::kWaitingForModel) {
+    auto holder = clients_.find(initial_model_client_);
+    const bool holder_alive = holder != clients_.end() && holder->first != client.id && holder->second->session;
+    if (!holder_alive) {
+      initial_model_client_ = client.id;
+      pending_spec_ = std::make_shared<const core::ModelSpec>(*spec);
+      pending_model_name_ = req.model_spec().name();
+      resp.set_initial_model_requested(true);
+    } else if (pending_spec_ != nullptr && spec->fingerprint() != pending_spec_->fingerprint()) {
+      return refuse(grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_FINGERPRINT_MISMATCH,
+                    fl::StrCat("client '", req.client_name(), "' trains a model with fingerprint ",
+                               spec->FingerprintHex(), " but the first client's model has ",
+                               pending_spec_->FingerprintHex()),
+                    "model_spec", "start every client with the same --model");
+    }
+  }
+  spdlog::info("{} client '{}' ({}, {} via {}), {} train examples", rejoin ? "rejoined" : "admitted", client.id,
+               req.device().device_class(), wire::LinkKindName(req.link().kind()), req.link().interface(),
+               req.num_train_examples());
+  instrumentation::ClientRecord rec;
+  rec.experiment_id = config_.experiment_id;
+  rec.client_id = client.id;
+  rec.client_name = req.client_name();
+  rec.device_class = req.device().device_class();
+  rec.link_kind = std::string(wire::LinkKindName(req.link().kind()));
+  rec.link_interface = req.link().interface();
+  rec.link_profile = req.link().profile();
+  if (req.device().cpu_cores() > 0) rec.cores = req.device().cpu_cores();
+  if (req.device().memory_bytes() > 0) rec.memory_bytes = static_cast<int64_t>(req.device().memory_bytes());
+  rec.accelerator = req.device().accelerator().name();
+  rec.os = req.device().os();
+  rec.arch = req.device().arch();
+  rec.client_version = req.software_version();
+  rec.joined_unix_ms = UnixMs();
+  Record(rec);  // a rejoin updates the client's row
+  e.reply(grpc::Status::OK, resp);
+}
+
+void RoundEngine::HandleSessionOpen(SessionOpenEvent& e) {
+  ClientInfo* client = Authenticate(e.hello.client_id(), e.hello.session_token());
+  if (client == nullptr) {
+    e.channel->Close(wire::ToGrpcStatus(
+        grpc::StatusCode::UNAUTHENTICATED,
+        wire::MakeError(fl::v1::ERROR_CODE_UNKNOWN_CLIENT,
+                        fl::StrCat("client id '", e.hello.client_id(), "' or its session token is not known"),
+                        "hello", "call Join again (the server may have restarted)")));
+    return;
+  }
+  if (state_ == EngineState::kFinished) {
+    e.channel->Close(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the experiment has ended"));
+    return;
+  }
+  if (client->session != nullptr && client->session != e.channel) {
+    client->session->Close(grpc::Status(grpc::StatusCode::ABORTED, "replaced by a newer session"));
+  }
+  client->session = e.channel;
+  client->last_seen_ns = NowNs();
+  fl::v1::ServerMessage welcome;
+  welcome.set_seq(++client->server_seq);
+  welcome.mutable_welcome()->set_sent_server_ns(NowNs());
+  welcome.mutable_welcome()->set_current_round(round_);
+  client->session->Send(std::move(welcome));
+}
+
+void RoundEngine::HandleSessionMessage(SessionMessageEvent& e) {
+  ClientInfo* client = nullptr;
+  for (auto& [id, c] : clients_) {
+    if (c->session == e.channel) client = c.get();
+  }
+  if (client == nullptr) return;  // a stream we already replaced or closed
+  client->last_seen_ns = e.received_server_ns;
+  const fl::v1::ClientMessage& m = e.message;
+  switch (m.kind_case()) {
+    case fl::v1::ClientMessage::kStatus:
+      if (m.status().state() == fl::v1::CLIENT_STATE_FAILED && m.status().task_id() == client->open_task) {
+        auto t = tasks_.find(client->open_task);
+        if (t != tasks_.end()) {
+          CloseTaskAsDropped(*t->second, fl::StrCat("the client reported a failure: ", m.status().error().message()));
+        }
+      }
+      break;
+    case fl::v1::ClientMessage::kEvaluation: {
+      const fl::v1::EvaluationResult& r = m.evaluation();
+      auto t = tasks_.find(r.task_id());
+      if (t == tasks_.end() || t->second->client_id != client->id || t->second->closed ||
+          t->second->kind != fl::v1::TASK_KIND_EVALUATE) {
+        break;  // stale or foreign result: nothing to attach it to
+      }
+      TaskInfo& task = *t->second;
+      task.closed = true;
+      client->open_task.clear();
+      const bool valid = std::isfinite(r.loss()) && std::isfinite(r.accuracy()) && r.num_examples() > 0;
+      task.outcome = valid ? "ok" : "rejected";
+      if (valid && current_ != nullptr && current_->evaluation && current_->round == task.round) {
+        current_->eval_loss_sum += r.loss() * static_cast<double>(r.num_examples());
+        current_->eval_accuracy_sum += r.accuracy() * static_cast<double>(r.num_examples());
+        current_->eval_examples += r.num_examples();
+        current_->eval_clients += 1;
+      }
+      if (valid) {
+        instrumentation::EvaluationRecord rec;
+        rec.experiment_id = config_.experiment_id;
+        rec.round = static_cast<int64_t>(task.round);
+        rec.attempt = task.attempt;
+        rec.client_id = client->id;
+        rec.num_examples = static_cast<int64_t>(r.num_examples());
+        rec.loss = r.loss();
+        rec.accuracy = r.accuracy();
+        rec.eval_ms = PhaseMs(r.timings(), fl::v1::PHASE_EVAL);
+        Record(rec);
+      } else {
+        spdlog::warn("ignored an invalid evaluation result from '{}' (non-finite or no examples)", client->id);
+      }
+      break;
+    }
+    default:
+      break;  // heartbeats and pongs only refresh last_seen here
+  }
+}
+
+void RoundEngine::HandleSessionClosed(SessionClosedEvent& e) {
+  for (auto& [id, c] : clients_) {
+    if (c->session != e.channel) continue;
+    c->session.reset();
+    if (!c->open_task.empty()) {
+      auto t = tasks_.find(c->open_task);
+      if (t != tasks_.end()) CloseTaskAsDropped(*t->second, "the client's session ended");
+    }
+    spdlog::info("client '{}' disconnected", id);
+  }
+}
+
+void RoundEngine::HandleDownload(DownloadEvent& e) {
+  const auto& req = e.request;
+  if (Authenticate(req.client_id(), req.session_token()) == nullptr) {
+    e.reply(wire::ToGrpcStatus(grpc::StatusCode::UNAUTHENTICATED,
+                               wire::MakeError(fl::v1::ERROR_CODE_UNKNOWN_CLIENT,
+                                               fl::StrCat("client '", req.client_id(), "' is not known"), "",
+                                               "call Join again")),
+            nullptr);
+    return;
+  }
+  if (payload_ == nullptr) {
+    e.reply(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "the server has no global model yet"), nullptr);
+    return;
+  }
+  if (req.model_version() != 0 && req.model_version() != payload_->model_version) {
+    e.reply(grpc::Status(grpc::StatusCode::NOT_FOUND,
+                         fl::StrCat("model version ", req.model_version(), " is no longer served; the current one is ",
+                                    payload_->model_version)),
+            nullptr);
+    return;
+  }
+  e.reply(grpc::Status::OK, payload_);
+}
+
+void RoundEngine::HandleUploadStart(UploadStartEvent& e) {
+  const fl::v1::UpdateHeader& h = e.header;
+  auto refuse = [&](fl::v1::UploadUpdateResponse verdict) { e.admit(std::move(verdict)); };
+  ClientInfo* client = Authenticate(h.client_id(), h.session_token());
+  if (client == nullptr) {
+    return refuse(Rejected(h.task_id(), fl::v1::ERROR_CODE_UNKNOWN_CLIENT,
+                           fl::StrCat("client '", h.client_id(), "' or its token is not known"), "call Join again"));
+  }
+  if (state_ == EngineState::kFinished) {
+    return refuse(Rejected(h.task_id(), fl::v1::ERROR_CODE_SHUTTING_DOWN, "the experiment has ended"));
+  }
+  const core::Codec* codec = nullptr;
+  std::unique_ptr<core::Codec> initial_codec;
+  std::shared_ptr<const core::ModelSpec> expected = spec_;
+  if (h.kind() == fl::v1::UPDATE_KIND_INITIAL_MODEL) {
+    if (state_ != EngineState::kWaitingForModel || client->id != initial_model_client_) {
+      return refuse(Rejected("", fl::v1::ERROR_CODE_WRONG_ROUND,
+                             "the server did not ask this client for the initial model", "do not send it"));
+    }
+    auto c = core::MakeCodec(h.codec());
+    if (!c.ok()) {
+      return refuse(Rejected("", fl::v1::ERROR_CODE_UNSUPPORTED_CODEC, std::string(fl::ToStd(c.status().message()))));
+    }
+    initial_codec = std::move(*c);
+    codec = initial_codec.get();
+    expected = pending_spec_;
+  } else if (h.kind() == fl::v1::UPDATE_KIND_DELTA || h.kind() == fl::v1::UPDATE_KIND_WEIGHTS) {
+    auto t = tasks_.find(h.task_id());
+    if (t == tasks_.end() || t->second->client_id != client->id || t->second->kind != fl::v1::TASK_KIND_TRAIN) {
+      return refuse(Rejected(h.task_id(), fl::v1::ERROR_CODE_WRONG_ROUND,
+                             fl::StrCat("task '", h.task_id(), "' is not a training task of client '", client->id, "'"),
+                             "send updates only for tasks the server gave you"));
+    }
+    TaskInfo& task = *t->second;
+    if (h.round() != task.round) {
+      return refuse(Rejected(h.task_id(), fl::v1::ERROR_CODE_WRONG_ROUND,
+                             fl::StrCat("update says round ", h.round(), " but task '", task.id, "' is for round ",
+                                        task.round)));
+    }
+    if (task.closed || NowNs() > task.deadline_ns) {
+      // Late: recorded as such when the round closes if the upload had begun by then; a round already
+      // closed keeps the outcome it recorded.
+      return refuse(Verdict(h.task_id(), fl::v1::UPDATE_OUTCOME_LATE,
+                            wire::MakeError(fl::v1::ERROR_CODE_LATE,
+                                            fl::StrCat("the deadline of round ", task.round, " has passed"), "",
+                                            "a faster link or fewer local steps would help")));
+    }
+    if (h.codec() != uplink_codec_->name() &&
+        !(h.codec().rfind(std::string(uplink_codec_->name()), 0) == 0)) {
+      return refuse(Rejected(h.task_id(), fl::v1::ERROR_CODE_UNSUPPORTED_CODEC,
+                             fl::StrCat("update uses codec '", h.codec(), "' but the task asked for '",
+                                        config_.uplink_codec, "'")));
+    }
+    if (h.num_examples() == 0) {
+      return refuse(Rejected(h.task_id(), fl::v1::ERROR_CODE_MALFORMED, "update claims 0 training examples",
+                             "num_examples must be the number of examples trained on"));
+    }
+    codec = uplink_codec_.get();
+    task.upload_started = true;
+  } else {
+    return refuse(Rejected(h.task_id(), fl::v1::ERROR_CODE_MALFORMED,
+                           fl::StrCat("update kind ", static_cast<int>(h.kind()), " is not known")));
+  }
+  if (expected == nullptr || h.model_fingerprint() != expected->fingerprint()) {
+    return refuse(Rejected(h.task_id(), fl::v1::ERROR_CODE_FINGERPRINT_MISMATCH,
+                           fl::StrCat("update is for model ", core::FingerprintToHex(h.model_fingerprint()),
+                                      " but the server's model is ",
+                                      expected ? expected->FingerprintHex() : std::string("(none)"))));
+  }
+  const uint64_t want_bytes = codec->EncodedSize(expected->num_elements());
+  if (h.payload_bytes() != want_bytes) {
+    return refuse(Rejected(h.task_id(),
+                           h.payload_bytes() > want_bytes ? fl::v1::ERROR_CODE_TOO_LARGE : fl::v1::ERROR_CODE_MALFORMED,
+                           fl::StrCat("update announces ", h.payload_bytes(), " payload bytes but a ", codec->name(),
+                                      " payload of this model is exactly ", want_bytes, " bytes")));
+  }
+  auto pending = std::make_unique<PendingUpload>();
+  pending->event = std::move(e);
+  waiting_uploads_.push_back(std::move(pending));
+  GrantUploadSlots();
+}
+
+void RoundEngine::GrantUploadSlots() {
+  while (busy_upload_slots_ < config_.upload_slots && !waiting_uploads_.empty()) {
+    std::unique_ptr<PendingUpload> next = std::move(waiting_uploads_.front());
+    waiting_uploads_.pop_front();
+    ++busy_upload_slots_;
+    next->event.admit(std::nullopt);
+  }
+}
+
+void RoundEngine::HandleUploadDone(UploadDoneEvent& e) {
+  if (busy_upload_slots_ > 0) --busy_upload_slots_;
+  GrantUploadSlots();
+  const fl::v1::UpdateHeader& h = e.header;
+  if (!e.transfer_error.ok()) {
+    spdlog::warn("upload from '{}' for task '{}' failed in transit: {}", h.client_id(), h.task_id(),
+                 e.transfer_error.error_message());
+    e.reply(Rejected(h.task_id(), fl::v1::ERROR_CODE_MALFORMED, e.transfer_error.error_message()));
+    return;
+  }
+  fl::v1::UploadUpdateResponse verdict;
+  if (h.kind() == fl::v1::UPDATE_KIND_INITIAL_MODEL) {
+    if (state_ != EngineState::kWaitingForModel || h.client_id() != initial_model_client_ || !pending_spec_) {
+      verdict = Rejected("", fl::v1::ERROR_CODE_WRONG_ROUND, "the server no longer needs an initial model");
+    } else {
+      auto codec = core::MakeCodec(h.codec());
+      std::vector<float> values(pending_spec_->num_elements());
+      absl::Status s = codec.ok() ? (*codec)->Decode(e.payload, values) : codec.status();
+      if (s.ok()) s = core::CheckFinite(values, "initial model", pending_spec_.get());
+      if (s.ok()) s = AdoptModel(*pending_spec_, pending_model_name_, std::move(values), 0);
+      if (s.ok()) s = WriteCheckpoint();
+      if (s.ok()) {
+        state_ = EngineState::kWaitingForClients;
+        verdict = Verdict("", fl::v1::UPDATE_OUTCOME_ACCEPTED);
+        spdlog::info("initial model ({} tensors, {} parameters, fingerprint {}) from client '{}'",
+                     spec_->num_tensors(), spec_->num_elements(), spec_->FingerprintHex(), h.client_id());
+      } else {
+        verdict = Rejected("", fl::v1::ERROR_CODE_MALFORMED, std::string(fl::ToStd(s.message())));
+      }
+    }
+  } else {
+    auto t = tasks_.find(h.task_id());
+    if (t == tasks_.end()) {
+      verdict = Rejected(h.task_id(), fl::v1::ERROR_CODE_WRONG_ROUND, "the task is no longer known");
+    } else {
+      verdict = AcceptUpdate(e, t->second.get());
+    }
+  }
+  verdict.set_received_bytes(e.payload.size());
+  verdict.set_first_byte_server_ns(e.first_byte_server_ns);
+  verdict.set_acked_server_ns(NowNs());
+  e.reply(verdict);
+}
+
+fl::v1::UploadUpdateResponse RoundEngine::AcceptUpdate(UploadDoneEvent& e, TaskInfo* task) {
+  const fl::v1::UpdateHeader& h = e.header;
+  instrumentation::ClientRoundRecord rec;
+  rec.experiment_id = config_.experiment_id;
+  rec.round = static_cast<int64_t>(task->round);
+  rec.attempt = task->attempt;
+  rec.client_id = task->client_id;
+  rec.dispatched_unix_ms = task->dispatched_unix_ms;
+  rec.num_examples = static_cast<int64_t>(h.num_examples());
+  if (auto it = h.metrics().find("num_steps"); it != h.metrics().end() && it->second >= 0) {
+    rec.num_steps = static_cast<int64_t>(it->second);
+  }
+  rec.codec = h.codec();
+  rec.downlink_ms = PhaseMs(h.timings(), fl::v1::PHASE_DOWNLINK);
+  rec.train_ms = PhaseMs(h.timings(), fl::v1::PHASE_TRAIN);
+  rec.eval_ms = PhaseMs(h.timings(), fl::v1::PHASE_EVAL);
+  rec.idle_ms = PhaseMs(h.timings(), fl::v1::PHASE_IDLE);
+  rec.downlink_bytes = static_cast<int64_t>(PhaseBytes(h.timings(), fl::v1::PHASE_DOWNLINK));
+  rec.uplink_bytes = static_cast<int64_t>(e.payload.size());
+  rec.uplink_server_ms = static_cast<double>(e.done_server_ns - e.first_byte_server_ns) / 1e6;
+  if (auto it = h.metrics().find("train_loss"); it != h.metrics().end() && std::isfinite(it->second)) {
+    rec.train_loss = it->second;
+  }
+
+  // Rows of a round are written after the round's own row (foreign keys), so they wait in the round state;
+  // an update for a round already closed was recorded with the outcome it had at closing.
+  auto finish = [&](instrumentation::ClientOutcome outcome, fl::v1::UploadUpdateResponse verdict) {
+    if (auto c = clients_.find(task->client_id); c != clients_.end() && c->second->open_task == task->id) {
+      c->second->open_task.clear();
+    }
+    const bool in_current = current_ != nullptr && !current_->evaluation && current_->round == task->round &&
+                            current_->attempt == task->attempt && !task->closed;
+    task->closed = true;
+    task->outcome = std::string(instrumentation::ClientOutcomeName(outcome));
+    if (in_current) {
+      rec.outcome = outcome;
+      if (outcome == instrumentation::ClientOutcome::kRejected) rec.reject_reason = verdict.error().message();
+      if (outcome == instrumentation::ClientOutcome::kOk) ++current_->accepted;
+      if (outcome == instrumentation::ClientOutcome::kLate) ++current_->late;
+      if (outcome == instrumentation::ClientOutcome::kRejected) {
+        ++current_->rejected;
+        ++rejected_by_reason_[ReasonName(verdict.error().code())];
+      }
+      current_->client_rows.push_back(std::move(rec));
+    }
+    return verdict;
+  };
+
+  if (task->closed) {
+    return finish(instrumentation::ClientOutcome::kLate, Verdict(task->id, fl::v1::UPDATE_OUTCOME_LATE,
+                                  wire::MakeError(fl::v1::ERROR_CODE_LATE, "the round closed before the update arrived")));
+  }
+  if (e.done_server_ns > task->deadline_ns) {
+    return finish(instrumentation::ClientOutcome::kLate, Verdict(task->id, fl::v1::UPDATE_OUTCOME_LATE,
+                                  wire::MakeError(fl::v1::ERROR_CODE_LATE,
+                                                  fl::StrCat("the update finished arriving ",
+                                                             (e.done_server_ns - task->deadline_ns) / kMsToNs,
+                                                             " ms after the deadline"))));
+  }
+  if (current_ == nullptr || current_->evaluation || current_->round != task->round ||
+      current_->attempt != task->attempt) {
+    return finish(instrumentation::ClientOutcome::kLate, Verdict(task->id, fl::v1::UPDATE_OUTCOME_LATE,
+                                  wire::MakeError(fl::v1::ERROR_CODE_LATE, "the round is over")));
+  }
+  const std::string source = fl::StrCat("update from client '", task->client_id, "' for round ", task->round);
+  scratch_.resize(spec_->num_elements());
+  if (absl::Status s = uplink_codec_->Decode(e.payload, scratch_); !s.ok()) {
+    // The codec validated the payload before writing anything: DataLoss is a body checksum mismatch, a
+    // non-finite value is named as such, anything else is a malformed payload.
+    const bool non_finite = s.message().find("NaN or Inf") != absl::string_view::npos;
+    const ErrorCode code = s.code() == absl::StatusCode::kDataLoss ? fl::v1::ERROR_CODE_CHECKSUM_MISMATCH
+                           : non_finite                            ? fl::v1::ERROR_CODE_NON_FINITE
+                                                                   : fl::v1::ERROR_CODE_MALFORMED;
+    spdlog::warn("rejected {}: {}", source, s.message());
+    return finish(instrumentation::ClientOutcome::kRejected, Rejected(task->id, code, fl::StrCat(source, ": ", fl::ToStd(s.message()))));
+  }
+  if (absl::Status s = core::CheckFinite(scratch_, source, spec_.get()); !s.ok()) {
+    spdlog::warn("rejected {}: {}", source, s.message());
+    return finish(instrumentation::ClientOutcome::kRejected, Rejected(task->id, fl::v1::ERROR_CODE_NON_FINITE, std::string(fl::ToStd(s.message())),
+                                       "lower the learning rate; the client's training diverged"));
+  }
+  if (h.kind() == fl::v1::UPDATE_KIND_WEIGHTS) {
+    // The aggregate is taken over pseudo-gradients theta_global - theta_client.
+    for (size_t i = 0; i < scratch_.size(); ++i) scratch_[i] = global_[i] - scratch_[i];
+  }
+  if (absl::Status s = current_->aggregator->Add(scratch_, static_cast<double>(h.num_examples()), h.model_fingerprint(),
+                                                 source);
+      !s.ok()) {
+    spdlog::warn("rejected {}: {}", source, s.message());
+    return finish(instrumentation::ClientOutcome::kRejected, Rejected(task->id, fl::v1::ERROR_CODE_MALFORMED, std::string(fl::ToStd(s.message()))));
+  }
+  if (rec.train_loss.has_value()) {
+    current_->train_loss_sum += *rec.train_loss * static_cast<double>(h.num_examples());
+    current_->train_loss_weight += static_cast<double>(h.num_examples());
+  }
+  return finish(instrumentation::ClientOutcome::kOk, Verdict(task->id, fl::v1::UPDATE_OUTCOME_ACCEPTED));
+}
+
+void RoundEngine::HandleLeave(LeaveEvent& e) {
+  ClientInfo* client = Authenticate(e.request.client_id(), e.request.session_token());
+  fl::v1::LeaveResponse resp;
+  if (client == nullptr) {
+    e.reply(grpc::Status::OK, resp);
+    return;
+  }
+  resp.set_acknowledged(true);
+  spdlog::info("client '{}' left: {}", client->id, e.request.reason());
+  DisconnectClient(*client, fl::StrCat("the client left: ", e.request.reason()));
+  client->token.clear();
+  departed_.insert(client->id);
+  e.reply(grpc::Status::OK, resp);
+}
+
+void RoundEngine::HandleShutdown(const ShutdownEvent& e) {
+  if (state_ == EngineState::kFinished) return;
+  if (current_ != nullptr) {
+    for (const std::string& id : current_->task_ids) {
+      TaskInfo& task = *tasks_.at(id);
+      if (task.closed) continue;
+      task.closed = true;
+      task.outcome = "dropped";
+      if (auto c = clients_.find(task.client_id); c != clients_.end() && c->second->session) {
+        fl::v1::ServerMessage cancel;
+        cancel.set_seq(++c->second->server_seq);
+        cancel.mutable_cancel()->set_task_id(task.id);
+        cancel.mutable_cancel()->set_reason(e.reason);
+        c->second->session->Send(std::move(cancel));
+        c->second->open_task.clear();
+      }
+    }
+    if (!current_->evaluation) {
+      instrumentation::RoundRecord rec = RoundRow(*current_, instrumentation::RoundStatus::kAborted);
+      rec.failure_reason = e.reason;
+      Record(rec);
+      for (auto& row : current_->client_rows) Record(std::move(row));
+    }
+    current_.reset();
+  }
+  Finish("aborted", e.reason);
+}
+
+void RoundEngine::CloseTaskAsDropped(TaskInfo& task, std::string_view why) {
+  if (task.closed) return;
+  // A task whose update had started arriving when it was closed is "late"; one that never sent is "dropped".
+  const bool late = task.upload_started;
+  task.closed = true;
+  task.outcome = late ? "late" : "dropped";
+  if (auto c = clients_.find(task.client_id); c != clients_.end() && c->second->open_task == task.id) {
+    c->second->open_task.clear();
+  }
+  if (current_ != nullptr && current_->round == task.round && current_->attempt == task.attempt) {
+    ++(late ? current_->late : current_->dropped);
+  }
+  spdlog::info("task {} of client '{}' {}: {}", task.id, task.client_id, task.outcome, why);
+  if (current_ == nullptr || current_->evaluation || task.kind != fl::v1::TASK_KIND_TRAIN ||
+      current_->round != task.round || current_->attempt != task.attempt) {
+    return;
+  }
+  instrumentation::ClientRoundRecord rec;
+  rec.experiment_id = config_.experiment_id;
+  rec.round = static_cast<int64_t>(task.round);
+  rec.attempt = task.attempt;
+  rec.client_id = task.client_id;
+  rec.dispatched_unix_ms = task.dispatched_unix_ms;
+  rec.outcome = late ? instrumentation::ClientOutcome::kLate : instrumentation::ClientOutcome::kDropped;
+  current_->client_rows.push_back(std::move(rec));
+}
+
+void RoundEngine::DisconnectClient(ClientInfo& client, std::string_view why) {
+  if (client.session != nullptr) {
+    client.session->Close(grpc::Status(grpc::StatusCode::CANCELLED, std::string(why)));
+    client.session.reset();
+  }
+  if (!client.open_task.empty()) {
+    auto t = tasks_.find(client.open_task);
+    if (t != tasks_.end()) CloseTaskAsDropped(*t->second, why);
+  }
+}
+
+std::vector<RoundEngine::ClientInfo*> RoundEngine::IdleConnectedClients() {
+  std::vector<ClientInfo*> out;
+  for (auto& [id, c] : clients_) {
+    if (c->session != nullptr && c->open_task.empty()) out.push_back(c.get());
+  }
+  return out;
+}
+
+absl::Status RoundEngine::AdoptModel(core::ModelSpec spec, std::string model_name, std::vector<float> values,
+                                     uint64_t model_version) {
+  if (values.size() != spec.num_elements()) {
+    return absl::InvalidArgumentError(fl::StrCat("model has ", values.size(), " values but its spec needs ",
+                                                 spec.num_elements()));
+  }
+  spec_ = std::make_shared<const core::ModelSpec>(std::move(spec));
+  config_.model_name = std::move(model_name);
+  global_ = std::move(values);
+  model_version_ = model_version;
+  auto opt = core::MakeServerOptimizer(config_.optimizer, global_.size());
+  if (!opt.ok()) return opt.status();
+  optimizer_ = std::move(*opt);
+  PublishPayload();
+  return absl::OkStatus();
+}
+
+void RoundEngine::PublishPayload() {
+  auto payload = std::make_shared<ModelPayload>();
+  payload->model_version = model_version_;
+  payload->round = round_;
+  payload->spec = wire::ToProto(*spec_, config_.model_name);
+  payload->codec = std::string(downlink_codec_->name());
+  if (absl::Status s = downlink_codec_->Encode(global_, &payload->bytes); !s.ok()) {
+    // The global model is finite by construction (every input is checked); failing here is a bug.
+    spdlog::critical("cannot encode the global model: {}", s.message());
+    std::abort();
+  }
+  payload->checksum = core::Checksum64(payload->bytes);
+  payload_ = std::move(payload);
+}
+
+absl::Status RoundEngine::WriteCheckpoint() {
+  if (config_.checkpoint_dir.empty()) return absl::OkStatus();
+  Checkpoint ckpt;
+  ckpt.experiment_id = config_.experiment_id;
+  ckpt.round = round_;
+  ckpt.model_version = model_version_;
+  ckpt.spec = *spec_;
+  ckpt.model_name = config_.model_name;
+  ckpt.values = global_;
+  ckpt.optimizer = optimizer_->ExportState();
+  ckpt.created_unix_ms = UnixMs();
+  const std::string path = CheckpointPath(config_.checkpoint_dir, round_);
+  if (absl::Status s = SaveCheckpoint(ckpt, path); !s.ok()) return s;
+  instrumentation::CheckpointRecord rec;
+  rec.experiment_id = config_.experiment_id;
+  rec.round = static_cast<int64_t>(round_);
+  rec.model_version = static_cast<int64_t>(model_version_);
+  rec.path = path;
+  std::error_code ec;
+  rec.bytes = static_cast<int64_t>(std::filesystem::file_size(path, ec));
+  rec.fingerprint = spec_->FingerprintHex();
+  rec.created_unix_ms = ckpt.created_unix_ms;
+  Record(std::move(rec));
+  if (round_ + 1 > config_.keep_checkpoints) {
+    return PruneCheckpoints(config_.checkpoint_dir, round_ + 1 - config_.keep_checkpoints);
+  }
+  return absl::OkStatus();
+}
+
+void RoundEngine::Advance() {
+  if (state_ == EngineState::kFinished) return;
+  const int64_t now = NowNs();
+  // Liveness: a client that has said nothing for four heartbeat intervals is gone, even if TCP has not
+  // noticed yet (a Pi that lost its 5G link keeps the socket half-open for minutes).
+  for (auto& [id, c] : clients_) {
+    if (c->session != nullptr && now - c->last_seen_ns > 4 * int64_t{config_.heartbeat_interval_ms} * kMsToNs) {
+      spdlog::warn("client '{}' missed its heartbeats; disconnecting it", id);
+      DisconnectClient(*c, "no heartbeat for four intervals");
+    }
+  }
+  switch (state_) {
+    case EngineState::kWaitingForModel:
+      return;
+    case EngineState::kWaitingForClients:
+      if (round_ >= config_.num_rounds) {
+        Finish("finished", fl::StrCat("all ", config_.num_rounds, " rounds committed"));
+        return;
+      }
+      StartRound();
+      return;
+    case EngineState::kCollecting:
+    case EngineState::kEvaluating: {
+      bool all_closed = true;
+      for (const std::string& id : current_->task_ids) all_closed &= tasks_.at(id)->closed;
+      if (all_closed || now >= current_->deadline_ns) {
+        if (state_ == EngineState::kCollecting) {
+          CloseRound();
+        } else {
+          CloseEvaluation();
+        }
+        if (state_ == EngineState::kWaitingForClients) Advance();
+      }
+      return;
+    }
+    case EngineState::kFinished:
+      return;
+  }
+}
+
+void RoundEngine::StartRound() {
+  std::vector<ClientInfo*> idle = IdleConnectedClients();
+  auto size = SelectionSize(config_.fit, static_cast<uint32_t>(idle.size()));
+  if (!size.ok()) return;  // keep waiting for clients
+  std::vector<std::string> ids;
+  for (ClientInfo* c : idle) ids.push_back(c->id);
+  const uint64_t round = round_ + 1;
+  std::vector<std::string> selected = SelectClients(ids, *size, config_.seed, round, attempt_);
+
+  current_ = std::make_unique<RoundState>();
+  current_->round = round;
+  current_->attempt = attempt_;
+  current_->started_ns = NowNs();
+  current_->started_unix_ms = UnixMs();
+  current_->deadline_ns = current_->started_ns + int64_t{config_.round_deadline_ms} * kMsToNs;
+  auto agg = core::MakeAggregator(config_.aggregator, spec_);
+  current_->aggregator = std::move(*agg);  // validated in Start()
+
+  for (const std::string& id : selected) {
+    ClientInfo& c = *clients_.at(id);
+    auto task = std::make_unique<TaskInfo>();
+    task->id = fl::StrCat("r", round, ".", attempt_, "-", id, "-", ++task_counter_);
+    task->client_id = id;
+    task->kind = fl::v1::TASK_KIND_TRAIN;
+    task->round = round;
+    task->attempt = attempt_;
+    task->dispatched_ns = current_->started_ns;
+    task->dispatched_unix_ms = current_->started_unix_ms;
+    task->deadline_ns = current_->deadline_ns;
+    fl::v1::ServerMessage msg;
+    msg.set_seq(++c.server_seq);
+    fl::v1::Task* t = msg.mutable_task();
+    t->set_task_id(task->id);
+    t->set_kind(fl::v1::TASK_KIND_TRAIN);
+    t->set_round(round);
+    t->set_model_version(model_version_);
+    t->set_model_fingerprint(spec_->fingerprint());
+    *t->mutable_train() = config_.train;
+    t->mutable_train()->set_seed(config_.seed ^ (round * 0x9E3779B97F4A7C15ULL) ^ std::hash<std::string>{}(id));
+    t->set_deadline_ms(config_.round_deadline_ms);
+    t->set_deadline_server_ns(task->deadline_ns);
+    t->set_uplink_codec(config_.uplink_codec);
+    t->set_downlink_codec(config_.downlink_codec);
+    c.open_task = task->id;
+    c.session->Send(std::move(msg));
+    current_->task_ids.push_back(task->id);
+    tasks_[task->id] = std::move(task);
+  }
+  state_ = EngineState::kCollecting;
+  spdlog::info("round {} (attempt {}): {} of {} idle clients selected", round, attempt_, selected.size(),
+               idle.size());
+}
+
+instrumentation::RoundRecord RoundEngine::RoundRow(const RoundState& r, instrumentation::RoundStatus status) const {
+  instrumentation::RoundRecord rec;
+  rec.experiment_id = config_.experiment_id;
+  rec.round = static_cast<int64_t>(r.round);
+  rec.attempt = r.attempt;
+  rec.status = status;
+  rec.started_unix_ms = r.started_unix_ms;
+  rec.ended_unix_ms = UnixMs();
+  rec.duration_ms = static_cast<double>(NowNs() - r.started_ns) / 1e6;
+  rec.num_selected = static_cast<int64_t>(r.task_ids.size());
+  rec.num_accepted = r.accepted;
+  rec.num_late = r.late;
+  rec.num_rejected = r.rejected;
+  rec.num_dropped = r.dropped;
+  rec.num_examples = static_cast<int64_t>(r.train_loss_weight);
+  if (r.train_loss_weight > 0) rec.train_loss = r.train_loss_sum / r.train_loss_weight;
+  return rec;
+}
+
+void RoundEngine::CloseRound() {
+  RoundState& r = *current_;
+  for (const std::string& id : r.task_ids) CloseTaskAsDropped(*tasks_.at(id), "no update by the round's deadline");
+
+  if (r.accepted < config_.fit.min_clients) {
+    instrumentation::RoundRecord rec = RoundRow(r, instrumentation::RoundStatus::kFailed);
+    rec.failure_reason = fl::StrCat(r.accepted, " update(s) accepted by the deadline; the round needs ",
+                                    config_.fit.min_clients, " (", r.late, " late, ", r.rejected, " rejected, ",
+                                    r.dropped, " dropped)");
+    spdlog::warn("round {} attempt {} failed: {}", r.round, r.attempt, rec.failure_reason);
+    const std::string reason = rec.failure_reason;
+    Record(std::move(rec));
+    for (auto& row : r.client_rows) Record(std::move(row));
+    current_.reset();
+    if (attempt_ >= config_.max_round_attempts) {
+      Finish("failed", fl::StrCat("round ", round_ + 1, " failed ", attempt_, " times; last: ", reason));
+      return;
+    }
+    ++attempt_;
+    state_ = EngineState::kWaitingForClients;
+    return;
+  }
+
+  const int64_t agg_start = NowNs();
+  auto pseudo_grad = r.aggregator->Finish();
+  absl::Status step = pseudo_grad.ok() ? optimizer_->Step(global_, *pseudo_grad) : pseudo_grad.status();
+  if (!step.ok()) {
+    // Inputs were validated one by one; an optimizer failure means the aggregate itself overflowed.
+    Finish("failed", fl::StrCat("round ", r.round, ": the server optimizer step failed: ", fl::ToStd(step.message())));
+    return;
+  }
+  round_ = r.round;
+  committed_attempt_ = r.attempt;
+  ++model_version_;
+  PublishPayload();
+  const double aggregation_ms = static_cast<double>(NowNs() - agg_start) / 1e6;
+  // Commit order: checkpoint file first, then the round's row. --resume trusts the row and loads that
+  // round's checkpoint, so a crash between the two re-runs the round instead of losing or doubling it.
+  if (absl::Status s = WriteCheckpoint(); !s.ok()) {
+    Finish("failed", fl::StrCat("cannot checkpoint round ", r.round, ": ", fl::ToStd(s.message())));
+    return;
+  }
+  instrumentation::RoundRecord rec = RoundRow(r, instrumentation::RoundStatus::kCommitted);
+  rec.aggregation_ms = aggregation_ms;
+  rec.model_version = static_cast<int64_t>(model_version_);
+  last_round_summary_ = {r.round, r.accepted, rec.train_loss, rec.duration_ms};
+  Record(std::move(rec));
+  for (auto& row : r.client_rows) Record(std::move(row));
+  if (records_ != nullptr) {
+    if (absl::Status s = records_->Flush(); !s.ok()) {
+      spdlog::error("records of round {}: {}", r.round, s.message());
+    }
+  }
+  current_.reset();
+  attempt_ = 1;
+  spdlog::info("round {} committed: {} accepted, aggregation {:.1f} ms, round {:.0f} ms", round_,
+               last_round_summary_.accepted, aggregation_ms, last_round_summary_.duration_ms);
+  const bool evaluate = config_.evaluate_every > 0 && config_.fraction_evaluate > 0 &&
+                        (round_ % config_.evaluate_every == 0 || round_ == config_.num_rounds);
+  if (evaluate) {
+    StartEvaluation();
+    if (state_ == EngineState::kEvaluating) return;
+  }
+  PrintRoundRow(std::nullopt, std::nullopt);
+  state_ = EngineState::kWaitingForClients;
+}
+
+void RoundEngine::StartEvaluation() {
+  std::vector<ClientInfo*> idle = IdleConnectedClients();
+  if (idle.empty()) {
+    spdlog::warn("no connected client to evaluate round {}", round_);
+    return;
+  }
+  SelectionPolicy policy{config_.fraction_evaluate, config_.min_evaluate_clients, 1};
+  auto size = SelectionSize(policy, static_cast<uint32_t>(idle.size()));
+  if (!size.ok()) return;
+  std::vector<std::string> ids;
+  for (ClientInfo* c : idle) ids.push_back(c->id);
+  std::vector<std::string> selected = SelectClients(ids, *size, config_.seed ^ 0xE7A1, round_, 0);
+  current_ = std::make_unique<RoundState>();
+  current_->round = round_;
+  current_->evaluation = true;
+  current_->started_ns = NowNs();
+  current_->started_unix_ms = UnixMs();
+  current_->deadline_ns = current_->started_ns + int64_t{config_.evaluate_deadline_ms} * kMsToNs;
+  for (const std::string& id : selected) {
+    ClientInfo& c = *clients_.at(id);
+    auto task = std::make_unique<TaskInfo>();
+    task->id = fl::StrCat("e", round_, "-", id, "-", ++task_counter_);
+    task->client_id = id;
+    task->kind = fl::v1::TASK_KIND_EVALUATE;
+    task->round = round_;
+    task->attempt = committed_attempt_;
+    task->dispatched_ns = current_->started_ns;
+    task->deadline_ns = current_->deadline_ns;
+    fl::v1::ServerMessage msg;
+    msg.set_seq(++c.server_seq);
+    fl::v1::Task* t = msg.mutable_task();
+    t->set_task_id(task->id);
+    t->set_kind(fl::v1::TASK_KIND_EVALUATE);
+    t->set_round(round_);
+    t->set_model_version(model_version_);
+    t->set_model_fingerprint(spec_->fingerprint());
+    t->set_deadline_ms(config_.evaluate_deadline_ms);
+    t->set_deadline_server_ns(task->deadline_ns);
+    t->set_downlink_codec(config_.downlink_codec);
+    c.open_task = task->id;
+    c.session->Send(std::move(msg));
+    current_->task_ids.push_back(task->id);
+    tasks_[task->id] = std::move(task);
+  }
+  state_ = EngineState::kEvaluating;
+}
+
+void RoundEngine::CloseEvaluation() {
+  RoundState& r = *current_;
+  for (const std::string& id : r.task_ids) CloseTaskAsDropped(*tasks_.at(id), "no evaluation by the deadline");
+  std::optional<double> loss, accuracy;
+  if (r.eval_examples > 0) {
+    loss = r.eval_loss_sum / static_cast<double>(r.eval_examples);
+    accuracy = r.eval_accuracy_sum / static_cast<double>(r.eval_examples);
+    instrumentation::RoundEvaluationUpdate update;
+    update.experiment_id = config_.experiment_id;
+    update.round = static_cast<int64_t>(r.round);
+    update.attempt = committed_attempt_;
+    update.eval_loss = *loss;
+    update.eval_accuracy = *accuracy;
+    update.eval_num_examples = static_cast<int64_t>(r.eval_examples);
+    Record(update);
+  }
+  current_.reset();
+  PrintRoundRow(loss, accuracy);
+  state_ = EngineState::kWaitingForClients;
+  // Forget tasks of rounds before this one: a straggler's upload for them is refused as unknown.
+  for (auto it = tasks_.begin(); it != tasks_.end();) {
+    it = (it->second->closed && it->second->round + 1 < round_) ? tasks_.erase(it) : std::next(it);
+  }
+}
+
+void RoundEngine::PrintRoundRow(std::optional<double> eval_loss, std::optional<double> eval_accuracy) {
+  // The per-round table a person watches in the terminal; the records database has everything else.
+  if (!printed_table_header_) {
+    std::printf("%6s %8s %11s %10s %10s %12s\n", "round", "clients", "train_loss", "test_loss", "test_acc",
+                "round_time_s");
+    printed_table_header_ = true;
+  }
+  const auto& s = last_round_summary_;
+  std::string train_loss = s.train_loss ? absl::StrFormat("%.4f", *s.train_loss) : "-";
+  std::string test_loss = eval_loss ? absl::StrFormat("%.4f", *eval_loss) : "-";
+  std::string test_acc = eval_accuracy ? absl::StrFormat("%.4f", *eval_accuracy) : "-";
+  std::printf("%6llu %8u %11s %10s %10s %12.2f\n", static_cast<unsigned long long>(s.round), s.accepted,
+              train_loss.c_str(), test_loss.c_str(), test_acc.c_str(), s.duration_ms / 1000.0);
+  std::fflush(stdout);
+}
+
+void RoundEngine::Finish(std::string status, std::string reason) {
+  if (state_ == EngineState::kFinished) return;
+  state_ = EngineState::kFinished;
+  const bool finished = status == "finished";
+  for (auto& [id, c] : clients_) {
+    if (c->session == nullptr) continue;
+    fl::v1::ServerMessage bye;
+    bye.set_seq(++c->server_seq);
+    bye.mutable_shutdown()->set_reason(reason);
+    bye.mutable_shutdown()->set_experiment_finished(finished);
+    c->session->Send(std::move(bye));
+    c->session->Close(grpc::Status::OK);
+    c->session.reset();
+  }
+  while (!waiting_uploads_.empty()) {
+    waiting_uploads_.front()->event.admit(
+        Rejected(waiting_uploads_.front()->event.header.task_id(), fl::v1::ERROR_CODE_SHUTTING_DOWN,
+                                   "the experiment has ended"));
+    waiting_uploads_.pop_front();
+  }
+  if (records_ != nullptr) {
+    instrumentation::ExperimentStatusUpdate update;
+    update.experiment_id = config_.experiment_id;
+    auto parsed = instrumentation::ParseExperimentStatus(status);
+    update.status = parsed.ok() ? *parsed : instrumentation::ExperimentStatus::kFailed;
+    update.status_reason = reason;
+    update.finished_unix_ms = UnixMs();
+    Record(update);
+    if (absl::Status s = records_->Flush(); !s.ok()) {
+      spdlog::error("records: {}", s.message());
+      if (finished) {
+        status = "failed";
+        reason = fl::StrCat("records: ", fl::ToStd(s.message()));
+      }
+    }
+  }
+  spdlog::info("experiment {} {}: {}", config_.experiment_id, status, reason);
+  std::lock_guard lock(mu_);
+  result_ = EngineResult{config_.experiment_id, status, reason, round_};
+  done_ = true;
+  cv_.notify_all();
+}
+
+}  // namespace fl::server

@@ -1,0 +1,473 @@
+// End-to-end tests of fl-server's engine and service over real gRPC on loopback, with real fl-client
+// sessions (FederatedClient). Training is the SyntheticTrainer: these tests are about the protocol, the
+// round engine and the records, not about learning (client/torch has those tests).
+#include <cmath>
+#include <limits>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "fl/client/session.h"
+#include "fl/client/synthetic_trainer.h"
+#include "fl/core/checksum.h"
+#include "fl/core/codec.h"
+#include "fl/core/str_cat.h"
+#include "fl/instrumentation/record_reader.h"
+#include "fl/instrumentation/record_store.h"
+#include "fl/proto/convert.h"
+#include "fl/server/checkpoint.h"
+#include "fl/server/round_engine.h"
+#include "fl/server/service.h"
+#include "fl/testing/scratch_dir.h"
+#include "fl/v1/federation.grpc.pb.h"
+
+namespace fl::server {
+namespace {
+
+using instrumentation::RecordReader;
+using instrumentation::RecordStore;
+
+constexpr uint64_t kParams = 5000;
+
+EngineConfig SmallConfig(const std::string& checkpoint_dir) {
+  EngineConfig c;
+  c.experiment_name = "test";
+  c.num_rounds = 2;
+  c.fit = {1.0, 3, 3};
+  c.round_deadline_ms = 20000;
+  c.evaluate_deadline_ms = 20000;
+  c.heartbeat_interval_ms = 200;
+  c.train.set_local_epochs(1);
+  c.train.set_batch_size(8);
+  c.train.set_learning_rate(0.1);
+  c.train.set_optimizer("sgd");
+  c.checkpoint_dir = checkpoint_dir;
+  c.keep_checkpoints = 10;
+  return c;
+}
+
+// A server (engine + gRPC service + records) on a free loopback port.
+class TestServer {
+ public:
+  TestServer(EngineConfig config, const std::string& db, RoundEngine::StartPoint start = {}) {
+    records_ = *RecordStore::Open(db);
+    engine_ = std::make_unique<RoundEngine>(std::move(config), records_.get(), std::move(start));
+    EXPECT_TRUE(engine_->Start().ok());
+    service_ = std::make_unique<FederationService>(engine_.get());
+    auto running = StartGrpcServer(service_.get(), "127.0.0.1:0");
+    EXPECT_TRUE(running.ok()) << running.status();
+    server_ = std::move(running->server);
+    port_ = running->port;
+  }
+  ~TestServer() { Stop(); }
+
+  std::string address() const { return fl::StrCat("127.0.0.1:", port_); }
+  RoundEngine& engine() { return *engine_; }
+  EngineResult Wait() { return engine_->Wait(); }
+  void Stop() {
+    if (server_ == nullptr) return;
+    engine_->Post(ShutdownEvent{"test over"});
+    engine_->Wait();
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    engine_->Stop();
+    server_.reset();
+    (void)records_->Close();
+  }
+
+ private:
+  std::unique_ptr<RecordStore> records_;
+  std::unique_ptr<RoundEngine> engine_;
+  std::unique_ptr<FederationService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+struct RunningClient {
+  std::unique_ptr<client::SyntheticTrainer> trainer;
+  std::unique_ptr<client::FederatedClient> session;
+  std::thread thread;
+  absl::Status result;
+  ~RunningClient() {
+    if (thread.joinable()) {
+      session->Stop();
+      thread.join();
+    }
+  }
+};
+
+// A start point whose model is the SyntheticTrainer's for `seed`: the experiment's model is fixed from the
+// start, so tests do not depend on which client happens to join first.
+RoundEngine::StartPoint InitialModel(uint64_t seed) {
+  client::SyntheticTrainer trainer(kParams, 1, seed);
+  Checkpoint ckpt;
+  ckpt.spec = trainer.spec();
+  ckpt.model_name = trainer.model_name();
+  ckpt.values.resize(kParams);
+  EXPECT_TRUE(trainer.GetParameters(ckpt.values).ok());
+  RoundEngine::StartPoint start;
+  start.checkpoint = std::move(ckpt);
+  return start;
+}
+
+std::unique_ptr<RunningClient> StartClient(const std::string& address, const std::string& name, uint64_t seed,
+                                           const std::string& link = "ethernet") {
+  auto c = std::make_unique<RunningClient>();
+  c->trainer = std::make_unique<client::SyntheticTrainer>(kParams, 100 + seed, seed);
+  client::ClientOptions o;
+  o.server_address = address;
+  o.client_name = name;
+  o.device.set_device_class("test");
+  o.link.set_kind(*wire::ParseLinkKind(link));
+  o.give_up_after_ms = 20000;
+  o.initial_backoff_ms = 50;
+  o.max_backoff_ms = 500;
+  c->session = std::make_unique<client::FederatedClient>(o, c->trainer.get());
+  RunningClient* raw = c.get();
+  c->thread = std::thread([raw] { raw->result = raw->session->Run(); });
+  return c;
+}
+
+void StopClient(RunningClient& c) {
+  c.session->Stop();
+  if (c.thread.joinable()) c.thread.join();
+}
+
+TEST(FederationTest, RunsRoundsAndRecordsEveryClientAndRound) {
+  fl::testing::ScratchDir dir("fl_server");
+  const std::string db = dir.File("records.db");
+  TestServer server(SmallConfig(dir.File("ckpt")), db);
+  std::vector<std::unique_ptr<RunningClient>> clients;
+  for (int i = 0; i < 3; ++i) clients.push_back(StartClient(server.address(), fl::StrCat("c", i), i + 1, i == 2 ? "5g" : "wifi"));
+  const EngineResult result = server.Wait();
+  EXPECT_EQ(result.status, "finished") << result.reason;
+  EXPECT_EQ(result.rounds_committed, 2u);
+  for (auto& c : clients) {
+    c->thread.join();
+    EXPECT_TRUE(c->result.ok()) << c->result;  // the server told them the experiment finished
+  }
+  server.Stop();
+
+  auto reader = *RecordReader::Open(db);
+  auto rounds = *reader->ListRounds(result.experiment_id);
+  ASSERT_EQ(rounds.size(), 2u);
+  for (const auto& r : rounds) {
+    EXPECT_EQ(r.status, instrumentation::RoundStatus::kCommitted);
+    EXPECT_EQ(r.num_accepted, 3);
+    EXPECT_TRUE(r.eval_loss.has_value());
+    auto rows = *reader->ListClientRounds(result.experiment_id, r.round);
+    ASSERT_EQ(rows.size(), 3u);
+    for (const auto& row : rows) {
+      EXPECT_EQ(row.outcome, instrumentation::ClientOutcome::kOk);
+      EXPECT_GT(row.uplink_bytes.value_or(0), static_cast<int64_t>(kParams * 4));
+      EXPECT_GT(row.downlink_bytes.value_or(0), static_cast<int64_t>(kParams * 4));
+      EXPECT_TRUE(row.train_ms.has_value());
+      EXPECT_TRUE(row.uplink_server_ms.has_value());
+    }
+    EXPECT_EQ(reader->ListEvaluations(result.experiment_id, r.round)->size(), 3u);
+  }
+  auto clients_rec = *reader->ListClients(result.experiment_id);
+  ASSERT_EQ(clients_rec.size(), 3u);
+  for (const auto& c : clients_rec) EXPECT_EQ(c.link_kind, c.client_id == "c2" ? "5g" : "wifi") << c.client_id;
+}
+
+TEST(FederationTest, CommittedModelIsTheExampleWeightedMeanOfTheClientModels) {
+  fl::testing::ScratchDir dir("fl_server");
+  EngineConfig config = SmallConfig(dir.File("ckpt"));
+  config.num_rounds = 1;
+  config.evaluate_every = 0;
+  TestServer server(config, dir.File("records.db"));
+  std::vector<std::unique_ptr<RunningClient>> clients;
+  for (int i = 0; i < 3; ++i) clients.push_back(StartClient(server.address(), fl::StrCat("c", i), i + 7));
+  const EngineResult result = server.Wait();
+  ASSERT_EQ(result.status, "finished") << result.reason;
+  for (auto& c : clients) c->thread.join();
+  server.Stop();
+
+  // After round 1 each trainer holds its locally trained model; FedAvg (lr 1) must commit their mean
+  // weighted by examples (100 + seed each).
+  std::vector<double> expected(kParams, 0.0);
+  double total = 0;
+  std::vector<float> local(kParams);
+  for (auto& c : clients) {
+    ASSERT_TRUE(c->trainer->GetParameters(local).ok());
+    const double w = static_cast<double>(c->trainer->num_train_examples());
+    for (size_t i = 0; i < kParams; ++i) expected[i] += w * local[i];
+    total += w;
+  }
+  auto ckpt = LoadCheckpoint(CheckpointPath(dir.File("ckpt"), 1));
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  ASSERT_EQ(ckpt->values.size(), kParams);
+  for (size_t i = 0; i < kParams; i += 97) {
+    EXPECT_NEAR(ckpt->values[i], expected[i] / total, 1e-5) << i;
+  }
+}
+
+// A raw fl.v1 client for the tests that must send what a well-behaved FederatedClient never would.
+class RawClient {
+ public:
+  explicit RawClient(const std::string& address)
+      : stub_(fl::v1::Federation::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {}
+
+  grpc::Status Join(const std::string& name, const core::ModelSpec& spec, fl::v1::JoinResponse* resp) {
+    fl::v1::JoinRequest req;
+    req.set_protocol_version(fl::v1::PROTOCOL_VERSION_1);
+    req.set_client_name(name);
+    *req.mutable_model_spec() = wire::ToProto(spec, "raw");
+    req.set_num_train_examples(10);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    ctx.set_wait_for_ready(true);
+    return stub_->Join(&ctx, req, resp);
+  }
+
+  fl::v1::UploadUpdateResponse Upload(fl::v1::UpdateHeader header, std::vector<uint8_t> payload,
+                                      std::optional<uint64_t> checksum = std::nullopt, grpc::Status* status = nullptr) {
+    header.set_payload_bytes(header.payload_bytes() != 0 ? header.payload_bytes() : payload.size());
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    fl::v1::UploadUpdateResponse resp;
+    auto writer = stub_->UploadUpdate(&ctx, &resp);
+    fl::v1::UpdateChunk chunk;
+    *chunk.mutable_header() = header;
+    bool open = writer->Write(chunk);
+    if (open) {
+      chunk.Clear();
+      chunk.set_data(payload.data(), payload.size());
+      open = writer->Write(chunk);
+    }
+    if (open) {
+      chunk.Clear();
+      chunk.mutable_trailer()->set_payload_checksum(checksum.value_or(core::Checksum64(payload)));
+      open = writer->Write(chunk);
+    }
+    if (open) writer->WritesDone();
+    grpc::Status s = writer->Finish();
+    if (status != nullptr) *status = s;
+    return resp;
+  }
+
+  std::unique_ptr<grpc::ClientReaderWriter<fl::v1::ClientMessage, fl::v1::ServerMessage>> OpenSession(
+      grpc::ClientContext* ctx, const fl::v1::JoinResponse& joined) {
+    auto stream = stub_->Session(ctx);
+    fl::v1::ClientMessage hello;
+    hello.mutable_hello()->set_client_id(joined.client_id());
+    hello.mutable_hello()->set_session_token(joined.session_token());
+    stream->Write(hello);
+    return stream;
+  }
+
+ private:
+  std::unique_ptr<fl::v1::Federation::Stub> stub_;
+};
+
+TEST(FederationTest, RefusesAJoinWithAnotherModel) {
+  fl::testing::ScratchDir dir("fl_server");
+  EngineConfig config = SmallConfig("");
+  TestServer server(config, dir.File("records.db"), InitialModel(1));
+  auto first = StartClient(server.address(), "good", 1);
+  RawClient raw(server.address());
+  client::SyntheticTrainer other(kParams + 1, 10, 1);
+  fl::v1::JoinResponse resp;
+  grpc::Status status;
+  for (int i = 0; i < 100; ++i) {
+    status = raw.Join("intruder", other.spec(), &resp);
+    if (!status.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_FALSE(status.ok());
+  const fl::v1::ErrorDetail detail = wire::ErrorFromGrpcStatus(status);
+  EXPECT_EQ(detail.code(), fl::v1::ERROR_CODE_FINGERPRINT_MISMATCH);
+  EXPECT_NE(detail.message().find(other.spec().FingerprintHex()), std::string::npos) << detail.message();
+  EXPECT_FALSE(detail.hint().empty());
+  StopClient(*first);
+}
+
+TEST(FederationTest, RejectsBadUpdatesWithAReasonAndKeepsTheModelClean) {
+  fl::testing::ScratchDir dir("fl_server");
+  EngineConfig config = SmallConfig(dir.File("ckpt"));
+  config.fit = {1.0, 1, 2};
+  config.num_rounds = 1;
+  config.evaluate_every = 0;
+  config.round_deadline_ms = 3000;
+  config.heartbeat_interval_ms = 2000;  // the raw client sends none while it uploads
+  TestServer server(config, dir.File("records.db"), InitialModel(3));
+  auto good = StartClient(server.address(), "good", 3);
+
+  // The raw client joins, opens its session and waits for its train task.
+  RawClient raw(server.address());
+  client::SyntheticTrainer same(kParams, 10, 3);
+  fl::v1::JoinResponse joined;
+  ASSERT_TRUE(raw.Join("raw", same.spec(), &joined).ok());
+  grpc::ClientContext session_ctx;
+  auto session = raw.OpenSession(&session_ctx, joined);
+  fl::v1::ServerMessage msg;
+  fl::v1::Task task;
+  while (session->Read(&msg)) {
+    if (msg.has_task()) {
+      task = msg.task();
+      break;
+    }
+  }
+  ASSERT_EQ(task.kind(), fl::v1::TASK_KIND_TRAIN);
+
+  auto codec = *core::MakeCodec("fp32");
+  fl::v1::UpdateHeader h;
+  h.set_client_id(joined.client_id());
+  h.set_session_token(joined.session_token());
+  h.set_task_id(task.task_id());
+  h.set_round(task.round());
+  h.set_model_fingerprint(same.spec().fingerprint());
+  h.set_kind(fl::v1::UPDATE_KIND_DELTA);
+  h.set_num_examples(10);
+  h.set_codec("fp32");
+
+  std::vector<float> values(kParams, 0.01f);
+  values[1234] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<uint8_t> payload(codec->EncodedSize(kParams));
+  // The codec refuses to encode NaN, so build the payload by hand: encode finite values, then poke the NaN in
+  // and fix the checksum, as a buggy or malicious client would.
+  std::vector<float> finite(kParams, 0.01f);
+  ASSERT_TRUE(codec->Encode(finite, &payload).ok());
+  std::memcpy(payload.data() + core::kCodecHeaderBytes + 1234 * 4, &values[1234], 4);
+  const uint64_t body_sum = core::Checksum64(std::span(payload).subspan(core::kCodecHeaderBytes));
+  for (int i = 0; i < 8; ++i) payload[24 + i] = static_cast<uint8_t>(body_sum >> (8 * i));
+
+  // Unknown token.
+  fl::v1::UpdateHeader bad_token = h;
+  bad_token.set_session_token("forged");
+  auto r = raw.Upload(bad_token, payload);
+  EXPECT_EQ(r.outcome(), fl::v1::UPDATE_OUTCOME_REJECTED);
+  EXPECT_EQ(r.error().code(), fl::v1::ERROR_CODE_UNKNOWN_CLIENT);
+  // Wrong round.
+  fl::v1::UpdateHeader wrong_round = h;
+  wrong_round.set_round(task.round() + 5);
+  r = raw.Upload(wrong_round, payload);
+  EXPECT_EQ(r.error().code(), fl::v1::ERROR_CODE_WRONG_ROUND);
+  // Wrong fingerprint.
+  fl::v1::UpdateHeader wrong_fp = h;
+  wrong_fp.set_model_fingerprint(12345);
+  r = raw.Upload(wrong_fp, payload);
+  EXPECT_EQ(r.error().code(), fl::v1::ERROR_CODE_FINGERPRINT_MISMATCH);
+  // Announced size differs from the model's.
+  fl::v1::UpdateHeader short_payload = h;
+  short_payload.set_payload_bytes(payload.size() - 4);
+  r = raw.Upload(short_payload, std::vector<uint8_t>(payload.begin(), payload.end() - 4));
+  EXPECT_EQ(r.outcome(), fl::v1::UPDATE_OUTCOME_REJECTED);
+  EXPECT_NE(r.error().message().find("exactly"), std::string::npos) << r.error().message();
+  // Transfer checksum mismatch: the upload fails with DATA_LOSS.
+  grpc::Status transfer;
+  raw.Upload(h, payload, core::Checksum64(payload) ^ 1, &transfer);
+  EXPECT_EQ(transfer.error_code(), grpc::StatusCode::DATA_LOSS);
+  // NaN: rejected with NON_FINITE, naming the element.
+  r = raw.Upload(h, payload);
+  EXPECT_EQ(r.outcome(), fl::v1::UPDATE_OUTCOME_REJECTED);
+  EXPECT_EQ(r.error().code(), fl::v1::ERROR_CODE_NON_FINITE) << r.error().message();
+  EXPECT_NE(r.error().message().find("1234"), std::string::npos) << r.error().message();
+
+  const EngineResult result = server.Wait();
+  ASSERT_EQ(result.status, "finished") << result.reason;
+  good->thread.join();
+  session_ctx.TryCancel();
+  server.Stop();
+
+  // The round committed with the good client's update alone; the NaN never reached the model.
+  auto ckpt = LoadCheckpoint(CheckpointPath(dir.File("ckpt"), 1));
+  ASSERT_TRUE(ckpt.ok());
+  std::vector<float> local(kParams);
+  ASSERT_TRUE(good->trainer->GetParameters(local).ok());
+  for (size_t i = 0; i < kParams; i += 101) EXPECT_NEAR(ckpt->values[i], local[i], 1e-6);
+  auto reader = *RecordReader::Open(dir.File("records.db"));
+  auto rows = *reader->ListClientRounds(result.experiment_id, 1);
+  ASSERT_EQ(rows.size(), 2u);
+  const auto& raw_row = rows[0].client_id == "raw" ? rows[0] : rows[1];
+  EXPECT_EQ(raw_row.outcome, instrumentation::ClientOutcome::kRejected);
+  EXPECT_NE(raw_row.reject_reason.find("NaN"), std::string::npos) << raw_row.reject_reason;
+}
+
+TEST(FederationTest, ARoundWithTooFewUpdatesIsRecordedAsFailedAndRetried) {
+  fl::testing::ScratchDir dir("fl_server");
+  EngineConfig config = SmallConfig("");
+  config.fit = {1.0, 2, 2};
+  config.num_rounds = 1;
+  config.evaluate_every = 0;
+  config.round_deadline_ms = 800;
+  config.max_round_attempts = 2;
+  TestServer server(config, dir.File("records.db"), InitialModel(1));
+  auto good = StartClient(server.address(), "good", 1);
+  // A silent client: joins and keeps its session but never answers tasks.
+  RawClient raw(server.address());
+  client::SyntheticTrainer same(kParams, 10, 1);
+  fl::v1::JoinResponse joined;
+  ASSERT_TRUE(raw.Join("silent", same.spec(), &joined).ok());
+  grpc::ClientContext session_ctx;
+  auto session = raw.OpenSession(&session_ctx, joined);
+  std::thread heartbeats([&] {
+    fl::v1::ClientMessage hb;
+    hb.mutable_heartbeat()->set_state(fl::v1::CLIENT_STATE_IDLE);
+    while (session->Write(hb)) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  });
+  const EngineResult result = server.Wait();
+  EXPECT_EQ(result.status, "failed");
+  EXPECT_NE(result.reason.find("failed 2 times"), std::string::npos) << result.reason;
+  session_ctx.TryCancel();
+  heartbeats.join();
+  good->thread.join();
+  server.Stop();
+  auto reader = *RecordReader::Open(dir.File("records.db"));
+  auto rounds = *reader->ListRounds(result.experiment_id);
+  ASSERT_EQ(rounds.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(rounds[i].round, 1);
+    EXPECT_EQ(rounds[i].attempt, i + 1);
+    EXPECT_EQ(rounds[i].status, instrumentation::RoundStatus::kFailed);
+    EXPECT_EQ(rounds[i].num_accepted, 1);
+    EXPECT_EQ(rounds[i].num_dropped, 1);
+    EXPECT_NE(rounds[i].failure_reason.find("needs 2"), std::string::npos);
+  }
+  EXPECT_EQ(reader->GetExperiment(result.experiment_id)->status, instrumentation::ExperimentStatus::kFailed);
+}
+
+TEST(FederationTest, ShutdownAbortsTheOpenRoundAndTellsClients) {
+  fl::testing::ScratchDir dir("fl_server");
+  EngineConfig config = SmallConfig("");
+  config.fit = {1.0, 2, 2};
+  config.num_rounds = 5;
+  config.round_deadline_ms = 60000;
+  config.heartbeat_interval_ms = 2000;
+  TestServer server(config, dir.File("records.db"), InitialModel(1));
+  auto good = StartClient(server.address(), "good", 1);
+  RawClient raw(server.address());
+  client::SyntheticTrainer same(kParams, 10, 1);
+  fl::v1::JoinResponse joined;
+  ASSERT_TRUE(raw.Join("silent", same.spec(), &joined).ok());
+  grpc::ClientContext session_ctx;
+  auto session = raw.OpenSession(&session_ctx, joined);
+  fl::v1::ServerMessage msg;
+  bool got_task = false, got_shutdown = false;
+  while (session->Read(&msg)) {
+    if (msg.has_task() && !got_task) {
+      got_task = true;
+      server.engine().Post(ShutdownEvent{"operator pressed Ctrl-C"});
+    }
+    if (msg.has_shutdown()) {
+      got_shutdown = true;
+      EXPECT_FALSE(msg.shutdown().experiment_finished());
+      EXPECT_NE(msg.shutdown().reason().find("Ctrl-C"), std::string::npos);
+    }
+  }
+  EXPECT_TRUE(got_task);
+  EXPECT_TRUE(got_shutdown);
+  const EngineResult result = server.Wait();
+  EXPECT_EQ(result.status, "aborted");
+  StopClient(*good);
+  server.Stop();
+  auto reader = *RecordReader::Open(dir.File("records.db"));
+  auto rounds = *reader->ListRounds(result.experiment_id);
+  ASSERT_EQ(rounds.size(), 1u);
+  EXPECT_EQ(rounds[0].status, instrumentation::RoundStatus::kAborted);
+  EXPECT_EQ(reader->GetExperiment(result.experiment_id)->status, instrumentation::ExperimentStatus::kAborted);
+}
+
+}  // namespace
+}  // namespace fl::server
