@@ -38,18 +38,40 @@ struct ModelFlags {
 
 absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainer(const ModelFlags& f) {
   if (f.model.starts_with("synthetic:")) {
-    const std::string n = f.model.substr(10);
+    // synthetic:<params>[:<train_ms>]
+    const std::string spec = f.model.substr(10);
     char* end = nullptr;
-    const unsigned long long params = std::strtoull(n.c_str(), &end, 10);
-    if (n.empty() || *end != '\0' || params == 0) {
-      return absl::InvalidArgumentError(fl::StrCat("--model=", f.model, ": expected synthetic:<number of parameters>"));
+    const unsigned long long params = std::strtoull(spec.c_str(), &end, 10);
+    unsigned long train_ms = 0;
+    bool ok = !spec.empty() && params > 0;
+    if (ok && *end == ':') {
+      char* end2 = nullptr;
+      train_ms = std::strtoul(end + 1, &end2, 10);
+      ok = end2 != end + 1 && *end2 == '\0';
+    } else {
+      ok = ok && *end == '\0';
     }
-    return std::unique_ptr<fl::client::Trainer>(
-        std::make_unique<fl::client::SyntheticTrainer>(params, 1000, f.init_seed));
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          fl::StrCat("--model=", f.model, ": expected synthetic:<number of parameters>[:<train ms>]"));
+    }
+    return std::unique_ptr<fl::client::Trainer>(std::make_unique<fl::client::SyntheticTrainer>(
+        params, 1000, f.init_seed, static_cast<uint32_t>(train_ms)));
   }
 #ifdef FL_HAVE_TORCH_TRAINER
-  return fl::client::MakeTorchTrainerFromFlags(f.model, f.data_dir, f.partition, f.client_index, f.num_clients,
-                                               f.partition_seed, f.init_seed, f.device, f.threads);
+  fl::client::TorchTrainerOptions o;
+  o.model = f.model;
+  o.init_seed = f.init_seed;
+  o.data_dir = f.data_dir;
+  o.partition = f.partition;
+  o.client_index = f.client_index;
+  o.num_clients = f.num_clients;
+  o.partition_seed = f.partition_seed;
+  o.device = f.device;
+  o.num_threads = f.threads;
+  auto trainer = fl::client::TorchTrainer::Create(o);
+  if (!trainer.ok()) return trainer.status();
+  return std::unique_ptr<fl::client::Trainer>(std::move(*trainer));
 #else
   return absl::UnimplementedError(fl::StrCat("--model=", f.model, ": this fl-client was built without LibTorch; "
                                              "only synthetic:<params> is available"));
@@ -69,7 +91,7 @@ int main(int argc, char** argv) {
   app.add_option("--server", options.server_address, "fl-server address host:port")->capture_default_str();
   app.add_option("--name", options.client_name, "Client name, unique in the experiment (default: host name + index)");
   app.add_option("--model", model.model,
-                 "Model: cnn, squeezenet, or synthetic:<params> (transport benchmarks: no training)")
+                 "Model: cnn, squeezenet, or synthetic:<params>[:<train ms>] (transport tests and benchmarks: no training)")
       ->capture_default_str();
   app.add_option("--data-dir", model.data_dir, "Fashion-MNIST directory (Debian's dataset-fashion-mnist)")
       ->capture_default_str();

@@ -1,6 +1,8 @@
 #include "fl/client/synthetic_trainer.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <cmath>
 #include <cstring>
 
@@ -21,8 +23,8 @@ inline float UnitFloat(uint64_t bits) { return static_cast<float>(bits >> 40) * 
 
 }  // namespace
 
-SyntheticTrainer::SyntheticTrainer(uint64_t num_params, uint64_t num_examples, uint64_t seed)
-    : num_examples_(num_examples) {
+SyntheticTrainer::SyntheticTrainer(uint64_t num_params, uint64_t num_examples, uint64_t seed, uint32_t train_ms)
+    : num_examples_(num_examples), train_ms_(train_ms) {
   constexpr uint64_t kTensor = 1u << 20;
   std::vector<core::TensorSpec> tensors;
   for (uint64_t done = 0, i = 0; done < num_params; ++i) {
@@ -50,6 +52,13 @@ absl::StatusOr<TrainResult> SyntheticTrainer::Train(std::span<const float> globa
   if (global.size() != params_.size()) {
     return absl::InvalidArgumentError(fl::StrCat("global model has ", global.size(), " parameters; expected ",
                                                  params_.size()));
+  }
+  if (train_ms_ > 0) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(train_ms_);
+    while (std::chrono::steady_clock::now() < end) {
+      if (options.cancelled != nullptr && options.cancelled->load()) return absl::CancelledError("task cancelled");
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min<uint32_t>(train_ms_, 10)));
+    }
   }
   uint64_t state = options.seed;
   const float scale = static_cast<float>(options.learning_rate) * 1e-2f;

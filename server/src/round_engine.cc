@@ -428,10 +428,15 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
   resp.set_heartbeat_interval_ms(config_.heartbeat_interval_ms);
   resp.set_max_chunk_bytes(config_.max_chunk_bytes);
   if (state_ == EngineState::kWaitingForModel) {
+    // The client asked for the initial weights uploads them before it opens its session; give it a while
+    // before asking someone else, or every client joining in the meantime would be asked too.
     auto holder = clients_.find(initial_model_client_);
-    const bool holder_alive = holder != clients_.end() && holder->first != client.id && holder->second->session;
+    const bool holder_alive = holder != clients_.end() && holder->first != client.id &&
+                              (holder->second->session != nullptr ||
+                               NowNs() - initial_model_asked_ns_ < int64_t{30'000} * kMsToNs);
     if (!holder_alive) {
       initial_model_client_ = client.id;
+      initial_model_asked_ns_ = NowNs();
       pending_spec_ = std::make_shared<const core::ModelSpec>(*spec);
       pending_model_name_ = req.model_spec().name();
       resp.set_initial_model_requested(true);

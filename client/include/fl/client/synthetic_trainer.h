@@ -16,8 +16,9 @@ namespace fl::client {
 class SyntheticTrainer final : public Trainer {
  public:
   // `num_params` parameters split into tensors "layers.<i>.weight" of at most 1M values each; initial
-  // values are a deterministic function of `seed`.
-  SyntheticTrainer(uint64_t num_params, uint64_t num_examples, uint64_t seed);
+  // values are a deterministic function of `seed`. `train_ms` > 0 makes every Train take that long (a
+  // stand-in for compute time in tests of timing and failure behaviour).
+  SyntheticTrainer(uint64_t num_params, uint64_t num_examples, uint64_t seed, uint32_t train_ms = 0);
 
   const core::ModelSpec& spec() const override { return spec_; }
   std::string model_name() const override;
@@ -31,6 +32,7 @@ class SyntheticTrainer final : public Trainer {
   core::ModelSpec spec_;
   std::vector<float> params_;
   uint64_t num_examples_;
+  uint32_t train_ms_;
 };
 
 }  // namespace fl::client

@@ -167,6 +167,7 @@ class RoundEngine {
   std::string initial_model_client_;  // client asked for the initial weights
   std::shared_ptr<const core::ModelSpec> pending_spec_;  // that client's spec, until its weights arrive
   std::string pending_model_name_;
+  int64_t initial_model_asked_ns_ = 0;
   std::shared_ptr<const core::ModelSpec> spec_;
   std::vector<float> global_;
   uint64_t model_version_ = 0;
