@@ -101,15 +101,19 @@ class FederatedClient::Impl {
   void Stop() {
     stop_ = true;
     task_cancelled_ = true;
-    std::lock_guard lock(ctx_mu_);
-    if (session_ctx_ != nullptr) session_ctx_->TryCancel();
+    {
+      std::lock_guard lock(ctx_mu_);
+      if (session_ctx_ != nullptr) session_ctx_->TryCancel();
+      if (join_ctx_ != nullptr) join_ctx_->TryCancel();
+    }
     queue_cv_.notify_all();
+    stop_cv_.notify_all();
   }
 
  private:
   enum class SessionEnd { kFinished, kReconnect };
 
-  absl::StatusOr<fl::v1::JoinResponse> Join();
+  absl::StatusOr<fl::v1::JoinResponse> Join(uint32_t timeout_ms);
   absl::Status UploadInitialModel();
   absl::StatusOr<SessionEnd> RunSession();
   void Worker();
@@ -135,6 +139,14 @@ class FederatedClient::Impl {
   // Per session.
   std::mutex ctx_mu_;
   grpc::ClientContext* session_ctx_ = nullptr;  // guarded by ctx_mu_
+  grpc::ClientContext* join_ctx_ = nullptr;     // guarded by ctx_mu_
+  std::condition_variable_any stop_cv_;         // wakes backoff sleeps on Stop()
+
+  // Sleeps `ms` unless Stop() comes first.
+  void SleepUnlessStopped(uint32_t ms) {
+    std::unique_lock lock(ctx_mu_);
+    stop_cv_.wait_for(lock, std::chrono::milliseconds(ms), [&] { return stop_.load(); });
+  }
   std::mutex write_mu_;
   grpc::ClientReaderWriter<ClientMessage, ServerMessage>* stream_ = nullptr;  // guarded by write_mu_
   uint64_t seq_ = 0;                                                          // guarded by write_mu_
@@ -155,11 +167,14 @@ absl::Status FederatedClient::Impl::Run() {
   int64_t last_contact_ns = NowNs();
   absl::Status last_error;
   while (!stop_) {
-    auto joined = Join();
+    // Never wait in one attempt beyond the give-up time.
+    const int64_t left_ms = int64_t{options_.give_up_after_ms} - (NowNs() - last_contact_ns) / 1'000'000;
+    auto joined = Join(static_cast<uint32_t>(std::clamp<int64_t>(left_ms, 100, options_.join_timeout_ms)));
     if (!joined.ok()) {
       if (joined.status().code() == absl::StatusCode::kFailedPrecondition) return joined.status();
+      if (stop_) break;
       last_error = joined.status();
-      if (NowNs() - last_contact_ns > int64_t{options_.give_up_after_ms} * 1'000'000) {
+      if (NowNs() - last_contact_ns >= int64_t{options_.give_up_after_ms} * 1'000'000) {
         return absl::UnavailableError(fl::StrCat("cannot reach fl-server at ", options_.server_address, " for ",
                                                  options_.give_up_after_ms / 1000, " s (last error: ",
                                                  fl::ToStd(last_error.message()),
@@ -167,7 +182,7 @@ absl::Status FederatedClient::Impl::Run() {
       }
       const uint32_t wait_ms = backoff.NextMs();
       spdlog::info("join failed ({}); retrying in {} ms", last_error.message(), wait_ms);
-      std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+      SleepUnlessStopped(wait_ms);
       continue;
     }
     backoff.Reset();
@@ -190,12 +205,12 @@ absl::Status FederatedClient::Impl::Run() {
     if (stop_) break;
     const uint32_t wait_ms = backoff.NextMs();
     spdlog::info("session ended; reconnecting in {} ms", wait_ms);
-    std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+    SleepUnlessStopped(wait_ms);
   }
   return absl::CancelledError("fl-client was stopped");
 }
 
-absl::StatusOr<fl::v1::JoinResponse> FederatedClient::Impl::Join() {
+absl::StatusOr<fl::v1::JoinResponse> FederatedClient::Impl::Join(uint32_t timeout_ms) {
   fl::v1::JoinRequest req;
   req.set_protocol_version(fl::v1::PROTOCOL_VERSION_1);
   req.set_client_name(options_.client_name);
@@ -206,10 +221,19 @@ absl::StatusOr<fl::v1::JoinResponse> FederatedClient::Impl::Join() {
   req.set_num_test_examples(trainer_->num_test_examples());
   req.set_software_version(options_.software_version);
   grpc::ClientContext ctx;
-  ctx.set_deadline(DeadlineAfterMs(options_.join_timeout_ms));
+  ctx.set_deadline(DeadlineAfterMs(timeout_ms));
   ctx.set_wait_for_ready(true);  // wait for the server to come up instead of failing at once
+  {
+    std::lock_guard lock(ctx_mu_);
+    if (stop_) return absl::CancelledError("fl-client was stopped");
+    join_ctx_ = &ctx;
+  }
   fl::v1::JoinResponse resp;
   grpc::Status status = stub_->Join(&ctx, req, &resp);
+  {
+    std::lock_guard lock(ctx_mu_);
+    join_ctx_ = nullptr;
+  }
   if (!status.ok()) {
     fl::v1::ErrorDetail detail = wire::ErrorFromGrpcStatus(status);
     if (IsFatalRefusal(detail)) {
@@ -318,7 +342,11 @@ absl::StatusOr<FederatedClient::Impl::SessionEnd> FederatedClient::Impl::RunSess
       }
       case ServerMessage::kShutdown:
         finished = msg.shutdown().experiment_finished();
-        spdlog::info("server shutdown: {}", msg.shutdown().reason());
+        if (finished) {
+          spdlog::info("server shutdown: {}", msg.shutdown().reason());
+        } else {
+          spdlog::warn("server shutdown: {}; will reconnect when it is back", msg.shutdown().reason());
+        }
         break;
       default:
         break;

@@ -21,36 +21,11 @@
 #include "fl/server/checkpoint.h"
 #include "fl/server/round_engine.h"
 #include "fl/server/service.h"
+#include "fl/server/strategy.h"
 
 namespace {
 
 using fl::server::EngineConfig;
-
-// Maps a strategy name as users of Flower know it onto an aggregator + server optimizer pair.
-absl::Status ResolveStrategy(const std::string& strategy, EngineConfig* config) {
-  const std::string name = strategy.substr(0, strategy.find(':'));
-  const std::string args = strategy.find(':') == std::string::npos ? "" : strategy.substr(strategy.find(':') + 1);
-  config->aggregator = "mean";
-  if (name == "fedavg" || name == "fedprox") {
-    config->optimizer = strategy == name ? "fedavg" : fl::StrCat("fedavg:", args);
-    if (name == "fedprox" && config->train.proximal_mu() <= 0) {
-      return absl::InvalidArgumentError("--strategy=fedprox needs --proximal-mu > 0 (e.g. 0.01)");
-    }
-  } else if (name == "fedavgm" || name == "fedadam" || name == "fedyogi" || name == "fedadagrad" || name == "nesterov") {
-    config->optimizer = strategy;
-  } else if (name == "fedmedian") {
-    config->aggregator = "median";
-    config->optimizer = "fedavg";
-  } else if (name == "fedtrimmedavg") {
-    config->aggregator = fl::StrCat("trimmed_mean:", args.empty() ? "0.2" : args);
-    config->optimizer = "fedavg";
-  } else {
-    return absl::InvalidArgumentError(fl::StrCat(
-        "--strategy=", strategy, " is not known; use one of fedavg, fedprox, fedavgm, fedadam, fedyogi, fedadagrad, "
-        "fedmedian, fedtrimmedavg[:beta], nesterov (optimizer options after a colon, e.g. fedadam:lr=0.03)"));
-  }
-  return absl::OkStatus();
-}
 
 // The newest checkpoint in `dir` (highest round), for --resume without --experiment-id.
 absl::StatusOr<std::string> NewestCheckpoint(const std::string& dir) {
@@ -195,7 +170,7 @@ int main(int argc, char** argv) {
   config.train.set_momentum(momentum);
   config.train.set_weight_decay(weight_decay);
   config.train.set_proximal_mu(proximal_mu);
-  if (absl::Status s = ResolveStrategy(strategy, &config); !s.ok()) {
+  if (absl::Status s = fl::server::ResolveStrategy(strategy, &config); !s.ok()) {
     std::cerr << "fl-server: " << s.message() << "\n";
     return 2;
   }

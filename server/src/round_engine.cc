@@ -276,6 +276,11 @@ absl::Status RoundEngine::Start() {
     exp.config_json = cfg.dump();
     exp.software_version = config_.software_version;
     Record(exp);
+    // A fresh experiment from an initial model gets its own round-0 checkpoint, so that --resume before
+    // the first commit finds it.
+    if (state_ == EngineState::kWaitingForClients) {
+      if (absl::Status s = WriteCheckpoint(); !s.ok()) return s;
+    }
   }
   if (records_ != nullptr) {
     if (absl::Status s = records_->Flush(); !s.ok()) return s;

@@ -19,6 +19,7 @@
 #include "fl/server/checkpoint.h"
 #include "fl/server/round_engine.h"
 #include "fl/server/service.h"
+#include "fl/server/strategy.h"
 #include "fl/testing/scratch_dir.h"
 #include "fl/v1/federation.grpc.pb.h"
 
@@ -467,6 +468,52 @@ TEST(FederationTest, ShutdownAbortsTheOpenRoundAndTellsClients) {
   ASSERT_EQ(rounds.size(), 1u);
   EXPECT_EQ(rounds[0].status, instrumentation::RoundStatus::kAborted);
   EXPECT_EQ(reader->GetExperiment(result.experiment_id)->status, instrumentation::ExperimentStatus::kAborted);
+}
+
+}  // namespace
+}  // namespace fl::server
+
+namespace fl::server {
+namespace {
+
+class StrategyTest : public ::testing::TestWithParam<std::string> {};
+
+// Every strategy runs two rounds end to end and moves the model; the math of each is pinned in core's
+// tests, this checks that the server wires it in.
+TEST_P(StrategyTest, RunsEndToEndAndMovesTheModel) {
+  fl::testing::ScratchDir dir("fl_strategy");
+  EngineConfig config = SmallConfig(dir.File("ckpt"));
+  config.train.set_proximal_mu(0.01);
+  ASSERT_TRUE(ResolveStrategy(GetParam(), &config).ok());
+  config.evaluate_every = 0;
+  TestServer server(config, dir.File("records.db"), InitialModel(5));
+  std::vector<std::unique_ptr<RunningClient>> clients;
+  for (int i = 0; i < 3; ++i) clients.push_back(StartClient(server.address(), fl::StrCat("c", i), 10 + i));
+  const EngineResult result = server.Wait();
+  ASSERT_EQ(result.status, "finished") << result.reason;
+  for (auto& c : clients) c->thread.join();
+  server.Stop();
+  auto r0 = LoadCheckpoint(CheckpointPath(dir.File("ckpt"), 0));
+  auto r2 = LoadCheckpoint(CheckpointPath(dir.File("ckpt"), 2));
+  ASSERT_TRUE(r0.ok() && r2.ok());
+  double moved = 0;
+  for (size_t i = 0; i < kParams; ++i) moved += std::abs(r2->values[i] - r0->values[i]);
+  EXPECT_GT(moved, 0.0);
+  EXPECT_EQ(r2->optimizer.step_count, 2u);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllStrategies, StrategyTest,
+                         ::testing::Values("fedavg", "fedprox", "fedavgm", "fedadam", "fedyogi", "fedadagrad",
+                                           "fedmedian", "fedtrimmedavg:0.2", "nesterov"));
+
+TEST(StrategyNamesTest, UnknownStrategyIsRefusedWithTheValidNames) {
+  EngineConfig config;
+  absl::Status s = ResolveStrategy("fedsgd", &config);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("fedsgd"), absl::string_view::npos);
+  EXPECT_NE(s.message().find("fedyogi"), absl::string_view::npos);
+  config.train.set_proximal_mu(0);
+  EXPECT_FALSE(ResolveStrategy("fedprox", &config).ok());
 }
 
 }  // namespace
