@@ -24,10 +24,8 @@ build() {
 
 demo() {
   build
-  # Until the round engine lands (issue: fl-server and fl-client end to end), the main job shows what the
-  # binaries offer.
-  "$BUILD_DIR/server/fl-server" --help
-  "$BUILD_DIR/client/fl-client" --help
+  # The main job: the quickstart experiment (fl-server + 4 fl-client processes, FedAvg on Fashion-MNIST).
+  experiments/quickstart.sh "$BUILD_DIR" out/quickstart
 }
 
 run_tests() {

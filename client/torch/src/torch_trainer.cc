@@ -1,0 +1,303 @@
+#include "fl/client/torch_trainer.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/str_join.h"
+#include "fl/client/torch_models.h"
+#include "fl/core/str_cat.h"
+#include "fl/data/deterministic_random.h"
+#include "fl/data/partition.h"
+
+namespace fl::client {
+namespace {
+
+constexpr int64_t kEvalBatchSize = 1000;
+
+absl::StatusOr<torch::Device> ResolveDevice(std::string_view name) {
+  if (name == "cpu") return torch::Device(torch::kCPU);
+  if (name == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+  if (name == "cuda") {
+    if (!torch::cuda::is_available()) {
+      return absl::FailedPreconditionError(
+          "device 'cuda' requested but LibTorch sees no CUDA device (no GPU, no driver, or a CPU-only LibTorch "
+          "build); use --device cpu or auto");
+    }
+    return torch::Device(torch::kCUDA);
+  }
+  return absl::InvalidArgumentError(fl::StrCat("unknown device '", name, "'; expected auto, cpu or cuda"));
+}
+
+absl::Status ValidateTrainOptions(const TrainOptions& o) {
+  if (o.batch_size == 0) return absl::InvalidArgumentError("batch_size must be > 0");
+  if (o.local_steps == 0 && o.local_epochs == 0) {
+    return absl::InvalidArgumentError("nothing to train: local_epochs and local_steps are both 0");
+  }
+  if (!std::isfinite(o.learning_rate) || o.learning_rate <= 0) {
+    return absl::InvalidArgumentError(fl::StrCat("learning_rate must be finite and > 0, got ", o.learning_rate));
+  }
+  if (!std::isfinite(o.momentum) || o.momentum < 0) {
+    return absl::InvalidArgumentError(fl::StrCat("momentum must be finite and >= 0, got ", o.momentum));
+  }
+  if (!std::isfinite(o.weight_decay) || o.weight_decay < 0) {
+    return absl::InvalidArgumentError(fl::StrCat("weight_decay must be finite and >= 0, got ", o.weight_decay));
+  }
+  if (!std::isfinite(o.proximal_mu) || o.proximal_mu < 0) {
+    return absl::InvalidArgumentError(fl::StrCat("proximal_mu must be finite and >= 0, got ", o.proximal_mu));
+  }
+  if (o.optimizer != "sgd" && o.optimizer != "adamw") {
+    return absl::InvalidArgumentError(fl::StrCat("unknown optimizer '", o.optimizer, "'; expected sgd or adamw"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+struct TorchTrainer::State {
+  TorchTrainerOptions options;
+  torch::Device device{torch::kCPU};
+  std::shared_ptr<TorchModel> model;
+  core::ModelSpec spec;
+  std::vector<torch::Tensor> tensors;     // every parameter and buffer, spec order
+  std::vector<torch::Tensor> parameters;  // the trainable ones (optimizer, FedProx)
+  std::vector<float> local;               // the current local parameters, flat
+  torch::Tensor train_images;             // [n, 1, 28, 28] float, normalised, on `device`
+  torch::Tensor train_labels;             // [n] int64
+  torch::Tensor test_images;
+  torch::Tensor test_labels;
+
+  absl::Status Load(std::span<const float> flat) { return CopyFromFlat(flat, spec, tensors); }
+};
+
+TorchTrainer::TorchTrainer(std::unique_ptr<State> state) : state_(std::move(state)) {}
+TorchTrainer::~TorchTrainer() = default;
+
+absl::StatusOr<std::unique_ptr<TorchTrainer>> TorchTrainer::Create(const TorchTrainerOptions& options) {
+  auto train = data::LoadFashionMnist(options.data_dir, data::Split::kTrain);
+  if (!train.ok()) return train.status();
+  auto test = data::LoadFashionMnist(options.data_dir, data::Split::kTest);
+  if (!test.ok()) return test.status();
+  return Create(options, *train, *test);
+}
+
+absl::StatusOr<std::unique_ptr<TorchTrainer>> TorchTrainer::Create(const TorchTrainerOptions& options,
+                                                                   const data::Dataset& train,
+                                                                   const data::Dataset& test) {
+  if (options.num_clients == 0) return absl::InvalidArgumentError("num_clients must be >= 1");
+  if (options.client_index >= options.num_clients) {
+    return absl::InvalidArgumentError(fl::StrCat("client_index ", options.client_index, " is out of range for ",
+                                                 options.num_clients, " clients (expected 0..", options.num_clients - 1,
+                                                 ")"));
+  }
+  if (options.num_threads < 0) {
+    return absl::InvalidArgumentError(fl::StrCat("num_threads must be >= 0, got ", options.num_threads));
+  }
+  for (const data::Dataset* dataset : {&train, &test}) {
+    if (dataset->rows != data::kFashionMnistRows || dataset->cols != data::kFashionMnistCols ||
+        dataset->num_classes != data::kFashionMnistClasses) {
+      return absl::InvalidArgumentError(fl::StrCat("dataset ", dataset->name, " is ", dataset->rows, "x", dataset->cols,
+                                                   " with ", dataset->num_classes,
+                                                   " classes; the models expect 28x28 with 10"));
+    }
+  }
+  auto device = ResolveDevice(options.device);
+  if (!device.ok()) return device.status();
+  auto partition = data::PartitionSpec::Parse(options.partition);
+  if (!partition.ok()) return partition.status();
+  if (options.num_threads > 0) torch::set_num_threads(options.num_threads);
+
+  auto train_indices =
+      data::PartitionFor(options.client_index, *partition, train.labels, options.num_clients, options.partition_seed);
+  if (!train_indices.ok()) return train_indices.status();
+  auto test_indices = data::PartitionFor(options.client_index, data::PartitionSpec::Iid(), test.labels,
+                                         options.num_clients, options.partition_seed);
+  if (!test_indices.ok()) return test_indices.status();
+
+  auto state = std::make_unique<State>();
+  state->options = options;
+  state->device = *device;
+  auto model = CreateTorchModel(options.model, options.init_seed);
+  if (!model.ok()) return model.status();
+  state->model = std::move(*model);
+  state->model->to(state->device);
+  auto spec = ModelSpecOf(*state->model);
+  if (!spec.ok()) return spec.status();
+  state->spec = std::move(*spec);
+  auto tensors = BindTensors(*state->model, state->spec);
+  if (!tensors.ok()) return tensors.status();
+  state->tensors = std::move(*tensors);
+  state->parameters = state->model->parameters();
+  state->local.resize(state->spec.num_elements());
+  if (auto status = CopyToFlat(state->tensors, state->spec, state->local); !status.ok()) return status;
+
+  state->train_images = ImagesToTensor(train, *train_indices).to(state->device);
+  state->train_labels = LabelsToTensor(train, *train_indices).to(state->device);
+  state->test_images = ImagesToTensor(test, *test_indices).to(state->device);
+  state->test_labels = LabelsToTensor(test, *test_indices).to(state->device);
+  return std::unique_ptr<TorchTrainer>(new TorchTrainer(std::move(state)));
+}
+
+const core::ModelSpec& TorchTrainer::spec() const { return state_->spec; }
+std::string TorchTrainer::model_name() const { return state_->model->model_name(); }
+uint64_t TorchTrainer::num_train_examples() const { return static_cast<uint64_t>(state_->train_labels.size(0)); }
+uint64_t TorchTrainer::num_test_examples() const { return static_cast<uint64_t>(state_->test_labels.size(0)); }
+std::string_view TorchTrainer::device() const { return state_->device.is_cuda() ? "cuda" : "cpu"; }
+const TorchTrainerOptions& TorchTrainer::options() const { return state_->options; }
+
+absl::Status TorchTrainer::GetParameters(std::span<float> out) {
+  if (out.size() != state_->local.size()) {
+    return absl::InvalidArgumentError(fl::StrCat("GetParameters: buffer holds ", out.size(), " values; model ",
+                                                 model_name(), " has ", state_->local.size()));
+  }
+  std::copy(state_->local.begin(), state_->local.end(), out.begin());
+  return absl::OkStatus();
+}
+
+absl::Status TorchTrainer::SetParameters(std::span<const float> values) {
+  if (auto status = state_->Load(values); !status.ok()) return status;
+  state_->local.assign(values.begin(), values.end());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TrainResult> TorchTrainer::Train(std::span<const float> global, const TrainOptions& options) {
+  State& s = *state_;
+  if (auto status = ValidateTrainOptions(options); !status.ok()) return status;
+  const auto n = static_cast<uint32_t>(s.train_labels.size(0));
+  if (n == 0) return absl::FailedPreconditionError("the client's train shard is empty");
+  if (auto status = s.Load(global); !status.ok()) return status;
+
+  s.model->train();
+  torch::manual_seed(data::SplitMix64(options.seed));  // dropout masks
+
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  if (options.optimizer == "sgd") {
+    optimizer = std::make_unique<torch::optim::SGD>(
+        s.parameters,
+        torch::optim::SGDOptions(options.learning_rate).momentum(options.momentum).weight_decay(options.weight_decay));
+  } else {
+    optimizer = std::make_unique<torch::optim::AdamW>(
+        s.parameters, torch::optim::AdamWOptions(options.learning_rate).weight_decay(options.weight_decay));
+  }
+  std::vector<torch::Tensor> global_parameters;
+  if (options.proximal_mu > 0) {
+    for (const auto& p : s.parameters) global_parameters.push_back(p.detach().clone());
+  }
+
+  // The data order: epoch e is a Fisher-Yates shuffle drawn from MakeEngine(seed, e).
+  std::vector<uint32_t> order(n);
+  torch::Tensor permutation;  // `order` as int64 on the device
+  uint64_t epoch = 0;
+  int64_t position = 0;
+  auto shuffle = [&] {
+    std::iota(order.begin(), order.end(), 0u);
+    data::Engine engine = data::MakeEngine(options.seed, epoch++);
+    data::Shuffle(engine, order);
+    permutation = torch::from_blob(order.data(), {static_cast<int64_t>(n)}, torch::TensorOptions().dtype(torch::kInt))
+                      .to(s.device, torch::kLong);
+    position = 0;
+  };
+
+  torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(s.device));
+  torch::Tensor correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(s.device));
+  uint64_t seen = 0;
+  uint64_t steps = 0;
+  auto step = [&](const torch::Tensor& index) -> absl::Status {
+    if (options.cancelled != nullptr && options.cancelled->load(std::memory_order_relaxed)) {
+      return absl::CancelledError(fl::StrCat("training cancelled after ", steps, " steps"));
+    }
+    const torch::Tensor images = s.train_images.index_select(0, index);
+    const torch::Tensor labels = s.train_labels.index_select(0, index);
+    optimizer->zero_grad();
+    const torch::Tensor logits = s.model->forward(images);
+    const torch::Tensor loss = torch::nn::functional::cross_entropy(logits, labels);
+    loss.backward();
+    if (options.proximal_mu > 0) {
+      // d/dw of mu/2 * ||w - w_global||^2 = mu * (w - w_global), added to the data gradient.
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < s.parameters.size(); ++i) {
+        torch::Tensor grad = s.parameters[i].mutable_grad();
+        if (!grad.defined()) continue;
+        grad.add_(s.parameters[i].detach() - global_parameters[i], options.proximal_mu);
+      }
+    }
+    optimizer->step();
+    {
+      torch::NoGradGuard no_grad;
+      loss_sum += loss.detach().to(torch::kDouble);
+      correct += logits.detach().argmax(1).eq(labels).sum();
+    }
+    seen += static_cast<uint64_t>(index.size(0));
+    ++steps;
+    return absl::OkStatus();
+  };
+
+  uint64_t num_examples = 0;
+  if (options.local_steps > 0) {
+    // Exactly local_steps full batches; a batch that runs past the end of an epoch continues in the next.
+    shuffle();
+    for (uint32_t k = 0; k < options.local_steps; ++k) {
+      std::vector<torch::Tensor> pieces;
+      int64_t remaining = options.batch_size;
+      while (remaining > 0) {
+        if (position == static_cast<int64_t>(n)) shuffle();
+        const int64_t take = std::min<int64_t>(remaining, n - position);
+        pieces.push_back(permutation.slice(0, position, position + take));
+        position += take;
+        remaining -= take;
+      }
+      const torch::Tensor index = pieces.size() == 1 ? pieces[0] : torch::cat(pieces);
+      if (auto status = step(index); !status.ok()) return status;
+    }
+    num_examples = static_cast<uint64_t>(options.local_steps) * options.batch_size;
+  } else {
+    for (uint32_t e = 0; e < options.local_epochs; ++e) {
+      shuffle();
+      for (int64_t begin = 0; begin < static_cast<int64_t>(n); begin += options.batch_size) {
+        const int64_t end = std::min<int64_t>(begin + options.batch_size, n);
+        if (auto status = step(permutation.slice(0, begin, end)); !status.ok()) return status;
+      }
+    }
+    num_examples = n;
+  }
+
+  if (auto status = CopyToFlat(s.tensors, s.spec, s.local); !status.ok()) return status;
+  TrainResult result;
+  result.num_examples = num_examples;
+  result.num_steps = steps;
+  result.train_loss = loss_sum.item<double>() / static_cast<double>(steps);
+  result.train_accuracy = static_cast<double>(correct.item<int64_t>()) / static_cast<double>(seen);
+  return result;
+}
+
+absl::StatusOr<EvalResult> TorchTrainer::Evaluate(std::span<const float> global) {
+  State& s = *state_;
+  if (auto status = s.Load(global); !status.ok()) return status;
+  s.model->eval();
+  torch::NoGradGuard no_grad;
+  const int64_t n = s.test_labels.size(0);
+  double loss_sum = 0;
+  int64_t correct = 0;
+  for (int64_t begin = 0; begin < n; begin += kEvalBatchSize) {
+    const int64_t end = std::min(begin + kEvalBatchSize, n);
+    const torch::Tensor labels = s.test_labels.slice(0, begin, end);
+    const torch::Tensor logits = s.model->forward(s.test_images.slice(0, begin, end));
+    loss_sum += torch::nn::functional::cross_entropy(
+                    logits, labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                    .item<double>();
+    correct += logits.argmax(1).eq(labels).sum().item<int64_t>();
+  }
+  s.model->train();
+  EvalResult result;
+  result.num_examples = static_cast<uint64_t>(n);
+  if (n > 0) {
+    result.loss = loss_sum / static_cast<double>(n);
+    result.accuracy = static_cast<double>(correct) / static_cast<double>(n);
+  }
+  return result;
+}
+
+}  // namespace fl::client
