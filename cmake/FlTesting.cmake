@@ -28,3 +28,15 @@ function(fl_add_test)
     PROPERTIES LABELS "${labels_escaped}" TIMEOUT ${ARG_TIMEOUT}
     DISCOVERY_TIMEOUT 60)
 endfunction()
+
+# fl_add_module_tests(PREFIX <prefix> LIBS <targets...> [LABELS <labels...>])
+#
+# One test executable `<prefix>_<file>` per `test/*_test.cc` of the calling directory (leveldb's habit).
+function(fl_add_module_tests)
+  cmake_parse_arguments(ARG "" "PREFIX" "LIBS;LABELS" ${ARGN})
+  file(GLOB test_sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/test/*_test.cc)
+  foreach(test_source ${test_sources})
+    get_filename_component(test_name ${test_source} NAME_WE)
+    fl_add_test(NAME ${ARG_PREFIX}_${test_name} SOURCES ${test_source} LIBS ${ARG_LIBS} LABELS ${ARG_LABELS})
+  endforeach()
+endfunction()

@@ -38,7 +38,7 @@ start=$(date +%s)
 "$SERVER" --listen 127.0.0.1:0 --port-file "$PORT_FILE" --db "$DB" --checkpoint-dir "$OUT_DIR/checkpoints" \
   --experiment-name quickstart --rounds "$ROUNDS" --strategy fedavg \
   --min-fit-clients "$NUM_CLIENTS" --min-available-clients "$NUM_CLIENTS" \
-  --local-epochs 1 --batch-size 32 --lr 0.05 --momentum 0.9 --client-optimizer sgd \
+  --local-epochs 1 --batch-size 32 --lr 0.02 --momentum 0.9 --client-optimizer sgd \
   --round-deadline-ms 120000 --seed 1 --log-level warn &
 server_pid=$!
 pids+=("$server_pid")

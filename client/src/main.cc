@@ -18,9 +18,7 @@
 #include "fl/core/log_format.h"
 #include "fl/core/str_cat.h"
 #include "fl/proto/convert.h"
-#ifdef FL_HAVE_TORCH_TRAINER
 #include "fl/client/torch_trainer.h"
-#endif
 
 namespace {
 
@@ -58,7 +56,6 @@ absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainer(const ModelFlag
     return std::unique_ptr<fl::client::Trainer>(std::make_unique<fl::client::SyntheticTrainer>(
         params, 1000, f.init_seed, static_cast<uint32_t>(train_ms)));
   }
-#ifdef FL_HAVE_TORCH_TRAINER
   fl::client::TorchTrainerOptions o;
   o.model = f.model;
   o.init_seed = f.init_seed;
@@ -72,10 +69,6 @@ absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainer(const ModelFlag
   auto trainer = fl::client::TorchTrainer::Create(o);
   if (!trainer.ok()) return trainer.status();
   return std::unique_ptr<fl::client::Trainer>(std::move(*trainer));
-#else
-  return absl::UnimplementedError(fl::StrCat("--model=", f.model, ": this fl-client was built without LibTorch; "
-                                             "only synthetic:<params> is available"));
-#endif
 }
 
 }  // namespace

@@ -31,7 +31,7 @@ RunResult RunFedAvg(const std::string& partition, int rounds) {
   const auto start = std::chrono::steady_clock::now();
   Subprocess server({FL_SERVER_BIN, "--listen", fl::StrCat("127.0.0.1:", port), "--db", db, "--rounds",
                      std::to_string(rounds), "--min-fit-clients", "4", "--min-available-clients", "4",
-                     "--local-epochs", "1", "--batch-size", "32", "--lr", "0.05", "--momentum", "0.9",
+                     "--local-epochs", "1", "--batch-size", "32", "--lr", "0.02", "--momentum", "0.9",
                      "--round-deadline-ms", "300000", "--evaluate-deadline-ms", "120000", "--seed", "1",
                      "--log-level", "warn"},
                     log);

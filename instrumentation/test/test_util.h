@@ -11,30 +11,12 @@
 
 #include "fl/core/str_cat.h"
 #include "fl/instrumentation/records.h"
+#include "fl/testing/scratch_dir.h"
 
 namespace fl::instrumentation::testing_util {
 
 // A fresh directory under testing::TempDir(), removed with everything in it on destruction.
-class ScratchDir {
- public:
-  ScratchDir() {
-    std::string tmpl = (std::filesystem::path(::testing::TempDir()) / "fl_records_XXXXXX").string();
-    char* made = mkdtemp(tmpl.data());
-    EXPECT_NE(made, nullptr) << "mkdtemp " << tmpl;
-    path_ = tmpl;
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-
-  std::string File(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
-};
+using ScratchDir = fl::testing::ScratchDir;
 
 // Runs `sql` on a plain connection of its own (to build files by hand); fails the test on error.
 inline void ExecRaw(const std::string& path, const std::string& sql) {

@@ -1035,38 +1035,42 @@ void RoundEngine::StartRound() {
   current_->aggregator = std::move(*agg);  // validated in Start()
 
   for (const std::string& id : selected) {
-    ClientInfo& c = *clients_.at(id);
-    auto task = std::make_unique<TaskInfo>();
-    task->id = fl::StrCat("r", round, ".", attempt_, "-", id, "-", ++task_counter_);
-    task->client_id = id;
-    task->kind = fl::v1::TASK_KIND_TRAIN;
-    task->round = round;
-    task->attempt = attempt_;
-    task->dispatched_ns = current_->started_ns;
-    task->dispatched_unix_ms = current_->started_unix_ms;
-    task->deadline_ns = current_->deadline_ns;
-    fl::v1::ServerMessage msg;
-    msg.set_seq(++c.server_seq);
-    fl::v1::Task* t = msg.mutable_task();
-    t->set_task_id(task->id);
-    t->set_kind(fl::v1::TASK_KIND_TRAIN);
-    t->set_round(round);
-    t->set_model_version(model_version_);
-    t->set_model_fingerprint(spec_->fingerprint());
-    *t->mutable_train() = config_.train;
-    t->mutable_train()->set_seed(config_.seed ^ (round * 0x9E3779B97F4A7C15ULL) ^ std::hash<std::string>{}(id));
-    t->set_deadline_ms(config_.round_deadline_ms);
-    t->set_deadline_server_ns(task->deadline_ns);
-    t->set_uplink_codec(config_.uplink_codec);
-    t->set_downlink_codec(config_.downlink_codec);
-    c.open_task = task->id;
-    c.session->Send(std::move(msg));
-    current_->task_ids.push_back(task->id);
-    tasks_[task->id] = std::move(task);
+    fl::v1::Task t;
+    t.set_task_id(fl::StrCat("r", round, ".", attempt_, "-", id, "-", ++task_counter_));
+    t.set_kind(fl::v1::TASK_KIND_TRAIN);
+    t.set_round(round);
+    *t.mutable_train() = config_.train;
+    t.mutable_train()->set_seed(config_.seed ^ (round * 0x9E3779B97F4A7C15ULL) ^ std::hash<std::string>{}(id));
+    t.set_deadline_ms(config_.round_deadline_ms);
+    t.set_uplink_codec(config_.uplink_codec);
+    Dispatch(*clients_.at(id), std::move(t), attempt_);
   }
   state_ = EngineState::kCollecting;
   spdlog::info("round {} (attempt {}): {} of {} idle clients selected", round, attempt_, selected.size(),
                idle.size());
+}
+
+void RoundEngine::Dispatch(ClientInfo& client, fl::v1::Task task, uint32_t attempt) {
+  auto info = std::make_unique<TaskInfo>();
+  info->id = task.task_id();
+  info->client_id = client.id;
+  info->kind = task.kind();
+  info->round = task.round();
+  info->attempt = attempt;
+  info->dispatched_ns = current_->started_ns;
+  info->dispatched_unix_ms = current_->started_unix_ms;
+  info->deadline_ns = current_->deadline_ns;
+  task.set_model_version(model_version_);
+  task.set_model_fingerprint(spec_->fingerprint());
+  task.set_deadline_server_ns(current_->deadline_ns);
+  task.set_downlink_codec(config_.downlink_codec);
+  fl::v1::ServerMessage msg;
+  msg.set_seq(++client.server_seq);
+  *msg.mutable_task() = std::move(task);
+  client.open_task = info->id;
+  client.session->Send(std::move(msg));
+  current_->task_ids.push_back(info->id);
+  tasks_[info->id] = std::move(info);
 }
 
 instrumentation::RoundRecord RoundEngine::RoundRow(const RoundState& r, instrumentation::RoundStatus status) const {
@@ -1174,30 +1178,12 @@ void RoundEngine::StartEvaluation() {
   current_->started_unix_ms = UnixMs();
   current_->deadline_ns = current_->started_ns + int64_t{config_.evaluate_deadline_ms} * kMsToNs;
   for (const std::string& id : selected) {
-    ClientInfo& c = *clients_.at(id);
-    auto task = std::make_unique<TaskInfo>();
-    task->id = fl::StrCat("e", round_, "-", id, "-", ++task_counter_);
-    task->client_id = id;
-    task->kind = fl::v1::TASK_KIND_EVALUATE;
-    task->round = round_;
-    task->attempt = committed_attempt_;
-    task->dispatched_ns = current_->started_ns;
-    task->deadline_ns = current_->deadline_ns;
-    fl::v1::ServerMessage msg;
-    msg.set_seq(++c.server_seq);
-    fl::v1::Task* t = msg.mutable_task();
-    t->set_task_id(task->id);
-    t->set_kind(fl::v1::TASK_KIND_EVALUATE);
-    t->set_round(round_);
-    t->set_model_version(model_version_);
-    t->set_model_fingerprint(spec_->fingerprint());
-    t->set_deadline_ms(config_.evaluate_deadline_ms);
-    t->set_deadline_server_ns(task->deadline_ns);
-    t->set_downlink_codec(config_.downlink_codec);
-    c.open_task = task->id;
-    c.session->Send(std::move(msg));
-    current_->task_ids.push_back(task->id);
-    tasks_[task->id] = std::move(task);
+    fl::v1::Task t;
+    t.set_task_id(fl::StrCat("e", round_, "-", id, "-", ++task_counter_));
+    t.set_kind(fl::v1::TASK_KIND_EVALUATE);
+    t.set_round(round_);
+    t.set_deadline_ms(config_.evaluate_deadline_ms);
+    Dispatch(*clients_.at(id), std::move(t), committed_attempt_);
   }
   state_ = EngineState::kEvaluating;
 }

@@ -8,6 +8,36 @@
 // Header layout (little-endian):
 //   0  u32 magic 'FLCD'   4  u8 format version (1)   5  u8 CodecKind   6  u16 reserved (0)
 //   8  u32 block size     12 u32 reserved (0)         16 u64 element count   24 u64 Checksum64(body)
+// Block size is 0 for the element-wise codecs (fp32, fp16, bf16).
+//
+// Bodies (little-endian; n values, block size B):
+//   fp32: n f32.   fp16, bf16: n u16 (round to nearest even).
+//   int8, int4, fp4, sign1: ceil(n/B) f32 scales (block i covers values [iB, iB+B), the last one the rest),
+//   then the codes:
+//   int8:  n bytes in value order, two's complement in [-127, 127]; value = q * scale. (-128 is never
+//          written; a decoder reads it as -128 * scale, still finite.)
+//   int4, fp4: tiles of 64 values, each 8 u32 words (32 bytes): bits 4k..4k+3 of word j hold value j + 8k of
+//          the tile. A nibble is sign (bit 3, set = negative) | magnitude code (bits 0-2): int4: the
+//          magnitude 0..7 itself; fp4: the E2M1 code of {0, 0.5, 1, 1.5, 2, 3, 4, 6}. Every nibble is valid.
+//   sign1: tiles of 256 values, each 8 u32 words: bit k of word j is the sign of value j + 8k of the tile
+//          (set = negative, -0 included); value = +/- scale.
+//   The last tile is padded with zero fields (checked by the decoder), so the code bytes are
+//   32 * ceil(n/64) for int4/fp4 and 32 * ceil(n/256) for sign1. The interleave (value j + 8k in word j)
+//   is what lets both directions vectorize: eight consecutive values fill one field of eight words with
+//   shifts and ORs, with no narrowing or shuffling of vector lanes. Tiles do not depend on B.
+//
+// Rounding: int8/int4 round x/scale to the nearest integer (ties to even); fp4 rounds x/scale to the nearest
+// E2M1 value, ties to the even code (OCP MX rule); x/scale is computed as x times the float reciprocal of
+// the scale, which moves a value by at most a few ulp. Error bounds per value: int8 absmax_block/254, int4
+// absmax_block/14, fp4 half the gap between the two E2M1 neighbours times the scale (at most
+// absmax_block/6), each plus that fp slack. Blocks whose scale would be subnormal (absmax below ~1e-36) or
+// too large to decode finitely (absmax within 1% of FLT_MAX) are quantized by division with clamping, so
+// their bound holds only approximately; neither occurs in real updates.
+//
+// Range: encoders reject NaN/Inf inputs, naming the index. fp16 also rejects finite values that round
+// beyond its range (|x| >= 65520) instead of saturating them: a silently clipped update changes the model
+// in a way nobody sees, whereas the error says which tensor needs bf16/fp32. bf16 does the same for the
+// (rare) values that round above its largest finite value. The blockwise codecs cannot overflow.
 #pragma once
 
 #include <cstddef>
@@ -38,6 +68,11 @@ inline constexpr uint32_t kCodecMagic = 0x44434c46;  // "FLCD" read as little-en
 inline constexpr uint8_t kCodecFormatVersion = 1;
 
 std::string_view CodecKindName(CodecKind kind);  // "fp32", "fp16", "bf16", "int8", "int4", "fp4", "sign1"
+// The inverse of CodecKindName; the error lists the known names.
+absl::StatusOr<CodecKind> ParseCodecKind(std::string_view name);
+// Values per scale when CodecOptions::block_size is 0: int8 256, int4 64, fp4 32, sign1 256; 0 for the
+// element-wise codecs.
+uint32_t CodecDefaultBlockSize(CodecKind kind);
 
 struct CodecOptions {
   // Values per scale for the blockwise codecs; 0 picks the codec's default. Ignored by fp32/fp16/bf16.
@@ -59,11 +94,12 @@ class Codec {
   // Encodes `values` into `out`, which is resized to EncodedSize(values.size()). Rejects NaN/Inf inputs.
   virtual absl::Status Encode(std::span<const float> values, std::vector<uint8_t>* out) const = 0;
 
-  // Decodes a payload holding exactly out.size() values. On error `out` may be partly written but the
-  // status says why; nothing else is touched.
+  // Decodes a payload holding exactly out.size() values. The payload is fully validated first (header,
+  // exact length, checksum, scales / codes that would decode to NaN/Inf): on error `out` is untouched.
   virtual absl::Status Decode(std::span<const uint8_t> payload, std::span<float> out) const = 0;
 
-  // acc[i] += weight * decoded[i]. The payload is fully validated first: on error `acc` is untouched.
+  // acc[i] += weight * decoded[i] (the same float operations as Decode followed by that update). The payload
+  // and weight (must be finite) are fully validated first: on error `acc` is untouched.
   virtual absl::Status DecodeAccumulate(std::span<const uint8_t> payload, float weight,
                                         std::span<float> acc) const = 0;
 };
@@ -80,7 +116,8 @@ struct PayloadInfo {
   uint32_t block_size;
   uint64_t num_values;
 };
-// Reads and checks a payload's header (not its body): lets a receiver pick the codec from the bytes.
+// Reads and checks a payload's header and that the payload's length is the one the header implies (not the
+// body's checksum or contents, which Decode checks): lets a receiver pick the codec from the bytes.
 absl::StatusOr<PayloadInfo> PeekPayload(std::span<const uint8_t> payload);
 
 // Error feedback (as in 1-bit Adam / EF-SGD): the part of each input that the codec lost is kept and added

@@ -131,6 +131,8 @@ class RoundEngine {
   void StartRound();
   void CloseRound();
   void StartEvaluation();
+  // Sends `task` to `client` (filling in the model and deadline fields) and opens it in the current round.
+  void Dispatch(ClientInfo& client, fl::v1::Task task, uint32_t attempt);
   void CloseEvaluation();
   void Finish(std::string status, std::string reason);
 
