@@ -793,31 +793,37 @@ fl::v1::UploadUpdateResponse RoundEngine::AcceptUpdate(UploadDoneEvent& e, TaskI
                                   wire::MakeError(fl::v1::ERROR_CODE_LATE, "the round is over")));
   }
   const std::string source = fl::StrCat("update from client '", task->client_id, "' for round ", task->round);
-  scratch_.resize(spec_->num_elements());
-  if (absl::Status s = uplink_codec_->Decode(e.payload, scratch_); !s.ok()) {
-    // The codec validated the payload before writing anything: DataLoss is a body checksum mismatch, a
-    // non-finite value is named as such, anything else is a malformed payload.
-    const bool non_finite = s.message().find("NaN or Inf") != absl::string_view::npos;
+  // Errors of the payload: the codec validates it fully before anything is written (DataLoss: body checksum;
+  // a NaN/Inf value is named as such; anything else is malformed), and the aggregator checks sizes, weight
+  // and range before anything touches the aggregate.
+  auto reject = [&](const absl::Status& s) {
+    const bool non_finite = s.message().find("NaN or Inf") != absl::string_view::npos ||
+                            s.message().find("non-finite") != absl::string_view::npos;
     const ErrorCode code = s.code() == absl::StatusCode::kDataLoss ? fl::v1::ERROR_CODE_CHECKSUM_MISMATCH
                            : non_finite                            ? fl::v1::ERROR_CODE_NON_FINITE
                                                                    : fl::v1::ERROR_CODE_MALFORMED;
     spdlog::warn("rejected {}: {}", source, s.message());
-    return finish(instrumentation::ClientOutcome::kRejected, Rejected(task->id, code, fl::StrCat(source, ": ", fl::ToStd(s.message()))));
-  }
-  if (absl::Status s = core::CheckFinite(scratch_, source, spec_.get()); !s.ok()) {
-    spdlog::warn("rejected {}: {}", source, s.message());
-    return finish(instrumentation::ClientOutcome::kRejected, Rejected(task->id, fl::v1::ERROR_CODE_NON_FINITE, std::string(fl::ToStd(s.message())),
-                                       "lower the learning rate; the client's training diverged"));
-  }
-  if (h.kind() == fl::v1::UPDATE_KIND_WEIGHTS) {
-    // The aggregate is taken over pseudo-gradients theta_global - theta_client.
+    return finish(instrumentation::ClientOutcome::kRejected,
+                  Rejected(task->id, code, std::string(fl::ToStd(s.message())),
+                           non_finite ? "lower the learning rate; the client's training diverged" : ""));
+  };
+  const double weight = static_cast<double>(h.num_examples());
+  if (h.kind() == fl::v1::UPDATE_KIND_DELTA) {
+    // The common path: the payload is the pseudo-gradient itself, decoded straight into the aggregator's
+    // own buffer (no extra model-sized copy on the server).
+    if (absl::Status s = current_->aggregator->AddEncoded(*uplink_codec_, e.payload, weight, h.model_fingerprint(),
+                                                          source);
+        !s.ok()) {
+      return reject(s);
+    }
+  } else {
+    // Weights: the aggregate is taken over pseudo-gradients theta_global - theta_client.
+    scratch_.resize(spec_->num_elements());
+    absl::Status s = uplink_codec_->Decode(e.payload, scratch_);
+    if (s.ok()) s = core::CheckFinite(scratch_, source, spec_.get());
+    if (!s.ok()) return reject(s);
     for (size_t i = 0; i < scratch_.size(); ++i) scratch_[i] = global_[i] - scratch_[i];
-  }
-  if (absl::Status s = current_->aggregator->Add(scratch_, static_cast<double>(h.num_examples()), h.model_fingerprint(),
-                                                 source);
-      !s.ok()) {
-    spdlog::warn("rejected {}: {}", source, s.message());
-    return finish(instrumentation::ClientOutcome::kRejected, Rejected(task->id, fl::v1::ERROR_CODE_MALFORMED, std::string(fl::ToStd(s.message()))));
+    if (s = current_->aggregator->Add(scratch_, weight, h.model_fingerprint(), source); !s.ok()) return reject(s);
   }
   if (rec.train_loss.has_value()) {
     current_->train_loss_sum += *rec.train_loss * static_cast<double>(h.num_examples());

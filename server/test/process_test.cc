@@ -174,5 +174,28 @@ TEST(ProcessTest, ClientReportsAnUnreachableServerClearly) {
   EXPECT_NE(out.find("check --server"), std::string::npos) << out;
 }
 
+// Models and updates move only as chunked streams: a 100M-parameter model (400 MB per transfer, 100x
+// gRPC's default message limit) goes through a whole round.
+TEST(ProcessTest, HundredMillionParameterModelCompletesARound) {
+  fl::testing::ScratchDir dir("fl_large");
+  const int port = fl::testing::FreeLoopbackPort();
+  const std::string db = dir.File("records.db");
+  const std::string log = dir.File("log.txt");
+  Subprocess server({FL_SERVER_BIN, "--listen", fl::StrCat("127.0.0.1:", port), "--db", db, "--rounds", "1",
+                     "--min-fit-clients", "2", "--min-available-clients", "2", "--evaluate-every", "0",
+                     "--round-deadline-ms", "300000", "--log-level", "warn"},
+                    log);
+  Subprocess c0(ClientArgs(port, "c0", "synthetic:100000000"), log);
+  Subprocess c1(ClientArgs(port, "c1", "synthetic:100000000"), log);
+  auto code = server.Wait(std::chrono::seconds(400));
+  ASSERT_TRUE(code.has_value()) << ReadFile(log);
+  EXPECT_EQ(*code, 0) << ReadFile(log);
+  EXPECT_EQ(Query(db, "SELECT count(*) FROM rounds WHERE status = 'committed'"), 1);
+  // fp32 codec payload: 32-byte header + 4 bytes per parameter, each way.
+  EXPECT_EQ(Query(db, "SELECT count(*) FROM client_rounds WHERE outcome = 'ok' AND uplink_bytes = 400000032 AND "
+                      "downlink_bytes = 400000032"),
+            2);
+}
+
 }  // namespace
 }  // namespace fl::server
