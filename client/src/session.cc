@@ -73,8 +73,8 @@ class Backoff {
   std::mt19937_64 rng_;
 };
 
+// A downloaded model; its values are in FederatedClient::Impl::global_ (reused from round to round).
 struct Downloaded {
-  std::vector<float> values;
   uint64_t model_version = 0;
   uint64_t bytes = 0;
   fl::v1::PhaseTiming timing;
@@ -156,6 +156,13 @@ class FederatedClient::Impl {
   bool session_over_ = false;       // guarded by queue_mu_
   std::string current_task_;        // guarded by queue_mu_
   std::atomic<bool> task_cancelled_{false};
+
+  // Model-sized buffers reused from round to round: a fresh 100 MB allocation per round costs page faults
+  // and munmap that, on a small device, take as long as the transfer itself.
+  std::vector<uint8_t> download_bytes_;
+  std::vector<float> global_;
+  std::vector<float> update_;
+  std::vector<uint8_t> encoded_;
 
   // Error feedback of a lossy uplink codec: what the codec lost is added to the next update.
   std::unique_ptr<core::ErrorFeedback> error_feedback_;
@@ -426,7 +433,8 @@ absl::StatusOr<Downloaded> FederatedClient::Impl::Download(const fl::v1::Task& t
   auto reader = stub_->DownloadModel(&ctx, req);
   fl::v1::ModelChunk chunk;
   fl::v1::ModelHeader header;
-  std::vector<uint8_t> payload;
+  std::vector<uint8_t>& payload = download_bytes_;
+  payload.clear();
   std::optional<uint64_t> checksum;
   bool have_header = false;
   while (reader->Read(&chunk)) {
@@ -464,8 +472,8 @@ absl::StatusOr<Downloaded> FederatedClient::Impl::Download(const fl::v1::Task& t
   auto codec = core::MakeCodec(header.codec());
   if (!codec.ok()) return codec.status();
   Downloaded d;
-  d.values.resize(trainer_->spec().num_elements());
-  if (absl::Status s = (*codec)->Decode(payload, d.values); !s.ok()) return s;
+  global_.resize(trainer_->spec().num_elements());
+  if (absl::Status s = (*codec)->Decode(payload, global_); !s.ok()) return s;
   d.model_version = header.model_version();
   d.bytes = payload.size();
   d.timing = Phase(fl::v1::PHASE_DOWNLINK, start, received, payload.size());
@@ -517,7 +525,7 @@ void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
 
   if (task.kind() == fl::v1::TASK_KIND_EVALUATE) {
     const int64_t eval_start = NowNs();
-    auto result = trainer_->Evaluate(global->values);
+    auto result = trainer_->Evaluate(global_);
     const int64_t eval_end = NowNs();
     if (!result.ok()) {
       ReportFailure(task.task_id(), result.status());
@@ -550,7 +558,7 @@ void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
   opts.seed = c.seed();
   opts.cancelled = &task_cancelled_;
   const int64_t train_start = NowNs();
-  auto result = trainer_->Train(global->values, opts);
+  auto result = trainer_->Train(global_, opts);
   const int64_t train_end = NowNs();
   if (task_cancelled_) return;
   if (!result.ok()) {
@@ -560,19 +568,20 @@ void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
 
   // The update is the pseudo-gradient global - local (see UPDATE_KIND_DELTA), encoded with the task's
   // codec, with error feedback when the codec is lossy.
-  std::vector<float> update(global->values.size());
+  std::vector<float>& update = update_;
+  update.resize(global_.size());
   if (absl::Status s = trainer_->GetParameters(update); !s.ok()) {
     ReportFailure(task.task_id(), s);
     return;
   }
-  for (size_t i = 0; i < update.size(); ++i) update[i] = global->values[i] - update[i];
+  for (size_t i = 0; i < update.size(); ++i) update[i] = global_[i] - update[i];
   const std::string codec_name = task.uplink_codec().empty() ? "fp32" : task.uplink_codec();
   auto codec = core::MakeCodec(codec_name);
   if (!codec.ok()) {
     ReportFailure(task.task_id(), codec.status());
     return;
   }
-  std::vector<uint8_t> payload;
+  std::vector<uint8_t>& payload = encoded_;
   absl::Status encoded;
   const bool lossy = (*codec)->kind() != core::CodecKind::kFp32;
   if (lossy) {

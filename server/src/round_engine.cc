@@ -595,7 +595,7 @@ void RoundEngine::HandleDownload(DownloadEvent& e) {
 
 void RoundEngine::HandleUploadStart(UploadStartEvent& e) {
   const fl::v1::UpdateHeader& h = e.header;
-  auto refuse = [&](fl::v1::UploadUpdateResponse verdict) { e.admit(std::move(verdict)); };
+  auto refuse = [&](fl::v1::UploadUpdateResponse verdict) { e.admit(std::move(verdict), {}); };
   ClientInfo* client = Authenticate(h.client_id(), h.session_token());
   if (client == nullptr) {
     return refuse(Rejected(h.task_id(), fl::v1::ERROR_CODE_UNKNOWN_CLIENT,
@@ -680,13 +680,34 @@ void RoundEngine::GrantUploadSlots() {
     std::unique_ptr<PendingUpload> next = std::move(waiting_uploads_.front());
     waiting_uploads_.pop_front();
     ++busy_upload_slots_;
-    next->event.admit(std::nullopt);
+    std::vector<uint8_t> buffer;
+    if (!free_upload_buffers_.empty()) {
+      buffer = std::move(free_upload_buffers_.back());
+      free_upload_buffers_.pop_back();
+    }
+    next->event.admit(std::nullopt, std::move(buffer));
   }
 }
 
 void RoundEngine::HandleUploadDone(UploadDoneEvent& e) {
-  if (busy_upload_slots_ > 0) --busy_upload_slots_;
-  GrantUploadSlots();
+  // The slot is given back only once the payload is consumed and freed (end of this function): a slot is a
+  // model-sized buffer, and the server's peak memory is bounded by the number of slots, not of clients.
+  struct SlotRelease {
+    RoundEngine* engine;
+    std::vector<uint8_t>* payload;
+    ~SlotRelease() {
+      // Buffers are kept for the next uploads (at most one per slot): no fresh model-sized allocation, and
+      // no page faults, per update.
+      payload->clear();
+      if (engine->free_upload_buffers_.size() < engine->config_.upload_slots) {
+        engine->free_upload_buffers_.push_back(std::move(*payload));
+      } else {
+        std::vector<uint8_t>().swap(*payload);
+      }
+      if (engine->busy_upload_slots_ > 0) --engine->busy_upload_slots_;
+      engine->GrantUploadSlots();
+    }
+  } release{this, &e.payload};
   const fl::v1::UpdateHeader& h = e.header;
   if (!e.transfer_error.ok()) {
     spdlog::warn("upload from '{}' for task '{}' failed in transit: {}", h.client_id(), h.task_id(),
@@ -939,6 +960,9 @@ absl::Status RoundEngine::AdoptModel(core::ModelSpec spec, std::string model_nam
 }
 
 void RoundEngine::PublishPayload() {
+  // Drop our reference to the previous version first: downloads still streaming it keep it alive, and when
+  // none are (the usual case at a commit) its memory is reused for the new one.
+  payload_.reset();
   auto payload = std::make_shared<ModelPayload>();
   payload->model_version = model_version_;
   payload->round = round_;
@@ -1121,6 +1145,9 @@ void RoundEngine::CloseRound() {
     return;
   }
 
+  // Peak memory is at the commit: give back what the next round can rebuild cheaply (the receive buffers,
+  // once per round, not per update) before the aggregate and the new download payload are materialised.
+  std::vector<std::vector<uint8_t>>().swap(free_upload_buffers_);
   const int64_t agg_start = NowNs();
   auto pseudo_grad = r.aggregator->Finish();
   absl::Status step = pseudo_grad.ok() ? optimizer_->Step(global_, *pseudo_grad) : pseudo_grad.status();
@@ -1252,7 +1279,8 @@ void RoundEngine::Finish(std::string status, std::string reason) {
   while (!waiting_uploads_.empty()) {
     waiting_uploads_.front()->event.admit(
         Rejected(waiting_uploads_.front()->event.header.task_id(), fl::v1::ERROR_CODE_SHUTTING_DOWN,
-                                   "the experiment has ended"));
+                 "the experiment has ended"),
+        {});
     waiting_uploads_.pop_front();
   }
   if (records_ != nullptr) {

@@ -194,7 +194,8 @@ class UploadStream final : public grpc::ServerReadReactor<fl::v1::UpdateChunk> {
         first_byte_ns_ = NowNs();
         stage_ = Stage::kAdmitting;
         engine_->Post(UploadStartEvent{0, header_, first_byte_ns_,
-                                       [this](std::optional<fl::v1::UploadUpdateResponse> refusal) {
+                                       [this](std::optional<fl::v1::UploadUpdateResponse> refusal,
+                                              std::vector<uint8_t> buffer) {
                                          if (refusal.has_value()) {
                                            *response_ = std::move(*refusal);
                                            stage_ = Stage::kDone;
@@ -202,6 +203,8 @@ class UploadStream final : public grpc::ServerReadReactor<fl::v1::UpdateChunk> {
                                            return;
                                          }
                                          stage_ = Stage::kReceiving;
+                                         payload_ = std::move(buffer);
+                                         payload_.clear();
                                          payload_.reserve(header_.payload_bytes());
                                          StartRead(&in_);
                                        }});
@@ -333,6 +336,11 @@ absl::StatusOr<RunningServer> StartGrpcServer(grpc::Service* service, const std:
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  // Bound what the transport reads ahead of the reactors: an upload that waits for a slot must not sit in
+  // gRPC's buffers instead (without this, BDP probing grows each stream's window to many MB and server
+  // memory grows with the number of clients). 1 MiB per stream still fills a 250 Mbit/s link at 30 ms RTT.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 1 << 20);
   running.server = builder.BuildAndStart();
   if (running.server == nullptr || running.port == 0) {
     return absl::UnavailableError(fl::StrCat("cannot listen on ", listen_address,

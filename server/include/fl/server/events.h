@@ -74,7 +74,9 @@ struct UploadStartEvent {
   uint64_t upload_id = 0;
   fl::v1::UpdateHeader header;
   int64_t first_byte_server_ns = 0;
-  std::function<void(std::optional<fl::v1::UploadUpdateResponse> refusal)> admit;
+  // On admission `buffer` is a reused model-sized buffer (empty, with capacity) to receive the payload
+  // into; it comes back in UploadDoneEvent::payload.
+  std::function<void(std::optional<fl::v1::UploadUpdateResponse> refusal, std::vector<uint8_t> buffer)> admit;
 };
 
 // An admitted upload finished: every chunk arrived and the checksum matched (or `transfer_error` says

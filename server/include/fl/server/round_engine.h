@@ -59,7 +59,7 @@ struct EngineConfig {
   std::string optimizer = "fedavg";        // core::MakeServerOptimizer spec, e.g. "fedadam:lr=0.03"
   std::string uplink_codec = "fp32";       // core::MakeCodec spec for client updates (deltas)
   std::string downlink_codec = "fp32";     // codec for model downloads
-  uint32_t upload_slots = 2;               // uploads buffered at once (bounds server memory)
+  uint32_t upload_slots = 1;               // uploads buffered at once (bounds server memory)
   uint32_t heartbeat_interval_ms = 5000;   // clients silent for 4 intervals are considered gone
   uint32_t max_chunk_bytes = 1u << 20;
   std::string checkpoint_dir;              // empty: no checkpoints (and no --resume)
@@ -186,6 +186,7 @@ class RoundEngine {
   uint64_t task_counter_ = 0;
   uint32_t busy_upload_slots_ = 0;
   std::deque<std::unique_ptr<PendingUpload>> waiting_uploads_;
+  std::vector<std::vector<uint8_t>> free_upload_buffers_;  // reused receive buffers, at most upload_slots
   std::vector<float> scratch_;
   std::set<std::string> departed_;
   struct RoundSummary {

@@ -1,0 +1,898 @@
+// e2e_round: the end-to-end round benchmark (docs/performance.md, "End-to-end rounds").
+//
+// For each point of the matrix K clients x P parameters it runs, in one invocation:
+//   1. the raw-TCP limit: one server thread accepting K loopback TCP connections, sending each the bytes of a
+//      model download (32-byte codec header + 4P) and receiving from each the bytes of an fp32 update (the same
+//      size); K client threads recv, then send. Timed from the first byte sent to the last byte received,
+//      repeated, median taken;
+//   2. a real federation: fl-server (a child of this process, reaped with wait4 for its CPU time and peak RSS)
+//      and K fl-client processes with `--model synthetic:P` (training = the global model plus a seeded
+//      perturbation at memory speed), fp32 both ways, no evaluation, over 127.0.0.1. Round times come from
+//      the records database (`rounds.duration_ms`, dispatch -> commit); the first committed round is warm-up
+//      and excluded.
+// and prints a markdown table: round time, raw-TCP time, their ratio, server CPU seconds and peak RSS against
+// the targets (round time <= 2x the raw-TCP limit; server peak RSS < 4x model + 200 MB, whatever K is).
+//
+// Not a Google Benchmark binary (its name does not match bench/*_bench.cc): it starts processes and takes
+// minutes. Every process it starts is stopped on every path (SIGKILL on failure, PR_SET_PDEATHSIG if this
+// process dies). MB = 10^6 bytes throughout.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/types.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "fl/core/str_cat.h"
+#include "fl/instrumentation/record_reader.h"
+#include "fl/instrumentation/records.h"
+
+#ifndef FL_SERVER_PATH
+#define FL_SERVER_PATH "fl-server"
+#endif
+#ifndef FL_CLIENT_PATH
+#define FL_CLIENT_PATH "fl-client"
+#endif
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr double kMB = 1e6;
+constexpr uint64_t kPayloadHeaderBytes = 32;  // the codec header of every fp32 payload (codec.h)
+
+std::atomic<bool> g_interrupted{false};
+extern "C" void OnSignal(int) { g_interrupted.store(true); }
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+int64_t UnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double Mean(const std::vector<double>& v) {
+  if (v.empty()) return NAN;
+  return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+}
+
+// A value of /proc/meminfo or /proc/<pid>/status ("VmRSS:   1234 kB"), in kB; nullopt when absent.
+std::optional<int64_t> ProcKb(const std::string& file, std::string_view key) {
+  std::ifstream in(file);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.size() > key.size() && line.compare(0, key.size(), key) == 0 && line[key.size()] == ':') {
+      return std::strtoll(line.c_str() + key.size() + 1, nullptr, 10);
+    }
+  }
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Child processes.
+
+struct ExitInfo {
+  int code = -1;  // exit status, or 128 + signal
+  double cpu_s = 0;  // user + system
+  double user_s = 0;
+  double sys_s = 0;
+  int64_t max_rss_kb = 0;
+};
+
+class Child {
+ public:
+  Child() = default;
+  // Starts argv[0] with argv, stdout and stderr appended to log_path. Forks from the calling thread: call it
+  // from the main thread (PR_SET_PDEATHSIG fires when the forking thread exits).
+  // `env` adds NAME=VALUE entries to the inherited environment.
+  static absl::StatusOr<Child> Start(const std::vector<std::string>& argv, const std::string& log_path,
+                                     const std::vector<std::string>& env = {}) {
+    std::vector<std::string> copy = argv;
+    std::vector<char*> args;
+    for (auto& a : copy) args.push_back(a.data());
+    args.push_back(nullptr);
+    std::vector<std::string> env_copy = env;
+    std::vector<char*> envp;
+    for (auto& e : env_copy) envp.push_back(e.data());
+    for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+    envp.push_back(nullptr);
+    const pid_t parent = getpid();
+    const pid_t pid = fork();
+    if (pid < 0) return absl::InternalError(fl::StrCat("fork: ", std::strerror(errno)));
+    if (pid == 0) {
+      // Only async-signal-safe calls between fork and exec.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(126);
+      const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (fd >= 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+        close(fd);
+      }
+      const int null_fd = open("/dev/null", O_RDONLY);
+      if (null_fd >= 0) {
+        dup2(null_fd, 0);
+        close(null_fd);
+      }
+      // exec resets the harness's SIGINT/SIGTERM handlers to the default.
+      execve(args[0], args.data(), envp.data());
+      _exit(127);
+    }
+    Child c;
+    c.pid_ = pid;
+    return c;
+  }
+  Child(Child&& o) noexcept : pid_(o.pid_), exit_(o.exit_) { o.pid_ = -1; }
+  Child& operator=(Child&& o) noexcept {
+    if (this != &o) {
+      Stop();
+      pid_ = o.pid_;
+      exit_ = o.exit_;
+      o.pid_ = -1;
+    }
+    return *this;
+  }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+  ~Child() { Stop(); }
+
+  pid_t pid() const { return pid_; }
+  bool running() const { return pid_ > 0 && !exit_.has_value(); }
+  const std::optional<ExitInfo>& exit_info() const { return exit_; }
+
+  // Reaps the child if it has exited (wait4: exit status and resource usage). True when it has.
+  bool Poll() {
+    if (!running()) return exit_.has_value();
+    int status = 0;
+    rusage ru{};
+    const pid_t r = wait4(pid_, &status, WNOHANG, &ru);
+    if (r != pid_) return false;
+    ExitInfo e;
+    e.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    e.user_s = static_cast<double>(ru.ru_utime.tv_sec) + 1e-6 * static_cast<double>(ru.ru_utime.tv_usec);
+    e.sys_s = static_cast<double>(ru.ru_stime.tv_sec) + 1e-6 * static_cast<double>(ru.ru_stime.tv_usec);
+    e.cpu_s = e.user_s + e.sys_s;
+    e.max_rss_kb = ru.ru_maxrss;  // kB on Linux
+    exit_ = e;
+    return true;
+  }
+  bool WaitFor(std::chrono::milliseconds timeout) {
+    const auto end = Clock::now() + timeout;
+    while (!Poll()) {
+      if (Clock::now() >= end) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return true;
+  }
+  void Signal(int sig) {
+    if (running()) ::kill(pid_, sig);
+  }
+  // SIGTERM, then SIGKILL after a grace period; reaps.
+  void Stop(std::chrono::milliseconds grace = std::chrono::milliseconds(2000)) {
+    if (!running()) return;
+    Signal(SIGTERM);
+    if (WaitFor(grace)) return;
+    Signal(SIGKILL);
+    WaitFor(std::chrono::milliseconds(10000));
+  }
+
+ private:
+  pid_t pid_ = -1;
+  std::optional<ExitInfo> exit_;
+};
+
+// ---------------------------------------------------------------------------------------------------------
+// The raw-TCP limit.
+
+absl::Status SetNonBlocking(int fd) {
+  const int flags = fcntl(fd, F_GETFL, 0);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    return absl::InternalError(fl::StrCat("fcntl: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+struct FdCloser {
+  int fd = -1;
+  ~FdCloser() {
+    if (fd >= 0) close(fd);
+  }
+};
+
+// One round's bytes over plain loopback TCP: K connections, each receiving `down_bytes` from one server thread
+// (this one, a poll loop over all connections at once), then sending back `up_bytes`. K client threads do a
+// blocking recv of the whole download, then a blocking send of the whole upload. Returns seconds from the first
+// byte sent to the last byte received (connections are set up before the clock starts, as gRPC's are).
+absl::StatusOr<double> RawTcpRound(int k, uint64_t down_bytes, uint64_t up_bytes) {
+  FdCloser listener{socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
+  if (listener.fd < 0) return absl::InternalError(fl::StrCat("socket: ", std::strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (bind(listener.fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(listener.fd, k + 16) != 0 ||
+      getsockname(listener.fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    return absl::InternalError(fl::StrCat("bind/listen: ", std::strerror(errno)));
+  }
+  // The model bytes (any content: only their movement is timed); shared read-only by all senders.
+  std::vector<char> source(std::max(down_bytes, up_bytes));
+  for (size_t i = 0; i < source.size(); i += 4096) source[i] = static_cast<char>(i >> 12);
+
+  std::atomic<int> client_errors{0};
+  std::vector<std::thread> clients;
+  clients.reserve(static_cast<size_t>(k));
+  for (int i = 0; i < k; ++i) {
+    clients.emplace_back([&, port = addr.sin_port] {
+      FdCloser fd{socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
+      sockaddr_in to{};
+      to.sin_family = AF_INET;
+      to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      to.sin_port = port;
+      if (fd.fd < 0 || connect(fd.fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
+        client_errors.fetch_add(1);
+        return;
+      }
+      std::vector<char> scratch(1 << 20);
+      uint64_t got = 0;
+      while (got < down_bytes) {
+        const ssize_t n = recv(fd.fd, scratch.data(), std::min<uint64_t>(scratch.size(), down_bytes - got), 0);
+        if (n <= 0) {
+          if (n < 0 && errno == EINTR) continue;
+          client_errors.fetch_add(1);
+          return;
+        }
+        got += static_cast<uint64_t>(n);
+      }
+      uint64_t sent = 0;
+      while (sent < up_bytes) {
+        const ssize_t n = send(fd.fd, source.data() + sent, up_bytes - sent, MSG_NOSIGNAL);
+        if (n <= 0) {
+          if (n < 0 && errno == EINTR) continue;
+          client_errors.fetch_add(1);
+          return;
+        }
+        sent += static_cast<uint64_t>(n);
+      }
+      // Wait for the server to close: the upload is delivered.
+      char byte;
+      while (recv(fd.fd, &byte, 1, 0) > 0) {
+      }
+    });
+  }
+  struct Conn {
+    int fd = -1;
+    uint64_t sent = 0;
+    uint64_t received = 0;
+  };
+  std::vector<Conn> conns;
+  absl::Status status = absl::OkStatus();
+  double seconds = 0;
+  {
+    for (int i = 0; i < k && status.ok(); ++i) {
+      pollfd p{listener.fd, POLLIN, 0};
+      if (poll(&p, 1, 30000) != 1) {
+        status = absl::DeadlineExceededError("raw TCP: clients did not connect");
+        break;
+      }
+      const int fd = accept4(listener.fd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) {
+        status = absl::InternalError(fl::StrCat("accept: ", std::strerror(errno)));
+        break;
+      }
+      conns.push_back({fd, 0, 0});
+      if (absl::Status s = SetNonBlocking(fd); !s.ok()) status = s;
+    }
+    std::vector<char> scratch(4 << 20);
+    const auto start = Clock::now();
+    size_t done = 0;
+    std::vector<pollfd> fds(conns.size());
+    while (status.ok() && done < conns.size()) {
+      for (size_t i = 0; i < conns.size(); ++i) {
+        const Conn& c = conns[i];
+        fds[i].fd = c.received == up_bytes ? -1 : c.fd;
+        fds[i].events = c.sent < down_bytes ? POLLOUT : POLLIN;
+        fds[i].revents = 0;
+      }
+      const int ready = poll(fds.data(), fds.size(), 30000);
+      if (ready == 0) status = absl::DeadlineExceededError("raw TCP: no progress for 30 s");
+      if (ready < 0 && errno != EINTR) status = absl::InternalError(fl::StrCat("poll: ", std::strerror(errno)));
+      for (size_t i = 0; status.ok() && ready > 0 && i < conns.size(); ++i) {
+        Conn& c = conns[i];
+        if (fds[i].revents == 0) continue;
+        if (c.sent < down_bytes) {
+          const ssize_t n = send(c.fd, source.data() + c.sent, down_bytes - c.sent, MSG_NOSIGNAL);
+          if (n > 0) c.sent += static_cast<uint64_t>(n);
+          if (n < 0 && errno != EAGAIN && errno != EINTR) {
+            status = absl::InternalError(fl::StrCat("send: ", std::strerror(errno)));
+          }
+        } else {
+          const ssize_t n = recv(c.fd, scratch.data(), std::min<uint64_t>(scratch.size(), up_bytes - c.received), 0);
+          if (n > 0) {
+            c.received += static_cast<uint64_t>(n);
+            if (c.received == up_bytes) ++done;
+          } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+            status = absl::InternalError("raw TCP: a client closed early");
+          }
+        }
+      }
+    }
+    seconds = Seconds(Clock::now() - start);
+  }
+  for (Conn& c : conns) close(c.fd);  // unblocks the clients' final recv
+  if (!status.ok()) {
+    // Unblock clients still connecting or in recv: closing the listener fails pending connects.
+    close(listener.fd);
+    listener.fd = -1;
+  }
+  for (auto& t : clients) t.join();
+  if (!status.ok()) return status;
+  if (client_errors.load() != 0) return absl::InternalError(fl::StrCat("raw TCP: ", client_errors.load(), " client errors"));
+  return seconds;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// One matrix point.
+
+struct Options {
+  std::string server_bin = FL_SERVER_PATH;
+  std::string client_bin = FL_CLIENT_PATH;
+  std::vector<int> clients = {10, 50};
+  std::vector<std::string> params = {"1M", "25M"};
+  int rounds = 0;  // 0: by model size
+  int raw_repeats = 5;
+  std::string work_dir;
+  bool keep = false;
+  bool force = false;
+  double memory_headroom = 0.85;  // use at most this fraction of MemAvailable
+  uint32_t round_deadline_ms = 600000;
+  uint32_t timeout_s = 1800;
+  std::vector<std::string> server_args;
+  std::vector<std::string> client_args;
+  std::vector<std::string> server_env;
+  uint32_t train_ms = 0;  // synthetic:P:train_ms (separates the download and upload phases; 0 in the table)
+  int sample_ms = 20;
+};
+
+struct PointResult {
+  int k = 0;
+  uint64_t p = 0;
+  int rounds = 0;
+  bool ran = false;
+  std::string note;  // why not run / what failed
+  std::vector<double> round_s;  // committed rounds after the first
+  double first_round_s = NAN;
+  double aggregation_ms = NAN;  // mean over measured rounds
+  double raw_s = NAN;           // median
+  std::vector<double> raw_samples;
+  double server_cpu_s = NAN;
+  double server_user_s = NAN;
+  double server_sys_s = NAN;
+  double server_rss_mb = NAN;
+  double client_rss_mb_max = NAN;
+  double client_rss_mb_mean = NAN;
+  double clients_rss_sum_peak_mb = NAN;  // the sampled peak of the sum over clients
+  double clients_cpu_s = NAN;            // sum over clients (wait4), whole run
+  // Per-client phases (client view, mean over measured rounds and clients), ms.
+  double downlink_ms = NAN, train_ms = NAN, uplink_server_ms = NAN;
+  double wall_s = NAN;
+};
+
+double ModelMb(uint64_t p) { return 4.0 * static_cast<double>(p) / kMB; }
+double BudgetMb(uint64_t p) { return 4.0 * ModelMb(p) + 200.0; }
+
+absl::StatusOr<uint64_t> ParseCount(const std::string& s) {
+  if (s.empty()) return absl::InvalidArgumentError("empty count");
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  double mult = 1;
+  if (*end == 'k' || *end == 'K') mult = 1e3, ++end;
+  else if (*end == 'm' || *end == 'M') mult = 1e6, ++end;
+  else if (*end == 'g' || *end == 'G') mult = 1e9, ++end;
+  if (*end != '\0' || !(v > 0)) return absl::InvalidArgumentError(fl::StrCat("not a count: ", s));
+  return static_cast<uint64_t>(std::llround(v * mult));
+}
+
+std::string CountName(uint64_t p) {
+  if (p % 1000000 == 0) return fl::StrCat(p / 1000000, "M");
+  if (p % 1000 == 0) return fl::StrCat(p / 1000, "k");
+  return fl::StrCat(p);
+}
+
+// Memory a fl-client with the synthetic model needs at its peak: measured 560-580 MB for P = 25M on Debian 12
+// (x86_64, LibTorch loaded), about 195 MB for P = 1M: some 4.7 copies of the model plus code and runtime.
+double ClientEstimateMb(uint64_t p) { return 4.75 * ModelMb(p) + 180.0; }
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void TailLog(const std::string& path, size_t max_bytes = 2000) {
+  auto text = ReadFile(path);
+  if (!text.ok() || text->empty()) return;
+  const std::string& t = *text;
+  std::cerr << "---- " << path << " (tail) ----\n"
+            << (t.size() > max_bytes ? t.substr(t.size() - max_bytes) : t) << "\n";
+}
+
+// Samples the RSS of the server and (less often) the clients until stopped; writes a CSV timeline.
+class RssSampler {
+ public:
+  RssSampler(pid_t server, std::vector<pid_t> clients, int period_ms, std::string csv_path)
+      : server_(server), clients_(std::move(clients)), period_ms_(period_ms), csv_path_(std::move(csv_path)) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~RssSampler() { Stop(); }
+  void Stop() {
+    if (thread_.joinable()) {
+      stop_.store(true);
+      thread_.join();
+    }
+  }
+  int64_t server_peak_kb() const { return server_peak_kb_; }
+  int64_t clients_sum_peak_kb() const { return clients_sum_peak_kb_; }
+
+ private:
+  void Run() {
+    std::ofstream csv(csv_path_);
+    csv << "unix_ms,server_rss_kb,server_hwm_kb,clients_rss_sum_kb\n";
+    const std::string server_status = fl::StrCat("/proc/", server_, "/status");
+    int tick = 0;
+    int64_t clients_sum = -1;
+    while (!stop_.load()) {
+      const auto rss = ProcKb(server_status, "VmRSS");
+      const auto hwm = ProcKb(server_status, "VmHWM");
+      if (hwm) server_peak_kb_ = std::max(server_peak_kb_, *hwm);
+      if (tick % std::max(1, 250 / period_ms_) == 0) {  // clients every ~250 ms: K files to read
+        clients_sum = 0;
+        for (pid_t c : clients_) clients_sum += ProcKb(fl::StrCat("/proc/", c, "/status"), "VmRSS").value_or(0);
+        clients_sum_peak_kb_ = std::max(clients_sum_peak_kb_, clients_sum);
+      }
+      if (rss) csv << UnixMs() << "," << *rss << "," << hwm.value_or(0) << "," << clients_sum << "\n";
+      ++tick;
+      std::this_thread::sleep_for(std::chrono::milliseconds(period_ms_));
+    }
+  }
+
+  pid_t server_;
+  std::vector<pid_t> clients_;
+  int period_ms_;
+  std::string csv_path_;
+  std::atomic<bool> stop_{false};
+  int64_t server_peak_kb_ = 0;
+  int64_t clients_sum_peak_kb_ = 0;
+  std::thread thread_;
+};
+
+absl::Status ReadRecords(const std::string& db, PointResult* r) {
+  auto reader = fl::instrumentation::RecordReader::Open(db);
+  if (!reader.ok()) return reader.status();
+  auto experiments = (*reader)->ListExperiments();
+  if (!experiments.ok()) return experiments.status();
+  if (experiments->size() != 1) return absl::InternalError(fl::StrCat(experiments->size(), " experiments in ", db));
+  const std::string id = experiments->front().id;
+  auto rounds = (*reader)->ListRounds(id);
+  if (!rounds.ok()) return rounds.status();
+  std::vector<fl::instrumentation::RoundRecord> committed;
+  for (const auto& row : *rounds) {
+    if (row.status == fl::instrumentation::RoundStatus::kCommitted) committed.push_back(row);
+  }
+  std::sort(committed.begin(), committed.end(), [](const auto& a, const auto& b) { return a.round < b.round; });
+  if (static_cast<int>(committed.size()) != r->rounds) {
+    return absl::InternalError(fl::StrCat(committed.size(), " committed rounds of ", r->rounds, " (", rounds->size(),
+                                          " attempts recorded)"));
+  }
+  r->first_round_s = committed.front().duration_ms / 1e3;
+  std::vector<double> agg, down, train, up_server;
+  for (size_t i = 1; i < committed.size(); ++i) {
+    const auto& row = committed[i];
+    if (row.num_accepted != r->k) {
+      return absl::InternalError(fl::StrCat("round ", row.round, " aggregated ", row.num_accepted, " of ", r->k,
+                                            " updates"));
+    }
+    r->round_s.push_back(row.duration_ms / 1e3);
+    if (row.aggregation_ms) agg.push_back(*row.aggregation_ms);
+    auto clients = (*reader)->ListClientRounds(id, row.round);
+    if (!clients.ok()) return clients.status();
+    for (const auto& c : *clients) {
+      if (c.attempt != row.attempt) continue;
+      if (c.downlink_ms) down.push_back(*c.downlink_ms);
+      if (c.train_ms) train.push_back(*c.train_ms);
+      if (c.uplink_server_ms) up_server.push_back(*c.uplink_server_ms);
+    }
+  }
+  r->aggregation_ms = Mean(agg);
+  r->downlink_ms = Mean(down);
+  r->train_ms = Mean(train);
+  r->uplink_server_ms = Mean(up_server);
+  return absl::OkStatus();
+}
+
+absl::Status RunFederation(const Options& o, const std::string& dir, PointResult* r) {
+  const std::string port_file = dir + "/port";
+  const std::string db = dir + "/records.db";
+  const std::string server_log = dir + "/server.log";
+  std::vector<std::string> server_argv = {o.server_bin,
+                                          "--listen=127.0.0.1:0",
+                                          "--port-file=" + port_file,
+                                          "--db=" + db,
+                                          fl::StrCat("--experiment-name=e2e-k", r->k, "-p", CountName(r->p)),
+                                          fl::StrCat("--rounds=", r->rounds),
+                                          fl::StrCat("--min-fit-clients=", r->k),
+                                          fl::StrCat("--min-available-clients=", r->k),
+                                          "--evaluate-every=0",
+                                          fl::StrCat("--round-deadline-ms=", o.round_deadline_ms),
+                                          "--max-round-attempts=1",
+                                          "--uplink-codec=fp32",
+                                          "--downlink-codec=fp32",
+                                          "--log-level=warn"};
+  for (const auto& a : o.server_args) server_argv.push_back(a);
+  const auto started = Clock::now();
+  auto server = Child::Start(server_argv, server_log, o.server_env);
+  if (!server.ok()) return server.status();
+  std::vector<Child> clients;
+  // Whatever happens below, every process is stopped when `clients` and `server` go out of scope.
+  int port = 0;
+  while (port == 0) {
+    if (g_interrupted.load()) return absl::CancelledError("interrupted");
+    if (server->Poll()) {
+      TailLog(server_log);
+      return absl::InternalError(fl::StrCat("fl-server exited with ", server->exit_info()->code, " before listening"));
+    }
+    if (Seconds(Clock::now() - started) > 60) return absl::DeadlineExceededError("fl-server did not listen in 60 s");
+    if (auto text = ReadFile(port_file); text.ok() && !text->empty()) port = std::atoi(text->c_str());
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::vector<pid_t> client_pids;
+  for (int i = 0; i < r->k; ++i) {
+    std::vector<std::string> argv = {o.client_bin,
+                                     fl::StrCat("--server=127.0.0.1:", port),
+                                     fl::StrCat("--name=e2e-", i),
+                                     o.train_ms > 0 ? fl::StrCat("--model=synthetic:", r->p, ":", o.train_ms)
+                                                    : fl::StrCat("--model=synthetic:", r->p),
+                                     fl::StrCat("--client-index=", i),
+                                     fl::StrCat("--num-clients=", r->k),
+                                     "--device=cpu",
+                                     "--link-kind=other",
+                                     "--link-interface=lo",
+                                     "--log-level=warn"};
+    for (const auto& a : o.client_args) argv.push_back(a);
+    auto c = Child::Start(argv, fl::StrCat(dir, "/client-", i, ".log"));
+    if (!c.ok()) return c.status();
+    client_pids.push_back(c->pid());
+    clients.push_back(std::move(*c));
+  }
+  RssSampler sampler(server->pid(), client_pids, o.sample_ms, dir + "/rss.csv");
+  absl::Status status = absl::OkStatus();
+  while (!server->Poll()) {
+    if (g_interrupted.load()) {
+      status = absl::CancelledError("interrupted");
+      break;
+    }
+    if (Seconds(Clock::now() - started) > o.timeout_s) {
+      status = absl::DeadlineExceededError(fl::StrCat("fl-server still running after ", o.timeout_s, " s"));
+      break;
+    }
+    for (size_t i = 0; i < clients.size(); ++i) {
+      if (clients[i].Poll() && clients[i].exit_info()->code != 0 && status.ok()) {
+        TailLog(fl::StrCat(dir, "/client-", i, ".log"));
+        status = absl::InternalError(fl::StrCat("fl-client ", i, " exited with ", clients[i].exit_info()->code,
+                                                " while fl-server was running"));
+      }
+    }
+    if (!status.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  sampler.Stop();
+  r->wall_s = Seconds(Clock::now() - started);
+  if (!status.ok()) {
+    TailLog(server_log);
+    return status;  // the destructors stop fl-server and every fl-client
+  }
+  const ExitInfo& se = *server->exit_info();
+  if (se.code != 0) {
+    TailLog(server_log);
+    return absl::InternalError(fl::StrCat("fl-server exited with ", se.code));
+  }
+  r->server_cpu_s = se.cpu_s;
+  r->server_user_s = se.user_s;
+  r->server_sys_s = se.sys_s;
+  r->server_rss_mb = static_cast<double>(std::max(se.max_rss_kb, sampler.server_peak_kb())) * 1024.0 / kMB;
+  r->clients_rss_sum_peak_mb = static_cast<double>(sampler.clients_sum_peak_kb()) * 1024.0 / kMB;
+  // Clients leave once told the experiment finished.
+  std::vector<double> client_rss;
+  int bad_clients = 0;
+  r->clients_cpu_s = 0;
+  for (auto& c : clients) {
+    if (!c.WaitFor(std::chrono::seconds(30))) c.Stop();
+    if (c.exit_info()) {
+      r->clients_cpu_s += c.exit_info()->cpu_s;
+      client_rss.push_back(static_cast<double>(c.exit_info()->max_rss_kb) * 1024.0 / kMB);
+      if (c.exit_info()->code != 0) ++bad_clients;
+    }
+  }
+  if (bad_clients > 0) std::cerr << "e2e_round: warning: " << bad_clients << " fl-client(s) exited non-zero\n";
+  if (!client_rss.empty()) {
+    r->client_rss_mb_max = *std::max_element(client_rss.begin(), client_rss.end());
+    r->client_rss_mb_mean = Mean(client_rss);
+  }
+  return ReadRecords(db, r);
+}
+
+PointResult RunPoint(const Options& o, int k, uint64_t p, const std::string& dir) {
+  PointResult r;
+  r.k = k;
+  r.p = p;
+  r.rounds = o.rounds > 0 ? o.rounds : (p <= 5000000 ? 11 : 5);
+  // Memory guard: K clients at their peak plus the server's budget must fit in what the machine has free.
+  const double avail_mb = static_cast<double>(ProcKb("/proc/meminfo", "MemAvailable").value_or(0)) * 1024.0 / kMB;
+  const double need_mb = k * ClientEstimateMb(p) + BudgetMb(p) + 2.0 * ModelMb(p);
+  if (need_mb > o.memory_headroom * avail_mb && !o.force) {
+    r.note = fl::StrCat("not run: ", k, " fl-client processes need about ", std::lround(k * ClientEstimateMb(p)),
+                        " MB at their peak (", std::lround(ClientEstimateMb(p)), " MB each) plus the server; ",
+                        std::lround(avail_mb), " MB available (--force runs it anyway)");
+    return r;
+  }
+  // The raw-TCP repetitions are split around the federation (half before, half after), so that a change in
+  // the machine's load during the point weighs on both sides of the ratio.
+  const uint64_t bytes = kPayloadHeaderBytes + 4 * p;
+  auto raw = [&](int n) -> bool {
+    std::cerr << "e2e_round: K=" << k << " P=" << CountName(p) << ": raw TCP x" << n << "...\n";
+    for (int i = 0; i < n && !g_interrupted.load(); ++i) {
+      auto s = RawTcpRound(k, bytes, bytes);
+      if (!s.ok()) {
+        r.note = fl::StrCat("raw TCP failed: ", fl::ToStd(s.status().message()));
+        return false;
+      }
+      r.raw_samples.push_back(*s);
+    }
+    return true;
+  };
+  const int before = (o.raw_repeats + 1) / 2;
+  if (!raw(before)) return r;
+  std::cerr << "e2e_round: K=" << k << " P=" << CountName(p) << ": federation, " << r.rounds << " rounds...\n";
+  std::filesystem::create_directories(dir);
+  if (absl::Status s = RunFederation(o, dir, &r); !s.ok()) {
+    r.note = fl::StrCat("failed: ", fl::ToStd(s.message()), " (logs in ", dir, ")");
+    return r;
+  }
+  if (!raw(o.raw_repeats - before)) return r;
+  r.raw_s = Median(r.raw_samples);
+  r.ran = true;
+  return r;
+}
+
+std::string Fixed(double v, int digits) {
+  if (std::isnan(v)) return "–";
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
+  return buf;
+}
+
+void PrintTables(const std::vector<PointResult>& results) {
+  std::cout << "\n| K | P | model MB | rounds (measured) | round time s (median) | raw TCP s (median) | ratio | "
+               "server CPU s | server peak RSS MB | RSS / model | budget MB | ratio ≤ 2 | RSS within budget |\n"
+            << "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|:---:|\n";
+  for (const auto& r : results) {
+    const double model = ModelMb(r.p);
+    if (!r.ran) {
+      std::cout << "| " << r.k << " | " << CountName(r.p) << " | " << Fixed(model, 0) << " | " << r.rounds
+                << " | – | " << Fixed(r.raw_s, 3) << " | – | – | – | – | " << Fixed(BudgetMb(r.p), 0)
+                << " | – | – |\n";
+      continue;
+    }
+    const double round = Median(r.round_s);
+    const double ratio = round / r.raw_s;
+    std::cout << "| " << r.k << " | " << CountName(r.p) << " | " << Fixed(model, 0) << " | " << r.rounds << " ("
+              << r.round_s.size() << ") | " << Fixed(round, 3) << " | " << Fixed(r.raw_s, 3) << " | "
+              << Fixed(ratio, 1) << " | " << Fixed(r.server_cpu_s, 1) << " | " << Fixed(r.server_rss_mb, 0) << " | "
+              << Fixed(r.server_rss_mb / model, 1) << " | " << Fixed(BudgetMb(r.p), 0) << " | "
+              << (ratio <= 2.0 ? "yes" : "**no**") << " | " << (r.server_rss_mb < BudgetMb(r.p) ? "yes" : "**no**")
+              << " |\n";
+  }
+  std::cout << "\nDetails (means over the measured rounds; client phases are the clients' own timings, ms):\n\n"
+            << "| K | P | round s mean | min–max | first round s | aggregation ms | client downlink ms | "
+               "client train ms | server uplink ms | server CPU user/sys s | clients CPU s (sum) | client peak RSS MB "
+               "(max) | all clients RSS MB (peak) | raw TCP samples s |\n"
+            << "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+  for (const auto& r : results) {
+    if (!r.ran) continue;
+    std::string raw;
+    for (double s : r.raw_samples) raw += (raw.empty() ? "" : " ") + Fixed(s, 3);
+    const auto [mn, mx] = std::minmax_element(r.round_s.begin(), r.round_s.end());
+    std::cout << "| " << r.k << " | " << CountName(r.p) << " | " << Fixed(Mean(r.round_s), 3) << " | "
+              << Fixed(*mn, 3) << "–" << Fixed(*mx, 3) << " | " << Fixed(r.first_round_s, 3) << " | "
+              << Fixed(r.aggregation_ms, 1) << " | " << Fixed(r.downlink_ms, 1) << " | " << Fixed(r.train_ms, 1)
+              << " | " << Fixed(r.uplink_server_ms, 1) << " | " << Fixed(r.server_user_s, 1) << "/"
+              << Fixed(r.server_sys_s, 1) << " | " << Fixed(r.clients_cpu_s, 1) << " | " << Fixed(r.client_rss_mb_max, 0)
+              << " | " << Fixed(r.clients_rss_sum_peak_mb, 0) << " | " << raw << " |\n";
+  }
+  bool notes = false;
+  for (const auto& r : results) {
+    if (r.note.empty()) continue;
+    if (!notes) std::cout << "\n";
+    notes = true;
+    std::cout << "- K=" << r.k << ", P=" << CountName(r.p) << ": " << r.note << "\n";
+  }
+}
+
+void PrintMachine() {
+  utsname u{};
+  uname(&u);
+  std::string cpu;
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      cpu = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  const double total = static_cast<double>(ProcKb("/proc/meminfo", "MemTotal").value_or(0)) * 1024.0 / kMB;
+  const double avail = static_cast<double>(ProcKb("/proc/meminfo", "MemAvailable").value_or(0)) * 1024.0 / kMB;
+  std::cout << "Machine: " << cpu << ", " << std::thread::hardware_concurrency() << " CPUs online, "
+            << Fixed(total / 1e3, 1) << " GB RAM (" << Fixed(avail / 1e3, 1) << " GB available at start), "
+            << u.sysname << " " << u.release << " " << u.machine << "\n";
+}
+
+std::string LoadAverage() {
+  auto text = ReadFile("/proc/loadavg");
+  if (!text.ok()) return "?";
+  std::string t = *text;
+  // "0.52 0.58 0.59 1/467 12345": the three averages.
+  size_t cut = 0;
+  for (int spaces = 0; cut < t.size() && spaces < 3; ++cut) spaces += t[cut] == ' ';
+  return t.substr(0, cut > 0 ? cut - 1 : 0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"e2e_round: end-to-end federated rounds (fl-server + K fl-client processes, synthetic model, "
+               "loopback) against the raw-TCP limit of the same bytes"};
+  Options o;
+  app.add_option("--clients", o.clients, "Numbers of clients K (one point per value)")->capture_default_str();
+  app.add_option("--params", o.params, "Numbers of parameters P (1M, 25M, 250k, ...)")->capture_default_str();
+  app.add_option("--rounds", o.rounds, "Rounds per point, the first one is warm-up; 0: 11 for P <= 5M, else 5")
+      ->capture_default_str();
+  app.add_option("--raw-repeats", o.raw_repeats, "Raw-TCP repetitions per point (median reported)")
+      ->capture_default_str();
+  app.add_option("--work-dir", o.work_dir, "Where logs, records and RSS timelines go (default: a fresh /tmp dir)");
+  app.add_flag("--keep", o.keep, "Keep the work directory (kept anyway when a point fails)");
+  app.add_flag("--force", o.force, "Run points that the memory guard would skip");
+  app.add_option("--memory-headroom", o.memory_headroom, "Fraction of MemAvailable a point may plan to use")
+      ->capture_default_str();
+  app.add_option("--round-deadline-ms", o.round_deadline_ms, "fl-server --round-deadline-ms")->capture_default_str();
+  app.add_option("--timeout-s", o.timeout_s, "Give up on a point after this long")->capture_default_str();
+  app.add_option("--server-arg", o.server_args, "Extra fl-server argument (repeatable), e.g. --server-arg=--upload-slots=4");
+  app.add_option("--client-arg", o.client_args, "Extra fl-client argument (repeatable)");
+  app.add_option("--server-env", o.server_env, "NAME=VALUE added to fl-server's environment (repeatable), "
+                                               "e.g. --server-env=MALLOC_ARENA_MAX=2");
+  app.add_option("--train-ms", o.train_ms, "Simulated training time per round (synthetic:P:ms); 0: none")
+      ->capture_default_str();
+  app.add_option("--sample-ms", o.sample_ms, "RSS sampling period")->capture_default_str();
+  app.add_option("--server-bin", o.server_bin, "fl-server binary")->capture_default_str();
+  app.add_option("--client-bin", o.client_bin, "fl-client binary")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  if (o.rounds == 1 || o.rounds < 0 || o.raw_repeats < 1 || o.sample_ms < 1 || o.clients.empty()) {
+    std::cerr << "e2e_round: --rounds must be 0 or at least 2 (the first is warm-up), --raw-repeats and "
+                 "--sample-ms at least 1\n";
+    return 2;
+  }
+  for (int k : o.clients) {
+    if (k < 1) {
+      std::cerr << "e2e_round: --clients must be positive\n";
+      return 2;
+    }
+  }
+  std::vector<uint64_t> params;
+  for (const auto& s : o.params) {
+    auto p = ParseCount(s);
+    if (!p.ok()) {
+      std::cerr << "e2e_round: --params: " << p.status().message() << "\n";
+      return 2;
+    }
+    params.push_back(*p);
+  }
+  for (const std::string& bin : {o.server_bin, o.client_bin}) {
+    if (access(bin.c_str(), X_OK) != 0) {
+      std::cerr << "e2e_round: " << bin << " is not executable (build fl-server and fl-client)\n";
+      return 2;
+    }
+  }
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  bool made_dir = false;
+  if (o.work_dir.empty()) {
+    char tmpl[] = "/tmp/e2e_round.XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) {
+      std::cerr << "e2e_round: mkdtemp: " << std::strerror(errno) << "\n";
+      return 2;
+    }
+    o.work_dir = tmpl;
+    made_dir = true;
+  }
+  std::filesystem::create_directories(o.work_dir);
+
+  PrintMachine();
+  std::cout << "command:";
+  for (int i = 0; i < argc; ++i) std::cout << " " << argv[i];
+  std::cout << "\nload average at start: " << LoadAverage() << "\n";
+  std::cout << "fl-server: " << o.server_bin << "\nfl-client: " << o.client_bin << "\nwork dir: " << o.work_dir
+            << "\n";
+  std::vector<PointResult> results;
+  bool failed = false;
+  for (int k : o.clients) {
+    for (uint64_t p : params) {
+      if (g_interrupted.load()) break;
+      const std::string dir = fl::StrCat(o.work_dir, "/k", k, "-p", CountName(p));
+      PointResult r = RunPoint(o, k, p, dir);
+      if (r.ran) {
+        std::cerr << "e2e_round: K=" << k << " P=" << CountName(p) << ": round " << Fixed(Median(r.round_s), 3)
+                  << " s, raw TCP " << Fixed(r.raw_s, 3) << " s, server RSS " << Fixed(r.server_rss_mb, 0)
+                  << " MB\n";
+      } else {
+        std::cerr << "e2e_round: K=" << k << " P=" << CountName(p) << ": " << r.note << "\n";
+        if (r.note.rfind("not run", 0) != 0) failed = true;
+      }
+      results.push_back(std::move(r));
+    }
+  }
+  PrintTables(results);
+  std::cout << "\nload average at end: " << LoadAverage() << "\n";
+  if (made_dir && !o.keep && !failed) {
+    std::error_code ec;
+    std::filesystem::remove_all(o.work_dir, ec);
+  }
+  if (g_interrupted.load()) return 130;
+  return failed ? 1 : 0;
+}
