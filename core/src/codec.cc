@@ -294,9 +294,7 @@ class CodecImpl final : public Codec {
               "scale of block ", bad_scale, " (values ", first, "..",
               std::min<uint64_t>(first + block_, out_size) - 1, ") is ", scale,
               "; scales must be finite, >= 0 and small enough that every decoded value is finite (<= ",
-              ci::MaxCodeMagnitude(format) > 0
-                  ? std::numeric_limits<float>::max() / ci::MaxCodeMagnitude(format)
-                  : 0.0f,
+              std::numeric_limits<float>::max() / ci::MaxCodeMagnitude(format),
               "): the encoder that wrote it is faulty (the checksum matches); re-encode with this library"));
         }
         if (!ci::PaddingIsZero(format, body.data(), out_size, block_)) {

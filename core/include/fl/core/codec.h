@@ -79,6 +79,7 @@ struct CodecOptions {
   uint32_t block_size = 0;
 };
 
+// A Codec is immutable: every method is const and safe to call from several threads at once.
 class Codec {
  public:
   virtual ~Codec() = default;
@@ -91,7 +92,8 @@ class Codec {
   // Exact payload size in bytes (header included) for `num_values` values.
   virtual size_t EncodedSize(size_t num_values) const = 0;
 
-  // Encodes `values` into `out`, which is resized to EncodedSize(values.size()). Rejects NaN/Inf inputs.
+  // Encodes `values` into `out`, which is resized to EncodedSize(values.size()). Rejects NaN/Inf inputs (and,
+  // for fp16/bf16, values beyond the format's range), naming the index; `out` is then left empty.
   virtual absl::Status Encode(std::span<const float> values, std::vector<uint8_t>* out) const = 0;
 
   // Decodes a payload holding exactly out.size() values. The payload is fully validated first (header,
@@ -127,7 +129,8 @@ class ErrorFeedback {
  public:
   explicit ErrorFeedback(size_t num_values) : residual_(num_values, 0.0f) {}
 
-  // Encodes values + residual, then sets residual = (values + residual) − decode(payload).
+  // Encodes values + residual, then sets residual = (values + residual) − decode(payload). On error (a size
+  // mismatch, a NaN/Inf input) the residual is left as it was, so the caller may skip the step.
   absl::Status Encode(const Codec& codec, std::span<const float> values, std::vector<uint8_t>* out);
 
   std::span<const float> residual() const { return residual_; }
