@@ -108,7 +108,13 @@ int main(int argc, char** argv) {
   app.add_option("--give-up-after-s", give_up_s, "Exit with an error after this long without reaching the server")
       ->capture_default_str();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
+  int64_t clock_skew_ms = 0;
+  app.add_option("--clock-skew-ms", clock_skew_ms,
+                 "Test flag: shift every timestamp this client reports by this much (checks the server's "
+                 "clock-offset estimate)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  options.clock_skew_ns = clock_skew_ms * 1'000'000;
 
   spdlog::set_default_logger(spdlog::stderr_color_mt("fl-client"));
   spdlog::set_level(spdlog::level::from_str(log_level));

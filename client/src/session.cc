@@ -98,6 +98,8 @@ class FederatedClient::Impl {
   }
 
   absl::Status Run();
+  // This client's clock: the monotonic clock, shifted by the test skew.
+  int64_t Now() const { return NowNs() + options_.clock_skew_ns; }
   void Stop() {
     stop_ = true;
     task_cancelled_ = true;
@@ -171,17 +173,17 @@ class FederatedClient::Impl {
 
 absl::Status FederatedClient::Impl::Run() {
   Backoff backoff(options_.initial_backoff_ms, options_.max_backoff_ms, options_.seed ^ std::hash<std::string>{}(options_.client_name));
-  int64_t last_contact_ns = NowNs();
+  int64_t last_contact_ns = Now();
   absl::Status last_error;
   while (!stop_) {
     // Never wait in one attempt beyond the give-up time.
-    const int64_t left_ms = int64_t{options_.give_up_after_ms} - (NowNs() - last_contact_ns) / 1'000'000;
+    const int64_t left_ms = int64_t{options_.give_up_after_ms} - (Now() - last_contact_ns) / 1'000'000;
     auto joined = Join(static_cast<uint32_t>(std::clamp<int64_t>(left_ms, 100, options_.join_timeout_ms)));
     if (!joined.ok()) {
       if (joined.status().code() == absl::StatusCode::kFailedPrecondition) return joined.status();
       if (stop_) break;
       last_error = joined.status();
-      if (NowNs() - last_contact_ns >= int64_t{options_.give_up_after_ms} * 1'000'000) {
+      if (Now() - last_contact_ns >= int64_t{options_.give_up_after_ms} * 1'000'000) {
         return absl::UnavailableError(fl::StrCat("cannot reach fl-server at ", options_.server_address, " for ",
                                                  options_.give_up_after_ms / 1000, " s (last error: ",
                                                  fl::ToStd(last_error.message()),
@@ -193,7 +195,7 @@ absl::Status FederatedClient::Impl::Run() {
       continue;
     }
     backoff.Reset();
-    last_contact_ns = NowNs();
+    last_contact_ns = Now();
     client_id_ = joined->client_id();
     token_ = joined->session_token();
     heartbeat_ms_ = std::max<uint32_t>(joined->heartbeat_interval_ms(), 50);
@@ -208,7 +210,7 @@ absl::Status FederatedClient::Impl::Run() {
     auto end = RunSession();
     if (!end.ok()) return end.status();
     if (*end == SessionEnd::kFinished) return absl::OkStatus();
-    last_contact_ns = NowNs();
+    last_contact_ns = Now();
     if (stop_) break;
     const uint32_t wait_ms = backoff.NextMs();
     spdlog::info("session ended; reconnecting in {} ms", wait_ms);
@@ -304,7 +306,7 @@ absl::StatusOr<FederatedClient::Impl::SessionEnd> FederatedClient::Impl::RunSess
   ClientMessage hello;
   hello.mutable_hello()->set_client_id(client_id_);
   hello.mutable_hello()->set_session_token(token_);
-  hello.mutable_hello()->set_sent_client_ns(NowNs());
+  hello.mutable_hello()->set_sent_client_ns(Now());
   WriteToSession(hello);
 
   std::thread worker([this] { Worker(); });
@@ -315,7 +317,7 @@ absl::StatusOr<FederatedClient::Impl::SessionEnd> FederatedClient::Impl::RunSess
     std::unique_lock lock(hb_mu);
     while (!hb_cv.wait_for(lock, std::chrono::milliseconds(heartbeat_ms_), [&] { return hb_stop; })) {
       ClientMessage m;
-      m.mutable_heartbeat()->set_sent_client_ns(NowNs());
+      m.mutable_heartbeat()->set_sent_client_ns(Now());
       m.mutable_heartbeat()->set_state(fl::v1::CLIENT_STATE_IDLE);
       WriteToSession(m);
     }
@@ -333,11 +335,11 @@ absl::StatusOr<FederatedClient::Impl::SessionEnd> FederatedClient::Impl::RunSess
       }
       case ServerMessage::kPing: {
         ClientMessage pong;
-        const int64_t received = NowNs();
+        const int64_t received = Now();
         pong.mutable_pong()->set_ping_id(msg.ping().ping_id());
         pong.mutable_pong()->set_ping_sent_server_ns(msg.ping().sent_server_ns());
         pong.mutable_pong()->set_received_client_ns(received);
-        pong.mutable_pong()->set_sent_client_ns(NowNs());
+        pong.mutable_pong()->set_sent_client_ns(Now());
         WriteToSession(pong);
         break;
       }
@@ -421,7 +423,7 @@ void FederatedClient::Impl::ReportFailure(const std::string& task_id, const absl
 }
 
 absl::StatusOr<Downloaded> FederatedClient::Impl::Download(const fl::v1::Task& task) {
-  const int64_t start = NowNs();
+  const int64_t start = Now();
   grpc::ClientContext ctx;
   ctx.set_deadline(DeadlineAfterMs(std::max<uint32_t>(task.deadline_ms(), 1000)));
   fl::v1::DownloadModelRequest req;
@@ -463,7 +465,7 @@ absl::StatusOr<Downloaded> FederatedClient::Impl::Download(const fl::v1::Task& t
                                           header.payload_bytes(), " bytes, checksum ",
                                           checksum.has_value() ? "mismatch" : "missing", ")"));
   }
-  const int64_t received = NowNs();
+  const int64_t received = Now();
   if (header.spec().fingerprint() != trainer_->spec().fingerprint()) {
     return absl::FailedPreconditionError(fl::StrCat(
         "the server's model has fingerprint ", core::FingerprintToHex(header.spec().fingerprint()), " but this client's ",
@@ -486,7 +488,7 @@ absl::StatusOr<fl::v1::UploadUpdateResponse> FederatedClient::Impl::Upload(fl::v
   header.set_client_id(client_id_);
   header.set_session_token(token_);
   header.set_payload_bytes(payload.size());
-  header.set_upload_started_client_ns(NowNs());
+  header.set_upload_started_client_ns(Now());
   grpc::ClientContext ctx;
   ctx.set_deadline(DeadlineAfterMs(std::max<uint32_t>(deadline_ms, 1000)));
   fl::v1::UploadUpdateResponse resp;
@@ -515,7 +517,7 @@ absl::StatusOr<fl::v1::UploadUpdateResponse> FederatedClient::Impl::Upload(fl::v
 }
 
 void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
-  const int64_t task_start = NowNs();
+  const int64_t task_start = Now();
   auto global = Download(task);
   if (!global.ok()) {
     ReportFailure(task.task_id(), global.status());
@@ -524,9 +526,9 @@ void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
   if (task_cancelled_) return;
 
   if (task.kind() == fl::v1::TASK_KIND_EVALUATE) {
-    const int64_t eval_start = NowNs();
+    const int64_t eval_start = Now();
     auto result = trainer_->Evaluate(global_);
-    const int64_t eval_end = NowNs();
+    const int64_t eval_end = Now();
     if (!result.ok()) {
       ReportFailure(task.task_id(), result.status());
       return;
@@ -557,9 +559,9 @@ void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
   opts.proximal_mu = c.proximal_mu();
   opts.seed = c.seed();
   opts.cancelled = &task_cancelled_;
-  const int64_t train_start = NowNs();
+  const int64_t train_start = Now();
   auto result = trainer_->Train(global_, opts);
-  const int64_t train_end = NowNs();
+  const int64_t train_end = Now();
   if (task_cancelled_) return;
   if (!result.ok()) {
     ReportFailure(task.task_id(), result.status());
@@ -614,11 +616,11 @@ void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
   *h.add_timings() = global->timing;
   *h.add_timings() = Phase(fl::v1::PHASE_TRAIN, train_start, train_end);
   // Idle: time in the task not spent downloading or training (queueing, decoding, encoding).
-  const int64_t idle_ns = (NowNs() - task_start) - global->timing.duration_ns() - (train_end - train_start);
+  const int64_t idle_ns = (Now() - task_start) - global->timing.duration_ns() - (train_end - train_start);
   fl::v1::PhaseTiming idle = Phase(fl::v1::PHASE_IDLE, task_start, task_start + std::max<int64_t>(idle_ns, 0));
   *h.add_timings() = idle;
   const int64_t remaining_ms = (task.deadline_ms() > 0)
-                                   ? std::max<int64_t>(1000, task.deadline_ms() - (NowNs() - task_start) / 1'000'000 + 5000)
+                                   ? std::max<int64_t>(1000, task.deadline_ms() - (Now() - task_start) / 1'000'000 + 5000)
                                    : 60000;
   auto resp = Upload(h, payload, static_cast<uint32_t>(remaining_ms));
   if (!resp.ok()) {

@@ -20,7 +20,7 @@ constexpr std::string_view kRoundColumns =
 constexpr std::string_view kClientRoundColumns =
     "experiment_id, round, attempt, client_id, outcome, reject_reason, dispatched_unix_ms, num_examples, "
     "num_steps, downlink_ms, train_ms, eval_ms, uplink_ms, uplink_server_ms, idle_ms, downlink_bytes, "
-    "uplink_bytes, codec, train_loss";
+    "uplink_bytes, codec, train_loss, clock_offset_ms, clock_rtt_ms";
 constexpr std::string_view kEvaluationColumns =
     "experiment_id, round, attempt, client_id, num_examples, loss, accuracy, eval_ms";
 constexpr std::string_view kCheckpointColumns =
@@ -113,6 +113,8 @@ absl::StatusOr<ClientRoundRecord> ReadClientRound(const sqlite::Statement& st) {
   r.uplink_bytes = st.ColumnOptionalInt64(16);
   r.codec = st.ColumnText(17);
   r.train_loss = st.ColumnOptionalDouble(18);
+  r.clock_offset_ms = st.ColumnOptionalDouble(19);
+  r.clock_rtt_ms = st.ColumnOptionalDouble(20);
   return r;
 }
 

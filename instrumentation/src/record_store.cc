@@ -57,8 +57,8 @@ constexpr std::string_view kInsertClientRound = R"sql(
 INSERT INTO client_rounds (experiment_id, round, attempt, client_id, outcome, reject_reason,
                            dispatched_unix_ms, num_examples, num_steps, downlink_ms, train_ms, eval_ms,
                            uplink_ms, uplink_server_ms, idle_ms, downlink_bytes, uplink_bytes, codec,
-                           train_loss)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19))sql";
+                           train_loss, clock_offset_ms, clock_rtt_ms)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21))sql";
 
 constexpr std::string_view kInsertEvaluation = R"sql(
 INSERT INTO evaluations (experiment_id, round, attempt, client_id, num_examples, loss, accuracy, eval_ms)
@@ -226,6 +226,8 @@ struct RecordStore::Writer {
               st.BindOptionalInt64(17, r.uplink_bytes);
               st.BindTextOrNull(18, r.codec);
               st.BindOptionalDouble(19, r.train_loss);
+              st.BindOptionalDouble(20, r.clock_offset_ms);
+              st.BindOptionalDouble(21, r.clock_rtt_ms);
               return Run(st, "insert into client_rounds");
             },
             [&](const EvaluationRecord& r) {

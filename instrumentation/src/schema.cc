@@ -126,9 +126,18 @@ CREATE TABLE checkpoints (
 );
 )sql";
 
+// Version 2: the client's clock offset from the server (client minus server, from the minimum-rtt
+// four-timestamp exchange) and that exchange's round trip, at the time of each client round, so that the
+// client's timestamps can be placed on the server's timeline.
+constexpr std::string_view kSchemaV2 = R"sql(
+ALTER TABLE client_rounds ADD COLUMN clock_offset_ms REAL;
+ALTER TABLE client_rounds ADD COLUMN clock_rtt_ms REAL CHECK (clock_rtt_ms IS NULL OR clock_rtt_ms >= 0);
+)sql";
+
 // Append new migrations here: {N + 1, "what it does", R"sql(...)sql"}. Never edit a shipped entry.
 constexpr Migration kMigrations[] = {
     {1, "experiments, clients, rounds, client_rounds, evaluations, checkpoints", kSchemaV1, false},
+    {2, "client_rounds.clock_offset_ms, client_rounds.clock_rtt_ms", kSchemaV2, false},
 };
 
 std::string Hex(int64_t v) {

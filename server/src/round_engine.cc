@@ -15,6 +15,7 @@
 #include "fl/core/log_format.h"
 
 #include "fl/core/checksum.h"
+#include "fl/core/clock_sync.h"
 #include "fl/core/str_cat.h"
 #include "fl/proto/convert.h"
 #include "fl/core/clock.h"
@@ -31,6 +32,10 @@ struct RoundEngine::ClientInfo {
   int64_t last_seen_ns = 0;
   std::string open_task;
   uint64_t server_seq = 0;
+  // Clock sync: a ping goes out when the session opens and with every heartbeat; pongs feed the estimator.
+  core::ClockOffsetEstimator clock;
+  uint64_t next_ping_id = 0;
+  std::map<uint64_t, int64_t> pings_in_flight;  // ping id -> t1 (server clock), the last few only
 };
 
 struct RoundEngine::TaskInfo {
@@ -494,11 +499,28 @@ void RoundEngine::HandleSessionOpen(SessionOpenEvent& e) {
   }
   client->session = e.channel;
   client->last_seen_ns = NowNs();
+  // A new session may be a restarted client process, whose monotonic clock has another origin.
+  client->clock = core::ClockOffsetEstimator();
+  client->pings_in_flight.clear();
   fl::v1::ServerMessage welcome;
   welcome.set_seq(++client->server_seq);
   welcome.mutable_welcome()->set_sent_server_ns(NowNs());
   welcome.mutable_welcome()->set_current_round(round_);
   client->session->Send(std::move(welcome));
+  SendPing(*client);
+}
+
+void RoundEngine::SendPing(ClientInfo& client) {
+  if (client.session == nullptr) return;
+  fl::v1::ServerMessage ping;
+  ping.set_seq(++client.server_seq);
+  const uint64_t id = ++client.next_ping_id;
+  const int64_t t1 = NowNs();
+  ping.mutable_ping()->set_ping_id(id);
+  ping.mutable_ping()->set_sent_server_ns(t1);
+  client.pings_in_flight[id] = t1;
+  while (client.pings_in_flight.size() > 8) client.pings_in_flight.erase(client.pings_in_flight.begin());
+  client.session->Send(std::move(ping));
 }
 
 void RoundEngine::HandleSessionMessage(SessionMessageEvent& e) {
@@ -552,8 +574,23 @@ void RoundEngine::HandleSessionMessage(SessionMessageEvent& e) {
       }
       break;
     }
+    case fl::v1::ClientMessage::kHeartbeat:
+      SendPing(*client);
+      break;
+    case fl::v1::ClientMessage::kPong: {
+      // t1 is our own record of the ping, not the echoed value: a client cannot skew the estimate by
+      // echoing something else.
+      auto it = client->pings_in_flight.find(m.pong().ping_id());
+      if (it == client->pings_in_flight.end()) break;
+      const int64_t t1 = it->second;
+      client->pings_in_flight.erase(it);
+      if (!client->clock.Add(t1, m.pong().received_client_ns(), m.pong().sent_client_ns(), e.received_server_ns)) {
+        spdlog::debug("client '{}' sent an inconsistent pong (ignored)", client->id);
+      }
+      break;
+    }
     default:
-      break;  // heartbeats and pongs only refresh last_seen here
+      break;
   }
 }
 
@@ -771,6 +808,12 @@ fl::v1::UploadUpdateResponse RoundEngine::AcceptUpdate(UploadDoneEvent& e, TaskI
   rec.uplink_server_ms = static_cast<double>(e.done_server_ns - e.first_byte_server_ns) / 1e6;
   if (auto it = h.metrics().find("train_loss"); it != h.metrics().end() && std::isfinite(it->second)) {
     rec.train_loss = it->second;
+  }
+  if (auto c = clients_.find(task->client_id); c != clients_.end()) {
+    if (auto est = c->second->clock.Estimate(); est.has_value()) {
+      rec.clock_offset_ms = static_cast<double>(est->offset_ns) / 1e6;
+      rec.clock_rtt_ms = static_cast<double>(est->rtt_ns) / 1e6;
+    }
   }
 
   // Rows of a round are written after the round's own row (foreign keys), so they wait in the round state;

@@ -112,9 +112,10 @@ RoundEngine::StartPoint InitialModel(uint64_t seed) {
 }
 
 std::unique_ptr<RunningClient> StartClient(const std::string& address, const std::string& name, uint64_t seed,
-                                           const std::string& link = "ethernet") {
+                                           const std::string& link = "ethernet", int64_t clock_skew_ns = 0,
+                                           uint32_t train_ms = 0) {
   auto c = std::make_unique<RunningClient>();
-  c->trainer = std::make_unique<client::SyntheticTrainer>(kParams, 100 + seed, seed);
+  c->trainer = std::make_unique<client::SyntheticTrainer>(kParams, 100 + seed, seed, train_ms);
   client::ClientOptions o;
   o.server_address = address;
   o.client_name = name;
@@ -123,6 +124,7 @@ std::unique_ptr<RunningClient> StartClient(const std::string& address, const std
   o.give_up_after_ms = 20000;
   o.initial_backoff_ms = 50;
   o.max_backoff_ms = 500;
+  o.clock_skew_ns = clock_skew_ns;
   c->session = std::make_unique<client::FederatedClient>(o, c->trainer.get());
   RunningClient* raw = c.get();
   c->thread = std::thread([raw] { raw->result = raw->session->Run(); });
@@ -261,6 +263,38 @@ class RawClient {
  private:
   std::unique_ptr<fl::v1::Federation::Stub> stub_;
 };
+
+// Clients whose clocks are set 250 ms ahead and 1.5 s behind the server's: the offset the server estimates
+// over the session stream (four-timestamp pings, minimum round trip) and records with every update is within
+// a few milliseconds of the skew on loopback.
+TEST(FederationTest, EstimatesEachClientsClockOffset) {
+  fl::testing::ScratchDir dir("fl_server");
+  EngineConfig config = SmallConfig("");
+  config.fit = {1.0, 2, 2};
+  config.evaluate_every = 0;
+  TestServer server(config, dir.File("records.db"), InitialModel(1));
+  auto ahead = StartClient(server.address(), "ahead", 1, "wifi", 250'000'000, 300);
+  auto behind = StartClient(server.address(), "behind", 2, "wifi", -1'500'000'000, 300);
+  const EngineResult result = server.Wait();
+  ASSERT_EQ(result.status, "finished") << result.reason;
+  ahead->thread.join();
+  behind->thread.join();
+  server.Stop();
+  auto reader = *RecordReader::Open(dir.File("records.db"));
+  for (int64_t round = 1; round <= 2; ++round) {
+    auto rows = reader->ListClientRounds(result.experiment_id, round);
+    ASSERT_TRUE(rows.ok()) << rows.status();
+    ASSERT_EQ(rows->size(), 2u);
+    for (const auto& row : *rows) {
+      ASSERT_TRUE(row.clock_offset_ms.has_value()) << row.client_id;
+      ASSERT_TRUE(row.clock_rtt_ms.has_value());
+      const double skew_ms = row.client_id == "ahead" ? 250.0 : -1500.0;
+      EXPECT_NEAR(*row.clock_offset_ms, skew_ms, 5.0) << row.client_id << " round " << round;
+      EXPECT_GE(*row.clock_rtt_ms, 0.0);
+      EXPECT_LT(*row.clock_rtt_ms, 50.0);
+    }
+  }
+}
 
 TEST(FederationTest, RefusesAJoinWithAnotherModel) {
   fl::testing::ScratchDir dir("fl_server");

@@ -34,6 +34,9 @@ struct ClientOptions {
   uint32_t initial_backoff_ms = 200;
   uint32_t max_backoff_ms = 10000;
   uint64_t seed = 0;                     // of the backoff jitter
+  // Test flag: shifts every timestamp this client reports (pongs, phase starts) by this much, as if its
+  // clock were set differently; the server's clock-offset estimate must find it.
+  int64_t clock_skew_ns = 0;
 };
 
 class FederatedClient {

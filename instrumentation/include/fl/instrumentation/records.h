@@ -144,6 +144,8 @@ struct ClientRoundRecord {
   std::optional<int64_t> uplink_bytes;       // on the wire, client -> server
   std::string codec;                         // update codec, e.g. fp32, int8-blockwise; "" = unknown
   std::optional<double> train_loss;          // mean local train loss over this round's steps
+  std::optional<double> clock_offset_ms;     // client clock minus server clock (min-rtt exchange); schema v2
+  std::optional<double> clock_rtt_ms;        // round trip of that exchange: the offset is good to +- rtt/2
 };
 
 // One row of `evaluations`: one client's evaluation of the global model in one round attempt.

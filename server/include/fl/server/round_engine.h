@@ -133,6 +133,8 @@ class RoundEngine {
   void StartEvaluation();
   // Sends `task` to `client` (filling in the model and deadline fields) and opens it in the current round.
   void Dispatch(ClientInfo& client, fl::v1::Task task, uint32_t attempt);
+  // Sends a clock-sync ping (the first half of the four-timestamp exchange, see fl/core/clock_sync.h).
+  void SendPing(ClientInfo& client);
   void CloseEvaluation();
   void Finish(std::string status, std::string reason);
 
