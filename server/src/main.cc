@@ -157,6 +157,9 @@ int main(int argc, char** argv) {
   app.add_option("--initial-model", initial_model, "Start from this checkpoint file's model instead of the first client's");
   app.add_flag("--resume", resume, "Continue the experiment after its last committed round (needs --db, --checkpoint-dir)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
+  std::string metrics_addr;
+  app.add_option("--metrics-addr", metrics_addr,
+                 "Serve Prometheus metrics on /metrics at this address (e.g. 0.0.0.0:9464); empty: off");
   CLI11_PARSE(app, argc, argv);
 
   spdlog::set_default_logger(spdlog::stderr_color_mt("fl-server"));
@@ -212,7 +215,18 @@ int main(int argc, char** argv) {
     }
     records = std::move(*opened);
   }
+  std::unique_ptr<fl::instrumentation::ServerMetrics> metrics;
+  if (!metrics_addr.empty()) {
+    auto started = fl::instrumentation::ServerMetrics::Start(metrics_addr);
+    if (!started.ok()) {
+      std::cerr << "fl-server: " << started.status().message() << "\n";
+      return 2;
+    }
+    metrics = std::move(*started);
+    spdlog::info("metrics on http://{}/metrics (port {})", metrics_addr, metrics->port());
+  }
   fl::server::RoundEngine engine(config, records.get(), std::move(start));
+  engine.SetMetrics(metrics.get());
   if (absl::Status s = engine.Start(); !s.ok()) {
     std::cerr << "fl-server: " << s.message() << "\n";
     return 2;

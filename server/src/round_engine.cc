@@ -508,6 +508,14 @@ void RoundEngine::HandleSessionOpen(SessionOpenEvent& e) {
   welcome.mutable_welcome()->set_current_round(round_);
   client->session->Send(std::move(welcome));
   SendPing(*client);
+  UpdateConnectedGauge();
+}
+
+void RoundEngine::UpdateConnectedGauge() {
+  if (metrics_ == nullptr) return;
+  int64_t connected = 0;
+  for (const auto& [id, c] : clients_) connected += c->session != nullptr;
+  metrics_->SetConnectedClients(connected);
 }
 
 void RoundEngine::SendPing(ClientInfo& client) {
@@ -604,6 +612,7 @@ void RoundEngine::HandleSessionClosed(SessionClosedEvent& e) {
     }
     spdlog::info("client '{}' disconnected", id);
   }
+  UpdateConnectedGauge();
 }
 
 void RoundEngine::HandleDownload(DownloadEvent& e) {
@@ -835,6 +844,26 @@ fl::v1::UploadUpdateResponse RoundEngine::AcceptUpdate(UploadDoneEvent& e, TaskI
         ++current_->rejected;
         ++rejected_by_reason_[ReasonName(verdict.error().code())];
       }
+      if (metrics_ != nullptr) {
+        const std::string_view reason =
+            outcome == instrumentation::ClientOutcome::kRejected ? ReasonName(verdict.error().code()) : "";
+        metrics_->CountUpdate(instrumentation::ClientOutcomeName(outcome), reason);
+        if (outcome == instrumentation::ClientOutcome::kOk) {
+          const auto& join = clients_.at(task->client_id)->join;
+          const std::string link = std::string(wire::LinkKindName(join.link().kind()));
+          const std::string& device = join.device().device_class();
+          auto phase = [&](std::string_view name, const std::optional<double>& ms) {
+            if (ms.has_value()) metrics_->ObservePhase(name, link, device, task->client_id, *ms / 1000.0);
+          };
+          phase("downlink", rec.downlink_ms);
+          phase("train", rec.train_ms);
+          phase("eval", rec.eval_ms);
+          phase("idle", rec.idle_ms);
+          phase("uplink", rec.uplink_server_ms);
+          metrics_->AddBytes("down", link, static_cast<uint64_t>(rec.downlink_bytes.value_or(0)));
+          metrics_->AddBytes("up", link, static_cast<uint64_t>(rec.uplink_bytes.value_or(0)));
+        }
+      }
       current_->client_rows.push_back(std::move(rec));
     }
     return verdict;
@@ -950,6 +979,7 @@ void RoundEngine::CloseTaskAsDropped(TaskInfo& task, std::string_view why) {
   }
   if (current_ != nullptr && current_->round == task.round && current_->attempt == task.attempt) {
     ++(late ? current_->late : current_->dropped);
+    if (metrics_ != nullptr && task.kind == fl::v1::TASK_KIND_TRAIN) metrics_->CountUpdate(task.outcome, "");
   }
   spdlog::info("task {} of client '{}' {}: {}", task.id, task.client_id, task.outcome, why);
   if (current_ == nullptr || current_->evaluation || task.kind != fl::v1::TASK_KIND_TRAIN ||
@@ -970,6 +1000,7 @@ void RoundEngine::DisconnectClient(ClientInfo& client, std::string_view why) {
   if (client.session != nullptr) {
     client.session->Close(grpc::Status(grpc::StatusCode::CANCELLED, std::string(why)));
     client.session.reset();
+    UpdateConnectedGauge();
   }
   if (!client.open_task.empty()) {
     auto t = tasks_.find(client.open_task);
@@ -1214,6 +1245,11 @@ void RoundEngine::CloseRound() {
   rec.aggregation_ms = aggregation_ms;
   rec.model_version = static_cast<int64_t>(model_version_);
   last_round_summary_ = {r.round, r.accepted, rec.train_loss, rec.duration_ms};
+  if (metrics_ != nullptr) {
+    metrics_->ObserveRound(rec.duration_ms / 1000.0);
+    metrics_->ObserveAggregation(aggregation_ms / 1000.0);
+    metrics_->SetCurrentRound(r.round);
+  }
   Record(std::move(rec));
   for (auto& row : r.client_rows) Record(std::move(row));
   if (records_ != nullptr) {

@@ -5,6 +5,13 @@
 #include <limits>
 #include <thread>
 
+#include <arpa/inet.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
@@ -15,6 +22,7 @@
 #include "fl/core/str_cat.h"
 #include "fl/instrumentation/record_reader.h"
 #include "fl/instrumentation/record_store.h"
+#include "fl/instrumentation/server_metrics.h"
 #include "fl/proto/convert.h"
 #include "fl/server/checkpoint.h"
 #include "fl/server/round_engine.h"
@@ -51,9 +59,11 @@ EngineConfig SmallConfig(const std::string& checkpoint_dir) {
 // A server (engine + gRPC service + records) on a free loopback port.
 class TestServer {
  public:
-  TestServer(EngineConfig config, const std::string& db, RoundEngine::StartPoint start = {}) {
+  TestServer(EngineConfig config, const std::string& db, RoundEngine::StartPoint start = {},
+             instrumentation::ServerMetrics* metrics = nullptr) {
     records_ = *RecordStore::Open(db);
     engine_ = std::make_unique<RoundEngine>(std::move(config), records_.get(), std::move(start));
+    engine_->SetMetrics(metrics);
     EXPECT_TRUE(engine_->Start().ok());
     service_ = std::make_unique<FederationService>(engine_.get());
     auto running = StartGrpcServer(service_.get(), "127.0.0.1:0");
@@ -294,6 +304,62 @@ TEST(FederationTest, EstimatesEachClientsClockOffset) {
       EXPECT_LT(*row.clock_rtt_ms, 50.0);
     }
   }
+}
+
+// A plain HTTP GET on loopback, as Prometheus scrapes.
+std::string HttpGet(int port, const std::string& path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  (void)!write(fd, req.data(), req.size());
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) out.append(buf, static_cast<size_t>(n));
+  close(fd);
+  const size_t body = out.find("\r\n\r\n");
+  return body == std::string::npos ? "" : out.substr(body + 4);
+}
+
+TEST(FederationTest, ServesPrometheusMetricsThatPromtoolAccepts) {
+  fl::testing::ScratchDir dir("fl_server");
+  auto metrics = instrumentation::ServerMetrics::Start("127.0.0.1:0");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  ASSERT_GT((*metrics)->port(), 0);
+  EngineConfig config = SmallConfig("");
+  config.fit = {1.0, 2, 2};
+  config.evaluate_every = 0;
+  TestServer server(config, dir.File("records.db"), InitialModel(1), metrics->get());
+  auto a = StartClient(server.address(), "pi-a", 1, "5g");
+  auto b = StartClient(server.address(), "pi-b", 2, "wifi");
+  const EngineResult result = server.Wait();
+  ASSERT_EQ(result.status, "finished") << result.reason;
+  a->thread.join();
+  b->thread.join();
+  const std::string text = HttpGet((*metrics)->port(), "/metrics");
+  ASSERT_FALSE(text.empty());
+  EXPECT_NE(text.find("fl_current_round 2"), std::string::npos) << text;
+  EXPECT_NE(text.find("fl_round_seconds_count 2"), std::string::npos) << text;
+  EXPECT_NE(text.find("fl_aggregation_seconds_count 2"), std::string::npos);
+  EXPECT_NE(text.find("fl_updates_total{outcome=\"ok\",reason=\"\"} 4"), std::string::npos) << text;
+  EXPECT_NE(text.find("fl_client_phase_seconds_count{client=\"pi-a\",device_class=\"test\",link_kind=\"5g\","
+                      "phase=\"train\"} 2"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("fl_bytes_total{direction=\"up\",link_kind=\"wifi\"}"), std::string::npos);
+  EXPECT_EQ(text.find("round=\""), std::string::npos) << "a round number must never be a label";
+  // The real promtool (Debian's prometheus package) lints the exposition.
+  const std::string file = dir.File("metrics.txt");
+  std::ofstream(file) << text;
+  const int rc = std::system(("promtool check metrics < " + file + " > " + dir.File("lint.txt") + " 2>&1").c_str());
+  std::ifstream lint(dir.File("lint.txt"));
+  EXPECT_EQ(rc, 0) << std::string(std::istreambuf_iterator<char>(lint), {});
 }
 
 TEST(FederationTest, RefusesAJoinWithAnotherModel) {

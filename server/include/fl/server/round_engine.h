@@ -38,6 +38,7 @@
 #include "fl/server/checkpoint.h"
 #include "fl/server/events.h"
 #include "fl/instrumentation/record_store.h"
+#include "fl/instrumentation/server_metrics.h"
 #include "fl/server/selection.h"
 
 namespace fl::server {
@@ -96,6 +97,8 @@ class RoundEngine {
   RoundEngine(const RoundEngine&) = delete;
   RoundEngine& operator=(const RoundEngine&) = delete;
 
+  // Live metrics to update (optional; set before Start).
+  void SetMetrics(instrumentation::ServerMetrics* metrics) { metrics_ = metrics; }
   // Validates the configuration and starts the engine thread.
   absl::Status Start();
   // Thread-safe, non-blocking.
@@ -135,6 +138,7 @@ class RoundEngine {
   void Dispatch(ClientInfo& client, fl::v1::Task task, uint32_t attempt);
   // Sends a clock-sync ping (the first half of the four-timestamp exchange, see fl/core/clock_sync.h).
   void SendPing(ClientInfo& client);
+  void UpdateConnectedGauge();
   void CloseEvaluation();
   void Finish(std::string status, std::string reason);
 
@@ -155,6 +159,7 @@ class RoundEngine {
 
   EngineConfig config_;
   instrumentation::RecordStore* records_;
+  instrumentation::ServerMetrics* metrics_ = nullptr;
   StartPoint start_;
 
   std::mutex mu_;
