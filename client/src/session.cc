@@ -622,7 +622,18 @@ void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
   const int64_t remaining_ms = (task.deadline_ms() > 0)
                                    ? std::max<int64_t>(1000, task.deadline_ms() - (Now() - task_start) / 1'000'000 + 5000)
                                    : 60000;
+  const int64_t upload_start = Now();
   auto resp = Upload(h, payload, static_cast<uint32_t>(remaining_ms));
+  const int64_t upload_acked = Now();
+  if (resp.ok()) {
+    // The uplink ends with the server's ack, so the client can report its own view of it only now.
+    ClientMessage m;
+    m.mutable_status()->set_task_id(task.task_id());
+    m.mutable_status()->set_state(fl::v1::CLIENT_STATE_IDLE);
+    m.mutable_status()->set_progress(1.0f);
+    *m.mutable_status()->add_timings() = Phase(fl::v1::PHASE_UPLINK, upload_start, upload_acked, payload.size());
+    WriteToSession(m);
+  }
   if (!resp.ok()) {
     spdlog::warn("round {}: {}", task.round(), resp.status().message());
     return;

@@ -60,6 +60,10 @@ INSERT INTO client_rounds (experiment_id, round, attempt, client_id, outcome, re
                            train_loss, clock_offset_ms, clock_rtt_ms)
 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21))sql";
 
+constexpr std::string_view kUpdateClientRoundUplink = R"sql(
+UPDATE client_rounds SET uplink_ms = ?5
+WHERE experiment_id = ?1 AND round = ?2 AND attempt = ?3 AND client_id = ?4)sql";
+
 constexpr std::string_view kInsertEvaluation = R"sql(
 INSERT INTO evaluations (experiment_id, round, attempt, client_id, num_examples, loss, accuracy, eval_ms)
 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8))sql";
@@ -82,6 +86,7 @@ struct RecordStore::Writer {
   sqlite::Statement insert_round;
   sqlite::Statement update_round_evaluation;
   sqlite::Statement insert_client_round;
+  sqlite::Statement update_client_round_uplink;
   sqlite::Statement insert_evaluation;
   sqlite::Statement insert_checkpoint;
 
@@ -100,6 +105,7 @@ struct RecordStore::Writer {
                            Entry{&insert_round, kInsertRound},
                            Entry{&update_round_evaluation, kUpdateRoundEvaluation},
                            Entry{&insert_client_round, kInsertClientRound},
+                           Entry{&update_client_round_uplink, kUpdateClientRoundUplink},
                            Entry{&insert_evaluation, kInsertEvaluation},
                            Entry{&insert_checkpoint, kInsertCheckpoint}}) {
       absl::StatusOr<sqlite::Statement> stmt = db.Prepare(e.sql, /*persistent=*/true);
@@ -229,6 +235,15 @@ struct RecordStore::Writer {
               st.BindOptionalDouble(20, r.clock_offset_ms);
               st.BindOptionalDouble(21, r.clock_rtt_ms);
               return Run(st, "insert into client_rounds");
+            },
+            [&](const ClientRoundUplinkUpdate& r) {
+              sqlite::Statement& st = update_client_round_uplink;
+              st.BindText(1, r.experiment_id);
+              st.BindInt64(2, r.round);
+              st.BindInt64(3, r.attempt);
+              st.BindText(4, r.client_id);
+              st.BindDouble(5, r.uplink_ms);
+              return Run(st, "update client_rounds (uplink)", /*expect_change=*/true);
             },
             [&](const EvaluationRecord& r) {
               sqlite::Statement& st = insert_evaluation;

@@ -102,6 +102,10 @@ std::string DescribeRecord(const Record& record) {
             return fl::StrCat("round evaluation (experiment ", r.experiment_id, ", round ", r.round, ", attempt ",
                               r.attempt, ")");
           },
+          [](const ClientRoundUplinkUpdate& r) {
+            return fl::StrCat("client round uplink (experiment ", r.experiment_id, ", round ", r.round, ", attempt ",
+                              r.attempt, ", client ", r.client_id, ")");
+          },
           [](const ClientRoundRecord& r) {
             return fl::StrCat("client round (experiment ", r.experiment_id, ", round ", r.round, ", attempt ",
                               r.attempt, ", client ", r.client_id, ")");

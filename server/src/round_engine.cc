@@ -511,6 +511,27 @@ void RoundEngine::HandleSessionOpen(SessionOpenEvent& e) {
   UpdateConnectedGauge();
 }
 
+void RoundEngine::RecordClientUplink(const ClientInfo& client, const std::string& task_id, double uplink_ms) {
+  auto t = tasks_.find(task_id);
+  if (state_ == EngineState::kFinished || t == tasks_.end() || t->second->client_id != client.id ||
+      t->second->kind != fl::v1::TASK_KIND_TRAIN || !t->second->closed || !std::isfinite(uplink_ms) ||
+      uplink_ms < 0) {
+    return;  // not an update of this client that the server has answered: nothing to attach it to
+  }
+  const TaskInfo& task = *t->second;
+  // The row is still buffered while its round is open, and already written once the round closed (the
+  // last update of a round closes it before the client can report its uplink).
+  if (current_ != nullptr && !current_->evaluation && current_->round == task.round &&
+      current_->attempt == task.attempt) {
+    for (auto& row : current_->client_rows) {
+      if (row.client_id == client.id) row.uplink_ms = uplink_ms;
+    }
+    return;
+  }
+  Record(instrumentation::ClientRoundUplinkUpdate{config_.experiment_id, static_cast<int64_t>(task.round),
+                                                  task.attempt, client.id, uplink_ms});
+}
+
 void RoundEngine::UpdateConnectedGauge() {
   if (metrics_ == nullptr) return;
   int64_t connected = 0;
@@ -541,6 +562,9 @@ void RoundEngine::HandleSessionMessage(SessionMessageEvent& e) {
   const fl::v1::ClientMessage& m = e.message;
   switch (m.kind_case()) {
     case fl::v1::ClientMessage::kStatus:
+      if (auto uplink = PhaseMs(m.status().timings(), fl::v1::PHASE_UPLINK); uplink.has_value()) {
+        RecordClientUplink(*client, m.status().task_id(), *uplink);
+      }
       if (m.status().state() == fl::v1::CLIENT_STATE_FAILED && m.status().task_id() == client->open_task) {
         auto t = tasks_.find(client->open_task);
         if (t != tasks_.end()) {

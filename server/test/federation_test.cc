@@ -176,6 +176,10 @@ TEST(FederationTest, RunsRoundsAndRecordsEveryClientAndRound) {
       EXPECT_GT(row.downlink_bytes.value_or(0), static_cast<int64_t>(kParams * 4));
       EXPECT_TRUE(row.train_ms.has_value());
       EXPECT_TRUE(row.uplink_server_ms.has_value());
+      // The client's own uplink (first byte sent -> ack), reported after the ack, reaches every row,
+      // including that of the update which closed the round.
+      ASSERT_TRUE(row.uplink_ms.has_value()) << row.client_id << " round " << r.round;
+      EXPECT_GT(*row.uplink_ms, 0.0);
     }
     EXPECT_EQ(reader->ListEvaluations(result.experiment_id, r.round)->size(), 3u);
   }

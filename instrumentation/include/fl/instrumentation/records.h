@@ -148,6 +148,16 @@ struct ClientRoundRecord {
   std::optional<double> clock_rtt_ms;        // round trip of that exchange: the offset is good to +- rtt/2
 };
 
+// Sets the client's own view of the uplink of a client round already written (the client can only measure
+// it after the server acknowledged the update, so it arrives after the row). The row must exist.
+struct ClientRoundUplinkUpdate {
+  std::string experiment_id;
+  int64_t round = 0;
+  int64_t attempt = 0;
+  std::string client_id;
+  double uplink_ms = 0;  // client view: first byte of the update sent -> server ack
+};
+
 // One row of `evaluations`: one client's evaluation of the global model in one round attempt.
 struct EvaluationRecord {
   std::string experiment_id;
@@ -173,7 +183,8 @@ struct CheckpointRecord {
 };
 
 using Record = std::variant<ExperimentRecord, ExperimentStatusUpdate, ClientRecord, ClientLeftRecord, RoundRecord,
-                            RoundEvaluationUpdate, ClientRoundRecord, EvaluationRecord, CheckpointRecord>;
+                            RoundEvaluationUpdate, ClientRoundRecord, ClientRoundUplinkUpdate, EvaluationRecord,
+                            CheckpointRecord>;
 
 // "round (experiment e1, round 3, attempt 0)": names a record in errors.
 std::string DescribeRecord(const Record& record);

@@ -139,6 +139,8 @@ class RoundEngine {
   // Sends a clock-sync ping (the first half of the four-timestamp exchange, see fl/core/clock_sync.h).
   void SendPing(ClientInfo& client);
   void UpdateConnectedGauge();
+  // The client's own uplink time (reported after the server's ack) into its client_rounds row.
+  void RecordClientUplink(const ClientInfo& client, const std::string& task_id, double uplink_ms);
   void CloseEvaluation();
   void Finish(std::string status, std::string reason);
 
