@@ -1,6 +1,5 @@
 #include "fl/instrumentation/records.h"
 
-#include <chrono>
 
 #include "fl/core/str_cat.h"
 
@@ -72,12 +71,6 @@ absl::StatusOr<ClientOutcome> ParseClientOutcome(std::string_view name) {
   return ParseEnum(name,
                    {ClientOutcome::kOk, ClientOutcome::kLate, ClientOutcome::kDropped, ClientOutcome::kRejected},
                    ClientOutcomeName, "client outcome");
-}
-
-int64_t NowUnixMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
 }
 
 std::string DescribeRecord(const Record& record) {

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "fl/core/clock.h"
+
 namespace fl::instrumentation {
 namespace {
 
@@ -56,7 +58,7 @@ TEST(RecordsTest, DescribeNamesTheKindAndKey) {
 }
 
 TEST(RecordsTest, NowIsAPlausibleUnixTimeInMilliseconds) {
-  const int64_t now = NowUnixMs();
+  const int64_t now = fl::UnixMs();
   EXPECT_GT(now, 1'600'000'000'000);  // after 2020
   EXPECT_LT(now, 4'102'444'800'000);  // before 2100
 }

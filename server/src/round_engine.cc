@@ -420,7 +420,6 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
   client.token = RandomHex(16);
   client.join = req;
   client.last_seen_ns = NowNs();
-  departed_.erase(client.id);
   if (client.session != nullptr) {
     // A rejoin means the client restarted: its old stream (if the server still has one) is stale.
     client.session->Close(grpc::Status(grpc::StatusCode::ABORTED, "replaced by a new session after rejoin"));
@@ -710,8 +709,7 @@ void RoundEngine::HandleUploadStart(UploadStartEvent& e) {
                                             fl::StrCat("the deadline of round ", task.round, " has passed"), "",
                                             "a faster link or fewer local steps would help")));
     }
-    if (h.codec() != uplink_codec_->name() &&
-        !(h.codec().rfind(std::string(uplink_codec_->name()), 0) == 0)) {
+    if (h.codec() != config_.uplink_codec) {
       return refuse(Rejected(h.task_id(), fl::v1::ERROR_CODE_UNSUPPORTED_CODEC,
                              fl::StrCat("update uses codec '", h.codec(), "' but the task asked for '",
                                         config_.uplink_codec, "'")));
@@ -866,7 +864,6 @@ fl::v1::UploadUpdateResponse RoundEngine::AcceptUpdate(UploadDoneEvent& e, TaskI
       if (outcome == instrumentation::ClientOutcome::kLate) ++current_->late;
       if (outcome == instrumentation::ClientOutcome::kRejected) {
         ++current_->rejected;
-        ++rejected_by_reason_[ReasonName(verdict.error().code())];
       }
       if (metrics_ != nullptr) {
         const std::string_view reason =
@@ -960,7 +957,6 @@ void RoundEngine::HandleLeave(LeaveEvent& e) {
   spdlog::info("client '{}' left: {}", client->id, e.request.reason());
   DisconnectClient(*client, fl::StrCat("the client left: ", e.request.reason()));
   client->token.clear();
-  departed_.insert(client->id);
   e.reply(grpc::Status::OK, resp);
 }
 

@@ -193,7 +193,7 @@ class UploadStream final : public grpc::ServerReadReactor<fl::v1::UpdateChunk> {
         header_ = in_.header();
         first_byte_ns_ = NowNs();
         stage_ = Stage::kAdmitting;
-        engine_->Post(UploadStartEvent{0, header_, first_byte_ns_,
+        engine_->Post(UploadStartEvent{header_, first_byte_ns_,
                                        [this](std::optional<fl::v1::UploadUpdateResponse> refusal,
                                               std::vector<uint8_t> buffer) {
                                          if (refusal.has_value()) {

@@ -274,6 +274,22 @@ class RawClient {
     return stream;
   }
 
+  // Joins as `name` with the synthetic model of the experiment and opens the session stream.
+  struct Session {
+    fl::v1::JoinResponse joined;
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReaderWriter<fl::v1::ClientMessage, fl::v1::ServerMessage>> stream;
+  };
+  std::unique_ptr<Session> Connect(const std::string& name) {
+    auto s = std::make_unique<Session>();
+    client::SyntheticTrainer same(kParams, 10, 1);
+    grpc::Status status = Join(name, same.spec(), &s->joined);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    if (!status.ok()) return nullptr;
+    s->stream = OpenSession(&s->ctx, s->joined);
+    return s;
+  }
+
  private:
   std::unique_ptr<fl::v1::Federation::Stub> stub_;
 };
@@ -374,12 +390,8 @@ TEST(FederationTest, RefusesAJoinWithAnotherModel) {
   RawClient raw(server.address());
   client::SyntheticTrainer other(kParams + 1, 10, 1);
   fl::v1::JoinResponse resp;
-  grpc::Status status;
-  for (int i = 0; i < 100; ++i) {
-    status = raw.Join("intruder", other.spec(), &resp);
-    if (!status.ok()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  // The experiment's model is fixed from the start (InitialModel): the first join is refused.
+  const grpc::Status status = raw.Join("intruder", other.spec(), &resp);
   ASSERT_FALSE(status.ok());
   const fl::v1::ErrorDetail detail = wire::ErrorFromGrpcStatus(status);
   EXPECT_EQ(detail.code(), fl::v1::ERROR_CODE_FINGERPRINT_MISMATCH);
@@ -401,11 +413,11 @@ TEST(FederationTest, RejectsBadUpdatesWithAReasonAndKeepsTheModelClean) {
 
   // The raw client joins, opens its session and waits for its train task.
   RawClient raw(server.address());
-  client::SyntheticTrainer same(kParams, 10, 3);
-  fl::v1::JoinResponse joined;
-  ASSERT_TRUE(raw.Join("raw", same.spec(), &joined).ok());
-  grpc::ClientContext session_ctx;
-  auto session = raw.OpenSession(&session_ctx, joined);
+  auto raw_session = raw.Connect("raw");
+  ASSERT_NE(raw_session, nullptr);
+  auto& session = raw_session->stream;
+  auto& session_ctx = raw_session->ctx;
+  const fl::v1::JoinResponse& joined = raw_session->joined;
   fl::v1::ServerMessage msg;
   fl::v1::Task task;
   while (session->Read(&msg)) {
@@ -422,7 +434,7 @@ TEST(FederationTest, RejectsBadUpdatesWithAReasonAndKeepsTheModelClean) {
   h.set_session_token(joined.session_token());
   h.set_task_id(task.task_id());
   h.set_round(task.round());
-  h.set_model_fingerprint(same.spec().fingerprint());
+  h.set_model_fingerprint(client::SyntheticTrainer(kParams, 10, 1).spec().fingerprint());
   h.set_kind(fl::v1::UPDATE_KIND_DELTA);
   h.set_num_examples(10);
   h.set_codec("fp32");
@@ -502,11 +514,10 @@ TEST(FederationTest, ARoundWithTooFewUpdatesIsRecordedAsFailedAndRetried) {
   auto good = StartClient(server.address(), "good", 1);
   // A silent client: joins and keeps its session but never answers tasks.
   RawClient raw(server.address());
-  client::SyntheticTrainer same(kParams, 10, 1);
-  fl::v1::JoinResponse joined;
-  ASSERT_TRUE(raw.Join("silent", same.spec(), &joined).ok());
-  grpc::ClientContext session_ctx;
-  auto session = raw.OpenSession(&session_ctx, joined);
+  auto raw_session = raw.Connect("silent");
+  ASSERT_NE(raw_session, nullptr);
+  auto& session = raw_session->stream;
+  auto& session_ctx = raw_session->ctx;
   std::thread heartbeats([&] {
     fl::v1::ClientMessage hb;
     hb.mutable_heartbeat()->set_state(fl::v1::CLIENT_STATE_IDLE);
@@ -543,11 +554,9 @@ TEST(FederationTest, ShutdownAbortsTheOpenRoundAndTellsClients) {
   TestServer server(config, dir.File("records.db"), InitialModel(1));
   auto good = StartClient(server.address(), "good", 1);
   RawClient raw(server.address());
-  client::SyntheticTrainer same(kParams, 10, 1);
-  fl::v1::JoinResponse joined;
-  ASSERT_TRUE(raw.Join("silent", same.spec(), &joined).ok());
-  grpc::ClientContext session_ctx;
-  auto session = raw.OpenSession(&session_ctx, joined);
+  auto raw_session = raw.Connect("silent");
+  ASSERT_NE(raw_session, nullptr);
+  auto& session = raw_session->stream;
   fl::v1::ServerMessage msg;
   bool got_task = false, got_shutdown = false;
   while (session->Read(&msg)) {

@@ -32,8 +32,6 @@ absl::StatusOr<ExperimentStatus> ParseExperimentStatus(std::string_view name);
 absl::StatusOr<RoundStatus> ParseRoundStatus(std::string_view name);
 absl::StatusOr<ClientOutcome> ParseClientOutcome(std::string_view name);
 
-// Wall-clock now, in ms since the Unix epoch.
-int64_t NowUnixMs();
 
 // One row of `experiments`, inserted when the experiment starts.
 struct ExperimentRecord {

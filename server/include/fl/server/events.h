@@ -71,7 +71,6 @@ struct DownloadEvent {
 // busy: the reactor reads no chunk until admitted, so gRPC flow control holds the client back and server
 // memory stays bounded whatever the number of clients.
 struct UploadStartEvent {
-  uint64_t upload_id = 0;
   fl::v1::UpdateHeader header;
   int64_t first_byte_server_ns = 0;
   // On admission `buffer` is a reused model-sized buffer (empty, with capacity) to receive the payload
@@ -82,7 +81,6 @@ struct UploadStartEvent {
 // An admitted upload finished: every chunk arrived and the checksum matched (or `transfer_error` says
 // what went wrong, e.g. the client cancelled). The engine validates, aggregates, and answers.
 struct UploadDoneEvent {
-  uint64_t upload_id = 0;
   fl::v1::UpdateHeader header;
   std::vector<uint8_t> payload;
   int64_t first_byte_server_ns = 0;

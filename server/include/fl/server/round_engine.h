@@ -24,7 +24,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -191,13 +190,11 @@ class RoundEngine {
   std::map<std::string, std::unique_ptr<TaskInfo>> tasks_;  // open and recently closed, by task id
   uint32_t attempt_ = 1;
   uint32_t committed_attempt_ = 0;  // attempt that committed round_ (evaluations reference it)
-  std::map<std::string, uint64_t> rejected_by_reason_;
   uint64_t task_counter_ = 0;
   uint32_t busy_upload_slots_ = 0;
   std::deque<std::unique_ptr<PendingUpload>> waiting_uploads_;
   std::vector<std::vector<uint8_t>> free_upload_buffers_;  // reused receive buffers, at most upload_slots
   std::vector<float> scratch_;
-  std::set<std::string> departed_;
   struct RoundSummary {
     uint64_t round = 0;
     uint32_t accepted = 0;
