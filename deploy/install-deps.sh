@@ -23,6 +23,8 @@ PACKAGES=(
   libyaml-cpp-dev libcli11-dev libspdlog-dev nlohmann-json3-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev prometheus
+  # the HTML report test renders it in headless Chromium
+  chromium
   # real data: Fashion-MNIST images, human text for the small language model
   dataset-fashion-mnist fortunes-min
   # link emulation (ip netns, tc)
