@@ -57,11 +57,14 @@ constexpr std::string_view kInsertClientRound = R"sql(
 INSERT INTO client_rounds (experiment_id, round, attempt, client_id, outcome, reject_reason,
                            dispatched_unix_ms, num_examples, num_steps, downlink_ms, train_ms, eval_ms,
                            uplink_ms, uplink_server_ms, idle_ms, downlink_bytes, uplink_bytes, codec,
-                           train_loss, clock_offset_ms, clock_rtt_ms)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21))sql";
+                           train_loss, clock_offset_ms, clock_rtt_ms, downlink_start_unix_ms,
+                           train_start_unix_ms, eval_start_unix_ms, uplink_start_unix_ms, uplink_end_unix_ms,
+                           uplink_server_start_unix_ms)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23,
+        ?24, ?25, ?26, ?27))sql";
 
 constexpr std::string_view kUpdateClientRoundUplink = R"sql(
-UPDATE client_rounds SET uplink_ms = ?5
+UPDATE client_rounds SET uplink_ms = ?5, uplink_start_unix_ms = ?6, uplink_end_unix_ms = ?7
 WHERE experiment_id = ?1 AND round = ?2 AND attempt = ?3 AND client_id = ?4)sql";
 
 constexpr std::string_view kInsertEvaluation = R"sql(
@@ -234,6 +237,12 @@ struct RecordStore::Writer {
               st.BindOptionalDouble(19, r.train_loss);
               st.BindOptionalDouble(20, r.clock_offset_ms);
               st.BindOptionalDouble(21, r.clock_rtt_ms);
+              st.BindOptionalDouble(22, r.downlink_start_unix_ms);
+              st.BindOptionalDouble(23, r.train_start_unix_ms);
+              st.BindOptionalDouble(24, r.eval_start_unix_ms);
+              st.BindOptionalDouble(25, r.uplink_start_unix_ms);
+              st.BindOptionalDouble(26, r.uplink_end_unix_ms);
+              st.BindOptionalDouble(27, r.uplink_server_start_unix_ms);
               return Run(st, "insert into client_rounds");
             },
             [&](const ClientRoundUplinkUpdate& r) {
@@ -243,6 +252,8 @@ struct RecordStore::Writer {
               st.BindInt64(3, r.attempt);
               st.BindText(4, r.client_id);
               st.BindDouble(5, r.uplink_ms);
+              st.BindOptionalDouble(6, r.uplink_start_unix_ms);
+              st.BindOptionalDouble(7, r.uplink_end_unix_ms);
               return Run(st, "update client_rounds (uplink)", /*expect_change=*/true);
             },
             [&](const EvaluationRecord& r) {

@@ -134,10 +134,24 @@ ALTER TABLE client_rounds ADD COLUMN clock_offset_ms REAL;
 ALTER TABLE client_rounds ADD COLUMN clock_rtt_ms REAL CHECK (clock_rtt_ms IS NULL OR clock_rtt_ms >= 0);
 )sql";
 
+// Version 3: the phases of a client round placed on the server's timeline (wall clock, unix ms with a
+// fraction): the client's monotonic timestamps minus the client's clock offset, mapped onto the server's wall
+// clock through one (monotonic, wall) anchor per server run, so that durations between spans are exact and
+// spans of different clients are comparable. The server's own view of the uplink (first byte received) too.
+constexpr std::string_view kSchemaV3 = R"sql(
+ALTER TABLE client_rounds ADD COLUMN downlink_start_unix_ms REAL;
+ALTER TABLE client_rounds ADD COLUMN train_start_unix_ms REAL;
+ALTER TABLE client_rounds ADD COLUMN eval_start_unix_ms REAL;
+ALTER TABLE client_rounds ADD COLUMN uplink_start_unix_ms REAL;
+ALTER TABLE client_rounds ADD COLUMN uplink_end_unix_ms REAL;
+ALTER TABLE client_rounds ADD COLUMN uplink_server_start_unix_ms REAL;
+)sql";
+
 // Append new migrations here: {N + 1, "what it does", R"sql(...)sql"}. Never edit a shipped entry.
 constexpr Migration kMigrations[] = {
     {1, "experiments, clients, rounds, client_rounds, evaluations, checkpoints", kSchemaV1, false},
     {2, "client_rounds.clock_offset_ms, client_rounds.clock_rtt_ms", kSchemaV2, false},
+    {3, "client_rounds phase start times on the server's timeline", kSchemaV3, false},
 };
 
 std::string Hex(int64_t v) {

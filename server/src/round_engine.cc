@@ -320,6 +320,7 @@ void RoundEngine::Stop() {
 int64_t RoundEngine::NextDeadlineNs() const {
   int64_t next = INT64_MAX;
   if (current_ != nullptr) next = current_->deadline_ns;
+  if (drain_deadline_ns_ != 0) next = std::min(next, drain_deadline_ns_);
   if (state_ != EngineState::kFinished && !clients_.empty()) {
     next = std::min(next, NowNs() + int64_t{config_.heartbeat_interval_ms} * kMsToNs);
   }
@@ -510,7 +511,26 @@ void RoundEngine::HandleSessionOpen(SessionOpenEvent& e) {
   UpdateConnectedGauge();
 }
 
-void RoundEngine::RecordClientUplink(const ClientInfo& client, const std::string& task_id, double uplink_ms) {
+std::optional<double> RoundEngine::PlacePhaseStart(
+    const ClientInfo& client, const google::protobuf::RepeatedPtrField<fl::v1::PhaseTiming>& timings,
+    fl::v1::Phase phase) const {
+  const std::optional<core::ClockSample> est = client.clock.Estimate();
+  if (!est.has_value()) return std::nullopt;
+  for (const auto& t : timings) {
+    if (t.phase() == phase) return timeline_.PlaceClient(t.start_client_ns(), est->offset_ns);
+  }
+  return std::nullopt;
+}
+
+void RoundEngine::RecordClientUplink(const ClientInfo& client, const std::string& task_id,
+                                     const fl::v1::PhaseTiming& uplink) {
+  const double uplink_ms = static_cast<double>(uplink.duration_ns()) / 1e6;
+  std::optional<double> start_unix_ms;
+  std::optional<double> end_unix_ms;
+  if (const std::optional<core::ClockSample> est = client.clock.Estimate(); est.has_value()) {
+    start_unix_ms = timeline_.PlaceClient(uplink.start_client_ns(), est->offset_ns);
+    end_unix_ms = timeline_.PlaceClient(uplink.start_client_ns() + uplink.duration_ns(), est->offset_ns);
+  }
   auto t = tasks_.find(task_id);
   if (state_ == EngineState::kFinished || t == tasks_.end() || t->second->client_id != client.id ||
       t->second->kind != fl::v1::TASK_KIND_TRAIN || !t->second->closed || !std::isfinite(uplink_ms) ||
@@ -518,17 +538,22 @@ void RoundEngine::RecordClientUplink(const ClientInfo& client, const std::string
     return;  // not an update of this client that the server has answered: nothing to attach it to
   }
   const TaskInfo& task = *t->second;
+  uplink_reports_due_.erase(task.id);
   // The row is still buffered while its round is open, and already written once the round closed (the
   // last update of a round closes it before the client can report its uplink).
   if (current_ != nullptr && !current_->evaluation && current_->round == task.round &&
       current_->attempt == task.attempt) {
     for (auto& row : current_->client_rows) {
-      if (row.client_id == client.id) row.uplink_ms = uplink_ms;
+      if (row.client_id != client.id) continue;
+      row.uplink_ms = uplink_ms;
+      row.uplink_start_unix_ms = start_unix_ms;
+      row.uplink_end_unix_ms = end_unix_ms;
     }
     return;
   }
   Record(instrumentation::ClientRoundUplinkUpdate{config_.experiment_id, static_cast<int64_t>(task.round),
-                                                  task.attempt, client.id, uplink_ms});
+                                                  task.attempt, client.id, uplink_ms, start_unix_ms,
+                                                  end_unix_ms});
 }
 
 void RoundEngine::UpdateConnectedGauge() {
@@ -561,8 +586,8 @@ void RoundEngine::HandleSessionMessage(SessionMessageEvent& e) {
   const fl::v1::ClientMessage& m = e.message;
   switch (m.kind_case()) {
     case fl::v1::ClientMessage::kStatus:
-      if (auto uplink = PhaseMs(m.status().timings(), fl::v1::PHASE_UPLINK); uplink.has_value()) {
-        RecordClientUplink(*client, m.status().task_id(), *uplink);
+      for (const fl::v1::PhaseTiming& t : m.status().timings()) {
+        if (t.phase() == fl::v1::PHASE_UPLINK) RecordClientUplink(*client, m.status().task_id(), t);
       }
       if (m.status().state() == fl::v1::CLIENT_STATE_FAILED && m.status().task_id() == client->open_task) {
         auto t = tasks_.find(client->open_task);
@@ -809,6 +834,9 @@ void RoundEngine::HandleUploadDone(UploadDoneEvent& e) {
       verdict = Rejected(h.task_id(), fl::v1::ERROR_CODE_WRONG_ROUND, "the task is no longer known");
     } else {
       verdict = AcceptUpdate(e, t->second.get());
+      if (t->second->outcome == "ok" || t->second->outcome == "late") {
+        uplink_reports_due_[t->second->id] = t->second->round;  // the client reports its uplink after the ack
+      }
     }
   }
   verdict.set_received_bytes(e.payload.size());
@@ -840,11 +868,15 @@ fl::v1::UploadUpdateResponse RoundEngine::AcceptUpdate(UploadDoneEvent& e, TaskI
   if (auto it = h.metrics().find("train_loss"); it != h.metrics().end() && std::isfinite(it->second)) {
     rec.train_loss = it->second;
   }
+  rec.uplink_server_start_unix_ms = timeline_.UnixMsAt(e.first_byte_server_ns);
   if (auto c = clients_.find(task->client_id); c != clients_.end()) {
     if (auto est = c->second->clock.Estimate(); est.has_value()) {
       rec.clock_offset_ms = static_cast<double>(est->offset_ns) / 1e6;
       rec.clock_rtt_ms = static_cast<double>(est->rtt_ns) / 1e6;
     }
+    rec.downlink_start_unix_ms = PlacePhaseStart(*c->second, h.timings(), fl::v1::PHASE_DOWNLINK);
+    rec.train_start_unix_ms = PlacePhaseStart(*c->second, h.timings(), fl::v1::PHASE_TRAIN);
+    rec.eval_start_unix_ms = PlacePhaseStart(*c->second, h.timings(), fl::v1::PHASE_EVAL);
   }
 
   // Rows of a round are written after the round's own row (foreign keys), so they wait in the round state;
@@ -1116,6 +1148,18 @@ void RoundEngine::Advance() {
       return;
     case EngineState::kWaitingForClients:
       if (round_ >= config_.num_rounds) {
+        // The last round's clients report their uplink time only after our ack: give them a moment, so that
+        // the final round's records are as complete as the others'.
+        std::erase_if(uplink_reports_due_, [&](const auto& due) {
+          auto t = tasks_.find(due.first);
+          if (t == tasks_.end()) return true;
+          auto c = clients_.find(t->second->client_id);
+          return c == clients_.end() || c->second->session == nullptr;
+        });
+        if (!uplink_reports_due_.empty()) {
+          if (drain_deadline_ns_ == 0) drain_deadline_ns_ = now + kUplinkReportGraceNs;
+          if (now < drain_deadline_ns_) return;
+        }
         Finish("finished", fl::StrCat("all ", config_.num_rounds, " rounds committed"));
         return;
       }
@@ -1141,6 +1185,8 @@ void RoundEngine::Advance() {
 }
 
 void RoundEngine::StartRound() {
+  // Reports still due from rounds before the last committed one will not come any more.
+  std::erase_if(uplink_reports_due_, [&](const auto& due) { return due.second < round_; });
   std::vector<ClientInfo*> idle = IdleConnectedClients();
   auto size = SelectionSize(config_.fit, static_cast<uint32_t>(idle.size()));
   if (!size.ok()) return;  // keep waiting for clients

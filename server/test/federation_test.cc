@@ -36,6 +36,7 @@ namespace {
 
 using instrumentation::RecordReader;
 using instrumentation::RecordStore;
+using instrumentation::RoundRecord;
 
 constexpr uint64_t kParams = 5000;
 
@@ -294,6 +295,45 @@ class RawClient {
   std::unique_ptr<fl::v1::Federation::Stub> stub_;
 };
 
+// The phases of every accepted client round, placed on the server's timeline with the client's clock offset,
+// follow each other as they happened: dispatch, downlink, train, uplink (the server's first byte inside the
+// client's uplink span), all inside the round. Each placement is good to +- rtt/2 of the offset estimate;
+// dispatched_unix_ms and the round's bounds are whole milliseconds, hence 1 ms more.
+void ExpectPhasesPlacedInOrder(RecordReader& reader, const std::string& experiment_id, int64_t rounds) {
+  auto round_rows = reader.ListRounds(experiment_id);
+  ASSERT_TRUE(round_rows.ok()) << round_rows.status();
+  for (int64_t round = 1; round <= rounds; ++round) {
+    const RoundRecord* round_row = nullptr;
+    for (const RoundRecord& r : *round_rows) {
+      if (r.round == round && r.status == fl::instrumentation::RoundStatus::kCommitted) round_row = &r;
+    }
+    ASSERT_NE(round_row, nullptr) << "round " << round;
+    auto rows = reader.ListClientRounds(experiment_id, round);
+    ASSERT_TRUE(rows.ok()) << rows.status();
+    for (const auto& row : *rows) {
+      if (row.outcome != fl::instrumentation::ClientOutcome::kOk) continue;
+      SCOPED_TRACE(::testing::Message() << row.client_id << " round " << round);
+      ASSERT_TRUE(row.clock_rtt_ms.has_value());
+      ASSERT_TRUE(row.downlink_start_unix_ms && row.train_start_unix_ms && row.uplink_start_unix_ms &&
+                  row.uplink_end_unix_ms && row.uplink_server_start_unix_ms && row.downlink_ms && row.train_ms &&
+                  row.uplink_ms && row.dispatched_unix_ms);
+      const double tol = *row.clock_rtt_ms / 2 + 1.0;
+      const double downlink_end = *row.downlink_start_unix_ms + *row.downlink_ms;
+      const double train_end = *row.train_start_unix_ms + *row.train_ms;
+      EXPECT_GE(*row.downlink_start_unix_ms, static_cast<double>(*row.dispatched_unix_ms) - tol);
+      EXPECT_LE(downlink_end, *row.train_start_unix_ms + 0.01);  // same client clock: exact up to rounding
+      EXPECT_LE(train_end, *row.uplink_start_unix_ms + 0.01);
+      EXPECT_NEAR(*row.uplink_end_unix_ms - *row.uplink_start_unix_ms, *row.uplink_ms, 0.01);
+      EXPECT_GE(*row.uplink_server_start_unix_ms, *row.uplink_start_unix_ms - tol);
+      EXPECT_LE(*row.uplink_server_start_unix_ms, *row.uplink_end_unix_ms + tol);
+      EXPECT_GE(*row.downlink_start_unix_ms, static_cast<double>(round_row->started_unix_ms) - tol);
+      // The round closes on the last accepted update, before that client has read the ack: only the server's
+      // view of the uplink must lie inside the round.
+      EXPECT_LE(*row.uplink_server_start_unix_ms, static_cast<double>(round_row->ended_unix_ms) + tol);
+    }
+  }
+}
+
 // Clients whose clocks are set 250 ms ahead and 1.5 s behind the server's: the offset the server estimates
 // over the session stream (four-timestamp pings, minimum round trip) and records with every update is within
 // a few milliseconds of the skew on loopback.
@@ -324,6 +364,7 @@ TEST(FederationTest, EstimatesEachClientsClockOffset) {
       EXPECT_LT(*row.clock_rtt_ms, 50.0);
     }
   }
+  ExpectPhasesPlacedInOrder(*reader, result.experiment_id, 2);
 }
 
 // A plain HTTP GET on loopback, as Prometheus scrapes.

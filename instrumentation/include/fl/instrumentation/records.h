@@ -144,6 +144,14 @@ struct ClientRoundRecord {
   std::optional<double> train_loss;          // mean local train loss over this round's steps
   std::optional<double> clock_offset_ms;     // client clock minus server clock (min-rtt exchange); schema v2
   std::optional<double> clock_rtt_ms;        // round trip of that exchange: the offset is good to +- rtt/2
+  // Schema v3: phase starts on the server's timeline (unix ms with a fraction; client monotonic time minus
+  // its clock offset, mapped to the server's wall clock). A phase ends at its start plus its *_ms duration.
+  std::optional<double> downlink_start_unix_ms;
+  std::optional<double> train_start_unix_ms;
+  std::optional<double> eval_start_unix_ms;
+  std::optional<double> uplink_start_unix_ms;         // client: first byte of the update sent
+  std::optional<double> uplink_end_unix_ms;           // client: the server's ack received
+  std::optional<double> uplink_server_start_unix_ms;  // server: first byte of the update received
 };
 
 // Sets the client's own view of the uplink of a client round already written (the client can only measure
@@ -154,6 +162,8 @@ struct ClientRoundUplinkUpdate {
   int64_t attempt = 0;
   std::string client_id;
   double uplink_ms = 0;  // client view: first byte of the update sent -> server ack
+  std::optional<double> uplink_start_unix_ms;  // the same phase on the server's timeline (schema v3)
+  std::optional<double> uplink_end_unix_ms;
 };
 
 // One row of `evaluations`: one client's evaluation of the global model in one round attempt.

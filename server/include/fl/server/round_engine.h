@@ -30,6 +30,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "fl/core/timeline.h"
 #include "fl/core/aggregator.h"
 #include "fl/core/codec.h"
 #include "fl/core/server_optimizer.h"
@@ -139,7 +140,11 @@ class RoundEngine {
   void SendPing(ClientInfo& client);
   void UpdateConnectedGauge();
   // The client's own uplink time (reported after the server's ack) into its client_rounds row.
-  void RecordClientUplink(const ClientInfo& client, const std::string& task_id, double uplink_ms);
+  void RecordClientUplink(const ClientInfo& client, const std::string& task_id, const fl::v1::PhaseTiming& uplink);
+  // Start of the first `phase` in `timings` on the server's timeline, if the client's clock offset is known.
+  std::optional<double> PlacePhaseStart(const ClientInfo& client,
+                                        const google::protobuf::RepeatedPtrField<fl::v1::PhaseTiming>& timings,
+                                        fl::v1::Phase phase) const;
   void CloseEvaluation();
   void Finish(std::string status, std::string reason);
 
@@ -159,6 +164,7 @@ class RoundEngine {
   int64_t NextDeadlineNs() const;
 
   EngineConfig config_;
+  ServerTimeline timeline_;  // anchors every placed phase of this run on one wall-clock mapping
   instrumentation::RecordStore* records_;
   instrumentation::ServerMetrics* metrics_ = nullptr;
   StartPoint start_;
@@ -192,6 +198,11 @@ class RoundEngine {
   uint32_t committed_attempt_ = 0;  // attempt that committed round_ (evaluations reference it)
   uint64_t task_counter_ = 0;
   uint32_t busy_upload_slots_ = 0;
+  // Accepted updates whose client has not yet reported its own uplink time (task id -> round); waited on for
+  // at most kUplinkReportGraceNs after the last round, from drain_deadline_ns_ on.
+  std::map<std::string, uint64_t> uplink_reports_due_;
+  int64_t drain_deadline_ns_ = 0;
+  static constexpr int64_t kUplinkReportGraceNs = 2'000'000'000;
   std::deque<std::unique_ptr<PendingUpload>> waiting_uploads_;
   std::vector<std::vector<uint8_t>> free_upload_buffers_;  // reused receive buffers, at most upload_slots
   std::vector<float> scratch_;
