@@ -34,8 +34,14 @@ cleanup() {
 trap cleanup EXIT
 trap 'echo "quickstart: interrupted" >&2; exit 130' INT TERM
 
+# FL_QUICKSTART_INSTRUMENTATION=off runs without records and checkpoints (the "off" side of
+# bench/instrumentation_overhead.sh); FL_QUICKSTART_SERVER_ARGS adds server flags (e.g. --metrics-addr).
+instrumentation=(--db "$DB" --checkpoint-dir "$OUT_DIR/checkpoints")
+[[ "${FL_QUICKSTART_INSTRUMENTATION:-on}" == off ]] && instrumentation=()
+read -r -a extra_server_args <<<"${FL_QUICKSTART_SERVER_ARGS:-}"
+
 start=$(date +%s)
-"$SERVER" --listen 127.0.0.1:0 --port-file "$PORT_FILE" --db "$DB" --checkpoint-dir "$OUT_DIR/checkpoints" \
+"$SERVER" --listen 127.0.0.1:0 --port-file "$PORT_FILE" "${instrumentation[@]}" "${extra_server_args[@]}" \
   --experiment-name quickstart --rounds "$ROUNDS" --strategy fedavg \
   --min-fit-clients "$NUM_CLIENTS" --min-available-clients "$NUM_CLIENTS" \
   --local-epochs 1 --batch-size 32 --lr 0.02 --momentum 0.9 --client-optimizer sgd \

@@ -21,7 +21,8 @@ constexpr std::string_view kClientRoundColumns =
     "experiment_id, round, attempt, client_id, outcome, reject_reason, dispatched_unix_ms, num_examples, "
     "num_steps, downlink_ms, train_ms, eval_ms, uplink_ms, uplink_server_ms, idle_ms, downlink_bytes, "
     "uplink_bytes, codec, train_loss, clock_offset_ms, clock_rtt_ms, downlink_start_unix_ms, train_start_unix_ms, "
-    "eval_start_unix_ms, uplink_start_unix_ms, uplink_end_unix_ms, uplink_server_start_unix_ms";
+    "eval_start_unix_ms, uplink_start_unix_ms, uplink_end_unix_ms, uplink_server_start_unix_ms, "
+    "downlink_server_start_unix_ms, downlink_server_ms";
 constexpr std::string_view kEvaluationColumns =
     "experiment_id, round, attempt, client_id, num_examples, loss, accuracy, eval_ms";
 constexpr std::string_view kCheckpointColumns =
@@ -122,6 +123,8 @@ absl::StatusOr<ClientRoundRecord> ReadClientRound(const sqlite::Statement& st) {
   r.uplink_start_unix_ms = st.ColumnOptionalDouble(24);
   r.uplink_end_unix_ms = st.ColumnOptionalDouble(25);
   r.uplink_server_start_unix_ms = st.ColumnOptionalDouble(26);
+  r.downlink_server_start_unix_ms = st.ColumnOptionalDouble(27);
+  r.downlink_server_ms = st.ColumnOptionalDouble(28);
   return r;
 }
 

@@ -59,9 +59,9 @@ INSERT INTO client_rounds (experiment_id, round, attempt, client_id, outcome, re
                            uplink_ms, uplink_server_ms, idle_ms, downlink_bytes, uplink_bytes, codec,
                            train_loss, clock_offset_ms, clock_rtt_ms, downlink_start_unix_ms,
                            train_start_unix_ms, eval_start_unix_ms, uplink_start_unix_ms, uplink_end_unix_ms,
-                           uplink_server_start_unix_ms)
+                           uplink_server_start_unix_ms, downlink_server_start_unix_ms, downlink_server_ms)
 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23,
-        ?24, ?25, ?26, ?27))sql";
+        ?24, ?25, ?26, ?27, ?28, ?29))sql";
 
 constexpr std::string_view kUpdateClientRoundUplink = R"sql(
 UPDATE client_rounds SET uplink_ms = ?5, uplink_start_unix_ms = ?6, uplink_end_unix_ms = ?7
@@ -243,6 +243,8 @@ struct RecordStore::Writer {
               st.BindOptionalDouble(25, r.uplink_start_unix_ms);
               st.BindOptionalDouble(26, r.uplink_end_unix_ms);
               st.BindOptionalDouble(27, r.uplink_server_start_unix_ms);
+              st.BindOptionalDouble(28, r.downlink_server_start_unix_ms);
+              st.BindOptionalDouble(29, r.downlink_server_ms);
               return Run(st, "insert into client_rounds");
             },
             [&](const ClientRoundUplinkUpdate& r) {

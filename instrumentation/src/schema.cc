@@ -137,7 +137,8 @@ ALTER TABLE client_rounds ADD COLUMN clock_rtt_ms REAL CHECK (clock_rtt_ms IS NU
 // Version 3: the phases of a client round placed on the server's timeline (wall clock, unix ms with a
 // fraction): the client's monotonic timestamps minus the client's clock offset, mapped onto the server's wall
 // clock through one (monotonic, wall) anchor per server run, so that durations between spans are exact and
-// spans of different clients are comparable. The server's own view of the uplink (first byte received) too.
+// spans of different clients are comparable. The server's own views of the uplink (first byte received) and
+// of the downlink (request arrived -> last message handed to gRPC) too.
 constexpr std::string_view kSchemaV3 = R"sql(
 ALTER TABLE client_rounds ADD COLUMN downlink_start_unix_ms REAL;
 ALTER TABLE client_rounds ADD COLUMN train_start_unix_ms REAL;
@@ -145,6 +146,83 @@ ALTER TABLE client_rounds ADD COLUMN eval_start_unix_ms REAL;
 ALTER TABLE client_rounds ADD COLUMN uplink_start_unix_ms REAL;
 ALTER TABLE client_rounds ADD COLUMN uplink_end_unix_ms REAL;
 ALTER TABLE client_rounds ADD COLUMN uplink_server_start_unix_ms REAL;
+ALTER TABLE client_rounds ADD COLUMN downlink_server_start_unix_ms REAL;
+ALTER TABLE client_rounds ADD COLUMN downlink_server_ms REAL
+  CHECK (downlink_server_ms IS NULL OR downlink_server_ms >= 0);
+)sql";
+
+// Version 4: cross-site islands (DiLoCo / Streaming DiLoCo, diloco/coord): one row per island admission,
+// one per membership epoch of a sync, one per member of an epoch (docs/records.md, "Islands").
+constexpr std::string_view kSchemaV4 = R"sql(
+CREATE TABLE islands (
+  experiment_id          TEXT    NOT NULL REFERENCES experiments(id),
+  join_seq               INTEGER NOT NULL CHECK (join_seq >= 1),
+  island_id              TEXT    NOT NULL,
+  data_endpoint          TEXT    NOT NULL,
+  state_endpoint         TEXT    NOT NULL,
+  num_ranks              INTEGER NOT NULL CHECK (num_ranks >= 1),
+  model_fingerprint      TEXT    NOT NULL,
+  software_version       TEXT,
+  device_class           TEXT,
+  accelerator            TEXT,
+  joined_unix_ms         INTEGER NOT NULL,
+  late_join              INTEGER NOT NULL CHECK (late_join IN (0, 1)),
+  state_source_island    TEXT,
+  state_source_step      INTEGER,
+  state_source_fragment  INTEGER,
+  left_unix_ms           INTEGER,
+  left_reason            TEXT,
+  PRIMARY KEY (experiment_id, join_seq)
+);
+CREATE INDEX islands_by_island ON islands(experiment_id, island_id);
+CREATE TABLE island_epochs (
+  experiment_id     TEXT    NOT NULL REFERENCES experiments(id),
+  epoch             INTEGER NOT NULL CHECK (epoch >= 1),
+  step              INTEGER NOT NULL CHECK (step >= 0),
+  fragment          INTEGER NOT NULL CHECK (fragment >= 0),
+  attempt           INTEGER NOT NULL CHECK (attempt >= 0),
+  members           TEXT    NOT NULL,
+  num_members       INTEGER NOT NULL CHECK (num_members >= 1),
+  outcome           TEXT    NOT NULL CHECK (outcome IN ('committed', 'retried', 'abandoned')),
+  committed_hash    TEXT,
+  num_applied       INTEGER NOT NULL CHECK (num_applied >= 0),
+  num_failed        INTEGER NOT NULL CHECK (num_failed >= 0),
+  num_mismatched    INTEGER NOT NULL CHECK (num_mismatched >= 0),
+  barrier_ms        REAL    CHECK (barrier_ms IS NULL OR barrier_ms >= 0),
+  formed_unix_ms    INTEGER NOT NULL,
+  resolved_unix_ms  INTEGER NOT NULL,
+  reason            TEXT,
+  PRIMARY KEY (experiment_id, epoch),
+  CHECK (outcome <> 'committed' OR committed_hash IS NOT NULL)
+);
+CREATE INDEX island_epochs_by_sync ON island_epochs(experiment_id, step, fragment);
+CREATE TABLE island_syncs (
+  experiment_id     TEXT    NOT NULL,
+  epoch             INTEGER NOT NULL,
+  island_id         TEXT    NOT NULL,
+  join_seq          INTEGER NOT NULL,
+  step              INTEGER NOT NULL CHECK (step >= 0),
+  fragment          INTEGER NOT NULL CHECK (fragment >= 0),
+  ring_index        INTEGER NOT NULL CHECK (ring_index >= 0),
+  outcome           TEXT    NOT NULL CHECK (outcome IN ('applied', 'mismatch', 'failed', 'missing')),
+  verdict           TEXT    NOT NULL CHECK (verdict IN ('commit', 'repair', 'retry', 'evicted')),
+  inner_compute_ms  REAL    CHECK (inner_compute_ms IS NULL OR inner_compute_ms >= 0),
+  exchange_ms       REAL    CHECK (exchange_ms IS NULL OR exchange_ms >= 0),
+  wait_ms           REAL    CHECK (wait_ms IS NULL OR wait_ms >= 0),
+  bytes_sent        INTEGER CHECK (bytes_sent IS NULL OR bytes_sent >= 0),
+  bytes_received    INTEGER CHECK (bytes_received IS NULL OR bytes_received >= 0),
+  inner_steps       INTEGER CHECK (inner_steps IS NULL OR inner_steps >= 0),
+  state_hash        TEXT,
+  failure_reason    TEXT,
+  vanished_island   TEXT,
+  repair_source     TEXT,
+  repaired_unix_ms  INTEGER,
+  reported_unix_ms  INTEGER,
+  PRIMARY KEY (experiment_id, epoch, island_id),
+  FOREIGN KEY (experiment_id, epoch) REFERENCES island_epochs(experiment_id, epoch),
+  FOREIGN KEY (experiment_id, join_seq) REFERENCES islands(experiment_id, join_seq)
+);
+CREATE INDEX island_syncs_by_island ON island_syncs(experiment_id, island_id, step, fragment);
 )sql";
 
 // Append new migrations here: {N + 1, "what it does", R"sql(...)sql"}. Never edit a shipped entry.
@@ -152,6 +230,7 @@ constexpr Migration kMigrations[] = {
     {1, "experiments, clients, rounds, client_rounds, evaluations, checkpoints", kSchemaV1, false},
     {2, "client_rounds.clock_offset_ms, client_rounds.clock_rtt_ms", kSchemaV2, false},
     {3, "client_rounds phase start times on the server's timeline", kSchemaV3, false},
+    {4, "islands, island_epochs, island_syncs (DiLoCo islands)", kSchemaV4, false},
 };
 
 std::string Hex(int64_t v) {

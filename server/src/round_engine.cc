@@ -48,6 +48,8 @@ struct RoundEngine::TaskInfo {
   int64_t dispatched_unix_ms = 0;
   int64_t deadline_ns = 0;
   bool upload_started = false;  // its update's header arrived (the update may still be in transit)
+  int64_t downlink_server_start_ns = 0;  // the server's view of the task's model download (0: none seen)
+  int64_t downlink_server_ns = 0;
   bool closed = false;
   std::string outcome;  // "ok", "late", "dropped", "rejected" once closed
 };
@@ -357,6 +359,7 @@ void RoundEngine::Handle(EngineEvent& event) {
         else if constexpr (std::is_same_v<T, SessionMessageEvent>) HandleSessionMessage(e);
         else if constexpr (std::is_same_v<T, SessionClosedEvent>) HandleSessionClosed(e);
         else if constexpr (std::is_same_v<T, DownloadEvent>) HandleDownload(e);
+        else if constexpr (std::is_same_v<T, DownloadDoneEvent>) HandleDownloadDone(e);
         else if constexpr (std::is_same_v<T, UploadStartEvent>) HandleUploadStart(e);
         else if constexpr (std::is_same_v<T, UploadDoneEvent>) HandleUploadDone(e);
         else if constexpr (std::is_same_v<T, LeaveEvent>) HandleLeave(e);
@@ -687,6 +690,19 @@ void RoundEngine::HandleDownload(DownloadEvent& e) {
   e.reply(grpc::Status::OK, payload_);
 }
 
+void RoundEngine::HandleDownloadDone(const DownloadDoneEvent& e) {
+  auto t = tasks_.find(e.task_id);
+  if (t == tasks_.end() || t->second->client_id != e.client_id) return;  // outside a task, or a stale one
+  t->second->downlink_server_start_ns = e.started_server_ns;
+  t->second->downlink_server_ns = e.done_server_ns - e.started_server_ns;
+}
+
+void RoundEngine::FillServerDownlink(const TaskInfo& task, instrumentation::ClientRoundRecord& rec) const {
+  if (task.downlink_server_start_ns == 0) return;
+  rec.downlink_server_start_unix_ms = timeline_.UnixMsAt(task.downlink_server_start_ns);
+  rec.downlink_server_ms = static_cast<double>(task.downlink_server_ns) / 1e6;
+}
+
 void RoundEngine::HandleUploadStart(UploadStartEvent& e) {
   const fl::v1::UpdateHeader& h = e.header;
   auto refuse = [&](fl::v1::UploadUpdateResponse verdict) { e.admit(std::move(verdict), {}); };
@@ -853,6 +869,7 @@ fl::v1::UploadUpdateResponse RoundEngine::AcceptUpdate(UploadDoneEvent& e, TaskI
   rec.attempt = task->attempt;
   rec.client_id = task->client_id;
   rec.dispatched_unix_ms = task->dispatched_unix_ms;
+  FillServerDownlink(*task, rec);
   rec.num_examples = static_cast<int64_t>(h.num_examples());
   if (auto it = h.metrics().find("num_steps"); it != h.metrics().end() && it->second >= 0) {
     rec.num_steps = static_cast<int64_t>(it->second);
@@ -1044,6 +1061,7 @@ void RoundEngine::CloseTaskAsDropped(TaskInfo& task, std::string_view why) {
   rec.attempt = task.attempt;
   rec.client_id = task.client_id;
   rec.dispatched_unix_ms = task.dispatched_unix_ms;
+  FillServerDownlink(task, rec);
   rec.outcome = late ? instrumentation::ClientOutcome::kLate : instrumentation::ClientOutcome::kDropped;
   current_->client_rows.push_back(std::move(rec));
 }
@@ -1315,6 +1333,8 @@ void RoundEngine::CloseRound() {
     metrics_->ObserveRound(rec.duration_ms / 1000.0);
     metrics_->ObserveAggregation(aggregation_ms / 1000.0);
     metrics_->SetCurrentRound(r.round);
+    metrics_->CountStraggler(r.client_rows);
+    if (rec.train_loss.has_value()) metrics_->SetTrainLoss(*rec.train_loss);
   }
   Record(std::move(rec));
   for (auto& row : r.client_rows) Record(std::move(row));
@@ -1382,6 +1402,7 @@ void RoundEngine::CloseEvaluation() {
     update.eval_num_examples = static_cast<int64_t>(r.eval_examples);
     Record(update);
   }
+  if (metrics_ != nullptr && loss.has_value()) metrics_->SetEvaluation(*loss, *accuracy);
   current_.reset();
   PrintRoundRow(loss, accuracy);
   state_ = EngineState::kWaitingForClients;

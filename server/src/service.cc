@@ -121,7 +121,8 @@ class SessionStream final : public grpc::ServerBidiReactor<ClientMessage, Server
 
 class DownloadStream final : public grpc::ServerWriteReactor<fl::v1::ModelChunk> {
  public:
-  DownloadStream(RoundEngine* engine, const fl::v1::DownloadModelRequest& request) {
+  DownloadStream(RoundEngine* engine, const fl::v1::DownloadModelRequest& request)
+      : engine_(engine), client_id_(request.client_id()), task_id_(request.task_id()), started_ns_(NowNs()) {
     chunk_bytes_ = request.max_chunk_bytes() == 0 ? wire::kDefaultChunkBytes
                                                   : std::min(request.max_chunk_bytes(), wire::kMaxChunkBytes);
     chunk_bytes_ = std::max<uint32_t>(chunk_bytes_, 1024);
@@ -147,6 +148,7 @@ class DownloadStream final : public grpc::ServerWriteReactor<fl::v1::ModelChunk>
       return;
     }
     if (trailer_sent_) {
+      engine_->Post(DownloadDoneEvent{client_id_, task_id_, started_ns_, NowNs(), payload_->bytes.size()});
       Finish(grpc::Status::OK);
       return;
     }
@@ -167,6 +169,10 @@ class DownloadStream final : public grpc::ServerWriteReactor<fl::v1::ModelChunk>
   void OnDone() override { delete this; }
 
  private:
+  RoundEngine* engine_;
+  std::string client_id_;
+  std::string task_id_;
+  int64_t started_ns_;
   std::shared_ptr<const ModelPayload> payload_;
   fl::v1::ModelChunk out_;
   uint32_t chunk_bytes_ = wire::kDefaultChunkBytes;

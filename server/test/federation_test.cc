@@ -327,6 +327,10 @@ void ExpectPhasesPlacedInOrder(RecordReader& reader, const std::string& experime
       EXPECT_GE(*row.uplink_server_start_unix_ms, *row.uplink_start_unix_ms - tol);
       EXPECT_LE(*row.uplink_server_start_unix_ms, *row.uplink_end_unix_ms + tol);
       EXPECT_GE(*row.downlink_start_unix_ms, static_cast<double>(round_row->started_unix_ms) - tol);
+      // The server's view of the download starts after the client asked and before the client finished.
+      ASSERT_TRUE(row.downlink_server_start_unix_ms && row.downlink_server_ms);
+      EXPECT_GE(*row.downlink_server_start_unix_ms, *row.downlink_start_unix_ms - tol);
+      EXPECT_LE(*row.downlink_server_start_unix_ms + *row.downlink_server_ms, downlink_end + tol);
       // The round closes on the last accepted update, before that client has read the ack: only the server's
       // view of the uplink must lie inside the round.
       EXPECT_LE(*row.uplink_server_start_unix_ms, static_cast<double>(round_row->ended_unix_ms) + tol);

@@ -152,6 +152,8 @@ struct ClientRoundRecord {
   std::optional<double> uplink_start_unix_ms;         // client: first byte of the update sent
   std::optional<double> uplink_end_unix_ms;           // client: the server's ack received
   std::optional<double> uplink_server_start_unix_ms;  // server: first byte of the update received
+  std::optional<double> downlink_server_start_unix_ms;  // server: the download request arrived
+  std::optional<double> downlink_server_ms;             // server: request -> last message handed to gRPC
 };
 
 // Sets the client's own view of the uplink of a client round already written (the client can only measure

@@ -66,6 +66,16 @@ struct DownloadEvent {
   std::function<void(const grpc::Status&, std::shared_ptr<const ModelPayload>)> reply;
 };
 
+// A download's last message (the trailer) was handed to the transport: the server's view of the downlink,
+// from the request's arrival to then.
+struct DownloadDoneEvent {
+  std::string client_id;
+  std::string task_id;
+  int64_t started_server_ns = 0;
+  int64_t done_server_ns = 0;
+  uint64_t bytes = 0;
+};
+
 // The header of an upload arrived; the engine admits it (nullopt: go on reading chunks) or refuses it with
 // a verdict the reactor returns at once. Admission may be deferred while the server's upload slots are all
 // busy: the reactor reads no chunk until admitted, so gRPC flow control holds the client back and server
@@ -99,6 +109,7 @@ struct ShutdownEvent {
 };
 
 using EngineEvent = std::variant<JoinEvent, SessionOpenEvent, SessionMessageEvent, SessionClosedEvent,
-                                 DownloadEvent, UploadStartEvent, UploadDoneEvent, LeaveEvent, ShutdownEvent>;
+                                 DownloadEvent, DownloadDoneEvent, UploadStartEvent, UploadDoneEvent, LeaveEvent,
+                                 ShutdownEvent>;
 
 }  // namespace fl::server

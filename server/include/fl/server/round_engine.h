@@ -124,6 +124,9 @@ class RoundEngine {
   void HandleSessionMessage(SessionMessageEvent& e);
   void HandleSessionClosed(SessionClosedEvent& e);
   void HandleDownload(DownloadEvent& e);
+  void HandleDownloadDone(const DownloadDoneEvent& e);
+  // The server's own view of the task's download, when it saw one, into the task's client_rounds row.
+  void FillServerDownlink(const TaskInfo& task, instrumentation::ClientRoundRecord& rec) const;
   void HandleUploadStart(UploadStartEvent& e);
   void HandleUploadDone(UploadDoneEvent& e);
   void HandleLeave(LeaveEvent& e);
