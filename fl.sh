@@ -24,8 +24,9 @@ build() {
 
 demo() {
   build
-  # The main job: the quickstart experiment (fl-server + 4 fl-client processes, FedAvg on Fashion-MNIST).
-  experiments/quickstart.sh "$BUILD_DIR" out/quickstart
+  # The main job: the quickstart experiment (fl-server + 4 fl-client processes, FedAvg on Fashion-MNIST,
+  # each client behind an emulated Ethernet link), from its manifest.
+  "$BUILD_DIR/experiments/fl-experiment" run experiments/quickstart.yaml --out out/quickstart
 }
 
 run_tests() {

@@ -25,6 +25,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev prometheus
   # the HTML report test renders it in headless Chromium
   chromium
+  # bench/instrumentation_overhead.sh (a scraper and a free port)
+  curl python3
   # real data: Fashion-MNIST images, human text for the small language model
   dataset-fashion-mnist fortunes-min
   # link emulation (ip netns, tc)
@@ -53,8 +55,10 @@ check_platform() {
 missing_packages() {
   local p status
   for p in "${PACKAGES[@]}"; do
-    status="$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)"
-    [[ "$status" == "install ok installed" ]] || echo "$p"
+    # One line per installed architecture of a multiarch package (e.g. libabsl-dev:amd64 and :arm64 when a
+    # cross toolchain's packages are there): installed if any line says so.
+    status="$(dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null || true)"
+    grep -qx "install ok installed" <<<"$status" || echo "$p"
   done
 }
 

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <iostream>
 #include <memory>
 #include <thread>
@@ -12,6 +13,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "fl/client/client_metrics.h"
 #include "fl/client/device_info.h"
 #include "fl/client/session.h"
 #include "fl/client/synthetic_trainer.h"
@@ -32,6 +34,8 @@ struct ModelFlags {
   uint64_t init_seed = 0;
   std::string device = "auto";
   int threads = 0;
+  double data_fraction = 1.0;
+  double slowdown = 1.0;
 };
 
 absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainer(const ModelFlags& f) {
@@ -53,8 +57,9 @@ absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainer(const ModelFlag
       return absl::InvalidArgumentError(
           fl::StrCat("--model=", f.model, ": expected synthetic:<number of parameters>[:<train ms>]"));
     }
+    if (f.slowdown < 1) return absl::InvalidArgumentError(fl::StrCat("--slowdown=", f.slowdown, ": must be >= 1"));
     return std::unique_ptr<fl::client::Trainer>(std::make_unique<fl::client::SyntheticTrainer>(
-        params, 1000, f.init_seed, static_cast<uint32_t>(train_ms)));
+        params, 1000, f.init_seed, static_cast<uint32_t>(static_cast<double>(train_ms) * f.slowdown)));
   }
   fl::client::TorchTrainerOptions o;
   o.model = f.model;
@@ -66,6 +71,8 @@ absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainer(const ModelFlag
   o.partition_seed = f.partition_seed;
   o.device = f.device;
   o.num_threads = f.threads;
+  o.data_fraction = f.data_fraction;
+  o.slowdown = f.slowdown;
   auto trainer = fl::client::TorchTrainer::Create(o);
   if (!trainer.ok()) return trainer.status();
   return std::unique_ptr<fl::client::Trainer>(std::move(*trainer));
@@ -96,6 +103,11 @@ int main(int argc, char** argv) {
   app.add_option("--partition-seed", model.partition_seed, "Seed of the partition (same on every client)")
       ->capture_default_str();
   app.add_option("--init-seed", model.init_seed, "Seed of the model's initial weights")->capture_default_str();
+  app.add_option("--data-fraction", model.data_fraction, "Train on this share (0, 1] of this client's shard")
+      ->capture_default_str();
+  app.add_option("--slowdown", model.slowdown,
+                 "Device emulation: train this many times slower than this machine (a duty cycle per batch)")
+      ->capture_default_str();
   app.add_option("--device", model.device, "Where to train: auto, cpu or cuda")->capture_default_str();
   app.add_option("--threads", model.threads, "Intra-op threads for training; 0: LibTorch's default")
       ->capture_default_str();
@@ -112,6 +124,18 @@ int main(int argc, char** argv) {
   app.add_option("--clock-skew-ms", clock_skew_ms,
                  "Test flag: shift every timestamp this client reports by this much (checks the server's "
                  "clock-offset estimate)")
+      ->capture_default_str();
+  app.add_option("--bind-interface", options.binding.interface,
+                 "Network interface every connection to the server uses (SO_BINDTODEVICE), e.g. wlan0, eth0, wwan0");
+  app.add_option("--source-address", options.binding.source_address,
+                 "Local IP address the connections to the server come from (one of this machine's)");
+  std::string metrics_addr;
+  uint32_t metrics_linger_s = 0;
+  app.add_option("--metrics-addr", metrics_addr,
+                 "Serve this client's Prometheus metrics on /metrics at this address (e.g. 0.0.0.0:9465); empty: off");
+  app.add_option("--metrics-linger-s", metrics_linger_s,
+                 "After the experiment finished, keep /metrics up this long so that Prometheus scrapes the final "
+                 "values (a signal ends the wait)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   options.clock_skew_ns = clock_skew_ms * 1'000'000;
@@ -139,6 +163,23 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  if (absl::Status s = fl::client::ValidateSocketBinding(options.binding); !s.ok()) {
+    std::cerr << "fl-client: " << s.message() << "\n";
+    return 2;
+  }
+  std::unique_ptr<fl::client::ClientMetrics> metrics;
+  if (!metrics_addr.empty()) {
+    auto started = fl::client::ClientMetrics::Start(
+        metrics_addr, {options.client_name, link_kind, options.device.device_class()});
+    if (!started.ok()) {
+      std::cerr << "fl-client: " << started.status().message() << "\n";
+      return 2;
+    }
+    metrics = std::move(*started);
+    options.metrics = metrics.get();
+    spdlog::info("metrics on http://{}/metrics (port {})", metrics_addr, metrics->port());
+  }
+
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
@@ -155,14 +196,22 @@ int main(int argc, char** argv) {
                (*trainer)->spec().FingerprintHex(), (*trainer)->num_train_examples(), (*trainer)->num_test_examples());
 
   fl::client::FederatedClient client(options, trainer->get());
-  std::atomic<bool> exiting{false};
+  std::atomic<bool> exiting{false}, signalled{false};
   std::thread signal_thread([&] {
     int sig = 0;
     if (sigwait(&signals, &sig) != 0 || exiting.load()) return;
     spdlog::warn("signal {} received: leaving", sig);
+    signalled.store(true);
     client.Stop();
   });
   const absl::Status status = client.Run();
+  if (metrics != nullptr && status.ok()) {
+    // Prometheus scrapes every few seconds: without this the last round's figures would never be seen.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(metrics_linger_s);
+    while (!signalled.load() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
   exiting.store(true);
   pthread_kill(signal_thread.native_handle(), SIGTERM);
   signal_thread.join();

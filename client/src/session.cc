@@ -93,6 +93,7 @@ class FederatedClient::Impl {
     args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+    ApplySocketBinding(options_.binding, &args);
     channel_ = grpc::CreateCustomChannel(options_.server_address, grpc::InsecureChannelCredentials(), args);
     stub_ = fl::v1::Federation::NewStub(channel_);
   }
@@ -201,6 +202,7 @@ absl::Status FederatedClient::Impl::Run() {
     heartbeat_ms_ = std::max<uint32_t>(joined->heartbeat_interval_ms(), 50);
     server_max_chunk_ = joined->max_chunk_bytes() == 0 ? wire::kDefaultChunkBytes : joined->max_chunk_bytes();
     spdlog::info("joined experiment {} as '{}'", joined->experiment_id(), client_id_);
+    if (options_.metrics != nullptr) options_.metrics->SetExperiment(joined->experiment_id());
     if (joined->initial_model_requested()) {
       if (absl::Status s = UploadInitialModel(); !s.ok()) {
         if (s.code() == absl::StatusCode::kFailedPrecondition) return s;
@@ -214,6 +216,7 @@ absl::Status FederatedClient::Impl::Run() {
     if (stop_) break;
     const uint32_t wait_ms = backoff.NextMs();
     spdlog::info("session ended; reconnecting in {} ms", wait_ms);
+    if (options_.metrics != nullptr) options_.metrics->CountReconnect();
     SleepUnlessStopped(wait_ms);
   }
   return absl::CancelledError("fl-client was stopped");
@@ -523,12 +526,17 @@ void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
     ReportFailure(task.task_id(), global.status());
     return;
   }
+  if (ClientMetrics* m = options_.metrics; m != nullptr) {
+    m->ObservePhase("downlink", static_cast<double>(global->timing.duration_ns()) / 1e9, global->bytes);
+    m->SetModelVersion(global->model_version);
+  }
   if (task_cancelled_) return;
 
   if (task.kind() == fl::v1::TASK_KIND_EVALUATE) {
     const int64_t eval_start = Now();
     auto result = trainer_->Evaluate(global_);
     const int64_t eval_end = Now();
+    if (options_.metrics != nullptr) options_.metrics->ObservePhase("eval", static_cast<double>(eval_end - eval_start) / 1e9);
     if (!result.ok()) {
       ReportFailure(task.task_id(), result.status());
       return;
@@ -562,6 +570,7 @@ void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
   const int64_t train_start = Now();
   auto result = trainer_->Train(global_, opts);
   const int64_t train_end = Now();
+  if (options_.metrics != nullptr) options_.metrics->ObservePhase("train", static_cast<double>(train_end - train_start) / 1e9);
   if (task_cancelled_) return;
   if (!result.ok()) {
     ReportFailure(task.task_id(), result.status());
@@ -625,6 +634,10 @@ void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
   const int64_t upload_start = Now();
   auto resp = Upload(h, payload, static_cast<uint32_t>(remaining_ms));
   const int64_t upload_acked = Now();
+  if (options_.metrics != nullptr && resp.ok()) {
+    options_.metrics->ObservePhase("uplink", static_cast<double>(upload_acked - upload_start) / 1e9, payload.size());
+    if (resp->outcome() == fl::v1::UPDATE_OUTCOME_ACCEPTED) options_.metrics->CountRoundCompleted();
+  }
   if (resp.ok()) {
     // The uplink ends with the server's ack, so the client can report its own view of it only now.
     ClientMessage m;

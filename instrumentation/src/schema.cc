@@ -151,9 +151,26 @@ ALTER TABLE client_rounds ADD COLUMN downlink_server_ms REAL
   CHECK (downlink_server_ms IS NULL OR downlink_server_ms >= 0);
 )sql";
 
-// Version 4: cross-site islands (DiLoCo / Streaming DiLoCo, diloco/coord): one row per island admission,
-// one per membership epoch of a sync, one per member of an epoch (docs/records.md, "Islands").
+// Version 4: what fl-experiment ran: the manifest as written, with every profile resolved, its seed, the
+// emulation backend and the build, so that `fl-experiment replay` can run an experiment again from its record
+// alone. Written by fl-experiment before fl-server creates the experiment row, hence no foreign key.
 constexpr std::string_view kSchemaV4 = R"sql(
+CREATE TABLE experiment_manifests (
+  experiment_id     TEXT    NOT NULL PRIMARY KEY,
+  manifest_path     TEXT    NOT NULL,
+  manifest_yaml     TEXT    NOT NULL,
+  resolved_json     TEXT    NOT NULL,
+  seed              INTEGER NOT NULL,
+  backend           TEXT    NOT NULL,
+  software_version  TEXT    NOT NULL,
+  replay_of         TEXT,
+  created_unix_ms   INTEGER NOT NULL
+);
+)sql";
+
+// Version 5: cross-site islands (DiLoCo / Streaming DiLoCo, diloco/coord): one row per island admission,
+// one per membership epoch of a sync, one per member of an epoch (docs/records.md, "Islands").
+constexpr std::string_view kSchemaV5 = R"sql(
 CREATE TABLE islands (
   experiment_id          TEXT    NOT NULL REFERENCES experiments(id),
   join_seq               INTEGER NOT NULL CHECK (join_seq >= 1),
@@ -225,30 +242,13 @@ CREATE TABLE island_syncs (
 CREATE INDEX island_syncs_by_island ON island_syncs(experiment_id, island_id, step, fragment);
 )sql";
 
-// Version 4: what fl-experiment ran: the manifest as written, with every profile resolved, its seed, the
-// emulation backend and the build, so that `fl-experiment replay` can run an experiment again from its record
-// alone. Written by fl-experiment before fl-server creates the experiment row, hence no foreign key.
-constexpr std::string_view kSchemaV4 = R"sql(
-CREATE TABLE experiment_manifests (
-  experiment_id     TEXT    NOT NULL PRIMARY KEY,
-  manifest_path     TEXT    NOT NULL,
-  manifest_yaml     TEXT    NOT NULL,
-  resolved_json     TEXT    NOT NULL,
-  seed              INTEGER NOT NULL,
-  backend           TEXT    NOT NULL,
-  software_version  TEXT    NOT NULL,
-  replay_of         TEXT,
-  created_unix_ms   INTEGER NOT NULL
-);
-)sql";
-
 // Append new migrations here: {N + 1, "what it does", R"sql(...)sql"}. Never edit a shipped entry.
 constexpr Migration kMigrations[] = {
     {1, "experiments, clients, rounds, client_rounds, evaluations, checkpoints", kSchemaV1, false},
     {2, "client_rounds.clock_offset_ms, client_rounds.clock_rtt_ms", kSchemaV2, false},
     {3, "client_rounds phase start times on the server's timeline", kSchemaV3, false},
     {4, "experiment_manifests (what fl-experiment ran, for replay)", kSchemaV4, false},
-    {4, "islands, island_epochs, island_syncs (DiLoCo islands)", kSchemaV4, false},
+    {5, "islands, island_epochs, island_syncs (DiLoCo islands)", kSchemaV5, false},
 };
 
 std::string Hex(int64_t v) {

@@ -1,6 +1,8 @@
 #include "fl/instrumentation/server_metrics.h"
 
+#include <algorithm>
 #include <exception>
+#include <optional>
 
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
@@ -22,6 +24,24 @@ prometheus::Histogram::BucketBoundaries DurationBuckets() {
 
 std::string S(std::string_view v) { return std::string(v); }
 
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// A phase of a client round, with the client's view of the uplink when it was reported in time, else the
+// server's (the client reports its own only after the server's ack).
+std::optional<double> PhaseMs(const ClientRoundRecord& r, int phase) {
+  switch (phase) {
+    case 0: return r.downlink_ms;
+    case 1: return r.train_ms;
+    case 2: return r.eval_ms;
+    default: return r.uplink_ms.has_value() ? r.uplink_ms : r.uplink_server_ms;
+  }
+}
+constexpr const char* kPhaseNames[] = {"downlink", "train", "eval", "uplink"};
+
 }  // namespace
 
 struct ServerMetrics::Impl {
@@ -34,9 +54,15 @@ struct ServerMetrics::Impl {
   prometheus::Gauge* connected = nullptr;
   prometheus::Family<prometheus::Counter>* bytes = nullptr;
   prometheus::Family<prometheus::Counter>* updates = nullptr;
+  prometheus::Family<prometheus::Counter>* stragglers = nullptr;
+  // Families without a series until the first value: a loss or accuracy of 0 before any round would lie.
+  prometheus::Family<prometheus::Gauge>* train_loss = nullptr;
+  prometheus::Family<prometheus::Gauge>* eval_loss = nullptr;
+  prometheus::Family<prometheus::Gauge>* eval_accuracy = nullptr;
 };
 
-absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Start(const std::string& bind_address) {
+absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Start(const std::string& bind_address,
+                                                                    const std::string& experiment) {
   auto impl = std::make_unique<Impl>();
   try {
     impl->exposer = std::make_unique<prometheus::Exposer>(bind_address);
@@ -45,38 +71,62 @@ absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Start(const std::s
                                              "; pick another --metrics-addr"));
   }
   auto& r = *impl->registry;
+  prometheus::Labels constant;
+  if (!experiment.empty()) constant["experiment"] = experiment;
   impl->phase = &prometheus::BuildHistogram()
                      .Name("fl_client_phase_seconds")
                      .Help("Duration of one phase (downlink, train, eval, idle, uplink) of one client in one round")
+                     .Labels(constant)
                      .Register(r);
   impl->round = &prometheus::BuildHistogram()
                      .Name("fl_round_seconds")
                      .Help("Round duration, dispatch to commit, on the server")
+                     .Labels(constant)
                      .Register(r)
                      .Add({}, DurationBuckets());
   impl->aggregation = &prometheus::BuildHistogram()
                            .Name("fl_aggregation_seconds")
                            .Help("Finishing the aggregate and the server optimizer step, per round")
+                           .Labels(constant)
                            .Register(r)
                            .Add({}, DurationBuckets());
   impl->current_round = &prometheus::BuildGauge()
                              .Name("fl_current_round")
                              .Help("The last committed round")
+                             .Labels(constant)
                              .Register(r)
                              .Add({});
   impl->connected = &prometheus::BuildGauge()
                          .Name("fl_connected_clients")
                          .Help("Clients with an open session stream")
+                         .Labels(constant)
                          .Register(r)
                          .Add({});
   impl->bytes = &prometheus::BuildCounter()
                      .Name("fl_bytes_total")
                      .Help("Model and update payload bytes moved, by direction and link kind")
+                     .Labels(constant)
                      .Register(r);
   impl->updates = &prometheus::BuildCounter()
                        .Name("fl_updates_total")
                        .Help("Client updates by outcome (ok, late, dropped, rejected) and reject reason")
+                       .Labels(constant)
                        .Register(r);
+  // Every outcome starts at zero, so that "no late updates" reads as 0 on a dashboard rather than no data.
+  for (const char* outcome : {"ok", "late", "dropped", "rejected"}) impl->updates->Add({{"outcome", outcome}, {"reason", ""}});
+  impl->stragglers = &prometheus::BuildCounter()
+                          .Name("fl_round_straggler_total")
+                          .Help("Committed rounds whose last accepted update came from this client, by the phase "
+                                "that made it late")
+                          .Labels(constant)
+                          .Register(r);
+  auto gauge = [&](const char* name, const char* help) {
+    return &prometheus::BuildGauge().Name(name).Help(help).Labels(constant).Register(r);
+  };
+  impl->train_loss = gauge("fl_train_loss", "Mean local training loss of the last committed round");
+  impl->eval_loss = gauge("fl_eval_loss", "Loss of the global model on the clients' test data at the last evaluation");
+  impl->eval_accuracy =
+      gauge("fl_eval_accuracy", "Accuracy (0..1) of the global model on the clients' test data at the last evaluation");
   impl->exposer->RegisterCollectable(impl->registry);
   return std::unique_ptr<ServerMetrics>(new ServerMetrics(std::move(impl)));
 }
@@ -95,6 +145,8 @@ void ServerMetrics::ObservePhase(std::string_view phase, std::string_view link_k
       ->Add({{"phase", S(phase)}, {"link_kind", S(link_kind)}, {"device_class", S(device_class)}, {"client", S(client)}},
             DurationBuckets())
       .Observe(seconds);
+  // Every client that reports a phase has straggler counts from zero: "never the straggler" is a figure.
+  for (const char* p : kPhaseNames) impl_->stragglers->Add({{"client", S(client)}, {"phase", p}});
 }
 
 void ServerMetrics::ObserveRound(double seconds) { impl_->round->Observe(seconds); }
@@ -108,6 +160,42 @@ void ServerMetrics::AddBytes(std::string_view direction, std::string_view link_k
 
 void ServerMetrics::CountUpdate(std::string_view outcome, std::string_view reason) {
   impl_->updates->Add({{"outcome", S(outcome)}, {"reason", S(reason)}}).Increment();
+}
+
+void ServerMetrics::CountStraggler(const std::vector<ClientRoundRecord>& rows) {
+  std::vector<const ClientRoundRecord*> accepted;
+  for (const auto& row : rows) {
+    if (row.outcome == ClientOutcome::kOk) accepted.push_back(&row);
+  }
+  if (accepted.empty()) return;
+  const ClientRoundRecord& last = *accepted.back();
+  int best = -1, longest_phase = -1;
+  double best_excess = 0, longest = -1;
+  for (int p = 0; p < 4; ++p) {
+    const std::optional<double> mine = PhaseMs(last, p);
+    if (!mine.has_value()) continue;
+    std::vector<double> all;
+    for (const ClientRoundRecord* row : accepted) {
+      if (auto v = PhaseMs(*row, p); v.has_value()) all.push_back(*v);
+    }
+    if (const double excess = *mine - Median(all); excess > best_excess) {
+      best_excess = excess;
+      best = p;
+    }
+    if (*mine > longest) {
+      longest = *mine;
+      longest_phase = p;
+    }
+  }
+  if (best < 0) best = longest_phase;
+  impl_->stragglers->Add({{"client", last.client_id}, {"phase", best < 0 ? "unknown" : kPhaseNames[best]}}).Increment();
+}
+
+void ServerMetrics::SetTrainLoss(double loss) { impl_->train_loss->Add({}).Set(loss); }
+
+void ServerMetrics::SetEvaluation(double loss, double accuracy) {
+  impl_->eval_loss->Add({}).Set(loss);
+  impl_->eval_accuracy->Add({}).Set(accuracy);
 }
 
 }  // namespace fl::instrumentation

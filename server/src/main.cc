@@ -7,12 +7,15 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <random>
 #include <thread>
 
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "absl/strings/str_format.h"
+#include "fl/core/clock.h"
 #include "fl/core/log_format.h"
 
 #include "fl/core/str_cat.h"
@@ -22,6 +25,7 @@
 #include "fl/server/round_engine.h"
 #include "fl/server/service.h"
 #include "fl/server/strategy.h"
+#include "fl/diloco/coordinator.h"
 
 namespace {
 
@@ -88,8 +92,14 @@ absl::StatusOr<fl::server::RoundEngine::StartPoint> PlanResume(EngineConfig* con
 }  // namespace
 
 int main(int argc, char** argv) {
+  // --mode islands: the DiLoCo islands coordinator (diloco/coord, its own flags) instead of the round engine.
+  if (fl::diloco::IslandsModeRequested(argc, argv)) return fl::diloco::RunCoordinatorMain(argc, argv);
   CLI::App app{"fl-server: the federated-learning aggregator (fl.v1 control plane over gRPC)"};
   app.set_version_flag("--version", std::string("fl-server ") + FL_VERSION);
+  std::string mode = "fl";
+  app.add_option("--mode", mode, "fl: federated rounds; islands: the DiLoCo islands coordinator (--mode islands --help)")
+      ->check(CLI::IsMember({"fl", "islands"}))
+      ->capture_default_str();
   EngineConfig config;
   std::string listen = "0.0.0.0:50051";
   std::string db_path = "fl-records.db";
@@ -160,6 +170,11 @@ int main(int argc, char** argv) {
   std::string metrics_addr;
   app.add_option("--metrics-addr", metrics_addr,
                  "Serve Prometheus metrics on /metrics at this address (e.g. 0.0.0.0:9464); empty: off");
+  uint32_t metrics_linger_s = 0;
+  app.add_option("--metrics-linger-s", metrics_linger_s,
+                 "After the experiment ended, keep /metrics up this long so that Prometheus scrapes the final "
+                 "values (a signal ends the wait)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   spdlog::set_default_logger(spdlog::stderr_color_mt("fl-server"));
@@ -217,7 +232,13 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<fl::instrumentation::ServerMetrics> metrics;
   if (!metrics_addr.empty()) {
-    auto started = fl::instrumentation::ServerMetrics::Start(metrics_addr);
+    // Every metric carries the experiment id (dashboards select experiments by it), so it is fixed here
+    // rather than made up by the engine in Start(); same format as the engine's.
+    if (config.experiment_id.empty()) {
+      std::random_device rd;
+      config.experiment_id = fl::StrCat("exp-", fl::UnixMs(), "-", absl::StrFormat("%06x", rd() & 0xffffff));
+    }
+    auto started = fl::instrumentation::ServerMetrics::Start(metrics_addr, config.experiment_id);
     if (!started.ok()) {
       std::cerr << "fl-server: " << started.status().message() << "\n";
       return 2;
@@ -250,15 +271,21 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::atomic<bool> exiting{false};
-  std::thread signal_thread([&engine, &exiting, signals] {
+  std::atomic<bool> exiting{false}, signalled{false};
+  std::thread signal_thread([&engine, &exiting, &signalled, signals] {
     int sig = 0;
     if (sigwait(&signals, &sig) != 0 || exiting.load()) return;  // woken by main to exit
+    signalled.store(true);
     spdlog::warn("signal {} received: aborting the current round and shutting down", sig);
     engine.Post(fl::server::ShutdownEvent{fl::StrCat("fl-server received signal ", sig)});
   });
 
   const fl::server::EngineResult result = engine.Wait();
+  // Prometheus scrapes every few seconds: without this the last round's figures would never be seen.
+  const auto linger_until = std::chrono::steady_clock::now() + std::chrono::seconds(metrics_linger_s);
+  while (metrics != nullptr && !signalled.load() && std::chrono::steady_clock::now() < linger_until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   // Let in-flight RPCs finish (final verdicts, the Shutdown message), then cut the rest.
   server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(3));
   engine.Stop();

@@ -3,8 +3,10 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_join.h"
@@ -113,6 +115,19 @@ absl::StatusOr<std::unique_ptr<TorchTrainer>> TorchTrainer::Create(const TorchTr
   auto train_indices =
       data::PartitionFor(options.client_index, *partition, train.labels, options.num_clients, options.partition_seed);
   if (!train_indices.ok()) return train_indices.status();
+  if (!(options.data_fraction > 0 && options.data_fraction <= 1)) {
+    return absl::InvalidArgumentError(
+        fl::StrCat("data fraction ", options.data_fraction, " is outside (0, 1]; give the share of the shard to use"));
+  }
+  if (!(options.slowdown >= 1)) {
+    return absl::InvalidArgumentError(
+        fl::StrCat("slowdown ", options.slowdown, " is below 1; a client cannot train faster than its machine"));
+  }
+  if (options.data_fraction < 1) {
+    const size_t keep = std::max<size_t>(
+        1, static_cast<size_t>(std::ceil(options.data_fraction * static_cast<double>(train_indices->size()))));
+    train_indices->resize(std::min(keep, train_indices->size()));
+  }
   auto test_indices = data::PartitionFor(options.client_index, data::PartitionSpec::Iid(), test.labels,
                                          options.num_clients, options.partition_seed);
   if (!test_indices.ok()) return test_indices.status();
@@ -209,6 +224,7 @@ absl::StatusOr<TrainResult> TorchTrainer::Train(std::span<const float> global, c
     if (options.cancelled != nullptr && options.cancelled->load(std::memory_order_relaxed)) {
       return absl::CancelledError(fl::StrCat("training cancelled after ", steps, " steps"));
     }
+    const auto compute_start = std::chrono::steady_clock::now();
     const torch::Tensor images = s.train_images.index_select(0, index);
     const torch::Tensor labels = s.train_labels.index_select(0, index);
     optimizer->zero_grad();
@@ -232,6 +248,11 @@ absl::StatusOr<TrainResult> TorchTrainer::Train(std::span<const float> global, c
     }
     seen += static_cast<uint64_t>(index.size(0));
     ++steps;
+    if (s.options.slowdown > 1) {
+      const auto compute = std::chrono::steady_clock::now() - compute_start;
+      std::this_thread::sleep_for(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(compute * (s.options.slowdown - 1)));
+    }
     return absl::OkStatus();
   };
 

@@ -13,6 +13,8 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "fl/client/client_metrics.h"
+#include "fl/client/socket_binding.h"
 #include "fl/client/trainer.h"
 #include "fl/v1/common.pb.h"
 
@@ -37,6 +39,11 @@ struct ClientOptions {
   // Test flag: shifts every timestamp this client reports (pongs, phase starts) by this much, as if its
   // clock were set differently; the server's clock-offset estimate must find it.
   int64_t clock_skew_ns = 0;
+  // The network interface and/or source address every connection to the server binds to (socket_binding.h).
+  SocketBinding binding;
+  // Where the session reports its phases, bytes, rounds and reconnects (fl-client --metrics-addr); not owned,
+  // may be null.
+  ClientMetrics* metrics = nullptr;
 };
 
 class FederatedClient {

@@ -8,16 +8,20 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "fl/instrumentation/records.h"
 
 namespace fl::instrumentation {
 
 class ServerMetrics {
  public:
   // Serves /metrics on `bind_address` ("127.0.0.1:9464"; port 0 picks a free one). Unavailable, naming the
-  // address, when it cannot bind.
-  static absl::StatusOr<std::unique_ptr<ServerMetrics>> Start(const std::string& bind_address);
+  // address, when it cannot bind. A non-empty `experiment` (the experiment id) is a constant label
+  // `experiment` on every metric, so that dashboards can tell experiments apart.
+  static absl::StatusOr<std::unique_ptr<ServerMetrics>> Start(const std::string& bind_address,
+                                                              const std::string& experiment = "");
   ~ServerMetrics();
   ServerMetrics(const ServerMetrics&) = delete;
   ServerMetrics& operator=(const ServerMetrics&) = delete;
@@ -35,6 +39,14 @@ class ServerMetrics {
   void AddBytes(std::string_view direction, std::string_view link_kind, uint64_t bytes);
   // outcome: "ok", "late", "dropped", "rejected"; reason: "" unless rejected.
   void CountUpdate(std::string_view outcome, std::string_view reason);
+  // At a round's commit, with its client rows: counts the round's straggler, fl_round_straggler_total{client,
+  // phase}. The straggler is the accepted client whose update arrived last (the last kOk row: rows are in
+  // arrival order); its phase is the one most above the round's median for that phase, else its longest one
+  // (the definition fl-report uses).
+  void CountStraggler(const std::vector<ClientRoundRecord>& rows);
+  // Mean local training loss of the committed round; the global model's evaluation (weighted by examples).
+  void SetTrainLoss(double loss);
+  void SetEvaluation(double loss, double accuracy);
 
  private:
   struct Impl;

@@ -61,6 +61,11 @@ struct TorchTrainerOptions {
   uint64_t partition_seed = 0;
   std::string device = "auto";  // "auto" (cuda when available, else cpu) | "cpu" | "cuda"
   int num_threads = 0;          // torch::set_num_threads (process-wide); 0 leaves torch's default
+  // Device emulation (fl-experiment): train on the first `data_fraction` of this client's shard, and slow
+  // training to 1/slowdown of this machine's speed by idling (slowdown - 1) x each batch's compute time
+  // after it: a duty cycle, so that train time ratios between emulated devices are realistic.
+  double data_fraction = 1.0;   // (0, 1]
+  double slowdown = 1.0;        // >= 1
 };
 
 class TorchTrainer final : public Trainer {

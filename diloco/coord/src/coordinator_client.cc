@@ -1,0 +1,327 @@
+#include "fl/diloco/coordinator_client.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "coordinator_wire.h"
+#include "fl/core/clock.h"
+#include "fl/core/str_cat.h"
+#include "fl/proto/convert.h"
+#include "fl/v1/islands.grpc.pb.h"
+
+namespace fl::diloco {
+namespace {
+
+// gRPC status -> absl::Status with the coordinator's ErrorDetail message and hint.
+absl::Status FromGrpc(const grpc::Status& status, std::string_view call) {
+  if (status.ok()) return absl::OkStatus();
+  const fl::v1::ErrorDetail detail = wire::ErrorFromGrpcStatus(status);
+  std::string message = detail.message().empty() ? status.error_message() : detail.message();
+  if (!detail.hint().empty()) message = fl::StrCat(message, " (", detail.hint(), ")");
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), fl::StrCat(call, ": ", message));
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(wire::kMaxMessageBytes);
+  args.SetMaxSendMessageSize(wire::kMaxMessageBytes);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+void SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout) {
+  ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+}
+
+}  // namespace
+
+bool IsRejoinNeeded(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kAborted || status.code() == absl::StatusCode::kUnauthenticated;
+}
+
+std::string VanishedMemberFromError(const absl::Status& ring_error, const SyncPlan& plan) {
+  const std::string_view message = fl::ToStd(ring_error.message());
+  for (size_t i = 0; i < plan.members.size(); ++i) {
+    if (i == plan.self_index) continue;
+    if (message.find(fl::StrCat("'", plan.members[i].id, "'")) != std::string_view::npos) return plan.members[i].id;
+  }
+  return "";
+}
+
+struct CoordinatorClient::Impl {
+  CoordinatorClientOptions options;
+  std::string address;
+  IslandJoinRequest request;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<fl::v1::Islands::Stub> stub;
+
+  mutable std::mutex mu;
+  Assignment assignment;
+  std::string token;
+  bool evicted = false;
+  std::string eviction_reason;
+
+  // The session stream: written by the heartbeat thread (after the hello), read by the reader thread.
+  std::mutex session_mu;
+  std::condition_variable session_cv;
+  bool stop_session = false;
+  std::unique_ptr<grpc::ClientContext> session_ctx;
+  std::unique_ptr<grpc::ClientReaderWriter<fl::v1::IslandUp, fl::v1::IslandDown>> stream;
+  std::thread reader;
+  std::thread heartbeat;
+
+  void MarkEvicted(const std::string& reason) {
+    std::lock_guard lock(mu);
+    evicted = true;
+    eviction_reason = reason;
+  }
+
+  absl::Status Check(const grpc::Status& status, std::string_view call) {
+    absl::Status s = FromGrpc(status, call);
+    if (IsRejoinNeeded(s)) MarkEvicted(std::string(s.message()));
+    return s;
+  }
+
+  std::pair<std::string, std::string> Credentials() const {
+    std::lock_guard lock(mu);
+    return {request.island_id, token};
+  }
+
+  absl::Status StartSession(uint32_t heartbeat_interval_ms) {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    auto s = stub->Session(ctx.get());
+    fl::v1::IslandUp hello;
+    {
+      std::lock_guard lock(mu);
+      hello.mutable_hello()->set_island_id(request.island_id);
+      hello.mutable_hello()->set_session_token(token);
+    }
+    if (!s->Write(hello)) {
+      ctx->TryCancel();
+      return FromGrpc(s->Finish(), "opening the island session");
+    }
+    {
+      std::lock_guard lock(session_mu);
+      stop_session = false;
+      session_ctx = std::move(ctx);
+      stream = std::move(s);
+    }
+    reader = std::thread([this] {
+      fl::v1::IslandDown down;
+      while (stream->Read(&down)) {
+        if (down.has_evicted()) MarkEvicted(fl::StrCat("evicted by the coordinator: ", down.evicted().reason()));
+        if (down.has_shutdown()) MarkEvicted(fl::StrCat("the coordinator shut down: ", down.shutdown().reason()));
+      }
+    });
+    if (options.send_heartbeats) {
+      heartbeat = std::thread([this, heartbeat_interval_ms] {
+        std::unique_lock lock(session_mu);
+        while (!stop_session) {
+          session_cv.wait_for(lock, std::chrono::milliseconds(heartbeat_interval_ms));
+          if (stop_session) break;
+          fl::v1::IslandUp beat;
+          beat.mutable_heartbeat()->set_sent_island_ns(NowNs());
+          lock.unlock();
+          const bool ok = stream->Write(beat);
+          lock.lock();
+          if (!ok) break;  // the stream is gone; the reader sees why
+        }
+      });
+    }
+    return absl::OkStatus();
+  }
+
+  void StopSession() {
+    {
+      std::lock_guard lock(session_mu);
+      if (stream == nullptr) return;
+      stop_session = true;
+      session_cv.notify_all();
+      session_ctx->TryCancel();
+    }
+    if (heartbeat.joinable()) heartbeat.join();
+    if (reader.joinable()) reader.join();
+    (void)stream->Finish();
+    std::lock_guard lock(session_mu);
+    stream.reset();
+    session_ctx.reset();
+  }
+
+  absl::StatusOr<Assignment> Join() {
+    fl::v1::IslandJoinRequest req = ToProto(request);
+    fl::v1::IslandJoinResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, options.connect_timeout);
+    ctx.set_wait_for_ready(true);  // islands may start before the coordinator
+    grpc::Status status = stub->Join(&ctx, req, &resp);
+    if (!status.ok()) return FromGrpc(status, fl::StrCat("joining ", address, " as '", request.island_id, "'"));
+    Assignment a;
+    a.experiment_id = resp.experiment_id();
+    a.join_seq = resp.join_seq();
+    a.schedule = FromProto(resp.schedule());
+    if (resp.has_state_source()) a.state_source = FromProto(resp.state_source());
+    a.heartbeat_interval_ms = resp.heartbeat_interval_ms();
+    {
+      std::lock_guard lock(mu);
+      token = resp.session_token();
+      assignment = a;
+      evicted = false;
+      eviction_reason.clear();
+    }
+    if (absl::Status s = StartSession(std::max<uint32_t>(a.heartbeat_interval_ms, 1)); !s.ok()) return s;
+    return a;
+  }
+
+  absl::StatusOr<Verdict> ToVerdict(const grpc::Status& status, const fl::v1::SyncVerdict& v, std::string_view call) {
+    if (absl::Status s = Check(status, call); !s.ok()) return s;
+    Verdict verdict;
+    switch (v.kind()) {
+      case fl::v1::SYNC_VERDICT_KIND_COMMIT: verdict.kind = VerdictKind::kCommit; break;
+      case fl::v1::SYNC_VERDICT_KIND_REPAIR: verdict.kind = VerdictKind::kRepair; break;
+      case fl::v1::SYNC_VERDICT_KIND_RETRY: verdict.kind = VerdictKind::kRetry; break;
+      default:
+        return absl::InternalError(fl::StrCat(call, ": the coordinator sent verdict kind ", static_cast<int>(v.kind())));
+    }
+    if (v.has_source()) verdict.source = FromProto(v.source());
+    verdict.majority_hash = v.majority_hash();
+    return verdict;
+  }
+};
+
+CoordinatorClient::CoordinatorClient(CoordinatorClientOptions options) : impl_(std::make_unique<Impl>()) {
+  impl_->options = options;
+}
+
+CoordinatorClient::~CoordinatorClient() { impl_->StopSession(); }
+
+absl::StatusOr<Assignment> CoordinatorClient::Connect(const std::string& server_address,
+                                                      const IslandJoinRequest& request) {
+  impl_->StopSession();
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->address = server_address;
+    impl_->request = request;
+  }
+  impl_->channel = MakeChannel(server_address);
+  impl_->stub = fl::v1::Islands::NewStub(impl_->channel);
+  return impl_->Join();
+}
+
+absl::StatusOr<Assignment> CoordinatorClient::Rejoin() {
+  if (impl_->stub == nullptr) return absl::FailedPreconditionError("Rejoin before Connect");
+  // Leave first so that the coordinator does not see two live sessions of one island (it refuses a Join
+  // for an island that is still a member); an island already evicted gets an error here, which is fine.
+  (void)Leave("rejoin");
+  impl_->StopSession();
+  return impl_->Join();
+}
+
+absl::StatusOr<SyncPlan> CoordinatorClient::BeginSync(SyncKey key) {
+  auto [id, token] = impl_->Credentials();
+  fl::v1::BeginSyncRequest req;
+  req.set_island_id(id);
+  req.set_session_token(token);
+  *req.mutable_key() = ToProto(key);
+  fl::v1::BeginSyncResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, impl_->options.rpc_timeout);
+  absl::Status s = impl_->Check(impl_->stub->BeginSync(&ctx, req, &resp),
+                                fl::StrCat("BeginSync(step ", key.step, ", fragment ", key.fragment, ")"));
+  if (!s.ok()) return s;
+  SyncPlan plan;
+  plan.epoch = resp.epoch();
+  plan.attempt = resp.attempt();
+  plan.key = FromProto(resp.key());
+  for (const auto& m : resp.members()) plan.members.push_back(RingMember{m.island_id(), m.data_endpoint()});
+  plan.self_index = resp.self_index();
+  if (plan.self_index >= plan.members.size() || plan.members[plan.self_index].id != id) {
+    return absl::InternalError(fl::StrCat("BeginSync: the coordinator's plan does not place '", id, "' at index ",
+                                          plan.self_index));
+  }
+  return plan;
+}
+
+absl::StatusOr<Verdict> CoordinatorClient::ReportSyncDone(const SyncPlan& plan, uint64_t state_hash,
+                                                          const SyncStats& stats) {
+  auto [id, token] = impl_->Credentials();
+  fl::v1::SyncDoneRequest req;
+  req.set_island_id(id);
+  req.set_session_token(token);
+  req.set_epoch(plan.epoch);
+  *req.mutable_key() = ToProto(plan.key);
+  req.set_state_hash(state_hash);
+  *req.mutable_stats() = ToProto(stats);
+  fl::v1::SyncVerdict resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, impl_->options.rpc_timeout);
+  grpc::Status status = impl_->stub->SyncDone(&ctx, req, &resp);
+  return impl_->ToVerdict(status, resp, fl::StrCat("SyncDone(epoch ", plan.epoch, ")"));
+}
+
+absl::StatusOr<Verdict> CoordinatorClient::ReportSyncFailed(const SyncPlan& plan, const absl::Status& error,
+                                                            const std::string& vanished_island,
+                                                            const SyncStats& stats) {
+  auto [id, token] = impl_->Credentials();
+  fl::v1::SyncFailedRequest req;
+  req.set_island_id(id);
+  req.set_session_token(token);
+  req.set_epoch(plan.epoch);
+  *req.mutable_key() = ToProto(plan.key);
+  req.set_reason(std::string(error.ToString()));
+  req.set_vanished_island_id(vanished_island);
+  *req.mutable_stats() = ToProto(stats);
+  fl::v1::SyncVerdict resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, impl_->options.rpc_timeout);
+  grpc::Status status = impl_->stub->SyncFailed(&ctx, req, &resp);
+  return impl_->ToVerdict(status, resp, fl::StrCat("SyncFailed(epoch ", plan.epoch, ")"));
+}
+
+absl::Status CoordinatorClient::ReportStateLoaded(SyncKey key, uint64_t state_hash) {
+  auto [id, token] = impl_->Credentials();
+  fl::v1::StateLoadedRequest req;
+  req.set_island_id(id);
+  req.set_session_token(token);
+  *req.mutable_key() = ToProto(key);
+  req.set_state_hash(state_hash);
+  fl::v1::StateLoadedResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, impl_->options.rpc_timeout);
+  return impl_->Check(impl_->stub->StateLoaded(&ctx, req, &resp), "StateLoaded");
+}
+
+absl::Status CoordinatorClient::Leave(const std::string& reason) {
+  if (impl_->stub == nullptr) return absl::FailedPreconditionError("Leave before Connect");
+  auto [id, token] = impl_->Credentials();
+  fl::v1::IslandLeaveRequest req;
+  req.set_island_id(id);
+  req.set_session_token(token);
+  req.set_reason(reason);
+  fl::v1::IslandLeaveResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, absl::Seconds(30));
+  absl::Status s = FromGrpc(impl_->stub->Leave(&ctx, req, &resp), "Leave");
+  impl_->StopSession();
+  return s;
+}
+
+bool CoordinatorClient::evicted() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->evicted;
+}
+
+std::string CoordinatorClient::eviction_reason() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->eviction_reason;
+}
+
+const Assignment& CoordinatorClient::assignment() const { return impl_->assignment; }
+const std::string& CoordinatorClient::island_id() const { return impl_->request.island_id; }
+
+}  // namespace fl::diloco

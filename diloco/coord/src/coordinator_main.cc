@@ -1,0 +1,267 @@
+// fl-server --mode islands: the islands coordinator as a process (flags, records, metrics, signals).
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "fl/core/log_format.h"
+
+#include "fl/core/clock.h"
+#include "fl/core/str_cat.h"
+#include "fl/diloco/coordinator.h"
+#include "fl/instrumentation/island_metrics.h"
+#include "fl/instrumentation/island_records.h"
+#include "fl/instrumentation/record_store.h"
+
+namespace fl::diloco {
+
+bool IslandsModeRequested(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--mode=islands") == 0) return true;
+    if (std::strcmp(argv[i], "--mode") == 0 && i + 1 < argc && std::strcmp(argv[i + 1], "islands") == 0) return true;
+  }
+  return false;
+}
+
+namespace {
+
+std::string ConfigJson(const CoordinatorOptions& o) {
+  nlohmann::json j;
+  j["mode"] = "islands";
+  const IslandSchedule& s = o.schedule;
+  j["inner_steps"] = s.inner_steps;
+  j["fragments"] = s.num_fragments;
+  j["fragment_strategy"] = s.fragment_strategy;
+  j["overlap_steps"] = s.overlap_steps;
+  j["mixing_alpha"] = s.mixing_alpha;
+  j["outer_optimizer"] = s.outer_optimizer;
+  j["codec"] = s.codec;
+  j["error_feedback"] = s.error_feedback;
+  j["connections_per_peer"] = s.connections_per_peer;
+  j["outer_steps"] = s.total_outer_steps;
+  j["exchange_timeout_ms"] = s.exchange_timeout_ms;
+  j["island_options"] = s.options;
+  j["min_islands"] = o.min_islands;
+  j["max_islands"] = o.max_islands;
+  j["heartbeat_interval_ms"] = o.heartbeat_interval_ms;
+  j["heartbeat_timeout_ms"] = o.heartbeat_timeout_ms;
+  j["barrier_timeout_ms"] = o.barrier_timeout_ms;
+  j["report_timeout_ms"] = o.report_timeout_ms;
+  j["max_sync_attempts"] = o.max_sync_attempts;
+  return j.dump();
+}
+
+std::string HostName() {
+  char buf[256] = {};
+  return gethostname(buf, sizeof(buf) - 1) == 0 ? std::string(buf) : std::string();
+}
+
+}  // namespace
+
+int RunCoordinatorMain(int argc, char** argv) {
+  CLI::App app{"fl-server --mode islands: the coordinator of cross-site islands (DiLoCo / Streaming DiLoCo)"};
+  CoordinatorOptions o;
+  std::string mode = "islands";
+  std::string listen = "0.0.0.0:50051";
+  std::string db_path = "fl-records.db";
+  std::string port_file;
+  std::string metrics_addr;
+  std::string fingerprint_hex;
+  std::string log_level = "info";
+  std::vector<std::string> island_options;
+  IslandSchedule& s = o.schedule;
+  app.add_option("--mode", mode, "islands (this mode); fl: the federated round engine")->capture_default_str();
+  app.add_option("--listen", listen, "Address to serve gRPC on; port 0 picks a free port")->capture_default_str();
+  app.add_option("--port-file", port_file, "Write the bound port to this file once listening");
+  app.add_option("--db", db_path, "SQLite records database (created if missing); empty: no records")
+      ->capture_default_str();
+  app.add_option("--metrics-addr", metrics_addr, "Serve Prometheus metrics on /metrics here; empty: off");
+  app.add_option("--experiment-name", o.experiment_name, "Name recorded with the experiment")->capture_default_str();
+  app.add_option("--experiment-id", o.experiment_id, "Experiment id (default: generated)");
+  app.add_option("--inner-steps", s.inner_steps, "H: inner steps between two syncs of a fragment")->capture_default_str();
+  app.add_option("--fragments", s.num_fragments, "P: fragments (1 = DiLoCo; > 1 = Streaming DiLoCo; divides H)")
+      ->capture_default_str();
+  app.add_option("--fragment-strategy", s.fragment_strategy, "strided or sequential")->capture_default_str();
+  app.add_option("--overlap-steps", s.overlap_steps, "tau: inner steps an exchange overlaps (< H/P)")
+      ->capture_default_str();
+  app.add_option("--mixing-alpha", s.mixing_alpha, "alpha of the local mixing after a sync; negative: default")
+      ->capture_default_str();
+  app.add_option("--outer-optimizer", s.outer_optimizer, "Outer optimizer spec")->capture_default_str();
+  app.add_option("--codec", s.codec, "Data-plane codec: fp32, bf16, fp16, int8, int4, fp4 (core codec spec)")
+      ->capture_default_str();
+  app.add_flag("--error-feedback", s.error_feedback, "Keep codec residuals per fragment");
+  app.add_option("--connections-per-peer", s.connections_per_peer, "ZeroMQ connections per ring neighbour")
+      ->capture_default_str();
+  app.add_option("--outer-steps", s.total_outer_steps, "Outer steps per fragment to run; 0 = until stopped")
+      ->capture_default_str();
+  app.add_option("--exchange-timeout-ms", s.exchange_timeout_ms, "Timeout of one ring exchange")->capture_default_str();
+  app.add_option("--island-option", island_options, "key=value handed to every island (repeatable)");
+  app.add_option("--min-islands", o.min_islands, "Islands that must join before any starts")->capture_default_str();
+  app.add_option("--max-islands", o.max_islands, "Most live islands")->capture_default_str();
+  app.add_option("--model-fingerprint", fingerprint_hex,
+                 "Expected model fingerprint (16 hex digits); default: the first island's");
+  app.add_option("--heartbeat-interval-ms", o.heartbeat_interval_ms, "Island heartbeat interval")->capture_default_str();
+  app.add_option("--heartbeat-timeout-ms", o.heartbeat_timeout_ms, "Evict an island after this long without heartbeats")
+      ->capture_default_str();
+  app.add_option("--barrier-timeout-ms", o.barrier_timeout_ms,
+                 "Evict islands that have not reached a sync's barrier this long after the first one did")
+      ->capture_default_str();
+  app.add_option("--report-timeout-ms", o.report_timeout_ms,
+                 "Evict members that have not reported an epoch this long after the first report")
+      ->capture_default_str();
+  app.add_option("--max-sync-attempts", o.max_sync_attempts, "Epochs of one sync before the experiment fails")
+      ->capture_default_str();
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  spdlog::set_default_logger(spdlog::stderr_color_mt("fl-server"));
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  o.software_version = FL_VERSION;
+  for (const std::string& kv : island_options) {
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      std::cerr << "fl-server: --island-option '" << kv << "' is not key=value\n";
+      return 2;
+    }
+    s.options[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  if (!fingerprint_hex.empty()) {
+    try {
+      size_t used = 0;
+      o.model_fingerprint = std::stoull(fingerprint_hex, &used, 16);
+      if (used != fingerprint_hex.size()) throw std::invalid_argument("trailing characters");
+    } catch (const std::exception&) {
+      std::cerr << "fl-server: --model-fingerprint '" << fingerprint_hex << "' is not a hex number\n";
+      return 2;
+    }
+  }
+  if (o.experiment_id.empty()) {
+    o.experiment_id = fl::StrCat(o.experiment_name, "-", UnixMs(), "-", instrumentation::HashHex(
+        static_cast<uint64_t>(NowNs()) * 0x9e3779b97f4a7c15ULL).substr(0, 6));
+  }
+  if (absl::Status st = o.Validate(); !st.ok()) {
+    std::cerr << "fl-server: " << st.message() << "\n";
+    return 2;
+  }
+
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  std::unique_ptr<instrumentation::RecordStore> store;
+  std::unique_ptr<instrumentation::IslandRecordWriter> records;
+  if (!db_path.empty()) {
+    auto opened = instrumentation::RecordStore::Open(db_path);
+    if (!opened.ok()) {
+      std::cerr << "fl-server: " << opened.status().message() << "\n";
+      return 2;
+    }
+    store = std::move(*opened);
+    instrumentation::ExperimentRecord exp;
+    exp.id = o.experiment_id;
+    exp.name = o.experiment_name;
+    exp.started_unix_ms = UnixMs();
+    exp.config_json = ConfigJson(o);
+    exp.software_version = o.software_version;
+    exp.host = HostName();
+    absl::Status st = store->Enqueue(exp);
+    if (st.ok()) st = store->Flush();
+    if (!st.ok()) {
+      std::cerr << "fl-server: " << st.message() << "\n";
+      return 2;
+    }
+    auto writer = instrumentation::IslandRecordWriter::Open(db_path);
+    if (!writer.ok()) {
+      std::cerr << "fl-server: " << writer.status().message() << "\n";
+      return 2;
+    }
+    records = std::move(*writer);
+  }
+  std::unique_ptr<instrumentation::IslandMetrics> metrics;
+  if (!metrics_addr.empty()) {
+    auto started = instrumentation::IslandMetrics::Start(metrics_addr, o.experiment_id);
+    if (!started.ok()) {
+      std::cerr << "fl-server: " << started.status().message() << "\n";
+      return 2;
+    }
+    metrics = std::move(*started);
+    spdlog::info("metrics on http://{}/metrics (port {})", metrics_addr, metrics->port());
+  }
+  auto coordinator = Coordinator::Create(o, records.get(), metrics.get());
+  if (!coordinator.ok()) {
+    std::cerr << "fl-server: " << coordinator.status().message() << "\n";
+    return 2;
+  }
+  auto server = StartCoordinatorServer(coordinator->get(), listen);
+  if (!server.ok()) {
+    std::cerr << "fl-server: " << server.status().message() << "\n";
+    return 2;
+  }
+  spdlog::info("islands experiment {} listening on port {} (H={}, P={}, tau={}, codec {}, {} outer steps)",
+               o.experiment_id, server->port, s.inner_steps, s.num_fragments, s.overlap_steps, s.codec,
+               s.total_outer_steps);
+  if (!port_file.empty()) {
+    const std::string tmp = port_file + ".tmp";
+    if (FILE* f = std::fopen(tmp.c_str(), "w")) {
+      std::fprintf(f, "%d\n", server->port);
+      std::fclose(f);
+      std::rename(tmp.c_str(), port_file.c_str());
+    }
+  }
+
+  std::atomic<bool> exiting{false};
+  std::atomic<bool> signalled{false};
+  Coordinator* coord = coordinator->get();
+  std::thread signal_thread([coord, &exiting, &signalled, signals] {
+    int sig = 0;
+    if (sigwait(&signals, &sig) != 0 || exiting.load()) return;
+    spdlog::warn("signal {} received: shutting the islands coordinator down", sig);
+    signalled.store(true);
+    coord->Shutdown(fl::StrCat("fl-server received signal ", sig));
+  });
+  while (!coord->WaitDone(absl::Seconds(1))) {
+  }
+  const CoordinatorSnapshot snap = coord->Snapshot();
+  coord->Shutdown(snap.failure.empty() ? "the experiment is complete" : snap.failure);
+  server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  exiting.store(true);
+  pthread_kill(signal_thread.native_handle(), SIGTERM);
+  signal_thread.join();
+  server->server->Wait();
+  server->server.reset();  // before the coordinator: the server holds its service
+  coordinator->reset();
+  const std::string status = signalled.load() ? "aborted" : (snap.failure.empty() ? "finished" : "failed");
+  if (records != nullptr) {
+    if (absl::Status st = records->Close(); !st.ok()) spdlog::error("island records: {}", st.message());
+  }
+  if (store != nullptr) {
+    instrumentation::ExperimentStatusUpdate update;
+    update.experiment_id = o.experiment_id;
+    update.status = status == "finished" ? instrumentation::ExperimentStatus::kFinished
+                    : status == "failed" ? instrumentation::ExperimentStatus::kFailed
+                                         : instrumentation::ExperimentStatus::kAborted;
+    update.status_reason = snap.failure;
+    update.finished_unix_ms = UnixMs();
+    (void)store->Enqueue(update);
+    if (absl::Status st = store->Close(); !st.ok()) spdlog::error("closing the records: {}", st.message());
+  }
+  std::cout << "experiment " << o.experiment_id << " " << status << ": "
+            << (snap.failure.empty() ? (signalled.load() ? "signal" : "schedule complete") : snap.failure)
+            << std::endl;
+  if (status == "finished") return 0;
+  return status == "aborted" ? 130 : 1;
+}
+
+}  // namespace fl::diloco

@@ -1,0 +1,94 @@
+// The real `fl-server --mode islands` process: two simulated islands run a whole Streaming DiLoCo schedule
+// against it over loopback; the server exits 0 once the last sync committed and both left, and its records
+// say so. Bad flags are refused with a message naming the value.
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <sqlite3.h>
+#include <gtest/gtest.h>
+
+#include "coord_test_util.h"
+#include "fl/instrumentation/sqlite.h"
+#include "fl/testing/scratch_dir.h"
+#include "fl/testing/subprocess.h"
+
+namespace fl::diloco::testing {
+namespace {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+int WaitForPort(const std::string& port_file, fl::testing::Subprocess& server) {
+  for (int i = 0; i < 3000 && server.running(); ++i) {
+    if (std::filesystem::exists(port_file)) return std::stoi(ReadFile(port_file));
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return 0;
+}
+
+TEST(ProcessTest, FlServerInIslandsModeRunsTheScheduleAndRecordsIt) {
+  fl::testing::ScratchDir dir("fl_coord_proc");
+  const std::string db = dir.File("records.db");
+  fl::testing::Subprocess server({FL_SERVER_BIN, "--mode", "islands", "--listen", "127.0.0.1:0", "--port-file",
+                                  dir.File("port"), "--db", db, "--experiment-id", "islands-proc", "--inner-steps",
+                                  "4", "--fragments", "2", "--outer-steps", "2", "--min-islands", "2", "--codec",
+                                  "int8", "--island-option", "model=charlm", "--heartbeat-interval-ms", "100"},
+                                 dir.File("server.log"));
+  const int port = WaitForPort(dir.File("port"), server);
+  ASSERT_GT(port, 0) << ReadFile(dir.File("server.log"));
+  const std::string address = fl::StrCat("127.0.0.1:", port);
+
+  SimIsland a("a"), b("b");
+  auto ja = std::async(std::launch::async, [&] { return a.Connect(address); });
+  auto jb = std::async(std::launch::async, [&] { return b.Connect(address); });
+  auto assignment = ja.get();
+  ASSERT_TRUE(assignment.ok()) << assignment.status();
+  ASSERT_TRUE(jb.get().ok());
+  EXPECT_EQ(assignment->schedule.num_fragments, 2u);
+  EXPECT_EQ(assignment->schedule.codec, "int8");
+  EXPECT_EQ(assignment->schedule.options.at("model"), "charlm");
+  EXPECT_EQ(assignment->experiment_id, "islands-proc");
+  for (uint64_t step = 0; step < 2; ++step) {
+    for (uint32_t fragment = 0; fragment < 2; ++fragment) {
+      auto plans = BeginAll({&a, &b}, SyncKey{step, fragment});
+      for (const auto& p : plans) ASSERT_TRUE(p.ok()) << p.status();
+      for (const auto& v : ApplyAndReportAll({&a, &b}, plans)) {
+        ASSERT_TRUE(v.ok()) << v.status();
+        EXPECT_EQ(v->kind, VerdictKind::kCommit);
+      }
+    }
+  }
+  ASSERT_TRUE(a.client->Leave("finished").ok());
+  ASSERT_TRUE(b.client->Leave("finished").ok());
+  EXPECT_EQ(server.Wait(std::chrono::seconds(60)), 0) << ReadFile(dir.File("server.log"));
+
+  auto sql = instrumentation::sqlite::Database::Open(db, SQLITE_OPEN_READONLY);
+  ASSERT_TRUE(sql.ok()) << sql.status();
+  EXPECT_EQ(*sql->QueryText("SELECT status FROM experiments WHERE id = 'islands-proc'"), "finished");
+  EXPECT_EQ(*sql->QueryInt("SELECT count(*) FROM island_epochs WHERE outcome = 'committed'"), 4);
+  EXPECT_EQ(*sql->QueryInt("SELECT count(*) FROM island_syncs WHERE verdict = 'commit'"), 8);
+  EXPECT_EQ(*sql->QueryInt("SELECT count(*) FROM islands WHERE left_reason = 'left: finished'"), 2);
+  EXPECT_NE(sql->QueryText("SELECT config_json FROM experiments")->find("\"codec\":\"int8\""), std::string::npos);
+}
+
+TEST(ProcessTest, BadFlagsAreRefusedNamingTheValue) {
+  fl::testing::ScratchDir dir("fl_coord_proc");
+  fl::testing::Subprocess server({FL_SERVER_BIN, "--mode", "islands", "--inner-steps", "10", "--fragments", "3",
+                                  "--db", ""},
+                                 dir.File("server.log"));
+  EXPECT_EQ(server.Wait(std::chrono::seconds(30)), 2);
+  const std::string log = ReadFile(dir.File("server.log"));
+  EXPECT_NE(log.find("--fragments = 3"), std::string::npos) << log;
+
+  fl::testing::Subprocess codec({FL_SERVER_BIN, "--mode=islands", "--codec", "int9", "--db", ""},
+                                dir.File("codec.log"));
+  EXPECT_EQ(codec.Wait(std::chrono::seconds(30)), 2);
+  EXPECT_NE(ReadFile(dir.File("codec.log")).find("int9"), std::string::npos) << ReadFile(dir.File("codec.log"));
+}
+
+}  // namespace
+}  // namespace fl::diloco::testing

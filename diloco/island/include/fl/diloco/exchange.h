@@ -1,0 +1,104 @@
+// The island leader's side of one cross-island sync, run on a background thread so that inner steps go
+// on while the bytes travel (Streaming DiLoCo's overlap). Torch-free.
+//
+// Start(key, Δ) hands the pseudo-gradient of one fragment to the exchange thread, which
+//   1. asks the membership for this sync's ring (the coordinator's BeginSync barrier, or a static list),
+//   2. runs the ring all-reduce (mean, with the configured codec and error feedback),
+//   3. on failure reports it (ReportSyncFailed) and, on kRetry, goes back to 1 for a new epoch without the
+//      vanished island — the pseudo-gradient is untouched by a failed exchange, so a retry sends the same
+//      values and nothing is ever applied half-done; on kRepair the outcome says where to copy the state.
+// Wait() blocks until that is over and says how long the caller was blocked (the "wait" of the overlap).
+// The caller applies the outer step and then Commit()s it (ReportSyncDone with its state hash).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "fl/diloco/coordinator_client.h"
+#include "fl/diloco/ring_allreduce.h"
+
+namespace fl::diloco {
+
+struct ExchangeConfig {
+  std::string self_id;
+  std::string bind_endpoint;             // the ring endpoint this leader binds
+  std::vector<RingMember> static_peers;  // static ring (no coordinator): every member in ring order
+  std::string codec = "fp32";
+  bool error_feedback = true;
+  int connections_per_peer = 1;
+  absl::Duration timeout = absl::Seconds(30);
+};
+
+struct ExchangeOutcome {
+  enum class Kind {
+    kAveraged,  // `values` holds the islands' mean pseudo-gradient; apply it, then Commit
+    kRepair,    // another island completed this sync: copy the state from `source` (nothing to apply)
+    kRejoin,    // this island was evicted: Rejoin and copy the state
+    kFailed,    // unrecoverable (`error`)
+  };
+  Kind kind = Kind::kFailed;
+  SyncKey key;
+  std::vector<float> values;
+  std::optional<SyncPlan> plan;        // the epoch that succeeded (kAveraged)
+  std::optional<StateSource> source;   // kRepair
+  absl::Status error;
+  // Over every attempt of this sync.
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  double exchange_seconds = 0;         // ring time
+  double total_seconds = 0;            // Start .. result ready (barrier + ring + retries)
+  double wait_seconds = 0;             // how long Wait() blocked
+  uint32_t attempts = 0;
+  size_t ring_size = 0;                // members of the successful epoch
+};
+
+class Exchanger {
+ public:
+  // `client` (may be null: static ring) must outlive the Exchanger.
+  Exchanger(ExchangeConfig config, CoordinatorClient* client);
+  ~Exchanger();
+  Exchanger(const Exchanger&) = delete;
+  Exchanger& operator=(const Exchanger&) = delete;
+
+  // Starts the exchange of `values` for `key`. At most one exchange in flight (FailedPrecondition else).
+  absl::Status Start(SyncKey key, std::vector<float> values);
+  bool in_flight() const;
+  // Blocks until the exchange started last is over.
+  ExchangeOutcome Wait();
+  // After the outer step of a kAveraged outcome: reports the hash (coordinator) and returns its verdict
+  // (always kCommit for a static ring).
+  absl::StatusOr<Verdict> Commit(const ExchangeOutcome& outcome, uint64_t state_hash, const SyncStats& stats);
+
+  // Drops the cached ring (its bound endpoint and error-feedback residuals), e.g. after a rejoin.
+  void ResetRing();
+
+ private:
+  void ThreadMain();
+  ExchangeOutcome RunExchange(SyncKey key, std::vector<float> values);
+  absl::Status EnsureRing(const std::vector<RingMember>& members, size_t self_index);
+
+  ExchangeConfig config_;
+  CoordinatorClient* client_;
+  std::unique_ptr<RingAllReduce> ring_;  // cached while the membership is unchanged
+  uint64_t ring_fingerprint_ = 0;
+  uint64_t static_exchange_id_ = 0;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::optional<std::pair<SyncKey, std::vector<float>>> job_;
+  std::optional<ExchangeOutcome> result_;
+  bool busy_ = false;
+  std::thread thread_;
+};
+
+}  // namespace fl::diloco

@@ -1,0 +1,72 @@
+// The islands experiment launcher: reads a manifest (experiments/diloco/*.yaml, fields in docs/diloco.md),
+// starts fl-server --mode islands (DiLoCo methods) and every rank of every island as fl-island processes
+// on this machine, waits for them, and gathers the islands' summaries into one result. Torch-free: the
+// launcher (and fl-experiment) never link LibTorch.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace fl::diloco {
+
+struct IslandsExperimentConfig {
+  std::string name;
+  std::string method;                // label for the table: "data-parallel", "diloco", "streaming", ...
+  std::string mode = "diloco";       // fl-island --mode: diloco | data-parallel
+  std::string dp_transport = "gloo"; // data-parallel: gloo | ring
+  uint32_t islands = 2;
+  uint32_t ranks_per_island = 1;
+  uint32_t threads_per_rank = 1;
+  // fl-island flags for the model, data and inner optimizer, as "--flag value" pairs (from the manifest's
+  // model: and inner: maps), e.g. {"--d-model", "64"}.
+  std::vector<std::string> island_args;
+  // Outer loop (handed to the coordinator, which hands it to the islands).
+  uint64_t total_steps = 600;
+  uint64_t inner_steps = 100;        // H
+  uint32_t fragments = 1;            // P
+  std::string fragment_strategy = "strided";
+  uint64_t overlap_steps = 0;        // tau
+  double mixing_alpha = -1.0;
+  std::string outer_optimizer = "nesterov:lr=0.7,momentum=0.9";
+  std::string codec = "fp32";
+  bool error_feedback = true;
+  uint32_t connections_per_peer = 1;
+  uint32_t exchange_timeout_ms = 60000;
+
+  std::string source;  // manifest path, for errors
+
+  absl::Status Validate() const;
+};
+
+// Parses a manifest; errors name the file, the field and what is allowed.
+absl::StatusOr<IslandsExperimentConfig> LoadIslandsExperiment(const std::string& path);
+
+struct IslandsExperimentResult {
+  std::string name;
+  std::string method;
+  double final_eval_loss = 0;        // mean over islands of θ_global's (DiLoCo) / the model's eval loss
+  uint64_t bytes_sent = 0;           // summed over islands (cross-island traffic)
+  uint64_t peak_sync_bytes = 0;      // max over islands of the bytes one island sent in one sync
+  double wall_s = 0;                 // max over islands
+  double wait_s = 0;                 // mean over islands of time compute waited on the network
+  double wait_share = 0;             // wait_s / wall_s
+  uint64_t units = 0;                // tokens (char-lm) or examples (cnn), all islands
+  bool hashes_equal = true;          // DiLoCo: every island's final state hash is the same
+  std::string ToJson() const;
+};
+
+struct LaunchPaths {
+  std::string fl_island;             // path of the fl-island binary
+  std::string fl_server;             // path of the fl-server binary
+  std::string out_dir;               // summaries, logs, metrics, records.db
+};
+
+// Runs the experiment to the end (blocking). Errors: bad config, a process that fails (its log named).
+absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperimentConfig& config,
+                                                             const LaunchPaths& paths);
+
+}  // namespace fl::diloco

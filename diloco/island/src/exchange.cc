@@ -1,0 +1,188 @@
+#include "fl/diloco/exchange.h"
+
+#include <chrono>
+#include <utility>
+
+#include "fl/core/str_cat.h"
+
+namespace fl::diloco {
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+Exchanger::Exchanger(ExchangeConfig config, CoordinatorClient* client)
+    : config_(std::move(config)), client_(client), thread_([this] { ThreadMain(); }) {}
+
+Exchanger::~Exchanger() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+absl::Status Exchanger::Start(SyncKey key, std::vector<float> values) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (busy_) {
+    return absl::FailedPreconditionError(fl::StrCat("exchange of sync (", key.step, ", ", key.fragment,
+                                                    ") started while another is in flight"));
+  }
+  busy_ = true;
+  result_.reset();
+  job_.emplace(key, std::move(values));
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+bool Exchanger::in_flight() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return busy_;
+}
+
+ExchangeOutcome Exchanger::Wait() {
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!busy_) {
+    ExchangeOutcome none;
+    none.error = absl::FailedPreconditionError("Exchanger::Wait with no exchange in flight");
+    return none;
+  }
+  cv_.wait(lock, [&] { return result_.has_value(); });
+  ExchangeOutcome out = std::move(*result_);
+  result_.reset();
+  busy_ = false;
+  out.wait_seconds = SecondsSince(start);
+  return out;
+}
+
+void Exchanger::ThreadMain() {
+  for (;;) {
+    std::pair<SyncKey, std::vector<float>> job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || job_.has_value(); });
+      if (stop_) return;
+      job = std::move(*job_);
+      job_.reset();
+    }
+    ExchangeOutcome out = RunExchange(job.first, std::move(job.second));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      result_ = std::move(out);
+    }
+    cv_.notify_all();
+  }
+}
+
+absl::Status Exchanger::EnsureRing(const std::vector<RingMember>& members, size_t self_index) {
+  const uint64_t fingerprint = RingFingerprint(members);
+  if (ring_ != nullptr && fingerprint == ring_fingerprint_) return absl::OkStatus();
+  ring_.reset();  // releases the bound endpoint before the new ring binds it again
+  RingOptions options;
+  options.members = members;
+  options.self = self_index;
+  options.codec = config_.codec;
+  options.error_feedback = config_.error_feedback;
+  options.connections_per_peer = config_.connections_per_peer;
+  options.timeout = config_.timeout;
+  options.linger = absl::Milliseconds(500);
+  absl::StatusOr<std::unique_ptr<RingAllReduce>> ring = RingAllReduce::Create(options);
+  if (!ring.ok()) return ring.status();
+  ring_ = std::move(*ring);
+  ring_fingerprint_ = fingerprint;
+  return absl::OkStatus();
+}
+
+void Exchanger::ResetRing() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ring_.reset();
+  ring_fingerprint_ = 0;
+}
+
+ExchangeOutcome Exchanger::RunExchange(SyncKey key, std::vector<float> values) {
+  const auto start = std::chrono::steady_clock::now();
+  ExchangeOutcome out;
+  out.key = key;
+  auto finish = [&](ExchangeOutcome::Kind kind) {
+    out.kind = kind;
+    out.total_seconds = SecondsSince(start);
+    return std::move(out);
+  };
+  for (;;) {
+    ++out.attempts;
+    SyncPlan plan;
+    if (client_ == nullptr) {
+      plan.key = key;
+      plan.epoch = ++static_exchange_id_;
+      plan.members = config_.static_peers;
+      plan.self_index = config_.static_peers.size();
+      for (size_t i = 0; i < plan.members.size(); ++i) {
+        if (plan.members[i].id == config_.self_id) plan.self_index = i;
+      }
+    } else {
+      absl::StatusOr<SyncPlan> begun = client_->BeginSync(key);
+      if (!begun.ok()) {
+        out.error = begun.status();
+        return finish(IsRejoinNeeded(begun.status()) ? ExchangeOutcome::Kind::kRejoin : ExchangeOutcome::Kind::kFailed);
+      }
+      plan = std::move(*begun);
+    }
+    // The ring members BIND their endpoint: this leader binds its own configured endpoint whatever address
+    // the others know it by.
+    absl::Status s = EnsureRing(plan.members, plan.self_index);
+    ExchangeStats stats;
+    if (s.ok()) {
+      s = ring_->AllReduce(plan.exchange_id(), key.fragment, values, ReduceOp::kMean, &stats);
+    }
+    out.bytes_sent += stats.bytes_sent;
+    out.bytes_received += stats.bytes_received;
+    out.exchange_seconds += stats.seconds;
+    if (s.ok()) {
+      out.values = std::move(values);
+      out.ring_size = plan.members.size();
+      out.plan = std::move(plan);
+      return finish(ExchangeOutcome::Kind::kAveraged);
+    }
+    if (client_ == nullptr) {
+      out.error = s;
+      return finish(ExchangeOutcome::Kind::kFailed);
+    }
+    // A ring that failed may hold half a message from a dead peer: build a fresh one for the next epoch.
+    ring_.reset();
+    ring_fingerprint_ = 0;
+    SyncStats failed_stats;
+    failed_stats.exchange_seconds = stats.seconds;
+    failed_stats.bytes_sent = stats.bytes_sent;
+    failed_stats.bytes_received = stats.bytes_received;
+    absl::StatusOr<Verdict> verdict =
+        client_->ReportSyncFailed(plan, s, VanishedMemberFromError(s, plan), failed_stats);
+    if (!verdict.ok()) {
+      out.error = verdict.status();
+      return finish(IsRejoinNeeded(verdict.status()) ? ExchangeOutcome::Kind::kRejoin : ExchangeOutcome::Kind::kFailed);
+    }
+    if (verdict->kind == VerdictKind::kRepair) {
+      out.source = verdict->source;
+      return finish(ExchangeOutcome::Kind::kRepair);
+    }
+    // kRetry: a new epoch (without the vanished island); `values` is untouched by the failed exchange.
+  }
+}
+
+absl::StatusOr<Verdict> Exchanger::Commit(const ExchangeOutcome& outcome, uint64_t state_hash,
+                                          const SyncStats& stats) {
+  if (client_ == nullptr) {
+    Verdict v;
+    v.kind = VerdictKind::kCommit;
+    v.majority_hash = state_hash;
+    return v;
+  }
+  if (!outcome.plan.has_value()) return absl::FailedPreconditionError("Commit without a successful exchange");
+  return client_->ReportSyncDone(*outcome.plan, state_hash, stats);
+}
+
+}  // namespace fl::diloco

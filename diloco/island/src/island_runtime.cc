@@ -1,0 +1,676 @@
+// The island runtime: inner steps with c10d gradient all-reduce, the DiLoCo / Streaming DiLoCo outer loop
+// on the leader, and the data-parallel baseline. The only LibTorch translation unit besides train_task.cc.
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <memory>
+#include <optional>
+
+#include "fl/core/log_format.h"
+#include "fl/core/str_cat.h"
+#include "fl/diloco/coordinator_client.h"
+#include "fl/diloco/exchange.h"
+#include "fl/diloco/island.h"
+#include "fl/diloco/state_transfer.h"
+#include "train_task.h"
+
+namespace fl::diloco {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+// Control word the leader broadcasts to its ranks at every apply step.
+enum ControlKind : int64_t { kFragment = 0, kFullModel = 1, kStop = 2 };
+
+absl::StatusOr<std::pair<std::string, uint16_t>> SplitHostPort(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return absl::InvalidArgumentError(fl::StrCat("pg_store '", address, "' is not host:port (e.g. 127.0.0.1:29500)"));
+  }
+  const int port = std::atoi(address.c_str() + colon + 1);
+  if (port <= 0 || port > 65535) {
+    return absl::InvalidArgumentError(fl::StrCat("pg_store '", address, "' has no valid port (1..65535)"));
+  }
+  return std::make_pair(address.substr(0, colon), static_cast<uint16_t>(port));
+}
+
+// A c10d process group of `size` ranks: Gloo on the CPU, NCCL for "cuda" (when this build has it).
+absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> MakeProcessGroup(const std::string& store_address,
+                                                                        size_t rank, size_t size,
+                                                                        const std::string& device) {
+  absl::StatusOr<std::pair<std::string, uint16_t>> hp = SplitHostPort(store_address);
+  if (!hp.ok()) return hp.status();
+  try {
+    c10d::TCPStoreOptions store_options;
+    store_options.port = hp->second;
+    store_options.isServer = rank == 0;
+    store_options.numWorkers = size;
+    store_options.waitWorkers = true;
+    store_options.timeout = std::chrono::minutes(5);
+    auto store = c10::make_intrusive<c10d::TCPStore>(hp->first, store_options);
+    if (device == "cuda") {
+#ifdef USE_C10D_NCCL
+      return c10::intrusive_ptr<c10d::ProcessGroup>(
+          c10::make_intrusive<c10d::ProcessGroupNCCL>(store, static_cast<int>(rank), static_cast<int>(size)));
+#else
+      return absl::FailedPreconditionError("this LibTorch build has no NCCL process group; use --device cpu");
+#endif
+    }
+    auto options = c10d::ProcessGroupGloo::Options::create();
+    options->timeout = std::chrono::minutes(30);
+    options->devices.push_back(hp->first == "127.0.0.1" || hp->first == "localhost"
+                                   ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                   : c10d::ProcessGroupGloo::createDefaultDevice());
+    return c10::intrusive_ptr<c10d::ProcessGroup>(c10::make_intrusive<c10d::ProcessGroupGloo>(
+        store, static_cast<int>(rank), static_cast<int>(size), options));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(fl::StrCat("process group rendezvous at ", store_address, " (rank ", rank, " of ",
+                                             size, ") failed: ", e.what()));
+  }
+}
+
+void Broadcast(c10d::ProcessGroup& pg, torch::Tensor& tensor) {
+  std::vector<at::Tensor> v{tensor};
+  c10d::BroadcastOptions o;
+  o.rootRank = 0;
+  pg.broadcast(v, o)->wait();
+}
+
+void AllReduceMean(c10d::ProcessGroup& pg, torch::Tensor& flat, size_t size) {
+  std::vector<at::Tensor> v{flat};
+  pg.allreduce(v)->wait();
+  flat.div_(static_cast<double>(size));
+}
+
+torch::Tensor FlatGrads(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> parts;
+  parts.reserve(params.size());
+  for (const torch::Tensor& p : params) {
+    parts.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}, p.options()));
+  }
+  return torch::cat(parts);
+}
+
+void SetGrads(const torch::Tensor& flat, const std::vector<torch::Tensor>& params) {
+  int64_t k = 0;
+  for (const torch::Tensor& p : params) {
+    const int64_t n = p.numel();
+    torch::Tensor g = flat.slice(0, k, k + n).view(p.sizes());
+    if (p.grad().defined()) {
+      p.mutable_grad().copy_(g);
+    } else {
+      p.mutable_grad() = g.clone();
+    }
+    k += n;
+  }
+}
+
+class MetricsLog {
+ public:
+  explicit MetricsLog(const std::string& path) {
+    if (!path.empty()) out_.open(path, std::ios::app);
+  }
+  void Line(const std::string& json) {
+    if (out_.is_open()) out_ << json << "\n" << std::flush;
+  }
+
+ private:
+  std::ofstream out_;
+};
+
+// Everything one rank holds while it trains.
+class IslandRun {
+ public:
+  explicit IslandRun(const IslandOptions& o) : o_(o), metrics_(o.rank == 0 ? o.metrics_path : "") {}
+
+  absl::StatusOr<IslandSummary> Run();
+
+ private:
+  bool leader() const { return o_.rank == 0; }
+  absl::Status Setup();
+  absl::Status SetupLeader();
+  absl::Status InnerStep(uint64_t step);
+  absl::Status ApplyAt(uint64_t step, size_t fragment, uint64_t* resume_step);
+  absl::Status LoadState(const StateSource& source);
+  absl::Status RunDataParallel();
+  absl::Status RunDiLoCo();
+  void Eval(uint64_t step);
+
+  IslandOptions o_;
+  MetricsLog metrics_;
+  std::string device_;
+  std::unique_ptr<TrainTask> task_;
+  std::vector<torch::Tensor> params_;
+  std::shared_ptr<const core::ModelSpec> spec_;
+  std::unique_ptr<torch::optim::AdamW> inner_;
+  c10::intrusive_ptr<c10d::ProcessGroup> island_pg_;  // null when R = 1
+  c10::intrusive_ptr<c10d::ProcessGroup> global_pg_;  // data-parallel baseline over gloo
+  size_t global_size_ = 1;
+  std::vector<float> local_;
+  // DiLoCo
+  std::optional<OuterState> outer_;
+  std::optional<core::FragmentSchedule> schedule_;   // every rank
+  std::optional<core::FragmentPlan> plan_;            // every rank
+  std::unique_ptr<CoordinatorClient> client_;
+  std::unique_ptr<StateServer> state_server_;
+  std::unique_ptr<Exchanger> exchanger_;
+  uint64_t first_step_ = 0;
+  uint64_t total_steps_ = 0;
+  double compute_since_sync_s_ = 0;
+  uint64_t steps_since_sync_ = 0;
+  IslandSummary summary_;
+};
+
+absl::Status IslandRun::Setup() {
+  absl::StatusOr<std::string> device = ResolveDevice(o_.device);
+  if (!device.ok()) return device.status();
+  device_ = *device;
+  if (o_.threads > 0) torch::set_num_threads(o_.threads);
+  TaskOptions t;
+  t.model = o_.model;
+  t.data_dir = o_.data_dir;
+  t.shard = o_.shard;
+  t.num_shards = o_.num_shards;
+  t.rank = o_.rank;
+  t.seed = o_.seed;
+  t.batch_size = o_.batch_size;
+  t.context = o_.context;
+  t.d_model = o_.d_model;
+  t.num_layers = o_.num_layers;
+  t.num_heads = o_.num_heads;
+  absl::StatusOr<std::unique_ptr<TrainTask>> task = CreateTrainTask(t);
+  if (!task.ok()) return task.status();
+  task_ = std::move(*task);
+  params_ = task_->parameters();
+  spec_ = std::make_shared<const core::ModelSpec>(task_->spec());
+  local_.assign(spec_->num_elements(), 0.0f);
+  ParamsToFlat(params_, local_);
+  inner_ = std::make_unique<torch::optim::AdamW>(
+      params_, torch::optim::AdamWOptions(o_.inner_lr).weight_decay(o_.weight_decay).betas({o_.beta1, o_.beta2}));
+  if (o_.mode == "data-parallel" && o_.dp_transport == "gloo") {
+    global_size_ = o_.num_shards * o_.ranks;
+    absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> pg =
+        MakeProcessGroup(o_.pg_store, o_.shard * o_.ranks + o_.rank, global_size_, device_);
+    if (!pg.ok()) return pg.status();
+    global_pg_ = *pg;
+  } else if (o_.ranks > 1) {
+    absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> pg =
+        MakeProcessGroup(o_.pg_store, o_.rank, o_.ranks, device_);
+    if (!pg.ok()) return pg.status();
+    island_pg_ = *pg;
+  }
+  summary_.island_id = o_.island_id;
+  summary_.mode = o_.mode;
+  total_steps_ = o_.total_steps;
+  return absl::OkStatus();
+}
+
+absl::Status IslandRun::InnerStep(uint64_t step) {
+  const auto start = Clock::now();
+  const double warm = o_.warmup_steps == 0 ? 1.0 : std::min(1.0, static_cast<double>(step) / o_.warmup_steps);
+  for (auto& group : inner_->param_groups()) {
+    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(o_.inner_lr * warm);
+  }
+  inner_->zero_grad();
+  torch::Tensor loss = task_->NextTrainLoss();
+  loss.backward();
+  const double loss_value = loss.item<double>();
+  if (!std::isfinite(loss_value)) {
+    return absl::InternalError(fl::StrCat("training loss is ", loss_value, " at step ", step,
+                                          "; lower --inner-lr (now ", o_.inner_lr, ")"));
+  }
+  if (island_pg_) {
+    torch::Tensor g = FlatGrads(params_);
+    AllReduceMean(*island_pg_, g, o_.ranks);
+    SetGrads(g, params_);
+  }
+  if (global_pg_ || (o_.mode == "data-parallel" && o_.dp_transport == "ring")) {
+    // The baseline's cross-island all-reduce: everything here is waiting on the network.
+    const auto net_start = Clock::now();
+    torch::Tensor g = FlatGrads(params_).contiguous();
+    if (global_pg_) {
+      AllReduceMean(*global_pg_, g, global_size_);
+      // Gloo does not count bytes: charge the ring algorithm's 2(W-1)/W of the fp32 gradient per rank.
+      const uint64_t bytes = static_cast<uint64_t>(2.0 * (global_size_ - 1) / global_size_ * g.numel() * 4.0);
+      summary_.bytes_sent += bytes;
+      summary_.bytes_received += bytes;
+      summary_.peak_sync_bytes = std::max(summary_.peak_sync_bytes, bytes);
+    } else {
+      if (leader()) {
+        std::vector<float> values(g.data_ptr<float>(), g.data_ptr<float>() + g.numel());
+        if (absl::Status s = exchanger_->Start(SyncKey{step, 0}, std::move(values)); !s.ok()) return s;
+        ExchangeOutcome out = exchanger_->Wait();
+        if (out.kind != ExchangeOutcome::Kind::kAveraged) return out.error;
+        std::memcpy(g.data_ptr<float>(), out.values.data(), out.values.size() * sizeof(float));
+        summary_.bytes_sent += out.bytes_sent;
+        summary_.bytes_received += out.bytes_received;
+        summary_.peak_sync_bytes = std::max(summary_.peak_sync_bytes, out.bytes_sent);
+        summary_.exchange_s += out.exchange_seconds;
+      }
+      if (island_pg_) Broadcast(*island_pg_, g);
+    }
+    SetGrads(g, params_);
+    summary_.wait_s += Since(net_start);
+    ++summary_.syncs;
+  }
+  inner_->step();
+  const double seconds = Since(start);
+  summary_.compute_s += seconds;
+  compute_since_sync_s_ += seconds;
+  ++steps_since_sync_;
+  ++summary_.steps;
+  summary_.units += task_->units_per_batch() * o_.ranks;
+  if (leader() && step % 50 == 0) {
+    spdlog::debug("{} step {} loss {:.4f}", o_.island_id, step, loss_value);
+  }
+  return absl::OkStatus();
+}
+
+void IslandRun::Eval(uint64_t step) {
+  const double loss = task_->EvalLoss();
+  spdlog::info("{} step {} eval loss {:.4f}", o_.island_id, step, loss);
+  metrics_.Line(fl::StrCat("{\"event\":\"eval\",\"island\":\"", o_.island_id, "\",\"step\":", step,
+                           ",\"eval_loss\":", loss, "}"));
+}
+
+absl::Status IslandRun::RunDataParallel() {
+  if (o_.dp_transport == "ring" && leader()) {
+    ExchangeConfig c;
+    c.self_id = o_.island_id;
+    c.bind_endpoint = o_.data_endpoint;
+    for (const std::string& p : o_.peers) {
+      const size_t eq = p.find('=');
+      c.static_peers.push_back(RingMember{p.substr(0, eq), p.substr(eq + 1)});
+    }
+    c.codec = "fp32";
+    c.error_feedback = false;
+    c.connections_per_peer = o_.connections_per_peer;
+    c.timeout = absl::Seconds(o_.exchange_timeout_s);
+    exchanger_ = std::make_unique<Exchanger>(std::move(c), nullptr);
+  }
+  const auto start = Clock::now();
+  for (uint64_t t = 1; t <= total_steps_; ++t) {
+    if (absl::Status s = InnerStep(t); !s.ok()) return s;
+    if (leader() && o_.eval_every > 0 && t % o_.eval_every == 0 && t < total_steps_) Eval(t);
+  }
+  summary_.wall_s = Since(start);
+  if (leader()) {
+    summary_.final_eval_loss = task_->EvalLoss();
+    summary_.final_local_eval_loss = summary_.final_eval_loss;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status IslandRun::LoadState(const StateSource& source) {
+  const auto start = Clock::now();
+  FetchOptions fetch;
+  fetch.verify = [this](std::span<const uint8_t> image) -> absl::StatusOr<uint64_t> {
+    absl::StatusOr<OuterState> copy =
+        OuterState::Create(spec_, std::vector<float>(outer_->global().begin(), outer_->global().end()),
+                           outer_->options());
+    if (!copy.ok()) return copy.status();
+    if (absl::Status s = copy->Restore(image); !s.ok()) return s;
+    return copy->Hash();
+  };
+  absl::StatusOr<StateSnapshot> snap = FetchState(source.endpoint, source.expected_hash, fetch);
+  if (!snap.ok()) return snap.status();
+  if (absl::Status s = outer_->Restore(snap->image); !s.ok()) return s;
+  if (outer_->Hash() != source.expected_hash) {
+    return absl::DataLossError(fl::StrCat("state copied from ", source.island_id, " hashes to ",
+                                          core::FingerprintToHex(outer_->Hash()), ", expected ",
+                                          core::FingerprintToHex(source.expected_hash)));
+  }
+  if (absl::Status s = client_->ReportStateLoaded(source.key, outer_->Hash()); !s.ok()) return s;
+  if (state_server_) state_server_->Publish({source.key, outer_->Hash(), outer_->Serialize()});
+  spdlog::info("{} loaded the global state after sync ({}, {}) from {} ({:.2f} s, hash {})", o_.island_id,
+               source.key.step, source.key.fragment, source.island_id, Since(start),
+               core::FingerprintToHex(outer_->Hash()));
+  return absl::OkStatus();
+}
+
+absl::Status IslandRun::SetupLeader() {
+  OuterOptions outer = o_.outer;
+  ExchangeConfig c;
+  c.self_id = o_.island_id;
+  c.bind_endpoint = o_.data_endpoint;
+  c.codec = o_.codec;
+  c.error_feedback = o_.error_feedback;
+  c.connections_per_peer = o_.connections_per_peer;
+  c.timeout = absl::Seconds(o_.exchange_timeout_s);
+  std::optional<StateSource> late_source;
+  if (!o_.coordinator.empty()) {
+    std::string state_listen = o_.state_endpoint.empty() ? std::string("127.0.0.1:0") : o_.state_endpoint;
+    absl::StatusOr<std::unique_ptr<StateServer>> server = StateServer::Start(state_listen);
+    if (!server.ok()) return server.status();
+    state_server_ = std::move(*server);
+    client_ = std::make_unique<CoordinatorClient>();
+    IslandJoinRequest join;
+    join.island_id = o_.island_id;
+    join.data_endpoint = o_.advertised_endpoint.empty() ? o_.data_endpoint : o_.advertised_endpoint;
+    join.state_endpoint = state_server_->endpoint();
+    join.num_ranks = static_cast<uint32_t>(o_.ranks);
+    join.model_fingerprint = spec_->fingerprint();
+    join.model_name = o_.model;
+    join.software_version = "fl-island";
+    join.device_class = device_ == "cuda" ? "gpu" : "x86";
+    absl::StatusOr<Assignment> assignment = client_->Connect(o_.coordinator, join);
+    if (!assignment.ok()) return assignment.status();
+    // The coordinator's schedule is the one source of truth for everything all islands must agree on.
+    const IslandSchedule& s = assignment->schedule;
+    outer.inner_steps = s.inner_steps;
+    outer.num_fragments = s.num_fragments;
+    absl::StatusOr<core::FragmentStrategy> strategy = core::ParseFragmentStrategy(s.fragment_strategy);
+    if (!strategy.ok()) return strategy.status();
+    outer.strategy = *strategy;
+    outer.overlap_steps = s.overlap_steps;
+    outer.mixing_alpha = s.mixing_alpha;
+    outer.outer_optimizer = s.outer_optimizer;
+    c.codec = s.codec;
+    c.error_feedback = s.error_feedback;
+    c.connections_per_peer = static_cast<int>(s.connections_per_peer);
+    c.timeout = absl::Milliseconds(s.exchange_timeout_ms);
+    if (s.total_outer_steps > 0) total_steps_ = s.total_outer_steps * s.inner_steps;
+    late_source = assignment->state_source;
+  } else {
+    for (const std::string& p : o_.peers) {
+      const size_t eq = p.find('=');
+      c.static_peers.push_back(RingMember{p.substr(0, eq), p.substr(eq + 1)});
+    }
+  }
+  absl::StatusOr<OuterState> state = OuterState::Create(spec_, local_, outer);
+  if (!state.ok()) return state.status();
+  outer_.emplace(std::move(*state));
+  spdlog::info("{}: {} parameters, H={} P={} tau={} alpha={} codec={}{}\n{}", o_.island_id, spec_->num_elements(),
+               outer.inner_steps, outer.num_fragments, outer.overlap_steps, outer_->alpha(), c.codec,
+               c.error_feedback ? "+ef" : "", outer_->plan().Describe());
+  exchanger_ = std::make_unique<Exchanger>(std::move(c), client_.get());
+  if (late_source.has_value()) {
+    if (absl::Status s = LoadState(*late_source); !s.ok()) return s;
+    first_step_ = outer_->schedule().SendStep(late_source->key.fragment, late_source->key.step) +
+                  outer_->options().overlap_steps;
+    if (absl::Status s = outer_->CopyGlobalInto(local_); !s.ok()) return s;
+    FlatToParams(local_, params_);
+    summary_.late_joined = true;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status IslandRun::ApplyAt(uint64_t step, size_t fragment, uint64_t* resume_step) {
+  *resume_step = step;
+  torch::Tensor control = torch::zeros({3}, torch::kInt64);
+  if (leader()) {
+    const auto wait_start = Clock::now();
+    ExchangeOutcome out = exchanger_->Wait();
+    summary_.bytes_sent += out.bytes_sent;
+    summary_.bytes_received += out.bytes_received;
+    summary_.peak_sync_bytes = std::max(summary_.peak_sync_bytes, out.bytes_sent);
+    summary_.exchange_s += out.exchange_seconds;
+    summary_.retries += out.attempts > 0 ? out.attempts - 1 : 0;
+    int64_t kind = kFragment;
+    absl::Status failure;
+    switch (out.kind) {
+      case ExchangeOutcome::Kind::kAveraged: {
+        if (absl::Status s = outer_->ApplyOuterStep(fragment, out.values); !s.ok()) return s;
+        ParamsToFlat(params_, local_);
+        if (absl::Status s = outer_->MixInto(fragment, local_); !s.ok()) return s;
+        const uint64_t hash = outer_->Hash();
+        if (state_server_) state_server_->Publish({out.key, hash, outer_->Serialize()});
+        SyncStats stats;
+        stats.inner_compute_seconds = compute_since_sync_s_;
+        stats.inner_steps = steps_since_sync_;
+        stats.exchange_seconds = out.exchange_seconds;
+        stats.bytes_sent = out.bytes_sent;
+        stats.bytes_received = out.bytes_received;
+        stats.wait_seconds = out.wait_seconds;
+        absl::StatusOr<Verdict> verdict = exchanger_->Commit(out, hash, stats);
+        if (!verdict.ok()) {
+          if (!IsRejoinNeeded(verdict.status())) return verdict.status();
+          out.kind = ExchangeOutcome::Kind::kRejoin;
+        } else if (verdict->kind == VerdictKind::kRepair && verdict->source.has_value()) {
+          spdlog::warn("{}: state hash {} disagrees with the majority's {} after sync ({}, {}): repairing",
+                       o_.island_id, core::FingerprintToHex(hash), core::FingerprintToHex(verdict->majority_hash),
+                       out.key.step, out.key.fragment);
+          if (absl::Status s = LoadState(*verdict->source); !s.ok()) return s;
+          if (absl::Status s = outer_->CopyGlobalInto(local_); !s.ok()) return s;
+          kind = kFullModel;
+        }
+        ++summary_.syncs;
+        metrics_.Line(fl::StrCat(
+            "{\"event\":\"sync\",\"island\":\"", o_.island_id, "\",\"step\":", step, ",\"round\":", out.key.step,
+            ",\"fragment\":", out.key.fragment, ",\"ring_size\":", out.ring_size, ",\"attempts\":", out.attempts,
+            ",\"bytes_sent\":", out.bytes_sent, ",\"bytes_received\":", out.bytes_received,
+            ",\"exchange_s\":", out.exchange_seconds, ",\"wait_s\":", out.wait_seconds,
+            ",\"compute_s\":", compute_since_sync_s_, ",\"hash\":\"", core::FingerprintToHex(hash), "\"}"));
+        compute_since_sync_s_ = 0;
+        steps_since_sync_ = 0;
+        break;
+      }
+      case ExchangeOutcome::Kind::kRepair:
+        if (!out.source.has_value()) return absl::InternalError("repair verdict without a source");
+        if (absl::Status s = LoadState(*out.source); !s.ok()) return s;
+        if (absl::Status s = outer_->CopyGlobalInto(local_); !s.ok()) return s;
+        kind = kFullModel;
+        break;
+      case ExchangeOutcome::Kind::kRejoin:
+      case ExchangeOutcome::Kind::kFailed:
+        break;
+    }
+    if (out.kind == ExchangeOutcome::Kind::kRejoin) {
+      spdlog::warn("{}: evicted ({}); rejoining", o_.island_id, fl::ToStd(out.error.message()));
+      exchanger_->ResetRing();
+      absl::StatusOr<Assignment> assignment = client_->Rejoin();
+      if (!assignment.ok()) {
+        failure = assignment.status();
+      } else if (!assignment->state_source.has_value()) {
+        failure = absl::InternalError("rejoined without a state source");
+      } else if (absl::Status s = LoadState(*assignment->state_source); !s.ok()) {
+        failure = s;
+      } else {
+        const SyncKey k = assignment->state_source->key;
+        *resume_step = outer_->schedule().SendStep(k.fragment, k.step) + outer_->options().overlap_steps;
+        if (absl::Status s2 = outer_->CopyGlobalInto(local_); !s2.ok()) return s2;
+        kind = kFullModel;
+      }
+    } else if (out.kind == ExchangeOutcome::Kind::kFailed) {
+      failure = out.error;
+    }
+    if (!failure.ok()) kind = kStop;
+    summary_.wait_s += Since(wait_start);
+    control[0] = kind;
+    control[1] = static_cast<int64_t>(*resume_step);
+    if (kind != kFullModel) {
+      // Local model already mixed (kFragment); push it into the module.
+      FlatToParams(local_, params_);
+    } else {
+      FlatToParams(local_, params_);
+    }
+    if (island_pg_) Broadcast(*island_pg_, control);
+    if (!failure.ok()) return failure;
+  } else {
+    Broadcast(*island_pg_, control);
+  }
+  const int64_t kind = control[0].item<int64_t>();
+  *resume_step = static_cast<uint64_t>(control[1].item<int64_t>());
+  if (kind == kStop) return absl::AbortedError("the island leader stopped after a failed sync");
+  if (!island_pg_) return absl::OkStatus();
+  // Ranks: receive the leader's mixed fragment (or the whole model) into their replica.
+  if (kind == kFragment) {
+    const core::Fragment& frag = plan_->fragment(fragment);
+    torch::Tensor values = torch::empty({static_cast<int64_t>(frag.num_elements)}, torch::kFloat32);
+    if (leader()) {
+      if (absl::Status s = plan_->Gather(fragment, local_, std::span<float>(values.data_ptr<float>(), frag.num_elements));
+          !s.ok()) {
+        return s;
+      }
+    }
+    Broadcast(*island_pg_, values);
+    if (!leader()) {
+      ParamsToFlat(params_, local_);
+      if (absl::Status s = plan_->Scatter(fragment, std::span<const float>(values.data_ptr<float>(), frag.num_elements),
+                                          local_);
+          !s.ok()) {
+        return s;
+      }
+      FlatToParams(local_, params_);
+    }
+  } else {
+    torch::Tensor values = torch::from_blob(local_.data(), {static_cast<int64_t>(local_.size())}, torch::kFloat32);
+    Broadcast(*island_pg_, values);
+    if (!leader()) FlatToParams(local_, params_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status IslandRun::RunDiLoCo() {
+  // The schedule every rank needs: the leader's (from the coordinator, or the flags) is broadcast.
+  torch::Tensor sched = torch::zeros({6}, torch::kInt64);
+  if (leader()) {
+    if (absl::Status s = SetupLeader(); !s.ok()) return s;
+    const OuterOptions& oo = outer_->options();
+    sched[0] = static_cast<int64_t>(oo.inner_steps);
+    sched[1] = static_cast<int64_t>(oo.num_fragments);
+    sched[2] = static_cast<int64_t>(oo.overlap_steps);
+    sched[3] = static_cast<int64_t>(total_steps_);
+    sched[4] = static_cast<int64_t>(first_step_);
+    sched[5] = static_cast<int64_t>(oo.strategy);
+  }
+  if (island_pg_) {
+    Broadcast(*island_pg_, sched);
+    torch::Tensor model = torch::from_blob(local_.data(), {static_cast<int64_t>(local_.size())}, torch::kFloat32);
+    Broadcast(*island_pg_, model);
+    if (!leader()) FlatToParams(local_, params_);
+  }
+  absl::StatusOr<core::FragmentSchedule> schedule = core::FragmentSchedule::Create(
+      static_cast<uint64_t>(sched[0].item<int64_t>()), static_cast<size_t>(sched[1].item<int64_t>()),
+      static_cast<uint64_t>(sched[2].item<int64_t>()));
+  if (!schedule.ok()) return schedule.status();
+  schedule_.emplace(*schedule);
+  absl::StatusOr<core::FragmentPlan> plan = core::FragmentPlan::Create(
+      *spec_, schedule_->num_fragments(), static_cast<core::FragmentStrategy>(sched[5].item<int64_t>()));
+  if (!plan.ok()) return plan.status();
+  plan_.emplace(std::move(*plan));
+  total_steps_ = static_cast<uint64_t>(sched[3].item<int64_t>());
+  first_step_ = static_cast<uint64_t>(sched[4].item<int64_t>());
+  summary_.first_step = first_step_;
+  const uint64_t tau = schedule_->overlap_steps();
+  const uint64_t h = schedule_->inner_steps_per_round();
+
+  const auto start = Clock::now();
+  uint64_t last_send = 0;  // the step of the exchange in flight (0 = none)
+  uint64_t t = first_step_;
+  while (t < total_steps_ || last_send != 0) {
+    const bool training = t < total_steps_;
+    if (training) {
+      ++t;
+      if (absl::Status s = InnerStep(t); !s.ok()) return s;
+      if (std::optional<size_t> f = schedule_->FragmentSyncingAt(t); f.has_value()) {
+        if (leader()) {
+          std::vector<float> delta(plan_->fragment(*f).num_elements);
+          ParamsToFlat(params_, local_);
+          if (absl::Status s = outer_->PseudoGradient(*f, local_, delta); !s.ok()) return s;
+          const uint64_t round = (t - schedule_->SendStep(*f, 0)) / h;
+          if (absl::Status s = exchanger_->Start(SyncKey{round, static_cast<uint32_t>(*f)}, std::move(delta)); !s.ok()) {
+            return s;
+          }
+        }
+        last_send = t;
+      }
+    } else {
+      t = last_send + tau;  // drain: the last exchange lands after the final inner step
+    }
+    if (last_send != 0 && t == last_send + tau) {
+      const size_t fragment = *schedule_->FragmentSyncingAt(last_send);
+      last_send = 0;
+      uint64_t resume = t;
+      if (absl::Status s = ApplyAt(t, fragment, &resume); !s.ok()) return s;
+      if (resume != t) {
+        spdlog::info("{}: continuing at step {} (was {})", o_.island_id, resume, t);
+        t = resume;
+      }
+    }
+    if (leader() && o_.eval_every > 0 && training && t % o_.eval_every == 0 && t < total_steps_) Eval(t);
+  }
+  summary_.wall_s = Since(start);
+  if (leader()) {
+    summary_.final_local_eval_loss = task_->EvalLoss();
+    FlatToParams(outer_->global(), params_);  // the model DiLoCo delivers is θ_global
+    summary_.final_eval_loss = task_->EvalLoss();
+    summary_.state_hash = outer_->Hash();
+    summary_.outer_steps = outer_->total_outer_steps();
+    if (client_) {
+      if (absl::Status s = client_->Leave("finished"); !s.ok()) {
+        spdlog::warn("{}: leave: {}", o_.island_id, fl::ToStd(s.message()));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<IslandSummary> IslandRun::Run() {
+  if (absl::Status s = Setup(); !s.ok()) return s;
+  absl::Status s = o_.mode == "data-parallel" ? RunDataParallel() : RunDiLoCo();
+  if (!s.ok()) return s;
+  if (leader()) {
+    spdlog::info("{} done: {} steps, eval loss {:.4f} (local {:.4f}), sent {} B, peak sync {} B, wall {:.1f} s, "
+                 "waited {:.2f} s",
+                 o_.island_id, summary_.steps, summary_.final_eval_loss, summary_.final_local_eval_loss,
+                 summary_.bytes_sent, summary_.peak_sync_bytes, summary_.wall_s, summary_.wait_s);
+    if (!o_.summary_path.empty()) {
+      std::ofstream out(o_.summary_path);
+      out << summary_.ToJson() << "\n";
+      if (!out) return absl::InternalError(fl::StrCat("cannot write the summary to ", o_.summary_path));
+    }
+  }
+  return summary_;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ResolveDevice(const std::string& requested) {
+  const bool cuda = torch::cuda::is_available();
+#ifdef USE_C10D_NCCL
+  const bool nccl = true;
+#else
+  const bool nccl = false;
+#endif
+  if (requested == "cpu") return std::string("cpu");
+  if (requested == "auto") return std::string(cuda && nccl ? "cuda" : "cpu");
+  if (requested == "cuda") {
+    if (!cuda) {
+      return absl::FailedPreconditionError(
+          "--device cuda: LibTorch sees no CUDA device (Debian's libtorch is CPU-only); use --device cpu or a "
+          "CUDA build of LibTorch on a machine with a GPU");
+    }
+    if (!nccl) {
+      return absl::FailedPreconditionError(
+          "--device cuda: this build was compiled without c10d's NCCL process group (USE_C10D_NCCL); rebuild "
+          "against a LibTorch with NCCL or use --device cpu");
+    }
+    return std::string("cuda");
+  }
+  return absl::InvalidArgumentError(fl::StrCat("--device ", requested, ": use auto, cpu or cuda"));
+}
+
+absl::StatusOr<IslandSummary> RunIsland(const IslandOptions& options) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  try {
+    IslandRun run(options);
+    return run.Run();
+  } catch (const std::exception& e) {
+    return absl::InternalError(fl::StrCat("island ", options.island_id, " rank ", options.rank, ": ", e.what()));
+  }
+}
+
+}  // namespace fl::diloco

@@ -1,0 +1,326 @@
+#include "fl/diloco/islands_experiment.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
+
+#include "fl/core/str_cat.h"
+
+namespace fl::diloco {
+namespace {
+
+// A child process with its output in a log file; killed if still running when destroyed.
+class Child {
+ public:
+  Child(std::vector<std::string> argv, const std::string& log) : log_(log) {
+    pid_ = fork();
+    if (pid_ == 0) {
+      int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd >= 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+        close(fd);
+      }
+      std::vector<char*> args;
+      for (auto& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+  }
+  ~Child() {
+    if (pid_ > 0 && !done_) {
+      ::kill(pid_, SIGKILL);
+      int status = 0;
+      waitpid(pid_, &status, 0);
+    }
+  }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+  // Exit code (128 + signal if killed).
+  int Wait() {
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    done_ = true;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  void Signal(int sig) {
+    if (!done_) ::kill(pid_, sig);
+  }
+  const std::string& log() const { return log_; }
+
+ private:
+  pid_t pid_ = -1;
+  bool done_ = false;
+  std::string log_;
+};
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string Num(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+
+}  // namespace
+
+absl::Status IslandsExperimentConfig::Validate() const {
+  auto bad = [&](std::string_view field, const auto& value, std::string_view want) {
+    return absl::InvalidArgumentError(fl::StrCat(source, ": ", field, " is '", value, "'; ", want));
+  };
+  if (name.empty()) return bad("name", name, "give the experiment a name");
+  if (mode != "diloco" && mode != "data-parallel") return bad("mode", mode, "use diloco or data-parallel");
+  if (dp_transport != "gloo" && dp_transport != "ring") return bad("dp_transport", dp_transport, "use gloo or ring");
+  if (islands < 1 || islands > 64) return bad("islands", islands, "use 1..64");
+  if (ranks_per_island < 1 || ranks_per_island > 64) return bad("ranks_per_island", ranks_per_island, "use 1..64");
+  if (inner_steps < 1 || fragments < 1 || inner_steps % fragments != 0) {
+    return bad("outer.fragments", fragments, fl::StrCat("must divide outer.inner_steps (", inner_steps, ")"));
+  }
+  if (overlap_steps >= inner_steps / fragments) {
+    return bad("outer.overlap_steps", overlap_steps, fl::StrCat("must be below H/P = ", inner_steps / fragments));
+  }
+  if (mode == "diloco" && total_steps % inner_steps != 0) {
+    return bad("inner.total_steps", total_steps, fl::StrCat("must be a multiple of outer.inner_steps (", inner_steps, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<IslandsExperimentConfig> LoadIslandsExperiment(const std::string& path) {
+  IslandsExperimentConfig c;
+  c.source = path;
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(fl::StrCat("cannot read manifest ", path, ": ", e.what()));
+  }
+  static const std::map<std::string, std::string> kModelFlags = {
+      {"name", "--model"},       {"d_model", "--d-model"},       {"layers", "--layers"},
+      {"heads", "--heads"},      {"context", "--context"},       {"batch_size", "--batch-size"},
+      {"seed", "--seed"},        {"data_dir", "--data-dir"}};
+  static const std::map<std::string, std::string> kInnerFlags = {
+      {"lr", "--inner-lr"},         {"weight_decay", "--weight-decay"}, {"beta1", "--beta1"},
+      {"beta2", "--beta2"},         {"warmup_steps", "--warmup-steps"}, {"eval_every", "--eval-every"}};
+  try {
+    for (const auto& kv : root) {
+      const std::string key = kv.first.as<std::string>();
+      const YAML::Node& v = kv.second;
+      if (key == "name") c.name = v.as<std::string>();
+      else if (key == "method") c.method = v.as<std::string>();
+      else if (key == "mode") c.mode = v.as<std::string>();
+      else if (key == "dp_transport") c.dp_transport = v.as<std::string>();
+      else if (key == "islands") c.islands = v.as<uint32_t>();
+      else if (key == "ranks_per_island") c.ranks_per_island = v.as<uint32_t>();
+      else if (key == "threads_per_rank") c.threads_per_rank = v.as<uint32_t>();
+      else if (key == "description") continue;
+      else if (key == "model" || key == "inner") {
+        for (const auto& m : v) {
+          const std::string k = m.first.as<std::string>();
+          if (key == "inner" && k == "total_steps") {
+            c.total_steps = m.second.as<uint64_t>();
+            continue;
+          }
+          const auto& table = key == "model" ? kModelFlags : kInnerFlags;
+          auto it = table.find(k);
+          if (it == table.end()) {
+            std::string known;
+            for (const auto& [name, flag] : table) known += fl::StrCat(known.empty() ? "" : ", ", name);
+            if (key == "inner") known += ", total_steps";
+            return absl::InvalidArgumentError(
+                fl::StrCat(path, ": unknown field ", key, ".", k, " (line ", m.first.Mark().line + 1, "); known: ", known));
+          }
+          c.island_args.push_back(it->second);
+          c.island_args.push_back(m.second.as<std::string>());
+        }
+      } else if (key == "outer") {
+        for (const auto& m : v) {
+          const std::string k = m.first.as<std::string>();
+          if (k == "inner_steps") c.inner_steps = m.second.as<uint64_t>();
+          else if (k == "fragments") c.fragments = m.second.as<uint32_t>();
+          else if (k == "strategy") c.fragment_strategy = m.second.as<std::string>();
+          else if (k == "overlap_steps") c.overlap_steps = m.second.as<uint64_t>();
+          else if (k == "mixing_alpha") c.mixing_alpha = m.second.as<double>();
+          else if (k == "optimizer") c.outer_optimizer = m.second.as<std::string>();
+          else return absl::InvalidArgumentError(fl::StrCat(path, ": unknown field outer.", k, " (line ",
+                                                            m.first.Mark().line + 1,
+                                                            "); known: inner_steps, fragments, strategy, "
+                                                            "overlap_steps, mixing_alpha, optimizer"));
+        }
+      } else if (key == "exchange") {
+        for (const auto& m : v) {
+          const std::string k = m.first.as<std::string>();
+          if (k == "codec") c.codec = m.second.as<std::string>();
+          else if (k == "error_feedback") c.error_feedback = m.second.as<bool>();
+          else if (k == "connections_per_peer") c.connections_per_peer = m.second.as<uint32_t>();
+          else if (k == "timeout_ms") c.exchange_timeout_ms = m.second.as<uint32_t>();
+          else return absl::InvalidArgumentError(fl::StrCat(path, ": unknown field exchange.", k, " (line ",
+                                                            m.first.Mark().line + 1,
+                                                            "); known: codec, error_feedback, "
+                                                            "connections_per_peer, timeout_ms"));
+        }
+      } else {
+        return absl::InvalidArgumentError(fl::StrCat(
+            path, ": unknown field '", key, "' (line ", kv.first.Mark().line + 1,
+            "); known: name, description, method, mode, dp_transport, islands, ranks_per_island, "
+            "threads_per_rank, model, inner, outer, exchange"));
+      }
+    }
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(fl::StrCat(path, ": ", e.what()));
+  }
+  if (c.method.empty()) c.method = c.name;
+  if (absl::Status s = c.Validate(); !s.ok()) return s;
+  return c;
+}
+
+std::string IslandsExperimentResult::ToJson() const {
+  nlohmann::json j;
+  j["name"] = name;
+  j["method"] = method;
+  j["final_eval_loss"] = final_eval_loss;
+  j["bytes_sent"] = bytes_sent;
+  j["peak_sync_bytes"] = peak_sync_bytes;
+  j["wall_s"] = wall_s;
+  j["wait_s"] = wait_s;
+  j["wait_share"] = wait_share;
+  j["units"] = units;
+  j["hashes_equal"] = hashes_equal;
+  return j.dump();
+}
+
+absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperimentConfig& c,
+                                                             const LaunchPaths& paths) {
+  if (absl::Status s = c.Validate(); !s.ok()) return s;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(paths.out_dir, ec);
+  auto out = [&](const std::string& name) { return (fs::path(paths.out_dir) / name).string(); };
+
+  std::unique_ptr<Child> server;
+  std::string coordinator;
+  if (c.mode == "diloco") {
+    const std::string port_file = out("coordinator.port");
+    fs::remove(port_file, ec);
+    std::vector<std::string> argv = {paths.fl_server, "--mode", "islands", "--listen", "127.0.0.1:0",
+                                     "--port-file", port_file, "--db", out("records.db"), "--experiment-name", c.name,
+                                     "--inner-steps", std::to_string(c.inner_steps), "--fragments",
+                                     std::to_string(c.fragments), "--fragment-strategy", c.fragment_strategy,
+                                     "--overlap-steps", std::to_string(c.overlap_steps), "--mixing-alpha",
+                                     Num(c.mixing_alpha), "--outer-optimizer", c.outer_optimizer, "--codec", c.codec,
+                                     "--connections-per-peer", std::to_string(c.connections_per_peer),
+                                     "--outer-steps", std::to_string(c.total_steps / c.inner_steps),
+                                     "--exchange-timeout-ms", std::to_string(c.exchange_timeout_ms),
+                                     "--min-islands", std::to_string(c.islands)};
+    if (c.error_feedback) argv.push_back("--error-feedback");
+    server = std::make_unique<Child>(argv, out("coordinator.log"));
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    int port = 0;
+    while (port == 0 && std::chrono::steady_clock::now() < end) {
+      std::ifstream in(port_file);
+      if (!(in >> port)) {
+        port = 0;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+    if (port == 0) return absl::UnavailableError(fl::StrCat("fl-server did not start; see ", out("coordinator.log")));
+    coordinator = fl::StrCat("127.0.0.1:", port);
+  }
+
+  std::vector<std::string> peers;
+  std::vector<int> data_ports;
+  for (uint32_t i = 0; i < c.islands; ++i) {
+    data_ports.push_back(FreePort());
+    peers.push_back(fl::StrCat("island-", i, "=tcp://127.0.0.1:", data_ports.back()));
+  }
+  const int global_store = FreePort();
+  std::vector<std::unique_ptr<Child>> ranks;
+  for (uint32_t i = 0; i < c.islands; ++i) {
+    const int island_store = FreePort();
+    for (uint32_t r = 0; r < c.ranks_per_island; ++r) {
+      const std::string id = fl::StrCat("island-", i);
+      std::vector<std::string> argv = {
+          paths.fl_island, "--island-id", id, "--shard", std::to_string(i), "--num-shards", std::to_string(c.islands),
+          "--rank", std::to_string(r), "--ranks", std::to_string(c.ranks_per_island), "--threads",
+          std::to_string(c.threads_per_rank), "--mode", c.mode, "--dp-transport", c.dp_transport, "--total-steps",
+          std::to_string(c.total_steps), "--inner-steps", std::to_string(c.inner_steps), "--fragments",
+          std::to_string(c.fragments), "--fragment-strategy", c.fragment_strategy, "--overlap-steps",
+          std::to_string(c.overlap_steps), "--mixing-alpha", Num(c.mixing_alpha), "--outer-optimizer",
+          c.outer_optimizer, "--codec", c.codec, "--error-feedback", c.error_feedback ? "true" : "false",
+          "--connections-per-peer", std::to_string(c.connections_per_peer), "--exchange-timeout-s",
+          Num(c.exchange_timeout_ms / 1000.0), "--data-endpoint", fl::StrCat("tcp://127.0.0.1:", data_ports[i]),
+          "--pg-store",
+          fl::StrCat("127.0.0.1:", c.mode == "data-parallel" && c.dp_transport == "gloo" ? global_store : island_store),
+          "--summary", out(fl::StrCat(id, "-rank", r, ".json")), "--metrics", out(fl::StrCat(id, ".jsonl"))};
+      if (!coordinator.empty()) {
+        argv.push_back("--coordinator");
+        argv.push_back(coordinator);
+      } else {
+        for (const std::string& p : peers) {
+          argv.push_back("--peer");
+          argv.push_back(p);
+        }
+      }
+      argv.insert(argv.end(), c.island_args.begin(), c.island_args.end());
+      ranks.push_back(std::make_unique<Child>(argv, out(fl::StrCat(id, "-rank", r, ".log"))));
+    }
+  }
+  absl::Status failure;
+  for (auto& child : ranks) {
+    const int rc = child->Wait();
+    if (rc != 0 && failure.ok()) {
+      failure = absl::InternalError(fl::StrCat("fl-island exited with ", rc, "; see ", child->log()));
+    }
+  }
+  if (server) {
+    server->Signal(SIGTERM);
+    server->Wait();
+  }
+  if (!failure.ok()) return failure;
+
+  IslandsExperimentResult result;
+  result.name = c.name;
+  result.method = c.method;
+  std::string first_hash;
+  for (uint32_t i = 0; i < c.islands; ++i) {
+    std::ifstream in(out(fl::StrCat("island-", i, "-rank0.json")));
+    nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    if (!j.is_object()) return absl::InternalError(fl::StrCat("no summary from island-", i, " in ", paths.out_dir));
+    result.final_eval_loss += j["final_eval_loss"].get<double>() / c.islands;
+    result.bytes_sent += j["bytes_sent"].get<uint64_t>();
+    result.peak_sync_bytes = std::max(result.peak_sync_bytes, j["peak_sync_bytes"].get<uint64_t>());
+    result.wall_s = std::max(result.wall_s, j["wall_s"].get<double>());
+    result.wait_s += j["wait_s"].get<double>() / c.islands;
+    result.units += j["units"].get<uint64_t>();
+    const std::string hash = j["state_hash"].get<std::string>();
+    if (i == 0) first_hash = hash;
+    result.hashes_equal = result.hashes_equal && hash == first_hash;
+  }
+  result.wait_share = result.wall_s > 0 ? result.wait_s / result.wall_s : 0;
+  std::ofstream(out("result.json")) << result.ToJson() << "\n";
+  return result;
+}
+
+}  // namespace fl::diloco

@@ -1,0 +1,77 @@
+// fl-island: one rank of one island (DiLoCo / Streaming DiLoCo / the data-parallel baseline).
+// See docs/diloco.md and fl/diloco/island.h.
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include <iostream>
+
+#include "fl/core/log_format.h"
+#include "fl/diloco/island.h"
+
+int main(int argc, char** argv) {
+  fl::diloco::IslandOptions o;
+  std::string strategy = "strided";
+  std::string log_level = "info";
+  CLI::App app{"fl-island: one rank of a DiLoCo island (R data-parallel ranks; rank 0 leads the cross-island sync)"};
+  app.add_option("--island-id", o.island_id, "unique island id")->capture_default_str();
+  app.add_option("--shard", o.shard, "training shard of this island")->capture_default_str();
+  app.add_option("--num-shards", o.num_shards, "number of shards (islands)")->capture_default_str();
+  app.add_option("--rank", o.rank, "data-parallel rank in the island (0 = leader)")->capture_default_str();
+  app.add_option("--ranks", o.ranks, "data-parallel ranks in the island (R)")->capture_default_str();
+  app.add_option("--pg-store", o.pg_store, "host:port of the c10d TCPStore (served by rank 0)")->capture_default_str();
+  app.add_option("--device", o.device, "auto | cpu | cuda")->capture_default_str();
+  app.add_option("--threads", o.threads, "intra-op threads (0 = LibTorch default)")->capture_default_str();
+  app.add_option("--model", o.model, "char-lm (fortunes) | cnn (Fashion-MNIST)")->capture_default_str();
+  app.add_option("--data-dir", o.data_dir, "data directory (default: the Debian package's)");
+  app.add_option("--seed", o.seed, "model init and sampling seed")->capture_default_str();
+  app.add_option("--batch-size", o.batch_size, "per-rank batch size")->capture_default_str();
+  app.add_option("--context", o.context, "char-lm context length")->capture_default_str();
+  app.add_option("--d-model", o.d_model, "char-lm width")->capture_default_str();
+  app.add_option("--layers", o.num_layers, "char-lm transformer blocks")->capture_default_str();
+  app.add_option("--heads", o.num_heads, "char-lm attention heads")->capture_default_str();
+  app.add_option("--inner-lr", o.inner_lr, "AdamW learning rate")->capture_default_str();
+  app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay")->capture_default_str();
+  app.add_option("--beta1", o.beta1, "AdamW beta1")->capture_default_str();
+  app.add_option("--beta2", o.beta2, "AdamW beta2")->capture_default_str();
+  app.add_option("--warmup-steps", o.warmup_steps, "linear lr warm-up steps")->capture_default_str();
+  app.add_option("--total-steps", o.total_steps, "inner steps T")->capture_default_str();
+  app.add_option("--eval-every", o.eval_every, "evaluate every n steps (0 = at the end)")->capture_default_str();
+  app.add_option("--mode", o.mode, "diloco | data-parallel")->capture_default_str();
+  app.add_option("--dp-transport", o.dp_transport, "data-parallel: gloo (one process group) | ring")
+      ->capture_default_str();
+  app.add_option("--inner-steps", o.outer.inner_steps, "H")->capture_default_str();
+  app.add_option("--fragments", o.outer.num_fragments, "P (1 = DiLoCo)")->capture_default_str();
+  app.add_option("--fragment-strategy", strategy, "strided | sequential")->capture_default_str();
+  app.add_option("--overlap-steps", o.outer.overlap_steps, "tau")->capture_default_str();
+  app.add_option("--mixing-alpha", o.outer.mixing_alpha, "alpha (negative = 0 without overlap, 0.5 with)")
+      ->capture_default_str();
+  app.add_option("--outer-optimizer", o.outer.outer_optimizer, "core::MakeServerOptimizer spec")->capture_default_str();
+  app.add_option("--codec", o.codec, "ring codec: fp32 | bf16 | int8 | int4 | fp4 [:block]")->capture_default_str();
+  app.add_option("--error-feedback", o.error_feedback, "error feedback for lossy codecs")->capture_default_str();
+  app.add_option("--connections-per-peer", o.connections_per_peer, "ZeroMQ connections per ring neighbour")
+      ->capture_default_str();
+  app.add_option("--exchange-timeout-s", o.exchange_timeout_s, "ring exchange timeout")->capture_default_str();
+  app.add_option("--data-endpoint", o.data_endpoint, "ZeroMQ endpoint the leader binds for the ring")
+      ->capture_default_str();
+  app.add_option("--advertised-endpoint", o.advertised_endpoint, "ring endpoint peers dial (default: data-endpoint)");
+  app.add_option("--coordinator", o.coordinator, "fl-server --mode islands address (host:port)");
+  app.add_option("--peer", o.peers, "static ring member id=endpoint (repeat, in ring order)");
+  app.add_option("--state-endpoint", o.state_endpoint, "listen address of this island's state server");
+  app.add_option("--summary", o.summary_path, "write the leader's JSON summary here");
+  app.add_option("--metrics", o.metrics_path, "append per-sync / per-eval JSON lines here");
+  app.add_option("--log-level", log_level, "trace | debug | info | warn | error")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  absl::StatusOr<fl::core::FragmentStrategy> parsed = fl::core::ParseFragmentStrategy(strategy);
+  if (!parsed.ok()) {
+    std::cerr << "fl-island: " << parsed.status().message() << "\n";
+    return 2;
+  }
+  o.outer.strategy = *parsed;
+  absl::StatusOr<fl::diloco::IslandSummary> summary = fl::diloco::RunIsland(o);
+  if (!summary.ok()) {
+    std::cerr << "fl-island " << o.island_id << " rank " << o.rank << ": " << summary.status() << "\n";
+    return summary.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  return 0;
+}

@@ -1,0 +1,301 @@
+#include "train_task.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "fl/client/torch_models.h"
+#include "fl/core/str_cat.h"
+#include "fl/data/deterministic_random.h"
+#include "fl/data/fashion_mnist.h"
+#include "fl/data/partition.h"
+#include "fl/diloco/text_corpus.h"
+
+namespace fl::diloco {
+namespace {
+
+// ---------------------------------------------------------------------------------------------------------
+// The character-level transformer (pre-LN GPT block: x += attn(ln1(x)); x += mlp(ln2(x))).
+
+struct CausalSelfAttentionImpl : torch::nn::Module {
+  CausalSelfAttentionImpl(int64_t d_model, int64_t heads) : num_heads(heads) {
+    qkv = register_module("qkv", torch::nn::Linear(d_model, 3 * d_model));
+    proj = register_module("proj", torch::nn::Linear(d_model, d_model));
+  }
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& mask) {
+    const int64_t b = x.size(0), t = x.size(1), d = x.size(2), hd = d / num_heads;
+    std::vector<torch::Tensor> parts = qkv(x).split(d, /*dim=*/2);
+    auto heads = [&](const torch::Tensor& z) { return z.view({b, t, num_heads, hd}).transpose(1, 2); };
+    torch::Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
+    torch::Tensor att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
+    att = att.masked_fill(mask.slice(0, 0, t).slice(1, 0, t), -std::numeric_limits<float>::infinity());
+    att = torch::softmax(att, -1);
+    torch::Tensor y = torch::matmul(att, v).transpose(1, 2).contiguous().view({b, t, d});
+    return proj(y);
+  }
+  int64_t num_heads;
+  torch::nn::Linear qkv{nullptr}, proj{nullptr};
+};
+TORCH_MODULE(CausalSelfAttention);
+
+struct MlpImpl : torch::nn::Module {
+  explicit MlpImpl(int64_t d_model) {
+    fc = register_module("fc", torch::nn::Linear(d_model, 4 * d_model));
+    proj = register_module("proj", torch::nn::Linear(4 * d_model, d_model));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return proj(torch::gelu(fc(x))); }
+  torch::nn::Linear fc{nullptr}, proj{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+struct BlockImpl : torch::nn::Module {
+  BlockImpl(int64_t d_model, int64_t heads) {
+    ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
+    attn = register_module("attn", CausalSelfAttention(d_model, heads));
+    ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
+    mlp = register_module("mlp", Mlp(d_model));
+  }
+  torch::Tensor forward(torch::Tensor x, const torch::Tensor& mask) {
+    x = x + attn->forward(ln1(x), mask);
+    return x + mlp->forward(ln2(x));
+  }
+  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  CausalSelfAttention attn{nullptr};
+  Mlp mlp{nullptr};
+};
+TORCH_MODULE(Block);
+
+struct CharTransformerImpl : torch::nn::Module {
+  CharTransformerImpl(int64_t vocab, int64_t context, int64_t d_model, int64_t layers, int64_t heads) {
+    tok_emb = register_parameter("tok_emb", torch::randn({vocab, d_model}) * 0.02);
+    pos_emb = register_parameter("pos_emb", torch::randn({context, d_model}) * 0.02);
+    blocks = register_module("blocks", torch::nn::ModuleList());
+    for (int64_t i = 0; i < layers; ++i) blocks->push_back(Block(d_model, heads));
+    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
+    head = register_module("head", torch::nn::Linear(d_model, vocab));
+    // GPT-2 style init: small normal weights, zero biases.
+    for (auto& p : named_parameters()) {
+      if (p.key().find("tok_emb") != std::string::npos || p.key().find("pos_emb") != std::string::npos) continue;
+      torch::NoGradGuard no_grad;
+      if (p.key().ends_with(".bias")) {
+        p.value().zero_();
+      } else if (p.value().dim() == 2) {
+        p.value().normal_(0.0, 0.02);
+      }
+    }
+    mask = torch::triu(torch::ones({context, context}, torch::kBool), /*diagonal=*/1);
+  }
+  // tokens [B, T] int64 -> logits [B, T, V]
+  torch::Tensor forward(const torch::Tensor& tokens) {
+    const int64_t t = tokens.size(1);
+    torch::Tensor x = torch::embedding(tok_emb, tokens) + pos_emb.slice(0, 0, t);
+    for (const auto& block : *blocks) x = block->as<BlockImpl>()->forward(x, mask);
+    return head(ln_f(x));
+  }
+  torch::Tensor tok_emb, pos_emb, mask;
+  torch::nn::ModuleList blocks{nullptr};
+  torch::nn::LayerNorm ln_f{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(CharTransformer);
+
+absl::StatusOr<core::ModelSpec> SpecOfParameters(const torch::nn::Module& module) {
+  std::vector<core::TensorSpec> tensors;
+  for (const auto& p : module.named_parameters()) {
+    core::TensorSpec t;
+    t.name = p.key();
+    t.shape = p.value().sizes().vec();
+    t.dtype = core::DType::kFloat32;
+    tensors.push_back(std::move(t));
+  }
+  return core::ModelSpec::Create(std::move(tensors));
+}
+
+class CharLmTask final : public TrainTask {
+ public:
+  static absl::StatusOr<std::unique_ptr<TrainTask>> Create(const TaskOptions& o) {
+    if (o.d_model % o.num_heads != 0) {
+      return absl::InvalidArgumentError(fl::StrCat("d_model ", o.d_model, " is not divisible by num_heads ",
+                                                   o.num_heads, "; pick heads that divide it"));
+    }
+    absl::StatusOr<CharCorpus> corpus =
+        LoadCharCorpus(o.data_dir.empty() ? std::string(kDefaultFortunesDir) : o.data_dir);
+    if (!corpus.ok()) return corpus.status();
+    auto task = std::unique_ptr<CharLmTask>(new CharLmTask(o, std::move(*corpus)));
+    absl::StatusOr<std::span<const uint8_t>> shard =
+        TrainShard(task->corpus_, o.shard, o.num_shards, static_cast<size_t>(o.context) + 2);
+    if (!shard.ok()) return shard.status();
+    task->shard_ = *shard;
+    if (task->corpus_.eval.size() < static_cast<size_t>(o.context) + 1) {
+      return absl::FailedPreconditionError("the evaluation text is shorter than one context window");
+    }
+    absl::StatusOr<core::ModelSpec> spec = SpecOfParameters(*task->model_);
+    if (!spec.ok()) return spec.status();
+    task->spec_ = std::move(*spec);
+    return task;
+  }
+
+  torch::nn::Module& module() override { return *model_; }
+  std::vector<torch::Tensor> parameters() override { return model_->parameters(); }
+  const core::ModelSpec& spec() const override { return spec_; }
+  uint64_t units_per_batch() const override { return static_cast<uint64_t>(o_.batch_size * o_.context); }
+
+  torch::Tensor NextTrainLoss() override {
+    model_->train();
+    const int64_t b = o_.batch_size, t = o_.context;
+    std::vector<int64_t> window(static_cast<size_t>(b * (t + 1)));
+    const uint64_t starts = shard_.size() - static_cast<size_t>(t);
+    for (int64_t i = 0; i < b; ++i) {
+      const uint64_t s = data::UniformIndex(engine_, starts);
+      for (int64_t j = 0; j <= t; ++j) window[static_cast<size_t>(i * (t + 1) + j)] = shard_[s + static_cast<size_t>(j)];
+    }
+    torch::Tensor w = torch::from_blob(window.data(), {b, t + 1}, torch::kInt64).clone();
+    return Loss(w);
+  }
+
+  double EvalLoss() override {
+    torch::NoGradGuard no_grad;
+    model_->eval();
+    const int64_t t = o_.context;
+    const auto& text = corpus_.eval;
+    const int64_t available = static_cast<int64_t>((text.size() - 1) / static_cast<size_t>(t));
+    const int64_t n = std::min(available, o_.eval_windows);
+    double total = 0;
+    int64_t count = 0;
+    for (int64_t first = 0; first < n; first += 64) {
+      const int64_t rows = std::min<int64_t>(64, n - first);
+      std::vector<int64_t> window(static_cast<size_t>(rows * (t + 1)));
+      for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t j = 0; j <= t; ++j) {
+          window[static_cast<size_t>(i * (t + 1) + j)] = text[static_cast<size_t>((first + i) * t + j)];
+        }
+      }
+      torch::Tensor w = torch::from_blob(window.data(), {rows, t + 1}, torch::kInt64).clone();
+      total += Loss(w).item<double>() * static_cast<double>(rows);
+      count += rows;
+    }
+    return total / static_cast<double>(count);
+  }
+
+ private:
+  CharLmTask(const TaskOptions& o, CharCorpus corpus)
+      : o_(o),
+        corpus_(std::move(corpus)),
+        engine_(data::MakeEngine(o.seed, 1000003ull * (o.shard + 1) + o.rank)) {
+    torch::manual_seed(static_cast<uint64_t>(o.seed));
+    model_ = CharTransformer(static_cast<int64_t>(corpus_.vocab_size()), o.context, o.d_model, o.num_layers,
+                             o.num_heads);
+  }
+
+  torch::Tensor Loss(const torch::Tensor& window) {
+    const int64_t t = window.size(1) - 1;
+    torch::Tensor input = window.slice(1, 0, t);
+    torch::Tensor target = window.slice(1, 1, t + 1);
+    torch::Tensor logits = model_->forward(input);
+    return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));
+  }
+
+  TaskOptions o_;
+  CharCorpus corpus_;
+  std::span<const uint8_t> shard_;
+  data::Engine engine_;
+  CharTransformer model_{nullptr};
+  core::ModelSpec spec_;
+};
+
+// ---------------------------------------------------------------------------------------------------------
+// Fashion-MNIST with fl-client's CNN.
+
+class CnnTask final : public TrainTask {
+ public:
+  static absl::StatusOr<std::unique_ptr<TrainTask>> Create(const TaskOptions& o) {
+    const std::string dir = o.data_dir.empty() ? std::string(data::kDefaultFashionMnistDir) : o.data_dir;
+    absl::StatusOr<data::Dataset> train = data::LoadFashionMnist(dir, data::Split::kTrain);
+    if (!train.ok()) return train.status();
+    absl::StatusOr<data::Dataset> test = data::LoadFashionMnist(dir, data::Split::kTest);
+    if (!test.ok()) return test.status();
+    absl::StatusOr<std::vector<uint32_t>> indices =
+        data::PartitionFor(static_cast<uint32_t>(o.shard), data::PartitionSpec::Iid(), train->labels,
+                           static_cast<uint32_t>(o.num_shards), o.seed);
+    if (!indices.ok()) return indices.status();
+    absl::StatusOr<std::shared_ptr<client::TorchModel>> model = client::CreateTorchModel("cnn", o.seed);
+    if (!model.ok()) return model.status();
+    auto task = std::unique_ptr<CnnTask>(new CnnTask(o));
+    task->model_ = std::move(*model);
+    absl::StatusOr<core::ModelSpec> spec = SpecOfParameters(*task->model_);
+    if (!spec.ok()) return spec.status();
+    task->spec_ = std::move(*spec);
+    task->train_ = std::move(*train);
+    task->indices_ = std::move(*indices);
+    std::vector<uint32_t> eval_idx(static_cast<size_t>(std::min<int64_t>(o.eval_examples, test->num_examples)));
+    for (size_t i = 0; i < eval_idx.size(); ++i) eval_idx[i] = static_cast<uint32_t>(i);
+    task->eval_images_ = client::ImagesToTensor(*test, eval_idx);
+    task->eval_labels_ = client::LabelsToTensor(*test, eval_idx);
+    return task;
+  }
+
+  torch::nn::Module& module() override { return *model_; }
+  std::vector<torch::Tensor> parameters() override { return model_->parameters(); }
+  const core::ModelSpec& spec() const override { return spec_; }
+  uint64_t units_per_batch() const override { return static_cast<uint64_t>(o_.batch_size); }
+
+  torch::Tensor NextTrainLoss() override {
+    model_->train();
+    std::vector<uint32_t> batch(static_cast<size_t>(o_.batch_size));
+    for (auto& i : batch) i = indices_[data::UniformIndex(engine_, indices_.size())];
+    torch::Tensor logits = model_->forward(client::ImagesToTensor(train_, batch));
+    return torch::nn::functional::cross_entropy(logits, client::LabelsToTensor(train_, batch));
+  }
+
+  double EvalLoss() override {
+    torch::NoGradGuard no_grad;
+    model_->eval();
+    torch::Tensor logits = model_->forward(eval_images_);
+    return torch::nn::functional::cross_entropy(logits, eval_labels_).item<double>();
+  }
+
+ private:
+  explicit CnnTask(const TaskOptions& o) : o_(o), engine_(data::MakeEngine(o.seed, 1000003ull * (o.shard + 1) + o.rank)) {}
+
+  TaskOptions o_;
+  data::Engine engine_;
+  std::shared_ptr<client::TorchModel> model_;
+  core::ModelSpec spec_;
+  data::Dataset train_;
+  std::vector<uint32_t> indices_;
+  torch::Tensor eval_images_, eval_labels_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TrainTask>> CreateTrainTask(const TaskOptions& options) {
+  if (options.batch_size < 1) {
+    return absl::InvalidArgumentError(fl::StrCat("batch_size is ", options.batch_size, "; use at least 1"));
+  }
+  if (options.model == "char-lm") return CharLmTask::Create(options);
+  if (options.model == "cnn") return CnnTask::Create(options);
+  return absl::InvalidArgumentError(
+      fl::StrCat("unknown model '", options.model, "'; use char-lm (fortunes) or cnn (Fashion-MNIST)"));
+}
+
+void ParamsToFlat(const std::vector<torch::Tensor>& params, std::span<float> out) {
+  size_t k = 0;
+  for (const torch::Tensor& p : params) {
+    torch::Tensor c = p.detach().to(torch::kFloat32).contiguous();
+    const size_t n = static_cast<size_t>(c.numel());
+    std::memcpy(out.data() + k, c.data_ptr<float>(), n * sizeof(float));
+    k += n;
+  }
+}
+
+void FlatToParams(std::span<const float> flat, const std::vector<torch::Tensor>& params) {
+  torch::NoGradGuard no_grad;
+  size_t k = 0;
+  for (const torch::Tensor& p : params) {
+    const size_t n = static_cast<size_t>(p.numel());
+    torch::Tensor src = torch::from_blob(const_cast<float*>(flat.data() + k), p.sizes(), torch::kFloat32);
+    p.copy_(src);
+    k += n;
+  }
+}
+
+}  // namespace fl::diloco

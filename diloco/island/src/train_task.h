@@ -1,0 +1,64 @@
+// The LibTorch side of an island rank: a model, its training data stream and its evaluation.
+//
+// Two tasks:
+//  "char-lm": a character-level decoder-only transformer (GPT-style, pre-LN) on the fortunes corpus
+//    (text_corpus.h). Parameter names: tok_emb, pos_emb, blocks.<i>.{ln1,attn.qkv,attn.proj,ln2,mlp.fc,
+//    mlp.proj}.{weight,bias}, ln_f, head — so the fragment plan sees blocks.<i> as layer i and the
+//    embeddings, final norm and head as non-layer tensors.
+//  "cnn": fl-client's Fashion-MNIST CNN (client/torch, unchanged), 225,034 parameters.
+// Every rank draws its own batches: sample windows (or images) uniformly from its island's shard with an
+// engine seeded by (seed, island shard, rank), so ranks of an island see different data and a run
+// replays exactly.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "fl/core/tensor_spec.h"
+
+namespace fl::diloco {
+
+struct TaskOptions {
+  std::string model = "char-lm";  // "char-lm" | "cnn"
+  std::string data_dir;           // empty = the task's default (fortunes / Fashion-MNIST package dirs)
+  size_t shard = 0;               // which training shard this island trains on
+  size_t num_shards = 1;
+  size_t rank = 0;                // data-parallel rank inside the island (its own sample stream)
+  uint64_t seed = 1;              // model initialisation (equal on every island) and sampling
+  int64_t batch_size = 32;        // per rank
+  // char-lm
+  int64_t context = 64;
+  int64_t d_model = 64;
+  int64_t num_layers = 4;
+  int64_t num_heads = 4;
+  int64_t eval_windows = 256;     // evaluation windows (non-overlapping, from the start of the eval text)
+  // cnn
+  int64_t eval_examples = 2000;   // first n test images
+};
+
+class TrainTask {
+ public:
+  virtual ~TrainTask() = default;
+  virtual torch::nn::Module& module() = 0;
+  // Trainable parameters in spec order (for the optimizer and the flat copies).
+  virtual std::vector<torch::Tensor> parameters() = 0;
+  virtual const core::ModelSpec& spec() const = 0;
+  // Loss of the next training batch (autograd graph attached); advances the sample stream.
+  virtual torch::Tensor NextTrainLoss() = 0;
+  // Mean loss over the fixed evaluation set (no grad, eval mode).
+  virtual double EvalLoss() = 0;
+  // Tokens (char-lm) or examples (cnn) in one training batch of this rank.
+  virtual uint64_t units_per_batch() const = 0;
+};
+
+absl::StatusOr<std::unique_ptr<TrainTask>> CreateTrainTask(const TaskOptions& options);
+
+// Flat fp32 copies of the parameters (spec order).
+void ParamsToFlat(const std::vector<torch::Tensor>& params, std::span<float> out);
+void FlatToParams(std::span<const float> flat, const std::vector<torch::Tensor>& params);
+
+}  // namespace fl::diloco

@@ -1,0 +1,850 @@
+// RingAllReduce over ZeroMQ: see ring_allreduce.h for the algorithm, the wire format and the guarantees.
+//
+// Transport. Every member binds one PULL socket on its endpoint and connects `connections_per_peer` PUSH
+// sockets to its successor's. PUSH/PULL fits a ring: traffic flows one way, each PUSH socket is exactly one
+// TCP connection to one known peer, and a PULL socket fair-queues whatever its connections deliver. The
+// first message on every connection is a hello naming the sender, so that the receiver can tell which TCP
+// connections (file descriptors, read with ZMQ_SRCFD) belong to its predecessor; a socket monitor then
+// reports their disconnection at once, which is how a vanished peer is noticed before any timeout. The
+// send high-water marks are unlimited: one exchange queues at most the member's share of the vector, and a
+// bounded queue could deadlock the ring (every member sending its first chunk before receiving).
+//
+// Messages are sent without copying (the encoded payload's buffer is handed to ZeroMQ with a free
+// function) and forwarded without copying (zmq_msg_copy shares the received buffer). With several
+// connections per peer the messages of one step may arrive out of order, so messages of the current
+// exchange that come early wait in a map until they are needed.
+#include "fl/diloco/ring_allreduce.h"
+
+#include <malloc.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+
+#include <zmq.hpp>
+
+#include "fl/core/checksum.h"
+#include "fl/core/codec.h"
+#include "fl/core/str_cat.h"
+#include "fl/diloco/ring_wire.h"
+
+namespace fl::diloco {
+namespace {
+
+using wire::Header;
+using wire::MessageType;
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+size_t NumSubChunks(size_t count, size_t sub_values) {
+  return count == 0 ? 1 : (count + sub_values - 1) / sub_values;
+}
+
+ValueRange SubRange(const ValueRange& chunk, size_t sub, size_t sub_values) {
+  const size_t begin = std::min(chunk.end, chunk.begin + sub * sub_values);
+  return {begin, std::min(chunk.end, begin + sub_values)};
+}
+
+size_t Mod(int64_t a, size_t m) {
+  const int64_t r = a % static_cast<int64_t>(m);
+  return static_cast<size_t>(r < 0 ? r + static_cast<int64_t>(m) : r);
+}
+
+// Send buffers are recycled: ZeroMQ's I/O thread returns each one when it has written it, and the next
+// encode reuses it, so that a 4 MiB message costs neither an allocation nor fresh (page-faulting, zeroed)
+// memory. Shared with the messages in flight, which may outlive the exchange (not the context, which
+// waits for them).
+class BufferPool {
+ public:
+  using Buffer = std::unique_ptr<std::vector<uint8_t>>;
+  Buffer Acquire() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (free_.empty()) return std::make_unique<std::vector<uint8_t>>();
+    Buffer b = std::move(free_.back());
+    free_.pop_back();
+    return b;
+  }
+  void Release(Buffer b) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (free_.size() < kMaxFree) free_.push_back(std::move(b));
+  }
+
+ private:
+  static constexpr size_t kMaxFree = 64;
+  std::mutex mu_;
+  std::vector<Buffer> free_;
+};
+
+struct InFlight {
+  BufferPool::Buffer buffer;
+  std::shared_ptr<BufferPool> pool;
+};
+
+void ReleaseBuffer(void* /*data*/, void* hint) {
+  auto* in_flight = static_cast<InFlight*>(hint);
+  in_flight->pool->Release(std::move(in_flight->buffer));
+  delete in_flight;
+}
+
+// A received data message: its header and its payload frame (owned by ZeroMQ, shareable for forwarding).
+struct Message {
+  Header header;
+  zmq::message_t payload;
+  uint64_t frame_bytes = 0;
+};
+
+using MessageKey = std::tuple<uint8_t, uint32_t, uint32_t, uint32_t>;  // type, step, chunk, sub
+MessageKey KeyOf(const Header& h) { return {static_cast<uint8_t>(h.type), h.step, h.chunk, h.sub}; }
+
+}  // namespace
+
+uint64_t RingFingerprint(const std::vector<RingMember>& members) {
+  std::string text;
+  for (const RingMember& m : members) {
+    text += m.id;
+    text.push_back('\0');
+    text += m.endpoint;
+    text.push_back('\0');
+  }
+  return fl::core::Checksum64(
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()), 0x52494e47);
+}
+
+bool TuneAllocatorForLargeMessages() {
+  const bool mmap_ok = mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1;
+  const bool trim_ok = mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;
+  return mmap_ok && trim_ok;
+}
+
+ValueRange RingChunk(size_t num_values, size_t num_members, size_t chunk) {
+  // 128-bit products: num_values * (chunk + 1) can exceed 64 bits only for absurd sizes, but be exact.
+  const auto bound = [&](size_t c) {
+    return static_cast<size_t>(static_cast<unsigned __int128>(num_values) * c / num_members);
+  };
+  return {bound(chunk), bound(chunk + 1)};
+}
+
+absl::StatusOr<uint64_t> RingBytesSentPerMember(size_t num_values, size_t num_members, size_t self,
+                                                const std::string& codec_spec, size_t sub_chunk_values) {
+  if (num_members == 0 || self >= num_members || sub_chunk_values == 0) {
+    return absl::InvalidArgumentError(fl::StrCat("RingBytesSentPerMember: need self < num_members (got ", self,
+                                                 ", ", num_members, ") and sub_chunk_values >= 1"));
+  }
+  auto codec = fl::core::MakeCodec(codec_spec);
+  if (!codec.ok()) return codec.status();
+  const size_t m = num_members;
+  const auto chunk_bytes = [&](size_t chunk) {
+    const ValueRange range = RingChunk(num_values, m, chunk);
+    uint64_t bytes = 0;
+    const size_t subs = NumSubChunks(range.size(), sub_chunk_values);
+    for (size_t j = 0; j < subs; ++j) {
+      bytes += wire::kHeaderBytes + (*codec)->EncodedSize(SubRange(range, j, sub_chunk_values).size());
+    }
+    return bytes;
+  };
+  uint64_t total = 0;
+  if (m == 1) return total;
+  // Reduce-scatter: chunks self, self-1, ..., self-(M-2). All-gather: the owned chunk self+1, then the
+  // forwarded chunks self, self-1, ..., self-(M-3).
+  for (size_t s = 0; s + 1 < m; ++s) total += chunk_bytes(Mod(static_cast<int64_t>(self) - s, m));
+  total += chunk_bytes((self + 1) % m);
+  for (size_t s = 0; s + 2 < m; ++s) total += chunk_bytes(Mod(static_cast<int64_t>(self) - s, m));
+  return total;
+}
+
+class RingAllReduce::Impl {
+ public:
+  explicit Impl(RingOptions options) : options_(std::move(options)) {}
+
+  ~Impl() {
+    const int linger_ms = static_cast<int>(absl::ToInt64Milliseconds(options_.linger));
+    // Stop the monitors before closing what they watch.
+    if (pull_) zmq_socket_monitor(pull_.handle(), nullptr, 0);
+    for (auto& push : push_) zmq_socket_monitor(push.handle(), nullptr, 0);
+    for (auto& mon : monitors_) mon.close();
+    if (pull_) {
+      pull_.set(zmq::sockopt::linger, 0);
+      pull_.close();
+    }
+    for (auto& push : push_) {
+      push.set(zmq::sockopt::linger, linger_ms);
+      push.close();
+    }
+    // context_'s destructor waits (at most the linger) for queued messages to reach live peers.
+  }
+
+  absl::Status Init() {
+    const size_t m = options_.members.size();
+    self_ = options_.self;
+    succ_ = (self_ + 1) % m;
+    pred_ = (self_ + m - 1) % m;
+    fingerprint_ = RingFingerprint(options_.members);
+    auto codec = fl::core::MakeCodec(options_.codec);
+    if (!codec.ok()) {
+      return absl::InvalidArgumentError(
+          fl::StrCat("RingOptions.codec '", options_.codec, "': ", fl::ToStd(codec.status().message())));
+    }
+    codec_ = std::move(*codec);
+    lossy_ = codec_->kind() != fl::core::CodecKind::kFp32;
+
+    // One I/O thread for the incoming connection(s) and one per outgoing connection (up to 4), so that
+    // receiving and sending are copied through the kernel in parallel where there are cores for it.
+    context_.set(zmq::ctxopt::io_threads, std::min(1 + options_.connections_per_peer, 4));
+    try {
+      pull_ = zmq::socket_t(context_, zmq::socket_type::pull);
+      pull_.set(zmq::sockopt::rcvhwm, 0);
+      pull_.set(zmq::sockopt::linger, 0);
+      AddMonitor(pull_, "pull");
+      pull_.bind(options_.members[self_].endpoint);
+      bound_endpoint_ = pull_.get(zmq::sockopt::last_endpoint);
+    } catch (const zmq::error_t& e) {
+      return absl::UnavailableError(fl::StrCat("ring member '", options_.members[self_].id, "' cannot bind ",
+                                               options_.members[self_].endpoint, ": ", e.what(),
+                                               " (is another process or ring still using it?)"));
+    }
+    if (m == 1) return absl::OkStatus();
+    try {
+      for (int k = 0; k < options_.connections_per_peer; ++k) {
+        zmq::socket_t push(context_, zmq::socket_type::push);
+        push.set(zmq::sockopt::sndhwm, 0);
+        push.set(zmq::sockopt::linger, 0);
+        AddMonitor(push, fl::StrCat("push", k));
+        push.connect(options_.members[succ_].endpoint);
+        push_.push_back(std::move(push));
+      }
+    } catch (const zmq::error_t& e) {
+      return absl::InvalidArgumentError(fl::StrCat("ring member '", options_.members[self_].id,
+                                                   "' cannot connect to '", options_.members[succ_].id, "' at ",
+                                                   options_.members[succ_].endpoint, ": ", e.what()));
+    }
+    // The hello goes first on every connection (see the file comment).
+    for (auto& push : push_) {
+      Header hello;
+      hello.type = MessageType::kHello;
+      hello.ring = fingerprint_;
+      hello.sender = static_cast<uint32_t>(self_);
+      absl::Status s = SendOn(push, hello, std::vector<uint8_t>{});
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status AllReduce(uint64_t exchange_id, uint64_t residual_key, std::span<float> values, ReduceOp op,
+                         ExchangeStats* stats_out) {
+    if (has_last_exchange_ && exchange_id <= last_exchange_id_) {
+      return absl::InvalidArgumentError(fl::StrCat(
+          "ring exchange_id ", exchange_id, " is not larger than the previous one (", last_exchange_id_,
+          "): exchange ids must increase so that late messages of earlier exchanges can be told apart"));
+    }
+    has_last_exchange_ = true;
+    last_exchange_id_ = exchange_id;
+    exchange_id_ = exchange_id;
+    const Clock::time_point start = Clock::now();
+    deadline_ = start + absl::ToChronoNanoseconds(options_.timeout);
+    stats_ = ExchangeStats{};
+    early_.clear();
+    // Messages kept for this exchange (or older ones, now stale) leave the future stash.
+    for (auto it = future_.begin(); it != future_.end() && it->first <= exchange_id;) {
+      if (it->first == exchange_id) {
+        for (Message& msg : it->second) {
+          if (absl::Status s = Accept(std::move(msg)); !s.ok()) return Fail(s, pred_);
+        }
+      } else {
+        stats_.stale_discarded += it->second.size();
+      }
+      it = future_.erase(it);
+    }
+
+    const bool feedback = options_.error_feedback && lossy_;
+    std::vector<float> residual;
+    if (feedback) {
+      auto it = residuals_.find(residual_key);
+      if (it != residuals_.end() && it->second.size() != values.size()) {
+        return absl::InvalidArgumentError(fl::StrCat(
+            "ring residual_key ", residual_key, " holds a residual of ", it->second.size(),
+            " values but this exchange has ", values.size(), ": call ResetResidual(", residual_key,
+            ") when a fragment's size changes"));
+      }
+      residual = it != residuals_.end() ? it->second : std::vector<float>(values.size(), 0.0f);
+    }
+    residual_ = feedback ? std::span<float>(residual) : std::span<float>();
+    op_ = op;
+    // The result is built in work_ and copied into `values` only at the end (never half-applied). Own values
+    // are copied into work_ a sub-chunk at a time right before they are used, while they are in cache.
+    input_ = values;
+    work_.resize(values.size());
+
+    if (options_.members.size() > 1 || lossy_) {  // a ring of one with fp32 is the identity
+      absl::Status status = options_.members.size() == 1 ? RunSingle() : RunRing();
+      if (!status.ok()) return status;
+      std::copy(work_.begin(), work_.end(), values.begin());
+    }
+    if (feedback) residuals_[residual_key] = std::move(residual);
+    stats_.seconds = SecondsSince(start);
+    if (stats_out != nullptr) *stats_out = stats_;
+    return absl::OkStatus();
+  }
+
+  void ResetResidual(uint64_t key) { residuals_.erase(key); }
+  const RingOptions& options() const { return options_; }
+  const std::string& bound_endpoint() const { return bound_endpoint_; }
+
+ private:
+  size_t M() const { return options_.members.size(); }
+  size_t sub_values() const { return options_.sub_chunk_values; }
+  std::string Name(size_t member) const {
+    return fl::StrCat("'", options_.members[member].id, "' (", options_.members[member].endpoint, ")");
+  }
+  ValueRange Chunk(size_t chunk) const { return RingChunk(work_.size(), M(), chunk); }
+
+  void AddMonitor(zmq::socket_t& socket, const std::string& what) {
+    const std::string address = fl::StrCat("inproc://fl-ring-monitor-", reinterpret_cast<uintptr_t>(this),
+                                           "-", what);
+    if (zmq_socket_monitor(socket.handle(), address.c_str(), ZMQ_EVENT_DISCONNECTED) != 0) {
+      throw zmq::error_t();
+    }
+    zmq::socket_t monitor(context_, zmq::socket_type::pair);
+    monitor.set(zmq::sockopt::linger, 0);
+    monitor.connect(address);
+    monitors_.push_back(std::move(monitor));
+  }
+
+  // ---- Single member: values <- decode(encode(values)) so that a ring of one behaves like any other.
+  absl::Status RunSingle() {
+    std::copy(input_.begin(), input_.end(), work_.begin());
+    const ValueRange all{0, work_.size()};
+    for (size_t j = 0; j < NumSubChunks(all.size(), sub_values()); ++j) {
+      const ValueRange r = SubRange(all, j, sub_values());
+      auto payload = EncodeFinal(r);
+      if (!payload.ok()) return payload.status();
+      if (absl::Status s = DecodeInto(**payload, r); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+  // ---- The ring: reduce-scatter then all-gather, sub-chunk by sub-chunk.
+  absl::Status RunRing() {
+    const size_t m = M();
+    const auto self = static_cast<int64_t>(self_);
+    // Reduce-scatter step 0: this member's own chunk.
+    {
+      const size_t c = self_;
+      const ValueRange chunk = Chunk(c);
+      for (size_t j = 0; j < NumSubChunks(chunk.size(), sub_values()); ++j) {
+        const ValueRange r = SubRange(chunk, j, sub_values());
+        auto payload = EncodePartial(r, /*from_input=*/true);
+        if (!payload.ok()) return Fail(payload.status(), self_);
+        if (absl::Status s = Send(MessageType::kReduceScatter, 0, c, j, r, std::move(*payload)); !s.ok()) {
+          return Fail(s, succ_);
+        }
+      }
+    }
+    // Reduce-scatter steps: receive step s (chunk self-s-1), add own values, send it on as step s+1; the
+    // last step completes the owned chunk self+1, which goes straight into the all-gather.
+    for (size_t s = 0; s + 1 < m; ++s) {
+      const size_t c = Mod(self - static_cast<int64_t>(s) - 1, m);
+      const ValueRange chunk = Chunk(c);
+      const bool last = s + 2 == m;
+      for (size_t j = 0; j < NumSubChunks(chunk.size(), sub_values()); ++j) {
+        const ValueRange r = SubRange(chunk, j, sub_values());
+        auto msg = Receive(MessageType::kReduceScatter, s, c, j, r, /*sends_left=*/true);
+        if (!msg.ok()) return Fail(msg.status(), pred_);
+        const Clock::time_point t0 = Clock::now();
+        std::span<float> dst(work_.data() + r.begin, r.size());
+        std::copy(input_.begin() + r.begin, input_.begin() + r.end, dst.begin());
+        // work = own + received: the same float additions as the fold (a + b == b + a exactly).
+        if (absl::Status st = codec_->DecodeAccumulate(PayloadOf(msg->payload), 1.0f, dst); !st.ok()) {
+          return Fail(PayloadError(st, *msg), pred_);
+        }
+        stats_.decode_seconds += SecondsSince(t0);
+        if (!last) {
+          auto payload = EncodePartial(r, /*from_input=*/false);
+          if (!payload.ok()) return Fail(payload.status(), self_);
+          if (absl::Status st = Send(MessageType::kReduceScatter, s + 1, c, j, r, std::move(*payload));
+              !st.ok()) {
+            return Fail(st, succ_);
+          }
+        } else {
+          auto payload = EncodeFinal(r);
+          if (!payload.ok()) return Fail(payload.status(), self_);
+          // The owner's copy comes from the very bytes it sends, so that it matches every other member.
+          if (lossy_) {
+            if (absl::Status st = DecodeInto(**payload, r); !st.ok()) return Fail(st, self_);
+          }
+          if (absl::Status st = Send(MessageType::kAllGather, 0, c, j, r, std::move(*payload)); !st.ok()) {
+            return Fail(st, succ_);
+          }
+        }
+      }
+    }
+    // All-gather: receive step s (chunk self-s, owned by self-s-1), forward the same bytes unless the
+    // successor owns the chunk, decode.
+    for (size_t s = 0; s + 1 < m; ++s) {
+      const size_t c = Mod(self - static_cast<int64_t>(s), m);
+      const ValueRange chunk = Chunk(c);
+      const bool forward = s + 2 < m;
+      const size_t subs = NumSubChunks(chunk.size(), sub_values());
+      for (size_t j = 0; j < subs; ++j) {
+        const ValueRange r = SubRange(chunk, j, sub_values());
+        auto msg = Receive(MessageType::kAllGather, s, c, j, r, /*sends_left=*/forward);
+        if (!msg.ok()) return Fail(msg.status(), pred_);
+        if (forward) {
+          zmq::message_t copy;
+          copy.copy(msg->payload);  // shares the buffer (reference counted), no byte copy
+          if (absl::Status st = SendFrames(MessageType::kAllGather, s + 1, c, j, r, std::move(copy)); !st.ok()) {
+            return Fail(st, succ_);
+          }
+        }
+        const Clock::time_point t0 = Clock::now();
+        if (absl::Status st = codec_->Decode(PayloadOf(msg->payload), {work_.data() + r.begin, r.size()});
+            !st.ok()) {
+          return Fail(PayloadError(st, *msg), pred_);
+        }
+        stats_.decode_seconds += SecondsSince(t0);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // ---- Encoding. Both return a heap buffer that Send hands to ZeroMQ without copying.
+  // Reduce-scatter: encode work[r] (or this member's own values, from_input) + residual; the residual
+  // keeps what the codec lost.
+  absl::StatusOr<std::unique_ptr<std::vector<uint8_t>>> EncodePartial(const ValueRange& r, bool from_input) {
+    const Clock::time_point t0 = Clock::now();
+    std::span<float> x(work_.data() + r.begin, r.size());
+    auto out = pool_->Acquire();
+    if (from_input && residual_.empty()) {
+      // Nothing to add: encode the caller's values directly (work[r] is overwritten in the all-gather).
+      if (absl::Status s = codec_->Encode(input_.subspan(r.begin, r.size()), out.get()); !s.ok()) {
+        return EncodeError(s, r, true);
+      }
+      stats_.encode_seconds += SecondsSince(t0);
+      return out;
+    }
+    if (from_input) std::copy(input_.begin() + r.begin, input_.begin() + r.end, x.begin());
+    if (!residual_.empty()) {
+      std::span<float> res = residual_.subspan(r.begin, r.size());
+      for (size_t i = 0; i < x.size(); ++i) x[i] += res[i];
+      if (absl::Status s = codec_->Encode(x, out.get()); !s.ok()) return EncodeError(s, r, from_input);
+      // residual = x - decode(payload), computed as residual = x, then residual -= decoded.
+      std::copy(x.begin(), x.end(), res.begin());
+      if (absl::Status s = codec_->DecodeAccumulate(*out, -1.0f, res); !s.ok()) return s;
+    } else if (absl::Status s = codec_->Encode(x, out.get()); !s.ok()) {
+      return EncodeError(s, r, from_input);
+    }
+    stats_.encode_seconds += SecondsSince(t0);
+    return out;
+  }
+
+  // The owner's final chunk: (sum + residual) [/ M], encoded once. With error feedback the residual becomes
+  // what the all-gather encoding lost, in sum units. work[r] is left holding the pre-encoding values; the
+  // caller decodes the payload over it.
+  absl::StatusOr<std::unique_ptr<std::vector<uint8_t>>> EncodeFinal(const ValueRange& r) {
+    const Clock::time_point t0 = Clock::now();
+    std::span<float> x(work_.data() + r.begin, r.size());
+    std::span<float> res = residual_.empty() ? std::span<float>() : residual_.subspan(r.begin, r.size());
+    if (!res.empty()) {
+      for (size_t i = 0; i < x.size(); ++i) x[i] += res[i];
+    }
+    if (op_ == ReduceOp::kMean) {
+      const auto m = static_cast<float>(M());
+      for (float& v : x) v /= m;
+    }
+    auto out = pool_->Acquire();
+    if (absl::Status s = codec_->Encode(x, out.get()); !s.ok()) return EncodeError(s, r, M() == 1);
+    if (!res.empty()) {
+      std::copy(x.begin(), x.end(), res.begin());
+      if (absl::Status s = codec_->DecodeAccumulate(*out, -1.0f, res); !s.ok()) return s;
+      if (op_ == ReduceOp::kMean) {
+        const auto m = static_cast<float>(M());
+        for (float& v : res) v *= m;
+      }
+    }
+    stats_.encode_seconds += SecondsSince(t0);
+    return out;
+  }
+
+  // `own` when the values encoded are this member's own (reduce-scatter step 0); otherwise they are a
+  // partial or final sum, which can only be non-finite if some member's values were or the sum overflowed.
+  absl::Status EncodeError(const absl::Status& s, const ValueRange& r, bool own) const {
+    return absl::Status(
+        s.code(), fl::StrCat("ring exchange ", exchange_id_, ": member ", Name(self_), " could not encode ",
+                             own ? "its own values" : "the running sum of", " [", r.begin, ", ", r.end,
+                             ") with ", options_.codec, own ? "" : " (a member's values are NaN/Inf or the sum "
+                             "overflowed)", ": ", fl::ToStd(s.message()), " (index relative to ", r.begin, ")"));
+  }
+
+  absl::Status DecodeInto(const std::vector<uint8_t>& payload, const ValueRange& r) {
+    const Clock::time_point t0 = Clock::now();
+    absl::Status s = codec_->Decode(payload, {work_.data() + r.begin, r.size()});
+    stats_.decode_seconds += SecondsSince(t0);
+    return s;
+  }
+
+  static std::span<const uint8_t> PayloadOf(const zmq::message_t& msg) {
+    return {static_cast<const uint8_t*>(msg.data()), msg.size()};
+  }
+
+  absl::Status PayloadError(const absl::Status& s, const Message& msg) const {
+    return absl::DataLossError(fl::StrCat("ring exchange ", exchange_id_, ": ",
+                                          wire::MessageTypeName(msg.header.type), " payload from member ",
+                                          Name(pred_), " (step ", msg.header.step, ", chunk ", msg.header.chunk,
+                                          ", sub-chunk ", msg.header.sub, ") is invalid: ",
+                                          fl::ToStd(s.message())));
+  }
+
+  // ---- Sending.
+  Header MakeHeader(MessageType type, size_t step, size_t chunk, size_t sub, const ValueRange& r) const {
+    Header h;
+    h.type = type;
+    h.ring = fingerprint_;
+    h.exchange_id = exchange_id_;
+    h.sender = static_cast<uint32_t>(self_);
+    h.step = static_cast<uint32_t>(step);
+    h.chunk = static_cast<uint32_t>(chunk);
+    h.sub = static_cast<uint32_t>(sub);
+    h.offset = r.begin;
+    h.count = r.size();
+    h.total = work_.size();
+    return h;
+  }
+
+  absl::Status Send(MessageType type, size_t step, size_t chunk, size_t sub, const ValueRange& r,
+                    std::unique_ptr<std::vector<uint8_t>> payload) {
+    // Zero copy: ZeroMQ hands the buffer back to the pool once the I/O thread has written it.
+    auto* in_flight = new InFlight{std::move(payload), pool_};
+    zmq::message_t frame(in_flight->buffer->data(), in_flight->buffer->size(), &ReleaseBuffer, in_flight);
+    return SendFrames(type, step, chunk, sub, r, std::move(frame));
+  }
+
+  absl::Status SendFrames(MessageType type, size_t step, size_t chunk, size_t sub, const ValueRange& r,
+                          zmq::message_t payload) {
+    zmq::socket_t& push = push_[sub % push_.size()];  // stripes sub-chunks over the connections
+    return SendOn(push, MakeHeader(type, step, chunk, sub, r), std::move(payload));
+  }
+
+  absl::Status SendOn(zmq::socket_t& push, const Header& header, std::vector<uint8_t> payload) {
+    return SendOn(push, header, zmq::message_t(payload.data(), payload.size()));
+  }
+
+  absl::Status SendOn(zmq::socket_t& push, const Header& header, zmq::message_t payload) {
+    const auto head = wire::EncodeHeader(header);
+    const uint64_t bytes = head.size() + payload.size();
+    try {
+      // The high-water mark is unlimited, so these never block; dontwait turns a surprise into an error.
+      if (!push.send(zmq::buffer(head), zmq::send_flags::sndmore | zmq::send_flags::dontwait) ||
+          !push.send(payload, zmq::send_flags::dontwait)) {
+        return absl::UnavailableError(fl::StrCat("ring member ", Name(self_), " could not queue a message for ",
+                                                 Name(succ_)));
+      }
+    } catch (const zmq::error_t& e) {
+      return absl::UnavailableError(
+          fl::StrCat("ring member ", Name(self_), " failed to send to ", Name(succ_), ": ", e.what()));
+    }
+    if (header.type != MessageType::kHello) stats_.bytes_sent += bytes;
+    return absl::OkStatus();
+  }
+
+  // ---- Receiving.
+  // The expected message: from the early map, or from the socket (keeping early ones, dropping stale ones),
+  // watching the connections for a vanished neighbour, until the deadline.
+  absl::StatusOr<Message> Receive(MessageType type, size_t step, size_t chunk, size_t sub, const ValueRange& r,
+                                  bool sends_left) {
+    const MessageKey key{static_cast<uint8_t>(type), static_cast<uint32_t>(step), static_cast<uint32_t>(chunk),
+                         static_cast<uint32_t>(sub)};
+    while (true) {
+      if (auto it = early_.find(key); it != early_.end()) {
+        Message msg = std::move(it->second);
+        early_.erase(it);
+        if (absl::Status s = CheckExpected(msg, r); !s.ok()) return s;
+        stats_.bytes_received += msg.frame_bytes;
+        return msg;
+      }
+      // Drain the data socket first: a neighbour that sent its last message and then closed must be read
+      // before its disconnection is noticed.
+      auto got = ReadOne(/*wait=*/false);
+      if (!got.ok()) return got.status();
+      if (*got) continue;
+      if (absl::Status s = CheckMonitors(sends_left); !s.ok()) return s;
+      const auto now = Clock::now();
+      if (now >= deadline_) {
+        return absl::DeadlineExceededError(fl::StrCat(
+            "ring exchange ", exchange_id_, ": member ", Name(self_), " received nothing from its predecessor ",
+            Name(pred_), " within ", absl::FormatDuration(options_.timeout), " (waiting for ",
+            wire::MessageTypeName(type), " step ", step, ", chunk ", chunk, ", sub-chunk ", sub,
+            "); that member, or one before it in the ring, has stalled or vanished"));
+      }
+      const auto wait_ms = std::chrono::ceil<std::chrono::milliseconds>(deadline_ - now);
+      std::vector<zmq::pollitem_t> items;
+      items.push_back({pull_.handle(), 0, ZMQ_POLLIN, 0});
+      for (auto& mon : monitors_) items.push_back({mon.handle(), 0, ZMQ_POLLIN, 0});
+      try {
+        zmq::poll(items, wait_ms);
+      } catch (const zmq::error_t& e) {
+        if (e.num() != EINTR) return absl::InternalError(fl::StrCat("ring: zmq poll failed: ", e.what()));
+      }
+    }
+  }
+
+  // Reads one multipart message from the data socket if one is there (or, with wait, until one is) and files
+  // it: returns true when something was read. Errors are malformed messages or aborts.
+  absl::StatusOr<bool> ReadOne(bool wait) {
+    zmq::message_t head;
+    const auto flags = wait ? zmq::recv_flags::none : zmq::recv_flags::dontwait;
+    if (!pull_.recv(head, flags)) return false;
+    const int fd = zmq_msg_get(head.handle(), ZMQ_SRCFD);  // -1 when unknown
+    std::vector<zmq::message_t> rest;
+    // The remaining frames of a multipart message arrive together with the first.
+    for (bool more = head.more(); more;) {
+      zmq::message_t frame;
+      if (!pull_.recv(frame)) break;
+      more = frame.more();
+      rest.push_back(std::move(frame));
+    }
+    if (rest.size() != 1) {
+      return absl::InvalidArgumentError(fl::StrCat("ring exchange ", exchange_id_, ": member ", Name(self_),
+                                                   " received a message of ", rest.size() + 1,
+                                                   " frames, expected 2 (header, payload)"));
+    }
+    auto header = wire::DecodeHeader(PayloadOf(head));
+    if (!header.ok()) {
+      return absl::InvalidArgumentError(fl::StrCat("ring exchange ", exchange_id_, ": member ", Name(self_),
+                                                   " received a malformed message: ",
+                                                   fl::ToStd(header.status().message())));
+    }
+    if (header->ring != fingerprint_) {  // another ring configuration (an older membership): not ours
+      ++stats_.stale_discarded;
+      return true;
+    }
+    if (header->sender != pred_) {
+      return absl::InvalidArgumentError(fl::StrCat(
+          "ring exchange ", exchange_id_, ": member ", Name(self_), " received a ",
+          wire::MessageTypeName(header->type), " message from member index ", header->sender,
+          " but only its predecessor ", Name(pred_), " sends to it (ring orders differ between members?)"));
+    }
+    if (header->type == MessageType::kHello) {
+      if (fd >= 0) pred_fds_.insert(fd);
+      return true;
+    }
+    const uint64_t frame_bytes = head.size() + rest[0].size();
+    Message msg{*header, std::move(rest[0]), frame_bytes};
+    if (header->exchange_id < exchange_id_) {
+      ++stats_.stale_discarded;
+      return true;
+    }
+    if (header->exchange_id > exchange_id_) {  // the predecessor is already on a later exchange
+      future_[header->exchange_id].push_back(std::move(msg));
+      return true;
+    }
+    if (absl::Status s = Accept(std::move(msg)); !s.ok()) return s;
+    return true;
+  }
+
+  // Files a message of the current exchange in the early map after checking that it is one this exchange
+  // expects from the predecessor; an abort fails the exchange.
+  absl::Status Accept(Message msg) {
+    const Header& h = msg.header;
+    if (h.type == MessageType::kAbort) {
+      aborted_by_ = h.sub < M() ? h.sub : pred_;
+      abort_reason_.assign(static_cast<const char*>(msg.payload.data()), msg.payload.size());
+      const std::string& reason = abort_reason_;
+      const auto code = h.step <= static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)
+                            ? static_cast<absl::StatusCode>(h.step)
+                            : absl::StatusCode::kUnavailable;
+      blamed_ = h.chunk < M() ? h.chunk : pred_;
+      return absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kUnavailable : code,
+                          fl::StrCat(reason, " [reported to ", Name(self_), " by ", Name(*aborted_by_), "]"));
+    }
+    const size_t m = M();
+    const auto self = static_cast<int64_t>(self_);
+    if (h.step + 1 >= m) return Malformed(h, fl::StrCat("step ", h.step, " is beyond the last step ", m - 2));
+    const size_t want_chunk = h.type == MessageType::kReduceScatter ? Mod(self - h.step - 1, m)
+                                                                    : Mod(self - static_cast<int64_t>(h.step), m);
+    if (h.chunk != want_chunk) {
+      return Malformed(h, fl::StrCat("chunk ", h.chunk, " where step ", h.step, " carries chunk ", want_chunk));
+    }
+    const size_t subs = NumSubChunks(Chunk(want_chunk).size(), sub_values());
+    if (h.sub >= subs) {
+      return Malformed(h, fl::StrCat("sub-chunk ", h.sub, " of a chunk with ", subs,
+                                     " (do all members use the same sub_chunk_values?)"));
+    }
+    const MessageKey key = KeyOf(h);
+    if (early_.count(key) != 0) return Malformed(h, "a duplicate of a message already received");
+    early_.emplace(key, std::move(msg));
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckExpected(const Message& msg, const ValueRange& r) const {
+    const Header& h = msg.header;
+    if (h.total != work_.size()) {
+      return Malformed(h, fl::StrCat("a vector of ", h.total, " values where this member reduces ",
+                                     work_.size(), " (every member must pass the same values.size())"));
+    }
+    if (h.offset != r.begin || h.count != r.size()) {
+      return Malformed(h, fl::StrCat("values [", h.offset, ", +", h.count, ") where [", r.begin, ", +", r.size(),
+                                     ") was expected"));
+    }
+    auto info = fl::core::PeekPayload(PayloadOf(msg.payload));
+    if (!info.ok()) return Malformed(h, fl::StrCat("a bad payload: ", fl::ToStd(info.status().message())));
+    if (info->kind != codec_->kind() || info->block_size != codec_->block_size()) {
+      return Malformed(h, fl::StrCat("a ", fl::core::CodecKindName(info->kind), " payload (block ",
+                                     info->block_size, ") where this member uses ", options_.codec,
+                                     ": every member of a ring must use the same codec"));
+    }
+    if (info->num_values != r.size()) {
+      return Malformed(h, fl::StrCat("a payload of ", info->num_values, " values in a message of ", r.size()));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Malformed(const Header& h, const std::string& what) const {
+    return absl::InvalidArgumentError(fl::StrCat("ring exchange ", exchange_id_, ": ",
+                                                 wire::MessageTypeName(h.type), " message from member ",
+                                                 Name(pred_), " (step ", h.step, ", chunk ", h.chunk,
+                                                 ", sub-chunk ", h.sub, ") has ", what));
+  }
+
+  absl::Status CheckMonitors(bool sends_left) {
+    for (size_t i = 0; i < monitors_.size(); ++i) {
+      zmq::message_t event;
+      while (monitors_[i].recv(event, zmq::recv_flags::dontwait)) {
+        uint16_t id = 0;
+        int32_t value = -1;
+        if (event.size() >= 6) {
+          std::memcpy(&id, event.data(), 2);
+          std::memcpy(&value, static_cast<const uint8_t*>(event.data()) + 2, 4);
+        }
+        while (event.more()) (void)monitors_[i].recv(event);  // the endpoint frame
+        if (id != ZMQ_EVENT_DISCONNECTED) continue;
+        if (i == 0) {  // the bound socket: only the predecessor's connections matter
+          if (pred_fds_.erase(value) == 0) continue;
+          return absl::UnavailableError(fl::StrCat("ring exchange ", exchange_id_, ": member ", Name(pred_),
+                                                   " disconnected from ", Name(self_), " mid-exchange"));
+        }
+        if (sends_left) {
+          return absl::UnavailableError(fl::StrCat("ring exchange ", exchange_id_, ": member ", Name(succ_),
+                                                   " disconnected from ", Name(self_), " mid-exchange"));
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // ---- Failure: tell the successor (who tells the rest), so that every member fails fast and blames the
+  // same peer. `blamed` is the member at fault for a local error; an abort received keeps its own blame.
+  absl::Status Fail(const absl::Status& status, size_t blamed) {
+    if (push_.empty()) return status;
+    size_t originator = self_;
+    std::string text(fl::ToStd(status.message()));
+    if (aborted_by_.has_value()) {  // pass the abort on as it came
+      originator = *aborted_by_;
+      blamed = blamed_.value_or(blamed);
+      text = abort_reason_;
+      aborted_by_.reset();
+      blamed_.reset();
+    }
+    // Stop where the abort started or where it would reach the member at fault.
+    if (succ_ != originator && succ_ != blamed) {
+      Header h = MakeHeader(MessageType::kAbort, static_cast<size_t>(status.code()), blamed, originator,
+                            ValueRange{});
+      (void)SendOn(push_[0], h, std::vector<uint8_t>(text.begin(), text.end()));
+    }
+    return status;
+  }
+
+  RingOptions options_;
+  size_t self_ = 0, succ_ = 0, pred_ = 0;
+  uint64_t fingerprint_ = 0;
+  std::unique_ptr<fl::core::Codec> codec_;
+  bool lossy_ = false;
+  std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>();
+
+  zmq::context_t context_;
+  zmq::socket_t pull_;
+  std::vector<zmq::socket_t> push_;
+  std::vector<zmq::socket_t> monitors_;  // [0] watches pull_, [1 + k] watches push_[k]
+  std::string bound_endpoint_;
+  std::set<int> pred_fds_;  // connections the predecessor said hello on
+
+  bool has_last_exchange_ = false;
+  uint64_t last_exchange_id_ = 0;
+  std::map<uint64_t, std::vector<Message>> future_;  // messages of later exchanges, by exchange id
+  std::unordered_map<uint64_t, std::vector<float>> residuals_;
+
+  // State of the exchange in progress.
+  uint64_t exchange_id_ = 0;
+  Clock::time_point deadline_;
+  ReduceOp op_ = ReduceOp::kMean;
+  std::vector<float> work_;
+  std::span<float> input_;  // the caller's values: read, never written before the exchange succeeds
+  std::span<float> residual_;
+  std::map<MessageKey, Message> early_;
+  ExchangeStats stats_;
+  std::optional<size_t> aborted_by_;
+  std::optional<size_t> blamed_;
+  std::string abort_reason_;
+};
+
+absl::StatusOr<std::unique_ptr<RingAllReduce>> RingAllReduce::Create(const RingOptions& options) {
+  if (options.members.empty()) return absl::InvalidArgumentError("RingOptions.members is empty");
+  if (options.self >= options.members.size()) {
+    return absl::InvalidArgumentError(fl::StrCat("RingOptions.self is ", options.self, " but the ring has ",
+                                                 options.members.size(), " members"));
+  }
+  std::set<std::string> ids, endpoints;
+  for (size_t i = 0; i < options.members.size(); ++i) {
+    const RingMember& m = options.members[i];
+    if (m.id.empty() || m.endpoint.empty()) {
+      return absl::InvalidArgumentError(fl::StrCat("RingOptions.members[", i, "] needs an id and an endpoint"));
+    }
+    if (m.endpoint.rfind("inproc://", 0) == 0) {
+      return absl::InvalidArgumentError(fl::StrCat("RingOptions.members[", i, "].endpoint '", m.endpoint,
+                                                   "': inproc is not supported (each member has its own "
+                                                   "ZeroMQ context); use tcp:// or ipc://"));
+    }
+    if (!ids.insert(m.id).second) {
+      return absl::InvalidArgumentError(fl::StrCat("RingOptions.members: id '", m.id, "' appears twice"));
+    }
+    if (!endpoints.insert(m.endpoint).second) {
+      return absl::InvalidArgumentError(
+          fl::StrCat("RingOptions.members: endpoint '", m.endpoint, "' appears twice"));
+    }
+  }
+  if (options.connections_per_peer < 1 || options.connections_per_peer > 16) {
+    return absl::InvalidArgumentError(fl::StrCat("RingOptions.connections_per_peer is ",
+                                                 options.connections_per_peer, ", expected 1..16"));
+  }
+  if (options.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        fl::StrCat("RingOptions.timeout is ", absl::FormatDuration(options.timeout), ", expected > 0"));
+  }
+  if (options.sub_chunk_values == 0) return absl::InvalidArgumentError("RingOptions.sub_chunk_values is 0");
+  if (options.linger < absl::ZeroDuration()) return absl::InvalidArgumentError("RingOptions.linger is < 0");
+  auto impl = std::make_unique<Impl>(options);
+  if (absl::Status s = impl->Init(); !s.ok()) return s;
+  return std::unique_ptr<RingAllReduce>(new RingAllReduce(std::move(impl)));
+}
+
+RingAllReduce::RingAllReduce(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+RingAllReduce::~RingAllReduce() = default;
+
+absl::Status RingAllReduce::AllReduce(uint64_t exchange_id, uint64_t residual_key, std::span<float> values,
+                                      ReduceOp op, ExchangeStats* stats) {
+  return impl_->AllReduce(exchange_id, residual_key, values, op, stats);
+}
+
+void RingAllReduce::ResetResidual(uint64_t residual_key) { impl_->ResetResidual(residual_key); }
+const RingOptions& RingAllReduce::options() const { return impl_->options(); }
+const std::string& RingAllReduce::bound_endpoint() const { return impl_->bound_endpoint(); }
+
+}  // namespace fl::diloco

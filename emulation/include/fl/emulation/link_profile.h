@@ -1,0 +1,105 @@
+// Link profiles: what an emulated network link does to each direction of a client's traffic, as data.
+//
+// A profile file (experiments/profiles/links/<name>.yaml) looks like
+//
+//   name: wifi
+//   description: 802.11ac, one room from the access point
+//   uplink:            # client -> server
+//     rate: 100mbit    # bits/s; units bit, kbit, mbit, gbit (SI, as tc writes them); absent = unlimited
+//     delay_ms: 3      # one-way delay
+//     jitter_ms: 2     # each chunk's delay is delay +- jitter (uniform), never reordering bytes
+//     loss: 0.001      # fraction of packets; applied only by netem (see docs/testbed.md)
+//     queue_limit: 256kib   # bytes waiting for the bottleneck; units b, kb, kib, mb, mib
+//     trace: traces/x.trace # Mahimahi delivery trace (replaces rate), relative to the profile's folder
+//   downlink: { ... }  # server -> client
+//
+// Validation is strict: an unknown key, a wrong type or an out-of-range value is an error that names the
+// file, the field path, the line and what is allowed. The manifest loader embeds inline profiles through
+// ParseLinkProfile with its own file name and field path.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+#include "absl/status/statusor.h"
+
+namespace fl::emulation {
+
+// Every 1500-byte IP packet of a TCP stream carries 1448 bytes of payload (20 IP + 20 TCP + 12 timestamp
+// option bytes of headers). Rates are link rates, as for tc and Mahimahi; the userspace shaper charges
+// this overhead so that both backends deliver the same goodput for the same profile.
+inline constexpr double kMtuBytes = 1500.0;
+inline constexpr double kMssBytes = 1448.0;
+
+// A Mahimahi trace: one line per 1500-byte delivery opportunity, in ms since the start; the trace repeats
+// with a period of its last timestamp.
+struct MahimahiTrace {
+  std::string path;
+  std::vector<uint64_t> opportunities_ms;  // non-decreasing
+  uint64_t period_ms = 0;                  // the last timestamp (> 0)
+
+  // The average link rate the trace offers, in bits/s.
+  double MeanRateBps() const;
+};
+
+// One direction of a link.
+struct LinkDirection {
+  double rate_bps = 0;   // link rate; 0 = unlimited (no shaping)
+  double delay_ms = 0;   // one-way propagation delay
+  double jitter_ms = 0;  // uniform +- around delay_ms, clamped at 0
+  double loss = 0;       // packet loss fraction in [0, 1); netem only
+  uint64_t queue_limit_bytes = 0;  // 0 = default (see EffectiveQueueLimit)
+  bool has_trace = false;
+  MahimahiTrace trace;   // when has_trace, replaces rate_bps
+
+  // The rate the direction offers on average (the trace's mean when there is one); 0 = unlimited.
+  double NominalRateBps() const;
+  bool Unlimited() const { return !has_trace && rate_bps <= 0; }
+  bool HasDelay() const { return delay_ms > 0 || jitter_ms > 0; }
+  // Bytes that may wait for the bottleneck: the configured limit, else 100 ms at the nominal rate
+  // (at least 64 KiB), else 4 MiB when unlimited.
+  uint64_t EffectiveQueueLimit() const;
+};
+
+struct LinkProfile {
+  std::string name;
+  std::string description;
+  std::string source;      // file it came from (or the manifest's context)
+  LinkDirection uplink;    // client -> server
+  LinkDirection downlink;  // server -> client
+
+  // Nominal round-trip delay: uplink + downlink one-way delays.
+  double NominalRttMs() const { return uplink.delay_ms + downlink.delay_ms; }
+};
+
+// Where a YAML node came from, for error messages and relative trace paths.
+struct YamlContext {
+  std::string file;                 // shown in errors ("experiments/x.yaml")
+  std::string field_path;           // prefix of the node's field path, e.g. "clients[2].link"; may be empty
+  std::filesystem::path base_dir;   // relative trace paths resolve against this
+};
+
+// "100mbit", "2.5gbit", "800kbit", "1000bit", "1000" (bits/s) -> bits/s. Rejects negatives, zero,
+// unknown units (with the list of allowed ones), and "mbps"-style units, which tc reads as bytes/s.
+absl::StatusOr<double> ParseRate(std::string_view text);
+// "262144", "256kib", "1mib", "64kb", "1500b" -> bytes.
+absl::StatusOr<uint64_t> ParseByteSize(std::string_view text);
+// Formats bits/s as tc would write it ("100mbit", "2.5gbit", "800kbit").
+std::string FormatRate(double bps);
+
+absl::StatusOr<MahimahiTrace> LoadMahimahiTrace(const std::filesystem::path& path);
+
+// Parses a profile node (a map with name/description/uplink/downlink).
+absl::StatusOr<LinkProfile> ParseLinkProfile(const YAML::Node& node, const YamlContext& context);
+// Reads and parses a profile file; `name` defaults to the file's stem.
+absl::StatusOr<LinkProfile> LoadLinkProfile(const std::filesystem::path& path);
+
+// The profile as YAML (trace paths absolute), e.g. to store the resolved profile with an experiment.
+std::string LinkProfileToYaml(const LinkProfile& profile);
+
+}  // namespace fl::emulation

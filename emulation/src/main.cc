@@ -1,0 +1,271 @@
+// fl-link: run, inspect and calibrate emulated links by hand (fl-experiment uses the same library).
+//
+//   fl-link check PROFILE...                          validate profiles and print what they resolve to
+//   fl-link relay PROFILE --target H:P [--listen H:P] userspace shaping relay until Ctrl-C
+//   fl-link netns PROFILE --target H:P -- CMD ARGS    kernel link; CMD runs inside its namespace ({target}
+//                                                     in ARGS becomes the address to connect to)
+//   fl-link cleanup                                   remove namespaces/links left by crashed runs
+//   fl-link calibrate PROFILE... [--backend userspace|kernel|both] [--write]
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <thread>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "fl/core/log_format.h"
+#include "fl/core/str_cat.h"
+#include "fl/emulation/calibrate.h"
+#include "fl/emulation/kernel_link.h"
+#include "fl/emulation/link_profile.h"
+#include "fl/emulation/shaping_relay.h"
+
+namespace fe = fl::emulation;
+
+namespace {
+
+std::string DescribeDirection(const fe::LinkDirection& d) {
+  std::string s = d.has_trace ? fl::StrCat("trace ", d.trace.path, " (mean ", fe::FormatRate(d.trace.MeanRateBps()),
+                                           ", period ", d.trace.period_ms, " ms)")
+                              : fe::FormatRate(d.rate_bps);
+  return fl::StrCat(s, ", delay ", d.delay_ms, " ms +- ", d.jitter_ms, " ms, loss ", d.loss, ", queue ",
+                    d.EffectiveQueueLimit(), " B");
+}
+
+// Blocks SIGINT/SIGTERM in every thread (call before starting any) and waits for one of them.
+sigset_t BlockStopSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+int Check(const std::vector<std::string>& paths) {
+  int rc = 0;
+  for (const auto& p : paths) {
+    auto profile = fe::LoadLinkProfile(p);
+    if (!profile.ok()) {
+      std::cerr << profile.status().message() << "\n";
+      rc = 1;
+      continue;
+    }
+    std::cout << profile->name << " (" << p << ")\n  uplink:   " << DescribeDirection(profile->uplink)
+              << "\n  downlink: " << DescribeDirection(profile->downlink) << "\n";
+  }
+  return rc;
+}
+
+int Relay(const std::string& path, const std::string& listen, const std::string& target, uint64_t seed) {
+  auto profile = fe::LoadLinkProfile(path);
+  if (!profile.ok()) {
+    std::cerr << profile.status().message() << "\n";
+    return 1;
+  }
+  const sigset_t set = BlockStopSignals();
+  fe::RelayOptions o;
+  o.listen_addr = listen;
+  o.target_addr = target;
+  o.uplink = profile->uplink;
+  o.downlink = profile->downlink;
+  o.seed = seed;
+  o.name = profile->name;
+  auto relay = fe::ShapingRelay::Start(o);
+  if (!relay.ok()) {
+    std::cerr << relay.status().message() << "\n";
+    return 1;
+  }
+  std::cout << "relay " << profile->name << ": clients connect to " << (*relay)->address() << " -> " << target
+            << " (Ctrl-C stops)" << std::endl;
+  int sig = 0;
+  sigwait(&set, &sig);
+  (*relay)->Stop();
+  const auto s = (*relay)->stats();
+  std::cout << "forwarded " << s.uplink_bytes << " bytes up, " << s.downlink_bytes << " bytes down over "
+            << s.connections_accepted << " connections (" << s.connect_failures << " failed to reach the target)\n";
+  return 0;
+}
+
+int Netns(const std::string& path, const std::string& target, uint64_t seed, std::vector<std::string> command) {
+  auto profile = fe::LoadLinkProfile(path);
+  if (!profile.ok()) {
+    std::cerr << profile.status().message() << "\n";
+    return 1;
+  }
+  if (command.empty()) {
+    std::cerr << "give the command to run inside the namespace after --\n";
+    return 2;
+  }
+  const sigset_t set = BlockStopSignals();
+  fe::KernelLinkOptions o;
+  o.profile = *profile;
+  o.target_addr = target;
+  o.seed = seed;
+  auto link = fe::KernelLink::Create(o);
+  if (!link.ok()) {
+    std::cerr << link.status().message() << "\n";
+    return 1;
+  }
+  const std::string client_target = (*link)->client_target();
+  for (auto& a : command) {
+    for (size_t p = a.find("{target}"); p != std::string::npos; p = a.find("{target}")) {
+      a.replace(p, 8, client_target);
+    }
+  }
+  std::cout << "namespace " << (*link)->netns() << ": connect to " << client_target << " -> " << target << std::endl;
+  const std::vector<std::string> argv = (*link)->WrapCommand(command);
+  std::vector<std::string> args = argv;
+  std::vector<char*> cargs;
+  for (auto& a : args) cargs.push_back(a.data());
+  cargs.push_back(nullptr);
+  setenv("FL_LINK_TARGET", client_target.c_str(), 1);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+    execvp(cargs[0], cargs.data());
+    _exit(127);
+  }
+  // Forward Ctrl-C/SIGTERM to the command, then clean up once it has exited.
+  std::atomic<bool> exited{false};
+  std::thread forwarder([&set, &exited, pid] {
+    int sig = 0;
+    while (sigwait(&set, &sig) == 0 && !exited.load()) kill(pid, sig);
+  });
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  // The command is reaped: wake the forwarder so that it exits without signalling a reused pid.
+  exited.store(true);
+  pthread_kill(forwarder.native_handle(), SIGTERM);
+  forwarder.join();
+  const auto stats = (*link)->relay_stats();
+  if (auto s = (*link)->Destroy(); !s.ok()) std::cerr << "cleanup: " << s.message() << "\n";
+  std::cout << "forwarded " << stats.uplink_bytes << " bytes up, " << stats.downlink_bytes << " bytes down\n";
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int Calibrate(const std::vector<std::string>& paths, const std::string& backend, bool write, double seconds,
+              int pings) {
+  std::vector<fe::Backend> backends;
+  if (backend == "both") {
+    backends = {fe::Backend::kUserspace, fe::Backend::kKernel};
+  } else {
+    auto b = fe::ParseBackend(backend);
+    if (!b.ok()) {
+      std::cerr << "--backend: " << b.status().message() << " (or both)\n";
+      return 2;
+    }
+    backends = {*b};
+  }
+  std::vector<fe::CalibrationResult> all;
+  int rc = 0;
+  for (const auto& p : paths) {
+    auto profile = fe::LoadLinkProfile(p);
+    if (!profile.ok()) {
+      std::cerr << profile.status().message() << "\n";
+      return 1;
+    }
+    std::vector<fe::CalibrationResult> mine;
+    for (const fe::Backend b : backends) {
+      fe::CalibrationOptions o;
+      o.backend = b;
+      o.bulk_seconds = seconds;
+      o.pings = pings;
+      auto r = fe::Calibrate(*profile, o);
+      if (!r.ok()) {
+        std::cerr << profile->name << " (" << fe::BackendName(b) << "): " << r.status().message() << "\n";
+        rc = 1;
+        continue;
+      }
+      std::cerr << fe::CalibrationTable({*r});
+      mine.push_back(*r);
+    }
+    if (write && !mine.empty()) {
+      auto out = fe::WriteCalibrationYaml(p, mine);
+      if (!out.ok()) {
+        std::cerr << out.status().message() << "\n";
+        rc = 1;
+      } else {
+        std::cerr << "wrote " << out->string() << "\n";
+      }
+    }
+    all.insert(all.end(), mine.begin(), mine.end());
+  }
+  std::cout << fe::CalibrationTable(all);
+  return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  spdlog::set_default_logger(spdlog::stderr_color_mt("fl-link"));
+  CLI::App app{"fl-link: emulated network links (profiles, shaping relay, kernel namespaces, calibration)"};
+  app.require_subcommand(1);
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error");
+
+  std::vector<std::string> check_paths;
+  auto* check = app.add_subcommand("check", "validate link profiles and print what they resolve to");
+  check->add_option("profiles", check_paths, "profile YAML files")->required()->check(CLI::ExistingFile);
+
+  std::string relay_path, relay_listen = "127.0.0.1:0", relay_target;
+  uint64_t seed = 1;
+  auto* relay = app.add_subcommand("relay", "run the userspace shaping relay for one profile until Ctrl-C");
+  relay->add_option("profile", relay_path, "profile YAML file")->required()->check(CLI::ExistingFile);
+  relay->add_option("--listen", relay_listen, "host:port to accept clients on (port 0: any free)");
+  relay->add_option("--target", relay_target, "host:port to forward to (the server)")->required();
+  relay->add_option("--seed", seed, "jitter seed");
+
+  std::string ns_path, ns_target;
+  std::vector<std::string> ns_command;
+  auto* netns = app.add_subcommand(
+      "netns", "kernel backend (root): make a namespace with the profile's link and run a command inside it");
+  netns->add_option("profile", ns_path, "profile YAML file")->required()->check(CLI::ExistingFile);
+  netns->add_option("--target", ns_target, "host:port the link forwards to (the server)")->required();
+  netns->add_option("--seed", seed, "jitter seed");
+  netns->add_option("command", ns_command, "command and arguments (after --); {target} is replaced by the "
+                                           "address to connect to")
+      ->required();
+
+  auto* cleanup = app.add_subcommand("cleanup", "remove namespaces and links left behind by crashed runs (root)");
+
+  std::vector<std::string> cal_paths;
+  std::string backend = "userspace";
+  bool write = false;
+  double seconds = 2.5;
+  int pings = 100;
+  auto* cal = app.add_subcommand("calibrate", "measure what each profile's emulated link delivers");
+  cal->add_option("profiles", cal_paths, "profile YAML files")->required()->check(CLI::ExistingFile);
+  cal->add_option("--backend", backend, "userspace, kernel or both")->default_val("userspace");
+  cal->add_flag("--write", write, "write <profile>.calibration.yaml beside each profile");
+  cal->add_option("--seconds", seconds, "bulk transfer length per direction")->check(CLI::Range(0.2, 60.0));
+  cal->add_option("--pings", pings, "round trips to measure")->check(CLI::Range(1, 10000));
+
+  CLI11_PARSE(app, argc, argv);
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  if (*check) return Check(check_paths);
+  if (*relay) return Relay(relay_path, relay_listen, relay_target, seed);
+  if (*netns) return Netns(ns_path, ns_target, seed, ns_command);
+  if (*cleanup) {
+    auto n = fe::CleanupStaleKernelLinks();
+    if (!n.ok()) {
+      std::cerr << n.status().message() << "\n";
+      return 1;
+    }
+    std::cout << "removed " << *n << " stale namespaces/links\n";
+    return 0;
+  }
+  if (*cal) return Calibrate(cal_paths, backend, write, seconds, pings);
+  return 0;
+}

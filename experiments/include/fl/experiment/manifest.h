@@ -1,0 +1,117 @@
+// Experiment manifests: one YAML file says everything an experiment needs (docs/manifests.md has every
+// field). Loaded and validated once: an unknown key, a wrong type, a missing profile or a negative rate is an
+// error naming the file, the line, the field path and what is allowed, and nothing starts.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "fl/emulation/link_profile.h"
+
+namespace fl::experiment {
+
+// A device profile (experiments/profiles/devices/<name>.yaml): how fast it trains relative to a Raspberry
+// Pi 4, so that a client emulating it on a faster host is slowed to that speed.
+struct DeviceProfile {
+  std::string name;
+  std::string description;
+  std::string device_class;    // recorded with every figure (clients.device_class)
+  double relative_speed = 1;   // training throughput relative to a Raspberry Pi 4 (= 1)
+  uint32_t cores = 0;          // informative (0 = unknown)
+  uint64_t memory_mb = 0;      // informative (0 = unknown)
+  std::string reference;       // where relative_speed comes from
+  std::string source;          // the file (or "inline in <manifest>")
+  bool is_host = false;        // "host": the machine itself, never slowed down
+};
+
+struct ClientGroup {
+  std::string name;            // clients are named <name>-<i>
+  uint32_t count = 1;
+  DeviceProfile device;
+  std::string link_name;       // "" = no emulation for this group
+  std::optional<emulation::LinkProfile> link;
+  std::string link_kind;       // recorded (ethernet, wifi, 5g, other); default from the link profile's name
+  double data_share = 1.0;     // fraction of its shard each client of the group trains on, (0, 1]
+  double start_delay_s = 0;    // availability: joins this long after the server started
+  double leave_after_s = 0;    // availability: stopped (SIGTERM) this long after it started; 0 = stays
+};
+
+struct Manifest {
+  std::string path;            // the file it was loaded from
+  std::string source_yaml;     // its text, stored with the experiment
+  std::string name;
+  std::string description;
+  uint64_t seed = 1;
+
+  struct Server {
+    std::string strategy = "fedavg";  // fl-server --strategy syntax, e.g. "fedadam:lr=0.03,tau=0.001"
+    uint32_t rounds = 3;
+    double round_deadline_s = 120;
+    double fraction_fit = 1.0;
+    uint32_t min_fit_clients = 1;
+    uint32_t min_available_clients = 1;
+    uint32_t evaluate_every = 1;
+    double fraction_evaluate = 1.0;
+    uint32_t max_round_attempts = 3;
+    std::string metrics_addr;         // fl-server --metrics-addr (Prometheus /metrics); "" = none
+  } server;
+
+  struct Training {
+    std::string model = "cnn";        // fl-client --model: cnn, squeezenet, synthetic:<P>[:<ms>]
+    std::string data_dir;             // "" = fl-client's default (/usr/share/datasets/fashion-mnist)
+    std::string partition = "iid";    // iid, dirichlet:<alpha>, shards:<n>
+    uint32_t local_epochs = 1;
+    uint32_t local_steps = 0;
+    uint32_t batch_size = 32;
+    std::string optimizer = "sgd";
+    double lr = 0.05;
+    double momentum = 0;
+    double weight_decay = 0;
+    double proximal_mu = 0;
+    uint32_t threads = 1;             // training threads per client
+  } training;
+
+  struct Codecs {
+    std::string uplink = "fp32";
+    std::string downlink = "fp32";
+  } codecs;
+
+  struct Emulation {
+    std::string backend = "auto";     // none, userspace, kernel, auto (kernel when root and available)
+    double host_relative_speed = 4.0; // this machine's training speed relative to a Raspberry Pi 4
+  } emulation;
+
+  std::vector<ClientGroup> clients;
+
+  uint32_t num_clients() const;
+};
+
+struct ManifestOptions {
+  // Where named profiles live: <profiles_dir>/links/<name>.yaml, <profiles_dir>/devices/<name>.yaml.
+  // Default: the "profiles" folder beside the manifest's folder chain (experiments/profiles).
+  std::filesystem::path profiles_dir;
+};
+
+absl::StatusOr<Manifest> LoadManifest(const std::filesystem::path& path, const ManifestOptions& options = {});
+// Parses manifest text; `file` is the name shown in errors, `base_dir` where relative paths resolve.
+absl::StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& file,
+                                       const std::filesystem::path& base_dir, const ManifestOptions& options = {});
+
+absl::StatusOr<DeviceProfile> LoadDeviceProfile(const std::filesystem::path& path);
+
+// The manifest with every profile resolved, as JSON (stored with the experiment; replay reads it back).
+std::string ResolvedManifestJson(const Manifest& manifest);
+
+// The inverse of ResolvedManifestJson: a recorded experiment's manifest, with the profiles it ran with (not
+// whatever the profile files say today). `source_yaml` is the recorded manifest text.
+absl::StatusOr<Manifest> ManifestFromResolvedJson(const std::string& json, const std::string& source_yaml);
+
+// How much slower than the host a client of `device` trains: host_relative_speed / relative_speed, at least 1
+// (a device faster than the host cannot be emulated; the caller warns).
+double SlowdownFor(const Manifest& manifest, const DeviceProfile& device);
+
+}  // namespace fl::experiment

@@ -1,0 +1,62 @@
+// fl-experiment run / replay: one experiment on this machine, from its manifest.
+//
+// Starts fl-server, one link emulator per emulated client (userspace shaping relay, or a network namespace
+// with kernel shaping when root), and every fl-client (slowed to its device profile), waits for the server to
+// finish, and stops everything on every path (a client or the server crashing, Ctrl-C, a failure here).
+#pragma once
+
+#include <atomic>
+#include <filesystem>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "fl/experiment/manifest.h"
+
+namespace fl::experiment {
+
+struct RunOptions {
+  std::string db_path;              // records database (created if missing)
+  std::filesystem::path out_dir;    // logs and checkpoints of this run
+  std::filesystem::path server_bin;  // fl-server
+  std::filesystem::path client_bin;  // fl-client
+  std::string experiment_id;        // "" = generated
+  std::string replay_of;            // experiment id this run replays, recorded with the manifest
+  std::string software_version;
+  const std::atomic<bool>* interrupted = nullptr;  // set by the SIGINT/SIGTERM handler
+  bool quiet = false;               // no progress lines
+  // No records database and no checkpoints: only for measuring what instrumentation costs
+  // (bench/instrumentation_overhead.sh). The outcome then comes from fl-server's exit status alone.
+  bool no_records = false;
+};
+
+struct RunResult {
+  std::string experiment_id;
+  std::string status;   // "finished", "failed", "aborted"
+  std::string reason;
+  std::string backend;  // the link emulation used: none, userspace, kernel
+};
+
+// The backend `manifest` gets here: "auto" resolves to kernel when root and `ip`/`tc` work, else userspace;
+// "none" when no client group has a link profile. An error when "kernel" is asked for without root.
+absl::StatusOr<std::string> ResolveBackend(const Manifest& manifest);
+
+absl::StatusOr<RunResult> RunExperiment(const Manifest& manifest, const RunOptions& options);
+
+// The manifest recorded with `experiment_id` (the latest experiment with a manifest when empty).
+struct RecordedManifest {
+  std::string experiment_id;
+  std::string manifest_path;
+  std::string manifest_yaml;
+  std::string resolved_json;
+  uint64_t seed = 0;
+  std::string backend;
+  std::string software_version;
+};
+absl::StatusOr<RecordedManifest> ReadRecordedManifest(const std::string& db_path, const std::string& experiment_id);
+
+// How a replay's outcomes compare with the original's: per-round accuracy and loss side by side, and the
+// distributions (median, p90, max) of round, train, uplink and downlink time. Text for the terminal.
+absl::StatusOr<std::string> CompareExperiments(const std::string& db_path, const std::string& original,
+                                               const std::string& replay);
+
+}  // namespace fl::experiment

@@ -1,0 +1,417 @@
+#include "fl/experiment/runner.h"
+
+#include <signal.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "fl/core/clock.h"
+#include "fl/core/log_format.h"
+#include "fl/core/str_cat.h"
+#include "fl/emulation/kernel_link.h"
+#include "fl/emulation/shaping_relay.h"
+#include "fl/experiment/process_group.h"
+#include "fl/instrumentation/record_store.h"
+#include "fl/instrumentation/sqlite.h"
+
+namespace fl::experiment {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+std::string Fmt(double v) {
+  std::ostringstream os;
+  os.precision(10);
+  os << v;
+  return os.str();
+}
+
+std::string GenerateId(const std::string& name) {
+  std::random_device rd;
+  return fl::StrCat(name, "-", UnixMs(), "-", std::to_string(rd() % 0x10000));
+}
+
+std::string Tail(const fs::path& log, size_t lines) {
+  std::ifstream in(log);
+  std::vector<std::string> all;
+  for (std::string l; std::getline(in, l);) all.push_back(l);
+  std::string out;
+  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i) out += "\n    " + all[i];
+  return out;
+}
+
+absl::Status WriteManifestRecord(const std::string& db_path, const Manifest& m, const std::string& experiment_id,
+                                 const std::string& backend, const RunOptions& o) {
+  {
+    // Creates the database and brings it to this build's schema.
+    absl::StatusOr<std::unique_ptr<instrumentation::RecordStore>> store = instrumentation::RecordStore::Open(db_path);
+    if (!store.ok()) return store.status();
+    if (absl::Status s = (*store)->Close(); !s.ok()) return s;
+  }
+  absl::StatusOr<instrumentation::sqlite::Database> db =
+      instrumentation::sqlite::Database::Open(db_path, SQLITE_OPEN_READWRITE);
+  if (!db.ok()) return db.status();
+  if (absl::Status s = db->Exec("PRAGMA busy_timeout = 5000"); !s.ok()) return s;
+  absl::StatusOr<instrumentation::sqlite::Statement> st = db->Prepare(
+      "INSERT INTO experiment_manifests (experiment_id, manifest_path, manifest_yaml, resolved_json, seed, backend, "
+      "software_version, replay_of, created_unix_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)");
+  if (!st.ok()) return st.status();
+  st->BindText(1, experiment_id);
+  st->BindText(2, m.path);
+  st->BindText(3, m.source_yaml);
+  st->BindText(4, ResolvedManifestJson(m));
+  st->BindInt64(5, static_cast<int64_t>(m.seed));
+  st->BindText(6, backend);
+  st->BindText(7, o.software_version);
+  st->BindTextOrNull(8, o.replay_of);
+  st->BindInt64(9, UnixMs());
+  absl::StatusOr<bool> row = st->Step("insert into experiment_manifests");
+  if (!row.ok()) return row.status();
+  return absl::OkStatus();
+}
+
+struct ClientPlan {
+  std::string name;
+  const ClientGroup* group = nullptr;
+  uint32_t index = 0;  // global, 0..N-1: its data shard
+  double start_at_s = 0;
+  double leave_at_s = 0;  // 0 = never
+  bool started = false;
+  bool leaving = false;  // it was told to leave: its exit is expected
+};
+
+std::vector<std::string> ServerArgs(const Manifest& m, const RunOptions& o, const std::string& id,
+                                    const std::string& listen, const fs::path& port_file) {
+  const auto& s = m.server;
+  const auto& t = m.training;
+  std::vector<std::string> a = {o.server_bin.string(),
+          "--listen", listen,
+          "--port-file", port_file.string(),
+          "--experiment-id", id,
+          "--experiment-name", m.name,
+          "--rounds", std::to_string(s.rounds),
+          "--strategy", s.strategy,
+          "--fraction-fit", Fmt(s.fraction_fit),
+          "--min-fit-clients", std::to_string(s.min_fit_clients),
+          "--min-available-clients", std::to_string(s.min_available_clients),
+          "--evaluate-every", std::to_string(s.evaluate_every),
+          "--fraction-evaluate", Fmt(s.fraction_evaluate),
+          "--round-deadline-ms", std::to_string(static_cast<int64_t>(std::llround(s.round_deadline_s * 1000))),
+          "--max-round-attempts", std::to_string(s.max_round_attempts),
+          "--seed", std::to_string(m.seed),
+          "--local-epochs", std::to_string(t.local_epochs),
+          "--local-steps", std::to_string(t.local_steps),
+          "--batch-size", std::to_string(t.batch_size),
+          "--lr", Fmt(t.lr),
+          "--momentum", Fmt(t.momentum),
+          "--weight-decay", Fmt(t.weight_decay),
+          "--client-optimizer", t.optimizer,
+          "--proximal-mu", Fmt(t.proximal_mu),
+          "--uplink-codec", m.codecs.uplink,
+          "--downlink-codec", m.codecs.downlink,
+          "--log-level", "warn"};
+  if (!o.no_records) a.insert(a.end(), {"--db", o.db_path, "--checkpoint-dir", (o.out_dir / "checkpoints").string()});
+  if (!s.metrics_addr.empty()) a.insert(a.end(), {"--metrics-addr", s.metrics_addr});
+  return a;
+}
+
+std::vector<std::string> ClientArgs(const Manifest& m, const RunOptions& o, const ClientPlan& c,
+                                    const std::string& server_addr) {
+  const ClientGroup& g = *c.group;
+  std::vector<std::string> a = {o.client_bin.string(),
+                                "--server", server_addr,
+                                "--name", c.name,
+                                "--model", m.training.model,
+                                "--partition", m.training.partition,
+                                "--client-index", std::to_string(c.index),
+                                "--num-clients", std::to_string(m.num_clients()),
+                                "--partition-seed", std::to_string(m.seed),
+                                "--init-seed", std::to_string(m.seed),
+                                "--threads", std::to_string(m.training.threads),
+                                "--device", "cpu",
+                                "--link-kind", g.link_kind,
+                                "--data-fraction", Fmt(g.data_share),
+                                "--slowdown", Fmt(SlowdownFor(m, g.device)),
+                                "--give-up-after-s", "60",
+                                "--log-level", "warn"};
+  if (!m.training.data_dir.empty()) a.insert(a.end(), {"--data-dir", m.training.data_dir});
+  if (!g.link_name.empty()) a.insert(a.end(), {"--link-profile", g.link_name});
+  if (!g.device.device_class.empty()) a.insert(a.end(), {"--device-class", g.device.device_class});
+  return a;
+}
+
+absl::StatusOr<int> WaitForPort(const fs::path& port_file, ProcessGroup& procs, const fs::path& log) {
+  const auto end = Clock::now() + std::chrono::seconds(30);
+  while (Clock::now() < end) {
+    std::ifstream in(port_file);
+    int port = 0;
+    if (in >> port && port > 0) return port;
+    if (!procs.Running("server")) {
+      return absl::FailedPreconditionError(
+          fl::StrCat("fl-server exited before it listened; its log (", log.string(), ") ends:", Tail(log, 15)));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return absl::DeadlineExceededError(
+      fl::StrCat("fl-server did not write its port within 30 s; its log (", log.string(), ") ends:", Tail(log, 15)));
+}
+
+absl::StatusOr<std::pair<std::string, std::string>> ExperimentStatus(const std::string& db_path,
+                                                                    const std::string& id) {
+  absl::StatusOr<instrumentation::sqlite::Database> db =
+      instrumentation::sqlite::Database::Open(db_path, SQLITE_OPEN_READONLY);
+  if (!db.ok()) return db.status();
+  (void)db->Exec("PRAGMA busy_timeout = 5000");
+  absl::StatusOr<instrumentation::sqlite::Statement> st =
+      db->Prepare("SELECT status, coalesce(status_reason, '') FROM experiments WHERE id = ?1");
+  if (!st.ok()) return st.status();
+  st->BindText(1, id);
+  absl::StatusOr<bool> row = st->Step("read the experiment's status");
+  if (!row.ok()) return row.status();
+  if (!*row) return absl::NotFoundError(fl::StrCat("experiment ", id, " was never recorded by fl-server"));
+  return std::make_pair(st->ColumnText(0), st->ColumnText(1));
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ResolveBackend(const Manifest& m) {
+  bool any_link = false;
+  for (const auto& g : m.clients) any_link |= g.link.has_value();
+  if (!any_link || m.emulation.backend == "none") return std::string("none");
+  const bool root = geteuid() == 0;
+  if (m.emulation.backend == "kernel") {
+    if (!root) {
+      return absl::PermissionDeniedError(fl::StrCat(
+          m.path, ": emulation.backend is kernel, which needs root (network namespaces, tc); run as root or use "
+                  "backend: userspace"));
+    }
+    return std::string("kernel");
+  }
+  if (m.emulation.backend == "userspace") return std::string("userspace");
+  // auto: the kernel backend where it can work, which we find out by asking `ip` for the namespaces.
+  if (root && emulation::RunCommand({"ip", "netns", "list"}).ok() && emulation::RunCommand({"tc", "-V"}).ok()) {
+    return std::string("kernel");
+  }
+  return std::string("userspace");
+}
+
+absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) {
+  absl::StatusOr<std::string> backend = ResolveBackend(m);
+  if (!backend.ok()) return backend.status();
+  std::error_code ec;
+  fs::create_directories(o.out_dir, ec);
+  if (ec) return absl::FailedPreconditionError(fl::StrCat("cannot create ", o.out_dir.string(), ": ", ec.message()));
+  if (!o.db_path.empty() && fs::path(o.db_path).has_parent_path()) fs::create_directories(fs::path(o.db_path).parent_path(), ec);
+
+  RunResult result;
+  result.experiment_id = o.experiment_id.empty() ? GenerateId(m.name) : o.experiment_id;
+  result.backend = *backend;
+  if (!o.no_records) {
+    if (absl::Status s = WriteManifestRecord(o.db_path, m, result.experiment_id, *backend, o); !s.ok()) return s;
+  }
+
+  ProcessGroup procs;
+  const fs::path server_log = o.out_dir / "server.log";
+  const fs::path port_file = o.out_dir / "server.port";
+  fs::remove(port_file, ec);
+  // Clients in namespaces reach the server through a relay on the host, so loopback is enough either way.
+  absl::StatusOr<pid_t> server =
+      procs.Start("server", ServerArgs(m, o, result.experiment_id, "127.0.0.1:0", port_file), server_log.string());
+  if (!server.ok()) return server.status();
+  absl::StatusOr<int> port = WaitForPort(port_file, procs, server_log);
+  if (!port.ok()) return port.status();
+  const std::string target = fl::StrCat("127.0.0.1:", *port);
+  if (!o.quiet) {
+    spdlog::info("experiment {} ({} clients, link emulation: {}); fl-server on {}", result.experiment_id,
+                 m.num_clients(), *backend, target);
+  }
+
+  // Plan every client; links are set up as each client starts.
+  std::vector<ClientPlan> plans;
+  uint32_t index = 0;
+  for (const ClientGroup& g : m.clients) {
+    for (uint32_t i = 0; i < g.count; ++i) {
+      ClientPlan p;
+      p.name = fl::StrCat(g.name, "-", i);
+      p.group = &g;
+      p.index = index++;
+      p.start_at_s = g.start_delay_s;
+      p.leave_at_s = g.leave_after_s > 0 ? g.start_delay_s + g.leave_after_s : 0;
+      plans.push_back(p);
+    }
+  }
+  std::vector<std::unique_ptr<emulation::ShapingRelay>> relays;
+  std::vector<std::unique_ptr<emulation::KernelLink>> kernel_links;
+
+  auto start_client = [&](ClientPlan& p) -> absl::Status {
+    std::string addr = target;
+    std::vector<std::string> wrap;
+    const uint64_t seed = m.seed * 100'003 + p.index;
+    if (p.group->link.has_value() && *backend == "userspace") {
+      absl::StatusOr<std::unique_ptr<emulation::ShapingRelay>> relay = emulation::ShapingRelay::Start(
+          {.listen_addr = "127.0.0.1:0", .target_addr = target, .uplink = p.group->link->uplink,
+           .downlink = p.group->link->downlink, .seed = seed, .name = p.name});
+      if (!relay.ok()) return relay.status();
+      addr = (*relay)->address();
+      relays.push_back(std::move(*relay));
+    } else if (p.group->link.has_value() && *backend == "kernel") {
+      absl::StatusOr<std::unique_ptr<emulation::KernelLink>> link =
+          emulation::KernelLink::Create({.profile = *p.group->link, .target_addr = target, .seed = seed});
+      if (!link.ok()) return link.status();
+      addr = (*link)->client_target();
+      kernel_links.push_back(std::move(*link));
+    }
+    std::vector<std::string> argv = ClientArgs(m, o, p, addr);
+    if (!kernel_links.empty() && p.group->link.has_value() && *backend == "kernel") {
+      argv = kernel_links.back()->WrapCommand(argv);
+    }
+    absl::StatusOr<pid_t> pid = procs.Start(p.name, argv, (o.out_dir / fl::StrCat(p.name, ".log")).string());
+    if (!pid.ok()) return pid.status();
+    p.started = true;
+    return absl::OkStatus();
+  };
+
+  const auto t0 = Clock::now();
+  auto elapsed_s = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  std::string failure;
+  bool aborted = false;
+  bool server_exited = false;
+  int server_code = 0;
+  while (!server_exited) {
+    if (o.interrupted != nullptr && o.interrupted->load()) {
+      aborted = true;
+      break;
+    }
+    for (ClientPlan& p : plans) {
+      if (!p.started && elapsed_s() >= p.start_at_s) {
+        if (absl::Status s = start_client(p); !s.ok()) {
+          failure = fl::StrCat("cannot start client ", p.name, ": ", fl::ToStd(s.message()));
+          break;
+        }
+      }
+      if (p.started && !p.leaving && p.leave_at_s > 0 && elapsed_s() >= p.leave_at_s) {
+        p.leaving = true;
+        procs.Signal(p.name, SIGTERM);
+        if (!o.quiet) spdlog::info("client {} leaves (availability)", p.name);
+      }
+    }
+    if (!failure.empty()) break;
+    std::optional<ChildExit> e = procs.WaitAny(std::chrono::milliseconds(100));
+    if (!e.has_value()) continue;
+    if (e->name == "server") {
+      server_exited = true;
+      server_code = e->code;
+      break;
+    }
+    const auto plan = std::find_if(plans.begin(), plans.end(), [&](const ClientPlan& p) { return p.name == e->name; });
+    if (e->code != 0 && plan != plans.end() && !plan->leaving) {
+      const fs::path log = o.out_dir / fl::StrCat(e->name, ".log");
+      failure = fl::StrCat("client ", e->name, " failed (exit ", e->code, "); its log (", log.string(), ") ends:",
+                           Tail(log, 10));
+      break;
+    }
+  }
+  if (!server_exited) {
+    // Interrupted or a part failed: the server first, so that it records the experiment as aborted.
+    for (const ChildExit& e : procs.StopAll("server", std::chrono::seconds(10))) {
+      if (e.name == "server") server_code = e.code;
+    }
+  } else {
+    // The server finished and told the clients; give them a moment to exit on their own.
+    const auto end = Clock::now() + std::chrono::seconds(10);
+    while (procs.num_running() > 0 && Clock::now() < end) (void)procs.WaitAny(std::chrono::milliseconds(200));
+    procs.StopAll("", std::chrono::seconds(2));
+  }
+  relays.clear();
+  for (auto& link : kernel_links) {
+    if (absl::Status s = link->Destroy(); !s.ok()) spdlog::warn("link emulation cleanup: {}", s.message());
+  }
+  kernel_links.clear();
+
+  absl::StatusOr<std::pair<std::string, std::string>> status =
+      o.no_records ? absl::StatusOr<std::pair<std::string, std::string>>(std::make_pair(
+                         std::string(server_code == 0 ? "finished" : "failed"), fl::StrCat("fl-server exit ", server_code)))
+                   : ExperimentStatus(o.db_path, result.experiment_id);
+  if (status.ok()) {
+    result.status = status->first;
+    result.reason = status->second;
+  } else {
+    result.status = "failed";
+    result.reason = fl::StrCat("fl-server exited with ", server_code, " and left no experiment record; its log (",
+                               server_log.string(), ") ends:", Tail(server_log, 15));
+  }
+  if (!failure.empty()) {
+    result.status = "failed";
+    result.reason = failure;
+  } else if (aborted) {
+    result.status = "aborted";
+    result.reason = "interrupted (Ctrl-C or SIGTERM)";
+  } else if (server_code != 0 && result.status == "finished") {
+    result.status = "failed";
+    result.reason = fl::StrCat("fl-server exited with ", server_code);
+  }
+  return result;
+}
+
+absl::StatusOr<RecordedManifest> ReadRecordedManifest(const std::string& db_path, const std::string& experiment_id) {
+  if (!fs::exists(db_path)) {
+    return absl::NotFoundError(fl::StrCat("records database ", db_path, " does not exist"));
+  }
+  absl::StatusOr<instrumentation::sqlite::Database> db =
+      instrumentation::sqlite::Database::Open(db_path, SQLITE_OPEN_READONLY);
+  if (!db.ok()) return db.status();
+  (void)db->Exec("PRAGMA busy_timeout = 5000");
+  absl::StatusOr<int64_t> has_table =
+      db->QueryInt("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'experiment_manifests'");
+  if (!has_table.ok()) return has_table.status();
+  if (*has_table == 0) {
+    return absl::FailedPreconditionError(fl::StrCat(
+        "records database ", db_path, " has no experiment_manifests table (written by an older build, or not by "
+        "fl-experiment); only experiments run with fl-experiment can be replayed"));
+  }
+  absl::StatusOr<instrumentation::sqlite::Statement> st = db->Prepare(
+      experiment_id.empty()
+          ? "SELECT experiment_id, manifest_path, manifest_yaml, resolved_json, seed, backend, software_version "
+            "FROM experiment_manifests ORDER BY created_unix_ms DESC LIMIT 1"
+          : "SELECT experiment_id, manifest_path, manifest_yaml, resolved_json, seed, backend, software_version "
+            "FROM experiment_manifests WHERE experiment_id = ?1");
+  if (!st.ok()) return st.status();
+  if (!experiment_id.empty()) st->BindText(1, experiment_id);
+  absl::StatusOr<bool> row = st->Step("read the recorded manifest");
+  if (!row.ok()) return row.status();
+  if (!*row) {
+    std::string known;
+    absl::StatusOr<instrumentation::sqlite::Statement> ids =
+        db->Prepare("SELECT experiment_id FROM experiment_manifests ORDER BY created_unix_ms");
+    if (ids.ok()) {
+      for (absl::StatusOr<bool> r = ids->Step("list"); r.ok() && *r; r = ids->Step("list")) {
+        known = fl::StrCat(known, known.empty() ? "" : ", ", ids->ColumnText(0));
+      }
+    }
+    return absl::NotFoundError(fl::StrCat("records database ", db_path, " has no recorded manifest for experiment '",
+                                          experiment_id, "'; recorded: ", known.empty() ? "(none)" : known));
+  }
+  RecordedManifest r;
+  r.experiment_id = st->ColumnText(0);
+  r.manifest_path = st->ColumnText(1);
+  r.manifest_yaml = st->ColumnText(2);
+  r.resolved_json = st->ColumnText(3);
+  r.seed = static_cast<uint64_t>(st->ColumnInt64(4));
+  r.backend = st->ColumnText(5);
+  r.software_version = st->ColumnText(6);
+  return r;
+}
+
+}  // namespace fl::experiment

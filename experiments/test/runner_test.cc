@@ -1,0 +1,170 @@
+// fl-experiment's runner end to end: the real fl-server and fl-client binaries (synthetic model, so it is
+// quick), clients behind userspace-emulated WiFi and 5G links, the manifest recorded, replay, Ctrl-C, and a
+// client that fails.
+#include "fl/experiment/runner.h"
+
+#include <dirent.h>
+#include <signal.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "fl/core/str_cat.h"
+#include "fl/instrumentation/record_reader.h"
+#include "fl/testing/scratch_dir.h"
+
+namespace fl::experiment {
+namespace {
+
+namespace fs = std::filesystem;
+using instrumentation::RecordReader;
+
+constexpr char kManifest[] = R"(name: runner-test
+seed: 3
+server:
+  rounds: 2
+  round_deadline_s: 60
+  selection: {min_fit_clients: 3, min_available_clients: 3}
+  evaluation: {every: 0}
+training: {model: "synthetic:20000:30"}
+emulation: {backend: userspace}
+clients:
+  - name: wifi
+    count: 2
+    link: wifi
+  - name: cell
+    device: rpi4
+    link: 5g-sa
+)";
+
+absl::StatusOr<Manifest> Load(const fl::testing::ScratchDir& dir, const std::string& text) {
+  const std::string path = dir.File("m.yaml");
+  std::ofstream(path) << text;
+  return LoadManifest(path, ManifestOptions{fs::path(FL_EXPERIMENTS_DIR) / "profiles"});
+}
+
+RunOptions Options(const fl::testing::ScratchDir& dir, const std::string& sub) {
+  RunOptions o;
+  o.db_path = dir.File("records.db");
+  o.out_dir = dir.File(sub);
+  o.server_bin = FL_SERVER_BIN;
+  o.client_bin = FL_CLIENT_BIN;
+  o.software_version = "test";
+  o.quiet = true;
+  return o;
+}
+
+// fl-server / fl-client processes whose command line mentions `needle` (our scratch dir): none may be left.
+int ProcessesMentioning(const std::string& needle) {
+  int n = 0;
+  DIR* proc = opendir("/proc");
+  while (dirent* e = readdir(proc)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    std::ifstream in(fl::StrCat("/proc/", e->d_name, "/cmdline"));
+    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmd.find(needle) != std::string::npos && cmd.find("fl-") != std::string::npos) ++n;
+  }
+  closedir(proc);
+  return n;
+}
+
+TEST(RunnerTest, RunsRecordsTheManifestAndReplays) {
+  fl::testing::ScratchDir dir("fl_runner");
+  absl::StatusOr<Manifest> m = Load(dir, kManifest);
+  ASSERT_TRUE(m.ok()) << m.status();
+  absl::StatusOr<RunResult> r = RunExperiment(*m, Options(dir, "run"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, "finished") << r->reason;
+  EXPECT_EQ(r->backend, "userspace");
+
+  auto reader = RecordReader::Open(dir.File("records.db"));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto clients = (*reader)->ListClients(r->experiment_id);
+  ASSERT_TRUE(clients.ok());
+  ASSERT_EQ(clients->size(), 3u);
+  std::map<std::string, std::string> kinds;
+  for (const auto& c : *clients) kinds[c.client_name] = c.link_kind + "/" + c.link_profile + "/" + c.device_class;
+  EXPECT_EQ(kinds["wifi-0"], "wifi/wifi/" + kinds["wifi-0"].substr(kinds["wifi-0"].rfind('/') + 1));
+  EXPECT_EQ(kinds["cell-0"], "5g/5g-sa/rpi4");
+  auto rounds = (*reader)->ListRounds(r->experiment_id);
+  ASSERT_TRUE(rounds.ok());
+  EXPECT_EQ(rounds->size(), 2u);
+
+  absl::StatusOr<RecordedManifest> rec = ReadRecordedManifest(dir.File("records.db"), r->experiment_id);
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  EXPECT_EQ(rec->manifest_yaml, kManifest);
+  EXPECT_EQ(rec->seed, 3u);
+  EXPECT_EQ(rec->backend, "userspace");
+  EXPECT_EQ(rec->software_version, "test");
+
+  // Replay from the record alone: the manifest file is gone.
+  fs::remove(dir.File("m.yaml"));
+  absl::StatusOr<Manifest> again = ManifestFromResolvedJson(rec->resolved_json, rec->manifest_yaml);
+  ASSERT_TRUE(again.ok()) << again.status();
+  RunOptions ro = Options(dir, "replay");
+  ro.replay_of = r->experiment_id;
+  absl::StatusOr<RunResult> replay = RunExperiment(*again, ro);
+  ASSERT_TRUE(replay.ok()) << replay.status();
+  EXPECT_EQ(replay->status, "finished") << replay->reason;
+  EXPECT_NE(replay->experiment_id, r->experiment_id);
+  absl::StatusOr<std::string> cmp = CompareExperiments(dir.File("records.db"), r->experiment_id, replay->experiment_id);
+  ASSERT_TRUE(cmp.ok()) << cmp.status();
+  EXPECT_NE(cmp->find(r->experiment_id), std::string::npos);
+  EXPECT_NE(cmp->find("client uplink_ms"), std::string::npos);
+  auto replay_of = (*reader)->QueryText(fl::StrCat("SELECT replay_of FROM experiment_manifests WHERE experiment_id = '",
+                                                   replay->experiment_id, "'"));
+  ASSERT_TRUE(replay_of.ok()) << replay_of.status();
+  EXPECT_EQ(*replay_of, r->experiment_id);
+  EXPECT_EQ(ProcessesMentioning(dir.path()), 0);
+}
+
+TEST(RunnerTest, InterruptStopsEverythingAndRecordsAborted) {
+  fl::testing::ScratchDir dir("fl_runner");
+  // Rounds that cannot finish soon: 50 rounds of a 2 s training.
+  std::string text = kManifest;
+  text.replace(text.find("rounds: 2"), 9, "rounds: 50");
+  text.replace(text.find("synthetic:20000:30"), 18, "synthetic:20000:2000");
+  absl::StatusOr<Manifest> m = Load(dir, text);
+  ASSERT_TRUE(m.ok()) << m.status();
+  std::atomic<bool> interrupted{false};
+  RunOptions o = Options(dir, "run");
+  o.interrupted = &interrupted;
+  std::thread ctrl_c([&] {
+    std::this_thread::sleep_for(std::chrono::seconds(4));
+    interrupted = true;
+  });
+  absl::StatusOr<RunResult> r = RunExperiment(*m, o);
+  ctrl_c.join();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, "aborted");
+  auto reader = RecordReader::Open(dir.File("records.db"));
+  ASSERT_TRUE(reader.ok());
+  auto exp = (*reader)->GetExperiment(r->experiment_id);
+  ASSERT_TRUE(exp.ok()) << exp.status();
+  EXPECT_EQ(instrumentation::ExperimentStatusName(exp->status), "aborted");  // the server closed its records
+  EXPECT_EQ(ProcessesMentioning(dir.path()), 0);
+}
+
+TEST(RunnerTest, AFailingClientStopsTheExperimentNamingIt) {
+  fl::testing::ScratchDir dir("fl_runner");
+  std::string text = kManifest;
+  // A dataset folder that does not exist: fl-client exits with an error at start.
+  const std::string training = "training: {model: \"synthetic:20000:30\"}";
+  text.replace(text.find(training), training.size(),
+               "training: {model: cnn, data_dir: /nonexistent/fmnist}");
+  absl::StatusOr<Manifest> m = Load(dir, text);
+  ASSERT_TRUE(m.ok()) << m.status();
+  absl::StatusOr<RunResult> r = RunExperiment(*m, Options(dir, "run"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, "failed") << r->reason;
+  EXPECT_NE(r->reason.find("client "), std::string::npos) << r->reason;
+  EXPECT_NE(r->reason.find(".log"), std::string::npos) << r->reason;
+  EXPECT_EQ(ProcessesMentioning(dir.path()), 0);
+}
+
+}  // namespace
+}  // namespace fl::experiment

@@ -1,0 +1,129 @@
+// Loading one experiment out of a records database (the SQLite file fl-server --db writes) for fl-report.
+//
+// Reads with plain SQL on a read-only connection of its own, never blocks a running fl-server (WAL), and
+// reads every schema version from 1 to this build's latest: columns added by later migrations (clock offsets
+// in v2, phase start times on the server's timeline in v3) are looked up with PRAGMA table_info and read as
+// NULL when the database predates them, so reports of old runs keep working.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace fl::report {
+
+struct ExperimentInfo {
+  std::string id;
+  std::string name;
+  std::string status;  // running, finished, failed, aborted
+  std::string status_reason;
+  int64_t started_unix_ms = 0;
+  std::optional<int64_t> finished_unix_ms;
+  std::string software_version;
+  std::string host;
+  int64_t num_rounds = 0;  // rows in `rounds` (all attempts)
+};
+
+struct ClientInfo {
+  std::string client_id;
+  std::string client_name;
+  std::string device_class;
+  std::string link_kind;  // "unknown" when the database has NULL
+  std::string link_profile;
+  // The name shown in tables and plots: the client's own name when it is unique in the experiment, else its id.
+  std::string label;
+};
+
+// One row of client_rounds. Durations in ms; *_unix_ms on the server's clock.
+struct ClientRoundRow {
+  std::string client_id;
+  std::string outcome;  // ok, late, dropped, rejected
+  std::string reject_reason;
+  std::optional<int64_t> dispatched_unix_ms;
+  std::optional<double> downlink_ms;
+  std::optional<double> train_ms;
+  std::optional<double> eval_ms;
+  std::optional<double> uplink_ms;         // client view (first byte sent -> ack)
+  std::optional<double> uplink_server_ms;  // server view (first byte received -> last byte received)
+  std::optional<double> idle_ms;
+  std::optional<int64_t> downlink_bytes;
+  std::optional<int64_t> uplink_bytes;
+  std::string codec;
+  std::optional<double> clock_offset_ms;  // v2
+  // v3: phase starts already placed on the server's timeline (NULL in older databases).
+  std::optional<double> downlink_start_unix_ms;
+  std::optional<double> train_start_unix_ms;
+  std::optional<double> eval_start_unix_ms;
+  std::optional<double> uplink_start_unix_ms;
+  std::optional<double> uplink_end_unix_ms;
+  std::optional<double> uplink_server_start_unix_ms;
+  // SQLite's rowid: rows of a round are written in the order the server decided their outcome, i.e. the
+  // order updates finished arriving. Used only to break ties between equal arrival estimates.
+  int64_t write_order = 0;
+
+  bool accepted() const { return outcome == "ok"; }
+  // The uplink time the report uses: the client's view (to the server's ack, as the study measured it on the
+  // node) when it was reported, else the server's view of the same transfer.
+  std::optional<double> uplink() const { return uplink_ms.has_value() ? uplink_ms : uplink_server_ms; }
+};
+
+// One row of `rounds` (one attempt at a round) and its client rows.
+struct RoundAttempt {
+  int64_t round = 0;
+  int64_t attempt = 0;
+  std::string status;  // committed, failed, aborted
+  std::string failure_reason;
+  int64_t started_unix_ms = 0;
+  int64_t ended_unix_ms = 0;
+  double duration_ms = 0;
+  std::optional<double> aggregation_ms;
+  int64_t num_selected = 0;
+  int64_t num_accepted = 0;
+  int64_t num_late = 0;
+  int64_t num_rejected = 0;
+  int64_t num_dropped = 0;
+  std::optional<double> eval_loss;
+  std::optional<double> eval_accuracy;
+  std::vector<ClientRoundRow> clients;  // by write order
+
+  bool committed() const { return status == "committed"; }
+};
+
+// One row of `evaluations`: a client's evaluation of the global model (federated evaluation, after a commit).
+struct EvaluationRow {
+  int64_t round = 0;
+  int64_t attempt = 0;
+  std::string client_id;
+  std::optional<double> eval_ms;
+  std::optional<double> accuracy;
+  std::optional<double> loss;
+};
+
+struct ExperimentData {
+  std::string db_path;
+  int schema_version = 0;
+  bool has_phase_starts = false;  // the database has the v3 phase start columns
+  ExperimentInfo experiment;
+  std::vector<ClientInfo> clients;  // by join time
+  std::vector<RoundAttempt> rounds;  // by (round, attempt)
+  std::vector<EvaluationRow> evaluations;  // by (round, attempt, client_id)
+
+  // nullptr for an id not in `clients`.
+  const ClientInfo* FindClient(std::string_view client_id) const;
+};
+
+// Every experiment in the database, oldest first. Errors: NotFound (no such file), FailedPrecondition (not a
+// records database, or a newer schema than this build's).
+absl::StatusOr<std::vector<ExperimentInfo>> ListExperiments(const std::string& db_path);
+
+// Loads one experiment; `experiment_id` empty = the latest one (the last started). Errors name the path and
+// what to do: NotFound for a missing file or an unknown experiment (listing the ones there are);
+// FailedPrecondition for a file that is not a records database, a database with no experiments, and an
+// experiment with no rounds recorded.
+absl::StatusOr<ExperimentData> LoadExperiment(const std::string& db_path, std::string_view experiment_id = "");
+
+}  // namespace fl::report

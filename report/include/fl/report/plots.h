@@ -1,0 +1,38 @@
+// The report's plots, drawn with SvgWriter (each returns a complete <svg> document):
+//   timeline      Gantt-style: one row per client (plus the server's row), each phase a coloured bar placed on
+//                 the server's timeline; x = seconds since the first dispatch shown; round starts marked.
+//   phase_shares  per link kind, one 100% bar: mean downlink, train, eval, idle, uplink as shares of the mean
+//                 round time of the rounds those clients were in, and the rest ("waiting": the client was done
+//                 and the round was not) in grey.
+//   round_time    round time (ms) over committed rounds; each point coloured by its straggler's dominant phase.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "fl/report/analysis.h"
+#include "fl/report/experiment_data.h"
+
+namespace fl::report {
+
+inline constexpr std::string_view kPlotNames[] = {"timeline", "phase_shares", "round_time"};
+
+// The fill colour of a phase (colour-blind-safe Tableau 10 hues), used by every plot and the HTML legend.
+std::string_view PhaseColor(Phase phase);
+
+struct TimelineOptions {
+  std::optional<int64_t> first_round;  // inclusive; nullopt = from the first
+  std::optional<int64_t> last_round;   // inclusive; nullopt = to the last
+};
+
+std::string TimelineSvg(const ExperimentData& data, const Analysis& analysis, const TimelineOptions& options = {});
+std::string PhaseSharesSvg(const ExperimentData& data, const Analysis& analysis);
+std::string RoundTimeSvg(const ExperimentData& data, const Analysis& analysis);
+
+// By name (kPlotNames); empty for an unknown name.
+std::string PlotByName(std::string_view name, const ExperimentData& data, const Analysis& analysis,
+                       const TimelineOptions& options = {});
+
+}  // namespace fl::report

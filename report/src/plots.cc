@@ -1,0 +1,329 @@
+#include "fl/report/plots.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <vector>
+
+#include "fl/core/str_cat.h"
+#include "fl/report/svg.h"
+
+namespace fl::report {
+namespace {
+
+constexpr std::string_view kAggregationColor = "#9c755f";
+constexpr std::string_view kRoundColor = "#e8e8e8";
+constexpr std::string_view kWaitingColor = "#dddddd";
+constexpr std::string_view kAxisColor = "#444444";
+
+std::string Ms(double ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f ms", ms);
+  return buf;
+}
+
+std::string Percent(double share) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f%%", share * 100);
+  return buf;
+}
+
+int LinkOrder(const std::string& kind) {
+  static const char* const kKnown[] = {"ethernet", "wifi", "5g", "other"};
+  for (int i = 0; i < 4; ++i) {
+    if (kind == kKnown[i]) return i;
+  }
+  return 4;
+}
+
+void Legend(SvgWriter& svg, double x, double y, bool with_waiting, bool with_aggregation) {
+  std::vector<std::pair<std::string, std::string>> items;
+  for (Phase p : kAllPhases) items.emplace_back(std::string(PhaseName(p)), std::string(PhaseColor(p)));
+  if (with_aggregation) items.emplace_back("aggregation", std::string(kAggregationColor));
+  if (with_waiting) items.emplace_back("waiting", std::string(kWaitingColor));
+  svg.BeginGroup("legend");
+  for (const auto& [name, color] : items) {
+    svg.Rect(x, y - 10, 12, 12, color);
+    svg.Text(x + 16, y, name, 12);
+    x += 26 + 7.0 * static_cast<double>(name.size());
+  }
+  svg.EndGroup();
+}
+
+}  // namespace
+
+std::string_view PhaseColor(Phase phase) {
+  switch (phase) {
+    case Phase::kDownlink: return "#4e79a7";
+    case Phase::kTrain: return "#59a14f";
+    case Phase::kEval: return "#edc948";
+    case Phase::kIdle: return "#bab0ac";
+    case Phase::kUplink: return "#e15759";
+  }
+  return "#000000";
+}
+
+std::string TimelineSvg(const ExperimentData& data, const Analysis& analysis, const TimelineOptions& options) {
+  auto in_window = [&](int64_t round) {
+    return (!options.first_round.has_value() || round >= *options.first_round) &&
+           (!options.last_round.has_value() || round <= *options.last_round);
+  };
+  struct Bar {
+    size_t row;
+    Span span;
+    std::string color;
+    std::string title;
+    double opacity;
+  };
+  std::vector<Bar> bars;
+  struct Marker {
+    double at_unix_ms;
+    size_t row;
+    std::string title;
+  };
+  std::vector<Marker> markers;  // straggler arrivals
+  std::map<std::string, size_t> row_of;                 // client id -> row (0 = server)
+  std::vector<const ClientInfo*> row_clients;
+  // Rows: clients by link kind, then label; only those that appear in the window.
+  std::vector<const ClientInfo*> clients;
+  for (const ClientInfo& c : data.clients) clients.push_back(&c);
+  std::sort(clients.begin(), clients.end(), [](const ClientInfo* a, const ClientInfo* b) {
+    const int oa = LinkOrder(a->link_kind), ob = LinkOrder(b->link_kind);
+    if (oa != ob) return oa < ob;
+    if (a->link_kind != b->link_kind) return a->link_kind < b->link_kind;
+    return a->label < b->label;
+  });
+  std::map<std::string, bool> seen;
+  for (const RoundAttempt& r : data.rounds) {
+    if (!in_window(r.round)) continue;
+    for (const ClientRoundRow& c : r.clients) seen[c.client_id] = true;
+  }
+  for (const ClientInfo* c : clients) {
+    if (!seen[c->client_id]) continue;
+    row_of[c->client_id] = row_clients.size() + 1;
+    row_clients.push_back(c);
+  }
+
+  double lo = std::numeric_limits<double>::infinity(), hi = -lo;
+  auto extend = [&](const Span& s) {
+    lo = std::min(lo, s.start_unix_ms);
+    hi = std::max(hi, s.end_unix_ms);
+  };
+  std::vector<std::pair<double, int64_t>> round_starts;
+  for (const RoundSummary& s : analysis.rounds) {
+    const RoundAttempt& r = *s.attempt;
+    if (!in_window(r.round)) continue;
+    const Span round_span{static_cast<double>(r.started_unix_ms), static_cast<double>(r.ended_unix_ms)};
+    extend(round_span);
+    round_starts.emplace_back(round_span.start_unix_ms, r.round);
+    bars.push_back({0, round_span, std::string(kRoundColor),
+                    fl::StrCat("round ", r.round, " attempt ", r.attempt, " (", r.status, "): ", Ms(r.duration_ms)),
+                    1.0});
+    if (r.aggregation_ms.has_value()) {
+      const Span agg{round_span.end_unix_ms - *r.aggregation_ms, round_span.end_unix_ms};
+      bars.push_back({0, agg, std::string(kAggregationColor),
+                      fl::StrCat("round ", r.round, " aggregation: ", Ms(*r.aggregation_ms)), 1.0});
+    }
+    for (const ClientRoundRow& c : r.clients) {
+      auto row = row_of.find(c.client_id);
+      if (row == row_of.end()) continue;
+      const PlacedPhases placed = PlaceOnServerTimeline(c);
+      const std::string label = row_clients[row->second - 1]->label;
+      for (Phase p : kAllPhases) {
+        const auto& span = placed.spans[static_cast<size_t>(p)];
+        if (!span.has_value()) continue;
+        extend(*span);
+        bars.push_back({row->second, *span, std::string(PhaseColor(p)),
+                        fl::StrCat(label, " round ", r.round, " ", PhaseName(p), ": ",
+                                   Ms(span->end_unix_ms - span->start_unix_ms),
+                                   c.accepted() ? "" : fl::StrCat(" (update ", c.outcome, ")")),
+                        c.accepted() ? 1.0 : 0.45});
+      }
+    }
+    if (s.straggler.has_value() && s.straggler->arrival_unix_ms.has_value()) {
+      const ClientInfo* c = data.FindClient(s.straggler->client_id);
+      auto row = row_of.find(s.straggler->client_id);
+      markers.push_back({*s.straggler->arrival_unix_ms, row == row_of.end() ? 0 : row->second,
+                         fl::StrCat("round ", r.round, " straggler: ", c != nullptr ? c->label : s.straggler->client_id,
+                                    ", dominant phase ", PhaseName(s.straggler->dominant_phase))});
+    }
+  }
+
+  const double left = 170, right = 20, top = 44, row_h = 20, axis_h = 56;
+  const double plot_w = 1000;
+  const size_t rows = row_clients.size() + 1;
+  SvgWriter svg(left + plot_w + right, top + row_h * static_cast<double>(rows) + axis_h);
+  svg.Text(left, 16, fl::StrCat("Phases of every client on the server's timeline",
+                                data.has_phase_starts ? "" : " (phases laid end to end from dispatch)"),
+           14, "start", "font-weight=\"bold\"");
+  if (!(hi > lo)) {
+    svg.Text(left, top + 14, "no timed rounds in this window", 12);
+    return svg.Finish("plot-timeline", "timeline");
+  }
+  const double scale = plot_w / (hi - lo);
+  auto X = [&](double unix_ms) { return left + (unix_ms - lo) * scale; };
+  // Row labels and guides.
+  svg.BeginGroup("rows");
+  for (size_t i = 0; i < rows; ++i) {
+    const double y = top + row_h * static_cast<double>(i);
+    if (i % 2 == 1) svg.Rect(left, y, plot_w, row_h, "#f7f7f7");
+    const std::string label = i == 0 ? "server (round, aggregation)"
+                                     : fl::StrCat(row_clients[i - 1]->label, " [", row_clients[i - 1]->link_kind, "]");
+    svg.Text(left - 6, y + row_h * 0.7, label, 11, "end");
+  }
+  svg.EndGroup();
+  svg.BeginGroup("phases");
+  for (const Bar& b : bars) {
+    const double y = top + row_h * static_cast<double>(b.row) + 3;
+    const double w = std::max((b.span.end_unix_ms - b.span.start_unix_ms) * scale, 0.8);
+    svg.Rect(X(b.span.start_unix_ms), y, w, row_h - 6, b.color, b.title,
+             b.opacity < 1 ? "fill-opacity=\"0.45\"" : "");
+  }
+  svg.EndGroup();
+  // Round starts: a dashed line and the round number (every k-th label when crowded).
+  const size_t label_every = std::max<size_t>(1, round_starts.size() / 25 + 1);
+  svg.BeginGroup("rounds");
+  for (size_t i = 0; i < round_starts.size(); ++i) {
+    const double x = X(round_starts[i].first);
+    svg.Line(x, top - 4, x, top + row_h * static_cast<double>(rows), "#888888", 0.7, "stroke-dasharray=\"3,3\"");
+    if (i % label_every == 0) svg.Text(x + 2, top - 8, fl::StrCat("r", round_starts[i].second), 10);
+  }
+  svg.EndGroup();
+  svg.BeginGroup("stragglers");
+  for (const Marker& m : markers) {
+    svg.Rect(X(m.at_unix_ms) - 1, top + row_h * static_cast<double>(m.row), 2, row_h, "#000000", m.title);
+  }
+  svg.EndGroup();
+  // x axis: seconds since the first dispatch shown.
+  const double axis_y = top + row_h * static_cast<double>(rows);
+  svg.Line(left, axis_y, left + plot_w, axis_y, kAxisColor);
+  for (double t : NiceTicks(0, (hi - lo) / 1000.0, 8)) {
+    const double x = left + t * 1000.0 * scale;
+    svg.Line(x, axis_y, x, axis_y + 4, kAxisColor);
+    svg.Text(x, axis_y + 16, AxisLabel(t), 10, "middle");
+  }
+  svg.Text(left + plot_w / 2, axis_y + 30, "server time since the first dispatch shown (s)", 11, "middle");
+  Legend(svg, left, axis_y + 48, false, true);
+  return svg.Finish("plot-timeline", "timeline of every client's phases");
+}
+
+std::string PhaseSharesSvg(const ExperimentData&, const Analysis& analysis) {
+  const double left = 110, right = 20, top = 44, bar_h = 26, gap = 12, plot_w = 700;
+  const double height = top + (bar_h + gap) * static_cast<double>(std::max<size_t>(analysis.links.size(), 1)) + 60;
+  SvgWriter svg(left + plot_w + right, height);
+  svg.Text(left, 16, "Phase shares of the round time, by link kind", 14, "start", "font-weight=\"bold\"");
+  if (analysis.links.empty()) {
+    svg.Text(left, top + 14, "no accepted updates in committed rounds", 12);
+    return svg.Finish("plot-phase-shares", "phase shares by link kind");
+  }
+  svg.BeginGroup("bars");
+  double y = top;
+  for (const LinkSummary& l : analysis.links) {
+    svg.Text(left - 8, y + bar_h * 0.65, fl::StrCat(l.link_kind, " (", l.num_clients, ")"), 12, "end");
+    const double round_ms = l.mean_round_ms.value_or(0);
+    double used = 0;
+    std::vector<std::pair<double, std::string>> parts;  // share, phase name
+    for (Phase p : kAllPhases) {
+      const double share = round_ms > 0 ? l.mean_phase_ms[static_cast<size_t>(p)].value_or(0) / round_ms : 0;
+      used += share;
+    }
+    // A client's phases cannot outlast the rounds it was in; if rounding of the clocks says so, scale to 100%.
+    const double norm = used > 1 ? 1 / used : 1;
+    double x = left;
+    for (Phase p : kAllPhases) {
+      const double ms = l.mean_phase_ms[static_cast<size_t>(p)].value_or(0);
+      const double share = round_ms > 0 ? ms / round_ms * norm : 0;
+      if (share <= 0) continue;
+      const double w = share * plot_w;
+      svg.Rect(x, y, w, bar_h, PhaseColor(p),
+               fl::StrCat(l.link_kind, " ", PhaseName(p), ": ", Ms(ms), " mean, ", Percent(share), " of the round"));
+      if (w > 38) svg.Text(x + w / 2, y + bar_h * 0.65, Percent(share), 10, "middle", "fill=\"#ffffff\"");
+      x += w;
+    }
+    const double waiting = std::max(0.0, 1 - used * norm);
+    if (waiting > 0) {
+      svg.Rect(x, y, waiting * plot_w, bar_h, kWaitingColor,
+               fl::StrCat(l.link_kind, " waiting for the round to end: ", Percent(waiting), " of the round"));
+    }
+    y += bar_h + gap;
+  }
+  svg.EndGroup();
+  svg.Line(left, y, left + plot_w, y, kAxisColor);
+  for (double t : {0.0, 0.25, 0.5, 0.75, 1.0}) {
+    svg.Line(left + t * plot_w, y, left + t * plot_w, y + 4, kAxisColor);
+    svg.Text(left + t * plot_w, y + 16, fl::StrCat(static_cast<int>(t * 100), "%"), 10, "middle");
+  }
+  Legend(svg, left, y + 44, true, false);
+  return svg.Finish("plot-phase-shares", "phase shares by link kind");
+}
+
+std::string RoundTimeSvg(const ExperimentData& data, const Analysis& analysis) {
+  const double left = 70, right = 20, top = 44, plot_w = 760, plot_h = 260;
+  SvgWriter svg(left + plot_w + right, top + plot_h + 70);
+  svg.Text(left, 16, "Round time over rounds (committed rounds; colour = the straggler's dominant phase)", 14, "start",
+           "font-weight=\"bold\"");
+  std::vector<const RoundSummary*> points;
+  for (const RoundSummary& s : analysis.rounds) {
+    if (s.attempt->committed()) points.push_back(&s);
+  }
+  if (points.empty()) {
+    svg.Text(left, top + 14, "no committed rounds", 12);
+    return svg.Finish("plot-round-time", "round time over rounds");
+  }
+  double x_lo = static_cast<double>(points.front()->attempt->round);
+  double x_hi = static_cast<double>(points.back()->attempt->round);
+  if (x_hi <= x_lo) x_hi = x_lo + 1;
+  double y_hi = 0;
+  for (const RoundSummary* s : points) y_hi = std::max(y_hi, s->attempt->duration_ms);
+  std::vector<double> y_ticks = NiceTicks(0, y_hi * 1.05 + 1e-9, 5);
+  y_hi = std::max(y_hi, y_ticks.back());
+  if (y_hi <= 0) y_hi = 1;
+  auto X = [&](double round) { return left + (round - x_lo) / (x_hi - x_lo) * plot_w; };
+  auto Y = [&](double ms) { return top + plot_h - ms / y_hi * plot_h; };
+  svg.BeginGroup("axes");
+  svg.Line(left, top + plot_h, left + plot_w, top + plot_h, kAxisColor);
+  svg.Line(left, top, left, top + plot_h, kAxisColor);
+  for (double t : y_ticks) {
+    svg.Line(left - 4, Y(t), left + plot_w, Y(t), "#e0e0e0", 0.7);
+    svg.Text(left - 6, Y(t) + 4, AxisLabel(t), 10, "end");
+  }
+  for (double t : NiceTicks(x_lo, x_hi, 10)) {
+    if (t != std::floor(t)) continue;
+    svg.Line(X(t), top + plot_h, X(t), top + plot_h + 4, kAxisColor);
+    svg.Text(X(t), top + plot_h + 16, AxisLabel(t), 10, "middle");
+  }
+  svg.Text(left + plot_w / 2, top + plot_h + 32, "round", 11, "middle");
+  svg.Text(16, top + plot_h / 2, "round time (ms)", 11, "middle",
+           fl::StrCat("transform=\"rotate(-90 16 ", top + plot_h / 2, ")\""));
+  svg.EndGroup();
+  std::vector<std::pair<double, double>> line;
+  for (const RoundSummary* s : points) line.emplace_back(X(static_cast<double>(s->attempt->round)), Y(s->attempt->duration_ms));
+  svg.Polyline(line, "#4e79a7", 1.5);
+  svg.BeginGroup("points");
+  for (const RoundSummary* s : points) {
+    std::string title = fl::StrCat("round ", s->attempt->round, ": ", Ms(s->attempt->duration_ms));
+    std::string_view color = "#4e79a7";
+    if (s->straggler.has_value()) {
+      const ClientInfo* c = data.FindClient(s->straggler->client_id);
+      title += fl::StrCat(", straggler ", c != nullptr ? c->label : s->straggler->client_id, " (",
+                          PhaseName(s->straggler->dominant_phase), ")");
+      color = PhaseColor(s->straggler->dominant_phase);
+    }
+    svg.Circle(X(static_cast<double>(s->attempt->round)), Y(s->attempt->duration_ms), 3.5, color, title);
+  }
+  svg.EndGroup();
+  Legend(svg, left, top + plot_h + 58, false, false);
+  return svg.Finish("plot-round-time", "round time over rounds");
+}
+
+std::string PlotByName(std::string_view name, const ExperimentData& data, const Analysis& analysis,
+                       const TimelineOptions& options) {
+  if (name == "timeline") return TimelineSvg(data, analysis, options);
+  if (name == "phase_shares") return PhaseSharesSvg(data, analysis);
+  if (name == "round_time") return RoundTimeSvg(data, analysis);
+  return "";
+}
+
+}  // namespace fl::report

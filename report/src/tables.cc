@@ -1,0 +1,276 @@
+#include "fl/report/tables.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "fl/core/str_cat.h"
+
+namespace fl::report {
+namespace {
+
+Cell Opt(const std::optional<double>& v) { return v.has_value() ? Cell(*v) : Cell(); }
+Cell StatMean(const Stat& s) { return s.n > 0 ? Cell(s.mean) : Cell(); }
+Cell StatMax(const Stat& s) { return s.n > 0 ? Cell(s.max) : Cell(); }
+Cell Text(std::string s) { return s.empty() ? Cell() : Cell(std::move(s)); }
+
+std::string Label(const ExperimentData& data, const std::string& client_id) {
+  const ClientInfo* c = data.FindClient(client_id);
+  return c != nullptr ? c->label : client_id;
+}
+
+std::string LinkOf(const ExperimentData& data, const std::string& client_id) {
+  const ClientInfo* c = data.FindClient(client_id);
+  return c != nullptr ? c->link_kind : "unknown";
+}
+
+// Shortest text that reads back to the same double.
+std::string FullPrecision(double v) {
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);
+  return ec == std::errc() ? std::string(buf, end) : std::to_string(v);
+}
+
+std::string CsvField(const std::string& s) {
+  if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char ch : s) {
+    if (ch == '"') out += '"';
+    out += ch;
+  }
+  return out + "\"";
+}
+
+nlohmann::ordered_json CellJson(const Cell& c) {
+  switch (c.kind) {
+    case Cell::Kind::kInt: return c.int_value;
+    case Cell::Kind::kReal: return c.real_value;
+    case Cell::Kind::kText: return c.text;
+    case Cell::Kind::kEmpty: break;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+int Table::ColumnIndex(std::string_view column) const {
+  for (size_t i = 0; i < columns.size(); ++i) {
+    if (columns[i].name == column) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+Table RoundsTable(const ExperimentData& data, const Analysis& analysis) {
+  Table t;
+  t.name = "rounds";
+  t.title = "Rounds";
+  t.columns = {{"round", 0},           {"attempt", 0},          {"status", 0},
+               {"selected", 0},        {"accepted", 0},         {"late", 0},
+               {"dropped", 0},         {"rejected", 0},         {"aggregation_ms", 2},
+               {"downlink_mean_ms", 1}, {"downlink_max_ms", 1},  {"train_mean_ms", 1},
+               {"train_max_ms", 1},    {"uplink_mean_ms", 1},   {"uplink_max_ms", 1},
+               {"round_ms", 1},        {"eval_accuracy", 4},    {"eval_loss", 4},
+               {"straggler", 0},       {"straggler_link", 0},   {"straggler_phase", 0}};
+  for (const RoundSummary& s : analysis.rounds) {
+    const RoundAttempt& r = *s.attempt;
+    std::vector<Cell> row = {r.round,           r.attempt,
+                             r.status,          r.num_selected,
+                             r.num_accepted,    r.num_late,
+                             r.num_dropped,     r.num_rejected,
+                             Opt(r.aggregation_ms), StatMean(s.downlink_ms),
+                             StatMax(s.downlink_ms), StatMean(s.train_ms),
+                             StatMax(s.train_ms), StatMean(s.uplink_ms),
+                             StatMax(s.uplink_ms), r.duration_ms,
+                             Opt(r.eval_accuracy), Opt(r.eval_loss)};
+    if (s.straggler.has_value()) {
+      row.push_back(Label(data, s.straggler->client_id));
+      row.push_back(LinkOf(data, s.straggler->client_id));
+      row.push_back(std::string(PhaseName(s.straggler->dominant_phase)));
+    } else {
+      row.insert(row.end(), 3, Cell());
+    }
+    t.rows.push_back(std::move(row));
+  }
+  return t;
+}
+
+Table LinksTable(const ExperimentData&, const Analysis& analysis) {
+  Table t;
+  t.name = "links";
+  t.title = "Link kinds (accepted updates of committed rounds)";
+  t.columns = {{"link_kind", 0},
+               {"clients", 0},
+               {"client_rounds", 0},
+               {"downlink_mean_ms", 1},
+               {"train_mean_ms", 1},
+               {"eval_mean_ms", 1},
+               {"uplink_mean_ms", 1},
+               {"fed_eval_mean_ms", 1},
+               {"round_mean_ms", 1},
+               {"uplink_share", 1, "%", 100},
+               {"downlink_bytes_mean", 0},
+               {"uplink_bytes_mean", 0},
+               {"uplink_vs_ethernet", 2, "x"},
+               {"uplink_vs_wifi", 2, "x"},
+               {"downlink_vs_ethernet", 2, "x"}};
+  auto ph = [](const LinkSummary& l, Phase p) { return Opt(l.mean_phase_ms[static_cast<size_t>(p)]); };
+  for (const LinkSummary& l : analysis.links) {
+    t.rows.push_back({l.link_kind, l.num_clients, l.num_client_rounds, ph(l, Phase::kDownlink),
+                      ph(l, Phase::kTrain), ph(l, Phase::kEval), ph(l, Phase::kUplink),
+                      Opt(l.mean_federated_eval_ms), Opt(l.mean_round_ms),
+                      Opt(l.uplink_share), Opt(l.mean_downlink_bytes), Opt(l.mean_uplink_bytes),
+                      Opt(l.uplink_vs_ethernet), Opt(l.uplink_vs_wifi), Opt(l.downlink_vs_ethernet)});
+  }
+  return t;
+}
+
+Table StragglersTable(const ExperimentData& data, const Analysis& analysis) {
+  Table t;
+  t.name = "stragglers";
+  t.title = fl::StrCat("Stragglers (", analysis.rounds_with_straggler, " committed rounds with a straggler)");
+  t.columns = {{"client", 0},          {"link_kind", 0}, {"device_class", 0}, {"rounds_accepted", 0},
+               {"times_straggler", 0}, {"share", 1, "%", 100}, {"by_downlink", 0}, {"by_train", 0},
+               {"by_eval", 0},         {"by_uplink", 0}, {"top_phase", 0}};
+  for (const StragglerRank& r : analysis.stragglers) {
+    const ClientInfo* c = data.FindClient(r.client_id);
+    auto by = [&](Phase p) { return Cell(r.by_phase[static_cast<size_t>(p)]); };
+    t.rows.push_back({Label(data, r.client_id), LinkOf(data, r.client_id), Text(c != nullptr ? c->device_class : ""),
+                      r.rounds_accepted, r.times_straggler, r.share, by(Phase::kDownlink), by(Phase::kTrain),
+                      by(Phase::kEval), by(Phase::kUplink),
+                      r.top_phase.has_value() ? Cell(std::string(PhaseName(*r.top_phase))) : Cell()});
+  }
+  return t;
+}
+
+std::vector<Table> AllTables(const ExperimentData& data, const Analysis& analysis) {
+  return {RoundsTable(data, analysis), LinksTable(data, analysis), StragglersTable(data, analysis)};
+}
+
+absl::StatusOr<Table> TableByName(const ExperimentData& data, const Analysis& analysis, std::string_view name) {
+  if (name == "rounds") return RoundsTable(data, analysis);
+  if (name == "links") return LinksTable(data, analysis);
+  if (name == "stragglers") return StragglersTable(data, analysis);
+  return absl::InvalidArgumentError(
+      fl::StrCat("unknown table '", name, "'; the tables are rounds, links, stragglers"));
+}
+
+std::string FormatCell(const Column& column, const Cell& cell) {
+  if (cell.empty()) return "-";
+  if (cell.kind == Cell::Kind::kText) return cell.text;
+  if (cell.kind == Cell::Kind::kInt && column.scale == 1) return fl::StrCat(cell.int_value, column.suffix);
+  const double v = cell.AsDouble() * column.scale;
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", column.decimals, v);
+  return fl::StrCat(buf, column.suffix);
+}
+
+std::string ExperimentHeaderText(const ExperimentData& data, const Analysis& analysis) {
+  const ExperimentInfo& e = data.experiment;
+  std::string out = fl::StrCat("experiment ", e.id, " (", e.name, "), ", e.status);
+  if (!e.status_reason.empty()) out += fl::StrCat(": ", e.status_reason);
+  out += fl::StrCat("\n", analysis.committed_rounds, " committed rounds of ", data.rounds.size(), " round attempts, ",
+                    data.clients.size(), " clients; records ", data.db_path, " (schema v", data.schema_version,
+                    data.has_phase_starts ? ", phase starts on the server's timeline" :
+                                            ", phases laid end to end from dispatch",
+                    ")\n");
+  return out;
+}
+
+std::string RenderText(const Table& table) {
+  const size_t n = table.columns.size();
+  std::vector<size_t> width(n);
+  // Right-align a column unless it holds text (an all-empty numeric column stays right-aligned).
+  std::vector<bool> right(n, true);
+  std::vector<std::vector<std::string>> cells;
+  for (size_t i = 0; i < n; ++i) width[i] = table.columns[i].name.size();
+  for (const auto& row : table.rows) {
+    std::vector<std::string> texts;
+    for (size_t i = 0; i < n; ++i) {
+      texts.push_back(FormatCell(table.columns[i], row[i]));
+      width[i] = std::max(width[i], texts.back().size());
+      if (row[i].kind == Cell::Kind::kText) right[i] = false;
+    }
+    cells.push_back(std::move(texts));
+  }
+  auto line = [&](const std::vector<std::string>& texts) {
+    std::string out;
+    for (size_t i = 0; i < n; ++i) {
+      const std::string pad(width[i] - texts[i].size(), ' ');
+      out += i == 0 ? "" : "  ";
+      out += right[i] ? pad + texts[i] : texts[i] + (i + 1 == n ? "" : pad);
+    }
+    while (!out.empty() && out.back() == ' ') out.pop_back();
+    return out + "\n";
+  };
+  std::vector<std::string> header;
+  for (const Column& c : table.columns) header.push_back(c.name);
+  std::string out = fl::StrCat(table.title, "\n", line(header));
+  size_t total = 0;
+  for (size_t w : width) total += w;
+  out += std::string(total + 2 * (n - 1), '-') + "\n";
+  for (const auto& texts : cells) out += line(texts);
+  if (table.rows.empty()) out += "(no rows)\n";
+  return out;
+}
+
+std::string RenderCsv(const Table& table) {
+  std::string out;
+  for (size_t i = 0; i < table.columns.size(); ++i) out += fl::StrCat(i == 0 ? "" : ",", table.columns[i].name);
+  out += "\r\n";
+  for (const auto& row : table.rows) {
+    for (size_t i = 0; i < row.size(); ++i) {
+      if (i > 0) out += ",";
+      const Cell& c = row[i];
+      if (c.kind == Cell::Kind::kInt) out += std::to_string(c.int_value);
+      if (c.kind == Cell::Kind::kReal) out += FullPrecision(c.real_value);
+      if (c.kind == Cell::Kind::kText) out += CsvField(c.text);
+    }
+    out += "\r\n";
+  }
+  return out;
+}
+
+std::string RenderJson(const ExperimentData& data, const Analysis& analysis, const std::vector<Table>& tables) {
+  const ExperimentInfo& e = data.experiment;
+  nlohmann::ordered_json doc;
+  doc["experiment"] = {{"id", e.id},
+                       {"name", e.name},
+                       {"status", e.status},
+                       {"started_unix_ms", e.started_unix_ms},
+                       {"finished_unix_ms", e.finished_unix_ms.has_value() ? nlohmann::ordered_json(*e.finished_unix_ms)
+                                                                           : nlohmann::ordered_json(nullptr)},
+                       {"software_version", e.software_version},
+                       {"round_attempts", data.rounds.size()},
+                       {"committed_rounds", analysis.committed_rounds},
+                       {"clients", data.clients.size()},
+                       {"records", data.db_path},
+                       {"schema_version", data.schema_version},
+                       {"phase_starts_recorded", data.has_phase_starts}};
+  doc["definitions"] = {
+      {"uplink_ms", "client view (first byte sent -> server ack) when reported, else the server's view"},
+      {"straggler", "the accepted client whose update arrived last at the server: it set the round's time"},
+      {"straggler_phase",
+       "the straggler's phase (downlink, train, eval, uplink) most above the round's median for that phase; if "
+       "none is above, its longest phase"},
+      {"uplink_share", "sum of the link kind's uplink times / sum of the durations of the rounds they were in"},
+      {"fed_eval_mean_ms", "mean time of the link kind's clients to evaluate the global model after a commit "
+                           "(evaluations table)"},
+      {"uplink_vs_ethernet", "mean uplink time of the link kind / mean uplink time of ethernet clients"}};
+  nlohmann::ordered_json out_tables = nlohmann::ordered_json::object();
+  for (const Table& t : tables) {
+    nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+    for (const auto& row : t.rows) {
+      nlohmann::ordered_json r = nlohmann::ordered_json::object();
+      for (size_t i = 0; i < t.columns.size(); ++i) r[t.columns[i].name] = CellJson(row[i]);
+      rows.push_back(std::move(r));
+    }
+    out_tables[t.name] = std::move(rows);
+  }
+  doc["tables"] = std::move(out_tables);
+  return doc.dump(2) + "\n";
+}
+
+}  // namespace fl::report

@@ -1,0 +1,119 @@
+// Text, CSV and JSON renderings of the report's tables: the same figures in every format, full precision
+// where machines read them, NULL shown as such.
+#include "fl/report/tables.h"
+
+#include <sstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "fl/report/analysis.h"
+#include "fl/testing/scratch_dir.h"
+#include "records_fixture.h"
+
+namespace fl::report {
+namespace {
+
+using testing::RecordsFixture;
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    out.push_back(line);
+  }
+  return out;
+}
+
+class TablesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    RecordsFixture f(dir_.File("r.db"));
+    f.Experiment("e", 1, "tables, \"quoted\"");
+    f.Client("e", "eth-1", "ethernet");
+    f.Client("e", "g5, the slow one", "5g");  // a comma in a name: CSV must quote it
+    f.Round("e", 1, 1000, 300.25);
+    f.Round("e", 2, 2000, 400.5);
+    for (int r = 1; r <= 2; ++r) {
+      f.ClientRound("e", r, "eth-1", 1000 * r, {.downlink_ms = 2, .train_ms = 100, .uplink_ms = 3.0});
+      f.ClientRound("e", r, "g5, the slow one", 1000 * r, {.downlink_ms = 20, .train_ms = 100, .uplink_ms = 100.0 / 3});
+    }
+    f.Close();
+    auto data = LoadExperiment(dir_.File("r.db"));
+    ASSERT_TRUE(data.ok()) << data.status();
+    data_ = *std::move(data);
+    analysis_ = Analyze(data_);
+  }
+
+  fl::testing::ScratchDir dir_{"report_tables"};
+  ExperimentData data_;
+  Analysis analysis_;
+};
+
+TEST_F(TablesTest, FormatCellUsesDecimalsScaleAndSuffix) {
+  EXPECT_EQ(FormatCell(Column("x", 2, "x"), Cell(100.0 / 3)), "33.33x");
+  EXPECT_EQ(FormatCell(Column("share", 1, "%", 100), Cell(0.2345)), "23.4%");
+  EXPECT_EQ(FormatCell(Column("n", 0), Cell(int64_t{42})), "42");
+  EXPECT_EQ(FormatCell(Column("n", 0), Cell()), "-");
+  EXPECT_EQ(FormatCell(Column("s", 0), Cell("wifi")), "wifi");
+}
+
+TEST_F(TablesTest, TextColumnsAreAligned) {
+  const std::string text = RenderText(LinksTable(data_, analysis_));
+  const std::vector<std::string> lines = Lines(text);
+  ASSERT_EQ(lines.size(), 5u) << text;  // title, header, rule, ethernet, 5g
+  EXPECT_EQ(lines[0], LinksTable(data_, analysis_).title);
+  // Numbers are right-aligned: every row's uplink_vs_ethernet ends where the header's column name ends.
+  const size_t end = lines[1].find("uplink_vs_ethernet") + std::string("uplink_vs_ethernet").size();
+  EXPECT_EQ(lines[3].substr(end - 5, 5), "1.00x") << text;
+  EXPECT_EQ(lines[4].substr(end - 6, 6), "11.11x") << text;
+}
+
+TEST_F(TablesTest, CsvHasFullPrecisionQuotingAndEmptyNulls) {
+  const std::string csv = RenderCsv(LinksTable(data_, analysis_));
+  const std::vector<std::string> lines = Lines(csv);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0].substr(0, 30), "link_kind,clients,client_round");
+  // 5g's uplink vs ethernet: (100/3) / 3, printed so that it reads back to the same double.
+  const Table t = LinksTable(data_, analysis_);
+  const int col = t.ColumnIndex("uplink_vs_ethernet");
+  ASSERT_GE(col, 0);
+  std::vector<std::string> fields;
+  std::stringstream row(lines[2]);
+  for (std::string field; std::getline(row, field, ',');) fields.push_back(field);
+  EXPECT_EQ(std::stod(fields[static_cast<size_t>(col)]), (100.0 / 3) / 3.0);
+  // No wifi clients: the wifi ratio is empty, not 0.
+  EXPECT_EQ(fields[static_cast<size_t>(t.ColumnIndex("uplink_vs_wifi"))], "");
+  const std::string stragglers = RenderCsv(StragglersTable(data_, analysis_));
+  EXPECT_NE(stragglers.find("\"g5, the slow one\",5g"), std::string::npos) << stragglers;
+}
+
+TEST_F(TablesTest, JsonHasEveryTableWithTheSameFigures) {
+  const std::string text = RenderJson(data_, analysis_, AllTables(data_, analysis_));
+  const nlohmann::json doc = nlohmann::json::parse(text);
+  EXPECT_EQ(doc["experiment"]["id"], "e");
+  EXPECT_EQ(doc["experiment"]["name"], "tables, \"quoted\"");
+  EXPECT_EQ(doc["experiment"]["committed_rounds"], 2);
+  ASSERT_EQ(doc["tables"]["rounds"].size(), 2u);
+  EXPECT_EQ(doc["tables"]["rounds"][1]["round_ms"].get<double>(), 400.5);
+  EXPECT_EQ(doc["tables"]["rounds"][0]["straggler"], "g5, the slow one");
+  EXPECT_EQ(doc["tables"]["rounds"][0]["straggler_phase"], "uplink");
+  EXPECT_TRUE(doc["tables"]["rounds"][0]["eval_accuracy"].is_null());
+  ASSERT_EQ(doc["tables"]["links"].size(), 2u);
+  EXPECT_EQ(doc["tables"]["links"][1]["link_kind"], "5g");
+  EXPECT_EQ(doc["tables"]["links"][1]["uplink_vs_ethernet"].get<double>(), (100.0 / 3) / 3.0);
+  EXPECT_EQ(doc["tables"]["links"][1]["uplink_share"].get<double>(), (2 * 100.0 / 3) / (300.25 + 400.5));
+  EXPECT_EQ(doc["tables"]["stragglers"][0]["times_straggler"], 2);
+  EXPECT_EQ(doc["tables"]["stragglers"][0]["share"].get<double>(), 1.0);
+}
+
+TEST_F(TablesTest, TableByNameRejectsUnknownNames) {
+  auto t = TableByName(data_, analysis_, "clients");
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(std::string(fl::ToStd(t.status().message())).find("rounds, links, stragglers"), std::string::npos);
+  EXPECT_TRUE(TableByName(data_, analysis_, "stragglers").ok());
+}
+
+}  // namespace
+}  // namespace fl::report
