@@ -20,7 +20,9 @@
 #include "fl/core/log_format.h"
 #include "fl/core/str_cat.h"
 #include "fl/proto/convert.h"
+#if FL_WITH_TORCH
 #include "fl/client/torch_trainer.h"
+#endif
 
 namespace {
 
@@ -61,6 +63,11 @@ absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainer(const ModelFlag
     return std::unique_ptr<fl::client::Trainer>(std::make_unique<fl::client::SyntheticTrainer>(
         params, 1000, f.init_seed, static_cast<uint32_t>(static_cast<double>(train_ms) * f.slowdown)));
   }
+#if !FL_WITH_TORCH
+  return absl::FailedPreconditionError(fl::StrCat(
+      "--model=", f.model, ": this fl-client was built without LibTorch (FL_WITH_TORCH=OFF); only "
+      "--model synthetic:<P>[:<train_ms>] is available. Build on the device itself for training."));
+#else
   fl::client::TorchTrainerOptions o;
   o.model = f.model;
   o.init_seed = f.init_seed;
@@ -76,6 +83,7 @@ absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainer(const ModelFlag
   auto trainer = fl::client::TorchTrainer::Create(o);
   if (!trainer.ok()) return trainer.status();
   return std::unique_ptr<fl::client::Trainer>(std::move(*trainer));
+#endif
 }
 
 }  // namespace

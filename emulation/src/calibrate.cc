@@ -375,6 +375,7 @@ absl::StatusOr<std::filesystem::path> WriteCalibrationYaml(const std::filesystem
     }
   }
   YAML::Emitter y;
+  y.SetDoublePrecision(8);
   y << YAML::Comment(StrCat("Measured by `fl-link calibrate ", profile_path.filename().string(),
                             "`; nominal values are the profile's. Rates in bits/s (TCP goodput), delays in ms."));
   y << YAML::BeginMap << YAML::Key << "profile" << YAML::Value << (results.empty() ? "" : results[0].profile);

@@ -215,6 +215,12 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
   if (ec) return absl::FailedPreconditionError(fl::StrCat("cannot create ", o.out_dir.string(), ": ", ec.message()));
   if (!o.db_path.empty() && fs::path(o.db_path).has_parent_path()) fs::create_directories(fs::path(o.db_path).parent_path(), ec);
 
+  if (*backend == "kernel") {
+    // Namespaces and links that a crashed earlier run left behind (their owner's pid is gone).
+    if (absl::StatusOr<int> removed = emulation::CleanupStaleKernelLinks(); removed.ok() && *removed > 0) {
+      spdlog::info("removed {} stale link emulations of earlier runs", *removed);
+    }
+  }
   RunResult result;
   result.experiment_id = o.experiment_id.empty() ? GenerateId(m.name) : o.experiment_id;
   result.backend = *backend;

@@ -79,53 +79,53 @@ TEST_F(RealRunTest, JsonFiguresEqualSqlOverTheRecords) {
   ASSERT_EQ(r.code, 0) << r.output;
   const nlohmann::json doc = nlohmann::json::parse(ReadAll(out));
   RecordsFixture sql(db_);
-  EXPECT_EQ(doc["experiment"]["committed_rounds"].get<int>(), kRounds);
-  EXPECT_TRUE(doc["experiment"]["phase_starts_recorded"].get<bool>());
+  EXPECT_EQ(doc.at("experiment")["committed_rounds"].get<int>(), kRounds);
+  EXPECT_TRUE(doc.at("experiment")["phase_starts_recorded"].get<bool>());
 
-  const nlohmann::json& rounds = doc["tables"]["rounds"];
+  const nlohmann::json& rounds = doc.at("tables")["rounds"];
   ASSERT_EQ(rounds.size(), static_cast<size_t>(sql.QueryDouble("SELECT count(*) FROM rounds")));
   for (const nlohmann::json& row : rounds) {
-    const std::string key = fl::StrCat(" WHERE round = ", row["round"].get<int64_t>(), " AND attempt = ",
-                                       row["attempt"].get<int64_t>());
-    EXPECT_DOUBLE_EQ(row["round_ms"].get<double>(), sql.QueryDouble("SELECT duration_ms FROM rounds" + key));
-    EXPECT_EQ(row["accepted"].get<double>(), sql.QueryDouble("SELECT num_accepted FROM rounds" + key));
-    EXPECT_DOUBLE_EQ(row["uplink_max_ms"].get<double>(),
+    const std::string key = fl::StrCat(" WHERE round = ", row.at("round").get<int64_t>(), " AND attempt = ",
+                                       row.at("attempt").get<int64_t>());
+    EXPECT_DOUBLE_EQ(row.at("round_ms").get<double>(), sql.QueryDouble("SELECT duration_ms FROM rounds" + key));
+    EXPECT_EQ(row.at("accepted").get<double>(), sql.QueryDouble("SELECT num_accepted FROM rounds" + key));
+    EXPECT_DOUBLE_EQ(row.at("uplink_max_ms").get<double>(),
                      sql.QueryDouble("SELECT max(coalesce(uplink_ms, uplink_server_ms)) FROM client_rounds" + key +
                                      " AND outcome = 'ok'"));
-    EXPECT_DOUBLE_EQ(row["train_mean_ms"].get<double>(),
+    EXPECT_DOUBLE_EQ(row.at("train_mean_ms").get<double>(),
                      sql.QueryDouble("SELECT avg(train_ms) FROM client_rounds" + key + " AND outcome = 'ok'"));
     // The straggler: the accepted update whose last byte reached the server last.
     const std::string straggler = sql.QueryText(
         "SELECT c.client_name FROM client_rounds JOIN clients c USING (experiment_id, client_id)" + key +
         " AND outcome = 'ok' ORDER BY uplink_server_start_unix_ms + uplink_server_ms DESC LIMIT 1");
-    EXPECT_EQ(row["straggler"].get<std::string>(), straggler) << row.dump();
+    EXPECT_EQ(row.at("straggler").get<std::string>(), straggler) << row.dump();
   }
 
-  const nlohmann::json& links = doc["tables"]["links"];
+  const nlohmann::json& links = doc.at("tables")["links"];
   ASSERT_EQ(links.size(), 3u);
   const double eth = sql.QueryDouble("SELECT avg(coalesce(uplink_ms, uplink_server_ms)) " + Accepted("ethernet"));
   const double wifi = sql.QueryDouble("SELECT avg(coalesce(uplink_ms, uplink_server_ms)) " + Accepted("wifi"));
   for (const nlohmann::json& l : links) {
-    const std::string kind = l["link_kind"].get<std::string>();
+    const std::string kind = l.at("link_kind").get<std::string>();
     const double up = sql.QueryDouble("SELECT avg(coalesce(uplink_ms, uplink_server_ms)) " + Accepted(kind));
-    EXPECT_DOUBLE_EQ(l["uplink_mean_ms"].get<double>(), up) << kind;
-    EXPECT_DOUBLE_EQ(l["downlink_mean_ms"].get<double>(), sql.QueryDouble("SELECT avg(downlink_ms) " + Accepted(kind)));
-    EXPECT_DOUBLE_EQ(l["uplink_vs_ethernet"].get<double>(), up / eth) << kind;
-    EXPECT_DOUBLE_EQ(l["uplink_vs_wifi"].get<double>(), up / wifi) << kind;
-    EXPECT_DOUBLE_EQ(l["uplink_share"].get<double>(),
+    EXPECT_DOUBLE_EQ(l.at("uplink_mean_ms").get<double>(), up) << kind;
+    EXPECT_DOUBLE_EQ(l.at("downlink_mean_ms").get<double>(), sql.QueryDouble("SELECT avg(downlink_ms) " + Accepted(kind)));
+    EXPECT_DOUBLE_EQ(l.at("uplink_vs_ethernet").get<double>(), up / eth) << kind;
+    EXPECT_DOUBLE_EQ(l.at("uplink_vs_wifi").get<double>(), up / wifi) << kind;
+    EXPECT_DOUBLE_EQ(l.at("uplink_share").get<double>(),
                      sql.QueryDouble("SELECT sum(coalesce(uplink_ms, uplink_server_ms)) / sum(r.duration_ms) " +
                                      Accepted(kind)))
         << kind;
-    EXPECT_EQ(l["client_rounds"].get<int>(), kRounds) << kind;
+    EXPECT_EQ(l.at("client_rounds").get<int>(), kRounds) << kind;
     // Federated evaluation ran after rounds 2 and 4 (--evaluate-every 2).
-    EXPECT_DOUBLE_EQ(l["fed_eval_mean_ms"].get<double>(),
+    EXPECT_DOUBLE_EQ(l.at("fed_eval_mean_ms").get<double>(),
                      sql.QueryDouble("SELECT avg(eval_ms) FROM evaluations JOIN clients USING (experiment_id, "
                                      "client_id) WHERE link_kind = '" + kind + "'"))
         << kind;
   }
 
   int64_t straggler_rounds = 0;
-  for (const nlohmann::json& s : doc["tables"]["stragglers"]) straggler_rounds += s["times_straggler"].get<int64_t>();
+  for (const nlohmann::json& s : doc.at("tables")["stragglers"]) straggler_rounds += s.at("times_straggler").get<int64_t>();
   EXPECT_EQ(straggler_rounds, kRounds);
 }
 

@@ -220,6 +220,8 @@ absl::StatusOr<TrainResult> TorchTrainer::Train(std::span<const float> global, c
   torch::Tensor correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(s.device));
   uint64_t seen = 0;
   uint64_t steps = 0;
+  double compute_seconds = 0;
+  double throttled_seconds = 0;
   auto step = [&](const torch::Tensor& index) -> absl::Status {
     if (options.cancelled != nullptr && options.cancelled->load(std::memory_order_relaxed)) {
       return absl::CancelledError(fl::StrCat("training cancelled after ", steps, " steps"));
@@ -248,10 +250,13 @@ absl::StatusOr<TrainResult> TorchTrainer::Train(std::span<const float> global, c
     }
     seen += static_cast<uint64_t>(index.size(0));
     ++steps;
+    const auto compute = std::chrono::steady_clock::now() - compute_start;
+    compute_seconds += std::chrono::duration<double>(compute).count();
     if (s.options.slowdown > 1) {
-      const auto compute = std::chrono::steady_clock::now() - compute_start;
+      const auto idle_start = std::chrono::steady_clock::now();
       std::this_thread::sleep_for(
           std::chrono::duration_cast<std::chrono::nanoseconds>(compute * (s.options.slowdown - 1)));
+      throttled_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - idle_start).count();
     }
     return absl::OkStatus();
   };
@@ -289,6 +294,8 @@ absl::StatusOr<TrainResult> TorchTrainer::Train(std::span<const float> global, c
   TrainResult result;
   result.num_examples = num_examples;
   result.num_steps = steps;
+  result.compute_seconds = compute_seconds;
+  result.throttled_seconds = throttled_seconds;
   result.train_loss = loss_sum.item<double>() / static_cast<double>(steps);
   result.train_accuracy = static_cast<double>(correct.item<int64_t>()) / static_cast<double>(seen);
   return result;

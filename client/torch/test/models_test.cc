@@ -375,6 +375,44 @@ TEST_F(SyntheticTrainer, StepsModeCountsStepsTimesBatch) {
   EXPECT_LE(result->train_accuracy, 1.0);
 }
 
+// Device emulation: a client slowed 3x idles twice its compute time after its batches (sleep overshoots, never
+// undershoots), trains the same numbers as an unthrottled one, and a data share trains on fewer examples.
+TEST_F(SyntheticTrainer, SlowdownIdlesInProportionToComputeAndChangesNothingElse) {
+  TorchTrainerOptions slow_options;
+  slow_options.slowdown = 3.0;
+  auto slow = Make(slow_options);
+  auto fast = Make();
+  ASSERT_NE(slow, nullptr);
+  ASSERT_NE(fast, nullptr);
+  TrainOptions options;
+  options.local_steps = 5;
+  options.batch_size = 64;
+  auto a = slow->Train(Params(*slow), options);
+  auto b = fast->Train(Params(*fast), options);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_GT(a->compute_seconds, 0.0);
+  EXPECT_GE(a->throttled_seconds, 2.0 * a->compute_seconds);
+  EXPECT_EQ(b->throttled_seconds, 0.0);
+  EXPECT_EQ(a->train_loss, b->train_loss);
+  EXPECT_EQ(Params(*slow), Params(*fast));
+}
+
+TEST_F(SyntheticTrainer, DataShareTrainsOnThatPartOfTheShard) {
+  TorchTrainerOptions options;
+  options.data_fraction = 0.25;
+  auto trainer = Make(options);
+  ASSERT_NE(trainer, nullptr);
+  EXPECT_EQ(trainer->num_train_examples(), 200u);  // 800 x 0.25
+  TorchTrainerOptions bad;
+  bad.data_fraction = 0;
+  EXPECT_FALSE(TorchTrainer::Create(bad, *train_, *test_).ok());
+  bad.data_fraction = 1;
+  bad.slowdown = 0.5;
+  auto refused = TorchTrainer::Create(bad, *train_, *test_);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(std::string(refused.status().message()).find("slowdown 0.5"), std::string::npos) << refused.status();
+}
+
 TEST_F(SyntheticTrainer, FedProxKeepsWeightsCloserToGlobal) {
   auto trainer = Make();
   ASSERT_NE(trainer, nullptr);

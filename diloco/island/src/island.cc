@@ -81,6 +81,7 @@ std::string IslandSummary::ToJson() const {
   j["state_hash"] = core::FingerprintToHex(state_hash);
   j["outer_steps"] = outer_steps;
   j["late_joined"] = late_joined;
+  j["local_model_hash"] = core::FingerprintToHex(local_model_hash);
   return j.dump();
 }
 

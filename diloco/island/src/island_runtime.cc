@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 
+#include "fl/core/checksum.h"
 #include "fl/core/log_format.h"
 #include "fl/core/str_cat.h"
 #include "fl/diloco/coordinator_client.h"
@@ -306,6 +307,9 @@ absl::Status IslandRun::RunDataParallel() {
     if (leader() && o_.eval_every > 0 && t % o_.eval_every == 0 && t < total_steps_) Eval(t);
   }
   summary_.wall_s = Since(start);
+  ParamsToFlat(params_, local_);
+  summary_.local_model_hash = core::Checksum64(std::span<const uint8_t>(
+      reinterpret_cast<const uint8_t*>(local_.data()), local_.size() * sizeof(float)));
   if (leader()) {
     summary_.final_eval_loss = task_->EvalLoss();
     summary_.final_local_eval_loss = summary_.final_eval_loss;
@@ -490,12 +494,7 @@ absl::Status IslandRun::ApplyAt(uint64_t step, size_t fragment, uint64_t* resume
     summary_.wait_s += Since(wait_start);
     control[0] = kind;
     control[1] = static_cast<int64_t>(*resume_step);
-    if (kind != kFullModel) {
-      // Local model already mixed (kFragment); push it into the module.
-      FlatToParams(local_, params_);
-    } else {
-      FlatToParams(local_, params_);
-    }
+    FlatToParams(local_, params_);  // the mixed fragment, or the whole copied model
     if (island_pg_) Broadcast(*island_pg_, control);
     if (!failure.ok()) return failure;
   } else {
@@ -603,6 +602,9 @@ absl::Status IslandRun::RunDiLoCo() {
     if (leader() && o_.eval_every > 0 && training && t % o_.eval_every == 0 && t < total_steps_) Eval(t);
   }
   summary_.wall_s = Since(start);
+  ParamsToFlat(params_, local_);
+  summary_.local_model_hash = core::Checksum64(std::span<const uint8_t>(
+      reinterpret_cast<const uint8_t*>(local_.data()), local_.size() * sizeof(float)));
   if (leader()) {
     summary_.final_local_eval_loss = task_->EvalLoss();
     FlatToParams(outer_->global(), params_);  // the model DiLoCo delivers is θ_global
@@ -627,11 +629,11 @@ absl::StatusOr<IslandSummary> IslandRun::Run() {
                  "waited {:.2f} s",
                  o_.island_id, summary_.steps, summary_.final_eval_loss, summary_.final_local_eval_loss,
                  summary_.bytes_sent, summary_.peak_sync_bytes, summary_.wall_s, summary_.wait_s);
-    if (!o_.summary_path.empty()) {
-      std::ofstream out(o_.summary_path);
-      out << summary_.ToJson() << "\n";
-      if (!out) return absl::InternalError(fl::StrCat("cannot write the summary to ", o_.summary_path));
-    }
+  }
+  if (!o_.summary_path.empty()) {  // every rank: the ranks' local_model_hash must agree
+    std::ofstream out(o_.summary_path);
+    out << summary_.ToJson() << "\n";
+    if (!out) return absl::InternalError(fl::StrCat("cannot write the summary to ", o_.summary_path));
   }
   return summary_;
 }

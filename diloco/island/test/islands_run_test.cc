@@ -138,8 +138,11 @@ TEST(IslandsRunTest, IslandWithTwoGlooRanksTrains) {
     ASSERT_TRUE(rc.has_value()) << "rank " << r << " did not finish";
     ASSERT_EQ(*rc, 0) << ReadFile(dir.File(Cat("log", r)));
   }
-  nlohmann::json s0 = ReadJson(dir.File("s0.json"));
-  ASSERT_TRUE(s0.is_object());
+  nlohmann::json s0 = ReadJson(dir.File("s0.json")), s1 = ReadJson(dir.File("s1.json"));
+  ASSERT_TRUE(s0.is_object() && s1.is_object());
+  // Both ranks took the same all-reduced AdamW steps and received the same fragments: identical replicas.
+  EXPECT_EQ(s0["local_model_hash"], s1["local_model_hash"]);
+  EXPECT_EQ(s1["steps"], 30);
   EXPECT_EQ(s0["steps"], 30);
   EXPECT_EQ(s0["outer_steps"], 6);
   EXPECT_EQ(s0["units"], 30 * 2 * 4 * 16);  // steps x ranks x batch x context tokens

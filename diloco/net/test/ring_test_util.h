@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,9 +27,11 @@ inline std::string Msg(const absl::Status& s) { return std::string(fl::ToStd(s.m
 
 inline std::vector<RingMember> LoopbackMembers(size_t m) {
   std::vector<RingMember> members;
-  for (size_t i = 0; i < m; ++i) {
-    members.push_back({fl::StrCat("m", i), fl::StrCat("tcp://127.0.0.1:", fl::testing::FreeLoopbackPort())});
-  }
+  std::set<int> ports;
+  // The kernel may hand the same free port out twice in a row (it is released before the next probe).
+  while (ports.size() < m) ports.insert(fl::testing::FreeLoopbackPort());
+  size_t i = 0;
+  for (int port : ports) members.push_back({fl::StrCat("m", i++), fl::StrCat("tcp://127.0.0.1:", port)});
   return members;
 }
 

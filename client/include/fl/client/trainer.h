@@ -38,6 +38,10 @@ struct TrainResult {
   uint64_t num_steps = 0;
   double train_loss = 0;      // mean over the round's batches
   double train_accuracy = 0;  // fraction, over the round's batches
+  // Device emulation (TorchTrainerOptions::slowdown): time spent computing batches, and time idled after them
+  // to run at the emulated device's speed (throttled = (slowdown - 1) x compute, up to the sleep's precision).
+  double compute_seconds = 0;
+  double throttled_seconds = 0;
 };
 
 struct EvalResult {

@@ -84,7 +84,7 @@ struct IslandOptions {
   std::string state_endpoint;
 
   // Outputs.
-  std::string summary_path;            // leader writes a JSON summary here at the end ("" = none)
+  std::string summary_path;            // JSON summary written here at the end by every rank ("" = none)
   std::string metrics_path;            // leader appends one JSON line per sync and per eval ("" = none)
 
   absl::Status Validate() const;
@@ -111,6 +111,7 @@ struct IslandSummary {
   uint64_t state_hash = 0;          // OuterState::Hash at the end ("diloco")
   uint64_t outer_steps = 0;         // sum over fragments
   bool late_joined = false;
+  uint64_t local_model_hash = 0;    // Checksum64 of this rank's replica at the end (equal on an island's ranks)
   std::string ToJson() const;
 };
 

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs the reproduction of "Federated Learning over 5G, WiFi, and Ethernet" (docs/reproduction.md): the same
+# four emulated Raspberry Pi 4 clients over Ethernet, WiFi and 5G SA, then a mixed federation, into one records
+# database, and prints fl-report's link and straggler tables of each run (the figures of docs/reproduction.md).
+#
+# Usage: experiments/paper-5g-wifi-ethernet/run.sh [BUILD_DIR] [OUT_DIR]   (defaults: build/release, out/paper)
+set -euo pipefail
+cd "$(dirname "$(readlink -f "$0")")/../.."
+BUILD_DIR="${1:-build/release}"
+OUT="${2:-out/paper}"
+DB="$OUT/records.db"
+mkdir -p "$OUT"
+for run in ethernet wifi 5g mixed; do
+  "$BUILD_DIR/experiments/fl-experiment" run "experiments/paper-5g-wifi-ethernet/$run.yaml" --db "$DB" \
+    --out "$OUT/$run" >"$OUT/$run.txt" 2>&1 || { echo "run $run failed: $OUT/$run.txt" >&2; exit 1; }
+  echo "run $run done"
+done
+"$BUILD_DIR/report/fl-report" "$DB" --list
+for run in ethernet wifi 5g mixed; do
+  id=$(sqlite3 "$DB" "SELECT id FROM experiments WHERE name = 'paper-$run' ORDER BY started_unix_ms DESC LIMIT 1")
+  echo; echo "== paper-$run ($id)"
+  "$BUILD_DIR/report/fl-report" "$DB" --experiment "$id" --table links
+  "$BUILD_DIR/report/fl-report" "$DB" --experiment "$id" --table stragglers
+  "$BUILD_DIR/report/fl-report" "$DB" --experiment "$id" --format html --out "$OUT/$run.html"
+done
