@@ -114,7 +114,8 @@ std::string LinkKindFromName(const std::string& name) {
 
 absl::Status ParseServer(const YamlMap& m, Manifest::Server* s) {
   FL_RETURN_IF_ERROR(m.Check({"strategy", "rounds", "round_deadline_s", "selection", "evaluation",
-                              "max_round_attempts", "metrics_addr"}));
+                              "max_round_attempts", "metrics_addr", "upload_slots"}));
+  FL_RETURN_IF_ERROR(Set(m.Integer("upload_slots", 1, 100'000), &s->upload_slots));
   FL_RETURN_IF_ERROR(Set(m.String("metrics_addr"), &s->metrics_addr));
   if (m.Has("strategy")) {
     const YAML::Node n = m.Node("strategy");
@@ -385,7 +386,8 @@ std::string ResolvedManifestJson(const Manifest& m) {
                  {"evaluate_every", m.server.evaluate_every},
                  {"fraction_evaluate", m.server.fraction_evaluate},
                  {"max_round_attempts", m.server.max_round_attempts},
-                 {"metrics_addr", m.server.metrics_addr}};
+                 {"metrics_addr", m.server.metrics_addr},
+                 {"upload_slots", m.server.upload_slots}};
   j["training"] = {{"model", m.training.model},         {"data_dir", m.training.data_dir},
                    {"partition", m.training.partition}, {"local_epochs", m.training.local_epochs},
                    {"local_steps", m.training.local_steps}, {"batch_size", m.training.batch_size},
@@ -438,6 +440,7 @@ absl::StatusOr<Manifest> ManifestFromResolvedJson(const std::string& json, const
     m.server.fraction_evaluate = s.at("fraction_evaluate").get<double>();
     m.server.max_round_attempts = s.at("max_round_attempts").get<uint32_t>();
     m.server.metrics_addr = s.value("metrics_addr", "");
+    m.server.upload_slots = s.value("upload_slots", 0u);
     const auto& t = j.at("training");
     m.training.model = t.at("model").get<std::string>();
     m.training.data_dir = t.at("data_dir").get<std::string>();

@@ -124,6 +124,7 @@ std::vector<std::string> ServerArgs(const Manifest& m, const RunOptions& o, cons
           "--log-level", "warn"};
   if (!o.no_records) a.insert(a.end(), {"--db", o.db_path, "--checkpoint-dir", (o.out_dir / "checkpoints").string()});
   if (!s.metrics_addr.empty()) a.insert(a.end(), {"--metrics-addr", s.metrics_addr});
+  if (s.upload_slots > 0) a.insert(a.end(), {"--upload-slots", std::to_string(s.upload_slots)});
   return a;
 }
 

@@ -58,6 +58,7 @@ struct Manifest {
     double fraction_evaluate = 1.0;
     uint32_t max_round_attempts = 3;
     std::string metrics_addr;         // fl-server --metrics-addr (Prometheus /metrics); "" = none
+    uint32_t upload_slots = 0;        // fl-server --upload-slots: updates received at once; 0 = its default
   } server;
 
   struct Training {
