@@ -18,7 +18,7 @@ PACKAGES=(
   # records and metrics
   libsqlite3-dev sqlite3 prometheus-cpp-dev
   # training
-  libtorch-dev
+  libtorch-dev libgloo-dev   # gloo: the headers of LibTorch's c10d ProcessGroupGloo (island ranks)
   # configuration, CLI, logging, JSON
   libyaml-cpp-dev libcli11-dev libspdlog-dev nlohmann-json3-dev
   # tests and benchmarks

@@ -27,6 +27,11 @@
 #include "fl/report/analysis.h"
 #include "fl/report/experiment_data.h"
 #include "fl/report/tables.h"
+#if FL_WITH_ISLANDS
+#include <yaml-cpp/yaml.h>
+
+#include "fl/diloco/islands_experiment.h"
+#endif
 
 namespace {
 
@@ -67,6 +72,37 @@ std::string Summary(const std::string& db, const std::string& id) {
   for (const fl::report::Table& t : fl::report::AllTables(*data, analysis)) out += fl::report::RenderText(t) + "\n";
   return out;
 }
+
+#if FL_WITH_ISLANDS
+// An islands manifest (experiments/diloco/, docs/diloco.md) has a top-level `islands` count; a federation
+// manifest has `clients`.
+bool IsIslandsManifest(const std::string& path) {
+  try {
+    return YAML::LoadFile(path)["islands"].IsDefined();
+  } catch (const YAML::Exception&) {
+    return false;  // LoadManifest reports the syntax error with its line
+  }
+}
+
+int RunIslands(const std::string& manifest_path, const std::string& out_dir, const std::string& bin_dir) {
+  absl::StatusOr<fl::diloco::IslandsExperimentConfig> config = fl::diloco::LoadIslandsExperiment(manifest_path);
+  if (!config.ok()) return Fail(config.status());
+  fl::diloco::LaunchPaths paths;
+  const fs::path dir = bin_dir.empty() ? SelfDir() : fs::path(bin_dir);
+  paths.fl_island = (dir / "fl-island").string();
+  paths.fl_server = (dir / "fl-server").string();
+  if (bin_dir.empty() && !fs::exists(paths.fl_island)) {  // the build tree
+    paths.fl_island = (dir.parent_path() / "diloco" / "island" / "fl-island").string();
+    paths.fl_server = (dir.parent_path() / "server" / "fl-server").string();
+  }
+  paths.out_dir = out_dir.empty() ? (fs::path("out") / config->name).string() : out_dir;
+  absl::StatusOr<fl::diloco::IslandsExperimentResult> r = fl::diloco::RunIslandsExperiment(*config, paths);
+  if (!r.ok()) return Fail(r.status(), 1);
+  std::printf("%s\nrecords: %s/records.db; logs and per-sync metrics: %s\n", r->ToJson().c_str(),
+              paths.out_dir.c_str(), paths.out_dir.c_str());
+  return r->hashes_equal ? 0 : 1;
+}
+#endif
 
 int RunAndReport(const fl::experiment::Manifest& manifest, fl::experiment::RunOptions options) {
   options.interrupted = &g_interrupted;
@@ -137,6 +173,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (*run) {
+#if FL_WITH_ISLANDS
+    if (IsIslandsManifest(manifest_path)) return RunIslands(manifest_path, out_dir, bin_dir);
+#endif
     absl::StatusOr<fl::experiment::Manifest> m = fl::experiment::LoadManifest(manifest_path);
     if (!m.ok()) return Fail(m.status());
     fl::experiment::RunOptions o;

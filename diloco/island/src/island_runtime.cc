@@ -641,16 +641,18 @@ absl::StatusOr<IslandSummary> IslandRun::Run() {
 }  // namespace
 
 absl::StatusOr<std::string> ResolveDevice(const std::string& requested) {
-  const bool cuda = torch::cuda::is_available();
 #ifdef USE_C10D_NCCL
   const bool nccl = true;
 #else
   const bool nccl = false;
 #endif
-  if (requested == "cpu") return std::string("cpu");
-  if (requested == "auto") return std::string(cuda && nccl ? "cuda" : "cpu");
+  if (requested == "cpu" || requested == "auto") {
+    // auto stays on the CPU until the models, batches and c10d control tensors are placed on the GPU
+    // (see docs/diloco.md, "Not done"); NCCL needs CUDA tensors for every collective.
+    return std::string("cpu");
+  }
   if (requested == "cuda") {
-    if (!cuda) {
+    if (!torch::cuda::is_available()) {
       return absl::FailedPreconditionError(
           "--device cuda: LibTorch sees no CUDA device (Debian's libtorch is CPU-only); use --device cpu or a "
           "CUDA build of LibTorch on a machine with a GPU");
@@ -660,7 +662,9 @@ absl::StatusOr<std::string> ResolveDevice(const std::string& requested) {
           "--device cuda: this build was compiled without c10d's NCCL process group (USE_C10D_NCCL); rebuild "
           "against a LibTorch with NCCL or use --device cpu");
     }
-    return std::string("cuda");
+    return absl::UnimplementedError(
+        "--device cuda: CUDA and NCCL are available, but fl-island does not place its model and collectives on "
+        "the GPU yet; use --device cpu");
   }
   return absl::InvalidArgumentError(fl::StrCat("--device ", requested, ": use auto, cpu or cuda"));
 }

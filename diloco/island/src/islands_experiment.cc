@@ -11,12 +11,15 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
 #include "fl/core/str_cat.h"
+#include "fl/emulation/link_profile.h"
+#include "fl/emulation/shaping_relay.h"
 
 namespace fl::diloco {
 namespace {
@@ -136,6 +139,21 @@ absl::StatusOr<IslandsExperimentConfig> LoadIslandsExperiment(const std::string&
       else if (key == "ranks_per_island") c.ranks_per_island = v.as<uint32_t>();
       else if (key == "threads_per_rank") c.threads_per_rank = v.as<uint32_t>();
       else if (key == "description") continue;
+      else if (key == "wan") {
+        const std::string name = v.as<std::string>();
+        const std::filesystem::path base = std::filesystem::path(path).parent_path();
+        std::filesystem::path file = name;
+        if (name.find('/') == std::string::npos && !name.ends_with(".yaml")) {
+          file = base / ".." / "profiles" / "links" / fl::StrCat(name, ".yaml");
+        } else if (file.is_relative()) {
+          file = base / file;
+        }
+        if (!std::filesystem::exists(file)) {
+          return absl::InvalidArgumentError(fl::StrCat(path, ": wan (line ", kv.first.Mark().line + 1,
+                                                       "): no link profile ", file.string()));
+        }
+        c.wan_link = file.lexically_normal().string();
+      }
       else if (key == "model" || key == "inner") {
         for (const auto& m : v) {
           const std::string k = m.first.as<std::string>();
@@ -185,11 +203,16 @@ absl::StatusOr<IslandsExperimentConfig> LoadIslandsExperiment(const std::string&
         return absl::InvalidArgumentError(fl::StrCat(
             path, ": unknown field '", key, "' (line ", kv.first.Mark().line + 1,
             "); known: name, description, method, mode, dp_transport, islands, ranks_per_island, "
-            "threads_per_rank, model, inner, outer, exchange"));
+            "threads_per_rank, model, inner, outer, exchange, wan"));
       }
     }
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(fl::StrCat(path, ": ", e.what()));
+  }
+  if (!c.wan_link.empty() && c.mode == "data-parallel" && c.dp_transport == "gloo") {
+    return absl::InvalidArgumentError(fl::StrCat(
+        path, ": wan shapes the ring between island leaders, but data-parallel with dp_transport gloo sends "
+              "everything through one Gloo group; use dp_transport: ring, or remove wan"));
   }
   if (c.method.empty()) c.method = c.name;
   if (absl::Status s = c.Validate(); !s.ok()) return s;
@@ -251,9 +274,27 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
 
   std::vector<std::string> peers;
   std::vector<int> data_ports;
+  std::vector<std::string> advertised;  // what the other islands dial: the island itself, or its WAN relay
+  std::vector<std::unique_ptr<fl::emulation::ShapingRelay>> wan_relays;
+  std::optional<fl::emulation::LinkProfile> wan;
+  if (!c.wan_link.empty()) {
+    absl::StatusOr<fl::emulation::LinkProfile> profile = fl::emulation::LoadLinkProfile(c.wan_link);
+    if (!profile.ok()) return profile.status();
+    wan = *profile;
+  }
   for (uint32_t i = 0; i < c.islands; ++i) {
     data_ports.push_back(FreePort());
-    peers.push_back(fl::StrCat("island-", i, "=tcp://127.0.0.1:", data_ports.back()));
+    advertised.push_back(fl::StrCat("tcp://127.0.0.1:", data_ports.back()));
+    if (wan.has_value()) {
+      // Ring traffic into island i crosses its relay: the WAN's rate and delay apply to every hop.
+      absl::StatusOr<std::unique_ptr<fl::emulation::ShapingRelay>> relay = fl::emulation::ShapingRelay::Start(
+          {.listen_addr = "127.0.0.1:0", .target_addr = fl::StrCat("127.0.0.1:", data_ports.back()),
+           .uplink = wan->uplink, .downlink = wan->downlink, .seed = 1000 + i, .name = fl::StrCat("wan-", i)});
+      if (!relay.ok()) return relay.status();
+      advertised.back() = fl::StrCat("tcp://", (*relay)->address());
+      wan_relays.push_back(std::move(*relay));
+    }
+    peers.push_back(fl::StrCat("island-", i, "=", advertised.back()));
   }
   const int global_store = FreePort();
   std::vector<std::unique_ptr<Child>> ranks;
@@ -274,6 +315,10 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
           "--pg-store",
           fl::StrCat("127.0.0.1:", c.mode == "data-parallel" && c.dp_transport == "gloo" ? global_store : island_store),
           "--summary", out(fl::StrCat(id, "-rank", r, ".json")), "--metrics", out(fl::StrCat(id, ".jsonl"))};
+      if (wan.has_value()) {
+        argv.push_back("--advertised-endpoint");
+        argv.push_back(advertised[i]);
+      }
       if (!coordinator.empty()) {
         argv.push_back("--coordinator");
         argv.push_back(coordinator);

@@ -150,11 +150,13 @@ TEST(IslandsRunTest, IslandWithTwoGlooRanksTrains) {
 
 // fl-server --mode islands + 3 islands; island-2 is SIGKILLed after a few syncs, island-3 joins late,
 // copies the state from a peer and trains to the end; survivors and the late joiner end with equal hashes.
+// 150 outer steps of H = 10 so that the survivors are still training when the late joiner has started
+// (a process start takes a second or more here; 24 outer steps were sometimes over by then).
 TEST(IslandsRunTest, KilledIslandAndLateJoinerLeaveTrainingGoingWithEqualHashes) {
   ScratchDir dir("island_membership");
   const std::string db = dir.File("records.db");
   Subprocess server({FL_SERVER_BIN, "--mode", "islands", "--listen", "127.0.0.1:0", "--port-file",
-                     dir.File("port"), "--db", db, "--inner-steps", "10", "--outer-steps", "24", "--min-islands",
+                     dir.File("port"), "--db", db, "--inner-steps", "10", "--outer-steps", "150", "--min-islands",
                      "3", "--heartbeat-timeout-ms", "3000", "--exchange-timeout-ms", "5000",
                      "--barrier-timeout-ms", "20000"},
                     dir.File("server.log"));
@@ -194,7 +196,7 @@ TEST(IslandsRunTest, KilledIslandAndLateJoinerLeaveTrainingGoingWithEqualHashes)
   nlohmann::json a = ReadJson(dir.File("island-0.json")), b = ReadJson(dir.File("island-1.json")),
                  late = ReadJson(dir.File("island-3.json"));
   ASSERT_TRUE(a.is_object() && b.is_object() && late.is_object());
-  EXPECT_EQ(a["outer_steps"], 24);
+  EXPECT_EQ(a["outer_steps"], 150);
   EXPECT_EQ(a["state_hash"], b["state_hash"]);
   EXPECT_EQ(a["state_hash"], late["state_hash"]);
   EXPECT_EQ(late["late_joined"], true);
@@ -214,7 +216,7 @@ TEST(IslandsRunTest, KilledIslandAndLateJoinerLeaveTrainingGoingWithEqualHashes)
                                -1, &stmt, nullptr),
             SQLITE_OK);
   ASSERT_EQ(sqlite3_step(stmt), SQLITE_ROW);
-  EXPECT_EQ(sqlite3_column_int64(stmt, 0), 23);
+  EXPECT_EQ(sqlite3_column_int64(stmt, 0), 149);
   EXPECT_EQ(sqlite3_column_int64(stmt, 1), 3);
   const std::string committed = reinterpret_cast<const char*>(sqlite3_column_text(stmt, 2));
   sqlite3_finalize(stmt);

@@ -200,16 +200,18 @@ class RingAllReduce::Impl {
     // One I/O thread for the incoming connection(s) and one per outgoing connection (up to 4), so that
     // receiving and sending are copied through the kernel in parallel where there are cores for it.
     context_.set(zmq::ctxopt::io_threads, std::min(1 + options_.connections_per_peer, 4));
+    const std::string& bind_to =
+        options_.bind_endpoint.empty() ? options_.members[self_].endpoint : options_.bind_endpoint;
     try {
       pull_ = zmq::socket_t(context_, zmq::socket_type::pull);
       pull_.set(zmq::sockopt::rcvhwm, 0);
       pull_.set(zmq::sockopt::linger, 0);
       AddMonitor(pull_, "pull");
-      pull_.bind(options_.members[self_].endpoint);
+      pull_.bind(bind_to);
       bound_endpoint_ = pull_.get(zmq::sockopt::last_endpoint);
     } catch (const zmq::error_t& e) {
       return absl::UnavailableError(fl::StrCat("ring member '", options_.members[self_].id, "' cannot bind ",
-                                               options_.members[self_].endpoint, ": ", e.what(),
+                                               bind_to, ": ", e.what(),
                                                " (is another process or ring still using it?)"));
     }
     if (m == 1) return absl::OkStatus();

@@ -43,7 +43,7 @@ struct IslandOptions {
   // Rendezvous of the island's c10d process group: "host:port" of a c10d TCPStore served by rank 0
   // ("data-parallel" + dp_transport gloo: the store of the one global group, served by island 0 rank 0).
   std::string pg_store = "127.0.0.1:29500";
-  std::string device = "auto";         // "auto" | "cpu" | "cuda" (NCCL); auto = cuda when available
+  std::string device = "auto";         // "auto" | "cpu" | "cuda" (see ResolveDevice)
   int threads = 1;                     // intra-op threads of this rank
 
   // Model and data (see src/train_task.h).
@@ -119,8 +119,9 @@ struct IslandSummary {
 // know). Errors: bad options, no data, process-group or coordinator failures that retrying cannot fix.
 absl::StatusOr<IslandSummary> RunIsland(const IslandOptions& options);
 
-// "cuda" when this build of LibTorch can run NCCL on a visible GPU, else "cpu"; with `requested` = "cuda"
-// and no such support, FailedPrecondition saying why (CPU-only LibTorch, no GPU, no NCCL).
+// The device a rank trains on: "cpu" for "cpu" and "auto". "cuda" is refused with the reason: no GPU
+// visible to LibTorch or no NCCL in this build (FailedPrecondition), or, where both exist, Unimplemented
+// (GPU placement of the model and collectives is not written yet).
 absl::StatusOr<std::string> ResolveDevice(const std::string& requested);
 
 }  // namespace fl::diloco

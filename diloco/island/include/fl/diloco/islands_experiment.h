@@ -36,6 +36,9 @@ struct IslandsExperimentConfig {
   bool error_feedback = true;
   uint32_t connections_per_peer = 1;
   uint32_t exchange_timeout_ms = 60000;
+  // The emulated WAN between islands: a link profile (a file, or a name in experiments/profiles/links/);
+  // each island's ring endpoint is reached through its own shaping relay with it. "" = loopback.
+  std::string wan_link;
 
   std::string source;  // manifest path, for errors
 

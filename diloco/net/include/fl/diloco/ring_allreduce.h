@@ -103,6 +103,9 @@ struct RingOptions {
   absl::Duration timeout = absl::Seconds(30);  // per exchange; a vanished peer -> Unavailable/DeadlineExceeded
   size_t sub_chunk_values = size_t{1} << 20;   // values per message (4 MiB of fp32); pipelining granularity
   absl::Duration linger = absl::Seconds(2);    // how long the destructor lets queued messages drain to live peers
+  // What this member binds, when peers reach it through something in between (an emulated WAN link's relay,
+  // a NAT): members[self].endpoint is then what the others dial. Empty = bind members[self].endpoint.
+  std::string bind_endpoint;
 };
 
 enum class ReduceOp { kMean, kSum };

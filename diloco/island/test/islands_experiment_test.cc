@@ -1,0 +1,56 @@
+// The islands manifests: every committed manifest parses and validates; mistakes are errors that name the
+// file, the field and the line.
+#include "fl/diloco/islands_experiment.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "fl/testing/scratch_dir.h"
+
+namespace fl::diloco {
+namespace {
+
+TEST(IslandsExperimentTest, EveryCommittedManifestLoads) {
+  size_t n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(FL_DILOCO_MANIFEST_DIR)) {
+    if (entry.path().extension() != ".yaml") continue;
+    absl::StatusOr<IslandsExperimentConfig> c = LoadIslandsExperiment(entry.path().string());
+    ASSERT_TRUE(c.ok()) << entry.path() << ": " << c.status();
+    EXPECT_FALSE(c->name.empty());
+    ++n;
+  }
+  EXPECT_GE(n, 5u);
+  absl::StatusOr<IslandsExperimentConfig> s =
+      LoadIslandsExperiment(std::string(FL_DILOCO_MANIFEST_DIR) + "/streaming_overlap_int4.yaml");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->fragments, 4u);
+  EXPECT_EQ(s->overlap_steps, 5u);
+  EXPECT_EQ(s->codec, "int4");
+  EXPECT_EQ(s->total_steps, 600u);
+}
+
+TEST(IslandsExperimentTest, UnknownFieldNamesFileFieldAndLine) {
+  fl::testing::ScratchDir dir("manifest");
+  const std::string path = dir.File("bad.yaml");
+  std::ofstream(path) << "name: x\nouter:\n  inner_steps: 10\n  fragmnets: 2\n";
+  absl::StatusOr<IslandsExperimentConfig> c = LoadIslandsExperiment(path);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string msg(c.status().message());
+  EXPECT_NE(msg.find("bad.yaml"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("outer.fragmnets"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("line 4"), std::string::npos) << msg;
+}
+
+TEST(IslandsExperimentTest, ScheduleThatCannotWorkIsRejected) {
+  fl::testing::ScratchDir dir("manifest2");
+  const std::string path = dir.File("bad.yaml");
+  std::ofstream(path) << "name: x\ninner:\n  total_steps: 100\nouter:\n  inner_steps: 100\n  fragments: 3\n";
+  absl::StatusOr<IslandsExperimentConfig> c = LoadIslandsExperiment(path);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(c.status().message()).find("outer.fragments"), std::string::npos) << c.status();
+}
+
+}  // namespace
+}  // namespace fl::diloco
