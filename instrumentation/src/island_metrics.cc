@@ -1,17 +1,10 @@
 #include "fl/instrumentation/island_metrics.h"
 
-#include <exception>
+#include <algorithm>
 #include <mutex>
 #include <set>
 
-#include <prometheus/counter.h>
-#include <prometheus/exposer.h>
-#include <prometheus/family.h>
-#include <prometheus/gauge.h>
-#include <prometheus/histogram.h>
-#include <prometheus/registry.h>
-
-#include "fl/core/str_cat.h"
+#include "metrics_endpoint.h"
 
 namespace fl::instrumentation {
 namespace {
@@ -26,8 +19,9 @@ std::string S(std::string_view v) { return std::string(v); }
 }  // namespace
 
 struct IslandMetrics::Impl {
-  std::unique_ptr<prometheus::Exposer> exposer;
-  std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
+  explicit Impl(internal::MetricsEndpoint e) : endpoint(std::move(e)) {}
+
+  internal::MetricsEndpoint endpoint;
   prometheus::Family<prometheus::Histogram>* exchange = nullptr;
   prometheus::Family<prometheus::Histogram>* compute = nullptr;
   prometheus::Family<prometheus::Counter>* wait = nullptr;
@@ -53,100 +47,38 @@ IslandMetrics::~IslandMetrics() = default;
 absl::StatusOr<std::unique_ptr<IslandMetrics>> IslandMetrics::Start(const std::string& bind_address,
                                                                     const std::string& experiment,
                                                                     size_t max_island_labels) {
-  auto impl = std::make_unique<Impl>();
+  absl::StatusOr<internal::MetricsEndpoint> endpoint = internal::MetricsEndpoint::Start(bind_address, experiment);
+  if (!endpoint.ok()) return endpoint.status();
+  auto impl = std::make_unique<Impl>(*std::move(endpoint));
   impl->max_labels = max_island_labels;
-  try {
-    impl->exposer = std::make_unique<prometheus::Exposer>(bind_address);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(fl::StrCat("cannot serve metrics on ", bind_address, ": ", e.what(),
-                                             "; pick another --metrics-addr"));
-  }
-  auto& r = *impl->registry;
-  prometheus::Labels constant;
-  if (!experiment.empty()) constant["experiment"] = experiment;
-  impl->exchange = &prometheus::BuildHistogram()
-                        .Name("fl_island_exchange_seconds")
-                        .Help("Wall time of one island's ring all-reduce of one sync (one fragment)")
-                        .Labels(constant)
-                        .Register(r);
-  impl->compute = &prometheus::BuildHistogram()
-                       .Name("fl_island_inner_compute_seconds")
-                       .Help("Inner-step compute time of one island between two of its syncs")
-                       .Labels(constant)
-                       .Register(r);
-  impl->wait = &prometheus::BuildCounter()
-                    .Name("fl_island_exchange_wait_seconds_total")
-                    .Help("Time an island's compute was blocked waiting for exchanges (not hidden by overlap)")
-                    .Labels(constant)
-                    .Register(r);
-  impl->bytes = &prometheus::BuildCounter()
-                     .Name("fl_island_exchange_bytes_total")
-                     .Help("Bytes an island sent or received in ring exchanges (frames, headers included)")
-                     .Labels(constant)
-                     .Register(r);
-  impl->syncs = &prometheus::BuildCounter()
-                     .Name("fl_island_syncs_total")
-                     .Help("Sync reports by island and outcome (applied, mismatch, failed)")
-                     .Labels(constant)
-                     .Register(r);
-  impl->mismatches = &prometheus::BuildCounter()
-                          .Name("fl_island_state_hash_mismatches_total")
-                          .Help("Syncs after which an island's state hash differed from the majority (repair ordered)")
-                          .Labels(constant)
-                          .Register(r);
-  impl->loaded = &prometheus::BuildCounter()
-                      .Name("fl_island_state_loads_total")
-                      .Help("States copied from a peer and verified, by island and why (repair, late_join)")
-                      .Labels(constant)
-                      .Register(r);
-  impl->evictions = &prometheus::BuildCounter()
-                         .Name("fl_island_departures_total")
-                         .Help("Islands that left the membership, by island and reason")
-                         .Labels(constant)
-                         .Register(r);
-  impl->epochs = &prometheus::BuildCounter()
-                      .Name("fl_island_epochs_total")
-                      .Help("Membership epochs resolved, by outcome (committed, retried)")
-                      .Labels(constant)
-                      .Register(r);
-  impl->barrier = &prometheus::BuildHistogram()
-                       .Name("fl_island_barrier_seconds")
-                       .Help("Time from the first island's BeginSync to the epoch being formed")
-                       .Labels(constant)
-                       .Register(r)
-                       .Add({}, ExchangeBuckets());
-  impl->members = &prometheus::BuildGauge()
-                       .Name("fl_island_members")
-                       .Help("Islands currently taking part in syncs")
-                       .Labels(constant)
-                       .Register(r)
-                       .Add({});
-  impl->last_epoch = &prometheus::BuildGauge()
-                          .Name("fl_island_last_epoch")
-                          .Help("Number of the latest membership epoch formed")
-                          .Labels(constant)
-                          .Register(r)
-                          .Add({});
-  impl->committed_step = &prometheus::BuildGauge()
-                              .Name("fl_island_committed_outer_step")
-                              .Help("Outer step of the latest committed sync")
-                              .Labels(constant)
-                              .Register(r)
-                              .Add({});
-  impl->committed_fragment = &prometheus::BuildGauge()
-                                  .Name("fl_island_committed_fragment")
-                                  .Help("Fragment of the latest committed sync")
-                                  .Labels(constant)
-                                  .Register(r)
-                                  .Add({});
-  impl->exposer->RegisterCollectable(impl->registry);
+  internal::MetricsEndpoint& e = impl->endpoint;
+  impl->exchange = &e.Histograms("fl_island_exchange_seconds",
+                                 "Wall time of one island's ring all-reduce of one sync (one fragment)");
+  impl->compute = &e.Histograms("fl_island_inner_compute_seconds",
+                                "Inner-step compute time of one island between two of its syncs");
+  impl->wait = &e.Counters("fl_island_exchange_wait_seconds_total",
+                           "Time an island's compute was blocked waiting for exchanges (not hidden by overlap)");
+  impl->bytes = &e.Counters("fl_island_exchange_bytes_total",
+                            "Bytes an island sent or received in ring exchanges (frames, headers included)");
+  impl->syncs = &e.Counters("fl_island_syncs_total", "Sync reports by island and outcome (applied, mismatch, failed)");
+  impl->mismatches =
+      &e.Counters("fl_island_state_hash_mismatches_total",
+                  "Syncs after which an island's state hash differed from the majority (repair ordered)");
+  impl->loaded = &e.Counters("fl_island_state_loads_total",
+                             "States copied from a peer and verified, by island and why (repair, late_join)");
+  impl->evictions = &e.Counters("fl_island_departures_total", "Islands that left the membership, by island and reason");
+  impl->epochs = &e.Counters("fl_island_epochs_total", "Membership epochs resolved, by outcome (committed, retried)");
+  impl->barrier =
+      &e.Histograms("fl_island_barrier_seconds", "Time from the first island's BeginSync to the epoch being formed")
+           .Add({}, ExchangeBuckets());
+  impl->members = &e.Gauges("fl_island_members", "Islands currently taking part in syncs").Add({});
+  impl->last_epoch = &e.Gauges("fl_island_last_epoch", "Number of the latest membership epoch formed").Add({});
+  impl->committed_step = &e.Gauges("fl_island_committed_outer_step", "Outer step of the latest committed sync").Add({});
+  impl->committed_fragment = &e.Gauges("fl_island_committed_fragment", "Fragment of the latest committed sync").Add({});
   return std::unique_ptr<IslandMetrics>(new IslandMetrics(std::move(impl)));
 }
 
-int IslandMetrics::port() const {
-  auto ports = impl_->exposer->GetListeningPorts();
-  return ports.empty() ? 0 : ports.front();
-}
+int IslandMetrics::port() const { return impl_->endpoint.port(); }
 
 std::string IslandMetrics::IslandLabel(std::string_view island) {
   std::lock_guard lock(impl_->mu);

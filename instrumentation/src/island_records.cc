@@ -1,23 +1,17 @@
 #include "fl/instrumentation/island_records.h"
 
 #include <cstdio>
+#include <span>
 #include <utility>
 
-#include <sqlite3.h>
-
 #include "fl/core/str_cat.h"
-#include "fl/instrumentation/schema.h"
 #include "fl/instrumentation/sqlite.h"
+#include "sqlite_writer.h"
 
 namespace fl::instrumentation {
 namespace {
 
-template <class... Ts>
-struct Overloaded : Ts... {
-  using Ts::operator()...;
-};
-template <class... Ts>
-Overloaded(Ts...) -> Overloaded<Ts...>;
+using internal::Overloaded;
 
 constexpr std::string_view kInsertIsland = R"sql(
 INSERT INTO islands (experiment_id, join_seq, island_id, data_endpoint, state_endpoint, num_ranks,
@@ -64,40 +58,24 @@ std::string HashHex(uint64_t value) {
   return out;
 }
 
+// The write connection and one prepared statement per record kind; the queue, batches and error policy are
+// internal::WriterThread's and internal::WriteBatch's, as for RecordStore.
 struct IslandRecordWriter::Impl {
   sqlite::Database db;
   sqlite::Statement insert_island, update_left, insert_epoch, insert_sync, update_repaired;
-
-  std::mutex mu;
-  std::condition_variable work_cv;
-  std::condition_variable done_cv;
-  std::deque<IslandRecordVariant> queue;
-  uint64_t enqueued = 0;
-  uint64_t done = 0;
-  uint64_t written = 0;
-  bool stopping = false;
-  bool closed = false;
-  absl::Status first_error;
-  std::thread thread;
+  // Last, so destroyed first: the thread is stopped before the statements it uses go.
+  std::unique_ptr<internal::WriterThread<IslandRecordVariant>> thread;
 
   absl::Status Prepare() {
-    for (auto [stmt, sql] : {std::pair{&insert_island, kInsertIsland}, std::pair{&update_left, kUpdateIslandLeft},
-                             std::pair{&insert_epoch, kInsertEpoch}, std::pair{&insert_sync, kInsertSync},
-                             std::pair{&update_repaired, kUpdateRepaired}}) {
-      absl::StatusOr<sqlite::Statement> prepared = db.Prepare(sql, /*persistent=*/true);
-      if (!prepared.ok()) return prepared.status();
-      *stmt = *std::move(prepared);
-    }
-    return absl::OkStatus();
+    return internal::PrepareStatements(db, {{&insert_island, kInsertIsland},
+                                            {&update_left, kUpdateIslandLeft},
+                                            {&insert_epoch, kInsertEpoch},
+                                            {&insert_sync, kInsertSync},
+                                            {&update_repaired, kUpdateRepaired}});
   }
 
   absl::Status Run(sqlite::Statement& st, std::string_view what, bool expect_change = false) {
-    absl::Status s = st.Run(what);
-    st.Reset();
-    if (s.ok() && expect_change && sqlite3_changes(db.get()) == 0) {
-      return absl::NotFoundError(fl::StrCat("records database ", db.path(), ": ", what, ": no such row"));
-    }
-    return s;
+    return internal::RunStatement(db, st, what, expect_change);
   }
 
   absl::Status WriteOne(const IslandRecordVariant& record) {
@@ -187,49 +165,10 @@ struct IslandRecordWriter::Impl {
         record);
   }
 
-  // One transaction per batch; each record inside its own savepoint, so that a record that violates a
-  // constraint is undone alone and the rest of the batch commits.
-  void WriteBatch(std::deque<IslandRecordVariant>& batch, std::vector<absl::Status>* errors, uint64_t* n_written) {
-    if (absl::Status s = db.Exec("BEGIN IMMEDIATE"); !s.ok()) {
-      for (size_t i = 0; i < batch.size(); ++i) errors->push_back(s);
-      return;
-    }
-    for (const IslandRecordVariant& record : batch) {
-      (void)db.Exec("SAVEPOINT island_record");
-      absl::Status s = WriteOne(record);
-      if (s.ok()) {
-        (void)db.Exec("RELEASE island_record");
-        ++*n_written;
-      } else {
-        (void)db.Exec("ROLLBACK TO island_record; RELEASE island_record");
-        errors->push_back(s);
-      }
-    }
-    if (absl::Status s = db.Exec("COMMIT"); !s.ok()) {
-      (void)db.Exec("ROLLBACK");
-      errors->push_back(s);
-    }
-  }
-
-  void Loop() {
-    std::unique_lock lock(mu);
-    while (true) {
-      work_cv.wait(lock, [&] { return stopping || !queue.empty(); });
-      if (queue.empty() && stopping) return;
-      std::deque<IslandRecordVariant> batch;
-      batch.swap(queue);
-      lock.unlock();
-      std::vector<absl::Status> errors;
-      uint64_t n_written = 0;
-      WriteBatch(batch, &errors, &n_written);
-      lock.lock();
-      written += n_written;
-      for (const absl::Status& e : errors) {
-        if (first_error.ok()) first_error = e;
-      }
-      done += batch.size();
-      done_cv.notify_all();
-    }
+  internal::BatchResult WriteBatch(std::span<const IslandRecordVariant> batch) {
+    return internal::WriteBatch(
+        db, batch.size(), [&](size_t i) { return WriteOne(batch[i]); },
+        [](size_t, const absl::Status& s) { return s; });
   }
 };
 
@@ -237,24 +176,15 @@ IslandRecordWriter::IslandRecordWriter(std::unique_ptr<Impl> impl) : impl_(std::
 
 absl::StatusOr<std::unique_ptr<IslandRecordWriter>> IslandRecordWriter::Open(const std::string& path,
                                                                               int busy_timeout_ms) {
-  absl::StatusOr<sqlite::Database> db =
-      sqlite::Database::Open(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX);
-  if (!db.ok()) return db.status();
   auto impl = std::make_unique<Impl>();
+  absl::StatusOr<sqlite::Database> db = internal::OpenWriteConnection(path, busy_timeout_ms);
+  if (!db.ok()) return db.status();
   impl->db = *std::move(db);
-  if (absl::Status s = impl->db.Exec(fl::StrCat("PRAGMA busy_timeout = ", busy_timeout_ms)); !s.ok()) return s;
-  absl::StatusOr<std::string> mode = impl->db.QueryText("PRAGMA journal_mode = WAL");
-  if (!mode.ok()) return mode.status();
-  if (*mode != "wal") {
-    return absl::FailedPreconditionError(fl::StrCat("records database ", path,
-                                                    ": journal_mode=WAL is not available here (SQLite kept '",
-                                                    *mode, "'); use a file on a local disk"));
-  }
-  if (absl::Status s = impl->db.Exec("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON"); !s.ok()) return s;
-  if (absl::Status s = MigrateSchema(impl->db, SchemaMigrations()); !s.ok()) return s;
   if (absl::Status s = impl->Prepare(); !s.ok()) return s;
   Impl* raw = impl.get();
-  impl->thread = std::thread([raw] { raw->Loop(); });
+  impl->thread = std::make_unique<internal::WriterThread<IslandRecordVariant>>(
+      internal::WriterThread<IslandRecordVariant>::Options{},  // unbounded: the coordinator never waits
+      [raw](std::span<const IslandRecordVariant> batch) { return raw->WriteBatch(batch); });
   return std::unique_ptr<IslandRecordWriter>(new IslandRecordWriter(std::move(impl)));
 }
 
@@ -264,41 +194,17 @@ IslandRecordWriter::~IslandRecordWriter() {
 }
 
 absl::Status IslandRecordWriter::Enqueue(IslandRecordVariant record) {
-  std::lock_guard lock(impl_->mu);
-  if (impl_->stopping) return absl::FailedPreconditionError("the island record writer is closed");
-  impl_->queue.push_back(std::move(record));
-  ++impl_->enqueued;
-  impl_->work_cv.notify_one();
-  return absl::OkStatus();
-}
-
-absl::Status IslandRecordWriter::Flush() {
-  std::unique_lock lock(impl_->mu);
-  const uint64_t target = impl_->enqueued;
-  impl_->done_cv.wait(lock, [&] { return impl_->done >= target; });
-  absl::Status error = std::move(impl_->first_error);
-  impl_->first_error = absl::OkStatus();
-  return error;
-}
-
-absl::Status IslandRecordWriter::Close() {
-  {
-    std::lock_guard lock(impl_->mu);
-    if (impl_->closed) return absl::OkStatus();
-    impl_->closed = true;
-    impl_->stopping = true;
-    impl_->work_cv.notify_all();
+  if (impl_->thread->Push(record, /*wait=*/false) ==
+      internal::WriterThread<IslandRecordVariant>::Admission::kQueued) {
+    return absl::OkStatus();
   }
-  if (impl_->thread.joinable()) impl_->thread.join();
-  std::lock_guard lock(impl_->mu);
-  absl::Status error = std::move(impl_->first_error);
-  impl_->first_error = absl::OkStatus();
-  return error;
+  return absl::FailedPreconditionError("the island record writer is closed");
 }
 
-uint64_t IslandRecordWriter::written() const {
-  std::lock_guard lock(impl_->mu);
-  return impl_->written;
-}
+absl::Status IslandRecordWriter::Flush() { return impl_->thread->Flush(); }
+
+absl::Status IslandRecordWriter::Close() { return impl_->thread->Stop(); }
+
+uint64_t IslandRecordWriter::written() const { return impl_->thread->stats().written; }
 
 }  // namespace fl::instrumentation

@@ -1,24 +1,17 @@
 #include "fl/instrumentation/record_store.h"
 
-#include <algorithm>
 #include <cstdio>
 #include <span>
 #include <utility>
-#include <vector>
 
 #include "fl/core/str_cat.h"
-#include "fl/instrumentation/schema.h"
 #include "fl/instrumentation/sqlite.h"
+#include "sqlite_writer.h"
 
 namespace fl::instrumentation {
 namespace {
 
-template <class... Ts>
-struct Overloaded : Ts... {
-  using Ts::operator()...;
-};
-template <class... Ts>
-Overloaded(Ts...) -> Overloaded<Ts...>;
+using internal::Overloaded;
 
 constexpr std::string_view kInsertExperiment = R"sql(
 INSERT INTO experiments (id, name, status, status_reason, started_unix_ms, finished_unix_ms, config_json,
@@ -93,39 +86,17 @@ struct RecordStore::Writer {
   sqlite::Statement insert_evaluation;
   sqlite::Statement insert_checkpoint;
 
-  struct BatchResult {
-    std::vector<absl::Status> errors;  // one per dropped record, in queue order
-    bool fell_back = false;
-  };
-
   absl::Status Prepare() {
-    struct Entry {
-      sqlite::Statement* stmt;
-      std::string_view sql;
-    };
-    for (const Entry& e : {Entry{&insert_experiment, kInsertExperiment}, Entry{&update_experiment, kUpdateExperiment},
-                           Entry{&insert_client, kInsertClient}, Entry{&update_client_left, kUpdateClientLeft},
-                           Entry{&insert_round, kInsertRound},
-                           Entry{&update_round_evaluation, kUpdateRoundEvaluation},
-                           Entry{&insert_client_round, kInsertClientRound},
-                           Entry{&update_client_round_uplink, kUpdateClientRoundUplink},
-                           Entry{&insert_evaluation, kInsertEvaluation},
-                           Entry{&insert_checkpoint, kInsertCheckpoint}}) {
-      absl::StatusOr<sqlite::Statement> stmt = db.Prepare(e.sql, /*persistent=*/true);
-      if (!stmt.ok()) return stmt.status();
-      *e.stmt = *std::move(stmt);
-    }
-    return absl::OkStatus();
+    return internal::PrepareStatements(
+        db, {{&insert_experiment, kInsertExperiment}, {&update_experiment, kUpdateExperiment},
+             {&insert_client, kInsertClient}, {&update_client_left, kUpdateClientLeft}, {&insert_round, kInsertRound},
+             {&update_round_evaluation, kUpdateRoundEvaluation}, {&insert_client_round, kInsertClientRound},
+             {&update_client_round_uplink, kUpdateClientRoundUplink}, {&insert_evaluation, kInsertEvaluation},
+             {&insert_checkpoint, kInsertCheckpoint}});
   }
 
-  // Runs `stmt` (already bound) and resets it. `expect_change`: a zero-row UPDATE is NotFound.
   absl::Status Run(sqlite::Statement& stmt, std::string_view what, bool expect_change = false) {
-    absl::Status s = stmt.Run(what);
-    stmt.Reset();
-    if (s.ok() && expect_change && sqlite3_changes(db.get()) == 0) {
-      return absl::NotFoundError(fl::StrCat("records database ", db.path(), ": ", what, ": no such row"));
-    }
-    return s;
+    return internal::RunStatement(db, stmt, what, expect_change);
   }
 
   absl::Status WriteOne(const Record& record) {
@@ -284,86 +255,35 @@ struct RecordStore::Writer {
             },
         },
         record);
-    if (s.ok()) return s;
+    return s.ok() ? s : Annotate(record, s);
+  }
+
+  // Names the record in an error about storing it.
+  static absl::Status Annotate(const Record& record, const absl::Status& s) {
     return absl::Status(s.code(), fl::StrCat("could not store ", DescribeRecord(record), ": ", fl::ToStd(s.message())));
   }
 
-  void RollbackIfOpen() {
-    if (db.in_transaction()) (void)db.Exec("ROLLBACK");
-  }
-
-  // Stores `batch` in one transaction. A record that fails on its own (a constraint) is undone alone by
-  // SQLite (statement-level ABORT) and the rest of the batch still commits. If the transaction itself fails
-  // (BEGIN/COMMIT errors, or an error that made SQLite roll the whole transaction back: I/O, disk full),
-  // the batch is re-run one record per transaction so that each record lands or is reported on its own.
-  BatchResult WriteBatch(std::span<const Record> batch) {
-    BatchResult result;
-    if (db.Exec("BEGIN IMMEDIATE").ok()) {
-      bool transaction_lost = false;
-      for (const Record& record : batch) {
-        absl::Status s = WriteOne(record);
-        if (s.ok()) continue;
-        if (!db.in_transaction()) {
-          transaction_lost = true;
-          break;
-        }
-        result.errors.push_back(std::move(s));
-      }
-      if (!transaction_lost && db.Exec("COMMIT").ok()) return result;
-      RollbackIfOpen();
-    }
-    result.errors.clear();
-    result.fell_back = true;
-    for (const Record& record : batch) {
-      if (absl::Status s = db.Exec("BEGIN IMMEDIATE"); !s.ok()) {
-        result.errors.push_back(absl::Status(
-            s.code(), fl::StrCat("could not store ", DescribeRecord(record), ": ", fl::ToStd(s.message()))));
-        continue;
-      }
-      absl::Status s = WriteOne(record);
-      if (s.ok()) {
-        s = db.Exec("COMMIT");
-        if (!s.ok()) {
-          s = absl::Status(s.code(),
-                           fl::StrCat("could not store ", DescribeRecord(record), ": ", fl::ToStd(s.message())));
-        }
-      }
-      if (!s.ok()) {
-        RollbackIfOpen();
-        result.errors.push_back(std::move(s));
-      }
-    }
-    return result;
+  // One transaction per batch; the error policy is internal::WriteBatch's.
+  internal::BatchResult WriteBatch(std::span<const Record> batch) {
+    return internal::WriteBatch(
+        db, batch.size(), [&](size_t i) { return WriteOne(batch[i]); },
+        [&](size_t i, const absl::Status& s) { return Annotate(batch[i], s); });
   }
 };
 
 absl::StatusOr<std::unique_ptr<RecordStore>> RecordStore::Open(const std::string& path, RecordStoreOptions options) {
-  if (path.empty()) return absl::InvalidArgumentError("records database: empty path");
   if (options.max_queue_records == 0) options.max_queue_records = 1;
   if (options.max_batch_records == 0) options.max_batch_records = 1;
   if (options.busy_timeout_ms < 0) options.busy_timeout_ms = 0;
 
   auto writer = std::make_unique<Writer>();
-  absl::StatusOr<sqlite::Database> db =
-      sqlite::Database::Open(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX);
+  absl::StatusOr<sqlite::Database> db = internal::OpenWriteConnection(path, options.busy_timeout_ms);
   if (!db.ok()) return db.status();
   writer->db = *std::move(db);
   sqlite::Database& d = writer->db;
 
-  // busy_timeout first, so that switching the journal mode and migrating wait for other connections' locks.
-  if (absl::Status s = d.Exec(fl::StrCat("PRAGMA busy_timeout = ", options.busy_timeout_ms)); !s.ok()) return s;
-  absl::StatusOr<std::string> mode = d.QueryText("PRAGMA journal_mode = WAL");
-  if (!mode.ok()) return mode.status();
-  if (*mode != "wal") {
-    return absl::FailedPreconditionError(fl::StrCat(
-        "records database ", path, ": journal_mode=WAL is not available here (SQLite kept '", *mode,
-        "'); records need a database file on a local filesystem (not :memory:, not a network share)"));
-  }
-  if (absl::Status s = d.Exec("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON"); !s.ok()) return s;
-  if (absl::Status s = MigrateSchema(d, SchemaMigrations()); !s.ok()) return s;
-
   ConnectionSettings settings;
-  settings.journal_mode = *mode;
+  settings.journal_mode = "wal";  // OpenWriteConnection refuses every other mode
   for (auto [pragma, out] : {std::pair{"PRAGMA synchronous", &settings.synchronous},
                              std::pair{"PRAGMA foreign_keys", &settings.foreign_keys},
                              std::pair{"PRAGMA busy_timeout", &settings.busy_timeout_ms},
@@ -372,15 +292,9 @@ absl::StatusOr<std::unique_ptr<RecordStore>> RecordStore::Open(const std::string
     if (!v.ok()) return v.status();
     *out = *v;
   }
-  if (settings.foreign_keys != 1) {
-    return absl::FailedPreconditionError(fl::StrCat(
-        "records database ", path, ": this SQLite build cannot enforce foreign keys (PRAGMA foreign_keys stays 0)"));
-  }
   if (absl::Status s = writer->Prepare(); !s.ok()) return s;
 
-  std::unique_ptr<RecordStore> store(new RecordStore(path, std::move(options), std::move(writer), settings));
-  store->thread_ = std::thread(&RecordStore::WriterLoop, store.get());
-  return store;
+  return std::unique_ptr<RecordStore>(new RecordStore(path, std::move(options), std::move(writer), settings));
 }
 
 RecordStore::RecordStore(std::string path, RecordStoreOptions options, std::unique_ptr<Writer> writer,
@@ -388,7 +302,13 @@ RecordStore::RecordStore(std::string path, RecordStoreOptions options, std::uniq
     : path_(std::move(path)),
       options_(std::move(options)),
       settings_(std::move(settings)),
-      writer_(std::move(writer)) {}
+      writer_(std::move(writer)) {
+  Writer* w = writer_.get();
+  thread_ = std::make_unique<internal::WriterThread<Record>>(
+      internal::WriterThread<Record>::Options{options_.max_queue_records, options_.max_batch_records,
+                                              options_.on_error},
+      [w](std::span<const Record> batch) { return w->WriteBatch(batch); });
+}
 
 RecordStore::~RecordStore() {
   absl::Status s = Close();
@@ -398,111 +318,34 @@ RecordStore::~RecordStore() {
   }
 }
 
-absl::Status RecordStore::EnqueueLocked(std::unique_lock<std::mutex>& lock, Record record, bool wait) {
-  auto closed_error = [&] {
-    return absl::FailedPreconditionError(
-        fl::StrCat("records database ", path_, ": record store is closed; dropped ", DescribeRecord(record)));
-  };
-  if (stopping_) return closed_error();
-  if (queue_.size() >= options_.max_queue_records) {
-    if (!wait) {
+absl::Status RecordStore::Admit(Record record, bool wait) {
+  switch (thread_->Push(record, wait)) {
+    case internal::WriterThread<Record>::Admission::kQueued:
+      return absl::OkStatus();
+    case internal::WriterThread<Record>::Admission::kFull:
       return absl::ResourceExhaustedError(fl::StrCat("records database ", path_, ": write queue full (",
                                                      options_.max_queue_records, " records); dropped ",
                                                      DescribeRecord(record)));
-    }
-    ++stats_.backpressure_waits;
-    space_cv_.wait(lock, [&] { return stopping_ || queue_.size() < options_.max_queue_records; });
-    if (stopping_) return closed_error();
+    case internal::WriterThread<Record>::Admission::kClosed:
+      break;
   }
-  queue_.push_back(std::move(record));
-  ++enqueued_seq_;
-  ++stats_.enqueued;
-  stats_.max_queue_depth = std::max<uint64_t>(stats_.max_queue_depth, queue_.size());
-  return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      fl::StrCat("records database ", path_, ": record store is closed; dropped ", DescribeRecord(record)));
 }
 
-absl::Status RecordStore::Enqueue(Record record) {
-  absl::Status s;
-  {
-    std::unique_lock lock(mu_);
-    s = EnqueueLocked(lock, std::move(record), /*wait=*/true);
-  }
-  if (s.ok()) work_cv_.notify_one();
-  return s;
-}
+absl::Status RecordStore::Enqueue(Record record) { return Admit(std::move(record), /*wait=*/true); }
 
-absl::Status RecordStore::TryEnqueue(Record record) {
-  absl::Status s;
-  {
-    std::unique_lock lock(mu_);
-    s = EnqueueLocked(lock, std::move(record), /*wait=*/false);
-  }
-  if (s.ok()) work_cv_.notify_one();
-  return s;
-}
+absl::Status RecordStore::TryEnqueue(Record record) { return Admit(std::move(record), /*wait=*/false); }
 
-absl::Status RecordStore::Flush() {
-  std::unique_lock lock(mu_);
-  const uint64_t target = enqueued_seq_;
-  done_cv_.wait(lock, [&] { return done_seq_ >= target; });
-  return std::exchange(first_error_, absl::OkStatus());
-}
+absl::Status RecordStore::Flush() { return thread_->Flush(); }
 
 absl::Status RecordStore::Close() {
   std::lock_guard close_lock(close_mu_);
-  {
-    std::lock_guard lock(mu_);
-    if (closed_) return absl::OkStatus();
-    stopping_ = true;
-  }
-  work_cv_.notify_all();
-  space_cv_.notify_all();
-  if (thread_.joinable()) thread_.join();  // the writer drains the queue before it exits
-  writer_.reset();                          // finalizes statements, closes the connection (checkpoints the WAL)
-  std::lock_guard lock(mu_);
-  closed_ = true;
-  return std::exchange(first_error_, absl::OkStatus());
+  absl::Status s = thread_->Stop();  // the writer drains the queue before it exits
+  writer_.reset();                   // finalizes statements, closes the connection (checkpoints the WAL)
+  return s;
 }
 
-RecordStoreStats RecordStore::stats() const {
-  std::lock_guard lock(mu_);
-  return stats_;
-}
-
-void RecordStore::WriterLoop() {
-  std::vector<Record> batch;
-  while (true) {
-    {
-      std::unique_lock lock(mu_);
-      work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, and everything is written
-      const size_t n = std::min(queue_.size(), options_.max_batch_records);
-      batch.clear();
-      for (size_t i = 0; i < n; ++i) {
-        batch.push_back(std::move(queue_.front()));
-        queue_.pop_front();
-      }
-    }
-    space_cv_.notify_all();
-
-    Writer::BatchResult result = writer_->WriteBatch(batch);
-    if (options_.on_error) {
-      for (const absl::Status& e : result.errors) options_.on_error(e);
-    }
-    {
-      std::lock_guard lock(mu_);
-      if (first_error_.ok() && !result.errors.empty()) first_error_ = result.errors.front();
-      stats_.failed += result.errors.size();
-      stats_.written += batch.size() - result.errors.size();
-      if (result.fell_back) {
-        ++stats_.fallback_batches;
-      } else {
-        ++stats_.batches;
-      }
-      done_seq_ += batch.size();
-    }
-    done_cv_.notify_all();
-  }
-}
+RecordStoreStats RecordStore::stats() const { return thread_->stats(); }
 
 }  // namespace fl::instrumentation

@@ -1,17 +1,9 @@
 #include "fl/instrumentation/server_metrics.h"
 
 #include <algorithm>
-#include <exception>
 #include <optional>
 
-#include <prometheus/counter.h>
-#include <prometheus/exposer.h>
-#include <prometheus/family.h>
-#include <prometheus/gauge.h>
-#include <prometheus/histogram.h>
-#include <prometheus/registry.h>
-
-#include "fl/core/str_cat.h"
+#include "metrics_endpoint.h"
 
 namespace fl::instrumentation {
 namespace {
@@ -45,8 +37,9 @@ constexpr const char* kPhaseNames[] = {"downlink", "train", "eval", "uplink"};
 }  // namespace
 
 struct ServerMetrics::Impl {
-  std::unique_ptr<prometheus::Exposer> exposer;
-  std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
+  explicit Impl(internal::MetricsEndpoint e) : endpoint(std::move(e)) {}
+
+  internal::MetricsEndpoint endpoint;
   prometheus::Family<prometheus::Histogram>* phase = nullptr;
   prometheus::Histogram* round = nullptr;
   prometheus::Histogram* aggregation = nullptr;
@@ -63,81 +56,41 @@ struct ServerMetrics::Impl {
 
 absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Start(const std::string& bind_address,
                                                                     const std::string& experiment) {
-  auto impl = std::make_unique<Impl>();
-  try {
-    impl->exposer = std::make_unique<prometheus::Exposer>(bind_address);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(fl::StrCat("cannot serve metrics on ", bind_address, ": ", e.what(),
-                                             "; pick another --metrics-addr"));
-  }
-  auto& r = *impl->registry;
-  prometheus::Labels constant;
-  if (!experiment.empty()) constant["experiment"] = experiment;
-  impl->phase = &prometheus::BuildHistogram()
-                     .Name("fl_client_phase_seconds")
-                     .Help("Duration of one phase (downlink, train, eval, idle, uplink) of one client in one round")
-                     .Labels(constant)
-                     .Register(r);
-  impl->round = &prometheus::BuildHistogram()
-                     .Name("fl_round_seconds")
-                     .Help("Round duration, dispatch to commit, on the server")
-                     .Labels(constant)
-                     .Register(r)
-                     .Add({}, DurationBuckets());
-  impl->aggregation = &prometheus::BuildHistogram()
-                           .Name("fl_aggregation_seconds")
-                           .Help("Finishing the aggregate and the server optimizer step, per round")
-                           .Labels(constant)
-                           .Register(r)
-                           .Add({}, DurationBuckets());
-  impl->current_round = &prometheus::BuildGauge()
-                             .Name("fl_current_round")
-                             .Help("The last committed round")
-                             .Labels(constant)
-                             .Register(r)
-                             .Add({});
-  impl->connected = &prometheus::BuildGauge()
-                         .Name("fl_connected_clients")
-                         .Help("Clients with an open session stream")
-                         .Labels(constant)
-                         .Register(r)
-                         .Add({});
-  impl->bytes = &prometheus::BuildCounter()
-                     .Name("fl_bytes_total")
-                     .Help("Model and update payload bytes moved, by direction and link kind")
-                     .Labels(constant)
-                     .Register(r);
-  impl->updates = &prometheus::BuildCounter()
-                       .Name("fl_updates_total")
-                       .Help("Client updates by outcome (ok, late, dropped, rejected) and reject reason")
-                       .Labels(constant)
-                       .Register(r);
+  absl::StatusOr<internal::MetricsEndpoint> endpoint = internal::MetricsEndpoint::Start(bind_address, experiment);
+  if (!endpoint.ok()) return endpoint.status();
+  auto impl = std::make_unique<Impl>(*std::move(endpoint));
+  internal::MetricsEndpoint& e = impl->endpoint;
+  impl->phase = &e.Histograms("fl_client_phase_seconds",
+                              "Duration of one phase (downlink, train, eval, idle, uplink) of one client in one round");
+  impl->round =
+      &e.Histograms("fl_round_seconds", "Round duration, dispatch to commit, on the server").Add({}, DurationBuckets());
+  impl->aggregation =
+      &e.Histograms("fl_aggregation_seconds", "Finishing the aggregate and the server optimizer step, per round")
+           .Add({}, DurationBuckets());
+  impl->current_round = &e.Gauges("fl_current_round", "The last committed round").Add({});
+  impl->connected = &e.Gauges("fl_connected_clients", "Clients with an open session stream").Add({});
+  impl->bytes = &e.Counters("fl_bytes_total", "Model and update payload bytes moved, by direction and link kind");
+  impl->updates =
+      &e.Counters("fl_updates_total", "Client updates by outcome (ok, late, dropped, rejected) and reject reason");
   // Every outcome starts at zero, so that "no late updates" reads as 0 on a dashboard rather than no data.
   for (const char* outcome : {"ok", "late", "dropped", "rejected"}) impl->updates->Add({{"outcome", outcome}, {"reason", ""}});
-  impl->stragglers = &prometheus::BuildCounter()
-                          .Name("fl_round_straggler_total")
-                          .Help("Committed rounds whose last accepted update came from this client, by the phase "
-                                "that made it late")
-                          .Labels(constant)
-                          .Register(r);
-  auto gauge = [&](const char* name, const char* help) {
-    return &prometheus::BuildGauge().Name(name).Help(help).Labels(constant).Register(r);
-  };
-  impl->train_loss = gauge("fl_train_loss", "Mean local training loss of the last committed round");
-  impl->eval_loss = gauge("fl_eval_loss", "Loss of the global model on the clients' test data at the last evaluation");
+  impl->stragglers =
+      &e.Counters("fl_round_straggler_total",
+                  "Committed rounds whose last accepted update came from this client, by the phase "
+                  "that made it late");
+  impl->train_loss = &e.Gauges("fl_train_loss", "Mean local training loss of the last committed round");
+  impl->eval_loss =
+      &e.Gauges("fl_eval_loss", "Loss of the global model on the clients' test data at the last evaluation");
   impl->eval_accuracy =
-      gauge("fl_eval_accuracy", "Accuracy (0..1) of the global model on the clients' test data at the last evaluation");
-  impl->exposer->RegisterCollectable(impl->registry);
+      &e.Gauges("fl_eval_accuracy", "Accuracy (0..1) of the global model on the clients' test data at the last "
+                                    "evaluation");
   return std::unique_ptr<ServerMetrics>(new ServerMetrics(std::move(impl)));
 }
 
 ServerMetrics::ServerMetrics(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ServerMetrics::~ServerMetrics() = default;
 
-int ServerMetrics::port() const {
-  auto ports = impl_->exposer->GetListeningPorts();
-  return ports.empty() ? 0 : ports.front();
-}
+int ServerMetrics::port() const { return impl_->endpoint.port(); }
 
 void ServerMetrics::ObservePhase(std::string_view phase, std::string_view link_kind, std::string_view device_class,
                                  std::string_view client, double seconds) {

@@ -262,14 +262,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   spdlog::info("experiment {} listening on port {}", engine.config().experiment_id, server->port);
-  if (!port_file.empty()) {
-    const std::string tmp = port_file + ".tmp";
-    if (FILE* f = std::fopen(tmp.c_str(), "w")) {
-      std::fprintf(f, "%d\n", server->port);
-      std::fclose(f);
-      std::rename(tmp.c_str(), port_file.c_str());
-    }
-  }
+  if (!port_file.empty()) fl::server::WritePortFile(port_file, server->port);
 
   std::atomic<bool> exiting{false}, signalled{false};
   std::thread signal_thread([&engine, &exiting, &signalled, signals] {

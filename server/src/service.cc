@@ -1,8 +1,7 @@
 #include "fl/server/service.h"
 
 #include <atomic>
-#include <deque>
-#include <mutex>
+#include <cstdio>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <spdlog/spdlog.h>
@@ -13,6 +12,7 @@
 #include "fl/core/clock.h"
 #include "fl/core/str_cat.h"
 #include "fl/proto/convert.h"
+#include "fl/server/stream_outbox.h"
 
 namespace fl::server {
 namespace {
@@ -24,58 +24,17 @@ using fl::v1::ServerMessage;
 // the stream ended), so the reactor pointer is cleared in OnDone and every use checks it under the lock.
 class SessionStream final : public grpc::ServerBidiReactor<ClientMessage, ServerMessage> {
  public:
+  // The engine's SessionChannel over this stream's outbox.
   class Channel final : public SessionChannel {
    public:
-    explicit Channel(SessionStream* stream) : stream_(stream) {}
-    void Send(ServerMessage message) override {
-      std::lock_guard lock(mu_);
-      if (stream_ == nullptr || closing_) return;
-      outbox_.push_back(std::move(message));
-      if (!writing_) WriteNextLocked();
-    }
-    void Close(const grpc::Status& status) override {
-      std::lock_guard lock(mu_);
-      if (stream_ == nullptr || closing_) return;
-      closing_ = true;
-      close_status_ = status;
-      if (!writing_) FinishLocked();
-    }
-    void OnWriteDone(bool ok) {
-      std::lock_guard lock(mu_);
-      writing_ = false;
-      if (!outbox_.empty()) outbox_.pop_front();
-      if (!ok) outbox_.clear();  // the stream is broken: nothing more will get through
-      if (stream_ == nullptr) return;
-      if (!outbox_.empty()) {
-        WriteNextLocked();
-      } else if (closing_) {
-        FinishLocked();
-      }
-    }
-    void Detach() {
-      std::lock_guard lock(mu_);
-      stream_ = nullptr;
-      outbox_.clear();
-    }
+    explicit Channel(SessionStream* stream) : outbox_(stream) {}
+    void Send(ServerMessage message) override { outbox_.Send(std::move(message)); }
+    void Close(const grpc::Status& status) override { outbox_.Close(status); }
+    void OnWriteDone(bool ok) { outbox_.OnWriteDone(ok); }
+    void Detach() { outbox_.Detach(); }
 
    private:
-    void WriteNextLocked() {
-      writing_ = true;
-      stream_->StartWrite(&outbox_.front());
-    }
-    void FinishLocked() {
-      if (finished_) return;
-      finished_ = true;
-      stream_->Finish(close_status_);
-    }
-
-    std::mutex mu_;
-    SessionStream* stream_;
-    std::deque<ServerMessage> outbox_;  // front() is being written while writing_
-    bool writing_ = false;
-    bool closing_ = false;
-    bool finished_ = false;
-    grpc::Status close_status_;
+    StreamOutbox<ClientMessage, ServerMessage> outbox_;
   };
 
   explicit SessionStream(RoundEngine* engine) : engine_(engine), channel_(std::make_shared<Channel>(this)) {
@@ -353,6 +312,15 @@ absl::StatusOr<RunningServer> StartGrpcServer(grpc::Service* service, const std:
                                              ": the address is invalid or the port is in use; pick another with --listen"));
   }
   return running;
+}
+
+void WritePortFile(const std::string& path, int port) {
+  const std::string tmp = path + ".tmp";
+  if (FILE* f = std::fopen(tmp.c_str(), "w")) {
+    std::fprintf(f, "%d\n", port);
+    std::fclose(f);
+    std::rename(tmp.c_str(), path.c_str());
+  }
 }
 
 }  // namespace fl::server

@@ -28,6 +28,7 @@
 #include "fl/server/round_engine.h"
 #include "fl/server/service.h"
 #include "fl/server/strategy.h"
+#include "fl/testing/prometheus_server.h"
 #include "fl/testing/scratch_dir.h"
 #include "fl/v1/federation.grpc.pb.h"
 
@@ -373,23 +374,8 @@ TEST(FederationTest, EstimatesEachClientsClockOffset) {
 
 // A plain HTTP GET on loopback, as Prometheus scrapes.
 std::string HttpGet(int port, const std::string& path) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return "";
-  }
-  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  (void)!write(fd, req.data(), req.size());
-  std::string out;
-  char buf[4096];
-  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) out.append(buf, static_cast<size_t>(n));
-  close(fd);
-  const size_t body = out.find("\r\n\r\n");
-  return body == std::string::npos ? "" : out.substr(body + 4);
+  absl::StatusOr<fl::testing::HttpResponse> r = fl::testing::HttpGetLoopback(port, path);
+  return r.ok() && r->status == 200 ? r->body : "";
 }
 
 TEST(FederationTest, ServesPrometheusMetricsThatPromtoolAccepts) {

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -26,6 +25,7 @@
 #include "fl/instrumentation/island_records.h"
 #include "fl/proto/convert.h"
 #include "fl/server/service.h"
+#include "fl/server/stream_outbox.h"
 #include "fl/v1/islands.grpc.pb.h"
 
 namespace fl::diloco {
@@ -65,60 +65,8 @@ bool ValidIslandId(const std::string& id) {
 
 double Ms(int64_t ns) { return static_cast<double>(ns) / 1e6; }
 
-// The coordinator's handle on one session stream; outlives the reactor (cleared in OnDone).
-class SessionChannel {
- public:
-  explicit SessionChannel(grpc::ServerBidiReactor<fl::v1::IslandUp, fl::v1::IslandDown>* stream) : stream_(stream) {}
-  void Send(fl::v1::IslandDown message) {
-    std::lock_guard lock(mu_);
-    if (stream_ == nullptr || closing_) return;
-    outbox_.push_back(std::move(message));
-    if (!writing_) WriteNextLocked();
-  }
-  void Close(const grpc::Status& status) {
-    std::lock_guard lock(mu_);
-    if (stream_ == nullptr || closing_) return;
-    closing_ = true;
-    close_status_ = status;
-    if (!writing_) FinishLocked();
-  }
-  void OnWriteDone(bool ok) {
-    std::lock_guard lock(mu_);
-    writing_ = false;
-    if (!outbox_.empty()) outbox_.pop_front();
-    if (!ok) outbox_.clear();
-    if (stream_ == nullptr) return;
-    if (!outbox_.empty()) {
-      WriteNextLocked();
-    } else if (closing_) {
-      FinishLocked();
-    }
-  }
-  void Detach() {
-    std::lock_guard lock(mu_);
-    stream_ = nullptr;
-    outbox_.clear();
-  }
-
- private:
-  void WriteNextLocked() {
-    writing_ = true;
-    stream_->StartWrite(&outbox_.front());
-  }
-  void FinishLocked() {
-    if (finished_) return;
-    finished_ = true;
-    stream_->Finish(close_status_);
-  }
-
-  std::mutex mu_;
-  grpc::ServerBidiReactor<fl::v1::IslandUp, fl::v1::IslandDown>* stream_;
-  std::deque<fl::v1::IslandDown> outbox_;
-  bool writing_ = false;
-  bool closing_ = false;
-  bool finished_ = false;
-  grpc::Status close_status_;
-};
+// The coordinator's handle on one session stream; outlives the reactor (detached in OnDone).
+using SessionChannel = server::StreamOutbox<fl::v1::IslandUp, fl::v1::IslandDown>;
 
 enum class Phase { kWaiting, kLoading, kActive, kGone };
 
@@ -1025,16 +973,35 @@ class Coordinator::Service final : public fl::v1::Islands::CallbackService {
     state_->RunEffects(lock);
   }
 
+  // A unary call answered later by the state: `call(state, reply)` runs under the lock and hands `reply` on;
+  // the reply copies the answer into gRPC's response and finishes the call.
+  template <class Response, class F>
+  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, Response* response, F&& call) {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    std::function<void(const grpc::Status&, const Response&)> reply =
+        [reactor, response](const grpc::Status& status, const Response& r) {
+          *response = r;
+          reactor->Finish(status);
+        };
+    Locked([&](State& s) { call(s, std::move(reply)); });
+    return reactor;
+  }
+
+  // SyncDone and SyncFailed: a member's report on an epoch, answered with its verdict once the epoch resolves.
+  template <class Request>
+  grpc::ServerUnaryReactor* ReportSync(grpc::CallbackServerContext* ctx, const Request& request,
+                                       fl::v1::SyncVerdict* response, struct Report report) {
+    report.stats = FromProto(request.stats());
+    return Unary(ctx, response, [&](State& s, VerdictReply reply) {
+      report.reply = std::move(reply);
+      s.OnReport(request.island_id(), request.session_token(), request.epoch(),
+                 SyncKey{request.key().step(), request.key().fragment()}, std::move(report));
+    });
+  }
+
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const fl::v1::IslandJoinRequest* request,
                                  fl::v1::IslandJoinResponse* response) override {
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    Locked([&](State& s) {
-      s.Join(*request, [reactor, response](const grpc::Status& status, const fl::v1::IslandJoinResponse& r) {
-        *response = r;
-        reactor->Finish(status);
-      });
-    });
-    return reactor;
+    return Unary(ctx, response, [&](State& s, JoinReply reply) { s.Join(*request, std::move(reply)); });
   }
 
   class SessionReactor final : public grpc::ServerBidiReactor<fl::v1::IslandUp, fl::v1::IslandDown> {
@@ -1089,75 +1056,34 @@ class Coordinator::Service final : public fl::v1::Islands::CallbackService {
 
   grpc::ServerUnaryReactor* BeginSync(grpc::CallbackServerContext* ctx, const fl::v1::BeginSyncRequest* request,
                                       fl::v1::BeginSyncResponse* response) override {
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    Locked([&](State& s) {
-      s.BeginSync(*request, [reactor, response](const grpc::Status& status, const fl::v1::BeginSyncResponse& r) {
-        *response = r;
-        reactor->Finish(status);
-      });
-    });
-    return reactor;
+    return Unary(ctx, response, [&](State& s, PlanReply reply) { s.BeginSync(*request, std::move(reply)); });
   }
 
   grpc::ServerUnaryReactor* SyncDone(grpc::CallbackServerContext* ctx, const fl::v1::SyncDoneRequest* request,
                                      fl::v1::SyncVerdict* response) override {
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     struct Report report;
     report.done = true;
     report.hash = request->state_hash();
-    report.stats = FromProto(request->stats());
-    report.reply = [reactor, response](const grpc::Status& status, const fl::v1::SyncVerdict& v) {
-      *response = v;
-      reactor->Finish(status);
-    };
-    Locked([&](State& s) {
-      s.OnReport(request->island_id(), request->session_token(), request->epoch(),
-               SyncKey{request->key().step(), request->key().fragment()}, std::move(report));
-    });
-    return reactor;
+    return ReportSync(ctx, *request, response, std::move(report));
   }
 
   grpc::ServerUnaryReactor* SyncFailed(grpc::CallbackServerContext* ctx, const fl::v1::SyncFailedRequest* request,
                                        fl::v1::SyncVerdict* response) override {
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     struct Report report;
     report.done = false;
     report.reason = request->reason();
     report.vanished = request->vanished_island_id();
-    report.stats = FromProto(request->stats());
-    report.reply = [reactor, response](const grpc::Status& status, const fl::v1::SyncVerdict& v) {
-      *response = v;
-      reactor->Finish(status);
-    };
-    Locked([&](State& s) {
-      s.OnReport(request->island_id(), request->session_token(), request->epoch(),
-               SyncKey{request->key().step(), request->key().fragment()}, std::move(report));
-    });
-    return reactor;
+    return ReportSync(ctx, *request, response, std::move(report));
   }
 
   grpc::ServerUnaryReactor* StateLoaded(grpc::CallbackServerContext* ctx, const fl::v1::StateLoadedRequest* request,
                                         fl::v1::StateLoadedResponse* response) override {
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    Locked([&](State& s) {
-      s.StateLoaded(*request, [reactor, response](const grpc::Status& status, const fl::v1::StateLoadedResponse& r) {
-        *response = r;
-        reactor->Finish(status);
-      });
-    });
-    return reactor;
+    return Unary(ctx, response, [&](State& s, auto reply) { s.StateLoaded(*request, std::move(reply)); });
   }
 
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx, const fl::v1::IslandLeaveRequest* request,
                                   fl::v1::IslandLeaveResponse* response) override {
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    Locked([&](State& s) {
-      s.Leave(*request, [reactor, response](const grpc::Status& status, const fl::v1::IslandLeaveResponse& r) {
-        *response = r;
-        reactor->Finish(status);
-      });
-    });
-    return reactor;
+    return Unary(ctx, response, [&](State& s, auto reply) { s.Leave(*request, std::move(reply)); });
   }
 
  private:

@@ -39,6 +39,16 @@ void SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout) {
   ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
 }
 
+// One unary call on `stub` with `timeout` as its deadline.
+template <class Request, class Response>
+grpc::Status Call(fl::v1::Islands::Stub& stub,
+                  grpc::Status (fl::v1::Islands::Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+                  const Request& req, Response* resp, absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, timeout);
+  return (stub.*method)(&ctx, req, resp);
+}
+
 }  // namespace
 
 bool IsRejoinNeeded(const absl::Status& status) {
@@ -88,9 +98,31 @@ struct CoordinatorClient::Impl {
     return s;
   }
 
-  std::pair<std::string, std::string> Credentials() const {
+  // A request of this island's current session (its id and session token set).
+  template <class Request>
+  Request SessionRequest() const {
+    Request req;
     std::lock_guard lock(mu);
-    return {request.island_id, token};
+    req.set_island_id(request.island_id);
+    req.set_session_token(token);
+    return req;
+  }
+
+  // What SyncDone and SyncFailed both carry: the session, the epoch and sync of `plan`, and the measurements.
+  template <class Request>
+  Request SyncReport(const SyncPlan& plan, const SyncStats& stats) const {
+    Request req = SessionRequest<Request>();
+    req.set_epoch(plan.epoch);
+    *req.mutable_key() = ToProto(plan.key);
+    *req.mutable_stats() = ToProto(stats);
+    return req;
+  }
+
+  // A unary call with the RPC timeout.
+  template <class Request, class Response>
+  grpc::Status Call(grpc::Status (fl::v1::Islands::Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+                    const Request& req, Response* resp) {
+    return diloco::Call(*stub, method, req, resp, options.rpc_timeout);
   }
 
   absl::Status StartSession(uint32_t heartbeat_interval_ms) {
@@ -223,15 +255,10 @@ absl::StatusOr<Assignment> CoordinatorClient::Rejoin() {
 }
 
 absl::StatusOr<SyncPlan> CoordinatorClient::BeginSync(SyncKey key) {
-  auto [id, token] = impl_->Credentials();
-  fl::v1::BeginSyncRequest req;
-  req.set_island_id(id);
-  req.set_session_token(token);
+  auto req = impl_->SessionRequest<fl::v1::BeginSyncRequest>();
   *req.mutable_key() = ToProto(key);
   fl::v1::BeginSyncResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, impl_->options.rpc_timeout);
-  absl::Status s = impl_->Check(impl_->stub->BeginSync(&ctx, req, &resp),
+  absl::Status s = impl_->Check(impl_->Call(&fl::v1::Islands::Stub::BeginSync, req, &resp),
                                 fl::StrCat("BeginSync(step ", key.step, ", fragment ", key.fragment, ")"));
   if (!s.ok()) return s;
   SyncPlan plan;
@@ -240,73 +267,48 @@ absl::StatusOr<SyncPlan> CoordinatorClient::BeginSync(SyncKey key) {
   plan.key = FromProto(resp.key());
   for (const auto& m : resp.members()) plan.members.push_back(RingMember{m.island_id(), m.data_endpoint()});
   plan.self_index = resp.self_index();
-  if (plan.self_index >= plan.members.size() || plan.members[plan.self_index].id != id) {
-    return absl::InternalError(fl::StrCat("BeginSync: the coordinator's plan does not place '", id, "' at index ",
-                                          plan.self_index));
+  if (plan.self_index >= plan.members.size() || plan.members[plan.self_index].id != req.island_id()) {
+    return absl::InternalError(fl::StrCat("BeginSync: the coordinator's plan does not place '", req.island_id(),
+                                          "' at index ", plan.self_index));
   }
   return plan;
 }
 
 absl::StatusOr<Verdict> CoordinatorClient::ReportSyncDone(const SyncPlan& plan, uint64_t state_hash,
                                                           const SyncStats& stats) {
-  auto [id, token] = impl_->Credentials();
-  fl::v1::SyncDoneRequest req;
-  req.set_island_id(id);
-  req.set_session_token(token);
-  req.set_epoch(plan.epoch);
-  *req.mutable_key() = ToProto(plan.key);
+  auto req = impl_->SyncReport<fl::v1::SyncDoneRequest>(plan, stats);
   req.set_state_hash(state_hash);
-  *req.mutable_stats() = ToProto(stats);
   fl::v1::SyncVerdict resp;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, impl_->options.rpc_timeout);
-  grpc::Status status = impl_->stub->SyncDone(&ctx, req, &resp);
+  grpc::Status status = impl_->Call(&fl::v1::Islands::Stub::SyncDone, req, &resp);
   return impl_->ToVerdict(status, resp, fl::StrCat("SyncDone(epoch ", plan.epoch, ")"));
 }
 
 absl::StatusOr<Verdict> CoordinatorClient::ReportSyncFailed(const SyncPlan& plan, const absl::Status& error,
                                                             const std::string& vanished_island,
                                                             const SyncStats& stats) {
-  auto [id, token] = impl_->Credentials();
-  fl::v1::SyncFailedRequest req;
-  req.set_island_id(id);
-  req.set_session_token(token);
-  req.set_epoch(plan.epoch);
-  *req.mutable_key() = ToProto(plan.key);
+  auto req = impl_->SyncReport<fl::v1::SyncFailedRequest>(plan, stats);
   req.set_reason(std::string(error.ToString()));
   req.set_vanished_island_id(vanished_island);
-  *req.mutable_stats() = ToProto(stats);
   fl::v1::SyncVerdict resp;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, impl_->options.rpc_timeout);
-  grpc::Status status = impl_->stub->SyncFailed(&ctx, req, &resp);
+  grpc::Status status = impl_->Call(&fl::v1::Islands::Stub::SyncFailed, req, &resp);
   return impl_->ToVerdict(status, resp, fl::StrCat("SyncFailed(epoch ", plan.epoch, ")"));
 }
 
 absl::Status CoordinatorClient::ReportStateLoaded(SyncKey key, uint64_t state_hash) {
-  auto [id, token] = impl_->Credentials();
-  fl::v1::StateLoadedRequest req;
-  req.set_island_id(id);
-  req.set_session_token(token);
+  auto req = impl_->SessionRequest<fl::v1::StateLoadedRequest>();
   *req.mutable_key() = ToProto(key);
   req.set_state_hash(state_hash);
   fl::v1::StateLoadedResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, impl_->options.rpc_timeout);
-  return impl_->Check(impl_->stub->StateLoaded(&ctx, req, &resp), "StateLoaded");
+  return impl_->Check(impl_->Call(&fl::v1::Islands::Stub::StateLoaded, req, &resp), "StateLoaded");
 }
 
 absl::Status CoordinatorClient::Leave(const std::string& reason) {
   if (impl_->stub == nullptr) return absl::FailedPreconditionError("Leave before Connect");
-  auto [id, token] = impl_->Credentials();
-  fl::v1::IslandLeaveRequest req;
-  req.set_island_id(id);
-  req.set_session_token(token);
+  auto req = impl_->SessionRequest<fl::v1::IslandLeaveRequest>();
   req.set_reason(reason);
   fl::v1::IslandLeaveResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, absl::Seconds(30));
-  absl::Status s = FromGrpc(impl_->stub->Leave(&ctx, req, &resp), "Leave");
+  absl::Status s =
+      FromGrpc(Call(*impl_->stub, &fl::v1::Islands::Stub::Leave, req, &resp, absl::Seconds(30)), "Leave");
   impl_->StopSession();
   return s;
 }

@@ -14,14 +14,10 @@
 // A record that violates a constraint is dropped alone and reported by the next Flush()/Close().
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <variant>
 #include <vector>
 

@@ -15,20 +15,22 @@
 // Reads go through RecordReader (record_reader.h), on connections of their own.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "fl/instrumentation/records.h"
 
 namespace fl::instrumentation {
+
+namespace internal {
+template <class Record>
+class WriterThread;
+}  // namespace internal
 
 struct RecordStoreOptions {
   // Enqueue() blocks while this many records wait for the writer (backpressure); TryEnqueue() fails instead.
@@ -96,31 +98,18 @@ class RecordStore {
   RecordStoreStats stats() const;
 
  private:
-  struct Writer;  // the write connection and its prepared statements; owned by the writer thread
+  struct Writer;  // the write connection and its prepared statements; used by the writer thread only
 
   RecordStore(std::string path, RecordStoreOptions options, std::unique_ptr<Writer> writer,
               ConnectionSettings settings);
-  absl::Status EnqueueLocked(std::unique_lock<std::mutex>& lock, Record record, bool wait);
-  void WriterLoop();
+  absl::Status Admit(Record record, bool wait);
 
   const std::string path_;
   const RecordStoreOptions options_;
   const ConnectionSettings settings_;
   std::unique_ptr<Writer> writer_;
-
-  mutable std::mutex mu_;
-  std::condition_variable work_cv_;   // writer waits for records or stop
-  std::condition_variable space_cv_;  // producers wait for queue space
-  std::condition_variable done_cv_;   // flushers wait for progress
-  std::deque<Record> queue_;
-  uint64_t enqueued_seq_ = 0;  // records ever enqueued
-  uint64_t done_seq_ = 0;      // records ever committed or dropped (the queue is FIFO)
-  bool stopping_ = false;
-  bool closed_ = false;
-  absl::Status first_error_;
-  RecordStoreStats stats_;
+  std::unique_ptr<internal::WriterThread<Record>> thread_;  // queue, batches, flush (src/sqlite_writer.h)
   std::mutex close_mu_;  // serialises Close()
-  std::thread thread_;
 };
 
 }  // namespace fl::instrumentation

@@ -41,4 +41,9 @@ struct RunningServer {
 };
 absl::StatusOr<RunningServer> StartGrpcServer(grpc::Service* service, const std::string& listen_address);
 
+// --port-file: writes "<port>\n" to `path` through a temporary file and a rename, so that whoever waits for
+// the file (tests, scripts that started the server on port 0) never reads half of it. Best effort: a path
+// that cannot be written is left alone.
+void WritePortFile(const std::string& path, int port);
+
 }  // namespace fl::server

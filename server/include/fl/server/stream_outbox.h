@@ -1,0 +1,80 @@
+// StreamOutbox: the write side of one server bidi stream (callback API), usable from any thread.
+//
+// gRPC allows one outstanding write per stream; Send() queues messages and writes them one after the other
+// from OnWriteDone, and Close() finishes the stream once the queue is written. The owner of a stream often
+// outlives the reactor (it may still hold the outbox after the stream ended), so the reactor calls Detach()
+// in OnDone and every later Send/Close is dropped. Used by fl-server's Session stream (service.cc) and the
+// islands coordinator's (diloco/coord).
+#pragma once
+
+#include <deque>
+#include <mutex>
+#include <utility>
+
+#include <grpcpp/grpcpp.h>
+
+namespace fl::server {
+
+template <class Request, class Response>
+class StreamOutbox {
+ public:
+  explicit StreamOutbox(grpc::ServerBidiReactor<Request, Response>* stream) : stream_(stream) {}
+
+  void Send(Response message) {
+    std::lock_guard lock(mu_);
+    if (stream_ == nullptr || closing_) return;
+    outbox_.push_back(std::move(message));
+    if (!writing_) WriteNextLocked();
+  }
+
+  // Finishes the stream with `status` after the queued messages; later Sends are dropped.
+  void Close(const grpc::Status& status) {
+    std::lock_guard lock(mu_);
+    if (stream_ == nullptr || closing_) return;
+    closing_ = true;
+    close_status_ = status;
+    if (!writing_) FinishLocked();
+  }
+
+  // From the reactor's OnWriteDone.
+  void OnWriteDone(bool ok) {
+    std::lock_guard lock(mu_);
+    writing_ = false;
+    if (!outbox_.empty()) outbox_.pop_front();
+    if (!ok) outbox_.clear();  // the stream is broken: nothing more will get through
+    if (stream_ == nullptr) return;
+    if (!outbox_.empty()) {
+      WriteNextLocked();
+    } else if (closing_) {
+      FinishLocked();
+    }
+  }
+
+  // From the reactor's OnDone: the stream is gone.
+  void Detach() {
+    std::lock_guard lock(mu_);
+    stream_ = nullptr;
+    outbox_.clear();
+  }
+
+ private:
+  void WriteNextLocked() {
+    writing_ = true;
+    stream_->StartWrite(&outbox_.front());
+  }
+  void FinishLocked() {
+    if (finished_) return;
+    finished_ = true;
+    stream_->Finish(close_status_);
+  }
+
+  std::mutex mu_;
+  grpc::ServerBidiReactor<Request, Response>* stream_;
+  std::deque<Response> outbox_;  // front() is being written while writing_
+  bool writing_ = false;
+  bool closing_ = false;
+  bool finished_ = false;
+  grpc::Status close_status_;
+};
+
+}  // namespace fl::server
