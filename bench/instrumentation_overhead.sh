@@ -29,14 +29,17 @@ run() {  # run NAME on|off -> prints the round times (s) of that run, one per li
     # The quickstart with fl-server's /metrics on, scraped every second as Prometheus would.
     sed "s/^  round_deadline_s: 120$/  round_deadline_s: 120\n  metrics_addr: 127.0.0.1:$mport/" "$manifest" >"$OUT/on.yaml"
     manifest="$OUT/on.yaml"
-    ( while sleep 1; do curl -s "http://127.0.0.1:$mport/metrics" >/dev/null 2>&1 || true; done ) &
+    ( while sleep 1; do curl -s "http://127.0.0.1:$mport/metrics" >/dev/null 2>&1 || true; done ) >/dev/null 2>&1 &
     scraper=$!
-    "$EXPERIMENT" run "$manifest" --out "$OUT/$name" >"$OUT/$name.log" 2>&1
+    "$EXPERIMENT" run "$manifest" --profiles-dir experiments/profiles --out "$OUT/$name" >"$OUT/$name.log" 2>&1 ||
+      echo "instrumentation_overhead: the 'on' run failed, see $OUT/$name.log" >&2
+    kill "$scraper" 2>/dev/null || true
+    scraper=""
   else
-    "$EXPERIMENT" run "$manifest" --out "$OUT/$name" --no-records >"$OUT/$name.log" 2>&1
+    "$EXPERIMENT" run "$manifest" --out "$OUT/$name" --no-records >"$OUT/$name.log" 2>&1 ||
+      echo "instrumentation_overhead: the 'off' run failed, see $OUT/$name.log" >&2
   fi
-  [[ -n "$scraper" ]] && { kill "$scraper" 2>/dev/null || true; scraper=""; }
-  awk '$1 ~ /^[0-9]+$/ && NF == 6 {print $6}' "$OUT/$name/server.log"
+  awk '$1 ~ /^[0-9]+$/ && NF == 6 {print $6}' "$OUT/$name/server.log" 2>/dev/null || true
 }
 
 declare -a on_times off_times

@@ -137,6 +137,9 @@ int main(int argc, char** argv) {
   run->add_option("--db", db_path, "Records database (default: out/<name>/records.db)");
   run->add_option("--out", out_dir, "Logs and checkpoints (default: out/<name>)");
   bool no_records = false;
+  std::string run_profiles_dir;
+  run->add_option("--profiles-dir", run_profiles_dir,
+                  "Folder with links/ and devices/ profiles (default: the profiles/ folder nearest above the manifest)");
   run->add_flag("--no-records", no_records,
                 "No records database or checkpoints (only to measure what instrumentation costs; no report)");
 
@@ -176,7 +179,8 @@ int main(int argc, char** argv) {
 #if FL_WITH_ISLANDS
     if (IsIslandsManifest(manifest_path)) return RunIslands(manifest_path, out_dir, bin_dir);
 #endif
-    absl::StatusOr<fl::experiment::Manifest> m = fl::experiment::LoadManifest(manifest_path);
+    absl::StatusOr<fl::experiment::Manifest> m =
+        fl::experiment::LoadManifest(manifest_path, fl::experiment::ManifestOptions{run_profiles_dir});
     if (!m.ok()) return Fail(m.status());
     fl::experiment::RunOptions o;
     o.out_dir = out_dir.empty() ? fs::path("out") / m->name : fs::path(out_dir);
