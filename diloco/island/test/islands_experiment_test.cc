@@ -52,5 +52,27 @@ TEST(IslandsExperimentTest, ScheduleThatCannotWorkIsRejected) {
   EXPECT_NE(std::string(c.status().message()).find("outer.fragments"), std::string::npos) << c.status();
 }
 
+// `wan` resolves a profile name beside the manifests (experiments/profiles/links/) and refuses what it cannot
+// shape: a missing profile, and the Gloo data-parallel baseline whose traffic never crosses the ring.
+TEST(IslandsExperimentTest, WanLinkResolvesAProfileAndRefusesWhatItCannotShape) {
+  absl::StatusOr<IslandsExperimentConfig> d =
+      LoadIslandsExperiment(std::string(FL_DILOCO_MANIFEST_DIR) + "/diloco.yaml");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_NE(d->wan_link.find("profiles/links/wan-100mbit-30ms.yaml"), std::string::npos) << d->wan_link;
+
+  fl::testing::ScratchDir dir("manifest3");
+  const std::string missing = dir.File("missing.yaml");
+  std::ofstream(missing) << "name: x\nwan: no-such-link\n";
+  absl::StatusOr<IslandsExperimentConfig> c = LoadIslandsExperiment(missing);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(c.status().message()).find("no-such-link"), std::string::npos) << c.status();
+
+  const std::string gloo = dir.File("gloo.yaml");
+  std::ofstream(gloo) << "name: x\nmode: data-parallel\ndp_transport: gloo\nwan: " << d->wan_link << "\n";
+  c = LoadIslandsExperiment(gloo);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(c.status().message()).find("dp_transport"), std::string::npos) << c.status();
+}
+
 }  // namespace
 }  // namespace fl::diloco
