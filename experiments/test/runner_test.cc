@@ -5,6 +5,7 @@
 
 #include <dirent.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -14,6 +15,7 @@
 #include <thread>
 
 #include "fl/core/str_cat.h"
+#include "fl/emulation/kernel_link.h"
 #include "fl/instrumentation/record_reader.h"
 #include "fl/testing/scratch_dir.h"
 
@@ -119,6 +121,31 @@ TEST(RunnerTest, RunsRecordsTheManifestAndReplays) {
                                                    replay->experiment_id, "'"));
   ASSERT_TRUE(replay_of.ok()) << replay_of.status();
   EXPECT_EQ(*replay_of, r->experiment_id);
+  EXPECT_EQ(ProcessesMentioning(dir.path()), 0);
+}
+
+// The kernel backend end to end: each client in its own network namespace behind HTB shaping (and the
+// userspace delay line where the kernel has no netem); every namespace is gone afterwards.
+TEST(RunnerTest, KernelBackendRunsClientsInNamespacesAndRemovesThem) {
+  if (geteuid() != 0) GTEST_SKIP() << "the kernel link backend needs root (network namespaces, tc)";
+  fl::testing::ScratchDir dir("fl_runner");
+  std::string text = kManifest;
+  text.replace(text.find("backend: userspace"), 18, "backend: kernel");
+  absl::StatusOr<Manifest> m = Load(dir, text);
+  ASSERT_TRUE(m.ok()) << m.status();
+  absl::StatusOr<RunResult> r = RunExperiment(*m, Options(dir, "run"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, "finished") << r->reason;
+  EXPECT_EQ(r->backend, "kernel");
+  auto reader = RecordReader::Open(dir.File("records.db"));
+  ASSERT_TRUE(reader.ok());
+  auto clients = (*reader)->ListClients(r->experiment_id);
+  ASSERT_TRUE(clients.ok());
+  EXPECT_EQ(clients->size(), 3u);
+  // Namespaces of this process (fle_<pid>_<n>) are all removed.
+  absl::StatusOr<std::string> netns = emulation::RunCommand({"ip", "netns", "list"});
+  ASSERT_TRUE(netns.ok()) << netns.status();
+  EXPECT_EQ(netns->find(fl::StrCat("fle_", getpid(), "_")), std::string::npos) << *netns;
   EXPECT_EQ(ProcessesMentioning(dir.path()), 0);
 }
 
