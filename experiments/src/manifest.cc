@@ -204,7 +204,7 @@ struct ProfileDirs {
   fs::path devices;
 };
 
-absl::StatusOr<ClientGroup> ParseGroup(const YamlMap& m, size_t index, const Manifest& manifest,
+absl::StatusOr<ClientGroup> ParseGroup(const YamlMap& m, size_t index,
                                        const ProfileDirs& dirs, const fs::path& base_dir) {
   FL_RETURN_IF_ERROR(m.Check({"name", "count", "device", "link", "link_kind", "data_share", "availability"}));
   ClientGroup g;
@@ -272,7 +272,6 @@ absl::StatusOr<ClientGroup> ParseGroup(const YamlMap& m, size_t index, const Man
     FL_RETURN_IF_ERROR(Set(a.Number("start_delay_s", 0, 1e7), &g.start_delay_s));
     FL_RETURN_IF_ERROR(Set(a.Number("leave_after_s", 0, 1e7), &g.leave_after_s));
   }
-  (void)manifest;
   return g;
 }
 
@@ -355,7 +354,7 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& text, const std::strin
   std::set<std::string> names;
   for (size_t i = 0; i < clients.size(); ++i) {
     const YamlMap g(clients[i], file, fl::StrCat("clients[", i, "]"));
-    absl::StatusOr<ClientGroup> group = ParseGroup(g, i, m, dirs, base_dir);
+    absl::StatusOr<ClientGroup> group = ParseGroup(g, i, dirs, base_dir);
     if (!group.ok()) return group.status();
     if (!names.insert(group->name).second) {
       return g.Error(g.Node("name"), "name", fl::StrCat("group name \"", group->name, "\" is used twice"));

@@ -264,7 +264,7 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
 
   auto start_client = [&](ClientPlan& p) -> absl::Status {
     std::string addr = target;
-    std::vector<std::string> wrap;
+    const emulation::KernelLink* netns = nullptr;  // the client runs inside this link's namespace
     const uint64_t seed = m.seed * 100'003 + p.index;
     if (p.group->link.has_value() && *backend == "userspace") {
       absl::StatusOr<std::unique_ptr<emulation::ShapingRelay>> relay = emulation::ShapingRelay::Start(
@@ -278,12 +278,11 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
           emulation::KernelLink::Create({.profile = *p.group->link, .target_addr = target, .seed = seed});
       if (!link.ok()) return link.status();
       addr = (*link)->client_target();
+      netns = link->get();
       kernel_links.push_back(std::move(*link));
     }
     std::vector<std::string> argv = ClientArgs(m, o, p, addr);
-    if (!kernel_links.empty() && p.group->link.has_value() && *backend == "kernel") {
-      argv = kernel_links.back()->WrapCommand(argv);
-    }
+    if (netns != nullptr) argv = netns->WrapCommand(argv);
     absl::StatusOr<pid_t> pid = procs.Start(p.name, argv, (o.out_dir / fl::StrCat(p.name, ".log")).string());
     if (!pid.ok()) return pid.status();
     p.started = true;
