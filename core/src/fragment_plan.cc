@@ -51,6 +51,7 @@ std::string_view FragmentStrategyName(FragmentStrategy strategy) {
   switch (strategy) {
     case FragmentStrategy::kStrided: return "strided";
     case FragmentStrategy::kSequential: return "sequential";
+    case FragmentStrategy::kBalanced: return "balanced";
   }
   return "unknown";
 }
@@ -58,9 +59,11 @@ std::string_view FragmentStrategyName(FragmentStrategy strategy) {
 absl::StatusOr<FragmentStrategy> ParseFragmentStrategy(std::string_view name) {
   if (name == "strided") return FragmentStrategy::kStrided;
   if (name == "sequential") return FragmentStrategy::kSequential;
+  if (name == "balanced") return FragmentStrategy::kBalanced;
   return absl::InvalidArgumentError(
       fl::StrCat("unknown fragment strategy '", name, "'; expected 'strided' (layer i -> fragment i mod L, the "
-                 "Streaming DiLoCo paper's better one) or 'sequential' (contiguous groups of layers)"));
+                 "Streaming DiLoCo paper's better one), 'sequential' (contiguous groups of layers) or 'balanced' "
+                 "(whole tensors spread so that fragments hold about equal numbers of values)"));
 }
 
 std::optional<uint64_t> LayerIndexOf(std::string_view tensor_name) {
@@ -120,6 +123,9 @@ absl::StatusOr<FragmentPlan> FragmentPlan::Create(const ModelSpec& model, size_t
   });
   const size_t num_layers = layers.size();
   const bool has_non_layer = !non_layer_names.empty();
+  if (strategy == FragmentStrategy::kBalanced) {
+    return CreateBalanced(model, num_fragments, tensor_layer, layers);
+  }
 
   // How many fragments hold layers, and which one holds the non-layer tensors.
   size_t num_layer_fragments = 0;
@@ -173,11 +179,19 @@ absl::StatusOr<FragmentPlan> FragmentPlan::Create(const ModelSpec& model, size_t
   if (has_non_layer) plan.fragments_[non_layer_fragment].holds_non_layer = true;
   for (const std::string& layer : layers) plan.fragments_[fragment_of_layer.at(layer)].layers.push_back(layer);
 
-  plan.fragment_of_tensor_.resize(tensors.size());
+  std::vector<size_t> fragment_of_tensor(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const size_t f = tensor_layer[i].empty() ? non_layer_fragment : fragment_of_layer.at(tensor_layer[i]);
-    plan.fragment_of_tensor_[i] = f;
-    Fragment& fragment = plan.fragments_[f];
+    fragment_of_tensor[i] = tensor_layer[i].empty() ? non_layer_fragment : fragment_of_layer.at(tensor_layer[i]);
+  }
+  if (absl::Status s = plan.AssignTensors(model, std::move(fragment_of_tensor)); !s.ok()) return s;
+  return plan;
+}
+
+absl::Status FragmentPlan::AssignTensors(const ModelSpec& model, std::vector<size_t> fragment_of_tensor) {
+  const std::vector<TensorSpec>& tensors = model.tensors();
+  fragment_of_tensor_ = std::move(fragment_of_tensor);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    Fragment& fragment = fragments_[fragment_of_tensor_[i]];
     fragment.tensor_indices.push_back(i);
     const uint64_t n = tensors[i].num_elements();
     fragment.num_elements += n;
@@ -189,8 +203,7 @@ absl::StatusOr<FragmentPlan> FragmentPlan::Create(const ModelSpec& model, size_t
       fragment.ranges.push_back(ElementRange{tensors[i].offset, n});
     }
   }
-
-  for (Fragment& fragment : plan.fragments_) {
+  for (Fragment& fragment : fragments_) {
     std::vector<TensorSpec> fragment_tensors;
     fragment_tensors.reserve(fragment.tensor_indices.size());
     for (size_t i : fragment.tensor_indices) fragment_tensors.push_back(tensors[i]);
@@ -198,6 +211,59 @@ absl::StatusOr<FragmentPlan> FragmentPlan::Create(const ModelSpec& model, size_t
     if (!spec.ok()) return spec.status();  // cannot happen: the model's own tensors already passed
     fragment.spec = std::make_shared<const ModelSpec>(*std::move(spec));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<FragmentPlan> FragmentPlan::CreateBalanced(const ModelSpec& model, size_t num_fragments,
+                                                          const std::vector<std::string>& tensor_layer,
+                                                          const std::vector<std::string>& layers) {
+  const std::vector<TensorSpec>& tensors = model.tensors();
+  // Largest tensors first, each to the fragment holding the fewest values so far (ties: lower index), the
+  // classic longest-processing-time rule: the largest fragment is at most 4/3 of the optimum and, for
+  // models made of many tensors smaller than a fragment, within one tensor of the mean. Deterministic, so
+  // every island derives the same plan from the same spec.
+  std::vector<size_t> order;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].num_elements() > 0) order.push_back(i);
+  }
+  if (order.size() < num_fragments) {
+    return absl::InvalidArgumentError(fl::StrCat(
+        "cannot split the model into ", num_fragments, " balanced fragments: it has only ", order.size(),
+        " non-empty tensors and every fragment needs at least one; use num_fragments <= ", order.size()));
+  }
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return tensors[a].num_elements() > tensors[b].num_elements();
+  });
+  std::vector<uint64_t> load(num_fragments, 0);
+  std::vector<size_t> fragment_of_tensor(tensors.size(), 0);  // empty tensors ride with fragment 0
+  for (size_t i : order) {
+    const size_t f = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    fragment_of_tensor[i] = f;
+    load[f] += tensors[i].num_elements();
+  }
+
+  FragmentPlan plan;
+  plan.strategy_ = FragmentStrategy::kBalanced;
+  plan.num_layers_ = layers.size();
+  plan.model_fingerprint_ = model.fingerprint();
+  plan.model_num_elements_ = model.num_elements();
+  plan.fragments_.resize(num_fragments);
+  for (size_t f = 0; f < num_fragments; ++f) plan.fragments_[f].index = f;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    Fragment& fragment = plan.fragments_[fragment_of_tensor[i]];
+    if (tensor_layer[i].empty()) fragment.holds_non_layer = true;
+  }
+  // A fragment's layers: every layer with at least one tensor in it, in layer order.
+  for (const std::string& layer : layers) {
+    std::vector<bool> seen(num_fragments, false);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (tensor_layer[i] == layer && !seen[fragment_of_tensor[i]]) {
+        seen[fragment_of_tensor[i]] = true;
+        plan.fragments_[fragment_of_tensor[i]].layers.push_back(layer);
+      }
+    }
+  }
+  if (absl::Status s = plan.AssignTensors(model, std::move(fragment_of_tensor)); !s.ok()) return s;
   return plan;
 }
 

@@ -192,6 +192,93 @@ TEST(FragmentPlanTest, LayersKeyedByPrefixAndOrderedNumerically) {
   ExpectCoversModelOnce(alpha, *seq);
 }
 
+// The char-level transformer of experiments/diloco/ (d_model 64, 3 blocks, 97-symbol vocabulary, context 64),
+// tensor for tensor as LibTorch names them.
+ModelSpec CharLm() {
+  std::vector<TensorSpec> t = {{"tok_emb", {97, 64}, DType::kFloat32, 0}, {"pos_emb", {64, 64}, DType::kFloat32, 0}};
+  for (int i = 0; i < 3; ++i) {
+    const std::string b = fl::StrCat("blocks.", i, ".");
+    for (const auto& [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+             {"ln1.weight", {64}}, {"ln1.bias", {64}}, {"attn.qkv.weight", {192, 64}}, {"attn.qkv.bias", {192}},
+             {"attn.proj.weight", {64, 64}}, {"attn.proj.bias", {64}}, {"ln2.weight", {64}}, {"ln2.bias", {64}},
+             {"mlp.fc.weight", {256, 64}}, {"mlp.fc.bias", {256}}, {"mlp.proj.weight", {64, 256}},
+             {"mlp.proj.bias", {64}}}) {
+      t.push_back({b + name, shape, DType::kFloat32, 0});
+    }
+  }
+  t.push_back({"ln_f.weight", {64}, DType::kFloat32, 0});
+  t.push_back({"ln_f.bias", {64}, DType::kFloat32, 0});
+  t.push_back({"head.weight", {97, 64}, DType::kFloat32, 0});
+  t.push_back({"head.bias", {97}, DType::kFloat32, 0});
+  return *ModelSpec::Create(std::move(t));
+}
+
+uint64_t LargestFragment(const FragmentPlan& plan) {
+  uint64_t largest = 0;
+  for (const Fragment& f : plan.fragments()) largest = std::max(largest, f.num_elements);
+  return largest;
+}
+
+TEST(FragmentPlanTest, BalancedCutsThePeakByAboutP) {
+  const ModelSpec model = CharLm();
+  auto strided = FragmentPlan::Create(model, 4, FragmentStrategy::kStrided);
+  auto balanced = FragmentPlan::Create(model, 4, FragmentStrategy::kBalanced);
+  ASSERT_TRUE(strided.ok()) << strided.status();
+  ASSERT_TRUE(balanced.ok()) << balanced.status();
+  ExpectCoversModelOnce(model, *balanced);
+  const double total = static_cast<double>(model.num_elements());
+  // Strided: three one-block fragments and a small non-layer one, so the peak is one block (~1/3.3).
+  EXPECT_LT(total / static_cast<double>(LargestFragment(*strided)), 3.5);
+  // Balanced: the largest fragment is within one tensor (16,384 values) of the mean, and here within 5%.
+  const uint64_t mean = model.num_elements() / 4;
+  EXPECT_LE(LargestFragment(*balanced), mean + 16384);
+  EXPECT_GT(total / static_cast<double>(LargestFragment(*balanced)), 3.8);
+  // Non-layer tensors are spread with the rest, and fragments list the layers they touch.
+  size_t fragments_with_non_layer = 0;
+  for (const Fragment& f : balanced->fragments()) {
+    EXPECT_FALSE(f.tensor_indices.empty());
+    if (f.holds_non_layer) ++fragments_with_non_layer;
+    for (size_t i : f.tensor_indices) {
+      const std::string_view key = LayerKeyOf(model.tensors()[i].name);
+      if (!key.empty()) {
+        EXPECT_NE(std::find(f.layers.begin(), f.layers.end(), std::string(key)), f.layers.end())
+            << model.tensors()[i].name << " in fragment " << f.index;
+      }
+    }
+  }
+  EXPECT_GE(fragments_with_non_layer, 2u);
+  EXPECT_EQ(balanced->strategy(), FragmentStrategy::kBalanced);
+}
+
+TEST(FragmentPlanTest, BalancedIsDeterministicAndCoversEveryShape) {
+  for (bool with_non_layer : {true, false}) {
+    for (int layers : {1, 2, 5, 12}) {
+      const ModelSpec model = Transformer(layers, with_non_layer);
+      size_t non_empty = 0;
+      for (const TensorSpec& t : model.tensors()) non_empty += t.num_elements() > 0 ? 1 : 0;
+      for (size_t p = 1; p <= non_empty; ++p) {
+        SCOPED_TRACE(fl::StrCat("layers=", layers, " non_layer=", with_non_layer, " P=", p));
+        auto a = FragmentPlan::Create(model, p, FragmentStrategy::kBalanced);
+        auto b = FragmentPlan::Create(model, p, FragmentStrategy::kBalanced);
+        ASSERT_TRUE(a.ok()) << a.status();
+        ASSERT_TRUE(b.ok()) << b.status();
+        ExpectCoversModelOnce(model, *a);
+        for (size_t f = 0; f < p; ++f) {
+          EXPECT_EQ(a->fragment(f).tensor_indices, b->fragment(f).tensor_indices);
+          EXPECT_FALSE(a->fragment(f).tensor_indices.empty()) << "fragment " << f;
+        }
+        // Largest-first greedy: no fragment exceeds the mean by more than the largest tensor.
+        uint64_t largest_tensor = 0;
+        for (const TensorSpec& t : model.tensors()) largest_tensor = std::max(largest_tensor, t.num_elements());
+        EXPECT_LE(LargestFragment(*a), model.num_elements() / p + largest_tensor);
+      }
+      auto too_many = FragmentPlan::Create(model, non_empty + 1, FragmentStrategy::kBalanced);
+      ASSERT_FALSE(too_many.ok());
+      EXPECT_TRUE(HasSubstr(too_many.status().message(), fl::StrCat("use num_fragments <= ", non_empty)));
+    }
+  }
+}
+
 TEST(FragmentPlanTest, GatherScatterRoundTrip) {
   const ModelSpec model = Transformer(5);
   auto plan = FragmentPlan::Create(model, 3, FragmentStrategy::kStrided);
@@ -246,6 +333,8 @@ TEST(FragmentPlanTest, Errors) {
 
   EXPECT_EQ(ParseFragmentStrategy("strided").value(), FragmentStrategy::kStrided);
   EXPECT_EQ(ParseFragmentStrategy("sequential").value(), FragmentStrategy::kSequential);
+  EXPECT_EQ(ParseFragmentStrategy("balanced").value(), FragmentStrategy::kBalanced);
+  EXPECT_EQ(FragmentStrategyName(FragmentStrategy::kBalanced), "balanced");
   EXPECT_FALSE(ParseFragmentStrategy("random").ok());
 }
 

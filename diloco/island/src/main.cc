@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--inner-steps", o.outer.inner_steps, "H")->capture_default_str();
   app.add_option("--fragments", o.outer.num_fragments, "P (1 = DiLoCo)")->capture_default_str();
-  app.add_option("--fragment-strategy", strategy, "strided | sequential")->capture_default_str();
+  app.add_option("--fragment-strategy", strategy, "strided | sequential | balanced")->capture_default_str();
   app.add_option("--overlap-steps", o.outer.overlap_steps, "tau")->capture_default_str();
   app.add_option("--mixing-alpha", o.outer.mixing_alpha, "alpha (negative = 0 without overlap, 0.5 with)")
       ->capture_default_str();

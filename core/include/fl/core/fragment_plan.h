@@ -27,6 +27,13 @@
 //   - strided:    i -> i mod L                       (the paper found it slightly better)
 //   - sequential: i -> the g with floor(g N / L) <= i < floor((g+1) N / L): contiguous groups whose
 //                 layer counts differ by at most one.
+//   - balanced:   not by layers but by size: whole TENSORS (non-layer ones included, no fragment of its
+//                 own) spread over all P fragments, largest first, each to the fragment holding the fewest
+//                 values so far. The layer strategies cut peak bytes per sync by less than P when layers
+//                 and the non-layer group differ in size (3 transformer blocks + small embeddings at P = 4:
+//                 3.3x); balanced fragments hold about 1/P of the model each, so the peak falls by about P.
+//                 A fragment may then hold part of a layer: its `layers` lists every layer it touches.
+//                 Error: fewer non-empty tensors than P.
 #pragma once
 
 #include <cstddef>
@@ -44,9 +51,9 @@
 
 namespace fl::core {
 
-enum class FragmentStrategy : uint8_t { kStrided = 0, kSequential = 1 };
+enum class FragmentStrategy : uint8_t { kStrided = 0, kSequential = 1, kBalanced = 2 };
 
-std::string_view FragmentStrategyName(FragmentStrategy strategy);  // "strided", "sequential"
+std::string_view FragmentStrategyName(FragmentStrategy strategy);  // "strided", "sequential", "balanced"
 absl::StatusOr<FragmentStrategy> ParseFragmentStrategy(std::string_view name);
 
 // The first purely numeric dot-separated component of `tensor_name` ("blocks.3.attn.w" -> 3), or nullopt
@@ -62,8 +69,8 @@ struct ElementRange {
 
 struct Fragment {
   size_t index = 0;
-  bool holds_non_layer = false;        // holds the tensors without a layer (all of them)
-  std::vector<std::string> layers;     // layer keys in layer order, e.g. {"blocks.0", "blocks.4"}
+  bool holds_non_layer = false;        // holds tensors without a layer (all of them, but with kBalanced)
+  std::vector<std::string> layers;     // layer keys in layer order, e.g. {"blocks.0", "blocks.4"} (touched)
   std::vector<size_t> tensor_indices;  // indices into the model spec, ascending
   // Where the fragment's values lie in the model's flat buffer: ascending, non-empty, adjacent tensors
   // merged. Gather concatenates them in this order.
@@ -103,6 +110,11 @@ class FragmentPlan {
   std::string Describe() const;
 
  private:
+  static absl::StatusOr<FragmentPlan> CreateBalanced(const ModelSpec& model, size_t num_fragments,
+                                                     const std::vector<std::string>& tensor_layer,
+                                                     const std::vector<std::string>& layers);
+  // Fills tensor_indices, ranges, num_elements and spec of every fragment from tensor -> fragment.
+  absl::Status AssignTensors(const ModelSpec& model, std::vector<size_t> fragment_of_tensor);
   absl::Status CheckSizes(size_t index, size_t model_size, size_t fragment_size, std::string_view op) const;
 
   FragmentStrategy strategy_ = FragmentStrategy::kStrided;
