@@ -17,6 +17,7 @@
 
 #include "fl/core/clock.h"
 #include "fl/core/codec.h"
+#include "fl/core/fragment_plan.h"
 #include "fl/core/server_optimizer.h"
 #include "fl/core/str_cat.h"
 #include "fl/core/tensor_spec.h"
@@ -1107,8 +1108,8 @@ absl::Status CoordinatorOptions::Validate() const {
                fl::StrCat("must be below --inner-steps / --fragments (", schedule.inner_steps / schedule.num_fragments,
                           ")"));
   }
-  if (schedule.fragment_strategy != "strided" && schedule.fragment_strategy != "sequential") {
-    return bad("--fragment-strategy", schedule.fragment_strategy, "use strided or sequential");
+  if (auto strategy = core::ParseFragmentStrategy(schedule.fragment_strategy); !strategy.ok()) {
+    return bad("--fragment-strategy", schedule.fragment_strategy, fl::ToStd(strategy.status().message()));
   }
   if (auto codec = core::MakeCodec(schedule.codec); !codec.ok()) {
     return bad("--codec", schedule.codec, fl::ToStd(codec.status().message()));

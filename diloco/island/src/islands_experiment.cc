@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include "fl/core/fragment_plan.h"
 #include "fl/core/str_cat.h"
 #include "fl/emulation/link_profile.h"
 #include "fl/emulation/shaping_relay.h"
@@ -178,7 +179,13 @@ absl::StatusOr<IslandsExperimentConfig> LoadIslandsExperiment(const std::string&
           const std::string k = m.first.as<std::string>();
           if (k == "inner_steps") c.inner_steps = m.second.as<uint64_t>();
           else if (k == "fragments") c.fragments = m.second.as<uint32_t>();
-          else if (k == "strategy") c.fragment_strategy = m.second.as<std::string>();
+          else if (k == "strategy") {
+            c.fragment_strategy = m.second.as<std::string>();
+            if (auto strategy = core::ParseFragmentStrategy(c.fragment_strategy); !strategy.ok()) {
+              return absl::InvalidArgumentError(fl::StrCat(path, ":", m.first.Mark().line + 1, ": outer.strategy: ",
+                                                           strategy.status().message()));
+            }
+          }
           else if (k == "overlap_steps") c.overlap_steps = m.second.as<uint64_t>();
           else if (k == "mixing_alpha") c.mixing_alpha = m.second.as<double>();
           else if (k == "optimizer") c.outer_optimizer = m.second.as<std::string>();

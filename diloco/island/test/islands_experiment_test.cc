@@ -52,6 +52,22 @@ TEST(IslandsExperimentTest, ScheduleThatCannotWorkIsRejected) {
   EXPECT_NE(std::string(c.status().message()).find("outer.fragments"), std::string::npos) << c.status();
 }
 
+TEST(IslandsExperimentTest, UnknownFragmentStrategyIsRejectedAtLoad) {
+  fl::testing::ScratchDir dir("manifest4");
+  const std::string path = dir.File("bad.yaml");
+  std::ofstream(path) << "name: x\nouter:\n  inner_steps: 100\n  fragments: 4\n  strategy: randomised\n";
+  absl::StatusOr<IslandsExperimentConfig> c = LoadIslandsExperiment(path);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string msg(c.status().message());
+  EXPECT_NE(msg.find("bad.yaml:5: outer.strategy"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'randomised'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("balanced"), std::string::npos) << msg;  // lists what is allowed
+  absl::StatusOr<IslandsExperimentConfig> b =
+      LoadIslandsExperiment(std::string(FL_DILOCO_MANIFEST_DIR) + "/streaming_balanced_1800.yaml");
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->fragment_strategy, "balanced");
+}
+
 // `wan` resolves a profile name beside the manifests (experiments/profiles/links/) and refuses what it cannot
 // shape: a missing profile, and the Gloo data-parallel baseline whose traffic never crosses the ring.
 TEST(IslandsExperimentTest, WanLinkResolvesAProfileAndRefusesWhatItCannotShape) {

@@ -72,7 +72,7 @@ struct SyncKey {
 struct IslandSchedule {
   uint64_t inner_steps = 100;             // H: inner steps between two syncs of the same fragment
   uint32_t num_fragments = 1;             // P: 1 = DiLoCo, > 1 = Streaming DiLoCo
-  std::string fragment_strategy = "strided";  // "strided" or "sequential" (core::FragmentStrategy)
+  std::string fragment_strategy = "strided";  // "strided", "sequential" or "balanced" (core::FragmentStrategy)
   uint64_t overlap_steps = 0;             // tau: an exchange started at step t is applied at t + tau
   double mixing_alpha = -1.0;             // alpha of theta_local mixing; negative = OuterOptions' default
   std::string outer_optimizer = "nesterov:lr=0.7,momentum=0.9";  // core::MakeServerOptimizer spec
