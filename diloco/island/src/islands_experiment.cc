@@ -1,10 +1,8 @@
 #include "fl/diloco/islands_experiment.h"
 
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -12,64 +10,20 @@
 #include <fstream>
 #include <map>
 #include <optional>
-#include <thread>
 
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include "fl/core/codec.h"
 #include "fl/core/fragment_plan.h"
+#include "fl/core/server_optimizer.h"
 #include "fl/core/str_cat.h"
 #include "fl/emulation/link_profile.h"
 #include "fl/emulation/shaping_relay.h"
+#include "fl/experiment/process_group.h"
 
 namespace fl::diloco {
 namespace {
-
-// A child process with its output in a log file; killed if still running when destroyed.
-class Child {
- public:
-  Child(std::vector<std::string> argv, const std::string& log) : log_(log) {
-    pid_ = fork();
-    if (pid_ == 0) {
-      int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (fd >= 0) {
-        dup2(fd, 1);
-        dup2(fd, 2);
-        close(fd);
-      }
-      std::vector<char*> args;
-      for (auto& a : argv) args.push_back(a.data());
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      _exit(127);
-    }
-  }
-  ~Child() {
-    if (pid_ > 0 && !done_) {
-      ::kill(pid_, SIGKILL);
-      int status = 0;
-      waitpid(pid_, &status, 0);
-    }
-  }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-  // Exit code (128 + signal if killed).
-  int Wait() {
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    done_ = true;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-  void Signal(int sig) {
-    if (!done_) ::kill(pid_, sig);
-  }
-  const std::string& log() const { return log_; }
-
- private:
-  pid_t pid_ = -1;
-  bool done_ = false;
-  std::string log_;
-};
 
 int FreePort() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -105,6 +59,12 @@ absl::Status IslandsExperimentConfig::Validate() const {
   }
   if (overlap_steps >= inner_steps / fragments) {
     return bad("outer.overlap_steps", overlap_steps, fl::StrCat("must be below H/P = ", inner_steps / fragments));
+  }
+  if (absl::StatusOr<std::unique_ptr<core::Codec>> codec_ok = core::MakeCodec(codec); !codec_ok.ok()) {
+    return bad("exchange.codec", codec, fl::ToStd(codec_ok.status().message()));
+  }
+  if (auto outer = core::MakeServerOptimizer(outer_optimizer, 1); !outer.ok()) {
+    return bad("outer.optimizer", outer_optimizer, fl::ToStd(outer.status().message()));
   }
   if (mode == "diloco" && total_steps % inner_steps != 0) {
     return bad("inner.total_steps", total_steps, fl::StrCat("must be a multiple of outer.inner_steps (", inner_steps, ")"));
@@ -249,7 +209,17 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
   fs::create_directories(paths.out_dir, ec);
   auto out = [&](const std::string& name) { return (fs::path(paths.out_dir) / name).string(); };
 
-  std::unique_ptr<Child> server;
+  // Every child in its own process group with PDEATHSIG (fl::experiment::ProcessGroup): a Ctrl-C or a crash of
+  // the launcher stops them all, and the destructor stops whatever still runs on any early return.
+  fl::experiment::ProcessGroup procs;
+  std::map<std::string, std::string> logs;  // child name -> its log
+  const std::string kCoordinator = "coordinator";
+  auto start = [&](const std::string& name, const std::vector<std::string>& argv, const std::string& log) {
+    fs::remove(log, ec);  // ProcessGroup appends; a rerun into the same --out starts a fresh log
+    logs[name] = log;
+    absl::StatusOr<pid_t> pid = procs.Start(name, argv, log);
+    return pid.ok() ? absl::OkStatus() : pid.status();
+  };
   std::string coordinator;
   if (c.mode == "diloco") {
     const std::string port_file = out("coordinator.port");
@@ -265,14 +235,17 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
                                      "--exchange-timeout-ms", std::to_string(c.exchange_timeout_ms),
                                      "--min-islands", std::to_string(c.islands)};
     if (c.error_feedback) argv.push_back("--error-feedback");
-    server = std::make_unique<Child>(argv, out("coordinator.log"));
+    if (absl::Status s = start(kCoordinator, argv, out("coordinator.log")); !s.ok()) return s;
     const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     int port = 0;
     while (port == 0 && std::chrono::steady_clock::now() < end) {
       std::ifstream in(port_file);
-      if (!(in >> port)) {
-        port = 0;
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (in >> port) break;
+      port = 0;
+      // A coordinator that refused its options has exited: say so now, not after the minute's wait.
+      if (std::optional<fl::experiment::ChildExit> e = procs.WaitAny(std::chrono::milliseconds(50)); e.has_value()) {
+        return absl::FailedPreconditionError(fl::StrCat("fl-server (islands coordinator) exited with ", e->code,
+                                                        " before it listened; see ", out("coordinator.log")));
       }
     }
     if (port == 0) return absl::UnavailableError(fl::StrCat("fl-server did not start; see ", out("coordinator.log")));
@@ -304,7 +277,7 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
     peers.push_back(fl::StrCat("island-", i, "=", advertised.back()));
   }
   const int global_store = FreePort();
-  std::vector<std::unique_ptr<Child>> ranks;
+  size_t ranks_running = 0;
   for (uint32_t i = 0; i < c.islands; ++i) {
     const int island_store = FreePort();
     for (uint32_t r = 0; r < c.ranks_per_island; ++r) {
@@ -336,20 +309,31 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
         }
       }
       argv.insert(argv.end(), c.island_args.begin(), c.island_args.end());
-      ranks.push_back(std::make_unique<Child>(argv, out(fl::StrCat(id, "-rank", r, ".log"))));
+      const std::string name = fl::StrCat(id, "-rank", r);
+      if (absl::Status s = start(name, argv, out(name + ".log")); !s.ok()) return s;
+      ++ranks_running;
     }
   }
+  // Wait for every rank. The first one to fail, or a coordinator that dies under them, ends the experiment
+  // at once (the others would only wait for their exchange timeout) and names the log to read.
   absl::Status failure;
-  for (auto& child : ranks) {
-    const int rc = child->Wait();
-    if (rc != 0 && failure.ok()) {
-      failure = absl::InternalError(fl::StrCat("fl-island exited with ", rc, "; see ", child->log()));
+  while (ranks_running > 0 && failure.ok()) {
+    std::optional<fl::experiment::ChildExit> e = procs.WaitAny(std::chrono::seconds(1));
+    if (!e.has_value()) continue;
+    if (e->name == kCoordinator) {
+      if (e->code == 0) continue;  // done with its last outer step; the islands finish their evaluation
+      failure = absl::InternalError(fl::StrCat("fl-server (islands coordinator) exited with ", e->code,
+                                               " while the islands were training; see ", logs[e->name]));
+    } else {
+      --ranks_running;
+      if (e->code != 0) {
+        failure = absl::InternalError(fl::StrCat("fl-island ", e->name, " exited with ", e->code,
+                                                 e->signaled ? " (killed by a signal)" : "", "; see ", logs[e->name]));
+      }
     }
   }
-  if (server) {
-    server->Signal(SIGTERM);
-    server->Wait();
-  }
+  // The coordinator first (SIGTERM: it closes its records), then whatever is left.
+  procs.StopAll(kCoordinator, std::chrono::seconds(5));
   if (!failure.ok()) return failure;
 
   IslandsExperimentResult result;

@@ -68,6 +68,21 @@ TEST(IslandsExperimentTest, UnknownFragmentStrategyIsRejectedAtLoad) {
   EXPECT_EQ(b->fragment_strategy, "balanced");
 }
 
+TEST(IslandsExperimentTest, BadCodecOrOuterOptimizerIsRejectedAtLoad) {
+  fl::testing::ScratchDir dir("manifest5");
+  const std::string codec = dir.File("codec.yaml");
+  std::ofstream(codec) << "name: x\nexchange:\n  codec: int7\n";
+  absl::StatusOr<IslandsExperimentConfig> c = LoadIslandsExperiment(codec);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(c.status().message()).find("exchange.codec is 'int7'"), std::string::npos) << c.status();
+  const std::string outer = dir.File("outer.yaml");
+  std::ofstream(outer) << "name: x\nouter:\n  optimizer: adamw-ish\n";
+  c = LoadIslandsExperiment(outer);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(c.status().message()).find("outer.optimizer is 'adamw-ish'"), std::string::npos)
+      << c.status();
+}
+
 // `wan` resolves a profile name beside the manifests (experiments/profiles/links/) and refuses what it cannot
 // shape: a missing profile, and the Gloo data-parallel baseline whose traffic never crosses the ring.
 TEST(IslandsExperimentTest, WanLinkResolvesAProfileAndRefusesWhatItCannotShape) {
