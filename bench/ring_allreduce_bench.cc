@@ -10,6 +10,10 @@
 // back more than encoding costs); the counter wire_bound_x compares with the bound for the bytes that
 // codec actually puts on the wire (bytes_sent / raw_bw / time).
 //
+// BM_Ring/<codec> uses the out-of-place call AllReduce(id, key, in, out, ...) with `out` a buffer kept across
+// exchanges (what a caller that double-buffers does: no final copy); BM_Ring/fp32_inplace uses the in-place
+// AllReduce(values), which builds the result in scratch memory and copies it over `values` on success.
+//
 // All M members run in this process, one thread each, over 127.0.0.1 (each with its own ZeroMQ context
 // and I/O thread): on a machine with fewer cores than 2M threads the members compete for CPU, which a real
 // deployment (one member per host) does not. Iteration time = the slowest member (wall time of the
@@ -33,6 +37,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -174,8 +179,10 @@ void BM_RawTcpRing(benchmark::State& state) {
   }
 }
 
-// M members reduce a fragment of range(1) bytes of fp32 values (mean), codec `codec`.
-void BM_Ring(benchmark::State& state, const std::string& codec, int connections) {
+// M members reduce a fragment of range(1) bytes of fp32 values (mean), codec `codec`. By default with the
+// out-of-place call (the result goes into a separate buffer of the caller, no final copy); `in_place` uses
+// AllReduce(values), which builds the result in scratch memory and copies it over `values` at the end.
+void BM_Ring(benchmark::State& state, const std::string& codec, int connections, bool in_place) {
   const auto m = static_cast<size_t>(state.range(0));
   const auto n = static_cast<size_t>(state.range(1)) / sizeof(float);
   std::vector<fl::diloco::RingMember> members;
@@ -197,8 +204,13 @@ void BM_Ring(benchmark::State& state, const std::string& codec, int connections)
     }
     rings.push_back(std::move(*ring));
   }
-  std::vector<std::vector<float>> values;
+  std::vector<std::vector<float>> values, results(m, std::vector<float>(n, 0.0f));  // touched: no page faults
   for (size_t i = 0; i < m; ++i) values.push_back(RandomValues(n, static_cast<uint32_t>(i + 1)));
+  const auto exchange_on = [&](size_t i, uint64_t id, fl::diloco::ExchangeStats* st) {
+    return in_place ? rings[i]->AllReduce(id, 0, values[i], fl::diloco::ReduceOp::kMean, st)
+                    : rings[i]->AllReduce(id, 0, std::span<const float>(values[i]), results[i],
+                                          fl::diloco::ReduceOp::kMean, st);
+  };
   std::vector<fl::diloco::ExchangeStats> stats(m);
   std::vector<absl::Status> status(m);
   uint64_t exchange = 0;
@@ -208,7 +220,7 @@ void BM_Ring(benchmark::State& state, const std::string& codec, int connections)
     std::vector<std::thread> threads;
     for (size_t i = 0; i < m; ++i) {
       threads.emplace_back([&, i] {
-        status[i] = rings[i]->AllReduce(1, 0, values[i], fl::diloco::ReduceOp::kMean, nullptr);
+        status[i] = exchange_on(i, 1, nullptr);
       });
     }
     for (auto& t : threads) t.join();
@@ -228,7 +240,7 @@ void BM_Ring(benchmark::State& state, const std::string& codec, int connections)
     std::vector<std::thread> threads;
     for (size_t i = 0; i < m; ++i) {
       threads.emplace_back([&, i] {
-        status[i] = rings[i]->AllReduce(exchange, 0, values[i], fl::diloco::ReduceOp::kMean, &stats[i]);
+        status[i] = exchange_on(i, exchange, &stats[i]);
       });
     }
     for (auto& t : threads) t.join();
@@ -282,12 +294,17 @@ int main(int argc, char** argv) {
       ->UseManualTime()
       ->Unit(benchmark::kMillisecond)
       ->Iterations(3);
-  for (const auto& [codec, connections] : std::vector<std::pair<std::string, int>>{
-           {"fp32", 1}, {"fp32", 2}, {"int8", 1}, {"int4", 1}}) {
-    const std::string name = connections == 1 ? fl::StrCat("BM_Ring/", codec)
-                                              : fl::StrCat("BM_Ring/", codec, "_x", connections, "conn");
-    benchmark::RegisterBenchmark(name.c_str(), [codec = codec, connections = connections](benchmark::State& s) {
-      BM_Ring(s, codec, connections);
+  struct Variant {
+    std::string codec;
+    int connections;
+    bool in_place;
+  };
+  for (const Variant& v : std::vector<Variant>{
+           {"fp32", 1, false}, {"fp32", 1, true}, {"fp32", 2, false}, {"int8", 1, false}, {"int4", 1, false}}) {
+    const std::string name = fl::StrCat("BM_Ring/", v.codec, v.connections == 1 ? "" : fl::StrCat("_x", v.connections, "conn"),
+                                        v.in_place ? "_inplace" : "");
+    benchmark::RegisterBenchmark(name.c_str(), [v](benchmark::State& s) {
+      BM_Ring(s, v.codec, v.connections, v.in_place);
     })->Args({2, kFragmentBytes})->Args({4, kFragmentBytes})->UseManualTime()->Unit(benchmark::kMillisecond)
         ->Iterations(3);
   }

@@ -140,14 +140,19 @@ ExchangeOutcome Exchanger::RunExchange(SyncKey key, std::vector<float> values) {
     // the others know it by.
     absl::Status s = EnsureRing(plan.members, plan.self_index);
     ExchangeStats stats;
+    // Out of place: the ring writes the mean straight into `result` (no commit copy of the whole fragment)
+    // and never writes `values`, which a retry reuses as they are.
+    std::vector<float> result;
     if (s.ok()) {
-      s = ring_->AllReduce(plan.exchange_id(), key.fragment, values, ReduceOp::kMean, &stats);
+      result.resize(values.size());
+      s = ring_->AllReduce(plan.exchange_id(), key.fragment, std::span<const float>(values), std::span<float>(result),
+                           ReduceOp::kMean, &stats);
     }
     out.bytes_sent += stats.bytes_sent;
     out.bytes_received += stats.bytes_received;
     out.exchange_seconds += stats.seconds;
     if (s.ok()) {
-      out.values = std::move(values);
+      out.values = std::move(result);
       out.ring_size = plan.members.size();
       out.plan = std::move(plan);
       return finish(ExchangeOutcome::Kind::kAveraged);

@@ -13,12 +13,22 @@
 // function) and forwarded without copying (zmq_msg_copy shares the received buffer). With several
 // connections per peer the messages of one step may arrive out of order, so messages of the current
 // exchange that come early wait in a map until they are needed.
+//
+// Codec "fp32" takes a faster path (RunRingRaw): the payload is the floats themselves, sent zero-copy
+// straight from the caller's input (reduce-scatter step 0) or from the result being built (partial sums,
+// the owner's final chunk); the receiver adds (and divides) with a NaN/Inf check fused into the same loop
+// (ring_kernels.h). Per member and exchange that leaves one pass over each received value and nothing on
+// the sending side but the kernel's copy. Because ZeroMQ then reads memory the caller owns, AllReduce
+// waits before it returns until ZeroMQ has released every such buffer (ZeroCopyTracker); if the successor
+// stops reading, the push sockets are closed with linger 0 (which releases them) and reconnected.
 #include "fl/diloco/ring_allreduce.h"
 
 #include <malloc.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -34,12 +44,14 @@
 #include "fl/core/codec.h"
 #include "fl/core/str_cat.h"
 #include "fl/diloco/ring_wire.h"
+#include "ring_kernels.h"
 
 namespace fl::diloco {
 namespace {
 
 using wire::Header;
 using wire::MessageType;
+using wire::PayloadKind;
 using Clock = std::chrono::steady_clock;
 
 double SecondsSince(Clock::time_point start) {
@@ -96,6 +108,41 @@ void ReleaseBuffer(void* /*data*/, void* hint) {
   delete in_flight;
 }
 
+// Counts zero-copy messages that point into memory this exchange does not own beyond its return (the
+// caller's input and output, the scratch result): ZeroMQ's I/O thread calls Done when it has written one.
+class ZeroCopyTracker {
+ public:
+  void Add() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++pending_;
+  }
+  void Done() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--pending_ == 0) cv_.notify_all();
+  }
+  // True when nothing is pending (at once or within `limit`).
+  bool WaitFor(std::chrono::nanoseconds limit) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, limit, [this] { return pending_ == 0; });
+  }
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return pending_ == 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int64_t pending_ = 0;
+};
+
+void ZeroCopyDone(void* /*data*/, void* hint) { static_cast<ZeroCopyTracker*>(hint)->Done(); }
+
+// Payload bytes of a message of `count` values: raw floats for codec fp32, the codec payload otherwise.
+size_t PayloadBytes(const fl::core::Codec& codec, size_t count) {
+  return codec.kind() == fl::core::CodecKind::kFp32 ? count * sizeof(float) : codec.EncodedSize(count);
+}
+
 // A received data message: its header and its payload frame (owned by ZeroMQ, shareable for forwarding).
 struct Message {
   Header header;
@@ -148,7 +195,7 @@ absl::StatusOr<uint64_t> RingBytesSentPerMember(size_t num_values, size_t num_me
     uint64_t bytes = 0;
     const size_t subs = NumSubChunks(range.size(), sub_chunk_values);
     for (size_t j = 0; j < subs; ++j) {
-      bytes += wire::kHeaderBytes + (*codec)->EncodedSize(SubRange(range, j, sub_chunk_values).size());
+      bytes += wire::kHeaderBytes + PayloadBytes(**codec, SubRange(range, j, sub_chunk_values).size());
     }
     return bytes;
   };
@@ -196,6 +243,7 @@ class RingAllReduce::Impl {
     }
     codec_ = std::move(*codec);
     lossy_ = codec_->kind() != fl::core::CodecKind::kFp32;
+    raw_ = !lossy_;
 
     // One I/O thread for the incoming connection(s) and one per outgoing connection (up to 4), so that
     // receiving and sending are copied through the kernel in parallel where there are cores for it.
@@ -215,34 +263,45 @@ class RingAllReduce::Impl {
                                                " (is another process or ring still using it?)"));
     }
     if (m == 1) return absl::OkStatus();
-    try {
-      for (int k = 0; k < options_.connections_per_peer; ++k) {
-        zmq::socket_t push(context_, zmq::socket_type::push);
-        push.set(zmq::sockopt::sndhwm, 0);
-        push.set(zmq::sockopt::linger, 0);
-        AddMonitor(push, fl::StrCat("push", k));
-        push.connect(options_.members[succ_].endpoint);
-        push_.push_back(std::move(push));
-      }
-    } catch (const zmq::error_t& e) {
-      return absl::InvalidArgumentError(fl::StrCat("ring member '", options_.members[self_].id,
-                                                   "' cannot connect to '", options_.members[succ_].id, "' at ",
-                                                   options_.members[succ_].endpoint, ": ", e.what()));
-    }
-    // The hello goes first on every connection (see the file comment).
-    for (auto& push : push_) {
-      Header hello;
-      hello.type = MessageType::kHello;
-      hello.ring = fingerprint_;
-      hello.sender = static_cast<uint32_t>(self_);
-      absl::Status s = SendOn(push, hello, std::vector<uint8_t>{});
-      if (!s.ok()) return s;
-    }
-    return absl::OkStatus();
+    return ConnectPushSockets();
   }
 
+  // In place: the result is built in scratch_ and copied into `values` only once the exchange succeeded.
   absl::Status AllReduce(uint64_t exchange_id, uint64_t residual_key, std::span<float> values, ReduceOp op,
                          ExchangeStats* stats_out) {
+    scratch_.resize(values.size());  // kept across exchanges: no fresh (page-faulting) memory per call
+    const bool identity = M() == 1 && !lossy_;
+    absl::Status status = Run(exchange_id, residual_key, values, identity ? values : std::span<float>(scratch_),
+                              op, stats_out);
+    if (status.ok() && !identity) {
+      const Clock::time_point t0 = Clock::now();
+      std::copy(scratch_.begin(), scratch_.end(), values.begin());
+      if (stats_out != nullptr) stats_out->seconds += SecondsSince(t0);
+    }
+    return status;
+  }
+
+  absl::Status AllReduce(uint64_t exchange_id, uint64_t residual_key, std::span<const float> in,
+                         std::span<float> out, ReduceOp op, ExchangeStats* stats_out) {
+    if (in.size() != out.size()) {
+      return absl::InvalidArgumentError(fl::StrCat("ring AllReduce: in has ", in.size(), " values but out has ",
+                                                   out.size(), "; they must be the same size"));
+    }
+    if (!in.empty() && in.data() == out.data()) {
+      return AllReduce(exchange_id, residual_key, out, op, stats_out);
+    }
+    if (!in.empty() && in.data() < out.data() + out.size() && out.data() < in.data() + in.size()) {
+      return absl::InvalidArgumentError(
+          "ring AllReduce: in and out overlap without being the same span; pass one span for in place");
+    }
+    return Run(exchange_id, residual_key, in, out, op, stats_out);
+  }
+
+  // Reduces `in` into `out` (distinct memory, or the same span for a ring of one with fp32). `in` is never
+  // written; `out` is written only by this call and holds the result when it returns OK.
+  absl::Status Run(uint64_t exchange_id, uint64_t residual_key, std::span<const float> in, std::span<float> out,
+                   ReduceOp op, ExchangeStats* stats_out) {
+    if (!reconnect_error_.ok()) return reconnect_error_;
     if (has_last_exchange_ && exchange_id <= last_exchange_id_) {
       return absl::InvalidArgumentError(fl::StrCat(
           "ring exchange_id ", exchange_id, " is not larger than the previous one (", last_exchange_id_,
@@ -255,6 +314,7 @@ class RingAllReduce::Impl {
     deadline_ = start + absl::ToChronoNanoseconds(options_.timeout);
     stats_ = ExchangeStats{};
     early_.clear();
+    n_ = in.size();
     // Messages kept for this exchange (or older ones, now stale) leave the future stash.
     for (auto it = future_.begin(); it != future_.end() && it->first <= exchange_id;) {
       if (it->first == exchange_id) {
@@ -271,25 +331,27 @@ class RingAllReduce::Impl {
     std::vector<float> residual;
     if (feedback) {
       auto it = residuals_.find(residual_key);
-      if (it != residuals_.end() && it->second.size() != values.size()) {
+      if (it != residuals_.end() && it->second.size() != n_) {
         return absl::InvalidArgumentError(fl::StrCat(
             "ring residual_key ", residual_key, " holds a residual of ", it->second.size(),
-            " values but this exchange has ", values.size(), ": call ResetResidual(", residual_key,
+            " values but this exchange has ", n_, ": call ResetResidual(", residual_key,
             ") when a fragment's size changes"));
       }
-      residual = it != residuals_.end() ? it->second : std::vector<float>(values.size(), 0.0f);
+      residual = it != residuals_.end() ? it->second : std::vector<float>(n_, 0.0f);
     }
     residual_ = feedback ? std::span<float>(residual) : std::span<float>();
     op_ = op;
-    // The result is built in work_ and copied into `values` only at the end (never half-applied). Own values
-    // are copied into work_ a sub-chunk at a time right before they are used, while they are in cache.
-    input_ = values;
-    work_.resize(values.size());
+    input_ = in;
+    result_ = out;
 
-    if (options_.members.size() > 1 || lossy_) {  // a ring of one with fp32 is the identity
-      absl::Status status = options_.members.size() == 1 ? RunSingle() : RunRing();
+    if (M() > 1 || lossy_) {
+      absl::Status status = M() == 1 ? RunSingle() : raw_ ? RunRingRaw() : RunRing();
+      // Whatever happened, ZeroMQ must be done with `in`, `out` and the scratch before the caller gets them
+      // back (they may change or be freed right after).
+      ReleaseZeroCopy(status.ok());
       if (!status.ok()) return status;
-      std::copy(work_.begin(), work_.end(), values.begin());
+    } else if (in.data() != out.data()) {  // a ring of one with fp32 is the identity
+      std::copy(in.begin(), in.end(), out.begin());
     }
     if (feedback) residuals_[residual_key] = std::move(residual);
     stats_.seconds = SecondsSince(start);
@@ -307,7 +369,56 @@ class RingAllReduce::Impl {
   std::string Name(size_t member) const {
     return fl::StrCat("'", options_.members[member].id, "' (", options_.members[member].endpoint, ")");
   }
-  ValueRange Chunk(size_t chunk) const { return RingChunk(work_.size(), M(), chunk); }
+  ValueRange Chunk(size_t chunk) const { return RingChunk(n_, M(), chunk); }
+
+  // Connects the push sockets to the successor and sends the hello first on each (see the file comment).
+  absl::Status ConnectPushSockets() {
+    try {
+      for (int k = 0; k < options_.connections_per_peer; ++k) {
+        zmq::socket_t push(context_, zmq::socket_type::push);
+        push.set(zmq::sockopt::sndhwm, 0);
+        push.set(zmq::sockopt::linger, 0);
+        AddMonitor(push, fl::StrCat("push", k, "-", push_generation_));
+        push.connect(options_.members[succ_].endpoint);
+        push_.push_back(std::move(push));
+      }
+    } catch (const zmq::error_t& e) {
+      return absl::InvalidArgumentError(fl::StrCat("ring member '", options_.members[self_].id,
+                                                   "' cannot connect to '", options_.members[succ_].id, "' at ",
+                                                   options_.members[succ_].endpoint, ": ", e.what()));
+    }
+    for (auto& push : push_) {
+      Header hello;
+      hello.type = MessageType::kHello;
+      hello.ring = fingerprint_;
+      hello.sender = static_cast<uint32_t>(self_);
+      absl::Status s = SendOn(push, hello, std::vector<uint8_t>{});
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+  // Waits until ZeroMQ has released every zero-copy message of this exchange. A successor that reads
+  // normally has taken everything long before (it needed those bytes); one that has stopped reading (gone,
+  // frozen) would keep them queued forever, so after a while the push sockets are closed with linger 0,
+  // which drops (and releases) what they hold, and connected afresh. The successor may then see this
+  // member's old connections close: at worst it fails one exchange, which it would have failed anyway.
+  void ReleaseZeroCopy(bool succeeded) {
+    const std::chrono::nanoseconds limit =
+        succeeded ? absl::ToChronoNanoseconds(options_.timeout) : std::chrono::seconds(1);
+    if (zero_copy_.WaitFor(limit)) return;
+    for (size_t k = 0; k < push_.size(); ++k) {
+      zmq_socket_monitor(push_[k].handle(), nullptr, 0);
+      monitors_[1 + k].close();
+      push_[k].set(zmq::sockopt::linger, 0);
+      push_[k].close();
+    }
+    monitors_.resize(1);
+    push_.clear();
+    zero_copy_.Wait();  // closing with linger 0 makes the I/O threads drop, and so release, every message
+    ++push_generation_;
+    reconnect_error_ = ConnectPushSockets();
+  }
 
   void AddMonitor(zmq::socket_t& socket, const std::string& what) {
     const std::string address = fl::StrCat("inproc://fl-ring-monitor-", reinterpret_cast<uintptr_t>(this),
@@ -323,8 +434,8 @@ class RingAllReduce::Impl {
 
   // ---- Single member: values <- decode(encode(values)) so that a ring of one behaves like any other.
   absl::Status RunSingle() {
-    std::copy(input_.begin(), input_.end(), work_.begin());
-    const ValueRange all{0, work_.size()};
+    std::copy(input_.begin(), input_.end(), result_.begin());
+    const ValueRange all{0, n_};
     for (size_t j = 0; j < NumSubChunks(all.size(), sub_values()); ++j) {
       const ValueRange r = SubRange(all, j, sub_values());
       auto payload = EncodeFinal(r);
@@ -362,7 +473,7 @@ class RingAllReduce::Impl {
         auto msg = Receive(MessageType::kReduceScatter, s, c, j, r, /*sends_left=*/true);
         if (!msg.ok()) return Fail(msg.status(), pred_);
         const Clock::time_point t0 = Clock::now();
-        std::span<float> dst(work_.data() + r.begin, r.size());
+        std::span<float> dst(result_.data() + r.begin, r.size());
         std::copy(input_.begin() + r.begin, input_.begin() + r.end, dst.begin());
         // work = own + received: the same float additions as the fold (a + b == b + a exactly).
         if (absl::Status st = codec_->DecodeAccumulate(PayloadOf(msg->payload), 1.0f, dst); !st.ok()) {
@@ -408,7 +519,7 @@ class RingAllReduce::Impl {
           }
         }
         const Clock::time_point t0 = Clock::now();
-        if (absl::Status st = codec_->Decode(PayloadOf(msg->payload), {work_.data() + r.begin, r.size()});
+        if (absl::Status st = codec_->Decode(PayloadOf(msg->payload), {result_.data() + r.begin, r.size()});
             !st.ok()) {
           return Fail(PayloadError(st, *msg), pred_);
         }
@@ -418,12 +529,130 @@ class RingAllReduce::Impl {
     return absl::OkStatus();
   }
 
+  // ---- The ring with codec fp32: raw payloads, the same schedule and the same float operations as
+  // RunRing (own + received, then / float(M) at the owner), but no encoding, no checksum and no copy on the
+  // sending side: every message points into input_ or result_ (zero copy, see ReleaseZeroCopy). A partial
+  // sum sent from result_[r] is overwritten only by the all-gather of the same chunk, which cannot arrive
+  // before the successor has received (so ZeroMQ has written) that partial sum.
+  absl::Status RunRingRaw() {
+    const size_t m = M();
+    const auto self = static_cast<int64_t>(self_);
+    {
+      const size_t c = self_;
+      const ValueRange chunk = Chunk(c);
+      for (size_t j = 0; j < NumSubChunks(chunk.size(), sub_values()); ++j) {
+        const ValueRange r = SubRange(chunk, j, sub_values());
+        if (absl::Status s = SendZeroCopy(MessageType::kReduceScatter, 0, c, j, r, input_.data() + r.begin);
+            !s.ok()) {
+          return Fail(s, succ_);
+        }
+      }
+    }
+    for (size_t s = 0; s + 1 < m; ++s) {
+      const size_t c = Mod(self - static_cast<int64_t>(s) - 1, m);
+      const ValueRange chunk = Chunk(c);
+      const bool last = s + 2 == m;
+      for (size_t j = 0; j < NumSubChunks(chunk.size(), sub_values()); ++j) {
+        const ValueRange r = SubRange(chunk, j, sub_values());
+        auto msg = Receive(MessageType::kReduceScatter, s, c, j, r, /*sends_left=*/true);
+        if (!msg.ok()) return Fail(msg.status(), pred_);
+        const Clock::time_point t0 = Clock::now();
+        const auto* received = static_cast<const uint8_t*>(msg->payload.data());
+        float* dst = result_.data() + r.begin;
+        const float* own = input_.data() + r.begin;
+        const bool finite = last && op_ == ReduceOp::kMean
+                                ? kernels::AddDivideChecked(own, received, r.size(), static_cast<float>(m), dst)
+                                : kernels::AddChecked(own, received, r.size(), dst);
+        stats_.decode_seconds += SecondsSince(t0);
+        if (!finite) {
+          size_t blamed = self_;
+          absl::Status error = NonFiniteSum(*msg, r, &blamed);
+          return Fail(error, blamed);
+        }
+        // The owner's copy of its final chunk is the very bits it sends.
+        if (absl::Status st = SendZeroCopy(last ? MessageType::kAllGather : MessageType::kReduceScatter,
+                                           last ? 0 : s + 1, c, j, r, dst);
+            !st.ok()) {
+          return Fail(st, succ_);
+        }
+      }
+    }
+    for (size_t s = 0; s + 1 < m; ++s) {
+      const size_t c = Mod(self - static_cast<int64_t>(s), m);
+      const ValueRange chunk = Chunk(c);
+      const bool forward = s + 2 < m;
+      for (size_t j = 0; j < NumSubChunks(chunk.size(), sub_values()); ++j) {
+        const ValueRange r = SubRange(chunk, j, sub_values());
+        auto msg = Receive(MessageType::kAllGather, s, c, j, r, /*sends_left=*/forward);
+        if (!msg.ok()) return Fail(msg.status(), pred_);
+        if (forward) {
+          zmq::message_t copy;
+          copy.copy(msg->payload);  // shares the buffer (reference counted), no byte copy
+          if (absl::Status st = SendFrames(MessageType::kAllGather, s + 1, c, j, r, std::move(copy)); !st.ok()) {
+            return Fail(st, succ_);
+          }
+        }
+        const Clock::time_point t0 = Clock::now();
+        const bool finite = kernels::CopyChecked(static_cast<const uint8_t*>(msg->payload.data()), r.size(),
+                                                 result_.data() + r.begin);
+        stats_.decode_seconds += SecondsSince(t0);
+        if (!finite) {
+          const size_t at = FirstNonFinite({result_.data() + r.begin, r.size()});
+          return Fail(absl::InvalidArgumentError(fl::StrCat(
+                          "ring exchange ", exchange_id_, ": all-gather values of chunk ", c, " from member ",
+                          Name(pred_), " hold NaN/Inf at index ", r.begin + at, " (the chunk's owner is ",
+                          Name(Mod(static_cast<int64_t>(c) - 1, m)), ")")),
+                      pred_);
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  static size_t FirstNonFinite(std::span<const float> x) {
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (!std::isfinite(x[i])) return i;
+    }
+    return x.size();
+  }
+
+  // A reduce-scatter sum that is not finite: says whose values held the NaN/Inf (this member's own, or what
+  // the predecessor sent: at step 0 that is its own values) or that the sum overflowed, and whom to blame.
+  absl::Status NonFiniteSum(const Message& msg, const ValueRange& r, size_t* blamed) const {
+    const size_t i = FirstNonFinite({result_.data() + r.begin, r.size()});
+    float received = 0;
+    std::memcpy(&received, static_cast<const uint8_t*>(msg.payload.data()) + i * sizeof(float), sizeof(float));
+    const size_t index = r.begin + i;
+    if (!std::isfinite(input_[index])) {
+      *blamed = self_;
+      return absl::InvalidArgumentError(fl::StrCat("ring exchange ", exchange_id_, ": member ", Name(self_),
+                                                   " cannot add its own values: value ", index,
+                                                   " is NaN/Inf (every member must pass finite values)"));
+    }
+    if (!std::isfinite(received)) {
+      *blamed = pred_;
+      if (msg.header.step == 0) {
+        return absl::InvalidArgumentError(fl::StrCat(
+            "ring exchange ", exchange_id_, ": member ", Name(pred_), " sent non-finite values: its own values "
+            "hold NaN/Inf at index ", index, " (every member must pass finite values)"));
+      }
+      return absl::InvalidArgumentError(fl::StrCat(
+          "ring exchange ", exchange_id_, ": the running sum that member ", Name(pred_), " sent (step ",
+          msg.header.step, ") holds NaN/Inf at index ", index, " (a member's values are NaN/Inf or the sum "
+          "overflowed)"));
+    }
+    *blamed = self_;
+    return absl::InvalidArgumentError(fl::StrCat("ring exchange ", exchange_id_, ": member ", Name(self_),
+                                                 ": the sum overflowed fp32 at index ", index, " (",
+                                                 input_[index], " + ", received, ")"));
+  }
+
   // ---- Encoding. Both return a heap buffer that Send hands to ZeroMQ without copying.
   // Reduce-scatter: encode work[r] (or this member's own values, from_input) + residual; the residual
   // keeps what the codec lost.
   absl::StatusOr<std::unique_ptr<std::vector<uint8_t>>> EncodePartial(const ValueRange& r, bool from_input) {
     const Clock::time_point t0 = Clock::now();
-    std::span<float> x(work_.data() + r.begin, r.size());
+    std::span<float> x(result_.data() + r.begin, r.size());
     auto out = pool_->Acquire();
     if (from_input && residual_.empty()) {
       // Nothing to add: encode the caller's values directly (work[r] is overwritten in the all-gather).
@@ -453,7 +682,7 @@ class RingAllReduce::Impl {
   // caller decodes the payload over it.
   absl::StatusOr<std::unique_ptr<std::vector<uint8_t>>> EncodeFinal(const ValueRange& r) {
     const Clock::time_point t0 = Clock::now();
-    std::span<float> x(work_.data() + r.begin, r.size());
+    std::span<float> x(result_.data() + r.begin, r.size());
     std::span<float> res = residual_.empty() ? std::span<float>() : residual_.subspan(r.begin, r.size());
     if (!res.empty()) {
       for (size_t i = 0; i < x.size(); ++i) x[i] += res[i];
@@ -488,7 +717,7 @@ class RingAllReduce::Impl {
 
   absl::Status DecodeInto(const std::vector<uint8_t>& payload, const ValueRange& r) {
     const Clock::time_point t0 = Clock::now();
-    absl::Status s = codec_->Decode(payload, {work_.data() + r.begin, r.size()});
+    absl::Status s = codec_->Decode(payload, {result_.data() + r.begin, r.size()});
     stats_.decode_seconds += SecondsSince(t0);
     return s;
   }
@@ -517,7 +746,10 @@ class RingAllReduce::Impl {
     h.sub = static_cast<uint32_t>(sub);
     h.offset = r.begin;
     h.count = r.size();
-    h.total = work_.size();
+    h.total = n_;
+    h.payload = raw_ && (type == MessageType::kReduceScatter || type == MessageType::kAllGather)
+                    ? PayloadKind::kRawFp32
+                    : PayloadKind::kCodec;
     return h;
   }
 
@@ -527,6 +759,20 @@ class RingAllReduce::Impl {
     auto* in_flight = new InFlight{std::move(payload), pool_};
     zmq::message_t frame(in_flight->buffer->data(), in_flight->buffer->size(), &ReleaseBuffer, in_flight);
     return SendFrames(type, step, chunk, sub, r, std::move(frame));
+  }
+
+  // Raw fp32 values [r) from `data`, zero copy: ZeroMQ reads them from `data` until it calls ZeroCopyDone.
+  absl::Status SendZeroCopy(MessageType type, size_t step, size_t chunk, size_t sub, const ValueRange& r,
+                            const float* data) {
+    const Clock::time_point t0 = Clock::now();
+    zmq::message_t frame;
+    if (r.size() > 0) {
+      zero_copy_.Add();
+      frame.rebuild(const_cast<float*>(data), r.size() * sizeof(float), &ZeroCopyDone, &zero_copy_);
+    }
+    absl::Status s = SendFrames(type, step, chunk, sub, r, std::move(frame));
+    stats_.encode_seconds += SecondsSince(t0);
+    return s;
   }
 
   absl::Status SendFrames(MessageType type, size_t step, size_t chunk, size_t sub, const ValueRange& r,
@@ -688,13 +934,29 @@ class RingAllReduce::Impl {
 
   absl::Status CheckExpected(const Message& msg, const ValueRange& r) const {
     const Header& h = msg.header;
-    if (h.total != work_.size()) {
-      return Malformed(h, fl::StrCat("a vector of ", h.total, " values where this member reduces ",
-                                     work_.size(), " (every member must pass the same values.size())"));
+    if (h.total != n_) {
+      return Malformed(h, fl::StrCat("a vector of ", h.total, " values where this member reduces ", n_,
+                                     " (every member must pass the same values.size())"));
     }
     if (h.offset != r.begin || h.count != r.size()) {
       return Malformed(h, fl::StrCat("values [", h.offset, ", +", h.count, ") where [", r.begin, ", +", r.size(),
                                      ") was expected"));
+    }
+    if (raw_) {
+      if (h.payload != PayloadKind::kRawFp32) {
+        return Malformed(h, fl::StrCat("a ", wire::PayloadKindName(h.payload), " payload where this member "
+                                       "uses codec fp32 (raw fp32 values): every member of a ring must use the "
+                                       "same codec"));
+      }
+      if (msg.payload.size() != r.size() * sizeof(float)) {
+        return Malformed(h, fl::StrCat("a raw fp32 payload of ", msg.payload.size(), " bytes where ", r.size(),
+                                       " values take ", r.size() * sizeof(float)));
+      }
+      return absl::OkStatus();
+    }
+    if (h.payload != PayloadKind::kCodec) {
+      return Malformed(h, fl::StrCat("a ", wire::PayloadKindName(h.payload), " payload where this member uses ",
+                                     options_.codec, ": every member of a ring must use the same codec"));
     }
     auto info = fl::core::PeekPayload(PayloadOf(msg.payload));
     if (!info.ok()) return Malformed(h, fl::StrCat("a bad payload: ", fl::ToStd(info.status().message())));
@@ -755,8 +1017,12 @@ class RingAllReduce::Impl {
       aborted_by_.reset();
       blamed_.reset();
     }
-    // Stop where the abort started or where it would reach the member at fault.
-    if (succ_ != originator && succ_ != blamed) {
+    // Stop where the abort started, or where it would reach the member at fault if that one has vanished
+    // or stalled. A member blamed for what it sent (bad data: NaN/Inf, a malformed message) is alive and
+    // waiting for the rest of the exchange, so it gets the abort too and fails at once, naming itself.
+    const bool blamed_gone = status.code() == absl::StatusCode::kUnavailable ||
+                             status.code() == absl::StatusCode::kDeadlineExceeded;
+    if (succ_ != originator && !(succ_ == blamed && blamed_gone)) {
       Header h = MakeHeader(MessageType::kAbort, static_cast<size_t>(status.code()), blamed, originator,
                             ValueRange{});
       (void)SendOn(push_[0], h, std::vector<uint8_t>(text.begin(), text.end()));
@@ -769,14 +1035,18 @@ class RingAllReduce::Impl {
   uint64_t fingerprint_ = 0;
   std::unique_ptr<fl::core::Codec> codec_;
   bool lossy_ = false;
+  bool raw_ = false;  // codec fp32: raw payloads, RunRingRaw
   std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>();
 
+  ZeroCopyTracker zero_copy_;  // declared before context_: outlives it (the context releases last messages)
   zmq::context_t context_;
   zmq::socket_t pull_;
   std::vector<zmq::socket_t> push_;
   std::vector<zmq::socket_t> monitors_;  // [0] watches pull_, [1 + k] watches push_[k]
   std::string bound_endpoint_;
   std::set<int> pred_fds_;  // connections the predecessor said hello on
+  int push_generation_ = 0;  // bumped when the push sockets are replaced (monitor addresses stay unique)
+  absl::Status reconnect_error_;
 
   bool has_last_exchange_ = false;
   uint64_t last_exchange_id_ = 0;
@@ -787,8 +1057,10 @@ class RingAllReduce::Impl {
   uint64_t exchange_id_ = 0;
   Clock::time_point deadline_;
   ReduceOp op_ = ReduceOp::kMean;
-  std::vector<float> work_;
-  std::span<float> input_;  // the caller's values: read, never written before the exchange succeeds
+  std::vector<float> scratch_;  // the in-place call's result, kept across exchanges
+  size_t n_ = 0;               // values in the exchange
+  std::span<const float> input_;  // the caller's values: never written
+  std::span<float> result_;       // where the result is built: the caller's out, or scratch_
   std::span<float> residual_;
   std::map<MessageKey, Message> early_;
   ExchangeStats stats_;
@@ -843,6 +1115,11 @@ RingAllReduce::~RingAllReduce() = default;
 absl::Status RingAllReduce::AllReduce(uint64_t exchange_id, uint64_t residual_key, std::span<float> values,
                                       ReduceOp op, ExchangeStats* stats) {
   return impl_->AllReduce(exchange_id, residual_key, values, op, stats);
+}
+
+absl::Status RingAllReduce::AllReduce(uint64_t exchange_id, uint64_t residual_key, std::span<const float> in,
+                                      std::span<float> out, ReduceOp op, ExchangeStats* stats) {
+  return impl_->AllReduce(exchange_id, residual_key, in, out, op, stats);
 }
 
 void RingAllReduce::ResetResidual(uint64_t residual_key) { impl_->ResetResidual(residual_key); }

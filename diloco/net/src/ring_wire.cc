@@ -12,7 +12,7 @@ namespace {
 static_assert(std::endian::native == std::endian::little, "the ring's headers are little-endian");
 
 // Byte offsets of the header fields.
-constexpr size_t kOffMagic = 0, kOffVersion = 4, kOffType = 5, kOffReserved = 6, kOffRing = 8,
+constexpr size_t kOffMagic = 0, kOffVersion = 4, kOffType = 5, kOffPayload = 6, kOffRing = 8,
                  kOffExchange = 16, kOffSender = 24, kOffStep = 28, kOffChunk = 32, kOffSub = 36,
                  kOffOffset = 40, kOffCount = 48, kOffTotal = 56;
 
@@ -39,13 +39,21 @@ std::string_view MessageTypeName(MessageType type) {
   return "unknown";
 }
 
+std::string_view PayloadKindName(PayloadKind kind) {
+  switch (kind) {
+    case PayloadKind::kCodec: return "codec";
+    case PayloadKind::kRawFp32: return "raw fp32";
+  }
+  return "unknown";
+}
+
 std::array<uint8_t, kHeaderBytes> EncodeHeader(const Header& header) {
   std::array<uint8_t, kHeaderBytes> out{};
   uint8_t* p = out.data();
   Put<uint32_t>(p, kOffMagic, kMagic);
   Put<uint8_t>(p, kOffVersion, kVersion);
   Put<uint8_t>(p, kOffType, static_cast<uint8_t>(header.type));
-  Put<uint16_t>(p, kOffReserved, 0);
+  Put<uint16_t>(p, kOffPayload, static_cast<uint16_t>(header.payload));
   Put<uint64_t>(p, kOffRing, header.ring);
   Put<uint64_t>(p, kOffExchange, header.exchange_id);
   Put<uint32_t>(p, kOffSender, header.sender);
@@ -76,8 +84,10 @@ absl::StatusOr<Header> DecodeHeader(std::span<const uint8_t> bytes) {
   if (type < static_cast<uint8_t>(MessageType::kHello) || type > static_cast<uint8_t>(MessageType::kAbort)) {
     return absl::InvalidArgumentError(fl::StrCat("ring message header has unknown type ", static_cast<int>(type)));
   }
-  if (Get<uint16_t>(p, kOffReserved) != 0) {
-    return absl::InvalidArgumentError("ring message header has non-zero reserved bytes");
+  const auto payload = Get<uint16_t>(p, kOffPayload);
+  if (payload > static_cast<uint16_t>(PayloadKind::kRawFp32)) {
+    return absl::InvalidArgumentError(
+        fl::StrCat("ring message header has unknown payload kind ", payload, " (0 codec, 1 raw fp32)"));
   }
   Header h;
   h.type = static_cast<MessageType>(type);
@@ -90,6 +100,7 @@ absl::StatusOr<Header> DecodeHeader(std::span<const uint8_t> bytes) {
   h.offset = Get<uint64_t>(p, kOffOffset);
   h.count = Get<uint64_t>(p, kOffCount);
   h.total = Get<uint64_t>(p, kOffTotal);
+  h.payload = static_cast<PayloadKind>(payload);
   return h;
 }
 

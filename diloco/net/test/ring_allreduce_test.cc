@@ -5,7 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fl/core/codec.h"
@@ -102,6 +105,96 @@ TEST(RingAllReduceTest, Fp32EqualsTheRingOrderFoldBitForBitOnEveryMember) {
       }
     }
   }
+}
+
+// The out-of-place call: the same bits as the in-place one (fp32: the fold; int8: what the in-place call
+// gives for the same inputs), `in` untouched, several exchanges on the same rings (scratch and zero-copy
+// buffers reused).
+TEST(RingAllReduceTest, OutOfPlaceGivesTheInPlaceBitsAndLeavesTheInputAlone) {
+  for (const std::string codec : {"fp32", "int8"}) {
+    for (size_t m = 1; m <= 4; ++m) {
+      SCOPED_TRACE(fl::StrCat(codec, " M=", m));
+      RingOptions base;
+      base.codec = codec;
+      base.sub_chunk_values = 300;
+      auto rings = CreateAll(RingOf(m, base));
+      ASSERT_EQ(rings.size(), m);
+      const auto x = Inputs(m, 5003, static_cast<uint32_t>(m));
+      auto in_place = x;
+      const auto first = RunExchange(rings, 1, in_place, ReduceOp::kMean);
+      for (size_t i = 0; i < m; ++i) ASSERT_TRUE(first.status[i].ok()) << first.status[i];
+      if (codec == "fp32") {
+        for (size_t i = 0; i < m; ++i) EXPECT_TRUE(BitEqual(in_place[i], FoldReference(x, ReduceOp::kMean)));
+      }
+      for (uint64_t exchange = 2; exchange <= 3; ++exchange) {
+        auto in = x;
+        std::vector<std::vector<float>> out(m, std::vector<float>(x[0].size(), -1.0f));
+        std::vector<absl::Status> status(m);
+        std::vector<std::thread> threads;
+        for (size_t i = 0; i < m; ++i) {
+          threads.emplace_back([&, i] {
+            status[i] = rings[i]->AllReduce(exchange, 0, std::span<const float>(in[i]), out[i], ReduceOp::kMean,
+                                            nullptr);
+          });
+        }
+        for (auto& t : threads) t.join();
+        for (size_t i = 0; i < m; ++i) {
+          ASSERT_TRUE(status[i].ok()) << status[i];
+          EXPECT_TRUE(BitEqual(out[i], in_place[i])) << "member " << i << " exchange " << exchange;
+          EXPECT_TRUE(BitEqual(in[i], x[i])) << "member " << i << " changed its input";
+        }
+      }
+    }
+  }
+}
+
+// fp32 sends straight from the caller's memory: once AllReduce has returned the caller may scribble over
+// `in` and `out` at once, and no other member may see it (each member trashes its buffers the moment its
+// own call returns, while the others may still be receiving).
+TEST(RingAllReduceTest, TheCallersBuffersAreFreeTheMomentAllReduceReturns) {
+  const size_t m = 3, n = 1 << 20;
+  RingOptions base;
+  base.sub_chunk_values = 1 << 14;
+  auto rings = CreateAll(RingOf(m, base));
+  ASSERT_EQ(rings.size(), m);
+  const auto x = Inputs(m, n, 9);
+  const auto want = FoldReference(x, ReduceOp::kSum);
+  for (uint64_t exchange = 1; exchange <= 3; ++exchange) {
+    auto in = x;
+    std::vector<std::vector<float>> out(m, std::vector<float>(n)), kept(m);
+    std::vector<absl::Status> status(m);
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < m; ++i) {
+      threads.emplace_back([&, i] {
+        status[i] = rings[i]->AllReduce(exchange, 0, std::span<const float>(in[i]), out[i], ReduceOp::kSum, nullptr);
+        kept[i] = out[i];
+        std::fill(out[i].begin(), out[i].end(), std::numeric_limits<float>::quiet_NaN());
+        std::fill(in[i].begin(), in[i].end(), 1e30f);
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (size_t i = 0; i < m; ++i) {
+      ASSERT_TRUE(status[i].ok()) << status[i];
+      EXPECT_TRUE(BitEqual(kept[i], want)) << "member " << i << " exchange " << exchange;
+    }
+  }
+}
+
+TEST(RingAllReduceTest, OutOfPlaceRejectsMismatchedOrOverlappingSpans) {
+  auto rings = CreateAll(RingOf(1));
+  ASSERT_EQ(rings.size(), 1u);
+  std::vector<float> a = RandomValues(100, 1), b(99);
+  absl::Status s = rings[0]->AllReduce(1, 0, std::span<const float>(a), b, ReduceOp::kMean, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(testing::Msg(s).find("in has 100 values but out has 99"), std::string::npos) << s;
+  s = rings[0]->AllReduce(2, 0, std::span<const float>(a.data(), 50), std::span<float>(a.data() + 10, 50),
+                          ReduceOp::kMean, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(testing::Msg(s).find("overlap"), std::string::npos) << s;
+  // The same span is the in-place call (a ring of one with fp32: the identity).
+  const std::vector<float> before = a;
+  EXPECT_TRUE(rings[0]->AllReduce(3, 0, std::span<const float>(a), a, ReduceOp::kMean, nullptr).ok());
+  EXPECT_TRUE(BitEqual(a, before));
 }
 
 // Several connections per peer: sub-chunks arrive out of order over the stripes and still land in place.

@@ -3,11 +3,14 @@
 #include "fl/diloco/ring_allreduce.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -116,23 +119,96 @@ TEST(RingFailureTest, AVanishedPeerFailsEveryOtherMemberNamingIt) {
   }
 }
 
-// A member whose own values hold a NaN fails the exchange (the codec refuses to encode it) and so does
-// every other member, through the abort, naming it; nobody's values change.
+// A member whose own values hold a NaN/Inf fails the exchange and so does every other member, through the
+// abort, naming it; nobody's values change. With int8 the member's encoder refuses its own chunk. With fp32
+// (raw payloads, no encoder) the check is fused into the additions: a NaN in the chunk m1 sends first is
+// found by its successor, which names m1 as the sender of its own values (and the abort reaches m1 too);
+// a NaN in a chunk m1 adds (a middle step, or the last one where it also divides) is found by m1 itself.
 TEST(RingFailureTest, ANonFiniteInputFailsEveryMemberNamingItsOwner) {
   const size_t m = 3, n = 3000;
-  auto rings = CreateAll(RingOf(m));
-  ASSERT_EQ(rings.size(), m);
-  std::vector<std::vector<float>> values;
-  for (size_t i = 0; i < m; ++i) values.push_back(RandomValues(n, static_cast<uint32_t>(i)));
-  values[1][RingChunk(n, m, 1).begin + 5] = std::numeric_limits<float>::quiet_NaN();  // m1's own chunk
-  const auto before = values;
-  const auto result = RunExchange(rings, 1, values, ReduceOp::kMean);
-  for (size_t i = 0; i < m; ++i) {
-    EXPECT_ERROR(result.status[i], absl::StatusCode::kInvalidArgument, "member 'm1'");
-    EXPECT_NE(Msg(result.status[i]).find("its own values"), std::string::npos) << result.status[i];
-    // Bitwise, since NaN != NaN.
-    EXPECT_EQ(std::memcmp(values[i].data(), before[i].data(), n * sizeof(float)), 0) << "member " << i;
+  struct Case {
+    std::string codec;
+    size_t chunk;  // the chunk of m1's values that holds the NaN/Inf
+    float bad;
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (const Case& c : {Case{"int8", 1, nan}, Case{"fp32", 1, nan}, Case{"fp32", 0, -inf}, Case{"fp32", 2, nan}}) {
+    SCOPED_TRACE(fl::StrCat(c.codec, ", chunk ", c.chunk));
+    RingOptions base;
+    base.codec = c.codec;
+    base.sub_chunk_values = 256;
+    auto rings = CreateAll(RingOf(m, base));
+    ASSERT_EQ(rings.size(), m);
+    std::vector<std::vector<float>> values;
+    for (size_t i = 0; i < m; ++i) values.push_back(RandomValues(n, static_cast<uint32_t>(i)));
+    values[1][RingChunk(n, m, c.chunk).begin + 300] = c.bad;
+    const auto before = values;
+    const auto result = RunExchange(rings, 1, values, ReduceOp::kMean);
+    for (size_t i = 0; i < m; ++i) {
+      EXPECT_ERROR(result.status[i], absl::StatusCode::kInvalidArgument, "member 'm1'");
+      EXPECT_NE(Msg(result.status[i]).find("its own values"), std::string::npos) << result.status[i];
+      if (c.codec == "fp32") {  // names the value's index in the whole vector
+        EXPECT_NE(Msg(result.status[i]).find(fl::StrCat(RingChunk(n, m, c.chunk).begin + 300)), std::string::npos)
+            << result.status[i];
+      }
+      // Bitwise, since NaN != NaN.
+      EXPECT_EQ(std::memcmp(values[i].data(), before[i].data(), n * sizeof(float)), 0) << "member " << i;
+    }
   }
+}
+
+// fp32 values that are finite but whose sum is not: the member that adds them fails with "overflowed" and
+// the abort fails the other; values unchanged.
+TEST(RingFailureTest, AnFp32SumThatOverflowsFailsTheExchange) {
+  auto rings = CreateAll(RingOf(2));
+  ASSERT_EQ(rings.size(), 2u);
+  std::vector<std::vector<float>> values{RandomValues(100, 1), RandomValues(100, 2)};
+  values[0][70] = 3e38f;
+  values[1][70] = 3e38f;
+  const auto before = values;
+  const auto result = RunExchange(rings, 1, values, ReduceOp::kSum);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_ERROR(result.status[i], absl::StatusCode::kInvalidArgument, "overflowed fp32 at index 70");
+    EXPECT_TRUE(BitEqual(values[i], before[i])) << "member " << i;
+  }
+}
+
+// With fp32 ZeroMQ sends straight from the caller's memory. A successor that stops reading leaves messages
+// queued that point into it; AllReduce must still not return before ZeroMQ has let go of them. Here m0 is
+// a raw PULL socket that takes one message and then reads nothing (receive high-water mark 1), m1's
+// exchange times out, and the test then unmaps m1's values and lets m0 read everything: if ZeroMQ still
+// pointed into the unmapped pages, its I/O thread would crash the test.
+TEST(RingFailureTest, AFailedExchangeReleasesTheCallersMemoryBeforeItReturns) {
+  const std::vector<RingMember> members = LoopbackMembers(2);
+  zmq::context_t context;
+  zmq::socket_t stalled(context, zmq::socket_type::pull);
+  stalled.set(zmq::sockopt::rcvhwm, 1);
+  stalled.set(zmq::sockopt::rcvbuf, 64 << 10);
+  stalled.set(zmq::sockopt::linger, 0);
+  stalled.bind(members[0].endpoint);
+  RingOptions o;
+  o.members = members;
+  o.self = 1;
+  o.timeout = absl::Milliseconds(500);
+  o.linger = absl::ZeroDuration();
+  auto ring = RingAllReduce::Create(o);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  const size_t n = size_t{16} << 20;  // 64 MB: far more than socket buffers hold
+  const size_t bytes = n * sizeof(float);
+  void* mapped = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mapped, MAP_FAILED);
+  std::span<float> values(static_cast<float*>(mapped), n);
+  std::fill(values.begin(), values.end(), 0.5f);
+  std::vector<float> out(n);
+  const absl::Status s = (*ring)->AllReduce(1, 0, values, out, ReduceOp::kMean, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  ASSERT_EQ(munmap(mapped, bytes), 0);
+  // Now let m0 read whatever m1 still sends (only a new connection's hello if m1 let go of its messages).
+  stalled.set(zmq::sockopt::rcvtimeo, 300);
+  size_t frames = 0;
+  for (zmq::message_t frame; stalled.recv(frame);) ++frames;
+  EXPECT_GE(frames, 1u);  // at least the first hello came through
+  ring->reset();
 }
 
 // A member that is connected but never takes part: its successor gives up at the timeout, naming it.
@@ -152,6 +228,7 @@ TEST(RingFailureTest, ASilentPeerTimesOutNamingIt) {
 // The member under test is m1 of a ring of two; the test plays m0 by hand. For M = 2: m1 sends its chunk 1
 // (reduce-scatter step 0), receives chunk 0 (which completes it: m1 owns chunk 0), sends the final chunk 0
 // (all-gather step 0) and receives the final chunk 1 from m0.
+// With codec fp32 (the default here) payloads are raw floats; codec_spec_ = "int8" tests a checksummed codec.
 class HandDrivenRingTest : public ::testing::Test {
  public:
   static constexpr size_t kN = 1001;
@@ -163,12 +240,13 @@ class HandDrivenRingTest : public ::testing::Test {
     RingOptions o;
     o.members = members_;
     o.self = 1;
+    o.codec = codec_spec_;
     o.timeout = absl::Seconds(10);
     o.linger = absl::ZeroDuration();
     auto ring = RingAllReduce::Create(o);
     ASSERT_TRUE(ring.ok()) << ring.status();
     ring_ = std::move(*ring);
-    auto codec = fl::core::MakeCodec("fp32");
+    auto codec = fl::core::MakeCodec(codec_spec_);
     ASSERT_TRUE(codec.ok());
     codec_ = std::move(*codec);
     x0_ = RandomValues(kN, 100);
@@ -183,8 +261,17 @@ class HandDrivenRingTest : public ::testing::Test {
   }
   void Join() { thread_.join(); }
 
+  bool raw() const { return codec_spec_ == "fp32"; }
+
+  // A data header of m0 with the payload kind this ring uses.
+  wire::Header DataHeader(MessageType type, uint64_t exchange) const {
+    wire::Header h = fake_->Header(type, exchange);
+    h.payload = raw() ? wire::PayloadKind::kRawFp32 : wire::PayloadKind::kCodec;
+    return h;
+  }
+
   wire::Header ReduceScatterChunk0(uint64_t exchange) const {
-    wire::Header h = fake_->Header(MessageType::kReduceScatter, exchange);
+    wire::Header h = DataHeader(MessageType::kReduceScatter, exchange);
     const ValueRange r = RingChunk(kN, 2, 0);
     h.step = 0;
     h.chunk = 0;
@@ -196,8 +283,20 @@ class HandDrivenRingTest : public ::testing::Test {
   }
   std::vector<uint8_t> Encode(size_t begin, size_t end, const std::vector<float>& x) const {
     std::vector<uint8_t> out;
+    if (raw()) {
+      const auto* p = reinterpret_cast<const uint8_t*>(x.data() + begin);
+      return std::vector<uint8_t>(p, p + (end - begin) * sizeof(float));
+    }
     EXPECT_TRUE(codec_->Encode(std::span<const float>(x.data() + begin, end - begin), &out).ok());
     return out;
+  }
+  void Decode(const std::vector<uint8_t>& payload, std::vector<float>& out) const {
+    if (raw()) {
+      ASSERT_EQ(payload.size(), out.size() * sizeof(float));
+      std::memcpy(out.data(), payload.data(), payload.size());
+      return;
+    }
+    ASSERT_TRUE(codec_->Decode(payload, out).ok());
   }
   std::vector<uint8_t> Chunk0Payload() const {
     const ValueRange r = RingChunk(kN, 2, 0);
@@ -213,9 +312,9 @@ class HandDrivenRingTest : public ::testing::Test {
     ASSERT_EQ(rs->first.type, MessageType::kReduceScatter);
     const ValueRange c1 = RingChunk(kN, 2, 1);
     std::vector<float> mean(c1.size());
-    ASSERT_TRUE(codec_->Decode(rs->second, mean).ok());
+    ASSERT_NO_FATAL_FAILURE(Decode(rs->second, mean));
     for (size_t i = 0; i < c1.size(); ++i) mean[i] = (mean[i] + x0_[c1.begin + i]) / 2.0f;  // x1 + x0, / M
-    wire::Header h = fake_->Header(MessageType::kAllGather, kExchange);
+    wire::Header h = DataHeader(MessageType::kAllGather, kExchange);
     h.chunk = 1;
     h.offset = c1.begin;
     h.count = c1.size();
@@ -232,10 +331,11 @@ class HandDrivenRingTest : public ::testing::Test {
     ASSERT_TRUE(ag.has_value());
     ASSERT_EQ(ag->first.type, MessageType::kAllGather);
     std::vector<float> chunk0(c0.size());
-    ASSERT_TRUE(codec_->Decode(ag->second, chunk0).ok());
+    ASSERT_NO_FATAL_FAILURE(Decode(ag->second, chunk0));
     for (size_t i = c0.begin; i < c0.end; ++i) ASSERT_EQ(chunk0[i - c0.begin], values_[i]) << i;
   }
 
+  std::string codec_spec_ = "fp32";
   std::vector<RingMember> members_;
   std::unique_ptr<FakeMember> fake_;
   std::unique_ptr<RingAllReduce> ring_;
@@ -276,7 +376,7 @@ TEST_F(HandDrivenRingTest, AMessageOfTheNextExchangeIsKeptForIt) {
   EXPECT_EQ(ag->first.type, MessageType::kAllGather);
   EXPECT_EQ(ag->first.exchange_id, kExchange + 1);
   const ValueRange c1 = RingChunk(kN, 2, 1);
-  wire::Header h = fake_->Header(MessageType::kAllGather, kExchange + 1);
+  wire::Header h = DataHeader(MessageType::kAllGather, kExchange + 1);
   h.chunk = 1;
   h.offset = c1.begin;
   h.count = c1.size();
@@ -289,77 +389,142 @@ TEST_F(HandDrivenRingTest, AMessageOfTheNextExchangeIsKeptForIt) {
   for (size_t i = c1.begin; i < c1.end; ++i) ASSERT_EQ(values_[i], x0_[i]) << i;
 }
 
+// Raw fp32 all-gather values that hold an Inf: m1 refuses them naming m0, and keeps its values.
+TEST_F(HandDrivenRingTest, NonFiniteAllGatherValuesFailTheExchangeNamingTheSender) {
+  Start();
+  fake_->Send(ReduceScatterChunk0(kExchange), Chunk0Payload());
+  ASSERT_TRUE(fake_->Receive().has_value());  // m1's reduce-scatter (chunk 1)
+  const ValueRange c1 = RingChunk(kN, 2, 1);
+  std::vector<float> final1(x0_.begin() + static_cast<std::ptrdiff_t>(c1.begin),
+                            x0_.begin() + static_cast<std::ptrdiff_t>(c1.end));
+  final1[17] = std::numeric_limits<float>::infinity();
+  wire::Header h = DataHeader(MessageType::kAllGather, kExchange);
+  h.chunk = 1;
+  h.offset = c1.begin;
+  h.count = c1.size();
+  h.total = kN;
+  fake_->Send(h, Encode(0, final1.size(), final1));
+  Join();
+  EXPECT_ERROR(status_, absl::StatusCode::kInvalidArgument, "from member 'm0'");
+  EXPECT_NE(Msg(status_).find(fl::StrCat("NaN/Inf at index ", c1.begin + 17)), std::string::npos) << status_;
+  EXPECT_TRUE(BitEqual(values_, x1_)) << "values changed by a failed exchange";
+}
+
 struct Corruption {
   std::string name;
+  std::string codec;  // of the ring under test: fp32 (raw payloads) or int8 (checksummed codec payloads)
   absl::StatusCode code;
   std::string message;  // part of the expected error
   // Sends m0's broken reduce-scatter message.
   std::function<void(HandDrivenRingTest&, FakeMember&, wire::Header, std::vector<uint8_t>)> send;
 };
 
-class MalformedMessageTest : public HandDrivenRingTest, public ::testing::WithParamInterface<int> {};
+std::vector<Corruption> Corruptions();
+
+class MalformedMessageTest : public HandDrivenRingTest, public ::testing::WithParamInterface<int> {
+ public:
+  void SetUp() override {
+    codec_spec_ = Corruptions()[static_cast<size_t>(GetParam())].codec;
+    HandDrivenRingTest::SetUp();
+  }
+};
 
 std::vector<Corruption> Corruptions() {
   using S = absl::StatusCode;
   using H = wire::Header;
   using P = std::vector<uint8_t>;
   return {
-      {"short header", S::kInvalidArgument, "header has 10 bytes",
+      {"short header", "fp32", S::kInvalidArgument, "header has 10 bytes",
        [](HandDrivenRingTest&, FakeMember& f, H, P p) { f.SendRaw({P(10, 0), p}); }},
-      {"bad magic", S::kInvalidArgument, "magic",
+      {"bad magic", "fp32", S::kInvalidArgument, "magic",
        [](HandDrivenRingTest&, FakeMember& f, H h, P p) {
          auto bytes = wire::EncodeHeader(h);
          bytes[0] ^= 0xff;
          f.SendRaw({P(bytes.begin(), bytes.end()), p});
        }},
-      {"three frames", S::kInvalidArgument, "3 frames",
+      {"three frames", "fp32", S::kInvalidArgument, "3 frames",
        [](HandDrivenRingTest&, FakeMember& f, H h, P p) {
          auto bytes = wire::EncodeHeader(h);
          f.SendRaw({P(bytes.begin(), bytes.end()), p, p});
        }},
-      {"wrong count", S::kInvalidArgument, "where [0, +500) was expected",
+      {"wrong count", "fp32", S::kInvalidArgument, "where [0, +500) was expected",
        [](HandDrivenRingTest&, FakeMember& f, H h, P p) {
          h.count -= 1;
          f.Send(h, p);
        }},
-      {"wrong total", S::kInvalidArgument, "a vector of 1000 values",
+      {"wrong total", "fp32", S::kInvalidArgument, "a vector of 1000 values",
        [](HandDrivenRingTest&, FakeMember& f, H h, P p) {
          h.total -= 1;
          f.Send(h, p);
        }},
-      {"wrong chunk", S::kInvalidArgument, "chunk 1 where step 0 carries chunk 0",
+      {"wrong chunk", "fp32", S::kInvalidArgument, "chunk 1 where step 0 carries chunk 0",
        [](HandDrivenRingTest&, FakeMember& f, H h, P p) {
          h.chunk = 1;
          f.Send(h, p);
        }},
-      {"step beyond the last", S::kInvalidArgument, "step 3 is beyond",
+      {"step beyond the last", "fp32", S::kInvalidArgument, "step 3 is beyond",
        [](HandDrivenRingTest&, FakeMember& f, H h, P p) {
          h.step = 3;
          f.Send(h, p);
        }},
-      {"not the predecessor", S::kInvalidArgument, "only its predecessor",
+      {"not the predecessor", "fp32", S::kInvalidArgument, "only its predecessor",
        [](HandDrivenRingTest&, FakeMember& f, H h, P p) {
          h.sender = 7;
          f.Send(h, p);
        }},
-      {"other codec", S::kInvalidArgument, "must use the same codec",
+      {"old format version", "fp32", S::kInvalidArgument, "format version 1, this build speaks version 2",
+       [](HandDrivenRingTest&, FakeMember& f, H h, P p) {
+         auto bytes = wire::EncodeHeader(h);
+         bytes[4] = 1;
+         f.SendRaw({P(bytes.begin(), bytes.end()), p});
+       }},
+      {"unknown payload kind", "fp32", S::kInvalidArgument, "unknown payload kind 9",
+       [](HandDrivenRingTest&, FakeMember& f, H h, P p) {
+         auto bytes = wire::EncodeHeader(h);
+         bytes[6] = 9;
+         f.SendRaw({P(bytes.begin(), bytes.end()), p});
+       }},
+      {"other codec", "fp32", S::kInvalidArgument, "must use the same codec",
        [](HandDrivenRingTest& t, FakeMember& f, H h, P) {
          auto bf16 = fl::core::MakeCodec("bf16");
          P out;
          ASSERT_TRUE((*bf16)->Encode(std::span<const float>(t.x0_.data(), h.count), &out).ok());
+         h.payload = wire::PayloadKind::kCodec;
          f.Send(h, out);
        }},
-      {"payload too short", S::kInvalidArgument, "bad payload",
+      {"raw values to a codec ring", "int8", S::kInvalidArgument, "must use the same codec",
+       [](HandDrivenRingTest& t, FakeMember& f, H h, P) {
+         h.payload = wire::PayloadKind::kRawFp32;
+         const auto* raw = reinterpret_cast<const uint8_t*>(t.x0_.data());
+         f.Send(h, P(raw, raw + h.count * sizeof(float)));
+       }},
+      {"raw payload too short", "fp32", S::kInvalidArgument, "a raw fp32 payload of 1996 bytes where 500 values",
        [](HandDrivenRingTest&, FakeMember& f, H h, P p) {
          p.resize(p.size() - 4);
          f.Send(h, p);
        }},
-      {"corrupt payload", S::kDataLoss, "payload from member 'm0'",
+      {"raw payload too long", "fp32", S::kInvalidArgument, "a raw fp32 payload of 2004 bytes where 500 values",
+       [](HandDrivenRingTest&, FakeMember& f, H h, P p) {
+         p.resize(p.size() + 4);
+         f.Send(h, p);
+       }},
+      {"raw NaN", "fp32", S::kInvalidArgument, "sent non-finite values: its own values hold NaN/Inf at index 5",
+       [](HandDrivenRingTest&, FakeMember& f, H h, P p) {
+         const float nan = std::numeric_limits<float>::quiet_NaN();
+         std::memcpy(p.data() + 5 * sizeof(float), &nan, sizeof(nan));
+         f.Send(h, p);
+       }},
+      {"codec payload too short", "int8", S::kInvalidArgument, "bad payload",
+       [](HandDrivenRingTest&, FakeMember& f, H h, P p) {
+         p.resize(p.size() - 4);
+         f.Send(h, p);
+       }},
+      {"corrupt payload", "int8", S::kDataLoss, "payload from member 'm0'",
        [](HandDrivenRingTest&, FakeMember& f, H h, P p) {
          p[fl::core::kCodecHeaderBytes + 5] ^= 0x10;  // a flipped bit in the body: the checksum catches it
          f.Send(h, p);
        }},
-      {"duplicate", S::kInvalidArgument, "duplicate",
+      {"duplicate", "fp32", S::kInvalidArgument, "duplicate",
        [](HandDrivenRingTest&, FakeMember& f, H h, P p) {
          h.step = 0;
          h.chunk = 0;

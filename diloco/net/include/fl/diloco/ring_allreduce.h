@@ -11,7 +11,11 @@
 //   ExchangeStats stats;
 //   absl::Status s = (*ring)->AllReduce(/*exchange_id=*/outer_step * 1000 + fragment,
 //                                       /*residual_key=*/fragment, values, ReduceOp::kMean, &stats);
-// Every member must call AllReduce with the same exchange_id, the same values.size(), op and codec.
+//   // or, out of place (no final copy of the whole vector; `result` is a buffer kept across exchanges):
+//   s = (*ring)->AllReduce(exchange_id, fragment, std::span<const float>(values), result, ReduceOp::kMean,
+//                          &stats);
+// Every member must call AllReduce with the same exchange_id, the same values.size(), op and codec (members
+// may mix the in-place and out-of-place calls: the wire does not differ).
 //
 // Algorithm (M members, member r, ring order = options.members):
 //   values are cut into M contiguous chunks, chunk c = [c*n/M, (c+1)*n/M) (floor division, so chunk sizes
@@ -27,7 +31,8 @@
 //   received bytes unchanged (no re-encoding).
 //   With a lossy codec every reduce-scatter hop encodes its running partial sum, so errors add up over
 //   the hops: per value at most sum over hops of the codec's bound for what that hop sent (see codec.h).
-//   With fp32 the result equals the left fold above bit for bit.
+//   With fp32 the result equals the left fold above bit for bit. With fp32 nothing is encoded: messages
+//   carry the floats themselves, sent zero-copy from the caller's input and from the result being built.
 //   Chunks are cut into sub-chunks of `sub_chunk_values` values, each its own message, so that sending,
 //   receiving, decoding and adding overlap (ZeroMQ's I/O thread moves bytes while this thread computes).
 //
@@ -40,22 +45,35 @@
 // used again with a different values.size() is an error (call ResetResidual first).
 //
 // Wire format (each message is two ZeroMQ frames, little-endian):
-//   frame 0, 64 bytes: u32 magic 'FLRG' | u8 version (1) | u8 type (1 hello, 2 reduce-scatter, 3 all-gather,
-//     4 abort) | u16 reserved | u64 ring fingerprint (RingFingerprint(members)) | u64 exchange_id |
-//     u32 sender index | u32 step | u32 chunk | u32 sub-chunk | u64 offset (first value, in the whole
-//     vector) | u64 count (values) | u64 total (values.size())
-//   frame 1: the codec payload (codec.h: self-describing and checksummed); for an abort, a UTF-8 reason,
-//     and `chunk` holds the index of the member blamed.
+//   frame 0, 64 bytes: u32 magic 'FLRG' | u8 version (2) | u8 type (1 hello, 2 reduce-scatter, 3 all-gather,
+//     4 abort) | u16 payload kind (0 codec, 1 raw fp32) | u64 ring fingerprint (RingFingerprint(members)) |
+//     u64 exchange_id | u32 sender index | u32 step | u32 chunk | u32 sub-chunk | u64 offset (first value,
+//     in the whole vector) | u64 count (values) | u64 total (values.size())
+//   frame 1, payload kind 0: the codec payload (codec.h: self-describing and checksummed); for an abort, a
+//     UTF-8 reason, and `chunk` holds the index of the member blamed; empty for a hello.
+//   frame 1, payload kind 1 (every data message of a ring with codec "fp32"): exactly `count` fp32 values,
+//     no framing and no checksum (TCP already checks integrity; Gloo and NCCL do not checksum either).
+//     NaN/Inf are still refused: the receiver checks every sum and every all-gather value it stores (the
+//     check rides in the same loop as the addition), so a non-finite value fails the exchange naming the
+//     member whose values held it (its own values when it sent them at reduce-scatter step 0, or this
+//     member's own), or saying that the sum overflowed.
 // Every received header is checked against the one expected (ring, sender = predecessor, type, step,
-// chunk, sub-chunk, offset, count, total; codec kind and count via PeekPayload; the payload by Decode).
+// chunk, sub-chunk, offset, count, total, payload kind; for codec payloads the codec kind and count via
+// PeekPayload and the payload by Decode; for raw fp32 the size, count x 4 bytes).
+// Version 1 (codec payloads for fp32 too, reserved field 0) is refused with an error naming both versions.
 // Messages of another ring (fingerprint differs) or of an older exchange_id are discarded (counted in
 // ExchangeStats::stale_discarded); messages of a newer exchange_id (a fast predecessor already on the next
 // exchange) are kept until that exchange. Anything else malformed fails the exchange with InvalidArgument
 // or DataLoss naming the sender.
 //
 // Failures. An exchange either completes on this member (values replaced by the result) or returns an
-// error and leaves `values` (and the residuals) exactly as they were: all work happens in scratch buffers
-// that are committed at the end. Errors name the member at fault:
+// error and leaves `values` (and the residuals) exactly as they were: the in-place call builds the result
+// in scratch memory (kept across exchanges) and copies it over `values` only on success; the out-of-place
+// call never writes `in` and leaves `out` unspecified on error. Whatever the outcome, AllReduce returns
+// only once ZeroMQ has released every zero-copy message that points into `in`, `out` or the scratch, so
+// the caller may change or free them at once (if the successor has stopped reading, the push sockets are
+// closed with linger 0 and reconnected after at most `timeout` on success, 1 s on error; the successor
+// may then fail its next exchange with Unavailable). Errors name the member at fault:
 //   - Unavailable: a neighbour's connection closed while this member still needed it ("member 'island-c'
 //     (tcp://...) disconnected during exchange 7"), or another member reported such a failure (the first
 //     member to see a failure sends an abort around the ring, so that every member fails fast and names
@@ -64,7 +82,9 @@
 //     AllReduce) elapsed; names the predecessor (a silent, still-connected peer further upstream stalls
 //     the ring the same way: the abort from the member nearest to it normally arrives first and names it);
 //   - InvalidArgument / DataLoss: a malformed message (bad header, wrong sizes, other codec, corrupt
-//     payload), naming the sender; InvalidArgument also for bad arguments of the call itself.
+//     payload), naming the sender; NaN/Inf values or an fp32 sum that overflows, naming whose values
+//     (InvalidArgument); InvalidArgument also for bad arguments of the call itself. The abort of such an
+//     error also reaches the member blamed (it is alive and would otherwise wait for its timeout).
 // After a failure the instance stays usable for later exchanges (with a larger exchange_id), but after a
 // member vanished the coordinator normally builds a new ring without it (destroy this instance first: it
 // holds the bound endpoint). A member returns OK once it holds the full result; a peer that fails after
@@ -114,7 +134,7 @@ struct ExchangeStats {
   uint64_t bytes_sent = 0;      // bytes of every frame this member sent in the exchange (headers included)
   uint64_t bytes_received = 0;  // bytes of every frame it received and used
   double seconds = 0;           // wall time of AllReduce
-  double encode_seconds = 0;    // time spent encoding (part of `seconds`)
+  double encode_seconds = 0;    // time spent encoding (part of `seconds`); fp32: queueing zero-copy messages
   double decode_seconds = 0;    // time spent validating, decoding and adding received payloads
   uint64_t stale_discarded = 0; // messages of an older exchange or another ring that were dropped
 };
@@ -132,7 +152,8 @@ struct ValueRange {
 ValueRange RingChunk(size_t num_values, size_t num_members, size_t chunk);
 
 // Bytes one member sends in one exchange of `num_values` values with codec `codec_spec`: the encoded
-// payloads of its M-1 reduce-scatter and M-1 all-gather messages plus their 64-byte headers. About
+// payloads (fp32: 4 bytes a value, raw) of its M-1 reduce-scatter and M-1 all-gather messages plus their
+// 64-byte headers. About
 // 2(M-1)/M times the encoded size of the whole vector. Errors: a bad codec spec, zero members.
 absl::StatusOr<uint64_t> RingBytesSentPerMember(size_t num_values, size_t num_members, size_t self,
                                                 const std::string& codec_spec, size_t sub_chunk_values);
@@ -164,6 +185,14 @@ class RingAllReduce {
   // so that a ring of one behaves like any other.
   absl::Status AllReduce(uint64_t exchange_id, uint64_t residual_key, std::span<float> values, ReduceOp op,
                          ExchangeStats* stats);
+
+  // Out of place: reduces `in` and writes the result into `out` (same size, no overlap; the same span as
+  // `in` means in place, as above). `in` is never written; on error `out` holds unspecified values (and the
+  // residuals are unchanged). Saves the in-place call's final copy of the whole vector from scratch memory:
+  // the result is built in `out` directly. With codec fp32, ZeroMQ sends straight from `in` and `out`;
+  // both are released by ZeroMQ before this returns, success or error.
+  absl::Status AllReduce(uint64_t exchange_id, uint64_t residual_key, std::span<const float> in,
+                         std::span<float> out, ReduceOp op, ExchangeStats* stats);
 
   // Forgets the error-feedback residual of `residual_key` (e.g. when a fragment's layout changed).
   void ResetResidual(uint64_t residual_key);

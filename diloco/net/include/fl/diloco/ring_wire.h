@@ -13,7 +13,7 @@
 namespace fl::diloco::wire {
 
 inline constexpr uint32_t kMagic = 0x47524c46;  // "FLRG" read as little-endian u32
-inline constexpr uint8_t kVersion = 1;
+inline constexpr uint8_t kVersion = 2;  // 2: payload kind in the header, raw fp32 payloads
 inline constexpr size_t kHeaderBytes = 64;
 
 enum class MessageType : uint8_t {
@@ -24,6 +24,14 @@ enum class MessageType : uint8_t {
 };
 
 std::string_view MessageTypeName(MessageType type);  // "hello", "reduce-scatter", "all-gather", "abort"
+
+// What frame 1 holds (header bytes 6-7, u16).
+enum class PayloadKind : uint16_t {
+  kCodec = 0,    // an fl::core codec payload (self-describing, checksummed); an abort's text; a hello's nothing
+  kRawFp32 = 1,  // `count` little-endian fp32 values, nothing else (codec "fp32": no framing, no checksum)
+};
+
+std::string_view PayloadKindName(PayloadKind kind);  // "codec", "raw fp32"
 
 struct Header {
   MessageType type = MessageType::kHello;
@@ -36,10 +44,11 @@ struct Header {
   uint64_t offset = 0;       // index of the first value in the whole vector
   uint64_t count = 0;        // values in the payload
   uint64_t total = 0;        // values in the whole vector
+  PayloadKind payload = PayloadKind::kCodec;
 };
 
 std::array<uint8_t, kHeaderBytes> EncodeHeader(const Header& header);
-// Checks the size, magic, version, type and reserved bytes; InvalidArgument saying which is wrong.
+// Checks the size, magic, version, type and payload kind; InvalidArgument saying which is wrong.
 absl::StatusOr<Header> DecodeHeader(std::span<const uint8_t> bytes);
 
 }  // namespace fl::diloco::wire
