@@ -5,7 +5,12 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/cuda.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 #ifdef USE_C10D_NCCL
+// Compiled where LibTorch is a CUDA build (CMakeLists.txt), and by the compile check against a CUDA
+// toolkit's headers where it is not; never reached at run time without a GPU (ChooseDevice).
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
@@ -29,6 +34,14 @@
 namespace fl::diloco {
 namespace {
 
+// LibTorch 2.x made Gloo and NCCL c10d::Backends of a ProcessGroup; in 1.x (Debian 12's 1.13) they are
+// ProcessGroups. The collectives used here (allreduce, broadcast) have the same signature on both.
+#if TORCH_VERSION_MAJOR >= 2
+using CollectiveGroup = c10d::Backend;
+#else
+using CollectiveGroup = c10d::ProcessGroup;
+#endif
+
 using Clock = std::chrono::steady_clock;
 double Since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
@@ -47,10 +60,10 @@ absl::StatusOr<std::pair<std::string, uint16_t>> SplitHostPort(const std::string
   return std::make_pair(address.substr(0, colon), static_cast<uint16_t>(port));
 }
 
-// A c10d process group of `size` ranks: Gloo on the CPU, NCCL for "cuda" (when this build has it).
-absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> MakeProcessGroup(const std::string& store_address,
-                                                                        size_t rank, size_t size,
-                                                                        const std::string& device) {
+// A c10d process group of `size` ranks: Gloo on the CPU, NCCL on CUDA (ChooseDevice picks CUDA only
+// where this build has NCCL).
+absl::StatusOr<c10::intrusive_ptr<CollectiveGroup>> MakeProcessGroup(const std::string& store_address,
+                                                                     size_t rank, size_t size, bool cuda) {
   absl::StatusOr<std::pair<std::string, uint16_t>> hp = SplitHostPort(store_address);
   if (!hp.ok()) return hp.status();
   try {
@@ -61,10 +74,12 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> MakeProcessGroup(const st
     store_options.waitWorkers = true;
     store_options.timeout = std::chrono::minutes(5);
     auto store = c10::make_intrusive<c10d::TCPStore>(hp->first, store_options);
-    if (device == "cuda") {
+    if (cuda) {
 #ifdef USE_C10D_NCCL
-      return c10::intrusive_ptr<c10d::ProcessGroup>(
-          c10::make_intrusive<c10d::ProcessGroupNCCL>(store, static_cast<int>(rank), static_cast<int>(size)));
+      auto options = c10d::ProcessGroupNCCL::Options::create();
+      options->timeout = std::chrono::minutes(30);
+      return c10::intrusive_ptr<CollectiveGroup>(c10::make_intrusive<c10d::ProcessGroupNCCL>(
+          store, static_cast<int>(rank), static_cast<int>(size), options));
 #else
       return absl::FailedPreconditionError("this LibTorch build has no NCCL process group; use --device cpu");
 #endif
@@ -74,7 +89,7 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> MakeProcessGroup(const st
     options->devices.push_back(hp->first == "127.0.0.1" || hp->first == "localhost"
                                    ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
                                    : c10d::ProcessGroupGloo::createDefaultDevice());
-    return c10::intrusive_ptr<c10d::ProcessGroup>(c10::make_intrusive<c10d::ProcessGroupGloo>(
+    return c10::intrusive_ptr<CollectiveGroup>(c10::make_intrusive<c10d::ProcessGroupGloo>(
         store, static_cast<int>(rank), static_cast<int>(size), options));
   } catch (const std::exception& e) {
     return absl::UnavailableError(fl::StrCat("process group rendezvous at ", store_address, " (rank ", rank, " of ",
@@ -82,17 +97,39 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> MakeProcessGroup(const st
   }
 }
 
-void Broadcast(c10d::ProcessGroup& pg, torch::Tensor& tensor) {
+void Broadcast(CollectiveGroup& pg, torch::Tensor& tensor) {
   std::vector<at::Tensor> v{tensor};
   c10d::BroadcastOptions o;
   o.rootRank = 0;
   pg.broadcast(v, o)->wait();
 }
 
-void AllReduceMean(c10d::ProcessGroup& pg, torch::Tensor& flat, size_t size) {
+void AllReduceMean(CollectiveGroup& pg, torch::Tensor& flat, size_t size) {
   std::vector<at::Tensor> v{flat};
   pg.allreduce(v)->wait();
   flat.div_(static_cast<double>(size));
+}
+
+// Broadcast from rank 0 of a host tensor (the control words, the schedule, a fragment, the whole model).
+// Gloo (CPU) broadcasts it in place, as it always did. NCCL takes device tensors only, for every
+// collective however small: on CUDA the tensor goes through a device copy and comes back.
+void BroadcastHost(CollectiveGroup& pg, torch::Tensor& host, const torch::Device& device) {
+  if (device.is_cpu()) {
+    Broadcast(pg, host);
+    return;
+  }
+  torch::Tensor on_device = host.to(device);
+  Broadcast(pg, on_device);
+  host.copy_(on_device);  // ordered after the broadcast: wait() made the current stream wait on NCCL's
+}
+
+// "cuda:<device name>" for the coordinator's records; only CUDA builds (NCCL) ever train on a GPU.
+std::string AcceleratorName(int index) {
+#ifdef USE_C10D_NCCL
+  return fl::StrCat("cuda:", at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(index))->name);
+#else
+  return fl::StrCat("cuda:", index);
+#endif
 }
 
 torch::Tensor FlatGrads(const std::vector<torch::Tensor>& params) {
@@ -151,13 +188,15 @@ class IslandRun {
 
   IslandOptions o_;
   MetricsLog metrics_;
-  std::string device_;
+  DeviceChoice device_;
+  torch::Device torch_device_{torch::kCPU};  // the model, optimizer state, batches and c10d tensors
   std::unique_ptr<TrainTask> task_;
   std::vector<torch::Tensor> params_;
+  std::unique_ptr<ParamStaging> staging_;  // params_ <-> the host image (local_, θ_global)
   std::shared_ptr<const core::ModelSpec> spec_;
   std::unique_ptr<torch::optim::AdamW> inner_;
-  c10::intrusive_ptr<c10d::ProcessGroup> island_pg_;  // null when R = 1
-  c10::intrusive_ptr<c10d::ProcessGroup> global_pg_;  // data-parallel baseline over gloo
+  c10::intrusive_ptr<CollectiveGroup> island_pg_;  // null when R = 1
+  c10::intrusive_ptr<CollectiveGroup> global_pg_;  // data-parallel baseline over one c10d group
   size_t global_size_ = 1;
   std::vector<float> local_;
   // DiLoCo
@@ -175,9 +214,21 @@ class IslandRun {
 };
 
 absl::Status IslandRun::Setup() {
-  absl::StatusOr<std::string> device = ResolveDevice(o_.device);
+  absl::StatusOr<DeviceChoice> device = ResolveDevice(o_.device, o_.device_slot(), o_.cuda_device);
   if (!device.ok()) return device.status();
   device_ = *device;
+  if (device_.cuda) {
+    torch_device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(device_.index));
+#ifdef USE_C10D_NCCL
+    // NCCL's communicators and LibTorch's allocator and streams use the current device: without this
+    // every rank would also open a context on GPU 0.
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(device_.index));
+#endif
+    spdlog::info("{} rank {}: device {} ({}) — {}", o_.island_id, o_.rank, device_.Name(),
+                 AcceleratorName(device_.index), device_.reason);
+  } else {
+    spdlog::info("{} rank {}: device cpu — {}", o_.island_id, o_.rank, device_.reason);
+  }
   if (o_.threads > 0) torch::set_num_threads(o_.threads);
   TaskOptions t;
   t.model = o_.model;
@@ -191,24 +242,26 @@ absl::Status IslandRun::Setup() {
   t.d_model = o_.d_model;
   t.num_layers = o_.num_layers;
   t.num_heads = o_.num_heads;
+  t.device = torch_device_;
   absl::StatusOr<std::unique_ptr<TrainTask>> task = CreateTrainTask(t);
   if (!task.ok()) return task.status();
   task_ = std::move(*task);
-  params_ = task_->parameters();
+  params_ = task_->parameters();  // on torch_device_: AdamW keeps its moments next to them
+  staging_ = std::make_unique<ParamStaging>(params_, torch_device_);
   spec_ = std::make_shared<const core::ModelSpec>(task_->spec());
   local_.assign(spec_->num_elements(), 0.0f);
-  ParamsToFlat(params_, local_);
+  staging_->ToHost(local_);
   inner_ = std::make_unique<torch::optim::AdamW>(
       params_, torch::optim::AdamWOptions(o_.inner_lr).weight_decay(o_.weight_decay).betas({o_.beta1, o_.beta2}));
   if (o_.mode == "data-parallel" && o_.dp_transport == "gloo") {
     global_size_ = o_.num_shards * o_.ranks;
-    absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> pg =
-        MakeProcessGroup(o_.pg_store, o_.shard * o_.ranks + o_.rank, global_size_, device_);
+    absl::StatusOr<c10::intrusive_ptr<CollectiveGroup>> pg =
+        MakeProcessGroup(o_.pg_store, o_.shard * o_.ranks + o_.rank, global_size_, device_.cuda);
     if (!pg.ok()) return pg.status();
     global_pg_ = *pg;
   } else if (o_.ranks > 1) {
-    absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> pg =
-        MakeProcessGroup(o_.pg_store, o_.rank, o_.ranks, device_);
+    absl::StatusOr<c10::intrusive_ptr<CollectiveGroup>> pg =
+        MakeProcessGroup(o_.pg_store, o_.rank, o_.ranks, device_.cuda);
     if (!pg.ok()) return pg.status();
     island_pg_ = *pg;
   }
@@ -250,11 +303,14 @@ absl::Status IslandRun::InnerStep(uint64_t step) {
       summary_.peak_sync_bytes = std::max(summary_.peak_sync_bytes, bytes);
     } else {
       if (leader()) {
-        std::vector<float> values(g.data_ptr<float>(), g.data_ptr<float>() + g.numel());
+        // The ring is host code: on a GPU the gradient goes down and comes back (on the CPU, g itself).
+        torch::Tensor host = torch_device_.is_cpu() ? g : g.to(torch::kCPU);
+        std::vector<float> values(host.data_ptr<float>(), host.data_ptr<float>() + host.numel());
         if (absl::Status s = exchanger_->Start(SyncKey{step, 0}, std::move(values)); !s.ok()) return s;
         ExchangeOutcome out = exchanger_->Wait();
         if (out.kind != ExchangeOutcome::Kind::kAveraged) return out.error;
-        std::memcpy(g.data_ptr<float>(), out.values.data(), out.values.size() * sizeof(float));
+        std::memcpy(host.data_ptr<float>(), out.values.data(), out.values.size() * sizeof(float));
+        if (!torch_device_.is_cpu()) g.copy_(host);
         summary_.bytes_sent += out.bytes_sent;
         summary_.bytes_received += out.bytes_received;
         summary_.peak_sync_bytes = std::max(summary_.peak_sync_bytes, out.bytes_sent);
@@ -307,7 +363,7 @@ absl::Status IslandRun::RunDataParallel() {
     if (leader() && o_.eval_every > 0 && t % o_.eval_every == 0 && t < total_steps_) Eval(t);
   }
   summary_.wall_s = Since(start);
-  ParamsToFlat(params_, local_);
+  staging_->ToHost(local_);
   summary_.local_model_hash = core::Checksum64(std::span<const uint8_t>(
       reinterpret_cast<const uint8_t*>(local_.data()), local_.size() * sizeof(float)));
   if (leader()) {
@@ -368,7 +424,8 @@ absl::Status IslandRun::SetupLeader() {
     join.model_fingerprint = spec_->fingerprint();
     join.model_name = o_.model;
     join.software_version = "fl-island";
-    join.device_class = device_ == "cuda" ? "gpu" : "x86";
+    join.device_class = device_.cuda ? "gpu" : "x86";
+    join.accelerator = device_.cuda ? AcceleratorName(device_.index) : std::string();
     absl::StatusOr<Assignment> assignment = client_->Connect(o_.coordinator, join);
     if (!assignment.ok()) return assignment.status();
     // The coordinator's schedule is the one source of truth for everything all islands must agree on.
@@ -405,7 +462,7 @@ absl::Status IslandRun::SetupLeader() {
     first_step_ = outer_->schedule().SendStep(late_source->key.fragment, late_source->key.step) +
                   outer_->options().overlap_steps;
     if (absl::Status s = outer_->CopyGlobalInto(local_); !s.ok()) return s;
-    FlatToParams(local_, params_);
+    staging_->FromHost(local_);
     summary_.late_joined = true;
   }
   return absl::OkStatus();
@@ -427,7 +484,7 @@ absl::Status IslandRun::ApplyAt(uint64_t step, size_t fragment, uint64_t* resume
     switch (out.kind) {
       case ExchangeOutcome::Kind::kAveraged: {
         if (absl::Status s = outer_->ApplyOuterStep(fragment, out.values); !s.ok()) return s;
-        ParamsToFlat(params_, local_);
+        staging_->ToHost(local_);
         if (absl::Status s = outer_->MixInto(fragment, local_); !s.ok()) return s;
         const uint64_t hash = outer_->Hash();
         if (state_server_) state_server_->Publish({out.key, hash, outer_->Serialize()});
@@ -494,11 +551,11 @@ absl::Status IslandRun::ApplyAt(uint64_t step, size_t fragment, uint64_t* resume
     summary_.wait_s += Since(wait_start);
     control[0] = kind;
     control[1] = static_cast<int64_t>(*resume_step);
-    FlatToParams(local_, params_);  // the mixed fragment, or the whole copied model
-    if (island_pg_) Broadcast(*island_pg_, control);
+    staging_->FromHost(local_);  // the mixed fragment, or the whole copied model
+    if (island_pg_) BroadcastHost(*island_pg_, control, torch_device_);
     if (!failure.ok()) return failure;
   } else {
-    Broadcast(*island_pg_, control);
+    BroadcastHost(*island_pg_, control, torch_device_);
   }
   const int64_t kind = control[0].item<int64_t>();
   *resume_step = static_cast<uint64_t>(control[1].item<int64_t>());
@@ -514,20 +571,20 @@ absl::Status IslandRun::ApplyAt(uint64_t step, size_t fragment, uint64_t* resume
         return s;
       }
     }
-    Broadcast(*island_pg_, values);
+    BroadcastHost(*island_pg_, values, torch_device_);
     if (!leader()) {
-      ParamsToFlat(params_, local_);
+      staging_->ToHost(local_);
       if (absl::Status s = plan_->Scatter(fragment, std::span<const float>(values.data_ptr<float>(), frag.num_elements),
                                           local_);
           !s.ok()) {
         return s;
       }
-      FlatToParams(local_, params_);
+      staging_->FromHost(local_);
     }
   } else {
     torch::Tensor values = torch::from_blob(local_.data(), {static_cast<int64_t>(local_.size())}, torch::kFloat32);
-    Broadcast(*island_pg_, values);
-    if (!leader()) FlatToParams(local_, params_);
+    BroadcastHost(*island_pg_, values, torch_device_);
+    if (!leader()) staging_->FromHost(local_);
   }
   return absl::OkStatus();
 }
@@ -546,10 +603,10 @@ absl::Status IslandRun::RunDiLoCo() {
     sched[5] = static_cast<int64_t>(oo.strategy);
   }
   if (island_pg_) {
-    Broadcast(*island_pg_, sched);
+    BroadcastHost(*island_pg_, sched, torch_device_);
     torch::Tensor model = torch::from_blob(local_.data(), {static_cast<int64_t>(local_.size())}, torch::kFloat32);
-    Broadcast(*island_pg_, model);
-    if (!leader()) FlatToParams(local_, params_);
+    BroadcastHost(*island_pg_, model, torch_device_);
+    if (!leader()) staging_->FromHost(local_);
   }
   absl::StatusOr<core::FragmentSchedule> schedule = core::FragmentSchedule::Create(
       static_cast<uint64_t>(sched[0].item<int64_t>()), static_cast<size_t>(sched[1].item<int64_t>()),
@@ -577,7 +634,7 @@ absl::Status IslandRun::RunDiLoCo() {
       if (std::optional<size_t> f = schedule_->FragmentSyncingAt(t); f.has_value()) {
         if (leader()) {
           std::vector<float> delta(plan_->fragment(*f).num_elements);
-          ParamsToFlat(params_, local_);
+          staging_->ToHost(local_);
           if (absl::Status s = outer_->PseudoGradient(*f, local_, delta); !s.ok()) return s;
           const uint64_t round = (t - schedule_->SendStep(*f, 0)) / h;
           if (absl::Status s = exchanger_->Start(SyncKey{round, static_cast<uint32_t>(*f)}, std::move(delta)); !s.ok()) {
@@ -602,12 +659,12 @@ absl::Status IslandRun::RunDiLoCo() {
     if (leader() && o_.eval_every > 0 && training && t % o_.eval_every == 0 && t < total_steps_) Eval(t);
   }
   summary_.wall_s = Since(start);
-  ParamsToFlat(params_, local_);
+  staging_->ToHost(local_);
   summary_.local_model_hash = core::Checksum64(std::span<const uint8_t>(
       reinterpret_cast<const uint8_t*>(local_.data()), local_.size() * sizeof(float)));
   if (leader()) {
     summary_.final_local_eval_loss = task_->EvalLoss();
-    FlatToParams(outer_->global(), params_);  // the model DiLoCo delivers is θ_global
+    staging_->FromHost(outer_->global());  // the model DiLoCo delivers is θ_global
     summary_.final_eval_loss = task_->EvalLoss();
     summary_.state_hash = outer_->Hash();
     summary_.outer_steps = outer_->total_outer_steps();
@@ -640,33 +697,17 @@ absl::StatusOr<IslandSummary> IslandRun::Run() {
 
 }  // namespace
 
-absl::StatusOr<std::string> ResolveDevice(const std::string& requested) {
+DeviceFacts ProbeDeviceFacts() {
+  DeviceFacts facts;
+  facts.cuda_devices = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
 #ifdef USE_C10D_NCCL
-  const bool nccl = true;
-#else
-  const bool nccl = false;
+  facts.nccl = true;
 #endif
-  if (requested == "cpu" || requested == "auto") {
-    // auto stays on the CPU until the models, batches and c10d control tensors are placed on the GPU
-    // (see docs/diloco.md, "Not done"); NCCL needs CUDA tensors for every collective.
-    return std::string("cpu");
-  }
-  if (requested == "cuda") {
-    if (!torch::cuda::is_available()) {
-      return absl::FailedPreconditionError(
-          "--device cuda: LibTorch sees no CUDA device (Debian's libtorch is CPU-only); use --device cpu or a "
-          "CUDA build of LibTorch on a machine with a GPU");
-    }
-    if (!nccl) {
-      return absl::FailedPreconditionError(
-          "--device cuda: this build was compiled without c10d's NCCL process group (USE_C10D_NCCL); rebuild "
-          "against a LibTorch with NCCL or use --device cpu");
-    }
-    return absl::UnimplementedError(
-        "--device cuda: CUDA and NCCL are available, but fl-island does not place its model and collectives on "
-        "the GPU yet; use --device cpu");
-  }
-  return absl::InvalidArgumentError(fl::StrCat("--device ", requested, ": use auto, cpu or cuda"));
+  return facts;
+}
+
+absl::StatusOr<DeviceChoice> ResolveDevice(const std::string& requested, size_t slot, int cuda_device) {
+  return ChooseDevice(requested, slot, cuda_device, ProbeDeviceFacts());
 }
 
 absl::StatusOr<IslandSummary> RunIsland(const IslandOptions& options) {

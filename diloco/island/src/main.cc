@@ -19,7 +19,14 @@ int main(int argc, char** argv) {
   app.add_option("--rank", o.rank, "data-parallel rank in the island (0 = leader)")->capture_default_str();
   app.add_option("--ranks", o.ranks, "data-parallel ranks in the island (R)")->capture_default_str();
   app.add_option("--pg-store", o.pg_store, "host:port of the c10d TCPStore (served by rank 0)")->capture_default_str();
-  app.add_option("--device", o.device, "auto | cpu | cuda")->capture_default_str();
+  app.add_option("--device", o.device,
+                 "auto (cuda where a GPU and NCCL are there, else cpu) | cpu | cuda (fails without both)")
+      ->capture_default_str();
+  app.add_option("--cuda-device", o.cuda_device, "cuda: GPU index (-1 = (shard x ranks + rank) mod the number of GPUs)")
+      ->capture_default_str();
+  bool show_device = false;
+  app.add_flag("--show-device", show_device,
+               "print the device this rank would train on (\"device: <name>\") and why, then exit");
   app.add_option("--threads", o.threads, "intra-op threads (0 = LibTorch default)")->capture_default_str();
   app.add_option("--model", o.model, "char-lm (fortunes) | cnn (Fashion-MNIST)")->capture_default_str();
   app.add_option("--data-dir", o.data_dir, "data directory (default: the Debian package's)");
@@ -68,6 +75,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   o.outer.strategy = *parsed;
+  if (show_device) {
+    absl::StatusOr<fl::diloco::DeviceChoice> device = fl::diloco::ResolveDevice(o.device, o.device_slot(), o.cuda_device);
+    if (!device.ok()) {
+      std::cerr << "fl-island: " << device.status() << "\n";
+      return device.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    }
+    std::cout << "device: " << device->Name() << "\nreason: " << device->reason << "\n";
+    return 0;
+  }
   absl::StatusOr<fl::diloco::IslandSummary> summary = fl::diloco::RunIsland(o);
   if (!summary.ok()) {
     std::cerr << "fl-island " << o.island_id << " rank " << o.rank << ": " << summary.status() << "\n";

@@ -131,6 +131,10 @@ class CharLmTask final : public TrainTask {
     absl::StatusOr<core::ModelSpec> spec = SpecOfParameters(*task->model_);
     if (!spec.ok()) return spec.status();
     task->spec_ = std::move(*spec);
+    if (!o.device.is_cpu()) {
+      task->model_->to(o.device);
+      task->model_->mask = task->model_->mask.to(o.device);  // a plain member, not a registered buffer
+    }
     return task;
   }
 
@@ -148,8 +152,7 @@ class CharLmTask final : public TrainTask {
       const uint64_t s = data::UniformIndex(engine_, starts);
       for (int64_t j = 0; j <= t; ++j) window[static_cast<size_t>(i * (t + 1) + j)] = shard_[s + static_cast<size_t>(j)];
     }
-    torch::Tensor w = torch::from_blob(window.data(), {b, t + 1}, torch::kInt64).clone();
-    return Loss(w);
+    return Loss(OnDevice(torch::from_blob(window.data(), {b, t + 1}, torch::kInt64).clone()));
   }
 
   double EvalLoss() override {
@@ -169,7 +172,7 @@ class CharLmTask final : public TrainTask {
           window[static_cast<size_t>(i * (t + 1) + j)] = text[static_cast<size_t>((first + i) * t + j)];
         }
       }
-      torch::Tensor w = torch::from_blob(window.data(), {rows, t + 1}, torch::kInt64).clone();
+      torch::Tensor w = OnDevice(torch::from_blob(window.data(), {rows, t + 1}, torch::kInt64).clone());
       total += Loss(w).item<double>() * static_cast<double>(rows);
       count += rows;
     }
@@ -185,6 +188,9 @@ class CharLmTask final : public TrainTask {
     model_ = CharTransformer(static_cast<int64_t>(corpus_.vocab_size()), o.context, o.d_model, o.num_layers,
                              o.num_heads);
   }
+
+  // Batches are built on the host; on the CPU they are used as they are (no copy).
+  torch::Tensor OnDevice(torch::Tensor host) const { return o_.device.is_cpu() ? host : host.to(o_.device); }
 
   torch::Tensor Loss(const torch::Tensor& window) {
     const int64_t t = window.size(1) - 1;
@@ -228,8 +234,9 @@ class CnnTask final : public TrainTask {
     task->indices_ = std::move(*indices);
     std::vector<uint32_t> eval_idx(static_cast<size_t>(std::min<int64_t>(o.eval_examples, test->num_examples)));
     for (size_t i = 0; i < eval_idx.size(); ++i) eval_idx[i] = static_cast<uint32_t>(i);
-    task->eval_images_ = client::ImagesToTensor(*test, eval_idx);
-    task->eval_labels_ = client::LabelsToTensor(*test, eval_idx);
+    task->eval_images_ = task->OnDevice(client::ImagesToTensor(*test, eval_idx));
+    task->eval_labels_ = task->OnDevice(client::LabelsToTensor(*test, eval_idx));
+    if (!o.device.is_cpu()) task->model_->to(o.device);
     return task;
   }
 
@@ -242,8 +249,8 @@ class CnnTask final : public TrainTask {
     model_->train();
     std::vector<uint32_t> batch(static_cast<size_t>(o_.batch_size));
     for (auto& i : batch) i = indices_[data::UniformIndex(engine_, indices_.size())];
-    torch::Tensor logits = model_->forward(client::ImagesToTensor(train_, batch));
-    return torch::nn::functional::cross_entropy(logits, client::LabelsToTensor(train_, batch));
+    torch::Tensor logits = model_->forward(OnDevice(client::ImagesToTensor(train_, batch)));
+    return torch::nn::functional::cross_entropy(logits, OnDevice(client::LabelsToTensor(train_, batch)));
   }
 
   double EvalLoss() override {
@@ -255,6 +262,7 @@ class CnnTask final : public TrainTask {
 
  private:
   explicit CnnTask(const TaskOptions& o) : o_(o), engine_(data::MakeEngine(o.seed, 1000003ull * (o.shard + 1) + o.rank)) {}
+  torch::Tensor OnDevice(torch::Tensor host) const { return o_.device.is_cpu() ? host : host.to(o_.device); }
 
   TaskOptions o_;
   data::Engine engine_;
@@ -294,6 +302,45 @@ void FlatToParams(std::span<const float> flat, const std::vector<torch::Tensor>&
     const size_t n = static_cast<size_t>(p.numel());
     torch::Tensor src = torch::from_blob(const_cast<float*>(flat.data() + k), p.sizes(), torch::kFloat32);
     p.copy_(src);
+    k += n;
+  }
+}
+
+ParamStaging::ParamStaging(std::vector<torch::Tensor> params, torch::Device device)
+    : params_(std::move(params)), device_(device) {
+  for (const torch::Tensor& p : params_) numel_ += p.numel();
+  if (!device_.is_cpu()) {
+    pinned_ = torch::empty({numel_}, torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(true));
+    device_flat_ = torch::empty({numel_}, torch::TensorOptions().dtype(torch::kFloat32).device(device_));
+  }
+}
+
+void ParamStaging::ToHost(std::span<float> out) {
+  if (device_.is_cpu()) {
+    ParamsToFlat(params_, out);
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> flat_views;
+  flat_views.reserve(params_.size());
+  for (const torch::Tensor& p : params_) flat_views.push_back(p.detach().to(torch::kFloat32).reshape({-1}));
+  torch::cat_out(device_flat_, flat_views);
+  pinned_.copy_(device_flat_);  // blocking: the image is read right after
+  std::memcpy(out.data(), pinned_.data_ptr<float>(), static_cast<size_t>(numel_) * sizeof(float));
+}
+
+void ParamStaging::FromHost(std::span<const float> in) {
+  if (device_.is_cpu()) {
+    FlatToParams(in, params_);
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  std::memcpy(pinned_.data_ptr<float>(), in.data(), static_cast<size_t>(numel_) * sizeof(float));
+  device_flat_.copy_(pinned_);  // blocking, so pinned_ may be rewritten as soon as this returns
+  int64_t k = 0;
+  for (const torch::Tensor& p : params_) {
+    const int64_t n = p.numel();
+    p.copy_(device_flat_.slice(0, k, k + n).view(p.sizes()));
     k += n;
   }
 }

@@ -15,7 +15,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "fl/core/tensor_spec.h"
@@ -29,6 +31,9 @@ struct TaskOptions {
   size_t num_shards = 1;
   size_t rank = 0;                // data-parallel rank inside the island (its own sample stream)
   uint64_t seed = 1;              // model initialisation (equal on every island) and sampling
+  // Where the model, its batches and its evaluation live. The model is initialised on the CPU from the
+  // seed and then moved, so every device starts from the same weights.
+  torch::Device device = torch::kCPU;
   int64_t batch_size = 32;        // per rank
   // char-lm
   int64_t context = 64;
@@ -57,8 +62,27 @@ class TrainTask {
 
 absl::StatusOr<std::unique_ptr<TrainTask>> CreateTrainTask(const TaskOptions& options);
 
-// Flat fp32 copies of the parameters (spec order).
+// Flat fp32 copies of CPU parameters (spec order).
 void ParamsToFlat(const std::vector<torch::Tensor>& params, std::span<float> out);
 void FlatToParams(std::span<const float> flat, const std::vector<torch::Tensor>& params);
+
+// Copies between the parameters, wherever they live, and the flat fp32 host image in spec order that
+// the outer loop works on (OuterState, the fragment plan and the ring all take std::span<float>).
+// On the CPU it is ParamsToFlat / FlatToParams as before: no staging buffer, no extra copy. On a GPU:
+// one gather into a flat device buffer, one device-to-host copy into pinned memory, one memcpy into the
+// image (FromHost the reverse), so each sync crosses PCIe once per direction in one transfer.
+class ParamStaging {
+ public:
+  ParamStaging(std::vector<torch::Tensor> params, torch::Device device);
+  void ToHost(std::span<float> out);
+  void FromHost(std::span<const float> in);
+
+ private:
+  std::vector<torch::Tensor> params_;
+  torch::Device device_;
+  int64_t numel_ = 0;
+  torch::Tensor pinned_;       // GPU only: the host side of every transfer
+  torch::Tensor device_flat_;  // GPU only: the parameters gathered in spec order
+};
 
 }  // namespace fl::diloco

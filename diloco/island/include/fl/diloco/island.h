@@ -43,7 +43,8 @@ struct IslandOptions {
   // Rendezvous of the island's c10d process group: "host:port" of a c10d TCPStore served by rank 0
   // ("data-parallel" + dp_transport gloo: the store of the one global group, served by island 0 rank 0).
   std::string pg_store = "127.0.0.1:29500";
-  std::string device = "auto";         // "auto" | "cpu" | "cuda" (see ResolveDevice)
+  std::string device = "auto";         // "auto" | "cpu" | "cuda" (see ChooseDevice)
+  int cuda_device = -1;                // "cuda": the GPU index; -1 = (shard x ranks + rank) mod visible GPUs
   int threads = 1;                     // intra-op threads of this rank
 
   // Model and data (see src/train_task.h).
@@ -88,6 +89,10 @@ struct IslandOptions {
   std::string metrics_path;            // leader appends one JSON line per sync and per eval ("" = none)
 
   absl::Status Validate() const;
+  // The index ChooseDevice maps onto a GPU (mod the GPU count): ranks counted over the islands, so that
+  // the islands the launcher starts on one machine, and the data-parallel baseline's single NCCL group,
+  // spread over its GPUs; within an island R consecutive indices stay distinct.
+  size_t device_slot() const { return shard * ranks + rank; }
 };
 
 // What the leader measured (also written as JSON to summary_path).
@@ -119,9 +124,29 @@ struct IslandSummary {
 // know). Errors: bad options, no data, process-group or coordinator failures that retrying cannot fix.
 absl::StatusOr<IslandSummary> RunIsland(const IslandOptions& options);
 
-// The device a rank trains on: "cpu" for "cpu" and "auto". "cuda" is refused with the reason: no GPU
-// visible to LibTorch or no NCCL in this build (FailedPrecondition), or, where both exist, Unimplemented
-// (GPU placement of the model and collectives is not written yet).
-absl::StatusOr<std::string> ResolveDevice(const std::string& requested);
+// What a rank's machine and build offer (ProbeDeviceFacts asks LibTorch; tests write their own).
+struct DeviceFacts {
+  int cuda_devices = 0;  // GPUs LibTorch sees: 0 without a GPU, a driver, or with a CPU-only LibTorch
+  bool nccl = false;     // this fl-island was compiled with c10d's NCCL process group (a CUDA LibTorch)
+};
+
+// The device one rank trains on, and why it was chosen (fl-island logs the reason).
+struct DeviceChoice {
+  bool cuda = false;
+  int index = -1;        // cuda: the GPU of this rank
+  std::string reason;
+  std::string Name() const;  // "cpu" | "cuda:1"
+};
+
+// The decision, torch-free: "cpu" is the CPU; "auto" is cuda where GPUs and NCCL are both there, else
+// the CPU (the reason names what is missing); "cuda" without a GPU or without NCCL is FailedPrecondition
+// naming what is missing and what to do. The GPU is `cuda_device`, or (-1) `slot` mod the GPU count
+// (fl-island passes IslandOptions::device_slot()).
+absl::StatusOr<DeviceChoice> ChooseDevice(const std::string& requested, size_t slot, int cuda_device,
+                                          const DeviceFacts& facts);
+
+// LibTorch's answer for this process (island_runtime.cc) and ChooseDevice applied to it.
+DeviceFacts ProbeDeviceFacts();
+absl::StatusOr<DeviceChoice> ResolveDevice(const std::string& requested, size_t slot = 0, int cuda_device = -1);
 
 }  // namespace fl::diloco
