@@ -445,69 +445,40 @@ class RingAllReduce::Impl {
     return absl::OkStatus();
   }
 
-  // ---- The ring: reduce-scatter then all-gather, sub-chunk by sub-chunk.
-  absl::Status RunRing() {
+  // ---- The ring's schedule, written once for both payload paths: reduce-scatter then all-gather,
+  // sub-chunk by sub-chunk. `send_own(c, j, r)` sends sub-chunk j of this member's own chunk (reduce-scatter
+  // step 0); `reduce(s, c, j, r, last, msg)` handles a received partial sum of step s (add own values, then
+  // send it on, or, when `last`, complete the owned chunk and start its all-gather); `gather(c, j, r, msg)`
+  // takes a received final sub-chunk, after the schedule has forwarded its bytes unchanged (no re-encoding,
+  // no copy: the buffer is shared) unless the successor owns the chunk. Each returns the failure to report
+  // (already passed through Fail) or OK.
+  template <typename SendOwn, typename Reduce, typename Gather>
+  absl::Status RunSchedule(SendOwn send_own, Reduce reduce, Gather gather) {
     const size_t m = M();
     const auto self = static_cast<int64_t>(self_);
-    // Reduce-scatter step 0: this member's own chunk.
-    {
-      const size_t c = self_;
-      const ValueRange chunk = Chunk(c);
-      for (size_t j = 0; j < NumSubChunks(chunk.size(), sub_values()); ++j) {
-        const ValueRange r = SubRange(chunk, j, sub_values());
-        auto payload = EncodePartial(r, /*from_input=*/true);
-        if (!payload.ok()) return Fail(payload.status(), self_);
-        if (absl::Status s = Send(MessageType::kReduceScatter, 0, c, j, r, std::move(*payload)); !s.ok()) {
-          return Fail(s, succ_);
-        }
-      }
+    const ValueRange own = Chunk(self_);
+    for (size_t j = 0; j < NumSubChunks(own.size(), sub_values()); ++j) {
+      if (absl::Status s = send_own(self_, j, SubRange(own, j, sub_values())); !s.ok()) return s;
     }
     // Reduce-scatter steps: receive step s (chunk self-s-1), add own values, send it on as step s+1; the
     // last step completes the owned chunk self+1, which goes straight into the all-gather.
     for (size_t s = 0; s + 1 < m; ++s) {
       const size_t c = Mod(self - static_cast<int64_t>(s) - 1, m);
       const ValueRange chunk = Chunk(c);
-      const bool last = s + 2 == m;
       for (size_t j = 0; j < NumSubChunks(chunk.size(), sub_values()); ++j) {
         const ValueRange r = SubRange(chunk, j, sub_values());
         auto msg = Receive(MessageType::kReduceScatter, s, c, j, r, /*sends_left=*/true);
         if (!msg.ok()) return Fail(msg.status(), pred_);
-        const Clock::time_point t0 = Clock::now();
-        std::span<float> dst(result_.data() + r.begin, r.size());
-        std::copy(input_.begin() + r.begin, input_.begin() + r.end, dst.begin());
-        // work = own + received: the same float additions as the fold (a + b == b + a exactly).
-        if (absl::Status st = codec_->DecodeAccumulate(PayloadOf(msg->payload), 1.0f, dst); !st.ok()) {
-          return Fail(PayloadError(st, *msg), pred_);
-        }
-        stats_.decode_seconds += SecondsSince(t0);
-        if (!last) {
-          auto payload = EncodePartial(r, /*from_input=*/false);
-          if (!payload.ok()) return Fail(payload.status(), self_);
-          if (absl::Status st = Send(MessageType::kReduceScatter, s + 1, c, j, r, std::move(*payload));
-              !st.ok()) {
-            return Fail(st, succ_);
-          }
-        } else {
-          auto payload = EncodeFinal(r);
-          if (!payload.ok()) return Fail(payload.status(), self_);
-          // The owner's copy comes from the very bytes it sends, so that it matches every other member.
-          if (lossy_) {
-            if (absl::Status st = DecodeInto(**payload, r); !st.ok()) return Fail(st, self_);
-          }
-          if (absl::Status st = Send(MessageType::kAllGather, 0, c, j, r, std::move(*payload)); !st.ok()) {
-            return Fail(st, succ_);
-          }
-        }
+        if (absl::Status st = reduce(s, c, j, r, /*last=*/s + 2 == m, *msg); !st.ok()) return st;
       }
     }
     // All-gather: receive step s (chunk self-s, owned by self-s-1), forward the same bytes unless the
-    // successor owns the chunk, decode.
+    // successor owns the chunk, then take the values.
     for (size_t s = 0; s + 1 < m; ++s) {
       const size_t c = Mod(self - static_cast<int64_t>(s), m);
       const ValueRange chunk = Chunk(c);
       const bool forward = s + 2 < m;
-      const size_t subs = NumSubChunks(chunk.size(), sub_values());
-      for (size_t j = 0; j < subs; ++j) {
+      for (size_t j = 0; j < NumSubChunks(chunk.size(), sub_values()); ++j) {
         const ValueRange r = SubRange(chunk, j, sub_values());
         auto msg = Receive(MessageType::kAllGather, s, c, j, r, /*sends_left=*/forward);
         if (!msg.ok()) return Fail(msg.status(), pred_);
@@ -518,95 +489,111 @@ class RingAllReduce::Impl {
             return Fail(st, succ_);
           }
         }
-        const Clock::time_point t0 = Clock::now();
-        if (absl::Status st = codec_->Decode(PayloadOf(msg->payload), {result_.data() + r.begin, r.size()});
-            !st.ok()) {
-          return Fail(PayloadError(st, *msg), pred_);
-        }
-        stats_.decode_seconds += SecondsSince(t0);
+        if (absl::Status st = gather(c, j, r, *msg); !st.ok()) return st;
       }
     }
     return absl::OkStatus();
   }
 
-  // ---- The ring with codec fp32: raw payloads, the same schedule and the same float operations as
-  // RunRing (own + received, then / float(M) at the owner), but no encoding, no checksum and no copy on the
-  // sending side: every message points into input_ or result_ (zero copy, see ReleaseZeroCopy). A partial
-  // sum sent from result_[r] is overwritten only by the all-gather of the same chunk, which cannot arrive
-  // before the successor has received (so ZeroMQ has written) that partial sum.
-  absl::Status RunRingRaw() {
-    const size_t m = M();
-    const auto self = static_cast<int64_t>(self_);
-    {
-      const size_t c = self_;
-      const ValueRange chunk = Chunk(c);
-      for (size_t j = 0; j < NumSubChunks(chunk.size(), sub_values()); ++j) {
-        const ValueRange r = SubRange(chunk, j, sub_values());
-        if (absl::Status s = SendZeroCopy(MessageType::kReduceScatter, 0, c, j, r, input_.data() + r.begin);
-            !s.ok()) {
-          return Fail(s, succ_);
-        }
+  // Any codec: every hop encodes what it sends; the owner encodes its final chunk once.
+  absl::Status RunRing() {
+    auto send_own = [&](size_t c, size_t j, const ValueRange& r) -> absl::Status {
+      auto payload = EncodePartial(r, /*from_input=*/true);
+      if (!payload.ok()) return Fail(payload.status(), self_);
+      if (absl::Status s = Send(MessageType::kReduceScatter, 0, c, j, r, std::move(*payload)); !s.ok()) {
+        return Fail(s, succ_);
       }
-    }
-    for (size_t s = 0; s + 1 < m; ++s) {
-      const size_t c = Mod(self - static_cast<int64_t>(s) - 1, m);
-      const ValueRange chunk = Chunk(c);
-      const bool last = s + 2 == m;
-      for (size_t j = 0; j < NumSubChunks(chunk.size(), sub_values()); ++j) {
-        const ValueRange r = SubRange(chunk, j, sub_values());
-        auto msg = Receive(MessageType::kReduceScatter, s, c, j, r, /*sends_left=*/true);
-        if (!msg.ok()) return Fail(msg.status(), pred_);
-        const Clock::time_point t0 = Clock::now();
-        const auto* received = static_cast<const uint8_t*>(msg->payload.data());
-        float* dst = result_.data() + r.begin;
-        const float* own = input_.data() + r.begin;
-        const bool finite = last && op_ == ReduceOp::kMean
-                                ? kernels::AddDivideChecked(own, received, r.size(), static_cast<float>(m), dst)
-                                : kernels::AddChecked(own, received, r.size(), dst);
-        stats_.decode_seconds += SecondsSince(t0);
-        if (!finite) {
-          size_t blamed = self_;
-          absl::Status error = NonFiniteSum(*msg, r, &blamed);
-          return Fail(error, blamed);
-        }
-        // The owner's copy of its final chunk is the very bits it sends.
-        if (absl::Status st = SendZeroCopy(last ? MessageType::kAllGather : MessageType::kReduceScatter,
-                                           last ? 0 : s + 1, c, j, r, dst);
-            !st.ok()) {
+      return absl::OkStatus();
+    };
+    auto reduce = [&](size_t s, size_t c, size_t j, const ValueRange& r, bool last, Message& msg) -> absl::Status {
+      const Clock::time_point t0 = Clock::now();
+      std::span<float> dst(result_.data() + r.begin, r.size());
+      std::copy(input_.begin() + r.begin, input_.begin() + r.end, dst.begin());
+      // work = own + received: the same float additions as the fold (a + b == b + a exactly).
+      if (absl::Status st = codec_->DecodeAccumulate(PayloadOf(msg.payload), 1.0f, dst); !st.ok()) {
+        return Fail(PayloadError(st, msg), pred_);
+      }
+      stats_.decode_seconds += SecondsSince(t0);
+      if (!last) {
+        auto payload = EncodePartial(r, /*from_input=*/false);
+        if (!payload.ok()) return Fail(payload.status(), self_);
+        if (absl::Status st = Send(MessageType::kReduceScatter, s + 1, c, j, r, std::move(*payload)); !st.ok()) {
           return Fail(st, succ_);
         }
+        return absl::OkStatus();
       }
-    }
-    for (size_t s = 0; s + 1 < m; ++s) {
-      const size_t c = Mod(self - static_cast<int64_t>(s), m);
-      const ValueRange chunk = Chunk(c);
-      const bool forward = s + 2 < m;
-      for (size_t j = 0; j < NumSubChunks(chunk.size(), sub_values()); ++j) {
-        const ValueRange r = SubRange(chunk, j, sub_values());
-        auto msg = Receive(MessageType::kAllGather, s, c, j, r, /*sends_left=*/forward);
-        if (!msg.ok()) return Fail(msg.status(), pred_);
-        if (forward) {
-          zmq::message_t copy;
-          copy.copy(msg->payload);  // shares the buffer (reference counted), no byte copy
-          if (absl::Status st = SendFrames(MessageType::kAllGather, s + 1, c, j, r, std::move(copy)); !st.ok()) {
-            return Fail(st, succ_);
-          }
-        }
-        const Clock::time_point t0 = Clock::now();
-        const bool finite = kernels::CopyChecked(static_cast<const uint8_t*>(msg->payload.data()), r.size(),
-                                                 result_.data() + r.begin);
-        stats_.decode_seconds += SecondsSince(t0);
-        if (!finite) {
-          const size_t at = FirstNonFinite({result_.data() + r.begin, r.size()});
-          return Fail(absl::InvalidArgumentError(fl::StrCat(
-                          "ring exchange ", exchange_id_, ": all-gather values of chunk ", c, " from member ",
-                          Name(pred_), " hold NaN/Inf at index ", r.begin + at, " (the chunk's owner is ",
-                          Name(Mod(static_cast<int64_t>(c) - 1, m)), ")")),
-                      pred_);
-        }
+      auto payload = EncodeFinal(r);
+      if (!payload.ok()) return Fail(payload.status(), self_);
+      // The owner's copy comes from the very bytes it sends, so that it matches every other member.
+      if (lossy_) {
+        if (absl::Status st = DecodeInto(**payload, r); !st.ok()) return Fail(st, self_);
       }
-    }
-    return absl::OkStatus();
+      if (absl::Status st = Send(MessageType::kAllGather, 0, c, j, r, std::move(*payload)); !st.ok()) {
+        return Fail(st, succ_);
+      }
+      return absl::OkStatus();
+    };
+    auto gather = [&](size_t /*c*/, size_t /*j*/, const ValueRange& r, Message& msg) -> absl::Status {
+      const Clock::time_point t0 = Clock::now();
+      if (absl::Status st = codec_->Decode(PayloadOf(msg.payload), {result_.data() + r.begin, r.size()});
+          !st.ok()) {
+        return Fail(PayloadError(st, msg), pred_);
+      }
+      stats_.decode_seconds += SecondsSince(t0);
+      return absl::OkStatus();
+    };
+    return RunSchedule(send_own, reduce, gather);
+  }
+
+  // Codec fp32: raw payloads, the same schedule and the same float operations as RunRing (own + received,
+  // then / float(M) at the owner), but no encoding, no checksum and no copy on the sending side: every
+  // message points into input_ or result_ (zero copy, see ReleaseZeroCopy). A partial sum sent from
+  // result_[r] is overwritten only by the all-gather of the same chunk, which cannot arrive before the
+  // successor has received (so ZeroMQ has written) that partial sum.
+  absl::Status RunRingRaw() {
+    const size_t m = M();
+    auto send_own = [&](size_t c, size_t j, const ValueRange& r) -> absl::Status {
+      if (absl::Status s = SendZeroCopy(MessageType::kReduceScatter, 0, c, j, r, input_.data() + r.begin); !s.ok()) {
+        return Fail(s, succ_);
+      }
+      return absl::OkStatus();
+    };
+    auto reduce = [&](size_t s, size_t c, size_t j, const ValueRange& r, bool last, Message& msg) -> absl::Status {
+      const Clock::time_point t0 = Clock::now();
+      const auto* received = static_cast<const uint8_t*>(msg.payload.data());
+      float* dst = result_.data() + r.begin;
+      const float* own = input_.data() + r.begin;
+      const bool finite = last && op_ == ReduceOp::kMean
+                              ? kernels::AddDivideChecked(own, received, r.size(), static_cast<float>(m), dst)
+                              : kernels::AddChecked(own, received, r.size(), dst);
+      stats_.decode_seconds += SecondsSince(t0);
+      if (!finite) {
+        size_t blamed = self_;
+        absl::Status error = NonFiniteSum(msg, r, &blamed);
+        return Fail(error, blamed);
+      }
+      // The owner's copy of its final chunk is the very bits it sends.
+      if (absl::Status st = SendZeroCopy(last ? MessageType::kAllGather : MessageType::kReduceScatter,
+                                         last ? 0 : s + 1, c, j, r, dst);
+          !st.ok()) {
+        return Fail(st, succ_);
+      }
+      return absl::OkStatus();
+    };
+    auto gather = [&](size_t c, size_t /*j*/, const ValueRange& r, Message& msg) -> absl::Status {
+      const Clock::time_point t0 = Clock::now();
+      const bool finite = kernels::CopyChecked(static_cast<const uint8_t*>(msg.payload.data()), r.size(),
+                                               result_.data() + r.begin);
+      stats_.decode_seconds += SecondsSince(t0);
+      if (finite) return absl::OkStatus();
+      const size_t at = FirstNonFinite({result_.data() + r.begin, r.size()});
+      return Fail(absl::InvalidArgumentError(fl::StrCat(
+                      "ring exchange ", exchange_id_, ": all-gather values of chunk ", c, " from member ",
+                      Name(pred_), " hold NaN/Inf at index ", r.begin + at, " (the chunk's owner is ",
+                      Name(Mod(static_cast<int64_t>(c) - 1, m)), ")")),
+                  pred_);
+    };
+    return RunSchedule(send_own, reduce, gather);
   }
 
   static size_t FirstNonFinite(std::span<const float> x) {
