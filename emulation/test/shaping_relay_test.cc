@@ -25,6 +25,7 @@
 #include "fl/core/clock.h"
 #include "fl/emulation/shaper.h"
 #include "fl/testing/scratch_dir.h"
+#include "fl/testing/subprocess.h"
 
 namespace fl::emulation {
 namespace {
@@ -66,15 +67,8 @@ std::vector<char> ReadToEof(int fd) {
 }
 
 int Connect(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(fd);
-    return -1;
-  }
+  const int fd = fl::testing::ConnectLoopback(port);
+  if (fd < 0) return -1;
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   return fd;

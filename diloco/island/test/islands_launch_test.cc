@@ -3,8 +3,6 @@
 // fails stops the experiment at once with an error naming its log, and the coordinator is stopped with it.
 #include <gtest/gtest.h>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -13,6 +11,7 @@
 
 #include "fl/diloco/islands_experiment.h"
 #include "fl/testing/scratch_dir.h"
+#include "fl/testing/subprocess.h"
 
 namespace fl::diloco {
 namespace {
@@ -30,14 +29,9 @@ std::string TinyManifest(const std::string& extra_model_field) {
 LaunchPaths Paths(const std::string& out) { return {FL_ISLAND_BIN, FL_SERVER_BIN, out}; }
 
 bool LoopbackPortAcceptsConnections(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  close(fd);
-  return ok;
+  const int fd = fl::testing::ConnectLoopback(port);
+  if (fd >= 0) close(fd);
+  return fd >= 0;
 }
 
 TEST(IslandsLaunchTest, TinyManifestRunsToTheEndWithEqualHashes) {

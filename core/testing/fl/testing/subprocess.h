@@ -86,4 +86,20 @@ inline int FreeLoopbackPort() {
   return ntohs(addr.sin_port);
 }
 
+// A TCP connection to 127.0.0.1:`port` (blocking connect), or -1 when nothing accepts there. The caller
+// closes the descriptor.
+inline int ConnectLoopback(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 }  // namespace fl::testing
