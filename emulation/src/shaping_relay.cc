@@ -119,6 +119,8 @@ struct Conn {
   Endpoint target;
   bool connected = false;
   bool dead = false;
+  int64_t retry_at_ns = 0;      // target refused: connect again at this time (target.fd is -1 until then)
+  int64_t give_up_at_ns = 0;    // ... until this time (RelayOptions::connect_retry_ms after the accept)
   std::unique_ptr<Pipe> up;    // client -> target
   std::unique_ptr<Pipe> down;  // target -> client
   ~Conn() {
@@ -128,6 +130,8 @@ struct Conn {
 };
 
 std::string ErrnoText(int err) { return std::strerror(err); }
+
+constexpr int64_t kConnectRetryNs = 100'000'000;  // between connect attempts to a refusing target
 
 void SetNoDelay(int fd) {
   int one = 1;
@@ -199,7 +203,10 @@ class ShapingRelay::Loop {
     while (!stopping_->load(std::memory_order_acquire)) {
       int64_t next = DirectionShaper::kNever;
       for (const auto& c : conns_) {
-        if (!c->connected) continue;
+        if (!c->connected) {
+          if (c->target.fd < 0) next = std::min(next, c->retry_at_ns);
+          continue;
+        }
         next = std::min({next, c->up->shaper.NextEventNs(), c->down->shaper.NextEventNs()});
       }
       timespec ts{};
@@ -277,42 +284,68 @@ class ShapingRelay::Loop {
       c->client.fd = fd;
       c->target.conn = c.get();
       SetNoDelay(fd);
-      c->target.fd = socket(target_.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-      if (c->target.fd < 0) {
-        spdlog::warn("{}: socket failed: {}", options_.name, ErrnoText(errno));
-        connect_failures_.fetch_add(1, std::memory_order_relaxed);
-        continue;
-      }
-      SetNoDelay(c->target.fd);
-      const int rc = connect(c->target.fd, reinterpret_cast<const sockaddr*>(&target_.storage), target_.length);
-      if (rc != 0 && errno != EINPROGRESS) {
-        spdlog::warn("{}: cannot connect to {}: {}", options_.name, options_.target_addr, ErrnoText(errno));
-        connect_failures_.fetch_add(1, std::memory_order_relaxed);
-        continue;  // closes the client's connection: it sees the refusal as an immediate EOF
-      }
-      // The pipes are made when the connection to the target completes (Pump), which is when the link's
-      // streams start; the first EPOLLOUT on the target reports that.
-      for (Endpoint* e : {&c->client, &c->target}) {
-        epoll_event ev{};
-        ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
-        ev.data.ptr = e;
-        epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, e->fd, &ev);
-      }
+      const int64_t now = NowNs();
+      c->give_up_at_ns = now + options_.connect_retry_ms * 1'000'000;
+      if (!StartConnect(*c, now)) continue;  // closes the client's connection: it sees the refusal as an EOF
+      Watch(c->client);
       active_.fetch_add(1, std::memory_order_relaxed);
       conns_.push_back(std::move(c));
     }
   }
 
+  void Watch(Endpoint& e) {
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+    ev.data.ptr = &e;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, e.fd, &ev);
+  }
+
+  // Starts a non-blocking connect to the target. The pipes are made when it completes (Pump), which is when
+  // the link's streams start; the first EPOLLOUT on the target reports that. A refusal within the retry
+  // budget schedules another attempt (ConnectFailed); false = give up.
+  bool StartConnect(Conn& c, int64_t now) {
+    c.target.fd = socket(target_.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (c.target.fd < 0) {
+      spdlog::warn("{}: socket failed: {}", options_.name, ErrnoText(errno));
+      connect_failures_.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    c.target.readable = c.target.writable = false;
+    SetNoDelay(c.target.fd);
+    const int rc = connect(c.target.fd, reinterpret_cast<const sockaddr*>(&target_.storage), target_.length);
+    if (rc != 0 && errno != EINPROGRESS) return ConnectFailed(c, errno, now);
+    Watch(c.target);
+    return true;
+  }
+
+  // The target refused (or is unreachable). Within RelayOptions::connect_retry_ms of the accept the relay
+  // tries again every 100 ms, holding the client's connection open, as a link in front of a host that is
+  // still starting would look to a client that retries (ZeroMQ, gRPC): a slow connection, not an
+  // established one that drops. False = give up (the caller closes the client's connection).
+  bool ConnectFailed(Conn& c, int err, int64_t now) {
+    close(c.target.fd);  // also leaves the epoll set
+    c.target.fd = -1;
+    if (now + kConnectRetryNs <= c.give_up_at_ns) {
+      c.retry_at_ns = now + kConnectRetryNs;
+      return true;
+    }
+    spdlog::warn("{}: cannot connect to {}: {}", options_.name, options_.target_addr, ErrnoText(err));
+    connect_failures_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+
   void Pump(Conn& c, int64_t now) {
     if (!c.connected) {
+      if (c.target.fd < 0) {  // waiting to retry a refused connect
+        if (now >= c.retry_at_ns && !StartConnect(c, now)) c.dead = true;
+        return;
+      }
       if (!c.target.writable) return;
       int err = 0;
       socklen_t len = sizeof(err);
       getsockopt(c.target.fd, SOL_SOCKET, SO_ERROR, &err, &len);
       if (err != 0) {
-        spdlog::warn("{}: cannot connect to {}: {}", options_.name, options_.target_addr, ErrnoText(err));
-        connect_failures_.fetch_add(1, std::memory_order_relaxed);
-        c.dead = true;
+        if (!ConnectFailed(c, err, now)) c.dead = true;
         return;
       }
       c.connected = true;

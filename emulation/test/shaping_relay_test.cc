@@ -88,11 +88,12 @@ std::vector<char> RandomBytes(size_t n, uint64_t seed) {
 // A loopback server running `serve(fd)` on a thread per connection.
 class TestServer {
  public:
-  explicit TestServer(std::function<void(int)> serve) : serve_(std::move(serve)) {
+  explicit TestServer(std::function<void(int)> serve, int port = 0) : serve_(std::move(serve)) {
     fd_ = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
     EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
     EXPECT_EQ(listen(fd_, 64), 0);
     socklen_t len = sizeof(a);
@@ -142,12 +143,14 @@ void Echo(int fd) {
 }
 
 std::unique_ptr<ShapingRelay> StartRelay(const std::string& target, const LinkDirection& up,
-                                         const LinkDirection& down, uint64_t seed = 1) {
+                                         const LinkDirection& down, uint64_t seed = 1,
+                                         int64_t connect_retry_ms = 0) {
   RelayOptions o;
   o.target_addr = target;
   o.uplink = up;
   o.downlink = down;
   o.seed = seed;
+  o.connect_retry_ms = connect_retry_ms;
   auto r = ShapingRelay::Start(o);
   EXPECT_TRUE(r.ok()) << r.status();
   return r.ok() ? *std::move(r) : nullptr;
@@ -397,6 +400,41 @@ TEST(ShapingRelayTest, UnreachableTargetClosesTheClientAndCountsAFailure) {
   getsockname(probe, reinterpret_cast<sockaddr*>(&a), &len);
   close(probe);
   auto relay = StartRelay("127.0.0.1:" + std::to_string(ntohs(a.sin_port)), LinkDirection{}, LinkDirection{});
+  ASSERT_NE(relay, nullptr);
+  const int fd = Connect(relay->port());
+  ASSERT_GE(fd, 0);
+  EXPECT_TRUE(ReadToEof(fd).empty());
+  close(fd);
+  EXPECT_EQ(relay->stats().connect_failures, 1u);
+}
+
+// With a retry budget, a target that starts listening only after the client connected is reached: the
+// client's connection stays open and what it sent meanwhile arrives (islands bind their ring endpoint
+// lazily, and ZeroMQ would take a dropped connection for a vanished peer).
+TEST(ShapingRelayTest, TargetThatStartsLateIsRetriedWhileTheClientWaits) {
+  const int port = fl::testing::FreeLoopbackPort();
+  auto relay = StartRelay("127.0.0.1:" + std::to_string(port), LinkDirection{}, LinkDirection{}, 1,
+                          /*connect_retry_ms=*/10000);
+  ASSERT_NE(relay, nullptr);
+  const int fd = Connect(relay->port());
+  ASSERT_GE(fd, 0);
+  const auto data = RandomBytes(100000, 7);
+  ASSERT_TRUE(WriteAll(fd, data.data(), data.size()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(350));  // a few refused attempts
+  TestServer late(Echo, port);
+  shutdown(fd, SHUT_WR);
+  const auto back = ReadToEof(fd);
+  close(fd);
+  EXPECT_EQ(back.size(), data.size());
+  EXPECT_EQ(Sum(back), Sum(data));
+  EXPECT_EQ(relay->stats().connect_failures, 0u);
+}
+
+// Past the budget the client's connection is closed and the failure counted.
+TEST(ShapingRelayTest, RetryBudgetEndsWithTheClientClosed) {
+  const int port = fl::testing::FreeLoopbackPort();
+  auto relay = StartRelay("127.0.0.1:" + std::to_string(port), LinkDirection{}, LinkDirection{}, 1,
+                          /*connect_retry_ms=*/300);
   ASSERT_NE(relay, nullptr);
   const int fd = Connect(relay->port());
   ASSERT_GE(fd, 0);

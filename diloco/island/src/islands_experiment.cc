@@ -269,7 +269,10 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
       // Ring traffic into island i crosses its relay: the WAN's rate and delay apply to every hop.
       absl::StatusOr<std::unique_ptr<fl::emulation::ShapingRelay>> relay = fl::emulation::ShapingRelay::Start(
           {.listen_addr = "127.0.0.1:0", .target_addr = fl::StrCat("127.0.0.1:", data_ports.back()),
-           .uplink = wan->uplink, .downlink = wan->downlink, .seed = 1000 + i, .name = fl::StrCat("wan-", i)});
+           .uplink = wan->uplink, .downlink = wan->downlink, .seed = 1000 + i,
+           // Islands bind their ring endpoint at their first sync: a peer may dial through the relay
+           // before that, and must see a slow connect (ZeroMQ retries), not a dropped connection.
+           .connect_retry_ms = 60000, .name = fl::StrCat("wan-", i)});
       if (!relay.ok()) return relay.status();
       advertised.back() = fl::StrCat("tcp://", (*relay)->address());
       wan_relays.push_back(std::move(*relay));
