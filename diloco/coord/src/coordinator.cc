@@ -107,6 +107,12 @@ struct Epoch {
   int64_t formed_unix_ms = 0;
   int64_t first_report_ns = 0;
   double barrier_ms = 0;
+  struct Blame {
+    int64_t at_ns = 0;
+    std::string by;
+    std::string reason;
+  };
+  std::map<std::string, Blame> pending_blames;  // blamed member -> first blame, waiting for its own report
 };
 
 struct Sync {
@@ -769,14 +775,24 @@ struct Coordinator::State {
     const std::string vanished = report.vanished;
     const std::string reason = report.reason;
     epoch.reports.emplace(id, std::move(report));
+    if (auto b = epoch.pending_blames.find(id); b != epoch.pending_blames.end()) {
+      spdlog::info("epoch {}: island '{}', blamed by '{}', reported the epoch itself: alive, kept", epoch_number,
+                   id, b->second.by);
+      epoch.pending_blames.erase(b);
+    }
     if (failed) {
       spdlog::warn("epoch {}: island '{}' reports a failed exchange{}: {}", epoch_number, id,
                    vanished.empty() ? "" : fl::StrCat(" (blames '", vanished, "')"), reason);
       auto v = islands.find(vanished);
       if (!vanished.empty() && vanished != id && v != islands.end() && epoch.join_seq.contains(vanished) &&
-          v->second->join_seq == epoch.join_seq.at(vanished)) {
-        Evict(*v->second, "vanished",
-              fl::StrCat("island '", id, "' reported it vanished during epoch ", epoch_number, ": ", reason));
+          v->second->join_seq == epoch.join_seq.at(vanished) && !epoch.reports.contains(vanished)) {
+        const std::string why =
+            fl::StrCat("island '", id, "' reported it vanished during epoch ", epoch_number, ": ", reason);
+        if (epoch.attempt == 0 && opt.blame_grace_ms > 0) {
+          epoch.pending_blames.emplace(vanished, Epoch::Blame{NowNs(), id, why});  // Tick decides
+        } else {
+          Evict(*v->second, "vanished", why);
+        }
       }
     }
   }
@@ -879,6 +895,20 @@ struct Coordinator::State {
         if (sync.arrived.contains(id)) continue;
         Evict(*islands.at(id), "missed_barrier",
               fl::StrCat("did not reach the barrier of sync ", KeyText(key), " within ", opt.barrier_timeout_ms, " ms"));
+      }
+    }
+    for (auto& [number, epoch] : open_epochs) {
+      for (auto b = epoch.pending_blames.begin(); b != epoch.pending_blames.end();) {
+        if (now - b->second.at_ns <= static_cast<int64_t>(opt.blame_grace_ms) * 1000000) {
+          ++b;
+          continue;
+        }
+        if (!epoch.reports.contains(b->first) && MemberLive(epoch, b->first)) {
+          Evict(*islands.at(b->first), "vanished",
+                fl::StrCat(b->second.reason, " (and did not report the epoch itself within ", opt.blame_grace_ms,
+                           " ms)"));
+        }
+        b = epoch.pending_blames.erase(b);
       }
     }
     for (auto& [number, epoch] : open_epochs) {

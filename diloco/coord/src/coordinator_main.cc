@@ -59,6 +59,7 @@ std::string ConfigJson(const CoordinatorOptions& o) {
   j["barrier_timeout_ms"] = o.barrier_timeout_ms;
   j["report_timeout_ms"] = o.report_timeout_ms;
   j["max_sync_attempts"] = o.max_sync_attempts;
+  j["blame_grace_ms"] = o.blame_grace_ms;
   return j.dump();
 }
 
@@ -121,6 +122,10 @@ int RunCoordinatorMain(int argc, char** argv) {
                  "Evict members that have not reported an epoch this long after the first report")
       ->capture_default_str();
   app.add_option("--max-sync-attempts", o.max_sync_attempts, "Epochs of one sync before the experiment fails")
+      ->capture_default_str();
+  app.add_option("--blame-grace-ms", o.blame_grace_ms,
+                 "A member blamed for a failed exchange is evicted only if it does not report the epoch itself "
+                 "this long after the blame (first attempt of a sync; 0 = evict at once)")
       ->capture_default_str();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
   CLI11_PARSE(app, argc, argv);

@@ -33,6 +33,7 @@ inline CoordinatorOptions TestOptions(uint32_t min_islands = 1) {
   o.heartbeat_timeout_ms = 3000;
   o.barrier_timeout_ms = 120000;
   o.report_timeout_ms = 120000;
+  o.blame_grace_ms = 300;
   return o;
 }
 

@@ -154,6 +154,43 @@ TEST(MembershipTest, FailedExchangeIsRetriedInANewEpochWithoutTheVanishedIsland)
   EXPECT_TRUE(IsRejoinNeeded(stale.status())) << stale.status();
 }
 
+// A blamed island that reports the failed epoch itself is alive (the connection failed, not the island): on
+// the first attempt it is kept, and the sync is retried with every member. From the second attempt on a blame
+// evicts at once, so that a pair that keeps failing cannot loop.
+TEST(MembershipTest, BlamedIslandThatReportsItselfIsKeptOnTheFirstAttempt) {
+  CoordinatorHarness h(TestOptions());
+  SimIsland a("a"), b("b");
+  for (SimIsland* island : {&a, &b}) ASSERT_TRUE(island->Connect(h.address()).ok());
+  auto plans = BeginAll({&a, &b}, SyncKey{0, 0});
+  for (const auto& p : plans) ASSERT_TRUE(p.ok()) << p.status();
+  const absl::Status blames_b = absl::UnavailableError("member 'b' (ipc:///tmp/x) disconnected during exchange 1");
+  const absl::Status blames_a = absl::UnavailableError("member 'a' (ipc:///tmp/y) disconnected during exchange 1");
+  auto fa = std::async(std::launch::async, [&] {
+    return a.client->ReportSyncFailed(*plans[0], blames_b, "b", SomeStats());
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // either order ends the same way
+  auto vb = b.client->ReportSyncFailed(*plans[1], blames_a, "a", SomeStats());
+  auto va = fa.get();
+  ASSERT_TRUE(va.ok()) << va.status();
+  ASSERT_TRUE(vb.ok()) << vb.status();
+  EXPECT_EQ(va->kind, VerdictKind::kRetry);
+  EXPECT_EQ(vb->kind, VerdictKind::kRetry);
+  EXPECT_EQ(h.coordinator().Snapshot().evictions, 0u);
+
+  // Attempt 1 keeps both; its failure with a blame evicts the blamed island at once.
+  auto retry = BeginAll({&a, &b}, SyncKey{0, 0});
+  for (const auto& p : retry) {
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(Ids(*p), (std::vector<std::string>{"a", "b"}));
+    EXPECT_EQ(p->attempt, 1u);
+  }
+  auto again = a.client->ReportSyncFailed(*retry[0], blames_b, "b", SomeStats());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->kind, VerdictKind::kRetry);
+  EXPECT_EQ(h.coordinator().Snapshot().evictions, 1u);
+  EXPECT_EQ(h.coordinator().Snapshot().members, (std::vector<std::string>{"a"}));
+}
+
 TEST(MembershipTest, MemberWhoseExchangeFailedAfterAnotherCompletedIsToldToRepair) {
   CoordinatorHarness h(TestOptions());
   SimIsland a("a"), b("b");

@@ -7,7 +7,9 @@
 // Membership rules (the whole protocol is in coordinator_client.h):
 //   - an island is a member from its admission (fresh start) or from its StateLoaded (late joiner);
 //   - it stops being one when it leaves, its session stream closes, its heartbeats stop for
-//     heartbeat_timeout_ms, another member reports it vanished during an exchange, it misses a barrier
+//     heartbeat_timeout_ms, another member reports it vanished during an exchange (and it does not report
+//     that epoch itself within blame_grace_ms: a blamed island that answers is alive, and on the first
+//     attempt of a sync it is kept and the sync retried with it), it misses a barrier
 //     (barrier_timeout_ms after the first arrival) or a report deadline (report_timeout_ms after the first
 //     report of its epoch). It is then "evicted": it must join again and copy the state;
 //   - the barrier of sync k waits for every member, and for late joiners whose state is older than k;
@@ -52,6 +54,11 @@ struct CoordinatorOptions {
   uint32_t barrier_timeout_ms = 600000;     // BeginSync barrier, from its first arrival (> fetch + H steps)
   uint32_t report_timeout_ms = 600000;      // SyncDone/SyncFailed, from an epoch's first report
   uint32_t max_sync_attempts = 10;          // epochs of one key before the experiment fails
+  // A member blamed for a failed exchange is evicted only if it has not reported the epoch itself within
+  // this long (its own report proves it alive: the failure was the connection, not the island). Applies to
+  // the first attempt of a sync; from the second attempt on a blame evicts at once, so that a pair that
+  // keeps failing cannot loop. 0 = evict on the blame.
+  uint32_t blame_grace_ms = 2000;
   std::string software_version;             // recorded
 
   // InvalidArgument naming the field, its value and the valid range.
