@@ -85,12 +85,7 @@ struct Downloaded {
 class FederatedClient::Impl {
  public:
   Impl(ClientOptions options, Trainer* trainer) : options_(std::move(options)), trainer_(trainer) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(wire::kMaxMessageBytes);
-    args.SetMaxSendMessageSize(wire::kMaxMessageBytes);
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
-    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    grpc::ChannelArguments args = wire::SessionChannelArguments();
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
     ApplySocketBinding(options_.binding, &args);

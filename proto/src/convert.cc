@@ -1,5 +1,7 @@
 #include "fl/proto/convert.h"
 
+#include <grpc/grpc.h>
+
 #include "fl/core/str_cat.h"
 
 namespace fl::wire {
@@ -103,6 +105,16 @@ fl::v1::ErrorDetail MakeError(fl::v1::ErrorCode code, std::string message, std::
   e.set_field(std::move(field));
   e.set_hint(std::move(hint));
   return e;
+}
+
+grpc::ChannelArguments SessionChannelArguments() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  return args;
 }
 
 grpc::Status ToGrpcStatus(grpc::StatusCode code, const fl::v1::ErrorDetail& detail) {

@@ -26,13 +26,7 @@ absl::Status FromGrpc(const grpc::Status& status, std::string_view call) {
 }
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(wire::kMaxMessageBytes);
-  args.SetMaxSendMessageSize(wire::kMaxMessageBytes);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), wire::SessionChannelArguments());
 }
 
 void SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout) {

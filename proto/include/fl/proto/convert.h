@@ -5,6 +5,7 @@
 #include <string>
 #include <string_view>
 
+#include <grpcpp/support/channel_arguments.h>
 #include <grpcpp/support/status.h>
 
 #include "absl/status/status.h"
@@ -20,6 +21,11 @@ inline constexpr uint32_t kDefaultChunkBytes = 1u << 20;
 // The largest chunk either side accepts; messages are capped a little above it for headers.
 inline constexpr uint32_t kMaxChunkBytes = 4u << 20;
 inline constexpr int kMaxMessageBytes = static_cast<int>(kMaxChunkBytes + (64u << 10));
+
+// The channel arguments of every long-lived client of our services (fl-client's federation session, an
+// island's coordinator session): message limits that fit a chunk, keepalive every 20 s (answered within
+// 10 s, also without calls in flight) so that a dead peer is noticed while a stream idles.
+grpc::ChannelArguments SessionChannelArguments();
 
 fl::v1::DType ToProto(core::DType dtype);
 absl::StatusOr<core::DType> FromProto(fl::v1::DType dtype);
