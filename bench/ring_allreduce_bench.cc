@@ -197,6 +197,10 @@ void BM_Ring(benchmark::State& state, const std::string& codec, int connections,
     o.codec = codec;
     o.connections_per_peer = connections;
     o.timeout = absl::Seconds(120);
+    // FL_RING_SUB_CHUNK_VALUES: values per message (pipelining granularity), to compare against the default.
+    if (const char* sub = std::getenv("FL_RING_SUB_CHUNK_VALUES"); sub != nullptr) {
+      o.sub_chunk_values = static_cast<size_t>(std::strtoull(sub, nullptr, 10));
+    }
     auto ring = fl::diloco::RingAllReduce::Create(o);
     if (!ring.ok()) {
       state.SkipWithError(std::string(fl::ToStd(ring.status().message())).c_str());
