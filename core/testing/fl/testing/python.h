@@ -1,0 +1,67 @@
+// Test support: running Debian's Python (/usr/bin/python3, with python3-numpy and python3-torch from
+// deploy/install-deps.sh) to write real .npy / .npz / .pt files inside a test.
+//
+// `python3` on PATH may be another interpreter (pyenv) without numpy or torch, so the absolute path is used.
+// A missing module is a test failure naming the package and deploy/install-deps.sh, never a skip.
+#pragma once
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+extern char** environ;
+
+namespace fl::testing {
+
+inline constexpr const char* kSystemPython = "/usr/bin/python3";
+
+// Runs `script` (Python source) with `args` as sys.argv[1:], its stdout and stderr captured in `log_path`.
+// Returns the captured output, or an error with it when the interpreter exits non-zero.
+inline absl::StatusOr<std::string> RunPython(const std::string& script, const std::vector<std::string>& args,
+                                             const std::string& log_path) {
+  std::vector<std::string> argv_storage = {kSystemPython, "-c", script};
+  argv_storage.insert(argv_storage.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& arg : argv_storage) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  pid_t pid = 0;
+  const int spawned = posix_spawn(&pid, kSystemPython, &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (spawned != 0) return absl::InternalError(std::string("cannot start ") + kSystemPython);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+  }
+  std::ifstream in(log_path);
+  std::stringstream output;
+  output << in.rdbuf();
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return absl::InternalError(std::string(kSystemPython) + " failed:\n" + output.str());
+  }
+  return output.str();
+}
+
+// OK when /usr/bin/python3 can import `module` ("numpy", "torch"); otherwise an error saying how to install
+// it. Use as ASSERT_TRUE(RequirePythonModule("numpy", dir).ok()) << ... or through the status message.
+inline absl::Status RequirePythonModule(const std::string& module, const std::string& log_path) {
+  auto result = RunPython("import " + module, {}, log_path);
+  if (result.ok()) return absl::OkStatus();
+  return absl::FailedPreconditionError(kSystemPython + std::string(" cannot import ") + module +
+                                       ": install python3-" + module +
+                                       " (run deploy/install-deps.sh, which installs it)\n" +
+                                       std::string(result.status().message()));
+}
+
+}  // namespace fl::testing
