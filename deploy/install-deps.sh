@@ -27,6 +27,8 @@ PACKAGES=(
   chromium
   # bench/instrumentation_overhead.sh (a scraper and a free port)
   curl python3
+  # bring-your-own-model examples and tests: export TorchScript models, write .npz datasets
+  python3-torch python3-numpy
   # real data: Fashion-MNIST images, human text for the small language model
   dataset-fashion-mnist fortunes-min
   # link emulation (ip netns, tc)
