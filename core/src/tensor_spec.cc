@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "fl/core/str_cat.h"
@@ -154,6 +155,113 @@ absl::Status CheckFinite(std::span<const float> values, std::string_view what, c
     return absl::InvalidArgumentError(fl::StrCat(what, " contains ", values[i], " at ", where,
                                                    "; non-finite values are never aggregated: check the "
                                                    "client's learning rate and data"));
+  }
+  return absl::OkStatus();
+}
+
+std::string DescribeSpecDifference(const ModelSpec& expected, const ModelSpec& actual,
+                                   std::string_view expected_name, std::string_view actual_name) {
+  struct Difference {
+    size_t position;  // where it is, to report the first one
+    std::string text;
+  };
+  std::vector<Difference> diffs;
+  std::unordered_map<std::string_view, size_t> expected_index, actual_index;
+  for (size_t i = 0; i < expected.num_tensors(); ++i) expected_index[expected.tensors()[i].name] = i;
+  for (size_t j = 0; j < actual.num_tensors(); ++j) actual_index[actual.tensors()[j].name] = j;
+  auto layout = [](const TensorSpec& t) { return fl::StrCat(t.ShapeString(), " ", DTypeName(t.dtype)); };
+
+  for (size_t i = 0; i < expected.num_tensors(); ++i) {
+    const TensorSpec& e = expected.tensors()[i];
+    auto it = actual_index.find(e.name);
+    if (it == actual_index.end()) {
+      diffs.push_back({i, fl::StrCat("tensor #", i, " '", e.name, "' ", layout(e), " is in ", expected_name,
+                                     " but not in ", actual_name)});
+      continue;
+    }
+    const TensorSpec& a = actual.tensors()[it->second];
+    const bool shape = a.shape != e.shape;
+    const bool dtype = a.dtype != e.dtype;
+    if (shape && dtype) {
+      diffs.push_back({i, fl::StrCat("tensor #", i, " '", e.name, "' has shape ", a.ShapeString(), " and dtype ",
+                                     DTypeName(a.dtype), " in ", actual_name, " but ", e.ShapeString(), " and ",
+                                     DTypeName(e.dtype), " in ", expected_name)});
+    } else if (shape) {
+      diffs.push_back({i, fl::StrCat("tensor #", i, " '", e.name, "' has shape ", a.ShapeString(), " in ",
+                                     actual_name, " but ", e.ShapeString(), " in ", expected_name)});
+    } else if (dtype) {
+      diffs.push_back({i, fl::StrCat("tensor #", i, " '", e.name, "' has dtype ", DTypeName(a.dtype), " in ",
+                                     actual_name, " but ", DTypeName(e.dtype), " in ", expected_name)});
+    }
+  }
+  for (size_t j = 0; j < actual.num_tensors(); ++j) {
+    const TensorSpec& a = actual.tensors()[j];
+    if (expected_index.count(a.name) == 0) {
+      diffs.push_back({j, fl::StrCat("tensor #", j, " '", a.name, "' ", layout(a), " is in ", actual_name,
+                                     " but not in ", expected_name)});
+    }
+  }
+  // Order: the tensors both models have, each in its model's order; the first slot where they disagree.
+  std::vector<std::string_view> common_expected, common_actual;
+  for (const TensorSpec& e : expected.tensors()) {
+    if (actual_index.count(e.name) > 0) common_expected.push_back(e.name);
+  }
+  for (const TensorSpec& a : actual.tensors()) {
+    if (expected_index.count(a.name) > 0) common_actual.push_back(a.name);
+  }
+  for (size_t k = 0; k < common_expected.size(); ++k) {
+    if (common_expected[k] == common_actual[k]) continue;
+    const std::string_view early = common_actual[k];  // comes first in `actual`, later in `expected`
+    const std::string_view late = common_expected[k];
+    diffs.push_back({expected_index[late],
+                     fl::StrCat("tensor #", actual_index[early], " '", early, "' comes before '", late, "' in ",
+                                actual_name, " but after it in ", expected_name,
+                                " (the same tensors in another order)")});
+    break;
+  }
+  if (diffs.empty()) return "";
+  std::stable_sort(diffs.begin(), diffs.end(),
+                   [](const Difference& a, const Difference& b) { return a.position < b.position; });
+  std::string out = std::move(diffs.front().text);
+  if (diffs.size() > 1) out += fl::StrCat(" (first of ", diffs.size(), " differences)");
+  return out;
+}
+
+bool IsIntegerDType(DType dtype) {
+  return dtype == DType::kInt64 || dtype == DType::kInt32 || dtype == DType::kUInt8;
+}
+
+absl::StatusOr<std::vector<float>> SaveIntegerTensors(const ModelSpec& spec, std::span<const float> values) {
+  if (values.size() != spec.num_elements()) {
+    return absl::InvalidArgumentError(fl::StrCat("cannot save the integer tensors of ", values.size(),
+                                                 " values: the model has ", spec.num_elements()));
+  }
+  std::vector<float> saved;
+  for (const TensorSpec& t : spec.tensors()) {
+    if (!IsIntegerDType(t.dtype)) continue;
+    const auto range = values.subspan(t.offset, t.num_elements());
+    saved.insert(saved.end(), range.begin(), range.end());
+  }
+  return saved;
+}
+
+absl::Status RestoreIntegerTensors(const ModelSpec& spec, std::span<const float> saved, std::span<float> values) {
+  if (values.size() != spec.num_elements()) {
+    return absl::InvalidArgumentError(fl::StrCat("cannot restore the integer tensors of ", values.size(),
+                                                 " values: the model has ", spec.num_elements()));
+  }
+  uint64_t needed = 0;
+  for (const TensorSpec& t : spec.tensors()) needed += IsIntegerDType(t.dtype) ? t.num_elements() : 0;
+  if (saved.size() != needed) {
+    return absl::InvalidArgumentError(fl::StrCat(saved.size(), " saved integer values, but the model's integer "
+                                                 "tensors hold ", needed));
+  }
+  size_t next = 0;
+  for (const TensorSpec& t : spec.tensors()) {
+    if (!IsIntegerDType(t.dtype)) continue;
+    std::copy_n(saved.begin() + static_cast<std::ptrdiff_t>(next), t.num_elements(),
+                values.begin() + static_cast<std::ptrdiff_t>(t.offset));
+    next += t.num_elements();
   }
   return absl::OkStatus();
 }

@@ -106,6 +106,95 @@ TEST(CheckFiniteTest, NamesTensorAndElement) {
   EXPECT_FALSE(CheckFinite(params.values(), "update").ok());
 }
 
+ModelSpec Spec(std::vector<TensorSpec> tensors) {
+  auto spec = ModelSpec::Create(std::move(tensors));
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+TEST(DescribeSpecDifferenceTest, EqualSpecsHaveNoDifference) {
+  EXPECT_EQ(DescribeSpecDifference(Spec(SmallCnn()), Spec(SmallCnn())), "");
+}
+
+TEST(DescribeSpecDifferenceTest, NamesTheFirstShapeDifferenceAndCountsTheRest) {
+  auto client = SmallCnn();
+  client[0].shape = {16, 1, 3, 3};
+  client[3].shape = {10, 64};
+  client[2].dtype = DType::kFloat32;
+  const std::string d =
+      DescribeSpecDifference(Spec(SmallCnn()), Spec(client), "the experiment's", "the client's model");
+  EXPECT_EQ(d,
+            "tensor #0 'conv1.weight' has shape [16, 1, 3, 3] in the client's model but [8, 1, 3, 3] in the "
+            "experiment's (first of 3 differences)");
+}
+
+TEST(DescribeSpecDifferenceTest, NamesADtypeDifference) {
+  auto client = SmallCnn();
+  client[2].dtype = DType::kFloat32;
+  EXPECT_EQ(DescribeSpecDifference(Spec(SmallCnn()), Spec(client), "E", "A"),
+            "tensor #2 'bn.num_batches_tracked' has dtype float32 in A but int64 in E");
+  client[2].shape = {1};
+  EXPECT_EQ(DescribeSpecDifference(Spec(SmallCnn()), Spec(client), "E", "A"),
+            "tensor #2 'bn.num_batches_tracked' has shape [1] and dtype float32 in A but [] and int64 in E");
+}
+
+TEST(DescribeSpecDifferenceTest, NamesAMissingAndAnExtraTensor) {
+  auto missing = SmallCnn();
+  missing.erase(missing.begin() + 1);  // no conv1.bias
+  EXPECT_EQ(DescribeSpecDifference(Spec(SmallCnn()), Spec(missing), "E", "A"),
+            "tensor #1 'conv1.bias' [8] float32 is in E but not in A");
+  auto extra = SmallCnn();
+  extra.push_back({"fc.bias", {10}, DType::kFloat32, 0});
+  EXPECT_EQ(DescribeSpecDifference(Spec(SmallCnn()), Spec(extra), "E", "A"),
+            "tensor #4 'fc.bias' [10] float32 is in A but not in E");
+  // A renamed tensor is one missing and one extra name at the same position.
+  auto renamed = SmallCnn();
+  renamed[3].name = "classifier.weight";
+  EXPECT_EQ(DescribeSpecDifference(Spec(SmallCnn()), Spec(renamed), "E", "A"),
+            "tensor #3 'fc.weight' [10, 32] float32 is in E but not in A (first of 2 differences)");
+}
+
+TEST(DescribeSpecDifferenceTest, NamesTheOrderWhenOnlyTheOrderDiffers) {
+  auto swapped = SmallCnn();
+  std::swap(swapped[0], swapped[1]);
+  EXPECT_EQ(DescribeSpecDifference(Spec(SmallCnn()), Spec(swapped), "E", "A"),
+            "tensor #0 'conv1.bias' comes before 'conv1.weight' in A but after it in E (the same tensors in "
+            "another order)");
+  // Specs that differ only in order have different fingerprints, and the description is never empty when
+  // the fingerprints differ.
+  EXPECT_NE(Spec(SmallCnn()).fingerprint(), Spec(swapped).fingerprint());
+}
+
+TEST(IntegerTensorsTest, SaveAndRestoreTouchOnlyIntegerTensors) {
+  const ModelSpec spec = Spec({{"w", {3}, DType::kFloat32, 0},
+                               {"bn.num_batches_tracked", {}, DType::kInt64, 0},
+                               {"bn.running_mean", {2}, DType::kFloat32, 0},
+                               {"idx", {2}, DType::kInt32, 0},
+                               {"mask", {1}, DType::kUInt8, 0},
+                               {"h", {1}, DType::kFloat16, 0}});
+  EXPECT_TRUE(IsIntegerDType(DType::kInt64) && IsIntegerDType(DType::kInt32) && IsIntegerDType(DType::kUInt8));
+  EXPECT_FALSE(IsIntegerDType(DType::kFloat32) || IsIntegerDType(DType::kFloat16) ||
+               IsIntegerDType(DType::kBFloat16) || IsIntegerDType(DType::kFloat64));
+  const std::vector<float> previous = {1, 2, 3, 40, 5, 6, 7, 8, 1, 0.5f};
+  auto saved = SaveIntegerTensors(spec, previous);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(*saved, (std::vector<float>{40, 7, 8, 1}));
+  // A server step moved every value; the integer ones come back, the float ones keep the step.
+  std::vector<float> next = {1.5f, 2.5f, 3.5f, 41.5f, 5.5f, 6.5f, 7.5f, 8.5f, 0.5f, 0.25f};
+  ASSERT_TRUE(RestoreIntegerTensors(spec, *saved, next).ok());
+  EXPECT_EQ(next, (std::vector<float>{1.5f, 2.5f, 3.5f, 40, 5.5f, 6.5f, 7, 8, 1, 0.25f}));
+  // Sizes that do not fit the spec are refused, naming both counts.
+  auto wrong = SaveIntegerTensors(spec, std::vector<float>(3));
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("10"), std::string::npos);
+  absl::Status s = RestoreIntegerTensors(spec, std::vector<float>{1, 2}, next);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("4"), std::string::npos) << s.message();
+  // A model without integer tensors saves nothing.
+  const ModelSpec floats = Spec({{"w", {3}, DType::kFloat32, 0}});
+  EXPECT_TRUE(SaveIntegerTensors(floats, std::vector<float>(3))->empty());
+}
+
 TEST(FlatParamsTest, TensorViewsAliasTheBuffer) {
   auto spec = std::make_shared<ModelSpec>(*ModelSpec::Create(SmallCnn()));
   FlatParams params(spec);

@@ -81,4 +81,26 @@ absl::Status CheckMatchesSpec(const ModelSpec& expected, uint64_t fingerprint, u
 absl::Status CheckFinite(std::span<const float> values, std::string_view what,
                          const ModelSpec* spec = nullptr);
 
+// Why two specs differ, for a person: "" when they hold the same tensors (names, shapes, dtypes) in the same
+// order, else the first difference by tensor position (counting from 0), e.g.
+//   tensor #2 'conv2.weight' has shape [64, 32, 3, 3] in the client's model but [32, 16, 3, 3] in the
+//   experiment's (first of 5 differences)
+// or a tensor only one of them has ("tensor #4 'fc.bias' [10] float32 is in the experiment's model but not in
+// the client's"), a dtype, or the same tensors in another order. Differences are counted once per tensor name
+// (missing, extra, shape and/or dtype), plus one when the tensors both have are in another order.
+// `expected_name` / `actual_name` name the two models in the text ("the experiment's", "the client's model").
+std::string DescribeSpecDifference(const ModelSpec& expected, const ModelSpec& actual,
+                                   std::string_view expected_name = "the expected model",
+                                   std::string_view actual_name = "this model");
+
+// int64, int32, uint8: values that count or index (BatchNorm's num_batches_tracked), not weights.
+bool IsIntegerDType(DType dtype);
+
+// Integer tensors are client-local state (every client keeps its own counter), never averaged as floats: the
+// server saves their values before it rewrites the global model and restores them afterwards. Save returns
+// the values of the integer-dtype tensors of `values` in spec order (a handful of scalars for a real model,
+// not a model-sized copy); Restore writes such a list back. Both fail when a size does not fit `spec`.
+absl::StatusOr<std::vector<float>> SaveIntegerTensors(const ModelSpec& spec, std::span<const float> values);
+absl::Status RestoreIntegerTensors(const ModelSpec& spec, std::span<const float> saved, std::span<float> values);
+
 }  // namespace fl::core
