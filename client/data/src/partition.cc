@@ -22,7 +22,8 @@ constexpr uint64_t kStreamDirichlet = 2;
 constexpr uint64_t kStreamShards = 3;
 constexpr uint64_t kStreamValidation = 4;
 
-constexpr std::string_view kSpecForms = "iid, dirichlet:<alpha>[:min=<n>][:attempts=<n>] or shards:<per_client>";
+constexpr std::string_view kSpecForms =
+    "iid, dirichlet:<alpha>[:min=<n>][:attempts=<n>], shards:<per_client> or natural";
 
 using Partitioning = std::vector<std::vector<uint32_t>>;
 
@@ -82,6 +83,26 @@ std::vector<std::vector<uint32_t>> IndicesByClass(std::span<const uint8_t> label
   return by_class;
 }
 
+// The same for arbitrary non-negative labels: one list per distinct label, in ascending label order. The
+// partitioners skip empty classes without drawing, so for labels < 256 this gives exactly the partitions of
+// the uint8 version (which lists empty classes too).
+absl::StatusOr<std::vector<std::vector<uint32_t>>> IndicesByClass(std::span<const int64_t> labels) {
+  std::vector<int64_t> distinct(labels.begin(), labels.end());
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  if (!distinct.empty() && distinct.front() < 0) {
+    const auto negative = std::find(labels.begin(), labels.end(), distinct.front());
+    return absl::InvalidArgumentError(fl::StrCat("partition: example ", negative - labels.begin(), " has label ",
+                                                 distinct.front(), "; labels must be class indices >= 0"));
+  }
+  std::vector<std::vector<uint32_t>> by_class(distinct.size());
+  for (size_t i = 0; i < labels.size(); ++i) {
+    const size_t c = static_cast<size_t>(std::lower_bound(distinct.begin(), distinct.end(), labels[i]) - distinct.begin());
+    by_class[c].push_back(static_cast<uint32_t>(i));
+  }
+  return by_class;
+}
+
 void SortEach(Partitioning& parts) {
   for (auto& part : parts) std::sort(part.begin(), part.end());
 }
@@ -101,15 +122,15 @@ Partitioning PartitionIid(size_t num_examples, uint32_t num_clients, uint64_t se
   return parts;
 }
 
-absl::StatusOr<Partitioning> PartitionDirichlet(const PartitionSpec& spec, std::span<const uint8_t> labels,
-                                                uint32_t num_clients, uint64_t seed) {
-  if (uint64_t{spec.min_examples} * num_clients > labels.size()) {
+absl::StatusOr<Partitioning> PartitionDirichlet(const PartitionSpec& spec,
+                                                const std::vector<std::vector<uint32_t>>& by_class,
+                                                size_t num_examples, uint32_t num_clients, uint64_t seed) {
+  if (uint64_t{spec.min_examples} * num_clients > num_examples) {
     return absl::InvalidArgumentError(fl::StrCat("partition ", spec.ToString(), ": ", num_clients,
                                                  " clients with at least ", spec.min_examples,
-                                                 " examples each need more than the ", labels.size(),
+                                                 " examples each need more than the ", num_examples,
                                                  " examples there are"));
   }
-  const std::vector<std::vector<uint32_t>> by_class = IndicesByClass(labels);
   Engine engine = MakeEngine(seed, kStreamDirichlet);
   std::vector<uint32_t> shuffled;
   std::vector<double> weights(num_clients);
@@ -155,17 +176,18 @@ absl::StatusOr<Partitioning> PartitionDirichlet(const PartitionSpec& spec, std::
     best_smallest = std::max(best_smallest, smallest);
   }
   return absl::FailedPreconditionError(fl::StrCat(
-      "partition ", spec.ToString(), " of ", labels.size(), " examples over ", num_clients, " clients: none of ",
+      "partition ", spec.ToString(), " of ", num_examples, " examples over ", num_clients, " clients: none of ",
       spec.max_attempts, " draws gave every client at least ", spec.min_examples,
       " examples (the best draw's smallest client had ", best_smallest,
       "); use a larger alpha, fewer clients, or a smaller minimum (e.g. dirichlet:",
       FormatDouble(spec.alpha), ":min=0 allows empty clients)"));
 }
 
-absl::StatusOr<Partitioning> PartitionShards(const PartitionSpec& spec, std::span<const uint8_t> labels,
+absl::StatusOr<Partitioning> PartitionShards(const PartitionSpec& spec,
+                                             const std::vector<std::vector<uint32_t>>& by_class, size_t num_examples,
                                              uint32_t num_clients, uint64_t seed) {
   const uint64_t num_shards = uint64_t{num_clients} * spec.shards_per_client;
-  const uint64_t n = labels.size();
+  const uint64_t n = num_examples;
   if (num_shards > n) {
     return absl::InvalidArgumentError(fl::StrCat("partition ", spec.ToString(), ": ", num_clients, " clients x ",
                                                  spec.shards_per_client, " shards = ", num_shards,
@@ -173,8 +195,8 @@ absl::StatusOr<Partitioning> PartitionShards(const PartitionSpec& spec, std::spa
   }
   // Sorted by label, ties by index (a stable sort), then cut into num_shards nearly equal runs.
   std::vector<uint32_t> sorted;
-  sorted.reserve(labels.size());
-  for (const auto& members : IndicesByClass(labels)) sorted.insert(sorted.end(), members.begin(), members.end());
+  sorted.reserve(num_examples);
+  for (const auto& members : by_class) sorted.insert(sorted.end(), members.begin(), members.end());
   std::vector<uint32_t> shard_order(num_shards);
   for (uint64_t j = 0; j < num_shards; ++j) shard_order[j] = static_cast<uint32_t>(j);
   Engine engine = MakeEngine(seed, kStreamShards);
@@ -193,6 +215,64 @@ absl::StatusOr<Partitioning> PartitionShards(const PartitionSpec& spec, std::spa
   return parts;
 }
 
+// Checks shared by every partitioner.
+absl::Status CheckRequest(const PartitionSpec& spec, size_t num_examples, uint32_t num_clients) {
+  if (auto status = spec.Validate(); !status.ok()) return status;
+  if (num_clients == 0) return absl::InvalidArgumentError("partition: the number of clients must be at least 1");
+  if (num_examples > std::numeric_limits<uint32_t>::max()) {
+    return absl::InvalidArgumentError(fl::StrCat("partition: ", num_examples, " examples do not fit 32-bit indices"));
+  }
+  if (num_clients > num_examples) {
+    return absl::InvalidArgumentError(fl::StrCat("partition ", spec.ToString(), ": more clients (", num_clients,
+                                                 ") than examples (", num_examples, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NaturalNeedsClientIds() {
+  return absl::FailedPreconditionError(
+      "partition natural: needs each example's client id (a `client_id` array in the .npz, one integer per "
+      "training example); these data have none: use iid, dirichlet:<alpha> or shards:<per_client>, or add the "
+      "array");
+}
+
+// Labels are only looked at (through by_class, computed on demand) by the label-aware partitioners.
+template <typename ByClass>
+absl::StatusOr<Partitioning> Dispatch(const PartitionSpec& spec, size_t num_examples, uint32_t num_clients,
+                                      uint64_t seed, const ByClass& by_class) {
+  if (auto status = CheckRequest(spec, num_examples, num_clients); !status.ok()) return status;
+  switch (spec.kind) {
+    case PartitionKind::kIid:
+      return PartitionIid(num_examples, num_clients, seed);
+    case PartitionKind::kDirichlet: {
+      auto classes = by_class();
+      if (!classes.ok()) return classes.status();
+      return PartitionDirichlet(spec, *classes, num_examples, num_clients, seed);
+    }
+    case PartitionKind::kShards: {
+      auto classes = by_class();
+      if (!classes.ok()) return classes.status();
+      return PartitionShards(spec, *classes, num_examples, num_clients, seed);
+    }
+    case PartitionKind::kNatural:
+      return NaturalNeedsClientIds();
+  }
+  return absl::InvalidArgumentError("unknown partition kind");
+}
+
+absl::Status CheckClientIndex(uint32_t client_index, uint32_t num_clients) {
+  if (client_index >= num_clients) {
+    return absl::InvalidArgumentError(
+        fl::StrCat("partition: client index ", client_index, " is out of range for ", num_clients, " clients"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<uint32_t>> Pick(absl::StatusOr<Partitioning> parts, uint32_t client_index) {
+  if (!parts.ok()) return parts.status();
+  return std::move((*parts)[client_index]);
+}
+
 }  // namespace
 
 std::string_view PartitionKindName(PartitionKind kind) {
@@ -203,6 +283,8 @@ std::string_view PartitionKindName(PartitionKind kind) {
       return "dirichlet";
     case PartitionKind::kShards:
       return "shards";
+    case PartitionKind::kNatural:
+      return "natural";
   }
   return "unknown";
 }
@@ -214,6 +296,12 @@ PartitionSpec PartitionSpec::Dirichlet(double alpha, uint32_t min_examples) {
   spec.kind = PartitionKind::kDirichlet;
   spec.alpha = alpha;
   spec.min_examples = min_examples;
+  return spec;
+}
+
+PartitionSpec PartitionSpec::Natural() {
+  PartitionSpec spec;
+  spec.kind = PartitionKind::kNatural;
   return spec;
 }
 
@@ -234,6 +322,13 @@ absl::StatusOr<PartitionSpec> PartitionSpec::Parse(std::string_view text) {
           fl::StrCat("partition spec '", text, "': iid takes no parameters; expected ", kSpecForms));
     }
     return spec;
+  }
+  if (kind == "natural") {
+    if (parts.size() != 1) {
+      return absl::InvalidArgumentError(fl::StrCat("partition spec '", text,
+                                                   "': natural takes no parameters (one shard per client id)"));
+    }
+    return Natural();
   }
   if (kind == "dirichlet") {
     if (parts.size() < 2) {
@@ -290,6 +385,8 @@ std::string PartitionSpec::ToString() const {
     }
     case PartitionKind::kShards:
       return fl::StrCat("shards:", shards_per_client);
+    case PartitionKind::kNatural:
+      return "natural";
   }
   return "unknown";
 }
@@ -308,6 +405,8 @@ absl::Status PartitionSpec::Validate() const {
     case PartitionKind::kShards:
       if (shards_per_client == 0) return absl::InvalidArgumentError("shards per client must be at least 1");
       return absl::OkStatus();
+    case PartitionKind::kNatural:
+      return absl::OkStatus();
   }
   return absl::InvalidArgumentError("unknown partition kind");
 }
@@ -315,36 +414,63 @@ absl::Status PartitionSpec::Validate() const {
 absl::StatusOr<std::vector<std::vector<uint32_t>>> Partition(const PartitionSpec& spec,
                                                              std::span<const uint8_t> labels,
                                                              uint32_t num_clients, uint64_t seed) {
-  if (auto status = spec.Validate(); !status.ok()) return status;
-  if (num_clients == 0) return absl::InvalidArgumentError("partition: the number of clients must be at least 1");
-  if (labels.size() > std::numeric_limits<uint32_t>::max()) {
-    return absl::InvalidArgumentError(fl::StrCat("partition: ", labels.size(), " examples do not fit 32-bit indices"));
-  }
-  if (num_clients > labels.size()) {
-    return absl::InvalidArgumentError(fl::StrCat("partition ", spec.ToString(), ": more clients (", num_clients,
-                                                 ") than examples (", labels.size(), ")"));
-  }
-  switch (spec.kind) {
-    case PartitionKind::kIid:
-      return PartitionIid(labels.size(), num_clients, seed);
-    case PartitionKind::kDirichlet:
-      return PartitionDirichlet(spec, labels, num_clients, seed);
-    case PartitionKind::kShards:
-      return PartitionShards(spec, labels, num_clients, seed);
-  }
-  return absl::InvalidArgumentError("unknown partition kind");
+  return Dispatch(spec, labels.size(), num_clients, seed,
+                  [&]() -> absl::StatusOr<Partitioning> { return IndicesByClass(labels); });
+}
+
+absl::StatusOr<std::vector<std::vector<uint32_t>>> Partition(const PartitionSpec& spec,
+                                                             std::span<const int64_t> labels,
+                                                             uint32_t num_clients, uint64_t seed) {
+  return Dispatch(spec, labels.size(), num_clients, seed, [&] { return IndicesByClass(labels); });
 }
 
 absl::StatusOr<std::vector<uint32_t>> PartitionFor(uint32_t client_index, const PartitionSpec& spec,
                                                    std::span<const uint8_t> labels, uint32_t num_clients,
                                                    uint64_t seed) {
-  if (client_index >= num_clients) {
-    return absl::InvalidArgumentError(
-        fl::StrCat("partition: client index ", client_index, " is out of range for ", num_clients, " clients"));
+  if (auto status = CheckClientIndex(client_index, num_clients); !status.ok()) return status;
+  return Pick(Partition(spec, labels, num_clients, seed), client_index);
+}
+
+absl::StatusOr<std::vector<uint32_t>> PartitionFor(uint32_t client_index, const PartitionSpec& spec,
+                                                   std::span<const int64_t> labels, uint32_t num_clients,
+                                                   uint64_t seed) {
+  if (auto status = CheckClientIndex(client_index, num_clients); !status.ok()) return status;
+  return Pick(Partition(spec, labels, num_clients, seed), client_index);
+}
+
+absl::StatusOr<std::vector<uint32_t>> PartitionIidFor(uint32_t client_index, uint64_t num_examples,
+                                                      uint32_t num_clients, uint64_t seed) {
+  if (auto status = CheckClientIndex(client_index, num_clients); !status.ok()) return status;
+  auto no_labels = []() -> absl::StatusOr<Partitioning> { return Partitioning{}; };
+  return Pick(Dispatch(PartitionSpec::Iid(), static_cast<size_t>(num_examples), num_clients, seed, no_labels),
+              client_index);
+}
+
+absl::StatusOr<std::vector<std::vector<uint32_t>>> PartitionNatural(std::span<const int64_t> client_ids,
+                                                                    uint32_t num_clients) {
+  if (auto status = CheckRequest(PartitionSpec::Natural(), client_ids.size(), num_clients); !status.ok()) {
+    return status;
   }
-  auto parts = Partition(spec, labels, num_clients, seed);
-  if (!parts.ok()) return parts.status();
-  return std::move((*parts)[client_index]);
+  std::vector<int64_t> ids(client_ids.begin(), client_ids.end());
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  if (num_clients > ids.size()) {
+    return absl::InvalidArgumentError(fl::StrCat(
+        "partition natural: ", num_clients, " clients but the data have only ", ids.size(),
+        " distinct client ids; run at most ", ids.size(), " clients, or use iid/dirichlet/shards"));
+  }
+  Partitioning parts(num_clients);
+  for (size_t i = 0; i < client_ids.size(); ++i) {
+    const size_t rank = static_cast<size_t>(std::lower_bound(ids.begin(), ids.end(), client_ids[i]) - ids.begin());
+    parts[rank % num_clients].push_back(static_cast<uint32_t>(i));  // ascending already
+  }
+  return parts;
+}
+
+absl::StatusOr<std::vector<uint32_t>> PartitionNaturalFor(uint32_t client_index, std::span<const int64_t> client_ids,
+                                                          uint32_t num_clients) {
+  if (auto status = CheckClientIndex(client_index, num_clients); !status.ok()) return status;
+  return Pick(PartitionNatural(client_ids, num_clients), client_index);
 }
 
 absl::StatusOr<std::vector<uint32_t>> LabelHistogram(std::span<const uint8_t> labels,
