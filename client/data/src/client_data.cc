@@ -1,0 +1,729 @@
+#include "fl/data/client_data.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <tuple>
+#include <utility>
+
+#include "fl/core/str_cat.h"
+#include "fl/data/fashion_mnist.h"
+#include "fl/data/partition.h"
+#include "fl/formats/npy.h"
+
+namespace fl::data {
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "arrays are delivered in native byte order, read from little-endian files without conversion");
+
+using formats::DType;
+using formats::NpyHeader;
+using formats::NpzFile;
+
+constexpr std::string_view kRequiredArrays[] = {"x_train", "y_train", "x_test", "y_test"};
+
+std::string ShapeOf(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += fl::StrCat(i > 0 ? ", " : "", shape[i]);
+  return text + "]";
+}
+
+// "[3, 17]": the position of flat element `flat` in an example of shape `shape`.
+std::string ElementIndex(uint64_t flat, const std::vector<int64_t>& shape) {
+  std::vector<uint64_t> index(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    index[d] = flat % static_cast<uint64_t>(shape[d]);
+    flat /= static_cast<uint64_t>(shape[d]);
+  }
+  std::string text;
+  for (uint64_t i : index) text += fl::StrCat("[", i, "]");
+  return text;
+}
+
+std::vector<int64_t> PerExampleShape(const NpyHeader& header) {
+  return std::vector<int64_t>(header.shape.begin() + 1, header.shape.end());
+}
+
+template <typename T>
+void AppendValues(std::vector<uint8_t>& bytes, const std::vector<T>& values) {
+  const size_t at = bytes.size();
+  bytes.resize(at + values.size() * sizeof(T));
+  std::memcpy(bytes.data() + at, values.data(), values.size() * sizeof(T));
+}
+
+// Integer elements of any dtype as int64 (the dtype was checked to be an integer one).
+absl::StatusOr<std::vector<int64_t>> ToInt64(std::span<const uint8_t> bytes, DType dtype, std::string_view where) {
+  const size_t size = formats::DTypeSize(dtype);
+  const size_t n = bytes.size() / size;
+  std::vector<int64_t> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t* p = bytes.data() + i * size;
+    switch (dtype) {
+      case DType::kInt8: out[i] = static_cast<int8_t>(*p); break;
+      case DType::kUInt8: out[i] = *p; break;
+      case DType::kInt16: { int16_t v; std::memcpy(&v, p, 2); out[i] = v; break; }
+      case DType::kUInt16: { uint16_t v; std::memcpy(&v, p, 2); out[i] = v; break; }
+      case DType::kInt32: { int32_t v; std::memcpy(&v, p, 4); out[i] = v; break; }
+      case DType::kUInt32: { uint32_t v; std::memcpy(&v, p, 4); out[i] = v; break; }
+      case DType::kInt64: std::memcpy(&out[i], p, 8); break;
+      case DType::kUInt64: {
+        uint64_t v;
+        std::memcpy(&v, p, 8);
+        if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+          return absl::InvalidArgumentError(fl::StrCat(where, ": element ", i, " = ", v, " does not fit int64"));
+        }
+        out[i] = static_cast<int64_t>(v);
+        break;
+      }
+      default:
+        return absl::InternalError(fl::StrCat(where, ": not an integer dtype"));
+    }
+  }
+  return out;
+}
+
+// Reads one .npz and cuts this client's shard out of it.
+class NpzLoader {
+ public:
+  NpzLoader(const DataOptions& options, NpzFile npz) : o_(options), npz_(std::move(npz)) {}
+
+  absl::StatusOr<ClientData> Load() {
+    for (std::string_view name : kRequiredArrays) {
+      if (!npz_.Has(name)) {
+        std::string present;
+        for (const std::string& array : npz_.ArrayNames()) present += (present.empty() ? "" : ", ") + array;
+        return absl::InvalidArgumentError(fl::StrCat(
+            path(), " has no array '", name, "' (it has: ", present.empty() ? "no arrays" : present,
+            "); a dataset needs x_train, y_train, x_test and y_test (and optionally client_id): "
+            "np.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)"));
+      }
+    }
+    auto x_train = Header("x_train");
+    if (!x_train.ok()) return x_train.status();
+    auto y_train = Header("y_train");
+    if (!y_train.ok()) return y_train.status();
+    auto x_test = Header("x_test");
+    if (!x_test.ok()) return x_test.status();
+    auto y_test = Header("y_test");
+    if (!y_test.ok()) return y_test.status();
+    for (auto [x, y, x_name, y_name] : {std::tuple{&*x_train, &*y_train, "x_train", "y_train"},
+                                        std::tuple{&*x_test, &*y_test, "x_test", "y_test"}}) {
+      if (auto status = CheckPair(*x, *y, x_name, y_name); !status.ok()) return status;
+    }
+    if (PerExampleShape(*x_train) != PerExampleShape(*x_test)) {
+      return absl::InvalidArgumentError(fl::StrCat(path(), ": x_train's examples are ", ShapeOf(PerExampleShape(*x_train)),
+                                                   " but x_test's are ", ShapeOf(PerExampleShape(*x_test)),
+                                                   "; train and test examples must have the same shape"));
+    }
+    if (PerExampleShape(*y_train) != PerExampleShape(*y_test)) {
+      return absl::InvalidArgumentError(fl::StrCat(path(), ": y_train's examples are ", ShapeOf(PerExampleShape(*y_train)),
+                                                   " but y_test's are ", ShapeOf(PerExampleShape(*y_test)),
+                                                   "; train and test targets must have the same shape"));
+    }
+
+    auto spec = PartitionSpec::Parse(o_.partition);
+    if (!spec.ok()) return spec.status();
+    if (o_.task != Task::kClassification && spec->kind != PartitionKind::kIid && spec->kind != PartitionKind::kNatural) {
+      return absl::InvalidArgumentError(fl::StrCat("partition ", spec->ToString(), " splits by class label, and ",
+                                                   TaskName(o_.task), " data (", path(),
+                                                   ") have none: use iid, or natural with a client_id array"));
+    }
+
+    // Whole arrays: the labels (classification) and the client ids, which the partitioners need.
+    ClientData data;
+    std::vector<int64_t> train_labels, test_labels;
+    if (o_.task == Task::kClassification) {
+      auto labels = ReadLabels("y_train", *y_train, data.train_labels);
+      if (!labels.ok()) return labels.status();
+      train_labels = std::move(*labels);
+      labels = ReadLabels("y_test", *y_test, data.test_labels);
+      if (!labels.ok()) return labels.status();
+      test_labels = std::move(*labels);
+    }
+    std::vector<int64_t> client_ids;
+    if (npz_.Has("client_id")) {
+      auto ids = ReadClientIds(x_train->rows());
+      if (!ids.ok()) return ids.status();
+      client_ids = std::move(*ids);
+    }
+
+    // This client's rows.
+    absl::StatusOr<std::vector<uint32_t>> train_rows;
+    if (spec->kind == PartitionKind::kNatural) {
+      if (!npz_.Has("client_id")) {
+        return absl::InvalidArgumentError(fl::StrCat(
+            "partition natural: ", path(), " has no client_id array; add one integer per training example "
+            "(np.savez(..., client_id=ids) with len(ids) == len(x_train)), or use iid"));
+      }
+      train_rows = PartitionNaturalFor(o_.client_index, client_ids, o_.num_clients);
+    } else if (o_.task == Task::kClassification) {
+      train_rows = PartitionFor(o_.client_index, *spec, std::span<const int64_t>(train_labels), o_.num_clients,
+                                o_.partition_seed);
+    } else {
+      train_rows = PartitionIidFor(o_.client_index, x_train->rows(), o_.num_clients, o_.partition_seed);
+    }
+    if (!train_rows.ok()) {
+      return absl::Status(train_rows.status().code(), fl::StrCat(path(), ": ", fl::ToStd(train_rows.status().message())));
+    }
+    KeepFraction(*train_rows, o_.data_fraction);
+    auto test_rows = PartitionIidFor(o_.client_index, x_test->rows(), o_.num_clients, o_.partition_seed);
+    if (!test_rows.ok()) {
+      return absl::Status(test_rows.status().code(),
+                          fl::StrCat(path(), ": test split: ", fl::ToStd(test_rows.status().message())));
+    }
+
+    auto train = ReadExamples("x_train", *x_train, "y_train", *y_train, *train_rows, train_labels);
+    if (!train.ok()) return train.status();
+    data.train = std::move(*train);
+    auto test = ReadExamples("x_test", *x_test, "y_test", *y_test, *test_rows, test_labels);
+    if (!test.ok()) return test.status();
+    data.test = std::move(*test);
+    if (o_.task == Task::kNextToken) {
+      data.train_labels = TokenRange(data.train, "train");
+      data.test_labels = TokenRange(data.test, "test");
+    }
+    data.description = fl::StrCat(
+        path(), ": ", TaskName(o_.task), ", x ", x_train->descr, " ", ShapeOf(data.train.x_shape), " per example, y ",
+        y_train->descr, " ", ShapeOf(data.train.y_shape), "; client ", o_.client_index, " of ", o_.num_clients,
+        " (partition ", spec->ToString(), ", seed ", o_.partition_seed, "): ", data.train.n, " of ", x_train->rows(),
+        " train examples, ", data.test.n, " of ", x_test->rows(), " test");
+    return data;
+  }
+
+ private:
+  const std::string& path() const { return npz_.path(); }
+  std::string Where(std::string_view array) const { return fl::StrCat(path(), ":", array); }
+
+  absl::StatusOr<NpyHeader> Header(std::string_view name) {
+    auto header = npz_.Header(name);
+    if (!header.ok()) return header.status();
+    if (header->shape.empty()) {
+      return absl::InvalidArgumentError(fl::StrCat(Where(name), " is a scalar; it must hold one row per example"));
+    }
+    if (header->rows() == 0 || header->row_elements() == 0) {
+      return absl::InvalidArgumentError(fl::StrCat(Where(name), " is empty (shape ", header->ShapeString(),
+                                                   "); a dataset needs at least one training and one test example"));
+    }
+    if (header->rows() > std::numeric_limits<uint32_t>::max()) {
+      return absl::InvalidArgumentError(
+          fl::StrCat(Where(name), ": ", header->rows(), " examples do not fit 32-bit indices"));
+    }
+    return header;
+  }
+
+  // dtype and shape rules of one (x, y) pair for the task, and the lengths.
+  absl::Status CheckPair(const NpyHeader& x, const NpyHeader& y, std::string_view x_name, std::string_view y_name) {
+    const std::string task(TaskName(o_.task));
+    if (o_.task == Task::kNextToken) {
+      if (!formats::IsInteger(x.dtype)) {
+        return absl::InvalidArgumentError(fl::StrCat(Where(x_name), " has dtype ", formats::DTypeName(x.dtype),
+                                                     "; next-token inputs are integer token ids: save ", x_name,
+                                                     ".astype(np.int64)"));
+      }
+      if (x.shape.size() != 2) {
+        return absl::InvalidArgumentError(fl::StrCat(Where(x_name), " has shape ", x.ShapeString(),
+                                                     "; next-token inputs are sequences of shape (N, T)"));
+      }
+    } else if (x.dtype != DType::kFloat32 && x.dtype != DType::kUInt8) {
+      return absl::InvalidArgumentError(fl::StrCat(Where(x_name), " has dtype ", formats::DTypeName(x.dtype),
+                                                   "; ", task, " features must be float32 or uint8: save ", x_name,
+                                                   ".astype(np.float32)"));
+    }
+    switch (o_.task) {
+      case Task::kClassification:
+        if (!formats::IsInteger(y.dtype)) {
+          return absl::InvalidArgumentError(fl::StrCat(Where(y_name), " has dtype ", formats::DTypeName(y.dtype),
+                                                       "; classification labels are integer class indices "
+                                                       "(int64, int32 or uint8): save ",
+                                                       y_name, ".astype(np.int64)"));
+        }
+        if (y.shape.size() != 1) {
+          return absl::InvalidArgumentError(fl::StrCat(Where(y_name), " has shape ", y.ShapeString(),
+                                                       "; classification labels are one integer per example, shape "
+                                                       "(N,): save ",
+                                                       y_name, ".reshape(-1) (or argmax of one-hot labels)"));
+        }
+        break;
+      case Task::kRegression:
+        if (y.dtype != DType::kFloat32) {
+          return absl::InvalidArgumentError(fl::StrCat(Where(y_name), " has dtype ", formats::DTypeName(y.dtype),
+                                                       "; regression targets are float32: save ", y_name,
+                                                       ".astype(np.float32)"));
+        }
+        break;
+      case Task::kNextToken:
+        if (!formats::IsInteger(y.dtype)) {
+          return absl::InvalidArgumentError(fl::StrCat(Where(y_name), " has dtype ", formats::DTypeName(y.dtype),
+                                                       "; next-token targets are integer token ids: save ", y_name,
+                                                       ".astype(np.int64)"));
+        }
+        if (y.shape != x.shape) {
+          return absl::InvalidArgumentError(fl::StrCat(Where(y_name), " has shape ", y.ShapeString(), " but ", x_name,
+                                                       " has ", x.ShapeString(),
+                                                       "; next-token targets are the inputs shifted by one token, "
+                                                       "of the same shape"));
+        }
+        break;
+    }
+    if (x.rows() != y.rows()) {
+      return absl::InvalidArgumentError(fl::StrCat(path(), ": ", x_name, " has ", x.rows(), " examples but ", y_name,
+                                                   " has ", y.rows(), "; their first dimensions must agree"));
+    }
+    return absl::OkStatus();
+  }
+
+  // A whole label array as int64, every label >= 0; the largest is noted in `range`.
+  absl::StatusOr<std::vector<int64_t>> ReadLabels(std::string_view name, const NpyHeader& header,
+                                                  std::optional<LabelRange>& range) {
+    auto bytes = npz_.ReadAll(name);
+    if (!bytes.ok()) return bytes.status();
+    auto labels = ToInt64(*bytes, header.dtype, Where(name));
+    if (!labels.ok()) return labels.status();
+    LabelRange r;
+    r.file = path();
+    r.array = std::string(name);
+    for (size_t i = 0; i < labels->size(); ++i) {
+      const int64_t label = (*labels)[i];
+      if (label < 0) {
+        return absl::InvalidArgumentError(fl::StrCat(Where(name), "[", i, "] = ", label,
+                                                     " is negative; labels are class indices 0, 1, ..., C-1"));
+      }
+      if (label > r.max) {
+        r.max = label;
+        r.index = i;
+      }
+    }
+    range = r;
+    return labels;
+  }
+
+  absl::StatusOr<std::vector<int64_t>> ReadClientIds(uint64_t train_rows) {
+    auto header = npz_.Header("client_id");
+    if (!header.ok()) return header.status();
+    if (!formats::IsInteger(header->dtype) || header->shape.size() != 1) {
+      return absl::InvalidArgumentError(fl::StrCat(Where("client_id"), " is ", formats::DTypeName(header->dtype), " ",
+                                                   header->ShapeString(),
+                                                   "; it must hold one integer per training example: save "
+                                                   "np.asarray(client_id, dtype=np.int64).reshape(-1)"));
+    }
+    if (header->rows() != train_rows) {
+      return absl::InvalidArgumentError(fl::StrCat(path(), ": client_id has ", header->rows(),
+                                                   " entries but x_train has ", train_rows,
+                                                   " examples; client_id gives each training example's client"));
+    }
+    auto bytes = npz_.ReadAll("client_id");
+    if (!bytes.ok()) return bytes.status();
+    return ToInt64(*bytes, header->dtype, Where("client_id"));
+  }
+
+  static void KeepFraction(std::vector<uint32_t>& rows, double fraction) {
+    if (fraction >= 1) return;
+    const size_t keep =
+        std::max<size_t>(1, static_cast<size_t>(std::ceil(fraction * static_cast<double>(rows.size()))));
+    rows.resize(std::min(keep, rows.size()));
+  }
+
+  // The x and y of `rows`. `labels`: the whole label array (classification), else y is read by rows.
+  absl::StatusOr<Examples> ReadExamples(std::string_view x_name, const NpyHeader& x, std::string_view y_name,
+                                        const NpyHeader& y, const std::vector<uint32_t>& rows,
+                                        const std::vector<int64_t>& labels) {
+    Examples e;
+    e.source = Where(x_name);
+    e.n = rows.size();
+    e.rows = rows;
+    e.x_shape = PerExampleShape(x);
+    e.y_shape = PerExampleShape(y);
+    auto x_bytes = npz_.ReadRows(x_name, rows);
+    if (!x_bytes.ok()) return x_bytes.status();
+    if (o_.task == Task::kNextToken) {
+      e.x_type = ElementType::kInt64;
+      auto tokens = ToInt64(*x_bytes, x.dtype, Where(x_name));
+      if (!tokens.ok()) return tokens.status();
+      x_bytes->clear();
+      x_bytes->shrink_to_fit();
+      AppendValues(e.x, *tokens);
+    } else {
+      e.x_type = x.dtype == DType::kUInt8 ? ElementType::kUInt8 : ElementType::kFloat32;
+      e.x = std::move(*x_bytes);
+      if (e.x_type == ElementType::kFloat32) {
+        if (auto status = CheckFinite(e.x, rows, e.x_elements(), e.x_shape, x_name); !status.ok()) return status;
+      }
+    }
+    if (o_.task == Task::kClassification) {
+      e.y_type = ElementType::kInt64;
+      std::vector<int64_t> selected(rows.size());
+      for (size_t i = 0; i < rows.size(); ++i) selected[i] = labels[rows[i]];
+      AppendValues(e.y, selected);
+    } else {
+      auto y_bytes = npz_.ReadRows(y_name, rows);
+      if (!y_bytes.ok()) return y_bytes.status();
+      if (o_.task == Task::kRegression) {
+        e.y_type = ElementType::kFloat32;
+        e.y = std::move(*y_bytes);
+        if (auto status = CheckFinite(e.y, rows, e.y_elements(), e.y_shape, y_name); !status.ok()) return status;
+      } else {
+        e.y_type = ElementType::kInt64;
+        auto tokens = ToInt64(*y_bytes, y.dtype, Where(y_name));
+        if (!tokens.ok()) return tokens.status();
+        AppendValues(e.y, *tokens);
+      }
+      for (size_t i = 0; i < e.n && o_.task == Task::kNextToken; ++i) {
+        if (auto status = CheckTokensNonNegative(e, i, x_name, y_name); !status.ok()) return status;
+      }
+    }
+    return e;
+  }
+
+  absl::Status CheckTokensNonNegative(const Examples& e, size_t i, std::string_view x_name, std::string_view y_name) {
+    const uint64_t t = e.x_elements();
+    for (auto [bytes, name] : {std::pair{&e.x, x_name}, std::pair{&e.y, y_name}}) {
+      const int64_t* tokens = reinterpret_cast<const int64_t*>(bytes->data()) + i * t;
+      for (uint64_t j = 0; j < t; ++j) {
+        if (tokens[j] < 0) {
+          return absl::InvalidArgumentError(fl::StrCat(Where(name), "[", e.rows[i], "][", j, "] = ", tokens[j],
+                                                       " is negative; token ids are 0, 1, ..., vocabulary-1"));
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckFinite(const std::vector<uint8_t>& bytes, const std::vector<uint32_t>& rows, uint64_t per_row,
+                           const std::vector<int64_t>& shape, std::string_view name) {
+    const size_t n = bytes.size() / sizeof(float);
+    for (size_t k = 0; k < n; ++k) {
+      float v;
+      std::memcpy(&v, bytes.data() + k * sizeof(float), sizeof(float));
+      if (std::isfinite(v)) continue;
+      const uint64_t row = rows[k / per_row];
+      return absl::InvalidArgumentError(fl::StrCat(
+          Where(name), "[", row, "]", ElementIndex(k % per_row, shape), " is ", std::isnan(v) ? "NaN" : "infinite",
+          "; every value must be finite: fix or drop those examples, e.g. keep = np.isfinite(", name,
+          ").reshape(len(", name, "), -1).all(axis=1)"));
+    }
+    return absl::OkStatus();
+  }
+
+  // The largest token id among a split's inputs and targets.
+  LabelRange TokenRange(const Examples& e, std::string_view split) const {
+    LabelRange r;
+    r.file = path();
+    const uint64_t t = e.x_elements();
+    for (auto [bytes, name] : {std::pair{&e.x, fl::StrCat("x_", split)}, std::pair{&e.y, fl::StrCat("y_", split)}}) {
+      const int64_t* tokens = reinterpret_cast<const int64_t*>(bytes->data());
+      for (uint64_t k = 0; k < e.n * t; ++k) {
+        if (tokens[k] > r.max) {
+          r.max = tokens[k];
+          r.array = name;
+          r.index = e.rows[k / t];
+          r.element = static_cast<int64_t>(k % t);
+        }
+      }
+    }
+    return r;
+  }
+
+  const DataOptions& o_;
+  NpzFile npz_;
+};
+
+// ------------------------------------------------------------------------------------------------------------
+// Fashion-MNIST from its IDX directory, delivered like an .npz: x uint8 [1, 28, 28], y int64.
+
+absl::StatusOr<ClientData> LoadFashionMnistDir(const DataOptions& o) {
+  if (o.task != Task::kClassification) {
+    return absl::InvalidArgumentError(fl::StrCat(o.path, " is a Fashion-MNIST directory: its task is classification, not ",
+                                                 TaskName(o.task)));
+  }
+  auto spec = PartitionSpec::Parse(o.partition);
+  if (!spec.ok()) return spec.status();
+  auto train = LoadFashionMnist(o.path, Split::kTrain);
+  if (!train.ok()) return train.status();
+  auto test = LoadFashionMnist(o.path, Split::kTest);
+  if (!test.ok()) return test.status();
+  auto train_rows = PartitionFor(o.client_index, *spec, train->labels, o.num_clients, o.partition_seed);
+  if (!train_rows.ok()) return train_rows.status();
+  if (o.data_fraction < 1) {
+    const size_t keep =
+        std::max<size_t>(1, static_cast<size_t>(std::ceil(o.data_fraction * static_cast<double>(train_rows->size()))));
+    train_rows->resize(std::min(keep, train_rows->size()));
+  }
+  // As TorchTrainer: the test split is this client's IID part of the test labels.
+  auto test_rows = PartitionFor(o.client_index, PartitionSpec::Iid(), test->labels, o.num_clients, o.partition_seed);
+  if (!test_rows.ok()) return test_rows.status();
+
+  ClientData data;
+  auto fill = [&](const Dataset& dataset, const std::vector<uint32_t>& rows, std::string_view split,
+                  Examples& e, std::optional<LabelRange>& range) {
+    e.source = fl::StrCat(o.path, ":", dataset.name);
+    e.n = rows.size();
+    e.rows = rows;
+    e.x_shape = {1, dataset.rows, dataset.cols};
+    e.x_type = ElementType::kUInt8;
+    e.y_type = ElementType::kInt64;
+    const size_t image = dataset.image_size();
+    e.x.resize(rows.size() * image);
+    std::vector<int64_t> labels(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      std::memcpy(e.x.data() + i * image, dataset.image(rows[i]).data(), image);
+      labels[i] = dataset.labels[rows[i]];
+    }
+    AppendValues(e.y, labels);
+    LabelRange r;
+    r.file = o.path;
+    r.array = fl::StrCat("y_", split);
+    for (size_t i = 0; i < dataset.labels.size(); ++i) {
+      if (dataset.labels[i] > r.max) {
+        r.max = dataset.labels[i];
+        r.index = i;
+      }
+    }
+    range = r;
+  };
+  fill(*train, *train_rows, "train", data.train, data.train_labels);
+  fill(*test, *test_rows, "test", data.test, data.test_labels);
+  data.description = fl::StrCat(o.path, ": Fashion-MNIST, classification, x uint8 [1, 28, 28]; client ",
+                                o.client_index, " of ", o.num_clients, " (partition ", spec->ToString(), ", seed ",
+                                o.partition_seed, "): ", data.train.n, " of ", train->num_examples,
+                                " train examples, ", data.test.n, " of ", test->num_examples, " test");
+  return data;
+}
+
+bool IsFashionMnistDir(const std::string& dir) {
+  std::error_code ec;
+  for (const char* name : {"train-images-idx3-ubyte.gz", "train-images-idx3-ubyte"}) {
+    if (std::filesystem::exists(std::filesystem::path(dir) / name, ec)) return true;
+  }
+  return false;
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Plain text, byte-level next-token windows.
+
+absl::StatusOr<std::string> ReadText(const std::string& path, bool is_directory) {
+  std::vector<std::string> files;
+  if (is_directory) {
+    std::error_code ec;
+    for (const auto& item : std::filesystem::directory_iterator(path, ec)) {
+      const std::string name = item.path().filename().string();
+      if (name.find('.') == std::string::npos && item.is_regular_file(ec)) files.push_back(item.path().string());
+    }
+    if (ec) return absl::PermissionDeniedError(fl::StrCat("cannot list ", path, ": ", ec.message()));
+    std::sort(files.begin(), files.end());  // byte order of names: the same on every machine
+    if (files.empty()) {
+      return absl::InvalidArgumentError(fl::StrCat(
+          path, " has no text files (regular files without a '.' in their name; fortune's .dat and .u8 are "
+                "skipped); give a text file or a directory of them (e.g. /usr/share/games/fortunes from the "
+                "fortunes-min package)"));
+    }
+  } else {
+    files.push_back(path);
+  }
+  std::string text;
+  for (size_t i = 0; i < files.size(); ++i) {
+    std::ifstream in(files[i], std::ios::binary);
+    if (!in) return absl::PermissionDeniedError(fl::StrCat("cannot read ", files[i]));
+    if (i > 0) text += '\n';
+    text.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  return text;
+}
+
+uint64_t NumWindows(uint64_t bytes, uint32_t seq_len) { return bytes > seq_len ? (bytes - 1) / seq_len : 0; }
+
+Examples TextExamples(std::string_view text, const std::vector<uint32_t>& windows, uint32_t seq_len,
+                      std::string source) {
+  Examples e;
+  e.source = std::move(source);
+  e.n = windows.size();
+  e.rows = windows;
+  e.x_shape = {seq_len};
+  e.y_shape = {seq_len};
+  e.x_type = ElementType::kInt64;
+  e.y_type = ElementType::kInt64;
+  std::vector<int64_t> x(windows.size() * seq_len), y(windows.size() * seq_len);
+  for (size_t i = 0; i < windows.size(); ++i) {
+    const size_t start = static_cast<size_t>(windows[i]) * seq_len;
+    for (uint32_t t = 0; t < seq_len; ++t) {
+      x[i * seq_len + t] = static_cast<uint8_t>(text[start + t]);
+      y[i * seq_len + t] = static_cast<uint8_t>(text[start + t + 1]);
+    }
+  }
+  AppendValues(e.x, x);
+  AppendValues(e.y, y);
+  return e;
+}
+
+absl::StatusOr<ClientData> LoadText(const DataOptions& o, bool is_directory) {
+  auto spec = PartitionSpec::Parse(o.partition);
+  if (!spec.ok()) return spec.status();
+  if (spec->kind != PartitionKind::kIid) {
+    return absl::InvalidArgumentError(fl::StrCat(
+        "partition ", spec->ToString(), " is not available for a plain text corpus (", o.path,
+        "): it has no labels and no client ids; use iid (or an .npz of token sequences with a client_id array)"));
+  }
+  if (o.seq_len == 0) return absl::InvalidArgumentError("seq_len must be at least 1");
+  auto text = ReadText(o.path, is_directory);
+  if (!text.ok()) return text.status();
+  const uint64_t test_bytes = text->size() * kTextTestPercent / 100;
+  const std::string_view train_text = std::string_view(*text).substr(0, text->size() - test_bytes);
+  const std::string_view test_text = std::string_view(*text).substr(text->size() - test_bytes);
+  const uint64_t train_windows = NumWindows(train_text.size(), o.seq_len);
+  const uint64_t test_windows = NumWindows(test_text.size(), o.seq_len);
+  if (train_windows < o.num_clients || test_windows < o.num_clients) {
+    return absl::InvalidArgumentError(fl::StrCat(
+        "text ", o.path, " (", text->size(), " bytes) is too short for seq_len ", o.seq_len, " and ", o.num_clients,
+        " clients: its first ", 100 - kTextTestPercent, "% gives ", train_windows, " training windows of ",
+        o.seq_len + 1, " bytes and its last ", kTextTestPercent, "% ", test_windows,
+        " test windows, and each client needs at least one of each: use a longer text, a smaller seq_len or "
+        "fewer clients"));
+  }
+  auto train_rows = PartitionIidFor(o.client_index, train_windows, o.num_clients, o.partition_seed);
+  if (!train_rows.ok()) return train_rows.status();
+  if (o.data_fraction < 1) {
+    const size_t keep =
+        std::max<size_t>(1, static_cast<size_t>(std::ceil(o.data_fraction * static_cast<double>(train_rows->size()))));
+    train_rows->resize(std::min(keep, train_rows->size()));
+  }
+  auto test_rows = PartitionIidFor(o.client_index, test_windows, o.num_clients, o.partition_seed);
+  if (!test_rows.ok()) return test_rows.status();
+
+  ClientData data;
+  data.train = TextExamples(train_text, *train_rows, o.seq_len, fl::StrCat(o.path, ":train text"));
+  data.test = TextExamples(test_text, *test_rows, o.seq_len, fl::StrCat(o.path, ":test text"));
+  // Token ids are bytes: the largest over the whole text, so every client agrees.
+  for (auto [split_text, range, array] : {std::tuple{train_text, &data.train_labels, "train text"},
+                                          std::tuple{test_text, &data.test_labels, "test text"}}) {
+    LabelRange r;
+    r.file = o.path;
+    r.array = array;
+    r.index = 0;
+    for (size_t i = 0; i < split_text.size(); ++i) {
+      const int64_t byte = static_cast<uint8_t>(split_text[i]);
+      if (byte > r.max) {
+        r.max = byte;
+        r.element = static_cast<int64_t>(i);  // byte offset in the split's text
+      }
+    }
+    *range = r;
+  }
+  data.description = fl::StrCat(o.path, ": next-token over bytes (vocabulary ", kTextVocabulary, "), ", text->size(),
+                                " bytes, windows of ", o.seq_len, "+1; client ", o.client_index, " of ", o.num_clients,
+                                " (partition iid, seed ", o.partition_seed, "): ", data.train.n, " of ", train_windows,
+                                " train windows, ", data.test.n, " of ", test_windows, " test");
+  return data;
+}
+
+}  // namespace
+
+std::string_view ElementTypeName(ElementType type) {
+  switch (type) {
+    case ElementType::kUInt8:
+      return "uint8";
+    case ElementType::kFloat32:
+      return "float32";
+    case ElementType::kInt64:
+      return "int64";
+  }
+  return "unknown";
+}
+
+size_t ElementSize(ElementType type) {
+  switch (type) {
+    case ElementType::kUInt8:
+      return 1;
+    case ElementType::kFloat32:
+      return 4;
+    case ElementType::kInt64:
+      return 8;
+  }
+  return 0;
+}
+
+uint64_t Examples::x_elements() const {
+  uint64_t elements = 1;
+  for (int64_t d : x_shape) elements *= static_cast<uint64_t>(d);
+  return elements;
+}
+
+uint64_t Examples::y_elements() const {
+  uint64_t elements = 1;
+  for (int64_t d : y_shape) elements *= static_cast<uint64_t>(d);
+  return elements;
+}
+
+absl::StatusOr<ClientData> LoadClientData(const DataOptions& options) {
+  if (options.num_clients == 0) return absl::InvalidArgumentError("the number of clients must be at least 1");
+  if (options.client_index >= options.num_clients) {
+    return absl::InvalidArgumentError(fl::StrCat("client index ", options.client_index, " is out of range for ",
+                                                 options.num_clients, " clients (expected 0..",
+                                                 options.num_clients - 1, ")"));
+  }
+  if (!(options.data_fraction > 0 && options.data_fraction <= 1)) {
+    return absl::InvalidArgumentError(fl::StrCat("data fraction ", options.data_fraction,
+                                                 " is outside (0, 1]; give the share of the shard to use"));
+  }
+  std::error_code ec;
+  const auto status = std::filesystem::status(options.path, ec);
+  if (options.path.empty() || !std::filesystem::exists(status)) {
+    return absl::NotFoundError(fl::StrCat("data path '", options.path,
+                                          "' does not exist; give an .npz file, a Fashion-MNIST directory or "
+                                          "(next-token) a text file or directory"));
+  }
+  if (std::filesystem::is_directory(status)) {
+    if (options.task == Task::kNextToken && !IsFashionMnistDir(options.path)) return LoadText(options, true);
+    if (IsFashionMnistDir(options.path)) return LoadFashionMnistDir(options);
+    return absl::InvalidArgumentError(fl::StrCat(
+        options.path, " is a directory without Fashion-MNIST IDX files (train-images-idx3-ubyte.gz, ...); for ",
+        TaskName(options.task), " give an .npz with x_train, y_train, x_test and y_test"));
+  }
+  // An .npz by name or by content (a ZIP's first bytes); anything else is text for next-token.
+  char magic[4] = {};
+  {
+    std::ifstream in(options.path, std::ios::binary);
+    in.read(magic, sizeof(magic));
+  }
+  const bool zip = std::memcmp(magic, "PK\x03\x04", 4) == 0 || std::memcmp(magic, "PK\x05\x06", 4) == 0;
+  if (options.path.ends_with(".npy")) {
+    return absl::InvalidArgumentError(fl::StrCat(
+        options.path, " is a single array; a dataset is an .npz of four: "
+                      "np.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)"));
+  }
+  if (zip || options.path.ends_with(".npz")) {
+    auto npz = NpzFile::Open(options.path);
+    if (!npz.ok()) return npz.status();
+    return NpzLoader(options, std::move(*npz)).Load();
+  }
+  if (options.task == Task::kNextToken) return LoadText(options, false);
+  return absl::InvalidArgumentError(fl::StrCat(options.path, " is not an .npz (a ZIP of .npy arrays written by "
+                                               "np.savez); plain text is read for the next-token task only"));
+}
+
+absl::Status CheckLabelRange(const ClientData& data, int64_t classes) {
+  if (classes <= 0) return absl::InvalidArgumentError(fl::StrCat("the model has ", classes, " outputs"));
+  for (const std::optional<LabelRange>& range : {data.train_labels, data.test_labels}) {
+    if (!range.has_value() || range->max < classes) continue;
+    const bool tokens = range->element >= 0;
+    const std::string where =
+        range->array.ends_with(" text")
+            ? fl::StrCat(range->array, " byte ", range->element)
+            : fl::StrCat(range->array, "[", range->index, "]", tokens ? fl::StrCat("[", range->element, "]") : "");
+    const std::string what = tokens ? "token ids" : "classes";
+    return absl::InvalidArgumentError(fl::StrCat(
+        range->file, ": ", where, " = ", range->max, " is outside [0, ", classes, ") (the model outputs ", classes,
+        " ", what, "); ",
+        tokens ? fl::StrCat("give a model whose vocabulary has at least ", range->max + 1, " tokens")
+               : fl::StrCat("give a model with at least ", range->max + 1,
+                            " outputs, or relabel the data to 0..", classes - 1)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fl::data
