@@ -17,6 +17,7 @@
 #include "fl/core/clock.h"
 #include "fl/core/codec.h"
 #include "fl/core/str_cat.h"
+#include "fl/core/task.h"
 #include "fl/proto/convert.h"
 #include "fl/v1/federation.grpc.pb.h"
 
@@ -224,6 +225,7 @@ absl::StatusOr<fl::v1::JoinResponse> FederatedClient::Impl::Join(uint32_t timeou
   *req.mutable_device() = options_.device;
   *req.mutable_link() = options_.link;
   *req.mutable_model_spec() = wire::ToProto(trainer_->spec(), trainer_->model_name());
+  req.set_task(trainer_->task());
   req.set_num_train_examples(trainer_->num_train_examples());
   req.set_num_test_examples(trainer_->num_test_examples());
   req.set_software_version(options_.software_version);
@@ -544,6 +546,7 @@ void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
     r->set_num_examples(result->num_examples);
     r->set_loss(result->loss);
     r->set_accuracy(result->accuracy);
+    if (trainer_->task() == core::TaskName(core::Task::kRegression)) (*r->mutable_metrics())["mae"] = result->mae;
     *r->add_timings() = global->timing;
     *r->add_timings() = Phase(fl::v1::PHASE_EVAL, eval_start, eval_end);
     WriteToSession(m);

@@ -23,8 +23,9 @@ inline float UnitFloat(uint64_t bits) { return static_cast<float>(bits >> 40) * 
 
 }  // namespace
 
-SyntheticTrainer::SyntheticTrainer(uint64_t num_params, uint64_t num_examples, uint64_t seed, uint32_t train_ms)
-    : num_examples_(num_examples), train_ms_(train_ms) {
+SyntheticTrainer::SyntheticTrainer(uint64_t num_params, uint64_t num_examples, uint64_t seed, uint32_t train_ms,
+                                   std::string task)
+    : num_examples_(num_examples), train_ms_(train_ms), task_(std::move(task)) {
   constexpr uint64_t kTensor = 1u << 20;
   std::vector<core::TensorSpec> tensors;
   for (uint64_t done = 0, i = 0; done < num_params; ++i) {
@@ -80,12 +81,18 @@ absl::StatusOr<TrainResult> SyntheticTrainer::Train(std::span<const float> globa
 }
 
 absl::StatusOr<EvalResult> SyntheticTrainer::Evaluate(std::span<const float> global) {
-  double sum = 0;
-  for (float v : global) sum += static_cast<double>(v) * v;
+  double sum = 0, abs_sum = 0;
+  for (float v : global) {
+    sum += static_cast<double>(v) * v;
+    abs_sum += std::abs(static_cast<double>(v));
+  }
+  const double n = global.empty() ? 1 : static_cast<double>(global.size());
   EvalResult r;
   r.num_examples = num_examples_;
-  r.loss = global.empty() ? 0 : sum / static_cast<double>(global.size());
+  r.loss = sum / n;
   r.accuracy = 0;
+  if (task_ == "next-token") r.accuracy = std::exp(-r.loss);
+  if (task_ == "regression") r.mae = abs_sum / n;
   return r;
 }
 

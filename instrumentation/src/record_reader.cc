@@ -9,14 +9,15 @@ namespace fl::instrumentation {
 namespace {
 
 constexpr std::string_view kExperimentColumns =
-    "id, name, status, status_reason, started_unix_ms, finished_unix_ms, config_json, software_version, host";
+    "id, name, status, status_reason, started_unix_ms, finished_unix_ms, config_json, software_version, host, "
+    "task";
 constexpr std::string_view kClientColumns =
     "experiment_id, client_id, client_name, device_class, link_kind, link_interface, link_profile, cores, "
     "memory_bytes, accelerator, os, arch, client_version, joined_unix_ms, left_unix_ms, left_reason";
 constexpr std::string_view kRoundColumns =
     "experiment_id, round, attempt, status, failure_reason, started_unix_ms, ended_unix_ms, duration_ms, "
     "aggregation_ms, num_selected, num_accepted, num_late, num_rejected, num_dropped, num_examples, "
-    "model_version, train_loss, eval_loss, eval_accuracy, eval_num_examples";
+    "model_version, train_loss, eval_loss, eval_accuracy, eval_num_examples, eval_mae, eval_perplexity";
 constexpr std::string_view kClientRoundColumns =
     "experiment_id, round, attempt, client_id, outcome, reject_reason, dispatched_unix_ms, num_examples, "
     "num_steps, downlink_ms, train_ms, eval_ms, uplink_ms, uplink_server_ms, idle_ms, downlink_bytes, "
@@ -24,7 +25,7 @@ constexpr std::string_view kClientRoundColumns =
     "eval_start_unix_ms, uplink_start_unix_ms, uplink_end_unix_ms, uplink_server_start_unix_ms, "
     "downlink_server_start_unix_ms, downlink_server_ms";
 constexpr std::string_view kEvaluationColumns =
-    "experiment_id, round, attempt, client_id, num_examples, loss, accuracy, eval_ms";
+    "experiment_id, round, attempt, client_id, num_examples, loss, accuracy, eval_ms, mae, reject_reason";
 constexpr std::string_view kCheckpointColumns =
     "experiment_id, round, model_version, path, bytes, fingerprint, checksum, created_unix_ms";
 
@@ -41,6 +42,7 @@ absl::StatusOr<ExperimentRecord> ReadExperiment(const sqlite::Statement& st) {
   r.config_json = st.ColumnText(6);
   r.software_version = st.ColumnText(7);
   r.host = st.ColumnText(8);
+  r.task = st.ColumnText(9);
   return r;
 }
 
@@ -89,6 +91,8 @@ absl::StatusOr<RoundRecord> ReadRound(const sqlite::Statement& st) {
   r.eval_loss = st.ColumnOptionalDouble(17);
   r.eval_accuracy = st.ColumnOptionalDouble(18);
   r.eval_num_examples = st.ColumnOptionalInt64(19);
+  r.eval_mae = st.ColumnOptionalDouble(20);
+  r.eval_perplexity = st.ColumnOptionalDouble(21);
   return r;
 }
 
@@ -138,6 +142,8 @@ absl::StatusOr<EvaluationRecord> ReadEvaluation(const sqlite::Statement& st) {
   r.loss = st.ColumnOptionalDouble(5);
   r.accuracy = st.ColumnOptionalDouble(6);
   r.eval_ms = st.ColumnOptionalDouble(7);
+  r.mae = st.ColumnOptionalDouble(8);
+  r.reject_reason = st.ColumnText(9);
   return r;
 }
 

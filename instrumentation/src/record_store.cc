@@ -15,8 +15,11 @@ using internal::Overloaded;
 
 constexpr std::string_view kInsertExperiment = R"sql(
 INSERT INTO experiments (id, name, status, status_reason, started_unix_ms, finished_unix_ms, config_json,
-                         software_version, host)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9))sql";
+                         software_version, host, task)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10))sql";
+
+constexpr std::string_view kUpdateExperimentTask = R"sql(
+UPDATE experiments SET task = ?2 WHERE id = ?1)sql";
 
 constexpr std::string_view kUpdateExperiment = R"sql(
 UPDATE experiments SET status = ?2, status_reason = ?3, finished_unix_ms = ?4 WHERE id = ?1)sql";
@@ -39,11 +42,11 @@ constexpr std::string_view kInsertRound = R"sql(
 INSERT INTO rounds (experiment_id, round, attempt, status, failure_reason, started_unix_ms, ended_unix_ms,
                     duration_ms, aggregation_ms, num_selected, num_accepted, num_late, num_rejected,
                     num_dropped, num_examples, model_version, train_loss, eval_loss, eval_accuracy,
-                    eval_num_examples)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20))sql";
+                    eval_num_examples, eval_mae, eval_perplexity)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22))sql";
 
 constexpr std::string_view kUpdateRoundEvaluation = R"sql(
-UPDATE rounds SET eval_loss = ?4, eval_accuracy = ?5, eval_num_examples = ?6
+UPDATE rounds SET eval_loss = ?4, eval_accuracy = ?5, eval_num_examples = ?6, eval_mae = ?7, eval_perplexity = ?8
 WHERE experiment_id = ?1 AND round = ?2 AND attempt = ?3)sql";
 
 constexpr std::string_view kInsertClientRound = R"sql(
@@ -61,8 +64,9 @@ UPDATE client_rounds SET uplink_ms = ?5, uplink_start_unix_ms = ?6, uplink_end_u
 WHERE experiment_id = ?1 AND round = ?2 AND attempt = ?3 AND client_id = ?4)sql";
 
 constexpr std::string_view kInsertEvaluation = R"sql(
-INSERT INTO evaluations (experiment_id, round, attempt, client_id, num_examples, loss, accuracy, eval_ms)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8))sql";
+INSERT INTO evaluations (experiment_id, round, attempt, client_id, num_examples, loss, accuracy, eval_ms, mae,
+                         reject_reason)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10))sql";
 
 constexpr std::string_view kInsertCheckpoint = R"sql(
 INSERT INTO checkpoints (experiment_id, round, model_version, path, bytes, fingerprint, checksum,
@@ -77,6 +81,7 @@ struct RecordStore::Writer {
   sqlite::Database db;
   sqlite::Statement insert_experiment;
   sqlite::Statement update_experiment;
+  sqlite::Statement update_experiment_task;
   sqlite::Statement insert_client;
   sqlite::Statement update_client_left;
   sqlite::Statement insert_round;
@@ -89,6 +94,7 @@ struct RecordStore::Writer {
   absl::Status Prepare() {
     return internal::PrepareStatements(
         db, {{&insert_experiment, kInsertExperiment}, {&update_experiment, kUpdateExperiment},
+             {&update_experiment_task, kUpdateExperimentTask},
              {&insert_client, kInsertClient}, {&update_client_left, kUpdateClientLeft}, {&insert_round, kInsertRound},
              {&update_round_evaluation, kUpdateRoundEvaluation}, {&insert_client_round, kInsertClientRound},
              {&update_client_round_uplink, kUpdateClientRoundUplink}, {&insert_evaluation, kInsertEvaluation},
@@ -113,7 +119,14 @@ struct RecordStore::Writer {
               st.BindText(7, r.config_json.empty() ? std::string_view("{}") : std::string_view(r.config_json));
               st.BindText(8, r.software_version);
               st.BindTextOrNull(9, r.host);
+              st.BindTextOrNull(10, r.task);
               return Run(st, "insert into experiments");
+            },
+            [&](const ExperimentTaskUpdate& r) {
+              sqlite::Statement& st = update_experiment_task;
+              st.BindText(1, r.experiment_id);
+              st.BindText(2, r.task);
+              return Run(st, "update experiments (task)", /*expect_change=*/true);
             },
             [&](const ExperimentStatusUpdate& r) {
               sqlite::Statement& st = update_experiment;
@@ -173,6 +186,8 @@ struct RecordStore::Writer {
               st.BindOptionalDouble(18, r.eval_loss);
               st.BindOptionalDouble(19, r.eval_accuracy);
               st.BindOptionalInt64(20, r.eval_num_examples);
+              st.BindOptionalDouble(21, r.eval_mae);
+              st.BindOptionalDouble(22, r.eval_perplexity);
               return Run(st, "insert into rounds");
             },
             [&](const RoundEvaluationUpdate& r) {
@@ -181,8 +196,10 @@ struct RecordStore::Writer {
               st.BindInt64(2, r.round);
               st.BindInt64(3, r.attempt);
               st.BindDouble(4, r.eval_loss);
-              st.BindDouble(5, r.eval_accuracy);
+              st.BindOptionalDouble(5, r.eval_accuracy);
               st.BindInt64(6, r.eval_num_examples);
+              st.BindOptionalDouble(7, r.eval_mae);
+              st.BindOptionalDouble(8, r.eval_perplexity);
               return Run(st, "update rounds (evaluation)", /*expect_change=*/true);
             },
             [&](const ClientRoundRecord& r) {
@@ -239,6 +256,8 @@ struct RecordStore::Writer {
               st.BindOptionalDouble(6, r.loss);
               st.BindOptionalDouble(7, r.accuracy);
               st.BindOptionalDouble(8, r.eval_ms);
+              st.BindOptionalDouble(9, r.mae);
+              st.BindTextOrNull(10, r.reject_reason);
               return Run(st, "insert into evaluations");
             },
             [&](const CheckpointRecord& r) {

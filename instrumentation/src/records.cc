@@ -110,6 +110,9 @@ std::string DescribeRecord(const Record& record) {
           [](const CheckpointRecord& r) {
             return fl::StrCat("checkpoint (experiment ", r.experiment_id, ", round ", r.round, ")");
           },
+          [](const ExperimentTaskUpdate& r) {
+            return fl::StrCat("experiment task update (id ", r.experiment_id, " -> ", r.task, ")");
+          },
       },
       record);
 }

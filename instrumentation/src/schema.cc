@@ -242,6 +242,18 @@ CREATE TABLE island_syncs (
 CREATE INDEX island_syncs_by_island ON island_syncs(experiment_id, island_id, step, fragment);
 )sql";
 
+// Version 6: learning tasks besides classification (docs/records.md): the experiment's task; per round the
+// regression's MAE and the next-token perplexity of the global model; per client evaluation its MAE and, for a
+// result the server refused, why. Rows from before v6 keep NULL: their experiments were classifiers.
+constexpr std::string_view kSchemaV6 = R"sql(
+ALTER TABLE experiments ADD COLUMN task TEXT
+  CHECK (task IS NULL OR task IN ('classification', 'regression', 'next-token'));
+ALTER TABLE rounds ADD COLUMN eval_mae REAL CHECK (eval_mae IS NULL OR eval_mae >= 0);
+ALTER TABLE rounds ADD COLUMN eval_perplexity REAL CHECK (eval_perplexity IS NULL OR eval_perplexity >= 1);
+ALTER TABLE evaluations ADD COLUMN mae REAL CHECK (mae IS NULL OR mae >= 0);
+ALTER TABLE evaluations ADD COLUMN reject_reason TEXT;
+)sql";
+
 // Append new migrations here: {N + 1, "what it does", R"sql(...)sql"}. Never edit a shipped entry.
 constexpr Migration kMigrations[] = {
     {1, "experiments, clients, rounds, client_rounds, evaluations, checkpoints", kSchemaV1, false},
@@ -249,6 +261,7 @@ constexpr Migration kMigrations[] = {
     {3, "client_rounds phase start times on the server's timeline", kSchemaV3, false},
     {4, "experiment_manifests (what fl-experiment ran, for replay)", kSchemaV4, false},
     {5, "islands, island_epochs, island_syncs (DiLoCo islands)", kSchemaV5, false},
+    {6, "experiments.task, rounds.eval_mae/eval_perplexity, evaluations.mae/reject_reason", kSchemaV6, false},
 };
 
 std::string Hex(int64_t v) {

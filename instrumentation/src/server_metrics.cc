@@ -52,6 +52,8 @@ struct ServerMetrics::Impl {
   prometheus::Family<prometheus::Gauge>* train_loss = nullptr;
   prometheus::Family<prometheus::Gauge>* eval_loss = nullptr;
   prometheus::Family<prometheus::Gauge>* eval_accuracy = nullptr;
+  prometheus::Family<prometheus::Gauge>* eval_mae = nullptr;
+  prometheus::Family<prometheus::Gauge>* eval_perplexity = nullptr;
 };
 
 absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Start(const std::string& bind_address,
@@ -83,7 +85,12 @@ absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Start(const std::s
       &e.Gauges("fl_eval_loss", "Loss of the global model on the clients' test data at the last evaluation");
   impl->eval_accuracy =
       &e.Gauges("fl_eval_accuracy", "Accuracy (0..1) of the global model on the clients' test data at the last "
-                                    "evaluation");
+                                    "evaluation (classification; the token accuracy for next-token)");
+  impl->eval_mae = &e.Gauges("fl_eval_mae", "Mean absolute error of the global (regression) model on the clients' "
+                                            "test data at the last evaluation");
+  impl->eval_perplexity =
+      &e.Gauges("fl_eval_perplexity", "Perplexity, exp(mean token cross-entropy), of the global (next-token) model "
+                                      "on the clients' test data at the last evaluation");
   return std::unique_ptr<ServerMetrics>(new ServerMetrics(std::move(impl)));
 }
 
@@ -146,9 +153,11 @@ void ServerMetrics::CountStraggler(const std::vector<ClientRoundRecord>& rows) {
 
 void ServerMetrics::SetTrainLoss(double loss) { impl_->train_loss->Add({}).Set(loss); }
 
-void ServerMetrics::SetEvaluation(double loss, double accuracy) {
-  impl_->eval_loss->Add({}).Set(loss);
-  impl_->eval_accuracy->Add({}).Set(accuracy);
+void ServerMetrics::SetEvaluation(const Evaluation& evaluation) {
+  impl_->eval_loss->Add({}).Set(evaluation.loss);
+  if (evaluation.accuracy.has_value()) impl_->eval_accuracy->Add({}).Set(*evaluation.accuracy);
+  if (evaluation.mae.has_value()) impl_->eval_mae->Add({}).Set(*evaluation.mae);
+  if (evaluation.perplexity.has_value()) impl_->eval_perplexity->Add({}).Set(*evaluation.perplexity);
 }
 
 }  // namespace fl::instrumentation

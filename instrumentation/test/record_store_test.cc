@@ -95,7 +95,7 @@ TEST(RecordStoreTest, EveryKindRoundTrips) {
   rejected.client_id = "c2";
   rejected.outcome = ClientOutcome::kRejected;
   rejected.reject_reason = "spec fingerprint mismatch";
-  EvaluationRecord evaluation{"e1", 0, 0, "c1", 500, 0.3, 0.88, 42.5};
+  EvaluationRecord evaluation{"e1", 0, 0, "c1", 500, 0.3, 0.88, 42.5, std::nullopt, ""};
   CheckpointRecord checkpoint{"e1", 0, 1, "/ckpt/e1/round-0.flat", 4096, "0123456789abcdef", "", 1'700'000'002'000};
 
   for (Record r : std::vector<Record>{experiment, client, bare, round, ok, rejected, evaluation, checkpoint}) {
@@ -669,10 +669,10 @@ TEST(RecordStoreTest, RoundEvaluationFillsTheCommittedRound) {
   ASSERT_NE(store, nullptr);
   ASSERT_TRUE(store->Enqueue(Experiment("e1")).ok());
   ASSERT_TRUE(store->Enqueue(Round("e1", 1, 2)).ok());
-  ASSERT_TRUE(store->Enqueue(RoundEvaluationUpdate{"e1", 1, 2, 0.5, 0.875, 10000}).ok());
+  ASSERT_TRUE(store->Enqueue(RoundEvaluationUpdate{"e1", 1, 2, 0.5, 0.875, 10000, std::nullopt, std::nullopt}).ok());
   ASSERT_TRUE(store->Flush().ok());
   // An evaluation of a round attempt that does not exist is reported, not silently dropped.
-  ASSERT_TRUE(store->Enqueue(RoundEvaluationUpdate{"e1", 7, 1, 0.5, 0.5, 1}).ok());
+  ASSERT_TRUE(store->Enqueue(RoundEvaluationUpdate{"e1", 7, 1, 0.5, 0.5, 1, std::nullopt, std::nullopt}).ok());
   absl::Status missing = store->Flush();
   EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound) << missing;
   auto reader = MustRead(path);
@@ -681,6 +681,67 @@ TEST(RecordStoreTest, RoundEvaluationFillsTheCommittedRound) {
   ASSERT_EQ(rounds->size(), 1u);
   EXPECT_DOUBLE_EQ((*rounds)[0].eval_accuracy.value_or(-1), 0.875);
   EXPECT_EQ((*rounds)[0].eval_num_examples.value_or(-1), 10000);
+}
+
+// Schema v6: the experiment's task (set once its first client is admitted), the regression and next-token
+// figures of a round, and a client's evaluation with its MAE or the reason it was refused.
+TEST(RecordStoreTest, TaskFiguresRoundTrip) {
+  ScratchDir dir;
+  const std::string path = dir.File("records.db");
+  auto store = MustOpen(path);
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->Enqueue(Experiment("reg")).ok());
+  ExperimentRecord lm = Experiment("lm");
+  lm.task = "next-token";
+  ASSERT_TRUE(store->Enqueue(lm).ok());
+  ASSERT_TRUE(store->Enqueue(ExperimentTaskUpdate{"reg", "regression"}).ok());
+  ASSERT_TRUE(store->Enqueue(Client("reg", "c1")).ok());
+  ASSERT_TRUE(store->Enqueue(Client("reg", "c2")).ok());
+  ASSERT_TRUE(store->Enqueue(Round("reg", 1)).ok());
+  RoundRecord lm_round = Round("lm", 1);
+  lm_round.eval_loss = 2.0;
+  lm_round.eval_accuracy = 0.4;
+  lm_round.eval_perplexity = 7.389;
+  ASSERT_TRUE(store->Enqueue(lm_round).ok());
+  RoundEvaluationUpdate reg_eval{"reg", 1, 0, 0.09, std::nullopt, 300, 0.25, std::nullopt};
+  ASSERT_TRUE(store->Enqueue(reg_eval).ok());
+  EvaluationRecord accepted{"reg", 1, 0, "c1", 300, 0.09, std::nullopt, 12.5, 0.25, ""};
+  EvaluationRecord refused{"reg", 1, 0, "c2", 100, std::nullopt, std::nullopt, 11.0, std::nullopt,
+                           "mae -1 is negative"};
+  ASSERT_TRUE(store->Enqueue(accepted).ok());
+  ASSERT_TRUE(store->Enqueue(refused).ok());
+  absl::Status flushed = store->Flush();
+  ASSERT_TRUE(flushed.ok()) << flushed;
+  // Only the three task names are stored; a task update of an unknown experiment is reported.
+  ASSERT_TRUE(store->Enqueue(ExperimentTaskUpdate{"reg", "segmentation"}).ok());
+  EXPECT_EQ(store->Flush().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(store->Enqueue(ExperimentTaskUpdate{"nope", "regression"}).ok());
+  EXPECT_EQ(store->Flush().code(), absl::StatusCode::kNotFound);
+
+  auto reader = MustRead(path);
+  ASSERT_NE(reader, nullptr);
+  EXPECT_EQ(reader->GetExperiment("reg")->task, "regression");
+  EXPECT_EQ(reader->GetExperiment("lm")->task, "next-token");
+  auto reg_rounds = *reader->ListRounds("reg");
+  ASSERT_EQ(reg_rounds.size(), 1u);
+  EXPECT_EQ(reg_rounds[0].eval_mae, 0.25);
+  EXPECT_EQ(reg_rounds[0].eval_loss, 0.09);
+  EXPECT_FALSE(reg_rounds[0].eval_accuracy.has_value());  // regression has no accuracy: NULL
+  EXPECT_FALSE(reg_rounds[0].eval_perplexity.has_value());
+  auto lm_rounds = *reader->ListRounds("lm");
+  ASSERT_EQ(lm_rounds.size(), 1u);
+  EXPECT_EQ(lm_rounds[0].eval_perplexity, 7.389);
+  EXPECT_EQ(lm_rounds[0].eval_accuracy, 0.4);
+  EXPECT_FALSE(lm_rounds[0].eval_mae.has_value());
+  auto evaluations = *reader->ListEvaluations("reg", 1);
+  ASSERT_EQ(evaluations.size(), 2u);
+  EXPECT_EQ(evaluations[0].mae, 0.25);
+  EXPECT_EQ(evaluations[0].reject_reason, "");
+  EXPECT_FALSE(evaluations[1].loss.has_value());
+  EXPECT_FALSE(evaluations[1].mae.has_value());
+  EXPECT_EQ(evaluations[1].reject_reason, "mae -1 is negative");
+  EXPECT_EQ(evaluations[1].eval_ms, 11.0);
+  EXPECT_EQ(Count(*reader, "SELECT count(*) FROM evaluations WHERE reject_reason IS NULL"), 1);
 }
 
 }  // namespace

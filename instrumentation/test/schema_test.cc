@@ -189,6 +189,57 @@ TEST(SchemaTest, HandWrittenVersionOneFileMigratesToLatest) {
   EXPECT_EQ(old->config_json, "{}");
 }
 
+// A database an fl-server of schema v5 wrote (a classifier's experiment with an evaluated round) opens with
+// this build: migrated to v6, its rows kept, the new columns NULL (a task of NULL reads as "": the
+// experiment predates tasks, and was a classifier).
+TEST(SchemaTest, VersionFiveDatabaseWithRowsMigratesToSix) {
+  ScratchDir dir;
+  const std::string path = dir.File("records.db");
+  {
+    sqlite::Database db = OpenRaw(path);
+    ASSERT_TRUE(MigrateSchema(db, SchemaMigrations().first(5)).ok());
+    ASSERT_TRUE(db.Exec(R"sql(
+      INSERT INTO experiments (id, name, started_unix_ms, software_version) VALUES ('v5', 'old run', 1, '0.5');
+      INSERT INTO clients (experiment_id, client_id, joined_unix_ms) VALUES ('v5', 'c1', 2);
+      INSERT INTO rounds (experiment_id, round, attempt, status, started_unix_ms, ended_unix_ms, duration_ms,
+                          model_version, eval_loss, eval_accuracy, eval_num_examples)
+        VALUES ('v5', 1, 1, 'committed', 3, 4, 1.5, 1, 0.5, 0.8125, 100);
+      INSERT INTO evaluations (experiment_id, round, attempt, client_id, num_examples, loss, accuracy, eval_ms)
+        VALUES ('v5', 1, 1, 'c1', 100, 0.5, 0.8125, 9);
+    )sql").ok());
+    EXPECT_EQ(Int(db, "PRAGMA user_version"), 5);
+  }
+  ASSERT_GE(LatestSchemaVersion(), 6);
+  auto store = RecordStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Close().ok());
+  auto reader = RecordReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto old = (*reader)->GetExperiment("v5");
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(old->task, "");
+  auto rounds = (*reader)->ListRounds("v5");
+  ASSERT_TRUE(rounds.ok()) << rounds.status();
+  ASSERT_EQ(rounds->size(), 1u);
+  EXPECT_EQ((*rounds)[0].eval_accuracy, 0.8125);
+  EXPECT_FALSE((*rounds)[0].eval_mae.has_value());
+  EXPECT_FALSE((*rounds)[0].eval_perplexity.has_value());
+  auto evaluations = (*reader)->ListEvaluations("v5", 1);
+  ASSERT_TRUE(evaluations.ok()) << evaluations.status();
+  ASSERT_EQ(evaluations->size(), 1u);
+  EXPECT_EQ((*evaluations)[0].accuracy, 0.8125);
+  EXPECT_FALSE((*evaluations)[0].mae.has_value());
+  EXPECT_EQ((*evaluations)[0].reject_reason, "");
+  sqlite::Database db = OpenRaw(path);
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM pragma_table_info('experiments') WHERE name = 'task'"), 1);
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM pragma_table_info('rounds') WHERE name IN ('eval_mae', "
+                    "'eval_perplexity')"),
+            2);
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM pragma_table_info('evaluations') WHERE name IN ('mae', "
+                    "'reject_reason')"),
+            2);
+}
+
 TEST(SchemaTest, FailedMigrationLeavesThePreviousVersion) {
   ScratchDir dir;
   sqlite::Database db = OpenRaw(dir.File("t.db"));

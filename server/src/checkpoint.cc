@@ -89,6 +89,7 @@ absl::Status SaveCheckpoint(const Checkpoint& ckpt, const std::string& path) {
   *header.mutable_spec() = wire::ToProto(ckpt.spec, ckpt.model_name);
   header.set_optimizer(ckpt.optimizer.optimizer);
   header.set_optimizer_steps(ckpt.optimizer.step_count);
+  header.set_task(ckpt.task);
   for (const core::NamedBuffer& s : ckpt.optimizer.buffers) {
     auto* b = header.add_state();
     b->set_name(s.name);
@@ -155,6 +156,7 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
   ckpt.model_version = header.model_version();
   ckpt.optimizer.optimizer = header.optimizer();
   ckpt.optimizer.step_count = header.optimizer_steps();
+  ckpt.task = header.task();
   ckpt.created_unix_ms = header.created_unix_ms();
 
   auto take_floats = [&](uint64_t count, std::vector<float>* out) -> bool {

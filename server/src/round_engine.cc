@@ -17,6 +17,7 @@
 #include "fl/core/checksum.h"
 #include "fl/core/clock_sync.h"
 #include "fl/core/str_cat.h"
+#include "fl/core/task.h"
 #include "fl/proto/convert.h"
 #include "fl/core/clock.h"
 
@@ -66,7 +67,7 @@ struct RoundEngine::RoundState {
   double train_loss_sum = 0;
   double train_loss_weight = 0;
   uint32_t accepted = 0, late = 0, rejected = 0, dropped = 0;
-  double eval_loss_sum = 0, eval_accuracy_sum = 0;
+  double eval_loss_sum = 0, eval_accuracy_sum = 0, eval_mae_sum = 0;
   uint64_t eval_examples = 0;
   uint32_t eval_clients = 0;
   std::vector<instrumentation::ClientRoundRecord> client_rows;  // written after the round's row
@@ -144,6 +145,26 @@ const char* ReasonName(ErrorCode code) {
     case fl::v1::ERROR_CODE_UNSUPPORTED_CODEC: return "unsupported_codec";
     default: return "other";
   }
+}
+
+// Why an evaluation result cannot count, for the experiment's task; "" when it can. Every task's loss is a
+// mean cross-entropy or squared error (finite, >= 0); accuracies are fractions; regression must report its
+// MAE (metrics["mae"], finite, >= 0).
+std::string EvaluationProblem(core::Task task, const fl::v1::EvaluationResult& r) {
+  if (r.num_examples() == 0) return "the result covers 0 examples";
+  if (!std::isfinite(r.loss()) || r.loss() < 0) {
+    return fl::StrCat("its loss ", r.loss(), " is not a finite value >= 0");
+  }
+  if (task == core::Task::kRegression) {
+    auto mae = r.metrics().find("mae");
+    if (mae == r.metrics().end()) return "a regression result must report its MAE (metrics[\"mae\"])";
+    if (!std::isfinite(mae->second) || mae->second < 0) {
+      return fl::StrCat("its MAE ", mae->second, " is not a finite value >= 0");
+    }
+  } else if (!std::isfinite(r.accuracy()) || r.accuracy() < 0 || r.accuracy() > 1) {
+    return fl::StrCat("its accuracy ", r.accuracy(), " is not in [0, 1]");
+  }
+  return "";
 }
 
 }  // namespace
@@ -242,6 +263,15 @@ absl::Status RoundEngine::Start() {
     if (absl::Status s = AdoptModel(ckpt.spec, ckpt.model_name, std::move(ckpt.values), ckpt.model_version);
         !s.ok()) {
       return s;
+    }
+    if (resumed && !ckpt.task.empty()) {
+      // The resumed experiment keeps its task: clients of another one are refused as before the restart.
+      auto task = core::ParseTask(ckpt.task);
+      if (!task.ok()) {
+        return absl::InvalidArgumentError(fl::StrCat("checkpoint of experiment ", ckpt.experiment_id, ": ",
+                                                     fl::ToStd(task.status().message())));
+      }
+      task_ = *task;
     }
     if (resumed) {
       if (ckpt.optimizer.optimizer == optimizer_->name()) {
@@ -407,12 +437,47 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
     return refuse(grpc::StatusCode::INVALID_ARGUMENT, fl::v1::ERROR_CODE_MALFORMED, "the model spec has no parameters",
                   "model_spec", "send the spec of the model the client trains");
   }
-  if (spec_ != nullptr && spec->fingerprint() != spec_->fingerprint()) {
+  auto task = core::ParseTask(req.task());
+  if (!task.ok()) {
+    return refuse(grpc::StatusCode::INVALID_ARGUMENT, fl::v1::ERROR_CODE_MALFORMED,
+                  fl::StrCat("client '", req.client_name(), "': ", fl::ToStd(task.status().message())), "task",
+                  "start fl-client with --task classification, regression or next-token");
+  }
+  if (task_.has_value() && *task != *task_) {
+    return refuse(grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_ADMISSION_REFUSED,
+                  fl::StrCat("client '", req.client_name(), "' trains for task '", core::TaskName(*task),
+                             "' but this experiment's task is '", core::TaskName(*task_),
+                             "' (set by its first client)"),
+                  "task", "start every client of an experiment with the same --task (and model)");
+  }
+  // The model a joining client must train: the experiment's, or, while the server waits for its initial
+  // weights, that of the client asked for them (unless that one has gone: then this client is asked).
+  bool ask_for_initial_model = false;
+  std::shared_ptr<const core::ModelSpec> expected = spec_;
+  std::string_view expected_name = "this experiment's";
+  if (state_ == EngineState::kWaitingForModel) {
+    auto holder = clients_.find(initial_model_client_);
+    const bool holder_alive = holder != clients_.end() && holder->first != req.client_name() &&
+                              (holder->second->session != nullptr ||
+                               NowNs() - initial_model_asked_ns_ < int64_t{30'000} * kMsToNs);
+    if (holder_alive) {
+      expected = pending_spec_;
+      expected_name = "the first client's";
+    } else {
+      ask_for_initial_model = true;
+    }
+  }
+  if (expected != nullptr && spec->fingerprint() != expected->fingerprint()) {
+    // The join carries the client's whole spec: name the first tensor that differs, not just two hashes.
+    std::string diff = core::DescribeSpecDifference(*expected, *spec, fl::StrCat(expected_name, " model"),
+                                                    "the client's model");
+    if (diff.empty()) diff = "the specs hold the same tensors but their fingerprints differ";  // not reachable
     return refuse(grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_FINGERPRINT_MISMATCH,
-                  fl::StrCat("client '", req.client_name(), "' trains a model with fingerprint ", spec->FingerprintHex(),
-                             " (", spec->num_tensors(), " tensors, ", spec->num_elements(),
-                             " parameters) but this experiment's model has ", spec_->FingerprintHex(), " (",
-                             spec_->num_tensors(), " tensors, ", spec_->num_elements(), " parameters)"),
+                  fl::StrCat("client '", req.client_name(), "' trains a model that differs from ", expected_name,
+                             ": ", diff, "; model fingerprints ", spec->FingerprintHex(), " (client, ",
+                             spec->num_tensors(), " tensors, ", spec->num_elements(), " values) vs ",
+                             expected->FingerprintHex(), " (", expected->num_tensors(), " tensors, ",
+                             expected->num_elements(), " values)"),
                   "model_spec", "start the client with the same --model as the other clients");
   }
 
@@ -440,26 +505,21 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
   resp.set_experiment_id(config_.experiment_id);
   resp.set_heartbeat_interval_ms(config_.heartbeat_interval_ms);
   resp.set_max_chunk_bytes(config_.max_chunk_bytes);
-  if (state_ == EngineState::kWaitingForModel) {
+  if (ask_for_initial_model) {
     // The client asked for the initial weights uploads them before it opens its session; give it a while
     // before asking someone else, or every client joining in the meantime would be asked too.
-    auto holder = clients_.find(initial_model_client_);
-    const bool holder_alive = holder != clients_.end() && holder->first != client.id &&
-                              (holder->second->session != nullptr ||
-                               NowNs() - initial_model_asked_ns_ < int64_t{30'000} * kMsToNs);
-    if (!holder_alive) {
-      initial_model_client_ = client.id;
-      initial_model_asked_ns_ = NowNs();
-      pending_spec_ = std::make_shared<const core::ModelSpec>(*spec);
-      pending_model_name_ = req.model_spec().name();
-      resp.set_initial_model_requested(true);
-    } else if (pending_spec_ != nullptr && spec->fingerprint() != pending_spec_->fingerprint()) {
-      return refuse(grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_FINGERPRINT_MISMATCH,
-                    fl::StrCat("client '", req.client_name(), "' trains a model with fingerprint ",
-                               spec->FingerprintHex(), " but the first client's model has ",
-                               pending_spec_->FingerprintHex()),
-                    "model_spec", "start every client with the same --model");
-    }
+    initial_model_client_ = client.id;
+    initial_model_asked_ns_ = NowNs();
+    pending_spec_ = std::make_shared<const core::ModelSpec>(*spec);
+    pending_model_name_ = req.model_spec().name();
+    resp.set_initial_model_requested(true);
+  }
+  if (!task_.has_value()) {
+    // The first admitted client fixes the experiment's task, as the first client fixes its model.
+    task_ = *task;
+    spdlog::info("experiment {}: task {} (from client '{}')", config_.experiment_id, core::TaskName(*task_),
+                 client.id);
+    Record(instrumentation::ExperimentTaskUpdate{config_.experiment_id, std::string(core::TaskName(*task_))});
   }
   spdlog::info("{} client '{}' ({}, {} via {}), {} train examples", rejoin ? "rejoined" : "admitted", client.id,
                req.device().device_class(), wire::LinkKindName(req.link().kind()), req.link().interface(),
@@ -609,28 +669,41 @@ void RoundEngine::HandleSessionMessage(SessionMessageEvent& e) {
       TaskInfo& task = *t->second;
       task.closed = true;
       client->open_task.clear();
-      const bool valid = std::isfinite(r.loss()) && std::isfinite(r.accuracy()) && r.num_examples() > 0;
+      // Every task's results are weighted by num_examples (for next-token: sequences, see trainer.h).
+      const core::Task kind = task_.value_or(core::Task::kClassification);
+      const std::string problem = EvaluationProblem(kind, r);
+      const bool valid = problem.empty();
       task.outcome = valid ? "ok" : "rejected";
+      const double weight = static_cast<double>(r.num_examples());
+      const double mae = valid && kind == core::Task::kRegression ? r.metrics().at("mae") : 0.0;
       if (valid && current_ != nullptr && current_->evaluation && current_->round == task.round) {
-        current_->eval_loss_sum += r.loss() * static_cast<double>(r.num_examples());
-        current_->eval_accuracy_sum += r.accuracy() * static_cast<double>(r.num_examples());
+        current_->eval_loss_sum += r.loss() * weight;
+        current_->eval_accuracy_sum += r.accuracy() * weight;
+        current_->eval_mae_sum += mae * weight;
         current_->eval_examples += r.num_examples();
         current_->eval_clients += 1;
       }
+      instrumentation::EvaluationRecord rec;
+      rec.experiment_id = config_.experiment_id;
+      rec.round = static_cast<int64_t>(task.round);
+      rec.attempt = task.attempt;
+      rec.client_id = client->id;
+      rec.num_examples = static_cast<int64_t>(r.num_examples());
+      rec.eval_ms = PhaseMs(r.timings(), fl::v1::PHASE_EVAL);
       if (valid) {
-        instrumentation::EvaluationRecord rec;
-        rec.experiment_id = config_.experiment_id;
-        rec.round = static_cast<int64_t>(task.round);
-        rec.attempt = task.attempt;
-        rec.client_id = client->id;
-        rec.num_examples = static_cast<int64_t>(r.num_examples());
         rec.loss = r.loss();
-        rec.accuracy = r.accuracy();
-        rec.eval_ms = PhaseMs(r.timings(), fl::v1::PHASE_EVAL);
-        Record(rec);
+        if (kind == core::Task::kRegression) {
+          rec.mae = mae;
+        } else {
+          rec.accuracy = r.accuracy();
+        }
       } else {
-        spdlog::warn("ignored an invalid evaluation result from '{}' (non-finite or no examples)", client->id);
+        // Refused like a bad update: recorded with the reason, counted in no figure.
+        rec.reject_reason = fl::StrCat("evaluation result for task '", core::TaskName(kind), "' refused: ", problem);
+        spdlog::warn("refused the evaluation result of client '{}' for round {}: {}", client->id, task.round,
+                     problem);
       }
+      Record(rec);
       break;
     }
     case fl::v1::ClientMessage::kHeartbeat:
@@ -1132,6 +1205,7 @@ absl::Status RoundEngine::WriteCheckpoint() {
   ckpt.values = global_;
   ckpt.optimizer = optimizer_->ExportState();
   ckpt.created_unix_ms = UnixMs();
+  if (task_.has_value()) ckpt.task = std::string(core::TaskName(*task_));
   const std::string path = CheckpointPath(config_.checkpoint_dir, round_);
   if (absl::Status s = SaveCheckpoint(ckpt, path); !s.ok()) return s;
   instrumentation::CheckpointRecord rec;
@@ -1308,7 +1382,13 @@ void RoundEngine::CloseRound() {
   std::vector<std::vector<uint8_t>>().swap(free_upload_buffers_);
   const int64_t agg_start = NowNs();
   auto pseudo_grad = r.aggregator->Finish();
-  absl::Status step = pseudo_grad.ok() ? optimizer_->Step(global_, *pseudo_grad) : pseudo_grad.status();
+  // Integer tensors (BatchNorm's num_batches_tracked, ...) are client-local state, never averaged as floats:
+  // whatever the aggregator and the server optimizer made of them, they keep the previous global's values.
+  absl::StatusOr<std::vector<float>> integer_values = core::SaveIntegerTensors(*spec_, global_);
+  absl::Status step = !pseudo_grad.ok()      ? pseudo_grad.status()
+                      : !integer_values.ok() ? integer_values.status()
+                                             : optimizer_->Step(global_, *pseudo_grad);
+  if (step.ok()) step = core::RestoreIntegerTensors(*spec_, *integer_values, global_);
   if (!step.ok()) {
     // Inputs were validated one by one; an optimizer failure means the aggregate itself overflowed.
     Finish("failed", fl::StrCat("round ", r.round, ": the server optimizer step failed: ", fl::ToStd(step.message())));
@@ -1353,7 +1433,7 @@ void RoundEngine::CloseRound() {
     StartEvaluation();
     if (state_ == EngineState::kEvaluating) return;
   }
-  PrintRoundRow(std::nullopt, std::nullopt);
+  PrintRoundRow(std::nullopt);
   state_ = EngineState::kWaitingForClients;
 }
 
@@ -1389,22 +1469,36 @@ void RoundEngine::StartEvaluation() {
 void RoundEngine::CloseEvaluation() {
   RoundState& r = *current_;
   for (const std::string& id : r.task_ids) CloseTaskAsDropped(*tasks_.at(id), "no evaluation by the deadline");
-  std::optional<double> loss, accuracy;
+  std::optional<instrumentation::ServerMetrics::Evaluation> figures;
   if (r.eval_examples > 0) {
-    loss = r.eval_loss_sum / static_cast<double>(r.eval_examples);
-    accuracy = r.eval_accuracy_sum / static_cast<double>(r.eval_examples);
+    // Example-weighted means of the accepted results; the task decides which figures exist.
+    const core::Task kind = task_.value_or(core::Task::kClassification);
+    const double examples = static_cast<double>(r.eval_examples);
+    figures.emplace();
+    figures->loss = r.eval_loss_sum / examples;
+    if (kind == core::Task::kRegression) {
+      figures->mae = r.eval_mae_sum / examples;
+    } else {
+      figures->accuracy = r.eval_accuracy_sum / examples;
+    }
+    if (kind == core::Task::kNextToken) {
+      // exp of the mean token cross-entropy; a loss so large that it overflows has no perplexity to show.
+      if (const double ppl = std::exp(figures->loss); std::isfinite(ppl)) figures->perplexity = ppl;
+    }
     instrumentation::RoundEvaluationUpdate update;
     update.experiment_id = config_.experiment_id;
     update.round = static_cast<int64_t>(r.round);
     update.attempt = committed_attempt_;
-    update.eval_loss = *loss;
-    update.eval_accuracy = *accuracy;
+    update.eval_loss = figures->loss;
+    update.eval_accuracy = figures->accuracy;
+    update.eval_mae = figures->mae;
+    update.eval_perplexity = figures->perplexity;
     update.eval_num_examples = static_cast<int64_t>(r.eval_examples);
     Record(update);
+    if (metrics_ != nullptr) metrics_->SetEvaluation(*figures);
   }
-  if (metrics_ != nullptr && loss.has_value()) metrics_->SetEvaluation(*loss, *accuracy);
   current_.reset();
-  PrintRoundRow(loss, accuracy);
+  PrintRoundRow(figures);
   state_ = EngineState::kWaitingForClients;
   // Forget tasks of rounds before this one: a straggler's upload for them is refused as unknown.
   for (auto it = tasks_.begin(); it != tasks_.end();) {
@@ -1412,19 +1506,30 @@ void RoundEngine::CloseEvaluation() {
   }
 }
 
-void RoundEngine::PrintRoundRow(std::optional<double> eval_loss, std::optional<double> eval_accuracy) {
-  // The per-round table a person watches in the terminal; the records database has everything else.
+void RoundEngine::PrintRoundRow(const std::optional<instrumentation::ServerMetrics::Evaluation>& eval) {
+  // The per-round table a person watches in the terminal; the records database has everything else. Its
+  // metric column is the task's: accuracy, MAE or perplexity (the task is known: a round needs a client).
+  const core::Task kind = task_.value_or(core::Task::kClassification);
   if (!printed_table_header_) {
-    std::printf("%6s %8s %11s %10s %10s %12s\n", "round", "clients", "train_loss", "test_loss", "test_acc",
+    const char* metric = kind == core::Task::kRegression  ? "test_mae"
+                         : kind == core::Task::kNextToken ? "test_ppl"
+                                                          : "test_acc";
+    std::printf("%6s %8s %11s %10s %10s %12s\n", "round", "clients", "train_loss", "test_loss", metric,
                 "round_time_s");
     printed_table_header_ = true;
   }
   const auto& s = last_round_summary_;
+  std::optional<double> metric;
+  if (eval.has_value()) {
+    metric = kind == core::Task::kRegression  ? eval->mae
+             : kind == core::Task::kNextToken ? eval->perplexity
+                                              : eval->accuracy;
+  }
   std::string train_loss = s.train_loss ? absl::StrFormat("%.4f", *s.train_loss) : "-";
-  std::string test_loss = eval_loss ? absl::StrFormat("%.4f", *eval_loss) : "-";
-  std::string test_acc = eval_accuracy ? absl::StrFormat("%.4f", *eval_accuracy) : "-";
+  std::string test_loss = eval ? absl::StrFormat("%.4f", eval->loss) : "-";
+  std::string test_metric = metric ? absl::StrFormat("%.4f", *metric) : "-";
   std::printf("%6llu %8u %11s %10s %10s %12.2f\n", static_cast<unsigned long long>(s.round), s.accepted,
-              train_loss.c_str(), test_loss.c_str(), test_acc.c_str(), s.duration_ms / 1000.0);
+              train_loss.c_str(), test_loss.c_str(), test_metric.c_str(), s.duration_ms / 1000.0);
   std::fflush(stdout);
 }
 

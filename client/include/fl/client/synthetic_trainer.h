@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "fl/client/trainer.h"
@@ -17,15 +18,22 @@ class SyntheticTrainer final : public Trainer {
  public:
   // `num_params` parameters split into tensors "layers.<i>.weight" of at most 1M values each; initial
   // values are a deterministic function of `seed`. `train_ms` > 0 makes every Train take that long (a
-  // stand-in for compute time in tests of timing and failure behaviour).
-  SyntheticTrainer(uint64_t num_params, uint64_t num_examples, uint64_t seed, uint32_t train_ms = 0);
+  // stand-in for compute time in tests of timing and failure behaviour). `task` is what task() reports
+  // ("classification", "regression", "next-token"), so that tests can run a real session of each task; see
+  // Evaluate for the figures it reports.
+  SyntheticTrainer(uint64_t num_params, uint64_t num_examples, uint64_t seed, uint32_t train_ms = 0,
+                   std::string task = "classification");
 
   const core::ModelSpec& spec() const override { return spec_; }
   std::string model_name() const override;
+  std::string task() const override { return task_; }
   uint64_t num_train_examples() const override { return num_examples_; }
   uint64_t num_test_examples() const override { return num_examples_; }
   absl::Status GetParameters(std::span<float> out) override;
   absl::StatusOr<TrainResult> Train(std::span<const float> global, const TrainOptions& options) override;
+  // Figures that are a deterministic function of `global`, in the ranges the server accepts: loss = mean of
+  // the squared values; accuracy 0 (classification), exp(-loss) (next-token's token accuracy) or 0
+  // (regression); mae = mean absolute value (regression only).
   absl::StatusOr<EvalResult> Evaluate(std::span<const float> global) override;
 
  private:
@@ -33,6 +41,7 @@ class SyntheticTrainer final : public Trainer {
   std::vector<float> params_;
   uint64_t num_examples_;
   uint32_t train_ms_;
+  std::string task_;
 };
 
 }  // namespace fl::client

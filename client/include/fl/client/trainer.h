@@ -44,10 +44,20 @@ struct TrainResult {
   double throttled_seconds = 0;
 };
 
+// An evaluation of the model on the local test shard. What the figures mean depends on the trainer's task()
+// (fl/core/task.h):
+//   classification  loss = mean cross-entropy per example; accuracy = fraction of examples right; mae unused
+//   regression      loss = mean squared error per example; mae = mean absolute error; accuracy unused (0)
+//   next-token      loss = mean cross-entropy per token (nats; the server reports perplexity = exp(loss));
+//                   accuracy = fraction of tokens predicted right; num_examples counts sequences, not tokens
+// The server weights every result by num_examples, for next-token too (sequences of one length weigh alike;
+// a shard of unequal sequences is weighted by its count of sequences, not of tokens). It refuses a result
+// whose loss or MAE is negative or not finite, or whose accuracy is outside [0, 1].
 struct EvalResult {
   uint64_t num_examples = 0;
   double loss = 0;
   double accuracy = 0;
+  double mae = 0;
 };
 
 class Trainer {
@@ -58,6 +68,9 @@ class Trainer {
   virtual const core::ModelSpec& spec() const = 0;
   // "cnn-fmnist", "squeezenet1_1-fmnist", ...
   virtual std::string model_name() const = 0;
+  // The learning task: "classification", "regression" or "next-token" (fl::core::TaskName). Sent at Join;
+  // the experiment's first client fixes it and clients of another task are refused.
+  virtual std::string task() const { return "classification"; }
   virtual uint64_t num_train_examples() const = 0;
   virtual uint64_t num_test_examples() const = 0;
 

@@ -44,6 +44,16 @@ struct ExperimentRecord {
   std::string config_json = "{}";  // the resolved manifest/configuration, as JSON
   std::string software_version;    // fl-server version (and git revision when known)
   std::string host;                // where fl-server ran; "" = unknown
+  // Schema v6: "classification", "regression" or "next-token" (fl::core::TaskName); "" = not known yet (no
+  // client admitted; fl-server sets it with an ExperimentTaskUpdate when its first client joins).
+  std::string task;
+};
+
+// Sets the experiment's learning task once the first client has been admitted (the experiment row is
+// written before any client joins). The experiment must exist.
+struct ExperimentTaskUpdate {
+  std::string experiment_id;
+  std::string task;  // fl::core::TaskName
 };
 
 // Updates an experiment's status (finish, fail, abort, or back to running on --resume). The experiment
@@ -106,8 +116,10 @@ struct RoundRecord {
   std::optional<int64_t> model_version;     // the global model version this attempt produced (required if committed)
   std::optional<double> train_loss;         // mean client train loss weighted by num_examples
   std::optional<double> eval_loss;          // global model, after the commit
-  std::optional<double> eval_accuracy;      // in [0, 1]
+  std::optional<double> eval_accuracy;      // in [0, 1]; classification and next-token (token accuracy)
   std::optional<int64_t> eval_num_examples;
+  std::optional<double> eval_mae;           // schema v6: regression's mean absolute error, >= 0
+  std::optional<double> eval_perplexity;    // schema v6: next-token's exp(eval_loss), >= 1
 };
 
 // Sets the global evaluation of a round attempt (federated evaluation runs after the commit, so the round's
@@ -117,8 +129,10 @@ struct RoundEvaluationUpdate {
   int64_t round = 0;
   int64_t attempt = 0;
   double eval_loss = 0;
-  double eval_accuracy = 0;  // in [0, 1]
+  std::optional<double> eval_accuracy;  // in [0, 1]; none for regression
   int64_t eval_num_examples = 0;
+  std::optional<double> eval_mae;         // regression (schema v6)
+  std::optional<double> eval_perplexity;  // next-token (schema v6)
 };
 
 // One row of `client_rounds`: one client's part in one round attempt.
@@ -178,6 +192,10 @@ struct EvaluationRecord {
   std::optional<double> loss;
   std::optional<double> accuracy;  // in [0, 1]
   std::optional<double> eval_ms;   // client view
+  std::optional<double> mae;       // schema v6: regression's mean absolute error
+  // Schema v6: why the server refused the result (a non-finite or out-of-range figure); "" = accepted. A
+  // refused result is recorded with its eval_ms and without figures, and counts in no round's evaluation.
+  std::string reject_reason;
 };
 
 // One row of `checkpoints`: a global model saved after a committed round.
@@ -194,7 +212,7 @@ struct CheckpointRecord {
 
 using Record = std::variant<ExperimentRecord, ExperimentStatusUpdate, ClientRecord, ClientLeftRecord, RoundRecord,
                             RoundEvaluationUpdate, ClientRoundRecord, ClientRoundUplinkUpdate, EvaluationRecord,
-                            CheckpointRecord>;
+                            CheckpointRecord, ExperimentTaskUpdate>;
 
 // "round (experiment e1, round 3, attempt 0)": names a record in errors.
 std::string DescribeRecord(const Record& record);

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,9 +45,19 @@ class ServerMetrics {
   // arrival order); its phase is the one most above the round's median for that phase, else its longest one
   // (the definition fl-report uses).
   void CountStraggler(const std::vector<ClientRoundRecord>& rows);
-  // Mean local training loss of the committed round; the global model's evaluation (weighted by examples).
+  // Mean local training loss of the committed round.
   void SetTrainLoss(double loss);
-  void SetEvaluation(double loss, double accuracy);
+  // The global model's evaluation (client results weighted by examples): fl_eval_loss always, and the
+  // figures of the experiment's task: fl_eval_accuracy (classification; next-token's token accuracy),
+  // fl_eval_mae (regression), fl_eval_perplexity (next-token). A figure the task does not have gets no series
+  // rather than a made-up 0.
+  struct Evaluation {
+    double loss = 0;
+    std::optional<double> accuracy;
+    std::optional<double> mae;
+    std::optional<double> perplexity;
+  };
+  void SetEvaluation(const Evaluation& evaluation);
 
  private:
   struct Impl;

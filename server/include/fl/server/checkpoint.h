@@ -27,6 +27,9 @@ struct Checkpoint {
   // The server optimizer's name, step count and buffers.
   core::ServerOptimizerState optimizer;
   int64_t created_unix_ms = 0;
+  // The experiment's learning task (fl::core::TaskName); "" when no client had joined yet (and in checkpoints
+  // written before tasks existed, whose experiments were classifiers).
+  std::string task;
 };
 
 // "<dir>/round-000042.ckpt"

@@ -34,6 +34,7 @@
 #include "fl/core/aggregator.h"
 #include "fl/core/codec.h"
 #include "fl/core/server_optimizer.h"
+#include "fl/core/task.h"
 #include "fl/core/tensor_spec.h"
 #include "fl/server/checkpoint.h"
 #include "fl/server/events.h"
@@ -159,7 +160,8 @@ class RoundEngine {
   void DisconnectClient(ClientInfo& client, std::string_view why);
   void GrantUploadSlots();
   void CloseTaskAsDropped(TaskInfo& task, std::string_view why);
-  void PrintRoundRow(std::optional<double> eval_loss, std::optional<double> eval_accuracy);
+  // One row of the console table; `eval` when the round was evaluated.
+  void PrintRoundRow(const std::optional<instrumentation::ServerMetrics::Evaluation>& eval);
   void Record(instrumentation::Record record);
   instrumentation::RoundRecord RoundRow(const RoundState& round, instrumentation::RoundStatus status) const;
   std::vector<ClientInfo*> IdleConnectedClients();
@@ -188,6 +190,8 @@ class RoundEngine {
   std::string pending_model_name_;
   int64_t initial_model_asked_ns_ = 0;
   std::shared_ptr<const core::ModelSpec> spec_;
+  // The experiment's learning task: fixed by the first admitted client (or the resumed checkpoint).
+  std::optional<core::Task> task_;
   std::vector<float> global_;
   uint64_t model_version_ = 0;
   uint64_t round_ = 0;  // last committed round
