@@ -26,12 +26,12 @@ struct DTypeInfo {
 };
 
 constexpr DTypeInfo kDTypes[] = {
-    {DType::kBool, 'b', 1, "bool", "|b1"},          {DType::kInt8, 'i', 1, "int8", "|i1"},
-    {DType::kUInt8, 'u', 1, "uint8", "|u1"},        {DType::kInt16, 'i', 2, "int16", "<i2"},
-    {DType::kUInt16, 'u', 2, "uint16", "<u2"},      {DType::kInt32, 'i', 4, "int32", "<i4"},
-    {DType::kUInt32, 'u', 4, "uint32", "<u4"},      {DType::kInt64, 'i', 8, "int64", "<i8"},
-    {DType::kUInt64, 'u', 8, "uint64", "<u8"},      {DType::kFloat16, 'f', 2, "float16", "<f2"},
-    {DType::kFloat32, 'f', 4, "float32", "<f4"},    {DType::kFloat64, 'f', 8, "float64", "<f8"},
+    {DType::kBool, 'b', 1, "bool", "|b1"},       {DType::kInt8, 'i', 1, "int8", "|i1"},
+    {DType::kUInt8, 'u', 1, "uint8", "|u1"},     {DType::kInt16, 'i', 2, "int16", "<i2"},
+    {DType::kUInt16, 'u', 2, "uint16", "<u2"},   {DType::kInt32, 'i', 4, "int32", "<i4"},
+    {DType::kUInt32, 'u', 4, "uint32", "<u4"},   {DType::kInt64, 'i', 8, "int64", "<i8"},
+    {DType::kUInt64, 'u', 8, "uint64", "<u8"},   {DType::kFloat16, 'f', 2, "float16", "<f2"},
+    {DType::kFloat32, 'f', 4, "float32", "<f4"}, {DType::kFloat64, 'f', 8, "float64", "<f8"},
 };
 
 const DTypeInfo& Info(DType dtype) { return kDTypes[static_cast<size_t>(dtype)]; }
@@ -77,8 +77,8 @@ class HeaderParser {
 
  private:
   void SkipSpace() {
-    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\n' || text_[pos_] == '\t' ||
-                                   text_[pos_] == '\r')) {
+    while (pos_ < text_.size() &&
+           (text_[pos_] == ' ' || text_[pos_] == '\n' || text_[pos_] == '\t' || text_[pos_] == '\r')) {
       ++pos_;
     }
   }
@@ -185,10 +185,10 @@ absl::StatusOr<DType> ParseDescr(std::string_view descr, std::string_view name) 
       size = size * 10 + static_cast<size_t>(c - '0');
     }
     if (kind == 'O') {
-      return absl::InvalidArgumentError(fl::StrCat(
-          name, ": dtype '", descr,
-          "' is an object array (Python objects, readable only with pickle); store numbers instead, e.g. "
-          "np.asarray(a, dtype=np.float32), and save without allow_pickle"));
+      return absl::InvalidArgumentError(
+          fl::StrCat(name, ": dtype '", descr,
+                     "' is an object array (Python objects, readable only with pickle); store numbers instead, e.g. "
+                     "np.asarray(a, dtype=np.float32), and save without allow_pickle"));
     }
     if (size_ok && (order == '<' || order == '|' || order == '>' || order == '=')) {
       for (const DTypeInfo& info : kDTypes) {
@@ -205,10 +205,10 @@ absl::StatusOr<DType> ParseDescr(std::string_view descr, std::string_view name) 
       }
     }
   }
-  return absl::InvalidArgumentError(fl::StrCat(
-      name, ": dtype '", descr,
-      "' is not supported; arrays of bool, int8/16/32/64, uint8/16/32/64 or float16/32/64 are read: convert "
-      "with a.astype(np.float32) (features, targets) or a.astype(np.int64) (labels, tokens)"));
+  return absl::InvalidArgumentError(
+      fl::StrCat(name, ": dtype '", descr,
+                 "' is not supported; arrays of bool, int8/16/32/64, uint8/16/32/64 or float16/32/64 are read: convert "
+                 "with a.astype(np.float32) (features, targets) or a.astype(np.int64) (labels, tokens)"));
 }
 
 bool MulOverflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
@@ -245,7 +245,8 @@ std::string NpyHeader::ShapeString() const {
 
 absl::StatusOr<uint64_t> NpyHeaderSize(std::span<const uint8_t> preamble, std::string_view name) {
   if (preamble.size() < 10 || std::memcmp(preamble.data(), kNpyMagic.data(), kNpyMagic.size()) != 0) {
-    return absl::InvalidArgumentError(fl::StrCat(name, " is not a NumPy .npy array (no \\x93NUMPY magic); write it with np.save or np.savez"));
+    return absl::InvalidArgumentError(
+        fl::StrCat(name, " is not a NumPy .npy array (no \\x93NUMPY magic); write it with np.save or np.savez"));
   }
   const uint8_t major = preamble[6];
   if (major == 1) return uint64_t{10} + (preamble[8] | (uint64_t{preamble[9]} << 8));
@@ -253,8 +254,8 @@ absl::StatusOr<uint64_t> NpyHeaderSize(std::span<const uint8_t> preamble, std::s
     if (preamble.size() < kNpyPreambleBytes) {
       return absl::InvalidArgumentError(fl::StrCat(name, ": truncated .npy header"));
     }
-    const uint64_t length = preamble[8] | (uint64_t{preamble[9]} << 8) | (uint64_t{preamble[10]} << 16) |
-                            (uint64_t{preamble[11]} << 24);
+    const uint64_t length =
+        preamble[8] | (uint64_t{preamble[9]} << 8) | (uint64_t{preamble[10]} << 16) | (uint64_t{preamble[11]} << 24);
     if (length > kMaxHeaderBytes) {
       return absl::InvalidArgumentError(fl::StrCat(name, ": .npy header of ", length, " bytes is implausibly large"));
     }
@@ -296,9 +297,10 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(std::span<const uint8_t> bytes, std::st
         fl::StrCat(name, ": the .npy header lacks 'descr', 'fortran_order' or 'shape': ", text));
   }
   if (descr->kind != Value::kString) {
-    return absl::InvalidArgumentError(fl::StrCat(
-        name, ": a structured (record) dtype is not supported; save each field as its own array, e.g. "
-              "np.savez(path, x=a['x'], y=a['y'])"));
+    return absl::InvalidArgumentError(
+        fl::StrCat(name,
+                   ": a structured (record) dtype is not supported; save each field as its own array, e.g. "
+                   "np.savez(path, x=a['x'], y=a['y'])"));
   }
   auto dtype = ParseDescr(descr->text, name);
   if (!dtype.ok()) return dtype.status();
@@ -363,7 +365,8 @@ absl::StatusOr<NpzFile> NpzFile::Open(const std::string& path) {
 std::vector<std::string> NpzFile::ArrayNames() const {
   std::vector<std::string> names;
   for (const ZipEntry& entry : archive_.entries()) {
-    if (entry.name.size() > 4 && entry.name.ends_with(".npy")) names.push_back(entry.name.substr(0, entry.name.size() - 4));
+    if (entry.name.size() > 4 && entry.name.ends_with(".npy"))
+      names.push_back(entry.name.substr(0, entry.name.size() - 4));
   }
   return names;
 }
@@ -377,8 +380,8 @@ absl::StatusOr<const ZipEntry*> NpzFile::Member(std::string_view name) const {
   if (entry != nullptr) return entry;
   std::string present;
   for (const std::string& array : ArrayNames()) present += (present.empty() ? "" : ", ") + array;
-  return absl::NotFoundError(fl::StrCat(path(), " has no array '", name, "' (it has: ",
-                                        present.empty() ? "no arrays" : present, ")"));
+  return absl::NotFoundError(
+      fl::StrCat(path(), " has no array '", name, "' (it has: ", present.empty() ? "no arrays" : present, ")"));
 }
 
 absl::StatusOr<NpyHeader> NpzFile::ReadHeader(const ZipEntry& entry, std::string_view name) const {
@@ -396,10 +399,10 @@ absl::StatusOr<NpyHeader> NpzFile::ReadHeader(const ZipEntry& entry, std::string
   auto header = ParseNpyHeader(bytes, described);
   if (!header.ok()) return header.status();
   if (entry.uncompressed_size != header->data_offset + header->data_bytes()) {
-    return absl::InvalidArgumentError(fl::StrCat(
-        described, ": the header says ", header->descr, " ", header->ShapeString(), " (", header->data_bytes(),
-        " bytes of data) but the member holds ", entry.uncompressed_size - header->data_offset,
-        "; the file is corrupt: save it again"));
+    return absl::InvalidArgumentError(
+        fl::StrCat(described, ": the header says ", header->descr, " ", header->ShapeString(), " (",
+                   header->data_bytes(), " bytes of data) but the member holds ",
+                   entry.uncompressed_size - header->data_offset, "; the file is corrupt: save it again"));
   }
   return header;
 }

@@ -100,8 +100,8 @@ absl::StatusOr<ZipArchive> ZipArchive::Open(const std::string& path) {
   if (auto status = file->ReadAt(file_size - tail_size, tail, "the end of the file"); !status.ok()) return status;
   const std::string not_zip = fl::StrCat(path, " is not a ZIP archive (no end-of-central-directory record): ");
   if (file_size < kEndOfCentralDirectoryBytes) {
-    return absl::InvalidArgumentError(fl::StrCat(not_zip, "the file has only ", file_size,
-                                                 " bytes; it is empty or truncated"));
+    return absl::InvalidArgumentError(
+        fl::StrCat(not_zip, "the file has only ", file_size, " bytes; it is empty or truncated"));
   }
   int64_t eocd_in_tail = -1;
   for (int64_t i = static_cast<int64_t>(tail_size - kEndOfCentralDirectoryBytes); i >= 0; --i) {
@@ -143,8 +143,7 @@ absl::StatusOr<ZipArchive> ZipArchive::Open(const std::string& path) {
                                                      zip64_offset, " lies beyond the end record at ", eocd_offset));
       }
       uint8_t record[kZip64EndOfCentralDirectoryBytes];
-      if (auto status = file->ReadAt(zip64_offset, record, "the ZIP64 end-of-central-directory record");
-          !status.ok()) {
+      if (auto status = file->ReadAt(zip64_offset, record, "the ZIP64 end-of-central-directory record"); !status.ok()) {
         return status;
       }
       if (Le32(record) != kZip64EndOfCentralDirectorySignature) {
@@ -180,7 +179,8 @@ absl::StatusOr<ZipArchive> ZipArchive::Open(const std::string& path) {
   archive.entries_.reserve(num_entries);
   size_t pos = 0;
   for (uint64_t i = 0; i < num_entries; ++i) {
-    const std::string where = fl::StrCat(path, ": corrupt ZIP central directory (entry ", i, " at offset ", cd_offset + pos, "): ");
+    const std::string where =
+        fl::StrCat(path, ": corrupt ZIP central directory (entry ", i, " at offset ", cd_offset + pos, "): ");
     if (pos + kCentralHeaderBytes > cd.size() || Le32(cd.data() + pos) != kCentralHeaderSignature) {
       return absl::InvalidArgumentError(fl::StrCat(where, "bad signature or past the end"));
     }
@@ -238,7 +238,8 @@ absl::StatusOr<ZipArchive> ZipArchive::Open(const std::string& path) {
                                                    "' (offset ", entry.local_header_offset,
                                                    ") is not before the central directory"));
     }
-    if (auto status = file->ReadAt(entry.local_header_offset, local, fl::StrCat("the local header of '", entry.name, "'"));
+    if (auto status =
+            file->ReadAt(entry.local_header_offset, local, fl::StrCat("the local header of '", entry.name, "'"));
         !status.ok()) {
       return status;
     }
@@ -248,8 +249,8 @@ absl::StatusOr<ZipArchive> ZipArchive::Open(const std::string& path) {
     }
     entry.data_offset = entry.local_header_offset + kLocalHeaderBytes + Le16(local + 26) + Le16(local + 28);
     if (entry.data_offset > cd_offset || entry.compressed_size > cd_offset - entry.data_offset) {
-      return absl::DataLossError(fl::StrCat(path, ": corrupt or truncated ZIP archive: the data of '", entry.name, "' (",
-                                            entry.compressed_size, " bytes at offset ", entry.data_offset,
+      return absl::DataLossError(fl::StrCat(path, ": corrupt or truncated ZIP archive: the data of '", entry.name,
+                                            "' (", entry.compressed_size, " bytes at offset ", entry.data_offset,
                                             ") runs into the central directory at offset ", cd_offset));
     }
     archive.entries_.push_back(std::move(entry));
@@ -314,8 +315,10 @@ absl::Status ZipArchive::Stream(const ZipEntry& entry, uint64_t limit, bool chec
       z_stream* z;
       ~Ender() { inflateEnd(z); }
     } ender{&z};
-    std::vector<uint8_t> input(static_cast<size_t>(std::min<uint64_t>(kInputChunkBytes, std::max<uint64_t>(entry.compressed_size, 1))));
-    std::vector<uint8_t> output(static_cast<size_t>(std::min<uint64_t>(kChunkBytes, std::max<uint64_t>(entry.uncompressed_size, 1))));
+    std::vector<uint8_t> input(
+        static_cast<size_t>(std::min<uint64_t>(kInputChunkBytes, std::max<uint64_t>(entry.compressed_size, 1))));
+    std::vector<uint8_t> output(
+        static_cast<size_t>(std::min<uint64_t>(kChunkBytes, std::max<uint64_t>(entry.uncompressed_size, 1))));
     uint64_t consumed = 0;  // compressed bytes read from the file
     uint64_t produced = 0;  // uncompressed bytes handed to the sink
     bool finished = false;
@@ -341,9 +344,9 @@ absl::Status ZipArchive::Stream(const ZipEntry& entry, uint64_t limit, bool chec
                                               "' ends early, after ", produced, " of ", entry.uncompressed_size,
                                               " bytes"));
       } else if (ret != Z_OK && ret != Z_BUF_ERROR) {
-        return absl::DataLossError(fl::StrCat(path_, ": corrupt ZIP archive: inflating '", entry.name, "' failed after ",
-                                              produced, " bytes: ", z.msg != nullptr ? z.msg : "zlib error ",
-                                              z.msg != nullptr ? "" : std::to_string(ret)));
+        return absl::DataLossError(fl::StrCat(
+            path_, ": corrupt ZIP archive: inflating '", entry.name, "' failed after ", produced,
+            " bytes: ", z.msg != nullptr ? z.msg : "zlib error ", z.msg != nullptr ? "" : std::to_string(ret)));
       }
       if (produced + n > entry.uncompressed_size) {
         return absl::DataLossError(fl::StrCat(path_, ": corrupt ZIP archive: '", entry.name,
@@ -397,7 +400,8 @@ absl::Status ZipArchive::ReadRange(const ZipEntry& entry, uint64_t offset, std::
   return Stream(entry, end, /*check_crc=*/false, [&](uint64_t at, std::span<const uint8_t> chunk) {
     const uint64_t from = std::max(at, offset);
     const uint64_t to = std::min(at + chunk.size(), end);
-    if (from < to) std::memcpy(out.data() + (from - offset), chunk.data() + (from - at), static_cast<size_t>(to - from));
+    if (from < to)
+      std::memcpy(out.data() + (from - offset), chunk.data() + (from - at), static_cast<size_t>(to - from));
     return absl::OkStatus();
   });
 }

@@ -4,13 +4,13 @@
 // (np.savez_compressed) members.
 #include "fl/formats/npy.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "fl/testing/python.h"
 #include "fl/testing/scratch_dir.h"

@@ -2,13 +2,13 @@
 // numpy.savez and torch.save / torch.jit.save, plus corrupt and truncated copies of them.
 #include "fl/formats/zip_archive.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "fl/testing/python.h"
 #include "fl/testing/scratch_dir.h"
@@ -63,10 +63,8 @@ class ZipArchiveTest : public ::testing::Test {
                       .ok());
       EXPECT_EQ(streamed, expected) << entry.name;
       std::string range(expected.size(), '\0');
-      ASSERT_TRUE(archive
-                      .ReadRange(entry, 0,
-                                 std::span<uint8_t>(reinterpret_cast<uint8_t*>(range.data()), range.size()))
-                      .ok());
+      ASSERT_TRUE(
+          archive.ReadRange(entry, 0, std::span<uint8_t>(reinterpret_cast<uint8_t*>(range.data()), range.size())).ok());
       EXPECT_EQ(range, expected) << entry.name;
     }
   }
@@ -151,7 +149,7 @@ for name, a in arrays.items():
   // The first local header ("x.npy", 5 bytes of name) really carries the ZIP64 extra field.
   const std::string bytes = ReadFile(path);
   ASSERT_GE(bytes.size(), 39u);
-  EXPECT_EQ(bytes.substr(28, 2), std::string("\x14\x00", 2));       // extra length 20
+  EXPECT_EQ(bytes.substr(28, 2), std::string("\x14\x00", 2));          // extra length 20
   EXPECT_EQ(bytes.substr(35, 4), std::string("\x01\x00\x10\x00", 4));  // ZIP64 extra, 16 bytes
   auto archive = ZipArchive::Open(path);
   ASSERT_TRUE(archive.ok()) << archive.status();

@@ -58,32 +58,50 @@ void AppendValues(std::vector<uint8_t>& bytes, const std::vector<T>& values) {
   std::memcpy(bytes.data() + at, values.data(), values.size() * sizeof(T));
 }
 
+template <typename T>
+int64_t LoadAs64(const uint8_t* p) {
+  T value;
+  std::memcpy(&value, p, sizeof(T));
+  return static_cast<int64_t>(value);
+}
+
 // Integer elements of any dtype as int64 (the dtype was checked to be an integer one).
 absl::StatusOr<std::vector<int64_t>> ToInt64(std::span<const uint8_t> bytes, DType dtype, std::string_view where) {
   const size_t size = formats::DTypeSize(dtype);
-  const size_t n = bytes.size() / size;
-  std::vector<int64_t> out(n);
-  for (size_t i = 0; i < n; ++i) {
-    const uint8_t* p = bytes.data() + i * size;
-    switch (dtype) {
-      case DType::kInt8: out[i] = static_cast<int8_t>(*p); break;
-      case DType::kUInt8: out[i] = *p; break;
-      case DType::kInt16: { int16_t v; std::memcpy(&v, p, 2); out[i] = v; break; }
-      case DType::kUInt16: { uint16_t v; std::memcpy(&v, p, 2); out[i] = v; break; }
-      case DType::kInt32: { int32_t v; std::memcpy(&v, p, 4); out[i] = v; break; }
-      case DType::kUInt32: { uint32_t v; std::memcpy(&v, p, 4); out[i] = v; break; }
-      case DType::kInt64: std::memcpy(&out[i], p, 8); break;
-      case DType::kUInt64: {
-        uint64_t v;
-        std::memcpy(&v, p, 8);
-        if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-          return absl::InvalidArgumentError(fl::StrCat(where, ": element ", i, " = ", v, " does not fit int64"));
-        }
-        out[i] = static_cast<int64_t>(v);
-        break;
-      }
-      default:
-        return absl::InternalError(fl::StrCat(where, ": not an integer dtype"));
+  int64_t (*load)(const uint8_t*) = nullptr;
+  switch (dtype) {
+    case DType::kInt8:
+      load = LoadAs64<int8_t>;
+      break;
+    case DType::kUInt8:
+      load = LoadAs64<uint8_t>;
+      break;
+    case DType::kInt16:
+      load = LoadAs64<int16_t>;
+      break;
+    case DType::kUInt16:
+      load = LoadAs64<uint16_t>;
+      break;
+    case DType::kInt32:
+      load = LoadAs64<int32_t>;
+      break;
+    case DType::kUInt32:
+      load = LoadAs64<uint32_t>;
+      break;
+    case DType::kInt64:
+    case DType::kUInt64:
+      load = LoadAs64<int64_t>;
+      break;
+    default:
+      return absl::InternalError(fl::StrCat(where, ": not an integer dtype"));
+  }
+  std::vector<int64_t> out(bytes.size() / size);
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i] = load(bytes.data() + i * size);
+    // uint64 values above INT64_MAX read as negative: name them as what they were.
+    if (dtype == DType::kUInt64 && out[i] < 0) {
+      return absl::InvalidArgumentError(
+          fl::StrCat(where, ": element ", i, " = ", static_cast<uint64_t>(out[i]), " does not fit int64"));
     }
   }
   return out;
@@ -99,10 +117,10 @@ class NpzLoader {
       if (!npz_.Has(name)) {
         std::string present;
         for (const std::string& array : npz_.ArrayNames()) present += (present.empty() ? "" : ", ") + array;
-        return absl::InvalidArgumentError(fl::StrCat(
-            path(), " has no array '", name, "' (it has: ", present.empty() ? "no arrays" : present,
-            "); a dataset needs x_train, y_train, x_test and y_test (and optionally client_id): "
-            "np.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)"));
+        return absl::InvalidArgumentError(
+            fl::StrCat(path(), " has no array '", name, "' (it has: ", present.empty() ? "no arrays" : present,
+                       "); a dataset needs x_train, y_train, x_test and y_test (and optionally client_id): "
+                       "np.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)"));
       }
     }
     auto x_train = Header("x_train");
@@ -113,24 +131,25 @@ class NpzLoader {
     if (!x_test.ok()) return x_test.status();
     auto y_test = Header("y_test");
     if (!y_test.ok()) return y_test.status();
-    for (auto [x, y, x_name, y_name] : {std::tuple{&*x_train, &*y_train, "x_train", "y_train"},
-                                        std::tuple{&*x_test, &*y_test, "x_test", "y_test"}}) {
+    for (auto [x, y, x_name, y_name] :
+         {std::tuple{&*x_train, &*y_train, "x_train", "y_train"}, std::tuple{&*x_test, &*y_test, "x_test", "y_test"}}) {
       if (auto status = CheckPair(*x, *y, x_name, y_name); !status.ok()) return status;
     }
     if (PerExampleShape(*x_train) != PerExampleShape(*x_test)) {
-      return absl::InvalidArgumentError(fl::StrCat(path(), ": x_train's examples are ", ShapeOf(PerExampleShape(*x_train)),
-                                                   " but x_test's are ", ShapeOf(PerExampleShape(*x_test)),
-                                                   "; train and test examples must have the same shape"));
+      return absl::InvalidArgumentError(
+          fl::StrCat(path(), ": x_train's examples are ", ShapeOf(PerExampleShape(*x_train)), " but x_test's are ",
+                     ShapeOf(PerExampleShape(*x_test)), "; train and test examples must have the same shape"));
     }
     if (PerExampleShape(*y_train) != PerExampleShape(*y_test)) {
-      return absl::InvalidArgumentError(fl::StrCat(path(), ": y_train's examples are ", ShapeOf(PerExampleShape(*y_train)),
-                                                   " but y_test's are ", ShapeOf(PerExampleShape(*y_test)),
-                                                   "; train and test targets must have the same shape"));
+      return absl::InvalidArgumentError(
+          fl::StrCat(path(), ": y_train's examples are ", ShapeOf(PerExampleShape(*y_train)), " but y_test's are ",
+                     ShapeOf(PerExampleShape(*y_test)), "; train and test targets must have the same shape"));
     }
 
     auto spec = PartitionSpec::Parse(o_.partition);
     if (!spec.ok()) return spec.status();
-    if (o_.task != Task::kClassification && spec->kind != PartitionKind::kIid && spec->kind != PartitionKind::kNatural) {
+    if (o_.task != Task::kClassification && spec->kind != PartitionKind::kIid &&
+        spec->kind != PartitionKind::kNatural) {
       return absl::InvalidArgumentError(fl::StrCat("partition ", spec->ToString(), " splits by class label, and ",
                                                    TaskName(o_.task), " data (", path(),
                                                    ") have none: use iid, or natural with a client_id array"));
@@ -158,9 +177,10 @@ class NpzLoader {
     absl::StatusOr<std::vector<uint32_t>> train_rows;
     if (spec->kind == PartitionKind::kNatural) {
       if (!npz_.Has("client_id")) {
-        return absl::InvalidArgumentError(fl::StrCat(
-            "partition natural: ", path(), " has no client_id array; add one integer per training example "
-            "(np.savez(..., client_id=ids) with len(ids) == len(x_train)), or use iid"));
+        return absl::InvalidArgumentError(
+            fl::StrCat("partition natural: ", path(),
+                       " has no client_id array; add one integer per training example "
+                       "(np.savez(..., client_id=ids) with len(ids) == len(x_train)), or use iid"));
       }
       train_rows = PartitionNaturalFor(o_.client_index, client_ids, o_.num_clients);
     } else if (o_.task == Task::kClassification) {
@@ -170,7 +190,8 @@ class NpzLoader {
       train_rows = PartitionIidFor(o_.client_index, x_train->rows(), o_.num_clients, o_.partition_seed);
     }
     if (!train_rows.ok()) {
-      return absl::Status(train_rows.status().code(), fl::StrCat(path(), ": ", fl::ToStd(train_rows.status().message())));
+      return absl::Status(train_rows.status().code(),
+                          fl::StrCat(path(), ": ", fl::ToStd(train_rows.status().message())));
     }
     KeepFraction(*train_rows, o_.data_fraction);
     auto test_rows = PartitionIidFor(o_.client_index, x_test->rows(), o_.num_clients, o_.partition_seed);
@@ -189,11 +210,12 @@ class NpzLoader {
       data.train_labels = TokenRange(data.train, "train");
       data.test_labels = TokenRange(data.test, "test");
     }
-    data.description = fl::StrCat(
-        path(), ": ", TaskName(o_.task), ", x ", x_train->descr, " ", ShapeOf(data.train.x_shape), " per example, y ",
-        y_train->descr, " ", ShapeOf(data.train.y_shape), "; client ", o_.client_index, " of ", o_.num_clients,
-        " (partition ", spec->ToString(), ", seed ", o_.partition_seed, "): ", data.train.n, " of ", x_train->rows(),
-        " train examples, ", data.test.n, " of ", x_test->rows(), " test");
+    data.description =
+        fl::StrCat(path(), ": ", TaskName(o_.task), ", x ", formats::DTypeName(x_train->dtype), " ",
+                   ShapeOf(data.train.x_shape), " per example, y ", formats::DTypeName(y_train->dtype), " ",
+                   ShapeOf(data.train.y_shape), "; client ", o_.client_index, " of ", o_.num_clients, " (partition ",
+                   spec->ToString(), ", seed ", o_.partition_seed, "): ", data.train.n, " of ", x_train->rows(),
+                   " train examples, ", data.test.n, " of ", x_test->rows(), " test");
     return data;
   }
 
@@ -232,8 +254,8 @@ class NpzLoader {
                                                      "; next-token inputs are sequences of shape (N, T)"));
       }
     } else if (x.dtype != DType::kFloat32 && x.dtype != DType::kUInt8) {
-      return absl::InvalidArgumentError(fl::StrCat(Where(x_name), " has dtype ", formats::DTypeName(x.dtype),
-                                                   "; ", task, " features must be float32 or uint8: save ", x_name,
+      return absl::InvalidArgumentError(fl::StrCat(Where(x_name), " has dtype ", formats::DTypeName(x.dtype), "; ",
+                                                   task, " features must be float32 or uint8: save ", x_name,
                                                    ".astype(np.float32)"));
     }
     switch (o_.task) {
@@ -292,8 +314,8 @@ class NpzLoader {
     for (size_t i = 0; i < labels->size(); ++i) {
       const int64_t label = (*labels)[i];
       if (label < 0) {
-        return absl::InvalidArgumentError(fl::StrCat(Where(name), "[", i, "] = ", label,
-                                                     " is negative; labels are class indices 0, 1, ..., C-1"));
+        return absl::InvalidArgumentError(
+            fl::StrCat(Where(name), "[", i, "] = ", label, " is negative; labels are class indices 0, 1, ..., C-1"));
       }
       if (label > r.max) {
         r.max = label;
@@ -405,8 +427,8 @@ class NpzLoader {
       const uint64_t row = rows[k / per_row];
       return absl::InvalidArgumentError(fl::StrCat(
           Where(name), "[", row, "]", ElementIndex(k % per_row, shape), " is ", std::isnan(v) ? "NaN" : "infinite",
-          "; every value must be finite: fix or drop those examples, e.g. keep = np.isfinite(", name,
-          ").reshape(len(", name, "), -1).all(axis=1)"));
+          "; every value must be finite: fix or drop those examples, e.g. keep = np.isfinite(", name, ").reshape(len(",
+          name, "), -1).all(axis=1)"));
     }
     return absl::OkStatus();
   }
@@ -439,8 +461,8 @@ class NpzLoader {
 
 absl::StatusOr<ClientData> LoadFashionMnistDir(const DataOptions& o) {
   if (o.task != Task::kClassification) {
-    return absl::InvalidArgumentError(fl::StrCat(o.path, " is a Fashion-MNIST directory: its task is classification, not ",
-                                                 TaskName(o.task)));
+    return absl::InvalidArgumentError(
+        fl::StrCat(o.path, " is a Fashion-MNIST directory: its task is classification, not ", TaskName(o.task)));
   }
   auto spec = PartitionSpec::Parse(o.partition);
   if (!spec.ok()) return spec.status();
@@ -460,8 +482,8 @@ absl::StatusOr<ClientData> LoadFashionMnistDir(const DataOptions& o) {
   if (!test_rows.ok()) return test_rows.status();
 
   ClientData data;
-  auto fill = [&](const Dataset& dataset, const std::vector<uint32_t>& rows, std::string_view split,
-                  Examples& e, std::optional<LabelRange>& range) {
+  auto fill = [&](const Dataset& dataset, const std::vector<uint32_t>& rows, std::string_view split, Examples& e,
+                  std::optional<LabelRange>& range) {
     e.source = fl::StrCat(o.path, ":", dataset.name);
     e.n = rows.size();
     e.rows = rows;
@@ -489,10 +511,10 @@ absl::StatusOr<ClientData> LoadFashionMnistDir(const DataOptions& o) {
   };
   fill(*train, *train_rows, "train", data.train, data.train_labels);
   fill(*test, *test_rows, "test", data.test, data.test_labels);
-  data.description = fl::StrCat(o.path, ": Fashion-MNIST, classification, x uint8 [1, 28, 28]; client ",
-                                o.client_index, " of ", o.num_clients, " (partition ", spec->ToString(), ", seed ",
-                                o.partition_seed, "): ", data.train.n, " of ", train->num_examples,
-                                " train examples, ", data.test.n, " of ", test->num_examples, " test");
+  data.description =
+      fl::StrCat(o.path, ": Fashion-MNIST, classification, x uint8 [1, 28, 28]; client ", o.client_index, " of ",
+                 o.num_clients, " (partition ", spec->ToString(), ", seed ", o.partition_seed, "): ", data.train.n,
+                 " of ", train->num_examples, " train examples, ", data.test.n, " of ", test->num_examples, " test");
   return data;
 }
 
@@ -518,10 +540,11 @@ absl::StatusOr<std::string> ReadText(const std::string& path, bool is_directory)
     if (ec) return absl::PermissionDeniedError(fl::StrCat("cannot list ", path, ": ", ec.message()));
     std::sort(files.begin(), files.end());  // byte order of names: the same on every machine
     if (files.empty()) {
-      return absl::InvalidArgumentError(fl::StrCat(
-          path, " has no text files (regular files without a '.' in their name; fortune's .dat and .u8 are "
-                "skipped); give a text file or a directory of them (e.g. /usr/share/games/fortunes from the "
-                "fortunes-min package)"));
+      return absl::InvalidArgumentError(
+          fl::StrCat(path,
+                     " has no text files (regular files without a '.' in their name; fortune's .dat and .u8 are "
+                     "skipped); give a text file or a directory of them (e.g. /usr/share/games/fortunes from the "
+                     "fortunes-min package)"));
     }
   } else {
     files.push_back(path);
@@ -578,12 +601,12 @@ absl::StatusOr<ClientData> LoadText(const DataOptions& o, bool is_directory) {
   const uint64_t train_windows = NumWindows(train_text.size(), o.seq_len);
   const uint64_t test_windows = NumWindows(test_text.size(), o.seq_len);
   if (train_windows < o.num_clients || test_windows < o.num_clients) {
-    return absl::InvalidArgumentError(fl::StrCat(
-        "text ", o.path, " (", text->size(), " bytes) is too short for seq_len ", o.seq_len, " and ", o.num_clients,
-        " clients: its first ", 100 - kTextTestPercent, "% gives ", train_windows, " training windows of ",
-        o.seq_len + 1, " bytes and its last ", kTextTestPercent, "% ", test_windows,
-        " test windows, and each client needs at least one of each: use a longer text, a smaller seq_len or "
-        "fewer clients"));
+    return absl::InvalidArgumentError(
+        fl::StrCat("text ", o.path, " (", text->size(), " bytes) is too short for seq_len ", o.seq_len, " and ",
+                   o.num_clients, " clients: its first ", 100 - kTextTestPercent, "% gives ", train_windows,
+                   " training windows of ", o.seq_len + 1, " bytes and its last ", kTextTestPercent, "% ", test_windows,
+                   " test windows, and each client needs at least one of each: use a longer text, a smaller seq_len or "
+                   "fewer clients"));
   }
   auto train_rows = PartitionIidFor(o.client_index, train_windows, o.num_clients, o.partition_seed);
   if (!train_rows.ok()) return train_rows.status();
@@ -663,12 +686,12 @@ absl::StatusOr<ClientData> LoadClientData(const DataOptions& options) {
   if (options.num_clients == 0) return absl::InvalidArgumentError("the number of clients must be at least 1");
   if (options.client_index >= options.num_clients) {
     return absl::InvalidArgumentError(fl::StrCat("client index ", options.client_index, " is out of range for ",
-                                                 options.num_clients, " clients (expected 0..",
-                                                 options.num_clients - 1, ")"));
+                                                 options.num_clients, " clients (expected 0..", options.num_clients - 1,
+                                                 ")"));
   }
   if (!(options.data_fraction > 0 && options.data_fraction <= 1)) {
-    return absl::InvalidArgumentError(fl::StrCat("data fraction ", options.data_fraction,
-                                                 " is outside (0, 1]; give the share of the shard to use"));
+    return absl::InvalidArgumentError(
+        fl::StrCat("data fraction ", options.data_fraction, " is outside (0, 1]; give the share of the shard to use"));
   }
   std::error_code ec;
   const auto status = std::filesystem::status(options.path, ec);
@@ -692,9 +715,9 @@ absl::StatusOr<ClientData> LoadClientData(const DataOptions& options) {
   }
   const bool zip = std::memcmp(magic, "PK\x03\x04", 4) == 0 || std::memcmp(magic, "PK\x05\x06", 4) == 0;
   if (options.path.ends_with(".npy")) {
-    return absl::InvalidArgumentError(fl::StrCat(
-        options.path, " is a single array; a dataset is an .npz of four: "
-                      "np.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)"));
+    return absl::InvalidArgumentError(fl::StrCat(options.path,
+                                                 " is a single array; a dataset is an .npz of four: "
+                                                 "np.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)"));
   }
   if (zip || options.path.ends_with(".npz")) {
     auto npz = NpzFile::Open(options.path);
@@ -702,7 +725,8 @@ absl::StatusOr<ClientData> LoadClientData(const DataOptions& options) {
     return NpzLoader(options, std::move(*npz)).Load();
   }
   if (options.task == Task::kNextToken) return LoadText(options, false);
-  return absl::InvalidArgumentError(fl::StrCat(options.path, " is not an .npz (a ZIP of .npy arrays written by "
+  return absl::InvalidArgumentError(fl::StrCat(options.path,
+                                               " is not an .npz (a ZIP of .npy arrays written by "
                                                "np.savez); plain text is read for the next-token task only"));
 }
 
@@ -716,12 +740,12 @@ absl::Status CheckLabelRange(const ClientData& data, int64_t classes) {
             ? fl::StrCat(range->array, " byte ", range->element)
             : fl::StrCat(range->array, "[", range->index, "]", tokens ? fl::StrCat("[", range->element, "]") : "");
     const std::string what = tokens ? "token ids" : "classes";
-    return absl::InvalidArgumentError(fl::StrCat(
-        range->file, ": ", where, " = ", range->max, " is outside [0, ", classes, ") (the model outputs ", classes,
-        " ", what, "); ",
-        tokens ? fl::StrCat("give a model whose vocabulary has at least ", range->max + 1, " tokens")
-               : fl::StrCat("give a model with at least ", range->max + 1,
-                            " outputs, or relabel the data to 0..", classes - 1)));
+    return absl::InvalidArgumentError(
+        fl::StrCat(range->file, ": ", where, " = ", range->max, " is outside [0, ", classes, ") (the model outputs ",
+                   classes, " ", what, "); ",
+                   tokens ? fl::StrCat("give a model whose vocabulary has at least ", range->max + 1, " tokens")
+                          : fl::StrCat("give a model with at least ", range->max + 1,
+                                       " outputs, or relabel the data to 0..", classes - 1)));
   }
   return absl::OkStatus();
 }

@@ -97,8 +97,8 @@ absl::StatusOr<std::vector<std::vector<uint32_t>>> IndicesByClass(std::span<cons
   }
   std::vector<std::vector<uint32_t>> by_class(distinct.size());
   for (size_t i = 0; i < labels.size(); ++i) {
-    const size_t c = static_cast<size_t>(std::lower_bound(distinct.begin(), distinct.end(), labels[i]) - distinct.begin());
-    by_class[c].push_back(static_cast<uint32_t>(i));
+    const auto c = std::lower_bound(distinct.begin(), distinct.end(), labels[i]) - distinct.begin();
+    by_class[static_cast<size_t>(c)].push_back(static_cast<uint32_t>(i));
   }
   return by_class;
 }

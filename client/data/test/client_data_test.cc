@@ -3,6 +3,9 @@
 // IID test split, plain text windows, and Fashion-MNIST through this path against the existing loader.
 #include "fl/data/client_data.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -11,9 +14,6 @@
 #include <set>
 #include <string>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "fl/data/fashion_mnist.h"
 #include "fl/data/partition.h"
@@ -318,7 +318,8 @@ open(os.path.join(d, 'text.npz'), 'w').write('not a zip')
   EXPECT_THAT(error("lengths"), HasSubstr(p + "lengths.npz: x_train has 20 examples but y_train has 19"));
   EXPECT_THAT(error("x_f64"), HasSubstr(p + "x_f64.npz:x_train has dtype float64"));
   EXPECT_THAT(error("x_f64"), HasSubstr("x_train.astype(np.float32)"));
-  EXPECT_THAT(error("x_i64"), HasSubstr("x_i64.npz:x_train has dtype int64; classification features must be float32 or uint8"));
+  EXPECT_THAT(error("x_i64"),
+              HasSubstr("x_i64.npz:x_train has dtype int64; classification features must be float32 or uint8"));
   EXPECT_THAT(error("y_float"), HasSubstr(p + "y_float.npz:y_train has dtype float32"));
   EXPECT_THAT(error("y_float"), HasSubstr("y_train.astype(np.int64)"));
   EXPECT_THAT(error("y_2d"), HasSubstr("y_2d.npz:y_train has shape (20, 1)"));
@@ -345,7 +346,8 @@ open(os.path.join(d, 'text.npz'), 'w').write('not a zip')
   EXPECT_TRUE(CheckLabelRange(*labels, 13).ok());
   const absl::Status range = CheckLabelRange(*labels, 10);
   EXPECT_EQ(range.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(Message(range), HasSubstr(p + "labels.npz: y_test[3] = 12 is outside [0, 10) (the model outputs 10 classes)"));
+  EXPECT_THAT(Message(range),
+              HasSubstr(p + "labels.npz: y_test[3] = 12 is outside [0, 10) (the model outputs 10 classes)"));
 }
 
 // NaN in rows another client loads is that client's problem: only loaded rows are checked.

@@ -1,13 +1,13 @@
 // Partitions of any dataset: int64 labels give exactly the uint8 partitions (so Fashion-MNIST read from an
 // .npz is split as from its IDX files), labels beyond 255, unlabelled IID parts, and the natural partition
 // by client id.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "fl/core/str_cat.h"
 #include "fl/data/partition.h"

@@ -4,10 +4,10 @@
 // Measured as the growth of this process's peak resident set (VmHWM) across LoadClientData, after the
 // peak is reset through /proc/self/clear_refs (or, where that is refused, from the current peak). The file
 // is read with pread, so its pages sit in the kernel's page cache, shared and not counted in our RSS.
+#include <gtest/gtest.h>
+
 #include <fstream>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "fl/data/client_data.h"
 #include "fl/testing/python.h"
@@ -63,8 +63,8 @@ save(path, x_train=x, y_train=y, x_test=x[:2000], y_test=y[:2000], client_id=np.
   ASSERT_TRUE(data.ok()) << data.status();
   const uint64_t growth = (after_kib - before_kib) * 1024;
   const uint64_t shard_bytes = data->train.x.size() + data->test.x.size();
-  std::printf("[ memory   ] %s: x_train %.0f MB, this client's x %.2f MB, peak RSS grew by %.1f MB\n",
-              writer.c_str(), static_cast<double>(x_train_bytes) / 1e6, static_cast<double>(shard_bytes) / 1e6,
+  std::printf("[ memory   ] %s: x_train %.0f MB, this client's x %.2f MB, peak RSS grew by %.1f MB\n", writer.c_str(),
+              static_cast<double>(x_train_bytes) / 1e6, static_cast<double>(shard_bytes) / 1e6,
               static_cast<double>(growth) / 1e6);
   EXPECT_GT(data->train.n, 0u);
   EXPECT_LT(data->train.n, 5000u);
