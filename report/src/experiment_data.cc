@@ -57,7 +57,7 @@ absl::StatusOr<std::set<std::string>> ColumnsOf(sqlite::Database& db, std::strin
   if (!st.ok()) return st.status();
   std::set<std::string> names;
   while (true) {
-    absl::StatusOr<bool> row = st->Step("read the columns of client_rounds");
+    absl::StatusOr<bool> row = st->Step(fl::StrCat("read the columns of ", table));
     if (!row.ok()) return row.status();
     if (!*row) break;
     names.insert(st->ColumnText(0));
@@ -65,9 +65,20 @@ absl::StatusOr<std::set<std::string>> ColumnsOf(sqlite::Database& db, std::strin
   return names;
 }
 
-constexpr std::string_view kExperimentSelect =
-    "SELECT e.id, e.name, e.status, e.status_reason, e.started_unix_ms, e.finished_unix_ms, e.software_version, "
-    "e.host, (SELECT count(*) FROM rounds r WHERE r.experiment_id = e.id) FROM experiments e ";
+// `name` when `columns` has it, else NULL under that name: columns of later schema versions read as NULL in
+// databases that predate them.
+std::string ColumnOrNull(const std::set<std::string>& columns, std::string_view name, std::string_view prefix = "") {
+  return columns.count(std::string(name)) > 0 ? fl::StrCat(prefix, name) : fl::StrCat("NULL AS ", name);
+}
+
+absl::StatusOr<std::string> ExperimentSelect(sqlite::Database& db) {
+  absl::StatusOr<std::set<std::string>> columns = ColumnsOf(db, "experiments");
+  if (!columns.ok()) return columns.status();
+  return fl::StrCat(
+      "SELECT e.id, e.name, e.status, e.status_reason, e.started_unix_ms, e.finished_unix_ms, e.software_version, "
+      "e.host, (SELECT count(*) FROM rounds r WHERE r.experiment_id = e.id), ",
+      ColumnOrNull(*columns, "task", "e."), " FROM experiments e ");
+}
 
 ExperimentInfo ReadExperiment(const sqlite::Statement& st) {
   ExperimentInfo e;
@@ -80,11 +91,15 @@ ExperimentInfo ReadExperiment(const sqlite::Statement& st) {
   e.software_version = st.ColumnText(6);
   e.host = st.ColumnText(7);
   e.num_rounds = st.ColumnInt64(8);
+  // NULL: not known yet, or a database from before tasks (v6), whose experiments were classifiers.
+  if (std::string task = st.ColumnText(9); !task.empty()) e.task = std::move(task);
   return e;
 }
 
 absl::StatusOr<std::vector<ExperimentInfo>> ReadExperiments(sqlite::Database& db) {
-  absl::StatusOr<sqlite::Statement> st = db.Prepare(fl::StrCat(kExperimentSelect, "ORDER BY e.started_unix_ms, e.rowid"));
+  absl::StatusOr<std::string> select = ExperimentSelect(db);
+  if (!select.ok()) return select.status();
+  absl::StatusOr<sqlite::Statement> st = db.Prepare(fl::StrCat(*select, "ORDER BY e.started_unix_ms, e.rowid"));
   if (!st.ok()) return st.status();
   std::vector<ExperimentInfo> out;
   while (true) {
@@ -132,10 +147,13 @@ absl::Status LoadClients(sqlite::Database& db, ExperimentData& data) {
 }
 
 absl::Status LoadRounds(sqlite::Database& db, ExperimentData& data) {
-  absl::StatusOr<sqlite::Statement> st = db.Prepare(
+  absl::StatusOr<std::set<std::string>> columns = ColumnsOf(db, "rounds");
+  if (!columns.ok()) return columns.status();
+  absl::StatusOr<sqlite::Statement> st = db.Prepare(fl::StrCat(
       "SELECT round, attempt, status, failure_reason, started_unix_ms, ended_unix_ms, duration_ms, aggregation_ms, "
-      "num_selected, num_accepted, num_late, num_rejected, num_dropped, eval_loss, eval_accuracy FROM rounds "
-      "WHERE experiment_id = ?1 ORDER BY round, attempt");
+      "num_selected, num_accepted, num_late, num_rejected, num_dropped, eval_loss, eval_accuracy, ",
+      ColumnOrNull(*columns, "eval_mae"), ", ", ColumnOrNull(*columns, "eval_perplexity"),
+      " FROM rounds WHERE experiment_id = ?1 ORDER BY round, attempt"));
   if (!st.ok()) return st.status();
   st->BindText(1, data.experiment.id);
   while (true) {
@@ -158,6 +176,8 @@ absl::Status LoadRounds(sqlite::Database& db, ExperimentData& data) {
     r.num_dropped = st->ColumnInt64(12);
     r.eval_loss = st->ColumnOptionalDouble(13);
     r.eval_accuracy = st->ColumnOptionalDouble(14);
+    r.eval_mae = st->ColumnOptionalDouble(15);
+    r.eval_perplexity = st->ColumnOptionalDouble(16);
     data.rounds.push_back(std::move(r));
   }
   return absl::OkStatus();
@@ -167,9 +187,7 @@ absl::Status LoadClientRounds(sqlite::Database& db, ExperimentData& data) {
   absl::StatusOr<std::set<std::string>> columns = ColumnsOf(db, "client_rounds");
   if (!columns.ok()) return columns.status();
   // Columns of later schema versions: read as NULL where the database predates them.
-  auto col = [&](std::string_view name) {
-    return columns->count(std::string(name)) > 0 ? std::string(name) : fl::StrCat("NULL AS ", name);
-  };
+  auto col = [&](std::string_view name) { return ColumnOrNull(*columns, name); };
   const char* const kPhaseStarts[] = {"downlink_start_unix_ms", "train_start_unix_ms", "eval_start_unix_ms",
                                       "uplink_start_unix_ms", "uplink_end_unix_ms"};
   data.has_phase_starts = true;
@@ -220,9 +238,12 @@ absl::Status LoadClientRounds(sqlite::Database& db, ExperimentData& data) {
 }
 
 absl::Status LoadEvaluations(sqlite::Database& db, ExperimentData& data) {
-  absl::StatusOr<sqlite::Statement> st = db.Prepare(
-      "SELECT round, attempt, client_id, eval_ms, accuracy, loss FROM evaluations WHERE experiment_id = ?1 "
-      "ORDER BY round, attempt, client_id");
+  absl::StatusOr<std::set<std::string>> columns = ColumnsOf(db, "evaluations");
+  if (!columns.ok()) return columns.status();
+  absl::StatusOr<sqlite::Statement> st = db.Prepare(fl::StrCat(
+      "SELECT round, attempt, client_id, eval_ms, accuracy, loss, ", ColumnOrNull(*columns, "mae"), ", ",
+      ColumnOrNull(*columns, "reject_reason"),
+      " FROM evaluations WHERE experiment_id = ?1 ORDER BY round, attempt, client_id"));
   if (!st.ok()) return st.status();
   st->BindText(1, data.experiment.id);
   while (true) {
@@ -236,6 +257,8 @@ absl::Status LoadEvaluations(sqlite::Database& db, ExperimentData& data) {
     e.eval_ms = st->ColumnOptionalDouble(3);
     e.accuracy = st->ColumnOptionalDouble(4);
     e.loss = st->ColumnOptionalDouble(5);
+    e.mae = st->ColumnOptionalDouble(6);
+    e.reject_reason = st->ColumnText(7);
     data.evaluations.push_back(std::move(e));
   }
   return absl::OkStatus();

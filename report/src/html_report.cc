@@ -81,7 +81,8 @@ std::string HtmlReport(const ExperimentData& data, const Analysis& analysis, con
   std::string out = fl::StrCat("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>fl-report: ",
                                Esc(e.id), "</title>\n<style>", kCss, "</style>\n</head>\n<body>\n");
   out += fl::StrCat("<h1>Experiment ", Esc(e.id), "</h1>\n<p class=\"meta\" id=\"summary\">name <b>", Esc(e.name),
-                    "</b>, status <b>", Esc(e.status), "</b>", e.status_reason.empty() ? "" : ": " + Esc(e.status_reason),
+                    "</b>, task <b id=\"task\">", Esc(e.task), "</b>, status <b>", Esc(e.status), "</b>",
+                    e.status_reason.empty() ? "" : ": " + Esc(e.status_reason),
                     "; <span id=\"committed-rounds\">", analysis.committed_rounds, "</span> committed rounds of ",
                     data.rounds.size(), " round attempts; ", data.clients.size(), " clients; records ",
                     Esc(data.db_path), " (schema v", data.schema_version, ", ",
@@ -116,6 +117,11 @@ updates were in.</dd>
 <dt>eval_mean_ms, fed_eval_mean_ms</dt><dd>local evaluation inside the training task (client_rounds.eval_ms),
 and the clients' evaluation of the global model after a commit (the evaluations table).</dd>
 <dt>Ratios</dt><dd>mean uplink (downlink) time of the link kind over the mean of the Ethernet (WiFi) clients.</dd>
+<dt>eval_* of the rounds table</dt><dd>the global model after the commit, on the clients' test data, their results
+weighted by examples; the columns follow the experiment's task: classification <i>eval_accuracy</i> and
+<i>eval_loss</i> (cross-entropy); regression <i>eval_mae</i> (mean absolute error) and <i>eval_loss</i> (mean squared
+error); next-token <i>eval_perplexity</i> (exp of <i>eval_loss</i>), <i>eval_token_accuracy</i> and
+<i>eval_loss</i> (mean token cross-entropy).</dd>
 </dl>
 </body>
 </html>

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fl/core/str_cat.h"
+#include "fl/core/task.h"
 
 namespace fl::report {
 namespace {
@@ -63,17 +64,35 @@ int Table::ColumnIndex(std::string_view column) const {
   return -1;
 }
 
+std::vector<EvalColumn> EvalColumns(std::string_view task) {
+  // The task's metric first, then the loss it is derived from (docs/report.md).
+  const core::Task t = core::ParseTask(task).value_or(core::Task::kClassification);
+  if (t == core::Task::kRegression) {
+    return {{"eval_mae", [](const RoundAttempt& r) { return r.eval_mae; }},
+            {"eval_loss", [](const RoundAttempt& r) { return r.eval_loss; }}};
+  }
+  if (t == core::Task::kNextToken) {
+    return {{"eval_perplexity", [](const RoundAttempt& r) { return r.eval_perplexity; }},
+            {"eval_token_accuracy", [](const RoundAttempt& r) { return r.eval_accuracy; }},
+            {"eval_loss", [](const RoundAttempt& r) { return r.eval_loss; }}};
+  }
+  return {{"eval_accuracy", [](const RoundAttempt& r) { return r.eval_accuracy; }},
+          {"eval_loss", [](const RoundAttempt& r) { return r.eval_loss; }}};
+}
+
 Table RoundsTable(const ExperimentData& data, const Analysis& analysis) {
   Table t;
   t.name = "rounds";
-  t.title = "Rounds";
+  t.title = fl::StrCat("Rounds (", data.experiment.task, ")");
   t.columns = {{"round", 0},           {"attempt", 0},          {"status", 0},
                {"selected", 0},        {"accepted", 0},         {"late", 0},
                {"dropped", 0},         {"rejected", 0},         {"aggregation_ms", 2},
                {"downlink_mean_ms", 1}, {"downlink_max_ms", 1},  {"train_mean_ms", 1},
                {"train_max_ms", 1},    {"uplink_mean_ms", 1},   {"uplink_max_ms", 1},
-               {"round_ms", 1},        {"eval_accuracy", 4},    {"eval_loss", 4},
-               {"straggler", 0},       {"straggler_link", 0},   {"straggler_phase", 0}};
+               {"round_ms", 1}};
+  const std::vector<EvalColumn> eval = EvalColumns(data.experiment.task);
+  for (const EvalColumn& c : eval) t.columns.emplace_back(c.name, 4);
+  for (const char* name : {"straggler", "straggler_link", "straggler_phase"}) t.columns.emplace_back(name, 0);
   for (const RoundSummary& s : analysis.rounds) {
     const RoundAttempt& r = *s.attempt;
     std::vector<Cell> row = {r.round,           r.attempt,
@@ -83,8 +102,8 @@ Table RoundsTable(const ExperimentData& data, const Analysis& analysis) {
                              Opt(r.aggregation_ms), StatMean(s.downlink_ms),
                              StatMax(s.downlink_ms), StatMean(s.train_ms),
                              StatMax(s.train_ms), StatMean(s.uplink_ms),
-                             StatMax(s.uplink_ms), r.duration_ms,
-                             Opt(r.eval_accuracy), Opt(r.eval_loss)};
+                             StatMax(s.uplink_ms), r.duration_ms};
+    for (const EvalColumn& c : eval) row.push_back(Opt(c.value(r)));
     if (s.straggler.has_value()) {
       row.push_back(Label(data, s.straggler->client_id));
       row.push_back(LinkOf(data, s.straggler->client_id));
@@ -169,7 +188,7 @@ std::string FormatCell(const Column& column, const Cell& cell) {
 
 std::string ExperimentHeaderText(const ExperimentData& data, const Analysis& analysis) {
   const ExperimentInfo& e = data.experiment;
-  std::string out = fl::StrCat("experiment ", e.id, " (", e.name, "), ", e.status);
+  std::string out = fl::StrCat("experiment ", e.id, " (", e.name, "), task ", e.task, ", ", e.status);
   if (!e.status_reason.empty()) out += fl::StrCat(": ", e.status_reason);
   out += fl::StrCat("\n", analysis.committed_rounds, " committed rounds of ", data.rounds.size(), " round attempts, ",
                     data.clients.size(), " clients; records ", data.db_path, " (schema v", data.schema_version,
@@ -238,6 +257,7 @@ std::string RenderJson(const ExperimentData& data, const Analysis& analysis, con
   nlohmann::ordered_json doc;
   doc["experiment"] = {{"id", e.id},
                        {"name", e.name},
+                       {"task", e.task},
                        {"status", e.status},
                        {"started_unix_ms", e.started_unix_ms},
                        {"finished_unix_ms", e.finished_unix_ms.has_value() ? nlohmann::ordered_json(*e.finished_unix_ms)
@@ -258,7 +278,13 @@ std::string RenderJson(const ExperimentData& data, const Analysis& analysis, con
       {"uplink_share", "sum of the link kind's uplink times / sum of the durations of the rounds they were in"},
       {"fed_eval_mean_ms", "mean time of the link kind's clients to evaluate the global model after a commit "
                            "(evaluations table)"},
-      {"uplink_vs_ethernet", "mean uplink time of the link kind / mean uplink time of ethernet clients"}};
+      {"uplink_vs_ethernet", "mean uplink time of the link kind / mean uplink time of ethernet clients"},
+      {"eval_loss", "global model after the commit, clients' results weighted by examples: cross-entropy "
+                    "(classification), mean squared error (regression), mean token cross-entropy (next-token)"},
+      {"eval_accuracy", "classification: fraction of test examples right, weighted by examples"},
+      {"eval_mae", "regression: mean absolute error, clients' results weighted by examples"},
+      {"eval_perplexity", "next-token: exp(eval_loss)"},
+      {"eval_token_accuracy", "next-token: fraction of test tokens predicted right, weighted by sequences"}};
   nlohmann::ordered_json out_tables = nlohmann::ordered_json::object();
   for (const Table& t : tables) {
     nlohmann::ordered_json rows = nlohmann::ordered_json::array();

@@ -122,6 +122,24 @@ class RecordsFixture {
     Put(std::move(e));
   }
 
+  // The experiment's learning task (schema v6), as fl-server sets it when its first client joins.
+  void Task(const std::string& experiment, const std::string& task) {
+    Put(ins::ExperimentTaskUpdate{experiment, task});
+  }
+
+  // The global evaluation of a committed round attempt, as fl-server sets it after the round's evaluation.
+  void RoundEvaluation(const std::string& experiment, int64_t round, double loss, std::optional<double> accuracy,
+                       std::optional<double> mae, std::optional<double> perplexity, int64_t attempt = 0) {
+    Put(ins::RoundEvaluationUpdate{experiment, round, attempt, loss, accuracy, 300, mae, perplexity});
+  }
+
+  // A client's evaluation with the figures of its task; `reject_reason` non-empty: refused by the server.
+  void TaskEvaluation(const std::string& experiment, int64_t round, const std::string& client, double eval_ms,
+                      std::optional<double> loss, std::optional<double> accuracy, std::optional<double> mae,
+                      const std::string& reject_reason = "") {
+    Put(ins::EvaluationRecord{experiment, round, 0, client, 100, loss, accuracy, eval_ms, mae, reject_reason});
+  }
+
   // Everything enqueued is committed (the report reads it on its own connection).
   void Flush() {
     if (store_ != nullptr) {

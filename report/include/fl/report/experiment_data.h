@@ -3,7 +3,8 @@
 // Reads with plain SQL on a read-only connection of its own, never blocks a running fl-server (WAL), and
 // reads every schema version from 1 to this build's latest: columns added by later migrations (clock offsets
 // in v2, phase start times on the server's timeline in v3) are looked up with PRAGMA table_info and read as
-// NULL when the database predates them, so reports of old runs keep working.
+// NULL when the database predates them, so reports of old runs keep working (v6's task reads as
+// classification: every experiment before it trained a classifier).
 #pragma once
 
 #include <cstdint>
@@ -26,6 +27,9 @@ struct ExperimentInfo {
   std::string software_version;
   std::string host;
   int64_t num_rounds = 0;  // rows in `rounds` (all attempts)
+  // experiments.task (v6): classification, regression or next-token; "classification" when NULL (not known
+  // yet, or a database from before tasks, whose experiments were all classifiers).
+  std::string task = "classification";
 };
 
 struct ClientInfo {
@@ -87,7 +91,9 @@ struct RoundAttempt {
   int64_t num_rejected = 0;
   int64_t num_dropped = 0;
   std::optional<double> eval_loss;
-  std::optional<double> eval_accuracy;
+  std::optional<double> eval_accuracy;    // classification; next-token's token accuracy
+  std::optional<double> eval_mae;         // regression (v6)
+  std::optional<double> eval_perplexity;  // next-token (v6)
   std::vector<ClientRoundRow> clients;  // by write order
 
   bool committed() const { return status == "committed"; }
@@ -101,6 +107,8 @@ struct EvaluationRow {
   std::optional<double> eval_ms;
   std::optional<double> accuracy;
   std::optional<double> loss;
+  std::optional<double> mae;   // v6
+  std::string reject_reason;   // v6: why fl-server refused the result; "" = accepted
 };
 
 struct ExperimentData {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -57,6 +58,15 @@ struct Table {
 };
 
 inline constexpr std::string_view kTableNames[] = {"rounds", "links", "stragglers"};
+
+// The evaluation columns of the rounds table for an experiment's task (experiments.task): the task's metric
+// first, then the loss. classification: eval_accuracy, eval_loss; regression: eval_mae, eval_loss;
+// next-token: eval_perplexity, eval_token_accuracy, eval_loss. An unknown task is shown as classification.
+struct EvalColumn {
+  std::string name;
+  std::optional<double> (*value)(const RoundAttempt& round);
+};
+std::vector<EvalColumn> EvalColumns(std::string_view task);
 
 Table RoundsTable(const ExperimentData& data, const Analysis& analysis);
 Table LinksTable(const ExperimentData& data, const Analysis& analysis);
