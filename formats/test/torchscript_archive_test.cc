@@ -112,25 +112,23 @@ for i, cut in enumerate(range(0, pkl_len, max(1, pkl_len // 60))):
 print("written")
 )PY";
 
+// Each test runs (in its own process, as CTest runs them) only the export it needs.
 class TorchScriptArchiveTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new fl::testing::ScratchDir("torchscript_archive_test");
-    const std::string dir = dir_->path().string();
-    exported_ = testing::ExportTestModels(dir);
-    if (exported_) {
-      const std::string script = dir + "/bad_files.py";
-      std::ofstream(script) << kBadFilesScript;
-      auto run = fl::testing::RunPython("import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0])",
-                                        {script, dir}, dir + "/bad_files.log");
-      if (!run.ok()) exported_ = ::testing::AssertionFailure() << run.status().message();
-    }
-  }
+  static void SetUpTestSuite() { dir_ = new fl::testing::ScratchDir("torchscript_archive_test"); }
   static void TearDownTestSuite() {
     delete dir_;
     dir_ = nullptr;
   }
-  void SetUp() override { ASSERT_TRUE(exported_) << exported_.message(); }
+  static ::testing::AssertionResult Models() {
+    static const ::testing::AssertionResult done = testing::ExportTestModels(dir_->path().string());
+    return done;
+  }
+  static ::testing::AssertionResult BadFiles() {
+    static const ::testing::AssertionResult done =
+        testing::RunTorchScript(dir_->path().string(), "bad_files.py", kBadFilesScript);
+    return done;
+  }
   static std::string File(const std::string& name) { return dir_->File(name); }
   static std::string ErrorOf(const std::string& name) {
     auto read = ReadTorchScriptModel(File(name));
@@ -140,12 +138,11 @@ class TorchScriptArchiveTest : public ::testing::Test {
   }
 
   static fl::testing::ScratchDir* dir_;
-  static ::testing::AssertionResult exported_;
 };
 fl::testing::ScratchDir* TorchScriptArchiveTest::dir_ = nullptr;
-::testing::AssertionResult TorchScriptArchiveTest::exported_ = ::testing::AssertionFailure();
 
 TEST_F(TorchScriptArchiveTest, SpecAndValuesEqualPythonStateDict) {
+  ASSERT_TRUE(Models());
   for (const char* model : testing::kModelNames) {
     SCOPED_TRACE(model);
     auto read = ReadTorchScriptModel(File(std::string(model) + ".pt"));
@@ -176,6 +173,7 @@ TEST_F(TorchScriptArchiveTest, SpecAndValuesEqualPythonStateDict) {
 }
 
 TEST_F(TorchScriptArchiveTest, ScriptedAndTracedCnnHaveOneSpec) {
+  ASSERT_TRUE(Models());
   auto scripted = ReadTorchScriptModel(File("cnn_scripted.pt"));
   auto traced = ReadTorchScriptModel(File("cnn_traced.pt"));
   ASSERT_TRUE(scripted.ok()) << scripted.status();
@@ -191,6 +189,7 @@ TEST_F(TorchScriptArchiveTest, ScriptedAndTracedCnnHaveOneSpec) {
 }
 
 TEST_F(TorchScriptArchiveTest, NotTorchScriptFilesSayHowToExport) {
+  ASSERT_TRUE(BadFiles());
   for (const char* name : {"state_dict.pt", "legacy.pt", "data.npz", "text.pt"}) {
     SCOPED_TRACE(name);
     const std::string error = ErrorOf(name);
@@ -204,6 +203,7 @@ TEST_F(TorchScriptArchiveTest, NotTorchScriptFilesSayHowToExport) {
 }
 
 TEST_F(TorchScriptArchiveTest, ModelsWithoutParametersAreRefused) {
+  ASSERT_TRUE(BadFiles());
   for (const char* name : {"buffers_only.pt", "no_tensors.pt"}) {
     const std::string error = ErrorOf(name);
     EXPECT_THAT(error, HasSubstr(File(name)));
@@ -212,12 +212,14 @@ TEST_F(TorchScriptArchiveTest, ModelsWithoutParametersAreRefused) {
 }
 
 TEST_F(TorchScriptArchiveTest, UnsupportedDtypesNameTheTensor) {
+  ASSERT_TRUE(BadFiles());
   EXPECT_THAT(ErrorOf("bool_buffer.pt"), HasSubstr("buffer 'keep' is stored as torch.BoolStorage"));
   EXPECT_THAT(ErrorOf("bool_buffer.pt"), HasSubstr("supported: float32, float16, bfloat16"));
   EXPECT_THAT(ErrorOf("int8_buffer.pt"), HasSubstr("buffer 'codes' is stored as torch.CharStorage"));
 }
 
 TEST_F(TorchScriptArchiveTest, CorruptArchivesNameTheFileAndTensor) {
+  ASSERT_TRUE(BadFiles());
   const std::string short_storage = ErrorOf("short_storage.pt");
   EXPECT_THAT(short_storage, HasSubstr(File("short_storage.pt")));
   EXPECT_THAT(short_storage, HasSubstr("tensor 'lin.weight'"));
@@ -230,6 +232,7 @@ TEST_F(TorchScriptArchiveTest, CorruptArchivesNameTheFileAndTensor) {
 // The whole file cut short at many lengths: an error naming the file each time (the ZIP directory is at the
 // end, so most cuts fail in the ZIP reader; those past it reach the pickle and storages).
 TEST_F(TorchScriptArchiveTest, TruncatedFilesAreErrors) {
+  ASSERT_TRUE(BadFiles());
   const std::string bytes = testing::ReadFileBytes(File("small.pt"));
   ASSERT_GT(bytes.size(), 100u);
   const std::string cut_path = File("cut.pt");
@@ -244,6 +247,7 @@ TEST_F(TorchScriptArchiveTest, TruncatedFilesAreErrors) {
 // Archives whose data.pkl or class files were mutated (with valid CRCs) or cut short: the reader returns a
 // model or an error naming the file, and never crashes (run under the asan preset too).
 TEST_F(TorchScriptArchiveTest, MutatedArchivesNeverCrash) {
+  ASSERT_TRUE(BadFiles());
   size_t files = 0;
   size_t errors = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir_->path())) {

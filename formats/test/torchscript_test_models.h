@@ -114,17 +114,25 @@ print("exported")
 
 inline constexpr const char* kModelNames[] = {"cnn_scripted", "cnn_traced", "nested", "lm"};
 
-// Writes the script into `dir` (TorchScript needs the classes' source in a file) and runs it there.
-inline ::testing::AssertionResult ExportTestModels(const std::string& dir) {
+// Writes `script` into `dir`/`name` (TorchScript needs the classes' source in a file) and runs it with `dir` as
+// its argument. When it fails because torch is missing, the failure says how to install it.
+inline ::testing::AssertionResult RunTorchScript(const std::string& dir, const std::string& name,
+                                                 const std::string& script) {
+  const std::string script_path = dir + "/" + name;
+  std::ofstream(script_path) << script;
+  auto run = fl::testing::RunPython(
+      // As `python3 script.py dir` would: the classes live in __main__ (TorchScript names them __torch__.Net).
+      "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')",
+      {script_path, dir}, script_path + ".log");
+  if (run.ok()) return ::testing::AssertionSuccess();
   if (absl::Status s = fl::testing::RequirePythonModule("torch", dir + "/require_torch.log"); !s.ok()) {
     return ::testing::AssertionFailure() << s.message();
   }
-  const std::string script_path = dir + "/export_models.py";
-  std::ofstream(script_path) << kExportModelsScript;
-  auto run = fl::testing::RunPython("import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')",
-                                    {script_path, dir}, dir + "/export_models.log");
-  if (!run.ok()) return ::testing::AssertionFailure() << run.status().message();
-  return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << run.status().message();
+}
+
+inline ::testing::AssertionResult ExportTestModels(const std::string& dir) {
+  return RunTorchScript(dir, "export_models.py", kExportModelsScript);
 }
 
 struct ExpectedTensor {

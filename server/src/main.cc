@@ -22,6 +22,7 @@
 #include "fl/instrumentation/record_reader.h"
 #include "fl/instrumentation/record_store.h"
 #include "fl/server/checkpoint.h"
+#include "fl/server/initial_model.h"
 #include "fl/server/round_engine.h"
 #include "fl/server/service.h"
 #include "fl/server/strategy.h"
@@ -164,7 +165,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--checkpoint-dir", config.checkpoint_dir, "Write a checkpoint per committed round here");
   app.add_option("--keep-checkpoints", config.keep_checkpoints, "Checkpoints kept")->capture_default_str();
-  app.add_option("--initial-model", initial_model, "Start from this checkpoint file's model instead of the first client's");
+  app.add_option("--initial-model", initial_model,
+                 "Start from this model instead of the first client's: a checkpoint file of ours, or a TorchScript "
+                 "model (PATH.pt, exported with torch.jit.script/trace; its parameters and buffers, read without "
+                 "LibTorch); clients must train the same model");
   app.add_flag("--resume", resume, "Continue the experiment after its last committed round (needs --db, --checkpoint-dir)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
   std::string metrics_addr;
@@ -206,11 +210,13 @@ int main(int argc, char** argv) {
     }
     start = *std::move(plan);
   } else if (!initial_model.empty()) {
-    auto ckpt = fl::server::LoadCheckpoint(initial_model);
+    auto ckpt = fl::server::LoadInitialModel(initial_model);
     if (!ckpt.ok()) {
       std::cerr << "fl-server: --initial-model: " << ckpt.status().message() << "\n";
       return 2;
     }
+    spdlog::info("initial model {} from {}: {} tensors, {} values, fingerprint {}", ckpt->model_name, initial_model,
+                 ckpt->spec.num_tensors(), ckpt->spec.num_elements(), ckpt->spec.FingerprintHex());
     start.checkpoint = *std::move(ckpt);
   }
 
