@@ -375,11 +375,16 @@ absl::Status ZipArchive::Stream(const ZipEntry& entry, uint64_t limit, bool chec
 
 absl::StatusOr<std::string> ZipArchive::ReadAll(const ZipEntry& entry) const {
   if (auto status = CheckReadable(entry); !status.ok()) return status;
+  // The claimed size is trusted only as far as the file backs it: a stored entry's bytes are in the file
+  // (checked at Open), but a deflated entry's size is a header field, so its buffer grows with the data
+  // actually inflated (Stream stops at the claimed size) instead of being allocated up front.
+  constexpr uint64_t kReserveCap = uint64_t{64} << 20;
   std::string data;
-  data.resize(static_cast<size_t>(entry.uncompressed_size));
+  data.reserve(static_cast<size_t>(entry.method == kZipMethodStored ? entry.uncompressed_size
+                                                                    : std::min(entry.uncompressed_size, kReserveCap)));
   auto status = Stream(entry, std::numeric_limits<uint64_t>::max(), /*check_crc=*/true,
-                       [&](uint64_t offset, std::span<const uint8_t> chunk) {
-                         std::memcpy(data.data() + offset, chunk.data(), chunk.size());
+                       [&](uint64_t, std::span<const uint8_t> chunk) {
+                         data.append(reinterpret_cast<const char*>(chunk.data()), chunk.size());
                          return absl::OkStatus();
                        });
   if (!status.ok()) return status;
