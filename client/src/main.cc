@@ -21,6 +21,7 @@
 #include "fl/core/str_cat.h"
 #include "fl/proto/convert.h"
 #if FL_WITH_TORCH
+#include "fl/client/script_trainer.h"
 #include "fl/client/torch_trainer.h"
 #endif
 
@@ -29,6 +30,10 @@ namespace {
 struct ModelFlags {
   std::string model = "cnn";
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  std::string data;                 // bring your own data: .npz, IDX directory, text corpus
+  std::string task = "classification";
+  std::string buffers = "average";
+  uint32_t seq_len = 64;
   std::string partition = "iid";
   uint32_t client_index = 0;
   uint32_t num_clients = 1;
@@ -39,6 +44,11 @@ struct ModelFlags {
   double data_fraction = 1.0;
   double slowdown = 1.0;
 };
+
+// A TorchScript file rather than a built-in model's name: the names have no '/' and no extension.
+bool IsModelFile(const std::string& model) {
+  return model.ends_with(".pt") || model.ends_with(".pth") || model.find('/') != std::string::npos;
+}
 
 absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainer(const ModelFlags& f) {
   if (f.model.starts_with("synthetic:")) {
@@ -68,10 +78,41 @@ absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainer(const ModelFlag
       "--model=", f.model, ": this fl-client was built without LibTorch (FL_WITH_TORCH=OFF); only "
       "--model synthetic:<P>[:<train_ms>] is available. Build on the device itself for training."));
 #else
+  if (IsModelFile(f.model)) {
+    auto task = fl::data::ParseTask(f.task);
+    if (!task.ok()) return absl::InvalidArgumentError(fl::StrCat("--task: ", task.status().message()));
+    fl::client::ScriptTrainerOptions o;
+    o.model_path = f.model;
+    o.data.path = f.data.empty() ? f.data_dir : f.data;
+    o.data.task = *task;
+    o.data.partition = f.partition;
+    o.data.client_index = f.client_index;
+    o.data.num_clients = f.num_clients;
+    o.data.partition_seed = f.partition_seed;
+    o.data.seq_len = f.seq_len;
+    o.data.data_fraction = f.data_fraction;
+    o.buffers = f.buffers;
+    o.device = f.device;
+    o.num_threads = f.threads;
+    o.slowdown = f.slowdown;
+    auto trainer = fl::client::ScriptTrainer::Create(o);
+    if (!trainer.ok()) return trainer.status();
+    return std::unique_ptr<fl::client::Trainer>(std::move(*trainer));
+  }
+  if (f.task != "classification") {
+    return absl::InvalidArgumentError(fl::StrCat("--task=", f.task, ": the built-in model '", f.model,
+                                                 "' is a Fashion-MNIST classifier; other tasks need a TorchScript "
+                                                 "model (--model PATH.pt)"));
+  }
+  if (!f.data.empty() && f.data.ends_with(".npz")) {
+    return absl::InvalidArgumentError(fl::StrCat("--data=", f.data, ": the built-in model '", f.model,
+                                                 "' trains on Fashion-MNIST's IDX files (--data-dir); to train on an "
+                                                 ".npz, bring a TorchScript model (--model PATH.pt)"));
+  }
   fl::client::TorchTrainerOptions o;
   o.model = f.model;
   o.init_seed = f.init_seed;
-  o.data_dir = f.data_dir;
+  o.data_dir = f.data.empty() ? f.data_dir : f.data;
   o.partition = f.partition;
   o.client_index = f.client_index;
   o.num_clients = f.num_clients;
@@ -99,11 +140,25 @@ int main(int argc, char** argv) {
   app.add_option("--server", options.server_address, "fl-server address host:port")->capture_default_str();
   app.add_option("--name", options.client_name, "Client name, unique in the experiment (default: host name + index)");
   app.add_option("--model", model.model,
-                 "Model: cnn, squeezenet, or synthetic:<params>[:<train ms>] (transport tests and benchmarks: no training)")
+                 "Model: cnn, squeezenet (built-in, Fashion-MNIST), PATH.pt (a TorchScript model exported from PyTorch: "
+                 "docs/models-and-data.md), or synthetic:<params>[:<train ms>] (transport tests and benchmarks: no "
+                 "training)")
       ->capture_default_str();
   app.add_option("--data-dir", model.data_dir, "Fashion-MNIST directory (Debian's dataset-fashion-mnist)")
       ->capture_default_str();
-  app.add_option("--partition", model.partition, "How the training set is split: iid, dirichlet:<alpha>, shards:<n>")
+  app.add_option("--data", model.data,
+                 "Data for a TorchScript model: a .npz (x_train, y_train, x_test, y_test[, client_id]), a Fashion-MNIST "
+                 "IDX directory, or (next-token) a text file or directory; default: --data-dir");
+  app.add_option("--task", model.task, "What a TorchScript model learns: classification, regression, next-token")
+      ->capture_default_str();
+  app.add_option("--buffers", model.buffers,
+                 "A TorchScript model's float buffers (BatchNorm statistics): average (FedAvg) or local (each client "
+                 "keeps its own, FedBN-style); integer buffers are always local")
+      ->capture_default_str();
+  app.add_option("--seq-len", model.seq_len, "next-token on a text corpus: tokens (bytes) per training sequence")
+      ->capture_default_str();
+  app.add_option("--partition", model.partition,
+                 "How the training set is split: iid, dirichlet:<alpha>, shards:<n>, natural (the .npz's client_id)")
       ->capture_default_str();
   app.add_option("--client-index", model.client_index, "This client's index i in 0..n-1 (which shard it gets)")
       ->capture_default_str();

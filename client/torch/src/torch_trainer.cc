@@ -14,48 +14,12 @@
 #include "fl/core/str_cat.h"
 #include "fl/data/deterministic_random.h"
 #include "fl/data/partition.h"
+#include "train_loop.h"
 
 namespace fl::client {
 namespace {
 
 constexpr int64_t kEvalBatchSize = 1000;
-
-absl::StatusOr<torch::Device> ResolveDevice(std::string_view name) {
-  if (name == "cpu") return torch::Device(torch::kCPU);
-  if (name == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
-  if (name == "cuda") {
-    if (!torch::cuda::is_available()) {
-      return absl::FailedPreconditionError(
-          "device 'cuda' requested but LibTorch sees no CUDA device (no GPU, no driver, or a CPU-only LibTorch "
-          "build); use --device cpu or auto");
-    }
-    return torch::Device(torch::kCUDA);
-  }
-  return absl::InvalidArgumentError(fl::StrCat("unknown device '", name, "'; expected auto, cpu or cuda"));
-}
-
-absl::Status ValidateTrainOptions(const TrainOptions& o) {
-  if (o.batch_size == 0) return absl::InvalidArgumentError("batch_size must be > 0");
-  if (o.local_steps == 0 && o.local_epochs == 0) {
-    return absl::InvalidArgumentError("nothing to train: local_epochs and local_steps are both 0");
-  }
-  if (!std::isfinite(o.learning_rate) || o.learning_rate <= 0) {
-    return absl::InvalidArgumentError(fl::StrCat("learning_rate must be finite and > 0, got ", o.learning_rate));
-  }
-  if (!std::isfinite(o.momentum) || o.momentum < 0) {
-    return absl::InvalidArgumentError(fl::StrCat("momentum must be finite and >= 0, got ", o.momentum));
-  }
-  if (!std::isfinite(o.weight_decay) || o.weight_decay < 0) {
-    return absl::InvalidArgumentError(fl::StrCat("weight_decay must be finite and >= 0, got ", o.weight_decay));
-  }
-  if (!std::isfinite(o.proximal_mu) || o.proximal_mu < 0) {
-    return absl::InvalidArgumentError(fl::StrCat("proximal_mu must be finite and >= 0, got ", o.proximal_mu));
-  }
-  if (o.optimizer != "sgd" && o.optimizer != "adamw") {
-    return absl::InvalidArgumentError(fl::StrCat("unknown optimizer '", o.optimizer, "'; expected sgd or adamw"));
-  }
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -106,7 +70,7 @@ absl::StatusOr<std::unique_ptr<TorchTrainer>> TorchTrainer::Create(const TorchTr
                                                    " classes; the models expect 28x28 with 10"));
     }
   }
-  auto device = ResolveDevice(options.device);
+  auto device = internal::ResolveDevice(options.device);
   if (!device.ok()) return device.status();
   auto partition = data::PartitionSpec::Parse(options.partition);
   if (!partition.ok()) return partition.status();
@@ -180,7 +144,7 @@ absl::Status TorchTrainer::SetParameters(std::span<const float> values) {
 
 absl::StatusOr<TrainResult> TorchTrainer::Train(std::span<const float> global, const TrainOptions& options) {
   State& s = *state_;
-  if (auto status = ValidateTrainOptions(options); !status.ok()) return status;
+  if (auto status = internal::ValidateTrainOptions(options); !status.ok()) return status;
   const auto n = static_cast<uint32_t>(s.train_labels.size(0));
   if (n == 0) return absl::FailedPreconditionError("the client's train shard is empty");
   if (auto status = s.Load(global); !status.ok()) return status;
@@ -188,116 +152,39 @@ absl::StatusOr<TrainResult> TorchTrainer::Train(std::span<const float> global, c
   s.model->train();
   torch::manual_seed(data::SplitMix64(options.seed));  // dropout masks
 
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
-  if (options.optimizer == "sgd") {
-    optimizer = std::make_unique<torch::optim::SGD>(
-        s.parameters,
-        torch::optim::SGDOptions(options.learning_rate).momentum(options.momentum).weight_decay(options.weight_decay));
-  } else {
-    optimizer = std::make_unique<torch::optim::AdamW>(
-        s.parameters, torch::optim::AdamWOptions(options.learning_rate).weight_decay(options.weight_decay));
-  }
+  std::unique_ptr<torch::optim::Optimizer> optimizer = internal::MakeOptimizer(s.parameters, options);
   std::vector<torch::Tensor> global_parameters;
   if (options.proximal_mu > 0) {
     for (const auto& p : s.parameters) global_parameters.push_back(p.detach().clone());
   }
 
-  // The data order: epoch e is a Fisher-Yates shuffle drawn from MakeEngine(seed, e).
-  std::vector<uint32_t> order(n);
-  torch::Tensor permutation;  // `order` as int64 on the device
-  uint64_t epoch = 0;
-  int64_t position = 0;
-  auto shuffle = [&] {
-    std::iota(order.begin(), order.end(), 0u);
-    data::Engine engine = data::MakeEngine(options.seed, epoch++);
-    data::Shuffle(engine, order);
-    permutation = torch::from_blob(order.data(), {static_cast<int64_t>(n)}, torch::TensorOptions().dtype(torch::kInt))
-                      .to(s.device, torch::kLong);
-    position = 0;
-  };
-
   torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(s.device));
   torch::Tensor correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(s.device));
-  uint64_t seen = 0;
-  uint64_t steps = 0;
-  double compute_seconds = 0;
-  double throttled_seconds = 0;
   auto step = [&](const torch::Tensor& index) -> absl::Status {
-    if (options.cancelled != nullptr && options.cancelled->load(std::memory_order_relaxed)) {
-      return absl::CancelledError(fl::StrCat("training cancelled after ", steps, " steps"));
-    }
-    const auto compute_start = std::chrono::steady_clock::now();
     const torch::Tensor images = s.train_images.index_select(0, index);
     const torch::Tensor labels = s.train_labels.index_select(0, index);
     optimizer->zero_grad();
     const torch::Tensor logits = s.model->forward(images);
     const torch::Tensor loss = torch::nn::functional::cross_entropy(logits, labels);
     loss.backward();
-    if (options.proximal_mu > 0) {
-      // d/dw of mu/2 * ||w - w_global||^2 = mu * (w - w_global), added to the data gradient.
-      torch::NoGradGuard no_grad;
-      for (size_t i = 0; i < s.parameters.size(); ++i) {
-        torch::Tensor grad = s.parameters[i].mutable_grad();
-        if (!grad.defined()) continue;
-        grad.add_(s.parameters[i].detach() - global_parameters[i], options.proximal_mu);
-      }
-    }
+    if (options.proximal_mu > 0) internal::AddProximalGradient(s.parameters, global_parameters, options.proximal_mu);
     optimizer->step();
-    {
-      torch::NoGradGuard no_grad;
-      loss_sum += loss.detach().to(torch::kDouble);
-      correct += logits.detach().argmax(1).eq(labels).sum();
-    }
-    seen += static_cast<uint64_t>(index.size(0));
-    ++steps;
-    const auto compute = std::chrono::steady_clock::now() - compute_start;
-    compute_seconds += std::chrono::duration<double>(compute).count();
-    if (s.options.slowdown > 1) {
-      const auto idle_start = std::chrono::steady_clock::now();
-      std::this_thread::sleep_for(
-          std::chrono::duration_cast<std::chrono::nanoseconds>(compute * (s.options.slowdown - 1)));
-      throttled_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - idle_start).count();
-    }
+    torch::NoGradGuard no_grad;
+    loss_sum += loss.detach().to(torch::kDouble);
+    correct += logits.detach().argmax(1).eq(labels).sum();
     return absl::OkStatus();
   };
-
-  uint64_t num_examples = 0;
-  if (options.local_steps > 0) {
-    // Exactly local_steps full batches; a batch that runs past the end of an epoch continues in the next.
-    shuffle();
-    for (uint32_t k = 0; k < options.local_steps; ++k) {
-      std::vector<torch::Tensor> pieces;
-      int64_t remaining = options.batch_size;
-      while (remaining > 0) {
-        if (position == static_cast<int64_t>(n)) shuffle();
-        const int64_t take = std::min<int64_t>(remaining, n - position);
-        pieces.push_back(permutation.slice(0, position, position + take));
-        position += take;
-        remaining -= take;
-      }
-      const torch::Tensor index = pieces.size() == 1 ? pieces[0] : torch::cat(pieces);
-      if (auto status = step(index); !status.ok()) return status;
-    }
-    num_examples = static_cast<uint64_t>(options.local_steps) * options.batch_size;
-  } else {
-    for (uint32_t e = 0; e < options.local_epochs; ++e) {
-      shuffle();
-      for (int64_t begin = 0; begin < static_cast<int64_t>(n); begin += options.batch_size) {
-        const int64_t end = std::min<int64_t>(begin + options.batch_size, n);
-        if (auto status = step(permutation.slice(0, begin, end)); !status.ok()) return status;
-      }
-    }
-    num_examples = n;
-  }
+  auto loop = internal::RunTrainLoop(n, options, s.device, s.options.slowdown, step);
+  if (!loop.ok()) return loop.status();
 
   if (auto status = CopyToFlat(s.tensors, s.spec, s.local); !status.ok()) return status;
   TrainResult result;
-  result.num_examples = num_examples;
-  result.num_steps = steps;
-  result.compute_seconds = compute_seconds;
-  result.throttled_seconds = throttled_seconds;
-  result.train_loss = loss_sum.item<double>() / static_cast<double>(steps);
-  result.train_accuracy = static_cast<double>(correct.item<int64_t>()) / static_cast<double>(seen);
+  result.num_examples = loop->num_examples;
+  result.num_steps = loop->steps;
+  result.compute_seconds = loop->compute_seconds;
+  result.throttled_seconds = loop->throttled_seconds;
+  result.train_loss = loss_sum.item<double>() / static_cast<double>(loop->steps);
+  result.train_accuracy = static_cast<double>(correct.item<int64_t>()) / static_cast<double>(loop->seen);
   return result;
 }
 
