@@ -108,10 +108,11 @@ class RatioReporter : public benchmark::ConsoleReporter {
 
 // Parses Google Benchmark's flags, runs the selected benchmarks with a RatioReporter on the console (file
 // output via --benchmark_out keeps its own format) and returns a process exit code.
-inline int RunBenchmarksWithRatios(int argc, char** argv, const std::string& reference = "BM_Memcpy") {
+inline int RunBenchmarksWithRatios(int argc, char** argv, const std::string& reference = "BM_Memcpy",
+                                   const std::string& counter = "bytes_per_second") {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  RatioReporter reporter(reference);
+  RatioReporter reporter(reference, counter);
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
   return 0;

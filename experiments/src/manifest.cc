@@ -167,22 +167,57 @@ absl::Status ParseServer(const YamlMap& m, Manifest::Server* s) {
 }
 
 absl::Status ParseTraining(const YamlMap& m, Manifest::Training* t) {
-  FL_RETURN_IF_ERROR(m.Check({"model", "dataset", "data_dir", "partition", "local_epochs", "local_steps",
-                              "batch_size", "optimizer", "lr", "momentum", "weight_decay", "proximal_mu",
-                              "threads"}));
+  FL_RETURN_IF_ERROR(m.Check({"model", "dataset", "data_dir", "data", "task", "buffers", "seq_len", "partition",
+                              "local_epochs", "local_steps", "batch_size", "optimizer", "lr", "momentum",
+                              "weight_decay", "proximal_mu", "threads"}));
   FL_RETURN_IF_ERROR(Set(m.String("model"), &t->model));
-  if (t->model != "cnn" && t->model != "squeezenet" && t->model.rfind("synthetic:", 0) != 0) {
+  const bool script_model = t->model.ends_with(".pt") || t->model.ends_with(".pth") ||
+                            t->model.find('/') != std::string::npos;
+  if (script_model) {
+    std::error_code ec;
+    if (!fs::is_regular_file(t->model, ec)) {
+      return m.Error(m.Node("model"), "model",
+                     fl::StrCat("TorchScript model file \"", t->model, "\" not found (relative paths resolve against ",
+                                fs::current_path(ec).string(), "); export it first (examples/bring-your-own-model)"));
+    }
+    t->model = fs::absolute(t->model, ec).lexically_normal().string();
+  } else if (t->model != "cnn" && t->model != "squeezenet" && t->model.rfind("synthetic:", 0) != 0) {
     return m.Error(m.Node("model"), "model",
-                   fl::StrCat("unknown model \"", t->model, "\"; allowed: cnn, squeezenet, synthetic:<P>[:<train_ms>]"));
+                   fl::StrCat("unknown model \"", t->model,
+                              "\"; allowed: cnn, squeezenet, synthetic:<P>[:<train_ms>], or the path of a TorchScript "
+                              ".pt file"));
   }
   std::string dataset = "fashion-mnist";
   FL_RETURN_IF_ERROR(Set(m.Choice("dataset", {"fashion-mnist"}), &dataset));
   FL_RETURN_IF_ERROR(Set(m.String("data_dir"), &t->data_dir));
+  FL_RETURN_IF_ERROR(Set(m.String("data"), &t->data));
+  if (!t->data.empty()) {
+    std::error_code ec;
+    if (!fs::exists(t->data, ec)) {
+      return m.Error(m.Node("data"), "data",
+                     fl::StrCat("data \"", t->data, "\" not found (relative paths resolve against ",
+                                fs::current_path(ec).string(), "); give a .npz, an IDX directory or a text corpus"));
+    }
+    if (!script_model) {
+      return m.Error(m.Node("data"), "data",
+                     fl::StrCat("data is for TorchScript models; the built-in model \"", t->model,
+                                "\" trains on Fashion-MNIST (data_dir)"));
+    }
+    t->data = fs::absolute(t->data, ec).lexically_normal().string();
+  }
+  FL_RETURN_IF_ERROR(Set(m.Choice("task", {"classification", "regression", "next-token"}), &t->task));
+  if (!script_model && t->task != "classification") {
+    return m.Error(m.Node("task"), "task",
+                   fl::StrCat("the built-in model \"", t->model, "\" is a classifier; task ", t->task,
+                              " needs a TorchScript model (model: path.pt)"));
+  }
+  FL_RETURN_IF_ERROR(Set(m.Choice("buffers", {"average", "local"}), &t->buffers));
+  FL_RETURN_IF_ERROR(Set(m.Integer("seq_len", 1, 1'000'000), &t->seq_len));
   FL_RETURN_IF_ERROR(Set(m.String("partition"), &t->partition));
   const std::string& p = t->partition;
-  if (p != "iid" && p.rfind("dirichlet:", 0) != 0 && p.rfind("shards:", 0) != 0) {
+  if (p != "iid" && p != "natural" && p.rfind("dirichlet:", 0) != 0 && p.rfind("shards:", 0) != 0) {
     return m.Error(m.Node("partition"), "partition",
-                   fl::StrCat("unknown partition \"", p, "\"; allowed: iid, dirichlet:<alpha>, shards:<n>"));
+                   fl::StrCat("unknown partition \"", p, "\"; allowed: iid, dirichlet:<alpha>, shards:<n>, natural"));
   }
   FL_RETURN_IF_ERROR(Set(m.Integer("local_epochs", 0, 10'000), &t->local_epochs));
   FL_RETURN_IF_ERROR(Set(m.Integer("local_steps", 0, 100'000'000), &t->local_steps));
@@ -388,6 +423,8 @@ std::string ResolvedManifestJson(const Manifest& m) {
                  {"metrics_addr", m.server.metrics_addr},
                  {"upload_slots", m.server.upload_slots}};
   j["training"] = {{"model", m.training.model},         {"data_dir", m.training.data_dir},
+                   {"data", m.training.data},           {"task", m.training.task},
+                   {"buffers", m.training.buffers},     {"seq_len", m.training.seq_len},
                    {"partition", m.training.partition}, {"local_epochs", m.training.local_epochs},
                    {"local_steps", m.training.local_steps}, {"batch_size", m.training.batch_size},
                    {"optimizer", m.training.optimizer}, {"lr", m.training.lr},
@@ -443,6 +480,11 @@ absl::StatusOr<Manifest> ManifestFromResolvedJson(const std::string& json, const
     const auto& t = j.at("training");
     m.training.model = t.at("model").get<std::string>();
     m.training.data_dir = t.at("data_dir").get<std::string>();
+    // Absent in manifests recorded before bring-your-own-model: the defaults are what those runs did.
+    m.training.data = t.value("data", "");
+    m.training.task = t.value("task", "classification");
+    m.training.buffers = t.value("buffers", "average");
+    m.training.seq_len = t.value("seq_len", 64u);
     m.training.partition = t.at("partition").get<std::string>();
     m.training.local_epochs = t.at("local_epochs").get<uint32_t>();
     m.training.local_steps = t.at("local_steps").get<uint32_t>();

@@ -148,6 +148,10 @@ std::vector<std::string> ClientArgs(const Manifest& m, const RunOptions& o, cons
                                 "--give-up-after-s", "60",
                                 "--log-level", "warn"};
   if (!m.training.data_dir.empty()) a.insert(a.end(), {"--data-dir", m.training.data_dir});
+  if (!m.training.data.empty()) a.insert(a.end(), {"--data", m.training.data});
+  if (m.training.task != "classification") a.insert(a.end(), {"--task", m.training.task});
+  if (m.training.buffers != "average") a.insert(a.end(), {"--buffers", m.training.buffers});
+  if (m.training.seq_len != 64) a.insert(a.end(), {"--seq-len", std::to_string(m.training.seq_len)});
   if (!g.link_name.empty()) a.insert(a.end(), {"--link-profile", g.link_name});
   if (!g.device.device_class.empty()) a.insert(a.end(), {"--device-class", g.device.device_class});
   return a;

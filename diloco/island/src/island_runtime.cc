@@ -233,6 +233,8 @@ absl::Status IslandRun::Setup() {
   TaskOptions t;
   t.model = o_.model;
   t.data_dir = o_.data_dir;
+  t.data = o_.data;
+  t.task = o_.task;
   t.shard = o_.shard;
   t.num_shards = o_.num_shards;
   t.rank = o_.rank;

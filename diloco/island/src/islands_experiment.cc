@@ -84,7 +84,8 @@ absl::StatusOr<IslandsExperimentConfig> LoadIslandsExperiment(const std::string&
   static const std::map<std::string, std::string> kModelFlags = {
       {"name", "--model"},       {"d_model", "--d-model"},       {"layers", "--layers"},
       {"heads", "--heads"},      {"context", "--context"},       {"batch_size", "--batch-size"},
-      {"seed", "--seed"},        {"data_dir", "--data-dir"}};
+      {"seed", "--seed"},        {"data_dir", "--data-dir"},     {"data", "--data"},
+      {"task", "--task"}};
   static const std::map<std::string, std::string> kInnerFlags = {
       {"lr", "--inner-lr"},         {"weight_decay", "--weight-decay"}, {"beta1", "--beta1"},
       {"beta2", "--beta2"},         {"warmup_steps", "--warmup-steps"}, {"eval_every", "--eval-every"}};

@@ -28,8 +28,13 @@ int main(int argc, char** argv) {
   app.add_flag("--show-device", show_device,
                "print the device this rank would train on (\"device: <name>\") and why, then exit");
   app.add_option("--threads", o.threads, "intra-op threads (0 = LibTorch default)")->capture_default_str();
-  app.add_option("--model", o.model, "char-lm (fortunes) | cnn (Fashion-MNIST)")->capture_default_str();
+  app.add_option("--model", o.model,
+                 "char-lm (fortunes) | cnn (Fashion-MNIST) | PATH.pt (a TorchScript model: docs/models-and-data.md)")
+      ->capture_default_str();
   app.add_option("--data-dir", o.data_dir, "data directory (default: the Debian package's)");
+  app.add_option("--data", o.data, "TorchScript models: a .npz, a Fashion-MNIST IDX directory or a text corpus");
+  app.add_option("--task", o.task, "TorchScript models: classification | regression | next-token")
+      ->capture_default_str();
   app.add_option("--seed", o.seed, "model init and sampling seed")->capture_default_str();
   app.add_option("--batch-size", o.batch_size, "per-rank batch size")->capture_default_str();
   app.add_option("--context", o.context, "char-lm context length")->capture_default_str();

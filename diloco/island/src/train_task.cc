@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "fl/client/script_model.h"
 #include "fl/client/torch_models.h"
 #include "fl/core/str_cat.h"
 #include "fl/data/deterministic_random.h"
@@ -138,7 +139,6 @@ class CharLmTask final : public TrainTask {
     return task;
   }
 
-  torch::nn::Module& module() override { return *model_; }
   std::vector<torch::Tensor> parameters() override { return model_->parameters(); }
   const core::ModelSpec& spec() const override { return spec_; }
   uint64_t units_per_batch() const override { return static_cast<uint64_t>(o_.batch_size * o_.context); }
@@ -240,7 +240,6 @@ class CnnTask final : public TrainTask {
     return task;
   }
 
-  torch::nn::Module& module() override { return *model_; }
   std::vector<torch::Tensor> parameters() override { return model_->parameters(); }
   const core::ModelSpec& spec() const override { return spec_; }
   uint64_t units_per_batch() const override { return static_cast<uint64_t>(o_.batch_size); }
@@ -273,6 +272,114 @@ class CnnTask final : public TrainTask {
   torch::Tensor eval_images_, eval_labels_;
 };
 
+// ---------------------------------------------------------------------------------------------------------
+// A user's TorchScript model on the user's data.
+
+class ScriptTask final : public TrainTask {
+ public:
+  static absl::StatusOr<std::unique_ptr<TrainTask>> Create(const TaskOptions& o) {
+    auto task_kind = data::ParseTask(o.task);
+    if (!task_kind.ok()) return task_kind.status();
+    data::DataOptions d;
+    d.path = !o.data.empty() ? o.data : !o.data_dir.empty() ? o.data_dir : std::string(data::kDefaultFashionMnistDir);
+    d.task = *task_kind;
+    d.partition = "iid";
+    d.client_index = static_cast<uint32_t>(o.shard);
+    d.num_clients = static_cast<uint32_t>(o.num_shards);
+    d.partition_seed = o.seed;
+    d.seq_len = static_cast<uint32_t>(o.context);
+    absl::StatusOr<data::ClientData> shard = data::LoadClientData(d);
+    if (!shard.ok()) return shard.status();
+    // Every island evaluates on the same examples: the start of the whole test split (client 0 of 1; its train
+    // share is cut to one example, so the second load costs little).
+    data::DataOptions whole = d;
+    whole.client_index = 0;
+    whole.num_clients = 1;
+    whole.data_fraction = 1e-9;
+    absl::StatusOr<data::ClientData> eval = data::LoadClientData(whole);
+    if (!eval.ok()) return eval.status();
+
+    // Loaded straight onto the device: every island and rank starts from the file's weights.
+    absl::StatusOr<client::ScriptModel> model = client::LoadScriptModel(o.model, o.device);
+    if (!model.ok()) return model.status();
+    auto task = std::unique_ptr<ScriptTask>(new ScriptTask(o, *task_kind));
+    task->model_ = std::move(*model);
+    task->train_x_ = client::InputsOf(shard->train).to(o.device);
+    task->train_y_ = client::TargetsOf(shard->train).to(o.device);
+    const int64_t n_eval = std::min<int64_t>(o.eval_examples, static_cast<int64_t>(eval->test.n));
+    task->eval_x_ = client::InputsOf(eval->test).slice(0, 0, n_eval).to(o.device);
+    task->eval_y_ = client::TargetsOf(eval->test).slice(0, 0, n_eval).to(o.device);
+    if (task->train_x_.size(0) == 0) {
+      return absl::InvalidArgumentError(fl::StrCat(d.path, ": island shard ", o.shard, " of ", o.num_shards,
+                                                   " has no training examples"));
+    }
+    auto outputs = client::ProbeScriptModel(task->model_, *task_kind, task->train_x_, task->train_y_, d.path);
+    if (!outputs.ok()) return outputs.status();
+    if (*task_kind != data::Task::kRegression) {
+      if (absl::Status s = data::CheckLabelRange(*shard, *outputs); !s.ok()) return s;
+    }
+    std::vector<core::TensorSpec> specs;
+    for (size_t i = 0; i < task->model_.tensors.size(); ++i) {
+      if (!task->model_.is_parameter[i] || !task->model_.tensors[i].requires_grad()) continue;
+      specs.push_back(task->model_.spec.tensors()[i]);
+    }
+    absl::StatusOr<core::ModelSpec> spec = core::ModelSpec::Create(std::move(specs));
+    if (!spec.ok()) return spec.status();
+    task->spec_ = std::move(*spec);
+    // The trainable parameters in spec order (state_dict order, as the flat image and the fragment plan see them).
+    task->parameters_ = task->model_.parameters;
+    return task;
+  }
+
+  std::vector<torch::Tensor> parameters() override { return parameters_; }
+  const core::ModelSpec& spec() const override { return spec_; }
+  uint64_t units_per_batch() const override {
+    uint64_t per_example = 1;
+    if (kind_ == data::Task::kNextToken) per_example = static_cast<uint64_t>(train_y_.size(1));  // tokens
+    return static_cast<uint64_t>(o_.batch_size) * per_example;
+  }
+
+  torch::Tensor NextTrainLoss() override {
+    model_.module.train();
+    std::vector<int64_t> batch(static_cast<size_t>(o_.batch_size));
+    for (auto& i : batch) i = static_cast<int64_t>(data::UniformIndex(engine_, static_cast<uint64_t>(train_x_.size(0))));
+    const torch::Tensor index = torch::tensor(batch, torch::kLong).to(train_x_.device());
+    absl::StatusOr<torch::Tensor> out = client::ScriptForward(model_, train_x_.index_select(0, index), o_.model);
+    // The probe ran this forward on the same data at Create; a failure here is a model bug worth a stop.
+    if (!out.ok()) throw std::runtime_error(std::string(out.status().message()));
+    return client::ComputeTaskLoss(kind_, *out, train_y_.index_select(0, index)).loss;
+  }
+
+  double EvalLoss() override {
+    torch::NoGradGuard no_grad;
+    model_.module.eval();
+    double sum = 0;
+    int64_t count = 0;
+    for (int64_t begin = 0; begin < eval_x_.size(0); begin += 500) {
+      const int64_t end = std::min<int64_t>(begin + 500, eval_x_.size(0));
+      absl::StatusOr<torch::Tensor> out = client::ScriptForward(model_, eval_x_.slice(0, begin, end), o_.model);
+      if (!out.ok()) throw std::runtime_error(std::string(out.status().message()));
+      const client::TaskLoss b = client::ComputeTaskLoss(kind_, *out, eval_y_.slice(0, begin, end));
+      sum += b.sum.item<double>();
+      count += b.count;
+    }
+    model_.module.train();
+    return count > 0 ? sum / static_cast<double>(count) : 0.0;
+  }
+
+ private:
+  ScriptTask(const TaskOptions& o, data::Task kind)
+      : o_(o), kind_(kind), engine_(data::MakeEngine(o.seed, 1000003ull * (o.shard + 1) + o.rank)) {}
+
+  TaskOptions o_;
+  data::Task kind_;
+  data::Engine engine_;
+  client::ScriptModel model_;
+  core::ModelSpec spec_;
+  std::vector<torch::Tensor> parameters_;
+  torch::Tensor train_x_, train_y_, eval_x_, eval_y_;
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TrainTask>> CreateTrainTask(const TaskOptions& options) {
@@ -281,8 +388,13 @@ absl::StatusOr<std::unique_ptr<TrainTask>> CreateTrainTask(const TaskOptions& op
   }
   if (options.model == "char-lm") return CharLmTask::Create(options);
   if (options.model == "cnn") return CnnTask::Create(options);
-  return absl::InvalidArgumentError(
-      fl::StrCat("unknown model '", options.model, "'; use char-lm (fortunes) or cnn (Fashion-MNIST)"));
+  if (options.model.ends_with(".pt") || options.model.ends_with(".pth") ||
+      options.model.find('/') != std::string::npos) {
+    return ScriptTask::Create(options);
+  }
+  return absl::InvalidArgumentError(fl::StrCat("unknown model '", options.model,
+                                               "'; use char-lm (fortunes), cnn (Fashion-MNIST) or the path of a "
+                                               "TorchScript .pt file"));
 }
 
 void ParamsToFlat(const std::vector<torch::Tensor>& params, std::span<float> out) {

@@ -6,6 +6,10 @@
 //    mlp.proj}.{weight,bias}, ln_f, head — so the fragment plan sees blocks.<i> as layer i and the
 //    embeddings, final norm and head as non-layer tensors.
 //  "cnn": fl-client's Fashion-MNIST CNN (client/torch, unchanged), 225,034 parameters.
+//  a TorchScript file (*.pt, or any path with a '/'): the user's model (fl/client/script_model.h) on `data`
+//    (fl/data/client_data.h: .npz, IDX directory, text corpus) for `task`. The islands exchange its trainable
+//    parameters (spec = those, in state_dict order); buffers (BatchNorm statistics) stay each rank's own.
+//    Evaluation: the mean loss over the first eval_examples of the whole test split.
 // Every rank draws its own batches: sample windows (or images) uniformly from its island's shard with an
 // engine seeded by (seed, island shard, rank), so ranks of an island see different data and a run
 // replays exactly.
@@ -25,8 +29,10 @@
 namespace fl::diloco {
 
 struct TaskOptions {
-  std::string model = "char-lm";  // "char-lm" | "cnn"
+  std::string model = "char-lm";  // "char-lm" | "cnn" | a TorchScript .pt path
   std::string data_dir;           // empty = the task's default (fortunes / Fashion-MNIST package dirs)
+  std::string data;               // TorchScript models: the data path (default: data_dir)
+  std::string task = "classification";  // TorchScript models
   size_t shard = 0;               // which training shard this island trains on
   size_t num_shards = 1;
   size_t rank = 0;                // data-parallel rank inside the island (its own sample stream)
@@ -41,14 +47,13 @@ struct TaskOptions {
   int64_t num_layers = 4;
   int64_t num_heads = 4;
   int64_t eval_windows = 256;     // evaluation windows (non-overlapping, from the start of the eval text)
-  // cnn
-  int64_t eval_examples = 2000;   // first n test images
+  // cnn and TorchScript models
+  int64_t eval_examples = 2000;   // first n test examples
 };
 
 class TrainTask {
  public:
   virtual ~TrainTask() = default;
-  virtual torch::nn::Module& module() = 0;
   // Trainable parameters in spec order (for the optimizer and the flat copies).
   virtual std::vector<torch::Tensor> parameters() = 0;
   virtual const core::ModelSpec& spec() const = 0;

@@ -62,9 +62,15 @@ struct Manifest {
   } server;
 
   struct Training {
-    std::string model = "cnn";        // fl-client --model: cnn, squeezenet, synthetic:<P>[:<ms>]
+    std::string model = "cnn";        // fl-client --model: cnn, squeezenet, synthetic:<P>[:<ms>], or a .pt path
     std::string data_dir;             // "" = fl-client's default (/usr/share/datasets/fashion-mnist)
-    std::string partition = "iid";    // iid, dirichlet:<alpha>, shards:<n>
+    // Bring your own model and data (docs/models-and-data.md); paths are made absolute at load (relative ones
+    // resolve against the directory fl-experiment runs in), so that a replay finds the same files.
+    std::string data;                 // .npz, IDX directory or text corpus; "" = data_dir
+    std::string task = "classification";  // classification, regression, next-token (TorchScript models)
+    std::string buffers = "average";  // average | local: a TorchScript model's float buffers
+    uint32_t seq_len = 64;            // next-token on a text corpus
+    std::string partition = "iid";    // iid, dirichlet:<alpha>, shards:<n>, natural
     uint32_t local_epochs = 1;
     uint32_t local_steps = 0;
     uint32_t batch_size = 32;

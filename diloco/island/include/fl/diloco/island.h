@@ -48,8 +48,10 @@ struct IslandOptions {
   int threads = 1;                     // intra-op threads of this rank
 
   // Model and data (see src/train_task.h).
-  std::string model = "char-lm";       // "char-lm" | "cnn"
+  std::string model = "char-lm";       // "char-lm" | "cnn" | a TorchScript .pt file (docs/models-and-data.md)
   std::string data_dir;                // empty = the task's Debian package directory
+  std::string data;                    // TorchScript models: .npz / IDX directory / text corpus
+  std::string task = "classification";  // TorchScript models: classification | regression | next-token
   uint64_t seed = 1;
   int64_t batch_size = 32;
   int64_t context = 64;
