@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <sstream>
+#include <vector>
 #include <system_error>
 
 #include "absl/strings/str_join.h"
@@ -45,12 +46,32 @@ std::string InputSignature(const torch::jit::Module& module) {
 }  // namespace
 
 std::string FirstLineOf(const std::exception& error) {
-  std::string message = error.what();
-  // c10::Error::what() carries a backtrace after the first line, and some messages start with an empty line.
-  const size_t begin = message.find_first_not_of("\n ");
-  if (begin == std::string::npos) return message;
-  const size_t end = message.find('\n', begin);
-  return message.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+  const std::string message = error.what();
+  std::vector<std::string> lines;
+  for (size_t begin = 0; begin < message.size();) {
+    size_t end = message.find('\n', begin);
+    if (end == std::string::npos) end = message.size();
+    std::string line = message.substr(begin, end - begin);
+    if (line.find_first_not_of(' ') != std::string::npos) lines.push_back(std::move(line));
+    begin = end + 1;
+  }
+  if (lines.empty()) return message;
+  // An error inside a TorchScript forward starts with "The following operation failed in the TorchScript
+  // interpreter." and ends with the exception itself ("RuntimeError: Expected 4D input ..."); the user's own
+  // line is the first frame of the original-code traceback. Say those two things.
+  if (lines.front().find("TorchScript interpreter") != std::string::npos && lines.size() > 1) {
+    std::string summary = lines.back();
+    for (size_t i = 0; i + 1 < lines.size(); ++i) {
+      if (lines[i].find("original code") == std::string::npos) continue;
+      const std::string& frame = lines[i + 1];
+      const size_t file = frame.find("File ");
+      if (file != std::string::npos) summary += fl::StrCat(" (at ", frame.substr(file + 5), ")");
+      break;
+    }
+    return summary;
+  }
+  // c10::Error::what() carries a C++ backtrace after the first line, which users do not need.
+  return lines.front();
 }
 
 absl::StatusOr<ScriptModel> LoadScriptModel(const std::string& path, torch::Device device) {

@@ -38,7 +38,8 @@ struct ScriptModel {
 // dtype the flat buffer cannot carry, no trainable parameter.
 absl::StatusOr<ScriptModel> LoadScriptModel(const std::string& path, torch::Device device);
 
-// The first line of a LibTorch exception's message (the rest is a C++ backtrace users do not need).
+// What went wrong, in one line, from a LibTorch exception: the first line of a C++ error (the rest is a
+// backtrace), or for an error inside a TorchScript forward the exception itself and the user's source line.
 std::string FirstLineOf(const std::exception& error);
 
 // One split's inputs and targets as CPU tensors [n, ...]: uint8 features become float32 x / 255, float32 stays
