@@ -12,7 +12,10 @@
 
 #include <signal.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <filesystem>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -174,6 +177,47 @@ TEST_F(ByoModelTest, ClientWithAnotherModelIsRefusedNamingTheTensor) {
   EXPECT_THAT(message, HasSubstr("'bn1.weight'")) << message;
   EXPECT_THAT(message, HasSubstr("refused")) << message;
   server.Kill(SIGTERM);
+}
+
+// The example manifests, as a user runs them from the repository root (relative paths "out/byom/..."): every
+// one validates, and the regression example runs through fl-experiment (emulated links) and records the MAE.
+TEST_F(ByoModelTest, ExampleManifestsValidateAndTheRegressionExampleRuns) {
+  // The examples read out/byom/ relative to the directory fl-experiment runs in: make that this scratch dir.
+  std::filesystem::create_directories(dir_->File("out"));
+  std::filesystem::create_directory_symlink(dir_->path(), dir_->File("out/byom"));
+  ASSERT_EQ(chdir(dir_->path().c_str()), 0);
+  size_t manifests = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(kExamples)) {
+    if (entry.path().extension() != ".yaml") continue;
+    ++manifests;
+    Subprocess validate({FL_EXPERIMENT_BIN, "validate", entry.path().string()},
+                        dir_->File(entry.path().stem().string() + ".validate.log"));
+    EXPECT_EQ(validate.Wait(std::chrono::seconds(60)).value_or(-1), 0)
+        << entry.path() << ": " << ReadFile(dir_->File(entry.path().stem().string() + ".validate.log"));
+  }
+  EXPECT_GE(manifests, 4u);
+
+  const std::string out = dir_->File("regression-run");
+  const std::string log = dir_->File("regression-run.log");
+  Subprocess run({FL_EXPERIMENT_BIN, "run", kExamples + "/regression.yaml", "--out", out}, log);
+  ASSERT_EQ(run.Wait(std::chrono::minutes(10)).value_or(-1), 0) << ReadFile(log);
+  auto reader = instrumentation::RecordReader::Open(out + "/records.db");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto experiments = (*reader)->ListExperiments();
+  ASSERT_TRUE(experiments.ok() && experiments->size() == 1u);
+  auto rows = (*reader)->ListRounds(experiments->front().id);
+  ASSERT_TRUE(rows.ok());
+  std::vector<double> mae;
+  for (const auto& row : *rows) {
+    if (row.status != instrumentation::RoundStatus::kCommitted) continue;
+    ASSERT_TRUE(row.eval_mae.has_value()) << "regression rounds record the MAE";
+    EXPECT_FALSE(row.eval_accuracy.has_value()) << "and no accuracy";
+    mae.push_back(*row.eval_mae);
+  }
+  ASSERT_EQ(mae.size(), 3u);
+  std::printf("Regressor (TorchScript) via fl-experiment, 3 clients over emulated links: MAE per round: %g %g %g\n",
+              mae[0], mae[1], mae[2]);
+  EXPECT_LT(mae[2], mae[0]);
 }
 
 }  // namespace
