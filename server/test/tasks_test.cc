@@ -43,11 +43,12 @@ std::string Where(const std::string& experiment_id, int64_t round) {
 }
 
 // Runs two rounds with two clients of `task`, each evaluated, with Prometheus metrics; returns the records
-// path, the experiment id and the last /metrics text (checked by promtool).
+// path, the experiment id, the last /metrics text (checked by promtool) and the server's console output.
 struct TaskRun {
   std::string db;
   std::string experiment_id;
   std::string metrics_text;
+  std::string console;
 };
 
 TaskRun RunTask(fl::testing::ScratchDir& dir, const std::string& task) {
@@ -55,11 +56,13 @@ TaskRun RunTask(fl::testing::ScratchDir& dir, const std::string& task) {
   EXPECT_TRUE(metrics.ok()) << metrics.status();
   EngineConfig config = SmallConfig("");
   config.fit = {1.0, 2, 2};
-  TaskRun run{dir.File("records.db"), "", ""};
+  TaskRun run{dir.File("records.db"), "", "", ""};
+  ::testing::internal::CaptureStdout();  // the round table fl-server prints
   TestServer server(config, run.db, InitialModel(1), metrics->get());
   auto a = StartClient(server.address(), "a", 1, "wifi", 0, 0, task);
   auto b = StartClient(server.address(), "b", 2, "5g", 0, 0, task);
   const EngineResult result = server.Wait();
+  run.console = ::testing::internal::GetCapturedStdout();
   EXPECT_EQ(result.status, "finished") << result.reason;
   a->thread.join();
   b->thread.join();
@@ -108,6 +111,9 @@ TEST(TasksTest, RegressionRecordsTheWeightedMaeAndNoAccuracy) {
               2);
   }
   EXPECT_NEAR(Gauge(run.metrics_text, "fl_eval_mae"), *rounds.back().eval_mae, 1e-6) << run.metrics_text;
+  // The console table's metric column is the task's.
+  EXPECT_NE(run.console.find("test_loss   test_mae round_time_s"), std::string::npos) << run.console;
+  EXPECT_EQ(run.console.find("test_acc"), std::string::npos) << run.console;
   EXPECT_TRUE(std::isnan(Gauge(run.metrics_text, "fl_eval_accuracy"))) << run.metrics_text;
   EXPECT_TRUE(std::isnan(Gauge(run.metrics_text, "fl_eval_perplexity")));
 }
@@ -136,6 +142,10 @@ TEST(TasksTest, NextTokenRecordsPerplexityAndTokenAccuracy) {
   EXPECT_NEAR(Gauge(run.metrics_text, "fl_eval_perplexity"), *rounds.back().eval_perplexity, 1e-6)
       << run.metrics_text;
   EXPECT_NEAR(Gauge(run.metrics_text, "fl_eval_accuracy"), *rounds.back().eval_accuracy, 1e-6);
+  EXPECT_NE(run.console.find("test_loss   test_ppl round_time_s"), std::string::npos) << run.console;
+  char ppl[32];
+  std::snprintf(ppl, sizeof(ppl), "%.4f", *rounds.back().eval_perplexity);
+  EXPECT_NE(run.console.find(ppl), std::string::npos) << run.console;
   EXPECT_TRUE(std::isnan(Gauge(run.metrics_text, "fl_eval_mae")));
 }
 
@@ -152,6 +162,7 @@ TEST(TasksTest, ClassificationIsTheDefaultTaskAndRecordsAccuracyOnly) {
     EXPECT_FALSE(r.eval_mae.has_value() || r.eval_perplexity.has_value());
   }
   EXPECT_FALSE(std::isnan(Gauge(run.metrics_text, "fl_eval_accuracy")));
+  EXPECT_NE(run.console.find("test_loss   test_acc round_time_s"), std::string::npos) << run.console;
 }
 
 TEST(TasksTest, AClientOfAnotherTaskIsRefusedNamingBothTasks) {
