@@ -45,8 +45,9 @@ struct ModelFlags {
   double slowdown = 1.0;
 };
 
-// A TorchScript file rather than a built-in model's name: the names have no '/' and no extension.
-bool IsModelFile(const std::string& model) {
+// A TorchScript file rather than a built-in model's name: the names have no '/' and no extension. Unused in a
+// build without LibTorch (FL_WITH_TORCH=OFF), which refuses every model but the synthetic one earlier.
+[[maybe_unused]] bool IsModelFile(const std::string& model) {
   return model.ends_with(".pt") || model.ends_with(".pth") || model.find('/') != std::string::npos;
 }
 
