@@ -76,16 +76,19 @@ class RatioReporter : public benchmark::ConsoleReporter {
     for (const auto& [index, name] : sorted) {
       if (name.rfind(reference_ + "/", 0) == 0) reference_rate[SizeKey(name)] = Median(samples_.at(name));
     }
-    std::string table = "| benchmark | GB/s | x " + reference_ + " (same n, same run) |\n|---|---:|---:|\n";
+    // Bytes per second read as GB/s; any other counter (items_per_second: steps/s, ...) as it is.
+    const bool bytes = counter_ == "bytes_per_second";
+    const double scale = bytes ? 1e-9 : 1.0;
+    std::string table = "| benchmark | " + (bytes ? std::string("GB/s") : counter_) + " | x " + reference_ +
+                        " (same n, same run) |\n|---|---:|---:|\n";
     for (const auto& [index, name] : sorted) {
-      const double rate = Median(samples_.at(name));
+      const double rate = Median(samples_.at(name)) * scale;
       const auto ref = reference_rate.find(SizeKey(name));
       char line[512];
       if (ref != reference_rate.end() && ref->second > 0) {
-        std::snprintf(line, sizeof(line), "| %s | %.2f | %.2f |\n", name.c_str(), rate / 1e9,
-                      rate / ref->second);
+        std::snprintf(line, sizeof(line), "| %s | %.2f | %.2f |\n", name.c_str(), rate, rate / (ref->second * scale));
       } else {
-        std::snprintf(line, sizeof(line), "| %s | %.2f | n/a |\n", name.c_str(), rate / 1e9);
+        std::snprintf(line, sizeof(line), "| %s | %.2f | n/a |\n", name.c_str(), rate);
       }
       table += line;
     }
