@@ -17,15 +17,35 @@ namespace {
 using instrumentation::sqlite::Database;
 
 struct RoundOutcome {
-  std::optional<double> accuracy;
+  std::optional<double> accuracy;  // the task's metric: accuracy, MAE or perplexity
   std::optional<double> loss;
   double duration_ms = 0;
 };
 
-absl::StatusOr<std::map<int64_t, RoundOutcome>> Rounds(Database& db, const std::string& id) {
-  absl::StatusOr<instrumentation::sqlite::Statement> st = db.Prepare(
-      "SELECT round, eval_accuracy, eval_loss, duration_ms FROM rounds WHERE experiment_id = ?1 AND status = "
-      "'committed' ORDER BY round");
+// The rounds column of the experiment's task's metric (schema v6 records the task; older databases and
+// classification: accuracy), and its short name for the table's header.
+struct Metric {
+  std::string column = "eval_accuracy";
+  std::string label = "acc";
+};
+
+absl::StatusOr<Metric> MetricOf(Database& db, const std::string& id) {
+  absl::StatusOr<instrumentation::sqlite::Statement> st = db.Prepare("SELECT task FROM experiments WHERE id = ?1");
+  // A database from before tasks has no such column: a classification experiment.
+  if (!st.ok()) return Metric{};
+  st->BindText(1, id);
+  absl::StatusOr<bool> row = st->Step("read the experiment's task");
+  if (!row.ok()) return row.status();
+  const std::string task = *row ? st->ColumnText(0) : "";
+  if (task == "regression") return Metric{"eval_mae", "mae"};
+  if (task == "next-token") return Metric{"eval_perplexity", "ppl"};
+  return Metric{};
+}
+
+absl::StatusOr<std::map<int64_t, RoundOutcome>> Rounds(Database& db, const std::string& id, const Metric& metric) {
+  absl::StatusOr<instrumentation::sqlite::Statement> st = db.Prepare(fl::StrCat(
+      "SELECT round, ", metric.column, ", eval_loss, duration_ms FROM rounds WHERE experiment_id = ?1 AND status = "
+      "'committed' ORDER BY round"));
   if (!st.ok()) return st.status();
   st->BindText(1, id);
   std::map<int64_t, RoundOutcome> out;
@@ -74,13 +94,15 @@ absl::StatusOr<std::string> CompareExperiments(const std::string& db_path, const
   absl::StatusOr<Database> db = Database::Open(db_path, SQLITE_OPEN_READONLY);
   if (!db.ok()) return db.status();
   (void)db->Exec("PRAGMA busy_timeout = 5000");
-  absl::StatusOr<std::map<int64_t, RoundOutcome>> a = Rounds(*db, original);
+  absl::StatusOr<Metric> metric = MetricOf(*db, original);
+  if (!metric.ok()) return metric.status();
+  absl::StatusOr<std::map<int64_t, RoundOutcome>> a = Rounds(*db, original, *metric);
   if (!a.ok()) return a.status();
-  absl::StatusOr<std::map<int64_t, RoundOutcome>> b = Rounds(*db, replay);
+  absl::StatusOr<std::map<int64_t, RoundOutcome>> b = Rounds(*db, replay, *metric);
   if (!b.ok()) return b.status();
   std::string out = absl::StrFormat("Replay %s of %s\n\n", replay, original);
-  out += absl::StrFormat("%6s  %10s %10s %9s  %10s %10s %9s\n", "round", "acc(orig)", "acc(rep)", "diff",
-                         "loss(orig)", "loss(rep)", "diff");
+  out += absl::StrFormat("%6s  %10s %10s %9s  %10s %10s %9s\n", "round", metric->label + "(orig)",
+                         metric->label + "(rep)", "diff", "loss(orig)", "loss(rep)", "diff");
   std::map<int64_t, bool> rounds;
   for (const auto& [r, _] : *a) rounds[r] = true;
   for (const auto& [r, _] : *b) rounds[r] = true;

@@ -49,10 +49,7 @@ class ByoModelTest : public ::testing::Test {
     dir_ = new testing::ScratchDir("byo_model");
     const std::string log = dir_->File("python.log");
     for (const char* script : {"export_models.py", "make_data.py"}) {
-      auto done = testing::RunPython(
-          fl::StrCat("import runpy, sys; sys.argv = ['", script, "'] + sys.argv[1:]; runpy.run_path('", kExamples,
-                     "/", script, "', run_name='__main__')"),
-          {"--out", dir_->path().string()}, log);
+      auto done = testing::RunPythonFile(fl::StrCat(kExamples, "/", script), {"--out", dir_->path().string()}, log);
       ASSERT_TRUE(done.ok()) << done.status();
     }
   }

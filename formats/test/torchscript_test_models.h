@@ -120,10 +120,7 @@ inline ::testing::AssertionResult RunTorchScript(const std::string& dir, const s
                                                  const std::string& script) {
   const std::string script_path = dir + "/" + name;
   std::ofstream(script_path) << script;
-  auto run = fl::testing::RunPython(
-      // As `python3 script.py dir` would: the classes live in __main__ (TorchScript names them __torch__.Net).
-      "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')",
-      {script_path, dir}, script_path + ".log");
+  auto run = fl::testing::RunPythonFile(script_path, {dir}, script_path + ".log");
   if (run.ok()) return ::testing::AssertionSuccess();
   if (absl::Status s = fl::testing::RequirePythonModule("torch", dir + "/require_torch.log"); !s.ok()) {
     return ::testing::AssertionFailure() << s.message();

@@ -70,10 +70,7 @@ class InitialModelTest : public ::testing::Test {
     const std::string dir = dir_->path().string();
     const std::string script = dir + "/export.py";
     std::ofstream(script) << kExportScript;
-    auto run = fl::testing::RunPython(
-        // As `python3 script.py dir` would: the classes live in __main__ (TorchScript names them __torch__.Net).
-        "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')",
-        {script, dir}, dir + "/export.log");
+    auto run = fl::testing::RunPythonFile(script, {dir}, dir + "/export.log");
     if (run.ok()) {
       exported_ = ::testing::AssertionSuccess();
     } else if (absl::Status s = fl::testing::RequirePythonModule("torch", dir + "/require.log"); !s.ok()) {

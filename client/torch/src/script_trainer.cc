@@ -202,16 +202,9 @@ absl::StatusOr<TrainResult> ScriptTrainer::Train(std::span<const float> global, 
   }
 
   if (auto status = CopyToFlat(s.model.tensors, s.model.spec, s.local); !status.ok()) return status;
-  TrainResult result;
-  result.num_examples = loop->num_examples;
-  result.num_steps = loop->steps;
-  result.compute_seconds = loop->compute_seconds;
-  result.throttled_seconds = loop->throttled_seconds;
-  result.train_loss = loss_sum.item<double>() / static_cast<double>(loop->steps);
-  result.train_accuracy = s.task == Task::kRegression || predictions == 0
-                              ? 0.0
-                              : static_cast<double>(correct.item<int64_t>()) / static_cast<double>(predictions);
-  return result;
+  const bool counted = s.task != Task::kRegression;
+  return internal::ToTrainResult(*loop, loss_sum.item<double>(), counted ? correct.item<int64_t>() : 0,
+                                 counted ? predictions : 0);
 }
 
 absl::StatusOr<EvalResult> ScriptTrainer::Evaluate(std::span<const float> global) {

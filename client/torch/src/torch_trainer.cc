@@ -178,14 +178,8 @@ absl::StatusOr<TrainResult> TorchTrainer::Train(std::span<const float> global, c
   if (!loop.ok()) return loop.status();
 
   if (auto status = CopyToFlat(s.tensors, s.spec, s.local); !status.ok()) return status;
-  TrainResult result;
-  result.num_examples = loop->num_examples;
-  result.num_steps = loop->steps;
-  result.compute_seconds = loop->compute_seconds;
-  result.throttled_seconds = loop->throttled_seconds;
-  result.train_loss = loss_sum.item<double>() / static_cast<double>(loop->steps);
-  result.train_accuracy = static_cast<double>(correct.item<int64_t>()) / static_cast<double>(loop->seen);
-  return result;
+  return internal::ToTrainResult(*loop, loss_sum.item<double>(), correct.item<int64_t>(),
+                                 static_cast<int64_t>(loop->seen));
 }
 
 absl::StatusOr<EvalResult> TorchTrainer::Evaluate(std::span<const float> global) {

@@ -69,6 +69,17 @@ void AddProximalGradient(const std::vector<torch::Tensor>& parameters, const std
   }
 }
 
+TrainResult ToTrainResult(const LoopResult& loop, double loss_sum, int64_t correct, int64_t predictions) {
+  TrainResult result;
+  result.num_examples = loop.num_examples;
+  result.num_steps = loop.steps;
+  result.compute_seconds = loop.compute_seconds;
+  result.throttled_seconds = loop.throttled_seconds;
+  result.train_loss = loop.steps > 0 ? loss_sum / static_cast<double>(loop.steps) : 0.0;
+  result.train_accuracy = predictions > 0 ? static_cast<double>(correct) / static_cast<double>(predictions) : 0.0;
+  return result;
+}
+
 absl::StatusOr<LoopResult> RunTrainLoop(uint32_t n, const TrainOptions& options, torch::Device device,
                                         double slowdown,
                                         const std::function<absl::Status(const torch::Tensor& index)>& step) {

@@ -40,6 +40,10 @@ struct LoopResult {
   double throttled_seconds = 0;
 };
 
+// The round's TrainResult: the loop's counts, the mean batch loss, and `correct` / `predictions` as the train
+// accuracy (0 when nothing is counted, e.g. regression).
+TrainResult ToTrainResult(const LoopResult& loop, double loss_sum, int64_t correct, int64_t predictions);
+
 // Runs one round's batches over a shard of n examples: local_epochs passes over the shuffled shard (the last
 // batch of an epoch may be short) or exactly local_steps batches of batch_size (epochs chained, reshuffled at
 // each boundary). Epoch e's order is a Fisher-Yates shuffle drawn from MakeEngine(options.seed, e), so it is

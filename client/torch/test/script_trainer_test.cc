@@ -47,10 +47,8 @@ class ScriptTrainerTest : public ::testing::Test {
     dir_ = new testing::ScratchDir("script_trainer");
     const std::string log = dir_->File("python.log");
     ASSERT_TRUE(testing::RequirePythonModule("torch", log).ok()) << testing::RequirePythonModule("torch", log);
-    auto exported = testing::RunPython(
-        "import runpy, sys; sys.argv = ['export_models.py'] + sys.argv[1:]; "
-        "runpy.run_path('" + kExamples + "/export_models.py', run_name='__main__')",
-        {"--out", dir_->path().string()}, log);
+    auto exported =
+        testing::RunPythonFile(kExamples + "/export_models.py", {"--out", dir_->path().string()}, log);
     ASSERT_TRUE(exported.ok()) << exported.status();
     export_log_ = new std::string(*exported);
     auto data = testing::RunPython(kSmallFashionMnist, {dir_->File("small.npz"), "512"}, log);
@@ -69,9 +67,7 @@ class ScriptTrainerTest : public ::testing::Test {
     static int counter = 0;
     const std::string file = dir_->File("script_" + std::to_string(counter++) + ".py");
     std::ofstream(file) << script;
-    auto result = testing::RunPython(
-        "import runpy, sys; path = sys.argv[1]; sys.argv = sys.argv[1:]; runpy.run_path(path, run_name='__main__')",
-        {file, dir_->path().string()}, dir_->File("python.log"));
+    auto result = testing::RunPythonFile(file, {dir_->path().string()}, dir_->File("python.log"));
     ASSERT_TRUE(result.ok()) << result.status();
   }
 

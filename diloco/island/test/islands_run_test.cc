@@ -119,16 +119,20 @@ TEST(IslandsRunTest, TwoIslandsStreamingOverlapInt4EndWithEqualHashes) {
   EXPECT_EQ(h0, h1);
 }
 
+// The TorchScript models of examples/bring-your-own-model, exported into `dir` by python3-torch.
+::testing::AssertionResult ExportExampleModels(const ScratchDir& dir) {
+  auto exported = fl::testing::RunPythonFile(Cat(FL_SOURCE_DIR, "/examples/bring-your-own-model/export_models.py"),
+                                             {"--out", dir.path().string()}, dir.File("python.log"));
+  if (exported.ok()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << exported.status();
+}
+
 // Bring your own model: two islands train a TorchScript GRU language model (examples/bring-your-own-model,
 // exported by python3-torch here) next-token on the fortunes text with DiLoCo over int8: equal hashes sync by
 // sync, and the model learns (below the ln 256 = 5.55 nats of a uniform byte model).
 TEST(IslandsRunTest, TwoIslandsTrainATorchScriptModelWithEqualHashes) {
   ScratchDir dir("island_script");
-  auto exported = fl::testing::RunPython(
-      Cat(Cat("import runpy, sys; sys.argv = ['export_models.py'] + sys.argv[1:]; runpy.run_path('", FL_SOURCE_DIR),
-          "/examples/bring-your-own-model/export_models.py', run_name='__main__')"),
-      {"--out", dir.path().string()}, dir.File("python.log"));
-  ASSERT_TRUE(exported.ok()) << exported.status();
+  ASSERT_TRUE(ExportExampleModels(dir));
   const int p0 = FreeLoopbackPort(), p1 = FreeLoopbackPort();
   const std::string e0 = Cat("tcp://127.0.0.1:", p0), e1 = Cat("tcp://127.0.0.1:", p1);
   std::vector<std::unique_ptr<Subprocess>> islands;
@@ -158,11 +162,7 @@ TEST(IslandsRunTest, TwoIslandsTrainATorchScriptModelWithEqualHashes) {
 // A TorchScript model that does not fit the data stops the island before it trains, naming the file.
 TEST(IslandsRunTest, TorchScriptModelThatDoesNotFitTheDataIsRefused) {
   ScratchDir dir("island_script_bad");
-  auto exported = fl::testing::RunPython(
-      Cat(Cat("import runpy, sys; sys.argv = ['export_models.py'] + sys.argv[1:]; runpy.run_path('", FL_SOURCE_DIR),
-          "/examples/bring-your-own-model/export_models.py', run_name='__main__')"),
-      {"--out", dir.path().string()}, dir.File("python.log"));
-  ASSERT_TRUE(exported.ok()) << exported.status();
+  ASSERT_TRUE(ExportExampleModels(dir));
   const int p0 = FreeLoopbackPort();
   const std::string e0 = Cat("tcp://127.0.0.1:", p0);
   // The image classifier on text tokens.

@@ -53,6 +53,19 @@ inline absl::StatusOr<std::string> RunPython(const std::string& script, const st
   return output.str();
 }
 
+// Runs the Python file `path` as __main__ with `args` as sys.argv[1:]. Through runpy rather than `python3 path` so
+// that the interpreter stays kSystemPython; as __main__ so that classes exported with torch.jit.script get
+// loadable names (`__torch__.<module>.Net`, not a run_path's generated module name), and from a file so that
+// torch.jit.script can read the classes' source.
+inline absl::StatusOr<std::string> RunPythonFile(const std::string& path, const std::vector<std::string>& args,
+                                                 const std::string& log_path) {
+  std::vector<std::string> all = {path};
+  all.insert(all.end(), args.begin(), args.end());
+  return RunPython("import runpy, sys; path = sys.argv[1]; sys.argv = sys.argv[1:]; "
+                   "runpy.run_path(path, run_name='__main__')",
+                   all, log_path);
+}
+
 // OK when /usr/bin/python3 can import `module` ("numpy", "torch"); otherwise an error saying how to install
 // it. Use as ASSERT_TRUE(RequirePythonModule("numpy", dir).ok()) << ... or through the status message.
 inline absl::Status RequirePythonModule(const std::string& module, const std::string& log_path) {
