@@ -255,9 +255,10 @@ int main(int argc, char** argv) {
     std::cerr << "fl-client: " << trainer.status().message() << "\n";
     return 2;
   }
-  spdlog::info("model {}: {} tensors, {} parameters, fingerprint {}; {} train / {} test examples",
-               (*trainer)->model_name(), (*trainer)->spec().num_tensors(), (*trainer)->spec().num_elements(),
-               (*trainer)->spec().FingerprintHex(), (*trainer)->num_train_examples(), (*trainer)->num_test_examples());
+  spdlog::info("model {} ({}): {} tensors, {} values, fingerprint {}; {} train / {} test examples",
+               (*trainer)->model_name(), (*trainer)->task(), (*trainer)->spec().num_tensors(),
+               (*trainer)->spec().num_elements(), (*trainer)->spec().FingerprintHex(), (*trainer)->num_train_examples(),
+               (*trainer)->num_test_examples());
 
   fl::client::FederatedClient client(options, trainer->get());
   std::atomic<bool> exiting{false}, signalled{false};
