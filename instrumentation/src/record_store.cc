@@ -68,10 +68,19 @@ INSERT INTO evaluations (experiment_id, round, attempt, client_id, num_examples,
                          reject_reason)
 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10))sql";
 
+// A checkpoint file is rewritten when its round is re-run (after a crash before the round's commit in a database
+// written before commits were atomic, or --resume-from-round): the row follows the file.
 constexpr std::string_view kInsertCheckpoint = R"sql(
 INSERT INTO checkpoints (experiment_id, round, model_version, path, bytes, fingerprint, checksum,
                          created_unix_ms)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8))sql";
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+ON CONFLICT (experiment_id, round) DO UPDATE SET
+  model_version = excluded.model_version, path = excluded.path, bytes = excluded.bytes,
+  fingerprint = excluded.fingerprint, checksum = excluded.checksum, created_unix_ms = excluded.created_unix_ms)sql";
+
+constexpr std::string_view kSupersedeRounds = R"sql(
+UPDATE rounds SET status = 'aborted', failure_reason = ?3
+WHERE experiment_id = ?1 AND round > ?2 AND status = 'committed')sql";
 
 }  // namespace
 
@@ -90,6 +99,7 @@ struct RecordStore::Writer {
   sqlite::Statement update_client_round_uplink;
   sqlite::Statement insert_evaluation;
   sqlite::Statement insert_checkpoint;
+  sqlite::Statement supersede_rounds;
 
   absl::Status Prepare() {
     return internal::PrepareStatements(
@@ -98,15 +108,34 @@ struct RecordStore::Writer {
              {&insert_client, kInsertClient}, {&update_client_left, kUpdateClientLeft}, {&insert_round, kInsertRound},
              {&update_round_evaluation, kUpdateRoundEvaluation}, {&insert_client_round, kInsertClientRound},
              {&update_client_round_uplink, kUpdateClientRoundUplink}, {&insert_evaluation, kInsertEvaluation},
-             {&insert_checkpoint, kInsertCheckpoint}});
+             {&insert_checkpoint, kInsertCheckpoint}, {&supersede_rounds, kSupersedeRounds}});
   }
 
   absl::Status Run(sqlite::Statement& stmt, std::string_view what, bool expect_change = false) {
     return internal::RunStatement(db, stmt, what, expect_change);
   }
 
+  // Runs `write_parts` inside a savepoint: if any part fails, every part is undone and the first error returned,
+  // so that a group record lands whole or not at all. An error that made SQLite roll back the enclosing
+  // transaction (I/O, disk full) leaves nothing to undo here; WriteBatch notices the lost transaction.
+  absl::Status WriteAtomically(absl::FunctionRef<absl::Status()> write_parts) {
+    if (absl::Status s = db.Exec("SAVEPOINT fl_group"); !s.ok()) return s;
+    absl::Status s = write_parts();
+    if (s.ok()) s = db.Exec("RELEASE fl_group");
+    if (!s.ok() && db.in_transaction()) {
+      (void)db.Exec("ROLLBACK TO fl_group");
+      (void)db.Exec("RELEASE fl_group");
+    }
+    return s;
+  }
+
   absl::Status WriteOne(const Record& record) {
-    absl::Status s = std::visit(
+    absl::Status s = WritePart(record);
+    return s.ok() ? s : Annotate(record, s);
+  }
+
+  absl::Status WritePart(const Record& record) {
+    return std::visit(
         Overloaded{
             [&](const ExperimentRecord& r) {
               sqlite::Statement& st = insert_experiment;
@@ -272,9 +301,39 @@ struct RecordStore::Writer {
               st.BindInt64(8, r.created_unix_ms);
               return Run(st, "insert into checkpoints");
             },
+            [&](const RoundCommitRecord& r) {
+              return WriteAtomically([&]() -> absl::Status {
+                // Parent first: client rows reference the round's row.
+                if (absl::Status s = WritePart(r.round); !s.ok()) return s;
+                for (const ClientRoundRecord& c : r.client_rounds) {
+                  if (absl::Status s = WritePart(c); !s.ok()) return Annotate(c, s);
+                }
+                if (r.checkpoint.has_value()) {
+                  if (absl::Status s = WritePart(*r.checkpoint); !s.ok()) return Annotate(*r.checkpoint, s);
+                }
+                return absl::OkStatus();
+              });
+            },
+            [&](const EvaluationCommitRecord& r) {
+              return WriteAtomically([&]() -> absl::Status {
+                for (const EvaluationRecord& e : r.evaluations) {
+                  if (absl::Status s = WritePart(e); !s.ok()) return Annotate(e, s);
+                }
+                if (r.figures.has_value()) {
+                  if (absl::Status s = WritePart(*r.figures); !s.ok()) return Annotate(*r.figures, s);
+                }
+                return absl::OkStatus();
+              });
+            },
+            [&](const RoundsSupersededUpdate& r) {
+              sqlite::Statement& st = supersede_rounds;
+              st.BindText(1, r.experiment_id);
+              st.BindInt64(2, r.after_round);
+              st.BindText(3, r.reason);
+              return Run(st, "update rounds (superseded)");
+            },
         },
         record);
-    return s.ok() ? s : Annotate(record, s);
   }
 
   // Names the record in an error about storing it.

@@ -113,6 +113,20 @@ std::string DescribeRecord(const Record& record) {
           [](const ExperimentTaskUpdate& r) {
             return fl::StrCat("experiment task update (id ", r.experiment_id, " -> ", r.task, ")");
           },
+          [](const RoundCommitRecord& r) {
+            return fl::StrCat("commit of round ", r.round.round, " (experiment ", r.round.experiment_id, ", attempt ",
+                              r.round.attempt, ": round row, ", r.client_rounds.size(), " client rows",
+                              r.checkpoint.has_value() ? ", checkpoint row)" : ")");
+          },
+          [](const EvaluationCommitRecord& r) {
+            return fl::StrCat("evaluation of round ", r.round, " (experiment ", r.experiment_id, ", attempt ",
+                              r.attempt, ": ", r.evaluations.size(), " client results",
+                              r.figures.has_value() ? ", round figures)" : ")");
+          },
+          [](const RoundsSupersededUpdate& r) {
+            return fl::StrCat("rounds superseded (experiment ", r.experiment_id, ", committed rounds after ",
+                              r.after_round, ")");
+          },
       },
       record);
 }

@@ -132,7 +132,7 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   auto corrupt = [&](std::string_view why) {
     return absl::DataLossError(fl::StrCat("checkpoint ", path, " is corrupt (", why,
-                                          "); restore it from a copy or resume from an older round's checkpoint"));
+                                          "); restore it from a copy, or resume from an older round's checkpoint with --resume-from-round"));
   };
   if (bytes.size() < sizeof(kMagic) + 16 || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
     return corrupt("no FLCKPT01 magic: not an fl-server checkpoint or truncated");

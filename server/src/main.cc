@@ -1,7 +1,9 @@
 // fl-server: admits clients, runs rounds, aggregates updates, evaluates and records every phase.
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -23,6 +25,7 @@
 #include "fl/instrumentation/record_store.h"
 #include "fl/server/checkpoint.h"
 #include "fl/server/initial_model.h"
+#include "fl/server/resume_plan.h"
 #include "fl/server/round_engine.h"
 #include "fl/server/service.h"
 #include "fl/server/strategy.h"
@@ -32,62 +35,35 @@ namespace {
 
 using fl::server::EngineConfig;
 
-// The newest checkpoint in `dir` (highest round), for --resume without --experiment-id.
-absl::StatusOr<std::string> NewestCheckpoint(const std::string& dir) {
-  std::string best;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.starts_with("round-") && name.ends_with(".ckpt") && name > std::filesystem::path(best).filename().string()) {
-      best = entry.path().string();
-    }
-  }
-  if (ec) return absl::NotFoundError(fl::StrCat("cannot read --checkpoint-dir ", dir, ": ", ec.message()));
-  if (best.empty()) {
-    return absl::NotFoundError(fl::StrCat("--resume: no checkpoint in ", dir, "; run without --resume to start anew"));
-  }
-  return best;
+// SQLite keeps the WAL index of the records database in a memory-mapped file (<db>-shm), shared with the
+// readers that watch an experiment live (fl-report, tests), so it cannot be moved to heap memory with
+// locking_mode=EXCLUSIVE. When that file is truncated or its file system cannot back the mapping, the next
+// access raises SIGBUS, which would kill fl-server without a word. This handler says what happened and exits
+// with the failure status; it only calls write(2) and _exit(2) (async-signal-safe) on a message prepared before.
+char g_sigbus_message[1536];
+size_t g_sigbus_message_len = 0;
+
+void OnSigbus(int) {
+  ssize_t ignored = ::write(STDERR_FILENO, g_sigbus_message, g_sigbus_message_len);
+  (void)ignored;
+  ::_exit(1);
 }
 
-absl::StatusOr<fl::server::RoundEngine::StartPoint> PlanResume(EngineConfig* config, const std::string& db_path) {
-  fl::server::RoundEngine::StartPoint start;
-  start.resume = true;
-  if (config->checkpoint_dir.empty()) return absl::InvalidArgumentError("--resume needs --checkpoint-dir");
-  if (db_path.empty()) return absl::InvalidArgumentError("--resume needs --db (the records say which round committed)");
-  if (config->experiment_id.empty()) {
-    auto newest = NewestCheckpoint(config->checkpoint_dir);
-    if (!newest.ok()) return newest.status();
-    auto ckpt = fl::server::LoadCheckpoint(*newest);
-    if (!ckpt.ok()) return ckpt.status();
-    config->experiment_id = ckpt->experiment_id;
-  }
-  auto reader = fl::instrumentation::RecordReader::Open(db_path);
-  if (!reader.ok()) return reader.status();
-  if (auto exp = (*reader)->GetExperiment(config->experiment_id); !exp.ok()) {
-    return absl::NotFoundError(fl::StrCat("--resume: experiment '", config->experiment_id, "' is not in ", db_path,
-                                          ": ", fl::ToStd(exp.status().message())));
-  }
-  auto last = (*reader)->LastCommittedRound(config->experiment_id);
-  if (!last.ok()) return last.status();
-  const uint64_t round = last->has_value() ? static_cast<uint64_t>((*last)->round) : 0;
-  auto ckpt = fl::server::LoadCheckpoint(fl::server::CheckpointPath(config->checkpoint_dir, round));
-  if (!ckpt.ok()) {
-    return absl::NotFoundError(fl::StrCat("--resume: the records say round ", round, " is the last committed one but ",
-                                          "its checkpoint cannot be loaded: ", fl::ToStd(ckpt.status().message())));
-  }
-  if (ckpt->experiment_id != config->experiment_id) {
-    return absl::FailedPreconditionError(fl::StrCat("checkpoint of round ", round, " belongs to experiment '",
-                                                    ckpt->experiment_id, "', not '", config->experiment_id, "'"));
-  }
-  auto rounds = (*reader)->ListRounds(config->experiment_id);
-  if (!rounds.ok()) return rounds.status();
-  int64_t max_attempt = 0;
-  for (const auto& r : *rounds) {
-    if (static_cast<uint64_t>(r.round) == round + 1) max_attempt = std::max(max_attempt, r.attempt);
-  }
-  start.first_attempt = static_cast<uint32_t>(max_attempt + 1);
-  start.checkpoint = *std::move(ckpt);
-  return start;
+void InstallFaultHandlers(const std::string& db_path) {
+  const int n = std::snprintf(
+      g_sigbus_message, sizeof(g_sigbus_message),
+      "fl-server: fatal: bus error (SIGBUS) on a memory-mapped file, most likely the records database's "
+      "shared-memory index %s-shm (truncated or replaced, or its file system is full or failing). Rounds committed "
+      "in the records are intact; fix the file system and run fl-server again with --resume.\n",
+      db_path.c_str());
+  g_sigbus_message_len = n < 0 ? 0 : std::min(static_cast<size_t>(n), sizeof(g_sigbus_message) - 1);
+  struct sigaction bus {};
+  bus.sa_handler = OnSigbus;
+  sigemptyset(&bus.sa_mask);
+  sigaction(SIGBUS, &bus, nullptr);
+  // A file size limit (ulimit -f) makes write(2) fail with EFBIG, which the records and checkpoint code report;
+  // the default SIGXFSZ would kill the process before it could.
+  signal(SIGXFSZ, SIG_IGN);
 }
 
 }  // namespace
@@ -170,6 +146,10 @@ int main(int argc, char** argv) {
                  "model (PATH.pt, exported with torch.jit.script/trace; its parameters and buffers, read without "
                  "LibTorch); clients must train the same model");
   app.add_flag("--resume", resume, "Continue the experiment after its last committed round (needs --db, --checkpoint-dir)");
+  std::optional<uint64_t> resume_from_round;
+  app.add_option("--resume-from-round", resume_from_round,
+                 "With --resume: start from this committed round's checkpoint instead of the last one's (when that "
+                 "one is damaged); the rounds after it are re-run and their committed records marked aborted");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
   std::string metrics_addr;
   app.add_option("--metrics-addr", metrics_addr,
@@ -202,8 +182,12 @@ int main(int argc, char** argv) {
   }
 
   fl::server::RoundEngine::StartPoint start;
+  if (resume_from_round.has_value() && !resume) {
+    std::cerr << "fl-server: --resume-from-round needs --resume\n";
+    return 2;
+  }
   if (resume) {
-    auto plan = PlanResume(&config, db_path);
+    auto plan = fl::server::PlanResume(&config, db_path, resume_from_round);
     if (!plan.ok()) {
       std::cerr << "fl-server: " << plan.status().message() << "\n";
       return 2;
@@ -227,6 +211,7 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  InstallFaultHandlers(db_path);
   std::unique_ptr<fl::instrumentation::RecordStore> records;
   if (!db_path.empty()) {
     auto opened = fl::instrumentation::RecordStore::Open(db_path);

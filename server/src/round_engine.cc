@@ -4,7 +4,9 @@
 #include <chrono>
 #include <climits>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 
@@ -71,6 +73,7 @@ struct RoundEngine::RoundState {
   uint64_t eval_examples = 0;
   uint32_t eval_clients = 0;
   std::vector<instrumentation::ClientRoundRecord> client_rows;  // written after the round's row
+  std::vector<instrumentation::EvaluationRecord> evaluation_rows;  // written with the evaluation's figures
 };
 
 struct RoundEngine::PendingUpload {
@@ -281,6 +284,10 @@ absl::Status RoundEngine::Start() {
                      optimizer_->name());
       }
       round_ = ckpt.round;
+      committed_attempt_ = start_.committed_attempt;
+      evaluation_due_ = start_.redo_evaluation;
+      first_attempts_ = start_.first_attempts;
+      last_round_summary_.round = round_;
     }
     start_.checkpoint.reset();
     state_ = EngineState::kWaitingForClients;
@@ -291,8 +298,16 @@ absl::Status RoundEngine::Start() {
     update.experiment_id = config_.experiment_id;
     update.status = instrumentation::ExperimentStatus::kRunning;
     Record(update);
-    spdlog::info("resuming experiment {} after round {} (model version {}), attempt {}", config_.experiment_id,
-                 round_, model_version_, attempt_);
+    if (start_.supersede_later_rounds) {
+      instrumentation::RoundsSupersededUpdate superseded;
+      superseded.experiment_id = config_.experiment_id;
+      superseded.after_round = static_cast<int64_t>(round_);
+      superseded.reason = start_.supersede_reason;
+      Record(superseded);
+    }
+    spdlog::info("resuming experiment {} after round {} (model version {}), attempt {}{}", config_.experiment_id,
+                 round_, model_version_, attempt_,
+                 evaluation_due_ ? "; its evaluation was interrupted and is redone first" : "");
   } else {
     nlohmann::json cfg = {
         {"experiment_name", config_.experiment_name}, {"num_rounds", config_.num_rounds},
@@ -316,7 +331,7 @@ absl::Status RoundEngine::Start() {
     // A fresh experiment from an initial model gets its own round-0 checkpoint, so that --resume before
     // the first commit finds it.
     if (state_ == EngineState::kWaitingForClients) {
-      if (absl::Status s = WriteCheckpoint(); !s.ok()) return s;
+      if (absl::Status s = WriteInitialCheckpoint(); !s.ok()) return s;
     }
   }
   if (records_ != nullptr) {
@@ -703,7 +718,12 @@ void RoundEngine::HandleSessionMessage(SessionMessageEvent& e) {
         spdlog::warn("refused the evaluation result of client '{}' for round {}: {}", client->id, task.round,
                      problem);
       }
-      Record(rec);
+      // Stored with the round's figures as one unit when the evaluation closes (EvaluationCommitRecord).
+      if (current_ != nullptr && current_->evaluation && current_->round == task.round) {
+        current_->evaluation_rows.push_back(std::move(rec));
+      } else {
+        Record(rec);
+      }
       break;
     }
     case fl::v1::ClientMessage::kHeartbeat:
@@ -907,7 +927,7 @@ void RoundEngine::HandleUploadDone(UploadDoneEvent& e) {
       absl::Status s = codec.ok() ? (*codec)->Decode(e.payload, values) : codec.status();
       if (s.ok()) s = core::CheckFinite(values, "initial model", pending_spec_.get());
       if (s.ok()) s = AdoptModel(*pending_spec_, pending_model_name_, std::move(values), 0);
-      if (s.ok()) s = WriteCheckpoint();
+      if (s.ok()) s = WriteInitialCheckpoint();
       if (s.ok()) {
         state_ = EngineState::kWaitingForClients;
         verdict = Verdict("", fl::v1::UPDATE_OUTCOME_ACCEPTED);
@@ -1194,8 +1214,8 @@ void RoundEngine::PublishPayload() {
   payload_ = std::move(payload);
 }
 
-absl::Status RoundEngine::WriteCheckpoint() {
-  if (config_.checkpoint_dir.empty()) return absl::OkStatus();
+absl::StatusOr<std::optional<instrumentation::CheckpointRecord>> RoundEngine::WriteCheckpointFile() {
+  if (config_.checkpoint_dir.empty()) return std::nullopt;
   Checkpoint ckpt;
   ckpt.experiment_id = config_.experiment_id;
   ckpt.round = round_;
@@ -1217,11 +1237,42 @@ absl::Status RoundEngine::WriteCheckpoint() {
   rec.bytes = static_cast<int64_t>(std::filesystem::file_size(path, ec));
   rec.fingerprint = spec_->FingerprintHex();
   rec.created_unix_ms = ckpt.created_unix_ms;
-  Record(std::move(rec));
-  if (round_ + 1 > config_.keep_checkpoints) {
-    return PruneCheckpoints(config_.checkpoint_dir, round_ + 1 - config_.keep_checkpoints);
-  }
+  return rec;
+}
+
+absl::Status RoundEngine::WriteInitialCheckpoint() {
+  auto row = WriteCheckpointFile();
+  if (!row.ok()) return row.status();
+  if (row->has_value()) Record(**std::move(row));
   return absl::OkStatus();
+}
+
+void RoundEngine::PruneOldCheckpoints() {
+  if (config_.checkpoint_dir.empty() || round_ + 1 <= config_.keep_checkpoints) return;
+  // A file that stays behind costs disk space only; the experiment goes on.
+  if (absl::Status s = PruneCheckpoints(config_.checkpoint_dir, round_ + 1 - config_.keep_checkpoints); !s.ok()) {
+    spdlog::warn("{}", s.message());
+  }
+}
+
+absl::Status RoundEngine::StoreCommit(instrumentation::Record record) {
+  if (records_ == nullptr) return absl::OkStatus();
+  // Errors of records enqueued since the last commit (a client's row, an uplink report) come first: the
+  // database failed for them as well, and the commit's rows may reference them.
+  absl::Status earlier = records_->Flush();
+  if (absl::Status s = records_->Enqueue(std::move(record)); !s.ok()) return s;
+  absl::Status s = records_->Flush();
+  if (!earlier.ok()) return earlier;
+  return s;
+}
+
+void RoundEngine::MaybeKillForTest(std::string_view step, uint64_t round) const {
+  // Read on every call (a handful per round): tests set it in the child's environment only.
+  const char* at = std::getenv("FL_SERVER_TEST_KILL_AT");
+  if (at == nullptr || fl::StrCat(step, ":", round) != at) return;
+  spdlog::warn("FL_SERVER_TEST_KILL_AT={}: killing fl-server (test hook)", at);
+  spdlog::default_logger()->flush();
+  std::raise(SIGKILL);
 }
 
 void RoundEngine::Advance() {
@@ -1239,6 +1290,14 @@ void RoundEngine::Advance() {
     case EngineState::kWaitingForModel:
       return;
     case EngineState::kWaitingForClients:
+      if (evaluation_due_) {
+        // Resumed after a crash during round_'s evaluation: redo it with as many clients as a round waits for.
+        if (IdleConnectedClients().size() < std::max<uint32_t>(1, config_.fit.min_available)) return;
+        evaluation_due_ = false;
+        spdlog::info("redoing the evaluation of round {} (interrupted before its results were recorded)", round_);
+        StartEvaluation();
+        if (state_ == EngineState::kEvaluating) return;
+      }
       if (round_ >= config_.num_rounds) {
         // The last round's clients report their uplink time only after our ack: give them a moment, so that
         // the final round's records are as complete as the others'.
@@ -1399,32 +1458,52 @@ void RoundEngine::CloseRound() {
   ++model_version_;
   PublishPayload();
   const double aggregation_ms = static_cast<double>(NowNs() - agg_start) / 1e6;
-  // Commit order: checkpoint file first, then the round's row. --resume trusts the row and loads that
-  // round's checkpoint, so a crash between the two re-runs the round instead of losing or doubling it.
-  if (absl::Status s = WriteCheckpoint(); !s.ok()) {
-    Finish("failed", fl::StrCat("cannot checkpoint round ", r.round, ": ", fl::ToStd(s.message())));
+  // Commit order: checkpoint file first, then the round's records (its row, its client rows and the
+  // checkpoint's row) as one atomic unit. A round is committed when, and only when, those records are
+  // stored: --resume trusts them and loads that round's checkpoint, so a crash before they land re-runs the
+  // round (from the previous checkpoint, which is pruned only after the commit) instead of losing or
+  // doubling it.
+  auto checkpoint_row = WriteCheckpointFile();
+  if (!checkpoint_row.ok()) {
+    round_ = r.round - 1;
+    --model_version_;
+    Finish("failed", fl::StrCat("cannot checkpoint round ", r.round, ": ", fl::ToStd(checkpoint_row.status().message()),
+                                "; rounds up to ", round_, " are committed: run again with --resume once the "
+                                "checkpoint directory is writable"));
     return;
   }
+  MaybeKillForTest("checkpoint-written", r.round);
   instrumentation::RoundRecord rec = RoundRow(r, instrumentation::RoundStatus::kCommitted);
   rec.aggregation_ms = aggregation_ms;
   rec.model_version = static_cast<int64_t>(model_version_);
   last_round_summary_ = {r.round, r.accepted, rec.train_loss, rec.duration_ms};
+  const std::optional<double> train_loss = rec.train_loss;
+  const double duration_ms = rec.duration_ms;
+  instrumentation::RoundCommitRecord commit;
+  commit.round = std::move(rec);
+  commit.client_rounds = r.client_rows;
+  commit.checkpoint = *std::move(checkpoint_row);
+  if (absl::Status s = StoreCommit(std::move(commit)); !s.ok()) {
+    round_ = r.round - 1;
+    --model_version_;
+    Finish("failed", fl::StrCat("round ", r.round, " was not committed: its records could not be stored: ",
+                                fl::ToStd(s.message()), ". The experiment stopped; rounds up to ", round_,
+                                " are committed in the records. Fix the records database (disk space, "
+                                "permissions, I/O errors) and run fl-server again with --resume"));
+    return;
+  }
+  MaybeKillForTest("records-committed", r.round);
+  PruneOldCheckpoints();
   if (metrics_ != nullptr) {
-    metrics_->ObserveRound(rec.duration_ms / 1000.0);
+    metrics_->ObserveRound(duration_ms / 1000.0);
     metrics_->ObserveAggregation(aggregation_ms / 1000.0);
     metrics_->SetCurrentRound(r.round);
     metrics_->CountStraggler(r.client_rows);
-    if (rec.train_loss.has_value()) metrics_->SetTrainLoss(*rec.train_loss);
-  }
-  Record(std::move(rec));
-  for (auto& row : r.client_rows) Record(std::move(row));
-  if (records_ != nullptr) {
-    if (absl::Status s = records_->Flush(); !s.ok()) {
-      spdlog::error("records of round {}: {}", r.round, s.message());
-    }
+    if (train_loss.has_value()) metrics_->SetTrainLoss(*train_loss);
   }
   current_.reset();
-  attempt_ = 1;
+  auto first = first_attempts_.find(round_ + 1);
+  attempt_ = first == first_attempts_.end() ? 1 : first->second;
   spdlog::info("round {} committed: {} accepted, aggregation {:.1f} ms, round {:.0f} ms", round_,
                last_round_summary_.accepted, aggregation_ms, last_round_summary_.duration_ms);
   const bool evaluate = config_.evaluate_every > 0 && config_.fraction_evaluate > 0 &&
@@ -1464,12 +1543,14 @@ void RoundEngine::StartEvaluation() {
     Dispatch(*clients_.at(id), std::move(t), committed_attempt_);
   }
   state_ = EngineState::kEvaluating;
+  MaybeKillForTest("evaluation-started", round_);
 }
 
 void RoundEngine::CloseEvaluation() {
   RoundState& r = *current_;
   for (const std::string& id : r.task_ids) CloseTaskAsDropped(*tasks_.at(id), "no evaluation by the deadline");
   std::optional<instrumentation::ServerMetrics::Evaluation> figures;
+  instrumentation::EvaluationCommitRecord evaluation;
   if (r.eval_examples > 0) {
     // Example-weighted means of the accepted results; the task decides which figures exist.
     const core::Task kind = task_.value_or(core::Task::kClassification);
@@ -1494,9 +1575,24 @@ void RoundEngine::CloseEvaluation() {
     update.eval_mae = figures->mae;
     update.eval_perplexity = figures->perplexity;
     update.eval_num_examples = static_cast<int64_t>(r.eval_examples);
-    Record(update);
-    if (metrics_ != nullptr) metrics_->SetEvaluation(*figures);
+    evaluation.figures = update;
   }
+  // The clients' results and the round's figures land together or not at all: --resume redoes an evaluation
+  // the records have nothing of.
+  evaluation.experiment_id = config_.experiment_id;
+  evaluation.round = static_cast<int64_t>(r.round);
+  evaluation.attempt = committed_attempt_;
+  evaluation.evaluations = std::move(r.evaluation_rows);
+  if (absl::Status s = StoreCommit(std::move(evaluation)); !s.ok()) {
+    current_.reset();
+    Finish("failed", fl::StrCat("the evaluation of round ", round_, " could not be stored: ", fl::ToStd(s.message()),
+                                ". The experiment stopped; rounds up to ", round_, " are committed in the records. "
+                                "Fix the records database and run fl-server again with --resume (it redoes this "
+                                "evaluation)"));
+    return;
+  }
+  MaybeKillForTest("evaluation-committed", round_);
+  if (figures.has_value() && metrics_ != nullptr) metrics_->SetEvaluation(*figures);
   current_.reset();
   PrintRoundRow(figures);
   state_ = EngineState::kWaitingForClients;

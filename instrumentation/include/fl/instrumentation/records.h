@@ -15,6 +15,7 @@
 #include <string>
 #include <string_view>
 #include <variant>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -210,9 +211,39 @@ struct CheckpointRecord {
   int64_t created_unix_ms = 0;
 };
 
+// A round's commit: its `rounds` row, its `client_rounds` rows and the `checkpoints` row of the model it produced,
+// stored as ONE unit (a savepoint inside the writer's transaction): all of them land, or none does and the
+// whole commit is reported as one error. So the records never hold a committed round whose client rows or
+// checkpoint row are missing, and --resume never finds a checkpoint row of a round that did not commit.
+struct RoundCommitRecord {
+  RoundRecord round;
+  std::vector<ClientRoundRecord> client_rounds;
+  std::optional<CheckpointRecord> checkpoint;  // none when fl-server writes no checkpoints
+};
+
+// A committed round's federated evaluation, stored as one unit like RoundCommitRecord: every client's
+// `evaluations` row and the round's figures (absent when no result was accepted). --resume redoes an
+// evaluation that has neither.
+struct EvaluationCommitRecord {
+  std::string experiment_id;
+  int64_t round = 0;
+  int64_t attempt = 0;
+  std::vector<EvaluationRecord> evaluations;
+  std::optional<RoundEvaluationUpdate> figures;
+};
+
+// fl-server --resume-from-round N: rounds after N that were committed are re-run from N's checkpoint, so their
+// committed attempts become `aborted` with `reason` (the rows stay; the re-run commits a new attempt).
+struct RoundsSupersededUpdate {
+  std::string experiment_id;
+  int64_t after_round = 0;
+  std::string reason;
+};
+
 using Record = std::variant<ExperimentRecord, ExperimentStatusUpdate, ClientRecord, ClientLeftRecord, RoundRecord,
                             RoundEvaluationUpdate, ClientRoundRecord, ClientRoundUplinkUpdate, EvaluationRecord,
-                            CheckpointRecord, ExperimentTaskUpdate>;
+                            CheckpointRecord, ExperimentTaskUpdate, RoundCommitRecord, EvaluationCommitRecord,
+                            RoundsSupersededUpdate>;
 
 // "round (experiment e1, round 3, attempt 0)": names a record in errors.
 std::string DescribeRecord(const Record& record);

@@ -91,6 +91,18 @@ class RoundEngine {
     std::optional<Checkpoint> checkpoint;  // initial model, or the last committed round's when resuming
     bool resume = false;                   // continue experiment checkpoint->experiment_id after its round
     uint32_t first_attempt = 1;            // attempt number for the next round (after aborted attempts)
+    // Resuming: the attempt that committed the checkpoint's round (its evaluation rows reference it), and
+    // whether that round's evaluation was due but never recorded (fl-server died during it): it is redone
+    // before the next round.
+    uint32_t committed_attempt = 0;
+    bool redo_evaluation = false;
+    // --resume-from-round: the rounds committed after the checkpoint's round are re-run; their committed
+    // attempts are recorded as aborted with this reason before anything else (RoundsSupersededUpdate).
+    bool supersede_later_rounds = false;
+    std::string supersede_reason;
+    // The first attempt number of later rounds that already have rows (re-run after --resume-from-round), so
+    // that a re-run attempt never reuses a recorded (round, attempt).
+    std::map<uint64_t, uint32_t> first_attempts;
   };
   // `records` may be null (no records).
   RoundEngine(EngineConfig config, instrumentation::RecordStore* records, StartPoint start);
@@ -155,7 +167,21 @@ class RoundEngine {
   absl::Status AdoptModel(core::ModelSpec spec, std::string model_name, std::vector<float> values,
                           uint64_t model_version);
   void PublishPayload();
-  absl::Status WriteCheckpoint();
+  // Writes the checkpoint file of round_ (temporary file, fsync, rename) and returns its row, which the caller
+  // records (with the round's commit); nullopt without --checkpoint-dir.
+  absl::StatusOr<std::optional<instrumentation::CheckpointRecord>> WriteCheckpointFile();
+  // The round-0 checkpoint of a fresh experiment's initial model (file and row; there is no round to commit).
+  absl::Status WriteInitialCheckpoint();
+  // Deletes checkpoint files older than the ones kept; only after the records of round_ are stored, so that
+  // the checkpoint of the last round the records hold as committed is always on disk.
+  void PruneOldCheckpoints();
+  // Stores `record` (a round's or an evaluation's commit) and waits until it is in the database. An error when
+  // it, or any record enqueued since the previous commit, could not be stored: the caller stops the
+  // experiment (a records failure is never passed over: docs/round-engine.md, "Commit and resume").
+  absl::Status StoreCommit(instrumentation::Record record);
+  // Test hook (docs/round-engine.md): FL_SERVER_TEST_KILL_AT=<step>:<round> makes fl-server SIGKILL itself at
+  // that commit step of that round, so that process tests can crash it at every step.
+  void MaybeKillForTest(std::string_view step, uint64_t round) const;
   fl::v1::UploadUpdateResponse AcceptUpdate(UploadDoneEvent& e, TaskInfo* task);
   void DisconnectClient(ClientInfo& client, std::string_view why);
   void GrantUploadSlots();
@@ -203,6 +229,10 @@ class RoundEngine {
   std::map<std::string, std::unique_ptr<TaskInfo>> tasks_;  // open and recently closed, by task id
   uint32_t attempt_ = 1;
   uint32_t committed_attempt_ = 0;  // attempt that committed round_ (evaluations reference it)
+  // Resumed after a crash during round_'s evaluation: evaluate round_ as soon as a client is idle, before the
+  // next round (or before finishing when round_ was the last).
+  bool evaluation_due_ = false;
+  std::map<uint64_t, uint32_t> first_attempts_;  // StartPoint::first_attempts
   uint64_t task_counter_ = 0;
   uint32_t busy_upload_slots_ = 0;
   // Accepted updates whose client has not yet reported its own uplink time (task id -> round); waited on for
