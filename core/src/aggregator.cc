@@ -104,12 +104,27 @@ absl::Status Prefixed(const absl::Status& status, std::string_view source) {
 
 // Copies a block of `width` coordinates starting at `base` from every row into `columns`, one column of
 // rows.size() values per coordinate: order statistics then work on contiguous memory, and each row is
-// read sequentially.
+// read sequentially. `scales` (one per row, or empty) scales each row's values (norm bounding).
 void GatherColumns(const std::vector<std::vector<float>>& rows, size_t num_rows, size_t base, size_t width,
-                   std::vector<float>& columns) {
+                   std::vector<float>& columns, const std::vector<float>& scales) {
   for (size_t k = 0; k < num_rows; ++k) {
     const float* row = rows[k].data() + base;
-    for (size_t j = 0; j < width; ++j) columns[j * num_rows + k] = row[j];
+    const float scale = scales.empty() ? 1.0f : scales[k];
+    if (scale == 1.0f) {
+      for (size_t j = 0; j < width; ++j) columns[j * num_rows + k] = row[j];
+    } else {
+      for (size_t j = 0; j < width; ++j) columns[j * num_rows + k] = row[j] * scale;
+    }
+  }
+}
+
+// Scales the float tensors of `values` by `scale`; integer tensors (client-local counters) are left alone.
+void ScaleFloatTensors(const ModelSpec& spec, std::span<float> values, float scale) {
+  for (const TensorSpec& t : spec.tensors()) {
+    if (IsIntegerDType(t.dtype)) continue;
+    float* v = values.data() + t.offset;
+    const uint64_t n = t.num_elements();
+    for (uint64_t i = 0; i < n; ++i) v[i] *= scale;
   }
 }
 
@@ -140,9 +155,74 @@ float TrimmedMeanInPlace(float* v, size_t n, size_t trim) {
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------------------
+// Norm bounding
+
+absl::StatusOr<NormClip> NormClip::Parse(std::string_view text) {
+  NormClip clip;
+  if (text == "off" || text == "0") return clip;
+  if (text == "median") {
+    clip.mode = Mode::kMedian;
+    return clip;
+  }
+  double bound = 0;
+  if (!absl::SimpleAtod(absl::string_view(text.data(), text.size()), &bound) || !std::isfinite(bound) ||
+      bound <= 0) {
+    return absl::InvalidArgumentError(fl::StrCat("update norm bound '", text,
+                                                 "' is invalid: write off, median, or a finite number > 0"));
+  }
+  clip.mode = Mode::kFixed;
+  clip.max_norm = bound;
+  return clip;
+}
+
+std::string NormClip::ToString() const {
+  switch (mode) {
+    case Mode::kOff: return "off";
+    case Mode::kMedian: return "median";
+    case Mode::kFixed: return fl::StrCat(max_norm);
+  }
+  return "off";
+}
+
+double UpdateNorm(const ModelSpec& spec, std::span<const float> values) {
+  double sum = 0;
+  for (const TensorSpec& t : spec.tensors()) {
+    if (IsIntegerDType(t.dtype)) continue;
+    const float* v = values.data() + t.offset;
+    const uint64_t n = std::min<uint64_t>(t.num_elements(), values.size() - std::min<uint64_t>(t.offset, values.size()));
+    for (uint64_t i = 0; i < n; ++i) sum += static_cast<double>(v[i]) * static_cast<double>(v[i]);
+  }
+  return std::sqrt(sum);
+}
+
+// ---------------------------------------------------------------------------------------------------------
 // Aggregator
 
 Aggregator::Aggregator(std::shared_ptr<const ModelSpec> spec) : spec_(std::move(spec)) {}
+
+absl::Status Aggregator::SetNormClip(NormClip clip) {
+  if (clip.mode == NormClip::Mode::kFixed && !(std::isfinite(clip.max_norm) && clip.max_norm > 0)) {
+    return absl::InvalidArgumentError(fl::StrCat("update norm bound ", clip.max_norm, " must be finite and > 0"));
+  }
+  if (clip.mode == NormClip::Mode::kMedian && !KeepsUpdates()) {
+    return absl::InvalidArgumentError(fl::StrCat(
+        "the '", name(), "' aggregator streams its updates and cannot bound them by the median norm of the "
+        "round; give a fixed bound (a number) or use a robust aggregator (median, trimmed_mean)"));
+  }
+  clip_ = clip;
+  return absl::OkStatus();
+}
+
+bool Aggregator::ClipFixed(std::span<float> values) {
+  // Range first, so that a value beyond kMaxUpdateAbsValue is refused rather than scaled into range.
+  if (!AllInRange(values.data(), values.size())) return false;
+  const double norm = UpdateNorm(*spec_, values);
+  if (norm > clip_.max_norm) {
+    ScaleFloatTensors(*spec_, values, static_cast<float>(clip_.max_norm / norm));
+    ++num_clipped_;
+  }
+  return true;
+}
 
 absl::Status Aggregator::CheckHeader(double weight, uint64_t spec_fingerprint, uint64_t num_values,
                                      std::string_view source) const {
@@ -190,7 +270,15 @@ std::span<float> Aggregator::DecodeBuffer() {
 absl::Status Aggregator::Add(std::span<const float> values, double weight, uint64_t spec_fingerprint,
                              std::string_view source) {
   if (absl::Status s = CheckHeader(weight, spec_fingerprint, values.size(), source); !s.ok()) return s;
-  if (!TryAdd(values, static_cast<float>(weight))) return DescribeBadValues(values, source);
+  if (clip_.mode == NormClip::Mode::kFixed) {
+    // Bounded in a copy: the caller's values are const. The copy goes where AddEncoded would decode to.
+    std::span<float> buffer = DecodeBuffer();
+    std::copy(values.begin(), values.end(), buffer.begin());
+    if (!ClipFixed(buffer) || !TryAdd(buffer, static_cast<float>(weight))) return DescribeBadValues(values, source);
+  } else {
+    if (!TryAdd(values, static_cast<float>(weight))) return DescribeBadValues(values, source);
+    if (clip_.mode == NormClip::Mode::kMedian) norms_.push_back(UpdateNorm(*spec_, values));
+  }
   Count(weight);
   return absl::OkStatus();
 }
@@ -212,13 +300,18 @@ absl::Status Aggregator::AddEncoded(const Codec& codec, std::span<const uint8_t>
   // range check must pass before anything touches the aggregate.
   std::span<float> buffer = DecodeBuffer();
   if (absl::Status s = codec.Decode(payload, buffer); !s.ok()) return Prefixed(s, source);
-  if (!TryAdd(buffer, static_cast<float>(weight))) {
+  // kMedian: the norm of the decoded update (kept as it is in the row: TryAdd of a buffering aggregator
+  // only checks it); a refused update's norm is dropped below.
+  const double norm = clip_.mode == NormClip::Mode::kMedian ? UpdateNorm(*spec_, buffer) : 0.0;
+  const bool in_range = clip_.mode != NormClip::Mode::kFixed || ClipFixed(buffer);
+  if (!in_range || !TryAdd(buffer, static_cast<float>(weight))) {
     // TryAdd may have overwritten the decoded values (the mean reuses them); decode again to say which
     // value was out of range. Rare: only a payload with values beyond 2^64 gets here.
     buffer = DecodeBuffer();
     if (absl::Status s = codec.Decode(payload, buffer); !s.ok()) return Prefixed(s, source);
     return DescribeBadValues(buffer, source);
   }
+  if (clip_.mode == NormClip::Mode::kMedian) norms_.push_back(norm);
   Count(weight);
   return absl::OkStatus();
 }
@@ -229,6 +322,21 @@ absl::StatusOr<std::vector<float>> Aggregator::Finish() const {
         "cannot finish a '", name(), "' aggregate with no accepted updates (model fingerprint ",
         spec_->FingerprintHex(), "); check why every client's update was rejected or missing"));
   }
+  row_scales_.clear();
+  if (clip_.mode == NormClip::Mode::kMedian) {
+    // The bound is the median norm of the round's updates: at least half of them are left as they are,
+    // and none can pull harder than a typical one.
+    std::vector<double> sorted = norms_;
+    std::sort(sorted.begin(), sorted.end());
+    const size_t n = sorted.size();
+    const double bound = n % 2 == 1 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+    num_clipped_ = 0;
+    for (double norm : norms_) {
+      const bool clip = norm > bound && norm > 0;
+      row_scales_.push_back(clip ? static_cast<float>(bound / norm) : 1.0f);
+      num_clipped_ += clip;
+    }
+  }
   std::vector<float> out(spec_->num_elements());
   FinishInto(out);
   return out;
@@ -237,6 +345,9 @@ absl::StatusOr<std::vector<float>> Aggregator::Finish() const {
 void Aggregator::Reset() {
   num_updates_ = 0;
   total_weight_ = 0.0;
+  norms_.clear();
+  row_scales_.clear();
+  num_clipped_ = 0;
   ResetState();
 }
 
@@ -289,9 +400,21 @@ void BufferingAggregator::FinishInto(std::span<float> out) const {
   const size_t n = num_rows_;
   const size_t block = BlockWidth(n);
   std::vector<float> columns(block * n);
+  // Norm bounding (kMedian) scales the float tensors only: integer tensors are gathered again unscaled.
+  std::vector<std::pair<uint64_t, uint64_t>> integer_ranges;
+  if (!row_scales_.empty()) {
+    for (const TensorSpec& t : spec().tensors()) {
+      if (IsIntegerDType(t.dtype)) integer_ranges.emplace_back(t.offset, t.offset + t.num_elements());
+    }
+  }
   for (size_t base = 0; base < out.size(); base += block) {
     const size_t width = std::min(block, out.size() - base);
-    GatherColumns(rows_, n, base, width, columns);
+    GatherColumns(rows_, n, base, width, columns, row_scales_);
+    for (const auto& [begin, end] : integer_ranges) {
+      for (uint64_t i = std::max<uint64_t>(begin, base); i < std::min<uint64_t>(end, base + width); ++i) {
+        for (size_t k = 0; k < n; ++k) columns[(i - base) * n + k] = rows_[k][i];
+      }
+    }
     for (size_t j = 0; j < width; ++j) out[base + j] = Reduce(&columns[j * n], n);
   }
 }

@@ -3,10 +3,15 @@
 namespace fl::core {
 
 bool ClockOffsetEstimator::Add(int64_t t1, int64_t t2, int64_t t3, int64_t t4) {
+  // Monotonic clocks count from boot: a timestamp beyond +-kMaxClockNs is not a clock reading (a peer
+  // sending INT64 extremes would otherwise overflow the differences below and place its phases decades away).
+  // Negative readings are allowed: a test client's skewed clock (--clock-skew-ms) may read below zero.
+  for (int64_t t : {t1, t2, t3, t4}) {
+    if (t < -kMaxClockNs || t > kMaxClockNs) return false;
+  }
   if (t4 < t1 || t3 < t2) return false;
   ClockSample s;
-  // Halve each difference before adding: timestamps are nanoseconds since boot on both sides, so the sum
-  // cannot overflow, but this keeps the rounding symmetric.
+  // Timestamps are within +-2^60 (checked above), so neither the differences nor their sum can overflow.
   s.offset_ns = ((t2 - t1) + (t3 - t4)) / 2;
   s.rtt_ns = (t4 - t1) - (t3 - t2);
   if (s.rtt_ns < 0) return false;

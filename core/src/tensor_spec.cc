@@ -81,14 +81,27 @@ absl::StatusOr<ModelSpec> ModelSpec::Create(std::vector<TensorSpec> tensors) {
       return absl::InvalidArgumentError(
           fl::StrCat("tensor name '", t.name, "' appears twice; tensor names must be unique"));
     }
+    // Checked arithmetic: shapes come from peers (a Join's spec), and [2^62, 4] must be refused, not wrap
+    // around to a small element count that the rest of the program would then trust.
+    uint64_t count = 1;
     for (int64_t d : t.shape) {
       if (d < 0) {
         return absl::InvalidArgumentError(fl::StrCat("tensor '", t.name, "' has shape ", t.ShapeString(),
                                                        " with a negative dimension"));
       }
+      if (__builtin_mul_overflow(count, static_cast<uint64_t>(d), &count) || count > kMaxSpecElements) {
+        return absl::InvalidArgumentError(fl::StrCat(
+            "tensor '", t.name, "' has shape ", t.ShapeString(), ": its element count exceeds 2^",
+            kMaxSpecElementsLog2, " (or overflows 64 bits); no model is that large, the spec is damaged"));
+      }
     }
     t.offset = offset;
-    offset += t.num_elements();
+    offset += count;
+    if (offset > kMaxSpecElements) {
+      return absl::InvalidArgumentError(fl::StrCat("the model's tensors up to '", t.name, "' (tensor #", i,
+                                                   ") hold more than 2^", kMaxSpecElementsLog2,
+                                                   " elements; no model is that large, the spec is damaged"));
+    }
     hash.Str(t.name);
     hash.Byte(static_cast<uint8_t>(t.dtype));
     hash.U64(t.shape.size());

@@ -390,6 +390,101 @@ TEST(AggregatorTest, EncodedOutOfRangeValuesAreRejectedAndChangeNothing) {
   }
 }
 
+// ---- norm bounding (fl-server --clip-update-norm) ----
+
+TEST(NormClipTest, ParsesOffMedianAndNumbersAndRefusesTheRest) {
+  EXPECT_EQ(NormClip::Parse("off")->mode, NormClip::Mode::kOff);
+  EXPECT_EQ(NormClip::Parse("0")->mode, NormClip::Mode::kOff);
+  EXPECT_EQ(NormClip::Parse("median")->mode, NormClip::Mode::kMedian);
+  auto fixed = NormClip::Parse("2.5");
+  ASSERT_TRUE(fixed.ok());
+  EXPECT_EQ(fixed->mode, NormClip::Mode::kFixed);
+  EXPECT_EQ(fixed->max_norm, 2.5);
+  EXPECT_EQ(fixed->ToString(), "2.5");
+  for (const char* bad : {"-1", "inf", "nan", "big", ""}) {
+    auto parsed = NormClip::Parse(bad);
+    ASSERT_FALSE(parsed.ok()) << bad;
+    EXPECT_TRUE(HasSubstr(parsed.status().message(), fl::StrCat("'", bad, "'")));
+  }
+}
+
+TEST(NormClipTest, UpdateNormLeavesIntegerTensorsOut) {
+  auto spec = std::make_shared<const ModelSpec>(*ModelSpec::Create(
+      {{"w", {2}, DType::kFloat32, 0}, {"steps", {}, DType::kInt64, 0}, {"b", {1}, DType::kFloat32, 0}}));
+  EXPECT_DOUBLE_EQ(UpdateNorm(*spec, std::vector<float>{3, 0, 1e6f, 4}), 5.0);
+}
+
+TEST(NormClipTest, FixedBoundScalesAnUpdateDownToItAndLeavesSmallOnesAlone) {
+  for (const char* name : {"mean", "median", "trimmed_mean:0.2"}) {
+    auto spec = std::make_shared<const ModelSpec>(*ModelSpec::Create(
+        {{"w", {2}, DType::kFloat32, 0}, {"steps", {}, DType::kInt64, 0}}));
+    auto agg = Make(name, spec);
+    ASSERT_TRUE(agg->SetNormClip(*NormClip::Parse("1")).ok());
+    // Norm 5 -> scaled to 1: (0.6, 0.8); the integer counter is not scaled.
+    ASSERT_TRUE(agg->Add(std::vector<float>{3, 4, 7}, 1.0, spec->fingerprint(), "big").ok());
+    auto out = agg->Finish();
+    ASSERT_TRUE(out.ok());
+    EXPECT_NEAR((*out)[0], 0.6f, 1e-6) << name;
+    EXPECT_NEAR((*out)[1], 0.8f, 1e-6) << name;
+    EXPECT_EQ((*out)[2], 7.0f) << name;
+    EXPECT_EQ(agg->num_clipped(), 1u);
+    // Under the bound: untouched (encoded path too).
+    agg->Reset();
+    std::vector<uint8_t> payload;
+    ASSERT_TRUE((*MakeCodec("fp32"))->Encode(std::vector<float>{0.3f, 0.4f, 2}, &payload).ok());
+    ASSERT_TRUE(agg->AddEncoded(**MakeCodec("fp32"), payload, 1.0, spec->fingerprint(), "small").ok());
+    out = agg->Finish();
+    EXPECT_FLOAT_EQ((*out)[0], 0.3f) << name;
+    EXPECT_FLOAT_EQ((*out)[1], 0.4f) << name;
+    EXPECT_EQ(agg->num_clipped(), 0u);
+  }
+}
+
+TEST(NormClipTest, OneHugeUpdateCannotSetTheMeanWhenBounded) {
+  // The attack of issue 13: one client sends a delta of 1e18 per value. Unbounded it dominates the mean;
+  // bounded at 1 it moves each value by at most 1 / sqrt(n) of its norm share.
+  auto spec = Spec();
+  const size_t p = spec->num_elements();
+  auto agg = Make("mean", spec);
+  ASSERT_TRUE(agg->SetNormClip(*NormClip::Parse("1")).ok());
+  for (int k = 0; k < 3; ++k) {
+    ASSERT_TRUE(agg->Add(std::vector<float>(p, 0.01f), 1.0, spec->fingerprint(), "honest").ok());
+  }
+  ASSERT_TRUE(agg->Add(std::vector<float>(p, 1e18f), 1.0, spec->fingerprint(), "attacker").ok());
+  auto out = agg->Finish();
+  ASSERT_TRUE(out.ok());
+  for (float v : *out) EXPECT_LT(std::fabs(v), 0.1f);
+  EXPECT_EQ(agg->num_clipped(), 1u);
+  // A value beyond kMaxUpdateAbsValue is still refused, not scaled into range.
+  const absl::Status bad = agg->Add(std::vector<float>(p, 1e30f), 1.0, spec->fingerprint(), "far");
+  EXPECT_FALSE(bad.ok());
+  EXPECT_EQ(agg->num_updates(), 4u);
+}
+
+TEST(NormClipTest, MedianBoundScalesUpdatesAboveTheMedianNorm) {
+  auto spec = std::make_shared<const ModelSpec>(*ModelSpec::Create(
+      {{"w", {1}, DType::kFloat32, 0}, {"steps", {}, DType::kInt64, 0}}));
+  auto agg = Make("trimmed_mean:0", spec);  // beta 0: the plain mean of the (scaled) rows
+  ASSERT_TRUE(agg->SetNormClip(*NormClip::Parse("median")).ok());
+  // Norms 1, 2, 100: the median is 2, so 100 becomes 2; mean (1 + 2 + 2) / 3. Counters are not scaled.
+  for (float w : {1.0f, 2.0f, 100.0f}) {
+    ASSERT_TRUE(agg->Add(std::vector<float>{w, 9}, 1.0, spec->fingerprint(), "c").ok());
+  }
+  auto out = agg->Finish();
+  ASSERT_TRUE(out.ok());
+  EXPECT_NEAR((*out)[0], 5.0f / 3.0f, 1e-6);
+  EXPECT_EQ((*out)[1], 9.0f);
+  EXPECT_EQ(agg->num_clipped(), 1u);
+}
+
+TEST(NormClipTest, TheStreamedMeanRefusesTheMedianBound) {
+  auto agg = Make("mean", Spec());
+  const absl::Status s = agg->SetNormClip(*NormClip::Parse("median"));
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(HasSubstr(s.message(), "fixed bound"));
+  EXPECT_FALSE(agg->SetNormClip(NormClip{NormClip::Mode::kFixed, -1}).ok());
+}
+
 TEST(MakeAggregatorTest, NamesAndErrors) {
   auto spec = Spec();
   EXPECT_EQ(Make("mean", spec)->name(), "mean");

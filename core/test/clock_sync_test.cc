@@ -1,5 +1,7 @@
 #include "fl/core/clock_sync.h"
 
+#include <limits>
+
 #include <gtest/gtest.h>
 
 namespace fl::core {
@@ -51,6 +53,18 @@ TEST(ClockOffsetEstimatorTest, RejectsImpossibleTimestamps) {
   EXPECT_FALSE(e.Add(0, 20, 10, 50));    // t3 < t2
   EXPECT_FALSE(e.Add(0, 0, 100, 50));    // the client held it longer than the round trip
   EXPECT_FALSE(e.Estimate().has_value());
+}
+
+TEST(ClockOffsetEstimatorTest, RejectsTimestampsNoClockReadsInsteadOfOverflowing) {
+  // A hostile pong at INT64 extremes: the differences would overflow and place the client decades away.
+  ClockOffsetEstimator e;
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+  EXPECT_FALSE(e.Add(1'000, kMin, kMax, 2'000));
+  EXPECT_FALSE(e.Add(1'000, kMax - 1, kMax, 2'000));
+  EXPECT_FALSE(e.Add(1'000, kMaxClockNs + 1, kMaxClockNs + 2, 2'000));
+  EXPECT_FALSE(e.Estimate().has_value());
+  EXPECT_TRUE(e.Add(1'000, kMaxClockNs - 10, kMaxClockNs - 5, 2'000));  // extreme but a clock reading
 }
 
 }  // namespace

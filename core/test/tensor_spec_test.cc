@@ -71,6 +71,26 @@ TEST(ModelSpecTest, RejectsDuplicateEmptyAndNegative) {
   EXPECT_NE(s.status().message().find("[8, -1]"), std::string::npos);
 }
 
+TEST(ModelSpecTest, RefusesElementCountsThatOverflowNamingTheTensor) {
+  // [2^62, 4] wraps around to 0 in 64-bit arithmetic: it must be refused, not become an empty tensor.
+  auto wraps = ModelSpec::Create({{"huge", {int64_t{1} << 62, 4}, DType::kFloat32, 0}});
+  ASSERT_FALSE(wraps.ok());
+  EXPECT_NE(wraps.status().message().find("tensor 'huge'"), std::string::npos) << wraps.status();
+  EXPECT_NE(wraps.status().message().find("[4611686018427387904, 4]"), std::string::npos) << wraps.status();
+  // Each tensor fits, their sum does not.
+  auto sum = ModelSpec::Create({{"a", {int64_t{1} << 55}, DType::kFloat32, 0},
+                                {"b", {int64_t{1} << 55}, DType::kFloat32, 0},
+                                {"c", {1}, DType::kFloat32, 0}});
+  ASSERT_FALSE(sum.ok());
+  EXPECT_NE(sum.status().message().find("'c'"), std::string::npos) << sum.status();
+  // A zero dimension after a huge one is still an absurd shape (and must not be reached by overflow).
+  EXPECT_FALSE(ModelSpec::Create({{"z", {int64_t{1} << 62, 4, 0}, DType::kFloat32, 0}}).ok());
+  // The largest allowed count is fine (the spec holds no values, only their layout).
+  auto big = ModelSpec::Create({{"big", {int64_t{1} << 36}, DType::kFloat32, 0}});
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(big->num_elements(), uint64_t{1} << 36);
+}
+
 TEST(ModelSpecTest, TensorIndexOfElement) {
   auto spec = ModelSpec::Create(SmallCnn());
   EXPECT_EQ(spec->TensorIndexOfElement(0), 0u);

@@ -139,6 +139,23 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--heartbeat-interval-ms", config.heartbeat_interval_ms, "Client heartbeat interval")
       ->capture_default_str();
+  // Bounds on what clients declare and report (docs/round-engine.md, "Limits on what clients send").
+  app.add_option("--max-model-values", config.max_model_values,
+                 "Largest model (parameters and buffers) a first client may declare; a bigger spec is refused at "
+                 "Join naming this flag (the default, 2^29, is 2 GiB of fp32)")
+      ->capture_default_str();
+  app.add_option("--max-client-examples", config.max_client_examples,
+                 "Most train or test examples one client may declare at Join; an update's weight is bounded by "
+                 "what its client declared (or --local-steps x --batch-size) and by this")
+      ->capture_default_str();
+  app.add_option("--initial-model-deadline-ms", config.initial_model_deadline_ms,
+                 "Time the client asked for the initial model has to upload it; then another connected client "
+                 "is asked (logged, and recorded as the first one's left_reason)")
+      ->capture_default_str();
+  app.add_option("--clip-update-norm", config.clip_update_norm,
+                 "Bound on each update's L2 norm (float tensors): off, median (the median norm of the round's "
+                 "updates; only fedmedian/fedtrimmedavg) or a number; an update above it is scaled down to it. "
+                 "Default: median for fedmedian and fedtrimmedavg, off otherwise");
   app.add_option("--checkpoint-dir", config.checkpoint_dir, "Write a checkpoint per committed round here");
   app.add_option("--keep-checkpoints", config.keep_checkpoints, "Checkpoints kept")->capture_default_str();
   app.add_option("--initial-model", initial_model,

@@ -22,6 +22,7 @@
 #include "fl/core/task.h"
 #include "fl/proto/convert.h"
 #include "fl/core/clock.h"
+#include "fl/server/client_input.h"
 
 namespace fl::server {
 
@@ -170,7 +171,34 @@ std::string EvaluationProblem(core::Task task, const fl::v1::EvaluationResult& r
   return "";
 }
 
+// The longest a client can have spent on a task so far by the server's clock, plus slack: no phase it
+// reports for the task can be longer.
+int64_t PhaseBoundNs(int64_t dispatched_ns, int64_t now_ns) {
+  return std::max<int64_t>(0, now_ns - dispatched_ns) + InputLimits::kTimingSlackNs;
+}
+
 }  // namespace
+
+absl::StatusOr<core::NormClip> EngineConfig::UpdateNormClip() const {
+  // The weighted mean is streamed: it cannot know the round's median norm before adding an update.
+  const bool streamed = aggregator == "mean" || aggregator == "fedavg";
+  if (clip_update_norm.empty()) {
+    core::NormClip clip;
+    if (!streamed) clip.mode = core::NormClip::Mode::kMedian;
+    return clip;
+  }
+  auto clip = core::NormClip::Parse(clip_update_norm);
+  if (!clip.ok()) {
+    return absl::InvalidArgumentError(fl::StrCat("--clip-update-norm=", clip_update_norm, ": ",
+                                                 fl::ToStd(clip.status().message())));
+  }
+  if (clip->mode == core::NormClip::Mode::kMedian && streamed) {
+    return absl::InvalidArgumentError(fl::StrCat(
+        "--clip-update-norm=median needs a strategy that keeps every update (fedmedian, fedtrimmedavg): the "
+        "weighted mean of --strategy fedavg & co. is streamed; give a fixed bound, e.g. --clip-update-norm=10"));
+  }
+  return clip;
+}
 
 std::string_view EngineStateName(EngineState state) {
   switch (state) {
@@ -200,6 +228,16 @@ absl::Status EngineConfig::Validate() const {
   if (evaluate_deadline_ms < 100) return bad("evaluate-deadline-ms", evaluate_deadline_ms, "must be at least 100");
   if (max_round_attempts == 0) return bad("max-round-attempts", max_round_attempts, "must be at least 1");
   if (upload_slots == 0) return bad("upload-slots", upload_slots, "must be at least 1");
+  if (max_model_values == 0 || max_model_values > core::kMaxSpecElements) {
+    return bad("max-model-values", max_model_values, fl::StrCat("must be in [1, ", core::kMaxSpecElements, "]"));
+  }
+  if (max_client_examples == 0 || static_cast<double>(max_client_examples) > core::kMaxUpdateWeight) {
+    return bad("max-client-examples", max_client_examples,
+               fl::StrCat("must be in [1, ", core::kMaxUpdateWeight, "] (the largest weight an aggregate takes)"));
+  }
+  if (initial_model_deadline_ms < 100) {
+    return bad("initial-model-deadline-ms", initial_model_deadline_ms, "must be at least 100");
+  }
   if (heartbeat_interval_ms < 50) return bad("heartbeat-interval-ms", heartbeat_interval_ms, "must be at least 50");
   if (max_chunk_bytes < 1024 || max_chunk_bytes > wire::kMaxChunkBytes) {
     return bad("max-chunk-bytes", max_chunk_bytes, fl::StrCat("must be in [1024, ", wire::kMaxChunkBytes, "]"));
@@ -223,6 +261,7 @@ absl::Status EngineConfig::Validate() const {
   if (auto a = core::MakeAggregator(aggregator, shared); !a.ok()) {
     return absl::InvalidArgumentError(fl::StrCat("--aggregator=", aggregator, ": ", fl::ToStd(a.status().message())));
   }
+  if (auto clip = UpdateNormClip(); !clip.ok()) return clip.status();
   if (auto o = core::MakeServerOptimizer(optimizer, 1); !o.ok()) {
     return absl::InvalidArgumentError(fl::StrCat("--strategy=", optimizer, ": ", fl::ToStd(o.status().message())));
   }
@@ -368,6 +407,9 @@ int64_t RoundEngine::NextDeadlineNs() const {
   int64_t next = INT64_MAX;
   if (current_ != nullptr) next = current_->deadline_ns;
   if (drain_deadline_ns_ != 0) next = std::min(next, drain_deadline_ns_);
+  if (state_ == EngineState::kWaitingForModel && !initial_model_client_.empty()) {
+    next = std::min(next, initial_model_asked_ns_ + int64_t{config_.initial_model_deadline_ms} * kMsToNs);
+  }
   if (state_ != EngineState::kFinished && !clients_.empty()) {
     next = std::min(next, NowNs() + int64_t{config_.heartbeat_interval_ms} * kMsToNs);
   }
@@ -425,7 +467,8 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
   auto refuse = [&](grpc::StatusCode code, ErrorCode reason, std::string message, std::string field,
                     std::string hint) {
     *resp.mutable_error() = wire::MakeError(reason, std::move(message), std::move(field), std::move(hint));
-    spdlog::warn("refused join of '{}' from {}: {}", req.client_name(), e.peer, resp.error().message());
+    spdlog::warn("refused join of '{}' from {}: {}", LogSafe(req.client_name(), 64), LogSafe(e.peer, 64),
+                 LogSafe(resp.error().message(), 600));
     e.reply(wire::ToGrpcStatus(code, resp.error()), resp);
   };
   if (state_ == EngineState::kFinished) {
@@ -440,8 +483,25 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
   }
   if (!ValidClientName(req.client_name())) {
     return refuse(grpc::StatusCode::INVALID_ARGUMENT, fl::v1::ERROR_CODE_MALFORMED,
-                  fl::StrCat("client name '", req.client_name(), "' is invalid"), "client_name",
+                  fl::StrCat("client name '", LogSafe(req.client_name(), 64), "' is invalid"), "client_name",
                   "use 1-64 characters from [A-Za-z0-9._-]");
+  }
+  // Every string, map and the spec's size are bounded before anything of the request is kept (the request
+  // lives as long as the client, its strings go to the records).
+  if (std::optional<InputProblem> p = CheckJoinRequestSizes(req); p.has_value()) {
+    return refuse(grpc::StatusCode::INVALID_ARGUMENT, fl::v1::ERROR_CODE_MALFORMED,
+                  fl::StrCat("client '", req.client_name(), "': ", p->message), p->field,
+                  "send shorter values (docs/round-engine.md, \"Limits on what clients send\")");
+  }
+  for (const auto& [count, field] : {std::pair{req.num_train_examples(), "num_train_examples"},
+                                     std::pair{req.num_test_examples(), "num_test_examples"}}) {
+    if (count > config_.max_client_examples) {
+      return refuse(grpc::StatusCode::INVALID_ARGUMENT, fl::v1::ERROR_CODE_ADMISSION_REFUSED,
+                    fl::StrCat("client '", req.client_name(), "' declares ", count, " ", field,
+                               "; this server takes at most ", config_.max_client_examples,
+                               " (--max-client-examples)"),
+                    field, "declare the size of the client's shard; raise --max-client-examples if it is real");
+    }
   }
   auto spec = wire::FromProto(req.model_spec());
   if (!spec.ok()) {
@@ -451,6 +511,16 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
   if (spec->num_elements() == 0) {
     return refuse(grpc::StatusCode::INVALID_ARGUMENT, fl::v1::ERROR_CODE_MALFORMED, "the model spec has no parameters",
                   "model_spec", "send the spec of the model the client trains");
+  }
+  // A model the server does not have yet (it would be this client's) is bounded: the server holds several
+  // model-sized buffers, and the first client's declaration alone must not decide how much memory it takes.
+  if (spec_ == nullptr && spec->num_elements() > config_.max_model_values) {
+    return refuse(grpc::StatusCode::RESOURCE_EXHAUSTED, fl::v1::ERROR_CODE_ADMISSION_REFUSED,
+                  fl::StrCat("client '", req.client_name(), "' declares a model of ", spec->num_elements(),
+                             " values (", spec->num_elements() * 4, " bytes as fp32, ", spec->num_tensors(),
+                             " tensors) but this server takes at most ", config_.max_model_values,
+                             " values (--max-model-values)"),
+                  "model_spec", "start fl-server with a larger --max-model-values if the model is real");
   }
   auto task = core::ParseTask(req.task());
   if (!task.ok()) {
@@ -472,14 +542,24 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
   std::string_view expected_name = "this experiment's";
   if (state_ == EngineState::kWaitingForModel) {
     auto holder = clients_.find(initial_model_client_);
-    const bool holder_alive = holder != clients_.end() && holder->first != req.client_name() &&
-                              (holder->second->session != nullptr ||
-                               NowNs() - initial_model_asked_ns_ < int64_t{30'000} * kMsToNs);
+    const int64_t asked_ago = NowNs() - initial_model_asked_ns_;
+    // Past the deadline the holder has stalled (unless its upload is under way): this client is asked instead.
+    const bool stalled = asked_ago >= int64_t{config_.initial_model_deadline_ms} * kMsToNs &&
+                         !initial_model_upload_in_progress_;
+    const bool other_holder = holder != clients_.end() && holder->first != req.client_name();
+    const bool holder_alive =
+        other_holder && !stalled && (holder->second->session != nullptr || asked_ago < int64_t{30'000} * kMsToNs);
     if (holder_alive) {
       expected = pending_spec_;
       expected_name = "the first client's";
     } else {
       ask_for_initial_model = true;
+      if (other_holder && expected == nullptr && spec->num_elements() <= config_.max_model_values) {
+        AbandonInitialModelHolder(holder->first, req.client_name(),
+                                  stalled ? fl::StrCat("it has not uploaded it within --initial-model-deadline-ms=",
+                                                       config_.initial_model_deadline_ms)
+                                          : std::string("its session ended without the upload"));
+      }
     }
   }
   if (expected != nullptr && spec->fingerprint() != expected->fingerprint()) {
@@ -537,8 +617,8 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
     Record(instrumentation::ExperimentTaskUpdate{config_.experiment_id, std::string(core::TaskName(*task_))});
   }
   spdlog::info("{} client '{}' ({}, {} via {}), {} train examples", rejoin ? "rejoined" : "admitted", client.id,
-               req.device().device_class(), wire::LinkKindName(req.link().kind()), req.link().interface(),
-               req.num_train_examples());
+               LogSafe(req.device().device_class(), 64), wire::LinkKindName(req.link().kind()),
+               LogSafe(req.link().interface(), 64), req.num_train_examples());
   instrumentation::ClientRecord rec;
   rec.experiment_id = config_.experiment_id;
   rec.client_id = client.id;
@@ -564,7 +644,8 @@ void RoundEngine::HandleSessionOpen(SessionOpenEvent& e) {
     e.channel->Close(wire::ToGrpcStatus(
         grpc::StatusCode::UNAUTHENTICATED,
         wire::MakeError(fl::v1::ERROR_CODE_UNKNOWN_CLIENT,
-                        fl::StrCat("client id '", e.hello.client_id(), "' or its session token is not known"),
+                        fl::StrCat("client id '", LogSafe(e.hello.client_id(), 64),
+                                   "' or its session token is not known"),
                         "hello", "call Join again (the server may have restarted)")));
     return;
   }
@@ -602,6 +683,27 @@ std::optional<double> RoundEngine::PlacePhaseStart(
 
 void RoundEngine::RecordClientUplink(const ClientInfo& client, const std::string& task_id,
                                      const fl::v1::PhaseTiming& uplink) {
+  // Checked before any arithmetic on it (start + duration could overflow) and before it is recorded: the
+  // uplink cannot have lasted longer than the task, nor lie outside it on the server's clock.
+  if (auto known = tasks_.find(task_id); known != tasks_.end() && known->second->client_id == client.id) {
+    const int64_t now = NowNs();
+    std::string problem;
+    if (auto p = CheckPhaseTiming(uplink, "status.timings", PhaseBoundNs(known->second->dispatched_ns, now),
+                                  uint64_t{1} << 62)) {
+      problem = p->message;
+    } else {
+      google::protobuf::RepeatedPtrField<fl::v1::PhaseTiming> one;
+      *one.Add() = uplink;
+      problem = PhaseWindowProblem(client, one, known->second->dispatched_ns, now);
+    }
+    if (!problem.empty()) {
+      spdlog::warn("ignored the uplink report of client '{}' for task {}: {}", client.id, LogSafe(task_id, 64),
+                   problem);
+      return;
+    }
+  } else {
+    return;  // not a task of this client: nothing to attach it to
+  }
   const double uplink_ms = static_cast<double>(uplink.duration_ns()) / 1e6;
   std::optional<double> start_unix_ms;
   std::optional<double> end_unix_ms;
@@ -670,7 +772,8 @@ void RoundEngine::HandleSessionMessage(SessionMessageEvent& e) {
       if (m.status().state() == fl::v1::CLIENT_STATE_FAILED && m.status().task_id() == client->open_task) {
         auto t = tasks_.find(client->open_task);
         if (t != tasks_.end()) {
-          CloseTaskAsDropped(*t->second, fl::StrCat("the client reported a failure: ", m.status().error().message()));
+          CloseTaskAsDropped(*t->second,
+                             fl::StrCat("the client reported a failure: ", LogSafe(m.status().error().message(), 400)));
         }
       }
       break;
@@ -686,7 +789,24 @@ void RoundEngine::HandleSessionMessage(SessionMessageEvent& e) {
       client->open_task.clear();
       // Every task's results are weighted by num_examples (for next-token: sequences, see trainer.h).
       const core::Task kind = task_.value_or(core::Task::kClassification);
-      const std::string problem = EvaluationProblem(kind, r);
+      // The task-independent numbers first (example count, metrics, timings against the server's clock),
+      // then the figures of the task. num_examples is bounded by the test examples the client declared.
+      const uint64_t declared = client->join.num_test_examples();
+      const uint64_t max_examples = declared > 0 ? declared : config_.max_client_examples;
+      std::string problem;
+      bool numbers_ok = true;
+      if (auto p = CheckEvaluationReport(r, max_examples, PhaseBoundNs(task.dispatched_ns, e.received_server_ns))) {
+        problem = declared > 0 && p->field == "num_examples"
+                      ? fl::StrCat(p->message, " (the client declared ", declared, " test examples at Join)")
+                      : p->message;
+        numbers_ok = false;
+      } else if (std::string w = PhaseWindowProblem(*client, r.timings(), task.dispatched_ns, e.received_server_ns);
+                 !w.empty()) {
+        problem = w;
+        numbers_ok = false;
+      } else {
+        problem = EvaluationProblem(kind, r);
+      }
       const bool valid = problem.empty();
       task.outcome = valid ? "ok" : "rejected";
       const double weight = static_cast<double>(r.num_examples());
@@ -703,8 +823,10 @@ void RoundEngine::HandleSessionMessage(SessionMessageEvent& e) {
       rec.round = static_cast<int64_t>(task.round);
       rec.attempt = task.attempt;
       rec.client_id = client->id;
-      rec.num_examples = static_cast<int64_t>(r.num_examples());
-      rec.eval_ms = PhaseMs(r.timings(), fl::v1::PHASE_EVAL);
+      // A refused result keeps what the client claimed only when it is a plausible number (the records'
+      // CHECK constraints and readers trust these columns).
+      rec.num_examples = numbers_ok ? static_cast<int64_t>(r.num_examples()) : 0;
+      if (numbers_ok) rec.eval_ms = PhaseMs(r.timings(), fl::v1::PHASE_EVAL);
       if (valid) {
         rec.loss = r.loss();
         if (kind == core::Task::kRegression) {
@@ -737,7 +859,10 @@ void RoundEngine::HandleSessionMessage(SessionMessageEvent& e) {
       const int64_t t1 = it->second;
       client->pings_in_flight.erase(it);
       if (!client->clock.Add(t1, m.pong().received_client_ns(), m.pong().sent_client_ns(), e.received_server_ns)) {
-        spdlog::debug("client '{}' sent an inconsistent pong (ignored)", client->id);
+        // Impossible timestamps (answered before received, beyond +-2^60 ns): never used to place phases.
+        spdlog::warn("client '{}' sent a clock pong with impossible timestamps (received {} ns, sent {} ns of its "
+                     "clock); ignored",
+                     client->id, m.pong().received_client_ns(), m.pong().sent_client_ns());
       }
       break;
     }
@@ -802,7 +927,8 @@ void RoundEngine::HandleUploadStart(UploadStartEvent& e) {
   ClientInfo* client = Authenticate(h.client_id(), h.session_token());
   if (client == nullptr) {
     return refuse(Rejected(h.task_id(), fl::v1::ERROR_CODE_UNKNOWN_CLIENT,
-                           fl::StrCat("client '", h.client_id(), "' or its token is not known"), "call Join again"));
+                           fl::StrCat("client '", LogSafe(h.client_id(), 64), "' or its token is not known"),
+                           "call Join again"));
   }
   if (state_ == EngineState::kFinished) {
     return refuse(Rejected(h.task_id(), fl::v1::ERROR_CODE_SHUTTING_DOWN, "the experiment has ended"));
@@ -848,9 +974,17 @@ void RoundEngine::HandleUploadStart(UploadStartEvent& e) {
                              fl::StrCat("update uses codec '", h.codec(), "' but the task asked for '",
                                         config_.uplink_codec, "'")));
     }
-    if (h.num_examples() == 0) {
-      return refuse(Rejected(h.task_id(), fl::v1::ERROR_CODE_MALFORMED, "update claims 0 training examples",
-                             "num_examples must be the number of examples trained on"));
+    // Every number the client reports is checked before a payload byte is read: its weight against what it
+    // declared at Join, its metrics, its phase timings against the time since dispatch. A bad report closes
+    // the task as rejected, with the reason recorded.
+    if (std::optional<InputProblem> p = CheckUpdateReport(h, UpdateReportBounds(*client, task, NowNs()));
+        p.has_value()) {
+      fl::v1::UploadUpdateResponse verdict = Rejected(
+          h.task_id(), fl::v1::ERROR_CODE_MALFORMED, fl::StrCat("update refused: ", p->message),
+          "report the numbers the client measured; docs/round-engine.md, \"Limits on what clients send\"");
+      verdict.mutable_error()->set_field(p->field);
+      RejectAtHeader(task, verdict);
+      return refuse(std::move(verdict));
     }
     codec = uplink_codec_.get();
     task.upload_started = true;
@@ -871,6 +1005,7 @@ void RoundEngine::HandleUploadStart(UploadStartEvent& e) {
                            fl::StrCat("update announces ", h.payload_bytes(), " payload bytes but a ", codec->name(),
                                       " payload of this model is exactly ", want_bytes, " bytes")));
   }
+  if (h.kind() == fl::v1::UPDATE_KIND_INITIAL_MODEL) initial_model_upload_in_progress_ = true;
   auto pending = std::make_unique<PendingUpload>();
   pending->event = std::move(e);
   waiting_uploads_.push_back(std::move(pending));
@@ -911,9 +1046,12 @@ void RoundEngine::HandleUploadDone(UploadDoneEvent& e) {
     }
   } release{this, &e.payload};
   const fl::v1::UpdateHeader& h = e.header;
+  if (h.kind() == fl::v1::UPDATE_KIND_INITIAL_MODEL && h.client_id() == initial_model_client_) {
+    initial_model_upload_in_progress_ = false;
+  }
   if (!e.transfer_error.ok()) {
-    spdlog::warn("upload from '{}' for task '{}' failed in transit: {}", h.client_id(), h.task_id(),
-                 e.transfer_error.error_message());
+    spdlog::warn("upload from '{}' for task '{}' failed in transit: {}", LogSafe(h.client_id(), 64),
+                 LogSafe(h.task_id(), 64), e.transfer_error.error_message());
     e.reply(Rejected(h.task_id(), fl::v1::ERROR_CODE_MALFORMED, e.transfer_error.error_message()));
     return;
   }
@@ -1048,6 +1186,22 @@ fl::v1::UploadUpdateResponse RoundEngine::AcceptUpdate(UploadDoneEvent& e, TaskI
     return finish(instrumentation::ClientOutcome::kLate, Verdict(task->id, fl::v1::UPDATE_OUTCOME_LATE,
                                   wire::MakeError(fl::v1::ERROR_CODE_LATE, "the round is over")));
   }
+  // The phases, placed on the server's clock, must lie between the dispatch and the update's arrival: a
+  // client cannot put its training decades away (or before the task existed) in the records.
+  if (auto c = clients_.find(task->client_id); c != clients_.end()) {
+    if (std::string w = PhaseWindowProblem(*c->second, h.timings(), task->dispatched_ns, e.done_server_ns);
+        !w.empty()) {
+      spdlog::warn("rejected the update of client '{}' for round {}: {}", task->client_id, task->round, w);
+      // None of the client's figures go into the row of a refused report.
+      rec.downlink_ms = rec.train_ms = rec.eval_ms = rec.idle_ms = std::nullopt;
+      rec.downlink_start_unix_ms = rec.train_start_unix_ms = rec.eval_start_unix_ms = std::nullopt;
+      rec.train_loss = std::nullopt;
+      rec.num_steps = std::nullopt;
+      rec.downlink_bytes = std::nullopt;
+      return finish(instrumentation::ClientOutcome::kRejected,
+                    Rejected(task->id, fl::v1::ERROR_CODE_MALFORMED, fl::StrCat("update refused: ", w)));
+    }
+  }
   const std::string source = fl::StrCat("update from client '", task->client_id, "' for round ", task->round);
   // Errors of the payload: the codec validates it fully before anything is written (DataLoss: body checksum;
   // a NaN/Inf value is named as such; anything else is malformed), and the aggregator checks sizes, weight
@@ -1088,6 +1242,133 @@ fl::v1::UploadUpdateResponse RoundEngine::AcceptUpdate(UploadDoneEvent& e, TaskI
   return finish(instrumentation::ClientOutcome::kOk, Verdict(task->id, fl::v1::UPDATE_OUTCOME_ACCEPTED));
 }
 
+UpdateBounds RoundEngine::UpdateReportBounds(const ClientInfo& client, const TaskInfo& task, int64_t now_ns) const {
+  UpdateBounds b;
+  // An update's weight is the examples behind it: at most the client's shard (declared at Join), or, with
+  // --local-steps, the examples those steps draw (steps x batch, which may revisit a small shard); never more
+  // than the server's --max-client-examples.
+  const uint64_t declared = client.join.num_train_examples();
+  const uint64_t batch = std::max<uint32_t>(1, config_.train.batch_size());
+  const uint64_t drawn = uint64_t{config_.train.local_steps()} * batch;
+  b.max_examples = std::min(std::max(declared, drawn), config_.max_client_examples);
+  if (b.max_examples == config_.max_client_examples && std::max(declared, drawn) > config_.max_client_examples) {
+    b.examples_basis = fl::StrCat("the server's --max-client-examples=", config_.max_client_examples);
+  } else if (drawn > declared) {
+    b.examples_basis = fl::StrCat("--local-steps=", config_.train.local_steps(), " x --batch-size=", batch);
+  } else {
+    b.examples_basis = fl::StrCat("client '", client.id, "' declared ", declared, " train examples at Join");
+  }
+  const uint64_t epochs = std::max<uint32_t>(1, config_.train.local_epochs());
+  b.max_steps = config_.train.local_steps() > 0 ? config_.train.local_steps()
+                                                : epochs * ((b.max_examples + batch - 1) / batch);
+  b.max_phase_ns = PhaseBoundNs(task.dispatched_ns, now_ns);
+  // A phase moves at most the model's download (the only transfer reported in the header), with headroom
+  // for framing; 1 MiB when there is no model yet.
+  const uint64_t model_bytes = payload_ != nullptr ? payload_->bytes.size() : 0;
+  b.max_phase_bytes = 2 * model_bytes + (uint64_t{1} << 20);
+  return b;
+}
+
+std::string RoundEngine::PhaseWindowProblem(const ClientInfo& client,
+                                            const google::protobuf::RepeatedPtrField<fl::v1::PhaseTiming>& timings,
+                                            int64_t from_ns, int64_t to_ns) const {
+  const std::optional<core::ClockSample> est = client.clock.Estimate();
+  if (!est.has_value()) return "";  // no offset yet: nothing is placed (the records keep NULL)
+  // The offset is good to +- rtt/2; the slack also covers the client's own clock steps around a phase.
+  const int64_t slack = est->rtt_ns + InputLimits::kTimingSlackNs;
+  for (const fl::v1::PhaseTiming& t : timings) {
+    // |start_client_ns| and |offset| are below 2^61 (CheckPhaseTiming, ClockOffsetEstimator): no overflow.
+    const int64_t start = t.start_client_ns() - est->offset_ns;
+    const int64_t end = start + std::max<int64_t>(0, t.duration_ns());
+    if (start < from_ns - slack || end > to_ns + slack) {
+      return fl::StrCat("timings (", fl::v1::Phase_Name(t.phase()), ") place the phase from ",
+                        static_cast<double>(start - from_ns) / 1e6, " to ", static_cast<double>(end - from_ns) / 1e6,
+                        " ms after the task's dispatch on the server's clock (clock offset ",
+                        static_cast<double>(est->offset_ns) / 1e6, " ms), outside the ",
+                        static_cast<double>(to_ns - from_ns) / 1e6, " ms from the dispatch to the report (+-",
+                        static_cast<double>(slack) / 1e6, " ms): the client's timings or clock answers are wrong");
+    }
+  }
+  return "";
+}
+
+void RoundEngine::RejectAtHeader(TaskInfo& task, const fl::v1::UploadUpdateResponse& verdict) {
+  if (task.closed) return;
+  task.closed = true;
+  task.outcome = "rejected";
+  if (auto c = clients_.find(task.client_id); c != clients_.end() && c->second->open_task == task.id) {
+    c->second->open_task.clear();
+  }
+  spdlog::warn("rejected the update of client '{}' for round {}: {}", task.client_id, task.round,
+               verdict.error().message());
+  if (current_ == nullptr || current_->evaluation || current_->round != task.round ||
+      current_->attempt != task.attempt) {
+    return;
+  }
+  ++current_->rejected;
+  if (metrics_ != nullptr) metrics_->CountUpdate("rejected", ReasonName(verdict.error().code()));
+  // Only what the server measured: none of the refused report's numbers reach the records.
+  instrumentation::ClientRoundRecord rec;
+  rec.experiment_id = config_.experiment_id;
+  rec.round = static_cast<int64_t>(task.round);
+  rec.attempt = task.attempt;
+  rec.client_id = task.client_id;
+  rec.dispatched_unix_ms = task.dispatched_unix_ms;
+  FillServerDownlink(task, rec);
+  rec.outcome = instrumentation::ClientOutcome::kRejected;
+  rec.reject_reason = verdict.error().message();
+  current_->client_rows.push_back(std::move(rec));
+}
+
+void RoundEngine::AbandonInitialModelHolder(const std::string& holder_id, const std::string& next_client,
+                                            std::string_view why) {
+  const std::string reason =
+      fl::StrCat("asked for the initial model ", (NowNs() - initial_model_asked_ns_) / kMsToNs,
+                 " ms ago, ", why, "; client '", next_client, "' is asked instead");
+  spdlog::warn("client '{}' was {}", holder_id, reason);
+  auto holder = clients_.find(holder_id);
+  if (holder == clients_.end()) return;
+  DisconnectClient(*holder->second, fl::StrCat("this client was ", reason));
+  Record(instrumentation::ClientLeftRecord{config_.experiment_id, holder_id, UnixMs(), reason});
+}
+
+void RoundEngine::ReaskInitialModelIfStalled(int64_t now) {
+  if (initial_model_client_.empty() || initial_model_upload_in_progress_) return;
+  auto holder = clients_.find(initial_model_client_);
+  const bool connected = holder != clients_.end() && holder->second->session != nullptr;
+  const int64_t asked_ago = now - initial_model_asked_ns_;
+  const int64_t deadline = int64_t{config_.initial_model_deadline_ms} * kMsToNs;
+  // A holder that went away gets the same grace as at Join (30 s to upload before opening its session).
+  if (asked_ago < deadline && (connected || asked_ago < std::min<int64_t>(deadline, int64_t{30'000} * kMsToNs))) {
+    return;
+  }
+  // Another connected client, in name order: it joined while the holder was asked, so it trains the holder's
+  // model (Join compared them) and can provide the weights.
+  ClientInfo* next = nullptr;
+  for (auto& [id, c] : clients_) {
+    if (id != initial_model_client_ && c->session != nullptr) {
+      next = c.get();
+      break;
+    }
+  }
+  if (next == nullptr) return;  // none: the next client to join is asked (HandleJoin)
+  auto next_spec = wire::FromProto(next->join.model_spec());
+  if (!next_spec.ok()) return;  // not reachable: its spec passed at its Join
+  AbandonInitialModelHolder(initial_model_client_, next->id,
+                            asked_ago >= deadline ? fl::StrCat("it has not uploaded it within "
+                                                               "--initial-model-deadline-ms=",
+                                                               config_.initial_model_deadline_ms)
+                                                  : std::string("its session ended without the upload"));
+  initial_model_client_ = next->id;
+  initial_model_asked_ns_ = now;
+  pending_spec_ = std::make_shared<const core::ModelSpec>(*std::move(next_spec));
+  pending_model_name_ = next->join.model_spec().name();
+  // The protocol asks for the initial model only in a Join answer: the session is closed with the reason,
+  // fl-client joins again at once, and that Join asks it (it is the holder now).
+  spdlog::info("asking client '{}' for the initial model (it joins again to receive the request)", next->id);
+  DisconnectClient(*next, "the server asks this client for the initial model: join again to receive the request");
+}
+
 void RoundEngine::HandleLeave(LeaveEvent& e) {
   ClientInfo* client = Authenticate(e.request.client_id(), e.request.session_token());
   fl::v1::LeaveResponse resp;
@@ -1096,8 +1377,8 @@ void RoundEngine::HandleLeave(LeaveEvent& e) {
     return;
   }
   resp.set_acknowledged(true);
-  spdlog::info("client '{}' left: {}", client->id, e.request.reason());
-  DisconnectClient(*client, fl::StrCat("the client left: ", e.request.reason()));
+  spdlog::info("client '{}' left: {}", client->id, LogSafe(e.request.reason(), 200));
+  DisconnectClient(*client, fl::StrCat("the client left: ", LogSafe(e.request.reason(), 200)));
   client->token.clear();
   e.reply(grpc::Status::OK, resp);
 }
@@ -1288,6 +1569,7 @@ void RoundEngine::Advance() {
   }
   switch (state_) {
     case EngineState::kWaitingForModel:
+      ReaskInitialModelIfStalled(now);
       return;
     case EngineState::kWaitingForClients:
       if (evaluation_due_) {
@@ -1354,6 +1636,10 @@ void RoundEngine::StartRound() {
   current_->deadline_ns = current_->started_ns + int64_t{config_.round_deadline_ms} * kMsToNs;
   auto agg = core::MakeAggregator(config_.aggregator, spec_);
   current_->aggregator = std::move(*agg);  // validated in Start()
+  // Norm bounding of the updates (--clip-update-norm, or the strategy's default; validated in Start()).
+  if (absl::Status s = current_->aggregator->SetNormClip(*config_.UpdateNormClip()); !s.ok()) {
+    spdlog::error("--clip-update-norm: {}", s.message());
+  }
 
   for (const std::string& id : selected) {
     fl::v1::Task t;
@@ -1441,6 +1727,10 @@ void RoundEngine::CloseRound() {
   std::vector<std::vector<uint8_t>>().swap(free_upload_buffers_);
   const int64_t agg_start = NowNs();
   auto pseudo_grad = r.aggregator->Finish();
+  if (r.aggregator->num_clipped() > 0) {
+    spdlog::info("round {}: {} of {} updates scaled down to the update norm bound ({})", r.round,
+                 r.aggregator->num_clipped(), r.aggregator->num_updates(), r.aggregator->norm_clip().ToString());
+  }
   // Integer tensors (BatchNorm's num_batches_tracked, ...) are client-local state, never averaged as floats:
   // whatever the aggregator and the server optimizer made of them, they keep the previous global's values.
   absl::StatusOr<std::vector<float>> integer_values = core::SaveIntegerTensors(*spec_, global_);

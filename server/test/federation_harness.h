@@ -154,7 +154,8 @@ class RawClient {
     req.set_client_name(name);
     req.set_task(task);
     *req.mutable_model_spec() = wire::ToProto(spec, "raw");
-    req.set_num_train_examples(10);
+    // An update's weight is bounded by what its client declares here (client_reports_test).
+    req.set_num_train_examples(1000);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     ctx.set_wait_for_ready(true);

@@ -43,6 +43,30 @@ inline constexpr double kMaxUpdateWeight = 1e12;
 inline constexpr float kMaxUpdateAbsValue = 18446744073709551616.0f;  // 2^64
 inline constexpr size_t kMaxUpdatesPerAggregate = size_t{1} << 20;
 
+// Norm bounding of updates (fl-server --clip-update-norm): before an update is aggregated, its L2 norm over
+// the float tensors (integer tensors are client-local counters, restored after every step, and left out) is
+// computed, and an update whose norm exceeds the bound is scaled down to it. This caps what any one client
+// can move the model by, whatever values it sends (Sun et al. 2019, "Can you really backdoor federated
+// learning?"). Modes:
+//   off      no bounding (the default of the weighted mean)
+//   <x>      a fixed bound x > 0, for every aggregator
+//   median   the median of the norms of the round's accepted updates (the default of the robust aggregators,
+//            median and trimmed mean): scale-free, so it needs no tuning per model; only aggregators that
+//            keep every update can use it (the mean is streamed and cannot know the median in advance)
+struct NormClip {
+  enum class Mode { kOff, kFixed, kMedian };
+  Mode mode = Mode::kOff;
+  double max_norm = 0;  // kFixed only
+
+  // "off" (or "0"), "median", or a positive finite number; InvalidArgument otherwise, naming the text.
+  static absl::StatusOr<NormClip> Parse(std::string_view text);
+  std::string ToString() const;  // what Parse accepts
+};
+
+// L2 norm of `values` over the spec's non-integer tensors, accumulated in double (finite for any finite
+// fp32 input); NaN/Inf propagate.
+double UpdateNorm(const ModelSpec& spec, std::span<const float> values);
+
 class Aggregator {
  public:
   virtual ~Aggregator() = default;
@@ -67,6 +91,13 @@ class Aggregator {
   // changes.
   absl::Status AddEncoded(const Codec& codec, std::span<const uint8_t> payload, double weight,
                           uint64_t spec_fingerprint, std::string_view source);
+
+  // Norm bounding of every update added from now on (see NormClip). InvalidArgument for kMedian on an
+  // aggregator that does not keep its updates (the mean), or a fixed bound that is not finite and > 0.
+  absl::Status SetNormClip(NormClip clip);
+  const NormClip& norm_clip() const { return clip_; }
+  // Updates scaled down by the bound so far (kFixed: when added; kMedian: counted by Finish).
+  size_t num_clipped() const { return num_clipped_; }
 
   size_t num_updates() const { return num_updates_; }
   // Sum of accepted weights (in double: it is a count, and exact up to 2^53).
@@ -93,6 +124,12 @@ class Aggregator {
   virtual std::span<float> DecodeBuffer();
   virtual void FinishInto(std::span<float> out) const = 0;
   virtual void ResetState() = 0;
+  // Whether the implementation keeps every update (and so can apply a kMedian bound at Finish).
+  virtual bool KeepsUpdates() const { return false; }
+
+  // kMedian: the scale of each accepted update in order (1, or median norm / its norm), set by Finish before
+  // FinishInto; empty otherwise.
+  mutable std::vector<float> row_scales_;
 
  private:
   absl::Status CheckHeader(double weight, uint64_t spec_fingerprint, uint64_t num_values,
@@ -101,7 +138,13 @@ class Aggregator {
   absl::Status DescribeBadValues(std::span<const float> values, std::string_view source) const;
   void Count(double weight);
 
+  // Range check, then the fixed norm bound, in place; false when a value is out of range (nothing scaled).
+  bool ClipFixed(std::span<float> values);
+
   std::shared_ptr<const ModelSpec> spec_;
+  NormClip clip_;
+  std::vector<double> norms_;  // kMedian: the norm of each accepted update, in order
+  mutable size_t num_clipped_ = 0;
   size_t num_updates_ = 0;
   double total_weight_ = 0.0;
   std::vector<float> decode_scratch_;  // allocated on first use, kept across rounds
@@ -149,6 +192,7 @@ class BufferingAggregator : public Aggregator {
   std::span<float> DecodeBuffer() override;
   void FinishInto(std::span<float> out) const override;
   void ResetState() override { num_rows_ = 0; }
+  bool KeepsUpdates() const override { return true; }
   std::vector<float>& NextRow();
 
   std::vector<std::vector<float>> rows_;

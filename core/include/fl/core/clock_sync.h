@@ -21,12 +21,16 @@ struct ClockSample {
   int64_t rtt_ns = 0;
 };
 
+// The largest timestamp (in magnitude) the estimator takes: 2^60 ns, 36.5 years of a monotonic clock.
+inline constexpr int64_t kMaxClockNs = int64_t{1} << 60;
+
 class ClockOffsetEstimator {
  public:
   explicit ClockOffsetEstimator(size_t window = 8) : window_(window == 0 ? 1 : window) {}
 
   // Adds one exchange. Returns false (and ignores it) when the timestamps are inconsistent: a negative
-  // round trip (t4 < t1) or a client that answered before it received (t3 < t2).
+  // round trip (t4 < t1), a client that answered before it received (t3 < t2), or a timestamp beyond
+  // +-kMaxClockNs (no monotonic clock reads that).
   bool Add(int64_t t1_server_ns, int64_t t2_client_ns, int64_t t3_client_ns, int64_t t4_server_ns);
 
   // The minimum-rtt sample of the window; nullopt before the first valid exchange.

@@ -43,10 +43,16 @@ struct TensorSpec {
   std::string ShapeString() const;  // "[64, 1, 3, 3]"
 };
 
+// The most elements a spec may hold, per tensor and in total: far beyond any model (2^56 fp32 values are
+// 256 PiB), and small enough that byte sizes (8 bytes per value at most) never overflow 64 bits.
+inline constexpr int kMaxSpecElementsLog2 = 56;
+inline constexpr uint64_t kMaxSpecElements = uint64_t{1} << kMaxSpecElementsLog2;
+
 class ModelSpec {
  public:
   // Builds a spec from tensors in order; offsets are (re)assigned contiguously. Rejects empty or duplicate
-  // names and negative dimensions with an error naming the tensor.
+  // names, negative dimensions and element counts above kMaxSpecElements (checked multiplication: a shape
+  // such as [2^62, 4] is refused, never wrapped around) with an error naming the tensor.
   static absl::StatusOr<ModelSpec> Create(std::vector<TensorSpec> tensors);
 
   ModelSpec() = default;

@@ -37,6 +37,7 @@
 #include "fl/core/task.h"
 #include "fl/core/tensor_spec.h"
 #include "fl/server/checkpoint.h"
+#include "fl/server/client_input.h"
 #include "fl/server/events.h"
 #include "fl/instrumentation/record_store.h"
 #include "fl/instrumentation/server_metrics.h"
@@ -68,6 +69,17 @@ struct EngineConfig {
   uint32_t keep_checkpoints = 2;
   std::string model_name;                  // informational, from the first client or checkpoint
   std::string software_version;            // recorded with the experiment
+  // Bounds on what clients declare and report (docs/round-engine.md, "Limits on what clients send").
+  uint64_t max_model_values = uint64_t{1} << 29;  // a model spec above this (2 GiB of fp32) is refused at Join
+  uint64_t max_client_examples = 1'000'000'000;   // train / test examples one client may declare at Join
+  // The client asked for the initial weights must upload them within this; then another is asked.
+  uint32_t initial_model_deadline_ms = 60000;
+  // Norm bounding of updates (core::NormClip): "off", "median" or a number; empty: the strategy's default
+  // (median for the robust aggregators, off for the weighted mean).
+  std::string clip_update_norm;
+
+  // The norm bound in effect (clip_update_norm, or the aggregator's default); errors name the flag.
+  absl::StatusOr<core::NormClip> UpdateNormClip() const;
 
   // Checks ranges and parses the codec/aggregator/optimizer names; errors name the flag and the value.
   absl::Status Validate() const;
@@ -183,6 +195,24 @@ class RoundEngine {
   // that commit step of that round, so that process tests can crash it at every step.
   void MaybeKillForTest(std::string_view step, uint64_t round) const;
   fl::v1::UploadUpdateResponse AcceptUpdate(UploadDoneEvent& e, TaskInfo* task);
+  // What a train update of `client` for `task` may report (client_input.h), from what it declared at Join,
+  // the task's configuration and what the server measured itself.
+  UpdateBounds UpdateReportBounds(const ClientInfo& client, const TaskInfo& task, int64_t now_ns) const;
+  // "" when every phase of `timings`, placed on the server's clock with the client's offset, lies between
+  // `from_ns` (the dispatch) and `to_ns` (the report's arrival), with slack; else why not.
+  std::string PhaseWindowProblem(const ClientInfo& client,
+                                 const google::protobuf::RepeatedPtrField<fl::v1::PhaseTiming>& timings,
+                                 int64_t from_ns, int64_t to_ns) const;
+  // Closes `task` as rejected when its update's header is refused (before any payload byte), recording the
+  // reason in its client_rounds row.
+  void RejectAtHeader(TaskInfo& task, const fl::v1::UploadUpdateResponse& verdict);
+  // While waiting for the initial model: when the client asked for it has not uploaded it within
+  // initial_model_deadline_ms (or has gone), ask another connected client (its session is closed so that it
+  // joins again, and the Join answer asks it).
+  void ReaskInitialModelIfStalled(int64_t now_ns);
+  // The client asked for the initial model lost the role to `next_client` (`why`): logged, its session
+  // closed and the reason recorded as its left_reason.
+  void AbandonInitialModelHolder(const std::string& holder_id, const std::string& next_client, std::string_view why);
   void DisconnectClient(ClientInfo& client, std::string_view why);
   void GrantUploadSlots();
   void CloseTaskAsDropped(TaskInfo& task, std::string_view why);
@@ -215,6 +245,7 @@ class RoundEngine {
   std::shared_ptr<const core::ModelSpec> pending_spec_;  // that client's spec, until its weights arrive
   std::string pending_model_name_;
   int64_t initial_model_asked_ns_ = 0;
+  bool initial_model_upload_in_progress_ = false;  // its upload's header was admitted and it has not ended
   std::shared_ptr<const core::ModelSpec> spec_;
   // The experiment's learning task: fixed by the first admitted client (or the resumed checkpoint).
   std::optional<core::Task> task_;
