@@ -4,8 +4,9 @@
 // thread; the writer drains the queue in batches, each batch one BEGIN IMMEDIATE ... COMMIT transaction
 // with prepared statements. A record that violates a constraint (a second committed row for a round, a
 // client of an unknown experiment, ...) is dropped alone: SQLite undoes just that statement and the rest
-// of its batch commits. Every dropped record is reported: to Options::on_error as it happens, and as the
-// first error returned by the next Flush() or Close().
+// of its batch commits. A group record (RoundCommitRecord, EvaluationCommitRecord: a round's commit, an
+// evaluation's) is stored whole or not at all, in a savepoint of its own. Every dropped record is reported: to
+// Options::on_error as it happens, and as the first error returned by the next Flush() or Close().
 //
 //   auto store = RecordStore::Open("/data/records.db");   // creates + migrates; refuses a newer schema
 //   (*store)->Enqueue(ExperimentRecord{...});
