@@ -80,6 +80,25 @@ std::optional<InputProblem> CheckJoinRequestSizes(const fl::v1::JoinRequest& r) 
                     [&] { return TooLong("task", r.task(), L::kShortText); },
                     [&] { return TooLong("model_spec.name", r.model_spec().name(), L::kLongText); });
   if (p.has_value()) return p;
+  // device_class is a Prometheus label value and a group-by key: printable ASCII only (a byte that is not
+  // UTF-8 would make every scrape of /metrics fail).
+  for (char c : d.device_class()) {
+    if (c < 0x20 || c > 0x7e) {
+      return InputProblem{"device.device_class",
+                          fl::StrCat("device.device_class '", LogSafe(d.device_class(), 64),
+                                     "' holds a byte that is not printable ASCII")};
+    }
+  }
+  // Counts that go into the records' INTEGER columns (CHECK >= 0): a uint64 above INT64_MAX would be stored
+  // negative and lose the client's row.
+  if (d.memory_bytes() > L::kMaxMemoryBytes) {
+    return InputProblem{"device.memory_bytes", fl::StrCat("device.memory_bytes is ", d.memory_bytes(),
+                                                          "; the limit is ", L::kMaxMemoryBytes, " (1 PiB)")};
+  }
+  if (d.cpu_cores() > L::kMaxCpuCores) {
+    return InputProblem{"device.cpu_cores",
+                        fl::StrCat("device.cpu_cores is ", d.cpu_cores(), "; the limit is ", L::kMaxCpuCores)};
+  }
   if (static_cast<size_t>(r.labels_size()) > L::kMaxLabels) {
     return InputProblem{"labels", fl::StrCat("labels holds ", r.labels_size(), " entries; the limit is ", L::kMaxLabels)};
   }

@@ -583,6 +583,9 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
   client.id = req.client_name();
   client.token = RandomHex(16);
   client.join = req;
+  // The model's spec is kept once (the experiment's, or the pending one it was compared with), not per client:
+  // a spec may be megabytes of tensor names.
+  client.join.clear_model_spec();
   client.last_seen_ns = NowNs();
   if (client.session != nullptr) {
     // A rejoin means the client restarted: its old stream (if the server still has one) is stale.
@@ -1352,17 +1355,14 @@ void RoundEngine::ReaskInitialModelIfStalled(int64_t now) {
     }
   }
   if (next == nullptr) return;  // none: the next client to join is asked (HandleJoin)
-  auto next_spec = wire::FromProto(next->join.model_spec());
-  if (!next_spec.ok()) return;  // not reachable: its spec passed at its Join
   AbandonInitialModelHolder(initial_model_client_, next->id,
                             asked_ago >= deadline ? fl::StrCat("it has not uploaded it within "
                                                                "--initial-model-deadline-ms=",
                                                                config_.initial_model_deadline_ms)
                                                   : std::string("its session ended without the upload"));
+  // pending_spec_ stays: the next client's model equals it (Join compared them); its Join sets it again.
   initial_model_client_ = next->id;
   initial_model_asked_ns_ = now;
-  pending_spec_ = std::make_shared<const core::ModelSpec>(*std::move(next_spec));
-  pending_model_name_ = next->join.model_spec().name();
   // The protocol asks for the initial model only in a Join answer: the session is closed with the reason,
   // fl-client joins again at once, and that Join asks it (it is the holder now).
   spdlog::info("asking client '{}' for the initial model (it joins again to receive the request)", next->id);

@@ -30,6 +30,17 @@ TEST(CheckJoinRequestSizesTest, NamesTheFirstFieldOverItsLimit) {
   EXPECT_EQ(p->field, "device.hostname");
   EXPECT_NE(p->message.find("257 bytes long; the limit is 256"), std::string::npos) << p->message;
   r.mutable_device()->clear_hostname();
+  r.mutable_device()->set_memory_bytes(~uint64_t{0});  // stored as -1, the records' CHECK would drop the row
+  p = CheckJoinRequestSizes(r);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->field, "device.memory_bytes");
+  r.mutable_device()->set_memory_bytes(uint64_t{8} << 30);
+  r.mutable_device()->set_device_class("gpu\xff");
+  p = CheckJoinRequestSizes(r);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->field, "device.device_class");
+  EXPECT_NE(p->message.find("'gpu\\xff' holds a byte that is not printable ASCII"), std::string::npos) << p->message;
+  r.mutable_device()->set_device_class("gpu");
   fl::v1::TensorSpec* t = r.mutable_model_spec()->add_tensors();
   t->set_name("deep");
   for (int i = 0; i < 17; ++i) t->add_shape(1);

@@ -602,6 +602,8 @@ TEST(ClientReportsTest, OversizeJoinStringsAndMapsAreRefusedNamingTheFieldAndThe
        },
        "labels", "labels holds 40 entries; the limit is 16"},
       {"software_version", [&](auto& r) { r.set_software_version(mb); }, "software_version", "limit is 256"},
+      {"memory_bytes", [&](auto& r) { r.mutable_device()->set_memory_bytes(~uint64_t{0}); }, "device.memory_bytes",
+       "device.memory_bytes is 18446744073709551615; the limit is 1125899906842624"},
       {"control_characters_in_name", [&](auto& r) { r.set_client_name("evil\n[info] forged line"); },
        "client_name", "client name 'evil\\n[info] forged line' is invalid"},
   };

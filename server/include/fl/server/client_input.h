@@ -29,6 +29,9 @@ struct InputLimits {
   // A client's error message or leave reason (kept in logs only).
   static constexpr size_t kMessageText = 1024;
   static constexpr size_t kMaxLabels = 16;
+  // Device figures recorded in the clients table.
+  static constexpr uint64_t kMaxMemoryBytes = uint64_t{1} << 50;
+  static constexpr uint32_t kMaxCpuCores = 1u << 16;
   static constexpr size_t kMaxMetrics = 32;
   static constexpr size_t kMaxTimings = 16;
   // Model specs: far beyond real models (a LLaMA-70B state_dict has ~800 tensors of rank <= 2, names < 100
@@ -48,8 +51,9 @@ struct InputProblem {
   std::string message;
 };
 
-// The sizes of every string, map and the spec of a JoinRequest (not its meaning: the round engine checks
-// the name's characters, the task, the model and the example counts).
+// The sizes of every string, map and the spec of a JoinRequest, and the device's counts (memory, cores) that
+// the records store (not the request's meaning: the round engine checks the name's characters, the task, the
+// model and the example counts).
 std::optional<InputProblem> CheckJoinRequestSizes(const fl::v1::JoinRequest& request);
 
 // What the server knows when a train update's header arrives, to bound what the client reports.
