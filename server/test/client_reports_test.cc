@@ -201,6 +201,45 @@ TEST(ClientReportsTest, AStalledInitialModelHolderIsReplacedByAnotherConnectedCl
   EXPECT_EQ(reader->ListRounds(result.experiment_id)->size(), 1u);
 }
 
+TEST(ClientReportsTest, AnInitialModelHolderThatLeavesIsReplacedByAConnectedClient) {
+  fl::testing::ScratchDir dir("fl_reports");
+  EngineConfig config = SmallConfig(dir.File("ckpt"));
+  config.fit = {1.0, 1, 1};
+  config.num_rounds = 1;
+  config.evaluate_every = 0;
+  config.initial_model_deadline_ms = 500;
+  TestServer server(config, dir.File("records.db"));
+  RawClient raw(server.address());
+  auto quitter = raw.Connect("quitter");
+  ASSERT_NE(quitter, nullptr);
+  ASSERT_TRUE(quitter->joined.initial_model_requested());
+  // An honest client joins while the quitter still holds the role (it is compared with the quitter's model).
+  auto good = StartClient(server.address(), "good", 1);
+  {
+    auto stub = Stub(server.address());
+    grpc::ClientContext ctx;
+    fl::v1::LeaveRequest leave;
+    leave.set_client_id(quitter->joined.client_id());
+    leave.set_session_token(quitter->joined.session_token());
+    leave.set_reason("operator\nstopped it");
+    fl::v1::LeaveResponse left;
+    ASSERT_TRUE(stub->Leave(&ctx, leave, &left).ok());
+    EXPECT_TRUE(left.acknowledged());
+  }
+  const EngineResult result = server.Wait();
+  EXPECT_EQ(result.status, "finished") << result.reason;
+  good->thread.join();
+  server.Stop();
+  auto reader = *RecordReader::Open(dir.File("records.db"));
+  const auto clients = *reader->ListClients(result.experiment_id);
+  for (const auto& c : clients) {
+    if (c.client_id == "quitter") {
+      EXPECT_TRUE(Contains(c.left_reason, "client 'good' is asked instead")) << c.left_reason;
+    }
+  }
+  EXPECT_EQ(reader->ListRounds(result.experiment_id)->size(), 1u);
+}
+
 // ---- items 3 and 4: the numbers of a train update ----
 
 struct BadUpdate {
