@@ -178,6 +178,11 @@ absl::Status FederatedClient::Impl::Run() {
     auto joined = Join(static_cast<uint32_t>(std::clamp<int64_t>(left_ms, 100, options_.join_timeout_ms)));
     if (!joined.ok()) {
       if (joined.status().code() == absl::StatusCode::kFailedPrecondition) return joined.status();
+      if (joined.status().code() == absl::StatusCode::kOutOfRange) {
+        // The experiment ended while this client was away (stopped, cut off): nothing is left to do.
+        spdlog::info("{}", joined.status().message());
+        return absl::OkStatus();
+      }
       if (stop_) break;
       last_error = joined.status();
       if (Now() - last_contact_ns >= int64_t{options_.give_up_after_ms} * 1'000'000) {
@@ -229,6 +234,9 @@ absl::StatusOr<fl::v1::JoinResponse> FederatedClient::Impl::Join(uint32_t timeou
   req.set_num_train_examples(trainer_->num_train_examples());
   req.set_num_test_examples(trainer_->num_test_examples());
   req.set_software_version(options_.software_version);
+  // The token of our previous Join (empty the first time): while the server still holds our old session (it
+  // may not have noticed that the link dropped) it admits a rejoin under our name only with it.
+  req.set_session_token(token_);
   grpc::ClientContext ctx;
   ctx.set_deadline(DeadlineAfterMs(timeout_ms));
   ctx.set_wait_for_ready(true);  // wait for the server to come up instead of failing at once
@@ -245,6 +253,10 @@ absl::StatusOr<fl::v1::JoinResponse> FederatedClient::Impl::Join(uint32_t timeou
   }
   if (!status.ok()) {
     fl::v1::ErrorDetail detail = wire::ErrorFromGrpcStatus(status);
+    if (detail.code() == fl::v1::ERROR_CODE_EXPERIMENT_FINISHED) {
+      return absl::OutOfRangeError(fl::StrCat("fl-server at ", options_.server_address, ": ", detail.message(),
+                                              "; nothing left to do"));
+    }
     if (IsFatalRefusal(detail)) {
       return absl::FailedPreconditionError(fl::StrCat("fl-server at ", options_.server_address,
                                                       " refused client '", options_.client_name, "': ", Describe(detail)));

@@ -139,6 +139,29 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--heartbeat-interval-ms", config.heartbeat_interval_ms, "Client heartbeat interval")
       ->capture_default_str();
+  // Limits that keep one client from slowing the others (docs/round-engine.md, "Limits").
+  app.add_option("--session-max-messages-per-s", config.session_max_messages_per_s,
+                 "Messages a client may send on its session per second (bursts up to twice that); a session "
+                 "over it is closed with RESOURCE_EXHAUSTED. At least 4 per heartbeat interval")
+      ->capture_default_str();
+  app.add_option("--session-max-queued-messages", config.session_max_queued_messages,
+                 "Server messages that may wait for a client that does not read its session; one more closes "
+                 "the session with RESOURCE_EXHAUSTED")
+      ->capture_default_str();
+  app.add_option("--session-hello-timeout-ms", config.session_hello_timeout_ms,
+                 "A Session stream that has not sent its SessionHello by then is closed with DEADLINE_EXCEEDED")
+      ->capture_default_str();
+  app.add_option("--upload-min-bytes-per-s", config.upload_min_bytes_per_s,
+                 "An upload holding a slot must average at least this rate (checked after --upload-rate-grace-ms), "
+                 "or it loses its slot with RESOURCE_EXHAUSTED; 0: off")
+      ->capture_default_str();
+  app.add_option("--upload-rate-grace-ms", config.upload_rate_grace_ms,
+                 "Time an upload holds its slot before its rate is checked")
+      ->capture_default_str();
+  app.add_option("--upload-message-timeout-ms", config.upload_message_timeout_ms,
+                 "An upload holding a slot that sends no message for this long loses its slot with "
+                 "DEADLINE_EXCEEDED (a stopped or stalled client); 0: off")
+      ->capture_default_str();
   // Bounds on what clients declare and report (docs/round-engine.md, "Limits on what clients send").
   app.add_option("--max-model-values", config.max_model_values,
                  "Largest model (parameters and buffers) a first client may declare; a bigger spec is refused at "
@@ -175,6 +198,12 @@ int main(int argc, char** argv) {
   app.add_option("--metrics-linger-s", metrics_linger_s,
                  "After the experiment ended, keep /metrics up this long so that Prometheus scrapes the final "
                  "values (a signal ends the wait)")
+      ->capture_default_str();
+  uint32_t linger_s = 10;
+  app.add_option("--linger-s", linger_s,
+                 "After the experiment finished or failed, keep answering for up to this long while some client "
+                 "that was away at the end (stopped, cut off) has not been told: its Join is answered 'experiment "
+                 "finished' and it exits instead of retrying until its give-up time; 0: exit at once")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
@@ -285,6 +314,16 @@ int main(int argc, char** argv) {
   // Prometheus scrapes every few seconds: without this the last round's figures would never be seen.
   const auto linger_until = std::chrono::steady_clock::now() + std::chrono::seconds(metrics_linger_s);
   while (metrics != nullptr && !signalled.load() && std::chrono::steady_clock::now() < linger_until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  // Clients that were away at the end learn it when they come back (Join, hello), for --linger-s at most.
+  const auto told_until = std::chrono::steady_clock::now() + std::chrono::seconds(linger_s);
+  if (result.status != "aborted" && engine.ClientsNotToldOfTheEnd() > 0 && linger_s > 0) {
+    spdlog::info("waiting up to {} s for {} client(s) that were away at the end, to tell them", linger_s,
+                 engine.ClientsNotToldOfTheEnd());
+  }
+  while (result.status != "aborted" && !signalled.load() && engine.ClientsNotToldOfTheEnd() > 0 &&
+         std::chrono::steady_clock::now() < told_until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   // Let in-flight RPCs finish (final verdicts, the Shutdown message), then cut the rest.

@@ -52,6 +52,8 @@ struct RoundEngine::TaskInfo {
   int64_t dispatched_unix_ms = 0;
   int64_t deadline_ns = 0;
   bool upload_started = false;  // its update's header arrived (the update may still be in transit)
+  bool upload_in_flight = false;  // an upload for it was admitted (or waits for a slot) and has not ended
+  bool answered = false;          // an upload for it got its verdict: any further one is a duplicate
   int64_t downlink_server_start_ns = 0;  // the server's view of the task's model download (0: none seen)
   int64_t downlink_server_ns = 0;
   bool closed = false;
@@ -239,6 +241,22 @@ absl::Status EngineConfig::Validate() const {
     return bad("initial-model-deadline-ms", initial_model_deadline_ms, "must be at least 100");
   }
   if (heartbeat_interval_ms < 50) return bad("heartbeat-interval-ms", heartbeat_interval_ms, "must be at least 50");
+  // An honest session sends a heartbeat and a pong per interval, plus task reports: leave it room for four.
+  const uint32_t min_session_rate = (4000 + heartbeat_interval_ms - 1) / heartbeat_interval_ms;
+  if (session_max_messages_per_s < min_session_rate) {
+    return bad("session-max-messages-per-s", session_max_messages_per_s,
+               fl::StrCat("must be at least ", min_session_rate, " with --heartbeat-interval-ms=",
+                          heartbeat_interval_ms, " (four messages per heartbeat interval)"));
+  }
+  if (session_max_queued_messages < 16) {
+    return bad("session-max-queued-messages", session_max_queued_messages, "must be at least 16");
+  }
+  if (session_hello_timeout_ms < 100) {
+    return bad("session-hello-timeout-ms", session_hello_timeout_ms, "must be at least 100");
+  }
+  if (upload_message_timeout_ms != 0 && upload_message_timeout_ms < 100) {
+    return bad("upload-message-timeout-ms", upload_message_timeout_ms, "must be at least 100 (0: off)");
+  }
   if (max_chunk_bytes < 1024 || max_chunk_bytes > wire::kMaxChunkBytes) {
     return bad("max-chunk-bytes", max_chunk_bytes, fl::StrCat("must be in [1024, ", wire::kMaxChunkBytes, "]"));
   }
@@ -407,6 +425,8 @@ int64_t RoundEngine::NextDeadlineNs() const {
   int64_t next = INT64_MAX;
   if (current_ != nullptr) next = current_->deadline_ns;
   if (drain_deadline_ns_ != 0) next = std::min(next, drain_deadline_ns_);
+  // Uploads holding a slot are checked for stalls and their rate a few times a second (RevokeSlowUploads).
+  if (state_ != EngineState::kFinished && !active_uploads_.empty()) next = std::min(next, NowNs() + 100 * kMsToNs);
   if (state_ == EngineState::kWaitingForModel && !initial_model_client_.empty()) {
     next = std::min(next, initial_model_asked_ns_ + int64_t{config_.initial_model_deadline_ms} * kMsToNs);
   }
@@ -472,8 +492,21 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
     e.reply(wire::ToGrpcStatus(code, resp.error()), resp);
   };
   if (state_ == EngineState::kFinished) {
-    return refuse(grpc::StatusCode::UNAVAILABLE, fl::v1::ERROR_CODE_SHUTTING_DOWN, "the experiment has ended", "",
-                  "start a new experiment");
+    EngineResult result;
+    {
+      std::lock_guard lock(mu_);
+      result = result_;
+    }
+    if (result.status == "aborted") {
+      return refuse(grpc::StatusCode::UNAVAILABLE, fl::v1::ERROR_CODE_SHUTTING_DOWN,
+                    fl::StrCat("fl-server is shutting down: ", result.reason), "", "start a new experiment");
+    }
+    // Final: a client that was away at the end (stopped, cut off) learns here that there is nothing left to do.
+    MarkTold(req.client_name());
+    return refuse(grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_EXPERIMENT_FINISHED,
+                  fl::StrCat("experiment ", config_.experiment_id, " has ended (", result.status, ": ", result.reason,
+                             ")"),
+                  "", "nothing left to do: fl-client exits");
   }
   if (req.protocol_version() != fl::v1::PROTOCOL_VERSION_1) {
     return refuse(grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_ADMISSION_REFUSED,
@@ -485,6 +518,19 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
     return refuse(grpc::StatusCode::INVALID_ARGUMENT, fl::v1::ERROR_CODE_MALFORMED,
                   fl::StrCat("client name '", LogSafe(req.client_name(), 64), "' is invalid"), "client_name",
                   "use 1-64 characters from [A-Za-z0-9._-]");
+  }
+  // Nobody takes over a live session by joining under its name: the rejoin must present that session's token
+  // (fl-client does after a reconnect). A name whose session is gone can be joined again without one.
+  if (auto holder = clients_.find(req.client_name());
+      holder != clients_.end() && holder->second->session != nullptr &&
+      (req.session_token().empty() || req.session_token() != holder->second->token)) {
+    return refuse(grpc::StatusCode::ALREADY_EXISTS, fl::v1::ERROR_CODE_NAME_IN_USE,
+                  fl::StrCat("a live session holds the client name '", req.client_name(), "'; a Join under it must ",
+                             req.session_token().empty() ? "present" : "present the right",
+                             " session token of that session (JoinRequest.session_token)"),
+                  "session_token",
+                  fl::StrCat("use another client name, or retry: a session silent for four heartbeat intervals (",
+                             4 * config_.heartbeat_interval_ms, " ms) is dropped"));
   }
   // Every string, map and the spec's size are bounded before anything of the request is kept (the request
   // lives as long as the client, its strings go to the records).
@@ -653,7 +699,20 @@ void RoundEngine::HandleSessionOpen(SessionOpenEvent& e) {
     return;
   }
   if (state_ == EngineState::kFinished) {
-    e.channel->Close(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the experiment has ended"));
+    // The same Shutdown the connected clients got at the end, so that a late session ends its client too.
+    EngineResult result;
+    {
+      std::lock_guard lock(mu_);
+      result = result_;
+    }
+    fl::v1::ServerMessage bye;
+    bye.set_seq(1);
+    bye.mutable_shutdown()->set_reason(fl::StrCat("experiment ", config_.experiment_id, " has ended (",
+                                                  result.status, ": ", result.reason, ")"));
+    bye.mutable_shutdown()->set_experiment_finished(result.status != "aborted");
+    e.channel->Send(std::move(bye));
+    e.channel->Close(grpc::Status::OK);
+    if (result.status != "aborted") MarkTold(client->id);
     return;
   }
   if (client->session != nullptr && client->session != e.channel) {
@@ -939,6 +998,7 @@ void RoundEngine::HandleUploadStart(UploadStartEvent& e) {
   const core::Codec* codec = nullptr;
   std::unique_ptr<core::Codec> initial_codec;
   std::shared_ptr<const core::ModelSpec> expected = spec_;
+  TaskInfo* train_task = nullptr;
   if (h.kind() == fl::v1::UPDATE_KIND_INITIAL_MODEL) {
     if (state_ != EngineState::kWaitingForModel || client->id != initial_model_client_) {
       return refuse(Rejected("", fl::v1::ERROR_CODE_WRONG_ROUND,
@@ -963,6 +1023,16 @@ void RoundEngine::HandleUploadStart(UploadStartEvent& e) {
       return refuse(Rejected(h.task_id(), fl::v1::ERROR_CODE_WRONG_ROUND,
                              fl::StrCat("update says round ", h.round(), " but task '", task.id, "' is for round ",
                                         task.round)));
+    }
+    // One update per task: a second upload (after the verdict, or while the first is still in transit) is a
+    // duplicate whatever the deadline, and never changes what the first one got.
+    if (task.answered || task.upload_in_flight) {
+      return refuse(Rejected(h.task_id(), fl::v1::ERROR_CODE_DUPLICATE,
+                             task.answered ? fl::StrCat("task '", task.id, "' was already answered (outcome ",
+                                                        task.outcome, "): this upload is a duplicate and is ignored")
+                                           : fl::StrCat("an upload for task '", task.id,
+                                                        "' is already in progress: this one is a duplicate"),
+                             "send each update once"));
     }
     if (task.closed || NowNs() > task.deadline_ns) {
       // Late: recorded as such when the round closes if the upload had begun by then; a round already
@@ -991,6 +1061,7 @@ void RoundEngine::HandleUploadStart(UploadStartEvent& e) {
     }
     codec = uplink_codec_.get();
     task.upload_started = true;
+    train_task = &task;
   } else {
     return refuse(Rejected(h.task_id(), fl::v1::ERROR_CODE_MALFORMED,
                            fl::StrCat("update kind ", static_cast<int>(h.kind()), " is not known")));
@@ -1009,6 +1080,7 @@ void RoundEngine::HandleUploadStart(UploadStartEvent& e) {
                                       " payload of this model is exactly ", want_bytes, " bytes")));
   }
   if (h.kind() == fl::v1::UPDATE_KIND_INITIAL_MODEL) initial_model_upload_in_progress_ = true;
+  if (train_task != nullptr) train_task->upload_in_flight = true;
   auto pending = std::make_unique<PendingUpload>();
   pending->event = std::move(e);
   waiting_uploads_.push_back(std::move(pending));
@@ -1019,13 +1091,67 @@ void RoundEngine::GrantUploadSlots() {
   while (busy_upload_slots_ < config_.upload_slots && !waiting_uploads_.empty()) {
     std::unique_ptr<PendingUpload> next = std::move(waiting_uploads_.front());
     waiting_uploads_.pop_front();
+    const fl::v1::UpdateHeader& h = next->event.header;
+    if (h.kind() != fl::v1::UPDATE_KIND_INITIAL_MODEL) {
+      // A slot goes only to an update that can still count: one whose task closed while it waited is late now.
+      auto t = tasks_.find(h.task_id());
+      if (t == tasks_.end() || t->second->closed) {
+        if (t != tasks_.end()) t->second->upload_in_flight = false;
+        next->event.admit(Verdict(h.task_id(), fl::v1::UPDATE_OUTCOME_LATE,
+                                  wire::MakeError(fl::v1::ERROR_CODE_LATE,
+                                                  "the round closed while the upload waited for a slot")),
+                          {});
+        continue;
+      }
+    }
     ++busy_upload_slots_;
     std::vector<uint8_t> buffer;
     if (!free_upload_buffers_.empty()) {
       buffer = std::move(free_upload_buffers_.back());
       free_upload_buffers_.pop_back();
     }
+    if (next->event.handle != nullptr) {
+      active_uploads_.push_back({next->event.handle, h.client_id(), h.task_id(), NowNs(), false});
+    }
     next->event.admit(std::nullopt, std::move(buffer));
+  }
+}
+
+void RoundEngine::RevokeSlowUploads(int64_t now) {
+  for (ActiveUpload& up : active_uploads_) {
+    if (up.revoked) continue;
+    const int64_t last = std::max(up.granted_ns, up.handle->last_message_ns());
+    const int64_t held_ns = now - up.granted_ns;
+    const uint64_t bytes = up.handle->bytes_received();
+    grpc::Status status;
+    if (config_.upload_message_timeout_ms != 0 &&
+        now - last > int64_t{config_.upload_message_timeout_ms} * kMsToNs) {
+      status = wire::ToGrpcStatus(
+          grpc::StatusCode::DEADLINE_EXCEEDED,
+          wire::MakeError(fl::v1::ERROR_CODE_RATE_LIMITED,
+                          fl::StrCat("the upload of client '", up.client_id, "' for task '", up.task_id,
+                                     "' sent no message for ", (now - last) / kMsToNs, " ms (limit ",
+                                     config_.upload_message_timeout_ms,
+                                     " ms, --upload-message-timeout-ms): its upload slot goes to the next client"),
+                          "", "a stalled upload can be sent again while the round is open"));
+    } else if (config_.upload_min_bytes_per_s != 0 && held_ns > int64_t{config_.upload_rate_grace_ms} * kMsToNs &&
+               static_cast<double>(bytes) < static_cast<double>(config_.upload_min_bytes_per_s) * held_ns * 1e-9) {
+      const double rate = static_cast<double>(bytes) / (static_cast<double>(held_ns) * 1e-9);
+      status = wire::ToGrpcStatus(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          wire::MakeError(fl::v1::ERROR_CODE_RATE_LIMITED,
+                          absl::StrFormat("the upload of client '%s' for task '%s' averaged %.0f bytes/s over %.1f s, "
+                                          "below the minimum rate of %u bytes/s (--upload-min-bytes-per-s): its "
+                                          "upload slot goes to the next client",
+                                          up.client_id, up.task_id, rate, static_cast<double>(held_ns) * 1e-9,
+                                          config_.upload_min_bytes_per_s),
+                          "", "a faster link, a smaller model or a more compact --uplink-codec would help"));
+    } else {
+      continue;
+    }
+    spdlog::warn("revoking an upload slot: {}", status.error_message());
+    up.revoked = true;
+    up.handle->Revoke(status);  // the reactor answers with an UploadDoneEvent that frees the slot
   }
 }
 
@@ -1049,6 +1175,12 @@ void RoundEngine::HandleUploadDone(UploadDoneEvent& e) {
     }
   } release{this, &e.payload};
   const fl::v1::UpdateHeader& h = e.header;
+  std::erase_if(active_uploads_, [&](const ActiveUpload& up) { return up.handle == e.handle; });
+  if (h.kind() != fl::v1::UPDATE_KIND_INITIAL_MODEL) {
+    if (auto t = tasks_.find(h.task_id()); t != tasks_.end() && t->second->client_id == h.client_id()) {
+      t->second->upload_in_flight = false;
+    }
+  }
   if (h.kind() == fl::v1::UPDATE_KIND_INITIAL_MODEL && h.client_id() == initial_model_client_) {
     initial_model_upload_in_progress_ = false;
   }
@@ -1084,6 +1216,7 @@ void RoundEngine::HandleUploadDone(UploadDoneEvent& e) {
       verdict = Rejected(h.task_id(), fl::v1::ERROR_CODE_WRONG_ROUND, "the task is no longer known");
     } else {
       verdict = AcceptUpdate(e, t->second.get());
+      t->second->answered = true;  // a later upload for this task is a duplicate
       if (t->second->outcome == "ok" || t->second->outcome == "late") {
         uplink_reports_due_[t->second->id] = t->second->round;  // the client reports its uplink after the ack
       }
@@ -1380,6 +1513,7 @@ void RoundEngine::HandleLeave(LeaveEvent& e) {
   spdlog::info("client '{}' left: {}", client->id, LogSafe(e.request.reason(), 200));
   DisconnectClient(*client, fl::StrCat("the client left: ", LogSafe(e.request.reason(), 200)));
   client->token.clear();
+  MarkTold(client->id);
   e.reply(grpc::Status::OK, resp);
 }
 
@@ -1567,6 +1701,7 @@ void RoundEngine::Advance() {
       DisconnectClient(*c, "no heartbeat for four intervals");
     }
   }
+  RevokeSlowUploads(now);
   switch (state_) {
     case EngineState::kWaitingForModel:
       ReaskInitialModelIfStalled(now);
@@ -1923,6 +2058,7 @@ void RoundEngine::Finish(std::string status, std::string reason) {
   if (state_ == EngineState::kFinished) return;
   state_ = EngineState::kFinished;
   const bool finished = status == "finished";
+  if (status != "aborted") NoteUntoldClients();  // before the sessions below are told and let go
   for (auto& [id, c] : clients_) {
     if (c->session == nullptr) continue;
     fl::v1::ServerMessage bye;
@@ -1961,6 +2097,23 @@ void RoundEngine::Finish(std::string status, std::string reason) {
   result_ = EngineResult{config_.experiment_id, status, reason, round_};
   done_ = true;
   cv_.notify_all();
+}
+
+void RoundEngine::NoteUntoldClients() {
+  // Clients with a live session are told by the Shutdown message; those that left need nothing. The others
+  // (disconnected for missed heartbeats, stopped, cut off) learn it at their next Join or hello.
+  untold_.clear();
+  for (const auto& [id, c] : clients_) {
+    if (c->session == nullptr && !c->token.empty()) untold_.insert(id);
+  }
+  untold_count_ = untold_.size();
+  if (!untold_.empty()) {
+    spdlog::info("{} client(s) were away at the end of the experiment and have not been told yet", untold_.size());
+  }
+}
+
+void RoundEngine::MarkTold(const std::string& client_id) {
+  if (untold_.erase(client_id) != 0) untold_count_ = untold_.size();
 }
 
 }  // namespace fl::server

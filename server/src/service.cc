@@ -1,8 +1,13 @@
 #include "fl/server/service.h"
 
+#include <algorithm>
+#include <cctype>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <mutex>
 
+#include <grpcpp/alarm.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <spdlog/spdlog.h>
 
@@ -20,24 +25,111 @@ namespace {
 using fl::v1::ClientMessage;
 using fl::v1::ServerMessage;
 
+// Parses one raw message; false when its bytes are not a valid encoding of M (or a string field holds
+// invalid UTF-8). Consumes `bytes`.
+template <class M>
+bool Parse(grpc::ByteBuffer* bytes, M* message) {
+  return grpc::SerializationTraits<M>::Deserialize(bytes, message).ok();
+}
+
+template <class M>
+grpc::ByteBuffer Serialize(const M& message) {
+  grpc::ByteBuffer out;
+  bool own = false;
+  (void)grpc::SerializationTraits<M>::Serialize(message, &out, &own);  // fails only beyond 2 GiB
+  return out;
+}
+
+// The answer to a message that cannot be parsed: what was expected, where, and how big it was.
+grpc::Status Unparsable(std::string_view what, std::string_view type, size_t bytes) {
+  return wire::ToGrpcStatus(
+      grpc::StatusCode::INVALID_ARGUMENT,
+      wire::MakeError(fl::v1::ERROR_CODE_MALFORMED,
+                      fl::StrCat(what, " could not be parsed as ", type, " (", bytes,
+                                 " bytes): they are not a valid protobuf encoding of that message, or a string "
+                                 "field holds invalid UTF-8"),
+                      "", fl::StrCat("send a serialized ", type, " (proto/fl/v1/federation.proto)")));
+}
+
+grpc::Status RateLimited(grpc::StatusCode code, std::string message, std::string hint) {
+  return wire::ToGrpcStatus(code, wire::MakeError(fl::v1::ERROR_CODE_RATE_LIMITED, std::move(message), "",
+                                                  std::move(hint)));
+}
+
+// Token bucket of a session's inbound messages: `rate` per second on average, bursts up to twice that.
+class MessageBucket {
+ public:
+  explicit MessageBucket(uint32_t rate) : rate_(rate), burst_(2.0 * std::max<uint32_t>(rate, 5)), tokens_(burst_) {}
+  bool Take(int64_t now_ns) {
+    if (last_ns_ != 0) tokens_ = std::min(burst_, tokens_ + static_cast<double>(now_ns - last_ns_) * 1e-9 * rate_);
+    last_ns_ = now_ns;
+    if (tokens_ < 1) return false;
+    tokens_ -= 1;
+    return true;
+  }
+
+ private:
+  double rate_;
+  double burst_;
+  double tokens_;
+  int64_t last_ns_ = 0;
+};
+
 // The engine's handle on one session stream. It outlives the reactor (the engine may still hold it after
 // the stream ended), so the reactor pointer is cleared in OnDone and every use checks it under the lock.
-class SessionStream final : public grpc::ServerBidiReactor<ClientMessage, ServerMessage> {
+class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  // The engine's SessionChannel over this stream's outbox.
-  class Channel final : public SessionChannel {
+  // The engine's SessionChannel over this stream's outbox (bounded: a client that does not read its stream
+  // has its session closed instead of making the server buffer for it).
+  class Channel final : public SessionChannel, public std::enable_shared_from_this<Channel> {
    public:
-    explicit Channel(SessionStream* stream) : outbox_(stream) {}
-    void Send(ServerMessage message) override { outbox_.Send(std::move(message)); }
+    Channel(SessionStream* stream, RoundEngine* engine) : outbox_(stream), engine_(engine) {
+      const uint32_t max_queued = engine->config().session_max_queued_messages;
+      outbox_.SetLimit(max_queued,
+                       RateLimited(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                   fl::StrCat("the client did not read its session stream: ", max_queued,
+                                              " server messages were waiting (limit --session-max-queued-messages);"
+                                              " the session is closed"),
+                                   "read the Session stream continuously"));
+    }
+    void Send(ServerMessage message) override {
+      if (outbox_.Send(Serialize(message)) == StreamOutbox<grpc::ByteBuffer, grpc::ByteBuffer>::SendResult::kOverflowed) {
+        // The engine forgets the session now, not when the stream finally ends (the client may never read).
+        engine_->Post(SessionClosedEvent{shared_from_this()});
+      }
+    }
     void Close(const grpc::Status& status) override { outbox_.Close(status); }
+    bool closing() { return outbox_.closing(); }
     void OnWriteDone(bool ok) { outbox_.OnWriteDone(ok); }
     void Detach() { outbox_.Detach(); }
+    void MarkOpened() { opened_ = true; }
+    // The hello deadline: closes the stream if no SessionHello came.
+    void CloseUnlessOpened(const grpc::Status& status) {
+      if (!opened_) outbox_.Close(status);
+    }
 
    private:
-    StreamOutbox<ClientMessage, ServerMessage> outbox_;
+    StreamOutbox<grpc::ByteBuffer, grpc::ByteBuffer> outbox_;
+    RoundEngine* engine_;
+    std::atomic<bool> opened_{false};
   };
 
-  explicit SessionStream(RoundEngine* engine) : engine_(engine), channel_(std::make_shared<Channel>(this)) {
+  explicit SessionStream(RoundEngine* engine)
+      : engine_(engine),
+        channel_(std::make_shared<Channel>(this, engine)),
+        bucket_(engine->config().session_max_messages_per_s) {
+    const uint32_t hello_ms = engine->config().session_hello_timeout_ms;
+    // The alarm's callback holds the channel, not the reactor: it may run (cancelled) after OnDone.
+    hello_alarm_.Set(std::chrono::system_clock::now() + std::chrono::milliseconds(hello_ms),
+                     [channel = channel_, hello_ms](bool fired) {
+                       if (!fired) return;
+                       channel->CloseUnlessOpened(wire::ToGrpcStatus(
+                           grpc::StatusCode::DEADLINE_EXCEEDED,
+                           wire::MakeError(fl::v1::ERROR_CODE_MALFORMED,
+                                           fl::StrCat("no SessionHello within ", hello_ms,
+                                                      " ms of opening the session (--session-hello-timeout-ms)"),
+                                           "hello", "send SessionHello with the id and token from Join first")));
+                     });
     StartRead(&in_);
   }
 
@@ -47,18 +139,48 @@ class SessionStream final : public grpc::ServerBidiReactor<ClientMessage, Server
       channel_->Close(grpc::Status::OK);
       return;
     }
+    if (channel_->closing()) {
+      // Closed for overflowing its queue: its status waits behind messages it does not read, so keep draining
+      // (and dropping) what it sends, without the engine, or a client blocked in Write would never see the end.
+      in_.Clear();
+      StartRead(&in_);
+      return;
+    }
+    const size_t bytes = in_.Length();
+    ClientMessage message;
+    if (!Parse(&in_, &message)) {
+      return Abandon(Unparsable(fl::StrCat("message ", received_ + 1, " of the Session stream"), "fl.v1.ClientMessage",
+                                bytes));
+    }
+    ++received_;
+    const int64_t now = NowNs();
+    // Before anything reaches the engine: a flooding session costs the engine no more than the limit allows.
+    if (!bucket_.Take(now)) {
+      const uint32_t limit = engine_->config().session_max_messages_per_s;
+      spdlog::warn("closing the session of client '{}': more than {} messages per second", client_id_,
+                   limit);
+      return Abandon(RateLimited(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          fl::StrCat("client '", client_id_, "' sent more than ", limit,
+                     " session messages per second (limit --session-max-messages-per-s); the session is closed"),
+          "send heartbeats at the interval the server gave at Join"));
+    }
     if (!opened_) {
-      if (in_.kind_case() != ClientMessage::kHello) {
-        channel_->Close(wire::ToGrpcStatus(
+      if (message.kind_case() != ClientMessage::kHello) {
+        return Abandon(wire::ToGrpcStatus(
             grpc::StatusCode::INVALID_ARGUMENT,
             wire::MakeError(fl::v1::ERROR_CODE_MALFORMED, "the first message on a session must be a SessionHello",
                             "hello", "send SessionHello with the id and token from Join")));
-        return;
       }
       opened_ = true;
-      engine_->Post(SessionOpenEvent{in_.hello(), channel_});
+      channel_->MarkOpened();
+      // For messages and logs only (the engine authenticates the hello): printable name characters, bounded.
+      for (char c : message.hello().client_id().substr(0, 64)) {
+        client_id_.push_back(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ? c : '?');
+      }
+      engine_->Post(SessionOpenEvent{message.hello(), channel_});
     } else {
-      engine_->Post(SessionMessageEvent{channel_, in_, NowNs()});
+      engine_->Post(SessionMessageEvent{channel_, std::move(message), now});
     }
     StartRead(&in_);
   }
@@ -72,13 +194,23 @@ class SessionStream final : public grpc::ServerBidiReactor<ClientMessage, Server
   }
 
  private:
+  // Ends the session from our side (no more reads) and has the engine forget it at once.
+  void Abandon(const grpc::Status& status) {
+    channel_->Close(status);
+    if (opened_) engine_->Post(SessionClosedEvent{channel_});
+  }
+
   RoundEngine* engine_;
   std::shared_ptr<Channel> channel_;
-  ClientMessage in_;
+  grpc::ByteBuffer in_;
+  MessageBucket bucket_;
+  grpc::Alarm hello_alarm_;
+  uint64_t received_ = 0;
+  std::string client_id_;
   bool opened_ = false;
 };
 
-class DownloadStream final : public grpc::ServerWriteReactor<fl::v1::ModelChunk> {
+class DownloadStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   DownloadStream(RoundEngine* engine, const fl::v1::DownloadModelRequest& request)
       : engine_(engine), client_id_(request.client_id()), task_id_(request.task_id()), started_ns_(NowNs()) {
@@ -91,12 +223,14 @@ class DownloadStream final : public grpc::ServerWriteReactor<fl::v1::ModelChunk>
                                    return;
                                  }
                                  payload_ = std::move(p);
-                                 fl::v1::ModelHeader* h = out_.mutable_header();
+                                 fl::v1::ModelChunk chunk;
+                                 fl::v1::ModelHeader* h = chunk.mutable_header();
                                  h->set_model_version(payload_->model_version);
                                  h->set_round(payload_->round);
                                  *h->mutable_spec() = payload_->spec;
                                  h->set_codec(payload_->codec);
                                  h->set_payload_bytes(payload_->bytes.size());
+                                 out_ = Serialize(chunk);
                                  StartWrite(&out_);
                                }});
   }
@@ -112,14 +246,15 @@ class DownloadStream final : public grpc::ServerWriteReactor<fl::v1::ModelChunk>
       return;
     }
     const size_t total = payload_->bytes.size();
-    out_.Clear();
     if (offset_ < total) {
       const size_t n = std::min<size_t>(chunk_bytes_, total - offset_);
-      out_.set_data(payload_->bytes.data() + offset_, n);
+      out_ = DataChunk(payload_->bytes.data() + offset_, n);
       offset_ += n;
     } else {
-      out_.mutable_trailer()->set_payload_checksum(payload_->checksum);
-      out_.mutable_trailer()->set_sent_server_ns(NowNs());
+      fl::v1::ModelChunk chunk;
+      chunk.mutable_trailer()->set_payload_checksum(payload_->checksum);
+      chunk.mutable_trailer()->set_sent_server_ns(NowNs());
+      out_ = Serialize(chunk);
       trailer_sent_ = true;
     }
     StartWrite(&out_);
@@ -128,41 +263,68 @@ class DownloadStream final : public grpc::ServerWriteReactor<fl::v1::ModelChunk>
   void OnDone() override { delete this; }
 
  private:
+  // A ModelChunk holding `data` (field 2, bytes), encoded by hand: the payload is copied once, into the
+  // message, not into a protobuf string first.
+  static grpc::ByteBuffer DataChunk(const uint8_t* data, size_t n) {
+    uint8_t prefix[16];
+    size_t len = 0;
+    prefix[len++] = (2 << 3) | 2;  // field 2, length-delimited
+    for (uint64_t v = n; ; v >>= 7) {
+      if (v < 0x80) {
+        prefix[len++] = static_cast<uint8_t>(v);
+        break;
+      }
+      prefix[len++] = static_cast<uint8_t>(v | 0x80);
+    }
+    grpc::Slice slices[2] = {grpc::Slice(prefix, len), grpc::Slice(data, n)};
+    return grpc::ByteBuffer(slices, 2);
+  }
+
   RoundEngine* engine_;
   std::string client_id_;
   std::string task_id_;
   int64_t started_ns_;
   std::shared_ptr<const ModelPayload> payload_;
-  fl::v1::ModelChunk out_;
+  grpc::ByteBuffer out_;
   uint32_t chunk_bytes_ = wire::kDefaultChunkBytes;
   size_t offset_ = 0;
   bool trailer_sent_ = false;
 };
 
-class UploadStream final : public grpc::ServerReadReactor<fl::v1::UpdateChunk> {
+class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  UploadStream(RoundEngine* engine, fl::v1::UploadUpdateResponse* response) : engine_(engine), response_(response) {
+  UploadStream(RoundEngine* engine, grpc::ByteBuffer* response)
+      : engine_(engine), response_(response), progress_(std::make_shared<Progress>(this)) {
     StartRead(&in_);
   }
 
   void OnReadDone(bool ok) override {
+    std::lock_guard lock(progress_->mu);
+    if (stage_ == Stage::kDone) return;  // revoked (or failed) while this read was pending
     if (!ok) {
       Fail(grpc::Status(grpc::StatusCode::CANCELLED, "the upload ended before its trailer"));
       return;
     }
+    const size_t bytes = in_.Length();
+    fl::v1::UpdateChunk chunk;
+    if (!Parse(&in_, &chunk)) {
+      return Fail(Unparsable(fl::StrCat("message ", received_ + 1, " of the upload"), "fl.v1.UpdateChunk", bytes));
+    }
+    ++received_;
     switch (stage_) {
       case Stage::kHeader:
-        if (in_.part_case() != fl::v1::UpdateChunk::kHeader) {
+        if (chunk.part_case() != fl::v1::UpdateChunk::kHeader) {
           return Fail(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the first message of an upload must be its header"));
         }
-        header_ = in_.header();
+        header_ = std::move(*chunk.mutable_header());
         first_byte_ns_ = NowNs();
         stage_ = Stage::kAdmitting;
         engine_->Post(UploadStartEvent{header_, first_byte_ns_,
                                        [this](std::optional<fl::v1::UploadUpdateResponse> refusal,
                                               std::vector<uint8_t> buffer) {
+                                         std::lock_guard admit_lock(progress_->mu);
                                          if (refusal.has_value()) {
-                                           *response_ = std::move(*refusal);
+                                           *response_ = Serialize(*refusal);
                                            stage_ = Stage::kDone;
                                            Finish(grpc::Status::OK);
                                            return;
@@ -173,27 +335,30 @@ class UploadStream final : public grpc::ServerReadReactor<fl::v1::UpdateChunk> {
                                          // Nothing is reserved for what the header announces: the
                                          // buffer grows with what arrives (GrowFor).
                                          StartRead(&in_);
-                                       }});
+                                       },
+                                       progress_});
         return;
       case Stage::kReceiving:
-        if (in_.part_case() == fl::v1::UpdateChunk::kData) {
-          if (payload_.size() + in_.data().size() > header_.payload_bytes()) {
+        progress_->last_ns = NowNs();
+        if (chunk.part_case() == fl::v1::UpdateChunk::kData) {
+          if (payload_.size() + chunk.data().size() > header_.payload_bytes()) {
             return Fail(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                      fl::StrCat("the upload carries more than the ", header_.payload_bytes(),
                                                 " bytes its header announced")));
           }
-          GrowFor(in_.data().size());
-          payload_.insert(payload_.end(), in_.data().begin(), in_.data().end());
+          GrowFor(chunk.data().size());
+          payload_.insert(payload_.end(), chunk.data().begin(), chunk.data().end());
+          progress_->received_bytes = payload_.size();
           StartRead(&in_);
           return;
         }
-        if (in_.part_case() == fl::v1::UpdateChunk::kTrailer) {
+        if (chunk.part_case() == fl::v1::UpdateChunk::kTrailer) {
           if (payload_.size() != header_.payload_bytes()) {
             return Fail(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                      fl::StrCat("the upload ended after ", payload_.size(), " of ",
                                                 header_.payload_bytes(), " announced bytes")));
           }
-          if (core::Checksum64(payload_) != in_.trailer().payload_checksum()) {
+          if (core::Checksum64(payload_) != chunk.trailer().payload_checksum()) {
             return Fail(grpc::Status(grpc::StatusCode::DATA_LOSS,
                                      "the upload's checksum does not match its bytes: a chunk was lost or damaged"));
           }
@@ -208,7 +373,13 @@ class UploadStream final : public grpc::ServerReadReactor<fl::v1::UpdateChunk> {
     }
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    {
+      std::lock_guard lock(progress_->mu);
+      progress_->stream = nullptr;
+    }
+    delete this;
+  }
 
  private:
   enum class Stage { kHeader, kAdmitting, kReceiving, kDone };
@@ -224,6 +395,25 @@ class UploadStream final : public grpc::ServerReadReactor<fl::v1::UpdateChunk> {
     const size_t grown = needed + std::max(incoming, payload_.size() / 8);
     payload_.reserve(std::min<uint64_t>(grown, header_.payload_bytes()));
   }
+
+  // The engine's handle: progress counters the engine reads on its timer, and Revoke. `mu` also serialises
+  // the reactor's own callbacks (reads, admission, revocation come from different threads).
+  struct Progress final : UploadHandle {
+    explicit Progress(UploadStream* s) : stream(s) {}
+    uint64_t bytes_received() const override { return received_bytes.load(); }
+    int64_t last_message_ns() const override { return last_ns.load(); }
+    void Revoke(const grpc::Status& status) override {
+      std::lock_guard lock(mu);
+      if (stream != nullptr && stream->stage_ == Stage::kReceiving) {
+        stream->stage_ = Stage::kDone;
+        stream->PostDone(status);
+      }
+    }
+    std::recursive_mutex mu;
+    UploadStream* stream;  // guarded by mu; null after OnDone
+    std::atomic<uint64_t> received_bytes{0};
+    std::atomic<int64_t> last_ns{0};
+  };
 
   // A transfer failure: before admission the engine never heard of the upload; after it, the engine must
   // be told so that it frees the upload slot.
@@ -245,56 +435,86 @@ class UploadStream final : public grpc::ServerReadReactor<fl::v1::UpdateChunk> {
     done.first_byte_server_ns = first_byte_ns_;
     done.done_server_ns = NowNs();
     done.transfer_error = transfer_error;
+    done.handle = progress_;
     done.reply = [this, transfer_error](const fl::v1::UploadUpdateResponse& verdict) {
-      *response_ = verdict;
+      std::lock_guard lock(progress_->mu);
+      *response_ = Serialize(verdict);
       Finish(transfer_error.ok() ? grpc::Status::OK : transfer_error);
     };
     engine_->Post(std::move(done));
   }
 
   RoundEngine* engine_;
-  fl::v1::UploadUpdateResponse* response_;
-  fl::v1::UpdateChunk in_;
+  grpc::ByteBuffer* response_;
+  std::shared_ptr<Progress> progress_;
+  grpc::ByteBuffer in_;
   fl::v1::UpdateHeader header_;
   std::vector<uint8_t> payload_;
+  uint64_t received_ = 0;
   int64_t first_byte_ns_ = 0;
   Stage stage_ = Stage::kHeader;
 };
 
 }  // namespace
 
-grpc::ServerUnaryReactor* FederationService::Join(grpc::CallbackServerContext* ctx, const fl::v1::JoinRequest* request,
-                                                  fl::v1::JoinResponse* response) {
+grpc::ServerUnaryReactor* FederationService::Join(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                                  grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  engine_->Post(JoinEvent{*request, ctx->peer(),
+  grpc::ByteBuffer bytes(*request);
+  fl::v1::JoinRequest req;
+  if (!Parse(&bytes, &req)) {
+    reactor->Finish(Unparsable("the Join request's bytes", "fl.v1.JoinRequest", request->Length()));
+    return reactor;
+  }
+  engine_->Post(JoinEvent{std::move(req), ctx->peer(),
                           [reactor, response](const grpc::Status& status, const fl::v1::JoinResponse& r) {
-                            *response = r;
+                            *response = Serialize(r);
                             reactor->Finish(status);
                           }});
   return reactor;
 }
 
-grpc::ServerBidiReactor<fl::v1::ClientMessage, fl::v1::ServerMessage>* FederationService::Session(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* FederationService::Session(
     grpc::CallbackServerContext* /*ctx*/) {
   return new SessionStream(engine_);
 }
 
-grpc::ServerWriteReactor<fl::v1::ModelChunk>* FederationService::DownloadModel(
-    grpc::CallbackServerContext* /*ctx*/, const fl::v1::DownloadModelRequest* request) {
-  return new DownloadStream(engine_, *request);
+namespace {
+// A write reactor that only finishes: the answer to a download request that cannot be parsed.
+class RefusedDownload final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  explicit RefusedDownload(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+}  // namespace
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* FederationService::DownloadModel(grpc::CallbackServerContext* /*ctx*/,
+                                                                            const grpc::ByteBuffer* request) {
+  grpc::ByteBuffer bytes(*request);
+  fl::v1::DownloadModelRequest req;
+  if (!Parse(&bytes, &req)) {
+    return new RefusedDownload(
+        Unparsable("the DownloadModel request's bytes", "fl.v1.DownloadModelRequest", request->Length()));
+  }
+  return new DownloadStream(engine_, req);
 }
 
-grpc::ServerReadReactor<fl::v1::UpdateChunk>* FederationService::UploadUpdate(grpc::CallbackServerContext* /*ctx*/,
-                                                                            fl::v1::UploadUpdateResponse* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* FederationService::UploadUpdate(grpc::CallbackServerContext* /*ctx*/,
+                                                                          grpc::ByteBuffer* response) {
   return new UploadStream(engine_, response);
 }
 
-grpc::ServerUnaryReactor* FederationService::Leave(grpc::CallbackServerContext* ctx,
-                                                   const fl::v1::LeaveRequest* request,
-                                                   fl::v1::LeaveResponse* response) {
+grpc::ServerUnaryReactor* FederationService::Leave(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                                   grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  engine_->Post(LeaveEvent{*request, [reactor, response](const grpc::Status& status, const fl::v1::LeaveResponse& r) {
-                             *response = r;
+  grpc::ByteBuffer bytes(*request);
+  fl::v1::LeaveRequest req;
+  if (!Parse(&bytes, &req)) {
+    reactor->Finish(Unparsable("the Leave request's bytes", "fl.v1.LeaveRequest", request->Length()));
+    return reactor;
+  }
+  engine_->Post(LeaveEvent{std::move(req), [reactor, response](const grpc::Status& status, const fl::v1::LeaveResponse& r) {
+                             *response = Serialize(r);
                              reactor->Finish(status);
                            }});
   return reactor;

@@ -29,6 +29,21 @@ class SessionChannel {
   virtual void Close(const grpc::Status& status) = 0;
 };
 
+// The engine's handle on an admitted upload (service.cc): how far it got, and a way to end it. Lets the
+// engine take the upload slot back from a stream that stalls or trickles (EngineConfig::upload_*) without
+// an event per chunk.
+class UploadHandle {
+ public:
+  virtual ~UploadHandle() = default;
+  // Payload bytes received so far; thread-safe.
+  virtual uint64_t bytes_received() const = 0;
+  // When the last message of the upload arrived (server monotonic ns; 0: none since admission); thread-safe.
+  virtual int64_t last_message_ns() const = 0;
+  // Ends the upload with `status`: the reactor posts its UploadDoneEvent with `status` as the transfer error
+  // (which frees the slot) and the client gets `status`. No-op once the upload is done. Thread-safe.
+  virtual void Revoke(const grpc::Status& status) = 0;
+};
+
 // An encoded global model, immutable once published: downloads hold a reference while they stream it, so
 // the engine can publish the next version without waiting for slow clients.
 struct ModelPayload {
@@ -86,6 +101,8 @@ struct UploadStartEvent {
   // On admission `buffer` is a reused model-sized buffer (empty, with capacity) to receive the payload
   // into; it comes back in UploadDoneEvent::payload.
   std::function<void(std::optional<fl::v1::UploadUpdateResponse> refusal, std::vector<uint8_t> buffer)> admit;
+  // Progress and revocation of the upload once admitted (may be null: then it is never revoked).
+  std::shared_ptr<UploadHandle> handle;
 };
 
 // An admitted upload finished: every chunk arrived and the checksum matched (or `transfer_error` says
@@ -97,6 +114,7 @@ struct UploadDoneEvent {
   int64_t done_server_ns = 0;
   grpc::Status transfer_error;
   std::function<void(const fl::v1::UploadUpdateResponse&)> reply;
+  std::shared_ptr<UploadHandle> handle;  // the UploadStartEvent's
 };
 
 struct LeaveEvent {

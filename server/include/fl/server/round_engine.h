@@ -17,6 +17,7 @@
 // Everything the engine owns is touched only by its thread; reactors talk to it through EngineEvents.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -24,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -64,6 +66,14 @@ struct EngineConfig {
   std::string downlink_codec = "fp32";     // codec for model downloads
   uint32_t upload_slots = 1;               // uploads buffered at once (bounds server memory)
   uint32_t heartbeat_interval_ms = 5000;   // clients silent for 4 intervals are considered gone
+  // Limits that keep one client from slowing the others (docs/round-engine.md, "Limits"); 0 turns an upload
+  // limit off. The session limits are enforced by the gRPC reactors (service.cc), the upload ones here.
+  uint32_t session_max_messages_per_s = 50;   // per Session stream, on average (bursts up to twice that)
+  uint32_t session_max_queued_messages = 256;  // server messages waiting for a client that does not read
+  uint32_t session_hello_timeout_ms = 10000;   // a Session stream must send its SessionHello within this
+  uint32_t upload_min_bytes_per_s = 16384;     // an admitted upload's average rate since it got its slot...
+  uint32_t upload_rate_grace_ms = 5000;        // ...checked once it has held the slot this long
+  uint32_t upload_message_timeout_ms = 30000;  // longest wait for the next message of an admitted upload
   uint32_t max_chunk_bytes = 1u << 20;
   std::string checkpoint_dir;              // empty: no checkpoints (and no --resume)
   uint32_t keep_checkpoints = 2;
@@ -133,6 +143,11 @@ class RoundEngine {
   EngineResult Wait();
   // Ends the engine thread; call after the gRPC server has shut down.
   void Stop();
+  // After the run ended: admitted clients that were not told so (their session was gone at the end, e.g. a
+  // client stopped or cut off, and they have not joined or opened a session since). fl-server keeps
+  // answering for a while (--linger-s) while this is not 0, so that such a client learns that the experiment
+  // is over instead of retrying Join until it gives up. Thread-safe.
+  size_t ClientsNotToldOfTheEnd() const { return untold_count_.load(); }
 
   const EngineConfig& config() const { return config_; }
 
@@ -215,6 +230,11 @@ class RoundEngine {
   void AbandonInitialModelHolder(const std::string& holder_id, const std::string& next_client, std::string_view why);
   void DisconnectClient(ClientInfo& client, std::string_view why);
   void GrantUploadSlots();
+  // Takes the slot back from admitted uploads that stalled or trickle below the minimum rate (config upload_*).
+  void RevokeSlowUploads(int64_t now);
+  // At the end of the run: which clients were not told (ClientsNotToldOfTheEnd), and telling them later.
+  void NoteUntoldClients();
+  void MarkTold(const std::string& client_id);
   void CloseTaskAsDropped(TaskInfo& task, std::string_view why);
   // One row of the console table; `eval` when the round was evaluated.
   void PrintRoundRow(const std::optional<instrumentation::ServerMetrics::Evaluation>& eval);
@@ -266,6 +286,17 @@ class RoundEngine {
   std::map<uint64_t, uint32_t> first_attempts_;  // StartPoint::first_attempts
   uint64_t task_counter_ = 0;
   uint32_t busy_upload_slots_ = 0;
+  // Uploads holding a slot: their progress, when they got it, and whether it was revoked already.
+  struct ActiveUpload {
+    std::shared_ptr<UploadHandle> handle;
+    std::string client_id;
+    std::string task_id;
+    int64_t granted_ns = 0;
+    bool revoked = false;
+  };
+  std::vector<ActiveUpload> active_uploads_;
+  std::set<std::string> untold_;      // see ClientsNotToldOfTheEnd
+  std::atomic<size_t> untold_count_{0};
   // Accepted updates whose client has not yet reported its own uplink time (task id -> round); waited on for
   // at most kUplinkReportGraceNs after the last round, from drain_deadline_ns_ on.
   std::map<std::string, uint64_t> uplink_reports_due_;

@@ -13,20 +13,27 @@
 
 namespace fl::server {
 
-class FederationService final : public fl::v1::Federation::CallbackService {
+// Every method is registered "raw" (its messages are grpc::ByteBuffers parsed here) so that a request that
+// cannot be parsed is answered INVALID_ARGUMENT naming the message type, instead of the callback API's
+// default (UNIMPLEMENTED with an empty message). The session limits of EngineConfig (messages per second,
+// unread messages, hello timeout) are enforced here, before anything reaches the engine.
+class FederationService final
+    : public fl::v1::Federation::WithRawCallbackMethod_Join<fl::v1::Federation::WithRawCallbackMethod_Session<
+          fl::v1::Federation::WithRawCallbackMethod_DownloadModel<fl::v1::Federation::WithRawCallbackMethod_UploadUpdate<
+              fl::v1::Federation::WithRawCallbackMethod_Leave<fl::v1::Federation::Service>>>>> {
  public:
+  // `engine` must be started (its configuration holds the limits).
   explicit FederationService(RoundEngine* engine) : engine_(engine) {}
 
-  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const fl::v1::JoinRequest* request,
-                                 fl::v1::JoinResponse* response) override;
-  grpc::ServerBidiReactor<fl::v1::ClientMessage, fl::v1::ServerMessage>* Session(
-      grpc::CallbackServerContext* ctx) override;
-  grpc::ServerWriteReactor<fl::v1::ModelChunk>* DownloadModel(grpc::CallbackServerContext* ctx,
-                                                              const fl::v1::DownloadModelRequest* request) override;
-  grpc::ServerReadReactor<fl::v1::UpdateChunk>* UploadUpdate(grpc::CallbackServerContext* ctx,
-                                                             fl::v1::UploadUpdateResponse* response) override;
-  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx, const fl::v1::LeaveRequest* request,
-                                  fl::v1::LeaveResponse* response) override;
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Session(grpc::CallbackServerContext* ctx) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* DownloadModel(grpc::CallbackServerContext* ctx,
+                                                            const grpc::ByteBuffer* request) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* UploadUpdate(grpc::CallbackServerContext* ctx,
+                                                          grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                  grpc::ByteBuffer* response) override;
 
  private:
   RoundEngine* engine_;

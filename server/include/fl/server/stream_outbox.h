@@ -5,6 +5,10 @@
 // outlives the reactor (it may still hold the outbox after the stream ended), so the reactor calls Detach()
 // in OnDone and every later Send/Close is dropped. Used by fl-server's Session stream (service.cc) and the
 // islands coordinator's (diloco/coord).
+//
+// The queue may be bounded (SetLimit): a peer that does not read its stream must not make the server buffer
+// without end. When a message finds `max_queued` others waiting, the queue is dropped and the stream is
+// finished at once with the overflow status (the message being written stays alive until gRPC is done with it).
 #pragma once
 
 #include <deque>
@@ -20,11 +24,34 @@ class StreamOutbox {
  public:
   explicit StreamOutbox(grpc::ServerBidiReactor<Request, Response>* stream) : stream_(stream) {}
 
-  void Send(Response message) {
+  // At most `max_queued` messages wait (0: no bound); one more finishes the stream with `overflow_status`.
+  void SetLimit(size_t max_queued, grpc::Status overflow_status) {
     std::lock_guard lock(mu_);
-    if (stream_ == nullptr || closing_) return;
+    max_queued_ = max_queued;
+    overflow_status_ = std::move(overflow_status);
+  }
+
+  enum class SendResult { kQueued, kDropped, kOverflowed };
+  // kDropped: the stream has ended or is closing. kOverflowed: the queue was full, so the stream was finished
+  // with the overflow status and its queue dropped.
+  SendResult Send(Response message) {
+    std::lock_guard lock(mu_);
+    if (stream_ == nullptr || closing_) return SendResult::kDropped;
+    if (max_queued_ != 0 && outbox_.size() >= max_queued_) {
+      closing_ = true;
+      close_status_ = overflow_status_;
+      // Keep the message gRPC is writing (it owns a pointer to it until OnWriteDone); drop the rest.
+      if (writing_) {
+        outbox_.erase(std::next(outbox_.begin()), outbox_.end());
+      } else {
+        outbox_.clear();
+      }
+      FinishLocked();  // not after the queue: a peer that does not read would never see the end
+      return SendResult::kOverflowed;
+    }
     outbox_.push_back(std::move(message));
     if (!writing_) WriteNextLocked();
+    return SendResult::kQueued;
   }
 
   // Finishes the stream with `status` after the queued messages; later Sends are dropped.
@@ -34,6 +61,12 @@ class StreamOutbox {
     closing_ = true;
     close_status_ = status;
     if (!writing_) FinishLocked();
+  }
+
+  // Close() was called, the queue overflowed or the stream is gone: nothing more will be sent.
+  bool closing() {
+    std::lock_guard lock(mu_);
+    return closing_ || stream_ == nullptr;
   }
 
   // From the reactor's OnWriteDone.
@@ -71,6 +104,8 @@ class StreamOutbox {
   std::mutex mu_;
   grpc::ServerBidiReactor<Request, Response>* stream_;
   std::deque<Response> outbox_;  // front() is being written while writing_
+  size_t max_queued_ = 0;
+  grpc::Status overflow_status_;
   bool writing_ = false;
   bool closing_ = false;
   bool finished_ = false;
