@@ -53,7 +53,8 @@ class FederatedClient {
   FederatedClient(const FederatedClient&) = delete;
   FederatedClient& operator=(const FederatedClient&) = delete;
 
-  // Runs until the server says the experiment finished (OK), a fatal refusal, giving up on an unreachable
+  // Runs until the server says the experiment finished (OK; also when a Join after a reconnect is answered
+  // "experiment finished": the client was away at the end), a fatal refusal, giving up on an unreachable
   // server, or Stop() (Cancelled).
   absl::Status Run();
   // Thread-safe: ends Run() soon (cancels the session and the current task).
