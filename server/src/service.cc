@@ -384,11 +384,11 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  private:
   enum class Stage { kHeader, kAdmitting, kReceiving, kDone };
 
-  // Makes room for `incoming` more bytes. The receive buffer never holds more than what has arrived plus
-  // max(one chunk, 1/8 of what has arrived), and never more than the (validated) announced size: a peer that
-  // announces a huge upload and sends little costs little (issue 13: a declared 2^36-value model made the
-  // server reserve 256 GiB up front and die of std::bad_alloc). Growing by 1/8 keeps the copying linear (at
-  // most 8 bytes copied per byte received); a reused slot buffer (the usual case) already has the capacity.
+  // Makes room for `incoming` more bytes (an initial model's; an update has its buffer already). The receive
+  // buffer never holds more than what has arrived plus max(one chunk, 1/8 of what has arrived), and never
+  // more than the (validated) announced size: a peer that announces a huge upload and sends little costs
+  // little (issue 13: a declared 2^36-value model made the server reserve 256 GiB up front and die of
+  // std::bad_alloc). Growing by 1/8 keeps the copying linear (at most 8 bytes copied per byte received).
   void GrowFor(size_t incoming) {
     const size_t needed = payload_.size() + incoming;
     if (needed <= payload_.capacity()) return;
