@@ -332,8 +332,14 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
                                          stage_ = Stage::kReceiving;
                                          payload_ = std::move(buffer);
                                          payload_.clear();
-                                         // Nothing is reserved for what the header announces: the
-                                         // buffer grows with what arrives (GrowFor).
+                                         // An update of the experiment's model (a size the server
+                                         // knows, checked against the header) gets its whole buffer
+                                         // now, so nothing is copied as it arrives. An initial model's
+                                         // size is only its sender's claim: that buffer grows with what
+                                         // arrives (GrowFor).
+                                         if (header_.kind() != fl::v1::UPDATE_KIND_INITIAL_MODEL) {
+                                           payload_.reserve(header_.payload_bytes());
+                                         }
                                          StartRead(&in_);
                                        },
                                        progress_});
