@@ -526,7 +526,7 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
       (req.session_token().empty() || req.session_token() != holder->second->token)) {
     return refuse(grpc::StatusCode::ALREADY_EXISTS, fl::v1::ERROR_CODE_NAME_IN_USE,
                   fl::StrCat("a live session holds the client name '", req.client_name(), "'; a Join under it must ",
-                             req.session_token().empty() ? "present" : "present the right",
+                             req.session_token().empty() ? "present the" : "present the right",
                              " session token of that session (JoinRequest.session_token)"),
                   "session_token",
                   fl::StrCat("use another client name, or retry: a session silent for four heartbeat intervals (",

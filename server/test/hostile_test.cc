@@ -3,7 +3,15 @@
 // stall, duplicate uploads, a Join that tries to take over a live client's name, and a client that comes
 // back after the experiment ended. Each case asserts the status and message the offender gets, and that the
 // honest clients' rounds still commit intact.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
+#include <list>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -11,6 +19,8 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
 
 #include "fl/core/codec.h"
 #include "fl/core/str_cat.h"
@@ -484,6 +494,137 @@ TEST(HostileTest, AJoinUnderALiveSessionsNameNeedsItsToken) {
   }
   EXPECT_EQ(live->stream->Finish().error_code(), grpc::StatusCode::ABORTED);
   ExpectHonestClientsFinish(server, db, config.num_rounds, 3);
+}
+
+// A TCP relay on loopback between a client and the server that can cut a connection on the client's side
+// only: the client sees its connection close, the server's socket stays open and silent — the server still
+// holds the client's session, as after a link that died without a FIN reaching the server.
+class Relay {
+ public:
+  explicit Relay(int target_port) : target_port_(target_port) {
+    listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    EXPECT_EQ(listen(listen_fd_, 16), 0);
+    socklen_t len = sizeof(addr);
+    getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    accept_thread_ = std::thread([this] { AcceptLoop(); });
+  }
+  ~Relay() {
+    shutdown(listen_fd_, SHUT_RDWR);
+    close(listen_fd_);
+    accept_thread_.join();
+    std::lock_guard lock(mu_);
+    for (Pair& p : pairs_) {
+      shutdown(p.client_fd, SHUT_RDWR);
+      shutdown(p.server_fd, SHUT_RDWR);
+      p.up.join();
+      p.down.join();
+      close(p.client_fd);
+      close(p.server_fd);
+    }
+  }
+  std::string address() const { return fl::StrCat("127.0.0.1:", port_); }
+  // Every current connection: closed towards the client, left open (and no longer fed) towards the server.
+  void CutClientSide() {
+    std::lock_guard lock(mu_);
+    for (Pair& p : pairs_) {
+      p.cut = true;
+      shutdown(p.client_fd, SHUT_RDWR);
+    }
+  }
+
+ private:
+  struct Pair {
+    int client_fd = -1, server_fd = -1;
+    std::atomic<bool> cut{false};
+    std::thread up, down;
+  };
+  void AcceptLoop() {
+    for (;;) {
+      const int client_fd = accept(listen_fd_, nullptr, nullptr);
+      if (client_fd < 0) return;
+      const int server_fd = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      addr.sin_port = htons(static_cast<uint16_t>(target_port_));
+      if (connect(server_fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+        close(client_fd);
+        close(server_fd);
+        continue;
+      }
+      std::lock_guard lock(mu_);
+      Pair& p = pairs_.emplace_back();
+      p.client_fd = client_fd;
+      p.server_fd = server_fd;
+      p.up = std::thread([&p] { Pump(p, p.client_fd, p.server_fd); });
+      p.down = std::thread([&p] { Pump(p, p.server_fd, p.client_fd); });
+    }
+  }
+  static void Pump(Pair& p, int from, int to) {
+    char buf[16384];
+    for (;;) {
+      const ssize_t n = read(from, buf, sizeof(buf));
+      if (n <= 0 || p.cut) break;
+      for (ssize_t off = 0; off < n;) {
+        const ssize_t w = write(to, buf + off, static_cast<size_t>(n - off));
+        if (w <= 0) return;
+        off += w;
+      }
+    }
+    if (!p.cut) shutdown(to, SHUT_WR);  // an orderly end is passed on; a cut never reaches the server
+  }
+
+  int target_port_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::thread accept_thread_;
+  std::mutex mu_;
+  std::list<Pair> pairs_;  // stable addresses for the pump threads
+};
+
+TEST(HostileTest, FlClientRejoinsWithItsTokenWhileTheServerStillHoldsItsSession) {
+  fl::testing::ScratchDir dir("fl_hostile");
+  const std::string db = dir.File("records.db");
+  EngineConfig config = SmallConfig(dir.File("ckpt"));
+  config.num_rounds = 3;
+  config.evaluate_every = 0;
+  config.fit = {1.0, 1, 1};
+  config.heartbeat_interval_ms = 5000;  // the server drops the old session only after 20 s of silence
+  TestServer server(config, db, InitialModel(1));
+  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(10000);
+  spdlog::default_logger()->sinks().push_back(sink);
+  const std::string address = server.address();
+  Relay relay(std::stoi(address.substr(address.rfind(':') + 1)));
+  auto c = StartClient(relay.address(), "c0", 1, "ethernet", 0, 200);
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < give_up) {
+    auto reader = RecordReader::Open(db);
+    if (reader.ok() && (*reader)->QueryInt("SELECT count(*) FROM rounds WHERE status = 'committed'").value_or(0) >= 1) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  relay.CutClientSide();  // fl-client's session breaks; the server's end of it stays open and silent
+  const EngineResult result = server.Wait();
+  c->thread.join();
+  spdlog::default_logger()->sinks().pop_back();
+  ASSERT_EQ(result.status, "finished") << result.reason;
+  EXPECT_EQ(result.rounds_committed, 3u);
+  EXPECT_TRUE(c->result.ok()) << c->result;
+  server.Stop();
+  // It rejoined while the server still held its old session, presenting that session's token: admitted at
+  // once, never refused as a name in use.
+  bool rejoined = false;
+  for (const std::string& line : sink->last_formatted()) {
+    rejoined |= line.find("rejoined client 'c0'") != std::string::npos;
+    EXPECT_EQ(line.find("refused join of 'c0'"), std::string::npos) << line;
+  }
+  EXPECT_TRUE(rejoined);
 }
 
 TEST(HostileTest, AClientAwayAtTheEndLearnsThatTheExperimentIsOver) {
