@@ -71,7 +71,7 @@ struct EngineConfig {
   uint32_t session_max_messages_per_s = 50;   // per Session stream, on average (bursts up to twice that)
   uint32_t session_max_queued_messages = 256;  // server messages waiting for a client that does not read
   uint32_t session_hello_timeout_ms = 10000;   // a Session stream must send its SessionHello within this
-  uint32_t upload_min_bytes_per_s = 16384;     // an admitted upload's average rate since it got its slot...
+  uint32_t upload_min_bytes_per_s = 4096;      // an admitted upload's average rate since it got its slot...
   uint32_t upload_rate_grace_ms = 5000;        // ...checked once it has held the slot this long
   uint32_t upload_message_timeout_ms = 30000;  // longest wait for the next message of an admitted upload
   uint32_t max_chunk_bytes = 1u << 20;
