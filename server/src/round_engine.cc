@@ -828,7 +828,9 @@ void RoundEngine::HandleSessionMessage(SessionMessageEvent& e) {
   const fl::v1::ClientMessage& m = e.message;
   switch (m.kind_case()) {
     case fl::v1::ClientMessage::kStatus:
-      for (const fl::v1::PhaseTiming& t : m.status().timings()) {
+      // At most InputLimits::kMaxTimings of them are looked at (a status carries one, the uplink).
+      for (int i = 0; i < std::min<int>(m.status().timings_size(), InputLimits::kMaxTimings); ++i) {
+        const fl::v1::PhaseTiming& t = m.status().timings(i);
         if (t.phase() == fl::v1::PHASE_UPLINK) RecordClientUplink(*client, m.status().task_id(), t);
       }
       if (m.status().state() == fl::v1::CLIENT_STATE_FAILED && m.status().task_id() == client->open_task) {
