@@ -46,7 +46,7 @@ grpc::Status Unparsable(std::string_view what, std::string_view type, size_t byt
       grpc::StatusCode::INVALID_ARGUMENT,
       wire::MakeError(fl::v1::ERROR_CODE_MALFORMED,
                       fl::StrCat(what, " could not be parsed as ", type, " (", bytes,
-                                 " bytes): they are not a valid protobuf encoding of that message, or a string "
+                                 " bytes): not a valid protobuf encoding of that message, or a string "
                                  "field holds invalid UTF-8"),
                       "", fl::StrCat("send a serialized ", type, " (proto/fl/v1/federation.proto)")));
 }
