@@ -10,6 +10,7 @@
 #include "fl/instrumentation/record_reader.h"
 #include "fl/testing/scratch_dir.h"
 #include "fl/testing/subprocess.h"
+#include "records_polling.h"
 
 namespace fl::server {
 namespace {
@@ -32,27 +33,9 @@ std::vector<std::string> ServerArgs(const fl::testing::ScratchDir& dir, int port
   return args;
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-int64_t Query(const std::string& db, const std::string& sql) {
-  auto reader = instrumentation::RecordReader::Open(db);
-  if (!reader.ok()) return -1;
-  auto n = (*reader)->QueryInt(sql);
-  return n.ok() ? *n : -1;
-}
-
-// Polls until `sql` on `db` returns at least `at_least`, or `timeout`.
-bool WaitFor(const std::string& db, const std::string& sql, int64_t at_least, std::chrono::seconds timeout) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < end) {
-    if (Query(db, sql) >= at_least) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
-}
+using process_testing::Query;
+using process_testing::ReadFile;
+using process_testing::WaitFor;
 
 std::vector<std::string> ClientArgs(int port, const std::string& name, const std::string& model) {
   return {FL_CLIENT_BIN, "--server", fl::StrCat("127.0.0.1:", port), "--name", name, "--model", model,
