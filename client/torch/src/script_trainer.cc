@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <utility>
 
-#include "absl/strings/str_join.h"
 #include "fl/client/script_model.h"
 #include "fl/client/torch_models.h"
 #include "fl/core/str_cat.h"
@@ -17,19 +16,14 @@
 namespace fl::client {
 namespace {
 
-using data::ElementType;
 using data::Task;
 
 constexpr int64_t kEvalBatchSize = 1000;
 
+// Examples built by hand (tests, benchmarks) must hold what their shapes say before from_blob reads them.
 absl::Status CheckBytes(const data::Examples& e) {
-  auto element_size = [](ElementType t) -> size_t {
-    return t == ElementType::kUInt8 ? 1 : t == ElementType::kFloat32 ? 4 : 8;
-  };
-  size_t x_per = 1, y_per = 1;
-  for (int64_t d : e.x_shape) x_per *= static_cast<size_t>(d);
-  for (int64_t d : e.y_shape) y_per *= static_cast<size_t>(d);
-  if (e.x.size() != e.n * x_per * element_size(e.x_type) || e.y.size() != e.n * y_per * element_size(e.y_type)) {
+  if (e.x.size() != e.n * e.x_elements() * data::ElementSize(e.x_type) ||
+      e.y.size() != e.n * e.y_elements() * data::ElementSize(e.y_type)) {
     return absl::InternalError(fl::StrCat(e.source, ": loaded ", e.x.size(), " x bytes and ", e.y.size(),
                                           " y bytes for ", e.n, " examples, which do not match the shapes"));
   }
