@@ -18,6 +18,7 @@
 #include "fl/client/session.h"
 #include "fl/client/synthetic_trainer.h"
 #include "fl/core/log_format.h"
+#include "fl/core/model_file.h"
 #include "fl/core/str_cat.h"
 #include "fl/proto/convert.h"
 #if FL_WITH_TORCH
@@ -44,12 +45,6 @@ struct ModelFlags {
   double data_fraction = 1.0;
   double slowdown = 1.0;
 };
-
-// A TorchScript file rather than a built-in model's name: the names have no '/' and no extension. Unused in a
-// build without LibTorch (FL_WITH_TORCH=OFF), which refuses every model but the synthetic one earlier.
-[[maybe_unused]] bool IsModelFile(const std::string& model) {
-  return model.ends_with(".pt") || model.ends_with(".pth") || model.find('/') != std::string::npos;
-}
 
 absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainer(const ModelFlags& f) {
   if (f.model.starts_with("synthetic:")) {
@@ -79,7 +74,7 @@ absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainer(const ModelFlag
       "--model=", f.model, ": this fl-client was built without LibTorch (FL_WITH_TORCH=OFF); only "
       "--model synthetic:<P>[:<train_ms>] is available. Build on the device itself for training."));
 #else
-  if (IsModelFile(f.model)) {
+  if (fl::core::IsTorchScriptModelPath(f.model)) {
     auto task = fl::data::ParseTask(f.task);
     if (!task.ok()) return absl::InvalidArgumentError(fl::StrCat("--task: ", task.status().message()));
     fl::client::ScriptTrainerOptions o;

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fl/core/model_file.h"
 #include "fl/core/str_cat.h"
 #include "fl/experiment/yaml_fields.h"
 
@@ -171,8 +172,7 @@ absl::Status ParseTraining(const YamlMap& m, Manifest::Training* t) {
                               "local_epochs", "local_steps", "batch_size", "optimizer", "lr", "momentum",
                               "weight_decay", "proximal_mu", "threads"}));
   FL_RETURN_IF_ERROR(Set(m.String("model"), &t->model));
-  const bool script_model = t->model.ends_with(".pt") || t->model.ends_with(".pth") ||
-                            t->model.find('/') != std::string::npos;
+  const bool script_model = core::IsTorchScriptModelPath(t->model);
   if (script_model) {
     std::error_code ec;
     if (!fs::is_regular_file(t->model, ec)) {

@@ -5,6 +5,7 @@
 
 #include "fl/client/script_model.h"
 #include "fl/client/torch_models.h"
+#include "fl/core/model_file.h"
 #include "fl/core/str_cat.h"
 #include "fl/data/deterministic_random.h"
 #include "fl/data/fashion_mnist.h"
@@ -388,8 +389,7 @@ absl::StatusOr<std::unique_ptr<TrainTask>> CreateTrainTask(const TaskOptions& op
   }
   if (options.model == "char-lm") return CharLmTask::Create(options);
   if (options.model == "cnn") return CnnTask::Create(options);
-  if (options.model.ends_with(".pt") || options.model.ends_with(".pth") ||
-      options.model.find('/') != std::string::npos) {
+  if (core::IsTorchScriptModelPath(options.model)) {
     return ScriptTask::Create(options);
   }
   return absl::InvalidArgumentError(fl::StrCat("unknown model '", options.model,
