@@ -29,6 +29,23 @@ constexpr std::string_view kEvaluationColumns =
 constexpr std::string_view kCheckpointColumns =
     "experiment_id, round, model_version, path, bytes, fingerprint, checksum, created_unix_ms";
 
+constexpr std::string_view kClientEventColumns =
+    "experiment_id, client_id, kind, round, task_id, reason, at_unix_ms";
+
+absl::StatusOr<ClientEventRecord> ReadClientEvent(const sqlite::Statement& st) {
+  ClientEventRecord r;
+  r.experiment_id = st.ColumnText(0);
+  r.client_id = st.ColumnText(1);
+  absl::StatusOr<ClientEventKind> kind = ParseClientEventKind(st.ColumnText(2));
+  if (!kind.ok()) return kind.status();
+  r.kind = *kind;
+  r.round = st.ColumnOptionalInt64(3);
+  r.task_id = st.ColumnText(4);
+  r.reason = st.ColumnText(5);
+  r.at_unix_ms = st.ColumnInt64(6);
+  return r;
+}
+
 absl::StatusOr<ExperimentRecord> ReadExperiment(const sqlite::Statement& st) {
   ExperimentRecord r;
   r.id = st.ColumnText(0);
@@ -266,6 +283,15 @@ absl::StatusOr<std::vector<CheckpointRecord>> RecordReader::ListCheckpoints(std:
   return Query<CheckpointRecord>(
       db_, fl::StrCat("SELECT ", kCheckpointColumns, " FROM checkpoints WHERE experiment_id = ?1 ORDER BY round"),
       experiment_id, std::nullopt, ReadCheckpoint);
+}
+
+absl::StatusOr<std::vector<ClientEventRecord>> RecordReader::ListClientEvents(std::string_view experiment_id) {
+  std::lock_guard lock(mu_);
+  return Query<ClientEventRecord>(
+      db_,
+      fl::StrCat("SELECT ", kClientEventColumns,
+                 " FROM client_events WHERE experiment_id = ?1 ORDER BY at_unix_ms, id"),
+      experiment_id, std::nullopt, ReadClientEvent);
 }
 
 absl::StatusOr<std::optional<RoundRecord>> RecordReader::LastCommittedRound(std::string_view experiment_id) {

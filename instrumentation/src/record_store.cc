@@ -78,6 +78,10 @@ ON CONFLICT (experiment_id, round) DO UPDATE SET
   model_version = excluded.model_version, path = excluded.path, bytes = excluded.bytes,
   fingerprint = excluded.fingerprint, checksum = excluded.checksum, created_unix_ms = excluded.created_unix_ms)sql";
 
+constexpr std::string_view kInsertClientEvent = R"sql(
+INSERT INTO client_events (experiment_id, client_id, kind, round, task_id, reason, at_unix_ms)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7))sql";
+
 constexpr std::string_view kSupersedeRounds = R"sql(
 UPDATE rounds SET status = 'aborted', failure_reason = ?3
 WHERE experiment_id = ?1 AND round > ?2 AND status = 'committed')sql";
@@ -100,6 +104,7 @@ struct RecordStore::Writer {
   sqlite::Statement insert_evaluation;
   sqlite::Statement insert_checkpoint;
   sqlite::Statement supersede_rounds;
+  sqlite::Statement insert_client_event;
 
   absl::Status Prepare() {
     return internal::PrepareStatements(
@@ -108,7 +113,8 @@ struct RecordStore::Writer {
              {&insert_client, kInsertClient}, {&update_client_left, kUpdateClientLeft}, {&insert_round, kInsertRound},
              {&update_round_evaluation, kUpdateRoundEvaluation}, {&insert_client_round, kInsertClientRound},
              {&update_client_round_uplink, kUpdateClientRoundUplink}, {&insert_evaluation, kInsertEvaluation},
-             {&insert_checkpoint, kInsertCheckpoint}, {&supersede_rounds, kSupersedeRounds}});
+             {&insert_checkpoint, kInsertCheckpoint}, {&supersede_rounds, kSupersedeRounds},
+             {&insert_client_event, kInsertClientEvent}});
   }
 
   absl::Status Run(sqlite::Statement& stmt, std::string_view what, bool expect_change = false) {
@@ -331,6 +337,17 @@ struct RecordStore::Writer {
               st.BindInt64(2, r.after_round);
               st.BindText(3, r.reason);
               return Run(st, "update rounds (superseded)");
+            },
+            [&](const ClientEventRecord& r) {
+              sqlite::Statement& st = insert_client_event;
+              st.BindText(1, r.experiment_id);
+              st.BindText(2, r.client_id);
+              st.BindText(3, ClientEventKindName(r.kind));
+              st.BindOptionalInt64(4, r.round);
+              st.BindTextOrNull(5, r.task_id);
+              st.BindText(6, BoundClientEventReason(r.reason));
+              st.BindInt64(7, r.at_unix_ms);
+              return Run(st, "insert into client_events");
             },
         },
         record);

@@ -55,6 +55,32 @@ std::string_view ClientOutcomeName(ClientOutcome outcome) {
   return "unknown";
 }
 
+std::string_view ClientEventKindName(ClientEventKind kind) {
+  switch (kind) {
+    case ClientEventKind::kReportRefused: return "report_refused";
+    case ClientEventKind::kUploadRevoked: return "upload_revoked";
+    case ClientEventKind::kInitialModelReasked: return "initial_model_reasked";
+    case ClientEventKind::kSessionClosed: return "session_closed";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<ClientEventKind> ParseClientEventKind(std::string_view name) {
+  return ParseEnum(name,
+                   {ClientEventKind::kReportRefused, ClientEventKind::kUploadRevoked,
+                    ClientEventKind::kInitialModelReasked, ClientEventKind::kSessionClosed},
+                   ClientEventKindName, "client event kind");
+}
+
+std::string BoundClientEventReason(std::string_view reason) {
+  if (reason.size() <= kMaxClientEventReasonBytes) return std::string(reason);
+  constexpr std::string_view kEllipsis = "...";
+  size_t cut = kMaxClientEventReasonBytes - kEllipsis.size();
+  // Back up over UTF-8 continuation bytes (10xxxxxx) so that no character is split.
+  while (cut > 0 && (static_cast<unsigned char>(reason[cut]) & 0xC0) == 0x80) --cut;
+  return fl::StrCat(reason.substr(0, cut), kEllipsis);
+}
+
 absl::StatusOr<ExperimentStatus> ParseExperimentStatus(std::string_view name) {
   return ParseEnum(name,
                    {ExperimentStatus::kRunning, ExperimentStatus::kFinished, ExperimentStatus::kFailed,
@@ -126,6 +152,11 @@ std::string DescribeRecord(const Record& record) {
           [](const RoundsSupersededUpdate& r) {
             return fl::StrCat("rounds superseded (experiment ", r.experiment_id, ", committed rounds after ",
                               r.after_round, ")");
+          },
+          [](const ClientEventRecord& r) {
+            return fl::StrCat("client event (experiment ", r.experiment_id, ", client ", r.client_id, ", ",
+                              ClientEventKindName(r.kind),
+                              r.round.has_value() ? fl::StrCat(", round ", *r.round) : std::string(), ")");
           },
       },
       record);

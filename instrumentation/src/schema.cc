@@ -254,6 +254,25 @@ ALTER TABLE evaluations ADD COLUMN mae REAL CHECK (mae IS NULL OR mae >= 0);
 ALTER TABLE evaluations ADD COLUMN reject_reason TEXT;
 )sql";
 
+// Version 7: what fl-server refused from or did to a client outside its client_rounds row (a clock pong or an
+// uplink report that failed validation, an upload whose slot was revoked, an initial model asked of another
+// client, a session closed for a limit), with the reason, so that a refusal is recorded and not only logged.
+constexpr std::string_view kSchemaV7 = R"sql(
+CREATE TABLE client_events (
+  id                INTEGER PRIMARY KEY,
+  experiment_id     TEXT    NOT NULL,
+  client_id         TEXT    NOT NULL,
+  kind              TEXT    NOT NULL CHECK (kind IN ('report_refused', 'upload_revoked', 'initial_model_reasked',
+                                                     'session_closed')),
+  round             INTEGER CHECK (round IS NULL OR round >= 0),
+  task_id           TEXT,
+  reason            TEXT    NOT NULL,
+  at_unix_ms        INTEGER NOT NULL,
+  FOREIGN KEY (experiment_id, client_id) REFERENCES clients (experiment_id, client_id) ON DELETE CASCADE
+);
+CREATE INDEX client_events_by_client ON client_events (experiment_id, client_id);
+)sql";
+
 // Append new migrations here: {N + 1, "what it does", R"sql(...)sql"}. Never edit a shipped entry.
 constexpr Migration kMigrations[] = {
     {1, "experiments, clients, rounds, client_rounds, evaluations, checkpoints", kSchemaV1, false},
@@ -262,6 +281,7 @@ constexpr Migration kMigrations[] = {
     {4, "experiment_manifests (what fl-experiment ran, for replay)", kSchemaV4, false},
     {5, "islands, island_epochs, island_syncs (DiLoCo islands)", kSchemaV5, false},
     {6, "experiments.task, rounds.eval_mae/eval_perplexity, evaluations.mae/reject_reason", kSchemaV6, false},
+    {7, "client_events (reports refused, uploads revoked, sessions closed)", kSchemaV7, false},
 };
 
 std::string Hex(int64_t v) {

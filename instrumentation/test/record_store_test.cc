@@ -744,5 +744,79 @@ TEST(RecordStoreTest, TaskFiguresRoundTrip) {
   EXPECT_EQ(Count(*reader, "SELECT count(*) FROM evaluations WHERE reject_reason IS NULL"), 1);
 }
 
+// Schema v7: what the server refused from or did to a client, with and without a round and a task; the reason
+// is bounded; a client the experiment does not know and a kind outside the four are refused and reported.
+TEST(RecordStoreTest, ClientEventsRoundTrip) {
+  ScratchDir dir;
+  const std::string path = dir.File("records.db");
+  auto store = MustOpen(path);
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->Enqueue(Experiment("e1")).ok());
+  ASSERT_TRUE(store->Enqueue(Client("e1", "c1")).ok());
+  ASSERT_TRUE(store->Enqueue(Client("e1", "c2")).ok());
+  const ClientEventRecord pong{"e1", "c1", ClientEventKind::kReportRefused, std::nullopt, "",
+                               "clock pong refused: answered before it was received", 1'700'000'000'500};
+  const ClientEventRecord revoked{"e1", "c2", ClientEventKind::kUploadRevoked, 3, "task-3-c2",
+                                  "upload of round 3 revoked: 10 bytes/s for 5 s", 1'700'000'000'400};
+  ClientEventRecord reasked{"e1", "c1", ClientEventKind::kInitialModelReasked, 0, "init-0",
+                            std::string(3000, 'r'), 1'700'000'000'500};
+  const ClientEventRecord closed{"e1", "c2", ClientEventKind::kSessionClosed, std::nullopt, "",
+                                 "", 1'700'000'000'600};
+  for (const ClientEventRecord& r : {pong, revoked, reasked, closed}) ASSERT_TRUE(store->Enqueue(r).ok());
+  absl::Status flushed = store->Flush();
+  ASSERT_TRUE(flushed.ok()) << flushed;
+
+  ClientEventRecord ghost = pong;
+  ghost.client_id = "ghost";
+  ASSERT_TRUE(store->Enqueue(ghost).ok());
+  absl::Status refused = store->Flush();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(Message(refused).find("client event (experiment e1, client ghost, report_refused)"), std::string::npos)
+      << refused;
+  EXPECT_NE(Message(refused).find("FOREIGN KEY constraint failed"), std::string::npos) << refused;
+  ClientEventRecord negative_round = revoked;
+  negative_round.round = -1;
+  ASSERT_TRUE(store->Enqueue(negative_round).ok());
+  EXPECT_EQ(store->Flush().code(), absl::StatusCode::kInvalidArgument);
+
+  auto reader = MustRead(path);
+  ASSERT_NE(reader, nullptr);
+  auto events = reader->ListClientEvents("e1");
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_EQ(events->size(), 4u);
+  // By time, then in the order written.
+  const ClientEventRecord& e0 = (*events)[0];
+  EXPECT_EQ(e0.experiment_id, "e1");
+  EXPECT_EQ(e0.client_id, "c2");
+  EXPECT_EQ(e0.kind, ClientEventKind::kUploadRevoked);
+  EXPECT_EQ(e0.round, 3);
+  EXPECT_EQ(e0.task_id, "task-3-c2");
+  EXPECT_EQ(e0.reason, revoked.reason);
+  EXPECT_EQ(e0.at_unix_ms, 1'700'000'000'400);
+  const ClientEventRecord& e1 = (*events)[1];
+  EXPECT_EQ(e1.kind, ClientEventKind::kReportRefused);
+  EXPECT_FALSE(e1.round.has_value());
+  EXPECT_EQ(e1.task_id, "");
+  EXPECT_EQ(e1.reason, pong.reason);
+  const ClientEventRecord& e2 = (*events)[2];
+  EXPECT_EQ(e2.kind, ClientEventKind::kInitialModelReasked);
+  EXPECT_EQ(e2.round, 0);
+  EXPECT_EQ(e2.reason, BoundClientEventReason(reasked.reason));
+  EXPECT_EQ(e2.reason.size(), kMaxClientEventReasonBytes);
+  const ClientEventRecord& e3 = (*events)[3];
+  EXPECT_EQ(e3.kind, ClientEventKind::kSessionClosed);
+  EXPECT_EQ(e3.reason, "");
+  // "" task ids are NULL, like every optional text column.
+  EXPECT_EQ(Count(*reader, "SELECT count(*) FROM client_events WHERE task_id IS NULL"), 2);
+  EXPECT_TRUE(reader->ListClientEvents("other")->empty());
+  // The CHECK on kind holds for SQL written by hand too.
+  auto db = sqlite::Database::Open(path, SQLITE_OPEN_READWRITE);
+  ASSERT_TRUE(db.ok()) << db.status();
+  absl::Status bad_kind = db->Exec(
+      "INSERT INTO client_events (experiment_id, client_id, kind, reason, at_unix_ms) "
+      "VALUES ('e1', 'c1', 'exploded', 'x', 1)");
+  EXPECT_NE(Message(bad_kind).find("CHECK constraint failed"), std::string::npos) << bad_kind;
+}
+
 }  // namespace
 }  // namespace fl::instrumentation

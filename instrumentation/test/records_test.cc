@@ -1,6 +1,7 @@
 #include "fl/instrumentation/records.h"
 
 #include <string>
+#include <string_view>
 
 #include <gtest/gtest.h>
 
@@ -26,6 +27,16 @@ TEST(RecordsTest, EnumNamesRoundTrip) {
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, o);
   }
+  for (ClientEventKind k : {ClientEventKind::kReportRefused, ClientEventKind::kUploadRevoked,
+                            ClientEventKind::kInitialModelReasked, ClientEventKind::kSessionClosed}) {
+    auto parsed = ParseClientEventKind(ClientEventKindName(k));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, k);
+  }
+  EXPECT_EQ(ClientEventKindName(ClientEventKind::kReportRefused), "report_refused");
+  EXPECT_EQ(ClientEventKindName(ClientEventKind::kUploadRevoked), "upload_revoked");
+  EXPECT_EQ(ClientEventKindName(ClientEventKind::kInitialModelReasked), "initial_model_reasked");
+  EXPECT_EQ(ClientEventKindName(ClientEventKind::kSessionClosed), "session_closed");
   // The spellings are part of the schema (CHECK constraints) and of fl-report's queries.
   EXPECT_EQ(RoundStatusName(RoundStatus::kCommitted), "committed");
   EXPECT_EQ(ClientOutcomeName(ClientOutcome::kDropped), "dropped");
@@ -55,6 +66,31 @@ TEST(RecordsTest, DescribeNamesTheKindAndKey) {
   checkpoint.experiment_id = "e1";
   checkpoint.round = 4;
   EXPECT_EQ(DescribeRecord(checkpoint), "checkpoint (experiment e1, round 4)");
+  ClientEventRecord event;
+  event.experiment_id = "e1";
+  event.client_id = "pi-7";
+  event.kind = ClientEventKind::kUploadRevoked;
+  EXPECT_EQ(DescribeRecord(event), "client event (experiment e1, client pi-7, upload_revoked)");
+  event.round = 5;
+  EXPECT_EQ(DescribeRecord(event), "client event (experiment e1, client pi-7, upload_revoked, round 5)");
+}
+
+TEST(RecordsTest, ClientEventReasonIsBoundedAtACharacterBoundary) {
+  EXPECT_EQ(BoundClientEventReason("short"), "short");
+  const std::string exact(kMaxClientEventReasonBytes, 'x');
+  EXPECT_EQ(BoundClientEventReason(exact), exact);
+  const std::string bounded = BoundClientEventReason(std::string(5000, 'y'));
+  EXPECT_EQ(bounded.size(), kMaxClientEventReasonBytes);
+  EXPECT_EQ(bounded.substr(bounded.size() - 3), "...");
+  // "é" is two bytes: a cut that would fall between them backs up to before the character.
+  std::string accents;
+  while (accents.size() < 2 * kMaxClientEventReasonBytes) accents += "\xc3\xa9";
+  const std::string cut = BoundClientEventReason(accents);
+  ASSERT_LE(cut.size(), kMaxClientEventReasonBytes);
+  const std::string body = cut.substr(0, cut.size() - 3);
+  EXPECT_EQ(body.size() % 2, 0u) << "a character was split";
+  EXPECT_EQ(body, accents.substr(0, body.size()));
+  EXPECT_EQ(cut.substr(cut.size() - 3), "...");
 }
 
 TEST(RecordsTest, NowIsAPlausibleUnixTimeInMilliseconds) {

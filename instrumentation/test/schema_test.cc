@@ -68,7 +68,8 @@ TEST(SchemaTest, EmptyFileGetsTheWholeSchema) {
   sqlite::Database db = OpenRaw(path);
   EXPECT_EQ(Int(db, "PRAGMA user_version"), LatestSchemaVersion());
   EXPECT_EQ(Int(db, "PRAGMA application_id"), kRecordsApplicationId);
-  for (const char* table : {"experiments", "clients", "rounds", "client_rounds", "evaluations", "checkpoints"}) {
+  for (const char* table : {"experiments", "clients", "rounds", "client_rounds", "evaluations", "checkpoints",
+                            "client_events"}) {
     EXPECT_EQ(Int(db, std::string("SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = '") + table +
                           "'"),
               1)
@@ -237,6 +238,57 @@ TEST(SchemaTest, VersionFiveDatabaseWithRowsMigratesToSix) {
             2);
   EXPECT_EQ(Int(db, "SELECT count(*) FROM pragma_table_info('evaluations') WHERE name IN ('mae', "
                     "'reject_reason')"),
+            2);
+}
+
+// A database an fl-server of schema v6 wrote (its DDL is migrations 1..6, which never change) opens with this
+// build: migrated to v7, its rows kept, and client events can be stored for the clients it already had.
+TEST(SchemaTest, VersionSixDatabaseWithRowsMigratesToSeven) {
+  ScratchDir dir;
+  const std::string path = dir.File("records.db");
+  {
+    sqlite::Database db = OpenRaw(path);
+    ASSERT_TRUE(MigrateSchema(db, SchemaMigrations().first(6)).ok());
+    ASSERT_TRUE(db.Exec(R"sql(
+      INSERT INTO experiments (id, name, started_unix_ms, software_version, task)
+        VALUES ('v6', 'old run', 1, '0.6', 'regression');
+      INSERT INTO clients (experiment_id, client_id, joined_unix_ms) VALUES ('v6', 'c1', 2);
+      INSERT INTO rounds (experiment_id, round, attempt, status, started_unix_ms, ended_unix_ms, duration_ms,
+                          model_version, eval_loss, eval_mae, eval_num_examples)
+        VALUES ('v6', 1, 0, 'committed', 3, 4, 1.5, 1, 0.5, 0.25, 100);
+    )sql").ok());
+    EXPECT_EQ(Int(db, "PRAGMA user_version"), 6);
+    EXPECT_EQ(Int(db, "SELECT count(*) FROM sqlite_schema WHERE name = 'client_events'"), 0);
+  }
+  ASSERT_GE(LatestSchemaVersion(), 7);
+  auto store = RecordStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->settings().schema_version, LatestSchemaVersion());
+  ASSERT_TRUE((*store)
+                  ->Enqueue(ClientEventRecord{"v6", "c1", ClientEventKind::kReportRefused, 1, "t1",
+                                              "uplink report refused", 5})
+                  .ok());
+  absl::Status flushed = (*store)->Close();
+  ASSERT_TRUE(flushed.ok()) << flushed;
+
+  auto reader = RecordReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto old = (*reader)->GetExperiment("v6");
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(old->task, "regression");
+  auto rounds = (*reader)->ListRounds("v6");
+  ASSERT_TRUE(rounds.ok()) << rounds.status();
+  ASSERT_EQ(rounds->size(), 1u);
+  EXPECT_EQ((*rounds)[0].eval_mae, 0.25);
+  auto events = (*reader)->ListClientEvents("v6");
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_EQ(events->size(), 1u);
+  EXPECT_EQ((*events)[0].reason, "uplink report refused");
+  EXPECT_EQ((*events)[0].round, 1);
+  sqlite::Database db = OpenRaw(path);
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND name = 'client_events_by_client'"),
+            1);
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM pragma_foreign_key_list('client_events') WHERE \"table\" = 'clients'"),
             2);
 }
 

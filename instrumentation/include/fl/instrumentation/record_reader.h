@@ -46,6 +46,8 @@ class RecordReader {
   absl::StatusOr<std::vector<EvaluationRecord>> ListEvaluations(std::string_view experiment_id, int64_t round);
   // Checkpoints of an experiment, by round.
   absl::StatusOr<std::vector<CheckpointRecord>> ListCheckpoints(std::string_view experiment_id);
+  // Client events of an experiment (schema v7), by time, then in the order they were written.
+  absl::StatusOr<std::vector<ClientEventRecord>> ListClientEvents(std::string_view experiment_id);
   // The committed round with the highest round number; nullopt when none is committed (or no such experiment).
   absl::StatusOr<std::optional<RoundRecord>> LastCommittedRound(std::string_view experiment_id);
   // The checkpoint with the highest round number; nullopt when there is none.

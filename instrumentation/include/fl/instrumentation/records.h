@@ -10,6 +10,7 @@
 // foreign keys are checked per row, in the order rows were enqueued.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -240,12 +241,41 @@ struct RoundsSupersededUpdate {
   std::string reason;
 };
 
+// What fl-server refused or took from a client outside its client_rounds row (schema v7, table client_events).
+enum class ClientEventKind {
+  kReportRefused,        // a client-reported figure failed validation (clock pong, uplink report, ...)
+  kUploadRevoked,        // an upload lost its slot (too slow, stalled)
+  kInitialModelReasked,  // the client asked for the initial model did not deliver; another was asked
+  kSessionClosed,        // the server closed the client's session for a limit (rate, queue, hello timeout)
+};
+std::string_view ClientEventKindName(ClientEventKind kind);  // "report_refused", "upload_revoked", "initial_model_reasked", "session_closed"
+absl::StatusOr<ClientEventKind> ParseClientEventKind(std::string_view name);
+
+// The most bytes of ClientEventRecord::reason the store keeps: a longer reason is cut at a UTF-8 character
+// boundary and ends in "..." (a client's figures in it must not make the row unbounded).
+inline constexpr size_t kMaxClientEventReasonBytes = 1024;
+
+// One row of `client_events` (schema v7): something fl-server refused from or did to a client, recorded with
+// why, so that a refusal is never only a log line. The client must exist in `clients`.
+struct ClientEventRecord {
+  std::string experiment_id;
+  std::string client_id;               // must exist in clients
+  ClientEventKind kind = ClientEventKind::kReportRefused;
+  std::optional<int64_t> round;        // the round it concerns, if any
+  std::string task_id;                 // "" when none
+  std::string reason;                  // human-readable; the store bounds it to 1024 bytes
+  int64_t at_unix_ms = 0;
+};
+
 using Record = std::variant<ExperimentRecord, ExperimentStatusUpdate, ClientRecord, ClientLeftRecord, RoundRecord,
                             RoundEvaluationUpdate, ClientRoundRecord, ClientRoundUplinkUpdate, EvaluationRecord,
                             CheckpointRecord, ExperimentTaskUpdate, RoundCommitRecord, EvaluationCommitRecord,
-                            RoundsSupersededUpdate>;
+                            RoundsSupersededUpdate, ClientEventRecord>;
 
 // "round (experiment e1, round 3, attempt 0)": names a record in errors.
 std::string DescribeRecord(const Record& record);
+
+// `reason` cut to at most kMaxClientEventReasonBytes bytes (what the store writes for a ClientEventRecord).
+std::string BoundClientEventReason(std::string_view reason);
 
 }  // namespace fl::instrumentation
