@@ -28,6 +28,7 @@
 #include "fl/server/resume_plan.h"
 #include "fl/server/round_engine.h"
 #include "fl/server/service.h"
+#include "fl/rpc/grpc_server.h"
 #include "fl/server/strategy.h"
 #include "fl/diloco/coordinator.h"
 
@@ -290,7 +291,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   fl::server::FederationService service(&engine);
-  auto server = fl::server::StartGrpcServer(&service, listen);
+  auto server = fl::rpc::StartGrpcServer(&service, listen);
   if (!server.ok()) {
     std::cerr << "fl-server: " << server.status().message() << "\n";
     engine.Post(fl::server::ShutdownEvent{"could not listen"});
@@ -299,7 +300,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   spdlog::info("experiment {} listening on port {}", engine.config().experiment_id, server->port);
-  if (!port_file.empty()) fl::server::WritePortFile(port_file, server->port);
+  if (!port_file.empty()) fl::rpc::WritePortFile(port_file, server->port);
 
   std::atomic<bool> exiting{false}, signalled{false};
   std::thread signal_thread([&engine, &exiting, &signalled, signals] {

@@ -23,6 +23,7 @@
 #include "fl/server/checkpoint.h"
 #include "fl/server/round_engine.h"
 #include "fl/server/service.h"
+#include "fl/rpc/grpc_server.h"
 #include "fl/testing/prometheus_server.h"
 #include "fl/v1/federation.grpc.pb.h"
 
@@ -59,7 +60,7 @@ class TestServer {
     engine_->SetMetrics(metrics);
     EXPECT_TRUE(engine_->Start().ok());
     service_ = std::make_unique<FederationService>(engine_.get());
-    auto running = StartGrpcServer(service_.get(), "127.0.0.1:0");
+    auto running = rpc::StartGrpcServer(service_.get(), "127.0.0.1:0");
     EXPECT_TRUE(running.ok()) << running.status();
     server_ = std::move(running->server);
     port_ = running->port;

@@ -20,6 +20,7 @@
 #include "fl/proto/convert.h"
 #include "fl/server/round_engine.h"
 #include "fl/server/service.h"
+#include "fl/rpc/grpc_server.h"
 #include "fl/testing/python.h"
 #include "fl/testing/scratch_dir.h"
 #include "fl/testing/subprocess.h"
@@ -178,7 +179,7 @@ TEST_F(InitialModelTest, EngineStartsFromTheTorchScriptModelAndAdmitsItsClients)
   const absl::Status started = engine.Start();
   ASSERT_TRUE(started.ok()) << started;
   FederationService service(&engine);
-  auto running = StartGrpcServer(&service, "127.0.0.1:0");
+  auto running = rpc::StartGrpcServer(&service, "127.0.0.1:0");
   ASSERT_TRUE(running.ok()) << running.status();
 
   auto round0 = LoadCheckpoint(CheckpointPath(File("ckpt"), 0));

@@ -25,8 +25,8 @@
 #include "fl/instrumentation/island_metrics.h"
 #include "fl/instrumentation/island_records.h"
 #include "fl/proto/convert.h"
-#include "fl/server/service.h"
-#include "fl/server/stream_outbox.h"
+#include "fl/rpc/grpc_server.h"
+#include "fl/rpc/stream_outbox.h"
 #include "fl/v1/islands.grpc.pb.h"
 
 namespace fl::diloco {
@@ -67,7 +67,7 @@ bool ValidIslandId(const std::string& id) {
 double Ms(int64_t ns) { return static_cast<double>(ns) / 1e6; }
 
 // The coordinator's handle on one session stream; outlives the reactor (detached in OnDone).
-using SessionChannel = server::StreamOutbox<fl::v1::IslandUp, fl::v1::IslandDown>;
+using SessionChannel = rpc::StreamOutbox<fl::v1::IslandUp, fl::v1::IslandDown>;
 
 enum class Phase { kWaiting, kLoading, kActive, kGone };
 
@@ -1237,7 +1237,7 @@ CoordinatorSnapshot Coordinator::Snapshot() const {
 
 absl::StatusOr<RunningCoordinatorServer> StartCoordinatorServer(Coordinator* coordinator,
                                                                 const std::string& listen_address) {
-  auto running = server::StartGrpcServer(coordinator->service(), listen_address);
+  auto running = rpc::StartGrpcServer(coordinator->service(), listen_address);
   if (!running.ok()) return running.status();
   return RunningCoordinatorServer{std::move(running->server), running->port};
 }

@@ -22,7 +22,7 @@
 #include "fl/instrumentation/island_metrics.h"
 #include "fl/instrumentation/island_records.h"
 #include "fl/instrumentation/record_store.h"
-#include "fl/server/service.h"
+#include "fl/rpc/grpc_server.h"
 
 namespace fl::diloco {
 
@@ -218,7 +218,7 @@ int RunCoordinatorMain(int argc, char** argv) {
   spdlog::info("islands experiment {} listening on port {} (H={}, P={}, tau={}, codec {}, {} outer steps)",
                o.experiment_id, server->port, s.inner_steps, s.num_fragments, s.overlap_steps, s.codec,
                s.total_outer_steps);
-  if (!port_file.empty()) fl::server::WritePortFile(port_file, server->port);
+  if (!port_file.empty()) fl::rpc::WritePortFile(port_file, server->port);
 
   std::atomic<bool> exiting{false};
   std::atomic<bool> signalled{false};

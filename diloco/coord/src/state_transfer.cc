@@ -14,7 +14,7 @@
 #include "fl/core/str_cat.h"
 #include "fl/instrumentation/island_records.h"
 #include "fl/proto/convert.h"
-#include "fl/server/service.h"
+#include "fl/rpc/grpc_server.h"
 #include "fl/v1/islands.grpc.pb.h"
 
 namespace fl::diloco {
@@ -131,7 +131,7 @@ StateServer::StateServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 absl::StatusOr<std::unique_ptr<StateServer>> StateServer::Start(const std::string& listen_address, size_t keep) {
   auto impl = std::make_unique<Impl>();
   impl->service = std::make_unique<StateService>(keep);
-  auto running = server::StartGrpcServer(impl->service.get(), listen_address);
+  auto running = rpc::StartGrpcServer(impl->service.get(), listen_address);
   if (!running.ok()) {
     return absl::UnavailableError(fl::StrCat("state server: cannot listen on ", listen_address,
                                              ": the address is invalid or the port is in use"));

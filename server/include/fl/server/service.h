@@ -39,18 +39,4 @@ class FederationService final
   RoundEngine* engine_;
 };
 
-// Builds and starts a gRPC server for `service` on `listen_address` ("0.0.0.0:50051"; port 0 picks a free
-// one) with the project's limits: message sizes above the chunk size, keepalive pings so that dead links
-// are noticed, and server reflection for grpcurl.
-struct RunningServer {
-  std::unique_ptr<grpc::Server> server;
-  int port = 0;
-};
-absl::StatusOr<RunningServer> StartGrpcServer(grpc::Service* service, const std::string& listen_address);
-
-// --port-file: writes "<port>\n" to `path` through a temporary file and a rename, so that whoever waits for
-// the file (tests, scripts that started the server on port 0) never reads half of it. Best effort: a path
-// that cannot be written is left alone.
-void WritePortFile(const std::string& path, int port);
-
 }  // namespace fl::server

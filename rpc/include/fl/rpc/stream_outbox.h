@@ -17,7 +17,7 @@
 
 #include <grpcpp/grpcpp.h>
 
-namespace fl::server {
+namespace fl::rpc {
 
 template <class Request, class Response>
 class StreamOutbox {
@@ -112,4 +112,4 @@ class StreamOutbox {
   grpc::Status close_status_;
 };
 
-}  // namespace fl::server
+}  // namespace fl::rpc
