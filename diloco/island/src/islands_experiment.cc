@@ -20,7 +20,7 @@
 #include "fl/core/str_cat.h"
 #include "fl/emulation/link_profile.h"
 #include "fl/emulation/shaping_relay.h"
-#include "fl/experiment/process_group.h"
+#include "fl/sys/process_group.h"
 
 namespace fl::diloco {
 namespace {
@@ -210,9 +210,9 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
   fs::create_directories(paths.out_dir, ec);
   auto out = [&](const std::string& name) { return (fs::path(paths.out_dir) / name).string(); };
 
-  // Every child in its own process group with PDEATHSIG (fl::experiment::ProcessGroup): a Ctrl-C or a crash of
+  // Every child in its own process group with PDEATHSIG (fl::sys::ProcessGroup): a Ctrl-C or a crash of
   // the launcher stops them all, and the destructor stops whatever still runs on any early return.
-  fl::experiment::ProcessGroup procs;
+  fl::sys::ProcessGroup procs;
   std::map<std::string, std::string> logs;  // child name -> its log
   const std::string kCoordinator = "coordinator";
   auto start = [&](const std::string& name, const std::vector<std::string>& argv, const std::string& log) {
@@ -244,7 +244,7 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
       if (in >> port) break;
       port = 0;
       // A coordinator that refused its options has exited: say so now, not after the minute's wait.
-      if (std::optional<fl::experiment::ChildExit> e = procs.WaitAny(std::chrono::milliseconds(50)); e.has_value()) {
+      if (std::optional<fl::sys::ChildExit> e = procs.WaitAny(std::chrono::milliseconds(50)); e.has_value()) {
         return absl::FailedPreconditionError(fl::StrCat("fl-server (islands coordinator) exited with ", e->code,
                                                         " before it listened; see ", out("coordinator.log")));
       }
@@ -322,7 +322,7 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
   // at once (the others would only wait for their exchange timeout) and names the log to read.
   absl::Status failure;
   while (ranks_running > 0 && failure.ok()) {
-    std::optional<fl::experiment::ChildExit> e = procs.WaitAny(std::chrono::seconds(1));
+    std::optional<fl::sys::ChildExit> e = procs.WaitAny(std::chrono::seconds(1));
     if (!e.has_value()) continue;
     if (e->name == kCoordinator) {
       if (e->code == 0) continue;  // done with its last outer step; the islands finish their evaluation
