@@ -9,6 +9,8 @@
 #include <sstream>
 
 #include "absl/status/status.h"
+#include "fl/config/field_table.h"
+#include "fl/config/yaml_fields.h"
 #include "fl/core/str_cat.h"
 
 namespace fl::emulation {
@@ -51,131 +53,89 @@ bool SplitNumberUnit(std::string_view text, double* number, std::string* unit) {
   return true;
 }
 
-// An error about one field, in the shape every validation error of the project has:
-// "<file>:<line>: <field path>: <problem>; allowed: <what>".
-absl::Status FieldError(const YamlContext& ctx, const YAML::Node& node, std::string_view path,
-                        std::string_view problem, std::string_view allowed) {
-  const YAML::Mark mark = node.Mark();
-  std::string where = ctx.file.empty() ? std::string("<inline>") : ctx.file;
-  if (mark.line >= 0) where = StrCat(where, ":", mark.line + 1);
-  return absl::InvalidArgumentError(StrCat(where, ": ", path, ": ", problem, "; allowed: ", allowed));
+constexpr char kRateAllowed[] =
+    "a positive rate such as 100mbit, 2.5gbit, 800kbit (units bit, kbit, mbit, gbit), or 'unlimited'";
+
+// One direction's fields (the allowed keys of uplink: and downlink: are this table's). Trace paths resolve
+// against `base_dir`.
+config::FieldTable<LinkDirection> DirectionFields(const std::filesystem::path& base_dir) {
+  using D = LinkDirection;
+  return {
+      config::CustomField<D>("rate",
+                             [](const config::YamlMap& m, const std::string& key, D& d) -> absl::Status {
+                               absl::StatusOr<std::optional<double>> r = m.Parsed<double>(
+                                   key, "a rate",
+                                   [](std::string_view text) -> absl::StatusOr<double> {
+                                     return Lower(text) == "unlimited" ? 0.0 : ParseRate(text);
+                                   },
+                                   kRateAllowed);
+                               if (!r.ok()) return r.status();
+                               d.rate_bps = **r;
+                               return absl::OkStatus();
+                             }),
+      config::NumberField("delay_ms", &D::delay_ms, {0, 60'000, true})
+          .Allowed("a number of milliseconds, 0 <= delay_ms < 60000"),
+      config::NumberField("jitter_ms", &D::jitter_ms, {0, 60'000, true})
+          .Allowed("a number of milliseconds, 0 <= jitter_ms < 60000")
+          .Then([](const config::YamlMap& m, D& d) -> absl::Status {
+            // Allowed (delays clamp at 0), but a profile that means this should say delay_ms: 0 explicitly.
+            if (d.jitter_ms > 0 && d.delay_ms == 0 && !m.Has("delay_ms")) {
+              return m.Error(m.Node("jitter_ms"), "jitter_ms", "jitter without a delay_ms",
+                             "jitter_ms together with delay_ms (write delay_ms: 0 to jitter around zero)");
+            }
+            return absl::OkStatus();
+          }),
+      config::NumberField("loss", &D::loss, {0, 1, true}).Allowed("a fraction of packets, 0 <= loss < 1 (0.001 = 0.1%)"),
+      config::CustomField<D>(
+          "queue_limit",
+          [](const config::YamlMap& m, const std::string& key, D& d) -> absl::Status {
+            absl::StatusOr<std::optional<uint64_t>> r = m.Parsed<uint64_t>(
+                key, "a size",
+                [](std::string_view text) -> absl::StatusOr<uint64_t> {
+                  absl::StatusOr<uint64_t> bytes = ParseByteSize(text);
+                  if (bytes.ok() && *bytes < 1500) {
+                    return absl::InvalidArgumentError(StrCat("value ", text, " is below one packet"));
+                  }
+                  return bytes;
+                },
+                "a size in bytes of at least 1500, such as 262144, 256kib, 1mib (units b, kb, kib, mb, mib)");
+            if (!r.ok()) return r.status();
+            d.queue_limit_bytes = **r;
+            return absl::OkStatus();
+          }),
+      config::CustomField<D>(
+          "trace", [base_dir](const config::YamlMap& m, const std::string& key, D& d) -> absl::Status {
+            constexpr char kAllowed[] =
+                "the path of a Mahimahi trace file (one integer ms timestamp per line), relative to the profile's "
+                "folder";
+            const YAML::Node v = m.Node(key);
+            if (!v.IsScalar() || v.Scalar().empty()) {
+              return m.Error(v, key, StrCat("expected a file path, got ", config::DescribeYaml(v)), kAllowed);
+            }
+            if (m.Has("rate")) return m.Error(v, key, "a direction has either a rate or a trace, not both", kAllowed);
+            std::filesystem::path trace_path(v.Scalar());
+            if (trace_path.is_relative()) trace_path = base_dir / trace_path;
+            absl::StatusOr<MahimahiTrace> trace = LoadMahimahiTrace(trace_path);
+            if (!trace.ok()) return m.Error(v, key, ToStd(trace.status().message()), kAllowed);
+            d.has_trace = true;
+            d.trace = *std::move(trace);
+            return absl::OkStatus();
+          }),
+  };
 }
 
-std::string Join(std::string_view prefix, std::string_view key) {
-  if (prefix.empty()) return std::string(key);
-  return StrCat(prefix, ".", key);
-}
-
-
-std::string Describe(const YAML::Node& node) {
-  if (node.IsMap()) return "a map";
-  if (node.IsSequence()) return "a list";
-  if (node.IsNull()) return "nothing (null)";
-  return StrCat("'", node.Scalar(), "'");
-}
-
-absl::Status CheckKeys(const YamlContext& ctx, const YAML::Node& map, std::string_view path,
-                       const std::vector<std::string>& allowed) {
-  std::string allowed_list;
-  for (const auto& k : allowed) allowed_list = allowed_list.empty() ? k : StrCat(allowed_list, ", ", k);
-  for (auto it = map.begin(); it != map.end(); ++it) {
-    const std::string key = it->first.IsScalar() ? it->first.Scalar() : std::string("<non-scalar key>");
-    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
-      return FieldError(ctx, it->first, Join(path, key), "unknown key", allowed_list);
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<double> NumberField(const YamlContext& ctx, const YAML::Node& node, std::string_view path,
-                                   double min, double max_exclusive, std::string_view allowed) {
-  double value = 0;
-  std::string unit;
-  if (!node.IsScalar() || !SplitNumberUnit(node.Scalar(), &value, &unit) || !unit.empty() ||
-      !std::isfinite(value)) {
-    return FieldError(ctx, node, path, StrCat("expected a number, got ", Describe(node)), allowed);
-  }
-  if (value < min || value >= max_exclusive) {
-    return FieldError(ctx, node, path, StrCat("value ", node.Scalar(), " is out of range"), allowed);
-  }
-  return value;
-}
-
-absl::StatusOr<LinkDirection> ParseDirection(const YAML::Node& node, const YamlContext& ctx,
-                                             const std::string& path) {
-  static const std::vector<std::string> kKeys = {"rate", "delay_ms", "jitter_ms", "loss", "queue_limit", "trace"};
-  if (!node.IsMap()) {
-    return FieldError(ctx, node, path, StrCat("expected a map, got ", Describe(node)),
-                      "a map with keys rate, delay_ms, jitter_ms, loss, queue_limit, trace");
-  }
-  if (auto s = CheckKeys(ctx, node, path, kKeys); !s.ok()) return s;
-  LinkDirection d;
-  if (const YAML::Node rate = node["rate"]; rate) {
-    const std::string p = Join(path, "rate");
-    if (!rate.IsScalar()) {
-      return FieldError(ctx, rate, p, StrCat("expected a rate, got ", Describe(rate)),
-                        "a positive rate such as 100mbit, 2.5gbit, 800kbit, or 'unlimited'");
-    }
-    if (Lower(rate.Scalar()) != "unlimited") {
-      auto r = ParseRate(rate.Scalar());
-      if (!r.ok()) {
-        return FieldError(ctx, rate, p, ToStd(r.status().message()),
-                          "a positive rate such as 100mbit, 2.5gbit, 800kbit (units bit, kbit, mbit, gbit), or "
-                          "'unlimited'");
-      }
-      d.rate_bps = *r;
-    }
-  }
-  if (const YAML::Node v = node["delay_ms"]; v) {
-    auto r = NumberField(ctx, v, Join(path, "delay_ms"), 0, 60'000, "a number of milliseconds, 0 <= delay_ms < 60000");
-    if (!r.ok()) return r.status();
-    d.delay_ms = *r;
-  }
-  if (const YAML::Node v = node["jitter_ms"]; v) {
-    auto r = NumberField(ctx, v, Join(path, "jitter_ms"), 0, 60'000,
-                         "a number of milliseconds, 0 <= jitter_ms < 60000");
-    if (!r.ok()) return r.status();
-    d.jitter_ms = *r;
-  }
-  if (const YAML::Node v = node["loss"]; v) {
-    auto r = NumberField(ctx, v, Join(path, "loss"), 0, 1, "a fraction of packets, 0 <= loss < 1 (0.001 = 0.1%)");
-    if (!r.ok()) return r.status();
-    d.loss = *r;
-  }
-  if (const YAML::Node v = node["queue_limit"]; v) {
-    const std::string p = Join(path, "queue_limit");
-    const std::string allowed = "a size in bytes of at least 1500, such as 262144, 256kib, 1mib (units b, kb, kib, mb, mib)";
-    if (!v.IsScalar()) return FieldError(ctx, v, p, StrCat("expected a size, got ", Describe(v)), allowed);
-    auto r = ParseByteSize(v.Scalar());
-    if (!r.ok()) return FieldError(ctx, v, p, ToStd(r.status().message()), allowed);
-    if (*r < 1500) return FieldError(ctx, v, p, StrCat("value ", v.Scalar(), " is below one packet"), allowed);
-    d.queue_limit_bytes = *r;
-  }
-  if (const YAML::Node v = node["trace"]; v) {
-    const std::string p = Join(path, "trace");
-    const std::string allowed =
-        "the path of a Mahimahi trace file (one integer ms timestamp per line), relative to the profile's folder";
-    if (!v.IsScalar() || v.Scalar().empty()) {
-      return FieldError(ctx, v, p, StrCat("expected a file path, got ", Describe(v)), allowed);
-    }
-    if (node["rate"]) {
-      return FieldError(ctx, v, p, "a direction has either a rate or a trace, not both", allowed);
-    }
-    std::filesystem::path trace_path(v.Scalar());
-    if (trace_path.is_relative()) trace_path = ctx.base_dir / trace_path;
-    auto trace = LoadMahimahiTrace(trace_path);
-    if (!trace.ok()) return FieldError(ctx, v, p, ToStd(trace.status().message()), allowed);
-    d.has_trace = true;
-    d.trace = *std::move(trace);
-  }
-  if (d.jitter_ms > 0 && d.delay_ms == 0) {
-    // Allowed (delays clamp at 0), but a profile that means this should say delay_ms: 0 explicitly.
-    if (!node["delay_ms"]) {
-      return FieldError(ctx, node["jitter_ms"], Join(path, "jitter_ms"), "jitter without a delay_ms",
-                        "jitter_ms together with delay_ms (write delay_ms: 0 to jitter around zero)");
-    }
-  }
-  return d;
+config::FieldTable<LinkProfile> ProfileFields(const std::filesystem::path& base_dir) {
+  using P = LinkProfile;
+  const config::FieldTable<LinkDirection> direction = DirectionFields(base_dir);
+  const std::string direction_allowed =
+      StrCat(direction.Describe(),
+             " (both uplink and downlink are required; an empty map {} means an unshaped direction)");
+  return {
+      config::StringField("name", &P::name),
+      config::StringField("description", &P::description),
+      config::SectionField("uplink", &P::uplink, direction).Required().Allowed(direction_allowed),
+      config::SectionField("downlink", &P::downlink, direction).Required().Allowed(direction_allowed),
+  };
 }
 
 }  // namespace
@@ -305,35 +265,10 @@ absl::StatusOr<MahimahiTrace> LoadMahimahiTrace(const std::filesystem::path& pat
 }
 
 absl::StatusOr<LinkProfile> ParseLinkProfile(const YAML::Node& node, const YamlContext& context) {
-  static const std::vector<std::string> kKeys = {"name", "description", "uplink", "downlink"};
-  const std::string root = context.field_path;
-  if (!node.IsMap()) {
-    return FieldError(context, node, root.empty() ? "<profile>" : root,
-                      StrCat("expected a map, got ", Describe(node)),
-                      "a map with keys name, description, uplink, downlink");
-  }
-  if (auto s = CheckKeys(context, node, root, kKeys); !s.ok()) return s;
   LinkProfile profile;
   profile.source = context.file;
-  for (const char* key : {"name", "description"}) {
-    if (const YAML::Node v = node[key]; v) {
-      if (!v.IsScalar()) {
-        return FieldError(context, v, Join(root, key), StrCat("expected a string, got ", Describe(v)), "a string");
-      }
-      (std::string_view(key) == "name" ? profile.name : profile.description) = v.Scalar();
-    }
-  }
-  for (const char* key : {"uplink", "downlink"}) {
-    const YAML::Node v = node[key];
-    if (!v) {
-      return FieldError(context, node, Join(root, key), "missing",
-                        "a map with keys rate, delay_ms, jitter_ms, loss, queue_limit, trace (both uplink and "
-                        "downlink are required; an empty map {} means an unshaped direction)");
-    }
-    auto d = ParseDirection(v, context, Join(root, key));
-    if (!d.ok()) return d.status();
-    (std::string_view(key) == "uplink" ? profile.uplink : profile.downlink) = *std::move(d);
-  }
+  const config::YamlMap map(node, context.file, context.field_path);
+  if (absl::Status s = ProfileFields(context.base_dir).Read(map, profile); !s.ok()) return s;
   return profile;
 }
 
@@ -342,17 +277,12 @@ absl::StatusOr<LinkProfile> LoadLinkProfile(const std::filesystem::path& path) {
     return absl::NotFoundError(StrCat("link profile ", path.string(),
                                       " does not exist (profiles live in experiments/profiles/links/<name>.yaml)"));
   }
-  YAML::Node node;
-  try {
-    node = YAML::LoadFile(path.string());
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(
-        StrCat(path.string(), ":", e.mark.line + 1, ": not valid YAML: ", e.msg));
-  }
+  absl::StatusOr<YAML::Node> node = config::LoadYamlFile(path, "link profile");
+  if (!node.ok()) return node.status();
   YamlContext ctx;
   ctx.file = path.string();
   ctx.base_dir = path.parent_path();
-  auto profile = ParseLinkProfile(node, ctx);
+  auto profile = ParseLinkProfile(*node, ctx);
   if (!profile.ok()) return profile.status();
   if (profile->name.empty()) profile->name = path.stem().string();
   return profile;

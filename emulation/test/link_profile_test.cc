@@ -118,7 +118,7 @@ TEST_F(LinkProfileFileTest, NegativeRateIsAnError) {
 TEST_F(LinkProfileFileTest, WrongTypesAreErrors) {
   auto p = LoadLinkProfile(Write("t1.yaml", "uplink: fast\ndownlink: {}\n"));
   ASSERT_FALSE(p.ok());
-  EXPECT_THAT(Message(p.status()), HasSubstr(":1: uplink: expected a map, got 'fast'"));
+  EXPECT_THAT(Message(p.status()), HasSubstr(":1: uplink: expected a map, got \"fast\""));
 
   p = LoadLinkProfile(Write("t2.yaml", "uplink: {}\ndownlink:\n  delay_ms: [1, 2]\n"));
   ASSERT_FALSE(p.ok());
@@ -126,7 +126,7 @@ TEST_F(LinkProfileFileTest, WrongTypesAreErrors) {
 
   p = LoadLinkProfile(Write("t3.yaml", "uplink: {}\ndownlink:\n  delay_ms: 3ms\n"));
   ASSERT_FALSE(p.ok());
-  EXPECT_THAT(Message(p.status()), HasSubstr("downlink.delay_ms: expected a number, got '3ms'"));
+  EXPECT_THAT(Message(p.status()), HasSubstr("downlink.delay_ms: expected a number, got \"3ms\""));
 
   p = LoadLinkProfile(Write("t4.yaml", "uplink:\n  delay_ms: -1\ndownlink: {}\n"));
   ASSERT_FALSE(p.ok());
@@ -149,6 +149,25 @@ TEST_F(LinkProfileFileTest, MissingDirectionAndBadYaml) {
   p = LoadLinkProfile(dir_.path() / "absent.yaml");
   ASSERT_FALSE(p.ok());
   EXPECT_THAT(Message(p.status()), HasSubstr("does not exist"));
+}
+
+TEST_F(LinkProfileFileTest, QueueLimitJitterAndUnlimitedRate) {
+  auto p = LoadLinkProfile(Write("q1.yaml", "uplink:\n  queue_limit: 1kb\ndownlink: {}\n"));
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(Message(p.status()), HasSubstr(":2: uplink.queue_limit: value 1kb is below one packet; allowed: a size"));
+
+  p = LoadLinkProfile(Write("q2.yaml", "uplink: {}\ndownlink:\n  queue_limit: [1]\n"));
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(Message(p.status()), HasSubstr(":3: downlink.queue_limit: expected a size, got a list"));
+
+  p = LoadLinkProfile(Write("j.yaml", "uplink:\n  jitter_ms: 2\ndownlink: {}\n"));
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(Message(p.status()), HasSubstr(":2: uplink.jitter_ms: jitter without a delay_ms"));
+
+  p = LoadLinkProfile(Write("u.yaml", "uplink:\n  rate: Unlimited\n  jitter_ms: 2\n  delay_ms: 0\ndownlink: {}\n"));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->uplink.Unlimited());
+  EXPECT_DOUBLE_EQ(p->uplink.jitter_ms, 2);
 }
 
 TEST_F(LinkProfileFileTest, TraceErrorsNameTheTraceLine) {
