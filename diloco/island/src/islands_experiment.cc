@@ -8,12 +8,15 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <optional>
 
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include "fl/config/field_table.h"
+#include "fl/config/yaml_fields.h"
 #include "fl/core/codec.h"
 #include "fl/core/fragment_plan.h"
 #include "fl/core/server_optimizer.h"
@@ -72,111 +75,100 @@ absl::Status IslandsExperimentConfig::Validate() const {
   return absl::OkStatus();
 }
 
+namespace {
+
+using Config = IslandsExperimentConfig;
+
+// A key of the manifest's model: or inner: map handed to every fl-island as "<flag> <value>" (fl-island
+// checks the value).
+config::Field<Config> IslandFlag(std::string yaml, std::string flag) {
+  return config::CustomField<Config>(
+      std::move(yaml),
+      [flag = std::move(flag)](const config::YamlMap& m, const std::string& key, Config& c) -> absl::Status {
+        absl::StatusOr<std::optional<std::string>> v = m.String(key, "a value for fl-island " + flag);
+        if (!v.ok()) return v.status();
+        c.island_args.push_back(flag);
+        c.island_args.push_back(**v);
+        return absl::OkStatus();
+      });
+}
+
+// Every field of an islands manifest (docs/diloco.md); the keys allowed in each map are this table's.
+// `manifest_dir` is where a wan profile's name or relative path resolves.
+config::FieldTable<Config> ManifestFields(const std::filesystem::path& manifest_dir) {
+  return {
+      config::StringField("name", &Config::name),
+      config::StringField<Config>("description"),
+      config::StringField("method", &Config::method),
+      config::ChoiceField("mode", &Config::mode, {"diloco", "data-parallel"}),
+      config::ChoiceField("dp_transport", &Config::dp_transport, {"gloo", "ring"}),
+      config::IntField("islands", &Config::islands, 1, 64),
+      config::IntField("ranks_per_island", &Config::ranks_per_island, 1, 64),
+      config::IntField("threads_per_rank", &Config::threads_per_rank),
+      IslandFlag("model.name", "--model"),
+      IslandFlag("model.d_model", "--d-model"),
+      IslandFlag("model.layers", "--layers"),
+      IslandFlag("model.heads", "--heads"),
+      IslandFlag("model.context", "--context"),
+      IslandFlag("model.batch_size", "--batch-size"),
+      IslandFlag("model.seed", "--seed"),
+      IslandFlag("model.data_dir", "--data-dir"),
+      IslandFlag("model.data", "--data"),
+      IslandFlag("model.task", "--task"),
+      IslandFlag("inner.lr", "--inner-lr"),
+      IslandFlag("inner.weight_decay", "--weight-decay"),
+      IslandFlag("inner.beta1", "--beta1"),
+      IslandFlag("inner.beta2", "--beta2"),
+      IslandFlag("inner.warmup_steps", "--warmup-steps"),
+      IslandFlag("inner.eval_every", "--eval-every"),
+      config::IntField("inner.total_steps", &Config::total_steps),
+      config::IntField("outer.inner_steps", &Config::inner_steps, 1),
+      config::IntField("outer.fragments", &Config::fragments, 1),
+      config::StringField("outer.strategy", &Config::fragment_strategy)
+          .Then([](const config::YamlMap& m, Config& c) -> absl::Status {
+            absl::StatusOr<core::FragmentStrategy> strategy = core::ParseFragmentStrategy(c.fragment_strategy);
+            if (!strategy.ok()) return m.Error(m.Node("strategy"), "strategy", fl::ToStd(strategy.status().message()));
+            return absl::OkStatus();
+          }),
+      config::IntField("outer.overlap_steps", &Config::overlap_steps),
+      config::NumberField("outer.mixing_alpha", &Config::mixing_alpha, {std::numeric_limits<double>::lowest(), 1})
+          .Allowed("a number in [0, 1], or a negative one for the default (0 without overlap, 0.5 with)"),
+      config::StringField("outer.optimizer", &Config::outer_optimizer),
+      config::StringField("exchange.codec", &Config::codec),
+      config::BoolField("exchange.error_feedback", &Config::error_feedback),
+      config::IntField("exchange.connections_per_peer", &Config::connections_per_peer),
+      config::IntField("exchange.timeout_ms", &Config::exchange_timeout_ms),
+      config::CustomField<Config>(
+          "wan",
+          [manifest_dir](const config::YamlMap& m, const std::string& key, Config& c) -> absl::Status {
+            constexpr char kAllowed[] =
+                "a link profile: a name in experiments/profiles/links/, or the path of a profile file";
+            absl::StatusOr<std::optional<std::string>> name = m.String(key, kAllowed);
+            if (!name.ok()) return name.status();
+            std::filesystem::path file = **name;
+            if ((*name)->find('/') == std::string::npos && !(*name)->ends_with(".yaml")) {
+              file = manifest_dir / ".." / "profiles" / "links" / fl::StrCat(**name, ".yaml");
+            } else if (file.is_relative()) {
+              file = manifest_dir / file;
+            }
+            if (!std::filesystem::exists(file)) {
+              return m.Error(m.Node(key), key, fl::StrCat("no link profile ", file.string()), kAllowed);
+            }
+            c.wan_link = file.lexically_normal().string();
+            return absl::OkStatus();
+          }),
+  };
+}
+
+}  // namespace
+
 absl::StatusOr<IslandsExperimentConfig> LoadIslandsExperiment(const std::string& path) {
   IslandsExperimentConfig c;
   c.source = path;
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(fl::StrCat("cannot read manifest ", path, ": ", e.what()));
-  }
-  static const std::map<std::string, std::string> kModelFlags = {
-      {"name", "--model"},       {"d_model", "--d-model"},       {"layers", "--layers"},
-      {"heads", "--heads"},      {"context", "--context"},       {"batch_size", "--batch-size"},
-      {"seed", "--seed"},        {"data_dir", "--data-dir"},     {"data", "--data"},
-      {"task", "--task"}};
-  static const std::map<std::string, std::string> kInnerFlags = {
-      {"lr", "--inner-lr"},         {"weight_decay", "--weight-decay"}, {"beta1", "--beta1"},
-      {"beta2", "--beta2"},         {"warmup_steps", "--warmup-steps"}, {"eval_every", "--eval-every"}};
-  try {
-    for (const auto& kv : root) {
-      const std::string key = kv.first.as<std::string>();
-      const YAML::Node& v = kv.second;
-      if (key == "name") c.name = v.as<std::string>();
-      else if (key == "method") c.method = v.as<std::string>();
-      else if (key == "mode") c.mode = v.as<std::string>();
-      else if (key == "dp_transport") c.dp_transport = v.as<std::string>();
-      else if (key == "islands") c.islands = v.as<uint32_t>();
-      else if (key == "ranks_per_island") c.ranks_per_island = v.as<uint32_t>();
-      else if (key == "threads_per_rank") c.threads_per_rank = v.as<uint32_t>();
-      else if (key == "description") continue;
-      else if (key == "wan") {
-        const std::string name = v.as<std::string>();
-        const std::filesystem::path base = std::filesystem::path(path).parent_path();
-        std::filesystem::path file = name;
-        if (name.find('/') == std::string::npos && !name.ends_with(".yaml")) {
-          file = base / ".." / "profiles" / "links" / fl::StrCat(name, ".yaml");
-        } else if (file.is_relative()) {
-          file = base / file;
-        }
-        if (!std::filesystem::exists(file)) {
-          return absl::InvalidArgumentError(fl::StrCat(path, ": wan (line ", kv.first.Mark().line + 1,
-                                                       "): no link profile ", file.string()));
-        }
-        c.wan_link = file.lexically_normal().string();
-      }
-      else if (key == "model" || key == "inner") {
-        for (const auto& m : v) {
-          const std::string k = m.first.as<std::string>();
-          if (key == "inner" && k == "total_steps") {
-            c.total_steps = m.second.as<uint64_t>();
-            continue;
-          }
-          const auto& table = key == "model" ? kModelFlags : kInnerFlags;
-          auto it = table.find(k);
-          if (it == table.end()) {
-            std::string known;
-            for (const auto& [name, flag] : table) known += fl::StrCat(known.empty() ? "" : ", ", name);
-            if (key == "inner") known += ", total_steps";
-            return absl::InvalidArgumentError(
-                fl::StrCat(path, ": unknown field ", key, ".", k, " (line ", m.first.Mark().line + 1, "); known: ", known));
-          }
-          c.island_args.push_back(it->second);
-          c.island_args.push_back(m.second.as<std::string>());
-        }
-      } else if (key == "outer") {
-        for (const auto& m : v) {
-          const std::string k = m.first.as<std::string>();
-          if (k == "inner_steps") c.inner_steps = m.second.as<uint64_t>();
-          else if (k == "fragments") c.fragments = m.second.as<uint32_t>();
-          else if (k == "strategy") {
-            c.fragment_strategy = m.second.as<std::string>();
-            if (auto strategy = core::ParseFragmentStrategy(c.fragment_strategy); !strategy.ok()) {
-              return absl::InvalidArgumentError(fl::StrCat(path, ":", m.first.Mark().line + 1, ": outer.strategy: ",
-                                                           strategy.status().message()));
-            }
-          }
-          else if (k == "overlap_steps") c.overlap_steps = m.second.as<uint64_t>();
-          else if (k == "mixing_alpha") c.mixing_alpha = m.second.as<double>();
-          else if (k == "optimizer") c.outer_optimizer = m.second.as<std::string>();
-          else return absl::InvalidArgumentError(fl::StrCat(path, ": unknown field outer.", k, " (line ",
-                                                            m.first.Mark().line + 1,
-                                                            "); known: inner_steps, fragments, strategy, "
-                                                            "overlap_steps, mixing_alpha, optimizer"));
-        }
-      } else if (key == "exchange") {
-        for (const auto& m : v) {
-          const std::string k = m.first.as<std::string>();
-          if (k == "codec") c.codec = m.second.as<std::string>();
-          else if (k == "error_feedback") c.error_feedback = m.second.as<bool>();
-          else if (k == "connections_per_peer") c.connections_per_peer = m.second.as<uint32_t>();
-          else if (k == "timeout_ms") c.exchange_timeout_ms = m.second.as<uint32_t>();
-          else return absl::InvalidArgumentError(fl::StrCat(path, ": unknown field exchange.", k, " (line ",
-                                                            m.first.Mark().line + 1,
-                                                            "); known: codec, error_feedback, "
-                                                            "connections_per_peer, timeout_ms"));
-        }
-      } else {
-        return absl::InvalidArgumentError(fl::StrCat(
-            path, ": unknown field '", key, "' (line ", kv.first.Mark().line + 1,
-            "); known: name, description, method, mode, dp_transport, islands, ranks_per_island, "
-            "threads_per_rank, model, inner, outer, exchange, wan"));
-      }
-    }
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(fl::StrCat(path, ": ", e.what()));
-  }
+  absl::StatusOr<YAML::Node> root = config::LoadYamlFile(path, "islands manifest");
+  if (!root.ok()) return root.status();
+  const std::filesystem::path manifest_dir = std::filesystem::path(path).parent_path();
+  if (absl::Status s = ManifestFields(manifest_dir).Read(config::YamlMap(*root, path, ""), c); !s.ok()) return s;
   if (!c.wan_link.empty() && c.mode == "data-parallel" && c.dp_transport == "gloo") {
     return absl::InvalidArgumentError(fl::StrCat(
         path, ": wan shapes the ring between island leaders, but data-parallel with dp_transport gloo sends "

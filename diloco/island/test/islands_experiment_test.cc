@@ -38,9 +38,55 @@ TEST(IslandsExperimentTest, UnknownFieldNamesFileFieldAndLine) {
   absl::StatusOr<IslandsExperimentConfig> c = LoadIslandsExperiment(path);
   ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
   const std::string msg(c.status().message());
-  EXPECT_NE(msg.find("bad.yaml"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("outer.fragmnets"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("line 4"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("bad.yaml:4: outer.fragmnets: unknown key; allowed: inner_steps, fragments, strategy, "
+                     "overlap_steps, mixing_alpha, optimizer"),
+            std::string::npos)
+      << msg;
+}
+
+// Wrong types and values out of range are refused at load with the line, not by a conversion exception.
+TEST(IslandsExperimentTest, WrongTypesAndRangesNameFileLineAndWhatIsAllowed) {
+  fl::testing::ScratchDir dir("manifest6");
+  const std::string path = dir.File("bad.yaml");
+  std::ofstream(path) << "name: x\nislands: two\n";
+  absl::StatusOr<IslandsExperimentConfig> c = LoadIslandsExperiment(path);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(c.status().message())
+                .find("bad.yaml:2: islands: expected an integer, got \"two\"; allowed: an integer in [1, 64]"),
+            std::string::npos)
+      << c.status();
+
+  std::ofstream(path) << "name: x\nexchange:\n  error_feedback: perhaps\n";
+  c = LoadIslandsExperiment(path);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(c.status().message()).find("bad.yaml:3: exchange.error_feedback: expected true or false"),
+            std::string::npos)
+      << c.status();
+
+  std::ofstream(path) << "name: x\nmodel: [char-lm]\n";
+  c = LoadIslandsExperiment(path);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(c.status().message()).find("bad.yaml:2: model: expected a map, got a list; allowed: a map "
+                                                   "with keys name, d_model, layers"),
+            std::string::npos)
+      << c.status();
+}
+
+// model: and inner: keys become fl-island flags; the outer loop and the exchange go into the config.
+TEST(IslandsExperimentTest, ModelAndInnerKeysBecomeIslandFlags) {
+  absl::StatusOr<IslandsExperimentConfig> d =
+      LoadIslandsExperiment(std::string(FL_DILOCO_MANIFEST_DIR) + "/diloco.yaml");
+  ASSERT_TRUE(d.ok()) << d.status();
+  const std::vector<std::string> expected = {
+      "--model", "char-lm", "--d-model", "64",          "--layers",  "3",   "--heads",        "4",
+      "--context", "64",    "--batch-size", "16",       "--seed",    "1",   "--inner-lr",     "3.0e-3",
+      "--weight-decay", "0.1", "--beta1", "0.9",        "--beta2",   "0.95", "--warmup-steps", "50"};
+  EXPECT_EQ(d->island_args, expected);
+  EXPECT_EQ(d->total_steps, 600u);
+  EXPECT_EQ(d->inner_steps, 100u);
+  EXPECT_EQ(d->codec, "int8");
+  EXPECT_TRUE(d->error_feedback);
+  EXPECT_EQ(d->method, "diloco");
 }
 
 TEST(IslandsExperimentTest, ScheduleThatCannotWorkIsRejected) {
