@@ -6,6 +6,8 @@
 #include <fstream>
 #include <string>
 
+#include <yaml-cpp/yaml.h>
+
 #include "fl/core/str_cat.h"
 #include "fl/testing/scratch_dir.h"
 
@@ -88,6 +90,16 @@ TEST(ManifestTest, EveryShippedManifestLoads) {
   EXPECT_GE(n, 1);
 }
 
+// `fl-experiment run quickstart.yaml` from the manifest's own folder: a path without a folder.
+TEST(ManifestTest, ManifestNamedWithoutAFolderLoadsFromTheCurrentOne) {
+  const fs::path cwd = fs::current_path();
+  fs::current_path(kExperiments);
+  absl::StatusOr<Manifest> m = LoadManifest("quickstart.yaml");
+  fs::current_path(cwd);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->path, (kExperiments / "quickstart.yaml").string());
+}
+
 void ExpectError(const std::string& text, const std::vector<std::string>& parts) {
   absl::StatusOr<Manifest> m = Parse(text);
   ASSERT_FALSE(m.ok()) << "accepted:\n" << text;
@@ -100,7 +112,8 @@ void ExpectError(const std::string& text, const std::vector<std::string>& parts)
 
 TEST(ManifestTest, UnknownKeyNamesFileLinePathAndAllowedKeys) {
   ExpectError(Replace(kGood, "  rounds: 2\n", "  rounds: 2\n  round: 3\n"),
-              {"exp.yaml:6:", "server.round", "unknown key", "allowed here:", "rounds"});
+              {"exp.yaml:6:", "server.round", "unknown key", "allowed: strategy, rounds, round_deadline_s, "
+               "selection, evaluation, max_round_attempts, metrics_addr, upload_slots"});
 }
 
 TEST(ManifestTest, WrongTypeNamesTheField) {
@@ -129,6 +142,94 @@ TEST(ManifestTest, OutOfRangeAndUnknownValuesAreRefused) {
               {"server.selection", "only 3 clients"});
   ExpectError(Replace(kGood, "name: t\n", ""), {"name", "is required"});
   ExpectError("name: [1\n", {"exp.yaml:", "not valid YAML"});
+}
+
+// Every shipped manifest (experiments/ and examples/) parses, resolves to JSON and reads back field by field
+// equal: the writer and the reader of the record come from the same tables as the YAML reader. The examples'
+// TorchScript models and data are made by scripts (out/byom/...): empty stand-ins in a scratch directory
+// satisfy the loader, which only checks that they exist.
+TEST(ManifestTest, EveryShippedManifestRoundTripsThroughTheResolvedJson) {
+  const fs::path source_dir = kExperiments.parent_path();
+  std::vector<fs::path> manifests;
+  for (const fs::path& dir : {source_dir / "experiments", source_dir / "examples"}) {
+    for (const auto& e : fs::recursive_directory_iterator(dir)) {
+      const std::string p = e.path().string();
+      if (e.path().extension() != ".yaml" || p.find("/profiles/") != std::string::npos) continue;
+      if (p.find("/experiments/diloco/") != std::string::npos) continue;  // islands manifests (docs/diloco.md)
+      manifests.push_back(e.path());
+    }
+  }
+  ASSERT_GE(manifests.size(), 10u);
+
+  fl::testing::ScratchDir scratch("manifest_round_trip");
+  const fs::path cwd = fs::current_path();
+  fs::current_path(scratch.path());
+  for (const fs::path& path : manifests) {
+    const YAML::Node training = YAML::LoadFile(path.string())["training"];
+    for (const char* key : {"model", "data"}) {
+      if (!training || !training[key]) continue;
+      const fs::path file = training[key].as<std::string>();
+      if (file.is_absolute() || (std::string(key) == "model" && file.extension() != ".pt")) continue;
+      fs::create_directories(file.parent_path());
+      std::ofstream(file) << "stand-in";
+    }
+    absl::StatusOr<Manifest> m = LoadManifest(path);
+    ASSERT_TRUE(m.ok()) << path << ": " << m.status();
+    const std::string json = ResolvedManifestJson(*m);
+    absl::StatusOr<Manifest> back = ManifestFromResolvedJson(json, m->source_yaml);
+    ASSERT_TRUE(back.ok()) << path << ": " << back.status();
+    EXPECT_EQ(ResolvedManifestJson(*back), json) << path;
+    // A recorded link profile was read from the record, not from its file: the one field that differs.
+    for (ClientGroup& g : back->clients) {
+      if (g.link.has_value()) g.link->source = m->clients[&g - back->clients.data()].link->source;
+    }
+    EXPECT_TRUE(*back == *m) << path << " reads back different from what was written:\n" << json;
+  }
+  fs::current_path(cwd);
+}
+
+// Replay reads manifests recorded by earlier builds: before bring-your-own-model (no data, task, buffers,
+// seq_len), before metrics_addr and upload_slots, and before device descriptions were recorded. Their fields
+// keep the defaults those runs had.
+TEST(ManifestTest, ManifestsRecordedBeforeNewerFieldsStillReadBack) {
+  constexpr char kOld[] = R"({
+  "name": "old", "seed": 3,
+  "server": {"strategy": "fedavg", "rounds": 2, "round_deadline_s": 60.0, "fraction_fit": 1.0,
+             "min_fit_clients": 1, "min_available_clients": 1, "evaluate_every": 1,
+             "fraction_evaluate": 1.0, "max_round_attempts": 3},
+  "training": {"model": "cnn", "data_dir": "", "partition": "iid", "local_epochs": 1, "local_steps": 0,
+               "batch_size": 32, "optimizer": "sgd", "lr": 0.05, "momentum": 0.0, "weight_decay": 0.0,
+               "proximal_mu": 0.0, "threads": 1},
+  "codecs": {"uplink": "int8", "downlink": "fp32"},
+  "emulation": {"backend": "none", "host_relative_speed": 4.0},
+  "clients": [{"name": "pi", "count": 2, "link_kind": "ethernet", "data_share": 1.0, "start_delay_s": 0.0,
+               "leave_after_s": 0.0, "slowdown": 4.0, "link": null, "link_name": "",
+               "device": {"name": "rpi4", "device_class": "rpi4", "relative_speed": 1.0, "cores": 4,
+                          "memory_mb": 4096, "reference": "r", "source": "rpi4.yaml", "is_host": false}}]
+})";
+  absl::StatusOr<Manifest> m = ManifestFromResolvedJson(kOld, "name: old\n");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->name, "old");
+  EXPECT_EQ(m->description, "");
+  EXPECT_EQ(m->seed, 3u);
+  EXPECT_EQ(m->codecs.uplink, "int8");
+  EXPECT_EQ(m->training.task, "classification");
+  EXPECT_EQ(m->training.buffers, "average");
+  EXPECT_EQ(m->training.seq_len, 64u);
+  EXPECT_EQ(m->training.data, "");
+  EXPECT_EQ(m->server.metrics_addr, "");
+  EXPECT_EQ(m->server.upload_slots, 0u);
+  ASSERT_EQ(m->clients.size(), 1u);
+  EXPECT_EQ(m->clients[0].count, 2u);
+  EXPECT_EQ(m->clients[0].device.memory_mb, 4096u);
+  EXPECT_EQ(m->clients[0].device.description, "");
+  EXPECT_FALSE(m->clients[0].link.has_value());
+  // A field every record has is still required.
+  std::string missing = kOld;
+  missing.replace(missing.find("\"rounds\": 2, "), 13, "");
+  absl::StatusOr<Manifest> bad = ManifestFromResolvedJson(missing, "");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << bad.status();
+  EXPECT_NE(std::string(bad.status().message()).find("rounds"), std::string::npos) << bad.status();
 }
 
 TEST(ManifestTest, ResolvedJsonRoundTripsWithTheProfilesItRanWith) {

@@ -45,6 +45,7 @@ struct MahimahiTrace {
 
   // The average link rate the trace offers, in bits/s.
   double MeanRateBps() const;
+  bool operator==(const MahimahiTrace&) const = default;
 };
 
 // One direction of a link.
@@ -64,6 +65,7 @@ struct LinkDirection {
   // Bytes that may wait for the bottleneck: the configured limit, else 100 ms at the nominal rate
   // (at least 64 KiB), else 4 MiB when unlimited.
   uint64_t EffectiveQueueLimit() const;
+  bool operator==(const LinkDirection&) const = default;
 };
 
 struct LinkProfile {
@@ -75,6 +77,7 @@ struct LinkProfile {
 
   // Nominal round-trip delay: uplink + downlink one-way delays.
   double NominalRttMs() const { return uplink.delay_ms + downlink.delay_ms; }
+  bool operator==(const LinkProfile&) const = default;
 };
 
 // Where a YAML node came from, for error messages and relative trace paths.

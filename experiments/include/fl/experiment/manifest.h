@@ -26,6 +26,8 @@ struct DeviceProfile {
   std::string reference;       // where relative_speed comes from
   std::string source;          // the file (or "inline in <manifest>")
   bool is_host = false;        // "host": the machine itself, never slowed down
+
+  bool operator==(const DeviceProfile&) const = default;
 };
 
 struct ClientGroup {
@@ -38,6 +40,8 @@ struct ClientGroup {
   double data_share = 1.0;     // fraction of its shard each client of the group trains on, (0, 1]
   double start_delay_s = 0;    // availability: joins this long after the server started
   double leave_after_s = 0;    // availability: stopped (SIGTERM) this long after it started; 0 = stays
+
+  bool operator==(const ClientGroup&) const = default;
 };
 
 struct Manifest {
@@ -59,6 +63,7 @@ struct Manifest {
     uint32_t max_round_attempts = 3;
     std::string metrics_addr;         // fl-server --metrics-addr (Prometheus /metrics); "" = none
     uint32_t upload_slots = 0;        // fl-server --upload-slots: updates received at once; 0 = its default
+    bool operator==(const Server&) const = default;
   } server;
 
   struct Training {
@@ -80,21 +85,26 @@ struct Manifest {
     double weight_decay = 0;
     double proximal_mu = 0;
     uint32_t threads = 1;             // training threads per client
+    bool operator==(const Training&) const = default;
   } training;
 
   struct Codecs {
     std::string uplink = "fp32";
     std::string downlink = "fp32";
+    bool operator==(const Codecs&) const = default;
   } codecs;
 
   struct Emulation {
     std::string backend = "auto";     // none, userspace, kernel, auto (kernel when root and available)
     double host_relative_speed = 4.0; // this machine's training speed relative to a Raspberry Pi 4
+    bool operator==(const Emulation&) const = default;
   } emulation;
 
   std::vector<ClientGroup> clients;
 
   uint32_t num_clients() const;
+  // Field by field (the resolved-JSON round trip is tested with it).
+  bool operator==(const Manifest&) const = default;
 };
 
 struct ManifestOptions {
@@ -114,7 +124,9 @@ absl::StatusOr<DeviceProfile> LoadDeviceProfile(const std::filesystem::path& pat
 std::string ResolvedManifestJson(const Manifest& manifest);
 
 // The inverse of ResolvedManifestJson: a recorded experiment's manifest, with the profiles it ran with (not
-// whatever the profile files say today). `source_yaml` is the recorded manifest text.
+// whatever the profile files say today). `source_yaml` is the recorded manifest text. Both come from the
+// manifest's field tables (manifest.cc), so every field written is read back; fields added after a record was
+// written keep their defaults when it is read.
 absl::StatusOr<Manifest> ManifestFromResolvedJson(const std::string& json, const std::string& source_yaml);
 
 // How much slower than the host a client of `device` trains: host_relative_speed / relative_speed, at least 1
