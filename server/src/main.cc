@@ -319,11 +319,11 @@ int main(int argc, char** argv) {
   }
   // Clients that were away at the end learn it when they come back (Join, hello), for --linger-s at most.
   const auto told_until = std::chrono::steady_clock::now() + std::chrono::seconds(linger_s);
-  if (result.status != "aborted" && engine.ClientsNotToldOfTheEnd() > 0 && linger_s > 0) {
+  if (result.status != fl::instrumentation::ExperimentStatus::kAborted && engine.ClientsNotToldOfTheEnd() > 0 && linger_s > 0) {
     spdlog::info("waiting up to {} s for {} client(s) that were away at the end, to tell them", linger_s,
                  engine.ClientsNotToldOfTheEnd());
   }
-  while (result.status != "aborted" && !signalled.load() && engine.ClientsNotToldOfTheEnd() > 0 &&
+  while (result.status != fl::instrumentation::ExperimentStatus::kAborted && !signalled.load() && engine.ClientsNotToldOfTheEnd() > 0 &&
          std::chrono::steady_clock::now() < told_until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -336,7 +336,7 @@ int main(int argc, char** argv) {
   if (records != nullptr) {
     if (absl::Status s = records->Close(); !s.ok()) spdlog::error("closing the records: {}", s.message());
   }
-  std::cout << "experiment " << result.experiment_id << " " << result.status << ": " << result.reason << std::endl;
-  if (result.status == "finished") return 0;
-  return result.status == "aborted" ? 130 : 1;
+  std::cout << "experiment " << result.experiment_id << " " << result.status_name() << ": " << result.reason << std::endl;
+  if (result.status == fl::instrumentation::ExperimentStatus::kFinished) return 0;
+  return result.status == fl::instrumentation::ExperimentStatus::kAborted ? 130 : 1;
 }

@@ -13,7 +13,6 @@
 #include "fl/core/log_format.h"
 
 #include "fl/core/checksum.h"
-#include "fl/core/clock.h"
 #include "fl/core/str_cat.h"
 #include "fl/proto/convert.h"
 #include "fl/rpc/stream_outbox.h"
@@ -152,7 +151,7 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
                                 bytes));
     }
     ++received_;
-    const int64_t now = NowNs();
+    const int64_t now = engine_->clock().NowNs();
     // Before anything reaches the engine: a flooding session costs the engine no more than the limit allows.
     if (!bucket_.Take(now)) {
       const uint32_t limit = engine_->config().session_max_messages_per_s;
@@ -212,7 +211,7 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
 class DownloadStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   DownloadStream(RoundEngine* engine, const fl::v1::DownloadModelRequest& request)
-      : engine_(engine), client_id_(request.client_id()), task_id_(request.task_id()), started_ns_(NowNs()) {
+      : engine_(engine), client_id_(request.client_id()), task_id_(request.task_id()), started_ns_(engine->clock().NowNs()) {
     chunk_bytes_ = request.max_chunk_bytes() == 0 ? wire::kDefaultChunkBytes
                                                   : std::min(request.max_chunk_bytes(), wire::kMaxChunkBytes);
     chunk_bytes_ = std::max<uint32_t>(chunk_bytes_, 1024);
@@ -240,7 +239,7 @@ class DownloadStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       return;
     }
     if (trailer_sent_) {
-      engine_->Post(DownloadDoneEvent{client_id_, task_id_, started_ns_, NowNs(), payload_->bytes.size()});
+      engine_->Post(DownloadDoneEvent{client_id_, task_id_, started_ns_, engine_->clock().NowNs(), payload_->bytes.size()});
       Finish(grpc::Status::OK);
       return;
     }
@@ -252,7 +251,7 @@ class DownloadStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     } else {
       fl::v1::ModelChunk chunk;
       chunk.mutable_trailer()->set_payload_checksum(payload_->checksum);
-      chunk.mutable_trailer()->set_sent_server_ns(NowNs());
+      chunk.mutable_trailer()->set_sent_server_ns(engine_->clock().NowNs());
       out_ = Serialize(chunk);
       trailer_sent_ = true;
     }
@@ -316,7 +315,7 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
           return Fail(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the first message of an upload must be its header"));
         }
         header_ = std::move(*chunk.mutable_header());
-        first_byte_ns_ = NowNs();
+        first_byte_ns_ = engine_->clock().NowNs();
         stage_ = Stage::kAdmitting;
         engine_->Post(UploadStartEvent{header_, first_byte_ns_,
                                        [this](std::optional<fl::v1::UploadUpdateResponse> refusal,
@@ -344,7 +343,7 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
                                        progress_});
         return;
       case Stage::kReceiving:
-        progress_->last_ns = NowNs();
+        progress_->last_ns = engine_->clock().NowNs();
         if (chunk.part_case() == fl::v1::UpdateChunk::kData) {
           if (payload_.size() + chunk.data().size() > header_.payload_bytes()) {
             return Fail(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -438,7 +437,7 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     done.header = header_;
     done.payload = std::move(payload_);
     done.first_byte_server_ns = first_byte_ns_;
-    done.done_server_ns = NowNs();
+    done.done_server_ns = engine_->clock().NowNs();
     done.transfer_error = transfer_error;
     done.handle = progress_;
     done.reply = [this, transfer_error](const fl::v1::UploadUpdateResponse& verdict) {

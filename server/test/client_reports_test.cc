@@ -92,7 +92,7 @@ TEST(ClientReportsTest, AHugeSpecIsRefusedAtJoinNamingTheLimitAndTheFlag) {
   // The server is healthy: an honest client is asked for the initial model and the experiment runs.
   auto good = StartClient(server.address(), "good", 1);
   const EngineResult result = server.Wait();
-  EXPECT_EQ(result.status, "finished") << result.reason;
+  EXPECT_EQ(result.status_name(), "finished") << result.reason;
   good->thread.join();
   server.Stop();
   auto reader = *RecordReader::Open(dir.File("records.db"));
@@ -145,7 +145,7 @@ TEST(ClientReportsTest, AnAnnouncedInitialModelUploadAllocatesOnlyWhatArrives) {
   // Still serving: an honest client joins (the greedy one has stalled and gone: this one is asked), trains.
   auto good = StartClient(server.address(), "good", 1);
   const EngineResult result = server.Wait();
-  EXPECT_EQ(result.status, "finished") << result.reason;
+  EXPECT_EQ(result.status_name(), "finished") << result.reason;
   good->thread.join();
   server.Stop();
 }
@@ -175,7 +175,7 @@ TEST(ClientReportsTest, AStalledInitialModelHolderIsReplacedByAnotherConnectedCl
   // An honest client of the same model joins meanwhile: after the deadline it is asked instead.
   auto good = StartClient(server.address(), "good", 1);
   const EngineResult result = server.Wait();
-  EXPECT_EQ(result.status, "finished") << result.reason;
+  EXPECT_EQ(result.status_name(), "finished") << result.reason;
   stop = true;
   stall->ctx.TryCancel();
   heartbeats.join();
@@ -227,7 +227,7 @@ TEST(ClientReportsTest, AnInitialModelHolderThatLeavesIsReplacedByAConnectedClie
     EXPECT_TRUE(left.acknowledged());
   }
   const EngineResult result = server.Wait();
-  EXPECT_EQ(result.status, "finished") << result.reason;
+  EXPECT_EQ(result.status_name(), "finished") << result.reason;
   good->thread.join();
   server.Stop();
   auto reader = *RecordReader::Open(dir.File("records.db"));
@@ -307,7 +307,7 @@ TEST_P(BadUpdateTest, IsRefusedWithTheFieldAndARecordedReasonAndNeverCounts) {
   EXPECT_TRUE(Contains(r.error().message(), bad.needle)) << r.error().message();
 
   const EngineResult result = server.Wait();
-  ASSERT_EQ(result.status, "finished") << result.reason;
+  ASSERT_EQ(result.status_name(), "finished") << result.reason;
   good->thread.join();
   session->ctx.TryCancel();
   server.Stop();
@@ -440,7 +440,7 @@ TEST(ClientReportsTest, PongsAtInt64ExtremesAreIgnoredAndPlaceNothing) {
       1'000'000);
   EXPECT_EQ(r.outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED) << r.error().message();
   const EngineResult result = server.Wait();
-  ASSERT_EQ(result.status, "finished") << result.reason;
+  ASSERT_EQ(result.status_name(), "finished") << result.reason;
   good->thread.join();
   session->ctx.TryCancel();
   server.Stop();
@@ -484,7 +484,7 @@ TEST(ClientReportsTest, PhasesPlacedOutsideTheTaskAreRefused) {
   EXPECT_EQ(r.outcome(), fl::v1::UPDATE_OUTCOME_REJECTED);
   EXPECT_TRUE(Contains(r.error().message(), "timings (PHASE_TRAIN) place the phase")) << r.error().message();
   const EngineResult result = server.Wait();
-  ASSERT_EQ(result.status, "finished") << result.reason;
+  ASSERT_EQ(result.status_name(), "finished") << result.reason;
   good->thread.join();
   session->ctx.TryCancel();
   server.Stop();
@@ -527,7 +527,7 @@ TEST(ClientReportsTest, AnEvaluationWithAnImpossibleExampleCountIsRefusedAndReco
     ASSERT_TRUE(session->stream->Write(m));
   }
   const EngineResult result = server.Wait();
-  ASSERT_EQ(result.status, "finished") << result.reason;
+  ASSERT_EQ(result.status_name(), "finished") << result.reason;
   good->thread.join();
   server.Stop();
   auto reader = *RecordReader::Open(dir.File("records.db"));
@@ -579,7 +579,7 @@ TEST(ClientReportsTest, WithANormBoundOneClientCannotSetTheGlobalModel) {
     break;
   }
   const EngineResult result = server.Wait();
-  ASSERT_EQ(result.status, "finished") << result.reason;
+  ASSERT_EQ(result.status_name(), "finished") << result.reason;
   good->thread.join();
   session->ctx.TryCancel();
   server.Stop();
@@ -672,7 +672,7 @@ TEST(ClientReportsTest, OversizeJoinStringsAndMapsAreRefusedNamingTheFieldAndThe
   // Healthy: an honest client runs the experiment; none of the refused joins left a row.
   auto good = StartClient(server.address(), "good", 1);
   const EngineResult result = server.Wait();
-  EXPECT_EQ(result.status, "finished") << result.reason;
+  EXPECT_EQ(result.status_name(), "finished") << result.reason;
   good->thread.join();
   server.Stop();
   auto reader = *RecordReader::Open(dir.File("records.db"));

@@ -49,7 +49,7 @@ TEST(FederationTest, RunsRoundsAndRecordsEveryClientAndRound) {
   std::vector<std::unique_ptr<RunningClient>> clients;
   for (int i = 0; i < 3; ++i) clients.push_back(StartClient(server.address(), fl::StrCat("c", i), i + 1, i == 2 ? "5g" : "wifi"));
   const EngineResult result = server.Wait();
-  EXPECT_EQ(result.status, "finished") << result.reason;
+  EXPECT_EQ(result.status_name(), "finished") << result.reason;
   EXPECT_EQ(result.rounds_committed, 2u);
   for (auto& c : clients) {
     c->thread.join();
@@ -93,7 +93,7 @@ TEST(FederationTest, CommittedModelIsTheExampleWeightedMeanOfTheClientModels) {
   std::vector<std::unique_ptr<RunningClient>> clients;
   for (int i = 0; i < 3; ++i) clients.push_back(StartClient(server.address(), fl::StrCat("c", i), i + 7));
   const EngineResult result = server.Wait();
-  ASSERT_EQ(result.status, "finished") << result.reason;
+  ASSERT_EQ(result.status_name(), "finished") << result.reason;
   for (auto& c : clients) c->thread.join();
   server.Stop();
 
@@ -171,7 +171,7 @@ TEST(FederationTest, EstimatesEachClientsClockOffset) {
   auto ahead = StartClient(server.address(), "ahead", 1, "wifi", 250'000'000, 300);
   auto behind = StartClient(server.address(), "behind", 2, "wifi", -1'500'000'000, 300);
   const EngineResult result = server.Wait();
-  ASSERT_EQ(result.status, "finished") << result.reason;
+  ASSERT_EQ(result.status_name(), "finished") << result.reason;
   ahead->thread.join();
   behind->thread.join();
   server.Stop();
@@ -204,7 +204,7 @@ TEST(FederationTest, ServesPrometheusMetricsThatPromtoolAccepts) {
   auto a = StartClient(server.address(), "pi-a", 1, "5g");
   auto b = StartClient(server.address(), "pi-b", 2, "wifi");
   const EngineResult result = server.Wait();
-  ASSERT_EQ(result.status, "finished") << result.reason;
+  ASSERT_EQ(result.status_name(), "finished") << result.reason;
   a->thread.join();
   b->thread.join();
   const std::string text = HttpGet((*metrics)->port(), "/metrics");
@@ -328,7 +328,7 @@ TEST(FederationTest, RejectsBadUpdatesWithAReasonAndKeepsTheModelClean) {
   EXPECT_NE(r.error().message().find("1234"), std::string::npos) << r.error().message();
 
   const EngineResult result = server.Wait();
-  ASSERT_EQ(result.status, "finished") << result.reason;
+  ASSERT_EQ(result.status_name(), "finished") << result.reason;
   good->thread.join();
   session_ctx.TryCancel();
   server.Stop();
@@ -369,7 +369,7 @@ TEST(FederationTest, ARoundWithTooFewUpdatesIsRecordedAsFailedAndRetried) {
     while (session->Write(hb)) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   });
   const EngineResult result = server.Wait();
-  EXPECT_EQ(result.status, "failed");
+  EXPECT_EQ(result.status_name(), "failed");
   EXPECT_NE(result.reason.find("failed 2 times"), std::string::npos) << result.reason;
   session_ctx.TryCancel();
   heartbeats.join();
@@ -418,7 +418,7 @@ TEST(FederationTest, ShutdownAbortsTheOpenRoundAndTellsClients) {
   EXPECT_TRUE(got_task);
   EXPECT_TRUE(got_shutdown);
   const EngineResult result = server.Wait();
-  EXPECT_EQ(result.status, "aborted");
+  EXPECT_EQ(result.status_name(), "aborted");
   StopClient(*good);
   server.Stop();
   auto reader = *RecordReader::Open(dir.File("records.db"));
@@ -450,7 +450,7 @@ TEST_P(StrategyTest, RunsEndToEndAndMovesTheModel) {
   std::vector<std::unique_ptr<RunningClient>> clients;
   for (int i = 0; i < 3; ++i) clients.push_back(StartClient(server.address(), fl::StrCat("c", i), 10 + i));
   const EngineResult result = server.Wait();
-  ASSERT_EQ(result.status, "finished") << result.reason;
+  ASSERT_EQ(result.status_name(), "finished") << result.reason;
   for (auto& c : clients) c->thread.join();
   server.Stop();
   auto r0 = LoadCheckpoint(CheckpointPath(dir.File("ckpt"), 0));

@@ -94,7 +94,7 @@ void ExpectHonestClientsFinish(TestServer& server, const std::string& db, uint32
   std::vector<std::unique_ptr<RunningClient>> clients;
   for (int i = 0; i < 3; ++i) clients.push_back(StartClient(server.address(), fl::StrCat("honest", i), i + 1));
   const EngineResult result = server.Wait();
-  ASSERT_EQ(result.status, "finished") << result.reason;
+  ASSERT_EQ(result.status_name(), "finished") << result.reason;
   EXPECT_EQ(result.rounds_committed, rounds);
   for (auto& c : clients) {
     c->thread.join();
@@ -325,7 +325,7 @@ TEST(HostileTest, AnUploadTricklingBelowTheMinimumRateLosesItsSlot) {
             std::string::npos)
       << run.status.error_message();
   EXPECT_EQ(wire::ErrorFromGrpcStatus(run.status).code(), fl::v1::ERROR_CODE_RATE_LIMITED);
-  ASSERT_EQ(run.result.status, "finished") << run.result.reason;
+  ASSERT_EQ(run.result.status_name(), "finished") << run.result.reason;
   auto reader = *RecordReader::Open(db);
   auto rounds = *reader->ListRounds(run.result.experiment_id);
   ASSERT_EQ(rounds.size(), 1u);  // no failed attempt: the honest updates got the slot in time
@@ -354,7 +354,7 @@ TEST(HostileTest, AStalledUploadLosesItsSlotAfterTheMessageTimeout) {
   EXPECT_EQ(run.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << run.status.error_message();
   EXPECT_NE(run.status.error_message().find("(limit 500 ms, --upload-message-timeout-ms)"), std::string::npos)
       << run.status.error_message();
-  ASSERT_EQ(run.result.status, "finished") << run.result.reason;
+  ASSERT_EQ(run.result.status_name(), "finished") << run.result.reason;
   auto reader = *RecordReader::Open(db);
   auto rounds = *reader->ListRounds(run.result.experiment_id);
   ASSERT_EQ(rounds.size(), 1u);
@@ -434,7 +434,7 @@ TEST(HostileTest, ASecondOrConcurrentUploadForATaskIsADuplicate) {
       << again.error().message();
 
   const EngineResult result = server.Wait();
-  ASSERT_EQ(result.status, "finished") << result.reason;
+  ASSERT_EQ(result.status_name(), "finished") << result.reason;
   good->thread.join();
   session->ctx.TryCancel();
   server.Stop();
@@ -613,7 +613,7 @@ TEST(HostileTest, FlClientRejoinsWithItsTokenWhileTheServerStillHoldsItsSession)
   const EngineResult result = server.Wait();
   c->thread.join();
   spdlog::default_logger()->sinks().pop_back();
-  ASSERT_EQ(result.status, "finished") << result.reason;
+  ASSERT_EQ(result.status_name(), "finished") << result.reason;
   EXPECT_EQ(result.rounds_committed, 3u);
   EXPECT_TRUE(c->result.ok()) << c->result;
   server.Stop();
@@ -644,7 +644,7 @@ TEST(HostileTest, AClientAwayAtTheEndLearnsThatTheExperimentIsOver) {
   std::vector<std::unique_ptr<RunningClient>> clients;
   for (int i = 0; i < 3; ++i) clients.push_back(StartClient(server.address(), fl::StrCat("honest", i), i + 1));
   const EngineResult result = server.Wait();
-  ASSERT_EQ(result.status, "finished") << result.reason;
+  ASSERT_EQ(result.status_name(), "finished") << result.reason;
   for (auto& c : clients) c->thread.join();
   EXPECT_EQ(server.engine().ClientsNotToldOfTheEnd(), 1u);  // fl-server lingers for it (--linger-s)
 

@@ -63,7 +63,7 @@ TaskRun RunTask(fl::testing::ScratchDir& dir, const std::string& task) {
   auto b = StartClient(server.address(), "b", 2, "5g", 0, 0, task);
   const EngineResult result = server.Wait();
   run.console = ::testing::internal::GetCapturedStdout();
-  EXPECT_EQ(result.status, "finished") << result.reason;
+  EXPECT_EQ(result.status_name(), "finished") << result.reason;
   a->thread.join();
   b->thread.join();
   EXPECT_TRUE(a->result.ok()) << a->result;
@@ -318,7 +318,7 @@ TEST_P(BadEvaluationTest, IsRefusedWithARecordedReason) {
   }
   EXPECT_TRUE(answered);
   const EngineResult result = server.Wait();
-  ASSERT_EQ(result.status, "finished") << result.reason;
+  ASSERT_EQ(result.status_name(), "finished") << result.reason;
   good->thread.join();
   server.Stop();
   auto reader = *RecordReader::Open(dir.File("records.db"));
@@ -402,7 +402,7 @@ TEST_P(IntegerTensorTest, AreNeverAveraged) {
     });
   }
   const EngineResult result = server.Wait();
-  ASSERT_EQ(result.status, "finished") << result.reason;
+  ASSERT_EQ(result.status_name(), "finished") << result.reason;
   for (auto& t : threads) t.join();
   server.Stop();
   auto ckpt = LoadCheckpoint(CheckpointPath(dir.File("ckpt"), 1));

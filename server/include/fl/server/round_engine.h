@@ -1,20 +1,23 @@
-// The round engine: one single-threaded state machine that runs a federated experiment.
+// The round engine: one state machine that runs a federated experiment, on one rpc::EventLoop thread.
 //
-// States and their one transition each (docs/round-engine.md has the diagram):
+// States, and the events that move between them, are the transition table in round_engine.cc
+// (EngineTransitions(), mirrored in docs/round-engine.md, and a test keeps the two equal):
 //   kWaitingForModel   no global model yet; the first admitted client is asked for its initial weights
-//                      → kWaitingForClients when they arrive and pass validation
-//   kWaitingForClients fewer connected idle clients than min_available → kCollecting once enough
-//                      (selection and dispatch happen on that transition)
-//   kCollecting        train tasks out; updates are validated and streamed into the aggregate as they
-//                      arrive → on the last answer or the deadline: aggregate + server optimizer + commit
-//                      (→ kEvaluating or kWaitingForClients), or, with too few accepted updates, record the
-//                      attempt as failed and retry (→ kWaitingForClients), or give up (→ kFinished)
-//   kEvaluating        evaluate tasks out → on the last answer or the deadline: record → kWaitingForClients
-//                      (or kFinished after the last round)
+//   kWaitingForClients fewer connected idle clients than min_available; selection and dispatch start a round,
+//                      a committed round's evaluation starts here too
+//   kCollecting        train tasks out; updates are validated and streamed into the aggregate as they arrive;
+//                      on the last answer or the deadline: commit, or record the attempt as failed and retry,
+//                      or give up
+//   kEvaluating        evaluate tasks out; on the last answer or the deadline the results are stored
+//   kDraining          every round committed; the last clients' uplink reports are waited for (briefly)
 //   kFinished          clients told, records closed; Wait() returns
-// A ShutdownEvent in any state records the open round as aborted, tells every client, and finishes.
+// A shutdown in any state records the open round as aborted, tells every client, and finishes.
 //
-// Everything the engine owns is touched only by its thread; reactors talk to it through EngineEvents.
+// Everything the engine owns is touched only by its loop thread; reactors talk to it through EngineEvents.
+// Time comes from an injected rpc::Clock: deadlines, heartbeats and upload progress are loop timers, so tests
+// drive them with a ManualClock and RunUntilIdle() instead of sleeping. Records of commits are part of the
+// transition (a round is committed only when its records are stored); metrics and the console table are
+// EngineObservers of what happened.
 #pragma once
 
 #include <atomic>
@@ -26,10 +29,11 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "fl/core/timeline.h"
@@ -43,6 +47,8 @@
 #include "fl/server/events.h"
 #include "fl/instrumentation/record_store.h"
 #include "fl/instrumentation/server_metrics.h"
+#include "fl/rpc/clock.h"
+#include "fl/rpc/event_loop.h"
 #include "fl/server/selection.h"
 
 namespace fl::server {
@@ -79,6 +85,7 @@ struct EngineConfig {
   uint32_t keep_checkpoints = 2;
   std::string model_name;                  // informational, from the first client or checkpoint
   std::string software_version;            // recorded with the experiment
+  bool print_table = true;                 // the per-round table on stdout (an observer, MakeConsoleTable)
   // Bounds on what clients declare and report (docs/round-engine.md, "Limits on what clients send").
   uint64_t max_model_values = uint64_t{1} << 29;  // a model spec above this (2 GiB of fp32) is refused at Join
   uint64_t max_client_examples = 1'000'000'000;   // train / test examples one client may declare at Join
@@ -95,16 +102,80 @@ struct EngineConfig {
   absl::Status Validate() const;
 };
 
-enum class EngineState { kWaitingForModel, kWaitingForClients, kCollecting, kEvaluating, kFinished };
+enum class EngineState { kWaitingForModel, kWaitingForClients, kCollecting, kEvaluating, kDraining, kFinished };
 std::string_view EngineStateName(EngineState state);
+
+// What moves the engine from one state to another.
+enum class EngineTrigger {
+  kInitialModelAdopted,  // the asked client's weights arrived and passed validation
+  kRoundStarted,         // enough idle clients: selected and dispatched
+  kRoundCommitted,       // aggregated, stepped, checkpointed, and the round's records stored
+  kRoundFailed,          // too few accepted updates by the deadline; the round is retried
+  kEvaluationStarted,    // a committed round (or a resumed one whose evaluation was lost) is evaluated
+  kEvaluationStored,     // the evaluation's results and figures stored
+  kAllRoundsCommitted,   // the last round is committed (and evaluated if due)
+  kDrained,              // the last uplink reports arrived, or their grace ran out
+  kGaveUp,               // failed: attempts exhausted, a server step, checkpoint or records failure
+  kShutdown,             // SIGINT/SIGTERM or the server destroyed
+};
+std::string_view EngineTriggerName(EngineTrigger trigger);
+
+// One row of the transition table: in `from`, `on` leads to `to`, and the engine does `effects`.
+struct EngineTransition {
+  EngineState from;
+  EngineTrigger on;
+  EngineState to;
+  std::string_view effects;
+};
+// Every allowed transition; any other (state, trigger) pair is a bug and stops fl-server.
+std::span<const EngineTransition> EngineTransitions();
+// The state `on` leads to from `from`, or nullopt when the table has no such row.
+std::optional<EngineState> NextEngineState(EngineState from, EngineTrigger on);
 
 // What a run ended as.
 struct EngineResult {
   std::string experiment_id;
-  std::string status;  // "finished", "failed", "aborted"
+  instrumentation::ExperimentStatus status = instrumentation::ExperimentStatus::kRunning;
   std::string reason;
   uint64_t rounds_committed = 0;
+  std::string_view status_name() const { return instrumentation::ExperimentStatusName(status); }
 };
+
+// A committed round as the observers see it.
+struct CommittedRound {
+  uint64_t round = 0;
+  uint32_t attempt = 0;
+  uint32_t accepted = 0;
+  std::optional<double> train_loss;
+  double duration_ms = 0;
+  double aggregation_ms = 0;
+  const std::vector<instrumentation::ClientRoundRecord>* client_rows = nullptr;  // valid during the call
+};
+
+// Watches what the engine does, on the engine's thread; must not block. Metrics (instrumentation::ServerMetrics)
+// and the console table are observers; a test can add its own.
+class EngineObserver {
+ public:
+  virtual ~EngineObserver() = default;
+  virtual void OnTransition(EngineState /*from*/, EngineTrigger /*on*/, EngineState /*to*/) {}
+  virtual void OnConnectedClients(int64_t /*connected*/) {}
+  // A train task of the open round closed: accepted, late, dropped or rejected (`reason`: the rejection's
+  // short name, "" otherwise). `row` is its client_rounds row; `client` what the client declared at Join.
+  virtual void OnUpdateOutcome(instrumentation::ClientOutcome /*outcome*/, std::string_view /*reason*/,
+                               const instrumentation::ClientRoundRecord& /*row*/,
+                               const fl::v1::JoinRequest& /*client*/) {}
+  virtual void OnRoundCommitted(const CommittedRound& /*round*/) {}
+  virtual void OnEvaluationStored(uint64_t /*round*/, const instrumentation::ServerMetrics::Evaluation& /*figures*/) {}
+  // The last thing that happens to a committed round: after its evaluation, or at the commit when it is not
+  // evaluated (`figures` empty then, or when no client's result counted).
+  virtual void OnRoundDone(const CommittedRound& /*round*/, core::Task /*task*/,
+                           const std::optional<instrumentation::ServerMetrics::Evaluation>& /*figures*/) {}
+};
+
+// Live Prometheus metrics as an observer.
+std::unique_ptr<EngineObserver> MakeMetricsObserver(instrumentation::ServerMetrics* metrics);
+// The per-round table a person watches in the terminal (stdout).
+std::unique_ptr<EngineObserver> MakeConsoleTable();
 
 class RoundEngine {
  public:
@@ -126,18 +197,27 @@ class RoundEngine {
     // that a re-run attempt never reuses a recorded (round, attempt).
     std::map<uint64_t, uint32_t> first_attempts;
   };
-  // `records` may be null (no records).
-  RoundEngine(EngineConfig config, instrumentation::RecordStore* records, StartPoint start);
+  // `records` may be null (no records); `clock` null: the system clock.
+  RoundEngine(EngineConfig config, instrumentation::RecordStore* records, StartPoint start,
+              const rpc::Clock* clock = nullptr);
   ~RoundEngine();
   RoundEngine(const RoundEngine&) = delete;
   RoundEngine& operator=(const RoundEngine&) = delete;
 
-  // Live metrics to update (optional; set before Start).
-  void SetMetrics(instrumentation::ServerMetrics* metrics) { metrics_ = metrics; }
+  // Live metrics to update (optional; set before Start): adds a metrics observer.
+  void SetMetrics(instrumentation::ServerMetrics* metrics);
+  // Observers (set before Start); the engine owns them. The console table is added by default (config
+  // print_table).
+  void AddObserver(std::unique_ptr<EngineObserver> observer) { observers_.push_back(std::move(observer)); }
   // Validates the configuration and starts the engine thread.
   absl::Status Start();
+  // Tests: validates and prepares like Start() but starts no thread; the caller runs the loop with
+  // RunUntilIdle() (on a ManualClock, after moving it).
+  absl::Status StartManual();
+  // Tests with StartManual(): handles queued events and due timers on the calling thread until none is left.
+  size_t RunUntilIdle() { return loop_.RunUntilIdle(); }
   // Thread-safe, non-blocking.
-  void Post(EngineEvent event);
+  void Post(EngineEvent event) { loop_.Post(std::move(event)); }
   // Blocks until the engine finished (all rounds, failure or shutdown). The engine thread keeps answering
   // events (with "shutting down") until Stop(), so that in-flight RPCs can complete.
   EngineResult Wait();
@@ -150,6 +230,11 @@ class RoundEngine {
   size_t ClientsNotToldOfTheEnd() const { return untold_count_.load(); }
 
   const EngineConfig& config() const { return config_; }
+  const rpc::Clock& clock() const { return *clock_; }
+  // The result once finished (thread-safe); nullopt while running.
+  std::optional<EngineResult> result() const;
+  // Engine thread (or a test between RunUntilIdle calls) only.
+  EngineState state() const { return state_; }
 
  private:
   struct ClientInfo;
@@ -157,8 +242,22 @@ class RoundEngine {
   struct RoundState;
   struct PendingUpload;
 
-  void Loop();
+  absl::Status Prepare();
   void Handle(EngineEvent& event);
+  // Moves to the state the transition table gives for `on` (a missing row is a bug: logged, and fl-server
+  // stops) and tells the observers.
+  void Fire(EngineTrigger on);
+  template <class F>
+  void Notify(F&& f) {
+    for (auto& o : observers_) f(*o);
+  }
+  int64_t NowNs() const { return clock_->NowNs(); }
+  int64_t UnixMs() const { return clock_->UnixMs(); }
+  // Timers (docs/round-engine.md, "Timers"): each re-arms itself while it has something to watch.
+  void ArmHeartbeatCheck();
+  void ArmUploadCheck();
+  void ArmAt(rpc::TimerId& timer, int64_t when_ns);
+  void CheckHeartbeats(int64_t now);
   void HandleJoin(JoinEvent& e);
   void HandleSessionOpen(SessionOpenEvent& e);
   void HandleSessionMessage(SessionMessageEvent& e);
@@ -189,7 +288,9 @@ class RoundEngine {
                                         const google::protobuf::RepeatedPtrField<fl::v1::PhaseTiming>& timings,
                                         fl::v1::Phase phase) const;
   void CloseEvaluation();
-  void Finish(std::string status, std::string reason);
+  // The reports still due after the last round have arrived, or their grace ran out.
+  bool Drained(int64_t now);
+  void Finish(instrumentation::ExperimentStatus status, std::string reason);
 
   absl::Status AdoptModel(core::ModelSpec spec, std::string model_name, std::vector<float> values,
                           uint64_t model_version);
@@ -229,6 +330,9 @@ class RoundEngine {
   // closed and the reason recorded as its left_reason.
   void AbandonInitialModelHolder(const std::string& holder_id, const std::string& next_client, std::string_view why);
   void DisconnectClient(ClientInfo& client, std::string_view why);
+  // A per-client event that is not a client_rounds row: a refused report, a revoked upload, ... (client_events).
+  void RecordClientEvent(const std::string& client_id, instrumentation::ClientEventKind kind,
+                         std::optional<uint64_t> round, std::string task_id, std::string reason);
   void GrantUploadSlots();
   // Takes the slot back from admitted uploads that stalled or trickle below the minimum rate (config upload_*).
   void RevokeSlowUploads(int64_t now);
@@ -236,27 +340,30 @@ class RoundEngine {
   void NoteUntoldClients();
   void MarkTold(const std::string& client_id);
   void CloseTaskAsDropped(TaskInfo& task, std::string_view why);
-  // One row of the console table; `eval` when the round was evaluated.
-  void PrintRoundRow(const std::optional<instrumentation::ServerMetrics::Evaluation>& eval);
+  // Tells the observers that the last committed round is done (`eval` when it was evaluated).
+  void RoundDone(const std::optional<instrumentation::ServerMetrics::Evaluation>& eval);
   void Record(instrumentation::Record record);
   instrumentation::RoundRecord RoundRow(const RoundState& round, instrumentation::RoundStatus status) const;
   std::vector<ClientInfo*> IdleConnectedClients();
   ClientInfo* Authenticate(const std::string& client_id, const std::string& token);
-  int64_t NextDeadlineNs() const;
 
   EngineConfig config_;
+  const rpc::Clock* clock_;
   ServerTimeline timeline_;  // anchors every placed phase of this run on one wall-clock mapping
   instrumentation::RecordStore* records_;
-  instrumentation::ServerMetrics* metrics_ = nullptr;
   StartPoint start_;
+  std::vector<std::unique_ptr<EngineObserver>> observers_;
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<EngineEvent> queue_;  // guarded by mu_
-  bool done_ = false;              // guarded by mu_
-  bool stop_ = false;              // guarded by mu_
-  EngineResult result_;            // guarded by mu_ once done_
-  std::thread thread_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  EngineResult result_ ABSL_GUARDED_BY(mu_);  // final once done_
+  rpc::EventLoop<EngineEvent> loop_;
+  rpc::TimerId heartbeat_timer_ = 0;
+  rpc::TimerId upload_timer_ = 0;
+  rpc::TimerId deadline_timer_ = 0;        // the open round's or evaluation's deadline
+  rpc::TimerId initial_model_timer_ = 0;   // the asked client's --initial-model-deadline-ms
+  rpc::TimerId drain_timer_ = 0;
 
   // ---- engine-thread state ----
   EngineState state_ = EngineState::kWaitingForModel;
@@ -298,20 +405,14 @@ class RoundEngine {
   std::set<std::string> untold_;      // see ClientsNotToldOfTheEnd
   std::atomic<size_t> untold_count_{0};
   // Accepted updates whose client has not yet reported its own uplink time (task id -> round); waited on for
-  // at most kUplinkReportGraceNs after the last round, from drain_deadline_ns_ on.
+  // at most kUplinkReportGraceNs after the last round (kDraining), from drain_deadline_ns_ on.
   std::map<std::string, uint64_t> uplink_reports_due_;
   int64_t drain_deadline_ns_ = 0;
   static constexpr int64_t kUplinkReportGraceNs = 2'000'000'000;
   std::deque<std::unique_ptr<PendingUpload>> waiting_uploads_;
   std::vector<std::vector<uint8_t>> free_upload_buffers_;  // reused receive buffers, at most upload_slots
   std::vector<float> scratch_;
-  struct RoundSummary {
-    uint64_t round = 0;
-    uint32_t accepted = 0;
-    std::optional<double> train_loss;
-    double duration_ms = 0;
-  } last_round_summary_;
-  bool printed_table_header_ = false;
+  CommittedRound last_round_;  // the last committed round (its client_rows pointer is not kept)
 };
 
 }  // namespace fl::server

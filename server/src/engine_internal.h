@@ -1,0 +1,183 @@
+// The round engine's private state and helpers, shared by its source files (round_engine.cc: lifecycle, the
+// transition table, timers; engine_clients.cc: admission, sessions, clock sync; engine_uploads.cc: downloads,
+// upload slots, validation of updates; engine_rounds.cc: rounds, evaluations, commits, checkpoints).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fl/core/aggregator.h"
+#include "fl/core/clock_sync.h"
+#include "fl/core/str_cat.h"
+#include "fl/core/task.h"
+#include "fl/instrumentation/records.h"
+#include "fl/proto/convert.h"
+#include "fl/server/client_input.h"
+#include "fl/server/events.h"
+#include "fl/server/round_engine.h"
+
+namespace fl::server {
+
+using fl::v1::ErrorCode;
+
+struct RoundEngine::ClientInfo {
+  std::string id;
+  std::string token;
+  fl::v1::JoinRequest join;
+  std::shared_ptr<SessionChannel> session;
+  int64_t last_seen_ns = 0;
+  std::string open_task;
+  uint64_t server_seq = 0;
+  // Clock sync: a ping goes out when the session opens and with every heartbeat; pongs feed the estimator.
+  core::ClockOffsetEstimator clock;
+  uint64_t next_ping_id = 0;
+  std::map<uint64_t, int64_t> pings_in_flight;  // ping id -> t1 (server clock), the last few only
+};
+
+struct RoundEngine::TaskInfo {
+  std::string id;
+  std::string client_id;
+  fl::v1::TaskKind kind = fl::v1::TASK_KIND_UNSPECIFIED;
+  uint64_t round = 0;
+  uint32_t attempt = 1;
+  int64_t dispatched_ns = 0;
+  int64_t dispatched_unix_ms = 0;
+  int64_t deadline_ns = 0;
+  bool upload_started = false;  // its update's header arrived (the update may still be in transit)
+  bool upload_in_flight = false;  // an upload for it was admitted (or waits for a slot) and has not ended
+  bool answered = false;          // an upload for it got its verdict: any further one is a duplicate
+  int64_t downlink_server_start_ns = 0;  // the server's view of the task's model download (0: none seen)
+  int64_t downlink_server_ns = 0;
+  bool closed = false;
+  std::optional<instrumentation::ClientOutcome> outcome;  // once closed
+};
+
+struct RoundEngine::RoundState {
+  uint64_t round = 0;
+  uint32_t attempt = 1;
+  bool evaluation = false;
+  int64_t started_ns = 0;
+  int64_t started_unix_ms = 0;
+  int64_t deadline_ns = 0;
+  std::vector<std::string> task_ids;
+  std::unique_ptr<core::Aggregator> aggregator;
+  double train_loss_sum = 0;
+  double train_loss_weight = 0;
+  uint32_t accepted = 0, late = 0, rejected = 0, dropped = 0;
+  double eval_loss_sum = 0, eval_accuracy_sum = 0, eval_mae_sum = 0;
+  uint64_t eval_examples = 0;
+  uint32_t eval_clients = 0;
+  std::vector<instrumentation::ClientRoundRecord> client_rows;  // written after the round's row
+  std::vector<instrumentation::EvaluationRecord> evaluation_rows;  // written with the evaluation's figures
+};
+
+struct RoundEngine::PendingUpload {
+  UploadStartEvent event;
+};
+
+namespace engine_internal {
+
+inline constexpr int64_t kMsToNs = 1'000'000;
+
+inline std::string RandomHex(size_t bytes) {
+  std::random_device rd;
+  std::string out;
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (size_t i = 0; i < bytes; ++i) {
+    const unsigned v = rd() & 0xff;
+    out.push_back(kHex[v >> 4]);
+    out.push_back(kHex[v & 15]);
+  }
+  return out;
+}
+
+inline bool ValidClientName(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
+           c == '.';
+  });
+}
+
+inline fl::v1::UploadUpdateResponse Verdict(const std::string& task_id, fl::v1::UpdateOutcome outcome,
+                                     fl::v1::ErrorDetail error = {}) {
+  fl::v1::UploadUpdateResponse r;
+  r.set_task_id(task_id);
+  r.set_outcome(outcome);
+  if (error.code() != fl::v1::ERROR_CODE_UNSPECIFIED) *r.mutable_error() = std::move(error);
+  return r;
+}
+
+inline fl::v1::UploadUpdateResponse Rejected(const std::string& task_id, ErrorCode code, std::string message,
+                                      std::string hint = "") {
+  return Verdict(task_id, fl::v1::UPDATE_OUTCOME_REJECTED, wire::MakeError(code, std::move(message), "", std::move(hint)));
+}
+
+inline std::optional<double> PhaseMs(const google::protobuf::RepeatedPtrField<fl::v1::PhaseTiming>& timings,
+                              fl::v1::Phase phase) {
+  std::optional<double> total;
+  for (const auto& t : timings) {
+    if (t.phase() == phase) total = total.value_or(0) + static_cast<double>(t.duration_ns()) / 1e6;
+  }
+  return total;
+}
+
+inline uint64_t PhaseBytes(const google::protobuf::RepeatedPtrField<fl::v1::PhaseTiming>& timings, fl::v1::Phase phase) {
+  uint64_t total = 0;
+  for (const auto& t : timings) {
+    if (t.phase() == phase) total += t.bytes();
+  }
+  return total;
+}
+
+inline const char* ReasonName(ErrorCode code) {
+  switch (code) {
+    case fl::v1::ERROR_CODE_MALFORMED: return "malformed";
+    case fl::v1::ERROR_CODE_UNKNOWN_CLIENT: return "unknown_client";
+    case fl::v1::ERROR_CODE_FINGERPRINT_MISMATCH: return "fingerprint_mismatch";
+    case fl::v1::ERROR_CODE_NON_FINITE: return "non_finite";
+    case fl::v1::ERROR_CODE_LATE: return "late";
+    case fl::v1::ERROR_CODE_WRONG_ROUND: return "wrong_round";
+    case fl::v1::ERROR_CODE_CHECKSUM_MISMATCH: return "checksum_mismatch";
+    case fl::v1::ERROR_CODE_TOO_LARGE: return "too_large";
+    case fl::v1::ERROR_CODE_UNSUPPORTED_CODEC: return "unsupported_codec";
+    default: return "other";
+  }
+}
+
+// Why an evaluation result cannot count, for the experiment's task; "" when it can. Every task's loss is a
+// mean cross-entropy or squared error (finite, >= 0); accuracies are fractions; regression must report its
+// MAE (metrics["mae"], finite, >= 0).
+inline std::string EvaluationProblem(core::Task task, const fl::v1::EvaluationResult& r) {
+  if (r.num_examples() == 0) return "the result covers 0 examples";
+  if (!std::isfinite(r.loss()) || r.loss() < 0) {
+    return fl::StrCat("its loss ", r.loss(), " is not a finite value >= 0");
+  }
+  if (task == core::Task::kRegression) {
+    auto mae = r.metrics().find("mae");
+    if (mae == r.metrics().end()) return "a regression result must report its MAE (metrics[\"mae\"])";
+    if (!std::isfinite(mae->second) || mae->second < 0) {
+      return fl::StrCat("its MAE ", mae->second, " is not a finite value >= 0");
+    }
+  } else if (!std::isfinite(r.accuracy()) || r.accuracy() < 0 || r.accuracy() > 1) {
+    return fl::StrCat("its accuracy ", r.accuracy(), " is not in [0, 1]");
+  }
+  return "";
+}
+
+// The longest a client can have spent on a task so far by the server's clock, plus slack: no phase it
+// reports for the task can be longer.
+inline int64_t PhaseBoundNs(int64_t dispatched_ns, int64_t now_ns) {
+  return std::max<int64_t>(0, now_ns - dispatched_ns) + InputLimits::kTimingSlackNs;
+}
+
+
+}  // namespace engine_internal
+}  // namespace fl::server

@@ -1,0 +1,460 @@
+// The round engine's rounds: selection and dispatch, closing a round (aggregate, server step, checkpoint, the
+// atomic records commit), evaluations, aborts, and the global model's payload and checkpoints.
+#include "fl/server/round_engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_format.h"
+#include "fl/core/checksum.h"
+#include "fl/core/log_format.h"
+#include "fl/core/str_cat.h"
+#include "fl/proto/convert.h"
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+
+#include "engine_internal.h"
+
+namespace fl::server {
+
+using namespace engine_internal;  // NOLINT: the engine's own helpers
+
+void RoundEngine::StartRound() {
+  // Reports still due from rounds before the last committed one will not come any more.
+  std::erase_if(uplink_reports_due_, [&](const auto& due) { return due.second < round_; });
+  std::vector<ClientInfo*> idle = IdleConnectedClients();
+  auto size = SelectionSize(config_.fit, static_cast<uint32_t>(idle.size()));
+  if (!size.ok()) return;  // keep waiting for clients
+  std::vector<std::string> ids;
+  for (ClientInfo* c : idle) ids.push_back(c->id);
+  const uint64_t round = round_ + 1;
+  std::vector<std::string> selected = SelectClients(ids, *size, config_.seed, round, attempt_);
+
+  current_ = std::make_unique<RoundState>();
+  current_->round = round;
+  current_->attempt = attempt_;
+  current_->started_ns = NowNs();
+  current_->started_unix_ms = UnixMs();
+  current_->deadline_ns = current_->started_ns + int64_t{config_.round_deadline_ms} * kMsToNs;
+  auto agg = core::MakeAggregator(config_.aggregator, spec_);
+  current_->aggregator = std::move(*agg);  // validated in Start()
+  // Norm bounding of the updates (--clip-update-norm, or the strategy's default; validated in Start()).
+  if (absl::Status s = current_->aggregator->SetNormClip(*config_.UpdateNormClip()); !s.ok()) {
+    spdlog::error("--clip-update-norm: {}", s.message());
+  }
+
+  for (const std::string& id : selected) {
+    fl::v1::Task t;
+    t.set_task_id(fl::StrCat("r", round, ".", attempt_, "-", id, "-", ++task_counter_));
+    t.set_kind(fl::v1::TASK_KIND_TRAIN);
+    t.set_round(round);
+    *t.mutable_train() = config_.train;
+    t.mutable_train()->set_seed(config_.seed ^ (round * 0x9E3779B97F4A7C15ULL) ^ std::hash<std::string>{}(id));
+    t.set_deadline_ms(config_.round_deadline_ms);
+    t.set_uplink_codec(config_.uplink_codec);
+    Dispatch(*clients_.at(id), std::move(t), attempt_);
+  }
+  ArmAt(deadline_timer_, current_->deadline_ns);
+  Fire(EngineTrigger::kRoundStarted);
+  spdlog::info("round {} (attempt {}): {} of {} idle clients selected", round, attempt_, selected.size(),
+               idle.size());
+}
+
+void RoundEngine::Dispatch(ClientInfo& client, fl::v1::Task task, uint32_t attempt) {
+  auto info = std::make_unique<TaskInfo>();
+  info->id = task.task_id();
+  info->client_id = client.id;
+  info->kind = task.kind();
+  info->round = task.round();
+  info->attempt = attempt;
+  info->dispatched_ns = current_->started_ns;
+  info->dispatched_unix_ms = current_->started_unix_ms;
+  info->deadline_ns = current_->deadline_ns;
+  task.set_model_version(model_version_);
+  task.set_model_fingerprint(spec_->fingerprint());
+  task.set_deadline_server_ns(current_->deadline_ns);
+  task.set_downlink_codec(config_.downlink_codec);
+  fl::v1::ServerMessage msg;
+  msg.set_seq(++client.server_seq);
+  *msg.mutable_task() = std::move(task);
+  client.open_task = info->id;
+  client.session->Send(std::move(msg));
+  current_->task_ids.push_back(info->id);
+  tasks_[info->id] = std::move(info);
+}
+
+instrumentation::RoundRecord RoundEngine::RoundRow(const RoundState& r, instrumentation::RoundStatus status) const {
+  instrumentation::RoundRecord rec;
+  rec.experiment_id = config_.experiment_id;
+  rec.round = static_cast<int64_t>(r.round);
+  rec.attempt = r.attempt;
+  rec.status = status;
+  rec.started_unix_ms = r.started_unix_ms;
+  rec.ended_unix_ms = UnixMs();
+  rec.duration_ms = static_cast<double>(NowNs() - r.started_ns) / 1e6;
+  rec.num_selected = static_cast<int64_t>(r.task_ids.size());
+  rec.num_accepted = r.accepted;
+  rec.num_late = r.late;
+  rec.num_rejected = r.rejected;
+  rec.num_dropped = r.dropped;
+  rec.num_examples = static_cast<int64_t>(r.train_loss_weight);
+  if (r.train_loss_weight > 0) rec.train_loss = r.train_loss_sum / r.train_loss_weight;
+  return rec;
+}
+
+void RoundEngine::CloseRound() {
+  RoundState& r = *current_;
+  for (const std::string& id : r.task_ids) CloseTaskAsDropped(*tasks_.at(id), "no update by the round's deadline");
+
+  if (r.accepted < config_.fit.min_clients) {
+    instrumentation::RoundRecord rec = RoundRow(r, instrumentation::RoundStatus::kFailed);
+    rec.failure_reason = fl::StrCat(r.accepted, " update(s) accepted by the deadline; the round needs ",
+                                    config_.fit.min_clients, " (", r.late, " late, ", r.rejected, " rejected, ",
+                                    r.dropped, " dropped)");
+    spdlog::warn("round {} attempt {} failed: {}", r.round, r.attempt, rec.failure_reason);
+    const std::string reason = rec.failure_reason;
+    Record(std::move(rec));
+    for (auto& row : r.client_rows) Record(std::move(row));
+    current_.reset();
+    if (attempt_ >= config_.max_round_attempts) {
+      Finish(instrumentation::ExperimentStatus::kFailed,
+             fl::StrCat("round ", round_ + 1, " failed ", attempt_, " times; last: ", reason));
+      return;
+    }
+    ++attempt_;
+    Fire(EngineTrigger::kRoundFailed);
+    return;
+  }
+
+  // Peak memory is at the commit: give back what the next round can rebuild cheaply (the receive buffers,
+  // once per round, not per update) before the aggregate and the new download payload are materialised.
+  std::vector<std::vector<uint8_t>>().swap(free_upload_buffers_);
+  const int64_t agg_start = NowNs();
+  auto pseudo_grad = r.aggregator->Finish();
+  if (r.aggregator->num_clipped() > 0) {
+    spdlog::info("round {}: {} of {} updates scaled down to the update norm bound ({})", r.round,
+                 r.aggregator->num_clipped(), r.aggregator->num_updates(), r.aggregator->norm_clip().ToString());
+  }
+  // Integer tensors (BatchNorm's num_batches_tracked, ...) are client-local state, never averaged as floats:
+  // whatever the aggregator and the server optimizer made of them, they keep the previous global's values.
+  absl::StatusOr<std::vector<float>> integer_values = core::SaveIntegerTensors(*spec_, global_);
+  absl::Status step = !pseudo_grad.ok()      ? pseudo_grad.status()
+                      : !integer_values.ok() ? integer_values.status()
+                                             : optimizer_->Step(global_, *pseudo_grad);
+  if (step.ok()) step = core::RestoreIntegerTensors(*spec_, *integer_values, global_);
+  if (!step.ok()) {
+    // Inputs were validated one by one; an optimizer failure means the aggregate itself overflowed.
+    Finish(instrumentation::ExperimentStatus::kFailed, fl::StrCat("round ", r.round, ": the server optimizer step failed: ", fl::ToStd(step.message())));
+    return;
+  }
+  round_ = r.round;
+  committed_attempt_ = r.attempt;
+  ++model_version_;
+  PublishPayload();
+  const double aggregation_ms = static_cast<double>(NowNs() - agg_start) / 1e6;
+  // Commit order: checkpoint file first, then the round's records (its row, its client rows and the
+  // checkpoint's row) as one atomic unit. A round is committed when, and only when, those records are
+  // stored: --resume trusts them and loads that round's checkpoint, so a crash before they land re-runs the
+  // round (from the previous checkpoint, which is pruned only after the commit) instead of losing or
+  // doubling it.
+  auto checkpoint_row = WriteCheckpointFile();
+  if (!checkpoint_row.ok()) {
+    round_ = r.round - 1;
+    --model_version_;
+    Finish(instrumentation::ExperimentStatus::kFailed, fl::StrCat("cannot checkpoint round ", r.round, ": ", fl::ToStd(checkpoint_row.status().message()),
+                                "; rounds up to ", round_, " are committed: run again with --resume once the "
+                                "checkpoint directory is writable"));
+    return;
+  }
+  MaybeKillForTest("checkpoint-written", r.round);
+  instrumentation::RoundRecord rec = RoundRow(r, instrumentation::RoundStatus::kCommitted);
+  rec.aggregation_ms = aggregation_ms;
+  rec.model_version = static_cast<int64_t>(model_version_);
+  last_round_ = CommittedRound{r.round, r.attempt, r.accepted, rec.train_loss, rec.duration_ms, aggregation_ms, nullptr};
+  instrumentation::RoundCommitRecord commit;
+  commit.round = std::move(rec);
+  commit.client_rounds = r.client_rows;
+  commit.checkpoint = *std::move(checkpoint_row);
+  if (absl::Status s = StoreCommit(std::move(commit)); !s.ok()) {
+    round_ = r.round - 1;
+    --model_version_;
+    Finish(instrumentation::ExperimentStatus::kFailed, fl::StrCat("round ", r.round, " was not committed: its records could not be stored: ",
+                                fl::ToStd(s.message()), ". The experiment stopped; rounds up to ", round_,
+                                " are committed in the records. Fix the records database (disk space, "
+                                "permissions, I/O errors) and run fl-server again with --resume"));
+    return;
+  }
+  MaybeKillForTest("records-committed", r.round);
+  PruneOldCheckpoints();
+  {
+    CommittedRound committed = last_round_;
+    committed.client_rows = &r.client_rows;
+    Notify([&](EngineObserver& o) { o.OnRoundCommitted(committed); });
+  }
+  current_.reset();
+  Fire(EngineTrigger::kRoundCommitted);
+  auto first = first_attempts_.find(round_ + 1);
+  attempt_ = first == first_attempts_.end() ? 1 : first->second;
+  spdlog::info("round {} committed: {} accepted, aggregation {:.1f} ms, round {:.0f} ms", round_,
+               last_round_.accepted, aggregation_ms, last_round_.duration_ms);
+  const bool evaluate = config_.evaluate_every > 0 && config_.fraction_evaluate > 0 &&
+                        (round_ % config_.evaluate_every == 0 || round_ == config_.num_rounds);
+  if (evaluate) {
+    StartEvaluation();
+    if (state_ == EngineState::kEvaluating) return;
+  }
+  RoundDone(std::nullopt);
+}
+
+void RoundEngine::StartEvaluation() {
+  std::vector<ClientInfo*> idle = IdleConnectedClients();
+  if (idle.empty()) {
+    spdlog::warn("no connected client to evaluate round {}", round_);
+    return;
+  }
+  SelectionPolicy policy{config_.fraction_evaluate, config_.min_evaluate_clients, 1};
+  auto size = SelectionSize(policy, static_cast<uint32_t>(idle.size()));
+  if (!size.ok()) return;
+  std::vector<std::string> ids;
+  for (ClientInfo* c : idle) ids.push_back(c->id);
+  std::vector<std::string> selected = SelectClients(ids, *size, config_.seed ^ 0xE7A1, round_, 0);
+  current_ = std::make_unique<RoundState>();
+  current_->round = round_;
+  current_->evaluation = true;
+  current_->started_ns = NowNs();
+  current_->started_unix_ms = UnixMs();
+  current_->deadline_ns = current_->started_ns + int64_t{config_.evaluate_deadline_ms} * kMsToNs;
+  for (const std::string& id : selected) {
+    fl::v1::Task t;
+    t.set_task_id(fl::StrCat("e", round_, "-", id, "-", ++task_counter_));
+    t.set_kind(fl::v1::TASK_KIND_EVALUATE);
+    t.set_round(round_);
+    t.set_deadline_ms(config_.evaluate_deadline_ms);
+    Dispatch(*clients_.at(id), std::move(t), committed_attempt_);
+  }
+  ArmAt(deadline_timer_, current_->deadline_ns);
+  Fire(EngineTrigger::kEvaluationStarted);
+  MaybeKillForTest("evaluation-started", round_);
+}
+
+void RoundEngine::CloseEvaluation() {
+  RoundState& r = *current_;
+  for (const std::string& id : r.task_ids) CloseTaskAsDropped(*tasks_.at(id), "no evaluation by the deadline");
+  std::optional<instrumentation::ServerMetrics::Evaluation> figures;
+  instrumentation::EvaluationCommitRecord evaluation;
+  if (r.eval_examples > 0) {
+    // Example-weighted means of the accepted results; the task decides which figures exist.
+    const core::Task kind = task_.value_or(core::Task::kClassification);
+    const double examples = static_cast<double>(r.eval_examples);
+    figures.emplace();
+    figures->loss = r.eval_loss_sum / examples;
+    if (kind == core::Task::kRegression) {
+      figures->mae = r.eval_mae_sum / examples;
+    } else {
+      figures->accuracy = r.eval_accuracy_sum / examples;
+    }
+    if (kind == core::Task::kNextToken) {
+      // exp of the mean token cross-entropy; a loss so large that it overflows has no perplexity to show.
+      if (const double ppl = std::exp(figures->loss); std::isfinite(ppl)) figures->perplexity = ppl;
+    }
+    instrumentation::RoundEvaluationUpdate update;
+    update.experiment_id = config_.experiment_id;
+    update.round = static_cast<int64_t>(r.round);
+    update.attempt = committed_attempt_;
+    update.eval_loss = figures->loss;
+    update.eval_accuracy = figures->accuracy;
+    update.eval_mae = figures->mae;
+    update.eval_perplexity = figures->perplexity;
+    update.eval_num_examples = static_cast<int64_t>(r.eval_examples);
+    evaluation.figures = update;
+  }
+  // The clients' results and the round's figures land together or not at all: --resume redoes an evaluation
+  // the records have nothing of.
+  evaluation.experiment_id = config_.experiment_id;
+  evaluation.round = static_cast<int64_t>(r.round);
+  evaluation.attempt = committed_attempt_;
+  evaluation.evaluations = std::move(r.evaluation_rows);
+  if (absl::Status s = StoreCommit(std::move(evaluation)); !s.ok()) {
+    current_.reset();
+    Finish(instrumentation::ExperimentStatus::kFailed, fl::StrCat("the evaluation of round ", round_, " could not be stored: ", fl::ToStd(s.message()),
+                                ". The experiment stopped; rounds up to ", round_, " are committed in the records. "
+                                "Fix the records database and run fl-server again with --resume (it redoes this "
+                                "evaluation)"));
+    return;
+  }
+  MaybeKillForTest("evaluation-committed", round_);
+  if (figures.has_value()) Notify([&](EngineObserver& o) { o.OnEvaluationStored(r.round, *figures); });
+  current_.reset();
+  Fire(EngineTrigger::kEvaluationStored);
+  RoundDone(figures);
+  // Forget tasks of rounds before this one: a straggler's upload for them is refused as unknown.
+  for (auto it = tasks_.begin(); it != tasks_.end();) {
+    it = (it->second->closed && it->second->round + 1 < round_) ? tasks_.erase(it) : std::next(it);
+  }
+}
+
+void RoundEngine::HandleShutdown(const ShutdownEvent& e) {
+  if (state_ == EngineState::kFinished) return;
+  if (current_ != nullptr) {
+    for (const std::string& id : current_->task_ids) {
+      TaskInfo& task = *tasks_.at(id);
+      if (task.closed) continue;
+      task.closed = true;
+      task.outcome = instrumentation::ClientOutcome::kDropped;
+      if (auto c = clients_.find(task.client_id); c != clients_.end() && c->second->session) {
+        fl::v1::ServerMessage cancel;
+        cancel.set_seq(++c->second->server_seq);
+        cancel.mutable_cancel()->set_task_id(task.id);
+        cancel.mutable_cancel()->set_reason(e.reason);
+        c->second->session->Send(std::move(cancel));
+        c->second->open_task.clear();
+      }
+    }
+    if (!current_->evaluation) {
+      instrumentation::RoundRecord rec = RoundRow(*current_, instrumentation::RoundStatus::kAborted);
+      rec.failure_reason = e.reason;
+      Record(rec);
+      for (auto& row : current_->client_rows) Record(std::move(row));
+    }
+    current_.reset();
+  }
+  Finish(instrumentation::ExperimentStatus::kAborted, e.reason);
+}
+
+void RoundEngine::CloseTaskAsDropped(TaskInfo& task, std::string_view why) {
+  if (task.closed) return;
+  // A task whose update had started arriving when it was closed is "late"; one that never sent is "dropped".
+  const bool late = task.upload_started;
+  task.closed = true;
+  const instrumentation::ClientOutcome outcome =
+      late ? instrumentation::ClientOutcome::kLate : instrumentation::ClientOutcome::kDropped;
+  task.outcome = outcome;
+  if (auto c = clients_.find(task.client_id); c != clients_.end() && c->second->open_task == task.id) {
+    c->second->open_task.clear();
+  }
+  if (current_ != nullptr && current_->round == task.round && current_->attempt == task.attempt) {
+    ++(late ? current_->late : current_->dropped);
+  }
+  spdlog::info("task {} of client '{}' {}: {}", task.id, task.client_id, instrumentation::ClientOutcomeName(outcome),
+               why);
+  if (current_ == nullptr || current_->evaluation || task.kind != fl::v1::TASK_KIND_TRAIN ||
+      current_->round != task.round || current_->attempt != task.attempt) {
+    return;
+  }
+  instrumentation::ClientRoundRecord rec;
+  rec.experiment_id = config_.experiment_id;
+  rec.round = static_cast<int64_t>(task.round);
+  rec.attempt = task.attempt;
+  rec.client_id = task.client_id;
+  rec.dispatched_unix_ms = task.dispatched_unix_ms;
+  FillServerDownlink(task, rec);
+  rec.outcome = outcome;
+  if (auto c = clients_.find(task.client_id); c != clients_.end()) {
+    Notify([&](EngineObserver& o) { o.OnUpdateOutcome(outcome, "", rec, c->second->join); });
+  }
+  current_->client_rows.push_back(std::move(rec));
+}
+
+absl::Status RoundEngine::AdoptModel(core::ModelSpec spec, std::string model_name, std::vector<float> values,
+                                     uint64_t model_version) {
+  if (values.size() != spec.num_elements()) {
+    return absl::InvalidArgumentError(fl::StrCat("model has ", values.size(), " values but its spec needs ",
+                                                 spec.num_elements()));
+  }
+  spec_ = std::make_shared<const core::ModelSpec>(std::move(spec));
+  config_.model_name = std::move(model_name);
+  global_ = std::move(values);
+  model_version_ = model_version;
+  auto opt = core::MakeServerOptimizer(config_.optimizer, global_.size());
+  if (!opt.ok()) return opt.status();
+  optimizer_ = std::move(*opt);
+  PublishPayload();
+  return absl::OkStatus();
+}
+
+void RoundEngine::PublishPayload() {
+  // Drop our reference to the previous version first: downloads still streaming it keep it alive, and when
+  // none are (the usual case at a commit) its memory is reused for the new one.
+  payload_.reset();
+  auto payload = std::make_shared<ModelPayload>();
+  payload->model_version = model_version_;
+  payload->round = round_;
+  payload->spec = wire::ToProto(*spec_, config_.model_name);
+  payload->codec = std::string(downlink_codec_->name());
+  if (absl::Status s = downlink_codec_->Encode(global_, &payload->bytes); !s.ok()) {
+    // The global model is finite by construction (every input is checked); failing here is a bug.
+    spdlog::critical("cannot encode the global model: {}", s.message());
+    std::abort();
+  }
+  payload->checksum = core::Checksum64(payload->bytes);
+  payload_ = std::move(payload);
+}
+
+absl::StatusOr<std::optional<instrumentation::CheckpointRecord>> RoundEngine::WriteCheckpointFile() {
+  if (config_.checkpoint_dir.empty()) return std::nullopt;
+  Checkpoint ckpt;
+  ckpt.experiment_id = config_.experiment_id;
+  ckpt.round = round_;
+  ckpt.model_version = model_version_;
+  ckpt.spec = *spec_;
+  ckpt.model_name = config_.model_name;
+  ckpt.values = global_;
+  ckpt.optimizer = optimizer_->ExportState();
+  ckpt.created_unix_ms = UnixMs();
+  if (task_.has_value()) ckpt.task = std::string(core::TaskName(*task_));
+  const std::string path = CheckpointPath(config_.checkpoint_dir, round_);
+  if (absl::Status s = SaveCheckpoint(ckpt, path); !s.ok()) return s;
+  instrumentation::CheckpointRecord rec;
+  rec.experiment_id = config_.experiment_id;
+  rec.round = static_cast<int64_t>(round_);
+  rec.model_version = static_cast<int64_t>(model_version_);
+  rec.path = path;
+  std::error_code ec;
+  rec.bytes = static_cast<int64_t>(std::filesystem::file_size(path, ec));
+  rec.fingerprint = spec_->FingerprintHex();
+  rec.created_unix_ms = ckpt.created_unix_ms;
+  return rec;
+}
+
+absl::Status RoundEngine::WriteInitialCheckpoint() {
+  auto row = WriteCheckpointFile();
+  if (!row.ok()) return row.status();
+  if (row->has_value()) Record(**std::move(row));
+  return absl::OkStatus();
+}
+
+void RoundEngine::PruneOldCheckpoints() {
+  if (config_.checkpoint_dir.empty() || round_ + 1 <= config_.keep_checkpoints) return;
+  // A file that stays behind costs disk space only; the experiment goes on.
+  if (absl::Status s = PruneCheckpoints(config_.checkpoint_dir, round_ + 1 - config_.keep_checkpoints); !s.ok()) {
+    spdlog::warn("{}", s.message());
+  }
+}
+
+absl::Status RoundEngine::StoreCommit(instrumentation::Record record) {
+  if (records_ == nullptr) return absl::OkStatus();
+  // Errors of records enqueued since the last commit (a client's row, an uplink report) come first: the
+  // database failed for them as well, and the commit's rows may reference them.
+  absl::Status earlier = records_->Flush();
+  if (absl::Status s = records_->Enqueue(std::move(record)); !s.ok()) return s;
+  absl::Status s = records_->Flush();
+  if (!earlier.ok()) return earlier;
+  return s;
+}
+
+void RoundEngine::MaybeKillForTest(std::string_view step, uint64_t round) const {
+  // Read on every call (a handful per round): tests set it in the child's environment only.
+  const char* at = std::getenv("FL_SERVER_TEST_KILL_AT");
+  if (at == nullptr || fl::StrCat(step, ":", round) != at) return;
+  spdlog::warn("FL_SERVER_TEST_KILL_AT={}: killing fl-server (test hook)", at);
+  spdlog::default_logger()->flush();
+  std::raise(SIGKILL);
+}
+
+}  // namespace fl::server
