@@ -1,5 +1,8 @@
 // Codec inner loops. See codec_kernels_internal.h for the contract and codec.h for the wire format.
 //
+// Why one file of this size: every codec's kernels follow the same vectorization rules below and are
+// benchmarked together (bench/codec_bench); kept side by side, a change to one pattern is made to all.
+//
 // Speed comes from auto-vectorization (no intrinsics), so every hot loop is written to be vectorizable by
 // construction:
 //  - no branches on data inside loops: selects, bit operations, and integer comparisons of float bits where

@@ -1,3 +1,8 @@
+// LoadClientData: one client's shard of a user's data (.npz, Fashion-MNIST IDX folder, text corpus) for a task.
+//
+// Why one file of this size: the three formats share the shard selection (partitioners, rows read per shard),
+// the label and shape checks and their error messages; each format's reader is a few functions here, and the
+// byte-level readers they use live in formats/.
 #include "fl/data/client_data.h"
 
 #include <sys/stat.h>

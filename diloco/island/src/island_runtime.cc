@@ -1,5 +1,7 @@
 // The island runtime: inner steps with c10d gradient all-reduce, the DiLoCo / Streaming DiLoCo outer loop
 // on the leader, and the data-parallel baseline. The only LibTorch translation unit besides train_task.cc.
+// Why one file of this size: each LibTorch translation unit costs ~25 s to compile; the runtime's parts share
+// the c10d process group and the model, so they stay in one unit instead of three slow ones.
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>

@@ -1,5 +1,9 @@
 // RingAllReduce over ZeroMQ: see ring_allreduce.h for the algorithm, the wire format and the guarantees.
 //
+// Why one file of this size: the transport (sockets, hellos, monitors), the one schedule shared by the two
+// payload paths and the abort/timeout handling all read and write the same per-exchange state; split, every
+// part would need that state in a header of its own and the schedule would be read across files.
+//
 // Transport. Every member binds one PULL socket on its endpoint and connects `connections_per_peer` PUSH
 // sockets to its successor's. PUSH/PULL fits a ring: traffic flows one way, each PUSH socket is exactly one
 // TCP connection to one known peer, and a PULL socket fair-queues whatever its connections deliver. The
