@@ -85,7 +85,8 @@ config::FieldTable<LinkDirection> DirectionFields(const std::filesystem::path& b
             }
             return absl::OkStatus();
           }),
-      config::NumberField("loss", &D::loss, {0, 1, true}).Allowed("a fraction of packets, 0 <= loss < 1 (0.001 = 0.1%)"),
+      config::NumberField("loss", &D::loss, {0, 1, true})
+          .Allowed("a fraction of packets, 0 <= loss < 1 (0.001 = 0.1%)"),
       config::CustomField<D>(
           "queue_limit",
           [](const config::YamlMap& m, const std::string& key, D& d) -> absl::Status {

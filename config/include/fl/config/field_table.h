@@ -47,7 +47,8 @@ template <typename T>
 struct Field {
   // Reads a kCustom field whose key is present in `map` (the map the key is in) into `out`.
   using ReadFn = std::function<absl::Status(const YamlMap& map, const std::string& key, T& out)>;
-  // Runs after the field was read, whether it was present or not: checks across fields, derived values.
+  // Runs after the field was read, whether it was present or not (but not when the nested map it is in is
+  // absent): checks across fields, derived values. Fields are read in the order of the table.
   using CheckFn = std::function<absl::Status(const YamlMap& map, T& out)>;
 
   std::string yaml;       // path below the table's map: "rounds", "selection.fraction_fit"; "" = not in YAML
