@@ -10,6 +10,7 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include "absl/base/thread_annotations.h"
 #include "fl/core/str_cat.h"
 
 namespace fl::client {
@@ -32,7 +33,7 @@ struct ClientMetrics::Impl {
   prometheus::Family<prometheus::Counter>* reconnects = nullptr;
   prometheus::Family<prometheus::Gauge>* model_version = nullptr;
   std::mutex mu;
-  std::string experiment;  // guarded by mu
+  std::string experiment ABSL_GUARDED_BY(mu);
 };
 
 absl::StatusOr<std::unique_ptr<ClientMetrics>> ClientMetrics::Start(const std::string& bind_address,

@@ -11,6 +11,7 @@
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
 
+#include "absl/base/thread_annotations.h"
 #include "fl/core/log_format.h"
 
 #include "fl/core/checksum.h"
@@ -137,8 +138,8 @@ class FederatedClient::Impl {
 
   // Per session.
   std::mutex ctx_mu_;
-  grpc::ClientContext* session_ctx_ = nullptr;  // guarded by ctx_mu_
-  grpc::ClientContext* join_ctx_ = nullptr;     // guarded by ctx_mu_
+  grpc::ClientContext* session_ctx_ ABSL_GUARDED_BY(ctx_mu_) = nullptr;
+  grpc::ClientContext* join_ctx_ ABSL_GUARDED_BY(ctx_mu_) = nullptr;
   std::condition_variable_any stop_cv_;         // wakes backoff sleeps on Stop()
 
   // Sleeps `ms` unless Stop() comes first.
@@ -147,13 +148,13 @@ class FederatedClient::Impl {
     stop_cv_.wait_for(lock, std::chrono::milliseconds(ms), [&] { return stop_.load(); });
   }
   std::mutex write_mu_;
-  grpc::ClientReaderWriter<ClientMessage, ServerMessage>* stream_ = nullptr;  // guarded by write_mu_
-  uint64_t seq_ = 0;                                                          // guarded by write_mu_
+  grpc::ClientReaderWriter<ClientMessage, ServerMessage>* stream_ ABSL_GUARDED_BY(write_mu_) = nullptr;
+  uint64_t seq_ ABSL_GUARDED_BY(write_mu_) = 0;
   std::mutex queue_mu_;
   std::condition_variable queue_cv_;
-  std::deque<fl::v1::Task> tasks_;  // guarded by queue_mu_
-  bool session_over_ = false;       // guarded by queue_mu_
-  std::string current_task_;        // guarded by queue_mu_
+  std::deque<fl::v1::Task> tasks_ ABSL_GUARDED_BY(queue_mu_);
+  bool session_over_ ABSL_GUARDED_BY(queue_mu_) = false;
+  std::string current_task_ ABSL_GUARDED_BY(queue_mu_);
   std::atomic<bool> task_cancelled_{false};
 
   // Model-sized buffers reused from round to round: a fresh 100 MB allocation per round costs page faults

@@ -19,6 +19,7 @@
 #include <spdlog/spdlog.h>
 #include <yaml-cpp/yaml.h>
 
+#include "absl/base/thread_annotations.h"
 #include "fl/core/clock.h"
 #include "fl/core/str_cat.h"
 #include "fl/emulation/kernel_link.h"
@@ -188,7 +189,7 @@ class MeasurementServer {
   std::atomic<bool> stop_{false};
   std::thread accept_thread_;
   std::mutex mu_;
-  std::vector<int> open_;
+  std::vector<int> open_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> threads_;
 };
 

@@ -25,6 +25,7 @@
 // the sending side but the kernel's copy. Because ZeroMQ then reads memory the caller owns, AllReduce
 // waits before it returns until ZeroMQ has released every such buffer (ZeroCopyTracker); if the successor
 // stops reading, the push sockets are closed with linger 0 (which releases them) and reconnected.
+#include "absl/base/thread_annotations.h"
 #include "fl/diloco/ring_allreduce.h"
 
 #include <malloc.h>
@@ -98,7 +99,7 @@ class BufferPool {
  private:
   static constexpr size_t kMaxFree = 64;
   std::mutex mu_;
-  std::vector<Buffer> free_;
+  std::vector<Buffer> free_ ABSL_GUARDED_BY(mu_);
 };
 
 struct InFlight {
@@ -137,7 +138,7 @@ class ZeroCopyTracker {
  private:
   std::mutex mu_;
   std::condition_variable cv_;
-  int64_t pending_ = 0;
+  int64_t pending_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 void ZeroCopyDone(void* /*data*/, void* hint) { static_cast<ZeroCopyTracker*>(hint)->Done(); }

@@ -17,6 +17,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/base/thread_annotations.h"
+
 namespace fl::rpc {
 
 template <class Request, class Response>
@@ -91,25 +93,25 @@ class StreamOutbox {
   }
 
  private:
-  void WriteNextLocked() {
+  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     writing_ = true;
     stream_->StartWrite(&outbox_.front());
   }
-  void FinishLocked() {
+  void FinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finished_) return;
     finished_ = true;
     stream_->Finish(close_status_);
   }
 
   std::mutex mu_;
-  grpc::ServerBidiReactor<Request, Response>* stream_;
-  std::deque<Response> outbox_;  // front() is being written while writing_
-  size_t max_queued_ = 0;
-  grpc::Status overflow_status_;
-  bool writing_ = false;
-  bool closing_ = false;
-  bool finished_ = false;
-  grpc::Status close_status_;
+  grpc::ServerBidiReactor<Request, Response>* stream_ ABSL_GUARDED_BY(mu_);
+  std::deque<Response> outbox_ ABSL_GUARDED_BY(mu_);  // front() is being written while writing_
+  size_t max_queued_ ABSL_GUARDED_BY(mu_) = 0;
+  grpc::Status overflow_status_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status close_status_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace fl::rpc

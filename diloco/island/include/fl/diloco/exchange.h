@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -94,10 +95,10 @@ class Exchanger {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  bool stop_ = false;
-  std::optional<std::pair<SyncKey, std::vector<float>>> job_;
-  std::optional<ExchangeOutcome> result_;
-  bool busy_ = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<std::pair<SyncKey, std::vector<float>>> job_ ABSL_GUARDED_BY(mu_);
+  std::optional<ExchangeOutcome> result_ ABSL_GUARDED_BY(mu_);
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 
