@@ -458,6 +458,16 @@ TEST(ClientReportsTest, PongsAtInt64ExtremesAreIgnoredAndPlaceNothing) {
                                             fl::UnixMs() + 3'600'000));
   ASSERT_TRUE(ahead.ok());
   EXPECT_EQ(*ahead, "0");
+  // Each refused pong is recorded with its reason (client_events), not only logged.
+  const auto events = *reader->ListClientEvents(result.experiment_id);
+  int refused = 0;
+  for (const auto& e : events) {
+    if (e.client_id != "raw") continue;
+    EXPECT_EQ(e.kind, instrumentation::ClientEventKind::kReportRefused);
+    EXPECT_NE(e.reason.find("clock pong refused: impossible timestamps"), std::string::npos) << e.reason;
+    ++refused;
+  }
+  EXPECT_GE(refused, 1);
 }
 
 TEST(ClientReportsTest, PhasesPlacedOutsideTheTaskAreRefused) {

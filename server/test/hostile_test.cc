@@ -337,6 +337,13 @@ TEST(HostileTest, AnUploadTricklingBelowTheMinimumRateLosesItsSlot) {
                                                    : instrumentation::ClientOutcome::kOk)
         << row.client_id;
   }
+  // The revocation is in the records with its reason, not only in the log (a `late` row alone cannot say why).
+  const auto events = *reader->ListClientEvents(run.result.experiment_id);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].client_id, "slow");
+  EXPECT_EQ(events[0].kind, instrumentation::ClientEventKind::kUploadRevoked);
+  EXPECT_EQ(events[0].round, 1);
+  EXPECT_NE(events[0].reason.find("--upload-min-bytes-per-s"), std::string::npos) << events[0].reason;
 }
 
 TEST(HostileTest, AStalledUploadLosesItsSlotAfterTheMessageTimeout) {
@@ -359,6 +366,10 @@ TEST(HostileTest, AStalledUploadLosesItsSlotAfterTheMessageTimeout) {
   auto rounds = *reader->ListRounds(run.result.experiment_id);
   ASSERT_EQ(rounds.size(), 1u);
   EXPECT_EQ(rounds[0].num_accepted, 2);
+  const auto events = *reader->ListClientEvents(run.result.experiment_id);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, instrumentation::ClientEventKind::kUploadRevoked);
+  EXPECT_NE(events[0].reason.find("--upload-message-timeout-ms"), std::string::npos) << events[0].reason;
 }
 
 TEST(HostileTest, ASecondOrConcurrentUploadForATaskIsADuplicate) {
