@@ -488,6 +488,10 @@ void RoundEngine::HandleSessionMessage(SessionMessageEvent& e) {
 void RoundEngine::HandleSessionClosed(SessionClosedEvent& e) {
   for (auto& [id, c] : clients_) {
     if (c->session != e.channel) continue;
+    if (!e.limit_reason.empty()) {
+      RecordClientEvent(id, instrumentation::ClientEventKind::kSessionClosed, std::nullopt, c->open_task,
+                        e.limit_reason);
+    }
     c->session.reset();
     if (!c->open_task.empty()) {
       auto t = tasks_.find(c->open_task);

@@ -93,7 +93,10 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     void Send(ServerMessage message) override {
       if (outbox_.Send(Serialize(message)) == rpc::StreamOutbox<grpc::ByteBuffer, grpc::ByteBuffer>::SendResult::kOverflowed) {
         // The engine forgets the session now, not when the stream finally ends (the client may never read).
-        engine_->Post(SessionClosedEvent{shared_from_this()});
+        engine_->Post(SessionClosedEvent{
+            shared_from_this(), fl::StrCat("the client did not read its session stream (limit ",
+                                           engine_->config().session_max_queued_messages,
+                                           " waiting messages, --session-max-queued-messages)")});
       }
     }
     void Close(const grpc::Status& status) override { outbox_.Close(status); }
@@ -187,7 +190,7 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
 
   void OnDone() override {
     channel_->Detach();
-    if (opened_) engine_->Post(SessionClosedEvent{channel_});
+    if (opened_) engine_->Post(SessionClosedEvent{channel_, ""});
     delete this;
   }
 
@@ -195,7 +198,7 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   // Ends the session from our side (no more reads) and has the engine forget it at once.
   void Abandon(const grpc::Status& status) {
     channel_->Close(status);
-    if (opened_) engine_->Post(SessionClosedEvent{channel_});
+    if (opened_) engine_->Post(SessionClosedEvent{channel_, status.error_message()});
   }
 
   RoundEngine* engine_;

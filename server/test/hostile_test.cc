@@ -197,6 +197,18 @@ TEST(HostileTest, ASessionFloodingHeartbeatsIsClosedAndSlowsOnlyItself) {
   EXPECT_LE(pings, 2 * 50 + 1 + static_cast<int>(50 * seconds) + 1) << written << " heartbeats written";
   EXPECT_GT(written, pings);
   ExpectHonestClientsFinish(server, db, config.num_rounds, 3);
+  // The closing is recorded for the client with the limit that closed it.
+  auto reader = *RecordReader::Open(db);
+  const std::string experiment = (*reader->ListExperiments()).front().id;
+  bool recorded = false;
+  const auto events = *reader->ListClientEvents(experiment);
+  for (const auto& e : events) {
+    if (e.client_id != "flood") continue;
+    EXPECT_EQ(e.kind, instrumentation::ClientEventKind::kSessionClosed);
+    EXPECT_NE(e.reason.find("--session-max-messages-per-s"), std::string::npos) << e.reason;
+    recorded = true;
+  }
+  EXPECT_TRUE(recorded);
 }
 
 TEST(HostileTest, AClientThatDoesNotReadItsSessionIsClosedNotBufferedFor) {

@@ -74,6 +74,9 @@ struct SessionMessageEvent {
 
 struct SessionClosedEvent {
   std::shared_ptr<SessionChannel> channel;
+  // Set when the server closed the session for a limit (messages per second, unread messages, an unparsable
+  // message): recorded as the client's session_closed event. Empty when the client or its link ended it.
+  std::string limit_reason;
 };
 
 struct DownloadEvent {
