@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "fl/core/str_cat.h"
+#include "fl/instrumentation/record_columns.h"
 #include "fl/instrumentation/sqlite.h"
 #include "sqlite_writer.h"
 
@@ -13,37 +14,22 @@ namespace {
 
 using internal::Overloaded;
 
-constexpr std::string_view kInsertIsland = R"sql(
-INSERT INTO islands (experiment_id, join_seq, island_id, data_endpoint, state_endpoint, num_ranks,
-                     model_fingerprint, software_version, device_class, accelerator, joined_unix_ms, late_join,
-                     state_source_island, state_source_step, state_source_fragment)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15))sql";
+// The updates of rows written earlier (record_columns.h).
+const UpdateSpec<IslandLeftRecord>& IslandLeftSpec() {
+  using U = IslandLeftRecord;
+  static const UpdateSpec<U> spec{&IslandsTable().spec,
+                                  {Col<&U::left_unix_ms>("left_unix_ms"), Col<&U::reason>("left_reason")},
+                                  {Col<&U::experiment_id>("experiment_id"), Col<&U::join_seq>("join_seq")}};
+  return spec;
+}
 
-constexpr std::string_view kUpdateIslandLeft = R"sql(
-UPDATE islands SET left_unix_ms = ?3, left_reason = ?4 WHERE experiment_id = ?1 AND join_seq = ?2)sql";
-
-constexpr std::string_view kInsertEpoch = R"sql(
-INSERT INTO island_epochs (experiment_id, epoch, step, fragment, attempt, members, num_members, outcome,
-                           committed_hash, num_applied, num_failed, num_mismatched, barrier_ms, formed_unix_ms,
-                           resolved_unix_ms, reason)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16))sql";
-
-constexpr std::string_view kInsertSync = R"sql(
-INSERT INTO island_syncs (experiment_id, epoch, island_id, join_seq, step, fragment, ring_index, outcome, verdict,
-                          inner_compute_ms, exchange_ms, wait_ms, bytes_sent, bytes_received, inner_steps,
-                          state_hash, failure_reason, vanished_island, repair_source, reported_unix_ms)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20))sql";
-
-constexpr std::string_view kUpdateRepaired = R"sql(
-UPDATE island_syncs SET repaired_unix_ms = ?4 WHERE experiment_id = ?1 AND epoch = ?2 AND island_id = ?3)sql";
-
-std::string JoinIds(const std::vector<std::string>& ids) {
-  std::string out;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (i > 0) out.push_back(',');
-    out += ids[i];
-  }
-  return out;
+const UpdateSpec<IslandRepairedRecord>& IslandRepairedSpec() {
+  using U = IslandRepairedRecord;
+  static const UpdateSpec<U> spec{
+      &IslandSyncsTable().spec,
+      {Col<&U::repaired_unix_ms>("repaired_unix_ms")},
+      {Col<&U::experiment_id>("experiment_id"), Col<&U::epoch>("epoch"), Col<&U::island_id>("island_id")}};
+  return spec;
 }
 
 }  // namespace
@@ -67,98 +53,40 @@ struct IslandRecordWriter::Impl {
   std::unique_ptr<internal::WriterThread<IslandRecordVariant>> thread;
 
   absl::Status Prepare() {
-    return internal::PrepareStatements(db, {{&insert_island, kInsertIsland},
-                                            {&update_left, kUpdateIslandLeft},
-                                            {&insert_epoch, kInsertEpoch},
-                                            {&insert_sync, kInsertSync},
-                                            {&update_repaired, kUpdateRepaired}});
+    absl::StatusOr<std::string> left = UpdateSql(IslandLeftSpec());
+    if (!left.ok()) return left.status();
+    absl::StatusOr<std::string> repaired = UpdateSql(IslandRepairedSpec());
+    if (!repaired.ok()) return repaired.status();
+    return internal::PrepareStatements(db, {{&insert_island, InsertSql(IslandsTable())},
+                                            {&update_left, *left},
+                                            {&insert_epoch, InsertSql(IslandEpochsTable())},
+                                            {&insert_sync, InsertSql(IslandSyncsTable())},
+                                            {&update_repaired, *repaired}});
   }
 
   absl::Status Run(sqlite::Statement& st, std::string_view what, bool expect_change = false) {
     return internal::RunStatement(db, st, what, expect_change);
   }
 
+  template <class Row>
+  absl::Status Insert(sqlite::Statement& st, const RowTable<Row>& table, const Row& row) {
+    BindRow(st, table, row);
+    return Run(st, fl::StrCat("insert into ", table.spec.name));
+  }
+
   absl::Status WriteOne(const IslandRecordVariant& record) {
     return std::visit(
         Overloaded{
-            [&](const IslandRecord& r) {
-              sqlite::Statement& st = insert_island;
-              st.BindText(1, r.experiment_id);
-              st.BindInt64(2, r.join_seq);
-              st.BindText(3, r.island_id);
-              st.BindText(4, r.data_endpoint);
-              st.BindText(5, r.state_endpoint);
-              st.BindInt64(6, r.num_ranks);
-              st.BindText(7, r.model_fingerprint);
-              st.BindTextOrNull(8, r.software_version);
-              st.BindTextOrNull(9, r.device_class);
-              st.BindTextOrNull(10, r.accelerator);
-              st.BindInt64(11, r.joined_unix_ms);
-              st.BindInt64(12, r.late_join ? 1 : 0);
-              st.BindTextOrNull(13, r.state_source_island);
-              st.BindOptionalInt64(14, r.state_source_step);
-              st.BindOptionalInt64(15, r.state_source_fragment);
-              return Run(st, "insert into islands");
-            },
+            [&](const IslandRecord& r) { return Insert(insert_island, IslandsTable(), r); },
             [&](const IslandLeftRecord& r) {
-              sqlite::Statement& st = update_left;
-              st.BindText(1, r.experiment_id);
-              st.BindInt64(2, r.join_seq);
-              st.BindInt64(3, r.left_unix_ms);
-              st.BindTextOrNull(4, r.reason);
-              return Run(st, fl::StrCat("island ", r.join_seq, " left"), /*expect_change=*/true);
+              BindUpdate(update_left, IslandLeftSpec(), r);
+              return Run(update_left, fl::StrCat("island ", r.join_seq, " left"), /*expect_change=*/true);
             },
-            [&](const IslandEpochRecord& r) {
-              sqlite::Statement& st = insert_epoch;
-              st.BindText(1, r.experiment_id);
-              st.BindInt64(2, r.epoch);
-              st.BindInt64(3, r.step);
-              st.BindInt64(4, r.fragment);
-              st.BindInt64(5, r.attempt);
-              st.BindText(6, JoinIds(r.members));
-              st.BindInt64(7, static_cast<int64_t>(r.members.size()));
-              st.BindText(8, r.outcome);
-              st.BindTextOrNull(9, r.committed_hash);
-              st.BindInt64(10, r.num_applied);
-              st.BindInt64(11, r.num_failed);
-              st.BindInt64(12, r.num_mismatched);
-              st.BindOptionalDouble(13, r.barrier_ms);
-              st.BindInt64(14, r.formed_unix_ms);
-              st.BindInt64(15, r.resolved_unix_ms);
-              st.BindTextOrNull(16, r.reason);
-              return Run(st, "insert into island_epochs");
-            },
-            [&](const IslandSyncRecord& r) {
-              sqlite::Statement& st = insert_sync;
-              st.BindText(1, r.experiment_id);
-              st.BindInt64(2, r.epoch);
-              st.BindText(3, r.island_id);
-              st.BindInt64(4, r.join_seq);
-              st.BindInt64(5, r.step);
-              st.BindInt64(6, r.fragment);
-              st.BindInt64(7, r.ring_index);
-              st.BindText(8, r.outcome);
-              st.BindText(9, r.verdict);
-              st.BindOptionalDouble(10, r.inner_compute_ms);
-              st.BindOptionalDouble(11, r.exchange_ms);
-              st.BindOptionalDouble(12, r.wait_ms);
-              st.BindOptionalInt64(13, r.bytes_sent);
-              st.BindOptionalInt64(14, r.bytes_received);
-              st.BindOptionalInt64(15, r.inner_steps);
-              st.BindTextOrNull(16, r.state_hash);
-              st.BindTextOrNull(17, r.failure_reason);
-              st.BindTextOrNull(18, r.vanished_island);
-              st.BindTextOrNull(19, r.repair_source);
-              st.BindOptionalInt64(20, r.reported_unix_ms);
-              return Run(st, "insert into island_syncs");
-            },
+            [&](const IslandEpochRecord& r) { return Insert(insert_epoch, IslandEpochsTable(), r); },
+            [&](const IslandSyncRecord& r) { return Insert(insert_sync, IslandSyncsTable(), r); },
             [&](const IslandRepairedRecord& r) {
-              sqlite::Statement& st = update_repaired;
-              st.BindText(1, r.experiment_id);
-              st.BindInt64(2, r.epoch);
-              st.BindText(3, r.island_id);
-              st.BindInt64(4, r.repaired_unix_ms);
-              return Run(st, fl::StrCat("island ", r.island_id, " repaired after epoch ", r.epoch),
+              BindUpdate(update_repaired, IslandRepairedSpec(), r);
+              return Run(update_repaired, fl::StrCat("island ", r.island_id, " repaired after epoch ", r.epoch),
                          /*expect_change=*/true);
             },
         },

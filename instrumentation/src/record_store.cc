@@ -3,8 +3,10 @@
 #include <cstdio>
 #include <span>
 #include <utility>
+#include <vector>
 
 #include "fl/core/str_cat.h"
+#include "fl/instrumentation/record_columns.h"
 #include "fl/instrumentation/sqlite.h"
 #include "sqlite_writer.h"
 
@@ -13,78 +15,57 @@ namespace {
 
 using internal::Overloaded;
 
-constexpr std::string_view kInsertExperiment = R"sql(
-INSERT INTO experiments (id, name, status, status_reason, started_unix_ms, finished_unix_ms, config_json,
-                         software_version, host, task)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10))sql";
+// The updates of rows written earlier: each names the columns it sets and the key it matches (record_columns.h).
+const UpdateSpec<ExperimentTaskUpdate>& ExperimentTaskUpdateSpec() {
+  using U = ExperimentTaskUpdate;
+  static const UpdateSpec<U> spec{&ExperimentsTable().spec, {Col<&U::task>("task")}, {Col<&U::experiment_id>("id")}};
+  return spec;
+}
 
-constexpr std::string_view kUpdateExperimentTask = R"sql(
-UPDATE experiments SET task = ?2 WHERE id = ?1)sql";
+const UpdateSpec<ExperimentStatusUpdate>& ExperimentStatusUpdateSpec() {
+  using U = ExperimentStatusUpdate;
+  static const UpdateSpec<U> spec{
+      &ExperimentsTable().spec,
+      {Col<&U::status>("status"), Col<&U::status_reason>("status_reason"),
+       Col<&U::finished_unix_ms>("finished_unix_ms")},
+      {Col<&U::experiment_id>("id")}};
+  return spec;
+}
 
-constexpr std::string_view kUpdateExperiment = R"sql(
-UPDATE experiments SET status = ?2, status_reason = ?3, finished_unix_ms = ?4 WHERE id = ?1)sql";
+const UpdateSpec<ClientLeftRecord>& ClientLeftSpec() {
+  using U = ClientLeftRecord;
+  static const UpdateSpec<U> spec{&ClientsTable().spec,
+                                  {Col<&U::left_unix_ms>("left_unix_ms"), Col<&U::reason>("left_reason")},
+                                  {Col<&U::experiment_id>("experiment_id"), Col<&U::client_id>("client_id")}};
+  return spec;
+}
 
-constexpr std::string_view kInsertClient = R"sql(
-INSERT INTO clients (experiment_id, client_id, client_name, device_class, link_kind, link_interface,
-                     link_profile, cores, memory_bytes, accelerator, os, arch, client_version, joined_unix_ms,
-                     left_unix_ms, left_reason)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)
-ON CONFLICT (experiment_id, client_id) DO UPDATE SET
-  client_name = excluded.client_name, device_class = excluded.device_class, link_kind = excluded.link_kind,
-  link_interface = excluded.link_interface, link_profile = excluded.link_profile, cores = excluded.cores,
-  memory_bytes = excluded.memory_bytes, accelerator = excluded.accelerator, os = excluded.os,
-  arch = excluded.arch, client_version = excluded.client_version, left_unix_ms = NULL, left_reason = NULL)sql";
+const UpdateSpec<RoundEvaluationUpdate>& RoundEvaluationSpec() {
+  using U = RoundEvaluationUpdate;
+  static const UpdateSpec<U> spec{
+      &RoundsTable().spec,
+      {Col<&U::eval_loss>("eval_loss"), Col<&U::eval_accuracy>("eval_accuracy"),
+       Col<&U::eval_num_examples>("eval_num_examples"), Col<&U::eval_mae>("eval_mae"),
+       Col<&U::eval_perplexity>("eval_perplexity")},
+      {Col<&U::experiment_id>("experiment_id"), Col<&U::round>("round"), Col<&U::attempt>("attempt")}};
+  return spec;
+}
 
-constexpr std::string_view kUpdateClientLeft = R"sql(
-UPDATE clients SET left_unix_ms = ?3, left_reason = ?4 WHERE experiment_id = ?1 AND client_id = ?2)sql";
+const UpdateSpec<ClientRoundUplinkUpdate>& ClientRoundUplinkSpec() {
+  using U = ClientRoundUplinkUpdate;
+  static const UpdateSpec<U> spec{
+      &ClientRoundsTable().spec,
+      {Col<&U::uplink_ms>("uplink_ms"), Col<&U::uplink_start_unix_ms>("uplink_start_unix_ms"),
+       Col<&U::uplink_end_unix_ms>("uplink_end_unix_ms")},
+      {Col<&U::experiment_id>("experiment_id"), Col<&U::round>("round"), Col<&U::attempt>("attempt"),
+       Col<&U::client_id>("client_id")}};
+  return spec;
+}
 
-constexpr std::string_view kInsertRound = R"sql(
-INSERT INTO rounds (experiment_id, round, attempt, status, failure_reason, started_unix_ms, ended_unix_ms,
-                    duration_ms, aggregation_ms, num_selected, num_accepted, num_late, num_rejected,
-                    num_dropped, num_examples, model_version, train_loss, eval_loss, eval_accuracy,
-                    eval_num_examples, eval_mae, eval_perplexity)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22))sql";
-
-constexpr std::string_view kUpdateRoundEvaluation = R"sql(
-UPDATE rounds SET eval_loss = ?4, eval_accuracy = ?5, eval_num_examples = ?6, eval_mae = ?7, eval_perplexity = ?8
-WHERE experiment_id = ?1 AND round = ?2 AND attempt = ?3)sql";
-
-constexpr std::string_view kInsertClientRound = R"sql(
-INSERT INTO client_rounds (experiment_id, round, attempt, client_id, outcome, reject_reason,
-                           dispatched_unix_ms, num_examples, num_steps, downlink_ms, train_ms, eval_ms,
-                           uplink_ms, uplink_server_ms, idle_ms, downlink_bytes, uplink_bytes, codec,
-                           train_loss, clock_offset_ms, clock_rtt_ms, downlink_start_unix_ms,
-                           train_start_unix_ms, eval_start_unix_ms, uplink_start_unix_ms, uplink_end_unix_ms,
-                           uplink_server_start_unix_ms, downlink_server_start_unix_ms, downlink_server_ms)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23,
-        ?24, ?25, ?26, ?27, ?28, ?29))sql";
-
-constexpr std::string_view kUpdateClientRoundUplink = R"sql(
-UPDATE client_rounds SET uplink_ms = ?5, uplink_start_unix_ms = ?6, uplink_end_unix_ms = ?7
-WHERE experiment_id = ?1 AND round = ?2 AND attempt = ?3 AND client_id = ?4)sql";
-
-constexpr std::string_view kInsertEvaluation = R"sql(
-INSERT INTO evaluations (experiment_id, round, attempt, client_id, num_examples, loss, accuracy, eval_ms, mae,
-                         reject_reason)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10))sql";
-
-// A checkpoint file is rewritten when its round is re-run (after a crash before the round's commit in a database
-// written before commits were atomic, or --resume-from-round): the row follows the file.
-constexpr std::string_view kInsertCheckpoint = R"sql(
-INSERT INTO checkpoints (experiment_id, round, model_version, path, bytes, fingerprint, checksum,
-                         created_unix_ms)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
-ON CONFLICT (experiment_id, round) DO UPDATE SET
-  model_version = excluded.model_version, path = excluded.path, bytes = excluded.bytes,
-  fingerprint = excluded.fingerprint, checksum = excluded.checksum, created_unix_ms = excluded.created_unix_ms)sql";
-
-constexpr std::string_view kInsertClientEvent = R"sql(
-INSERT INTO client_events (experiment_id, client_id, kind, round, task_id, reason, at_unix_ms)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7))sql";
-
+// Not an equality on a key, so written out; its parameters are bound by name.
 constexpr std::string_view kSupersedeRounds = R"sql(
-UPDATE rounds SET status = 'aborted', failure_reason = ?3
-WHERE experiment_id = ?1 AND round > ?2 AND status = 'committed')sql";
+UPDATE rounds SET status = 'aborted', failure_reason = :reason
+WHERE experiment_id = :experiment_id AND round > :after_round AND status = 'committed')sql";
 
 }  // namespace
 
@@ -107,18 +88,46 @@ struct RecordStore::Writer {
   sqlite::Statement insert_client_event;
 
   absl::Status Prepare() {
+    std::vector<absl::StatusOr<std::string>> updates = {
+        UpdateSql(ExperimentStatusUpdateSpec()), UpdateSql(ExperimentTaskUpdateSpec()), UpdateSql(ClientLeftSpec()),
+        UpdateSql(RoundEvaluationSpec()), UpdateSql(ClientRoundUplinkSpec())};
+    for (const absl::StatusOr<std::string>& sql : updates) {
+      if (!sql.ok()) return sql.status();
+    }
     return internal::PrepareStatements(
-        db, {{&insert_experiment, kInsertExperiment}, {&update_experiment, kUpdateExperiment},
-             {&update_experiment_task, kUpdateExperimentTask},
-             {&insert_client, kInsertClient}, {&update_client_left, kUpdateClientLeft}, {&insert_round, kInsertRound},
-             {&update_round_evaluation, kUpdateRoundEvaluation}, {&insert_client_round, kInsertClientRound},
-             {&update_client_round_uplink, kUpdateClientRoundUplink}, {&insert_evaluation, kInsertEvaluation},
-             {&insert_checkpoint, kInsertCheckpoint}, {&supersede_rounds, kSupersedeRounds},
-             {&insert_client_event, kInsertClientEvent}});
+        db, {{&insert_experiment, InsertSql(ExperimentsTable())},
+             {&update_experiment, *updates[0]},
+             {&update_experiment_task, *updates[1]},
+             // A client that joins again replaces what it reported; its first admission time stays.
+             {&insert_client, InsertSql(ClientsTable(), {"experiment_id", "client_id"}, {"joined_unix_ms"})},
+             {&update_client_left, *updates[2]},
+             {&insert_round, InsertSql(RoundsTable())},
+             {&update_round_evaluation, *updates[3]},
+             {&insert_client_round, InsertSql(ClientRoundsTable())},
+             {&update_client_round_uplink, *updates[4]},
+             {&insert_evaluation, InsertSql(EvaluationsTable())},
+             // A checkpoint file is rewritten when its round is re-run (after a crash before the round's commit in
+             // a database written before commits were atomic, or --resume-from-round): the row follows the file.
+             {&insert_checkpoint, InsertSql(CheckpointsTable(), {"experiment_id", "round"})},
+             {&supersede_rounds, kSupersedeRounds},
+             {&insert_client_event, InsertSql(ClientEventsTable())}});
   }
 
   absl::Status Run(sqlite::Statement& stmt, std::string_view what, bool expect_change = false) {
     return internal::RunStatement(db, stmt, what, expect_change);
+  }
+
+  template <class Row>
+  absl::Status Insert(sqlite::Statement& st, const RowTable<Row>& table, const Row& row) {
+    BindRow(st, table, row);
+    return Run(st, fl::StrCat("insert into ", table.spec.name));
+  }
+
+  // An update of a row written earlier: one that matches no row is NotFound.
+  template <class Row>
+  absl::Status Update(sqlite::Statement& st, const UpdateSpec<Row>& update, const Row& row, std::string_view what) {
+    BindUpdate(st, update, row);
+    return Run(st, fl::StrCat("update ", update.table->name, " (", what, ")"), /*expect_change=*/true);
   }
 
   // Runs `write_parts` inside a savepoint: if any part fails, every part is undone and the first error returned,
@@ -143,170 +152,26 @@ struct RecordStore::Writer {
   absl::Status WritePart(const Record& record) {
     return std::visit(
         Overloaded{
-            [&](const ExperimentRecord& r) {
-              sqlite::Statement& st = insert_experiment;
-              st.BindText(1, r.id);
-              st.BindText(2, r.name);
-              st.BindText(3, ExperimentStatusName(r.status));
-              st.BindTextOrNull(4, r.status_reason);
-              st.BindInt64(5, r.started_unix_ms);
-              st.BindOptionalInt64(6, r.finished_unix_ms);
-              st.BindText(7, r.config_json.empty() ? std::string_view("{}") : std::string_view(r.config_json));
-              st.BindText(8, r.software_version);
-              st.BindTextOrNull(9, r.host);
-              st.BindTextOrNull(10, r.task);
-              return Run(st, "insert into experiments");
-            },
+            [&](const ExperimentRecord& r) { return Insert(insert_experiment, ExperimentsTable(), r); },
             [&](const ExperimentTaskUpdate& r) {
-              sqlite::Statement& st = update_experiment_task;
-              st.BindText(1, r.experiment_id);
-              st.BindText(2, r.task);
-              return Run(st, "update experiments (task)", /*expect_change=*/true);
+              return Update(update_experiment_task, ExperimentTaskUpdateSpec(), r, "task");
             },
             [&](const ExperimentStatusUpdate& r) {
-              sqlite::Statement& st = update_experiment;
-              st.BindText(1, r.experiment_id);
-              st.BindText(2, ExperimentStatusName(r.status));
-              st.BindTextOrNull(3, r.status_reason);
-              st.BindOptionalInt64(4, r.finished_unix_ms);
-              return Run(st, "update experiments", /*expect_change=*/true);
+              return Update(update_experiment, ExperimentStatusUpdateSpec(), r, "status");
             },
-            [&](const ClientRecord& r) {
-              sqlite::Statement& st = insert_client;
-              st.BindText(1, r.experiment_id);
-              st.BindText(2, r.client_id);
-              st.BindTextOrNull(3, r.client_name);
-              st.BindTextOrNull(4, r.device_class);
-              st.BindTextOrNull(5, r.link_kind);
-              st.BindTextOrNull(6, r.link_interface);
-              st.BindTextOrNull(7, r.link_profile);
-              st.BindOptionalInt64(8, r.cores);
-              st.BindOptionalInt64(9, r.memory_bytes);
-              st.BindTextOrNull(10, r.accelerator);
-              st.BindTextOrNull(11, r.os);
-              st.BindTextOrNull(12, r.arch);
-              st.BindTextOrNull(13, r.client_version);
-              st.BindInt64(14, r.joined_unix_ms);
-              st.BindOptionalInt64(15, r.left_unix_ms);
-              st.BindTextOrNull(16, r.left_reason);
-              return Run(st, "insert into clients");
-            },
-            [&](const ClientLeftRecord& r) {
-              sqlite::Statement& st = update_client_left;
-              st.BindText(1, r.experiment_id);
-              st.BindText(2, r.client_id);
-              st.BindInt64(3, r.left_unix_ms);
-              st.BindTextOrNull(4, r.reason);
-              return Run(st, "update clients", /*expect_change=*/true);
-            },
-            [&](const RoundRecord& r) {
-              sqlite::Statement& st = insert_round;
-              st.BindText(1, r.experiment_id);
-              st.BindInt64(2, r.round);
-              st.BindInt64(3, r.attempt);
-              st.BindText(4, RoundStatusName(r.status));
-              st.BindTextOrNull(5, r.failure_reason);
-              st.BindInt64(6, r.started_unix_ms);
-              st.BindInt64(7, r.ended_unix_ms);
-              st.BindDouble(8, r.duration_ms);
-              st.BindOptionalDouble(9, r.aggregation_ms);
-              st.BindInt64(10, r.num_selected);
-              st.BindInt64(11, r.num_accepted);
-              st.BindInt64(12, r.num_late);
-              st.BindInt64(13, r.num_rejected);
-              st.BindInt64(14, r.num_dropped);
-              st.BindInt64(15, r.num_examples);
-              st.BindOptionalInt64(16, r.model_version);
-              st.BindOptionalDouble(17, r.train_loss);
-              st.BindOptionalDouble(18, r.eval_loss);
-              st.BindOptionalDouble(19, r.eval_accuracy);
-              st.BindOptionalInt64(20, r.eval_num_examples);
-              st.BindOptionalDouble(21, r.eval_mae);
-              st.BindOptionalDouble(22, r.eval_perplexity);
-              return Run(st, "insert into rounds");
-            },
+            [&](const ClientRecord& r) { return Insert(insert_client, ClientsTable(), r); },
+            [&](const ClientLeftRecord& r) { return Update(update_client_left, ClientLeftSpec(), r, "left"); },
+            [&](const RoundRecord& r) { return Insert(insert_round, RoundsTable(), r); },
             [&](const RoundEvaluationUpdate& r) {
-              sqlite::Statement& st = update_round_evaluation;
-              st.BindText(1, r.experiment_id);
-              st.BindInt64(2, r.round);
-              st.BindInt64(3, r.attempt);
-              st.BindDouble(4, r.eval_loss);
-              st.BindOptionalDouble(5, r.eval_accuracy);
-              st.BindInt64(6, r.eval_num_examples);
-              st.BindOptionalDouble(7, r.eval_mae);
-              st.BindOptionalDouble(8, r.eval_perplexity);
-              return Run(st, "update rounds (evaluation)", /*expect_change=*/true);
+              return Update(update_round_evaluation, RoundEvaluationSpec(), r, "evaluation");
             },
-            [&](const ClientRoundRecord& r) {
-              sqlite::Statement& st = insert_client_round;
-              st.BindText(1, r.experiment_id);
-              st.BindInt64(2, r.round);
-              st.BindInt64(3, r.attempt);
-              st.BindText(4, r.client_id);
-              st.BindText(5, ClientOutcomeName(r.outcome));
-              st.BindTextOrNull(6, r.reject_reason);
-              st.BindOptionalInt64(7, r.dispatched_unix_ms);
-              st.BindOptionalInt64(8, r.num_examples);
-              st.BindOptionalInt64(9, r.num_steps);
-              st.BindOptionalDouble(10, r.downlink_ms);
-              st.BindOptionalDouble(11, r.train_ms);
-              st.BindOptionalDouble(12, r.eval_ms);
-              st.BindOptionalDouble(13, r.uplink_ms);
-              st.BindOptionalDouble(14, r.uplink_server_ms);
-              st.BindOptionalDouble(15, r.idle_ms);
-              st.BindOptionalInt64(16, r.downlink_bytes);
-              st.BindOptionalInt64(17, r.uplink_bytes);
-              st.BindTextOrNull(18, r.codec);
-              st.BindOptionalDouble(19, r.train_loss);
-              st.BindOptionalDouble(20, r.clock_offset_ms);
-              st.BindOptionalDouble(21, r.clock_rtt_ms);
-              st.BindOptionalDouble(22, r.downlink_start_unix_ms);
-              st.BindOptionalDouble(23, r.train_start_unix_ms);
-              st.BindOptionalDouble(24, r.eval_start_unix_ms);
-              st.BindOptionalDouble(25, r.uplink_start_unix_ms);
-              st.BindOptionalDouble(26, r.uplink_end_unix_ms);
-              st.BindOptionalDouble(27, r.uplink_server_start_unix_ms);
-              st.BindOptionalDouble(28, r.downlink_server_start_unix_ms);
-              st.BindOptionalDouble(29, r.downlink_server_ms);
-              return Run(st, "insert into client_rounds");
-            },
+            [&](const ClientRoundRecord& r) { return Insert(insert_client_round, ClientRoundsTable(), r); },
             [&](const ClientRoundUplinkUpdate& r) {
-              sqlite::Statement& st = update_client_round_uplink;
-              st.BindText(1, r.experiment_id);
-              st.BindInt64(2, r.round);
-              st.BindInt64(3, r.attempt);
-              st.BindText(4, r.client_id);
-              st.BindDouble(5, r.uplink_ms);
-              st.BindOptionalDouble(6, r.uplink_start_unix_ms);
-              st.BindOptionalDouble(7, r.uplink_end_unix_ms);
-              return Run(st, "update client_rounds (uplink)", /*expect_change=*/true);
+              return Update(update_client_round_uplink, ClientRoundUplinkSpec(), r, "uplink");
             },
-            [&](const EvaluationRecord& r) {
-              sqlite::Statement& st = insert_evaluation;
-              st.BindText(1, r.experiment_id);
-              st.BindInt64(2, r.round);
-              st.BindInt64(3, r.attempt);
-              st.BindText(4, r.client_id);
-              st.BindInt64(5, r.num_examples);
-              st.BindOptionalDouble(6, r.loss);
-              st.BindOptionalDouble(7, r.accuracy);
-              st.BindOptionalDouble(8, r.eval_ms);
-              st.BindOptionalDouble(9, r.mae);
-              st.BindTextOrNull(10, r.reject_reason);
-              return Run(st, "insert into evaluations");
-            },
-            [&](const CheckpointRecord& r) {
-              sqlite::Statement& st = insert_checkpoint;
-              st.BindText(1, r.experiment_id);
-              st.BindInt64(2, r.round);
-              st.BindInt64(3, r.model_version);
-              st.BindText(4, r.path);
-              st.BindInt64(5, r.bytes);
-              st.BindText(6, r.fingerprint);
-              st.BindTextOrNull(7, r.checksum);
-              st.BindInt64(8, r.created_unix_ms);
-              return Run(st, "insert into checkpoints");
-            },
+            [&](const EvaluationRecord& r) { return Insert(insert_evaluation, EvaluationsTable(), r); },
+            [&](const CheckpointRecord& r) { return Insert(insert_checkpoint, CheckpointsTable(), r); },
+            [&](const ClientEventRecord& r) { return Insert(insert_client_event, ClientEventsTable(), r); },
             [&](const RoundCommitRecord& r) {
               return WriteAtomically([&]() -> absl::Status {
                 // Parent first: client rows reference the round's row.
@@ -333,21 +198,10 @@ struct RecordStore::Writer {
             },
             [&](const RoundsSupersededUpdate& r) {
               sqlite::Statement& st = supersede_rounds;
-              st.BindText(1, r.experiment_id);
-              st.BindInt64(2, r.after_round);
-              st.BindText(3, r.reason);
+              st.BindText(st.ParameterIndex(":experiment_id"), r.experiment_id);
+              st.BindInt64(st.ParameterIndex(":after_round"), r.after_round);
+              st.BindText(st.ParameterIndex(":reason"), r.reason);
               return Run(st, "update rounds (superseded)");
-            },
-            [&](const ClientEventRecord& r) {
-              sqlite::Statement& st = insert_client_event;
-              st.BindText(1, r.experiment_id);
-              st.BindText(2, r.client_id);
-              st.BindText(3, ClientEventKindName(r.kind));
-              st.BindOptionalInt64(4, r.round);
-              st.BindTextOrNull(5, r.task_id);
-              st.BindText(6, BoundClientEventReason(r.reason));
-              st.BindInt64(7, r.at_unix_ms);
-              return Run(st, "insert into client_events");
             },
         },
         record);

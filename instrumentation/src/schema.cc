@@ -3,6 +3,7 @@
 #include <string>
 
 #include "fl/core/str_cat.h"
+#include "fl/instrumentation/record_columns.h"
 
 namespace fl::instrumentation {
 namespace {
@@ -273,7 +274,9 @@ CREATE TABLE client_events (
 CREATE INDEX client_events_by_client ON client_events (experiment_id, client_id);
 )sql";
 
-// Append new migrations here: {N + 1, "what it does", R"sql(...)sql"}. Never edit a shipped entry.
+// Append new migrations here: {N + 1, "what it does", R"sql(...)sql"}. Never edit a shipped entry. A new database
+// does not run them: it is created from the column declarations (record_columns.cc), which must declare what the
+// migrations reach (instrumentation_schema_test compares the two).
 constexpr Migration kMigrations[] = {
     {1, "experiments, clients, rounds, client_rounds, evaluations, checkpoints", kSchemaV1, false},
     {2, "client_rounds.clock_offset_ms, client_rounds.clock_rtt_ms", kSchemaV2, false},
@@ -301,7 +304,10 @@ absl::Status ValidateList(std::span<const Migration> migrations) {
   return absl::OkStatus();
 }
 
-absl::Status ApplyOne(sqlite::Database& db, const Migration& m, bool foreign_keys_were_on) {
+// `from_empty_only`: `m` creates the whole newest schema, so it applies to an empty file (version 0) only; a file
+// another process began to migrate meanwhile is left to the migrations.
+absl::Status ApplyOne(sqlite::Database& db, const Migration& m, bool foreign_keys_were_on,
+                      bool from_empty_only = false) {
   const std::string what = fl::StrCat("records database ", db.path(), ": migration to schema version ", m.version,
                                       " (", m.description, ")");
   if (m.foreign_keys_off) {
@@ -324,7 +330,7 @@ absl::Status ApplyOne(sqlite::Database& db, const Migration& m, bool foreign_key
   // Another process may have migrated between our version check and BEGIN IMMEDIATE: re-read under the lock.
   absl::StatusOr<int64_t> current = db.QueryInt("PRAGMA user_version");
   if (!current.ok()) return fail(current.status());
-  if (*current >= m.version) {
+  if (*current >= m.version || (from_empty_only && *current != 0)) {
     if (absl::Status s = db.Exec("COMMIT"); !s.ok()) return fail(s);
     restore_fk();
     return absl::OkStatus();
@@ -338,7 +344,7 @@ absl::Status ApplyOne(sqlite::Database& db, const Migration& m, bool foreign_key
           fl::StrCat(*violations, " foreign key violations after the migration (PRAGMA foreign_key_check)")));
     }
   }
-  if (m.version == 1) {
+  if (*current == 0) {
     if (absl::Status s = db.Exec(fl::StrCat("PRAGMA application_id = ", kRecordsApplicationId)); !s.ok()) {
       return fail(s);
     }
@@ -373,7 +379,8 @@ std::span<const Migration> SchemaMigrations() { return kMigrations; }
 
 int LatestSchemaVersion() { return kMigrations[std::size(kMigrations) - 1].version; }
 
-absl::Status MigrateSchema(sqlite::Database& db, std::span<const Migration> migrations) {
+absl::Status MigrateSchema(sqlite::Database& db, std::span<const Migration> migrations,
+                           std::string_view newest_schema) {
   if (absl::Status s = ValidateList(migrations); !s.ok()) return s;
   const int latest = migrations.empty() ? 0 : migrations.back().version;
   if (absl::Status s = CheckApplicationId(db); !s.ok()) return s;
@@ -393,11 +400,22 @@ absl::Status MigrateSchema(sqlite::Database& db, std::span<const Migration> migr
   }
   absl::StatusOr<int64_t> fk = db.QueryInt("PRAGMA foreign_keys");
   if (!fk.ok()) return fk.status();
+  if (*version == 0 && !newest_schema.empty()) {
+    const Migration create{latest, "the newest schema, created in one step", newest_schema, false};
+    if (absl::Status s = ApplyOne(db, create, *fk != 0, /*from_empty_only=*/true); !s.ok()) return s;
+    version = db.QueryInt("PRAGMA user_version");
+    if (!version.ok()) return version.status();
+    if (*version == latest) return absl::OkStatus();
+  }
   for (const Migration& m : migrations) {
     if (m.version <= *version) continue;
     if (absl::Status s = ApplyOne(db, m, *fk != 0); !s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+absl::Status MigrateRecordsSchema(sqlite::Database& db) {
+  return MigrateSchema(db, SchemaMigrations(), LatestSchemaSql());
 }
 
 absl::Status CheckSchemaVersion(sqlite::Database& db, int latest) {
@@ -411,6 +429,25 @@ absl::Status CheckSchemaVersion(sqlite::Database& db, int latest) {
         "); open it once with fl-server (RecordStore::Open migrates it) before reading it"));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<int> CheckReadableSchemaVersion(sqlite::Database& db, int latest) {
+  constexpr std::string_view kWhatToGive = "give the file fl-server wrote with --db";
+  absl::StatusOr<int64_t> app_id = db.QueryInt("PRAGMA application_id");
+  if (!app_id.ok()) {
+    // SQLite opens any file lazily; the first read of a file that is not SQLite fails with SQLITE_NOTADB.
+    return absl::FailedPreconditionError(fl::StrCat(db.path(), " is not a records database (SQLite cannot read it: ",
+                                                    fl::ToStd(app_id.status().message()), "); ", kWhatToGive));
+  }
+  absl::StatusOr<int64_t> version = db.QueryInt("PRAGMA user_version");
+  if (!version.ok()) return version.status();
+  if (*app_id != kRecordsApplicationId || *version < 1) {
+    return absl::FailedPreconditionError(fl::StrCat(
+        db.path(), " is an SQLite database but not an fl-testbed records database (application_id ", Hex(*app_id),
+        ", schema version ", *version, "); ", kWhatToGive));
+  }
+  if (*version > latest) return NewerThanCode(db, *version, latest);
+  return static_cast<int>(*version);
 }
 
 }  // namespace fl::instrumentation

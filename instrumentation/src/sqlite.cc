@@ -116,6 +116,10 @@ void Statement::BindTextOrNull(int index, std::string_view value) {
   }
 }
 
+int Statement::ParameterIndex(std::string_view name) const {
+  return stmt_ != nullptr ? sqlite3_bind_parameter_index(stmt_, std::string(name).c_str()) : 0;
+}
+
 absl::StatusOr<bool> Statement::Step(std::string_view what) {
   if (bind_error_ != SQLITE_OK) {
     const int rc = bind_error_;

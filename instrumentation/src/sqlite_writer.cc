@@ -28,7 +28,7 @@ absl::StatusOr<sqlite::Database> OpenWriteConnection(const std::string& path, in
     return absl::FailedPreconditionError(fl::StrCat(
         "records database ", path, ": this SQLite build cannot enforce foreign keys (PRAGMA foreign_keys stays 0)"));
   }
-  if (absl::Status s = MigrateSchema(db, SchemaMigrations()); !s.ok()) return s;
+  if (absl::Status s = MigrateRecordsSchema(db); !s.ok()) return s;
   return db;
 }
 

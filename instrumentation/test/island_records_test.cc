@@ -7,8 +7,10 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "fl/core/str_cat.h"
+#include "fl/instrumentation/record_reader.h"
 #include "fl/instrumentation/record_store.h"
 #include "fl/instrumentation/sqlite.h"
 #include "test_util.h"
@@ -98,6 +100,78 @@ TEST_F(IslandRecordsTest, RowsOfEveryKindAreCommittedByFlush) {
   EXPECT_EQ(QueryInt(path_, "SELECT left_unix_ms FROM islands WHERE join_seq = 1"), 1'700'000'000'900);
   EXPECT_EQ(QueryInt(path_, "SELECT COUNT(*) FROM islands WHERE left_unix_ms IS NULL"), 1);
   ASSERT_TRUE(writer_->Close().ok());
+}
+
+// Every column of the island tables, once with every optional set and once unset, written and read back through
+// RecordReader into the fields they came from; the two updates set exactly their columns.
+TEST_F(IslandRecordsTest, EveryColumnRoundTripsSetAndUnset) {
+  IslandRecord full{"exp", 1, "island-1", "tcp://a:1", "a:2", 4, HashHex(1), "0.9", "gpu", "cuda:x", 10, true,
+                    "island-0", 3, 1, 11, "left: finished"};
+  IslandRecord bare = Island("exp", 2);
+  IslandEpochRecord full_epoch{"exp", 1, 2, 1, 1, {"island-1", "island-2"}, "committed", HashHex(2), 2, 1, 1,
+                               12.5, 13, 14, "a retry's reason"};
+  IslandEpochRecord bare_epoch;
+  bare_epoch.experiment_id = "exp";
+  bare_epoch.epoch = 2;
+  bare_epoch.members = {"island-2"};
+  bare_epoch.outcome = "retried";
+  IslandSyncRecord full_sync{"exp", 1, "island-1", 1, 2, 1, 0, "mismatch", "repair", 1.5, 2.5, 3.5, 100, 200, 7,
+                             HashHex(3), "timeout", "island-2", "island-2", 15, 16};
+  IslandSyncRecord bare_sync;
+  bare_sync.experiment_id = "exp";
+  bare_sync.epoch = 2;
+  bare_sync.island_id = "island-2";
+  bare_sync.join_seq = 2;
+  bare_sync.outcome = "missing";
+  bare_sync.verdict = "evicted";
+  for (IslandRecordVariant r : std::vector<IslandRecordVariant>{full, bare, full_epoch, bare_epoch, full_sync,
+                                                                bare_sync}) {
+    ASSERT_TRUE(writer_->Enqueue(std::move(r)).ok());
+  }
+  absl::Status flushed = writer_->Flush();
+  ASSERT_TRUE(flushed.ok()) << flushed;
+  for (const char* table : {"islands", "island_epochs", "island_syncs"}) {
+    const std::string first = std::string(table) == "islands" ? "join_seq = 1" : "epoch = 1";
+    EXPECT_EQ(QueryInt(path_, fl::StrCat("SELECT count(*) FROM pragma_table_info('", table, "')")), [&] {
+      // No column of the full row is NULL: count the non-NULL ones.
+      auto db = sqlite::Database::Open(path_, SQLITE_OPEN_READONLY);
+      auto st = db->Prepare(fl::StrCat("SELECT * FROM ", table, " WHERE ", first));
+      EXPECT_TRUE(st.ok() && *st->Step("row"));
+      int64_t set = 0;
+      for (int i = 0; i < st->ColumnCount(); ++i) set += st->ColumnIsNull(i) ? 0 : 1;
+      return set;
+    }()) << table;
+  }
+  EXPECT_EQ(QueryInt(path_, "SELECT count(*) FROM islands WHERE join_seq = 2 AND software_version IS NULL AND "
+                            "device_class IS NULL AND accelerator IS NULL AND state_source_island IS NULL AND "
+                            "state_source_step IS NULL AND state_source_fragment IS NULL AND left_unix_ms IS NULL "
+                            "AND left_reason IS NULL"),
+            1);
+  EXPECT_EQ(QueryInt(path_, "SELECT count(*) FROM island_epochs WHERE epoch = 2 AND committed_hash IS NULL AND "
+                            "barrier_ms IS NULL AND reason IS NULL"),
+            1);
+  EXPECT_EQ(QueryInt(path_, "SELECT count(*) FROM island_syncs WHERE epoch = 2 AND inner_compute_ms IS NULL AND "
+                            "exchange_ms IS NULL AND wait_ms IS NULL AND bytes_sent IS NULL AND bytes_received IS "
+                            "NULL AND inner_steps IS NULL AND state_hash IS NULL AND failure_reason IS NULL AND "
+                            "vanished_island IS NULL AND repair_source IS NULL AND repaired_unix_ms IS NULL AND "
+                            "reported_unix_ms IS NULL"),
+            1);
+
+  auto reader = RecordReader::Open(path_);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ(*(*reader)->ListIslands("exp"), (std::vector<IslandRecord>{full, bare}));
+  EXPECT_EQ(*(*reader)->ListIslandEpochs("exp"), (std::vector<IslandEpochRecord>{full_epoch, bare_epoch}));
+  EXPECT_EQ(*(*reader)->ListIslandSyncs("exp"), (std::vector<IslandSyncRecord>{full_sync, bare_sync}));
+
+  ASSERT_TRUE(writer_->Enqueue(IslandLeftRecord{"exp", 2, 17, "evicted: heartbeat lost"}).ok());
+  ASSERT_TRUE(writer_->Enqueue(IslandRepairedRecord{"exp", 2, "island-2", 18}).ok());
+  flushed = writer_->Flush();
+  ASSERT_TRUE(flushed.ok()) << flushed;
+  bare.left_unix_ms = 17;
+  bare.left_reason = "evicted: heartbeat lost";
+  bare_sync.repaired_unix_ms = 18;
+  EXPECT_EQ(*(*reader)->ListIslands("exp"), (std::vector<IslandRecord>{full, bare}));
+  EXPECT_EQ(*(*reader)->ListIslandSyncs("exp"), (std::vector<IslandSyncRecord>{full_sync, bare_sync}));
 }
 
 TEST_F(IslandRecordsTest, ARecordThatViolatesAConstraintIsDroppedAloneAndReportedOnce) {

@@ -1,11 +1,13 @@
 #include "fl/instrumentation/schema.h"
 
+#include <algorithm>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "fl/instrumentation/record_columns.h"
 #include "fl/instrumentation/record_reader.h"
 #include "fl/instrumentation/record_store.h"
 #include "test_util.h"
@@ -290,6 +292,115 @@ TEST(SchemaTest, VersionSixDatabaseWithRowsMigratesToSeven) {
             1);
   EXPECT_EQ(Int(db, "SELECT count(*) FROM pragma_foreign_key_list('client_events') WHERE \"table\" = 'clients'"),
             2);
+}
+
+// Every row of a query, each row's columns joined with '|': for comparing what sqlite reports about two files.
+std::vector<std::string> Rows(sqlite::Database& db, const std::string& sql) {
+  std::vector<std::string> out;
+  absl::StatusOr<sqlite::Statement> st = db.Prepare(sql);
+  EXPECT_TRUE(st.ok()) << st.status();
+  if (!st.ok()) return out;
+  while (true) {
+    absl::StatusOr<bool> row = st->Step(sql);
+    EXPECT_TRUE(row.ok()) << row.status();
+    if (!row.ok() || !*row) break;
+    std::string line;
+    for (int i = 0; i < st->ColumnCount(); ++i) {
+      line += (i == 0 ? "" : "|") + (st->ColumnIsNull(i) ? std::string("NULL") : st->ColumnText(i));
+    }
+    out.push_back(line);
+  }
+  return out;
+}
+
+// The schema of a file as sqlite reports it: per table its columns (pragma table_info: name, type, NOT NULL,
+// default, primary key position), foreign keys and indexes (with their columns and partial-ness), and every
+// table's and index's SQL with the whitespace taken out (which holds the CHECK constraints pragmas do not show;
+// an ALTER TABLE ADD COLUMN puts its column after the last one, where a CREATE TABLE lists it).
+std::vector<std::string> SchemaFacts(sqlite::Database& db) {
+  std::vector<std::string> facts;
+  auto add = [&](const std::string& what, const std::vector<std::string>& rows) {
+    for (const std::string& r : rows) facts.push_back(what + ": " + r);
+  };
+  facts.push_back("user_version " + std::to_string(Int(db, "PRAGMA user_version")));
+  facts.push_back("application_id " + std::to_string(Int(db, "PRAGMA application_id")));
+  for (const std::string& table : Rows(db, "SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name")) {
+    add(table + " column", Rows(db, "SELECT cid, name, type, \"notnull\", dflt_value, pk FROM pragma_table_info('" +
+                                        table + "') ORDER BY cid"));
+    add(table + " foreign key",
+        Rows(db, "SELECT id, seq, \"table\", \"from\", \"to\", on_update, on_delete, \"match\" FROM "
+                 "pragma_foreign_key_list('" + table + "') ORDER BY id, seq"));
+    for (const std::string& index : Rows(db, "SELECT name FROM pragma_index_list('" + table + "') ORDER BY name")) {
+      add(table + " index", Rows(db, "SELECT name, \"unique\", origin, partial FROM pragma_index_list('" + table +
+                                         "') WHERE name = '" + index + "'"));
+      add(index + " key", Rows(db, "SELECT seqno, cid, name, \"desc\", coll, key FROM pragma_index_xinfo('" + index +
+                                       "') ORDER BY seqno"));
+    }
+  }
+  add("sql", Rows(db, "SELECT type || ' ' || name || ' on ' || tbl_name || ': ' || "
+                      "replace(replace(replace(replace(coalesce(sql, ''), ' ', ''), char(10), ''), char(13), ''), "
+                      "char(9), '') FROM sqlite_schema WHERE name NOT LIKE 'sqlite_%' ORDER BY name"));
+  return facts;
+}
+
+// A new file is created from the column declarations (record_columns.cc) in one step; a file an older fl-server
+// wrote reaches the newest version through the migrations as they shipped. Both must end with the same schema,
+// column by column and constraint by constraint, from every older version.
+TEST(SchemaTest, NewDatabaseHasTheSchemaTheMigrationsReach) {
+  ScratchDir dir;
+  const std::string fresh_path = dir.File("fresh.db");
+  ASSERT_TRUE(RecordStore::Open(fresh_path).ok());
+  sqlite::Database fresh = OpenRaw(fresh_path);
+  const std::vector<std::string> expected = SchemaFacts(fresh);
+  // The new file did not run the migrations: its CREATE TABLE of client_rounds lists the v3 columns itself.
+  EXPECT_EQ(Int(fresh, "SELECT count(*) FROM sqlite_schema WHERE name = 'client_rounds' AND "
+                       "sql LIKE 'CREATE TABLE client_rounds (%downlink_server_ms REAL CHECK%PRIMARY KEY%'"),
+            1);
+  ASSERT_GT(expected.size(), 100u);
+
+  for (int from = 1; from < LatestSchemaVersion(); ++from) {
+    SCOPED_TRACE("migrated from version " + std::to_string(from));
+    const std::string path = dir.File("v" + std::to_string(from) + ".db");
+    {
+      sqlite::Database db = OpenRaw(path);
+      ASSERT_TRUE(MigrateSchema(db, SchemaMigrations().first(static_cast<size_t>(from))).ok());
+    }
+    ASSERT_TRUE(RecordStore::Open(path).ok());
+    sqlite::Database migrated = OpenRaw(path);
+    const std::vector<std::string> got = SchemaFacts(migrated);
+    EXPECT_EQ(got, expected);
+    // On a difference, name the first fact that differs rather than only dumping both lists.
+    for (size_t i = 0; i < std::min(got.size(), expected.size()); ++i) {
+      if (got[i] != expected[i]) {
+        ADD_FAILURE() << "first difference:\n  migrated: " << got[i] << "\n  new:      " << expected[i];
+        break;
+      }
+    }
+  }
+}
+
+// The reader of old files trusts each column's declared `since_version` (a newer column reads as NULL), so the
+// declarations must say exactly which columns each version has.
+TEST(SchemaTest, ColumnDeclarationsSayWhichVersionAddedEachColumn) {
+  ScratchDir dir;
+  for (int version = 1; version <= LatestSchemaVersion(); ++version) {
+    SCOPED_TRACE("version " + std::to_string(version));
+    sqlite::Database db = OpenRaw(dir.File("v" + std::to_string(version) + ".db"));
+    ASSERT_TRUE(MigrateSchema(db, SchemaMigrations().first(static_cast<size_t>(version))).ok());
+    std::vector<std::string> declared_tables;
+    for (const TableSpec* table : RecordTables()) {
+      if (table->since_version > version) continue;
+      declared_tables.push_back(table->name);
+      std::vector<std::string> declared;
+      for (const ColumnSpec& c : table->columns) {
+        if (c.since_version <= version) declared.push_back(c.name);
+      }
+      EXPECT_EQ(Rows(db, "SELECT name FROM pragma_table_info('" + table->name + "') ORDER BY cid"), declared)
+          << table->name;
+    }
+    std::sort(declared_tables.begin(), declared_tables.end());
+    EXPECT_EQ(Rows(db, "SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name"), declared_tables);
+  }
 }
 
 TEST(SchemaTest, FailedMigrationLeavesThePreviousVersion) {

@@ -96,6 +96,10 @@ std::string HtmlReport(const ExperimentData& data, const Analysis& analysis, con
          "<figcaption>Mean phase times as shares of the mean round time of the rounds each link kind's clients "
          "were in; grey: done, waiting for the round to end.</figcaption>\n</figure>\n";
   out += fl::StrCat("<h2 id=\"stragglers\">", Esc(tables[2].title), "</h2>\n", TableHtml(tables[2]));
+  // Only when there are any: most runs have none, and records before v7 cannot have them.
+  if (!tables[3].rows.empty()) {
+    out += fl::StrCat("<h2 id=\"client-events\">", Esc(tables[3].title), "</h2>\n", TableHtml(tables[3]));
+  }
   out += fl::StrCat("<h2 id=\"rounds\">", Esc(tables[0].title), "</h2>\n");
   out += "<figure>\n" + RoundTimeSvg(data, analysis) + "</figure>\n";
   out += TableHtml(tables[0]);

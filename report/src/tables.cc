@@ -164,16 +164,32 @@ Table StragglersTable(const ExperimentData& data, const Analysis& analysis) {
   return t;
 }
 
+Table ClientEventsTable(const ExperimentData& data) {
+  Table t;
+  t.name = "client_events";
+  t.title = fl::StrCat("Client events (", data.client_events.size(),
+                       ": what fl-server refused from or did to a client outside its round rows)");
+  t.columns = {{"at_unix_ms", 0}, {"client", 0}, {"link_kind", 0}, {"kind", 0},
+               {"round", 0},      {"task_id", 0}, {"reason", 0}};
+  for (const ClientEventRow& e : data.client_events) {
+    t.rows.push_back({e.at_unix_ms, Label(data, e.client_id), LinkOf(data, e.client_id), e.kind,
+                      e.round.has_value() ? Cell(*e.round) : Cell(), Text(e.task_id), Text(e.reason)});
+  }
+  return t;
+}
+
 std::vector<Table> AllTables(const ExperimentData& data, const Analysis& analysis) {
-  return {RoundsTable(data, analysis), LinksTable(data, analysis), StragglersTable(data, analysis)};
+  return {RoundsTable(data, analysis), LinksTable(data, analysis), StragglersTable(data, analysis),
+          ClientEventsTable(data)};
 }
 
 absl::StatusOr<Table> TableByName(const ExperimentData& data, const Analysis& analysis, std::string_view name) {
   if (name == "rounds") return RoundsTable(data, analysis);
   if (name == "links") return LinksTable(data, analysis);
   if (name == "stragglers") return StragglersTable(data, analysis);
+  if (name == "client_events") return ClientEventsTable(data);
   return absl::InvalidArgumentError(
-      fl::StrCat("unknown table '", name, "'; the tables are rounds, links, stragglers"));
+      fl::StrCat("unknown table '", name, "'; the tables are rounds, links, stragglers, client_events"));
 }
 
 std::string FormatCell(const Column& column, const Cell& cell) {
@@ -284,7 +300,10 @@ std::string RenderJson(const ExperimentData& data, const Analysis& analysis, con
       {"eval_accuracy", "classification: fraction of test examples right, weighted by examples"},
       {"eval_mae", "regression: mean absolute error, clients' results weighted by examples"},
       {"eval_perplexity", "next-token: exp(eval_loss)"},
-      {"eval_token_accuracy", "next-token: fraction of test tokens predicted right, weighted by sequences"}};
+      {"eval_token_accuracy", "next-token: fraction of test tokens predicted right, weighted by sequences"},
+      {"client_events", "what fl-server refused from a client (report_refused: a reported figure failed "
+                        "validation) or did to it (upload_revoked, initial_model_reasked, session_closed) outside "
+                        "its round rows, with why (records schema v7; none in older records)"}};
   nlohmann::ordered_json out_tables = nlohmann::ordered_json::object();
   for (const Table& t : tables) {
     nlohmann::ordered_json rows = nlohmann::ordered_json::array();

@@ -36,6 +36,8 @@ class CliTest : public ::testing::Test {
       f.ClientRound("main", r, "wifi", 1000 * r, {.downlink_ms = 5, .train_ms = 100, .uplink_ms = 28});
       f.ClientRound("main", r, "g5", 1000 * r, {.downlink_ms = 9, .train_ms = 100, .uplink_ms = 499.5});
     }
+    f.ClientEvent("main", "wifi", fl::instrumentation::ClientEventKind::kSessionClosed, -1, "",
+                  "more than 100 messages/s", 4500);
     f.Close();
   }
 
@@ -113,7 +115,7 @@ TEST_F(CliTest, ListShowsEveryExperiment) {
 TEST_F(CliTest, CsvWritesOneFilePerTable) {
   const std::string out = dir_.File("csv");
   ASSERT_EQ(Report({db_, "--format", "csv", "--out", out}).code, 0);
-  for (const char* t : {"rounds", "links", "stragglers"}) {
+  for (const char* t : {"rounds", "links", "stragglers", "client_events"}) {
     EXPECT_TRUE(std::filesystem::exists(out + "/" + t + ".csv")) << t;
   }
   const std::string rounds = ReadAll(out + "/rounds.csv");
@@ -124,6 +126,10 @@ TEST_F(CliTest, CsvWritesOneFilePerTable) {
   ASSERT_EQ(one.code, 0);
   EXPECT_EQ(one.output.rfind("link_kind,clients,", 0), 0u) << one.output;
   EXPECT_NE(one.output.find("\n5g,1,4,"), std::string::npos) << one.output;
+  const ToolResult events = Report({db_, "--format", "csv", "--table", "client_events"});
+  ASSERT_EQ(events.code, 0);
+  EXPECT_NE(events.output.find("\n4500,wifi,wifi,session_closed,,,more than 100 messages/s\r\n"), std::string::npos)
+      << events.output;
 }
 
 TEST_F(CliTest, JsonFileParsesWithTheFiguresOfTheRecords) {

@@ -177,5 +177,71 @@ TEST(ExperimentDataTest, SchemaV2DatabaseLoadsWithPhasesLaidEndToEnd) {
   EXPECT_DOUBLE_EQ(*a.links.at(1).uplink_vs_ethernet, 250.0 / 5.0);
 }
 
+// A database of every schema version loads as it is (fl-report never migrates): what the version has is there,
+// what came later is empty; only v7 has client events.
+TEST(ExperimentDataTest, EverySchemaVersionLoads) {
+  fl::testing::ScratchDir dir("report_versions");
+  for (int version = 1; version <= ins::LatestSchemaVersion(); ++version) {
+    SCOPED_TRACE(fl::StrCat("schema version ", version));
+    const std::string path = dir.File(fl::StrCat("v", version, ".db"));
+    {
+      auto db = ins::sqlite::Database::Open(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+      ASSERT_TRUE(db.ok());
+      ASSERT_TRUE(ins::MigrateSchema(*db, ins::SchemaMigrations().first(static_cast<size_t>(version))).ok());
+      ASSERT_TRUE(db->Exec(R"sql(
+        INSERT INTO experiments (id, name, started_unix_ms, software_version) VALUES ('run', 'old', 5, 'x');
+        INSERT INTO clients (experiment_id, client_id, client_name, link_kind, joined_unix_ms)
+          VALUES ('run', 'a', 'pi', 'wifi', 5);
+        INSERT INTO rounds (experiment_id, round, attempt, status, started_unix_ms, ended_unix_ms, duration_ms,
+                            model_version, eval_loss, eval_accuracy) VALUES ('run', 1, 0, 'committed', 1000, 1400,
+                            400, 1, 0.5, 0.75);
+        INSERT INTO client_rounds (experiment_id, round, attempt, client_id, outcome, dispatched_unix_ms,
+                                   downlink_ms, train_ms, uplink_ms) VALUES ('run', 1, 0, 'a', 'ok', 1000, 10, 100, 5);
+        INSERT INTO evaluations (experiment_id, round, attempt, client_id, num_examples, loss, accuracy, eval_ms)
+          VALUES ('run', 1, 0, 'a', 10, 0.5, 0.75, 7);
+      )sql").ok());
+      if (version >= 7) {
+        ASSERT_TRUE(db->Exec("INSERT INTO client_events (experiment_id, client_id, kind, round, reason, at_unix_ms) "
+                             "VALUES ('run', 'a', 'upload_revoked', 1, 'too slow', 1300)")
+                        .ok());
+      }
+    }
+    auto data = LoadExperiment(path);
+    ASSERT_TRUE(data.ok()) << data.status();
+    EXPECT_EQ(data->schema_version, version);
+    EXPECT_EQ(data->has_phase_starts, version >= 3);
+    EXPECT_EQ(data->experiment.task, "classification");
+    EXPECT_EQ(data->experiment.num_rounds, 1);
+    ASSERT_EQ(data->clients.size(), 1u);
+    EXPECT_EQ(data->clients[0].label, "pi");
+    ASSERT_EQ(data->rounds.size(), 1u);
+    EXPECT_EQ(data->rounds[0].eval_accuracy, 0.75);
+    ASSERT_EQ(data->rounds[0].clients.size(), 1u);
+    EXPECT_EQ(data->rounds[0].clients[0].train_ms, 100);
+    EXPECT_FALSE(data->rounds[0].clients[0].clock_offset_ms.has_value());
+    ASSERT_EQ(data->evaluations.size(), 1u);
+    EXPECT_EQ(data->evaluations[0].eval_ms, 7);
+    ASSERT_EQ(data->client_events.size(), version >= 7 ? 1u : 0u);
+    if (version >= 7) {
+      EXPECT_EQ(data->client_events[0].kind, "upload_revoked");
+      EXPECT_EQ(data->client_events[0].round, 1);
+      EXPECT_EQ(data->client_events[0].reason, "too slow");
+    }
+  }
+}
+
+TEST(ExperimentDataTest, NewerSchemaVersionIsRefusedNamingWhatToUpgrade) {
+  fl::testing::ScratchDir dir("report_newer");
+  RecordsFixture f(dir.File("r.db"));
+  f.Experiment("e", 1);
+  f.Round("e", 1, 1000, 10);
+  f.Exec(fl::StrCat("PRAGMA user_version = ", ins::LatestSchemaVersion() + 1));
+  f.Close();
+  auto data = LoadExperiment(dir.File("r.db"));
+  ASSERT_FALSE(data.ok());
+  EXPECT_EQ(data.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(Message(data.status()).find("upgrade fl-server (and fl-report)"), std::string::npos) << data.status();
+}
+
 }  // namespace
 }  // namespace fl::report

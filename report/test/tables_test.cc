@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fl/report/analysis.h"
+#include "fl/report/html_report.h"
 #include "fl/testing/scratch_dir.h"
 #include "records_fixture.h"
 
@@ -15,6 +16,7 @@ namespace fl::report {
 namespace {
 
 using testing::RecordsFixture;
+namespace ins = fl::instrumentation;
 
 std::vector<std::string> Lines(const std::string& text) {
   std::vector<std::string> out;
@@ -39,6 +41,9 @@ class TablesTest : public ::testing::Test {
       f.ClientRound("e", r, "eth-1", 1000 * r, {.downlink_ms = 2, .train_ms = 100, .uplink_ms = 3.0});
       f.ClientRound("e", r, "g5, the slow one", 1000 * r, {.downlink_ms = 20, .train_ms = 100, .uplink_ms = 100.0 / 3});
     }
+    f.ClientEvent("e", "g5, the slow one", ins::ClientEventKind::kUploadRevoked, 2, "t-2",
+                  "upload revoked: 12 bytes/s, under --min-upload-rate", 2500);
+    f.ClientEvent("e", "eth-1", ins::ClientEventKind::kReportRefused, -1, "", "clock pong refused", 1500);
     f.Close();
     auto data = LoadExperiment(dir_.File("r.db"));
     ASSERT_TRUE(data.ok()) << data.status();
@@ -111,8 +116,37 @@ TEST_F(TablesTest, JsonHasEveryTableWithTheSameFigures) {
 TEST_F(TablesTest, TableByNameRejectsUnknownNames) {
   auto t = TableByName(data_, analysis_, "clients");
   ASSERT_FALSE(t.ok());
-  EXPECT_NE(std::string(fl::ToStd(t.status().message())).find("rounds, links, stragglers"), std::string::npos);
+  EXPECT_NE(std::string(fl::ToStd(t.status().message())).find("rounds, links, stragglers, client_events"),
+            std::string::npos);
   EXPECT_TRUE(TableByName(data_, analysis_, "stragglers").ok());
+  EXPECT_TRUE(TableByName(data_, analysis_, "client_events").ok());
+}
+
+// Client events (records v7), by time, with the client's label and link kind; no round or task shows as empty.
+TEST_F(TablesTest, ClientEventsTableListsWhatTheServerRefusedInEveryFormat) {
+  const Table t = ClientEventsTable(data_);
+  ASSERT_EQ(t.rows.size(), 2u);
+  const std::vector<std::string> lines = Lines(RenderCsv(t));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0], "at_unix_ms,client,link_kind,kind,round,task_id,reason");
+  EXPECT_EQ(lines[1], "1500,eth-1,ethernet,report_refused,,,clock pong refused");
+  EXPECT_EQ(lines[2], "2500,\"g5, the slow one\",5g,upload_revoked,2,t-2,"
+                      "\"upload revoked: 12 bytes/s, under --min-upload-rate\"");
+  EXPECT_NE(RenderText(t).find("report_refused"), std::string::npos);
+  const nlohmann::json doc = nlohmann::json::parse(RenderJson(data_, analysis_, AllTables(data_, analysis_)));
+  const nlohmann::json& events = doc["tables"]["client_events"];
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[1]["kind"], "upload_revoked");
+  EXPECT_EQ(events[1]["round"], 2);
+  EXPECT_EQ(events[1]["task_id"], "t-2");
+  EXPECT_TRUE(events[0]["round"].is_null());
+  EXPECT_TRUE(events[0]["task_id"].is_null());
+  EXPECT_TRUE(doc["definitions"].contains("client_events"));
+  // The HTML report shows the section only when there are events.
+  EXPECT_NE(HtmlReport(data_, analysis_, {}).find("id=\"client-events\""), std::string::npos);
+  ExperimentData quiet = data_;
+  quiet.client_events.clear();
+  EXPECT_EQ(HtmlReport(quiet, Analyze(quiet), {}).find("id=\"client-events\""), std::string::npos);
 }
 
 }  // namespace

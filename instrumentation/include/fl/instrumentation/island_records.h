@@ -1,5 +1,5 @@
 // Records of cross-site islands (DiLoCo / Streaming DiLoCo; diloco/coord), in the tables of schema
-// version 4: `islands`, `island_epochs`, `island_syncs` (columns and units: docs/records.md, "Islands").
+// version 5: `islands`, `island_epochs`, `island_syncs` (columns and units: docs/records.md, "Islands").
 //
 // IslandRecordWriter owns a write connection of its own to the records database (beside RecordStore's:
 // WAL lets both write, each waiting for the other's lock up to busy_timeout) and one writer thread; the
@@ -43,6 +43,11 @@ struct IslandRecord {
   std::string state_source_island;   // the peer it copies from; "" = NULL (fresh start)
   std::optional<int64_t> state_source_step;
   std::optional<int64_t> state_source_fragment;
+  // Set by an IslandLeftRecord; an admission is written without them (NULL while a member).
+  std::optional<int64_t> left_unix_ms;
+  std::string left_reason;  // "" = NULL
+
+  bool operator==(const IslandRecord&) const = default;
 };
 
 // Sets left_unix_ms / left_reason of one admission.
@@ -51,6 +56,8 @@ struct IslandLeftRecord {
   int64_t join_seq = 0;
   int64_t left_unix_ms = 0;
   std::string reason;  // "left: finished", "evicted: heartbeat lost", ...
+
+  bool operator==(const IslandLeftRecord&) const = default;
 };
 
 // One membership epoch of one sync, written when it is resolved (or abandoned at shutdown).
@@ -70,6 +77,8 @@ struct IslandEpochRecord {
   int64_t formed_unix_ms = 0;
   int64_t resolved_unix_ms = 0;
   std::string reason;                // why retried/abandoned; "" = NULL
+
+  bool operator==(const IslandEpochRecord&) const = default;
 };
 
 // One member of one epoch: what it reported and what it was told.
@@ -94,6 +103,9 @@ struct IslandSyncRecord {
   std::string vanished_island;  // "" = NULL
   std::string repair_source;    // island told to copy from; "" = NULL
   std::optional<int64_t> reported_unix_ms;
+  std::optional<int64_t> repaired_unix_ms;  // set by an IslandRepairedRecord; NULL until then
+
+  bool operator==(const IslandSyncRecord&) const = default;
 };
 
 // Sets repaired_unix_ms of a member's row: it copied the committed state and reported the right hash.
@@ -102,6 +114,8 @@ struct IslandRepairedRecord {
   int64_t epoch = 0;
   std::string island_id;
   int64_t repaired_unix_ms = 0;
+
+  bool operator==(const IslandRepairedRecord&) const = default;
 };
 
 using IslandRecordVariant =

@@ -49,6 +49,8 @@ struct ExperimentRecord {
   // Schema v6: "classification", "regression" or "next-token" (fl::core::TaskName); "" = not known yet (no
   // client admitted; fl-server sets it with an ExperimentTaskUpdate when its first client joins).
   std::string task;
+
+  bool operator==(const ExperimentRecord&) const = default;
 };
 
 // Sets the experiment's learning task once the first client has been admitted (the experiment row is
@@ -56,6 +58,8 @@ struct ExperimentRecord {
 struct ExperimentTaskUpdate {
   std::string experiment_id;
   std::string task;  // fl::core::TaskName
+
+  bool operator==(const ExperimentTaskUpdate&) const = default;
 };
 
 // Updates an experiment's status (finish, fail, abort, or back to running on --resume). The experiment
@@ -65,6 +69,8 @@ struct ExperimentStatusUpdate {
   ExperimentStatus status = ExperimentStatus::kFinished;
   std::string status_reason;
   std::optional<int64_t> finished_unix_ms;  // NULL while running
+
+  bool operator==(const ExperimentStatusUpdate&) const = default;
 };
 
 // One row of `clients`: a client admitted to an experiment, with what it reported about itself. A client
@@ -87,6 +93,8 @@ struct ClientRecord {
   int64_t joined_unix_ms = 0;
   std::optional<int64_t> left_unix_ms;
   std::string left_reason;
+
+  bool operator==(const ClientRecord&) const = default;
 };
 
 // Marks a client as gone (disconnect, eviction, end of experiment). The client must exist.
@@ -95,6 +103,8 @@ struct ClientLeftRecord {
   std::string client_id;
   int64_t left_unix_ms = 0;
   std::string reason;
+
+  bool operator==(const ClientLeftRecord&) const = default;
 };
 
 // One row of `rounds`: one attempt at one round, written when the attempt ends. A failed or aborted
@@ -122,6 +132,8 @@ struct RoundRecord {
   std::optional<int64_t> eval_num_examples;
   std::optional<double> eval_mae;           // schema v6: regression's mean absolute error, >= 0
   std::optional<double> eval_perplexity;    // schema v6: next-token's exp(eval_loss), >= 1
+
+  bool operator==(const RoundRecord&) const = default;
 };
 
 // Sets the global evaluation of a round attempt (federated evaluation runs after the commit, so the round's
@@ -135,6 +147,8 @@ struct RoundEvaluationUpdate {
   int64_t eval_num_examples = 0;
   std::optional<double> eval_mae;         // regression (schema v6)
   std::optional<double> eval_perplexity;  // next-token (schema v6)
+
+  bool operator==(const RoundEvaluationUpdate&) const = default;
 };
 
 // One row of `client_rounds`: one client's part in one round attempt.
@@ -170,6 +184,8 @@ struct ClientRoundRecord {
   std::optional<double> uplink_server_start_unix_ms;  // server: first byte of the update received
   std::optional<double> downlink_server_start_unix_ms;  // server: the download request arrived
   std::optional<double> downlink_server_ms;             // server: request -> last message handed to gRPC
+
+  bool operator==(const ClientRoundRecord&) const = default;
 };
 
 // Sets the client's own view of the uplink of a client round already written (the client can only measure
@@ -182,6 +198,8 @@ struct ClientRoundUplinkUpdate {
   double uplink_ms = 0;  // client view: first byte of the update sent -> server ack
   std::optional<double> uplink_start_unix_ms;  // the same phase on the server's timeline (schema v3)
   std::optional<double> uplink_end_unix_ms;
+
+  bool operator==(const ClientRoundUplinkUpdate&) const = default;
 };
 
 // One row of `evaluations`: one client's evaluation of the global model in one round attempt.
@@ -198,6 +216,8 @@ struct EvaluationRecord {
   // Schema v6: why the server refused the result (a non-finite or out-of-range figure); "" = accepted. A
   // refused result is recorded with its eval_ms and without figures, and counts in no round's evaluation.
   std::string reject_reason;
+
+  bool operator==(const EvaluationRecord&) const = default;
 };
 
 // One row of `checkpoints`: a global model saved after a committed round.
@@ -210,6 +230,8 @@ struct CheckpointRecord {
   std::string fingerprint;   // ModelSpec fingerprint, 16 lowercase hex digits (fl::core::FingerprintToHex)
   std::string checksum;      // Checksum64 of the file's bytes, hex; "" = not computed
   int64_t created_unix_ms = 0;
+
+  bool operator==(const CheckpointRecord&) const = default;
 };
 
 // A round's commit: its `rounds` row, its `client_rounds` rows and the `checkpoints` row of the model it produced,
@@ -265,6 +287,8 @@ struct ClientEventRecord {
   std::string task_id;                 // "" when none
   std::string reason;                  // human-readable; the store bounds it to 1024 bytes
   int64_t at_unix_ms = 0;
+
+  bool operator==(const ClientEventRecord&) const = default;
 };
 
 using Record = std::variant<ExperimentRecord, ExperimentStatusUpdate, ClientRecord, ClientLeftRecord, RoundRecord,

@@ -1,8 +1,9 @@
 // The record store's schema, as an ordered list of migrations keyed by PRAGMA user_version.
 //
-// user_version N means "migrations 1..N have been applied". Adding a schema change is adding one entry at
-// the end of the list in schema.cc (version = previous + 1) and documenting it in docs/records.md; never
-// edit an entry that has shipped. Each migration runs in its own BEGIN IMMEDIATE transaction together with
+// user_version N means "the schema of version N": migrations 1..N have been applied, or the file was created at
+// version N from the column declarations (record_columns.h). Adding a schema change is adding one entry at the
+// end of the list in schema.cc (version = previous + 1), declaring the same change in record_columns.cc, and
+// documenting it in docs/records.md; never edit an entry that has shipped. Each migration runs in its own BEGIN IMMEDIATE transaction together with
 // the user_version bump, so a failed migration leaves the database at the previous version.
 #pragma once
 
@@ -11,6 +12,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "fl/instrumentation/sqlite.h"
 
 namespace fl::instrumentation {
@@ -35,15 +37,27 @@ std::span<const Migration> SchemaMigrations();
 int LatestSchemaVersion();
 
 // Brings `db` to the last version in `migrations` (SchemaMigrations() in production; tests pass their own).
+// - an empty file (version 0) gets `newest_schema` in one step when it is given (in production
+//   LatestSchemaSql(), the schema the migrations reach, generated from record_columns.h), else every migration;
 // - a database already at that version is left untouched;
 // - a database with a newer user_version is refused (FailedPrecondition naming both versions: upgrade
 //   fl-server);
 // - a file with another program's application_id, or with tables but no version, is refused;
 // - an invalid list (versions not 1, 2, 3, ...) is an Internal error.
-absl::Status MigrateSchema(sqlite::Database& db, std::span<const Migration> migrations);
+absl::Status MigrateSchema(sqlite::Database& db, std::span<const Migration> migrations,
+                           std::string_view newest_schema = {});
+
+// What RecordStore and IslandRecordWriter run on their write connection: a new file gets LatestSchemaSql(), an
+// older one SchemaMigrations() from its version on.
+absl::Status MigrateRecordsSchema(sqlite::Database& db);
 
 // Checks, without changing anything, that `db` is at exactly the version `latest` (used by read-only
 // connections, which cannot migrate).
 absl::Status CheckSchemaVersion(sqlite::Database& db, int latest);
+
+// The schema version of a records database that a read-only connection can read as it is: 1 to `latest`.
+// FailedPrecondition naming the path and what to do for a file SQLite cannot read, another program's SQLite file
+// (another application_id, or no version), and a newer version than `latest`.
+absl::StatusOr<int> CheckReadableSchemaVersion(sqlite::Database& db, int latest);
 
 }  // namespace fl::instrumentation

@@ -47,6 +47,10 @@ class Statement {
   // An empty string is stored as NULL: for text columns where "unknown" is a legitimate value.
   void BindTextOrNull(int index, std::string_view value);
 
+  // The index of the named parameter (":name", including its prefix) for the Bind* calls; 0 when the statement
+  // has none by that name, which the next Step() reports as a failed bind.
+  int ParameterIndex(std::string_view name) const;
+
   // true: a row is ready; false: done. The error names the database path, `what` and SQLite's message.
   absl::StatusOr<bool> Step(std::string_view what);
   // Runs the statement to completion, discarding rows.

@@ -1,10 +1,11 @@
 // Loading one experiment out of a records database (the SQLite file fl-server --db writes) for fl-report.
 //
-// Reads with plain SQL on a read-only connection of its own, never blocks a running fl-server (WAL), and
-// reads every schema version from 1 to this build's latest: columns added by later migrations (clock offsets
-// in v2, phase start times on the server's timeline in v3) are looked up with PRAGMA table_info and read as
-// NULL when the database predates them, so reports of old runs keep working (v6's task reads as
-// classification: every experiment before it trained a classifier).
+// Reads through instrumentation's RecordReader (OpenAnyVersion) on a read-only connection of its own, in one
+// snapshot, never blocks a running fl-server (WAL), and reads every schema version from 1 to this build's latest
+// without migrating it: columns added by later migrations (clock offsets in v2, phase start times on the
+// server's timeline in v3) read as NULL and tables added later (client events in v7) as empty when the database
+// predates them, so reports of old runs keep working (v6's task reads as classification: every experiment
+// before it trained a classifier).
 #pragma once
 
 #include <cstdint>
@@ -65,8 +66,9 @@ struct ClientRoundRow {
   std::optional<double> uplink_start_unix_ms;
   std::optional<double> uplink_end_unix_ms;
   std::optional<double> uplink_server_start_unix_ms;
-  // SQLite's rowid: rows of a round are written in the order the server decided their outcome, i.e. the
-  // order updates finished arriving. Used only to break ties between equal arrival estimates.
+  // Rows of a round are written in the order the server decided their outcome, i.e. the order updates finished
+  // arriving: this row's place in that order (increasing within a round attempt). Used only to break ties
+  // between equal arrival estimates.
   int64_t write_order = 0;
 
   bool accepted() const { return outcome == "ok"; }
@@ -111,6 +113,16 @@ struct EvaluationRow {
   std::string reject_reason;   // v6: why fl-server refused the result; "" = accepted
 };
 
+// One row of `client_events` (v7): something fl-server refused from or did to a client outside its round rows.
+struct ClientEventRow {
+  std::string client_id;
+  std::string kind;  // report_refused, upload_revoked, initial_model_reasked, session_closed
+  std::optional<int64_t> round;
+  std::string task_id;  // "" when none
+  std::string reason;
+  int64_t at_unix_ms = 0;
+};
+
 struct ExperimentData {
   std::string db_path;
   int schema_version = 0;
@@ -119,6 +131,7 @@ struct ExperimentData {
   std::vector<ClientInfo> clients;  // by join time
   std::vector<RoundAttempt> rounds;  // by (round, attempt)
   std::vector<EvaluationRow> evaluations;  // by (round, attempt, client_id)
+  std::vector<ClientEventRow> client_events;  // by time (empty before v7)
 
   // nullptr for an id not in `clients`.
   const ClientInfo* FindClient(std::string_view client_id) const;
