@@ -5,11 +5,14 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <memory>
 #include <string>
 
 #include <gtest/gtest.h>
 
 #include "fl/core/str_cat.h"
+#include "fl/instrumentation/record_reader.h"
+#include "fl/instrumentation/record_store.h"
 #include "fl/instrumentation/records.h"
 #include "fl/testing/scratch_dir.h"
 
@@ -94,6 +97,25 @@ inline ClientRoundRecord ClientRound(const std::string& experiment_id, int64_t r
   c.codec = "int8-blockwise";
   c.train_loss = 0.75;
   return c;
+}
+
+// Opens the store / a reader of `path`, failing the test (and returning null) on error.
+inline std::unique_ptr<RecordStore> MustOpen(const std::string& path, RecordStoreOptions options = {}) {
+  auto store = RecordStore::Open(path, std::move(options));
+  EXPECT_TRUE(store.ok()) << store.status();
+  return store.ok() ? *std::move(store) : nullptr;
+}
+
+inline std::unique_ptr<RecordReader> MustRead(const std::string& path) {
+  auto reader = RecordReader::Open(path);
+  EXPECT_TRUE(reader.ok()) << reader.status();
+  return reader.ok() ? *std::move(reader) : nullptr;
+}
+
+inline int64_t Count(RecordReader& reader, const std::string& sql) {
+  absl::StatusOr<int64_t> n = reader.QueryInt(sql);
+  EXPECT_TRUE(n.ok()) << n.status();
+  return n.ok() ? *n : -1;
 }
 
 }  // namespace fl::instrumentation::testing_util
