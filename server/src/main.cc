@@ -5,12 +5,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -30,7 +33,6 @@
 #include "fl/server/service.h"
 #include "fl/rpc/grpc_server.h"
 #include "fl/server/strategy.h"
-#include "fl/diloco/coordinator.h"
 
 namespace {
 
@@ -67,15 +69,50 @@ void InstallFaultHandlers(const std::string& db_path) {
   signal(SIGXFSZ, SIG_IGN);
 }
 
+// `fl-server --mode islands ARGS` is an alias of `fl-coordinator ARGS` (the islands coordinator has its own binary,
+// diloco/coord): exec it from this binary's directory (an installation) or the build tree's diloco/coord/.
+bool IslandsModeRequested(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--mode=islands") == 0) return true;
+    if (std::strcmp(argv[i], "--mode") == 0 && i + 1 < argc && std::strcmp(argv[i + 1], "islands") == 0) return true;
+  }
+  return false;
+}
+
+int ExecCoordinator(int argc, char** argv) {
+  std::error_code ec;
+  const std::filesystem::path dir = std::filesystem::read_symlink("/proc/self/exe", ec).parent_path();
+  const std::filesystem::path installed = dir / "fl-coordinator";
+  const std::filesystem::path built = dir.parent_path() / "diloco" / "coord" / "fl-coordinator";
+  const std::string coordinator = (std::filesystem::exists(installed) ? installed : built).string();
+  std::vector<char*> args = {const_cast<char*>(coordinator.c_str())};
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--mode=islands") == 0) continue;
+    if (std::strcmp(argv[i], "--mode") == 0 && i + 1 < argc && std::strcmp(argv[i + 1], "islands") == 0) {
+      ++i;
+      continue;
+    }
+    args.push_back(argv[i]);
+  }
+  args.push_back(nullptr);
+  std::fprintf(stderr, "fl-server: --mode islands is the islands coordinator's old name: running %s\n",
+               coordinator.c_str());
+  ::execv(coordinator.c_str(), args.data());
+  std::fprintf(stderr,
+               "fl-server: cannot run %s (%s): install fl-coordinator beside fl-server, or run fl-coordinator "
+               "directly with the same flags\n",
+               coordinator.c_str(), std::strerror(errno));
+  return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  // --mode islands: the DiLoCo islands coordinator (diloco/coord, its own flags) instead of the round engine.
-  if (fl::diloco::IslandsModeRequested(argc, argv)) return fl::diloco::RunCoordinatorMain(argc, argv);
+  if (IslandsModeRequested(argc, argv)) return ExecCoordinator(argc, argv);  // alias: fl-coordinator
   CLI::App app{"fl-server: the federated-learning aggregator (fl.v1 control plane over gRPC)"};
   app.set_version_flag("--version", std::string("fl-server ") + FL_VERSION);
   std::string mode = "fl";
-  app.add_option("--mode", mode, "fl: federated rounds; islands: the DiLoCo islands coordinator (--mode islands --help)")
+  app.add_option("--mode", mode, "fl: federated rounds; islands: runs fl-coordinator (an alias; fl-coordinator --help)")
       ->check(CLI::IsMember({"fl", "islands"}))
       ->capture_default_str();
   EngineConfig config;

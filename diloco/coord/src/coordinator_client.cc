@@ -7,6 +7,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/base/thread_annotations.h"
 #include "coordinator_wire.h"
 #include "fl/core/clock.h"
 #include "fl/core/str_cat.h"
@@ -66,16 +67,16 @@ struct CoordinatorClient::Impl {
   std::unique_ptr<fl::v1::Islands::Stub> stub;
 
   mutable std::mutex mu;
-  Assignment assignment;
-  std::string token;
-  bool evicted = false;
-  std::string eviction_reason;
+  Assignment assignment;  // written under mu; assignment() hands out a reference (read it between calls)
+  std::string token ABSL_GUARDED_BY(mu);
+  bool evicted ABSL_GUARDED_BY(mu) = false;
+  std::string eviction_reason ABSL_GUARDED_BY(mu);
 
   // The session stream: written by the heartbeat thread (after the hello), read by the reader thread.
   std::mutex session_mu;
   std::condition_variable session_cv;
-  bool stop_session = false;
-  std::unique_ptr<grpc::ClientContext> session_ctx;
+  bool stop_session ABSL_GUARDED_BY(session_mu) = false;
+  std::unique_ptr<grpc::ClientContext> session_ctx ABSL_GUARDED_BY(session_mu);
   std::unique_ptr<grpc::ClientReaderWriter<fl::v1::IslandUp, fl::v1::IslandDown>> stream;
   std::thread reader;
   std::thread heartbeat;

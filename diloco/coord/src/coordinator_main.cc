@@ -1,11 +1,11 @@
-// fl-server --mode islands: the islands coordinator as a process (flags, records, metrics, signals).
+// fl-coordinator: the islands coordinator as a process (flags, records, metrics, signals). `fl-server --mode
+// islands ARGS` is an alias that execs `fl-coordinator ARGS`.
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
-#include <cstring>
 #include <iostream>
 #include <thread>
 
@@ -16,7 +16,6 @@
 
 #include "fl/core/log_format.h"
 
-#include "fl/core/clock.h"
 #include "fl/core/str_cat.h"
 #include "fl/diloco/coordinator.h"
 #include "fl/instrumentation/island_metrics.h"
@@ -25,15 +24,6 @@
 #include "fl/rpc/grpc_server.h"
 
 namespace fl::diloco {
-
-bool IslandsModeRequested(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--mode=islands") == 0) return true;
-    if (std::strcmp(argv[i], "--mode") == 0 && i + 1 < argc && std::strcmp(argv[i + 1], "islands") == 0) return true;
-  }
-  return false;
-}
-
 namespace {
 
 std::string ConfigJson(const CoordinatorOptions& o) {
@@ -68,10 +58,24 @@ std::string HostName() {
   return gethostname(buf, sizeof(buf) - 1) == 0 ? std::string(buf) : std::string();
 }
 
-}  // namespace
+// How the run ended: the experiment's recorded status, the exit code and the last line printed.
+struct Ending {
+  instrumentation::ExperimentStatus status;
+  int exit_code;
+  std::string summary;
+};
 
-int RunCoordinatorMain(int argc, char** argv) {
-  CLI::App app{"fl-server --mode islands: the coordinator of cross-site islands (DiLoCo / Streaming DiLoCo)"};
+Ending EndingOf(bool signalled, const CoordinatorSnapshot& snap) {
+  if (signalled) {
+    return {instrumentation::ExperimentStatus::kAborted, 130, snap.failure.empty() ? "signal" : snap.failure};
+  }
+  if (!snap.failure.empty()) return {instrumentation::ExperimentStatus::kFailed, 1, snap.failure};
+  return {instrumentation::ExperimentStatus::kFinished, 0, "schedule complete"};
+}
+
+int Run(int argc, char** argv) {
+  CLI::App app{"fl-coordinator: the coordinator of cross-site islands (DiLoCo / Streaming DiLoCo)"};
+  app.set_version_flag("--version", std::string("fl-coordinator ") + FL_VERSION);
   CoordinatorOptions o;
   std::string mode = "islands";
   std::string listen = "0.0.0.0:50051";
@@ -82,7 +86,10 @@ int RunCoordinatorMain(int argc, char** argv) {
   std::string log_level = "info";
   std::vector<std::string> island_options;
   IslandSchedule& s = o.schedule;
-  app.add_option("--mode", mode, "islands (this mode); fl: the federated round engine")->capture_default_str();
+  // Accepted so that a `fl-server --mode islands ...` command line runs unchanged with this binary's name.
+  app.add_option("--mode", mode, "islands (the only mode; accepted for fl-server --mode islands command lines)")
+      ->check(CLI::IsMember({"islands"}))
+      ->capture_default_str();
   app.add_option("--listen", listen, "Address to serve gRPC on; port 0 picks a free port")->capture_default_str();
   app.add_option("--port-file", port_file, "Write the bound port to this file once listening");
   app.add_option("--db", db_path, "SQLite records database (created if missing); empty: no records")
@@ -130,7 +137,7 @@ int RunCoordinatorMain(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
-  spdlog::set_default_logger(spdlog::stderr_color_mt("fl-server"));
+  spdlog::set_default_logger(spdlog::stderr_color_mt("fl-coordinator"));
   spdlog::set_level(spdlog::level::from_str(log_level));
   o.software_version = FL_VERSION;
   for (const std::string& kv : island_options) {
@@ -152,11 +159,11 @@ int RunCoordinatorMain(int argc, char** argv) {
     }
   }
   if (o.experiment_id.empty()) {
-    o.experiment_id = fl::StrCat(o.experiment_name, "-", UnixMs(), "-", instrumentation::HashHex(
-        static_cast<uint64_t>(NowNs()) * 0x9e3779b97f4a7c15ULL).substr(0, 6));
+    o.experiment_id = fl::StrCat(o.experiment_name, "-", o.clock->UnixMs(), "-", instrumentation::HashHex(
+        static_cast<uint64_t>(o.clock->NowNs()) * 0x9e3779b97f4a7c15ULL).substr(0, 6));
   }
   if (absl::Status st = o.Validate(); !st.ok()) {
-    std::cerr << "fl-server: " << st.message() << "\n";
+    std::cerr << "fl-coordinator: " << st.message() << "\n";
     return 2;
   }
 
@@ -171,26 +178,26 @@ int RunCoordinatorMain(int argc, char** argv) {
   if (!db_path.empty()) {
     auto opened = instrumentation::RecordStore::Open(db_path);
     if (!opened.ok()) {
-      std::cerr << "fl-server: " << opened.status().message() << "\n";
+      std::cerr << "fl-coordinator: " << opened.status().message() << "\n";
       return 2;
     }
     store = std::move(*opened);
     instrumentation::ExperimentRecord exp;
     exp.id = o.experiment_id;
     exp.name = o.experiment_name;
-    exp.started_unix_ms = UnixMs();
+    exp.started_unix_ms = o.clock->UnixMs();
     exp.config_json = ConfigJson(o);
     exp.software_version = o.software_version;
     exp.host = HostName();
     absl::Status st = store->Enqueue(exp);
     if (st.ok()) st = store->Flush();
     if (!st.ok()) {
-      std::cerr << "fl-server: " << st.message() << "\n";
+      std::cerr << "fl-coordinator: " << st.message() << "\n";
       return 2;
     }
     auto writer = instrumentation::IslandRecordWriter::Open(db_path);
     if (!writer.ok()) {
-      std::cerr << "fl-server: " << writer.status().message() << "\n";
+      std::cerr << "fl-coordinator: " << writer.status().message() << "\n";
       return 2;
     }
     records = std::move(*writer);
@@ -199,7 +206,7 @@ int RunCoordinatorMain(int argc, char** argv) {
   if (!metrics_addr.empty()) {
     auto started = instrumentation::IslandMetrics::Start(metrics_addr, o.experiment_id);
     if (!started.ok()) {
-      std::cerr << "fl-server: " << started.status().message() << "\n";
+      std::cerr << "fl-coordinator: " << started.status().message() << "\n";
       return 2;
     }
     metrics = std::move(*started);
@@ -207,12 +214,12 @@ int RunCoordinatorMain(int argc, char** argv) {
   }
   auto coordinator = Coordinator::Create(o, records.get(), metrics.get());
   if (!coordinator.ok()) {
-    std::cerr << "fl-server: " << coordinator.status().message() << "\n";
+    std::cerr << "fl-coordinator: " << coordinator.status().message() << "\n";
     return 2;
   }
   auto server = StartCoordinatorServer(coordinator->get(), listen);
   if (!server.ok()) {
-    std::cerr << "fl-server: " << server.status().message() << "\n";
+    std::cerr << "fl-coordinator: " << server.status().message() << "\n";
     return 2;
   }
   spdlog::info("islands experiment {} listening on port {} (H={}, P={}, tau={}, codec {}, {} outer steps)",
@@ -228,7 +235,7 @@ int RunCoordinatorMain(int argc, char** argv) {
     if (sigwait(&signals, &sig) != 0 || exiting.load()) return;
     spdlog::warn("signal {} received: shutting the islands coordinator down", sig);
     signalled.store(true);
-    coord->Shutdown(fl::StrCat("fl-server received signal ", sig));
+    coord->Shutdown(fl::StrCat("fl-coordinator received signal ", sig));
   });
   while (!coord->WaitDone(absl::Seconds(1))) {
   }
@@ -241,26 +248,25 @@ int RunCoordinatorMain(int argc, char** argv) {
   server->server->Wait();
   server->server.reset();  // before the coordinator: the server holds its service
   coordinator->reset();
-  const std::string status = signalled.load() ? "aborted" : (snap.failure.empty() ? "finished" : "failed");
+  const Ending ending = EndingOf(signalled.load(), snap);
   if (records != nullptr) {
     if (absl::Status st = records->Close(); !st.ok()) spdlog::error("island records: {}", st.message());
   }
   if (store != nullptr) {
     instrumentation::ExperimentStatusUpdate update;
     update.experiment_id = o.experiment_id;
-    update.status = status == "finished" ? instrumentation::ExperimentStatus::kFinished
-                    : status == "failed" ? instrumentation::ExperimentStatus::kFailed
-                                         : instrumentation::ExperimentStatus::kAborted;
+    update.status = ending.status;
     update.status_reason = snap.failure;
-    update.finished_unix_ms = UnixMs();
+    update.finished_unix_ms = o.clock->UnixMs();
     (void)store->Enqueue(update);
     if (absl::Status st = store->Close(); !st.ok()) spdlog::error("closing the records: {}", st.message());
   }
-  std::cout << "experiment " << o.experiment_id << " " << status << ": "
-            << (snap.failure.empty() ? (signalled.load() ? "signal" : "schedule complete") : snap.failure)
-            << std::endl;
-  if (status == "finished") return 0;
-  return status == "aborted" ? 130 : 1;
+  std::cout << "experiment " << o.experiment_id << " " << instrumentation::ExperimentStatusName(ending.status) << ": "
+            << ending.summary << std::endl;
+  return ending.exit_code;
 }
 
+}  // namespace
 }  // namespace fl::diloco
+
+int main(int argc, char** argv) { return fl::diloco::Run(argc, argv); }

@@ -9,6 +9,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/base/thread_annotations.h"
 #include "coordinator_wire.h"
 #include "fl/core/checksum.h"
 #include "fl/core/str_cat.h"
@@ -58,6 +59,11 @@ class StateService final : public fl::v1::IslandState::Service {
     return served_;
   }
 
+  size_t waiting() const {
+    std::lock_guard lock(mu_);
+    return waiting_;
+  }
+
   grpc::Status FetchState(grpc::ServerContext* ctx, const fl::v1::FetchStateRequest* request,
                           grpc::ServerWriter<fl::v1::StateChunk>* writer) override {
     std::shared_ptr<const StateSnapshot> snapshot;
@@ -70,8 +76,12 @@ class StateService final : public fl::v1::IslandState::Service {
         }
         return snapshot != nullptr || stopping_ || ctx->IsCancelled();
       };
-      while (!find() && std::chrono::steady_clock::now() < deadline) {
-        cv_.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(100)));
+      if (!find()) {
+        ++waiting_;
+        while (!find() && std::chrono::steady_clock::now() < deadline) {
+          cv_.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(100)));
+        }
+        --waiting_;
       }
       if (snapshot == nullptr) {
         std::string held;
@@ -115,9 +125,10 @@ class StateService final : public fl::v1::IslandState::Service {
   const size_t keep_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::shared_ptr<const StateSnapshot>> snapshots_;  // oldest first
-  bool stopping_ = false;
-  uint64_t served_ = 0;
+  std::deque<std::shared_ptr<const StateSnapshot>> snapshots_ ABSL_GUARDED_BY(mu_);  // oldest first
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t served_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t waiting_ ABSL_GUARDED_BY(mu_) = 0;  // fetches waiting for their snapshot to be published
 };
 
 struct StateServer::Impl {
@@ -151,6 +162,7 @@ void StateServer::Publish(StateSnapshot snapshot) { impl_->service->Publish(std:
 int StateServer::port() const { return impl_->port; }
 std::string StateServer::endpoint() const { return fl::StrCat("127.0.0.1:", impl_->port); }
 uint64_t StateServer::transfers_served() const { return impl_->service->served(); }
+size_t StateServer::fetches_waiting() const { return impl_->service->waiting(); }
 
 absl::StatusOr<StateSnapshot> FetchState(const std::string& endpoint, uint64_t expected_hash,
                                          const FetchOptions& options) {

@@ -15,13 +15,14 @@
 #include "fl/diloco/coordinator.h"
 #include "fl/diloco/coordinator_client.h"
 #include "fl/diloco/state_transfer.h"
+#include "fl/rpc/clock.h"
 
 namespace fl::diloco::testing {
 
 inline constexpr uint64_t kFingerprint = 0x1234abcd5678ef90ULL;
 
-// Options with short liveness timeouts so that dropped islands are noticed quickly, and long barrier and
-// report timeouts so that no test depends on how fast the machine is.
+// Options for a coordinator on the harness's ManualClock: no deadline passes unless a test advances the clock
+// (CoordinatorHarness::Advance), so no test depends on how fast the machine is.
 inline CoordinatorOptions TestOptions(uint32_t min_islands = 1) {
   CoordinatorOptions o;
   o.experiment_id = "coord-test";
@@ -37,10 +38,23 @@ inline CoordinatorOptions TestOptions(uint32_t min_islands = 1) {
   return o;
 }
 
+// Polls `done` until it holds: for what travels over gRPC, never for a deadline. False after `max_wait`.
+template <class Done>
+bool WaitUntil(Done done, std::chrono::milliseconds max_wait = std::chrono::seconds(60)) {
+  const auto until = std::chrono::steady_clock::now() + max_wait;
+  while (std::chrono::steady_clock::now() < until) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return done();
+}
+
+// A coordinator on loopback gRPC, its loop on a thread of its own and its deadlines on a ManualClock.
 class CoordinatorHarness {
  public:
   explicit CoordinatorHarness(CoordinatorOptions options, instrumentation::IslandRecordWriter* records = nullptr,
                               instrumentation::IslandMetrics* metrics = nullptr) {
+    options.clock = &clock_;
     auto c = Coordinator::Create(std::move(options), records, metrics);
     EXPECT_TRUE(c.ok()) << c.status();
     coordinator_ = std::move(*c);
@@ -62,19 +76,22 @@ class CoordinatorHarness {
   std::string address() const { return fl::StrCat("127.0.0.1:", server_.port); }
   Coordinator& coordinator() { return *coordinator_; }
 
-  // Waits (polling the coordinator's snapshot) until `pred` holds; false after `max_wait` (a generous bound,
-  // never an assertion about speed).
+  // Moves the coordinator's clock and returns the state once every deadline now due has been handled.
+  CoordinatorSnapshot Advance(std::chrono::nanoseconds by) {
+    clock_.AdvanceNs(by.count());
+    return coordinator_->Snapshot();
+  }
+
+  // Waits (polling the coordinator's snapshot) until `pred` holds: for what travels over gRPC (a session that
+  // opened or closed), never for a deadline. False after `max_wait` (a generous bound, not an assertion about
+  // speed).
   template <class Pred>
   bool WaitFor(Pred pred, std::chrono::milliseconds max_wait = std::chrono::seconds(60)) {
-    const auto until = std::chrono::steady_clock::now() + max_wait;
-    while (std::chrono::steady_clock::now() < until) {
-      if (pred(coordinator_->Snapshot())) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return pred(coordinator_->Snapshot());
+    return WaitUntil([&] { return pred(coordinator_->Snapshot()); }, max_wait);
   }
 
  private:
+  rpc::ManualClock clock_;
   std::unique_ptr<Coordinator> coordinator_;
   RunningCoordinatorServer server_;
 };

@@ -1,6 +1,6 @@
-// The real `fl-server --mode islands` process: two simulated islands run a whole Streaming DiLoCo schedule
-// against it over loopback; the server exits 0 once the last sync committed and both left, and its records
-// say so. Bad flags are refused with a message naming the value.
+// The real `fl-coordinator` process: two simulated islands run a whole Streaming DiLoCo schedule against it over
+// loopback; it exits 0 once the last sync committed and both left, and its records say so. Bad flags are refused
+// with a message naming the value, also through the alias `fl-server --mode islands`.
 #include <sys/wait.h>
 
 #include <filesystem>
@@ -30,10 +30,10 @@ int WaitForPort(const std::string& port_file, fl::testing::Subprocess& server) {
   return 0;
 }
 
-TEST(ProcessTest, FlServerInIslandsModeRunsTheScheduleAndRecordsIt) {
+TEST(ProcessTest, FlCoordinatorRunsTheScheduleAndRecordsIt) {
   fl::testing::ScratchDir dir("fl_coord_proc");
   const std::string db = dir.File("records.db");
-  fl::testing::Subprocess server({FL_SERVER_BIN, "--mode", "islands", "--listen", "127.0.0.1:0", "--port-file",
+  fl::testing::Subprocess server({FL_COORDINATOR_BIN, "--listen", "127.0.0.1:0", "--port-file",
                                   dir.File("port"), "--db", db, "--experiment-id", "islands-proc", "--inner-steps",
                                   "4", "--fragments", "2", "--outer-steps", "2", "--min-islands", "2", "--codec",
                                   "int8", "--island-option", "model=charlm", "--heartbeat-interval-ms", "100"},
@@ -77,17 +77,37 @@ TEST(ProcessTest, FlServerInIslandsModeRunsTheScheduleAndRecordsIt) {
 
 TEST(ProcessTest, BadFlagsAreRefusedNamingTheValue) {
   fl::testing::ScratchDir dir("fl_coord_proc");
-  fl::testing::Subprocess server({FL_SERVER_BIN, "--mode", "islands", "--inner-steps", "10", "--fragments", "3",
-                                  "--db", ""},
+  fl::testing::Subprocess server({FL_COORDINATOR_BIN, "--inner-steps", "10", "--fragments", "3", "--db", ""},
                                  dir.File("server.log"));
   EXPECT_EQ(server.Wait(std::chrono::seconds(30)), 2);
   const std::string log = ReadFile(dir.File("server.log"));
   EXPECT_NE(log.find("--fragments = 3"), std::string::npos) << log;
 
-  fl::testing::Subprocess codec({FL_SERVER_BIN, "--mode=islands", "--codec", "int9", "--db", ""},
+  // A `fl-server --mode islands` command line runs unchanged under the new name.
+  fl::testing::Subprocess codec({FL_COORDINATOR_BIN, "--mode=islands", "--codec", "int9", "--db", ""},
                                 dir.File("codec.log"));
   EXPECT_EQ(codec.Wait(std::chrono::seconds(30)), 2);
   EXPECT_NE(ReadFile(dir.File("codec.log")).find("int9"), std::string::npos) << ReadFile(dir.File("codec.log"));
+}
+
+// The old command is an alias: fl-server says so on stderr and execs fl-coordinator with the other arguments.
+TEST(ProcessTest, FlServerModeIslandsExecsFlCoordinator) {
+  fl::testing::ScratchDir dir("fl_coord_proc");
+  fl::testing::Subprocess alias({FL_SERVER_BIN, "--mode", "islands", "--inner-steps", "10", "--fragments", "3", "--db",
+                                 ""},
+                                dir.File("alias.log"));
+  EXPECT_EQ(alias.Wait(std::chrono::seconds(30)), 2);
+  const std::string log = ReadFile(dir.File("alias.log"));
+  EXPECT_NE(log.find("fl-server: --mode islands is the islands coordinator's old name: running "), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("fl-coordinator: --fragments = 3 is invalid"), std::string::npos)
+      << "the refusal comes from fl-coordinator itself: " << log;
+
+  fl::testing::Subprocess help({FL_SERVER_BIN, "--mode=islands", "--help"}, dir.File("help.log"));
+  EXPECT_EQ(help.Wait(std::chrono::seconds(30)), 0);
+  EXPECT_NE(ReadFile(dir.File("help.log")).find("fl-coordinator: the coordinator of cross-site islands"),
+            std::string::npos)
+      << ReadFile(dir.File("help.log"));
 }
 
 }  // namespace

@@ -54,7 +54,7 @@ TEST(StateTransferTest, FetchWaitsForTheSnapshotToBePublished) {
   const std::vector<uint8_t> image = {1, 2, 3, 4, 5};
   const uint64_t hash = core::Checksum64(image);
   auto fetch = std::async(std::launch::async, [&] { return FetchState((*server)->endpoint(), hash); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(WaitUntil([&] { return (*server)->fetches_waiting() == 1; })) << "the fetch reached the server";
   (*server)->Publish({SyncKey{0, 0}, hash, image});
   auto snap = fetch.get();
   ASSERT_TRUE(snap.ok()) << snap.status();

@@ -1,8 +1,8 @@
-// The islands coordinator: fl.v1.Islands, served by `fl-server --mode islands` (see
-// docs/diloco-coordinator.md). It admits islands, fixes the ring order (admission order) and the
-// outer-step schedule (its flags; identical for every island), runs one membership barrier per sync,
-// compares the islands' state hashes after every sync and orders repairs, and tells late joiners where to
-// copy the global state from. It never sees parameters: only ids, endpoints, hashes and measurements.
+// The islands coordinator: fl.v1.Islands, served by `fl-coordinator` (see docs/diloco-coordinator.md). It
+// admits islands, fixes the ring order (admission order) and the outer-step schedule (its flags; identical for
+// every island), runs one membership barrier per sync, compares the islands' state hashes after every sync and
+// orders repairs, and tells late joiners where to copy the global state from. It never sees parameters: only
+// ids, endpoints, hashes and measurements.
 //
 // Membership rules (the whole protocol is in coordinator_client.h):
 //   - an island is a member from its admission (fresh start) or from its StateLoaded (late joiner);
@@ -18,8 +18,11 @@
 //     first in ring order); members with another hash, and members whose exchange failed, are told to
 //     repair from a live holder of that hash. If nobody applied it, every reporter is told to retry and
 //     the next BeginSync of that key forms a new epoch without the evicted islands.
-// Threading: one mutex guards all state; gRPC callback reactors and one timer thread take it briefly and
-// finish RPCs after releasing it. Nothing blocks under the lock except enqueuing records.
+//
+// Threading: one event loop (rpc::EventLoop) owns all state. gRPC reactors parse and Post() events
+// (coordinator_events.h); the loop thread handles them one at a time, runs the deadlines as timers on the
+// injected clock, and answers the calls. The states and their transition tables are in coordinator_states.h;
+// records, metrics and log lines are observers of the transitions (coordinator_observer.h).
 #pragma once
 
 #include <cstdint>
@@ -29,11 +32,15 @@
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/service_type.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "fl/diloco/coordinator_client.h"
+#include "fl/diloco/coordinator_events.h"
+#include "fl/diloco/coordinator_observer.h"
+#include "fl/rpc/clock.h"
 
 namespace fl::instrumentation {
 class IslandRecordWriter;
@@ -61,6 +68,15 @@ struct CoordinatorOptions {
   uint32_t blame_grace_ms = 2000;
   std::string software_version;             // recorded
 
+  // The clock of every deadline (heartbeats, barrier, reports, blame grace) and of the records' timestamps.
+  const rpc::Clock* clock = rpc::SystemClock::Get();
+  // true: the coordinator runs its event loop on a thread of its own. false: whoever created it drives the
+  // loop with Coordinator::RunUntilIdle() (deterministic tests on an rpc::ManualClock; the gRPC service is
+  // then of no use, as nothing would handle its events).
+  bool own_thread = true;
+  // Observers besides the records, metrics and log ones (tests); they must outlive the coordinator.
+  std::vector<CoordinatorObserver*> observers;
+
   // InvalidArgument naming the field, its value and the valid range.
   absl::Status Validate() const;
 };
@@ -69,10 +85,11 @@ struct CoordinatorOptions {
 struct CoordinatorSnapshot {
   std::vector<std::string> members;  // live members (admitted and not loading), in ring order
   std::vector<std::string> loading;  // late joiners copying the state
+  std::vector<std::string> connected;  // live islands whose session stream is open (hello received), by id
   uint64_t last_epoch = 0;
   std::optional<SyncKey> last_committed;
   uint64_t hash_mismatches = 0;      // members whose hash differed from the majority, all syncs
-  uint64_t evictions = 0;
+  uint64_t evictions = 0;            // departures other than refusals and the shutdown (leaving counts)
   bool finished = false;             // the last sync of the schedule committed
   std::string failure;               // set when the experiment failed (too many attempts of one sync)
 };
@@ -91,19 +108,28 @@ class Coordinator {
   grpc::Service* service();
   const CoordinatorOptions& options() const;
 
-  // Tells every session, refuses later calls and fails every waiting call with Unavailable. Idempotent.
+  // Tells every session, refuses later calls and fails every waiting call with Unavailable; returns once the
+  // loop did so. Idempotent. Not from an observer.
   void Shutdown(const std::string& reason);
   // Waits until the schedule's last sync committed and no island is left (or the experiment failed, or
-  // Shutdown), at most `timeout`. True when that happened.
+  // Shutdown), at most `timeout`. True when that happened. Without own_thread: runs the loop until idle and
+  // answers at once.
   bool WaitDone(absl::Duration timeout);
+  // The state once every event posted before the call, and every deadline due on the clock by then, has been
+  // handled (a query through the loop). Not from an observer.
   CoordinatorSnapshot Snapshot() const;
 
+  // Hands an event to the loop; any thread. The gRPC service posts one per call and stream message.
+  void Post(CoordinatorEvent event);
+  // Without own_thread: handles every queued event and due timer on the calling thread until none is left.
+  // Returns the number of loop turns that did something.
+  size_t RunUntilIdle();
+
  private:
-  struct State;
-  class Service;
-  explicit Coordinator(std::unique_ptr<State> state);
-  std::unique_ptr<State> state_;
-  std::unique_ptr<Service> service_;
+  class Core;
+  explicit Coordinator(std::unique_ptr<Core> core);
+  std::unique_ptr<Core> core_;
+  std::unique_ptr<grpc::Service> service_;
 };
 
 // Starts a gRPC server (the project's settings: keepalive, message sizes, reflection) for `coordinator`.
@@ -115,11 +141,5 @@ struct RunningCoordinatorServer {
 };
 absl::StatusOr<RunningCoordinatorServer> StartCoordinatorServer(Coordinator* coordinator,
                                                                 const std::string& listen_address);
-
-// fl-server --mode islands: true when argv holds "--mode islands" or "--mode=islands".
-bool IslandsModeRequested(int argc, char** argv);
-// The whole fl-server islands mode: parses its own flags (see --mode islands --help), opens the records
-// and metrics, serves until the schedule finished and every island left, or SIGINT/SIGTERM. Exit code.
-int RunCoordinatorMain(int argc, char** argv);
 
 }  // namespace fl::diloco

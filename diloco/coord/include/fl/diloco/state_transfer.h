@@ -59,6 +59,8 @@ class StateServer {
   // use the host's reachable address with port().
   std::string endpoint() const;
   uint64_t transfers_served() const;
+  // Fetches waiting for a snapshot that is not published yet.
+  size_t fetches_waiting() const;
 
  private:
   struct Impl;
