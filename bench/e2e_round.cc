@@ -14,21 +14,18 @@
 // the targets (round time <= 2x the raw-TCP limit; server peak RSS < 4x model + 200 MB, whatever K is).
 //
 // Not a Google Benchmark binary (its name does not match bench/*_bench.cc): it starts processes and takes
-// minutes. Every process it starts is stopped on every path (SIGKILL on failure, PR_SET_PDEATHSIG if this
-// process dies). MB = 10^6 bytes throughout.
+// minutes. Every process it starts (fl::sys::Child) is stopped on every path (SIGTERM then SIGKILL on failure,
+// PR_SET_PDEATHSIG if this process dies). MB = 10^6 bytes throughout.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/types.h>
 #include <sys/utsname.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -60,6 +57,7 @@
 #include "fl/core/str_cat.h"
 #include "fl/instrumentation/record_reader.h"
 #include "fl/instrumentation/records.h"
+#include "fl/sys/process.h"
 
 #ifndef FL_SERVER_PATH
 #define FL_SERVER_PATH "fl-server"
@@ -111,115 +109,21 @@ std::optional<int64_t> ProcKb(const std::string& file, std::string_view key) {
 // ---------------------------------------------------------------------------------------------------------
 // Child processes.
 
-struct ExitInfo {
-  int code = -1;  // exit status, or 128 + signal
-  double cpu_s = 0;  // user + system
-  double user_s = 0;
-  double sys_s = 0;
-  int64_t max_rss_kb = 0;
-};
-
-class Child {
- public:
-  Child() = default;
-  // Starts argv[0] with argv, stdout and stderr appended to log_path. Forks from the calling thread: call it
-  // from the main thread (PR_SET_PDEATHSIG fires when the forking thread exits).
-  // `env` adds NAME=VALUE entries to the inherited environment.
-  static absl::StatusOr<Child> Start(const std::vector<std::string>& argv, const std::string& log_path,
-                                     const std::vector<std::string>& env = {}) {
-    std::vector<std::string> copy = argv;
-    std::vector<char*> args;
-    for (auto& a : copy) args.push_back(a.data());
-    args.push_back(nullptr);
-    std::vector<std::string> env_copy = env;
-    std::vector<char*> envp;
-    for (auto& e : env_copy) envp.push_back(e.data());
-    for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
-    envp.push_back(nullptr);
-    const pid_t parent = getpid();
-    const pid_t pid = fork();
-    if (pid < 0) return absl::InternalError(fl::StrCat("fork: ", std::strerror(errno)));
-    if (pid == 0) {
-      // Only async-signal-safe calls between fork and exec.
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(126);
-      const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      if (fd >= 0) {
-        dup2(fd, 1);
-        dup2(fd, 2);
-        close(fd);
-      }
-      const int null_fd = open("/dev/null", O_RDONLY);
-      if (null_fd >= 0) {
-        dup2(null_fd, 0);
-        close(null_fd);
-      }
-      // exec resets the harness's SIGINT/SIGTERM handlers to the default.
-      execve(args[0], args.data(), envp.data());
-      _exit(127);
-    }
-    Child c;
-    c.pid_ = pid;
-    return c;
-  }
-  Child(Child&& o) noexcept : pid_(o.pid_), exit_(o.exit_) { o.pid_ = -1; }
-  Child& operator=(Child&& o) noexcept {
-    if (this != &o) {
-      Stop();
-      pid_ = o.pid_;
-      exit_ = o.exit_;
-      o.pid_ = -1;
-    }
-    return *this;
-  }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-  ~Child() { Stop(); }
-
-  pid_t pid() const { return pid_; }
-  bool running() const { return pid_ > 0 && !exit_.has_value(); }
-  const std::optional<ExitInfo>& exit_info() const { return exit_; }
-
-  // Reaps the child if it has exited (wait4: exit status and resource usage). True when it has.
-  bool Poll() {
-    if (!running()) return exit_.has_value();
-    int status = 0;
-    rusage ru{};
-    const pid_t r = wait4(pid_, &status, WNOHANG, &ru);
-    if (r != pid_) return false;
-    ExitInfo e;
-    e.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    e.user_s = static_cast<double>(ru.ru_utime.tv_sec) + 1e-6 * static_cast<double>(ru.ru_utime.tv_usec);
-    e.sys_s = static_cast<double>(ru.ru_stime.tv_sec) + 1e-6 * static_cast<double>(ru.ru_stime.tv_usec);
-    e.cpu_s = e.user_s + e.sys_s;
-    e.max_rss_kb = ru.ru_maxrss;  // kB on Linux
-    exit_ = e;
-    return true;
-  }
-  bool WaitFor(std::chrono::milliseconds timeout) {
-    const auto end = Clock::now() + timeout;
-    while (!Poll()) {
-      if (Clock::now() >= end) return false;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return true;
-  }
-  void Signal(int sig) {
-    if (running()) ::kill(pid_, sig);
-  }
-  // SIGTERM, then SIGKILL after a grace period; reaps.
-  void Stop(std::chrono::milliseconds grace = std::chrono::milliseconds(2000)) {
-    if (!running()) return;
-    Signal(SIGTERM);
-    if (WaitFor(grace)) return;
-    Signal(SIGKILL);
-    WaitFor(std::chrono::milliseconds(10000));
-  }
-
- private:
-  pid_t pid_ = -1;
-  std::optional<ExitInfo> exit_;
-};
+// fl-server or an fl-client (fl::sys::Child): stdout and stderr appended to `log_path`, `env` (NAME=VALUE) added
+// to the inherited environment, its own process group, SIGKILL when this process dies. Spawn from the main
+// thread: PR_SET_PDEATHSIG fires when the spawning thread exits. Its ExitStatus carries the CPU time and peak
+// RSS (wait4); the destructor stops it (SIGTERM, 2 s, SIGKILL).
+absl::StatusOr<fl::sys::Child> StartChild(const std::vector<std::string>& argv, const std::string& log_path,
+                                          const std::vector<std::string>& env = {}) {
+  fl::sys::SpawnOptions o;
+  o.argv = argv;
+  o.env = env;
+  o.stdout_to = fl::sys::Stdio::File(log_path, /*append_to_it=*/true);
+  o.stderr_to = fl::sys::Stdio::ToStdout();
+  o.death_signal = SIGKILL;
+  o.stop_grace = std::chrono::milliseconds(2000);
+  return fl::sys::Child::Spawn(o);
+}
 
 // ---------------------------------------------------------------------------------------------------------
 // The raw-TCP limit.
@@ -572,16 +476,16 @@ absl::Status RunFederation(const Options& o, const std::string& dir, PointResult
                                           "--log-level=warn"};
   for (const auto& a : o.server_args) server_argv.push_back(a);
   const auto started = Clock::now();
-  auto server = Child::Start(server_argv, server_log, o.server_env);
+  auto server = StartChild(server_argv, server_log, o.server_env);
   if (!server.ok()) return server.status();
-  std::vector<Child> clients;
+  std::vector<fl::sys::Child> clients;
   // Whatever happens below, every process is stopped when `clients` and `server` go out of scope.
   int port = 0;
   while (port == 0) {
     if (g_interrupted.load()) return absl::CancelledError("interrupted");
-    if (server->Poll()) {
+    if (server->Poll().has_value()) {
       TailLog(server_log);
-      return absl::InternalError(fl::StrCat("fl-server exited with ", server->exit_info()->code, " before listening"));
+      return absl::InternalError(fl::StrCat("fl-server ", server->exit_status()->Describe(), " before listening"));
     }
     if (Seconds(Clock::now() - started) > 60) return absl::DeadlineExceededError("fl-server did not listen in 60 s");
     if (auto text = ReadFile(port_file); text.ok() && !text->empty()) port = std::atoi(text->c_str());
@@ -601,14 +505,14 @@ absl::Status RunFederation(const Options& o, const std::string& dir, PointResult
                                      "--link-interface=lo",
                                      "--log-level=warn"};
     for (const auto& a : o.client_args) argv.push_back(a);
-    auto c = Child::Start(argv, fl::StrCat(dir, "/client-", i, ".log"));
+    auto c = StartChild(argv, fl::StrCat(dir, "/client-", i, ".log"));
     if (!c.ok()) return c.status();
     client_pids.push_back(c->pid());
     clients.push_back(std::move(*c));
   }
   RssSampler sampler(server->pid(), client_pids, o.sample_ms, dir + "/rss.csv");
   absl::Status status = absl::OkStatus();
-  while (!server->Poll()) {
+  while (!server->Poll().has_value()) {
     if (g_interrupted.load()) {
       status = absl::CancelledError("interrupted");
       break;
@@ -618,9 +522,9 @@ absl::Status RunFederation(const Options& o, const std::string& dir, PointResult
       break;
     }
     for (size_t i = 0; i < clients.size(); ++i) {
-      if (clients[i].Poll() && clients[i].exit_info()->code != 0 && status.ok()) {
+      if (clients[i].Poll().has_value() && !clients[i].exit_status()->success() && status.ok()) {
         TailLog(fl::StrCat(dir, "/client-", i, ".log"));
-        status = absl::InternalError(fl::StrCat("fl-client ", i, " exited with ", clients[i].exit_info()->code,
+        status = absl::InternalError(fl::StrCat("fl-client ", i, " ", clients[i].exit_status()->Describe(),
                                                 " while fl-server was running"));
       }
     }
@@ -633,12 +537,12 @@ absl::Status RunFederation(const Options& o, const std::string& dir, PointResult
     TailLog(server_log);
     return status;  // the destructors stop fl-server and every fl-client
   }
-  const ExitInfo& se = *server->exit_info();
-  if (se.code != 0) {
+  const fl::sys::ExitStatus& se = *server->exit_status();
+  if (!se.success()) {
     TailLog(server_log);
-    return absl::InternalError(fl::StrCat("fl-server exited with ", se.code));
+    return absl::InternalError(fl::StrCat("fl-server ", se.Describe()));
   }
-  r->server_cpu_s = se.cpu_s;
+  r->server_cpu_s = se.cpu_s();
   r->server_user_s = se.user_s;
   r->server_sys_s = se.sys_s;
   r->server_rss_mb = static_cast<double>(std::max(se.max_rss_kb, sampler.server_peak_kb())) * 1024.0 / kMB;
@@ -648,11 +552,11 @@ absl::Status RunFederation(const Options& o, const std::string& dir, PointResult
   int bad_clients = 0;
   r->clients_cpu_s = 0;
   for (auto& c : clients) {
-    if (!c.WaitFor(std::chrono::seconds(30))) c.Stop();
-    if (c.exit_info()) {
-      r->clients_cpu_s += c.exit_info()->cpu_s;
-      client_rss.push_back(static_cast<double>(c.exit_info()->max_rss_kb) * 1024.0 / kMB);
-      if (c.exit_info()->code != 0) ++bad_clients;
+    if (!c.Wait(std::chrono::seconds(30)).ok()) (void)c.Stop(std::chrono::seconds(2));
+    if (const std::optional<fl::sys::ExitStatus>& e = c.exit_status(); e.has_value()) {
+      r->clients_cpu_s += e->cpu_s();
+      client_rss.push_back(static_cast<double>(e->max_rss_kb) * 1024.0 / kMB);
+      if (!e->success()) ++bad_clients;
     }
   }
   if (bad_clients > 0) std::cerr << "e2e_round: warning: " << bad_clients << " fl-client(s) exited non-zero\n";

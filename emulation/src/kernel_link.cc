@@ -1,11 +1,9 @@
 #include "fl/emulation/kernel_link.h"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/file.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -22,9 +20,12 @@
 #include "fl/core/log_format.h"
 #include "fl/core/str_cat.h"
 #include "fl/emulation/shaper.h"
+#include "fl/sys/process.h"
 
 namespace fl::emulation {
 namespace {
+
+using fl::sys::RunCommand;
 
 constexpr char kNetnsPrefix[] = "fle_";
 constexpr char kLinkPrefix[] = "fle";
@@ -39,12 +40,6 @@ std::string Hex(uint64_t v) {
   std::ostringstream os;
   os << std::hex << v;
   return os.str();
-}
-
-std::string JoinArgs(const std::vector<std::string>& argv) {
-  std::string s;
-  for (const auto& a : argv) s = s.empty() ? a : StrCat(s, " ", a);
-  return s;
 }
 
 std::string Ipv4(uint32_t a) {
@@ -122,72 +117,6 @@ std::string KernelLinkInterfaceName(int pid, int index, char side) {
   // At most 15 characters (IFNAMSIZ - 1): "fle" + 6 hex pid + "_" + up to 4 hex index + side.
   return StrCat(kLinkPrefix, Hex(static_cast<uint64_t>(pid)), "_", Hex(static_cast<uint64_t>(index) & 0xFFFF),
                 std::string(1, side));
-}
-
-absl::StatusOr<std::string> RunCommand(const std::vector<std::string>& argv) {
-  if (argv.empty()) return absl::InvalidArgumentError("RunCommand: empty command");
-  std::vector<std::string> args = argv;
-  std::vector<char*> cargs;
-  for (auto& a : args) cargs.push_back(a.data());
-  cargs.push_back(nullptr);
-  int out_pipe[2];
-  int err_pipe[2];
-  if (pipe2(out_pipe, O_CLOEXEC) != 0) return absl::InternalError(StrCat("pipe: ", std::strerror(errno)));
-  if (pipe2(err_pipe, O_CLOEXEC) != 0) {
-    close(out_pipe[0]);
-    close(out_pipe[1]);
-    return absl::InternalError(StrCat("pipe: ", std::strerror(errno)));
-  }
-  const pid_t pid = fork();
-  if (pid == 0) {
-    // Only async-signal-safe calls between fork and exec: the parent may have other threads.
-    dup2(out_pipe[1], 1);
-    dup2(err_pipe[1], 2);
-    const int devnull = open("/dev/null", O_RDONLY);
-    if (devnull >= 0) dup2(devnull, 0);
-    execvp(cargs[0], cargs.data());
-    _exit(127);
-  }
-  close(out_pipe[1]);
-  close(err_pipe[1]);
-  if (pid < 0) {
-    close(out_pipe[0]);
-    close(err_pipe[0]);
-    return absl::InternalError(StrCat("fork: ", std::strerror(errno)));
-  }
-  std::string out, err;
-  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
-  int open_fds = 2;
-  while (open_fds > 0) {
-    if (poll(fds, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      break;
-    }
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
-      char buf[4096];
-      const ssize_t n = read(fds[i].fd, buf, sizeof(buf));
-      if (n > 0) {
-        (i == 0 ? out : err).append(buf, static_cast<size_t>(n));
-      } else if (n == 0 || errno != EINTR) {
-        close(fds[i].fd);
-        fds[i].fd = -1;
-        --open_fds;
-      }
-    }
-  }
-  for (auto& f : fds) {
-    if (f.fd >= 0) close(f.fd);
-  }
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return out;
-  while (!err.empty() && (err.back() == '\n' || err.back() == ' ')) err.pop_back();
-  const std::string how = WIFEXITED(status) ? (WEXITSTATUS(status) == 127 ? std::string("could not be run (127)")
-                                                                         : StrCat("exited with ", WEXITSTATUS(status)))
-                                            : StrCat("killed by signal ", WTERMSIG(status));
-  return absl::InternalError(StrCat("`", JoinArgs(argv), "` ", how, err.empty() ? "" : ": ", err));
 }
 
 absl::StatusOr<NetemSupport> DetectNetem() {

@@ -7,13 +7,9 @@
 //   fl-link cleanup                                   remove namespaces/links left by crashed runs
 //   fl-link calibrate PROFILE... [--backend userspace|kernel|both] [--write]
 #include <signal.h>
-#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
-#include <atomic>
-#include <cerrno>
-#include <cstdlib>
-#include <thread>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -29,6 +25,7 @@
 #include "fl/emulation/kernel_link.h"
 #include "fl/emulation/link_profile.h"
 #include "fl/emulation/shaping_relay.h"
+#include "fl/sys/process.h"
 
 namespace fe = fl::emulation;
 
@@ -124,35 +121,30 @@ int Netns(const std::string& path, const std::string& target, uint64_t seed, std
     }
   }
   std::cout << "namespace " << (*link)->netns() << ": connect to " << client_target << " -> " << target << std::endl;
-  const std::vector<std::string> argv = (*link)->WrapCommand(command);
-  std::vector<std::string> args = argv;
-  std::vector<char*> cargs;
-  for (auto& a : args) cargs.push_back(a.data());
-  cargs.push_back(nullptr);
-  setenv("FL_LINK_TARGET", client_target.c_str(), 1);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
-    execvp(cargs[0], cargs.data());
-    _exit(127);
+  // In fl-link's own process group, with the terminal's stdin: an interactive command (a shell in the namespace)
+  // stays in the terminal's foreground group. SIGINT/SIGTERM sent to fl-link itself are forwarded to it.
+  fl::sys::SpawnOptions spawn;
+  spawn.argv = (*link)->WrapCommand(command);
+  spawn.env = {fl::StrCat("FL_LINK_TARGET=", client_target)};
+  spawn.stdin_from = fl::sys::Stdio::Inherit();
+  spawn.new_process_group = false;
+  absl::StatusOr<fl::sys::Child> child = fl::sys::Child::Spawn(spawn);
+  int rc = 127;
+  if (!child.ok()) {
+    std::cerr << child.status().message() << "\n";
+  } else {
+    // Forward Ctrl-C/SIGTERM (blocked in every thread, taken here) to the command until it has exited.
+    while (!child->Poll().has_value()) {
+      const timespec tick{0, 50 * 1000 * 1000};
+      const int sig = sigtimedwait(&set, nullptr, &tick);
+      if (sig > 0) (void)child->Signal(sig);
+    }
+    rc = child->exit_status()->code;
   }
-  // Forward Ctrl-C/SIGTERM to the command, then clean up once it has exited.
-  std::atomic<bool> exited{false};
-  std::thread forwarder([&set, &exited, pid] {
-    int sig = 0;
-    while (sigwait(&set, &sig) == 0 && !exited.load()) kill(pid, sig);
-  });
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  // The command is reaped: wake the forwarder so that it exits without signalling a reused pid.
-  exited.store(true);
-  pthread_kill(forwarder.native_handle(), SIGTERM);
-  forwarder.join();
   const auto stats = (*link)->relay_stats();
   if (auto s = (*link)->Destroy(); !s.ok()) std::cerr << "cleanup: " << s.message() << "\n";
   std::cout << "forwarded " << stats.uplink_bytes << " bytes up, " << stats.downlink_bytes << " bytes down\n";
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return rc;
 }
 
 int Calibrate(const std::vector<std::string>& paths, const std::string& backend, bool write, double seconds,

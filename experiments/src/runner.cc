@@ -21,15 +21,17 @@
 #include "fl/core/str_cat.h"
 #include "fl/emulation/kernel_link.h"
 #include "fl/emulation/shaping_relay.h"
-#include "fl/experiment/process_group.h"
 #include "fl/instrumentation/record_store.h"
 #include "fl/instrumentation/sqlite.h"
+#include "fl/sys/process_group.h"
 
 namespace fl::experiment {
 namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+using fl::sys::ChildExit;
+using fl::sys::ProcessGroup;
 
 std::string Fmt(double v) {
   std::ostringstream os;
@@ -206,7 +208,7 @@ absl::StatusOr<std::string> ResolveBackend(const Manifest& m) {
   }
   if (m.emulation.backend == "userspace") return std::string("userspace");
   // auto: the kernel backend where it can work, which we find out by asking `ip` for the namespaces.
-  if (root && emulation::RunCommand({"ip", "netns", "list"}).ok() && emulation::RunCommand({"tc", "-V"}).ok()) {
+  if (root && fl::sys::RunCommand({"ip", "netns", "list"}).ok() && fl::sys::RunCommand({"tc", "-V"}).ok()) {
     return std::string("kernel");
   }
   return std::string("userspace");

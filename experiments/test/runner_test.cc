@@ -15,8 +15,8 @@
 #include <thread>
 
 #include "fl/core/str_cat.h"
-#include "fl/emulation/kernel_link.h"
 #include "fl/instrumentation/record_reader.h"
+#include "fl/sys/process.h"
 #include "fl/testing/scratch_dir.h"
 
 namespace fl::experiment {
@@ -143,7 +143,7 @@ TEST(RunnerTest, KernelBackendRunsClientsInNamespacesAndRemovesThem) {
   ASSERT_TRUE(clients.ok());
   EXPECT_EQ(clients->size(), 3u);
   // Namespaces of this process (fle_<pid>_<n>) are all removed.
-  absl::StatusOr<std::string> netns = emulation::RunCommand({"ip", "netns", "list"});
+  absl::StatusOr<std::string> netns = fl::sys::RunCommand({"ip", "netns", "list"});
   ASSERT_TRUE(netns.ok()) << netns.status();
   EXPECT_EQ(netns->find(fl::StrCat("fle_", getpid(), "_")), std::string::npos) << *netns;
   EXPECT_EQ(ProcessesMentioning(dir.path()), 0);

@@ -216,7 +216,6 @@ absl::StatusOr<Child> Child::Spawn(const SpawnOptions& o) {
 
   absl::StatusOr<OwnedFd> in = OpenStdio(o.stdin_from, STDIN_FILENO, who);
   if (!in.ok()) return in.status();
-  if (o.stdin_from.kind == Stdio::Kind::kToStdout) return absl::InvalidArgumentError(StrCat(who, ": stdin from stdout"));
   absl::StatusOr<OwnedFd> out = OpenStdio(o.stdout_to, STDOUT_FILENO, who);
   if (!out.ok()) return out.status();
   absl::StatusOr<OwnedFd> err = OpenStdio(o.stderr_to, STDERR_FILENO, who);
@@ -236,6 +235,10 @@ absl::StatusOr<Child> Child::Spawn(const SpawnOptions& o) {
   sigset_t no_signals;
   sigemptyset(&no_signals);
   const pid_t parent = getpid();
+  rlimit files{};
+  const int max_fd = getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY
+                         ? static_cast<int>(std::min<rlim_t>(files.rlim_cur, 1 << 16))
+                         : 1024;
 
   const pid_t pid = fork();
   if (pid < 0) return absl::ResourceExhaustedError(StrCat("cannot start ", who, ": fork: ", std::strerror(errno)));
@@ -253,10 +256,15 @@ absl::StatusOr<Child> Child::Spawn(const SpawnOptions& o) {
     if (out_fd >= 0 && dup2(out_fd, STDOUT_FILENO) < 0) ReportAndExit(report[1], Stage::kStdio);
     if (err_fd >= 0 && dup2(err_fd, STDERR_FILENO) < 0) ReportAndExit(report[1], Stage::kStdio);
     if (err_to_out && dup2(STDOUT_FILENO, STDERR_FILENO) < 0) ReportAndExit(report[1], Stage::kStdio);
+    // Only 0, 1 and 2 cross the exec (a listening socket of the parent must not live on in a child). Marked
+    // close-on-exec rather than closed: the report pipe must stay open until exec succeeds.
+    bool marked = false;
 #if defined(SYS_close_range) && defined(CLOSE_RANGE_CLOEXEC)
-    // Only 0, 1 and 2 cross the exec (a listening socket of the parent must not live on in a child).
-    syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
+    marked = syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) == 0;
 #endif
+    if (!marked) {  // kernels before 5.11
+      for (int fd = 3; fd < max_fd; ++fd) fcntl(fd, F_SETFD, FD_CLOEXEC);
+    }
     if (cwd != nullptr && chdir(cwd) != 0) ReportAndExit(report[1], Stage::kChdir);
     execve(program->c_str(), cargs.data(), cenv.data());
     ReportAndExit(report[1], Stage::kExec);

@@ -5,11 +5,6 @@
 // A missing module is a test failure naming the package and deploy/install-deps.sh, never a skip.
 #pragma once
 
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -17,8 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-
-extern char** environ;
+#include "fl/sys/process.h"
 
 namespace fl::testing {
 
@@ -28,27 +22,19 @@ inline constexpr const char* kSystemPython = "/usr/bin/python3";
 // Returns the captured output, or an error with it when the interpreter exits non-zero.
 inline absl::StatusOr<std::string> RunPython(const std::string& script, const std::vector<std::string>& args,
                                              const std::string& log_path) {
-  std::vector<std::string> argv_storage = {kSystemPython, "-c", script};
-  argv_storage.insert(argv_storage.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& arg : argv_storage) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  pid_t pid = 0;
-  const int spawned = posix_spawn(&pid, kSystemPython, &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (spawned != 0) return absl::InternalError(std::string("cannot start ") + kSystemPython);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0) {
-  }
+  fl::sys::SpawnOptions o;
+  o.argv = {kSystemPython, "-c", script};
+  o.argv.insert(o.argv.end(), args.begin(), args.end());
+  o.stdout_to = fl::sys::Stdio::File(log_path, /*append_to_it=*/false);
+  o.stderr_to = fl::sys::Stdio::ToStdout();
+  absl::StatusOr<fl::sys::Child> child = fl::sys::Child::Spawn(o);
+  if (!child.ok()) return child.status();
+  const fl::sys::ExitStatus status = child->Wait();
   std::ifstream in(log_path);
   std::stringstream output;
   output << in.rdbuf();
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return absl::InternalError(std::string(kSystemPython) + " failed:\n" + output.str());
+  if (!status.success()) {
+    return absl::InternalError(std::string(kSystemPython) + " " + status.Describe() + ":\n" + output.str());
   }
   return output.str();
 }

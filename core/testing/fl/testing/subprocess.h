@@ -1,44 +1,44 @@
 // Test support: child processes that are always stopped (SIGKILL in the destructor), free loopback ports.
 #pragma once
 
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <optional>
 #include <string>
-#include <thread>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "fl/sys/process.h"
+
 namespace fl::testing {
 
+// A fl::sys::Child for tests: its own process group, SIGKILL when the test process dies (even a crashed or
+// killed test leaves no server behind), stdin from /dev/null. A program that cannot be started is a test
+// failure naming it (and Wait() then answers 127).
 class Subprocess {
  public:
   // Starts `argv[0]` with `argv`; stdout and stderr go to `log_path` (appended) when given.
   Subprocess(std::vector<std::string> argv, const std::string& log_path = "") {
-    pid_ = fork();
-    if (pid_ == 0) {
-      if (!log_path.empty()) {
-        int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) {
-          dup2(fd, 1);
-          dup2(fd, 2);
-          close(fd);
-        }
-      }
-      std::vector<char*> args;
-      for (auto& a : argv) args.push_back(a.data());
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      _exit(127);
+    fl::sys::SpawnOptions o;
+    o.argv = std::move(argv);
+    o.death_signal = SIGKILL;
+    if (!log_path.empty()) {
+      o.stdout_to = fl::sys::Stdio::File(log_path, /*append_to_it=*/true);
+      o.stderr_to = fl::sys::Stdio::ToStdout();
     }
-    EXPECT_GT(pid_, 0) << "fork failed";
+    absl::StatusOr<fl::sys::Child> child = fl::sys::Child::Spawn(o);
+    if (child.ok()) {
+      child_ = std::move(*child);
+    } else {
+      ADD_FAILURE() << child.status().message();
+      spawn_failed_ = true;
+    }
   }
   ~Subprocess() {
     if (running()) Kill(SIGKILL);
@@ -47,29 +47,23 @@ class Subprocess {
   Subprocess(const Subprocess&) = delete;
   Subprocess& operator=(const Subprocess&) = delete;
 
-  bool running() const { return pid_ > 0 && !exit_code_.has_value(); }
+  pid_t pid() const { return child_.pid(); }
+  bool running() const { return child_.running(); }
+  // `sig` to the child's process group.
   void Kill(int sig) {
-    if (running()) ::kill(pid_, sig);
+    if (running()) (void)child_.Signal(sig);
   }
   // The exit code (128 + signal when killed), or nullopt if still running after `timeout`.
   std::optional<int> Wait(std::chrono::milliseconds timeout) {
-    if (exit_code_.has_value() || pid_ <= 0) return exit_code_;
-    const auto end = std::chrono::steady_clock::now() + timeout;
-    do {
-      int status = 0;
-      pid_t r = waitpid(pid_, &status, WNOHANG);
-      if (r == pid_) {
-        exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        return exit_code_;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    } while (std::chrono::steady_clock::now() < end);
-    return std::nullopt;
+    if (spawn_failed_) return 127;
+    absl::StatusOr<fl::sys::ExitStatus> e = child_.Wait(timeout);
+    if (!e.ok()) return std::nullopt;
+    return e->code;
   }
 
  private:
-  pid_t pid_ = -1;
-  std::optional<int> exit_code_;
+  fl::sys::Child child_;
+  bool spawn_failed_ = false;
 };
 
 // A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read it back, close).

@@ -26,10 +26,6 @@
 
 namespace fl::emulation {
 
-// Runs argv (argv[0] looked up in PATH) and returns its stdout; an error names the command, its exit
-// status and its stderr.
-absl::StatusOr<std::string> RunCommand(const std::vector<std::string>& argv);
-
 struct NetemSupport {
   bool available = false;
   std::string detail;  // how it was decided ("tc: Error: Specified qdisc kind is unknown." ...)
