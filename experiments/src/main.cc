@@ -90,10 +90,10 @@ int RunIslands(const std::string& manifest_path, const std::string& out_dir, con
   fl::diloco::LaunchPaths paths;
   const fs::path dir = bin_dir.empty() ? SelfDir() : fs::path(bin_dir);
   paths.fl_island = (dir / "fl-island").string();
-  paths.fl_server = (dir / "fl-server").string();
+  paths.fl_coordinator = (dir / "fl-coordinator").string();
   if (bin_dir.empty() && !fs::exists(paths.fl_island)) {  // the build tree
     paths.fl_island = (dir.parent_path() / "diloco" / "island" / "fl-island").string();
-    paths.fl_server = (dir.parent_path() / "server" / "fl-server").string();
+    paths.fl_coordinator = (dir.parent_path() / "diloco" / "coord" / "fl-coordinator").string();
   }
   paths.out_dir = out_dir.empty() ? (fs::path("out") / config->name).string() : out_dir;
   absl::StatusOr<fl::diloco::IslandsExperimentResult> r = fl::diloco::RunIslandsExperiment(*config, paths);
@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
   std::string bin_dir;
-  app.add_option("--bin-dir", bin_dir, "Where fl-server and fl-client are (default: found beside this binary)");
+  app.add_option("--bin-dir", bin_dir, "Where fl-server and fl-client (islands: fl-island, fl-coordinator) are (default: beside this binary)");
 
   std::string manifest_path, db_path, out_dir;
   CLI::App* run = app.add_subcommand("run", "Run an experiment on this machine from its manifest");

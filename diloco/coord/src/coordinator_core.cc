@@ -266,8 +266,9 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
                                                                  instrumentation::IslandMetrics* metrics) {
   if (options.experiment_id.empty() && options.clock != nullptr) {
     std::random_device rd;
+    const uint64_t random = (static_cast<uint64_t>(rd()) << 32) ^ rd();
     options.experiment_id = fl::StrCat(options.experiment_name, "-", options.clock->UnixMs(), "-",
-                                       instrumentation::HashHex((static_cast<uint64_t>(rd()) << 32) ^ rd()).substr(0, 6));
+                                       instrumentation::HashHex(random).substr(0, 6));
   }
   if (absl::Status s = options.Validate(); !s.ok()) return s;
   std::vector<std::unique_ptr<CoordinatorObserver>> owned;
@@ -278,7 +279,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
     owned.push_back(MakeMetricsObserver(metrics));
   }
   const bool own_thread = options.own_thread;
-  std::unique_ptr<Coordinator> coordinator(new Coordinator(std::make_unique<Core>(std::move(options), std::move(owned))));
+  auto core = std::make_unique<Core>(std::move(options), std::move(owned));
+  std::unique_ptr<Coordinator> coordinator(new Coordinator(std::move(core)));
   if (own_thread) coordinator->core_->Start();
   return coordinator;
 }

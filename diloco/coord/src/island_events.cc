@@ -214,7 +214,9 @@ void Coordinator::Core::AnswerJoins() {
 void Coordinator::Core::OnJoin(JoinEvent& e) {
   const fl::v1::IslandJoinRequest& req = e.request;
   auto refuse = [&](grpc::StatusCode code, fl::v1::ErrorCode ecode, std::string msg, std::string field,
-                    std::string hint) { e.reply(CoordError(code, ecode, std::move(msg), std::move(field), std::move(hint)), {}); };
+                    std::string hint) {
+    e.reply(CoordError(code, ecode, std::move(msg), std::move(field), std::move(hint)), {});
+  };
   if (Refusing()) {
     return refuse(grpc::StatusCode::UNAVAILABLE, fl::v1::ERROR_CODE_SHUTTING_DOWN, "the coordinator is shutting down",
                   "", "");
@@ -313,7 +315,8 @@ void Coordinator::Core::OnBeginSync(BeginSyncEvent& e) {
   }
   if (FinalKey().has_value() && *FinalKey() < key) {
     return fail(CoordError(grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_WRONG_ROUND,
-                           fl::StrCat("sync ", KeyText(key), " is past the schedule's last sync ", KeyText(*FinalKey())),
+                           fl::StrCat("sync ", KeyText(key), " is past the schedule's last sync ",
+                                      KeyText(*FinalKey())),
                            "key", "Leave: the experiment is complete"));
   }
   if (island->state == IslandState::kLoading) {

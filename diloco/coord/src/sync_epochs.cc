@@ -107,7 +107,9 @@ void Coordinator::Core::Settle() {
     for (auto it = open_epochs_.begin(); it != open_epochs_.end();) {
       Epoch& epoch = it->second;
       bool all = true;
-      for (const std::string& id : epoch.info.members) all = all && (!MemberLive(epoch, id) || epoch.reports.contains(id));
+      for (const std::string& id : epoch.info.members) {
+        all = all && (!MemberLive(epoch, id) || epoch.reports.contains(id));
+      }
       if (all) {
         Resolve(epoch);
         it = open_epochs_.erase(it);

@@ -217,7 +217,7 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
   if (c.mode == "diloco") {
     const std::string port_file = out("coordinator.port");
     fs::remove(port_file, ec);
-    std::vector<std::string> argv = {paths.fl_server, "--mode", "islands", "--listen", "127.0.0.1:0",
+    std::vector<std::string> argv = {paths.fl_coordinator, "--listen", "127.0.0.1:0",
                                      "--port-file", port_file, "--db", out("records.db"), "--experiment-name", c.name,
                                      "--inner-steps", std::to_string(c.inner_steps), "--fragments",
                                      std::to_string(c.fragments), "--fragment-strategy", c.fragment_strategy,
@@ -237,11 +237,13 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
       port = 0;
       // A coordinator that refused its options has exited: say so now, not after the minute's wait.
       if (std::optional<fl::sys::ChildExit> e = procs.WaitAny(std::chrono::milliseconds(50)); e.has_value()) {
-        return absl::FailedPreconditionError(fl::StrCat("fl-server (islands coordinator) exited with ", e->code,
+        return absl::FailedPreconditionError(fl::StrCat("fl-coordinator exited with ", e->code,
                                                         " before it listened; see ", out("coordinator.log")));
       }
     }
-    if (port == 0) return absl::UnavailableError(fl::StrCat("fl-server did not start; see ", out("coordinator.log")));
+    if (port == 0) {
+      return absl::UnavailableError(fl::StrCat("fl-coordinator did not start; see ", out("coordinator.log")));
+    }
     coordinator = fl::StrCat("127.0.0.1:", port);
   }
 
@@ -318,7 +320,7 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
     if (!e.has_value()) continue;
     if (e->name == kCoordinator) {
       if (e->code == 0) continue;  // done with its last outer step; the islands finish their evaluation
-      failure = absl::InternalError(fl::StrCat("fl-server (islands coordinator) exited with ", e->code,
+      failure = absl::InternalError(fl::StrCat("fl-coordinator exited with ", e->code,
                                                " while the islands were training; see ", logs[e->name]));
     } else {
       --ranks_running;

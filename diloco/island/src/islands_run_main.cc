@@ -11,14 +11,15 @@ int main(int argc, char** argv) {
   std::string manifest;
   fl::diloco::LaunchPaths paths;
   paths.fl_island = std::string(FL_BIN_DIR) + "/diloco/island/fl-island";
-  paths.fl_server = std::string(FL_BIN_DIR) + "/server/fl-server";
+  paths.fl_coordinator = std::string(FL_BIN_DIR) + "/diloco/coord/fl-coordinator";
   paths.out_dir = "out/islands";
   CLI::App app{"fl-islands-run: run a DiLoCo / Streaming DiLoCo / data-parallel islands manifest"};
   app.add_option("--manifest", manifest, "experiments/diloco/<name>.yaml")->required();
   app.add_option("--out", paths.out_dir, "output directory (summaries, logs, records.db, result.json)")
       ->capture_default_str();
   app.add_option("--fl-island", paths.fl_island, "fl-island binary")->capture_default_str();
-  app.add_option("--fl-server", paths.fl_server, "fl-server binary")->capture_default_str();
+  app.add_option("--fl-coordinator", paths.fl_coordinator, "fl-coordinator binary (the islands coordinator)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   absl::StatusOr<fl::diloco::IslandsExperimentConfig> config = fl::diloco::LoadIslandsExperiment(manifest);
   if (!config.ok()) {

@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
   app.add_option("--data-endpoint", o.data_endpoint, "ZeroMQ endpoint the leader binds for the ring")
       ->capture_default_str();
   app.add_option("--advertised-endpoint", o.advertised_endpoint, "ring endpoint peers dial (default: data-endpoint)");
-  app.add_option("--coordinator", o.coordinator, "fl-server --mode islands address (host:port)");
+  app.add_option("--coordinator", o.coordinator, "fl-coordinator address (host:port)");
   app.add_option("--peer", o.peers, "static ring member id=endpoint (repeat, in ring order)");
   app.add_option("--state-endpoint", o.state_endpoint, "listen address of this island's state server");
   app.add_option("--summary", o.summary_path, "write the leader's JSON summary here");

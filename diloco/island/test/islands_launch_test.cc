@@ -1,4 +1,4 @@
-// The islands launcher (RunIslandsExperiment, behind fl-experiment and fl-islands-run) with the real fl-server
+// The islands launcher (RunIslandsExperiment, behind fl-experiment and fl-islands-run) with the real fl-coordinator
 // and fl-island binaries: a tiny manifest runs to the end with equal hashes and its result file; an island that
 // fails stops the experiment at once with an error naming its log, and the coordinator is stopped with it.
 #include <gtest/gtest.h>
@@ -26,7 +26,7 @@ std::string TinyManifest(const std::string& extra_model_field) {
          "exchange:\n  codec: int8\n  error_feedback: true\n";
 }
 
-LaunchPaths Paths(const std::string& out) { return {FL_ISLAND_BIN, FL_SERVER_BIN, out}; }
+LaunchPaths Paths(const std::string& out) { return {FL_ISLAND_BIN, FL_COORDINATOR_BIN, out}; }
 
 bool LoopbackPortAcceptsConnections(int port) {
   const int fd = fl::testing::ConnectLoopback(port);

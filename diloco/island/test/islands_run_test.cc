@@ -1,4 +1,4 @@
-// End-to-end runs of real fl-island processes (and fl-server --mode islands): global state hashes agree
+// End-to-end runs of real fl-island processes (and fl-coordinator): global state hashes agree
 // across islands after DiLoCo and Streaming DiLoCo with overlap and 4-bit exchange; an island of two c10d
 // ranks trains; an island SIGKILLed mid-run and another joining late leave training going with equal
 // hashes. A tiny character model keeps each run to seconds of compute.
@@ -208,14 +208,14 @@ TEST(IslandsRunTest, IslandWithTwoGlooRanksTrains) {
   EXPECT_EQ(s0["units"], 30 * 2 * 4 * 16);  // steps x ranks x batch x context tokens
 }
 
-// fl-server --mode islands + 3 islands; island-2 is SIGKILLed after a few syncs, island-3 joins late,
+// fl-coordinator + 3 islands; island-2 is SIGKILLed after a few syncs, island-3 joins late,
 // copies the state from a peer and trains to the end; survivors and the late joiner end with equal hashes.
 // 150 outer steps of H = 10 so that the survivors are still training when the late joiner has started
 // (a process start takes a second or more here; 24 outer steps were sometimes over by then).
 TEST(IslandsRunTest, KilledIslandAndLateJoinerLeaveTrainingGoingWithEqualHashes) {
   ScratchDir dir("island_membership");
   const std::string db = dir.File("records.db");
-  Subprocess server({FL_SERVER_BIN, "--mode", "islands", "--listen", "127.0.0.1:0", "--port-file",
+  Subprocess server({FL_COORDINATOR_BIN, "--listen", "127.0.0.1:0", "--port-file",
                      dir.File("port"), "--db", db, "--inner-steps", "10", "--outer-steps", "150", "--min-islands",
                      "3", "--heartbeat-timeout-ms", "3000", "--exchange-timeout-ms", "5000",
                      "--barrier-timeout-ms", "20000"},

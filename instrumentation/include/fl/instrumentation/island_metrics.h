@@ -1,4 +1,4 @@
-// Live metrics of the islands coordinator (fl-server --mode islands) for Prometheus, on /metrics.
+// Live metrics of the islands coordinator (fl-coordinator) for Prometheus, on /metrics.
 //
 // Labels are small and bounded: island id (the first `max_island_labels` distinct ids; later ones are
 // counted under island="other"), direction, outcome, eviction reason. Never a step, fragment or epoch

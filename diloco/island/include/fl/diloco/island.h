@@ -16,7 +16,7 @@
 //                         "ring": hierarchical — c10d inside the island, the fp32 ring between leaders
 //                         (bytes measured, and they cross the emulated WAN like DiLoCo's).
 //
-// Membership ("diloco"): with a coordinator address the leader joins fl-server --mode islands, asks it
+// Membership ("diloco"): with a coordinator address the leader joins fl-coordinator, asks it
 // before every sync for the ring's members, retries a failed exchange with the coordinator's new ring
 // (never applying a half-done one), reports its state hash after every applied sync, and, when it joins
 // late or its hash disagrees, fetches θ_global and the outer optimizer state from a peer. Without a
@@ -80,7 +80,7 @@ struct IslandOptions {
   // The address peers dial for this leader's ring endpoint when it differs from data_endpoint (e.g. the
   // front of an emulated WAN link). Empty = data_endpoint.
   std::string advertised_endpoint;
-  // Membership: coordinator "host:port" (fl-server --mode islands), or a static ring when empty.
+  // Membership: coordinator "host:port" (fl-coordinator), or a static ring when empty.
   std::string coordinator;
   std::vector<std::string> peers;      // static ring: "id=endpoint" in ring order, this island included
   // Endpoint of the state server (late joiners fetch θ_global + outer state from here); "" = none.

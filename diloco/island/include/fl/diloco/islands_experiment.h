@@ -1,5 +1,5 @@
 // The islands experiment launcher: reads a manifest (experiments/diloco/*.yaml, fields in docs/diloco.md),
-// starts fl-server --mode islands (DiLoCo methods) and every rank of every island as fl-island processes
+// starts fl-coordinator (DiLoCo methods) and every rank of every island as fl-island processes
 // on this machine, waits for them, and gathers the islands' summaries into one result. Torch-free: the
 // launcher (and fl-experiment) never link LibTorch.
 #pragma once
@@ -64,7 +64,7 @@ struct IslandsExperimentResult {
 
 struct LaunchPaths {
   std::string fl_island;             // path of the fl-island binary
-  std::string fl_server;             // path of the fl-server binary
+  std::string fl_coordinator;        // path of the fl-coordinator binary (the islands coordinator)
   std::string out_dir;               // summaries, logs, metrics, records.db
 };
 
