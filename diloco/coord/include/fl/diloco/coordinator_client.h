@@ -1,5 +1,5 @@
 // CoordinatorClient: the island side of the DiLoCo islands control plane (service fl.v1.Islands, served by
-// `fl-server --mode islands`, see coordinator.h and docs/diloco-coordinator.md). Only the island LEADER
+// `fl-coordinator`, see coordinator.h and docs/diloco-coordinator.md). Only the island LEADER
 // (rank 0) talks to the coordinator; it relays what its ranks need (schedule, plans, verdicts) over c10d.
 // Torch-free: plain values, no tensors.
 //
