@@ -73,8 +73,7 @@ void BM_Decode(benchmark::State& state, const std::string& spec, bool accumulate
   if (!codec->Encode(Input(n), &payload).ok()) std::abort();
   std::vector<float> out(n, 0.0f);
   for (auto _ : state) {
-    const absl::Status s =
-        accumulate ? codec->DecodeAccumulate(payload, 0.25f, out) : codec->Decode(payload, out);
+    const absl::Status s = accumulate ? codec->DecodeAccumulate(payload, 0.25f, out) : codec->Decode(payload, out);
     if (!s.ok()) state.SkipWithError("decode failed");
     benchmark::DoNotOptimize(out.data());
     benchmark::ClobberMemory();

@@ -16,6 +16,10 @@
 // Not a Google Benchmark binary (its name does not match bench/*_bench.cc): it starts processes and takes
 // minutes. Every process it starts (fl::sys::Child) is stopped on every path (SIGTERM then SIGKILL on failure,
 // PR_SET_PDEATHSIG if this process dies). MB = 10^6 bytes throughout.
+//
+// Why one file of this size: a benchmark binary meant to be read top to bottom next to its results in
+// docs/performance.md (the reference measurement, the federation it is compared with, and the table), with
+// no library of its own to split into.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -271,7 +275,8 @@ absl::StatusOr<double> RawTcpRound(int k, uint64_t down_bytes, uint64_t up_bytes
   }
   for (auto& t : clients) t.join();
   if (!status.ok()) return status;
-  if (client_errors.load() != 0) return absl::InternalError(fl::StrCat("raw TCP: ", client_errors.load(), " client errors"));
+  if (client_errors.load() != 0)
+    return absl::InternalError(fl::StrCat("raw TCP: ", client_errors.load(), " client errors"));
   return seconds;
 }
 
@@ -303,7 +308,7 @@ struct PointResult {
   uint64_t p = 0;
   int rounds = 0;
   bool ran = false;
-  std::string note;  // why not run / what failed
+  std::string note;             // why not run / what failed
   std::vector<double> round_s;  // committed rounds after the first
   double first_round_s = NAN;
   double aggregation_ms = NAN;  // mean over measured rounds
@@ -330,9 +335,12 @@ absl::StatusOr<uint64_t> ParseCount(const std::string& s) {
   char* end = nullptr;
   const double v = std::strtod(s.c_str(), &end);
   double mult = 1;
-  if (*end == 'k' || *end == 'K') mult = 1e3, ++end;
-  else if (*end == 'm' || *end == 'M') mult = 1e6, ++end;
-  else if (*end == 'g' || *end == 'G') mult = 1e9, ++end;
+  if (*end == 'k' || *end == 'K')
+    mult = 1e3, ++end;
+  else if (*end == 'm' || *end == 'M')
+    mult = 1e6, ++end;
+  else if (*end == 'g' || *end == 'G')
+    mult = 1e9, ++end;
   if (*end != '\0' || !(v > 0)) return absl::InvalidArgumentError(fl::StrCat("not a count: ", s));
   return static_cast<uint64_t>(std::llround(v * mult));
 }
@@ -427,16 +435,16 @@ absl::Status ReadRecords(const std::string& db, PointResult* r) {
   }
   std::sort(committed.begin(), committed.end(), [](const auto& a, const auto& b) { return a.round < b.round; });
   if (static_cast<int>(committed.size()) != r->rounds) {
-    return absl::InternalError(fl::StrCat(committed.size(), " committed rounds of ", r->rounds, " (", rounds->size(),
-                                          " attempts recorded)"));
+    return absl::InternalError(
+        fl::StrCat(committed.size(), " committed rounds of ", r->rounds, " (", rounds->size(), " attempts recorded)"));
   }
   r->first_round_s = committed.front().duration_ms / 1e3;
   std::vector<double> agg, down, train, up_server;
   for (size_t i = 1; i < committed.size(); ++i) {
     const auto& row = committed[i];
     if (row.num_accepted != r->k) {
-      return absl::InternalError(fl::StrCat("round ", row.round, " aggregated ", row.num_accepted, " of ", r->k,
-                                            " updates"));
+      return absl::InternalError(
+          fl::StrCat("round ", row.round, " aggregated ", row.num_accepted, " of ", r->k, " updates"));
     }
     r->round_s.push_back(row.duration_ms / 1e3);
     if (row.aggregation_ms) agg.push_back(*row.aggregation_ms);
@@ -524,8 +532,8 @@ absl::Status RunFederation(const Options& o, const std::string& dir, PointResult
     for (size_t i = 0; i < clients.size(); ++i) {
       if (clients[i].Poll().has_value() && !clients[i].exit_status()->success() && status.ok()) {
         TailLog(fl::StrCat(dir, "/client-", i, ".log"));
-        status = absl::InternalError(fl::StrCat("fl-client ", i, " ", clients[i].exit_status()->Describe(),
-                                                " while fl-server was running"));
+        status = absl::InternalError(
+            fl::StrCat("fl-client ", i, " ", clients[i].exit_status()->Describe(), " while fl-server was running"));
       }
     }
     if (!status.ok()) break;
@@ -624,16 +632,15 @@ void PrintTables(const std::vector<PointResult>& results) {
   for (const auto& r : results) {
     const double model = ModelMb(r.p);
     if (!r.ran) {
-      std::cout << "| " << r.k << " | " << CountName(r.p) << " | " << Fixed(model, 0) << " | " << r.rounds
-                << " | – | " << Fixed(r.raw_s, 3) << " | – | – | – | – | " << Fixed(BudgetMb(r.p), 0)
-                << " | – | – |\n";
+      std::cout << "| " << r.k << " | " << CountName(r.p) << " | " << Fixed(model, 0) << " | " << r.rounds << " | – | "
+                << Fixed(r.raw_s, 3) << " | – | – | – | – | " << Fixed(BudgetMb(r.p), 0) << " | – | – |\n";
       continue;
     }
     const double round = Median(r.round_s);
     const double ratio = round / r.raw_s;
     std::cout << "| " << r.k << " | " << CountName(r.p) << " | " << Fixed(model, 0) << " | " << r.rounds << " ("
-              << r.round_s.size() << ") | " << Fixed(round, 3) << " | " << Fixed(r.raw_s, 3) << " | "
-              << Fixed(ratio, 1) << " | " << Fixed(r.server_cpu_s, 1) << " | " << Fixed(r.server_rss_mb, 0) << " | "
+              << r.round_s.size() << ") | " << Fixed(round, 3) << " | " << Fixed(r.raw_s, 3) << " | " << Fixed(ratio, 1)
+              << " | " << Fixed(r.server_cpu_s, 1) << " | " << Fixed(r.server_rss_mb, 0) << " | "
               << Fixed(r.server_rss_mb / model, 1) << " | " << Fixed(BudgetMb(r.p), 0) << " | "
               << (ratio <= 2.0 ? "yes" : "**no**") << " | " << (r.server_rss_mb < BudgetMb(r.p) ? "yes" : "**no**")
               << " |\n";
@@ -648,12 +655,12 @@ void PrintTables(const std::vector<PointResult>& results) {
     std::string raw;
     for (double s : r.raw_samples) raw += (raw.empty() ? "" : " ") + Fixed(s, 3);
     const auto [mn, mx] = std::minmax_element(r.round_s.begin(), r.round_s.end());
-    std::cout << "| " << r.k << " | " << CountName(r.p) << " | " << Fixed(Mean(r.round_s), 3) << " | "
-              << Fixed(*mn, 3) << "–" << Fixed(*mx, 3) << " | " << Fixed(r.first_round_s, 3) << " | "
-              << Fixed(r.aggregation_ms, 1) << " | " << Fixed(r.downlink_ms, 1) << " | " << Fixed(r.train_ms, 1)
-              << " | " << Fixed(r.uplink_server_ms, 1) << " | " << Fixed(r.server_user_s, 1) << "/"
-              << Fixed(r.server_sys_s, 1) << " | " << Fixed(r.clients_cpu_s, 1) << " | " << Fixed(r.client_rss_mb_max, 0)
-              << " | " << Fixed(r.clients_rss_sum_peak_mb, 0) << " | " << raw << " |\n";
+    std::cout << "| " << r.k << " | " << CountName(r.p) << " | " << Fixed(Mean(r.round_s), 3) << " | " << Fixed(*mn, 3)
+              << "–" << Fixed(*mx, 3) << " | " << Fixed(r.first_round_s, 3) << " | " << Fixed(r.aggregation_ms, 1)
+              << " | " << Fixed(r.downlink_ms, 1) << " | " << Fixed(r.train_ms, 1) << " | "
+              << Fixed(r.uplink_server_ms, 1) << " | " << Fixed(r.server_user_s, 1) << "/" << Fixed(r.server_sys_s, 1)
+              << " | " << Fixed(r.clients_cpu_s, 1) << " | " << Fixed(r.client_rss_mb_max, 0) << " | "
+              << Fixed(r.clients_rss_sum_peak_mb, 0) << " | " << raw << " |\n";
   }
   bool notes = false;
   for (const auto& r : results) {
@@ -679,8 +686,8 @@ void PrintMachine() {
   const double total = static_cast<double>(ProcKb("/proc/meminfo", "MemTotal").value_or(0)) * 1024.0 / kMB;
   const double avail = static_cast<double>(ProcKb("/proc/meminfo", "MemAvailable").value_or(0)) * 1024.0 / kMB;
   std::cout << "Machine: " << cpu << ", " << std::thread::hardware_concurrency() << " CPUs online, "
-            << Fixed(total / 1e3, 1) << " GB RAM (" << Fixed(avail / 1e3, 1) << " GB available at start), "
-            << u.sysname << " " << u.release << " " << u.machine << "\n";
+            << Fixed(total / 1e3, 1) << " GB RAM (" << Fixed(avail / 1e3, 1) << " GB available at start), " << u.sysname
+            << " " << u.release << " " << u.machine << "\n";
 }
 
 std::string LoadAverage() {
@@ -696,8 +703,9 @@ std::string LoadAverage() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"e2e_round: end-to-end federated rounds (fl-server + K fl-client processes, synthetic model, "
-               "loopback) against the raw-TCP limit of the same bytes"};
+  CLI::App app{
+      "e2e_round: end-to-end federated rounds (fl-server + K fl-client processes, synthetic model, "
+      "loopback) against the raw-TCP limit of the same bytes"};
   Options o;
   app.add_option("--clients", o.clients, "Numbers of clients K (one point per value)")->capture_default_str();
   app.add_option("--params", o.params, "Numbers of parameters P (1M, 25M, 250k, ...)")->capture_default_str();
@@ -712,10 +720,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--round-deadline-ms", o.round_deadline_ms, "fl-server --round-deadline-ms")->capture_default_str();
   app.add_option("--timeout-s", o.timeout_s, "Give up on a point after this long")->capture_default_str();
-  app.add_option("--server-arg", o.server_args, "Extra fl-server argument (repeatable), e.g. --server-arg=--upload-slots=4");
+  app.add_option("--server-arg", o.server_args,
+                 "Extra fl-server argument (repeatable), e.g. --server-arg=--upload-slots=4");
   app.add_option("--client-arg", o.client_args, "Extra fl-client argument (repeatable)");
-  app.add_option("--server-env", o.server_env, "NAME=VALUE added to fl-server's environment (repeatable), "
-                                               "e.g. --server-env=MALLOC_ARENA_MAX=2");
+  app.add_option("--server-env", o.server_env,
+                 "NAME=VALUE added to fl-server's environment (repeatable), "
+                 "e.g. --server-env=MALLOC_ARENA_MAX=2");
   app.add_option("--train-ms", o.train_ms, "Simulated training time per round (synthetic:P:ms); 0: none")
       ->capture_default_str();
   app.add_option("--sample-ms", o.sample_ms, "RSS sampling period")->capture_default_str();
@@ -771,8 +781,7 @@ int main(int argc, char** argv) {
   std::cout << "command:";
   for (int i = 0; i < argc; ++i) std::cout << " " << argv[i];
   std::cout << "\nload average at start: " << LoadAverage() << "\n";
-  std::cout << "fl-server: " << o.server_bin << "\nfl-client: " << o.client_bin << "\nwork dir: " << o.work_dir
-            << "\n";
+  std::cout << "fl-server: " << o.server_bin << "\nfl-client: " << o.client_bin << "\nwork dir: " << o.work_dir << "\n";
   std::vector<PointResult> results;
   bool failed = false;
   for (int k : o.clients) {
@@ -782,8 +791,7 @@ int main(int argc, char** argv) {
       PointResult r = RunPoint(o, k, p, dir);
       if (r.ran) {
         std::cerr << "e2e_round: K=" << k << " P=" << CountName(p) << ": round " << Fixed(Median(r.round_s), 3)
-                  << " s, raw TCP " << Fixed(r.raw_s, 3) << " s, server RSS " << Fixed(r.server_rss_mb, 0)
-                  << " MB\n";
+                  << " s, raw TCP " << Fixed(r.raw_s, 3) << " s, server RSS " << Fixed(r.server_rss_mb, 0) << " MB\n";
       } else {
         std::cerr << "e2e_round: K=" << k << " P=" << CountName(p) << ": " << r.note << "\n";
         if (r.note.rfind("not run", 0) != 0) failed = true;

@@ -211,7 +211,8 @@ class ShareReporter : public benchmark::ConsoleReporter {
 double MedianRoundMs(const std::string& db) {
   auto reader = fl::instrumentation::RecordReader::Open(db);
   if (!reader.ok()) {
-    std::fprintf(stderr, "--quickstart_db %s: %s\n", db.c_str(), std::string(fl::ToStd(reader.status().message())).c_str());
+    std::fprintf(stderr, "--quickstart_db %s: %s\n", db.c_str(),
+                 std::string(fl::ToStd(reader.status().message())).c_str());
     std::exit(2);
   }
   auto experiments = (*reader)->ListExperiments();

@@ -70,8 +70,7 @@ class RatioReporter : public benchmark::ConsoleReporter {
     // Registration order (family, then instance), whatever order the runs came in
     // (--benchmark_enable_random_interleaving shuffles them).
     std::vector<std::pair<std::pair<int64_t, int64_t>, std::string>> sorted = order_;
-    std::stable_sort(sorted.begin(), sorted.end(),
-                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::stable_sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     std::map<std::string, double> reference_rate;  // size key -> median rate of the reference
     for (const auto& [index, name] : sorted) {
       if (name.rfind(reference_ + "/", 0) == 0) reference_rate[SizeKey(name)] = Median(samples_.at(name));

@@ -223,9 +223,7 @@ void BM_Ring(benchmark::State& state, const std::string& codec, int connections,
   {
     std::vector<std::thread> threads;
     for (size_t i = 0; i < m; ++i) {
-      threads.emplace_back([&, i] {
-        status[i] = exchange_on(i, 1, nullptr);
-      });
+      threads.emplace_back([&, i] { status[i] = exchange_on(i, 1, nullptr); });
     }
     for (auto& t : threads) t.join();
     exchange = 1;
@@ -243,9 +241,7 @@ void BM_Ring(benchmark::State& state, const std::string& codec, int connections,
     const auto start = std::chrono::steady_clock::now();
     std::vector<std::thread> threads;
     for (size_t i = 0; i < m; ++i) {
-      threads.emplace_back([&, i] {
-        status[i] = exchange_on(i, exchange, &stats[i]);
-      });
+      threads.emplace_back([&, i] { status[i] = exchange_on(i, exchange, &stats[i]); });
     }
     for (auto& t : threads) t.join();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -263,8 +259,8 @@ void BM_Ring(benchmark::State& state, const std::string& codec, int connections,
     decode_s += stats[0].decode_seconds;
   }
   const double share = 2.0 * static_cast<double>(m - 1) / static_cast<double>(m);
-  state.SetBytesProcessed(static_cast<int64_t>(static_cast<double>(state.iterations()) * share *
-                                               static_cast<double>(n * sizeof(float))));
+  state.SetBytesProcessed(
+      static_cast<int64_t>(static_cast<double>(state.iterations()) * share * static_cast<double>(n * sizeof(float))));
   const auto iters = static_cast<double>(state.iterations());
   state.counters["wire_MB"] = wire_bytes / iters / 1e6;
   state.counters["encode_s"] = encode_s / iters;
@@ -291,7 +287,11 @@ int main(int argc, char** argv) {
   if (tune_malloc && !fl::diloco::TuneAllocatorForLargeMessages()) std::fprintf(stderr, "mallopt failed\n");
   std::printf("allocator: %s\n", tune_malloc ? "tuned (TuneAllocatorForLargeMessages)" : "glibc defaults");
   // Registered in this order so that BM_RawTcp runs first and its rate is known to the ring benchmarks.
-  benchmark::RegisterBenchmark("BM_RawTcp", BM_RawTcp)->Arg(kFragmentBytes)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(5);
+  benchmark::RegisterBenchmark("BM_RawTcp", BM_RawTcp)
+      ->Arg(kFragmentBytes)
+      ->UseManualTime()
+      ->Unit(benchmark::kMillisecond)
+      ->Iterations(5);
   benchmark::RegisterBenchmark("BM_RawTcpRing", BM_RawTcpRing)
       ->Args({2, kFragmentBytes})
       ->Args({4, kFragmentBytes})
@@ -305,11 +305,15 @@ int main(int argc, char** argv) {
   };
   for (const Variant& v : std::vector<Variant>{
            {"fp32", 1, false}, {"fp32", 1, true}, {"fp32", 2, false}, {"int8", 1, false}, {"int4", 1, false}}) {
-    const std::string name = fl::StrCat("BM_Ring/", v.codec, v.connections == 1 ? "" : fl::StrCat("_x", v.connections, "conn"),
-                                        v.in_place ? "_inplace" : "");
-    benchmark::RegisterBenchmark(name.c_str(), [v](benchmark::State& s) {
-      BM_Ring(s, v.codec, v.connections, v.in_place);
-    })->Args({2, kFragmentBytes})->Args({4, kFragmentBytes})->UseManualTime()->Unit(benchmark::kMillisecond)
+    const std::string name =
+        fl::StrCat("BM_Ring/", v.codec, v.connections == 1 ? "" : fl::StrCat("_x", v.connections, "conn"),
+                   v.in_place ? "_inplace" : "");
+    benchmark::RegisterBenchmark(name.c_str(),
+                                 [v](benchmark::State& s) { BM_Ring(s, v.codec, v.connections, v.in_place); })
+        ->Args({2, kFragmentBytes})
+        ->Args({4, kFragmentBytes})
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond)
         ->Iterations(3);
   }
   return fl::bench::RunBenchmarksWithRatios(argc, argv, "BM_RawTcp");

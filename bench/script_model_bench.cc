@@ -32,7 +32,8 @@ std::string ScriptCnnPath() {
   if (const char* env = std::getenv("FL_BENCH_SCRIPT_CNN"); env != nullptr && *env != '\0') return env;
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / "fl_script_model_bench";
   std::filesystem::create_directories(dir);
-  const std::string command = "/usr/bin/python3 " FL_SOURCE_DIR "/examples/bring-your-own-model/export_models.py --out " +
+  const std::string command = "/usr/bin/python3 " FL_SOURCE_DIR
+                              "/examples/bring-your-own-model/export_models.py --out " +
                               dir.string() + " > " + (dir / "export.log").string() + " 2>&1";
   if (std::system(command.c_str()) != 0) {
     std::cerr << "script_model_bench: exporting the TorchScript CNN failed (" << command

@@ -48,8 +48,8 @@ absl::StatusOr<std::unique_ptr<ClientMetrics>> ClientMetrics::Start(const std::s
   try {
     impl->exposer = std::make_unique<prometheus::Exposer>(bind_address);
   } catch (const std::exception& e) {
-    return absl::UnavailableError(fl::StrCat("cannot serve metrics on ", bind_address, ": ", e.what(),
-                                             "; pick another --metrics-addr"));
+    return absl::UnavailableError(
+        fl::StrCat("cannot serve metrics on ", bind_address, ": ", e.what(), "; pick another --metrics-addr"));
   }
   const prometheus::Labels constant = {
       {"client", labels.client}, {"link_kind", labels.link_kind}, {"device_class", labels.device_class}};

@@ -38,12 +38,14 @@ fl::v1::DeviceInfo DetectDevice(const std::string& device_class) {
   cpu_set_t set;
   CPU_ZERO(&set);
   // The affinity mask, not the machine's core count: a client pinned to 1 core of 4 may use 1.
-  const int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
-                                                                 : static_cast<int>(std::thread::hardware_concurrency());
+  const int cores = sched_getaffinity(0, sizeof(set), &set) == 0
+                        ? CPU_COUNT(&set)
+                        : static_cast<int>(std::thread::hardware_concurrency());
   info.set_cpu_cores(static_cast<uint32_t>(cores));
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page_size = sysconf(_SC_PAGESIZE);
-  if (pages > 0 && page_size > 0) info.set_memory_bytes(static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size));
+  if (pages > 0 && page_size > 0)
+    info.set_memory_bytes(static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size));
   utsname u{};
   if (uname(&u) == 0) {
     info.set_arch(u.machine);

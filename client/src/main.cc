@@ -31,7 +31,7 @@ namespace {
 struct ModelFlags {
   std::string model = "cnn";
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
-  std::string data;                 // bring your own data: .npz, IDX directory, text corpus
+  std::string data;  // bring your own data: .npz, IDX directory, text corpus
   std::string task = "classification";
   std::string buffers = "average";
   uint32_t seq_len = 64;
@@ -70,9 +70,10 @@ absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainer(const ModelFlag
         params, 1000, f.init_seed, static_cast<uint32_t>(static_cast<double>(train_ms) * f.slowdown)));
   }
 #if !FL_WITH_TORCH
-  return absl::FailedPreconditionError(fl::StrCat(
-      "--model=", f.model, ": this fl-client was built without LibTorch (FL_WITH_TORCH=OFF); only "
-      "--model synthetic:<P>[:<train_ms>] is available. Build on the device itself for training."));
+  return absl::FailedPreconditionError(
+      fl::StrCat("--model=", f.model,
+                 ": this fl-client was built without LibTorch (FL_WITH_TORCH=OFF); only "
+                 "--model synthetic:<P>[:<train_ms>] is available. Build on the device itself for training."));
 #else
   if (fl::core::IsTorchScriptModelPath(f.model)) {
     auto task = fl::data::ParseTask(f.task);
@@ -135,16 +136,18 @@ int main(int argc, char** argv) {
 
   app.add_option("--server", options.server_address, "fl-server address host:port")->capture_default_str();
   app.add_option("--name", options.client_name, "Client name, unique in the experiment (default: host name + index)");
-  app.add_option("--model", model.model,
-                 "Model: cnn, squeezenet (built-in, Fashion-MNIST), PATH.pt (a TorchScript model exported from PyTorch: "
-                 "docs/models-and-data.md), or synthetic:<params>[:<train ms>] (transport tests and benchmarks: no "
-                 "training)")
+  app.add_option(
+         "--model", model.model,
+         "Model: cnn, squeezenet (built-in, Fashion-MNIST), PATH.pt (a TorchScript model exported from PyTorch: "
+         "docs/models-and-data.md), or synthetic:<params>[:<train ms>] (transport tests and benchmarks: no "
+         "training)")
       ->capture_default_str();
   app.add_option("--data-dir", model.data_dir, "Fashion-MNIST directory (Debian's dataset-fashion-mnist)")
       ->capture_default_str();
-  app.add_option("--data", model.data,
-                 "Data for a TorchScript model: a .npz (x_train, y_train, x_test, y_test[, client_id]), a Fashion-MNIST "
-                 "IDX directory, or (next-token) a text file or directory; default: --data-dir");
+  app.add_option(
+      "--data", model.data,
+      "Data for a TorchScript model: a .npz (x_train, y_train, x_test, y_test[, client_id]), a Fashion-MNIST "
+      "IDX directory, or (next-token) a text file or directory; default: --data-dir");
   app.add_option("--task", model.task, "What a TorchScript model learns: classification, regression, next-token")
       ->capture_default_str();
   app.add_option("--buffers", model.buffers,
@@ -158,7 +161,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--client-index", model.client_index, "This client's index i in 0..n-1 (which shard it gets)")
       ->capture_default_str();
-  app.add_option("--num-clients", model.num_clients, "Number of shards n the data is split into")->capture_default_str();
+  app.add_option("--num-clients", model.num_clients, "Number of shards n the data is split into")
+      ->capture_default_str();
   app.add_option("--partition-seed", model.partition_seed, "Seed of the partition (same on every client)")
       ->capture_default_str();
   app.add_option("--init-seed", model.init_seed, "Seed of the model's initial weights")->capture_default_str();
@@ -217,8 +221,8 @@ int main(int argc, char** argv) {
   options.give_up_after_ms = give_up_s * 1000;
   options.seed = model.init_seed ^ model.client_index;
   if (model.num_clients == 0 || model.client_index >= model.num_clients) {
-    std::cerr << "fl-client: --client-index=" << model.client_index << " must be below --num-clients="
-              << model.num_clients << "\n";
+    std::cerr << "fl-client: --client-index=" << model.client_index
+              << " must be below --num-clients=" << model.num_clients << "\n";
     return 2;
   }
 
@@ -228,8 +232,8 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<fl::client::ClientMetrics> metrics;
   if (!metrics_addr.empty()) {
-    auto started = fl::client::ClientMetrics::Start(
-        metrics_addr, {options.client_name, link_kind, options.device.device_class()});
+    auto started =
+        fl::client::ClientMetrics::Start(metrics_addr, {options.client_name, link_kind, options.device.device_class()});
     if (!started.ok()) {
       std::cerr << "fl-client: " << started.status().message() << "\n";
       return 2;

@@ -47,10 +47,8 @@ bool IsFatalRefusal(const fl::v1::ErrorDetail& e) {
     case fl::v1::ERROR_CODE_ADMISSION_REFUSED:
     case fl::v1::ERROR_CODE_FINGERPRINT_MISMATCH:
     case fl::v1::ERROR_CODE_MALFORMED:
-    case fl::v1::ERROR_CODE_SHUTTING_DOWN:
-      return true;
-    default:
-      return false;
+    case fl::v1::ERROR_CODE_SHUTTING_DOWN: return true;
+    default: return false;
   }
 }
 
@@ -140,7 +138,7 @@ class FederatedClient::Impl {
   std::mutex ctx_mu_;
   grpc::ClientContext* session_ctx_ ABSL_GUARDED_BY(ctx_mu_) = nullptr;
   grpc::ClientContext* join_ctx_ ABSL_GUARDED_BY(ctx_mu_) = nullptr;
-  std::condition_variable_any stop_cv_;         // wakes backoff sleeps on Stop()
+  std::condition_variable_any stop_cv_;  // wakes backoff sleeps on Stop()
 
   // Sleeps `ms` unless Stop() comes first.
   void SleepUnlessStopped(uint32_t ms) {
@@ -170,7 +168,8 @@ class FederatedClient::Impl {
 };
 
 absl::Status FederatedClient::Impl::Run() {
-  Backoff backoff(options_.initial_backoff_ms, options_.max_backoff_ms, options_.seed ^ std::hash<std::string>{}(options_.client_name));
+  Backoff backoff(options_.initial_backoff_ms, options_.max_backoff_ms,
+                  options_.seed ^ std::hash<std::string>{}(options_.client_name));
   int64_t last_contact_ns = Now();
   absl::Status last_error;
   while (!stop_) {
@@ -187,10 +186,9 @@ absl::Status FederatedClient::Impl::Run() {
       if (stop_) break;
       last_error = joined.status();
       if (Now() - last_contact_ns >= int64_t{options_.give_up_after_ms} * 1'000'000) {
-        return absl::UnavailableError(fl::StrCat("cannot reach fl-server at ", options_.server_address, " for ",
-                                                 options_.give_up_after_ms / 1000, " s (last error: ",
-                                                 fl::ToStd(last_error.message()),
-                                                 "); check --server and that fl-server is running"));
+        return absl::UnavailableError(fl::StrCat(
+            "cannot reach fl-server at ", options_.server_address, " for ", options_.give_up_after_ms / 1000,
+            " s (last error: ", fl::ToStd(last_error.message()), "); check --server and that fl-server is running"));
       }
       const uint32_t wait_ms = backoff.NextMs();
       spdlog::info("join failed ({}); retrying in {} ms", last_error.message(), wait_ms);
@@ -255,12 +253,12 @@ absl::StatusOr<fl::v1::JoinResponse> FederatedClient::Impl::Join(uint32_t timeou
   if (!status.ok()) {
     fl::v1::ErrorDetail detail = wire::ErrorFromGrpcStatus(status);
     if (detail.code() == fl::v1::ERROR_CODE_EXPERIMENT_FINISHED) {
-      return absl::OutOfRangeError(fl::StrCat("fl-server at ", options_.server_address, ": ", detail.message(),
-                                              "; nothing left to do"));
+      return absl::OutOfRangeError(
+          fl::StrCat("fl-server at ", options_.server_address, ": ", detail.message(), "; nothing left to do"));
     }
     if (IsFatalRefusal(detail)) {
-      return absl::FailedPreconditionError(fl::StrCat("fl-server at ", options_.server_address,
-                                                      " refused client '", options_.client_name, "': ", Describe(detail)));
+      return absl::FailedPreconditionError(fl::StrCat("fl-server at ", options_.server_address, " refused client '",
+                                                      options_.client_name, "': ", Describe(detail)));
     }
     return absl::UnavailableError(status.error_message());
   }
@@ -370,8 +368,7 @@ absl::StatusOr<FederatedClient::Impl::SessionEnd> FederatedClient::Impl::RunSess
           spdlog::warn("server shutdown: {}; will reconnect when it is back", msg.shutdown().reason());
         }
         break;
-      default:
-        break;
+      default: break;
     }
   }
   {
@@ -480,9 +477,10 @@ absl::StatusOr<Downloaded> FederatedClient::Impl::Download(const fl::v1::Task& t
   }
   const int64_t received = Now();
   if (header.spec().fingerprint() != trainer_->spec().fingerprint()) {
-    return absl::FailedPreconditionError(fl::StrCat(
-        "the server's model has fingerprint ", core::FingerprintToHex(header.spec().fingerprint()), " but this client's ",
-        trainer_->model_name(), " has ", trainer_->spec().FingerprintHex(), "; start the client with the server's model"));
+    return absl::FailedPreconditionError(
+        fl::StrCat("the server's model has fingerprint ", core::FingerprintToHex(header.spec().fingerprint()),
+                   " but this client's ", trainer_->model_name(), " has ", trainer_->spec().FingerprintHex(),
+                   "; start the client with the server's model"));
   }
   auto codec = core::MakeCodec(header.codec());
   if (!codec.ok()) return codec.status();
@@ -496,8 +494,8 @@ absl::StatusOr<Downloaded> FederatedClient::Impl::Download(const fl::v1::Task& t
 }
 
 absl::StatusOr<fl::v1::UploadUpdateResponse> FederatedClient::Impl::Upload(fl::v1::UpdateHeader header,
-                                                                          const std::vector<uint8_t>& payload,
-                                                                          uint32_t deadline_ms) {
+                                                                           const std::vector<uint8_t>& payload,
+                                                                           uint32_t deadline_ms) {
   header.set_client_id(client_id_);
   header.set_session_token(token_);
   header.set_payload_bytes(payload.size());
@@ -546,7 +544,8 @@ void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
     const int64_t eval_start = Now();
     auto result = trainer_->Evaluate(global_);
     const int64_t eval_end = Now();
-    if (options_.metrics != nullptr) options_.metrics->ObservePhase("eval", static_cast<double>(eval_end - eval_start) / 1e9);
+    if (options_.metrics != nullptr)
+      options_.metrics->ObservePhase("eval", static_cast<double>(eval_end - eval_start) / 1e9);
     if (!result.ok()) {
       ReportFailure(task.task_id(), result.status());
       return;
@@ -581,7 +580,8 @@ void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
   const int64_t train_start = Now();
   auto result = trainer_->Train(global_, opts);
   const int64_t train_end = Now();
-  if (options_.metrics != nullptr) options_.metrics->ObservePhase("train", static_cast<double>(train_end - train_start) / 1e9);
+  if (options_.metrics != nullptr)
+    options_.metrics->ObservePhase("train", static_cast<double>(train_end - train_start) / 1e9);
   if (task_cancelled_) return;
   if (!result.ok()) {
     ReportFailure(task.task_id(), result.status());
@@ -639,9 +639,9 @@ void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
   const int64_t idle_ns = (Now() - task_start) - global->timing.duration_ns() - (train_end - train_start);
   fl::v1::PhaseTiming idle = Phase(fl::v1::PHASE_IDLE, task_start, task_start + std::max<int64_t>(idle_ns, 0));
   *h.add_timings() = idle;
-  const int64_t remaining_ms = (task.deadline_ms() > 0)
-                                   ? std::max<int64_t>(1000, task.deadline_ms() - (Now() - task_start) / 1'000'000 + 5000)
-                                   : 60000;
+  const int64_t remaining_ms =
+      (task.deadline_ms() > 0) ? std::max<int64_t>(1000, task.deadline_ms() - (Now() - task_start) / 1'000'000 + 5000)
+                               : 60000;
   const int64_t upload_start = Now();
   auto resp = Upload(h, payload, static_cast<uint32_t>(remaining_ms));
   const int64_t upload_acked = Now();
@@ -663,8 +663,8 @@ void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
     return;
   }
   if (resp->outcome() == fl::v1::UPDATE_OUTCOME_ACCEPTED) {
-    spdlog::info("round {}: update accepted ({} examples, loss {:.4f}, {} bytes)", task.round(),
-                 result->num_examples, result->train_loss, payload.size());
+    spdlog::info("round {}: update accepted ({} examples, loss {:.4f}, {} bytes)", task.round(), result->num_examples,
+                 result->train_loss, payload.size());
   } else {
     spdlog::warn("round {}: update {} — {}", task.round(),
                  resp->outcome() == fl::v1::UPDATE_OUTCOME_LATE ? "late" : "rejected", Describe(resp->error()));

@@ -55,7 +55,8 @@ std::optional<sockaddr_storage> ParseAddress(const std::string& text, socklen_t*
 std::string InterfaceNames() {
   std::string names;
   if (struct if_nameindex* list = if_nameindex()) {
-    for (struct if_nameindex* i = list; i->if_index != 0; ++i) names += fl::StrCat(names.empty() ? "" : ", ", i->if_name);
+    for (struct if_nameindex* i = list; i->if_index != 0; ++i)
+      names += fl::StrCat(names.empty() ? "" : ", ", i->if_name);
     if_freenameindex(list);
   }
   return names.empty() ? "none found" : names;
@@ -73,8 +74,8 @@ BindingMutator* Self(grpc_socket_mutator* m) { return reinterpret_cast<BindingMu
 
 bool Mutate(int fd, grpc_socket_mutator* m) {
   const BindingMutator& b = *Self(m);
-  if (!b.interface.empty() &&
-      setsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, b.interface.c_str(), static_cast<socklen_t>(b.interface.size())) != 0) {
+  if (!b.interface.empty() && setsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, b.interface.c_str(),
+                                         static_cast<socklen_t>(b.interface.size())) != 0) {
     return false;
   }
   if (!b.source.has_value()) return true;
@@ -119,9 +120,9 @@ const grpc_socket_mutator_vtable kVtable = {Mutate, Compare, Destroy, nullptr};
 absl::Status ValidateSocketBinding(const SocketBinding& binding) {
   if (!binding.interface.empty()) {
     if (binding.interface.size() >= IFNAMSIZ || if_nametoindex(binding.interface.c_str()) == 0) {
-      return absl::InvalidArgumentError(fl::StrCat("--bind-interface=", binding.interface,
-                                                   ": no such network interface on this machine (it has: ",
-                                                   InterfaceNames(), "); `ip -br link` lists them"));
+      return absl::InvalidArgumentError(fl::StrCat(
+          "--bind-interface=", binding.interface,
+          ": no such network interface on this machine (it has: ", InterfaceNames(), "); `ip -br link` lists them"));
     }
     const int fd = socket(AF_INET, SOCK_STREAM, 0);
     const int rc = setsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, binding.interface.c_str(),
@@ -130,24 +131,26 @@ absl::Status ValidateSocketBinding(const SocketBinding& binding) {
     close(fd);
     if (rc != 0) {
       return absl::InvalidArgumentError(fl::StrCat("--bind-interface=", binding.interface, ": cannot bind to it (",
-                                                   std::strerror(err), "); on Linux before 5.7 this needs CAP_NET_RAW"));
+                                                   std::strerror(err),
+                                                   "); on Linux before 5.7 this needs CAP_NET_RAW"));
     }
   }
   if (!binding.source_address.empty()) {
     socklen_t len = 0;
     auto addr = ParseAddress(binding.source_address, &len);
     if (!addr.has_value()) {
-      return absl::InvalidArgumentError(fl::StrCat("--source-address=", binding.source_address,
-                                                   ": not an IPv4 or IPv6 address (give a literal such as 192.168.8.23)"));
+      return absl::InvalidArgumentError(
+          fl::StrCat("--source-address=", binding.source_address,
+                     ": not an IPv4 or IPv6 address (give a literal such as 192.168.8.23)"));
     }
     const int fd = socket(addr->ss_family, SOCK_STREAM, 0);
     const int rc = bind(fd, reinterpret_cast<const sockaddr*>(&*addr), len);
     const int err = errno;
     close(fd);
     if (rc != 0) {
-      return absl::InvalidArgumentError(fl::StrCat("--source-address=", binding.source_address, ": cannot bind to it (",
-                                                   std::strerror(err),
-                                                   "); give one of this machine's addresses (`ip -br addr` lists them)"));
+      return absl::InvalidArgumentError(
+          fl::StrCat("--source-address=", binding.source_address, ": cannot bind to it (", std::strerror(err),
+                     "); give one of this machine's addresses (`ip -br addr` lists them)"));
     }
   }
   return absl::OkStatus();

@@ -43,7 +43,8 @@ std::string SyntheticTrainer::model_name() const { return fl::StrCat("synthetic-
 
 absl::Status SyntheticTrainer::GetParameters(std::span<float> out) {
   if (out.size() != params_.size()) {
-    return absl::InvalidArgumentError(fl::StrCat("asked for ", out.size(), " parameters; the model has ", params_.size()));
+    return absl::InvalidArgumentError(
+        fl::StrCat("asked for ", out.size(), " parameters; the model has ", params_.size()));
   }
   std::memcpy(out.data(), params_.data(), params_.size() * sizeof(float));
   return absl::OkStatus();
@@ -51,8 +52,8 @@ absl::Status SyntheticTrainer::GetParameters(std::span<float> out) {
 
 absl::StatusOr<TrainResult> SyntheticTrainer::Train(std::span<const float> global, const TrainOptions& options) {
   if (global.size() != params_.size()) {
-    return absl::InvalidArgumentError(fl::StrCat("global model has ", global.size(), " parameters; expected ",
-                                                 params_.size()));
+    return absl::InvalidArgumentError(
+        fl::StrCat("global model has ", global.size(), " parameters; expected ", params_.size()));
   }
   if (train_ms_ > 0) {
     const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(train_ms_);

@@ -186,9 +186,9 @@ absl::StatusOr<std::optional<std::vector<YamlMap>>> YamlMap::MapList(std::string
   if (!Has(key)) return std::optional<std::vector<YamlMap>>();
   const YAML::Node n = Node(key);
   if (!n.IsSequence() || n.size() < min_size) {
-    const std::string default_noun = min_size == 0 ? "a list of maps"
-                                                   : fl::StrCat("a list of at least ", min_size,
-                                                                min_size == 1 ? " map" : " maps");
+    const std::string default_noun =
+        min_size == 0 ? "a list of maps"
+                      : fl::StrCat("a list of at least ", min_size, min_size == 1 ? " map" : " maps");
     return TypeError(n, key, noun.empty() ? std::string_view(default_noun) : noun, {});
   }
   std::vector<YamlMap> out;

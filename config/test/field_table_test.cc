@@ -101,7 +101,7 @@ TEST(FieldTableTest, AbsentFieldsAndSectionsKeepTheirDefaults) {
 
 TEST(FieldTableTest, AllowedKeysComeFromTheTableAtEveryLevel) {
   EXPECT_EQ(Table().KeysAt(""), (std::vector<std::string>{"name", "description", "rounds", "seed", "deadline_s",
-                                                         "verbose", "codec", "selection", "added_later", "inner"}));
+                                                          "verbose", "codec", "selection", "added_later", "inner"}));
   EXPECT_EQ(Table().KeysAt("selection"), (std::vector<std::string>{"fraction", "evaluation"}));
   EXPECT_EQ(Table().KeysAt("selection.evaluation"), (std::vector<std::string>{"every"}));
   EXPECT_EQ(Message(Read("name: x\nrounds: 2\nround: 3\n")),
@@ -145,9 +145,8 @@ TEST(FieldTableTest, ChecksRunAfterTheirFieldAndMayUseTheMapForErrors) {
           }),
   };
   Config c;
-  absl::Status s = table.Read(YamlMap(*ParseYaml("rounds: 2\nselection:\n  evaluation: {every: 5}\n", "c.yaml"),
-                                      "c.yaml", ""),
-                              c);
+  absl::Status s =
+      table.Read(YamlMap(*ParseYaml("rounds: 2\nselection:\n  evaluation: {every: 5}\n", "c.yaml"), "c.yaml", ""), c);
   EXPECT_EQ(std::string(ToStd(s.message())), "c.yaml:3: selection.evaluation.every: is more than rounds (2)");
   Config d;
   s = table.Read(YamlMap(*ParseYaml("rounds: 9\nselection: {evaluation: {every: 5}}\n", "c.yaml"), "c.yaml", ""), d);
@@ -171,8 +170,7 @@ TEST(FieldTableTest, CustomFieldsReadTheirKeyAndDeclareIt) {
   Config c;
   ASSERT_TRUE(table.Read(YamlMap(*ParseYaml("strategy: fedadam\n", "c.yaml"), "c.yaml", ""), c).ok());
   EXPECT_EQ(c.codec, "fedadam");
-  EXPECT_EQ(std::string(ToStd(
-                table.Read(YamlMap(*ParseYaml("strategy: [1]\n", "c.yaml"), "c.yaml", ""), c).message())),
+  EXPECT_EQ(std::string(ToStd(table.Read(YamlMap(*ParseYaml("strategy: [1]\n", "c.yaml"), "c.yaml", ""), c).message())),
             "c.yaml:1: strategy: expected a name; allowed: fedavg, fedadam");
 }
 

@@ -93,8 +93,7 @@ TEST(YamlMapTest, AbsentKeysAreNulloptAndPresentOnesAreTyped) {
 
 TEST(YamlMapTest, ParsedScalarsCarryTheParsersMessage) {
   const YamlMap m = Parse("rate: 10furlongs\nlist: [1]\ngood: 12\n");
-  const std::function<absl::StatusOr<int>(std::string_view)> parse =
-      [](std::string_view text) -> absl::StatusOr<int> {
+  const std::function<absl::StatusOr<int>(std::string_view)> parse = [](std::string_view text) -> absl::StatusOr<int> {
     if (text == "12") return 12;
     return absl::InvalidArgumentError(fl::StrCat("'", text, "': unknown unit"));
   };

@@ -165,10 +165,9 @@ absl::StatusOr<NormClip> NormClip::Parse(std::string_view text) {
     return clip;
   }
   double bound = 0;
-  if (!absl::SimpleAtod(absl::string_view(text.data(), text.size()), &bound) || !std::isfinite(bound) ||
-      bound <= 0) {
-    return absl::InvalidArgumentError(fl::StrCat("update norm bound '", text,
-                                                 "' is invalid: write off, median, or a finite number > 0"));
+  if (!absl::SimpleAtod(absl::string_view(text.data(), text.size()), &bound) || !std::isfinite(bound) || bound <= 0) {
+    return absl::InvalidArgumentError(
+        fl::StrCat("update norm bound '", text, "' is invalid: write off, median, or a finite number > 0"));
   }
   clip.mode = Mode::kFixed;
   clip.max_norm = bound;
@@ -189,7 +188,8 @@ double UpdateNorm(const ModelSpec& spec, std::span<const float> values) {
   for (const TensorSpec& t : spec.tensors()) {
     if (IsIntegerDType(t.dtype)) continue;
     const float* v = values.data() + t.offset;
-    const uint64_t n = std::min<uint64_t>(t.num_elements(), values.size() - std::min<uint64_t>(t.offset, values.size()));
+    const uint64_t n =
+        std::min<uint64_t>(t.num_elements(), values.size() - std::min<uint64_t>(t.offset, values.size()));
     for (uint64_t i = 0; i < n; ++i) sum += static_cast<double>(v[i]) * static_cast<double>(v[i]);
   }
   return std::sqrt(sum);
@@ -205,9 +205,10 @@ absl::Status Aggregator::SetNormClip(NormClip clip) {
     return absl::InvalidArgumentError(fl::StrCat("update norm bound ", clip.max_norm, " must be finite and > 0"));
   }
   if (clip.mode == NormClip::Mode::kMedian && !KeepsUpdates()) {
-    return absl::InvalidArgumentError(fl::StrCat(
-        "the '", name(), "' aggregator streams its updates and cannot bound them by the median norm of the "
-        "round; give a fixed bound (a number) or use a robust aggregator (median, trimmed_mean)"));
+    return absl::InvalidArgumentError(
+        fl::StrCat("the '", name(),
+                   "' aggregator streams its updates and cannot bound them by the median norm of the "
+                   "round; give a fixed bound (a number) or use a robust aggregator (median, trimmed_mean)"));
   }
   clip_ = clip;
   return absl::OkStatus();
@@ -231,15 +232,15 @@ absl::Status Aggregator::CheckHeader(double weight, uint64_t spec_fingerprint, u
   }
   // Written so that NaN fails it too.
   if (!(weight >= kMinUpdateWeight && weight <= kMaxUpdateWeight)) {
-    return absl::InvalidArgumentError(fl::StrCat(
-        Describe(source), " has weight ", weight, "; a weight must be finite and in [", kMinUpdateWeight, ", ",
-        kMaxUpdateWeight, "] (use the client's example count, or 1 for equal weights)"));
+    return absl::InvalidArgumentError(
+        fl::StrCat(Describe(source), " has weight ", weight, "; a weight must be finite and in [", kMinUpdateWeight,
+                   ", ", kMaxUpdateWeight, "] (use the client's example count, or 1 for equal weights)"));
   }
   if (num_updates_ >= kMaxUpdatesPerAggregate) {
-    return absl::ResourceExhaustedError(fl::StrCat(
-        Describe(source), " is refused: this aggregate already holds ", num_updates_,
-        " updates, the most one aggregate takes (the fp32 sum is only proven overflow-free up to that); "
-        "call Finish and start a new aggregate"));
+    return absl::ResourceExhaustedError(
+        fl::StrCat(Describe(source), " is refused: this aggregate already holds ", num_updates_,
+                   " updates, the most one aggregate takes (the fp32 sum is only proven overflow-free up to that); "
+                   "call Finish and start a new aggregate"));
   }
   return absl::OkStatus();
 }
@@ -250,9 +251,9 @@ absl::Status Aggregator::DescribeBadValues(std::span<const float> values, std::s
   for (size_t i = 0; i < values.size(); ++i) {
     if (std::fabs(values[i]) <= kMaxUpdateAbsValue) continue;
     const TensorSpec& t = spec_->tensors()[spec_->TensorIndexOfElement(i)];
-    return absl::InvalidArgumentError(fl::StrCat(
-        what, " contains ", values[i], " at tensor '", t.name, "' element ", i - t.offset, "; values beyond +-",
-        kMaxUpdateAbsValue, " are never aggregated: the client's training diverged"));
+    return absl::InvalidArgumentError(fl::StrCat(what, " contains ", values[i], " at tensor '", t.name, "' element ",
+                                                 i - t.offset, "; values beyond +-", kMaxUpdateAbsValue,
+                                                 " are never aggregated: the client's training diverged"));
   }
   return absl::InternalError(fl::StrCat(what, " was refused but holds no out-of-range value"));
 }
@@ -318,9 +319,9 @@ absl::Status Aggregator::AddEncoded(const Codec& codec, std::span<const uint8_t>
 
 absl::StatusOr<std::vector<float>> Aggregator::Finish() const {
   if (num_updates_ == 0) {
-    return absl::FailedPreconditionError(fl::StrCat(
-        "cannot finish a '", name(), "' aggregate with no accepted updates (model fingerprint ",
-        spec_->FingerprintHex(), "); check why every client's update was rejected or missing"));
+    return absl::FailedPreconditionError(
+        fl::StrCat("cannot finish a '", name(), "' aggregate with no accepted updates (model fingerprint ",
+                   spec_->FingerprintHex(), "); check why every client's update was rejected or missing"));
   }
   row_scales_.clear();
   if (clip_.mode == NormClip::Mode::kMedian) {
@@ -355,9 +356,7 @@ void Aggregator::Reset() {
 // WeightedMeanAggregator
 
 WeightedMeanAggregator::WeightedMeanAggregator(std::shared_ptr<const ModelSpec> spec)
-    : Aggregator(std::move(spec)),
-      acc_(this->spec().num_elements(), 0.0f),
-      spare_(this->spec().num_elements(), 0.0f) {}
+    : Aggregator(std::move(spec)), acc_(this->spec().num_elements(), 0.0f), spare_(this->spec().num_elements(), 0.0f) {}
 
 bool WeightedMeanAggregator::TryAdd(std::span<const float> values, float weight) {
   const bool ok = values.data() == spare_.data()
@@ -436,10 +435,10 @@ float TrimmedMeanAggregator::Reduce(float* column, size_t n) const {
 absl::StatusOr<std::unique_ptr<Aggregator>> MakeTrimmedMeanAggregator(std::shared_ptr<const ModelSpec> spec,
                                                                       double beta) {
   if (!(beta >= 0.0 && beta < 0.5)) {
-    return absl::InvalidArgumentError(fl::StrCat(
-        "trimmed mean fraction beta = ", beta,
-        " is out of range; beta is the fraction cut from EACH end and must be in [0, 0.5) (Flower's "
-        "default is 0.2)"));
+    return absl::InvalidArgumentError(
+        fl::StrCat("trimmed mean fraction beta = ", beta,
+                   " is out of range; beta is the fraction cut from EACH end and must be in [0, 0.5) (Flower's "
+                   "default is 0.2)"));
   }
   return std::make_unique<TrimmedMeanAggregator>(std::move(spec), beta);
 }
@@ -455,8 +454,8 @@ absl::StatusOr<std::unique_ptr<Aggregator>> MakeAggregator(std::string_view name
   if (kind == "trimmed_mean" || kind == "fedtrimmedavg") {
     double beta = 0.2;  // Flower FedTrimmedAvg's default
     if (has_param && !absl::SimpleAtod(absl::string_view(param.data(), param.size()), &beta)) {
-      return absl::InvalidArgumentError(fl::StrCat("aggregator '", name, "': '", param,
-                                                   "' is not a number; write e.g. trimmed_mean:0.2"));
+      return absl::InvalidArgumentError(
+          fl::StrCat("aggregator '", name, "': '", param, "' is not a number; write e.g. trimmed_mean:0.2"));
     }
     return MakeTrimmedMeanAggregator(std::move(spec), beta);
   }

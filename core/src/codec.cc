@@ -66,10 +66,10 @@ uint32_t BlockMultiple(CodecKind kind) {
 absl::Status CheckBlockSize(CodecKind kind, uint64_t block, std::string_view where) {
   const uint32_t multiple = BlockMultiple(kind);
   if (block == 0 || block > kMaxBlockSize || block % multiple != 0) {
-    return absl::InvalidArgumentError(fl::StrCat(
-        where, "block size ", block, " is not valid for ", CodecKindName(kind), ": it must be in [1, ",
-        kMaxBlockSize, "]", multiple > 1 ? fl::StrCat(" and a multiple of ", multiple) : std::string(),
-        " (the default is ", DefaultBlockSize(kind), ")"));
+    return absl::InvalidArgumentError(
+        fl::StrCat(where, "block size ", block, " is not valid for ", CodecKindName(kind), ": it must be in [1, ",
+                   kMaxBlockSize, "]", multiple > 1 ? fl::StrCat(" and a multiple of ", multiple) : std::string(),
+                   " (the default is ", DefaultBlockSize(kind), ")"));
   }
   return absl::OkStatus();
 }
@@ -84,8 +84,7 @@ size_t BodyBytes(CodecKind kind, uint32_t block, size_t n) {
 }
 
 std::string Describe(CodecKind kind, uint32_t block) {
-  return IsBlockwise(kind) ? fl::StrCat(CodecKindName(kind), " (block ", block, ")")
-                           : std::string(CodecKindName(kind));
+  return IsBlockwise(kind) ? fl::StrCat(CodecKindName(kind), " (block ", block, ")") : std::string(CodecKindName(kind));
 }
 
 std::string Hex(uint64_t v) { return absl::StrFormat("0x%016x", v); }
@@ -134,21 +133,21 @@ absl::StatusOr<Header> ReadHeader(std::span<const uint8_t> payload) {
         magic, kCodecMagic));
   }
   if (p[4] != kCodecFormatVersion) {
-    return absl::InvalidArgumentError(fl::StrCat(
-        "payload has codec format version ", p[4], " but this build reads version ", kCodecFormatVersion,
-        ": upgrade the receiver, or have the sender encode with version ", kCodecFormatVersion));
+    return absl::InvalidArgumentError(
+        fl::StrCat("payload has codec format version ", p[4], " but this build reads version ", kCodecFormatVersion,
+                   ": upgrade the receiver, or have the sender encode with version ", kCodecFormatVersion));
   }
   if (!IsKnownKind(p[5])) {
-    return absl::InvalidArgumentError(fl::StrCat(
-        "payload has unknown codec kind ", p[5],
-        " (known: 1=fp32 .. 7=sign1): the sender is newer than this build or the header is corrupt"));
+    return absl::InvalidArgumentError(
+        fl::StrCat("payload has unknown codec kind ", p[5],
+                   " (known: 1=fp32 .. 7=sign1): the sender is newer than this build or the header is corrupt"));
   }
   const uint16_t reserved0 = GetLe<uint16_t>(p + 6);
   const uint32_t reserved1 = GetLe<uint32_t>(p + 12);
   if (reserved0 != 0 || reserved1 != 0) {
-    return absl::InvalidArgumentError(fl::StrCat(
-        "payload header has non-zero reserved fields (bytes 6-7: ", reserved0, ", bytes 12-15: ", reserved1,
-        "): the header is corrupt or from an incompatible encoder; resend"));
+    return absl::InvalidArgumentError(fl::StrCat("payload header has non-zero reserved fields (bytes 6-7: ", reserved0,
+                                                 ", bytes 12-15: ", reserved1,
+                                                 "): the header is corrupt or from an incompatible encoder; resend"));
   }
   Header h;
   h.info.kind = static_cast<CodecKind>(p[5]);
@@ -177,10 +176,9 @@ absl::StatusOr<Header> ReadHeader(std::span<const uint8_t> payload) {
     return absl::InvalidArgumentError(fl::StrCat(
         "payload is ", payload.size(), " bytes but ", h.info.num_values, " values in ",
         Describe(h.info.kind, h.info.block_size), " take exactly ", expected, " bytes with the header; ",
-        short_payload
-            ? "it was truncated in transit: resend it"
-            : fl::StrCat("it has ", payload.size() - expected,
-                         " extra bytes (padded or concatenated in transit): send the payload alone")));
+        short_payload ? "it was truncated in transit: resend it"
+                      : fl::StrCat("it has ", payload.size() - expected,
+                                   " extra bytes (padded or concatenated in transit): send the payload alone")));
   }
   return h;
 }
@@ -223,8 +221,7 @@ class CodecImpl final : public Codec {
     return absl::OkStatus();
   }
 
-  absl::Status DecodeAccumulate(std::span<const uint8_t> payload, float weight,
-                                std::span<float> acc) const override {
+  absl::Status DecodeAccumulate(std::span<const uint8_t> payload, float weight, std::span<float> acc) const override {
     if (!std::isfinite(weight)) {
       return absl::InvalidArgumentError(
           fl::StrCat("weight ", weight, " passed to ", name(),
@@ -239,20 +236,19 @@ class CodecImpl final : public Codec {
  private:
   absl::Status UnencodableError(float value, size_t index) const {
     if (!std::isfinite(value)) {
-      return absl::InvalidArgumentError(fl::StrCat(
-          "value at index ", index, " is ", value, "; ", name(),
-          " encodes finite values only: find where the NaN/Inf came from (diverged training, bad data) "
-          "before sending"));
+      return absl::InvalidArgumentError(
+          fl::StrCat("value at index ", index, " is ", value, "; ", name(),
+                     " encodes finite values only: find where the NaN/Inf came from (diverged training, bad data) "
+                     "before sending"));
     }
     if (kind_ == CodecKind::kFp16) {
-      return absl::InvalidArgumentError(fl::StrCat(
-          "value ", value, " at index ", index,
-          " is outside the fp16 range (|x| <= 65504 after rounding): fp16 rejects rather than saturates, "
-          "because a clipped update silently changes the model; use bf16 or fp32 for this tensor, or "
-          "scale it down"));
+      return absl::InvalidArgumentError(
+          fl::StrCat("value ", value, " at index ", index,
+                     " is outside the fp16 range (|x| <= 65504 after rounding): fp16 rejects rather than saturates, "
+                     "because a clipped update silently changes the model; use bf16 or fp32 for this tensor, or "
+                     "scale it down"));
     }
-    return absl::InvalidArgumentError(fl::StrCat("value ", value, " at index ", index, " is outside the ",
-                                                 name(),
+    return absl::InvalidArgumentError(fl::StrCat("value ", value, " at index ", index, " is outside the ", name(),
                                                  " range (it rounds to infinity): use fp32 for this tensor"));
   }
 
@@ -261,21 +257,21 @@ class CodecImpl final : public Codec {
     if (!h.ok()) return h.status();
     const PayloadInfo& info = h->info;
     if (info.kind != kind_ || info.block_size != block_) {
-      return absl::InvalidArgumentError(fl::StrCat(
-          "payload was encoded with ", Describe(info.kind, info.block_size), " but this codec is ",
-          Describe(kind_, block_), ": pick the codec from the payload with PeekPayload, or MakeCodec(\"",
-          CodecKindName(info.kind), IsBlockwise(info.kind) ? fl::StrCat(":", info.block_size) : "", "\")"));
+      return absl::InvalidArgumentError(
+          fl::StrCat("payload was encoded with ", Describe(info.kind, info.block_size), " but this codec is ",
+                     Describe(kind_, block_), ": pick the codec from the payload with PeekPayload, or MakeCodec(\"",
+                     CodecKindName(info.kind), IsBlockwise(info.kind) ? fl::StrCat(":", info.block_size) : "", "\")"));
     }
     if (info.num_values != out_size) {
-      return absl::InvalidArgumentError(fl::StrCat(
-          "payload holds ", info.num_values, " values but the output has room for ", out_size,
-          ": sender and receiver disagree on the tensor size; check that both use the same model spec"));
+      return absl::InvalidArgumentError(
+          fl::StrCat("payload holds ", info.num_values, " values but the output has room for ", out_size,
+                     ": sender and receiver disagree on the tensor size; check that both use the same model spec"));
     }
     const std::span<const uint8_t> body = payload.subspan(kCodecHeaderBytes);
     const uint64_t checksum = Checksum64(body);
     if (checksum != h->checksum) {
-      return absl::DataLossError(fl::StrCat("payload body checksum is ", Hex(checksum),
-                                            " but the header says ", Hex(h->checksum), ": the ", body.size(),
+      return absl::DataLossError(fl::StrCat("payload body checksum is ", Hex(checksum), " but the header says ",
+                                            Hex(h->checksum), ": the ", body.size(),
                                             "-byte body was corrupted in transit or storage; resend it"));
     }
     size_t bad = ci::kNotFound;
@@ -291,26 +287,25 @@ class CodecImpl final : public Codec {
           std::memcpy(&scale, body.data() + 4 * bad_scale, 4);
           const uint64_t first = uint64_t{bad_scale} * block_;
           return absl::InvalidArgumentError(fl::StrCat(
-              "scale of block ", bad_scale, " (values ", first, "..",
-              std::min<uint64_t>(first + block_, out_size) - 1, ") is ", scale,
-              "; scales must be finite, >= 0 and small enough that every decoded value is finite (<= ",
+              "scale of block ", bad_scale, " (values ", first, "..", std::min<uint64_t>(first + block_, out_size) - 1,
+              ") is ", scale, "; scales must be finite, >= 0 and small enough that every decoded value is finite (<= ",
               std::numeric_limits<float>::max() / ci::MaxCodeMagnitude(format),
               "): the encoder that wrote it is faulty (the checksum matches); re-encode with this library"));
         }
         if (!ci::PaddingIsZero(format, body.data(), out_size, block_)) {
-          return absl::InvalidArgumentError(fl::StrCat(
-              "padding of the last ", name(), " tile (the fields after value ", out_size - 1,
-              ") is not zero: the encoder that wrote it is faulty (the checksum matches); re-encode with "
-              "this library"));
+          return absl::InvalidArgumentError(
+              fl::StrCat("padding of the last ", name(), " tile (the fields after value ", out_size - 1,
+                         ") is not zero: the encoder that wrote it is faulty (the checksum matches); re-encode with "
+                         "this library"));
         }
         return absl::OkStatus();
       }
     }
     if (bad != ci::kNotFound) {
-      return absl::InvalidArgumentError(fl::StrCat(
-          "payload value at index ", bad, " is NaN or Inf in ", name(),
-          ": decoded values must be finite; the encoder that wrote it is faulty (the checksum matches): "
-          "re-encode with this library"));
+      return absl::InvalidArgumentError(
+          fl::StrCat("payload value at index ", bad, " is NaN or Inf in ", name(),
+                     ": decoded values must be finite; the encoder that wrote it is faulty (the checksum matches): "
+                     "re-encode with this library"));
     }
     return absl::OkStatus();
   }
@@ -328,9 +323,8 @@ class CodecImpl final : public Codec {
   uint32_t block_;
 };
 
-constexpr CodecKind kAllKinds[] = {CodecKind::kFp32,      CodecKind::kFp16,      CodecKind::kBf16,
-                                   CodecKind::kInt8Block, CodecKind::kInt4Block, CodecKind::kFp4E2M1,
-                                   CodecKind::kSign1};
+constexpr CodecKind kAllKinds[] = {CodecKind::kFp32,      CodecKind::kFp16,    CodecKind::kBf16, CodecKind::kInt8Block,
+                                   CodecKind::kInt4Block, CodecKind::kFp4E2M1, CodecKind::kSign1};
 
 }  // namespace
 
@@ -374,30 +368,28 @@ absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(std::string_view spec) {
   const std::string_view name = spec.substr(0, colon);
   absl::StatusOr<CodecKind> kind = ParseCodecKind(name);
   if (!kind.ok()) {
-    return absl::InvalidArgumentError(fl::StrCat("codec spec '", spec,
-                                                 "': ", fl::ToStd(kind.status().message()),
+    return absl::InvalidArgumentError(fl::StrCat("codec spec '", spec, "': ", fl::ToStd(kind.status().message()),
                                                  ", optionally with a block size such as 'int8:128'"));
   }
   CodecOptions options;
   if (colon != std::string_view::npos) {
     const std::string_view digits = spec.substr(colon + 1);
     if (!IsBlockwise(*kind)) {
-      return absl::InvalidArgumentError(fl::StrCat(
-          "codec spec '", spec, "': ", name, " is element-wise and takes no block size; write '", name, "'"));
+      return absl::InvalidArgumentError(fl::StrCat("codec spec '", spec, "': ", name,
+                                                   " is element-wise and takes no block size; write '", name, "'"));
     }
     uint32_t block = 0;
     const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), block);
     if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size() || block == 0) {
-      return absl::InvalidArgumentError(fl::StrCat(
-          "codec spec '", spec, "': block size '", digits, "' is not a positive integer; write e.g. '", name,
-          ":", DefaultBlockSize(*kind), "', or '", name, "' for the default"));
+      return absl::InvalidArgumentError(fl::StrCat("codec spec '", spec, "': block size '", digits,
+                                                   "' is not a positive integer; write e.g. '", name, ":",
+                                                   DefaultBlockSize(*kind), "', or '", name, "' for the default"));
     }
     options.block_size = block;
   }
   absl::StatusOr<std::unique_ptr<Codec>> codec = MakeCodec(*kind, options);
   if (!codec.ok()) {
-    return absl::InvalidArgumentError(
-        fl::StrCat("codec spec '", spec, "': ", fl::ToStd(codec.status().message())));
+    return absl::InvalidArgumentError(fl::StrCat("codec spec '", spec, "': ", fl::ToStd(codec.status().message())));
   }
   return codec;
 }
@@ -408,8 +400,7 @@ absl::StatusOr<PayloadInfo> PeekPayload(std::span<const uint8_t> payload) {
   return h->info;
 }
 
-absl::Status ErrorFeedback::Encode(const Codec& codec, std::span<const float> values,
-                                   std::vector<uint8_t>* out) {
+absl::Status ErrorFeedback::Encode(const Codec& codec, std::span<const float> values, std::vector<uint8_t>* out) {
   if (values.size() != residual_.size()) {
     return absl::InvalidArgumentError(
         fl::StrCat("error feedback was set up for ", residual_.size(), " values but got ", values.size(),
@@ -420,8 +411,7 @@ absl::Status ErrorFeedback::Encode(const Codec& codec, std::span<const float> va
   absl::Status s = codec.Encode(scratch_, out);
   if (!s.ok()) {
     // The residual is left as it was, so the caller can skip this step and carry on.
-    return absl::Status(s.code(),
-                        fl::StrCat("error feedback (input + carried residual): ", fl::ToStd(s.message())));
+    return absl::Status(s.code(), fl::StrCat("error feedback (input + carried residual): ", fl::ToStd(s.message())));
   }
   // residual = (values + residual) - decode(payload); decoding straight into residual_ avoids a buffer.
   s = codec.Decode(*out, std::span<float>(residual_));

@@ -265,8 +265,7 @@ FL_CODEC_MULTIVERSION static size_t FindNonFiniteBf16Impl(const uint8_t* body, s
   return kNotFound;
 }
 
-FL_CODEC_MULTIVERSION static void DecodeFp32Impl(const uint8_t* body, size_t n, const float* weight,
-                                                 float* out) {
+FL_CODEC_MULTIVERSION static void DecodeFp32Impl(const uint8_t* body, size_t n, const float* weight, float* out) {
   if (weight == nullptr) {
     if (n > 0) std::memcpy(out, body, n * sizeof(float));
     return;
@@ -275,8 +274,7 @@ FL_CODEC_MULTIVERSION static void DecodeFp32Impl(const uint8_t* body, size_t n, 
   for (size_t i = 0; i < n; ++i) out[i] += w * LoadF32(body + 4 * i);
 }
 
-FL_CODEC_MULTIVERSION static void DecodeFp16Impl(const uint8_t* body, size_t n, const float* weight,
-                                                 float* out) {
+FL_CODEC_MULTIVERSION static void DecodeFp16Impl(const uint8_t* body, size_t n, const float* weight, float* out) {
   if (weight == nullptr) {
     for (size_t i = 0; i < n; ++i) out[i] = HalfBitsToFloat(LoadU16(body + 2 * i));
     return;
@@ -285,8 +283,7 @@ FL_CODEC_MULTIVERSION static void DecodeFp16Impl(const uint8_t* body, size_t n, 
   for (size_t i = 0; i < n; ++i) out[i] += w * HalfBitsToFloat(LoadU16(body + 2 * i));
 }
 
-FL_CODEC_MULTIVERSION static void DecodeBf16Impl(const uint8_t* body, size_t n, const float* weight,
-                                                 float* out) {
+FL_CODEC_MULTIVERSION static void DecodeBf16Impl(const uint8_t* body, size_t n, const float* weight, float* out) {
   if (weight == nullptr) {
     for (size_t i = 0; i < n; ++i) out[i] = FromBits(static_cast<uint32_t>(LoadU16(body + 2 * i)) << 16);
     return;
@@ -390,9 +387,7 @@ float MaxScale(BlockFormat format) {
 }
 
 // Round-to-nearest-even of v (|v| < 2^22) as an int32, via the magic-number trick.
-FL_INLINE int32_t RoundToInt(float v) {
-  return static_cast<int32_t>(Bits(v + kRoundMagic) - kRoundMagicBits);
-}
+FL_INLINE int32_t RoundToInt(float v) { return static_cast<int32_t>(Bits(v + kRoundMagic) - kRoundMagicBits); }
 
 // ---- Codes. `inv` is 1/scale; the quantized level is rne(x * inv). A normal scale s = absmax/top and
 // inv = fl(1/s) keep |x * inv| <= top * (1 + 3 ulp), which rounds to at most `top`, so no clamp is needed.
@@ -415,8 +410,7 @@ FL_INLINE uint32_t Fp4Code(float x, float inv2) {
   const float w = FromBits(u & 0x7fffffffu) * inv2;
   // rne(w) capped at 4, kept as the bits of kRoundMagic + code (an integer min of positive floats' bits is
   // their float min, and one instruction); each comparison's all-ones mask is then subtracted.
-  int32_t code =
-      std::min(static_cast<int32_t>(Bits(w + kRoundMagic)), static_cast<int32_t>(kRoundMagicBits + 4));
+  int32_t code = std::min(static_cast<int32_t>(Bits(w + kRoundMagic)), static_cast<int32_t>(kRoundMagicBits + 4));
   code -= -static_cast<int32_t>(w > 5.0f);
   code -= -static_cast<int32_t>(w >= 7.0f);
   code -= -static_cast<int32_t>(w > 10.0f);
@@ -640,8 +634,8 @@ FL_INLINE void EncodeTiles(const float* __restrict x, size_t values, const float
 }
 
 template <BlockFormat kFormat, bool kAccumulate>
-FL_INLINE void DecodeTiles(const uint8_t* __restrict q, size_t values, const float* __restrict run_scale,
-                           float w, float* __restrict out) {
+FL_INLINE void DecodeTiles(const uint8_t* __restrict q, size_t values, const float* __restrict run_scale, float w,
+                           float* __restrict out) {
   if constexpr (kFormat == BlockFormat::kInt8) {
     for (size_t r = 0; r < values / kRun; ++r) {
       const float s = run_scale[r];
@@ -760,8 +754,8 @@ FL_INLINE void DecodeAll(const uint8_t* body, size_t n, size_t block, float w, f
       const float s = LoadF32(body + 4 * (b0 + b));
       for (size_t r = 0; r < runs_per_block; ++r) run_scale[b * runs_per_block + r] = s;
     }
-    DecodeTiles<kFormat, kAccumulate>(codes + CodeBytes(kFormat, g * shape.values), shape.values,
-                                      run_scale.data(), w, out + g * shape.values);
+    DecodeTiles<kFormat, kAccumulate>(codes + CodeBytes(kFormat, g * shape.values), shape.values, run_scale.data(), w,
+                                      out + g * shape.values);
   }
   if (groups * shape.blocks < blocks) {
     DecodeGeneral<kFormat, kAccumulate>(body, n, block, groups * shape.blocks, blocks, w, out);
@@ -819,8 +813,7 @@ size_t EncodeBlocks(BlockFormat format, const float* x, size_t n, size_t block, 
   return kNotFound;
 }
 
-size_t EncodeBlocksGeneralForTesting(BlockFormat format, const float* x, size_t n, size_t block,
-                                     uint8_t* body) {
+size_t EncodeBlocksGeneralForTesting(BlockFormat format, const float* x, size_t n, size_t block, uint8_t* body) {
   const size_t blocks = (n + block - 1) / block;
   switch (format) {
     case BlockFormat::kInt8: return EncodeGeneral<BlockFormat::kInt8>(x, n, block, body, 0, blocks);
@@ -831,17 +824,13 @@ size_t EncodeBlocksGeneralForTesting(BlockFormat format, const float* x, size_t 
   return kNotFound;
 }
 
-void DecodeBlocksGeneralForTesting(BlockFormat format, const uint8_t* body, size_t n, size_t block,
-                                   float* out) {
+void DecodeBlocksGeneralForTesting(BlockFormat format, const uint8_t* body, size_t n, size_t block, float* out) {
   const size_t blocks = (n + block - 1) / block;
   switch (format) {
-    case BlockFormat::kInt8:
-      return DecodeGeneral<BlockFormat::kInt8, false>(body, n, block, 0, blocks, 1, out);
-    case BlockFormat::kInt4:
-      return DecodeGeneral<BlockFormat::kInt4, false>(body, n, block, 0, blocks, 1, out);
+    case BlockFormat::kInt8: return DecodeGeneral<BlockFormat::kInt8, false>(body, n, block, 0, blocks, 1, out);
+    case BlockFormat::kInt4: return DecodeGeneral<BlockFormat::kInt4, false>(body, n, block, 0, blocks, 1, out);
     case BlockFormat::kFp4: return DecodeGeneral<BlockFormat::kFp4, false>(body, n, block, 0, blocks, 1, out);
-    case BlockFormat::kSign1:
-      return DecodeGeneral<BlockFormat::kSign1, false>(body, n, block, 0, blocks, 1, out);
+    case BlockFormat::kSign1: return DecodeGeneral<BlockFormat::kSign1, false>(body, n, block, 0, blocks, 1, out);
   }
 }
 
@@ -874,8 +863,7 @@ bool PaddingIsZero(BlockFormat format, const uint8_t* body, size_t n, size_t blo
   return true;
 }
 
-void DecodeBlocks(BlockFormat format, const uint8_t* body, size_t n, size_t block, const float* weight,
-                  float* out) {
+void DecodeBlocks(BlockFormat format, const uint8_t* body, size_t n, size_t block, const float* weight, float* out) {
   const bool acc = weight != nullptr;
   const float w = acc ? *weight : 1.0f;
   switch (format) {

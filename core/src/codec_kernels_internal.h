@@ -59,14 +59,11 @@ size_t FindBadScale(BlockFormat format, const uint8_t* body, size_t n, size_t bl
 bool PaddingIsZero(BlockFormat format, const uint8_t* body, size_t n, size_t block);
 
 // Decodes a validated body: weight == nullptr: out = value; otherwise out += *weight * value.
-void DecodeBlocks(BlockFormat format, const uint8_t* body, size_t n, size_t block, const float* weight,
-                  float* out);
+void DecodeBlocks(BlockFormat format, const uint8_t* body, size_t n, size_t block, const float* weight, float* out);
 
 // The value-by-value reference implementation that EncodeBlocks / DecodeBlocks fall back on; the fast
 // paths must produce identical bytes and values (codec_kernels_test.cc).
-size_t EncodeBlocksGeneralForTesting(BlockFormat format, const float* x, size_t n, size_t block,
-                                     uint8_t* body);
-void DecodeBlocksGeneralForTesting(BlockFormat format, const uint8_t* body, size_t n, size_t block,
-                                   float* out);
+size_t EncodeBlocksGeneralForTesting(BlockFormat format, const float* x, size_t n, size_t block, uint8_t* body);
+void DecodeBlocksGeneralForTesting(BlockFormat format, const uint8_t* body, size_t n, size_t block, float* out);
 
 }  // namespace fl::core::codec_internal

@@ -7,12 +7,10 @@ namespace fl::core {
 FlatParams::FlatParams(std::shared_ptr<const ModelSpec> spec)
     : spec_(std::move(spec)), values_(spec_->num_elements(), 0.0f) {}
 
-absl::StatusOr<FlatParams> FlatParams::FromValues(std::shared_ptr<const ModelSpec> spec,
-                                                  std::vector<float> values) {
+absl::StatusOr<FlatParams> FlatParams::FromValues(std::shared_ptr<const ModelSpec> spec, std::vector<float> values) {
   if (values.size() != spec->num_elements()) {
-    return absl::InvalidArgumentError(fl::StrCat("got ", values.size(), " values for a model of ",
-                                                   spec->num_elements(), " parameters (fingerprint ",
-                                                   spec->FingerprintHex(), ")"));
+    return absl::InvalidArgumentError(fl::StrCat("got ", values.size(), " values for a model of ", spec->num_elements(),
+                                                 " parameters (fingerprint ", spec->FingerprintHex(), ")"));
   }
   return FlatParams(std::move(spec), std::move(values));
 }
@@ -30,8 +28,8 @@ std::span<const float> FlatParams::tensor(size_t index) const {
 absl::StatusOr<std::span<float>> FlatParams::tensor(std::string_view name) {
   const TensorSpec* t = spec_->Find(name);
   if (t == nullptr) {
-    return absl::NotFoundError(fl::StrCat("model (fingerprint ", spec_->FingerprintHex(),
-                                            ") has no tensor named '", name, "'"));
+    return absl::NotFoundError(
+        fl::StrCat("model (fingerprint ", spec_->FingerprintHex(), ") has no tensor named '", name, "'"));
   }
   return std::span<float>(values_).subspan(t->offset, t->num_elements());
 }

@@ -61,7 +61,8 @@ absl::StatusOr<FragmentStrategy> ParseFragmentStrategy(std::string_view name) {
   if (name == "sequential") return FragmentStrategy::kSequential;
   if (name == "balanced") return FragmentStrategy::kBalanced;
   return absl::InvalidArgumentError(
-      fl::StrCat("unknown fragment strategy '", name, "'; expected 'strided' (layer i -> fragment i mod L, the "
+      fl::StrCat("unknown fragment strategy '", name,
+                 "'; expected 'strided' (layer i -> fragment i mod L, the "
                  "Streaming DiLoCo paper's better one), 'sequential' (contiguous groups of layers) or 'balanced' "
                  "(whole tensors spread so that fragments hold about equal numbers of values)"));
 }
@@ -134,10 +135,10 @@ absl::StatusOr<FragmentPlan> FragmentPlan::Create(const ModelSpec& model, size_t
     num_layer_fragments = num_layers == 0 ? 0 : 1;
     non_layer_fragment = 0;
   } else if (num_layers == 0) {
-    return absl::InvalidArgumentError(fl::StrCat(
-        "cannot split the model into ", num_fragments, " fragments: no tensor name has a layer index (a purely "
-        "numeric component such as the 3 in 'blocks.3.attn.weight'; tensors: ", JoinFirst(non_layer_names, 4),
-        "); use num_fragments = 1"));
+    return absl::InvalidArgumentError(fl::StrCat("cannot split the model into ", num_fragments,
+                                                 " fragments: no tensor name has a layer index (a purely "
+                                                 "numeric component such as the 3 in 'blocks.3.attn.weight'; tensors: ",
+                                                 JoinFirst(non_layer_names, 4), "); use num_fragments = 1"));
   } else {
     num_layer_fragments = has_non_layer ? num_fragments - 1 : num_fragments;
     non_layer_fragment = num_fragments - 1;
@@ -149,8 +150,7 @@ absl::StatusOr<FragmentPlan> FragmentPlan::Create(const ModelSpec& model, size_t
           has_non_layer ? fl::StrCat(" plus non-layer tensors (", JoinFirst(non_layer_names, 3),
                                      ") that take a fragment of their own")
                         : std::string(),
-          ", so at most ", max_fragments, " fragments can each hold something; use num_fragments <= ",
-          max_fragments));
+          ", so at most ", max_fragments, " fragments can each hold something; use num_fragments <= ", max_fragments));
     }
   }
 
@@ -196,8 +196,8 @@ absl::Status FragmentPlan::AssignTensors(const ModelSpec& model, std::vector<siz
     const uint64_t n = tensors[i].num_elements();
     fragment.num_elements += n;
     if (n == 0) continue;
-    if (!fragment.ranges.empty() && fragment.ranges.back().offset + fragment.ranges.back().num_elements ==
-                                        tensors[i].offset) {
+    if (!fragment.ranges.empty() &&
+        fragment.ranges.back().offset + fragment.ranges.back().num_elements == tensors[i].offset) {
       fragment.ranges.back().num_elements += n;
     } else {
       fragment.ranges.push_back(ElementRange{tensors[i].offset, n});
@@ -227,13 +227,12 @@ absl::StatusOr<FragmentPlan> FragmentPlan::CreateBalanced(const ModelSpec& model
     if (tensors[i].num_elements() > 0) order.push_back(i);
   }
   if (order.size() < num_fragments) {
-    return absl::InvalidArgumentError(fl::StrCat(
-        "cannot split the model into ", num_fragments, " balanced fragments: it has only ", order.size(),
-        " non-empty tensors and every fragment needs at least one; use num_fragments <= ", order.size()));
+    return absl::InvalidArgumentError(
+        fl::StrCat("cannot split the model into ", num_fragments, " balanced fragments: it has only ", order.size(),
+                   " non-empty tensors and every fragment needs at least one; use num_fragments <= ", order.size()));
   }
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return tensors[a].num_elements() > tensors[b].num_elements();
-  });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return tensors[a].num_elements() > tensors[b].num_elements(); });
   std::vector<uint64_t> load(num_fragments, 0);
   std::vector<size_t> fragment_of_tensor(tensors.size(), 0);  // empty tensors ride with fragment 0
   for (size_t i : order) {
@@ -279,9 +278,8 @@ absl::Status FragmentPlan::CheckSizes(size_t index, size_t model_size, size_t fr
                                                  " (fingerprint ", FingerprintToHex(model_fingerprint_), ")"));
   }
   if (fragment_size != fragments_[index].num_elements) {
-    return absl::InvalidArgumentError(fl::StrCat(op, " fragment ", index, ": the fragment buffer has ",
-                                                 fragment_size, " values but the fragment has ",
-                                                 fragments_[index].num_elements));
+    return absl::InvalidArgumentError(fl::StrCat(op, " fragment ", index, ": the fragment buffer has ", fragment_size,
+                                                 " values but the fragment has ", fragments_[index].num_elements));
   }
   return absl::OkStatus();
 }
@@ -310,8 +308,8 @@ absl::Status FragmentPlan::Scatter(size_t index, std::span<const float> fragment
 }
 
 std::string FragmentPlan::Describe() const {
-  std::string out = fl::StrCat(fragments_.size(), " fragment(s), ", FragmentStrategyName(strategy_), ", ",
-                               num_layers_, " layers\n");
+  std::string out =
+      fl::StrCat(fragments_.size(), " fragment(s), ", FragmentStrategyName(strategy_), ", ", num_layers_, " layers\n");
   for (const Fragment& f : fragments_) {
     out += fl::StrCat("fragment ", f.index, ": ", f.layers.size(), " layers");
     if (!f.layers.empty()) out += fl::StrCat(" (", JoinFirst(f.layers, 6), ")");
@@ -344,11 +342,12 @@ absl::StatusOr<FragmentSchedule> FragmentSchedule::Create(uint64_t inner_steps_p
   }
   const uint64_t between = inner_steps_per_round / num_fragments;
   if (overlap_steps >= between) {
-    return absl::InvalidArgumentError(fl::StrCat(
-        "overlap_steps (tau) = ", overlap_steps, " must be less than H/P = ", inner_steps_per_round, "/",
-        num_fragments, " = ", between,
-        " so that each exchange lands before the next one starts (the paper found tau < 5 robust); "
-        "use tau <= ", between - 1));
+    return absl::InvalidArgumentError(
+        fl::StrCat("overlap_steps (tau) = ", overlap_steps, " must be less than H/P = ", inner_steps_per_round, "/",
+                   num_fragments, " = ", between,
+                   " so that each exchange lands before the next one starts (the paper found tau < 5 robust); "
+                   "use tau <= ",
+                   between - 1));
   }
   FragmentSchedule s;
   s.inner_steps_per_round_ = inner_steps_per_round;

@@ -12,8 +12,8 @@ namespace fl::core {
 namespace {
 
 // `lo <= value < hi` (or <= hi when hi_inclusive), written so that NaN fails.
-absl::Status CheckRange(std::string_view optimizer, std::string_view field, double value, double lo,
-                        bool lo_inclusive, double hi, bool hi_inclusive, std::string_view advice) {
+absl::Status CheckRange(std::string_view optimizer, std::string_view field, double value, double lo, bool lo_inclusive,
+                        double hi, bool hi_inclusive, std::string_view advice) {
   const bool above_lo = lo_inclusive ? value >= lo : value > lo;
   const bool below_hi = hi_inclusive ? value <= hi : value < hi;
   if (above_lo && below_hi && std::isfinite(value)) return absl::OkStatus();
@@ -43,12 +43,10 @@ std::string_view VariantName(FedOptVariant variant) {
 
 }  // namespace
 
-absl::Status PseudoGradient(std::span<const float> global, std::span<const float> aggregate,
-                            std::span<float> out) {
+absl::Status PseudoGradient(std::span<const float> global, std::span<const float> aggregate, std::span<float> out) {
   if (global.size() != aggregate.size() || out.size() != global.size()) {
-    return absl::InvalidArgumentError(fl::StrCat("pseudo-gradient needs equal sizes: global model has ",
-                                                 global.size(), " values, aggregate ", aggregate.size(),
-                                                 ", output ", out.size()));
+    return absl::InvalidArgumentError(fl::StrCat("pseudo-gradient needs equal sizes: global model has ", global.size(),
+                                                 " values, aggregate ", aggregate.size(), ", output ", out.size()));
   }
   for (size_t i = 0; i < out.size(); ++i) out[i] = global[i] - aggregate[i];
   return absl::OkStatus();
@@ -67,10 +65,10 @@ ServerOptimizer::ServerOptimizer(size_t num_params, std::vector<BufferSpec> buff
 
 absl::Status ServerOptimizer::Step(std::span<float> global, std::span<const float> pseudo_grad) {
   if (global.size() != num_params_ || pseudo_grad.size() != num_params_) {
-    return absl::InvalidArgumentError(fl::StrCat(
-        name(), " step: the optimizer was made for ", num_params_, " parameters but got a global model of ",
-        global.size(), " and a pseudo-gradient of ", pseudo_grad.size(),
-        "; make the optimizer with the model's element count"));
+    return absl::InvalidArgumentError(fl::StrCat(name(), " step: the optimizer was made for ", num_params_,
+                                                 " parameters but got a global model of ", global.size(),
+                                                 " and a pseudo-gradient of ", pseudo_grad.size(),
+                                                 "; make the optimizer with the model's element count"));
   }
   // A NaN here would poison the optimizer state for every later round; the aggregators never produce
   // one, so this only guards against a caller's bug.
@@ -123,8 +121,8 @@ absl::Status ServerOptimizer::ImportState(const ServerOptimizerState& state) {
   }
   for (size_t i = 0; i < found.size(); ++i) {
     if (found[i] == nullptr) {
-      return absl::InvalidArgumentError(fl::StrCat(name(), " state lacks buffer '", buffer_specs_[i].name,
-                                                   "'; the checkpoint is incomplete"));
+      return absl::InvalidArgumentError(
+          fl::StrCat(name(), " state lacks buffer '", buffer_specs_[i].name, "'; the checkpoint is incomplete"));
     }
   }
   for (size_t i = 0; i < found.size(); ++i) buffers_[i].values = found[i]->values;
@@ -239,8 +237,8 @@ namespace {
 // One loop per variant, the second-moment rule as a template parameter, so that no branch on the
 // variant sits in the loop.
 template <typename SecondMoment>
-void FedOptLoop(std::span<float> global, std::span<const float> g, float* m, float* v, float lr, float beta1,
-                float tau, SecondMoment update_v) {
+void FedOptLoop(std::span<float> global, std::span<const float> g, float* m, float* v, float lr, float beta1, float tau,
+                SecondMoment update_v) {
   const float one_minus_beta1 = 1.0f - beta1;
   for (size_t i = 0; i < global.size(); ++i) {
     const float delta = -g[i];  // FedOpt's Delta = aggregate - theta
@@ -343,7 +341,7 @@ absl::StatusOr<std::unique_ptr<ServerOptimizer>> MakeServerOptimizer(std::string
     return std::make_unique<FedAvgMOptimizer>(num_params, c);
   }
   if (name == "fedadam" || name == "fedyogi" || name == "fedadagrad") {
-    FedOptConfig c = name == "fedadam" ? FedOptConfig::Adam()
+    FedOptConfig c = name == "fedadam"   ? FedOptConfig::Adam()
                      : name == "fedyogi" ? FedOptConfig::Yogi()
                                          : FedOptConfig::Adagrad();
     absl::Status s;
@@ -351,8 +349,8 @@ absl::StatusOr<std::unique_ptr<ServerOptimizer>> MakeServerOptimizer(std::string
       const OptionField fields[] = {{"lr", &c.lr}, {"beta1", &c.beta1}, {"tau", &c.tau}, {"initial_v", &c.initial_v}};
       s = ApplyOptions(name, options, fields);
     } else {
-      const OptionField fields[] = {{"lr", &c.lr},   {"beta1", &c.beta1},         {"beta2", &c.beta2},
-                                    {"tau", &c.tau}, {"initial_v", &c.initial_v}};
+      const OptionField fields[] = {
+          {"lr", &c.lr}, {"beta1", &c.beta1}, {"beta2", &c.beta2}, {"tau", &c.tau}, {"initial_v", &c.initial_v}};
       s = ApplyOptions(name, options, fields);
     }
     if (!s.ok()) return s;
@@ -390,8 +388,7 @@ absl::StatusOr<std::unique_ptr<ServerOptimizer>> MakeServerOptimizer(std::string
       }
       const std::string key(item.substr(0, eq));
       if (!options.emplace(key, value).second) {
-        return absl::InvalidArgumentError(
-            fl::StrCat("server optimizer '", spec, "' sets '", key, "' twice; keep one"));
+        return absl::InvalidArgumentError(fl::StrCat("server optimizer '", spec, "' sets '", key, "' twice; keep one"));
       }
     }
   }

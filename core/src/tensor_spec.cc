@@ -49,8 +49,8 @@ std::string_view DTypeName(DType dtype) {
 }
 
 absl::StatusOr<DType> ParseDType(std::string_view name) {
-  for (DType d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64, DType::kInt64,
-                  DType::kInt32, DType::kUInt8}) {
+  for (DType d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64, DType::kInt64, DType::kInt32,
+                  DType::kUInt8}) {
     if (DTypeName(d) == name) return d;
   }
   return absl::InvalidArgumentError(fl::StrCat(
@@ -86,13 +86,13 @@ absl::StatusOr<ModelSpec> ModelSpec::Create(std::vector<TensorSpec> tensors) {
     uint64_t count = 1;
     for (int64_t d : t.shape) {
       if (d < 0) {
-        return absl::InvalidArgumentError(fl::StrCat("tensor '", t.name, "' has shape ", t.ShapeString(),
-                                                       " with a negative dimension"));
+        return absl::InvalidArgumentError(
+            fl::StrCat("tensor '", t.name, "' has shape ", t.ShapeString(), " with a negative dimension"));
       }
       if (__builtin_mul_overflow(count, static_cast<uint64_t>(d), &count) || count > kMaxSpecElements) {
-        return absl::InvalidArgumentError(fl::StrCat(
-            "tensor '", t.name, "' has shape ", t.ShapeString(), ": its element count exceeds 2^",
-            kMaxSpecElementsLog2, " (or overflows 64 bits); no model is that large, the spec is damaged"));
+        return absl::InvalidArgumentError(
+            fl::StrCat("tensor '", t.name, "' has shape ", t.ShapeString(), ": its element count exceeds 2^",
+                       kMaxSpecElementsLog2, " (or overflows 64 bits); no model is that large, the spec is damaged"));
       }
     }
     t.offset = offset;
@@ -148,7 +148,7 @@ absl::Status CheckMatchesSpec(const ModelSpec& expected, uint64_t fingerprint, u
   }
   if (num_elements != expected.num_elements()) {
     return absl::InvalidArgumentError(fl::StrCat(what, " carries ", num_elements, " parameters but the model has ",
-                                                   expected.num_elements(), "; the payload is truncated or padded"));
+                                                 expected.num_elements(), "; the payload is truncated or padded"));
   }
   return absl::OkStatus();
 }
@@ -166,14 +166,14 @@ absl::Status CheckFinite(std::span<const float> values, std::string_view what, c
       where = fl::StrCat("tensor '", t.name, "' element ", i - t.offset);
     }
     return absl::InvalidArgumentError(fl::StrCat(what, " contains ", values[i], " at ", where,
-                                                   "; non-finite values are never aggregated: check the "
-                                                   "client's learning rate and data"));
+                                                 "; non-finite values are never aggregated: check the "
+                                                 "client's learning rate and data"));
   }
   return absl::OkStatus();
 }
 
-std::string DescribeSpecDifference(const ModelSpec& expected, const ModelSpec& actual,
-                                   std::string_view expected_name, std::string_view actual_name) {
+std::string DescribeSpecDifference(const ModelSpec& expected, const ModelSpec& actual, std::string_view expected_name,
+                                   std::string_view actual_name) {
   struct Difference {
     size_t position;  // where it is, to report the first one
     std::string text;
@@ -200,8 +200,8 @@ std::string DescribeSpecDifference(const ModelSpec& expected, const ModelSpec& a
                                      DTypeName(a.dtype), " in ", actual_name, " but ", e.ShapeString(), " and ",
                                      DTypeName(e.dtype), " in ", expected_name)});
     } else if (shape) {
-      diffs.push_back({i, fl::StrCat("tensor #", i, " '", e.name, "' has shape ", a.ShapeString(), " in ",
-                                     actual_name, " but ", e.ShapeString(), " in ", expected_name)});
+      diffs.push_back({i, fl::StrCat("tensor #", i, " '", e.name, "' has shape ", a.ShapeString(), " in ", actual_name,
+                                     " but ", e.ShapeString(), " in ", expected_name)});
     } else if (dtype) {
       diffs.push_back({i, fl::StrCat("tensor #", i, " '", e.name, "' has dtype ", DTypeName(a.dtype), " in ",
                                      actual_name, " but ", DTypeName(e.dtype), " in ", expected_name)});
@@ -226,10 +226,9 @@ std::string DescribeSpecDifference(const ModelSpec& expected, const ModelSpec& a
     if (common_expected[k] == common_actual[k]) continue;
     const std::string_view early = common_actual[k];  // comes first in `actual`, later in `expected`
     const std::string_view late = common_expected[k];
-    diffs.push_back({expected_index[late],
-                     fl::StrCat("tensor #", actual_index[early], " '", early, "' comes before '", late, "' in ",
-                                actual_name, " but after it in ", expected_name,
-                                " (the same tensors in another order)")});
+    diffs.push_back({expected_index[late], fl::StrCat("tensor #", actual_index[early], " '", early, "' comes before '",
+                                                      late, "' in ", actual_name, " but after it in ", expected_name,
+                                                      " (the same tensors in another order)")});
     break;
   }
   if (diffs.empty()) return "";
@@ -240,9 +239,7 @@ std::string DescribeSpecDifference(const ModelSpec& expected, const ModelSpec& a
   return out;
 }
 
-bool IsIntegerDType(DType dtype) {
-  return dtype == DType::kInt64 || dtype == DType::kInt32 || dtype == DType::kUInt8;
-}
+bool IsIntegerDType(DType dtype) { return dtype == DType::kInt64 || dtype == DType::kInt32 || dtype == DType::kUInt8; }
 
 absl::StatusOr<std::vector<float>> SaveIntegerTensors(const ModelSpec& spec, std::span<const float> values) {
   if (values.size() != spec.num_elements()) {
@@ -266,8 +263,10 @@ absl::Status RestoreIntegerTensors(const ModelSpec& spec, std::span<const float>
   uint64_t needed = 0;
   for (const TensorSpec& t : spec.tensors()) needed += IsIntegerDType(t.dtype) ? t.num_elements() : 0;
   if (saved.size() != needed) {
-    return absl::InvalidArgumentError(fl::StrCat(saved.size(), " saved integer values, but the model's integer "
-                                                 "tensors hold ", needed));
+    return absl::InvalidArgumentError(fl::StrCat(saved.size(),
+                                                 " saved integer values, but the model's integer "
+                                                 "tensors hold ",
+                                                 needed));
   }
   size_t next = 0;
   for (const TensorSpec& t : spec.tensors()) {

@@ -234,8 +234,8 @@ TEST(AggregatorTest, RejectionsLeaveTheAggregateUnchanged) {
     };
 
     const auto kInvalid = absl::StatusCode::kInvalidArgument;
-    for (double w : {0.0, -1.0, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
-                     1e13, 1e-13}) {
+    for (double w :
+         {0.0, -1.0, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(), 1e13, 1e-13}) {
       expect_rejected(agg->Add(updates[2], w, fp, "client 7"), kInvalid,
                       {"update from client 7 has weight", fl::StrCat(w)});
     }
@@ -416,8 +416,8 @@ TEST(NormClipTest, UpdateNormLeavesIntegerTensorsOut) {
 
 TEST(NormClipTest, FixedBoundScalesAnUpdateDownToItAndLeavesSmallOnesAlone) {
   for (const char* name : {"mean", "median", "trimmed_mean:0.2"}) {
-    auto spec = std::make_shared<const ModelSpec>(*ModelSpec::Create(
-        {{"w", {2}, DType::kFloat32, 0}, {"steps", {}, DType::kInt64, 0}}));
+    auto spec = std::make_shared<const ModelSpec>(
+        *ModelSpec::Create({{"w", {2}, DType::kFloat32, 0}, {"steps", {}, DType::kInt64, 0}}));
     auto agg = Make(name, spec);
     ASSERT_TRUE(agg->SetNormClip(*NormClip::Parse("1")).ok());
     // Norm 5 -> scaled to 1: (0.6, 0.8); the integer counter is not scaled.
@@ -462,8 +462,8 @@ TEST(NormClipTest, OneHugeUpdateCannotSetTheMeanWhenBounded) {
 }
 
 TEST(NormClipTest, MedianBoundScalesUpdatesAboveTheMedianNorm) {
-  auto spec = std::make_shared<const ModelSpec>(*ModelSpec::Create(
-      {{"w", {1}, DType::kFloat32, 0}, {"steps", {}, DType::kInt64, 0}}));
+  auto spec = std::make_shared<const ModelSpec>(
+      *ModelSpec::Create({{"w", {1}, DType::kFloat32, 0}, {"steps", {}, DType::kInt64, 0}}));
   auto agg = Make("trimmed_mean:0", spec);  // beta 0: the plain mean of the (scaled) rows
   ASSERT_TRUE(agg->SetNormClip(*NormClip::Parse("median")).ok());
   // Norms 1, 2, 100: the median is 2, so 100 becomes 2; mean (1 + 2 + 2) / 3. Counters are not scaled.

@@ -40,8 +40,8 @@ TEST(ClockOffsetEstimatorTest, KeepsTheMinimumRttSampleAndItsErrorIsBoundedByHal
 
 TEST(ClockOffsetEstimatorTest, WindowForgetsOldSamples) {
   ClockOffsetEstimator e(2);
-  Exchange(e, 0, 0, 10, 10);              // tiny rtt, offset 0
-  Exchange(e, 100, 500, 1000, 1000);      // clock stepped by 500 ns
+  Exchange(e, 0, 0, 10, 10);          // tiny rtt, offset 0
+  Exchange(e, 100, 500, 1000, 1000);  // clock stepped by 500 ns
   Exchange(e, 200, 500, 1000, 1000);
   EXPECT_EQ(e.num_samples(), 2u);
   EXPECT_EQ(e.Estimate()->offset_ns, 500);  // the old tight sample has left the window
@@ -49,9 +49,9 @@ TEST(ClockOffsetEstimatorTest, WindowForgetsOldSamples) {
 
 TEST(ClockOffsetEstimatorTest, RejectsImpossibleTimestamps) {
   ClockOffsetEstimator e;
-  EXPECT_FALSE(e.Add(100, 0, 10, 50));   // t4 < t1
-  EXPECT_FALSE(e.Add(0, 20, 10, 50));    // t3 < t2
-  EXPECT_FALSE(e.Add(0, 0, 100, 50));    // the client held it longer than the round trip
+  EXPECT_FALSE(e.Add(100, 0, 10, 50));  // t4 < t1
+  EXPECT_FALSE(e.Add(0, 20, 10, 50));   // t3 < t2
+  EXPECT_FALSE(e.Add(0, 0, 100, 50));   // the client held it longer than the round trip
   EXPECT_FALSE(e.Estimate().has_value());
 }
 

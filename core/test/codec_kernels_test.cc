@@ -25,13 +25,11 @@ std::vector<float> Values(size_t n, uint32_t seed) {
 }
 
 TEST(CodecKernelsTest, FastPathMatchesReferenceBytesAndValues) {
-  for (BlockFormat format :
-       {BlockFormat::kInt8, BlockFormat::kInt4, BlockFormat::kFp4, BlockFormat::kSign1}) {
+  for (BlockFormat format : {BlockFormat::kInt8, BlockFormat::kInt4, BlockFormat::kFp4, BlockFormat::kSign1}) {
     // Multiples of 32 take the fast path (groups + the general path for the remainder).
     for (size_t block : {32, 64, 96, 256, 480, 2048, 4096, 8192}) {
       for (size_t n : {0, 1, 31, 64, 255, 2047, 2048, 4096, 6143, 10000, 65536 + 33}) {
-        SCOPED_TRACE(testing::Message()
-                     << "format " << static_cast<int>(format) << " block " << block << " n " << n);
+        SCOPED_TRACE(testing::Message() << "format " << static_cast<int>(format) << " block " << block << " n " << n);
         const std::vector<float> x = Values(n, static_cast<uint32_t>(n + block));
         const size_t bytes = BlockBodyBytes(format, n, block);
         std::vector<uint8_t> fast(bytes, 0xAA), reference(bytes, 0x55);
@@ -68,8 +66,7 @@ TEST(CodecKernelsTest, FastPathHandsUnusualBlocksToTheReference) {
 }
 
 TEST(CodecKernelsTest, NonFiniteFoundInEveryPath) {
-  for (BlockFormat format :
-       {BlockFormat::kInt8, BlockFormat::kInt4, BlockFormat::kFp4, BlockFormat::kSign1}) {
+  for (BlockFormat format : {BlockFormat::kInt8, BlockFormat::kInt4, BlockFormat::kFp4, BlockFormat::kSign1}) {
     for (size_t block : {32, 40, 256}) {
       for (size_t at : {0, 1, 2047, 2048, 5000, 9999}) {
         std::vector<float> x = Values(10000, 1);
@@ -170,16 +167,14 @@ TEST(CodecKernelsTest, HalfConversionsOverEveryCode) {
     // Decoding is exact: compare with the textbook formula.
     const int exponent = (code >> 10) & 0x1f;
     const int mantissa = code & 0x3ff;
-    const double magnitude =
-        exponent == 0 ? std::ldexp(mantissa, -24) : std::ldexp(1024 + mantissa, exponent - 25);
+    const double magnitude = exponent == 0 ? std::ldexp(mantissa, -24) : std::ldexp(1024 + mantissa, exponent - 25);
     ASSERT_EQ(static_cast<double>(f), (code & 0x8000u) ? -magnitude : magnitude) << std::hex << h;
     // Encoding the decoded value gives the code back (-0 included).
     ASSERT_EQ(FloatToHalf(f), code) << std::hex << h;
     // The midpoint to the next code up rounds to whichever of the two is even.
     const uint16_t next = static_cast<uint16_t>(code + 1);
     if ((next & 0x7c00u) == 0x7c00u || (code & 0x3ffu) == 0x3ffu) continue;  // crosses into a new binade
-    const float mid =
-        static_cast<float>((static_cast<double>(f) + static_cast<double>(HalfToFloat(next))) / 2);
+    const float mid = static_cast<float>((static_cast<double>(f) + static_cast<double>(HalfToFloat(next))) / 2);
     ASSERT_EQ(FloatToHalf(mid), (code & 1u) ? next : code) << std::hex << h;
   }
   // Overflow gives the Inf pattern (which the codec turns into an error).

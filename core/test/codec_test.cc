@@ -17,9 +17,8 @@
 namespace fl::core {
 namespace {
 
-constexpr CodecKind kAllKinds[] = {CodecKind::kFp32,      CodecKind::kFp16,      CodecKind::kBf16,
-                                   CodecKind::kInt8Block, CodecKind::kInt4Block, CodecKind::kFp4E2M1,
-                                   CodecKind::kSign1};
+constexpr CodecKind kAllKinds[] = {CodecKind::kFp32,      CodecKind::kFp16,    CodecKind::kBf16, CodecKind::kInt8Block,
+                                   CodecKind::kInt4Block, CodecKind::kFp4E2M1, CodecKind::kSign1};
 constexpr CodecKind kBlockKinds[] = {CodecKind::kInt8Block, CodecKind::kInt4Block, CodecKind::kFp4E2M1,
                                      CodecKind::kSign1};
 
@@ -107,9 +106,7 @@ class RoundTripChecker {
           case CodecKind::kBf16: ASSERT_LE(err, std::fabs(x[i]) * 0x1p-8f) << where << " index " << i; break;
           case CodecKind::kInt8Block: ASSERT_LE(err, absmax / 254 + slack) << where << " index " << i; break;
           case CodecKind::kInt4Block: ASSERT_LE(err, absmax / 14 + slack) << where << " index " << i; break;
-          case CodecKind::kFp4E2M1:
-            ASSERT_LE(err, Fp4Bound(x[i], absmax) + slack) << where << " index " << i;
-            break;
+          case CodecKind::kFp4E2M1: ASSERT_LE(err, Fp4Bound(x[i], absmax) + slack) << where << " index " << i; break;
           case CodecKind::kSign1: {
             const float mean = static_cast<float>(sum_abs / static_cast<double>(end - begin));
             ASSERT_NEAR(std::fabs(y[i]), mean, mean * 1e-4f) << where << " index " << i;
@@ -413,8 +410,7 @@ TEST_P(CorruptPayloadTest, Length) {
   p = good_;
   p.push_back(0);
   EXPECT_ERROR_HAS(Reject(p), "1 extra bytes");
-  EXPECT_ERROR_HAS(Reject(std::vector<uint8_t>(good_.begin(), good_.begin() + 10)),
-                   "shorter than the 32-byte");
+  EXPECT_ERROR_HAS(Reject(std::vector<uint8_t>(good_.begin(), good_.begin() + 10)), "shorter than the 32-byte");
   EXPECT_ERROR_HAS(Reject({}), "payload is 0 bytes");
 }
 
@@ -479,8 +475,7 @@ TEST_P(CorruptPayloadTest, WrongCodecForThePayload) {
     ASSERT_TRUE(codec->Encode(RandomValues(kN, 9), &p).ok());
     const absl::Status s = Reject(p);
     EXPECT_NE(Msg(s).find(fl::StrCat("encoded with ", CodecKindName(other))), std::string::npos) << Msg(s);
-    EXPECT_NE(Msg(s).find(fl::StrCat("this codec is ", CodecKindName(GetParam()))), std::string::npos)
-        << Msg(s);
+    EXPECT_NE(Msg(s).find(fl::StrCat("this codec is ", CodecKindName(GetParam()))), std::string::npos) << Msg(s);
   }
   if (IsBlockwise(GetParam())) {
     // Same codec, other block size.
@@ -529,8 +524,7 @@ TEST(MakeCodecTest, RejectsBadSpecsClearly) {
   EXPECT_ERROR_HAS(MakeCodec("int9").status(), "fp32, fp16, bf16, int8, int4, fp4, sign1");
   EXPECT_ERROR_HAS(MakeCodec("").status(), "unknown codec ''");
   EXPECT_ERROR_HAS(MakeCodec("INT8").status(), "unknown codec 'INT8'");
-  EXPECT_ERROR_HAS(MakeCodec("int8:0").status(),
-                   "codec spec 'int8:0': block size '0' is not a positive integer");
+  EXPECT_ERROR_HAS(MakeCodec("int8:0").status(), "codec spec 'int8:0': block size '0' is not a positive integer");
   EXPECT_ERROR_HAS(MakeCodec("int8:abc").status(), "block size 'abc'");
   EXPECT_ERROR_HAS(MakeCodec("int8:").status(), "block size ''");
   EXPECT_ERROR_HAS(MakeCodec("int8:-4").status(), "block size '-4'");
@@ -631,15 +625,14 @@ Drift RunFeedback(const Codec& codec, bool feedback, size_t n, int steps) {
 }
 
 TEST(ErrorFeedbackTest, RunningSumTracksInputsWithoutGrowing) {
-  for (CodecKind kind : {CodecKind::kFp16, CodecKind::kInt8Block, CodecKind::kInt4Block, CodecKind::kFp4E2M1,
-                         CodecKind::kSign1}) {
+  for (CodecKind kind :
+       {CodecKind::kFp16, CodecKind::kInt8Block, CodecKind::kInt4Block, CodecKind::kFp4E2M1, CodecKind::kSign1}) {
     const auto codec = Make(kind);
     const Drift without = RunFeedback(*codec, false, 1000, 200);
     const Drift with = RunFeedback(*codec, true, 1000, 200);
     SCOPED_TRACE(CodecKindName(kind));
     // Bounded by (about) one step's error, and not growing with the number of steps.
-    const float bound =
-        kind == CodecKind::kSign1 ? 4 * without.one_step_error : 1.5f * without.one_step_error;
+    const float bound = kind == CodecKind::kSign1 ? 4 * without.one_step_error : 1.5f * without.one_step_error;
     EXPECT_LE(with.first_half, bound);
     EXPECT_LE(with.second_half, bound);
     EXPECT_LE(with.final_l2, without.final_l2) << "feedback made it worse";

@@ -167,9 +167,9 @@ TEST(FragmentPlanTest, LayersKeyedByPrefixAndOrderedNumerically) {
   // ResNet-style stages: layer1.0 and layer2.0 are different layers. Spec sorted alphabetically:
   // blocks.10 comes before blocks.2 but is ordered after it.
   std::vector<TensorSpec> t = {
-      {"conv1.weight", {4}, DType::kFloat32, 0},   {"layer1.0.w", {2}, DType::kFloat32, 0},
-      {"layer1.1.w", {2}, DType::kFloat32, 0},     {"layer2.0.w", {2}, DType::kFloat32, 0},
-      {"layer2.1.w", {2}, DType::kFloat32, 0},     {"fc.weight", {3}, DType::kFloat32, 0},
+      {"conv1.weight", {4}, DType::kFloat32, 0}, {"layer1.0.w", {2}, DType::kFloat32, 0},
+      {"layer1.1.w", {2}, DType::kFloat32, 0},   {"layer2.0.w", {2}, DType::kFloat32, 0},
+      {"layer2.1.w", {2}, DType::kFloat32, 0},   {"fc.weight", {3}, DType::kFloat32, 0},
   };
   const ModelSpec resnet = *ModelSpec::Create(t);
   auto plan = FragmentPlan::Create(resnet, 3, FragmentStrategy::kStrided);
@@ -198,11 +198,19 @@ ModelSpec CharLm() {
   std::vector<TensorSpec> t = {{"tok_emb", {97, 64}, DType::kFloat32, 0}, {"pos_emb", {64, 64}, DType::kFloat32, 0}};
   for (int i = 0; i < 3; ++i) {
     const std::string b = fl::StrCat("blocks.", i, ".");
-    for (const auto& [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
-             {"ln1.weight", {64}}, {"ln1.bias", {64}}, {"attn.qkv.weight", {192, 64}}, {"attn.qkv.bias", {192}},
-             {"attn.proj.weight", {64, 64}}, {"attn.proj.bias", {64}}, {"ln2.weight", {64}}, {"ln2.bias", {64}},
-             {"mlp.fc.weight", {256, 64}}, {"mlp.fc.bias", {256}}, {"mlp.proj.weight", {64, 256}},
-             {"mlp.proj.bias", {64}}}) {
+    for (const auto& [name, shape] :
+         std::vector<std::pair<std::string, std::vector<int64_t>>>{{"ln1.weight", {64}},
+                                                                   {"ln1.bias", {64}},
+                                                                   {"attn.qkv.weight", {192, 64}},
+                                                                   {"attn.qkv.bias", {192}},
+                                                                   {"attn.proj.weight", {64, 64}},
+                                                                   {"attn.proj.bias", {64}},
+                                                                   {"ln2.weight", {64}},
+                                                                   {"ln2.bias", {64}},
+                                                                   {"mlp.fc.weight", {256, 64}},
+                                                                   {"mlp.fc.bias", {256}},
+                                                                   {"mlp.proj.weight", {64, 256}},
+                                                                   {"mlp.proj.bias", {64}}}) {
       t.push_back({b + name, shape, DType::kFloat32, 0});
     }
   }
@@ -361,8 +369,10 @@ TEST(FragmentScheduleTest, OneFragmentEveryHOverPStepsEachOncePerWindow) {
             // The formula itself: t mod H == ((f + 1) H / P) mod H.
             EXPECT_EQ(t % h, ((*f + 1) * h / p) % h);
             // Once per H steps: consecutive sends of a fragment are exactly H apart; the first is within H.
-            if (last_send[*f] != 0) EXPECT_EQ(t - last_send[*f], h);
-            else EXPECT_LE(t, h);
+            if (last_send[*f] != 0)
+              EXPECT_EQ(t - last_send[*f], h);
+            else
+              EXPECT_LE(t, h);
             last_send[*f] = t;
             EXPECT_EQ(schedule->ApplyStep(t), t + tau);
             EXPECT_EQ(schedule->FragmentApplyingAt(t + tau), f);

@@ -193,8 +193,8 @@ TEST(IntegerTensorsTest, SaveAndRestoreTouchOnlyIntegerTensors) {
                                {"mask", {1}, DType::kUInt8, 0},
                                {"h", {1}, DType::kFloat16, 0}});
   EXPECT_TRUE(IsIntegerDType(DType::kInt64) && IsIntegerDType(DType::kInt32) && IsIntegerDType(DType::kUInt8));
-  EXPECT_FALSE(IsIntegerDType(DType::kFloat32) || IsIntegerDType(DType::kFloat16) ||
-               IsIntegerDType(DType::kBFloat16) || IsIntegerDType(DType::kFloat64));
+  EXPECT_FALSE(IsIntegerDType(DType::kFloat32) || IsIntegerDType(DType::kFloat16) || IsIntegerDType(DType::kBFloat16) ||
+               IsIntegerDType(DType::kFloat64));
   const std::vector<float> previous = {1, 2, 3, 40, 5, 6, 7, 8, 1, 0.5f};
   auto saved = SaveIntegerTensors(spec, previous);
   ASSERT_TRUE(saved.ok()) << saved.status();

@@ -68,9 +68,9 @@ inline bool ParseLabelValues(const std::string& definition, LabelValuesQuery* ou
 
 // Grafana's built-in interval variables, fixed for the tests to windows that cover a short live run.
 inline const std::map<std::string, std::string>& BuiltinIntervals() {
-  static const std::map<std::string, std::string> kBuiltins = {
-      {"__rate_interval", "1m"}, {"__interval", "15s"}, {"__range", "10m"}, {"__range_s", "600"},
-      {"__interval_ms", "15000"}, {"__range_ms", "600000"}};
+  static const std::map<std::string, std::string> kBuiltins = {{"__rate_interval", "1m"},  {"__interval", "15s"},
+                                                               {"__range", "10m"},         {"__range_s", "600"},
+                                                               {"__interval_ms", "15000"}, {"__range_ms", "600000"}};
   return kBuiltins;
 }
 

@@ -45,7 +45,8 @@ TEST(DashboardLintTest, EveryDashboardIsValidJsonWithItsStableUid) {
     EXPECT_GE(d.json.value("schemaVersion", 0), 30) << d.file << ": not a current classic dashboard schema";
     EXPECT_FALSE(d.json.value("panels", json::array()).empty()) << d.file;
   }
-  for (const auto& [file, uid] : StableUids()) EXPECT_TRUE(files.count(file)) << file << " (uid " << uid << ") is missing";
+  for (const auto& [file, uid] : StableUids())
+    EXPECT_TRUE(files.count(file)) << file << " (uid " << uid << ") is missing";
 }
 
 TEST(DashboardLintTest, PanelIdsAreUniqueAndTheGridHasNoOverlaps) {
@@ -91,7 +92,8 @@ TEST(DashboardLintTest, EveryPanelTargetAndVariableUsesTheFixedPrometheusDataSou
       }
     }
     for (const auto& v : d.json["templating"]["list"]) {
-      if (v.value("type", "") == "query") ExpectFixedDataSource(v.value("datasource", json()), d.file + " $" + v.value("name", ""));
+      if (v.value("type", "") == "query")
+        ExpectFixedDataSource(v.value("datasource", json()), d.file + " $" + v.value("name", ""));
     }
   }
 }

@@ -50,9 +50,7 @@ std::string ReadFile(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-double UnixNow() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+double UnixNow() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 // The value of a one-sample instant vector entry: ["<unix time>", "<value>"].
 double Value(const json& sample) { return std::stod(sample["value"][1].get<std::string>()); }
@@ -88,13 +86,30 @@ class LiveRun {
     }
 
     const std::string db = dir_.File("records.db");
-    server_ = std::make_unique<Subprocess>(
-        std::vector<std::string>{FL_SERVER_BIN, "--listen", Addr(grpc_port), "--db", db, "--rounds",
-                                 std::to_string(kRounds), "--min-fit-clients", "3", "--min-available-clients", "3",
-                                 "--evaluate-every", "2", "--round-deadline-ms", "30000", "--heartbeat-interval-ms",
-                                 "300", "--metrics-addr", Addr(server_metrics), "--metrics-linger-s", "120",
-                                 "--log-level", "warn"},
-        dir_.File("server.log"));
+    server_ = std::make_unique<Subprocess>(std::vector<std::string>{FL_SERVER_BIN,
+                                                                    "--listen",
+                                                                    Addr(grpc_port),
+                                                                    "--db",
+                                                                    db,
+                                                                    "--rounds",
+                                                                    std::to_string(kRounds),
+                                                                    "--min-fit-clients",
+                                                                    "3",
+                                                                    "--min-available-clients",
+                                                                    "3",
+                                                                    "--evaluate-every",
+                                                                    "2",
+                                                                    "--round-deadline-ms",
+                                                                    "30000",
+                                                                    "--heartbeat-interval-ms",
+                                                                    "300",
+                                                                    "--metrics-addr",
+                                                                    Addr(server_metrics),
+                                                                    "--metrics-linger-s",
+                                                                    "120",
+                                                                    "--log-level",
+                                                                    "warn"},
+                                           dir_.File("server.log"));
     for (size_t i = 0; i < Clients().size(); ++i) {
       const ClientSpec& c = Clients()[i];
       clients_.push_back(std::make_unique<Subprocess>(
@@ -191,8 +206,8 @@ TEST(LivePrometheusTest, ScrapesALiveExperimentAndAnswersWithItsFigures) {
   const json round = run.Result("fl_current_round{" + sel + "}");
   ASSERT_EQ(round.size(), 1u);
   EXPECT_EQ(Value(round[0]), kRounds);
-  const auto train = ByLabel(run.Result("sum by (link_kind) (fl_client_phase_seconds_count{" + sel + ", phase=\"train\"})"),
-                             "link_kind");
+  const auto train = ByLabel(
+      run.Result("sum by (link_kind) (fl_client_phase_seconds_count{" + sel + ", phase=\"train\"})"), "link_kind");
   std::map<std::string, double> expected_train;
   for (const auto& c : Clients()) expected_train[c.link_kind] = kRounds;
   EXPECT_EQ(train, expected_train);
@@ -203,16 +218,16 @@ TEST(LivePrometheusTest, ScrapesALiveExperimentAndAnswersWithItsFigures) {
   ASSERT_EQ(stragglers.size(), 1u);
   EXPECT_EQ(Value(stragglers[0]), kRounds);
   const auto outcomes = ByLabel(run.Result("sum by (outcome) (fl_updates_total{" + sel + "})"), "outcome");
-  EXPECT_EQ(outcomes, (std::map<std::string, double>{
-                          {"dropped", 0}, {"late", 0}, {"ok", 3.0 * kRounds}, {"rejected", 0}}));
+  EXPECT_EQ(outcomes,
+            (std::map<std::string, double>{{"dropped", 0}, {"late", 0}, {"ok", 3.0 * kRounds}, {"rejected", 0}}));
   EXPECT_EQ(run.Result("fl_eval_loss{" + sel + "}").size(), 1u) << "the evaluation rounds set no test loss";
 
   // The clients' own view, with their constant labels.
   const json completed = run.Result("fl_client_rounds_completed_total{" + sel + "}");
   ASSERT_EQ(completed.size(), Clients().size()) << completed.dump();
   for (const auto& c : Clients()) {
-    const std::string csel = sel + ", client=\"" + c.name + "\", link_kind=\"" + c.link_kind + "\", device_class=\"" +
-                             c.device_class + "\"";
+    const std::string csel =
+        sel + ", client=\"" + c.name + "\", link_kind=\"" + c.link_kind + "\", device_class=\"" + c.device_class + "\"";
     const json done = run.Result("fl_client_rounds_completed_total{" + csel + "}");
     ASSERT_EQ(done.size(), 1u) << c.name << " has no rounds-completed series with its labels: " << completed.dump();
     EXPECT_EQ(Value(done[0]), kRounds) << c.name;
@@ -229,8 +244,8 @@ TEST(LivePrometheusTest, ScrapesALiveExperimentAndAnswersWithItsFigures) {
   // The bytes each client says it uploaded are the bytes the server says it received on that link kind.
   const auto server_up =
       ByLabel(run.Result("sum by (link_kind) (fl_bytes_total{" + sel + ", direction=\"up\"})"), "link_kind");
-  const auto client_up =
-      ByLabel(run.Result("sum by (link_kind) (fl_client_local_bytes_total{" + sel + ", direction=\"up\"})"), "link_kind");
+  const auto client_up = ByLabel(
+      run.Result("sum by (link_kind) (fl_client_local_bytes_total{" + sel + ", direction=\"up\"})"), "link_kind");
   EXPECT_EQ(server_up.size(), Clients().size());
   EXPECT_EQ(server_up, client_up);
   for (const auto& [kind, bytes] : server_up) EXPECT_GT(bytes, 0) << kind;
@@ -293,8 +308,9 @@ TEST(LivePrometheusTest, EveryDashboardPanelQueryReturnsData) {
         ASSERT_EQ(promql.find('$'), std::string::npos) << q.where << ": unsubstituted variable in " << promql;
         auto data = run.prom().Query(promql);
         ASSERT_TRUE(data.ok()) << q.where << " (" << mode << "): " << data.status() << "\n" << promql;
-        EXPECT_FALSE((*data)["result"].empty()) << q.where << " (variables: " << mode << ", " << json(values).dump()
-                                                << ") returns no data:\n" << promql;
+        EXPECT_FALSE((*data)["result"].empty())
+            << q.where << " (variables: " << mode << ", " << json(values).dump() << ") returns no data:\n"
+            << promql;
         ++evaluated;
       }
     }

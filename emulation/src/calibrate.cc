@@ -212,9 +212,11 @@ absl::Status Measure(const std::string& link_addr, const LinkProfile& profile, c
     close(*fd);
     if (!ok || rtts.empty()) return absl::UnavailableError(StrCat("ping through ", link_addr, " failed"));
     std::sort(rtts.begin(), rtts.end());
-    auto q = [&rtts](double f) { return rtts[static_cast<size_t>(std::floor(f * static_cast<double>(rtts.size() - 1)))]; };
-    result->rtt_median_ms = rtts.size() % 2 == 1 ? rtts[rtts.size() / 2]
-                                                  : (rtts[rtts.size() / 2 - 1] + rtts[rtts.size() / 2]) / 2;
+    auto q = [&rtts](double f) {
+      return rtts[static_cast<size_t>(std::floor(f * static_cast<double>(rtts.size() - 1)))];
+    };
+    result->rtt_median_ms =
+        rtts.size() % 2 == 1 ? rtts[rtts.size() / 2] : (rtts[rtts.size() / 2 - 1] + rtts[rtts.size() / 2]) / 2;
     result->rtt_p10_ms = q(0.1);
     result->rtt_p90_ms = q(0.9);
     result->pings = static_cast<int>(rtts.size());
@@ -357,7 +359,7 @@ std::string CalibrationTable(const std::vector<CalibrationResult>& results) {
 }
 
 absl::StatusOr<std::filesystem::path> WriteCalibrationYaml(const std::filesystem::path& profile_path,
-                                                          const std::vector<CalibrationResult>& results) {
+                                                           const std::vector<CalibrationResult>& results) {
   std::filesystem::path out = profile_path.parent_path() / StrCat(profile_path.stem().string(), ".calibration.yaml");
   std::vector<YAML::Node> kept;
   if (std::filesystem::exists(out)) {
@@ -366,8 +368,9 @@ absl::StatusOr<std::filesystem::path> WriteCalibrationYaml(const std::filesystem
       if (old["calibrations"] && old["calibrations"].IsSequence()) {
         for (const auto& entry : old["calibrations"]) {
           const std::string backend = entry["backend"] ? entry["backend"].as<std::string>() : "";
-          const bool replaced = std::any_of(results.begin(), results.end(),
-                                            [&](const CalibrationResult& r) { return BackendName(r.backend) == backend; });
+          const bool replaced = std::any_of(results.begin(), results.end(), [&](const CalibrationResult& r) {
+            return BackendName(r.backend) == backend;
+          });
           if (!replaced) kept.push_back(entry);
         }
       }

@@ -42,9 +42,7 @@ std::string Hex(uint64_t v) {
   return os.str();
 }
 
-std::string Ipv4(uint32_t a) {
-  return StrCat(a >> 24, ".", (a >> 16) & 255, ".", (a >> 8) & 255, ".", a & 255);
-}
+std::string Ipv4(uint32_t a) { return StrCat(a >> 24, ".", (a >> 16) & 255, ".", (a >> 8) & 255, ".", a & 255); }
 
 bool ProcessAlive(int pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
 
@@ -129,8 +127,8 @@ absl::StatusOr<NetemSupport> DetectNetem() {
   const std::string a = KernelLinkInterfaceName(pid, index, 'p');
   const std::string b = KernelLinkInterfaceName(pid, index, 'q');
   if (auto s = RunCommand({"ip", "link", "add", a, "type", "veth", "peer", "name", b}); !s.ok()) {
-    return absl::PermissionDeniedError(StrCat("cannot probe for netem (creating a veth pair needs root): ",
-                                              ToStd(s.status().message())));
+    return absl::PermissionDeniedError(
+        StrCat("cannot probe for netem (creating a veth pair needs root): ", ToStd(s.status().message())));
   }
   NetemSupport result;
   auto tc = RunCommand({"tc", "qdisc", "add", "dev", a, "root", "netem", "delay", "1ms"});
@@ -144,9 +142,10 @@ absl::StatusOr<NetemSupport> DetectNetem() {
   if (result.available) {
     spdlog::info("kernel link emulation: the kernel has netem; delay and jitter use netem");
   } else {
-    spdlog::warn("kernel link emulation: this kernel has no netem ({}); delay and jitter come from the userspace "
-                 "delay line, the rate from HTB",
-                 result.detail);
+    spdlog::warn(
+        "kernel link emulation: this kernel has no netem ({}); delay and jitter come from the userspace "
+        "delay line, the rate from HTB",
+        result.detail);
   }
   return result;
 }
@@ -289,8 +288,8 @@ absl::Status KernelLink::ShapeEgress(bool in_netns, const std::string& dev, cons
     return run(args);
   }
   if (d.queue_limit_bytes > 0) {
-    return run({"qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "bfifo", "limit",
-                StrCat(d.queue_limit_bytes)});
+    return run(
+        {"qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "bfifo", "limit", StrCat(d.queue_limit_bytes)});
   }
   return absl::OkStatus();
 }
@@ -319,9 +318,7 @@ absl::Status KernelLink::Destroy() {
   return first;
 }
 
-std::string KernelLink::client_target() const {
-  return relay_ ? StrCat(host_ip_, ":", relay_->port()) : std::string();
-}
+std::string KernelLink::client_target() const { return relay_ ? StrCat(host_ip_, ":", relay_->port()) : std::string(); }
 
 std::vector<std::string> KernelLink::WrapCommand(const std::vector<std::string>& argv) const {
   std::vector<std::string> out = {"ip", "netns", "exec", netns_};

@@ -32,8 +32,8 @@ std::string_view Trim(std::string_view s) {
 bool SplitNumberUnit(std::string_view text, double* number, std::string* unit) {
   text = Trim(text);
   size_t i = 0;
-  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.' ||
-                             text[i] == '-' || text[i] == '+' || text[i] == 'e' || text[i] == 'E')) {
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.' || text[i] == '-' ||
+                             text[i] == '+' || text[i] == 'e' || text[i] == 'E')) {
     // 'e' only counts as an exponent when followed by a digit or sign ("1e9"), not in a unit.
     if ((text[i] == 'e' || text[i] == 'E') &&
         !(i + 1 < text.size() &&
@@ -105,7 +105,8 @@ config::FieldTable<LinkDirection> DirectionFields(const std::filesystem::path& b
             return absl::OkStatus();
           }),
       config::CustomField<D>(
-          "trace", [base_dir](const config::YamlMap& m, const std::string& key, D& d) -> absl::Status {
+          "trace",
+          [base_dir](const config::YamlMap& m, const std::string& key, D& d) -> absl::Status {
             constexpr char kAllowed[] =
                 "the path of a Mahimahi trace file (one integer ms timestamp per line), relative to the profile's "
                 "folder";
@@ -128,9 +129,8 @@ config::FieldTable<LinkDirection> DirectionFields(const std::filesystem::path& b
 config::FieldTable<LinkProfile> ProfileFields(const std::filesystem::path& base_dir) {
   using P = LinkProfile;
   const config::FieldTable<LinkDirection> direction = DirectionFields(base_dir);
-  const std::string direction_allowed =
-      StrCat(direction.Describe(),
-             " (both uplink and downlink are required; an empty map {} means an unshaped direction)");
+  const std::string direction_allowed = StrCat(
+      direction.Describe(), " (both uplink and downlink are required; an empty map {} means an unshaped direction)");
   return {
       config::StringField("name", &P::name),
       config::StringField("description", &P::description),

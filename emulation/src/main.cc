@@ -226,8 +226,10 @@ int main(int argc, char** argv) {
   netns->add_option("profile", ns_path, "profile YAML file")->required()->check(CLI::ExistingFile);
   netns->add_option("--target", ns_target, "host:port the link forwards to (the server)")->required();
   netns->add_option("--seed", seed, "jitter seed");
-  netns->add_option("command", ns_command, "command and arguments (after --); {target} is replaced by the "
-                                           "address to connect to")
+  netns
+      ->add_option("command", ns_command,
+                   "command and arguments (after --); {target} is replaced by the "
+                   "address to connect to")
       ->required();
 
   auto* cleanup = app.add_subcommand("cleanup", "remove namespaces and links left behind by crashed runs (root)");

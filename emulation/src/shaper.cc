@@ -15,9 +15,7 @@ DirectionShaper::DirectionShaper(const LinkDirection& config, uint64_t seed, int
   tokens_ = burst_;
 }
 
-double DirectionShaper::BurstBytes(double rate_bps) {
-  return std::max(4.0 * kMtuBytes, rate_bps / 8.0 * 1e-3);
-}
+double DirectionShaper::BurstBytes(double rate_bps) { return std::max(4.0 * kMtuBytes, rate_bps / 8.0 * 1e-3); }
 
 void DirectionShaper::Enqueue(int64_t now_ns, uint64_t bytes) {
   // Bring the bottleneck up to the arrival first: tokens accrued (and trace opportunities wasted) while
@@ -77,9 +75,8 @@ void DirectionShaper::SkipIdleOpportunities(int64_t now_ns) {
   const uint64_t cycle = static_cast<uint64_t>(since / period_ns);
   const int64_t offset_ms_ns = since - static_cast<int64_t>(cycle) * period_ns;
   // First opportunity in this cycle at or after now.
-  const auto it = std::lower_bound(opp.begin(), opp.end(), offset_ms_ns, [](uint64_t ms, int64_t ns) {
-    return static_cast<int64_t>(ms) * kNsPerMs < ns;
-  });
+  const auto it = std::lower_bound(opp.begin(), opp.end(), offset_ms_ns,
+                                   [](uint64_t ms, int64_t ns) { return static_cast<int64_t>(ms) * kNsPerMs < ns; });
   const uint64_t index = cycle * opp.size() + static_cast<uint64_t>(it - opp.begin());
   next_opportunity_ = std::max(next_opportunity_, index);
 }

@@ -119,8 +119,8 @@ struct Conn {
   Endpoint target;
   bool connected = false;
   bool dead = false;
-  int64_t retry_at_ns = 0;      // target refused: connect again at this time (target.fd is -1 until then)
-  int64_t give_up_at_ns = 0;    // ... until this time (RelayOptions::connect_retry_ms after the accept)
+  int64_t retry_at_ns = 0;     // target refused: connect again at this time (target.fd is -1 until then)
+  int64_t give_up_at_ns = 0;   // ... until this time (RelayOptions::connect_retry_ms after the accept)
   std::unique_ptr<Pipe> up;    // client -> target
   std::unique_ptr<Pipe> down;  // target -> client
   ~Conn() {
@@ -176,8 +176,7 @@ absl::StatusOr<SocketAddress> ResolveAddress(const std::string& host_port) {
 
 class ShapingRelay::Loop {
  public:
-  Loop(const RelayOptions& options, int listen_fd, int wake_fd, const std::atomic<bool>* stopping,
-       SocketAddress target)
+  Loop(const RelayOptions& options, int listen_fd, int wake_fd, const std::atomic<bool>* stopping, SocketAddress target)
       : options_(options), listen_fd_(listen_fd), wake_fd_(wake_fd), stopping_(stopping), target_(target) {}
   ~Loop() {
     conns_.clear();
@@ -481,7 +480,8 @@ absl::StatusOr<std::unique_ptr<ShapingRelay>> ShapingRelay::Start(RelayOptions o
   relay->listen_host_ = o.listen_addr.substr(0, o.listen_addr.rfind(':'));
   relay->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (relay->wake_fd_ < 0) return absl::InternalError(StrCat("relay: eventfd: ", ErrnoText(errno)));
-  relay->loop_ = std::make_unique<Loop>(relay->options_, relay->listen_fd_, relay->wake_fd_, &relay->stopping_, *target);
+  relay->loop_ =
+      std::make_unique<Loop>(relay->options_, relay->listen_fd_, relay->wake_fd_, &relay->stopping_, *target);
   if (auto s = relay->loop_->Init(); !s.ok()) return s;
   ShapingRelay* raw = relay.get();
   relay->thread_ = std::thread([raw] { raw->loop_->Run(); });

@@ -21,16 +21,16 @@
 namespace fl::emulation {
 namespace {
 
+using fl::sys::RunCommand;
 using ::testing::HasSubstr;
 using ::testing::Not;
-using fl::sys::RunCommand;
 
-#define REQUIRE_ROOT()                                                                          \
-  do {                                                                                          \
-    if (geteuid() != 0) {                                                                       \
+#define REQUIRE_ROOT()                                                                             \
+  do {                                                                                             \
+    if (geteuid() != 0) {                                                                          \
       GTEST_SKIP() << "the kernel backend needs root (network namespaces, veth, tc); this run is " \
-                      "not root";                                                               \
-    }                                                                                           \
+                      "not root";                                                                  \
+    }                                                                                              \
   } while (0)
 
 std::string Sh(const std::vector<std::string>& argv) {

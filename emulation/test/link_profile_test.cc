@@ -193,7 +193,8 @@ TEST_F(LinkProfileFileTest, TraceErrorsNameTheTraceLine) {
 }
 
 TEST(ParseLinkProfileTest, InlineNodeUsesTheCallersContextInErrors) {
-  const YAML::Node manifest = YAML::Load("clients:\n  - link:\n      uplink: {rate: 1mbit}\n      downlink: {bogus: 1}\n");
+  const YAML::Node manifest =
+      YAML::Load("clients:\n  - link:\n      uplink: {rate: 1mbit}\n      downlink: {bogus: 1}\n");
   YamlContext ctx;
   ctx.file = "experiments/m.yaml";
   ctx.field_path = "clients[0].link";
@@ -209,8 +210,9 @@ TEST(ParseLinkProfileTest, InlineNodeUsesTheCallersContextInErrors) {
 }
 
 TEST_F(LinkProfileFileTest, YamlOutputParsesBackToTheSameProfile) {
-  auto p = LoadLinkProfile(Write("w.yaml", "name: w\nuplink: {rate: 15mbit, delay_ms: 12, jitter_ms: 4, loss: 0.001}\n"
-                                           "downlink: {rate: 150mbit, delay_ms: 12, queue_limit: 100000}\n"));
+  auto p = LoadLinkProfile(Write("w.yaml",
+                                 "name: w\nuplink: {rate: 15mbit, delay_ms: 12, jitter_ms: 4, loss: 0.001}\n"
+                                 "downlink: {rate: 150mbit, delay_ms: 12, queue_limit: 100000}\n"));
   ASSERT_TRUE(p.ok()) << p.status();
   auto q = ParseLinkProfile(YAML::Load(LinkProfileToYaml(*p)), YamlContext{});
   ASSERT_TRUE(q.ok()) << q.status();

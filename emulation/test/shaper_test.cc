@@ -50,8 +50,8 @@ TEST(ShaperTest, TokenBucketNeverExceedsRatePlusBurst) {
   s.Enqueue(0, 50'000'000);
   for (int64_t t = 0; t <= 200 * kMs; t += 37'000) {
     s.Advance(t);
-    const double allowed = (DirectionShaper::BurstBytes(d.rate_bps) + static_cast<double>(t) * d.rate_bps / 8e9) *
-                           kPayloadPerWire;
+    const double allowed =
+        (DirectionShaper::BurstBytes(d.rate_bps) + static_cast<double>(t) * d.rate_bps / 8e9) * kPayloadPerWire;
     ASSERT_LE(static_cast<double>(s.shaped()), allowed + 1) << "at t=" << t;
   }
   // And it keeps up: within one bucket of the rate after 200 ms.

@@ -142,9 +142,8 @@ void Echo(int fd) {
   shutdown(fd, SHUT_WR);
 }
 
-std::unique_ptr<ShapingRelay> StartRelay(const std::string& target, const LinkDirection& up,
-                                         const LinkDirection& down, uint64_t seed = 1,
-                                         int64_t connect_retry_ms = 0) {
+std::unique_ptr<ShapingRelay> StartRelay(const std::string& target, const LinkDirection& up, const LinkDirection& down,
+                                         uint64_t seed = 1, int64_t connect_retry_ms = 0) {
   RelayOptions o;
   o.target_addr = target;
   o.uplink = up;
@@ -182,8 +181,7 @@ TEST(ShapingRelayTest, ForwardsBytesUnchangedBothWaysOnConcurrentConnections) {
     clients.emplace_back([&, i] {
       const auto data = RandomBytes(kBytes + static_cast<size_t>(i) * 1234, static_cast<uint64_t>(i));
       const auto back = EchoThrough(relay->port(), data);
-      same[static_cast<size_t>(i)] = back.size() == data.size() &&
-                                     Sum(back) == Sum(data);
+      same[static_cast<size_t>(i)] = back.size() == data.size() && Sum(back) == Sum(data);
     });
   }
   for (auto& t : clients) t.join();
@@ -263,7 +261,7 @@ TEST(ShapingRelayTest, RateIsEnforcedInEachDirection) {
     }
   });
   LinkDirection up, down;
-  up.rate_bps = 8e6;    // 1 MB takes about 1 s
+  up.rate_bps = 8e6;     // 1 MB takes about 1 s
   down.rate_bps = 16e6;  // about 0.5 s
   auto relay = StartRelay(server.address(), up, down);
   ASSERT_NE(relay, nullptr);

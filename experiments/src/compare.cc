@@ -43,9 +43,10 @@ absl::StatusOr<Metric> MetricOf(Database& db, const std::string& id) {
 }
 
 absl::StatusOr<std::map<int64_t, RoundOutcome>> Rounds(Database& db, const std::string& id, const Metric& metric) {
-  absl::StatusOr<instrumentation::sqlite::Statement> st = db.Prepare(fl::StrCat(
-      "SELECT round, ", metric.column, ", eval_loss, duration_ms FROM rounds WHERE experiment_id = ?1 AND status = "
-      "'committed' ORDER BY round"));
+  absl::StatusOr<instrumentation::sqlite::Statement> st =
+      db.Prepare(fl::StrCat("SELECT round, ", metric.column,
+                            ", eval_loss, duration_ms FROM rounds WHERE experiment_id = ?1 AND status = "
+                            "'committed' ORDER BY round"));
   if (!st.ok()) return st.status();
   st->BindText(1, id);
   std::map<int64_t, RoundOutcome> out;
@@ -115,10 +116,11 @@ absl::StatusOr<std::string> CompareExperiments(const std::string& db_path, const
     out += absl::StrFormat("%6d  %10s %10s %9s  %10s %10s %9s\n", r, Opt(x.accuracy, "%.4f"), Opt(y.accuracy, "%.4f"),
                            Opt(dacc, "%+.4f"), Opt(x.loss, "%.4f"), Opt(y.loss, "%.4f"), Opt(dloss, "%+.4f"));
   }
-  out += absl::StrFormat("\n%-22s  %28s  %28s\n", "timing (ms)", "original: median  p90  max", "replay: median  p90  max");
+  out +=
+      absl::StrFormat("\n%-22s  %28s  %28s\n", "timing (ms)", "original: median  p90  max", "replay: median  p90  max");
   auto line = [&](const std::string& label, const std::vector<double>& x, const std::vector<double>& y) {
-    out += absl::StrFormat("%-22s  %10.1f %8.1f %8.1f  %10.1f %8.1f %8.1f\n", label, Quantile(x, 0.5),
-                           Quantile(x, 0.9), Quantile(x, 1.0), Quantile(y, 0.5), Quantile(y, 0.9), Quantile(y, 1.0));
+    out += absl::StrFormat("%-22s  %10.1f %8.1f %8.1f  %10.1f %8.1f %8.1f\n", label, Quantile(x, 0.5), Quantile(x, 0.9),
+                           Quantile(x, 1.0), Quantile(y, 0.5), Quantile(y, 0.9), Quantile(y, 1.0));
   };
   std::vector<double> ra, rb;
   for (const auto& [r, o] : *a) ra.push_back(o.duration_ms);

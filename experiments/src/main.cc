@@ -98,8 +98,8 @@ int RunIslands(const std::string& manifest_path, const std::string& out_dir, con
   paths.out_dir = out_dir.empty() ? (fs::path("out") / config->name).string() : out_dir;
   absl::StatusOr<fl::diloco::IslandsExperimentResult> r = fl::diloco::RunIslandsExperiment(*config, paths);
   if (!r.ok()) return Fail(r.status(), 1);
-  std::printf("%s\nrecords: %s/records.db; logs and per-sync metrics: %s\n", r->ToJson().c_str(),
-              paths.out_dir.c_str(), paths.out_dir.c_str());
+  std::printf("%s\nrecords: %s/records.db; logs and per-sync metrics: %s\n", r->ToJson().c_str(), paths.out_dir.c_str(),
+              paths.out_dir.c_str());
   return r->hashes_equal ? 0 : 1;
 }
 #endif
@@ -129,7 +129,9 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
   std::string bin_dir;
-  app.add_option("--bin-dir", bin_dir, "Where fl-server and fl-client (islands: fl-island, fl-coordinator) are (default: beside this binary)");
+  app.add_option(
+      "--bin-dir", bin_dir,
+      "Where fl-server and fl-client (islands: fl-island, fl-coordinator) are (default: beside this binary)");
 
   std::string manifest_path, db_path, out_dir;
   CLI::App* run = app.add_subcommand("run", "Run an experiment on this machine from its manifest");
@@ -138,8 +140,9 @@ int main(int argc, char** argv) {
   run->add_option("--out", out_dir, "Logs and checkpoints (default: out/<name>)");
   bool no_records = false;
   std::string run_profiles_dir;
-  run->add_option("--profiles-dir", run_profiles_dir,
-                  "Folder with links/ and devices/ profiles (default: the profiles/ folder nearest above the manifest)");
+  run->add_option(
+      "--profiles-dir", run_profiles_dir,
+      "Folder with links/ and devices/ profiles (default: the profiles/ folder nearest above the manifest)");
   run->add_flag("--no-records", no_records,
                 "No records database or checkpoints (only to measure what instrumentation costs; no report)");
 
@@ -208,7 +211,8 @@ int main(int argc, char** argv) {
     o.software_version = FL_VERSION;
     absl::StatusOr<fl::experiment::RunResult> r = fl::experiment::RunExperiment(*m, o);
     if (!r.ok()) return Fail(r.status(), 1);
-    absl::StatusOr<std::string> cmp = fl::experiment::CompareExperiments(replay_db, rec->experiment_id, r->experiment_id);
+    absl::StatusOr<std::string> cmp =
+        fl::experiment::CompareExperiments(replay_db, rec->experiment_id, r->experiment_id);
     std::printf("%s\n", cmp.ok() ? cmp->c_str() : std::string(fl::ToStd(cmp.status().message())).c_str());
     std::printf("replay %s %s%s%s\n", r->experiment_id.c_str(), r->status.c_str(), r->reason.empty() ? "" : ": ",
                 r->reason.c_str());

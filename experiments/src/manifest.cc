@@ -124,7 +124,8 @@ const config::FieldTable<StrategySpec>& StrategyFields() {
   static const auto& table = *new config::FieldTable<StrategySpec>{
       config::StringField("name", &StrategySpec::name).Required(),
       config::CustomField<StrategySpec>(
-          "options", [](const YamlMap& m, const std::string& key, StrategySpec& spec) -> absl::Status {
+          "options",
+          [](const YamlMap& m, const std::string& key, StrategySpec& spec) -> absl::Status {
             absl::StatusOr<std::optional<YamlMap>> options =
                 m.Map(key, "a map of option names to numbers, such as {lr: 0.03, tau: 0.001}");
             if (!options.ok()) return options.status();
@@ -270,8 +271,7 @@ absl::Status ReadDevice(const Where& where, const YamlMap& m, const std::string&
     if (n.Scalar() == "host") return absl::OkStatus();  // the default
     const fs::path file = where.devices / fl::StrCat(n.Scalar(), ".yaml");
     if (!fs::exists(file)) {
-      return m.Error(n, key,
-                     fl::StrCat("no device profile \"", n.Scalar(), "\" (looked for ", file.string(), ")"),
+      return m.Error(n, key, fl::StrCat("no device profile \"", n.Scalar(), "\" (looked for ", file.string(), ")"),
                      fl::StrCat("host, ", JoinNames(ProfileNames(where.devices)), ", or an inline map"));
     }
     absl::StatusOr<DeviceProfile> d = LoadDeviceProfile(file);
@@ -326,12 +326,10 @@ config::FieldTable<ClientGroup> GroupFields(const Where& where) {
         return m.Error(m.Node("name"), "name", "must be non-empty without spaces or slashes (clients are <name>-<i>)");
       }),
       config::IntField("count", &G::count, 1, 100'000),
-      config::CustomField<G>("device", [where](const YamlMap& m, const std::string& key, G& g) {
-        return ReadDevice(where, m, key, g);
-      }),
-      config::CustomField<G>("link", [where](const YamlMap& m, const std::string& key, G& g) {
-        return ReadLink(where, m, key, g);
-      }),
+      config::CustomField<G>(
+          "device", [where](const YamlMap& m, const std::string& key, G& g) { return ReadDevice(where, m, key, g); }),
+      config::CustomField<G>(
+          "link", [where](const YamlMap& m, const std::string& key, G& g) { return ReadLink(where, m, key, g); }),
       config::ChoiceField("link_kind", &G::link_kind, {"ethernet", "wifi", "5g", "other"}),
       config::NumberField("data_share", &G::data_share, {1e-6, 1.0}),
       config::NumberField("availability.start_delay_s", &G::start_delay_s, {0, 1e7}),
@@ -370,10 +368,8 @@ config::FieldTable<Manifest> ManifestFields(const Where& where) {
       config::SectionField("training", &Manifest::training, TrainingFields()),
       config::SectionField("codecs", &Manifest::codecs, CodecFields()),
       config::SectionField("emulation", &Manifest::emulation, EmulationFields()),
-      config::CustomField<Manifest>("clients",
-                                    [where](const YamlMap& m, const std::string& key, Manifest& out) {
-                                      return ReadClients(where, m, key, out);
-                                    })
+      config::CustomField<Manifest>("clients", [where](const YamlMap& m, const std::string& key,
+                                                       Manifest& out) { return ReadClients(where, m, key, out); })
           .Required()
           .Allowed("a non-empty list of client groups"),
   };

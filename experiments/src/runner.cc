@@ -99,31 +99,56 @@ std::vector<std::string> ServerArgs(const Manifest& m, const RunOptions& o, cons
   const auto& s = m.server;
   const auto& t = m.training;
   std::vector<std::string> a = {o.server_bin.string(),
-          "--listen", listen,
-          "--port-file", port_file.string(),
-          "--experiment-id", id,
-          "--experiment-name", m.name,
-          "--rounds", std::to_string(s.rounds),
-          "--strategy", s.strategy,
-          "--fraction-fit", Fmt(s.fraction_fit),
-          "--min-fit-clients", std::to_string(s.min_fit_clients),
-          "--min-available-clients", std::to_string(s.min_available_clients),
-          "--evaluate-every", std::to_string(s.evaluate_every),
-          "--fraction-evaluate", Fmt(s.fraction_evaluate),
-          "--round-deadline-ms", std::to_string(static_cast<int64_t>(std::llround(s.round_deadline_s * 1000))),
-          "--max-round-attempts", std::to_string(s.max_round_attempts),
-          "--seed", std::to_string(m.seed),
-          "--local-epochs", std::to_string(t.local_epochs),
-          "--local-steps", std::to_string(t.local_steps),
-          "--batch-size", std::to_string(t.batch_size),
-          "--lr", Fmt(t.lr),
-          "--momentum", Fmt(t.momentum),
-          "--weight-decay", Fmt(t.weight_decay),
-          "--client-optimizer", t.optimizer,
-          "--proximal-mu", Fmt(t.proximal_mu),
-          "--uplink-codec", m.codecs.uplink,
-          "--downlink-codec", m.codecs.downlink,
-          "--log-level", "warn"};
+                                "--listen",
+                                listen,
+                                "--port-file",
+                                port_file.string(),
+                                "--experiment-id",
+                                id,
+                                "--experiment-name",
+                                m.name,
+                                "--rounds",
+                                std::to_string(s.rounds),
+                                "--strategy",
+                                s.strategy,
+                                "--fraction-fit",
+                                Fmt(s.fraction_fit),
+                                "--min-fit-clients",
+                                std::to_string(s.min_fit_clients),
+                                "--min-available-clients",
+                                std::to_string(s.min_available_clients),
+                                "--evaluate-every",
+                                std::to_string(s.evaluate_every),
+                                "--fraction-evaluate",
+                                Fmt(s.fraction_evaluate),
+                                "--round-deadline-ms",
+                                std::to_string(static_cast<int64_t>(std::llround(s.round_deadline_s * 1000))),
+                                "--max-round-attempts",
+                                std::to_string(s.max_round_attempts),
+                                "--seed",
+                                std::to_string(m.seed),
+                                "--local-epochs",
+                                std::to_string(t.local_epochs),
+                                "--local-steps",
+                                std::to_string(t.local_steps),
+                                "--batch-size",
+                                std::to_string(t.batch_size),
+                                "--lr",
+                                Fmt(t.lr),
+                                "--momentum",
+                                Fmt(t.momentum),
+                                "--weight-decay",
+                                Fmt(t.weight_decay),
+                                "--client-optimizer",
+                                t.optimizer,
+                                "--proximal-mu",
+                                Fmt(t.proximal_mu),
+                                "--uplink-codec",
+                                m.codecs.uplink,
+                                "--downlink-codec",
+                                m.codecs.downlink,
+                                "--log-level",
+                                "warn"};
   if (!o.no_records) a.insert(a.end(), {"--db", o.db_path, "--checkpoint-dir", (o.out_dir / "checkpoints").string()});
   if (!s.metrics_addr.empty()) a.insert(a.end(), {"--metrics-addr", s.metrics_addr});
   if (s.upload_slots > 0) a.insert(a.end(), {"--upload-slots", std::to_string(s.upload_slots)});
@@ -134,21 +159,36 @@ std::vector<std::string> ClientArgs(const Manifest& m, const RunOptions& o, cons
                                     const std::string& server_addr) {
   const ClientGroup& g = *c.group;
   std::vector<std::string> a = {o.client_bin.string(),
-                                "--server", server_addr,
-                                "--name", c.name,
-                                "--model", m.training.model,
-                                "--partition", m.training.partition,
-                                "--client-index", std::to_string(c.index),
-                                "--num-clients", std::to_string(m.num_clients()),
-                                "--partition-seed", std::to_string(m.seed),
-                                "--init-seed", std::to_string(m.seed),
-                                "--threads", std::to_string(m.training.threads),
-                                "--device", "cpu",
-                                "--link-kind", g.link_kind,
-                                "--data-fraction", Fmt(g.data_share),
-                                "--slowdown", Fmt(SlowdownFor(m, g.device)),
-                                "--give-up-after-s", "60",
-                                "--log-level", "warn"};
+                                "--server",
+                                server_addr,
+                                "--name",
+                                c.name,
+                                "--model",
+                                m.training.model,
+                                "--partition",
+                                m.training.partition,
+                                "--client-index",
+                                std::to_string(c.index),
+                                "--num-clients",
+                                std::to_string(m.num_clients()),
+                                "--partition-seed",
+                                std::to_string(m.seed),
+                                "--init-seed",
+                                std::to_string(m.seed),
+                                "--threads",
+                                std::to_string(m.training.threads),
+                                "--device",
+                                "cpu",
+                                "--link-kind",
+                                g.link_kind,
+                                "--data-fraction",
+                                Fmt(g.data_share),
+                                "--slowdown",
+                                Fmt(SlowdownFor(m, g.device)),
+                                "--give-up-after-s",
+                                "60",
+                                "--log-level",
+                                "warn"};
   if (!m.training.data_dir.empty()) a.insert(a.end(), {"--data-dir", m.training.data_dir});
   if (!m.training.data.empty()) a.insert(a.end(), {"--data", m.training.data});
   if (m.training.task != "classification") a.insert(a.end(), {"--task", m.training.task});
@@ -176,7 +216,7 @@ absl::StatusOr<int> WaitForPort(const fs::path& port_file, ProcessGroup& procs, 
 }
 
 absl::StatusOr<std::pair<std::string, std::string>> ExperimentStatus(const std::string& db_path,
-                                                                    const std::string& id) {
+                                                                     const std::string& id) {
   absl::StatusOr<instrumentation::sqlite::Database> db =
       instrumentation::sqlite::Database::Open(db_path, SQLITE_OPEN_READONLY);
   if (!db.ok()) return db.status();
@@ -200,9 +240,10 @@ absl::StatusOr<std::string> ResolveBackend(const Manifest& m) {
   const bool root = geteuid() == 0;
   if (m.emulation.backend == "kernel") {
     if (!root) {
-      return absl::PermissionDeniedError(fl::StrCat(
-          m.path, ": emulation.backend is kernel, which needs root (network namespaces, tc); run as root or use "
-                  "backend: userspace"));
+      return absl::PermissionDeniedError(
+          fl::StrCat(m.path,
+                     ": emulation.backend is kernel, which needs root (network namespaces, tc); run as root or use "
+                     "backend: userspace"));
     }
     return std::string("kernel");
   }
@@ -220,7 +261,8 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
   std::error_code ec;
   fs::create_directories(o.out_dir, ec);
   if (ec) return absl::FailedPreconditionError(fl::StrCat("cannot create ", o.out_dir.string(), ": ", ec.message()));
-  if (!o.db_path.empty() && fs::path(o.db_path).has_parent_path()) fs::create_directories(fs::path(o.db_path).parent_path(), ec);
+  if (!o.db_path.empty() && fs::path(o.db_path).has_parent_path())
+    fs::create_directories(fs::path(o.db_path).parent_path(), ec);
 
   if (*backend == "kernel") {
     // Namespaces and links that a crashed earlier run left behind (their owner's pid is gone).
@@ -273,9 +315,13 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
     const emulation::KernelLink* netns = nullptr;  // the client runs inside this link's namespace
     const uint64_t seed = m.seed * 100'003 + p.index;
     if (p.group->link.has_value() && *backend == "userspace") {
-      absl::StatusOr<std::unique_ptr<emulation::ShapingRelay>> relay = emulation::ShapingRelay::Start(
-          {.listen_addr = "127.0.0.1:0", .target_addr = target, .uplink = p.group->link->uplink,
-           .downlink = p.group->link->downlink, .seed = seed, .name = p.name});
+      absl::StatusOr<std::unique_ptr<emulation::ShapingRelay>> relay =
+          emulation::ShapingRelay::Start({.listen_addr = "127.0.0.1:0",
+                                          .target_addr = target,
+                                          .uplink = p.group->link->uplink,
+                                          .downlink = p.group->link->downlink,
+                                          .seed = seed,
+                                          .name = p.name});
       if (!relay.ok()) return relay.status();
       addr = (*relay)->address();
       relays.push_back(std::move(*relay));
@@ -330,8 +376,8 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
     const auto plan = std::find_if(plans.begin(), plans.end(), [&](const ClientPlan& p) { return p.name == e->name; });
     if (e->code != 0 && plan != plans.end() && !plan->leaving) {
       const fs::path log = o.out_dir / fl::StrCat(e->name, ".log");
-      failure = fl::StrCat("client ", e->name, " failed (exit ", e->code, "); its log (", log.string(), ") ends:",
-                           Tail(log, 10));
+      failure = fl::StrCat("client ", e->name, " failed (exit ", e->code, "); its log (", log.string(),
+                           ") ends:", Tail(log, 10));
       break;
     }
   }
@@ -353,9 +399,10 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
   kernel_links.clear();
 
   absl::StatusOr<std::pair<std::string, std::string>> status =
-      o.no_records ? absl::StatusOr<std::pair<std::string, std::string>>(std::make_pair(
-                         std::string(server_code == 0 ? "finished" : "failed"), fl::StrCat("fl-server exit ", server_code)))
-                   : ExperimentStatus(o.db_path, result.experiment_id);
+      o.no_records
+          ? absl::StatusOr<std::pair<std::string, std::string>>(std::make_pair(
+                std::string(server_code == 0 ? "finished" : "failed"), fl::StrCat("fl-server exit ", server_code)))
+          : ExperimentStatus(o.db_path, result.experiment_id);
   if (status.ok()) {
     result.status = status->first;
     result.reason = status->second;
@@ -389,9 +436,10 @@ absl::StatusOr<RecordedManifest> ReadRecordedManifest(const std::string& db_path
       db->QueryInt("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'experiment_manifests'");
   if (!has_table.ok()) return has_table.status();
   if (*has_table == 0) {
-    return absl::FailedPreconditionError(fl::StrCat(
-        "records database ", db_path, " has no experiment_manifests table (written by an older build, or not by "
-        "fl-experiment); only experiments run with fl-experiment can be replayed"));
+    return absl::FailedPreconditionError(
+        fl::StrCat("records database ", db_path,
+                   " has no experiment_manifests table (written by an older build, or not by "
+                   "fl-experiment); only experiments run with fl-experiment can be replayed"));
   }
   absl::StatusOr<instrumentation::sqlite::Statement> st = db->Prepare(
       experiment_id.empty()

@@ -70,19 +70,43 @@ class ByoModelTest : public ::testing::Test {
     const int port = testing::FreeLoopbackPort();
     const std::string db = dir_->File(name + ".db");
     const std::string log = dir_->File(name + ".log");
-    std::vector<std::string> server = {FL_SERVER_BIN, "--listen", fl::StrCat("127.0.0.1:", port), "--db", db,
-                                       "--round-deadline-ms", "600000", "--evaluate-deadline-ms", "300000",
-                                       "--seed", "1", "--log-level", "warn"};
+    std::vector<std::string> server = {FL_SERVER_BIN,
+                                       "--listen",
+                                       fl::StrCat("127.0.0.1:", port),
+                                       "--db",
+                                       db,
+                                       "--round-deadline-ms",
+                                       "600000",
+                                       "--evaluate-deadline-ms",
+                                       "300000",
+                                       "--seed",
+                                       "1",
+                                       "--log-level",
+                                       "warn"};
     server.insert(server.end(), server_args.begin(), server_args.end());
     Subprocess server_process(server, log);
     std::vector<std::unique_ptr<Subprocess>> client_processes;
     for (size_t i = 0; i < clients.size(); ++i) {
-      std::vector<std::string> argv = {FL_CLIENT_BIN, "--server", fl::StrCat("127.0.0.1:", port), "--name",
-                                       fl::StrCat("client-", i), "--client-index", std::to_string(i),
-                                       "--num-clients", std::to_string(clients.size()), "--partition-seed", "1",
-                                       "--threads", "1", "--device", "cpu", "--log-level", "warn"};
+      std::vector<std::string> argv = {FL_CLIENT_BIN,
+                                       "--server",
+                                       fl::StrCat("127.0.0.1:", port),
+                                       "--name",
+                                       fl::StrCat("client-", i),
+                                       "--client-index",
+                                       std::to_string(i),
+                                       "--num-clients",
+                                       std::to_string(clients.size()),
+                                       "--partition-seed",
+                                       "1",
+                                       "--threads",
+                                       "1",
+                                       "--device",
+                                       "cpu",
+                                       "--log-level",
+                                       "warn"};
       argv.insert(argv.end(), clients[i].begin(), clients[i].end());
-      client_processes.push_back(std::make_unique<Subprocess>(argv, dir_->File(fl::StrCat(name, "-client-", i, ".log"))));
+      client_processes.push_back(
+          std::make_unique<Subprocess>(argv, dir_->File(fl::StrCat(name, "-client-", i, ".log"))));
     }
     Rounds result;
     result.server_code = server_process.Wait(std::chrono::minutes(25)).value_or(-1);
@@ -110,9 +134,9 @@ TEST_F(ByoModelTest, BatchNormClassifierTrainsFederatedOnFashionMnistNpz) {
   for (int i = 0; i < 4; ++i) {
     clients.push_back({"--model", model, "--data", dir_->File("fashion_mnist.npz"), "--task", "classification"});
   }
-  Rounds r = Run("cnn_bn", {"--rounds", "3", "--min-fit-clients", "4", "--min-available-clients", "4",
-                            "--local-steps", "250", "--batch-size", "32", "--lr", "0.05", "--momentum", "0.9",
-                            "--initial-model", model},
+  Rounds r = Run("cnn_bn",
+                 {"--rounds", "3", "--min-fit-clients", "4", "--min-available-clients", "4", "--local-steps", "250",
+                  "--batch-size", "32", "--lr", "0.05", "--momentum", "0.9", "--initial-model", model},
                  clients);
   ASSERT_EQ(r.server_code, 0) << r.log;
   ASSERT_EQ(r.committed.size(), 3u);
@@ -130,8 +154,9 @@ TEST_F(ByoModelTest, LanguageModelLowersPerplexityRoundOverRound) {
     clients.push_back({"--model", dir_->File("tiny_lm.pt"), "--data", "/usr/share/games/fortunes", "--task",
                        "next-token", "--seq-len", "64"});
   }
-  Rounds r = Run("tiny_lm", {"--rounds", "3", "--min-fit-clients", "3", "--min-available-clients", "3",
-                             "--local-steps", "40", "--batch-size", "32", "--client-optimizer", "adamw", "--lr", "0.003"},
+  Rounds r = Run("tiny_lm",
+                 {"--rounds", "3", "--min-fit-clients", "3", "--min-available-clients", "3", "--local-steps", "40",
+                  "--batch-size", "32", "--client-optimizer", "adamw", "--lr", "0.003"},
                  clients);
   ASSERT_EQ(r.server_code, 0) << r.log;
   ASSERT_EQ(r.committed.size(), 3u);
@@ -156,14 +181,14 @@ TEST_F(ByoModelTest, ClientWithAnotherModelIsRefusedNamingTheTensor) {
   // The experiment's model is CnnBn (first client); the second client brings PlainCnn.
   const int port = testing::FreeLoopbackPort();
   const std::string log = dir_->File("mismatch.log");
-  Subprocess server({FL_SERVER_BIN, "--listen", fl::StrCat("127.0.0.1:", port), "--rounds", "1",
-                     "--min-fit-clients", "2", "--min-available-clients", "2", "--initial-model",
-                     dir_->File("cnn_bn.pt"), "--log-level", "warn"},
-                    log);
+  Subprocess server(
+      {FL_SERVER_BIN, "--listen", fl::StrCat("127.0.0.1:", port), "--rounds", "1", "--min-fit-clients", "2",
+       "--min-available-clients", "2", "--initial-model", dir_->File("cnn_bn.pt"), "--log-level", "warn"},
+      log);
   const std::string second_log = dir_->File("mismatch-client.log");
-  Subprocess second({FL_CLIENT_BIN, "--server", fl::StrCat("127.0.0.1:", port), "--name", "other-model",
-                     "--model", dir_->File("plain_cnn.pt"), "--data", dir_->File("fashion_mnist.npz"),
-                     "--threads", "1", "--device", "cpu", "--give-up-after-s", "30"},
+  Subprocess second({FL_CLIENT_BIN, "--server", fl::StrCat("127.0.0.1:", port), "--name", "other-model", "--model",
+                     dir_->File("plain_cnn.pt"), "--data", dir_->File("fashion_mnist.npz"), "--threads", "1",
+                     "--device", "cpu", "--give-up-after-s", "30"},
                     second_log);
   auto code = second.Wait(std::chrono::seconds(120));
   ASSERT_TRUE(code.has_value()) << "the refused client did not exit";

@@ -64,7 +64,7 @@ TEST(ManifestTest, GoodManifestResolvesProfilesAndOptions) {
   EXPECT_EQ(pi.device.name, "rpi4");
   EXPECT_EQ(pi.device.relative_speed, 1.0);
   ASSERT_TRUE(pi.link.has_value());
-  EXPECT_EQ(pi.link_kind, "5g");  // from the profile's name
+  EXPECT_EQ(pi.link_kind, "5g");                     // from the profile's name
   EXPECT_DOUBLE_EQ(pi.link->uplink.rate_bps, 15e6);  // experiments/profiles/links/5g-sa.yaml
   EXPECT_DOUBLE_EQ(pi.data_share, 0.5);
   const ClientGroup& box = m->clients[1];
@@ -112,13 +112,14 @@ void ExpectError(const std::string& text, const std::vector<std::string>& parts)
 
 TEST(ManifestTest, UnknownKeyNamesFileLinePathAndAllowedKeys) {
   ExpectError(Replace(kGood, "  rounds: 2\n", "  rounds: 2\n  round: 3\n"),
-              {"exp.yaml:6:", "server.round", "unknown key", "allowed: strategy, rounds, round_deadline_s, "
+              {"exp.yaml:6:", "server.round", "unknown key",
+               "allowed: strategy, rounds, round_deadline_s, "
                "selection, evaluation, max_round_attempts, metrics_addr, upload_slots"});
 }
 
 TEST(ManifestTest, WrongTypeNamesTheField) {
-  ExpectError(Replace(kGood, "rounds: 2", "rounds: three"), {"exp.yaml:5:", "server.rounds", "expected an integer",
-                                                              "\"three\""});
+  ExpectError(Replace(kGood, "rounds: 2", "rounds: three"),
+              {"exp.yaml:5:", "server.rounds", "expected an integer", "\"three\""});
 }
 
 TEST(ManifestTest, MissingProfileListsTheKnownOnes) {
@@ -130,8 +131,7 @@ TEST(ManifestTest, MissingProfileListsTheKnownOnes) {
 TEST(ManifestTest, NegativeRateInAnInlineLinkIsRefused) {
   absl::StatusOr<Manifest> m = Parse(Replace(kGood, "rate: 100mbit", "rate: -5mbit"));
   ASSERT_FALSE(m.ok());
-  EXPECT_NE(std::string(m.status().message()).find("clients[1].link.uplink.rate"), std::string::npos)
-      << m.status();
+  EXPECT_NE(std::string(m.status().message()).find("clients[1].link.uplink.rate"), std::string::npos) << m.status();
 }
 
 TEST(ManifestTest, OutOfRangeAndUnknownValuesAreRefused) {

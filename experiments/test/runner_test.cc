@@ -117,8 +117,8 @@ TEST(RunnerTest, RunsRecordsTheManifestAndReplays) {
   ASSERT_TRUE(cmp.ok()) << cmp.status();
   EXPECT_NE(cmp->find(r->experiment_id), std::string::npos);
   EXPECT_NE(cmp->find("client uplink_ms"), std::string::npos);
-  auto replay_of = (*reader)->QueryText(fl::StrCat("SELECT replay_of FROM experiment_manifests WHERE experiment_id = '",
-                                                   replay->experiment_id, "'"));
+  auto replay_of = (*reader)->QueryText(
+      fl::StrCat("SELECT replay_of FROM experiment_manifests WHERE experiment_id = '", replay->experiment_id, "'"));
   ASSERT_TRUE(replay_of.ok()) << replay_of.status();
   EXPECT_EQ(*replay_of, r->experiment_id);
   EXPECT_EQ(ProcessesMentioning(dir.path()), 0);
@@ -181,8 +181,7 @@ TEST(RunnerTest, AFailingClientStopsTheExperimentNamingIt) {
   std::string text = kManifest;
   // A dataset folder that does not exist: fl-client exits with an error at start.
   const std::string training = "training: {model: \"synthetic:20000:30\"}";
-  text.replace(text.find(training), training.size(),
-               "training: {model: cnn, data_dir: /nonexistent/fmnist}");
+  text.replace(text.find(training), training.size(), "training: {model: cnn, data_dir: /nonexistent/fmnist}");
   absl::StatusOr<Manifest> m = Load(dir, text);
   ASSERT_TRUE(m.ok()) << m.status();
   absl::StatusOr<RunResult> r = RunExperiment(*m, Options(dir, "run"));

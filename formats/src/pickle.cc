@@ -128,9 +128,7 @@ PickleRef PickleDocument::DictGet(PickleRef dict, std::string_view key) const {
 std::string PickleDocument::Describe(PickleRef ref) const {
   if (ref >= nodes_.size()) return "nothing";
   const PickleNode& n = nodes_[ref];
-  auto short_text = [](const std::string& s) {
-    return s.size() <= 60 ? s : fl::StrCat(s.substr(0, 57), "...");
-  };
+  auto short_text = [](const std::string& s) { return s.size() <= 60 ? s : fl::StrCat(s.substr(0, 57), "..."); };
   auto callee = [&](const PickleNode& node) -> std::string {
     if (node.items.empty() || node.items[0] >= nodes_.size()) return "?";
     const PickleNode& c = nodes_[node.items[0]];
@@ -162,8 +160,8 @@ class PickleParser {
   absl::StatusOr<PickleDocument> Run() {
     while (true) {
       if (pos_ >= bytes_.size()) {
-        return absl::InvalidArgumentError(fl::StrCat(
-            what_, ": pickle ends at byte ", bytes_.size(), " without a STOP opcode (truncated file?)"));
+        return absl::InvalidArgumentError(
+            fl::StrCat(what_, ": pickle ends at byte ", bytes_.size(), " without a STOP opcode (truncated file?)"));
       }
       op_offset_ = pos_;
       op_ = bytes_[pos_++];
@@ -183,7 +181,7 @@ class PickleParser {
   absl::Status Need(size_t n) const {
     if (bytes_.size() - pos_ < n) {
       return Error(fl::StrCat("needs ", n, " more bytes but the pickle ends ", bytes_.size() - pos_,
-                                " bytes later (truncated file?)"));
+                              " bytes later (truncated file?)"));
     }
     return absl::OkStatus();
   }
@@ -298,7 +296,8 @@ class PickleParser {
     if (absl::Status s = Need(width); !s.ok()) return s;
     const uint64_t n = ReadLE(width);
     if (n > bytes_.size() - pos_) {
-      return Error(fl::StrCat("length ", n, " exceeds the ", bytes_.size() - pos_, " bytes left (truncated or corrupt)"));
+      return Error(
+          fl::StrCat("length ", n, " exceeds the ", bytes_.size() - pos_, " bytes left (truncated or corrupt)"));
     }
     *length = static_cast<size_t>(n);
     return absl::OkStatus();
@@ -315,7 +314,8 @@ class PickleParser {
     return absl::OkStatus();
   }
   absl::Status SetItems(std::vector<PickleRef> pairs) {
-    if (pairs.size() % 2 != 0) return Error(fl::StrCat("odd number of values (", pairs.size(), ") for key/value pairs"));
+    if (pairs.size() % 2 != 0)
+      return Error(fl::StrCat("odd number of values (", pairs.size(), ") for key/value pairs"));
     PickleRef dict = kNoPickleRef;
     if (absl::Status s = Top(&dict); !s.ok()) return s;
     if (Node(dict).kind != PickleKind::kDict) {
@@ -373,8 +373,7 @@ class PickleParser {
         Node(ref).text = fl::StrCat(module, ".", name);
         return absl::OkStatus();
       }
-      case 'N':
-        return PushNew(PickleKind::kNone);
+      case 'N': return PushNew(PickleKind::kNone);
       case 0x88:
       case 0x89: {  // NEWTRUE, NEWFALSE
         PickleRef ref = kNoPickleRef;
@@ -421,8 +420,7 @@ class PickleParser {
         if (absl::Status s = TextLength(width, &length); !s.ok()) return s;
         return PushText((op_ == 'B' || op_ == 'C') ? PickleKind::kBytes : PickleKind::kString, length);
       }
-      case ')':
-        return MakeTuple({});
+      case ')': return MakeTuple({});
       case 't': {  // TUPLE
         std::vector<PickleRef> items;
         if (absl::Status s = PopMark(&items); !s.ok()) return s;
@@ -431,8 +429,7 @@ class PickleParser {
       case 0x85: return PopTupleOf(1);
       case 0x86: return PopTupleOf(2);
       case 0x87: return PopTupleOf(3);
-      case ']':
-        return PushNew(PickleKind::kList);
+      case ']': return PushNew(PickleKind::kList);
       case 'a': {  // APPEND
         PickleRef value = kNoPickleRef;
         if (absl::Status s = Pop(&value); !s.ok()) return s;
@@ -443,8 +440,7 @@ class PickleParser {
         if (absl::Status s = PopMark(&values); !s.ok()) return s;
         return AppendTo(std::move(values));
       }
-      case '}':
-        return PushNew(PickleKind::kDict);
+      case '}': return PushNew(PickleKind::kDict);
       case 's': {  // SETITEM
         PickleRef value = kNoPickleRef;
         PickleRef key = kNoPickleRef;
@@ -479,10 +475,8 @@ class PickleParser {
         Node(ref).items = {pid};
         return absl::OkStatus();
       }
-      case 'R':
-        return Apply(PickleKind::kCall);
-      case 0x81:
-        return Apply(PickleKind::kObject);
+      case 'R': return Apply(PickleKind::kCall);
+      case 0x81: return Apply(PickleKind::kObject);
       case 'b': {  // BUILD
         PickleRef state = kNoPickleRef;
         PickleRef target = kNoPickleRef;
@@ -498,7 +492,7 @@ class PickleParser {
       }
       default:
         return Error(OpcodeName(op_).empty() ? "not a pickle opcode (corrupt file?)"
-                                              : "not supported by this reader (not written by LibTorch)");
+                                             : "not supported by this reader (not written by LibTorch)");
     }
   }
 

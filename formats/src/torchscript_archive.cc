@@ -138,7 +138,7 @@ class Reader {
     const ZipEntry* pickle_entry = zip_->Find(prefix_ + "data.pkl");
     if (pickle_entry->uncompressed_size > kMaxPickleBytes) {
       return Error(fl::StrCat(prefix_, "data.pkl is ", pickle_entry->uncompressed_size,
-                                " bytes, more than this reader accepts (", kMaxPickleBytes, ")"));
+                              " bytes, more than this reader accepts (", kMaxPickleBytes, ")"));
     }
     absl::StatusOr<std::string> pickle_bytes = zip_->ReadAll(*pickle_entry);
     if (!pickle_bytes.ok()) return pickle_bytes.status();
@@ -151,7 +151,7 @@ class Reader {
     const PickleNode& root = doc_.at(doc_.root());
     if (root.kind != PickleKind::kObject || doc_.at(root.items[0]).kind != PickleKind::kGlobal) {
       return Error(fl::StrCat("the root of ", prefix_, "data.pkl is a ", doc_.Describe(doc_.root()),
-                                ", not a TorchScript module; ", kExportHint));
+                              ", not a TorchScript module; ", kExportHint));
     }
     result_.root_class = doc_.at(root.items[0]).text;
     absl::StatusOr<const ClassInfo*> root_class = LookupClass(result_.root_class);
@@ -165,8 +165,8 @@ class Reader {
                                            [](const ScriptTensor& t) { return t.is_parameter; });
     if (!any_parameter) {
       return Error(fl::StrCat("the model (", result_.root_class,
-                                ") has no parameters: there is nothing to train; check that the layers are "
-                                "registered as submodules (attributes of type nn.Module, nn.ModuleList, ...)"));
+                              ") has no parameters: there is nothing to train; check that the layers are "
+                              "registered as submodules (attributes of type nn.Module, nn.ModuleList, ...)"));
     }
     std::vector<core::TensorSpec> specs;
     specs.reserve(result_.tensors.size());
@@ -199,37 +199,39 @@ class Reader {
       // The ZIP reader's message names the file already.
       return absl::InvalidArgumentError(fl::StrCat(
           zip.status().message(),
-          legacy ? " (it is a bare pickle, as written by torch.save before PyTorch 1.6: not TorchScript)" : "",
-          "; ", kExportHint));
+          legacy ? " (it is a bare pickle, as written by torch.save before PyTorch 1.6: not TorchScript)" : "", "; ",
+          kExportHint));
     }
     zip_ = *std::move(zip);
-    if (zip_->entries().empty()) return Error(fl::StrCat("is an empty ZIP archive, not a TorchScript model; ", kExportHint));
+    if (zip_->entries().empty())
+      return Error(fl::StrCat("is an empty ZIP archive, not a TorchScript model; ", kExportHint));
     // LibTorch's writer puts every record under one top-level folder (the archive name).
     const std::string& first = zip_->entries().front().name;
     const size_t slash = first.find('/');
     if (slash == std::string::npos) {
       return Error(fl::StrCat("is a ZIP archive but not a TorchScript model (its first entry '", first,
-                                "' is not inside an archive folder; a NumPy .npz?); ", kExportHint));
+                              "' is not inside an archive folder; a NumPy .npz?); ", kExportHint));
     }
     prefix_ = first.substr(0, slash + 1);
     if (zip_->Find(prefix_ + "data.pkl") == nullptr) {
-      return Error(fl::StrCat("is a ZIP archive but not a TorchScript model: it has no ", prefix_, "data.pkl; ",
-                                kExportHint));
+      return Error(
+          fl::StrCat("is a ZIP archive but not a TorchScript model: it has no ", prefix_, "data.pkl; ", kExportHint));
     }
-    const bool has_code = std::any_of(zip_->entries().begin(), zip_->entries().end(), [&](const ZipEntry& e) {
-      return e.name.starts_with(prefix_ + "code/");
-    });
+    const bool has_code = std::any_of(zip_->entries().begin(), zip_->entries().end(),
+                                      [&](const ZipEntry& e) { return e.name.starts_with(prefix_ + "code/"); });
     if (!has_code) {
       return Error(fl::StrCat("has ", prefix_, "data.pkl but no ", prefix_,
-                                "code/: it is a torch.save() file (a state_dict or a pickled nn.Module), "
-                                "not TorchScript; ", kExportHint));
+                              "code/: it is a torch.save() file (a state_dict or a pickled nn.Module), "
+                              "not TorchScript; ",
+                              kExportHint));
     }
     if (const ZipEntry* order = zip_->Find(prefix_ + "byteorder"); order != nullptr) {
       absl::StatusOr<std::string> text = zip_->ReadAll(*order);
       if (!text.ok()) return text.status();
       if (*text != "little") {
-        return Error(fl::StrCat("its tensors are stored in '", *text, "' byte order; only little-endian files "
-                                  "are supported (save the model on a little-endian machine)"));
+        return Error(fl::StrCat("its tensors are stored in '", *text,
+                                "' byte order; only little-endian files "
+                                "are supported (save the model on a little-endian machine)"));
       }
     }
     return absl::OkStatus();
@@ -253,7 +255,7 @@ class Reader {
     if (!code.ok()) return code.status();
     if (*code == nullptr) {
       return Error(fl::StrCat("class ", qualified, " is used in ", prefix_, "data.pkl but ", file,
-                                " is missing (corrupt archive?)"));
+                              " is missing (corrupt archive?)"));
     }
     std::vector<std::string_view> lines;
     for (std::string_view rest = **code; !rest.empty();) {
@@ -291,7 +293,7 @@ class Reader {
     if (!found) return Error(fl::StrCat("class ", name, " is not defined in ", file, " (corrupt archive?)"));
     if (info.is_module && !has_parameters) {
       return Error(fl::StrCat("module class ", qualified, " in ", file,
-                                " has no __parameters__ line (not written by LibTorch?)"));
+                              " has no __parameters__ line (not written by LibTorch?)"));
     }
     return &classes_.emplace(qualified, std::move(info)).first->second;
   }
@@ -320,10 +322,11 @@ class Reader {
   }
 
   absl::Status VisitModule(PickleRef ref, const std::string& prefix, int depth) {
-    const std::string where = prefix.empty() ? "the root module" : fl::StrCat("module '", prefix.substr(0, prefix.size() - 1), "'");
+    const std::string where =
+        prefix.empty() ? "the root module" : fl::StrCat("module '", prefix.substr(0, prefix.size() - 1), "'");
     if (depth > kMaxModuleDepth) {
       return Error(fl::StrCat(where, " is nested more than ", kMaxModuleDepth,
-                                " modules deep (a module that contains itself?)"));
+                              " modules deep (a module that contains itself?)"));
     }
     if (++visits_ > kMaxVisits) return Error(fl::StrCat("more than ", kMaxVisits, " modules and tensors"));
     const PickleNode& node = doc_.at(ref);
@@ -333,8 +336,8 @@ class Reader {
     const ClassInfo info = **found;  // a copy: LookupClass may rehash classes_ during the recursion
     if (node.state == kNoPickleRef || doc_.at(node.state).kind != PickleKind::kDict) {
       return Error(fl::StrCat(where, " (", class_name, ") is pickled with ",
-                                node.state == kNoPickleRef ? "no state" : doc_.Describe(node.state),
-                                " instead of a dict of attributes (a custom __getstate__ is not supported)"));
+                              node.state == kNoPickleRef ? "no state" : doc_.Describe(node.state),
+                              " instead of a dict of attributes (a custom __getstate__ is not supported)"));
     }
     // Copied: items of the arena are stable, but a copy keeps this independent of later reads.
     const std::vector<PickleRef> pairs = doc_.at(node.state).items;
@@ -377,7 +380,8 @@ class Reader {
     return n.integer;
   }
 
-  absl::Status IntTuple(PickleRef ref, const std::string& name, std::string_view what, std::vector<int64_t>* out) const {
+  absl::Status IntTuple(PickleRef ref, const std::string& name, std::string_view what,
+                        std::vector<int64_t>* out) const {
     const PickleNode& n = doc_.at(ref);
     if (n.kind != PickleKind::kTuple) {
       return Error(fl::StrCat("tensor '", name, "': its ", what, " is a ", doc_.Describe(ref), ", not a tuple"));
@@ -399,11 +403,13 @@ class Reader {
     if (++visits_ > kMaxVisits) return Error(fl::StrCat("more than ", kMaxVisits, " modules and tensors"));
     const std::string role = is_parameter ? "parameter" : "buffer";
     const PickleNode& call = doc_.at(ref);
-    const std::string callee =
-        call.kind == PickleKind::kCall && doc_.at(call.items[0]).kind == PickleKind::kGlobal ? doc_.at(call.items[0]).text : "";
+    const std::string callee = call.kind == PickleKind::kCall && doc_.at(call.items[0]).kind == PickleKind::kGlobal
+                                   ? doc_.at(call.items[0]).text
+                                   : "";
     if (callee == "torch._utils._rebuild_qtensor") {
-      return Error(fl::StrCat(role, " '", name, "' is a quantized tensor, which is not supported: export the "
-                                "float model (before torch.quantization.convert)"));
+      return Error(fl::StrCat(role, " '", name,
+                              "' is a quantized tensor, which is not supported: export the "
+                              "float model (before torch.quantization.convert)"));
     }
     if (callee != "torch._utils._rebuild_tensor_v2") {
       return Error(fl::StrCat(role, " '", name, "' is a ", doc_.Describe(ref), ", not a tensor"));
@@ -423,8 +429,8 @@ class Reader {
     const std::optional<StorageType> type = StorageTypeOf(storage_type);
     if (!type.has_value()) {
       return Error(fl::StrCat(role, " '", name, "' is stored as ", storage_type,
-                                ", a dtype fl cannot carry; supported: float32, float16, bfloat16, float64, int64, "
-                                "int32, uint8 (convert it in PyTorch before exporting)"));
+                              ", a dtype fl cannot carry; supported: float32, float16, bfloat16, float64, int64, "
+                              "int32, uint8 (convert it in PyTorch before exporting)"));
     }
     absl::StatusOr<int64_t> offset = IntAt(args.items[1], name, "storage offset");
     if (!offset.ok()) return offset.status();
@@ -437,8 +443,8 @@ class Reader {
     if (absl::Status s = IntTuple(args.items[2], name, "size", &tensor.shape); !s.ok()) return s;
     if (absl::Status s = IntTuple(args.items[3], name, "stride", &pending.stride); !s.ok()) return s;
     if (tensor.shape.size() != pending.stride.size()) {
-      return Error(fl::StrCat("tensor '", name, "' has ", tensor.shape.size(), " sizes but ",
-                                pending.stride.size(), " strides"));
+      return Error(fl::StrCat("tensor '", name, "' has ", tensor.shape.size(), " sizes but ", pending.stride.size(),
+                              " strides"));
     }
     // Elements, and the highest storage element touched, with overflow checks (hostile sizes).
     uint64_t elements = 1;
@@ -466,18 +472,18 @@ class Reader {
     const ZipEntry* storage = zip_->Find(pending.storage_key);
     if (storage == nullptr) {
       return Error(fl::StrCat("the storage of tensor '", name, "' (", pending.storage_key,
-                                ") is missing from the archive (corrupt file)"));
+                              ") is missing from the archive (corrupt file)"));
     }
     const uint64_t storage_elements = storage->uncompressed_size / type->element_size;
     if (pending.storage_elements > storage_elements) {
       return Error(fl::StrCat("the storage of tensor '", name, "' (", pending.storage_key, ") holds ",
-                                storage->uncompressed_size, " bytes but the tensor (shape ",
-                                absl::StrJoin(tensor.shape, "x"), ", offset ", *offset, ") needs ",
-                                pending.storage_elements * type->element_size, " (corrupt or truncated file)"));
+                              storage->uncompressed_size, " bytes but the tensor (shape ",
+                              absl::StrJoin(tensor.shape, "x"), ", offset ", *offset, ") needs ",
+                              pending.storage_elements * type->element_size, " (corrupt or truncated file)"));
     }
     if (elements > storage_elements) {
-      return Error(fl::StrCat("tensor '", name, "' has ", elements, " elements but its storage only ",
-                                storage_elements, " (an expanded view): save a contiguous copy (.contiguous())"));
+      return Error(fl::StrCat("tensor '", name, "' has ", elements, " elements but its storage only ", storage_elements,
+                              " (an expanded view): save a contiguous copy (.contiguous())"));
     }
     total_elements_ += elements;
     if (total_elements_ > 4 * zip_->file_size() + 1024) {
@@ -509,8 +515,9 @@ class Reader {
       const uint64_t count = spec.num_elements();
       if (count == 0) continue;
       if (p.storage_elements * p.type.element_size > bytes.size()) {
-        return Error(fl::StrCat("the storage of tensor '", spec.name, "' (", p.storage_key, ") is shorter than "
-                                  "its ZIP header says (corrupt file)"));
+        return Error(fl::StrCat("the storage of tensor '", spec.name, "' (", p.storage_key,
+                                ") is shorter than "
+                                "its ZIP header says (corrupt file)"));
       }
       const uint8_t* base = reinterpret_cast<const uint8_t*>(bytes.data());
       float* out = result_.values.data() + spec.offset;
@@ -547,8 +554,6 @@ class Reader {
 
 }  // namespace
 
-absl::StatusOr<ScriptModelFile> ReadTorchScriptModel(const std::string& path) {
-  return Reader(path).Read();
-}
+absl::StatusOr<ScriptModelFile> ReadTorchScriptModel(const std::string& path) { return Reader(path).Read(); }
 
 }  // namespace fl::formats

@@ -18,9 +18,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::span<const uint8_t> Bytes(const std::string& s) {
-  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
-}
+std::span<const uint8_t> Bytes(const std::string& s) { return {reinterpret_cast<const uint8_t*>(s.data()), s.size()}; }
 
 absl::StatusOr<PickleDocument> Parse(const std::string& s, const PickleLimits& limits = {}) {
   return ParsePickle(Bytes(s), "test.pkl", limits);
@@ -48,11 +46,11 @@ TEST(PickleTest, Scalars) {
   std::string p = "\x80\x02(";
   p += B("K\x05");
   p += "M\x34\x12";
-  p += "J\xfe\xff\xff\xff";                        // -2
+  p += "J\xfe\xff\xff\xff";                            // -2
   p += B("\x8a\x08\xfe\xff\xff\xff\xff\xff\xff\xff");  // LONG1 -2
-  p += B("\x8a\x02\x00\x80");         // LONG1 -32768
-  p += B("\x8a\x00");                 // LONG1 0
-  p += B("G\x3f\xf8\x00\x00\x00\x00\x00\x00");  // 1.5, big-endian
+  p += B("\x8a\x02\x00\x80");                          // LONG1 -32768
+  p += B("\x8a\x00");                                  // LONG1 0
+  p += B("G\x3f\xf8\x00\x00\x00\x00\x00\x00");         // 1.5, big-endian
   p += "N\x88\x89";
   p += U("abc");
   p += "U\x02hi";
@@ -90,8 +88,8 @@ TEST(PickleTest, ContainersAndMemoShareValues) {
   EXPECT_EQ(doc->at(doc->at(a).items[0]).integer, 1);
   EXPECT_EQ(doc->DictGet(doc->root(), "c"), kNoPickleRef);
   // TUPLE1..3, EMPTY_TUPLE, APPENDS, SETITEM, MEMOIZE + LONG_BINGET, all inside one MARK ... TUPLE.
-  const std::string q = B("\x80\x02(K\x01\x85K\x01K\x02\x86K\x01K\x02K\x03\x87)") + B("](K\x07K\x08") + "e" +
-                        "}" + U("k") + "Ns" + B("\x94j\x00\x00\x00\x00") + "t.";
+  const std::string q = B("\x80\x02(K\x01\x85K\x01K\x02\x86K\x01K\x02K\x03\x87)") + B("](K\x07K\x08") + "e" + "}" +
+                        U("k") + "Ns" + B("\x94j\x00\x00\x00\x00") + "t.";
   doc = Parse(q);
   ASSERT_TRUE(doc.ok()) << Message(doc);
   const PickleNode& root = doc->at(doc->root());
@@ -107,8 +105,10 @@ TEST(PickleTest, ContainersAndMemoShareValues) {
 
 TEST(PickleTest, ObjectsCallsAndPersistentIdsAreInert) {
   // __torch__.Net() with state {'w': torch._utils._rebuild_tensor_v2((persistent ('storage', 1),),)}.
-  std::string p = "\x80\x02" "c__torch__\nNet\n)\x81}(" + U("w") + "ctorch._utils\n_rebuild_tensor_v2\n((" +
-                  U("storage") + B("K\x01tQt") + "Rub.";
+  std::string p =
+      "\x80\x02"
+      "c__torch__\nNet\n)\x81}(" +
+      U("w") + "ctorch._utils\n_rebuild_tensor_v2\n((" + U("storage") + B("K\x01tQt") + "Rub.";
   auto doc = Parse(p);
   ASSERT_TRUE(doc.ok()) << Message(doc);
   const PickleNode& root = doc->at(doc->root());
@@ -123,7 +123,9 @@ TEST(PickleTest, ObjectsCallsAndPersistentIdsAreInert) {
 }
 
 TEST(PickleTest, AContainerThatContainsItselfParses) {
-  auto doc = Parse(B("\x80\x02]q\x00h\x00" "a."));
+  auto doc =
+      Parse(B("\x80\x02]q\x00h\x00"
+              "a."));
   ASSERT_TRUE(doc.ok()) << Message(doc);
   EXPECT_EQ(doc->at(doc->root()).items.at(0), doc->root());
 }
@@ -134,20 +136,37 @@ TEST(PickleTest, RefusalsNameTheOpcodeAndOffset) {
     std::vector<std::string> expected;
   };
   const std::vector<Case> cases = {
-      {B("\x80\x02" "i__main__\nX\n."), {"test.pkl", "opcode 'i' (INST) at byte 2", "not supported"}},
+      {B("\x80\x02"
+         "i__main__\nX\n."),
+       {"test.pkl", "opcode 'i' (INST) at byte 2", "not supported"}},
       {B("\x80\x02\xff."), {"unknown opcode 0xff at byte 2"}},
-      {B("\x80\x02" "X\x10\x00\x00\x00" "ab"), {"'X' (BINUNICODE) at byte 2", "length 16 exceeds the 2 bytes left"}},
+      {B("\x80\x02"
+         "X\x10\x00\x00\x00"
+         "ab"),
+       {"'X' (BINUNICODE) at byte 2", "length 16 exceeds the 2 bytes left"}},
       {B("\x80\x02N"), {"ends at byte 3 without a STOP"}},
-      {B("\x80\x02" "a."), {"'a' (APPEND) at byte 2", "stack underflow"}},
+      {B("\x80\x02"
+         "a."),
+       {"'a' (APPEND) at byte 2", "stack underflow"}},
       {B("\x80\x02](a."), {"'a' (APPEND) at byte 4", "nothing above the last MARK"}},
-      {B("\x80\x02" "K\x01t."), {"'t' (TUPLE) at byte 4", "no MARK"}},
+      {B("\x80\x02"
+         "K\x01t."),
+       {"'t' (TUPLE) at byte 4", "no MARK"}},
       {B("\x80\x02h\x05."), {"'h' (BINGET) at byte 2", "memo entry 5 was never stored"}},
       {B("\x80\x02NN."), {"'.' (STOP) at byte 4", "2 values on the stack"}},
       {B("\x80\x02(N."), {"MARK(s) left open"}},
-      {B("\x80\x02]N" "b."), {"'b' (BUILD) at byte 4", "builds a list"}},
-      {B("\x80\x02NN" "R."), {"(REDUCE)", "arguments are a None"}},
-      {B("\x80\x02}K\x01" "a."), {"(APPEND)", "appends to a dict"}},
-      {B("\x80\x02" "c__torch__"), {"'c' (GLOBAL) at byte 2", "without its newline"}},
+      {B("\x80\x02]N"
+         "b."),
+       {"'b' (BUILD) at byte 4", "builds a list"}},
+      {B("\x80\x02NN"
+         "R."),
+       {"(REDUCE)", "arguments are a None"}},
+      {B("\x80\x02}K\x01"
+         "a."),
+       {"(APPEND)", "appends to a dict"}},
+      {B("\x80\x02"
+         "c__torch__"),
+       {"'c' (GLOBAL) at byte 2", "without its newline"}},
       {B("\x80\x02\x8a\x09"), {"(LONG1)", "9 bytes does not fit"}},
       {B("\x80\x06N."), {"(PROTO)", "protocol 6"}},
       {B("\x80\x02J\x01\x02"), {"'J' (BININT) at byte 2", "needs 4 more bytes"}},

@@ -147,7 +147,8 @@ TEST_F(TorchScriptArchiveTest, SpecAndValuesEqualPythonStateDict) {
     SCOPED_TRACE(model);
     auto read = ReadTorchScriptModel(File(std::string(model) + ".pt"));
     ASSERT_TRUE(read.ok()) << read.status();
-    const std::vector<testing::ExpectedTensor> expected = testing::ReadExpectedKeys(File(std::string(model) + ".keys.txt"));
+    const std::vector<testing::ExpectedTensor> expected =
+        testing::ReadExpectedKeys(File(std::string(model) + ".keys.txt"));
     ASSERT_FALSE(expected.empty());
     ASSERT_EQ(read->tensors.size(), expected.size());
     ASSERT_EQ(read->spec.num_tensors(), expected.size());

@@ -88,14 +88,12 @@ std::string IslandMetrics::IslandLabel(std::string_view island) {
   return S(island);
 }
 
-void IslandMetrics::ObserveSync(std::string_view island, std::string_view outcome,
-                                const IslandSyncObservation& o) {
+void IslandMetrics::ObserveSync(std::string_view island, std::string_view outcome, const IslandSyncObservation& o) {
   const std::string label = IslandLabel(island);
   impl_->syncs->Add({{"island", label}, {"outcome", S(outcome)}}).Increment();
   if (outcome == "failed") {
     impl_->bytes->Add({{"island", label}, {"direction", "sent"}}).Increment(static_cast<double>(o.bytes_sent));
-    impl_->bytes->Add({{"island", label}, {"direction", "received"}})
-        .Increment(static_cast<double>(o.bytes_received));
+    impl_->bytes->Add({{"island", label}, {"direction", "received"}}).Increment(static_cast<double>(o.bytes_received));
     return;  // a failed exchange's time says nothing about the link's speed
   }
   impl_->exchange->Add({{"island", label}}, ExchangeBuckets()).Observe(o.exchange_seconds);

@@ -75,22 +75,22 @@ struct IslandRecordWriter::Impl {
   }
 
   absl::Status WriteOne(const IslandRecordVariant& record) {
-    return std::visit(
-        Overloaded{
-            [&](const IslandRecord& r) { return Insert(insert_island, IslandsTable(), r); },
-            [&](const IslandLeftRecord& r) {
-              BindUpdate(update_left, IslandLeftSpec(), r);
-              return Run(update_left, fl::StrCat("island ", r.join_seq, " left"), /*expect_change=*/true);
-            },
-            [&](const IslandEpochRecord& r) { return Insert(insert_epoch, IslandEpochsTable(), r); },
-            [&](const IslandSyncRecord& r) { return Insert(insert_sync, IslandSyncsTable(), r); },
-            [&](const IslandRepairedRecord& r) {
-              BindUpdate(update_repaired, IslandRepairedSpec(), r);
-              return Run(update_repaired, fl::StrCat("island ", r.island_id, " repaired after epoch ", r.epoch),
-                         /*expect_change=*/true);
-            },
-        },
-        record);
+    return std::visit(Overloaded{
+                          [&](const IslandRecord& r) { return Insert(insert_island, IslandsTable(), r); },
+                          [&](const IslandLeftRecord& r) {
+                            BindUpdate(update_left, IslandLeftSpec(), r);
+                            return Run(update_left, fl::StrCat("island ", r.join_seq, " left"), /*expect_change=*/true);
+                          },
+                          [&](const IslandEpochRecord& r) { return Insert(insert_epoch, IslandEpochsTable(), r); },
+                          [&](const IslandSyncRecord& r) { return Insert(insert_sync, IslandSyncsTable(), r); },
+                          [&](const IslandRepairedRecord& r) {
+                            BindUpdate(update_repaired, IslandRepairedSpec(), r);
+                            return Run(update_repaired,
+                                       fl::StrCat("island ", r.island_id, " repaired after epoch ", r.epoch),
+                                       /*expect_change=*/true);
+                          },
+                      },
+                      record);
   }
 
   internal::BatchResult WriteBatch(std::span<const IslandRecordVariant> batch) {
@@ -103,7 +103,7 @@ struct IslandRecordWriter::Impl {
 IslandRecordWriter::IslandRecordWriter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 absl::StatusOr<std::unique_ptr<IslandRecordWriter>> IslandRecordWriter::Open(const std::string& path,
-                                                                              int busy_timeout_ms) {
+                                                                             int busy_timeout_ms) {
   auto impl = std::make_unique<Impl>();
   absl::StatusOr<sqlite::Database> db = internal::OpenWriteConnection(path, busy_timeout_ms);
   if (!db.ok()) return db.status();
@@ -122,8 +122,7 @@ IslandRecordWriter::~IslandRecordWriter() {
 }
 
 absl::Status IslandRecordWriter::Enqueue(IslandRecordVariant record) {
-  if (impl_->thread->Push(record, /*wait=*/false) ==
-      internal::WriterThread<IslandRecordVariant>::Admission::kQueued) {
+  if (impl_->thread->Push(record, /*wait=*/false) == internal::WriterThread<IslandRecordVariant>::Admission::kQueued) {
     return absl::OkStatus();
   }
   return absl::FailedPreconditionError("the island record writer is closed");

@@ -6,14 +6,13 @@
 
 namespace fl::instrumentation::internal {
 
-absl::StatusOr<MetricsEndpoint> MetricsEndpoint::Start(const std::string& bind_address,
-                                                       const std::string& experiment) {
+absl::StatusOr<MetricsEndpoint> MetricsEndpoint::Start(const std::string& bind_address, const std::string& experiment) {
   MetricsEndpoint endpoint;
   try {
     endpoint.exposer_ = std::make_unique<prometheus::Exposer>(bind_address);
   } catch (const std::exception& e) {
-    return absl::UnavailableError(fl::StrCat("cannot serve metrics on ", bind_address, ": ", e.what(),
-                                             "; pick another --metrics-addr"));
+    return absl::UnavailableError(
+        fl::StrCat("cannot serve metrics on ", bind_address, ": ", e.what(), "; pick another --metrics-addr"));
   }
   if (!experiment.empty()) endpoint.constant_["experiment"] = experiment;
   // The exposer collects at scrape time, so families registered from here on are served too.

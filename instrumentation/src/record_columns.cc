@@ -89,14 +89,9 @@ const RowTable<ExperimentRecord>& ExperimentsTable() {
     };
     return new RowTable<E>(
         "experiments", 1,
-        {Col<&E::id>("id", "PRIMARY KEY"),
-         Col<&E::name>("name"),
-         Col<&E::status>("status", "DEFAULT 'running'"),
-         OptText<&E::status_reason>("status_reason"),
-         Col<&E::started_unix_ms>("started_unix_ms"),
-         Col<&E::finished_unix_ms>("finished_unix_ms"),
-         config_json,
-         Col<&E::software_version>("software_version"),
+        {Col<&E::id>("id", "PRIMARY KEY"), Col<&E::name>("name"), Col<&E::status>("status", "DEFAULT 'running'"),
+         OptText<&E::status_reason>("status_reason"), Col<&E::started_unix_ms>("started_unix_ms"),
+         Col<&E::finished_unix_ms>("finished_unix_ms"), config_json, Col<&E::software_version>("software_version"),
          OptText<&E::host>("host"),
          OptText<&E::task>("task", "CHECK (task IS NULL OR task IN ('classification', 'regression', 'next-token'))",
                            6)});
@@ -107,22 +102,14 @@ const RowTable<ExperimentRecord>& ExperimentsTable() {
 const RowTable<ClientRecord>& ClientsTable() {
   static const RowTable<C>* const table = new RowTable<C>(
       "clients", 1,
-      {Col<&C::experiment_id>("experiment_id", kCascadeToExperiment),
-       Col<&C::client_id>("client_id"),
-       OptText<&C::client_name>("client_name"),
-       OptText<&C::device_class>("device_class"),
-       OptText<&C::link_kind>("link_kind"),
-       OptText<&C::link_interface>("link_interface"),
-       OptText<&C::link_profile>("link_profile"),
-       Col<&C::cores>("cores", "CHECK (cores IS NULL OR cores >= 0)"),
+      {Col<&C::experiment_id>("experiment_id", kCascadeToExperiment), Col<&C::client_id>("client_id"),
+       OptText<&C::client_name>("client_name"), OptText<&C::device_class>("device_class"),
+       OptText<&C::link_kind>("link_kind"), OptText<&C::link_interface>("link_interface"),
+       OptText<&C::link_profile>("link_profile"), Col<&C::cores>("cores", "CHECK (cores IS NULL OR cores >= 0)"),
        Col<&C::memory_bytes>("memory_bytes", "CHECK (memory_bytes IS NULL OR memory_bytes >= 0)"),
-       OptText<&C::accelerator>("accelerator"),
-       OptText<&C::os>("os"),
-       OptText<&C::arch>("arch"),
-       OptText<&C::client_version>("client_version"),
-       Col<&C::joined_unix_ms>("joined_unix_ms"),
-       Col<&C::left_unix_ms>("left_unix_ms"),
-       OptText<&C::left_reason>("left_reason")},
+       OptText<&C::accelerator>("accelerator"), OptText<&C::os>("os"), OptText<&C::arch>("arch"),
+       OptText<&C::client_version>("client_version"), Col<&C::joined_unix_ms>("joined_unix_ms"),
+       Col<&C::left_unix_ms>("left_unix_ms"), OptText<&C::left_reason>("left_reason")},
       {"PRIMARY KEY (experiment_id, client_id)"});
   return *table;
 }
@@ -189,8 +176,8 @@ const RowTable<ClientRoundRecord>& ClientRoundsTable() {
        Col<&CR::uplink_end_unix_ms>("uplink_end_unix_ms", "", 3),
        Col<&CR::uplink_server_start_unix_ms>("uplink_server_start_unix_ms", "", 3),
        Col<&CR::downlink_server_start_unix_ms>("downlink_server_start_unix_ms", "", 3),
-       Col<&CR::downlink_server_ms>("downlink_server_ms", "CHECK (downlink_server_ms IS NULL OR downlink_server_ms >= 0)",
-                                    3)},
+       Col<&CR::downlink_server_ms>("downlink_server_ms",
+                                    "CHECK (downlink_server_ms IS NULL OR downlink_server_ms >= 0)", 3)},
       {"PRIMARY KEY (experiment_id, round, attempt, client_id)", std::string(kToRoundAttempt), std::string(kToClient)},
       {"CREATE INDEX client_rounds_by_client ON client_rounds (experiment_id, client_id)"});
   return *table;
@@ -199,16 +186,10 @@ const RowTable<ClientRoundRecord>& ClientRoundsTable() {
 const RowTable<EvaluationRecord>& EvaluationsTable() {
   static const RowTable<Ev>* const table = new RowTable<Ev>(
       "evaluations", 1,
-      {Col<&Ev::experiment_id>("experiment_id"),
-       Col<&Ev::round>("round"),
-       Col<&Ev::attempt>("attempt"),
-       Col<&Ev::client_id>("client_id"),
-       Col<&Ev::num_examples>("num_examples", "CHECK (num_examples >= 0)"),
-       Col<&Ev::loss>("loss"),
-       Col<&Ev::accuracy>("accuracy"),
-       Col<&Ev::eval_ms>("eval_ms"),
-       Col<&Ev::mae>("mae", "CHECK (mae IS NULL OR mae >= 0)", 6),
-       OptText<&Ev::reject_reason>("reject_reason", "", 6)},
+      {Col<&Ev::experiment_id>("experiment_id"), Col<&Ev::round>("round"), Col<&Ev::attempt>("attempt"),
+       Col<&Ev::client_id>("client_id"), Col<&Ev::num_examples>("num_examples", "CHECK (num_examples >= 0)"),
+       Col<&Ev::loss>("loss"), Col<&Ev::accuracy>("accuracy"), Col<&Ev::eval_ms>("eval_ms"),
+       Col<&Ev::mae>("mae", "CHECK (mae IS NULL OR mae >= 0)", 6), OptText<&Ev::reject_reason>("reject_reason", "", 6)},
       {"PRIMARY KEY (experiment_id, round, attempt, client_id)", std::string(kToRoundAttempt), std::string(kToClient)},
       {"CREATE INDEX evaluations_by_client ON evaluations (experiment_id, client_id)"});
   return *table;
@@ -217,13 +198,9 @@ const RowTable<EvaluationRecord>& EvaluationsTable() {
 const RowTable<CheckpointRecord>& CheckpointsTable() {
   static const RowTable<Ck>* const table = new RowTable<Ck>(
       "checkpoints", 1,
-      {Col<&Ck::experiment_id>("experiment_id", kCascadeToExperiment),
-       Col<&Ck::round>("round", "CHECK (round >= 0)"),
-       Col<&Ck::model_version>("model_version"),
-       Col<&Ck::path>("path"),
-       Col<&Ck::bytes>("bytes", "CHECK (bytes >= 0)"),
-       Col<&Ck::fingerprint>("fingerprint"),
-       OptText<&Ck::checksum>("checksum"),
+      {Col<&Ck::experiment_id>("experiment_id", kCascadeToExperiment), Col<&Ck::round>("round", "CHECK (round >= 0)"),
+       Col<&Ck::model_version>("model_version"), Col<&Ck::path>("path"), Col<&Ck::bytes>("bytes", "CHECK (bytes >= 0)"),
+       Col<&Ck::fingerprint>("fingerprint"), OptText<&Ck::checksum>("checksum"),
        Col<&Ck::created_unix_ms>("created_unix_ms")},
       {"PRIMARY KEY (experiment_id, round)"});
   return *table;
@@ -252,21 +229,16 @@ const RowTable<IslandRecord>& IslandsTable() {
   static const RowTable<I>* const table = new RowTable<I>(
       "islands", 5,
       {Col<&I::experiment_id>("experiment_id", "REFERENCES experiments(id)", 5),
-       Col<&I::join_seq>("join_seq", "CHECK (join_seq >= 1)", 5),
-       Col<&I::island_id>("island_id", "", 5),
-       Col<&I::data_endpoint>("data_endpoint", "", 5),
-       Col<&I::state_endpoint>("state_endpoint", "", 5),
+       Col<&I::join_seq>("join_seq", "CHECK (join_seq >= 1)", 5), Col<&I::island_id>("island_id", "", 5),
+       Col<&I::data_endpoint>("data_endpoint", "", 5), Col<&I::state_endpoint>("state_endpoint", "", 5),
        Col<&I::num_ranks>("num_ranks", "CHECK (num_ranks >= 1)", 5),
-       Col<&I::model_fingerprint>("model_fingerprint", "", 5),
-       OptText<&I::software_version>("software_version", "", 5),
-       OptText<&I::device_class>("device_class", "", 5),
-       OptText<&I::accelerator>("accelerator", "", 5),
+       Col<&I::model_fingerprint>("model_fingerprint", "", 5), OptText<&I::software_version>("software_version", "", 5),
+       OptText<&I::device_class>("device_class", "", 5), OptText<&I::accelerator>("accelerator", "", 5),
        Col<&I::joined_unix_ms>("joined_unix_ms", "", 5),
        Col<&I::late_join>("late_join", "CHECK (late_join IN (0, 1))", 5),
        OptText<&I::state_source_island>("state_source_island", "", 5),
        Col<&I::state_source_step>("state_source_step", "", 5),
-       Col<&I::state_source_fragment>("state_source_fragment", "", 5),
-       Col<&I::left_unix_ms>("left_unix_ms", "", 5),
+       Col<&I::state_source_fragment>("state_source_fragment", "", 5), Col<&I::left_unix_ms>("left_unix_ms", "", 5),
        OptText<&I::left_reason>("left_reason", "", 5)},
       {"PRIMARY KEY (experiment_id, join_seq)"},
       {"CREATE INDEX islands_by_island ON islands(experiment_id, island_id)"});
@@ -292,20 +264,16 @@ const RowTable<IslandEpochRecord>& IslandEpochsTable() {
     return new RowTable<IE>(
         "island_epochs", 5,
         {Col<&IE::experiment_id>("experiment_id", "REFERENCES experiments(id)", 5),
-         Col<&IE::epoch>("epoch", "CHECK (epoch >= 1)", 5),
-         Col<&IE::step>("step", "CHECK (step >= 0)", 5),
+         Col<&IE::epoch>("epoch", "CHECK (epoch >= 1)", 5), Col<&IE::step>("step", "CHECK (step >= 0)", 5),
          Col<&IE::fragment>("fragment", "CHECK (fragment >= 0)", 5),
-         Col<&IE::attempt>("attempt", "CHECK (attempt >= 0)", 5),
-         members,
-         num_members,
+         Col<&IE::attempt>("attempt", "CHECK (attempt >= 0)", 5), members, num_members,
          Col<&IE::outcome>("outcome", "CHECK (outcome IN ('committed', 'retried', 'abandoned'))", 5),
          OptText<&IE::committed_hash>("committed_hash", "", 5),
          Col<&IE::num_applied>("num_applied", "CHECK (num_applied >= 0)", 5),
          Col<&IE::num_failed>("num_failed", "CHECK (num_failed >= 0)", 5),
          Col<&IE::num_mismatched>("num_mismatched", "CHECK (num_mismatched >= 0)", 5),
          Col<&IE::barrier_ms>("barrier_ms", "CHECK (barrier_ms IS NULL OR barrier_ms >= 0)", 5),
-         Col<&IE::formed_unix_ms>("formed_unix_ms", "", 5),
-         Col<&IE::resolved_unix_ms>("resolved_unix_ms", "", 5),
+         Col<&IE::formed_unix_ms>("formed_unix_ms", "", 5), Col<&IE::resolved_unix_ms>("resolved_unix_ms", "", 5),
          OptText<&IE::reason>("reason", "", 5)},
         {"PRIMARY KEY (experiment_id, epoch)", "CHECK (outcome <> 'committed' OR committed_hash IS NOT NULL)"},
         {"CREATE INDEX island_epochs_by_sync ON island_epochs(experiment_id, step, fragment)"});
@@ -354,24 +322,19 @@ const RowTable<ClientEventRecord>& ClientEventsTable() {
     return new RowTable<CE>(
         "client_events", 7,
         {SchemaOnly<CE>("id", SqlType::kInteger, false, "PRIMARY KEY", 7),
-         Col<&CE::experiment_id>("experiment_id", "", 7),
-         Col<&CE::client_id>("client_id", "", 7),
-         Col<&CE::kind>("kind", "", 7),
-         Col<&CE::round>("round", "CHECK (round IS NULL OR round >= 0)", 7),
-         OptText<&CE::task_id>("task_id", "", 7),
-         reason,
-         Col<&CE::at_unix_ms>("at_unix_ms", "", 7)},
-        {std::string(kToClient)},
-        {"CREATE INDEX client_events_by_client ON client_events (experiment_id, client_id)"});
+         Col<&CE::experiment_id>("experiment_id", "", 7), Col<&CE::client_id>("client_id", "", 7),
+         Col<&CE::kind>("kind", "", 7), Col<&CE::round>("round", "CHECK (round IS NULL OR round >= 0)", 7),
+         OptText<&CE::task_id>("task_id", "", 7), reason, Col<&CE::at_unix_ms>("at_unix_ms", "", 7)},
+        {std::string(kToClient)}, {"CREATE INDEX client_events_by_client ON client_events (experiment_id, client_id)"});
   }();
   return *table;
 }
 
 std::span<const TableSpec* const> RecordTables() {
   static const std::array<const TableSpec*, 11> tables = {
-      &ExperimentsTable().spec,     &ClientsTable().spec,     &RoundsTable().spec,       &ClientRoundsTable().spec,
-      &EvaluationsTable().spec,     &CheckpointsTable().spec, &ExperimentManifestsTable(), &IslandsTable().spec,
-      &IslandEpochsTable().spec,    &IslandSyncsTable().spec, &ClientEventsTable().spec};
+      &ExperimentsTable().spec,  &ClientsTable().spec,     &RoundsTable().spec,         &ClientRoundsTable().spec,
+      &EvaluationsTable().spec,  &CheckpointsTable().spec, &ExperimentManifestsTable(), &IslandsTable().spec,
+      &IslandEpochsTable().spec, &IslandSyncsTable().spec, &ClientEventsTable().spec};
   return tables;
 }
 

@@ -29,8 +29,8 @@ absl::StatusOr<std::vector<Row>> Select(sqlite::Database& db, int schema_version
     if (!*row) break;
     absl::StatusOr<Row> value = ReadRow(*st, table);
     if (!value.ok()) {
-      return absl::DataLossError(fl::StrCat("records database ", db.path(), ": unreadable row: ",
-                                            fl::ToStd(value.status().message())));
+      return absl::DataLossError(
+          fl::StrCat("records database ", db.path(), ": unreadable row: ", fl::ToStd(value.status().message())));
     }
     out.push_back(*std::move(value));
   }
@@ -117,14 +117,13 @@ absl::StatusOr<std::vector<ExperimentRecord>> RecordReader::ListExperiments() {
 
 absl::StatusOr<std::vector<ClientRecord>> RecordReader::ListClients(std::string_view experiment_id) {
   std::lock_guard lock(mu_);
-  return Select(db_, schema_version_, ClientsTable(),
-                "WHERE experiment_id = ?1 ORDER BY joined_unix_ms, client_id", experiment_id);
+  return Select(db_, schema_version_, ClientsTable(), "WHERE experiment_id = ?1 ORDER BY joined_unix_ms, client_id",
+                experiment_id);
 }
 
 absl::StatusOr<std::vector<RoundRecord>> RecordReader::ListRounds(std::string_view experiment_id) {
   std::lock_guard lock(mu_);
-  return Select(db_, schema_version_, RoundsTable(), "WHERE experiment_id = ?1 ORDER BY round, attempt",
-                experiment_id);
+  return Select(db_, schema_version_, RoundsTable(), "WHERE experiment_id = ?1 ORDER BY round, attempt", experiment_id);
 }
 
 absl::StatusOr<int64_t> RecordReader::CountRounds(std::string_view experiment_id) {
@@ -160,8 +159,8 @@ absl::StatusOr<std::vector<EvaluationRecord>> RecordReader::ListEvaluations(std:
 
 absl::StatusOr<std::vector<EvaluationRecord>> RecordReader::ListEvaluations(std::string_view experiment_id) {
   std::lock_guard lock(mu_);
-  return Select(db_, schema_version_, EvaluationsTable(),
-                "WHERE experiment_id = ?1 ORDER BY round, attempt, client_id", experiment_id);
+  return Select(db_, schema_version_, EvaluationsTable(), "WHERE experiment_id = ?1 ORDER BY round, attempt, client_id",
+                experiment_id);
 }
 
 absl::StatusOr<std::vector<CheckpointRecord>> RecordReader::ListCheckpoints(std::string_view experiment_id) {
@@ -199,8 +198,8 @@ absl::StatusOr<std::optional<RoundRecord>> RecordReader::LastCommittedRound(std:
 
 absl::StatusOr<std::optional<CheckpointRecord>> RecordReader::LatestCheckpoint(std::string_view experiment_id) {
   std::lock_guard lock(mu_);
-  return First(Select(db_, schema_version_, CheckpointsTable(),
-                      "WHERE experiment_id = ?1 ORDER BY round DESC LIMIT 1", experiment_id));
+  return First(Select(db_, schema_version_, CheckpointsTable(), "WHERE experiment_id = ?1 ORDER BY round DESC LIMIT 1",
+                      experiment_id));
 }
 
 absl::StatusOr<int64_t> RecordReader::QueryInt(std::string_view sql) {

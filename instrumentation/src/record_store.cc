@@ -24,11 +24,10 @@ const UpdateSpec<ExperimentTaskUpdate>& ExperimentTaskUpdateSpec() {
 
 const UpdateSpec<ExperimentStatusUpdate>& ExperimentStatusUpdateSpec() {
   using U = ExperimentStatusUpdate;
-  static const UpdateSpec<U> spec{
-      &ExperimentsTable().spec,
-      {Col<&U::status>("status"), Col<&U::status_reason>("status_reason"),
-       Col<&U::finished_unix_ms>("finished_unix_ms")},
-      {Col<&U::experiment_id>("id")}};
+  static const UpdateSpec<U> spec{&ExperimentsTable().spec,
+                                  {Col<&U::status>("status"), Col<&U::status_reason>("status_reason"),
+                                   Col<&U::finished_unix_ms>("finished_unix_ms")},
+                                  {Col<&U::experiment_id>("id")}};
   return spec;
 }
 
@@ -248,10 +247,7 @@ absl::StatusOr<std::unique_ptr<RecordStore>> RecordStore::Open(const std::string
 
 RecordStore::RecordStore(std::string path, RecordStoreOptions options, std::unique_ptr<Writer> writer,
                          ConnectionSettings settings)
-    : path_(std::move(path)),
-      options_(std::move(options)),
-      settings_(std::move(settings)),
-      writer_(std::move(writer)) {
+    : path_(std::move(path)), options_(std::move(options)), settings_(std::move(settings)), writer_(std::move(writer)) {
   Writer* w = writer_.get();
   thread_ = std::make_unique<internal::WriterThread<Record>>(
       internal::WriterThread<Record>::Options{options_.max_queue_records, options_.max_batch_records,
@@ -269,14 +265,12 @@ RecordStore::~RecordStore() {
 
 absl::Status RecordStore::Admit(Record record, bool wait) {
   switch (thread_->Push(record, wait)) {
-    case internal::WriterThread<Record>::Admission::kQueued:
-      return absl::OkStatus();
+    case internal::WriterThread<Record>::Admission::kQueued: return absl::OkStatus();
     case internal::WriterThread<Record>::Admission::kFull:
       return absl::ResourceExhaustedError(fl::StrCat("records database ", path_, ": write queue full (",
                                                      options_.max_queue_records, " records); dropped ",
                                                      DescribeRecord(record)));
-    case internal::WriterThread<Record>::Admission::kClosed:
-      break;
+    case internal::WriterThread<Record>::Admission::kClosed: break;
   }
   return absl::FailedPreconditionError(
       fl::StrCat("records database ", path_, ": record store is closed; dropped ", DescribeRecord(record)));

@@ -308,8 +308,8 @@ absl::Status ValidateList(std::span<const Migration> migrations) {
 // another process began to migrate meanwhile is left to the migrations.
 absl::Status ApplyOne(sqlite::Database& db, const Migration& m, bool foreign_keys_were_on,
                       bool from_empty_only = false) {
-  const std::string what = fl::StrCat("records database ", db.path(), ": migration to schema version ", m.version,
-                                      " (", m.description, ")");
+  const std::string what =
+      fl::StrCat("records database ", db.path(), ": migration to schema version ", m.version, " (", m.description, ")");
   if (m.foreign_keys_off) {
     // A no-op inside a transaction, so it must come before BEGIN.
     if (absl::Status s = db.Exec("PRAGMA foreign_keys = OFF"); !s.ok()) return s;
@@ -324,8 +324,8 @@ absl::Status ApplyOne(sqlite::Database& db, const Migration& m, bool foreign_key
   auto fail = [&](const absl::Status& s) {
     (void)db.Exec("ROLLBACK");
     restore_fk();
-    return absl::Status(s.code(), fl::StrCat(what, " failed, database left at version ", m.version - 1, ": ",
-                                             fl::ToStd(s.message())));
+    return absl::Status(
+        s.code(), fl::StrCat(what, " failed, database left at version ", m.version - 1, ": ", fl::ToStd(s.message())));
   };
   // Another process may have migrated between our version check and BEGIN IMMEDIATE: re-read under the lock.
   absl::StatusOr<int64_t> current = db.QueryInt("PRAGMA user_version");
@@ -367,10 +367,10 @@ absl::Status CheckApplicationId(sqlite::Database& db) {
 }
 
 absl::Status NewerThanCode(const sqlite::Database& db, int64_t version, int latest) {
-  return absl::FailedPreconditionError(fl::StrCat(
-      "records database ", db.path(), " has schema version ", version,
-      ", newer than the newest version this build knows (", latest,
-      "); it was written by a newer fl-server: upgrade fl-server (and fl-report) to open it"));
+  return absl::FailedPreconditionError(
+      fl::StrCat("records database ", db.path(), " has schema version ", version,
+                 ", newer than the newest version this build knows (", latest,
+                 "); it was written by a newer fl-server: upgrade fl-server (and fl-report) to open it"));
 }
 
 }  // namespace
@@ -392,10 +392,10 @@ absl::Status MigrateSchema(sqlite::Database& db, std::span<const Migration> migr
     absl::StatusOr<int64_t> objects = db.QueryInt("SELECT count(*) FROM sqlite_schema");
     if (!objects.ok()) return objects.status();
     if (*objects > 0) {
-      return absl::FailedPreconditionError(fl::StrCat(
-          "records database ", db.path(), ": the file already holds ", *objects,
-          " tables/indexes but no records schema version (user_version 0); it is not an fl-testbed records "
-          "database: pick another path"));
+      return absl::FailedPreconditionError(
+          fl::StrCat("records database ", db.path(), ": the file already holds ", *objects,
+                     " tables/indexes but no records schema version (user_version 0); it is not an fl-testbed records "
+                     "database: pick another path"));
     }
   }
   absl::StatusOr<int64_t> fk = db.QueryInt("PRAGMA foreign_keys");
@@ -424,9 +424,9 @@ absl::Status CheckSchemaVersion(sqlite::Database& db, int latest) {
   if (!version.ok()) return version.status();
   if (*version > latest) return NewerThanCode(db, *version, latest);
   if (*version < latest) {
-    return absl::FailedPreconditionError(fl::StrCat(
-        "records database ", db.path(), " has schema version ", *version, ", older than this build's (", latest,
-        "); open it once with fl-server (RecordStore::Open migrates it) before reading it"));
+    return absl::FailedPreconditionError(
+        fl::StrCat("records database ", db.path(), " has schema version ", *version, ", older than this build's (",
+                   latest, "); open it once with fl-server (RecordStore::Open migrates it) before reading it"));
   }
   return absl::OkStatus();
 }
@@ -442,9 +442,9 @@ absl::StatusOr<int> CheckReadableSchemaVersion(sqlite::Database& db, int latest)
   absl::StatusOr<int64_t> version = db.QueryInt("PRAGMA user_version");
   if (!version.ok()) return version.status();
   if (*app_id != kRecordsApplicationId || *version < 1) {
-    return absl::FailedPreconditionError(fl::StrCat(
-        db.path(), " is an SQLite database but not an fl-testbed records database (application_id ", Hex(*app_id),
-        ", schema version ", *version, "); ", kWhatToGive));
+    return absl::FailedPreconditionError(
+        fl::StrCat(db.path(), " is an SQLite database but not an fl-testbed records database (application_id ",
+                   Hex(*app_id), ", schema version ", *version, "); ", kWhatToGive));
   }
   if (*version > latest) return NewerThanCode(db, *version, latest);
   return static_cast<int>(*version);

@@ -75,22 +75,23 @@ absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Start(const std::s
   impl->updates =
       &e.Counters("fl_updates_total", "Client updates by outcome (ok, late, dropped, rejected) and reject reason");
   // Every outcome starts at zero, so that "no late updates" reads as 0 on a dashboard rather than no data.
-  for (const char* outcome : {"ok", "late", "dropped", "rejected"}) impl->updates->Add({{"outcome", outcome}, {"reason", ""}});
-  impl->stragglers =
-      &e.Counters("fl_round_straggler_total",
-                  "Committed rounds whose last accepted update came from this client, by the phase "
-                  "that made it late");
+  for (const char* outcome : {"ok", "late", "dropped", "rejected"})
+    impl->updates->Add({{"outcome", outcome}, {"reason", ""}});
+  impl->stragglers = &e.Counters("fl_round_straggler_total",
+                                 "Committed rounds whose last accepted update came from this client, by the phase "
+                                 "that made it late");
   impl->train_loss = &e.Gauges("fl_train_loss", "Mean local training loss of the last committed round");
   impl->eval_loss =
       &e.Gauges("fl_eval_loss", "Loss of the global model on the clients' test data at the last evaluation");
-  impl->eval_accuracy =
-      &e.Gauges("fl_eval_accuracy", "Accuracy (0..1) of the global model on the clients' test data at the last "
-                                    "evaluation (classification; the token accuracy for next-token)");
-  impl->eval_mae = &e.Gauges("fl_eval_mae", "Mean absolute error of the global (regression) model on the clients' "
-                                            "test data at the last evaluation");
-  impl->eval_perplexity =
-      &e.Gauges("fl_eval_perplexity", "Perplexity, exp(mean token cross-entropy), of the global (next-token) model "
-                                      "on the clients' test data at the last evaluation");
+  impl->eval_accuracy = &e.Gauges("fl_eval_accuracy",
+                                  "Accuracy (0..1) of the global model on the clients' test data at the last "
+                                  "evaluation (classification; the token accuracy for next-token)");
+  impl->eval_mae = &e.Gauges("fl_eval_mae",
+                             "Mean absolute error of the global (regression) model on the clients' "
+                             "test data at the last evaluation");
+  impl->eval_perplexity = &e.Gauges("fl_eval_perplexity",
+                                    "Perplexity, exp(mean token cross-entropy), of the global (next-token) model "
+                                    "on the clients' test data at the last evaluation");
   return std::unique_ptr<ServerMetrics>(new ServerMetrics(std::move(impl)));
 }
 
@@ -102,8 +103,9 @@ int ServerMetrics::port() const { return impl_->endpoint.port(); }
 void ServerMetrics::ObservePhase(std::string_view phase, std::string_view link_kind, std::string_view device_class,
                                  std::string_view client, double seconds) {
   impl_->phase
-      ->Add({{"phase", S(phase)}, {"link_kind", S(link_kind)}, {"device_class", S(device_class)}, {"client", S(client)}},
-            DurationBuckets())
+      ->Add(
+          {{"phase", S(phase)}, {"link_kind", S(link_kind)}, {"device_class", S(device_class)}, {"client", S(client)}},
+          DurationBuckets())
       .Observe(seconds);
   // Every client that reports a phase has straggler counts from zero: "never the straggler" is a figure.
   for (const char* p : kPhaseNames) impl_->stragglers->Add({{"client", S(client)}, {"phase", p}});

@@ -10,9 +10,8 @@ namespace {
 
 absl::Status MakeError(std::string_view path, std::string_view what, int rc, std::string_view message) {
   const char* code_name = sqlite3_errstr(rc);
-  return absl::Status(StatusCodeFor(rc), fl::StrCat("records database ", path, ": ", what, ": ", message,
-                                                    " (", code_name != nullptr ? code_name : "?",
-                                                    ", code ", rc, ")"));
+  return absl::Status(StatusCodeFor(rc), fl::StrCat("records database ", path, ": ", what, ": ", message, " (",
+                                                    code_name != nullptr ? code_name : "?", ", code ", rc, ")"));
 }
 
 }  // namespace
@@ -86,9 +85,7 @@ void Statement::NoteBind(int rc, int index) {
   }
 }
 
-void Statement::BindInt64(int index, int64_t value) {
-  NoteBind(sqlite3_bind_int64(stmt_, index, value), index);
-}
+void Statement::BindInt64(int index, int64_t value) { NoteBind(sqlite3_bind_int64(stmt_, index, value), index); }
 void Statement::BindDouble(int index, double value) { NoteBind(sqlite3_bind_double(stmt_, index, value), index); }
 void Statement::BindText(int index, std::string_view value) {
   NoteBind(sqlite3_bind_text64(stmt_, index, value.data(), value.size(), SQLITE_TRANSIENT, SQLITE_UTF8), index);
@@ -180,8 +177,7 @@ absl::StatusOr<Database> Database::Open(const std::string& path, int flags) {
   return Database(db, path);
 }
 
-Database::Database(Database&& other) noexcept
-    : db_(std::exchange(other.db_, nullptr)), path_(std::move(other.path_)) {}
+Database::Database(Database&& other) noexcept : db_(std::exchange(other.db_, nullptr)), path_(std::move(other.path_)) {}
 
 Database& Database::operator=(Database&& other) noexcept {
   if (this != &other) {

@@ -17,9 +17,9 @@ absl::StatusOr<sqlite::Database> OpenWriteConnection(const std::string& path, in
   absl::StatusOr<std::string> mode = db.QueryText("PRAGMA journal_mode = WAL");
   if (!mode.ok()) return mode.status();
   if (*mode != "wal") {
-    return absl::FailedPreconditionError(fl::StrCat(
-        "records database ", path, ": journal_mode=WAL is not available here (SQLite kept '", *mode,
-        "'); records need a database file on a local filesystem (not :memory:, not a network share)"));
+    return absl::FailedPreconditionError(
+        fl::StrCat("records database ", path, ": journal_mode=WAL is not available here (SQLite kept '", *mode,
+                   "'); records need a database file on a local filesystem (not :memory:, not a network share)"));
   }
   if (absl::Status s = db.Exec("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON"); !s.ok()) return s;
   absl::StatusOr<int64_t> foreign_keys = db.QueryInt("PRAGMA foreign_keys");

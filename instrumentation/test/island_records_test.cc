@@ -66,7 +66,6 @@ class IslandRecordsTest : public ::testing::Test {
 };
 
 TEST_F(IslandRecordsTest, RowsOfEveryKindAreCommittedByFlush) {
-
   ASSERT_TRUE(writer_->Enqueue(Island("exp", 1)).ok());
   ASSERT_TRUE(writer_->Enqueue(Island("exp", 2)).ok());
   IslandEpochRecord epoch;
@@ -105,18 +104,19 @@ TEST_F(IslandRecordsTest, RowsOfEveryKindAreCommittedByFlush) {
 // Every column of the island tables, once with every optional set and once unset, written and read back through
 // RecordReader into the fields they came from; the two updates set exactly their columns.
 TEST_F(IslandRecordsTest, EveryColumnRoundTripsSetAndUnset) {
-  IslandRecord full{"exp", 1, "island-1", "tcp://a:1", "a:2", 4, HashHex(1), "0.9", "gpu", "cuda:x", 10, true,
-                    "island-0", 3, 1, 11, "left: finished"};
+  IslandRecord full{"exp",    1,  "island-1", "tcp://a:1", "a:2", 4, HashHex(1), "0.9",           "gpu",
+                    "cuda:x", 10, true,       "island-0",  3,     1, 11,         "left: finished"};
   IslandRecord bare = Island("exp", 2);
-  IslandEpochRecord full_epoch{"exp", 1, 2, 1, 1, {"island-1", "island-2"}, "committed", HashHex(2), 2, 1, 1,
-                               12.5, 13, 14, "a retry's reason"};
+  IslandEpochRecord full_epoch{"exp", 1, 2,    1,  1,  {"island-1", "island-2"}, "committed", HashHex(2), 2,
+                               1,     1, 12.5, 13, 14, "a retry's reason"};
   IslandEpochRecord bare_epoch;
   bare_epoch.experiment_id = "exp";
   bare_epoch.epoch = 2;
   bare_epoch.members = {"island-2"};
   bare_epoch.outcome = "retried";
-  IslandSyncRecord full_sync{"exp", 1, "island-1", 1, 2, 1, 0, "mismatch", "repair", 1.5, 2.5, 3.5, 100, 200, 7,
-                             HashHex(3), "timeout", "island-2", "island-2", 15, 16};
+  IslandSyncRecord full_sync{"exp",      1,          "island-1", 1,          2,          1,   0,
+                             "mismatch", "repair",   1.5,        2.5,        3.5,        100, 200,
+                             7,          HashHex(3), "timeout",  "island-2", "island-2", 15,  16};
   IslandSyncRecord bare_sync;
   bare_sync.experiment_id = "exp";
   bare_sync.epoch = 2;
@@ -124,8 +124,8 @@ TEST_F(IslandRecordsTest, EveryColumnRoundTripsSetAndUnset) {
   bare_sync.join_seq = 2;
   bare_sync.outcome = "missing";
   bare_sync.verdict = "evicted";
-  for (IslandRecordVariant r : std::vector<IslandRecordVariant>{full, bare, full_epoch, bare_epoch, full_sync,
-                                                                bare_sync}) {
+  for (IslandRecordVariant r :
+       std::vector<IslandRecordVariant>{full, bare, full_epoch, bare_epoch, full_sync, bare_sync}) {
     ASSERT_TRUE(writer_->Enqueue(std::move(r)).ok());
   }
   absl::Status flushed = writer_->Flush();
@@ -142,19 +142,22 @@ TEST_F(IslandRecordsTest, EveryColumnRoundTripsSetAndUnset) {
       return set;
     }()) << table;
   }
-  EXPECT_EQ(QueryInt(path_, "SELECT count(*) FROM islands WHERE join_seq = 2 AND software_version IS NULL AND "
-                            "device_class IS NULL AND accelerator IS NULL AND state_source_island IS NULL AND "
-                            "state_source_step IS NULL AND state_source_fragment IS NULL AND left_unix_ms IS NULL "
-                            "AND left_reason IS NULL"),
+  EXPECT_EQ(QueryInt(path_,
+                     "SELECT count(*) FROM islands WHERE join_seq = 2 AND software_version IS NULL AND "
+                     "device_class IS NULL AND accelerator IS NULL AND state_source_island IS NULL AND "
+                     "state_source_step IS NULL AND state_source_fragment IS NULL AND left_unix_ms IS NULL "
+                     "AND left_reason IS NULL"),
             1);
-  EXPECT_EQ(QueryInt(path_, "SELECT count(*) FROM island_epochs WHERE epoch = 2 AND committed_hash IS NULL AND "
-                            "barrier_ms IS NULL AND reason IS NULL"),
+  EXPECT_EQ(QueryInt(path_,
+                     "SELECT count(*) FROM island_epochs WHERE epoch = 2 AND committed_hash IS NULL AND "
+                     "barrier_ms IS NULL AND reason IS NULL"),
             1);
-  EXPECT_EQ(QueryInt(path_, "SELECT count(*) FROM island_syncs WHERE epoch = 2 AND inner_compute_ms IS NULL AND "
-                            "exchange_ms IS NULL AND wait_ms IS NULL AND bytes_sent IS NULL AND bytes_received IS "
-                            "NULL AND inner_steps IS NULL AND state_hash IS NULL AND failure_reason IS NULL AND "
-                            "vanished_island IS NULL AND repair_source IS NULL AND repaired_unix_ms IS NULL AND "
-                            "reported_unix_ms IS NULL"),
+  EXPECT_EQ(QueryInt(path_,
+                     "SELECT count(*) FROM island_syncs WHERE epoch = 2 AND inner_compute_ms IS NULL AND "
+                     "exchange_ms IS NULL AND wait_ms IS NULL AND bytes_sent IS NULL AND bytes_received IS "
+                     "NULL AND inner_steps IS NULL AND state_hash IS NULL AND failure_reason IS NULL AND "
+                     "vanished_island IS NULL AND repair_source IS NULL AND repaired_unix_ms IS NULL AND "
+                     "reported_unix_ms IS NULL"),
             1);
 
   auto reader = RecordReader::Open(path_);
@@ -175,7 +178,6 @@ TEST_F(IslandRecordsTest, EveryColumnRoundTripsSetAndUnset) {
 }
 
 TEST_F(IslandRecordsTest, ARecordThatViolatesAConstraintIsDroppedAloneAndReportedOnce) {
-
   ASSERT_TRUE(writer_->Enqueue(Island("exp", 1)).ok());
   ASSERT_TRUE(writer_->Enqueue(Island("exp", 1)).ok());    // the same admission again: primary key
   ASSERT_TRUE(writer_->Enqueue(Island("other", 2)).ok());  // an experiment nobody wrote: foreign key

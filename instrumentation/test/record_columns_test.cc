@@ -46,8 +46,8 @@ TEST(RecordStoreTest, TaskFiguresRoundTrip) {
   RoundEvaluationUpdate reg_eval{"reg", 1, 0, 0.09, std::nullopt, 300, 0.25, std::nullopt};
   ASSERT_TRUE(store->Enqueue(reg_eval).ok());
   EvaluationRecord accepted{"reg", 1, 0, "c1", 300, 0.09, std::nullopt, 12.5, 0.25, ""};
-  EvaluationRecord refused{"reg", 1, 0, "c2", 100, std::nullopt, std::nullopt, 11.0, std::nullopt,
-                           "mae -1 is negative"};
+  EvaluationRecord refused{
+      "reg", 1, 0, "c2", 100, std::nullopt, std::nullopt, 11.0, std::nullopt, "mae -1 is negative"};
   ASSERT_TRUE(store->Enqueue(accepted).ok());
   ASSERT_TRUE(store->Enqueue(refused).ok());
   absl::Status flushed = store->Flush();
@@ -94,14 +94,23 @@ TEST(RecordStoreTest, ClientEventsRoundTrip) {
   ASSERT_TRUE(store->Enqueue(Experiment("e1")).ok());
   ASSERT_TRUE(store->Enqueue(Client("e1", "c1")).ok());
   ASSERT_TRUE(store->Enqueue(Client("e1", "c2")).ok());
-  const ClientEventRecord pong{"e1", "c1", ClientEventKind::kReportRefused, std::nullopt, "",
-                               "clock pong refused: answered before it was received", 1'700'000'000'500};
-  const ClientEventRecord revoked{"e1", "c2", ClientEventKind::kUploadRevoked, 3, "task-3-c2",
-                                  "upload of round 3 revoked: 10 bytes/s for 5 s", 1'700'000'000'400};
-  ClientEventRecord reasked{"e1", "c1", ClientEventKind::kInitialModelReasked, 0, "init-0",
-                            std::string(3000, 'r'), 1'700'000'000'500};
-  const ClientEventRecord closed{"e1", "c2", ClientEventKind::kSessionClosed, std::nullopt, "",
-                                 "", 1'700'000'000'600};
+  const ClientEventRecord pong{"e1",
+                               "c1",
+                               ClientEventKind::kReportRefused,
+                               std::nullopt,
+                               "",
+                               "clock pong refused: answered before it was received",
+                               1'700'000'000'500};
+  const ClientEventRecord revoked{"e1",
+                                  "c2",
+                                  ClientEventKind::kUploadRevoked,
+                                  3,
+                                  "task-3-c2",
+                                  "upload of round 3 revoked: 10 bytes/s for 5 s",
+                                  1'700'000'000'400};
+  ClientEventRecord reasked{
+      "e1", "c1", ClientEventKind::kInitialModelReasked, 0, "init-0", std::string(3000, 'r'), 1'700'000'000'500};
+  const ClientEventRecord closed{"e1", "c2", ClientEventKind::kSessionClosed, std::nullopt, "", "", 1'700'000'000'600};
   for (const ClientEventRecord& r : {pong, revoked, reasked, closed}) ASSERT_TRUE(store->Enqueue(r).ok());
   absl::Status flushed = store->Flush();
   ASSERT_TRUE(flushed.ok()) << flushed;
@@ -183,7 +192,8 @@ std::vector<std::string> NullableColumns(const std::string& path, const std::str
   EXPECT_TRUE(db.ok()) << db.status();
   std::vector<std::string> out;
   if (!db.ok()) return out;
-  auto st = db->Prepare("SELECT name FROM pragma_table_info('" + table + "') WHERE \"notnull\" = 0 AND pk = 0 "
+  auto st = db->Prepare("SELECT name FROM pragma_table_info('" + table +
+                        "') WHERE \"notnull\" = 0 AND pk = 0 "
                         "ORDER BY cid");
   EXPECT_TRUE(st.ok()) << st.status();
   while (st.ok()) {
@@ -204,22 +214,23 @@ TEST(RecordStoreTest, EveryColumnOfEveryKindRoundTripsSetAndUnset) {
   auto store = MustOpen(path);
   ASSERT_NE(store, nullptr);
 
-  ExperimentRecord full_experiment{"full", "name", ExperimentStatus::kFailed, "why", 11, 12, R"({"a":1})",
-                                   "1.2.3", "host-1", "next-token"};
+  ExperimentRecord full_experiment{
+      "full", "name", ExperimentStatus::kFailed, "why", 11, 12, R"({"a":1})", "1.2.3", "host-1", "next-token"};
   ExperimentRecord bare_experiment;
   bare_experiment.id = "bare";
   bare_experiment.name = "bare name";
   bare_experiment.started_unix_ms = 21;
   bare_experiment.config_json = R"({"b":2})";
   bare_experiment.software_version = "0.0.1";
-  ClientRecord full_client{"full", "c", "name", "rpi5", "wifi", "wlan0", "5g-urban", 4, 8LL << 30,
-                           "cuda:x", "Debian", "aarch64", "0.9", 13, 14, "gone"};
+  ClientRecord full_client{"full",    "c",      "name",   "rpi5",    "wifi", "wlan0", "5g-urban", 4,
+                           8LL << 30, "cuda:x", "Debian", "aarch64", "0.9",  13,      14,         "gone"};
   ClientRecord bare_client;
   bare_client.experiment_id = "bare";
   bare_client.client_id = "c";
   bare_client.joined_unix_ms = 22;
-  RoundRecord full_round{"full", 3, 1, RoundStatus::kCommitted, "", 15, 16, 17.5, 18.5, 5, 4, 3, 2, 1, 900,
-                         7, 0.5, 0.25, 0.75, 300, 0.125, 1.5};
+  RoundRecord full_round{
+      "full", 3,     1,  RoundStatus::kCommitted, "", 15, 16, 17.5, 18.5, 5, 4, 3, 2, 1, 900, 7, 0.5, 0.25, 0.75,
+      300,    0.125, 1.5};
   full_round.failure_reason = "a committed round keeps a reason it is given";
   RoundRecord bare_round;
   bare_round.experiment_id = "bare";
@@ -228,9 +239,12 @@ TEST(RecordStoreTest, EveryColumnOfEveryKindRoundTripsSetAndUnset) {
   bare_round.started_unix_ms = 23;
   bare_round.ended_unix_ms = 24;
   bare_round.duration_ms = 2.5;
-  ClientRoundRecord full_client_round{"full", 3, 1, "c", ClientOutcome::kRejected, "bad", 19, 600, 50,
-                                      1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 1000, 2000, "fp16", 0.875, -3.5, 2.25,
-                                      100.5, 101.5, 102.5, 103.5, 104.5, 105.5, 106.5, 7.5};
+  ClientRoundRecord full_client_round{"full", 3,     1,      "c",   ClientOutcome::kRejected,
+                                      "bad",  19,    600,    50,    1.5,
+                                      2.5,    3.5,   4.5,    5.5,   6.5,
+                                      1000,   2000,  "fp16", 0.875, -3.5,
+                                      2.25,   100.5, 101.5,  102.5, 103.5,
+                                      104.5,  105.5, 106.5,  7.5};
   ClientRoundRecord bare_client_round;
   bare_client_round.experiment_id = "bare";
   bare_client_round.client_id = "c";
@@ -248,8 +262,8 @@ TEST(RecordStoreTest, EveryColumnOfEveryKindRoundTripsSetAndUnset) {
   // The group kinds carry the full rows, the row kinds the bare ones.
   records.push_back(RoundCommitRecord{full_round, {full_client_round}, full_checkpoint});
   records.push_back(EvaluationCommitRecord{"full", 3, 1, {full_evaluation}, std::nullopt});
-  for (Record r : std::vector<Record>{bare_round, bare_client_round, bare_evaluation, bare_checkpoint, full_event,
-                                      bare_event}) {
+  for (Record r :
+       std::vector<Record>{bare_round, bare_client_round, bare_evaluation, bare_checkpoint, full_event, bare_event}) {
     records.push_back(std::move(r));
   }
   for (Record& r : records) ASSERT_TRUE(store->Enqueue(std::move(r)).ok());
@@ -264,8 +278,8 @@ TEST(RecordStoreTest, EveryColumnOfEveryKindRoundTripsSetAndUnset) {
   EXPECT_EQ(NullColumns(path, "evaluations", "experiment_id = 'full'"), none);
   EXPECT_EQ(NullColumns(path, "checkpoints", "experiment_id = 'full'"), none);
   EXPECT_EQ(NullColumns(path, "client_events", "experiment_id = 'full'"), none);
-  for (const char* table : {"experiments", "clients", "rounds", "client_rounds", "evaluations", "checkpoints",
-                            "client_events"}) {
+  for (const char* table :
+       {"experiments", "clients", "rounds", "client_rounds", "evaluations", "checkpoints", "client_events"}) {
     const std::string where = std::string(table) == "experiments" ? "id = 'bare'" : "experiment_id = 'bare'";
     EXPECT_EQ(NullColumns(path, table, where), NullableColumns(path, table)) << table;
   }

@@ -50,8 +50,9 @@ void WriteOldFile(const std::string& path, int version) {
   if (version >= 3) ExecRaw(path, "UPDATE client_rounds SET train_start_unix_ms = 1000.5");
   if (version >= 6) ExecRaw(path, "UPDATE experiments SET task = 'regression'; UPDATE rounds SET eval_mae = 0.25");
   if (version >= 7) {
-    ExecRaw(path, "INSERT INTO client_events (experiment_id, client_id, kind, reason, at_unix_ms) "
-                  "VALUES ('old', 'c1', 'report_refused', 'bad pong', 6)");
+    ExecRaw(path,
+            "INSERT INTO client_events (experiment_id, client_id, kind, reason, at_unix_ms) "
+            "VALUES ('old', 'c1', 'report_refused', 'bad pong', 6)");
   }
 }
 
@@ -158,8 +159,7 @@ TEST(RecordReaderTest, OpenAnyVersionRefusesWhatIsNoRecordsDatabase) {
   auto too_new = RecordReader::OpenAnyVersion(newer);
   ASSERT_FALSE(too_new.ok());
   EXPECT_EQ(too_new.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(Message(too_new.status()).find("upgrade fl-server (and fl-report)"), std::string::npos)
-      << too_new.status();
+  EXPECT_NE(Message(too_new.status()).find("upgrade fl-server (and fl-report)"), std::string::npos) << too_new.status();
 }
 
 // A snapshot keeps every read on one committed state while the writer goes on; after it, reads see the rest.
@@ -195,8 +195,13 @@ TEST(RecordReaderTest, WholeExperimentListingsKeepTheirOrder) {
   const std::string path = dir.File("records.db");
   auto store = RecordStore::Open(path);
   ASSERT_TRUE(store.ok()) << store.status();
-  std::vector<Record> records = {Experiment("e1"), Client("e1", "a"), Client("e1", "b"), Round("e1", 1),
-                                 Round("e1", 0), ClientRound("e1", 1, 0, "a"), ClientRound("e1", 0, 0, "b"),
+  std::vector<Record> records = {Experiment("e1"),
+                                 Client("e1", "a"),
+                                 Client("e1", "b"),
+                                 Round("e1", 1),
+                                 Round("e1", 0),
+                                 ClientRound("e1", 1, 0, "a"),
+                                 ClientRound("e1", 0, 0, "b"),
                                  ClientRound("e1", 0, 0, "a"),
                                  EvaluationRecord{"e1", 1, 0, "b", 10, 0.5, 0.5, 1.0, std::nullopt, ""},
                                  EvaluationRecord{"e1", 0, 0, "b", 10, 0.5, 0.5, 2.0, std::nullopt, ""},

@@ -196,9 +196,9 @@ TEST(RecordStoreTest, StatusUpdatesChangeRowsAndUnknownRowsAreNotFound) {
   ASSERT_TRUE(store->Enqueue(Experiment("e1")).ok());
   ASSERT_TRUE(store->Enqueue(Client("e1", "c1")).ok());
   ASSERT_TRUE(store->Enqueue(ClientLeftRecord{"e1", "c1", 1'700'000'009'000, "heartbeat timeout"}).ok());
-  ASSERT_TRUE(store->Enqueue(ExperimentStatusUpdate{"e1", ExperimentStatus::kFailed, "out of clients",
-                                                    1'700'000'010'000})
-                  .ok());
+  ASSERT_TRUE(
+      store->Enqueue(ExperimentStatusUpdate{"e1", ExperimentStatus::kFailed, "out of clients", 1'700'000'010'000})
+          .ok());
   ASSERT_TRUE(store->Flush().ok());
 
   auto reader = MustRead(path);
@@ -270,8 +270,7 @@ TEST(RecordStoreTest, ConcurrentWritersLandExactlyOnce) {
   ASSERT_NE(reader, nullptr);
   constexpr int64_t kExpected = int64_t{kThreads} * kRounds * kPerThread;
   EXPECT_EQ(Count(*reader, "SELECT count(*) FROM client_rounds"), kExpected);
-  EXPECT_EQ(Count(*reader, "SELECT count(*) FROM (SELECT DISTINCT round, client_id FROM client_rounds)"),
-            kExpected);
+  EXPECT_EQ(Count(*reader, "SELECT count(*) FROM (SELECT DISTINCT round, client_id FROM client_rounds)"), kExpected);
   RecordStoreStats stats = store->stats();
   EXPECT_EQ(stats.written, stats.enqueued);
   EXPECT_EQ(stats.failed, 0u);
@@ -308,8 +307,7 @@ TEST_P(ConstraintViolationTest, OnlyTheBadRecordIsLostAndItIsReported) {
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists) << s;
   EXPECT_NE(Message(s).find("round (experiment e1, round 0, attempt 2, committed)"), std::string::npos) << s;
-  EXPECT_NE(Message(s).find("UNIQUE constraint failed: rounds.experiment_id, rounds.round"), std::string::npos)
-      << s;
+  EXPECT_NE(Message(s).find("UNIQUE constraint failed: rounds.experiment_id, rounds.round"), std::string::npos) << s;
   EXPECT_NE(Message(s).find(path), std::string::npos) << s;
   EXPECT_TRUE(store->Flush().ok());  // reported once
 

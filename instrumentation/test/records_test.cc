@@ -22,7 +22,8 @@ TEST(RecordsTest, EnumNamesRoundTrip) {
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, s);
   }
-  for (ClientOutcome o : {ClientOutcome::kOk, ClientOutcome::kLate, ClientOutcome::kDropped, ClientOutcome::kRejected}) {
+  for (ClientOutcome o :
+       {ClientOutcome::kOk, ClientOutcome::kLate, ClientOutcome::kDropped, ClientOutcome::kRejected}) {
     auto parsed = ParseClientOutcome(ClientOutcomeName(o));
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, o);

@@ -21,8 +21,7 @@ using testing_util::ScratchDir;
 std::string Message(const absl::Status& s) { return std::string(s.message()); }
 
 sqlite::Database OpenRaw(const std::string& path) {
-  absl::StatusOr<sqlite::Database> db =
-      sqlite::Database::Open(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+  absl::StatusOr<sqlite::Database> db = sqlite::Database::Open(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
   EXPECT_TRUE(db.ok()) << db.status();
   return *std::move(db);
 }
@@ -35,9 +34,9 @@ int64_t Int(sqlite::Database& db, const std::string& sql) {
 
 // The whole schema as text: equal before and after an operation iff the schema did not change.
 std::string SchemaText(sqlite::Database& db) {
-  absl::StatusOr<std::string> s =
-      db.QueryText("SELECT group_concat(type || ' ' || name || ': ' || coalesce(sql, ''), char(10)) "
-                   "FROM (SELECT * FROM sqlite_schema ORDER BY name)");
+  absl::StatusOr<std::string> s = db.QueryText(
+      "SELECT group_concat(type || ' ' || name || ': ' || coalesce(sql, ''), char(10)) "
+      "FROM (SELECT * FROM sqlite_schema ORDER BY name)");
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? *s : "";
 }
@@ -45,8 +44,7 @@ std::string SchemaText(sqlite::Database& db) {
 // Two test migrations: v1 creates a table, v2 adds a column and a second table.
 constexpr Migration kTestV1{1, "create a", "CREATE TABLE a (id INTEGER PRIMARY KEY, x TEXT NOT NULL);", false};
 constexpr Migration kTestV2{2, "a.y, create b",
-                            "ALTER TABLE a ADD COLUMN y REAL; CREATE TABLE b (a_id INTEGER REFERENCES a (id));",
-                            false};
+                            "ALTER TABLE a ADD COLUMN y REAL; CREATE TABLE b (a_id INTEGER REFERENCES a (id));", false};
 
 TEST(SchemaTest, RealMigrationListIsNumberedInOrder) {
   std::span<const Migration> migrations = SchemaMigrations();
@@ -70,20 +68,21 @@ TEST(SchemaTest, EmptyFileGetsTheWholeSchema) {
   sqlite::Database db = OpenRaw(path);
   EXPECT_EQ(Int(db, "PRAGMA user_version"), LatestSchemaVersion());
   EXPECT_EQ(Int(db, "PRAGMA application_id"), kRecordsApplicationId);
-  for (const char* table : {"experiments", "clients", "rounds", "client_rounds", "evaluations", "checkpoints",
-                            "client_events"}) {
-    EXPECT_EQ(Int(db, std::string("SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = '") + table +
-                          "'"),
-              1)
+  for (const char* table :
+       {"experiments", "clients", "rounds", "client_rounds", "evaluations", "checkpoints", "client_events"}) {
+    EXPECT_EQ(
+        Int(db, std::string("SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = '") + table + "'"), 1)
         << table;
   }
-  EXPECT_EQ(Int(db, "SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND name = 'rounds_committed_once' "
-                    "AND sql LIKE '%WHERE status = ''committed''%'"),
+  EXPECT_EQ(Int(db,
+                "SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND name = 'rounds_committed_once' "
+                "AND sql LIKE '%WHERE status = ''committed''%'"),
             1);
   // Columns carry their units in their names.
-  EXPECT_EQ(Int(db, "SELECT count(*) FROM pragma_table_info('client_rounds') WHERE name IN "
-                    "('downlink_ms', 'train_ms', 'eval_ms', 'uplink_ms', 'uplink_server_ms', 'idle_ms', "
-                    "'downlink_bytes', 'uplink_bytes')"),
+  EXPECT_EQ(Int(db,
+                "SELECT count(*) FROM pragma_table_info('client_rounds') WHERE name IN "
+                "('downlink_ms', 'train_ms', 'eval_ms', 'uplink_ms', 'uplink_server_ms', 'idle_ms', "
+                "'downlink_bytes', 'uplink_bytes')"),
             8);
   // client_rounds -> rounds (experiment_id, round, attempt) and -> clients (experiment_id, client_id).
   EXPECT_EQ(Int(db, "SELECT count(DISTINCT id) FROM pragma_foreign_key_list('client_rounds')"), 2);
@@ -209,7 +208,8 @@ TEST(SchemaTest, VersionFiveDatabaseWithRowsMigratesToSix) {
         VALUES ('v5', 1, 1, 'committed', 3, 4, 1.5, 1, 0.5, 0.8125, 100);
       INSERT INTO evaluations (experiment_id, round, attempt, client_id, num_examples, loss, accuracy, eval_ms)
         VALUES ('v5', 1, 1, 'c1', 100, 0.5, 0.8125, 9);
-    )sql").ok());
+    )sql")
+                    .ok());
     EXPECT_EQ(Int(db, "PRAGMA user_version"), 5);
   }
   ASSERT_GE(LatestSchemaVersion(), 6);
@@ -235,11 +235,13 @@ TEST(SchemaTest, VersionFiveDatabaseWithRowsMigratesToSix) {
   EXPECT_EQ((*evaluations)[0].reject_reason, "");
   sqlite::Database db = OpenRaw(path);
   EXPECT_EQ(Int(db, "SELECT count(*) FROM pragma_table_info('experiments') WHERE name = 'task'"), 1);
-  EXPECT_EQ(Int(db, "SELECT count(*) FROM pragma_table_info('rounds') WHERE name IN ('eval_mae', "
-                    "'eval_perplexity')"),
+  EXPECT_EQ(Int(db,
+                "SELECT count(*) FROM pragma_table_info('rounds') WHERE name IN ('eval_mae', "
+                "'eval_perplexity')"),
             2);
-  EXPECT_EQ(Int(db, "SELECT count(*) FROM pragma_table_info('evaluations') WHERE name IN ('mae', "
-                    "'reject_reason')"),
+  EXPECT_EQ(Int(db,
+                "SELECT count(*) FROM pragma_table_info('evaluations') WHERE name IN ('mae', "
+                "'reject_reason')"),
             2);
 }
 
@@ -258,7 +260,8 @@ TEST(SchemaTest, VersionSixDatabaseWithRowsMigratesToSeven) {
       INSERT INTO rounds (experiment_id, round, attempt, status, started_unix_ms, ended_unix_ms, duration_ms,
                           model_version, eval_loss, eval_mae, eval_num_examples)
         VALUES ('v6', 1, 0, 'committed', 3, 4, 1.5, 1, 0.5, 0.25, 100);
-    )sql").ok());
+    )sql")
+                    .ok());
     EXPECT_EQ(Int(db, "PRAGMA user_version"), 6);
     EXPECT_EQ(Int(db, "SELECT count(*) FROM sqlite_schema WHERE name = 'client_events'"), 0);
   }
@@ -266,10 +269,10 @@ TEST(SchemaTest, VersionSixDatabaseWithRowsMigratesToSeven) {
   auto store = RecordStore::Open(path);
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_EQ((*store)->settings().schema_version, LatestSchemaVersion());
-  ASSERT_TRUE((*store)
-                  ->Enqueue(ClientEventRecord{"v6", "c1", ClientEventKind::kReportRefused, 1, "t1",
-                                              "uplink report refused", 5})
-                  .ok());
+  ASSERT_TRUE(
+      (*store)
+          ->Enqueue(ClientEventRecord{"v6", "c1", ClientEventKind::kReportRefused, 1, "t1", "uplink report refused", 5})
+          .ok());
   absl::Status flushed = (*store)->Close();
   ASSERT_TRUE(flushed.ok()) << flushed;
 
@@ -288,10 +291,8 @@ TEST(SchemaTest, VersionSixDatabaseWithRowsMigratesToSeven) {
   EXPECT_EQ((*events)[0].reason, "uplink report refused");
   EXPECT_EQ((*events)[0].round, 1);
   sqlite::Database db = OpenRaw(path);
-  EXPECT_EQ(Int(db, "SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND name = 'client_events_by_client'"),
-            1);
-  EXPECT_EQ(Int(db, "SELECT count(*) FROM pragma_foreign_key_list('client_events') WHERE \"table\" = 'clients'"),
-            2);
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND name = 'client_events_by_client'"), 1);
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM pragma_foreign_key_list('client_events') WHERE \"table\" = 'clients'"), 2);
 }
 
 // Every row of a query, each row's columns joined with '|': for comparing what sqlite reports about two files.
@@ -328,8 +329,10 @@ std::vector<std::string> SchemaFacts(sqlite::Database& db) {
     add(table + " column", Rows(db, "SELECT cid, name, type, \"notnull\", dflt_value, pk FROM pragma_table_info('" +
                                         table + "') ORDER BY cid"));
     add(table + " foreign key",
-        Rows(db, "SELECT id, seq, \"table\", \"from\", \"to\", on_update, on_delete, \"match\" FROM "
-                 "pragma_foreign_key_list('" + table + "') ORDER BY id, seq"));
+        Rows(db,
+             "SELECT id, seq, \"table\", \"from\", \"to\", on_update, on_delete, \"match\" FROM "
+             "pragma_foreign_key_list('" +
+                 table + "') ORDER BY id, seq"));
     for (const std::string& index : Rows(db, "SELECT name FROM pragma_index_list('" + table + "') ORDER BY name")) {
       add(table + " index", Rows(db, "SELECT name, \"unique\", origin, partial FROM pragma_index_list('" + table +
                                          "') WHERE name = '" + index + "'"));
@@ -337,9 +340,10 @@ std::vector<std::string> SchemaFacts(sqlite::Database& db) {
                                        "') ORDER BY seqno"));
     }
   }
-  add("sql", Rows(db, "SELECT type || ' ' || name || ' on ' || tbl_name || ': ' || "
-                      "replace(replace(replace(replace(coalesce(sql, ''), ' ', ''), char(10), ''), char(13), ''), "
-                      "char(9), '') FROM sqlite_schema WHERE name NOT LIKE 'sqlite_%' ORDER BY name"));
+  add("sql", Rows(db,
+                  "SELECT type || ' ' || name || ' on ' || tbl_name || ': ' || "
+                  "replace(replace(replace(replace(coalesce(sql, ''), ' ', ''), char(10), ''), char(13), ''), "
+                  "char(9), '') FROM sqlite_schema WHERE name NOT LIKE 'sqlite_%' ORDER BY name"));
   return facts;
 }
 
@@ -353,8 +357,9 @@ TEST(SchemaTest, NewDatabaseHasTheSchemaTheMigrationsReach) {
   sqlite::Database fresh = OpenRaw(fresh_path);
   const std::vector<std::string> expected = SchemaFacts(fresh);
   // The new file did not run the migrations: its CREATE TABLE of client_rounds lists the v3 columns itself.
-  EXPECT_EQ(Int(fresh, "SELECT count(*) FROM sqlite_schema WHERE name = 'client_rounds' AND "
-                       "sql LIKE 'CREATE TABLE client_rounds (%downlink_server_ms REAL CHECK%PRIMARY KEY%'"),
+  EXPECT_EQ(Int(fresh,
+                "SELECT count(*) FROM sqlite_schema WHERE name = 'client_rounds' AND "
+                "sql LIKE 'CREATE TABLE client_rounds (%downlink_server_ms REAL CHECK%PRIMARY KEY%'"),
             1);
   ASSERT_GT(expected.size(), 100u);
 
@@ -468,8 +473,7 @@ TEST(SchemaTest, AnotherProgramsDatabaseIsRefused) {
   auto store = RecordStore::Open(with_tables);
   ASSERT_FALSE(store.ok());
   EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(Message(store.status()).find("not an fl-testbed records database"), std::string::npos)
-      << store.status();
+  EXPECT_NE(Message(store.status()).find("not an fl-testbed records database"), std::string::npos) << store.status();
 
   const std::string other_app = dir.File("other.db");
   ExecRaw(other_app, "PRAGMA application_id = 1234; PRAGMA user_version = 1;");

@@ -60,10 +60,10 @@ absl::StatusOr<core::ModelSpec> FromProto(const fl::v1::ModelSpec& spec) {
   auto built = core::ModelSpec::Create(std::move(tensors));
   if (!built.ok()) return built.status();
   if (built->fingerprint() != spec.fingerprint()) {
-    return absl::InvalidArgumentError(fl::StrCat(
-        "model spec '", spec.name(), "' claims fingerprint ", core::FingerprintToHex(spec.fingerprint()),
-        " but its tensors hash to ", built->FingerprintHex(),
-        "; the sender computes fingerprints differently: use the same fl-testbed version on both sides"));
+    return absl::InvalidArgumentError(
+        fl::StrCat("model spec '", spec.name(), "' claims fingerprint ", core::FingerprintToHex(spec.fingerprint()),
+                   " but its tensors hash to ", built->FingerprintHex(),
+                   "; the sender computes fingerprints differently: use the same fl-testbed version on both sides"));
   }
   return built;
 }
@@ -90,8 +90,8 @@ std::string_view LinkKindName(fl::v1::LinkKind kind) {
 }
 
 absl::StatusOr<fl::v1::LinkKind> ParseLinkKind(std::string_view name) {
-  for (auto kind : {fl::v1::LINK_KIND_ETHERNET, fl::v1::LINK_KIND_WIFI, fl::v1::LINK_KIND_5G,
-                    fl::v1::LINK_KIND_OTHER}) {
+  for (auto kind :
+       {fl::v1::LINK_KIND_ETHERNET, fl::v1::LINK_KIND_WIFI, fl::v1::LINK_KIND_5G, fl::v1::LINK_KIND_OTHER}) {
     if (LinkKindName(kind) == name) return kind;
   }
   return absl::InvalidArgumentError(

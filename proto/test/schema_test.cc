@@ -53,7 +53,8 @@ TEST(SchemaDocsTest, EveryElementOfFlV1IsDocumented) {
       const auto& msg = file.message_type(m);
       check({4, m}, "message " + msg.name());
       for (int f = 0; f < msg.field_size(); ++f) check({4, m, 2, f}, msg.name() + "." + msg.field(f).name());
-      for (int o = 0; o < msg.oneof_decl_size(); ++o) check({4, m, 8, o}, msg.name() + " oneof " + msg.oneof_decl(o).name());
+      for (int o = 0; o < msg.oneof_decl_size(); ++o)
+        check({4, m, 8, o}, msg.name() + " oneof " + msg.oneof_decl(o).name());
     }
     for (int e = 0; e < file.enum_type_size(); ++e) {
       const auto& en = file.enum_type(e);

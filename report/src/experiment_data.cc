@@ -18,8 +18,8 @@ namespace ins = fl::instrumentation;
 absl::StatusOr<std::unique_ptr<ins::RecordReader>> OpenRecords(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) {
-    return absl::NotFoundError(fl::StrCat("records database ", path,
-                                          " does not exist: give the file fl-server wrote with --db"));
+    return absl::NotFoundError(
+        fl::StrCat("records database ", path, " does not exist: give the file fl-server wrote with --db"));
   }
   if (std::filesystem::is_directory(path, ec)) {
     return absl::InvalidArgumentError(
@@ -206,9 +206,9 @@ absl::StatusOr<ExperimentData> LoadExperiment(const std::string& db_path, std::s
   absl::StatusOr<std::vector<ExperimentInfo>> all = ReadExperiments(reader);
   if (!all.ok()) return all.status();
   if (all->empty()) {
-    return absl::FailedPreconditionError(fl::StrCat(
-        "records database ", db_path, " holds no experiments yet: start fl-server with --db ", db_path,
-        " and let it run a round"));
+    return absl::FailedPreconditionError(fl::StrCat("records database ", db_path,
+                                                    " holds no experiments yet: start fl-server with --db ", db_path,
+                                                    " and let it run a round"));
   }
   if (experiment_id.empty()) {
     data.experiment = all->back();
@@ -228,12 +228,12 @@ absl::StatusOr<ExperimentData> LoadExperiment(const std::string& db_path, std::s
   if (absl::Status s = LoadClients(reader, data); !s.ok()) return s;
   if (absl::Status s = LoadRounds(reader, data); !s.ok()) return s;
   if (data.rounds.empty()) {
-    return absl::FailedPreconditionError(fl::StrCat(
-        "experiment '", data.experiment.id, "' in ", db_path, " has no rounds recorded (status ",
-        data.experiment.status, ", ", data.clients.size(),
-        " clients joined): nothing to report yet; wait for its first round to end, or pick another with "
-        "--experiment:",
-        DescribeExperiments(*all)));
+    return absl::FailedPreconditionError(
+        fl::StrCat("experiment '", data.experiment.id, "' in ", db_path, " has no rounds recorded (status ",
+                   data.experiment.status, ", ", data.clients.size(),
+                   " clients joined): nothing to report yet; wait for its first round to end, or pick another with "
+                   "--experiment:",
+                   DescribeExperiments(*all)));
   }
   if (absl::Status s = LoadClientRounds(reader, data); !s.ok()) return s;
   if (absl::Status s = LoadEvaluations(reader, data); !s.ok()) return s;

@@ -58,7 +58,8 @@ std::string Headline(const Analysis& a) {
   std::string items;
   for (const LinkSummary& l : a.links) {
     std::string parts;
-    if (l.uplink_share.has_value()) parts += fl::StrCat("uplink = ", Fixed(*l.uplink_share * 100, 1), "% of round time");
+    if (l.uplink_share.has_value())
+      parts += fl::StrCat("uplink = ", Fixed(*l.uplink_share * 100, 1), "% of round time");
     if (l.uplink_vs_ethernet.has_value() && l.link_kind != "ethernet") {
       parts += fl::StrCat("; uplink ", Fixed(*l.uplink_vs_ethernet, 2), "x Ethernet's");
     }
@@ -78,17 +79,18 @@ std::string Headline(const Analysis& a) {
 
 std::string HtmlReport(const ExperimentData& data, const Analysis& analysis, const TimelineOptions& timeline) {
   const ExperimentInfo& e = data.experiment;
-  std::string out = fl::StrCat("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>fl-report: ",
-                               Esc(e.id), "</title>\n<style>", kCss, "</style>\n</head>\n<body>\n");
-  out += fl::StrCat("<h1>Experiment ", Esc(e.id), "</h1>\n<p class=\"meta\" id=\"summary\">name <b>", Esc(e.name),
-                    "</b>, task <b id=\"task\">", Esc(e.task), "</b>, status <b>", Esc(e.status), "</b>",
-                    e.status_reason.empty() ? "" : ": " + Esc(e.status_reason),
-                    "; <span id=\"committed-rounds\">", analysis.committed_rounds, "</span> committed rounds of ",
-                    data.rounds.size(), " round attempts; ", data.clients.size(), " clients; records ",
-                    Esc(data.db_path), " (schema v", data.schema_version, ", ",
-                    data.has_phase_starts ? "phase starts recorded on the server's timeline"
-                                          : "phases laid end to end from each dispatch",
-                    "); fl-server ", Esc(e.software_version), "</p>\n");
+  std::string out =
+      fl::StrCat("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>fl-report: ", Esc(e.id),
+                 "</title>\n<style>", kCss, "</style>\n</head>\n<body>\n");
+  out +=
+      fl::StrCat("<h1>Experiment ", Esc(e.id), "</h1>\n<p class=\"meta\" id=\"summary\">name <b>", Esc(e.name),
+                 "</b>, task <b id=\"task\">", Esc(e.task), "</b>, status <b>", Esc(e.status), "</b>",
+                 e.status_reason.empty() ? "" : ": " + Esc(e.status_reason), "; <span id=\"committed-rounds\">",
+                 analysis.committed_rounds, "</span> committed rounds of ", data.rounds.size(), " round attempts; ",
+                 data.clients.size(), " clients; records ", Esc(data.db_path), " (schema v", data.schema_version, ", ",
+                 data.has_phase_starts ? "phase starts recorded on the server's timeline"
+                                       : "phases laid end to end from each dispatch",
+                 "); fl-server ", Esc(e.software_version), "</p>\n");
   out += Headline(analysis);
   const std::vector<Table> tables = AllTables(data, analysis);
   out += fl::StrCat("<h2 id=\"links\">", Esc(tables[1].title), "</h2>\n", TableHtml(tables[1]));

@@ -54,8 +54,8 @@ bool PrepareDir(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec || !std::filesystem::is_directory(dir)) {
-    std::cerr << "fl-report: --out " << dir << " must be a directory (or a path where one can be made): "
-              << ec.message() << "\n";
+    std::cerr << "fl-report: --out " << dir
+              << " must be a directory (or a path where one can be made): " << ec.message() << "\n";
     return false;
   }
   return true;
@@ -86,8 +86,9 @@ bool ParseRounds(const std::string& text, fl::report::TimelineOptions* options) 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"fl-report: per-round, per-link-kind and straggler tables, SVG plots and an HTML report from an "
-               "fl-server records database"};
+  CLI::App app{
+      "fl-report: per-round, per-link-kind and straggler tables, SVG plots and an HTML report from an "
+      "fl-server records database"};
   app.set_version_flag("--version", std::string("fl-report ") + FL_VERSION);
   std::string db_path, experiment_id, format = "text", out_path, table, plot, rounds;
   bool list = false;
@@ -101,7 +102,8 @@ int main(int argc, char** argv) {
                  "Default: standard output");
   app.add_option("--table", table, "Only this table (text, csv, json)")
       ->check(CLI::IsMember({"rounds", "links", "stragglers", "client_events"}));
-  app.add_option("--plot", plot, "Only this plot (svg)")->check(CLI::IsMember({"timeline", "phase_shares", "round_time"}));
+  app.add_option("--plot", plot, "Only this plot (svg)")
+      ->check(CLI::IsMember({"timeline", "phase_shares", "round_time"}));
   app.add_option("--rounds", rounds, "Timeline window: A:B, A:, :B or one round A (svg, html)");
   app.add_flag("--list", list, "List the experiments in the database and exit");
   try {

@@ -83,8 +83,8 @@ std::string TimelineSvg(const ExperimentData& data, const Analysis& analysis, co
     size_t row;
     std::string title;
   };
-  std::vector<Marker> markers;  // straggler arrivals
-  std::map<std::string, size_t> row_of;                 // client id -> row (0 = server)
+  std::vector<Marker> markers;           // straggler arrivals
+  std::map<std::string, size_t> row_of;  // client id -> row (0 = server)
   std::vector<const ClientInfo*> row_clients;
   // Rows: clients by link kind, then label; only those that appear in the window.
   std::vector<const ClientInfo*> clients;
@@ -135,11 +135,11 @@ std::string TimelineSvg(const ExperimentData& data, const Analysis& analysis, co
         const auto& span = placed.spans[static_cast<size_t>(p)];
         if (!span.has_value()) continue;
         extend(*span);
-        bars.push_back({row->second, *span, std::string(PhaseColor(p)),
-                        fl::StrCat(label, " round ", r.round, " ", PhaseName(p), ": ",
-                                   Ms(span->end_unix_ms - span->start_unix_ms),
-                                   c.accepted() ? "" : fl::StrCat(" (update ", c.outcome, ")")),
-                        c.accepted() ? 1.0 : 0.45});
+        bars.push_back(
+            {row->second, *span, std::string(PhaseColor(p)),
+             fl::StrCat(label, " round ", r.round, " ", PhaseName(p), ": ", Ms(span->end_unix_ms - span->start_unix_ms),
+                        c.accepted() ? "" : fl::StrCat(" (update ", c.outcome, ")")),
+             c.accepted() ? 1.0 : 0.45});
       }
     }
     if (s.straggler.has_value() && s.straggler->arrival_unix_ms.has_value()) {
@@ -155,8 +155,9 @@ std::string TimelineSvg(const ExperimentData& data, const Analysis& analysis, co
   const double plot_w = 1000;
   const size_t rows = row_clients.size() + 1;
   SvgWriter svg(left + plot_w + right, top + row_h * static_cast<double>(rows) + axis_h);
-  svg.Text(left, 16, fl::StrCat("Phases of every client on the server's timeline",
-                                data.has_phase_starts ? "" : " (phases laid end to end from dispatch)"),
+  svg.Text(left, 16,
+           fl::StrCat("Phases of every client on the server's timeline",
+                      data.has_phase_starts ? "" : " (phases laid end to end from dispatch)"),
            14, "start", "font-weight=\"bold\"");
   if (!(hi > lo)) {
     svg.Text(left, top + 14, "no timed rounds in this window", 12);
@@ -178,8 +179,7 @@ std::string TimelineSvg(const ExperimentData& data, const Analysis& analysis, co
   for (const Bar& b : bars) {
     const double y = top + row_h * static_cast<double>(b.row) + 3;
     const double w = std::max((b.span.end_unix_ms - b.span.start_unix_ms) * scale, 0.8);
-    svg.Rect(X(b.span.start_unix_ms), y, w, row_h - 6, b.color, b.title,
-             b.opacity < 1 ? "fill-opacity=\"0.45\"" : "");
+    svg.Rect(X(b.span.start_unix_ms), y, w, row_h - 6, b.color, b.title, b.opacity < 1 ? "fill-opacity=\"0.45\"" : "");
   }
   svg.EndGroup();
   // Round starts: a dashed line and the round number (every k-th label when crowded).
@@ -299,7 +299,8 @@ std::string RoundTimeSvg(const ExperimentData& data, const Analysis& analysis) {
            fl::StrCat("transform=\"rotate(-90 16 ", top + plot_h / 2, ")\""));
   svg.EndGroup();
   std::vector<std::pair<double, double>> line;
-  for (const RoundSummary* s : points) line.emplace_back(X(static_cast<double>(s->attempt->round)), Y(s->attempt->duration_ms));
+  for (const RoundSummary* s : points)
+    line.emplace_back(X(static_cast<double>(s->attempt->round)), Y(s->attempt->duration_ms));
   svg.Polyline(line, "#4e79a7", 1.5);
   svg.BeginGroup("points");
   for (const RoundSummary* s : points) {

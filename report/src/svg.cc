@@ -44,8 +44,8 @@ SvgWriter::SvgWriter(double width, double height) : width_(width), height_(heigh
 void SvgWriter::Rect(double x, double y, double w, double h, std::string_view fill, std::string_view title,
                      std::string_view extra_attributes) {
   body_ += fl::StrCat("<rect x=\"", Num(x), "\" y=\"", Num(y), "\" width=\"", Num(std::max(w, 0.0)), "\" height=\"",
-                      Num(std::max(h, 0.0)), "\" fill=\"", XmlEscape(fill), "\"",
-                      extra_attributes.empty() ? "" : " ", extra_attributes);
+                      Num(std::max(h, 0.0)), "\" fill=\"", XmlEscape(fill), "\"", extra_attributes.empty() ? "" : " ",
+                      extra_attributes);
   body_ += title.empty() ? "/>\n" : fl::StrCat(">", TitleElement(title), "</rect>\n");
 }
 
@@ -68,16 +68,16 @@ void SvgWriter::Polyline(const std::vector<std::pair<double, double>>& points, s
 }
 
 void SvgWriter::Circle(double cx, double cy, double r, std::string_view fill, std::string_view title) {
-  body_ += fl::StrCat("<circle cx=\"", Num(cx), "\" cy=\"", Num(cy), "\" r=\"", Num(r), "\" fill=\"", XmlEscape(fill),
-                      "\"");
+  body_ +=
+      fl::StrCat("<circle cx=\"", Num(cx), "\" cy=\"", Num(cy), "\" r=\"", Num(r), "\" fill=\"", XmlEscape(fill), "\"");
   body_ += title.empty() ? "/>\n" : fl::StrCat(">", TitleElement(title), "</circle>\n");
 }
 
 void SvgWriter::Text(double x, double y, std::string_view text, double font_size, std::string_view anchor,
                      std::string_view extra_attributes) {
-  body_ += fl::StrCat("<text x=\"", Num(x), "\" y=\"", Num(y), "\" font-size=\"", Num(font_size),
-                      "\" text-anchor=\"", XmlEscape(anchor), "\"", extra_attributes.empty() ? "" : " ",
-                      extra_attributes, ">", XmlEscape(text), "</text>\n");
+  body_ += fl::StrCat("<text x=\"", Num(x), "\" y=\"", Num(y), "\" font-size=\"", Num(font_size), "\" text-anchor=\"",
+                      XmlEscape(anchor), "\"", extra_attributes.empty() ? "" : " ", extra_attributes, ">",
+                      XmlEscape(text), "</text>\n");
 }
 
 void SvgWriter::BeginGroup(std::string_view css_class) {

@@ -84,25 +84,35 @@ Table RoundsTable(const ExperimentData& data, const Analysis& analysis) {
   Table t;
   t.name = "rounds";
   t.title = fl::StrCat("Rounds (", data.experiment.task, ")");
-  t.columns = {{"round", 0},           {"attempt", 0},          {"status", 0},
-               {"selected", 0},        {"accepted", 0},         {"late", 0},
-               {"dropped", 0},         {"rejected", 0},         {"aggregation_ms", 2},
-               {"downlink_mean_ms", 1}, {"downlink_max_ms", 1},  {"train_mean_ms", 1},
-               {"train_max_ms", 1},    {"uplink_mean_ms", 1},   {"uplink_max_ms", 1},
-               {"round_ms", 1}};
+  t.columns = {{"round", 0},           {"attempt", 0},
+               {"status", 0},          {"selected", 0},
+               {"accepted", 0},        {"late", 0},
+               {"dropped", 0},         {"rejected", 0},
+               {"aggregation_ms", 2},  {"downlink_mean_ms", 1},
+               {"downlink_max_ms", 1}, {"train_mean_ms", 1},
+               {"train_max_ms", 1},    {"uplink_mean_ms", 1},
+               {"uplink_max_ms", 1},   {"round_ms", 1}};
   const std::vector<EvalColumn> eval = EvalColumns(data.experiment.task);
   for (const EvalColumn& c : eval) t.columns.emplace_back(c.name, 4);
   for (const char* name : {"straggler", "straggler_link", "straggler_phase"}) t.columns.emplace_back(name, 0);
   for (const RoundSummary& s : analysis.rounds) {
     const RoundAttempt& r = *s.attempt;
-    std::vector<Cell> row = {r.round,           r.attempt,
-                             r.status,          r.num_selected,
-                             r.num_accepted,    r.num_late,
-                             r.num_dropped,     r.num_rejected,
-                             Opt(r.aggregation_ms), StatMean(s.downlink_ms),
-                             StatMax(s.downlink_ms), StatMean(s.train_ms),
-                             StatMax(s.train_ms), StatMean(s.uplink_ms),
-                             StatMax(s.uplink_ms), r.duration_ms};
+    std::vector<Cell> row = {r.round,
+                             r.attempt,
+                             r.status,
+                             r.num_selected,
+                             r.num_accepted,
+                             r.num_late,
+                             r.num_dropped,
+                             r.num_rejected,
+                             Opt(r.aggregation_ms),
+                             StatMean(s.downlink_ms),
+                             StatMax(s.downlink_ms),
+                             StatMean(s.train_ms),
+                             StatMax(s.train_ms),
+                             StatMean(s.uplink_ms),
+                             StatMax(s.uplink_ms),
+                             r.duration_ms};
     for (const EvalColumn& c : eval) row.push_back(Opt(c.value(r)));
     if (s.straggler.has_value()) {
       row.push_back(Label(data, s.straggler->client_id));
@@ -137,9 +147,8 @@ Table LinksTable(const ExperimentData&, const Analysis& analysis) {
                {"downlink_vs_ethernet", 2, "x"}};
   auto ph = [](const LinkSummary& l, Phase p) { return Opt(l.mean_phase_ms[static_cast<size_t>(p)]); };
   for (const LinkSummary& l : analysis.links) {
-    t.rows.push_back({l.link_kind, l.num_clients, l.num_client_rounds, ph(l, Phase::kDownlink),
-                      ph(l, Phase::kTrain), ph(l, Phase::kEval), ph(l, Phase::kUplink),
-                      Opt(l.mean_federated_eval_ms), Opt(l.mean_round_ms),
+    t.rows.push_back({l.link_kind, l.num_clients, l.num_client_rounds, ph(l, Phase::kDownlink), ph(l, Phase::kTrain),
+                      ph(l, Phase::kEval), ph(l, Phase::kUplink), Opt(l.mean_federated_eval_ms), Opt(l.mean_round_ms),
                       Opt(l.uplink_share), Opt(l.mean_downlink_bytes), Opt(l.mean_uplink_bytes),
                       Opt(l.uplink_vs_ethernet), Opt(l.uplink_vs_wifi), Opt(l.downlink_vs_ethernet)});
   }
@@ -150,9 +159,9 @@ Table StragglersTable(const ExperimentData& data, const Analysis& analysis) {
   Table t;
   t.name = "stragglers";
   t.title = fl::StrCat("Stragglers (", analysis.rounds_with_straggler, " committed rounds with a straggler)");
-  t.columns = {{"client", 0},          {"link_kind", 0}, {"device_class", 0}, {"rounds_accepted", 0},
-               {"times_straggler", 0}, {"share", 1, "%", 100}, {"by_downlink", 0}, {"by_train", 0},
-               {"by_eval", 0},         {"by_uplink", 0}, {"top_phase", 0}};
+  t.columns = {{"client", 0},          {"link_kind", 0},       {"device_class", 0}, {"rounds_accepted", 0},
+               {"times_straggler", 0}, {"share", 1, "%", 100}, {"by_downlink", 0},  {"by_train", 0},
+               {"by_eval", 0},         {"by_uplink", 0},       {"top_phase", 0}};
   for (const StragglerRank& r : analysis.stragglers) {
     const ClientInfo* c = data.FindClient(r.client_id);
     auto by = [&](Phase p) { return Cell(r.by_phase[static_cast<size_t>(p)]); };
@@ -169,7 +178,7 @@ Table ClientEventsTable(const ExperimentData& data) {
   t.name = "client_events";
   t.title = fl::StrCat("Client events (", data.client_events.size(),
                        ": what fl-server refused from or did to a client outside its round rows)");
-  t.columns = {{"at_unix_ms", 0}, {"client", 0}, {"link_kind", 0}, {"kind", 0},
+  t.columns = {{"at_unix_ms", 0}, {"client", 0},  {"link_kind", 0}, {"kind", 0},
                {"round", 0},      {"task_id", 0}, {"reason", 0}};
   for (const ClientEventRow& e : data.client_events) {
     t.rows.push_back({e.at_unix_ms, Label(data, e.client_id), LinkOf(data, e.client_id), e.kind,
@@ -206,11 +215,11 @@ std::string ExperimentHeaderText(const ExperimentData& data, const Analysis& ana
   const ExperimentInfo& e = data.experiment;
   std::string out = fl::StrCat("experiment ", e.id, " (", e.name, "), task ", e.task, ", ", e.status);
   if (!e.status_reason.empty()) out += fl::StrCat(": ", e.status_reason);
-  out += fl::StrCat("\n", analysis.committed_rounds, " committed rounds of ", data.rounds.size(), " round attempts, ",
-                    data.clients.size(), " clients; records ", data.db_path, " (schema v", data.schema_version,
-                    data.has_phase_starts ? ", phase starts on the server's timeline" :
-                                            ", phases laid end to end from dispatch",
-                    ")\n");
+  out += fl::StrCat(
+      "\n", analysis.committed_rounds, " committed rounds of ", data.rounds.size(), " round attempts, ",
+      data.clients.size(), " clients; records ", data.db_path, " (schema v", data.schema_version,
+      data.has_phase_starts ? ", phase starts on the server's timeline" : ", phases laid end to end from dispatch",
+      ")\n");
   return out;
 }
 
@@ -292,18 +301,21 @@ std::string RenderJson(const ExperimentData& data, const Analysis& analysis, con
        "the straggler's phase (downlink, train, eval, uplink) most above the round's median for that phase; if "
        "none is above, its longest phase"},
       {"uplink_share", "sum of the link kind's uplink times / sum of the durations of the rounds they were in"},
-      {"fed_eval_mean_ms", "mean time of the link kind's clients to evaluate the global model after a commit "
-                           "(evaluations table)"},
+      {"fed_eval_mean_ms",
+       "mean time of the link kind's clients to evaluate the global model after a commit "
+       "(evaluations table)"},
       {"uplink_vs_ethernet", "mean uplink time of the link kind / mean uplink time of ethernet clients"},
-      {"eval_loss", "global model after the commit, clients' results weighted by examples: cross-entropy "
-                    "(classification), mean squared error (regression), mean token cross-entropy (next-token)"},
+      {"eval_loss",
+       "global model after the commit, clients' results weighted by examples: cross-entropy "
+       "(classification), mean squared error (regression), mean token cross-entropy (next-token)"},
       {"eval_accuracy", "classification: fraction of test examples right, weighted by examples"},
       {"eval_mae", "regression: mean absolute error, clients' results weighted by examples"},
       {"eval_perplexity", "next-token: exp(eval_loss)"},
       {"eval_token_accuracy", "next-token: fraction of test tokens predicted right, weighted by sequences"},
-      {"client_events", "what fl-server refused from a client (report_refused: a reported figure failed "
-                        "validation) or did to it (upload_revoked, initial_model_reasked, session_closed) outside "
-                        "its round rows, with why (records schema v7; none in older records)"}};
+      {"client_events",
+       "what fl-server refused from a client (report_refused: a reported figure failed "
+       "validation) or did to it (upload_revoked, initial_model_reasked, session_closed) outside "
+       "its round rows, with why (records schema v7; none in older records)"}};
   nlohmann::ordered_json out_tables = nlohmann::ordered_json::object();
   for (const Table& t : tables) {
     nlohmann::ordered_json rows = nlohmann::ordered_json::array();

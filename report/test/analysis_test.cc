@@ -41,12 +41,17 @@ class LinkFiguresTest : public ::testing::Test {
     const double eth_up[] = {10, 20};
     for (int r = 0; r < 2; ++r) {
       f.ClientRound("e", r + 1, "eth", starts[r],
-                    {.downlink_ms = 4, .train_ms = 100, .uplink_ms = eth_up[r], .uplink_server_ms = 8,
-                     .downlink_bytes = 1000, .uplink_bytes = 900});
+                    {.downlink_ms = 4,
+                     .train_ms = 100,
+                     .uplink_ms = eth_up[r],
+                     .uplink_server_ms = 8,
+                     .downlink_bytes = 1000,
+                     .uplink_bytes = 900});
       f.ClientRound("e", r + 1, "wifi", starts[r],
                     {.downlink_ms = 8, .train_ms = 100, .uplink_ms = 30, .downlink_bytes = 1000, .uplink_bytes = 900});
-      f.ClientRound("e", r + 1, "fiveg", starts[r],
-                    {.downlink_ms = 40, .train_ms = 100, .uplink_ms = 500, .downlink_bytes = 1000, .uplink_bytes = 300});
+      f.ClientRound(
+          "e", r + 1, "fiveg", starts[r],
+          {.downlink_ms = 40, .train_ms = 100, .uplink_ms = 500, .downlink_bytes = 1000, .uplink_bytes = 300});
     }
     // A late 5g update (outcome 'late') with a huge uplink, and the failed attempt's rows: both excluded.
     f.Client("e", "fiveg-late", "5g");
@@ -112,8 +117,8 @@ TEST_F(LinkFiguresTest, FiguresMatchSqlOverTheRecords) {
       "round, attempt) WHERE c.outcome = 'ok' AND r.status = 'committed' AND link_kind = ";
   const double g5 = db.QueryDouble("SELECT avg(coalesce(uplink_ms, uplink_server_ms)) " + ok_rows + "'5g'");
   const double eth = db.QueryDouble("SELECT avg(coalesce(uplink_ms, uplink_server_ms)) " + ok_rows + "'ethernet'");
-  const double share = db.QueryDouble("SELECT sum(coalesce(uplink_ms, uplink_server_ms)) / sum(r.duration_ms) " +
-                                      ok_rows + "'5g'");
+  const double share =
+      db.QueryDouble("SELECT sum(coalesce(uplink_ms, uplink_server_ms)) / sum(r.duration_ms) " + ok_rows + "'5g'");
   const Analysis a = Analyze(data_);
   EXPECT_DOUBLE_EQ(*FindLink(a, "5g")->uplink_vs_ethernet, g5 / eth);
   EXPECT_DOUBLE_EQ(*FindLink(a, "5g")->uplink_share, share);
@@ -184,12 +189,24 @@ TEST(StragglerTest, RecordedStartTimesWinOverTheSumOfPhases) {
   // "fast" has the longer phases (sum 400) but "queued" started its download 600 ms after dispatch: on the
   // server's timeline it arrives last (1600 + 5 + 150 + 20 = 1775 > 1400).
   f.ClientRound("e", 1, "fast", 1000,
-                {.downlink_ms = 100, .train_ms = 200, .uplink_ms = 100, .uplink_server_ms = 90,
-                 .downlink_start = 1000, .train_start = 1100, .uplink_start = 1300, .uplink_end = 1400,
+                {.downlink_ms = 100,
+                 .train_ms = 200,
+                 .uplink_ms = 100,
+                 .uplink_server_ms = 90,
+                 .downlink_start = 1000,
+                 .train_start = 1100,
+                 .uplink_start = 1300,
+                 .uplink_end = 1400,
                  .uplink_server_start = 1305});
   f.ClientRound("e", 1, "queued", 1000,
-                {.downlink_ms = 5, .train_ms = 150, .uplink_ms = 20, .uplink_server_ms = 15,
-                 .downlink_start = 1600, .train_start = 1605, .uplink_start = 1755, .uplink_end = 1775,
+                {.downlink_ms = 5,
+                 .train_ms = 150,
+                 .uplink_ms = 20,
+                 .uplink_server_ms = 15,
+                 .downlink_start = 1600,
+                 .train_start = 1605,
+                 .uplink_start = 1755,
+                 .uplink_end = 1775,
                  .uplink_server_start = 1757});
   f.Close();
   auto data = LoadExperiment(dir.File("r.db"));

@@ -24,8 +24,7 @@ inline std::string RenderDom(const std::string& html_path, const fl::testing::Sc
   }
   // A profile of our own in the scratch directory: nothing read from or written to the user's.
   const ToolResult r = RunTool({kChromium, "--headless", "--disable-gpu", "--no-sandbox", "--log-level=3",
-                                "--user-data-dir=" + dir.File("chromium-profile"), "--dump-dom",
-                                "file://" + html_path},
+                                "--user-data-dir=" + dir.File("chromium-profile"), "--dump-dom", "file://" + html_path},
                                dir, std::chrono::seconds(90));
   EXPECT_EQ(r.code, 0) << "chromium failed or timed out:\n" << r.output.substr(0, 4000);
   // stdout and stderr share the log: the DOM is the <html> ... </html> part.

@@ -128,8 +128,9 @@ TEST(ExperimentDataTest, ClientLabelIsTheNameUnlessTwoClientsShareIt) {
     f.Close();
   }
   RecordsFixture sql(dir.File("r.db"));
-  sql.Exec("UPDATE clients SET client_name = 'pi' WHERE client_id IN ('id-1', 'id-2');"
-           "UPDATE clients SET client_name = 'jetson', link_kind = NULL WHERE client_id = 'id-3'");
+  sql.Exec(
+      "UPDATE clients SET client_name = 'pi' WHERE client_id IN ('id-1', 'id-2');"
+      "UPDATE clients SET client_name = 'jetson', link_kind = NULL WHERE client_id = 'id-3'");
   sql.Close();
   auto data = LoadExperiment(dir.File("r.db"));
   ASSERT_TRUE(data.ok()) << data.status();
@@ -158,7 +159,8 @@ TEST(ExperimentDataTest, SchemaV2DatabaseLoadsWithPhasesLaidEndToEnd) {
                                  downlink_ms, train_ms, uplink_ms, clock_offset_ms) VALUES
         ('v2run', 1, 0, 'b', 'ok', 1000, 20, 100, 250, 0.5),
         ('v2run', 1, 0, 'a', 'ok', 1000, 10, 100, 5, 0.1);
-    )sql").ok());
+    )sql")
+                    .ok());
   }
   auto data = LoadExperiment(path);
   ASSERT_TRUE(data.ok()) << data.status();
@@ -199,7 +201,8 @@ TEST(ExperimentDataTest, EverySchemaVersionLoads) {
                                    downlink_ms, train_ms, uplink_ms) VALUES ('run', 1, 0, 'a', 'ok', 1000, 10, 100, 5);
         INSERT INTO evaluations (experiment_id, round, attempt, client_id, num_examples, loss, accuracy, eval_ms)
           VALUES ('run', 1, 0, 'a', 10, 0.5, 0.75, 7);
-      )sql").ok());
+      )sql")
+                      .ok());
       if (version >= 7) {
         ASSERT_TRUE(db->Exec("INSERT INTO client_events (experiment_id, client_id, kind, round, reason, at_unix_ms) "
                              "VALUES ('run', 'a', 'upload_revoked', 1, 'too slow', 1300)")

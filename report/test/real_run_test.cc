@@ -30,10 +30,29 @@ class RealRunTest : public ::testing::Test {
     db_ = dir_->File("records.db");
     const std::string log = dir_->File("run.log");
     const std::string port_file = dir_->File("port");
-    Subprocess server({FL_SERVER_BIN, "--listen", "127.0.0.1:0", "--port-file", port_file, "--db", db_,
-                       "--experiment-name", "report-real-run", "--rounds", std::to_string(kRounds),
-                       "--min-fit-clients", "3", "--min-available-clients", "3", "--evaluate-every", "2",
-                       "--round-deadline-ms", "30000", "--heartbeat-interval-ms", "300", "--log-level", "warn"},
+    Subprocess server({FL_SERVER_BIN,
+                       "--listen",
+                       "127.0.0.1:0",
+                       "--port-file",
+                       port_file,
+                       "--db",
+                       db_,
+                       "--experiment-name",
+                       "report-real-run",
+                       "--rounds",
+                       std::to_string(kRounds),
+                       "--min-fit-clients",
+                       "3",
+                       "--min-available-clients",
+                       "3",
+                       "--evaluate-every",
+                       "2",
+                       "--round-deadline-ms",
+                       "30000",
+                       "--heartbeat-interval-ms",
+                       "300",
+                       "--log-level",
+                       "warn"},
                       log);
     std::string port;
     for (int i = 0; i < 500 && port.empty(); ++i) {
@@ -70,7 +89,8 @@ std::string RealRunTest::db_;
 // SQL over the accepted updates of committed rounds, for one link kind.
 std::string Accepted(const std::string& kind) {
   return "FROM client_rounds c JOIN clients USING (experiment_id, client_id) JOIN rounds r USING (experiment_id, "
-         "round, attempt) WHERE c.outcome = 'ok' AND r.status = 'committed' AND link_kind = '" + kind + "'";
+         "round, attempt) WHERE c.outcome = 'ok' AND r.status = 'committed' AND link_kind = '" +
+         kind + "'";
 }
 
 TEST_F(RealRunTest, JsonFiguresEqualSqlOverTheRecords) {
@@ -85,8 +105,8 @@ TEST_F(RealRunTest, JsonFiguresEqualSqlOverTheRecords) {
   const nlohmann::json& rounds = doc.at("tables")["rounds"];
   ASSERT_EQ(rounds.size(), static_cast<size_t>(sql.QueryDouble("SELECT count(*) FROM rounds")));
   for (const nlohmann::json& row : rounds) {
-    const std::string key = fl::StrCat(" WHERE round = ", row.at("round").get<int64_t>(), " AND attempt = ",
-                                       row.at("attempt").get<int64_t>());
+    const std::string key = fl::StrCat(" WHERE round = ", row.at("round").get<int64_t>(),
+                                       " AND attempt = ", row.at("attempt").get<int64_t>());
     EXPECT_DOUBLE_EQ(row.at("round_ms").get<double>(), sql.QueryDouble("SELECT duration_ms FROM rounds" + key));
     EXPECT_EQ(row.at("accepted").get<double>(), sql.QueryDouble("SELECT num_accepted FROM rounds" + key));
     EXPECT_DOUBLE_EQ(row.at("uplink_max_ms").get<double>(),
@@ -95,9 +115,9 @@ TEST_F(RealRunTest, JsonFiguresEqualSqlOverTheRecords) {
     EXPECT_DOUBLE_EQ(row.at("train_mean_ms").get<double>(),
                      sql.QueryDouble("SELECT avg(train_ms) FROM client_rounds" + key + " AND outcome = 'ok'"));
     // The straggler: the accepted update whose last byte reached the server last.
-    const std::string straggler = sql.QueryText(
-        "SELECT c.client_name FROM client_rounds JOIN clients c USING (experiment_id, client_id)" + key +
-        " AND outcome = 'ok' ORDER BY uplink_server_start_unix_ms + uplink_server_ms DESC LIMIT 1");
+    const std::string straggler =
+        sql.QueryText("SELECT c.client_name FROM client_rounds JOIN clients c USING (experiment_id, client_id)" + key +
+                      " AND outcome = 'ok' ORDER BY uplink_server_start_unix_ms + uplink_server_ms DESC LIMIT 1");
     EXPECT_EQ(row.at("straggler").get<std::string>(), straggler) << row.dump();
   }
 
@@ -109,23 +129,26 @@ TEST_F(RealRunTest, JsonFiguresEqualSqlOverTheRecords) {
     const std::string kind = l.at("link_kind").get<std::string>();
     const double up = sql.QueryDouble("SELECT avg(coalesce(uplink_ms, uplink_server_ms)) " + Accepted(kind));
     EXPECT_DOUBLE_EQ(l.at("uplink_mean_ms").get<double>(), up) << kind;
-    EXPECT_DOUBLE_EQ(l.at("downlink_mean_ms").get<double>(), sql.QueryDouble("SELECT avg(downlink_ms) " + Accepted(kind)));
+    EXPECT_DOUBLE_EQ(l.at("downlink_mean_ms").get<double>(),
+                     sql.QueryDouble("SELECT avg(downlink_ms) " + Accepted(kind)));
     EXPECT_DOUBLE_EQ(l.at("uplink_vs_ethernet").get<double>(), up / eth) << kind;
     EXPECT_DOUBLE_EQ(l.at("uplink_vs_wifi").get<double>(), up / wifi) << kind;
-    EXPECT_DOUBLE_EQ(l.at("uplink_share").get<double>(),
-                     sql.QueryDouble("SELECT sum(coalesce(uplink_ms, uplink_server_ms)) / sum(r.duration_ms) " +
-                                     Accepted(kind)))
+    EXPECT_DOUBLE_EQ(
+        l.at("uplink_share").get<double>(),
+        sql.QueryDouble("SELECT sum(coalesce(uplink_ms, uplink_server_ms)) / sum(r.duration_ms) " + Accepted(kind)))
         << kind;
     EXPECT_EQ(l.at("client_rounds").get<int>(), kRounds) << kind;
     // Federated evaluation ran after rounds 2 and 4 (--evaluate-every 2).
     EXPECT_DOUBLE_EQ(l.at("fed_eval_mean_ms").get<double>(),
                      sql.QueryDouble("SELECT avg(eval_ms) FROM evaluations JOIN clients USING (experiment_id, "
-                                     "client_id) WHERE link_kind = '" + kind + "'"))
+                                     "client_id) WHERE link_kind = '" +
+                                     kind + "'"))
         << kind;
   }
 
   int64_t straggler_rounds = 0;
-  for (const nlohmann::json& s : doc.at("tables")["stragglers"]) straggler_rounds += s.at("times_straggler").get<int64_t>();
+  for (const nlohmann::json& s : doc.at("tables")["stragglers"])
+    straggler_rounds += s.at("times_straggler").get<int64_t>();
   EXPECT_EQ(straggler_rounds, kRounds);
 }
 

@@ -141,11 +141,10 @@ class RecordsFixture {
   }
 
   // Something fl-server refused from or did to a client (schema v7); `round` < 0: none.
-  void ClientEvent(const std::string& experiment, const std::string& client, ins::ClientEventKind kind,
-                   int64_t round, const std::string& task_id, const std::string& reason, int64_t at_unix_ms) {
-    Put(ins::ClientEventRecord{experiment, client, kind,
-                               round >= 0 ? std::optional<int64_t>(round) : std::nullopt, task_id, reason,
-                               at_unix_ms});
+  void ClientEvent(const std::string& experiment, const std::string& client, ins::ClientEventKind kind, int64_t round,
+                   const std::string& task_id, const std::string& reason, int64_t at_unix_ms) {
+    Put(ins::ClientEventRecord{experiment, client, kind, round >= 0 ? std::optional<int64_t>(round) : std::nullopt,
+                               task_id, reason, at_unix_ms});
   }
 
   // Everything enqueued is committed (the report reads it on its own connection).

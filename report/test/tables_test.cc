@@ -130,8 +130,9 @@ TEST_F(TablesTest, ClientEventsTableListsWhatTheServerRefusedInEveryFormat) {
   ASSERT_EQ(lines.size(), 3u);
   EXPECT_EQ(lines[0], "at_unix_ms,client,link_kind,kind,round,task_id,reason");
   EXPECT_EQ(lines[1], "1500,eth-1,ethernet,report_refused,,,clock pong refused");
-  EXPECT_EQ(lines[2], "2500,\"g5, the slow one\",5g,upload_revoked,2,t-2,"
-                      "\"upload revoked: 12 bytes/s, under --min-upload-rate\"");
+  EXPECT_EQ(lines[2],
+            "2500,\"g5, the slow one\",5g,upload_revoked,2,t-2,"
+            "\"upload revoked: 12 bytes/s, under --min-upload-rate\"");
   EXPECT_NE(RenderText(t).find("report_refused"), std::string::npos);
   const nlohmann::json doc = nlohmann::json::parse(RenderJson(data_, analysis_, AllTables(data_, analysis_)));
   const nlohmann::json& events = doc["tables"]["client_events"];

@@ -84,7 +84,8 @@ void ExpectColumnEqualsSql(RecordsFixture& sql, const Rendered& r, const std::st
   const nlohmann::json& rows = r.json.at("tables").at("rounds");
   ASSERT_EQ(rows.size(), 3u);
   for (const nlohmann::json& row : rows) {
-    const std::string where = fl::StrCat(" FROM rounds WHERE experiment_id = 'e' AND round = ", row.at("round").get<int>());
+    const std::string where =
+        fl::StrCat(" FROM rounds WHERE experiment_id = 'e' AND round = ", row.at("round").get<int>());
     const bool is_null = sql.QueryDouble("SELECT " + sql_column + " IS NULL" + where) == 1;
     ASSERT_TRUE(row.contains(column)) << row.dump();
     if (is_null) {
@@ -162,8 +163,7 @@ TEST(ReportTasksTest, NextTokenShowsPerplexityAndTokenAccuracy) {
     }
   }
   const std::string csv_header = FirstLine(r.csv);
-  EXPECT_NE(csv_header.find(",round_ms,eval_perplexity,eval_token_accuracy,eval_loss,straggler,"),
-            std::string::npos)
+  EXPECT_NE(csv_header.find(",round_ms,eval_perplexity,eval_token_accuracy,eval_loss,straggler,"), std::string::npos)
       << csv_header;
   const std::string html_header = HtmlRoundsHeader(r.html);
   EXPECT_NE(html_header.find(">eval_perplexity<"), std::string::npos) << html_header;
@@ -186,7 +186,8 @@ TEST(ReportTasksTest, AnExperimentWithoutATaskIsShownAsClassification) {
       INSERT INTO rounds (experiment_id, round, attempt, status, started_unix_ms, ended_unix_ms, duration_ms,
                           model_version, eval_loss, eval_accuracy) VALUES ('v5run', 1, 0, 'committed', 1, 2, 1, 1,
                           0.5, 0.8125);
-    )sql").ok());
+    )sql")
+                    .ok());
   }
   const Rendered r = Render(path);
   EXPECT_EQ(r.data.schema_version, 5);

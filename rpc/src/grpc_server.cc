@@ -31,8 +31,9 @@ absl::StatusOr<RunningServer> StartGrpcServer(grpc::Service* service, const std:
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 1 << 20);
   running.server = builder.BuildAndStart();
   if (running.server == nullptr || running.port == 0) {
-    return absl::UnavailableError(fl::StrCat("cannot listen on ", listen_address,
-                                             ": the address is invalid or the port is in use; pick another with --listen"));
+    return absl::UnavailableError(
+        fl::StrCat("cannot listen on ", listen_address,
+                   ": the address is invalid or the port is in use; pick another with --listen"));
   }
   return running;
 }

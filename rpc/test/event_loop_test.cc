@@ -26,10 +26,13 @@ using Event = std::variant<Ping, Note>;
 class LoopTest : public ::testing::Test {
  protected:
   LoopTest()
-      : loop_(&clock_, [this](Event& e) {
-          if (auto* p = std::get_if<Ping>(&e)) log_.push_back("ping " + std::to_string(p->n));
-          if (auto* n = std::get_if<Note>(&e)) log_.push_back("note " + n->text);
-        }, [this] { ++turns_after_; }) {}
+      : loop_(
+            &clock_,
+            [this](Event& e) {
+              if (auto* p = std::get_if<Ping>(&e)) log_.push_back("ping " + std::to_string(p->n));
+              if (auto* n = std::get_if<Note>(&e)) log_.push_back("note " + n->text);
+            },
+            [this] { ++turns_after_; }) {}
 
   ManualClock clock_;
   std::vector<std::string> log_;

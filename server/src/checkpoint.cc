@@ -131,8 +131,9 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
   if (!in) return absl::NotFoundError(fl::StrCat("cannot open checkpoint ", path, ": ", std::strerror(errno)));
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   auto corrupt = [&](std::string_view why) {
-    return absl::DataLossError(fl::StrCat("checkpoint ", path, " is corrupt (", why,
-                                          "); restore it from a copy, or resume from an older round's checkpoint with --resume-from-round"));
+    return absl::DataLossError(
+        fl::StrCat("checkpoint ", path, " is corrupt (", why,
+                   "); restore it from a copy, or resume from an older round's checkpoint with --resume-from-round"));
   };
   if (bytes.size() < sizeof(kMagic) + 16 || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
     return corrupt("no FLCKPT01 magic: not an fl-server checkpoint or truncated");
@@ -169,7 +170,8 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
   if (!take_floats(ckpt.spec.num_elements(), &ckpt.values)) return corrupt("model values truncated");
   for (const auto& b : header.state()) {
     core::NamedBuffer s{b.name(), {}};
-    if (!take_floats(b.num_values(), &s.values)) return corrupt(fl::StrCat("optimizer state '", b.name(), "' truncated"));
+    if (!take_floats(b.num_values(), &s.values))
+      return corrupt(fl::StrCat("optimizer state '", b.name(), "' truncated"));
     ckpt.optimizer.buffers.push_back(std::move(s));
   }
   if (pos != bytes.size() - 8) return corrupt("trailing bytes after the last state buffer");

@@ -53,10 +53,10 @@ Problem CheckTimings(const google::protobuf::RepeatedPtrField<fl::v1::PhaseTimin
     int64_t& sum = total[static_cast<int>(t.phase())];
     sum += t.duration_ns();  // each <= max_phase_ns < 2^62 and at most 16 of them: no overflow
     if (sum > max_phase_ns) {
-      return InputProblem{std::string(field),
-                          fl::StrCat(field, ": the ", fl::v1::Phase_Name(t.phase()), " durations add up to ", sum,
-                                     " ns, more than the ", max_phase_ns,
-                                     " ns since the server dispatched the task (with slack)")};
+      return InputProblem{
+          std::string(field),
+          fl::StrCat(field, ": the ", fl::v1::Phase_Name(t.phase()), " durations add up to ", sum,
+                     " ns, more than the ", max_phase_ns, " ns since the server dispatched the task (with slack)")};
     }
   }
   return std::nullopt;
@@ -84,9 +84,8 @@ std::optional<InputProblem> CheckJoinRequestSizes(const fl::v1::JoinRequest& r) 
   // UTF-8 would make every scrape of /metrics fail).
   for (char c : d.device_class()) {
     if (c < 0x20 || c > 0x7e) {
-      return InputProblem{"device.device_class",
-                          fl::StrCat("device.device_class '", LogSafe(d.device_class(), 64),
-                                     "' holds a byte that is not printable ASCII")};
+      return InputProblem{"device.device_class", fl::StrCat("device.device_class '", LogSafe(d.device_class(), 64),
+                                                            "' holds a byte that is not printable ASCII")};
     }
   }
   // Counts that go into the records' INTEGER columns (CHECK >= 0): a uint64 above INT64_MAX would be stored
@@ -100,7 +99,8 @@ std::optional<InputProblem> CheckJoinRequestSizes(const fl::v1::JoinRequest& r) 
                         fl::StrCat("device.cpu_cores is ", d.cpu_cores(), "; the limit is ", L::kMaxCpuCores)};
   }
   if (static_cast<size_t>(r.labels_size()) > L::kMaxLabels) {
-    return InputProblem{"labels", fl::StrCat("labels holds ", r.labels_size(), " entries; the limit is ", L::kMaxLabels)};
+    return InputProblem{"labels",
+                        fl::StrCat("labels holds ", r.labels_size(), " entries; the limit is ", L::kMaxLabels)};
   }
   for (const auto& [key, value] : r.labels()) {
     if (Problem q = TooLong("labels key", key, L::kShortText)) return q;
@@ -108,8 +108,8 @@ std::optional<InputProblem> CheckJoinRequestSizes(const fl::v1::JoinRequest& r) 
   }
   const auto& tensors = r.model_spec().tensors();
   if (static_cast<size_t>(tensors.size()) > L::kMaxTensors) {
-    return InputProblem{"model_spec.tensors", fl::StrCat("model_spec holds ", tensors.size(),
-                                                         " tensors; the limit is ", L::kMaxTensors)};
+    return InputProblem{"model_spec.tensors",
+                        fl::StrCat("model_spec holds ", tensors.size(), " tensors; the limit is ", L::kMaxTensors)};
   }
   for (int i = 0; i < tensors.size(); ++i) {
     const fl::v1::TensorSpec& t = tensors[i];
@@ -123,8 +123,8 @@ std::optional<InputProblem> CheckJoinRequestSizes(const fl::v1::JoinRequest& r) 
   return std::nullopt;
 }
 
-std::optional<InputProblem> CheckPhaseTiming(const fl::v1::PhaseTiming& t, std::string_view field,
-                                             int64_t max_phase_ns, uint64_t max_bytes) {
+std::optional<InputProblem> CheckPhaseTiming(const fl::v1::PhaseTiming& t, std::string_view field, int64_t max_phase_ns,
+                                             uint64_t max_bytes) {
   const std::string where = fl::StrCat(field, " (", fl::v1::Phase_Name(t.phase()), ")");
   if (t.phase() <= fl::v1::PHASE_UNSPECIFIED || t.phase() > fl::v1::PHASE_IDLE) {
     return InputProblem{std::string(field), fl::StrCat(field, " names phase ", static_cast<int>(t.phase()),
@@ -140,8 +140,8 @@ std::optional<InputProblem> CheckPhaseTiming(const fl::v1::PhaseTiming& t, std::
                                           core::kMaxClockNs, " ns)")};
   }
   if (t.bytes() > max_bytes) {
-    return InputProblem{where, fl::StrCat(where, " moved ", t.bytes(), " bytes; at most ", max_bytes,
-                                          " are possible for this model")};
+    return InputProblem{
+        where, fl::StrCat(where, " moved ", t.bytes(), " bytes; at most ", max_bytes, " are possible for this model")};
   }
   return std::nullopt;
 }
@@ -156,13 +156,12 @@ std::optional<InputProblem> CheckUpdateReport(const fl::v1::UpdateHeader& h, con
   }
   if (Problem p = CheckMetrics(h.metrics(), "metrics")) return p;
   if (auto it = h.metrics().find("train_loss"); it != h.metrics().end() && it->second < 0) {
-    return InputProblem{"metrics[train_loss]", fl::StrCat("metrics[\"train_loss\"] is ", it->second,
-                                                          "; a loss is a finite value >= 0")};
+    return InputProblem{"metrics[train_loss]",
+                        fl::StrCat("metrics[\"train_loss\"] is ", it->second, "; a loss is a finite value >= 0")};
   }
-  if (auto it = h.metrics().find("train_accuracy");
-      it != h.metrics().end() && (it->second < 0 || it->second > 1)) {
-    return InputProblem{"metrics[train_accuracy]", fl::StrCat("metrics[\"train_accuracy\"] is ", it->second,
-                                                              "; an accuracy is in [0, 1]")};
+  if (auto it = h.metrics().find("train_accuracy"); it != h.metrics().end() && (it->second < 0 || it->second > 1)) {
+    return InputProblem{"metrics[train_accuracy]",
+                        fl::StrCat("metrics[\"train_accuracy\"] is ", it->second, "; an accuracy is in [0, 1]")};
   }
   if (auto it = h.metrics().find("num_steps"); it != h.metrics().end()) {
     const double steps = it->second;
@@ -177,8 +176,8 @@ std::optional<InputProblem> CheckUpdateReport(const fl::v1::UpdateHeader& h, con
 std::optional<InputProblem> CheckEvaluationReport(const fl::v1::EvaluationResult& r, uint64_t max_examples,
                                                   int64_t max_phase_ns) {
   if (r.num_examples() > max_examples) {
-    return InputProblem{"num_examples", fl::StrCat("the result claims ", r.num_examples(),
-                                                   " examples; at most ", max_examples, " are possible")};
+    return InputProblem{"num_examples", fl::StrCat("the result claims ", r.num_examples(), " examples; at most ",
+                                                   max_examples, " are possible")};
   }
   if (Problem p = CheckMetrics(r.metrics(), "metrics")) return p;
   // An evaluation moves no bytes but the model download: bytes are bounded by the caller's phase bound

@@ -29,8 +29,7 @@ RoundEngine::ClientInfo* RoundEngine::Authenticate(const std::string& client_id,
 void RoundEngine::HandleJoin(JoinEvent& e) {
   const fl::v1::JoinRequest& req = e.request;
   fl::v1::JoinResponse resp;
-  auto refuse = [&](grpc::StatusCode code, ErrorCode reason, std::string message, std::string field,
-                    std::string hint) {
+  auto refuse = [&](grpc::StatusCode code, ErrorCode reason, std::string message, std::string field, std::string hint) {
     *resp.mutable_error() = wire::MakeError(reason, std::move(message), std::move(field), std::move(hint));
     spdlog::warn("refused join of '{}' from {}: {}", LogSafe(req.client_name(), 64), LogSafe(e.peer, 64),
                  LogSafe(resp.error().message(), 600));
@@ -49,8 +48,8 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
     // Final: a client that was away at the end (stopped, cut off) learns here that there is nothing left to do.
     MarkTold(req.client_name());
     return refuse(grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_EXPERIMENT_FINISHED,
-                  fl::StrCat("experiment ", config_.experiment_id, " has ended (", result.status_name(), ": ", result.reason,
-                             ")"),
+                  fl::StrCat("experiment ", config_.experiment_id, " has ended (", result.status_name(), ": ",
+                             result.reason, ")"),
                   "", "nothing left to do: fl-client exits");
   }
   if (req.protocol_version() != fl::v1::PROTOCOL_VERSION_1) {
@@ -89,8 +88,7 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
     if (count > config_.max_client_examples) {
       return refuse(grpc::StatusCode::INVALID_ARGUMENT, fl::v1::ERROR_CODE_ADMISSION_REFUSED,
                     fl::StrCat("client '", req.client_name(), "' declares ", count, " ", field,
-                               "; this server takes at most ", config_.max_client_examples,
-                               " (--max-client-examples)"),
+                               "; this server takes at most ", config_.max_client_examples, " (--max-client-examples)"),
                     field, "declare the size of the client's shard; raise --max-client-examples if it is real");
     }
   }
@@ -107,8 +105,8 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
   // model-sized buffers, and the first client's declaration alone must not decide how much memory it takes.
   if (spec_ == nullptr && spec->num_elements() > config_.max_model_values) {
     return refuse(grpc::StatusCode::RESOURCE_EXHAUSTED, fl::v1::ERROR_CODE_ADMISSION_REFUSED,
-                  fl::StrCat("client '", req.client_name(), "' declares a model of ", spec->num_elements(),
-                             " values (", spec->num_elements() * 4, " bytes as fp32, ", spec->num_tensors(),
+                  fl::StrCat("client '", req.client_name(), "' declares a model of ", spec->num_elements(), " values (",
+                             spec->num_elements() * 4, " bytes as fp32, ", spec->num_tensors(),
                              " tensors) but this server takes at most ", config_.max_model_values,
                              " values (--max-model-values)"),
                   "model_spec", "start fl-server with a larger --max-model-values if the model is real");
@@ -120,11 +118,11 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
                   "start fl-client with --task classification, regression or next-token");
   }
   if (task_.has_value() && *task != *task_) {
-    return refuse(grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_ADMISSION_REFUSED,
-                  fl::StrCat("client '", req.client_name(), "' trains for task '", core::TaskName(*task),
-                             "' but this experiment's task is '", core::TaskName(*task_),
-                             "' (set by its first client)"),
-                  "task", "start every client of an experiment with the same --task (and model)");
+    return refuse(
+        grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_ADMISSION_REFUSED,
+        fl::StrCat("client '", req.client_name(), "' trains for task '", core::TaskName(*task),
+                   "' but this experiment's task is '", core::TaskName(*task_), "' (set by its first client)"),
+        "task", "start every client of an experiment with the same --task (and model)");
   }
   // The model a joining client must train: the experiment's, or, while the server waits for its initial
   // weights, that of the client asked for them (unless that one has gone: then this client is asked).
@@ -135,8 +133,8 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
     auto holder = clients_.find(initial_model_client_);
     const int64_t asked_ago = NowNs() - initial_model_asked_ns_;
     // Past the deadline the holder has stalled (unless its upload is under way): this client is asked instead.
-    const bool stalled = asked_ago >= int64_t{config_.initial_model_deadline_ms} * kMsToNs &&
-                         !initial_model_upload_in_progress_;
+    const bool stalled =
+        asked_ago >= int64_t{config_.initial_model_deadline_ms} * kMsToNs && !initial_model_upload_in_progress_;
     const bool other_holder = holder != clients_.end() && holder->first != req.client_name();
     const bool holder_alive =
         other_holder && !stalled && (holder->second->session != nullptr || asked_ago < int64_t{30'000} * kMsToNs);
@@ -155,15 +153,14 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
   }
   if (expected != nullptr && spec->fingerprint() != expected->fingerprint()) {
     // The join carries the client's whole spec: name the first tensor that differs, not just two hashes.
-    std::string diff = core::DescribeSpecDifference(*expected, *spec, fl::StrCat(expected_name, " model"),
-                                                    "the client's model");
+    std::string diff =
+        core::DescribeSpecDifference(*expected, *spec, fl::StrCat(expected_name, " model"), "the client's model");
     if (diff.empty()) diff = "the specs hold the same tensors but their fingerprints differ";  // not reachable
     return refuse(grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_FINGERPRINT_MISMATCH,
-                  fl::StrCat("client '", req.client_name(), "' trains a model that differs from ", expected_name,
-                             ": ", diff, "; model fingerprints ", spec->FingerprintHex(), " (client, ",
-                             spec->num_tensors(), " tensors, ", spec->num_elements(), " values) vs ",
-                             expected->FingerprintHex(), " (", expected->num_tensors(), " tensors, ",
-                             expected->num_elements(), " values)"),
+                  fl::StrCat("client '", req.client_name(), "' trains a model that differs from ", expected_name, ": ",
+                             diff, "; model fingerprints ", spec->FingerprintHex(), " (client, ", spec->num_tensors(),
+                             " tensors, ", spec->num_elements(), " values) vs ", expected->FingerprintHex(), " (",
+                             expected->num_tensors(), " tensors, ", expected->num_elements(), " values)"),
                   "model_spec", "start the client with the same --model as the other clients");
   }
 
@@ -207,8 +204,7 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
   if (!task_.has_value()) {
     // The first admitted client fixes the experiment's task, as the first client fixes its model.
     task_ = *task;
-    spdlog::info("experiment {}: task {} (from client '{}')", config_.experiment_id, core::TaskName(*task_),
-                 client.id);
+    spdlog::info("experiment {}: task {} (from client '{}')", config_.experiment_id, core::TaskName(*task_), client.id);
     Record(instrumentation::ExperimentTaskUpdate{config_.experiment_id, std::string(core::TaskName(*task_))});
   }
   spdlog::info("{} client '{}' ({}, {} via {}), {} train examples", rejoin ? "rejoined" : "admitted", client.id,
@@ -236,12 +232,11 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
 void RoundEngine::HandleSessionOpen(SessionOpenEvent& e) {
   ClientInfo* client = Authenticate(e.hello.client_id(), e.hello.session_token());
   if (client == nullptr) {
-    e.channel->Close(wire::ToGrpcStatus(
-        grpc::StatusCode::UNAUTHENTICATED,
-        wire::MakeError(fl::v1::ERROR_CODE_UNKNOWN_CLIENT,
-                        fl::StrCat("client id '", LogSafe(e.hello.client_id(), 64),
-                                   "' or its session token is not known"),
-                        "hello", "call Join again (the server may have restarted)")));
+    e.channel->Close(wire::ToGrpcStatus(grpc::StatusCode::UNAUTHENTICATED,
+                                        wire::MakeError(fl::v1::ERROR_CODE_UNKNOWN_CLIENT,
+                                                        fl::StrCat("client id '", LogSafe(e.hello.client_id(), 64),
+                                                                   "' or its session token is not known"),
+                                                        "hello", "call Join again (the server may have restarted)")));
     return;
   }
   if (state_ == EngineState::kFinished) {
@@ -323,8 +318,7 @@ void RoundEngine::RecordClientUplink(const ClientInfo& client, const std::string
   }
   auto t = tasks_.find(task_id);
   if (state_ == EngineState::kFinished || t == tasks_.end() || t->second->client_id != client.id ||
-      t->second->kind != fl::v1::TASK_KIND_TRAIN || !t->second->closed || !std::isfinite(uplink_ms) ||
-      uplink_ms < 0) {
+      t->second->kind != fl::v1::TASK_KIND_TRAIN || !t->second->closed || !std::isfinite(uplink_ms) || uplink_ms < 0) {
     return;  // not an update of this client that the server has answered: nothing to attach it to
   }
   const TaskInfo& task = *t->second;
@@ -341,9 +335,8 @@ void RoundEngine::RecordClientUplink(const ClientInfo& client, const std::string
     }
     return;
   }
-  Record(instrumentation::ClientRoundUplinkUpdate{config_.experiment_id, static_cast<int64_t>(task.round),
-                                                  task.attempt, client.id, uplink_ms, start_unix_ms,
-                                                  end_unix_ms});
+  Record(instrumentation::ClientRoundUplinkUpdate{config_.experiment_id, static_cast<int64_t>(task.round), task.attempt,
+                                                  client.id, uplink_ms, start_unix_ms, end_unix_ms});
 }
 
 void RoundEngine::UpdateConnectedGauge() {
@@ -448,8 +441,7 @@ void RoundEngine::HandleSessionMessage(SessionMessageEvent& e) {
       } else {
         // Refused like a bad update: recorded with the reason, counted in no figure.
         rec.reject_reason = fl::StrCat("evaluation result for task '", core::TaskName(kind), "' refused: ", problem);
-        spdlog::warn("refused the evaluation result of client '{}' for round {}: {}", client->id, task.round,
-                     problem);
+        spdlog::warn("refused the evaluation result of client '{}' for round {}: {}", client->id, task.round, problem);
       }
       // Stored with the round's figures as one unit when the evaluation closes (EvaluationCommitRecord).
       if (current_ != nullptr && current_->evaluation && current_->round == task.round) {
@@ -459,9 +451,7 @@ void RoundEngine::HandleSessionMessage(SessionMessageEvent& e) {
       }
       break;
     }
-    case fl::v1::ClientMessage::kHeartbeat:
-      SendPing(*client);
-      break;
+    case fl::v1::ClientMessage::kHeartbeat: SendPing(*client); break;
     case fl::v1::ClientMessage::kPong: {
       // t1 is our own record of the ping, not the echoed value: a client cannot skew the estimate by
       // echoing something else.
@@ -480,8 +470,7 @@ void RoundEngine::HandleSessionMessage(SessionMessageEvent& e) {
       }
       break;
     }
-    default:
-      break;
+    default: break;
   }
 }
 
@@ -519,9 +508,8 @@ void RoundEngine::HandleLeave(LeaveEvent& e) {
 
 void RoundEngine::AbandonInitialModelHolder(const std::string& holder_id, const std::string& next_client,
                                             std::string_view why) {
-  const std::string reason =
-      fl::StrCat("asked for the initial model ", (NowNs() - initial_model_asked_ns_) / kMsToNs,
-                 " ms ago, ", why, "; client '", next_client, "' is asked instead");
+  const std::string reason = fl::StrCat("asked for the initial model ", (NowNs() - initial_model_asked_ns_) / kMsToNs,
+                                        " ms ago, ", why, "; client '", next_client, "' is asked instead");
   spdlog::warn("client '{}' was {}", holder_id, reason);
   auto holder = clients_.find(holder_id);
   if (holder == clients_.end()) return;

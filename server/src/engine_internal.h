@@ -50,9 +50,9 @@ struct RoundEngine::TaskInfo {
   int64_t dispatched_ns = 0;
   int64_t dispatched_unix_ms = 0;
   int64_t deadline_ns = 0;
-  bool upload_started = false;  // its update's header arrived (the update may still be in transit)
-  bool upload_in_flight = false;  // an upload for it was admitted (or waits for a slot) and has not ended
-  bool answered = false;          // an upload for it got its verdict: any further one is a duplicate
+  bool upload_started = false;           // its update's header arrived (the update may still be in transit)
+  bool upload_in_flight = false;         // an upload for it was admitted (or waits for a slot) and has not ended
+  bool answered = false;                 // an upload for it got its verdict: any further one is a duplicate
   int64_t downlink_server_start_ns = 0;  // the server's view of the task's model download (0: none seen)
   int64_t downlink_server_ns = 0;
   bool closed = false;
@@ -74,7 +74,7 @@ struct RoundEngine::RoundState {
   double eval_loss_sum = 0, eval_accuracy_sum = 0, eval_mae_sum = 0;
   uint64_t eval_examples = 0;
   uint32_t eval_clients = 0;
-  std::vector<instrumentation::ClientRoundRecord> client_rows;  // written after the round's row
+  std::vector<instrumentation::ClientRoundRecord> client_rows;     // written after the round's row
   std::vector<instrumentation::EvaluationRecord> evaluation_rows;  // written with the evaluation's figures
 };
 
@@ -107,7 +107,7 @@ inline bool ValidClientName(const std::string& name) {
 }
 
 inline fl::v1::UploadUpdateResponse Verdict(const std::string& task_id, fl::v1::UpdateOutcome outcome,
-                                     fl::v1::ErrorDetail error = {}) {
+                                            fl::v1::ErrorDetail error = {}) {
   fl::v1::UploadUpdateResponse r;
   r.set_task_id(task_id);
   r.set_outcome(outcome);
@@ -116,12 +116,13 @@ inline fl::v1::UploadUpdateResponse Verdict(const std::string& task_id, fl::v1::
 }
 
 inline fl::v1::UploadUpdateResponse Rejected(const std::string& task_id, ErrorCode code, std::string message,
-                                      std::string hint = "") {
-  return Verdict(task_id, fl::v1::UPDATE_OUTCOME_REJECTED, wire::MakeError(code, std::move(message), "", std::move(hint)));
+                                             std::string hint = "") {
+  return Verdict(task_id, fl::v1::UPDATE_OUTCOME_REJECTED,
+                 wire::MakeError(code, std::move(message), "", std::move(hint)));
 }
 
 inline std::optional<double> PhaseMs(const google::protobuf::RepeatedPtrField<fl::v1::PhaseTiming>& timings,
-                              fl::v1::Phase phase) {
+                                     fl::v1::Phase phase) {
   std::optional<double> total;
   for (const auto& t : timings) {
     if (t.phase() == phase) total = total.value_or(0) + static_cast<double>(t.duration_ns()) / 1e6;
@@ -129,7 +130,8 @@ inline std::optional<double> PhaseMs(const google::protobuf::RepeatedPtrField<fl
   return total;
 }
 
-inline uint64_t PhaseBytes(const google::protobuf::RepeatedPtrField<fl::v1::PhaseTiming>& timings, fl::v1::Phase phase) {
+inline uint64_t PhaseBytes(const google::protobuf::RepeatedPtrField<fl::v1::PhaseTiming>& timings,
+                           fl::v1::Phase phase) {
   uint64_t total = 0;
   for (const auto& t : timings) {
     if (t.phase() == phase) total += t.bytes();
@@ -177,7 +179,6 @@ inline std::string EvaluationProblem(core::Task task, const fl::v1::EvaluationRe
 inline int64_t PhaseBoundNs(int64_t dispatched_ns, int64_t now_ns) {
   return std::max<int64_t>(0, now_ns - dispatched_ns) + InputLimits::kTimingSlackNs;
 }
-
 
 }  // namespace engine_internal
 }  // namespace fl::server

@@ -62,8 +62,7 @@ void RoundEngine::StartRound() {
   }
   ArmAt(deadline_timer_, current_->deadline_ns);
   Fire(EngineTrigger::kRoundStarted);
-  spdlog::info("round {} (attempt {}): {} of {} idle clients selected", round, attempt_, selected.size(),
-               idle.size());
+  spdlog::info("round {} (attempt {}): {} of {} idle clients selected", round, attempt_, selected.size(), idle.size());
 }
 
 void RoundEngine::Dispatch(ClientInfo& client, fl::v1::Task task, uint32_t attempt) {
@@ -114,9 +113,9 @@ void RoundEngine::CloseRound() {
 
   if (r.accepted < config_.fit.min_clients) {
     instrumentation::RoundRecord rec = RoundRow(r, instrumentation::RoundStatus::kFailed);
-    rec.failure_reason = fl::StrCat(r.accepted, " update(s) accepted by the deadline; the round needs ",
-                                    config_.fit.min_clients, " (", r.late, " late, ", r.rejected, " rejected, ",
-                                    r.dropped, " dropped)");
+    rec.failure_reason =
+        fl::StrCat(r.accepted, " update(s) accepted by the deadline; the round needs ", config_.fit.min_clients, " (",
+                   r.late, " late, ", r.rejected, " rejected, ", r.dropped, " dropped)");
     spdlog::warn("round {} attempt {} failed: {}", r.round, r.attempt, rec.failure_reason);
     const std::string reason = rec.failure_reason;
     Record(std::move(rec));
@@ -150,7 +149,8 @@ void RoundEngine::CloseRound() {
   if (step.ok()) step = core::RestoreIntegerTensors(*spec_, *integer_values, global_);
   if (!step.ok()) {
     // Inputs were validated one by one; an optimizer failure means the aggregate itself overflowed.
-    Finish(instrumentation::ExperimentStatus::kFailed, fl::StrCat("round ", r.round, ": the server optimizer step failed: ", fl::ToStd(step.message())));
+    Finish(instrumentation::ExperimentStatus::kFailed,
+           fl::StrCat("round ", r.round, ": the server optimizer step failed: ", fl::ToStd(step.message())));
     return;
   }
   round_ = r.round;
@@ -167,16 +167,19 @@ void RoundEngine::CloseRound() {
   if (!checkpoint_row.ok()) {
     round_ = r.round - 1;
     --model_version_;
-    Finish(instrumentation::ExperimentStatus::kFailed, fl::StrCat("cannot checkpoint round ", r.round, ": ", fl::ToStd(checkpoint_row.status().message()),
-                                "; rounds up to ", round_, " are committed: run again with --resume once the "
-                                "checkpoint directory is writable"));
+    Finish(instrumentation::ExperimentStatus::kFailed,
+           fl::StrCat("cannot checkpoint round ", r.round, ": ", fl::ToStd(checkpoint_row.status().message()),
+                      "; rounds up to ", round_,
+                      " are committed: run again with --resume once the "
+                      "checkpoint directory is writable"));
     return;
   }
   MaybeKillForTest("checkpoint-written", r.round);
   instrumentation::RoundRecord rec = RoundRow(r, instrumentation::RoundStatus::kCommitted);
   rec.aggregation_ms = aggregation_ms;
   rec.model_version = static_cast<int64_t>(model_version_);
-  last_round_ = CommittedRound{r.round, r.attempt, r.accepted, rec.train_loss, rec.duration_ms, aggregation_ms, nullptr};
+  last_round_ =
+      CommittedRound{r.round, r.attempt, r.accepted, rec.train_loss, rec.duration_ms, aggregation_ms, nullptr};
   instrumentation::RoundCommitRecord commit;
   commit.round = std::move(rec);
   commit.client_rounds = r.client_rows;
@@ -184,10 +187,11 @@ void RoundEngine::CloseRound() {
   if (absl::Status s = StoreCommit(std::move(commit)); !s.ok()) {
     round_ = r.round - 1;
     --model_version_;
-    Finish(instrumentation::ExperimentStatus::kFailed, fl::StrCat("round ", r.round, " was not committed: its records could not be stored: ",
-                                fl::ToStd(s.message()), ". The experiment stopped; rounds up to ", round_,
-                                " are committed in the records. Fix the records database (disk space, "
-                                "permissions, I/O errors) and run fl-server again with --resume"));
+    Finish(instrumentation::ExperimentStatus::kFailed,
+           fl::StrCat("round ", r.round, " was not committed: its records could not be stored: ",
+                      fl::ToStd(s.message()), ". The experiment stopped; rounds up to ", round_,
+                      " are committed in the records. Fix the records database (disk space, "
+                      "permissions, I/O errors) and run fl-server again with --resume"));
     return;
   }
   MaybeKillForTest("records-committed", r.round);
@@ -201,8 +205,8 @@ void RoundEngine::CloseRound() {
   Fire(EngineTrigger::kRoundCommitted);
   auto first = first_attempts_.find(round_ + 1);
   attempt_ = first == first_attempts_.end() ? 1 : first->second;
-  spdlog::info("round {} committed: {} accepted, aggregation {:.1f} ms, round {:.0f} ms", round_,
-               last_round_.accepted, aggregation_ms, last_round_.duration_ms);
+  spdlog::info("round {} committed: {} accepted, aggregation {:.1f} ms, round {:.0f} ms", round_, last_round_.accepted,
+               aggregation_ms, last_round_.duration_ms);
   const bool evaluate = config_.evaluate_every > 0 && config_.fraction_evaluate > 0 &&
                         (round_ % config_.evaluate_every == 0 || round_ == config_.num_rounds);
   if (evaluate) {
@@ -282,10 +286,12 @@ void RoundEngine::CloseEvaluation() {
   evaluation.evaluations = std::move(r.evaluation_rows);
   if (absl::Status s = StoreCommit(std::move(evaluation)); !s.ok()) {
     current_.reset();
-    Finish(instrumentation::ExperimentStatus::kFailed, fl::StrCat("the evaluation of round ", round_, " could not be stored: ", fl::ToStd(s.message()),
-                                ". The experiment stopped; rounds up to ", round_, " are committed in the records. "
-                                "Fix the records database and run fl-server again with --resume (it redoes this "
-                                "evaluation)"));
+    Finish(instrumentation::ExperimentStatus::kFailed,
+           fl::StrCat("the evaluation of round ", round_, " could not be stored: ", fl::ToStd(s.message()),
+                      ". The experiment stopped; rounds up to ", round_,
+                      " are committed in the records. "
+                      "Fix the records database and run fl-server again with --resume (it redoes this "
+                      "evaluation)"));
     return;
   }
   MaybeKillForTest("evaluation-committed", round_);
@@ -347,13 +353,7 @@ void RoundEngine::CloseTaskAsDropped(TaskInfo& task, std::string_view why) {
       current_->round != task.round || current_->attempt != task.attempt) {
     return;
   }
-  instrumentation::ClientRoundRecord rec;
-  rec.experiment_id = config_.experiment_id;
-  rec.round = static_cast<int64_t>(task.round);
-  rec.attempt = task.attempt;
-  rec.client_id = task.client_id;
-  rec.dispatched_unix_ms = task.dispatched_unix_ms;
-  FillServerDownlink(task, rec);
+  instrumentation::ClientRoundRecord rec = TaskRow(task);
   rec.outcome = outcome;
   if (auto c = clients_.find(task.client_id); c != clients_.end()) {
     Notify([&](EngineObserver& o) { o.OnUpdateOutcome(outcome, "", rec, c->second->join); });
@@ -364,8 +364,8 @@ void RoundEngine::CloseTaskAsDropped(TaskInfo& task, std::string_view why) {
 absl::Status RoundEngine::AdoptModel(core::ModelSpec spec, std::string model_name, std::vector<float> values,
                                      uint64_t model_version) {
   if (values.size() != spec.num_elements()) {
-    return absl::InvalidArgumentError(fl::StrCat("model has ", values.size(), " values but its spec needs ",
-                                                 spec.num_elements()));
+    return absl::InvalidArgumentError(
+        fl::StrCat("model has ", values.size(), " values but its spec needs ", spec.num_elements()));
   }
   spec_ = std::make_shared<const core::ModelSpec>(std::move(spec));
   config_.model_name = std::move(model_name);

@@ -23,10 +23,10 @@ using namespace engine_internal;  // NOLINT: the engine's own helpers
 void RoundEngine::HandleDownload(DownloadEvent& e) {
   const auto& req = e.request;
   if (Authenticate(req.client_id(), req.session_token()) == nullptr) {
-    e.reply(wire::ToGrpcStatus(grpc::StatusCode::UNAUTHENTICATED,
-                               wire::MakeError(fl::v1::ERROR_CODE_UNKNOWN_CLIENT,
-                                               fl::StrCat("client '", req.client_id(), "' is not known"), "",
-                                               "call Join again")),
+    e.reply(wire::ToGrpcStatus(
+                grpc::StatusCode::UNAUTHENTICATED,
+                wire::MakeError(fl::v1::ERROR_CODE_UNKNOWN_CLIENT,
+                                fl::StrCat("client '", req.client_id(), "' is not known"), "", "call Join again")),
             nullptr);
     return;
   }
@@ -51,10 +51,18 @@ void RoundEngine::HandleDownloadDone(const DownloadDoneEvent& e) {
   t->second->downlink_server_ns = e.done_server_ns - e.started_server_ns;
 }
 
-void RoundEngine::FillServerDownlink(const TaskInfo& task, instrumentation::ClientRoundRecord& rec) const {
-  if (task.downlink_server_start_ns == 0) return;
-  rec.downlink_server_start_unix_ms = timeline_.UnixMsAt(task.downlink_server_start_ns);
-  rec.downlink_server_ms = static_cast<double>(task.downlink_server_ns) / 1e6;
+instrumentation::ClientRoundRecord RoundEngine::TaskRow(const TaskInfo& task) const {
+  instrumentation::ClientRoundRecord rec;
+  rec.experiment_id = config_.experiment_id;
+  rec.round = static_cast<int64_t>(task.round);
+  rec.attempt = task.attempt;
+  rec.client_id = task.client_id;
+  rec.dispatched_unix_ms = task.dispatched_unix_ms;
+  if (task.downlink_server_start_ns != 0) {
+    rec.downlink_server_start_unix_ms = timeline_.UnixMsAt(task.downlink_server_start_ns);
+    rec.downlink_server_ms = static_cast<double>(task.downlink_server_ns) / 1e6;
+  }
+  return rec;
 }
 
 void RoundEngine::HandleUploadStart(UploadStartEvent& e) {
@@ -94,43 +102,43 @@ void RoundEngine::HandleUploadStart(UploadStartEvent& e) {
     }
     TaskInfo& task = *t->second;
     if (h.round() != task.round) {
-      return refuse(Rejected(h.task_id(), fl::v1::ERROR_CODE_WRONG_ROUND,
-                             fl::StrCat("update says round ", h.round(), " but task '", task.id, "' is for round ",
-                                        task.round)));
+      return refuse(
+          Rejected(h.task_id(), fl::v1::ERROR_CODE_WRONG_ROUND,
+                   fl::StrCat("update says round ", h.round(), " but task '", task.id, "' is for round ", task.round)));
     }
     // One update per task: a second upload (after the verdict, or while the first is still in transit) is a
     // duplicate whatever the deadline, and never changes what the first one got.
     if (task.answered || task.upload_in_flight) {
-      return refuse(Rejected(h.task_id(), fl::v1::ERROR_CODE_DUPLICATE,
-                             task.answered ? fl::StrCat("task '", task.id, "' was already answered (outcome ",
-                                                        task.outcome ? instrumentation::ClientOutcomeName(*task.outcome)
-                                                                     : std::string_view("none"),
-                                                        "): this upload is a duplicate and is ignored")
-                                           : fl::StrCat("an upload for task '", task.id,
-                                                        "' is already in progress: this one is a duplicate"),
-                             "send each update once"));
+      return refuse(Rejected(
+          h.task_id(), fl::v1::ERROR_CODE_DUPLICATE,
+          task.answered
+              ? fl::StrCat("task '", task.id, "' was already answered (outcome ",
+                           task.outcome ? instrumentation::ClientOutcomeName(*task.outcome) : std::string_view("none"),
+                           "): this upload is a duplicate and is ignored")
+              : fl::StrCat("an upload for task '", task.id, "' is already in progress: this one is a duplicate"),
+          "send each update once"));
     }
     if (task.closed || NowNs() > task.deadline_ns) {
       // Late: recorded as such when the round closes if the upload had begun by then; a round already
       // closed keeps the outcome it recorded.
-      return refuse(Verdict(h.task_id(), fl::v1::UPDATE_OUTCOME_LATE,
-                            wire::MakeError(fl::v1::ERROR_CODE_LATE,
-                                            fl::StrCat("the deadline of round ", task.round, " has passed"), "",
-                                            "a faster link or fewer local steps would help")));
+      return refuse(Verdict(
+          h.task_id(), fl::v1::UPDATE_OUTCOME_LATE,
+          wire::MakeError(fl::v1::ERROR_CODE_LATE, fl::StrCat("the deadline of round ", task.round, " has passed"), "",
+                          "a faster link or fewer local steps would help")));
     }
     if (h.codec() != config_.uplink_codec) {
-      return refuse(Rejected(h.task_id(), fl::v1::ERROR_CODE_UNSUPPORTED_CODEC,
-                             fl::StrCat("update uses codec '", h.codec(), "' but the task asked for '",
-                                        config_.uplink_codec, "'")));
+      return refuse(Rejected(
+          h.task_id(), fl::v1::ERROR_CODE_UNSUPPORTED_CODEC,
+          fl::StrCat("update uses codec '", h.codec(), "' but the task asked for '", config_.uplink_codec, "'")));
     }
     // Every number the client reports is checked before a payload byte is read: its weight against what it
     // declared at Join, its metrics, its phase timings against the time since dispatch. A bad report closes
     // the task as rejected, with the reason recorded.
     if (std::optional<InputProblem> p = CheckUpdateReport(h, UpdateReportBounds(*client, task, NowNs()));
         p.has_value()) {
-      fl::v1::UploadUpdateResponse verdict = Rejected(
-          h.task_id(), fl::v1::ERROR_CODE_MALFORMED, fl::StrCat("update refused: ", p->message),
-          "report the numbers the client measured; docs/round-engine.md, \"Limits on what clients send\"");
+      fl::v1::UploadUpdateResponse verdict =
+          Rejected(h.task_id(), fl::v1::ERROR_CODE_MALFORMED, fl::StrCat("update refused: ", p->message),
+                   "report the numbers the client measured; docs/round-engine.md, \"Limits on what clients send\"");
       verdict.mutable_error()->set_field(p->field);
       RejectAtHeader(task, verdict);
       return refuse(std::move(verdict));
@@ -143,10 +151,10 @@ void RoundEngine::HandleUploadStart(UploadStartEvent& e) {
                            fl::StrCat("update kind ", static_cast<int>(h.kind()), " is not known")));
   }
   if (expected == nullptr || h.model_fingerprint() != expected->fingerprint()) {
-    return refuse(Rejected(h.task_id(), fl::v1::ERROR_CODE_FINGERPRINT_MISMATCH,
-                           fl::StrCat("update is for model ", core::FingerprintToHex(h.model_fingerprint()),
-                                      " but the server's model is ",
-                                      expected ? expected->FingerprintHex() : std::string("(none)"))));
+    return refuse(Rejected(
+        h.task_id(), fl::v1::ERROR_CODE_FINGERPRINT_MISMATCH,
+        fl::StrCat("update is for model ", core::FingerprintToHex(h.model_fingerprint()), " but the server's model is ",
+                   expected ? expected->FingerprintHex() : std::string("(none)"))));
   }
   const uint64_t want_bytes = codec->EncodedSize(expected->num_elements());
   if (h.payload_bytes() != want_bytes) {
@@ -173,10 +181,10 @@ void RoundEngine::GrantUploadSlots() {
       auto t = tasks_.find(h.task_id());
       if (t == tasks_.end() || t->second->closed) {
         if (t != tasks_.end()) t->second->upload_in_flight = false;
-        next->event.admit(Verdict(h.task_id(), fl::v1::UPDATE_OUTCOME_LATE,
-                                  wire::MakeError(fl::v1::ERROR_CODE_LATE,
-                                                  "the round closed while the upload waited for a slot")),
-                          {});
+        next->event.admit(
+            Verdict(h.task_id(), fl::v1::UPDATE_OUTCOME_LATE,
+                    wire::MakeError(fl::v1::ERROR_CODE_LATE, "the round closed while the upload waited for a slot")),
+            {});
         continue;
       }
     }
@@ -201,16 +209,15 @@ void RoundEngine::RevokeSlowUploads(int64_t now) {
     const int64_t held_ns = now - up.granted_ns;
     const uint64_t bytes = up.handle->bytes_received();
     grpc::Status status;
-    if (config_.upload_message_timeout_ms != 0 &&
-        now - last > int64_t{config_.upload_message_timeout_ms} * kMsToNs) {
+    if (config_.upload_message_timeout_ms != 0 && now - last > int64_t{config_.upload_message_timeout_ms} * kMsToNs) {
       status = wire::ToGrpcStatus(
           grpc::StatusCode::DEADLINE_EXCEEDED,
-          wire::MakeError(fl::v1::ERROR_CODE_RATE_LIMITED,
-                          fl::StrCat("the upload of client '", up.client_id, "' for task '", up.task_id,
-                                     "' sent no message for ", (now - last) / kMsToNs, " ms (limit ",
-                                     config_.upload_message_timeout_ms,
-                                     " ms, --upload-message-timeout-ms): its upload slot goes to the next client"),
-                          "", "a stalled upload can be sent again while the round is open"));
+          wire::MakeError(
+              fl::v1::ERROR_CODE_RATE_LIMITED,
+              fl::StrCat("the upload of client '", up.client_id, "' for task '", up.task_id, "' sent no message for ",
+                         (now - last) / kMsToNs, " ms (limit ", config_.upload_message_timeout_ms,
+                         " ms, --upload-message-timeout-ms): its upload slot goes to the next client"),
+              "", "a stalled upload can be sent again while the round is open"));
     } else if (config_.upload_min_bytes_per_s != 0 && held_ns > int64_t{config_.upload_rate_grace_ms} * kMsToNs &&
                static_cast<double>(bytes) < static_cast<double>(config_.upload_min_bytes_per_s) * held_ns * 1e-9) {
       const double rate = static_cast<double>(bytes) / (static_cast<double>(held_ns) * 1e-9);
@@ -287,8 +294,8 @@ void RoundEngine::HandleUploadDone(UploadDoneEvent& e) {
       if (s.ok()) {
         Fire(EngineTrigger::kInitialModelAdopted);
         verdict = Verdict("", fl::v1::UPDATE_OUTCOME_ACCEPTED);
-        spdlog::info("initial model ({} tensors, {} parameters, fingerprint {}) from client '{}'",
-                     spec_->num_tensors(), spec_->num_elements(), spec_->FingerprintHex(), h.client_id());
+        spdlog::info("initial model ({} tensors, {} parameters, fingerprint {}) from client '{}'", spec_->num_tensors(),
+                     spec_->num_elements(), spec_->FingerprintHex(), h.client_id());
       } else {
         verdict = Rejected("", fl::v1::ERROR_CODE_MALFORMED, std::string(fl::ToStd(s.message())));
       }
@@ -314,13 +321,7 @@ void RoundEngine::HandleUploadDone(UploadDoneEvent& e) {
 
 fl::v1::UploadUpdateResponse RoundEngine::AcceptUpdate(UploadDoneEvent& e, TaskInfo* task) {
   const fl::v1::UpdateHeader& h = e.header;
-  instrumentation::ClientRoundRecord rec;
-  rec.experiment_id = config_.experiment_id;
-  rec.round = static_cast<int64_t>(task->round);
-  rec.attempt = task->attempt;
-  rec.client_id = task->client_id;
-  rec.dispatched_unix_ms = task->dispatched_unix_ms;
-  FillServerDownlink(*task, rec);
+  instrumentation::ClientRoundRecord rec = TaskRow(*task);
   rec.num_examples = static_cast<int64_t>(h.num_examples());
   if (auto it = h.metrics().find("num_steps"); it != h.metrics().end() && it->second >= 0) {
     rec.num_steps = static_cast<int64_t>(it->second);
@@ -375,20 +376,23 @@ fl::v1::UploadUpdateResponse RoundEngine::AcceptUpdate(UploadDoneEvent& e, TaskI
   };
 
   if (task->closed) {
-    return finish(instrumentation::ClientOutcome::kLate, Verdict(task->id, fl::v1::UPDATE_OUTCOME_LATE,
-                                  wire::MakeError(fl::v1::ERROR_CODE_LATE, "the round closed before the update arrived")));
+    return finish(instrumentation::ClientOutcome::kLate,
+                  Verdict(task->id, fl::v1::UPDATE_OUTCOME_LATE,
+                          wire::MakeError(fl::v1::ERROR_CODE_LATE, "the round closed before the update arrived")));
   }
   if (e.done_server_ns > task->deadline_ns) {
-    return finish(instrumentation::ClientOutcome::kLate, Verdict(task->id, fl::v1::UPDATE_OUTCOME_LATE,
-                                  wire::MakeError(fl::v1::ERROR_CODE_LATE,
-                                                  fl::StrCat("the update finished arriving ",
-                                                             (e.done_server_ns - task->deadline_ns) / kMsToNs,
-                                                             " ms after the deadline"))));
+    return finish(
+        instrumentation::ClientOutcome::kLate,
+        Verdict(task->id, fl::v1::UPDATE_OUTCOME_LATE,
+                wire::MakeError(fl::v1::ERROR_CODE_LATE, fl::StrCat("the update finished arriving ",
+                                                                    (e.done_server_ns - task->deadline_ns) / kMsToNs,
+                                                                    " ms after the deadline"))));
   }
   if (current_ == nullptr || current_->evaluation || current_->round != task->round ||
       current_->attempt != task->attempt) {
-    return finish(instrumentation::ClientOutcome::kLate, Verdict(task->id, fl::v1::UPDATE_OUTCOME_LATE,
-                                  wire::MakeError(fl::v1::ERROR_CODE_LATE, "the round is over")));
+    return finish(
+        instrumentation::ClientOutcome::kLate,
+        Verdict(task->id, fl::v1::UPDATE_OUTCOME_LATE, wire::MakeError(fl::v1::ERROR_CODE_LATE, "the round is over")));
   }
   // The phases, placed on the server's clock, must lie between the dispatch and the update's arrival: a
   // client cannot put its training decades away (or before the task existed) in the records.
@@ -425,8 +429,8 @@ fl::v1::UploadUpdateResponse RoundEngine::AcceptUpdate(UploadDoneEvent& e, TaskI
   if (h.kind() == fl::v1::UPDATE_KIND_DELTA) {
     // The common path: the payload is the pseudo-gradient itself, decoded straight into the aggregator's
     // own buffer (no extra model-sized copy on the server).
-    if (absl::Status s = current_->aggregator->AddEncoded(*uplink_codec_, e.payload, weight, h.model_fingerprint(),
-                                                          source);
+    if (absl::Status s =
+            current_->aggregator->AddEncoded(*uplink_codec_, e.payload, weight, h.model_fingerprint(), source);
         !s.ok()) {
       return reject(s);
     }
@@ -463,8 +467,8 @@ UpdateBounds RoundEngine::UpdateReportBounds(const ClientInfo& client, const Tas
     b.examples_basis = fl::StrCat("client '", client.id, "' declared ", declared, " train examples at Join");
   }
   const uint64_t epochs = std::max<uint32_t>(1, config_.train.local_epochs());
-  b.max_steps = config_.train.local_steps() > 0 ? config_.train.local_steps()
-                                                : epochs * ((b.max_examples + batch - 1) / batch);
+  b.max_steps =
+      config_.train.local_steps() > 0 ? config_.train.local_steps() : epochs * ((b.max_examples + batch - 1) / batch);
   b.max_phase_ns = PhaseBoundNs(task.dispatched_ns, now_ns);
   // A phase moves at most the model's download (the only transfer reported in the header), with headroom
   // for framing; 1 MiB when there is no model yet.
@@ -511,13 +515,7 @@ void RoundEngine::RejectAtHeader(TaskInfo& task, const fl::v1::UploadUpdateRespo
   }
   ++current_->rejected;
   // Only what the server measured: none of the refused report's numbers reach the records.
-  instrumentation::ClientRoundRecord rec;
-  rec.experiment_id = config_.experiment_id;
-  rec.round = static_cast<int64_t>(task.round);
-  rec.attempt = task.attempt;
-  rec.client_id = task.client_id;
-  rec.dispatched_unix_ms = task.dispatched_unix_ms;
-  FillServerDownlink(task, rec);
+  instrumentation::ClientRoundRecord rec = TaskRow(task);
   rec.outcome = instrumentation::ClientOutcome::kRejected;
   rec.reject_reason = verdict.error().message();
   if (auto c = clients_.find(task.client_id); c != clients_.end()) {

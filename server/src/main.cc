@@ -131,8 +131,10 @@ int main(int argc, char** argv) {
   app.add_option("--port-file", port_file, "Write the bound port to this file once listening");
   app.add_option("--db", db_path, "SQLite records database (created if missing); empty: no records")
       ->capture_default_str();
-  app.add_option("--experiment-name", config.experiment_name, "Name recorded with the experiment")->capture_default_str();
-  app.add_option("--experiment-id", config.experiment_id, "Experiment id (default: generated; with --resume: which one)");
+  app.add_option("--experiment-name", config.experiment_name, "Name recorded with the experiment")
+      ->capture_default_str();
+  app.add_option("--experiment-id", config.experiment_id,
+                 "Experiment id (default: generated; with --resume: which one)");
   app.add_option("--rounds", config.num_rounds, "Number of rounds to commit")->capture_default_str();
   app.add_option("--strategy", strategy,
                  "fedavg, fedprox, fedavgm, fedadam, fedyogi, fedadagrad, fedmedian, fedtrimmedavg[:beta], nesterov; "
@@ -158,7 +160,8 @@ int main(int argc, char** argv) {
   app.add_option("--max-round-attempts", config.max_round_attempts,
                  "Attempts at a round (too few updates by the deadline) before the experiment fails")
       ->capture_default_str();
-  app.add_option("--seed", config.seed, "Seed of client selection and of the clients' data order")->capture_default_str();
+  app.add_option("--seed", config.seed, "Seed of client selection and of the clients' data order")
+      ->capture_default_str();
   app.add_option("--local-epochs", local_epochs, "Local epochs per round (ignored when --local-steps > 0)")
       ->capture_default_str();
   app.add_option("--local-steps", local_steps, "Local optimizer steps per round; 0: use --local-epochs")
@@ -170,7 +173,8 @@ int main(int argc, char** argv) {
   app.add_option("--weight-decay", weight_decay, "Clients' weight decay")->capture_default_str();
   app.add_option("--proximal-mu", proximal_mu, "FedProx proximal coefficient mu (with --strategy fedprox)")
       ->capture_default_str();
-  app.add_option("--uplink-codec", config.uplink_codec, "Codec of client updates: fp32, fp16, bf16, int8, int4, fp4, sign1")
+  app.add_option("--uplink-codec", config.uplink_codec,
+                 "Codec of client updates: fp32, fp16, bf16, int8, int4, fp4, sign1")
       ->capture_default_str();
   app.add_option("--downlink-codec", config.downlink_codec, "Codec of model downloads")->capture_default_str();
   app.add_option("--upload-slots", config.upload_slots, "Updates buffered at once (bounds server memory)")
@@ -223,7 +227,8 @@ int main(int argc, char** argv) {
                  "Start from this model instead of the first client's: a checkpoint file of ours, or a TorchScript "
                  "model (PATH.pt, exported with torch.jit.script/trace; its parameters and buffers, read without "
                  "LibTorch); clients must train the same model");
-  app.add_flag("--resume", resume, "Continue the experiment after its last committed round (needs --db, --checkpoint-dir)");
+  app.add_flag("--resume", resume,
+               "Continue the experiment after its last committed round (needs --db, --checkpoint-dir)");
   std::optional<uint64_t> resume_from_round;
   app.add_option("--resume-from-round", resume_from_round,
                  "With --resume: start from this committed round's checkpoint instead of the last one's (when that "
@@ -356,12 +361,13 @@ int main(int argc, char** argv) {
   }
   // Clients that were away at the end learn it when they come back (Join, hello), for --linger-s at most.
   const auto told_until = std::chrono::steady_clock::now() + std::chrono::seconds(linger_s);
-  if (result.status != fl::instrumentation::ExperimentStatus::kAborted && engine.ClientsNotToldOfTheEnd() > 0 && linger_s > 0) {
+  if (result.status != fl::instrumentation::ExperimentStatus::kAborted && engine.ClientsNotToldOfTheEnd() > 0 &&
+      linger_s > 0) {
     spdlog::info("waiting up to {} s for {} client(s) that were away at the end, to tell them", linger_s,
                  engine.ClientsNotToldOfTheEnd());
   }
-  while (result.status != fl::instrumentation::ExperimentStatus::kAborted && !signalled.load() && engine.ClientsNotToldOfTheEnd() > 0 &&
-         std::chrono::steady_clock::now() < told_until) {
+  while (result.status != fl::instrumentation::ExperimentStatus::kAborted && !signalled.load() &&
+         engine.ClientsNotToldOfTheEnd() > 0 && std::chrono::steady_clock::now() < told_until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   // Let in-flight RPCs finish (final verdicts, the Shutdown message), then cut the rest.
@@ -373,7 +379,8 @@ int main(int argc, char** argv) {
   if (records != nullptr) {
     if (absl::Status s = records->Close(); !s.ok()) spdlog::error("closing the records: {}", s.message());
   }
-  std::cout << "experiment " << result.experiment_id << " " << result.status_name() << ": " << result.reason << std::endl;
+  std::cout << "experiment " << result.experiment_id << " " << result.status_name() << ": " << result.reason
+            << std::endl;
   if (result.status == fl::instrumentation::ExperimentStatus::kFinished) return 0;
   return result.status == fl::instrumentation::ExperimentStatus::kAborted ? 130 : 1;
 }

@@ -54,8 +54,7 @@ absl::StatusOr<std::string> ExperimentOfNewestIntactCheckpoint(const std::string
 }
 
 // Rounds of the intact checkpoints of `experiment_id` older than `round`, oldest first.
-std::vector<uint64_t> IntactOlderCheckpoints(const std::string& dir, const std::string& experiment_id,
-                                             uint64_t round) {
+std::vector<uint64_t> IntactOlderCheckpoints(const std::string& dir, const std::string& experiment_id, uint64_t round) {
   std::vector<uint64_t> intact;
   auto rounds = CheckpointRounds(dir);
   if (!rounds.ok()) return intact;
@@ -107,7 +106,8 @@ absl::StatusOr<RoundEngine::StartPoint> PlanResume(EngineConfig* config, const s
     return absl::InvalidArgumentError(fl::StrCat(
         "--resume-from-round ", round, ": the records of experiment '", experiment, "' hold rounds up to ", last,
         " as committed; a checkpoint of a round whose records were never stored cannot be resumed (run --resume "
-        "without --resume-from-round to continue after round ", last, ")"));
+        "without --resume-from-round to continue after round ",
+        last, ")"));
   }
   if (round > 0 && !committed.contains(round)) {
     return absl::InvalidArgumentError(fl::StrCat("--resume-from-round ", round, ": round ", round,
@@ -128,20 +128,20 @@ absl::StatusOr<RoundEngine::StartPoint> PlanResume(EngineConfig* config, const s
         " with model version ", *committed[round]->model_version, ": it is not the model that round committed"));
   }
   if (!ckpt.ok()) {
-    const std::string what =
-        from_round.has_value()
-            ? fl::StrCat("--resume-from-round ", round, ": its checkpoint cannot be used: ")
-            : fl::StrCat("--resume: the records say round ", round, " is the last committed one but its checkpoint "
-                         "cannot be used: ");
+    const std::string what = from_round.has_value()
+                                 ? fl::StrCat("--resume-from-round ", round, ": its checkpoint cannot be used: ")
+                                 : fl::StrCat("--resume: the records say round ", round,
+                                              " is the last committed one but its checkpoint "
+                                              "cannot be used: ");
     const std::vector<uint64_t> older = IntactOlderCheckpoints(dir, experiment, round);
-    const std::string hint =
-        older.empty()
-            ? fl::StrCat(". No older intact checkpoint of this experiment is in ", dir,
-                         ": restore the file from a copy, or run without --resume to start anew")
-            : fl::StrCat(". Intact older checkpoints in ", dir, ": round(s) ", JoinRounds(older),
-                         ". Run with --resume --resume-from-round ", older.back(), " to re-run rounds ",
-                         older.back() + 1, "-", last, " from it (their committed records stay, marked aborted), "
-                         "or restore the file from a copy");
+    const std::string hint = older.empty()
+                                 ? fl::StrCat(". No older intact checkpoint of this experiment is in ", dir,
+                                              ": restore the file from a copy, or run without --resume to start anew")
+                                 : fl::StrCat(". Intact older checkpoints in ", dir, ": round(s) ", JoinRounds(older),
+                                              ". Run with --resume --resume-from-round ", older.back(),
+                                              " to re-run rounds ", older.back() + 1, "-", last,
+                                              " from it (their committed records stay, marked aborted), "
+                                              "or restore the file from a copy");
     return absl::Status(ckpt.status().code(), fl::StrCat(what, fl::ToStd(ckpt.status().message()), hint));
   }
 
@@ -158,8 +158,8 @@ absl::StatusOr<RoundEngine::StartPoint> PlanResume(EngineConfig* config, const s
     start.supersede_later_rounds = true;
     start.supersede_reason = fl::StrCat("superseded: fl-server --resume-from-round ", round,
                                         " re-ran the rounds after ", round, " from that round's checkpoint");
-    spdlog::warn("--resume-from-round {}: rounds {}-{} are re-run; their committed records are kept as aborted",
-                 round, round + 1, last);
+    spdlog::warn("--resume-from-round {}: rounds {}-{} are re-run; their committed records are kept as aborted", round,
+                 round + 1, last);
   }
 
   if (round > 0) {
@@ -172,9 +172,8 @@ absl::StatusOr<RoundEngine::StartPoint> PlanResume(EngineConfig* config, const s
     if (due && !row.eval_num_examples.has_value()) {
       auto evaluations = (*reader)->ListEvaluations(experiment, static_cast<int64_t>(round));
       if (!evaluations.ok()) return evaluations.status();
-      start.redo_evaluation = std::none_of(evaluations->begin(), evaluations->end(), [&](const auto& e) {
-        return e.attempt == row.attempt;
-      });
+      start.redo_evaluation = std::none_of(evaluations->begin(), evaluations->end(),
+                                           [&](const auto& e) { return e.attempt == row.attempt; });
     }
   }
   start.checkpoint = *std::move(ckpt);

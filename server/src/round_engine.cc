@@ -33,8 +33,8 @@ absl::StatusOr<core::NormClip> EngineConfig::UpdateNormClip() const {
   }
   auto clip = core::NormClip::Parse(clip_update_norm);
   if (!clip.ok()) {
-    return absl::InvalidArgumentError(fl::StrCat("--clip-update-norm=", clip_update_norm, ": ",
-                                                 fl::ToStd(clip.status().message())));
+    return absl::InvalidArgumentError(
+        fl::StrCat("--clip-update-norm=", clip_update_norm, ": ", fl::ToStd(clip.status().message())));
   }
   if (clip->mode == core::NormClip::Mode::kMedian && streamed) {
     return absl::InvalidArgumentError(fl::StrCat(
@@ -86,8 +86,7 @@ constexpr EngineTransition kTransitions[] = {
      "select idle clients; dispatch train tasks; arm the round deadline"},
     {S::kWaitingForClients, T::kEvaluationStarted, S::kEvaluating,
      "select idle clients; dispatch evaluate tasks; arm the evaluation deadline"},
-    {S::kWaitingForClients, T::kAllRoundsCommitted, S::kDraining,
-     "arm the grace for the last uplink reports"},
+    {S::kWaitingForClients, T::kAllRoundsCommitted, S::kDraining, "arm the grace for the last uplink reports"},
     {S::kWaitingForClients, T::kShutdown, S::kFinished, "tell every client; the experiment is aborted"},
     {S::kCollecting, T::kRoundCommitted, S::kWaitingForClients,
      "aggregate; server optimizer step; write the checkpoint; store the round's records as one commit"},
@@ -95,8 +94,7 @@ constexpr EngineTransition kTransitions[] = {
      "record the attempt as failed with its reason; the next attempt waits for clients"},
     {S::kCollecting, T::kGaveUp, S::kFinished,
      "attempts exhausted, or the step, checkpoint or records failed: the experiment failed"},
-    {S::kCollecting, T::kShutdown, S::kFinished,
-     "cancel open tasks; record the attempt as aborted; tell every client"},
+    {S::kCollecting, T::kShutdown, S::kFinished, "cancel open tasks; record the attempt as aborted; tell every client"},
     {S::kEvaluating, T::kEvaluationStored, S::kWaitingForClients,
      "store the clients' results and the round's figures as one commit"},
     {S::kEvaluating, T::kGaveUp, S::kFinished, "the evaluation's records failed: the experiment failed"},
@@ -211,7 +209,8 @@ RoundEngine::RoundEngine(EngineConfig config, instrumentation::RecordStore* reco
       timeline_(clock_->NowNs(), clock_->UnixNs()),
       records_(records),
       start_(std::move(start)),
-      loop_(clock_, [this](EngineEvent& e) { Handle(e); }, [this] { Advance(); }) {
+      loop_(
+          clock_, [this](EngineEvent& e) { Handle(e); }, [this] { Advance(); }) {
   if (config_.print_table) observers_.push_back(MakeConsoleTable());
 }
 
@@ -298,16 +297,15 @@ absl::Status RoundEngine::Prepare() {
   if (start_.checkpoint.has_value()) {
     Checkpoint& ckpt = *start_.checkpoint;
     if (resumed) config_.experiment_id = ckpt.experiment_id;
-    if (absl::Status s = AdoptModel(ckpt.spec, ckpt.model_name, std::move(ckpt.values), ckpt.model_version);
-        !s.ok()) {
+    if (absl::Status s = AdoptModel(ckpt.spec, ckpt.model_name, std::move(ckpt.values), ckpt.model_version); !s.ok()) {
       return s;
     }
     if (resumed && !ckpt.task.empty()) {
       // The resumed experiment keeps its task: clients of another one are refused as before the restart.
       auto task = core::ParseTask(ckpt.task);
       if (!task.ok()) {
-        return absl::InvalidArgumentError(fl::StrCat("checkpoint of experiment ", ckpt.experiment_id, ": ",
-                                                     fl::ToStd(task.status().message())));
+        return absl::InvalidArgumentError(
+            fl::StrCat("checkpoint of experiment ", ckpt.experiment_id, ": ", fl::ToStd(task.status().message())));
       }
       task_ = *task;
     }
@@ -344,18 +342,28 @@ absl::Status RoundEngine::Prepare() {
                  round_, model_version_, attempt_,
                  evaluation_due_ ? "; its evaluation was interrupted and is redone first" : "");
   } else {
-    nlohmann::json cfg = {
-        {"experiment_name", config_.experiment_name}, {"num_rounds", config_.num_rounds},
-        {"fraction_fit", config_.fit.fraction}, {"min_fit_clients", config_.fit.min_clients},
-        {"min_available_clients", config_.fit.min_available}, {"fraction_evaluate", config_.fraction_evaluate},
-        {"evaluate_every", config_.evaluate_every}, {"round_deadline_ms", config_.round_deadline_ms},
-        {"max_round_attempts", config_.max_round_attempts}, {"seed", config_.seed},
-        {"aggregator", config_.aggregator}, {"optimizer", config_.optimizer},
-        {"uplink_codec", config_.uplink_codec}, {"downlink_codec", config_.downlink_codec},
-        {"local_epochs", config_.train.local_epochs()}, {"local_steps", config_.train.local_steps()},
-        {"batch_size", config_.train.batch_size()}, {"learning_rate", config_.train.learning_rate()},
-        {"client_optimizer", config_.train.optimizer()}, {"momentum", config_.train.momentum()},
-        {"weight_decay", config_.train.weight_decay()}, {"proximal_mu", config_.train.proximal_mu()}};
+    nlohmann::json cfg = {{"experiment_name", config_.experiment_name},
+                          {"num_rounds", config_.num_rounds},
+                          {"fraction_fit", config_.fit.fraction},
+                          {"min_fit_clients", config_.fit.min_clients},
+                          {"min_available_clients", config_.fit.min_available},
+                          {"fraction_evaluate", config_.fraction_evaluate},
+                          {"evaluate_every", config_.evaluate_every},
+                          {"round_deadline_ms", config_.round_deadline_ms},
+                          {"max_round_attempts", config_.max_round_attempts},
+                          {"seed", config_.seed},
+                          {"aggregator", config_.aggregator},
+                          {"optimizer", config_.optimizer},
+                          {"uplink_codec", config_.uplink_codec},
+                          {"downlink_codec", config_.downlink_codec},
+                          {"local_epochs", config_.train.local_epochs()},
+                          {"local_steps", config_.train.local_steps()},
+                          {"batch_size", config_.train.batch_size()},
+                          {"learning_rate", config_.train.learning_rate()},
+                          {"client_optimizer", config_.train.optimizer()},
+                          {"momentum", config_.train.momentum()},
+                          {"weight_decay", config_.train.weight_decay()},
+                          {"proximal_mu", config_.train.proximal_mu()}};
     instrumentation::ExperimentRecord exp;
     exp.id = config_.experiment_id;
     exp.name = config_.experiment_name;
@@ -380,16 +388,26 @@ void RoundEngine::Handle(EngineEvent& event) {
   std::visit(
       [this](auto& e) {
         using T = std::decay_t<decltype(e)>;
-        if constexpr (std::is_same_v<T, JoinEvent>) HandleJoin(e);
-        else if constexpr (std::is_same_v<T, SessionOpenEvent>) HandleSessionOpen(e);
-        else if constexpr (std::is_same_v<T, SessionMessageEvent>) HandleSessionMessage(e);
-        else if constexpr (std::is_same_v<T, SessionClosedEvent>) HandleSessionClosed(e);
-        else if constexpr (std::is_same_v<T, DownloadEvent>) HandleDownload(e);
-        else if constexpr (std::is_same_v<T, DownloadDoneEvent>) HandleDownloadDone(e);
-        else if constexpr (std::is_same_v<T, UploadStartEvent>) HandleUploadStart(e);
-        else if constexpr (std::is_same_v<T, UploadDoneEvent>) HandleUploadDone(e);
-        else if constexpr (std::is_same_v<T, LeaveEvent>) HandleLeave(e);
-        else if constexpr (std::is_same_v<T, ShutdownEvent>) HandleShutdown(e);
+        if constexpr (std::is_same_v<T, JoinEvent>)
+          HandleJoin(e);
+        else if constexpr (std::is_same_v<T, SessionOpenEvent>)
+          HandleSessionOpen(e);
+        else if constexpr (std::is_same_v<T, SessionMessageEvent>)
+          HandleSessionMessage(e);
+        else if constexpr (std::is_same_v<T, SessionClosedEvent>)
+          HandleSessionClosed(e);
+        else if constexpr (std::is_same_v<T, DownloadEvent>)
+          HandleDownload(e);
+        else if constexpr (std::is_same_v<T, DownloadDoneEvent>)
+          HandleDownloadDone(e);
+        else if constexpr (std::is_same_v<T, UploadStartEvent>)
+          HandleUploadStart(e);
+        else if constexpr (std::is_same_v<T, UploadDoneEvent>)
+          HandleUploadDone(e);
+        else if constexpr (std::is_same_v<T, LeaveEvent>)
+          HandleLeave(e);
+        else if constexpr (std::is_same_v<T, ShutdownEvent>)
+          HandleShutdown(e);
       },
       event);
 }
@@ -397,9 +415,7 @@ void RoundEngine::Handle(EngineEvent& event) {
 void RoundEngine::Advance() {
   const int64_t now = NowNs();
   switch (state_) {
-    case EngineState::kWaitingForModel:
-      ReaskInitialModelIfStalled(now);
-      return;
+    case EngineState::kWaitingForModel: ReaskInitialModelIfStalled(now); return;
     case EngineState::kWaitingForClients:
       if (evaluation_due_) {
         // Resumed after a crash during round_'s evaluation: redo it with as many clients as a round waits for.
@@ -434,11 +450,11 @@ void RoundEngine::Advance() {
     }
     case EngineState::kDraining:
       if (Drained(now)) {
-        Finish(instrumentation::ExperimentStatus::kFinished, fl::StrCat("all ", config_.num_rounds, " rounds committed"));
+        Finish(instrumentation::ExperimentStatus::kFinished,
+               fl::StrCat("all ", config_.num_rounds, " rounds committed"));
       }
       return;
-    case EngineState::kFinished:
-      return;
+    case EngineState::kFinished: return;
   }
 }
 
@@ -487,10 +503,9 @@ void RoundEngine::Finish(instrumentation::ExperimentStatus status, std::string r
     c->session.reset();
   }
   while (!waiting_uploads_.empty()) {
-    waiting_uploads_.front()->event.admit(
-        Rejected(waiting_uploads_.front()->event.header.task_id(), fl::v1::ERROR_CODE_SHUTTING_DOWN,
-                 "the experiment has ended"),
-        {});
+    waiting_uploads_.front()->event.admit(Rejected(waiting_uploads_.front()->event.header.task_id(),
+                                                   fl::v1::ERROR_CODE_SHUTTING_DOWN, "the experiment has ended"),
+                                          {});
     waiting_uploads_.pop_front();
   }
   if (records_ != nullptr) {

@@ -50,8 +50,8 @@ grpc::Status Unparsable(std::string_view what, std::string_view type, size_t byt
 }
 
 grpc::Status RateLimited(grpc::StatusCode code, std::string message, std::string hint) {
-  return wire::ToGrpcStatus(code, wire::MakeError(fl::v1::ERROR_CODE_RATE_LIMITED, std::move(message), "",
-                                                  std::move(hint)));
+  return wire::ToGrpcStatus(code,
+                            wire::MakeError(fl::v1::ERROR_CODE_RATE_LIMITED, std::move(message), "", std::move(hint)));
 }
 
 // Token bucket of a session's inbound messages: `rate` per second on average, bursts up to twice that.
@@ -91,12 +91,13 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
                                    "read the Session stream continuously"));
     }
     void Send(ServerMessage message) override {
-      if (outbox_.Send(Serialize(message)) == rpc::StreamOutbox<grpc::ByteBuffer, grpc::ByteBuffer>::SendResult::kOverflowed) {
+      if (outbox_.Send(Serialize(message)) ==
+          rpc::StreamOutbox<grpc::ByteBuffer, grpc::ByteBuffer>::SendResult::kOverflowed) {
         // The engine forgets the session now, not when the stream finally ends (the client may never read).
-        engine_->Post(SessionClosedEvent{
-            shared_from_this(), fl::StrCat("the client did not read its session stream (limit ",
-                                           engine_->config().session_max_queued_messages,
-                                           " waiting messages, --session-max-queued-messages)")});
+        engine_->Post(
+            SessionClosedEvent{shared_from_this(), fl::StrCat("the client did not read its session stream (limit ",
+                                                              engine_->config().session_max_queued_messages,
+                                                              " waiting messages, --session-max-queued-messages)")});
       }
     }
     void Close(const grpc::Status& status) override { outbox_.Close(status); }
@@ -150,16 +151,15 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     const size_t bytes = in_.Length();
     ClientMessage message;
     if (!Parse(&in_, &message)) {
-      return Abandon(Unparsable(fl::StrCat("message ", received_ + 1, " of the Session stream"), "fl.v1.ClientMessage",
-                                bytes));
+      return Abandon(
+          Unparsable(fl::StrCat("message ", received_ + 1, " of the Session stream"), "fl.v1.ClientMessage", bytes));
     }
     ++received_;
     const int64_t now = engine_->clock().NowNs();
     // Before anything reaches the engine: a flooding session costs the engine no more than the limit allows.
     if (!bucket_.Take(now)) {
       const uint32_t limit = engine_->config().session_max_messages_per_s;
-      spdlog::warn("closing the session of client '{}': more than {} messages per second", client_id_,
-                   limit);
+      spdlog::warn("closing the session of client '{}': more than {} messages per second", client_id_, limit);
       return Abandon(RateLimited(
           grpc::StatusCode::RESOURCE_EXHAUSTED,
           fl::StrCat("client '", client_id_, "' sent more than ", limit,
@@ -214,7 +214,10 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
 class DownloadStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   DownloadStream(RoundEngine* engine, const fl::v1::DownloadModelRequest& request)
-      : engine_(engine), client_id_(request.client_id()), task_id_(request.task_id()), started_ns_(engine->clock().NowNs()) {
+      : engine_(engine),
+        client_id_(request.client_id()),
+        task_id_(request.task_id()),
+        started_ns_(engine->clock().NowNs()) {
     chunk_bytes_ = request.max_chunk_bytes() == 0 ? wire::kDefaultChunkBytes
                                                   : std::min(request.max_chunk_bytes(), wire::kMaxChunkBytes);
     chunk_bytes_ = std::max<uint32_t>(chunk_bytes_, 1024);
@@ -242,7 +245,8 @@ class DownloadStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       return;
     }
     if (trailer_sent_) {
-      engine_->Post(DownloadDoneEvent{client_id_, task_id_, started_ns_, engine_->clock().NowNs(), payload_->bytes.size()});
+      engine_->Post(
+          DownloadDoneEvent{client_id_, task_id_, started_ns_, engine_->clock().NowNs(), payload_->bytes.size()});
       Finish(grpc::Status::OK);
       return;
     }
@@ -270,7 +274,7 @@ class DownloadStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     uint8_t prefix[16];
     size_t len = 0;
     prefix[len++] = (2 << 3) | 2;  // field 2, length-delimited
-    for (uint64_t v = n; ; v >>= 7) {
+    for (uint64_t v = n;; v >>= 7) {
       if (v < 0x80) {
         prefix[len++] = static_cast<uint8_t>(v);
         break;
@@ -315,35 +319,36 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     switch (stage_) {
       case Stage::kHeader:
         if (chunk.part_case() != fl::v1::UpdateChunk::kHeader) {
-          return Fail(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the first message of an upload must be its header"));
+          return Fail(
+              grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the first message of an upload must be its header"));
         }
         header_ = std::move(*chunk.mutable_header());
         first_byte_ns_ = engine_->clock().NowNs();
         stage_ = Stage::kAdmitting;
-        engine_->Post(UploadStartEvent{header_, first_byte_ns_,
-                                       [this](std::optional<fl::v1::UploadUpdateResponse> refusal,
-                                              std::vector<uint8_t> buffer) {
-                                         std::lock_guard admit_lock(progress_->mu);
-                                         if (refusal.has_value()) {
-                                           *response_ = Serialize(*refusal);
-                                           stage_ = Stage::kDone;
-                                           Finish(grpc::Status::OK);
-                                           return;
-                                         }
-                                         stage_ = Stage::kReceiving;
-                                         payload_ = std::move(buffer);
-                                         payload_.clear();
-                                         // An update of the experiment's model (a size the server
-                                         // knows, checked against the header) gets its whole buffer
-                                         // now, so nothing is copied as it arrives. An initial model's
-                                         // size is only its sender's claim: that buffer grows with what
-                                         // arrives (GrowFor).
-                                         if (header_.kind() != fl::v1::UPDATE_KIND_INITIAL_MODEL) {
-                                           payload_.reserve(header_.payload_bytes());
-                                         }
-                                         StartRead(&in_);
-                                       },
-                                       progress_});
+        engine_->Post(
+            UploadStartEvent{header_, first_byte_ns_,
+                             [this](std::optional<fl::v1::UploadUpdateResponse> refusal, std::vector<uint8_t> buffer) {
+                               std::lock_guard admit_lock(progress_->mu);
+                               if (refusal.has_value()) {
+                                 *response_ = Serialize(*refusal);
+                                 stage_ = Stage::kDone;
+                                 Finish(grpc::Status::OK);
+                                 return;
+                               }
+                               stage_ = Stage::kReceiving;
+                               payload_ = std::move(buffer);
+                               payload_.clear();
+                               // An update of the experiment's model (a size the server
+                               // knows, checked against the header) gets its whole buffer
+                               // now, so nothing is copied as it arrives. An initial model's
+                               // size is only its sender's claim: that buffer grows with what
+                               // arrives (GrowFor).
+                               if (header_.kind() != fl::v1::UPDATE_KIND_INITIAL_MODEL) {
+                                 payload_.reserve(header_.payload_bytes());
+                               }
+                               StartRead(&in_);
+                             },
+                             progress_});
         return;
       case Stage::kReceiving:
         progress_->last_ns = engine_->clock().NowNs();
@@ -375,8 +380,7 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
         }
         return Fail(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a second header in one upload"));
       case Stage::kAdmitting:
-      case Stage::kDone:
-        return;  // a read cannot complete in these stages
+      case Stage::kDone: return;  // a read cannot complete in these stages
     }
   }
 
@@ -496,7 +500,7 @@ class RefusedDownload final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
 }  // namespace
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* FederationService::DownloadModel(grpc::CallbackServerContext* /*ctx*/,
-                                                                            const grpc::ByteBuffer* request) {
+                                                                             const grpc::ByteBuffer* request) {
   grpc::ByteBuffer bytes(*request);
   fl::v1::DownloadModelRequest req;
   if (!Parse(&bytes, &req)) {
@@ -507,7 +511,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* FederationService::DownloadModel(grp
 }
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* FederationService::UploadUpdate(grpc::CallbackServerContext* /*ctx*/,
-                                                                          grpc::ByteBuffer* response) {
+                                                                           grpc::ByteBuffer* response) {
   return new UploadStream(engine_, response);
 }
 
@@ -520,10 +524,11 @@ grpc::ServerUnaryReactor* FederationService::Leave(grpc::CallbackServerContext* 
     reactor->Finish(Unparsable("the Leave request's bytes", "fl.v1.LeaveRequest", request->Length()));
     return reactor;
   }
-  engine_->Post(LeaveEvent{std::move(req), [reactor, response](const grpc::Status& status, const fl::v1::LeaveResponse& r) {
-                             *response = Serialize(r);
-                             reactor->Finish(status);
-                           }});
+  engine_->Post(
+      LeaveEvent{std::move(req), [reactor, response](const grpc::Status& status, const fl::v1::LeaveResponse& r) {
+                   *response = Serialize(r);
+                   reactor->Finish(status);
+                 }});
   return reactor;
 }
 

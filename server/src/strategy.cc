@@ -13,7 +13,8 @@ absl::Status ResolveStrategy(const std::string& strategy, EngineConfig* config) 
     if (name == "fedprox" && config->train.proximal_mu() <= 0) {
       return absl::InvalidArgumentError("--strategy=fedprox needs --proximal-mu > 0 (e.g. 0.01)");
     }
-  } else if (name == "fedavgm" || name == "fedadam" || name == "fedyogi" || name == "fedadagrad" || name == "nesterov") {
+  } else if (name == "fedavgm" || name == "fedadam" || name == "fedyogi" || name == "fedadagrad" ||
+             name == "nesterov") {
     config->optimizer = strategy;
   } else if (name == "fedmedian") {
     config->aggregator = "median";
@@ -23,7 +24,8 @@ absl::Status ResolveStrategy(const std::string& strategy, EngineConfig* config) 
     config->optimizer = "fedavg";
   } else {
     return absl::InvalidArgumentError(fl::StrCat(
-        "--strategy=", strategy, " is not known; use one of fedavg, fedprox, fedavgm, fedadam, fedyogi, fedadagrad, "
+        "--strategy=", strategy,
+        " is not known; use one of fedavg, fedprox, fedavgm, fedadam, fedyogi, fedadagrad, "
         "fedmedian, fedtrimmedavg[:beta], nesterov (optimizer options after a colon, e.g. fedadam:lr=0.03)"));
   }
   return absl::OkStatus();

@@ -357,10 +357,10 @@ INSTANTIATE_TEST_SUITE_P(
                   "whole number in [0, "},
         // Item 4: the weight is bounded by the 1000 train examples the client declared at Join.
         BadUpdate{"WeightAboveWhatTheClientDeclared", [](auto& h) { h.set_num_examples(1'000'000'000'000); },
-                  "num_examples", "claims 1000000000000 training examples; it must be in [1, 1000] (client 'raw' "
-                                  "declared 1000 train examples at Join)"},
-        BadUpdate{"NegativeDuration",
-                  [](auto& h) { *h.add_timings() = Timing(fl::v1::PHASE_TRAIN, 1'000'000, -5); },
+                  "num_examples",
+                  "claims 1000000000000 training examples; it must be in [1, 1000] (client 'raw' "
+                  "declared 1000 train examples at Join)"},
+        BadUpdate{"NegativeDuration", [](auto& h) { *h.add_timings() = Timing(fl::v1::PHASE_TRAIN, 1'000'000, -5); },
                   "timings (PHASE_TRAIN)", "lasted -5 ns"},
         BadUpdate{"TrainLongerThanTheTaskExisted",
                   [](auto& h) { *h.add_timings() = Timing(fl::v1::PHASE_TRAIN, 1'000'000, 3'600'000'000'000); },
@@ -368,11 +368,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadUpdate{"ClockReadingNoClockHas",
                   [](auto& h) { *h.add_timings() = Timing(fl::v1::PHASE_TRAIN, kI64Max, 1000); },
                   "timings (PHASE_TRAIN)", "no monotonic clock reads that"},
-        BadUpdate{"DownlinkBytesBeyondTheModel",
-                  [](auto& h) {
-                    *h.add_timings() = Timing(fl::v1::PHASE_DOWNLINK, 1'000'000, 1000, uint64_t{1} << 63);
-                  },
-                  "timings (PHASE_DOWNLINK)", "moved 9223372036854775808 bytes"},
+        BadUpdate{
+            "DownlinkBytesBeyondTheModel",
+            [](auto& h) { *h.add_timings() = Timing(fl::v1::PHASE_DOWNLINK, 1'000'000, 1000, uint64_t{1} << 63); },
+            "timings (PHASE_DOWNLINK)", "moved 9223372036854775808 bytes"},
         BadUpdate{"UnknownPhase",
                   [](auto& h) { *h.add_timings() = Timing(static_cast<fl::v1::Phase>(99), 1'000'000, 1000); },
                   "timings", "phase 99, which is not a known fl.v1.Phase"},
@@ -453,9 +452,9 @@ TEST(ClientReportsTest, PongsAtInt64ExtremesAreIgnoredAndPlaceNothing) {
     EXPECT_FALSE(row.train_start_unix_ms.has_value());
   }
   // And no phase anywhere in the records lies outside the experiment's hour.
-  auto ahead = reader->QueryText(fl::StrCat("SELECT count(*) FROM client_rounds WHERE experiment_id = '",
-                                            result.experiment_id, "' AND train_start_unix_ms > ",
-                                            fl::UnixMs() + 3'600'000));
+  auto ahead =
+      reader->QueryText(fl::StrCat("SELECT count(*) FROM client_rounds WHERE experiment_id = '", result.experiment_id,
+                                   "' AND train_start_unix_ms > ", fl::UnixMs() + 3'600'000));
   ASSERT_TRUE(ahead.ok());
   EXPECT_EQ(*ahead, "0");
   // Each refused pong is recorded with its reason (client_events), not only logged.
@@ -653,8 +652,8 @@ TEST(ClientReportsTest, OversizeJoinStringsAndMapsAreRefusedNamingTheFieldAndThe
       {"software_version", [&](auto& r) { r.set_software_version(mb); }, "software_version", "limit is 256"},
       {"memory_bytes", [&](auto& r) { r.mutable_device()->set_memory_bytes(~uint64_t{0}); }, "device.memory_bytes",
        "device.memory_bytes is 18446744073709551615; the limit is 1125899906842624"},
-      {"control_characters_in_name", [&](auto& r) { r.set_client_name("evil\n[info] forged line"); },
-       "client_name", "client name 'evil\\n[info] forged line' is invalid"},
+      {"control_characters_in_name", [&](auto& r) { r.set_client_name("evil\n[info] forged line"); }, "client_name",
+       "client name 'evil\\n[info] forged line' is invalid"},
   };
   for (const Oversize& c : cases) {
     fl::v1::JoinRequest req = JoinOf(fl::StrCat("c-", c.name), SyntheticSpec());

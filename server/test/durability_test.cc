@@ -38,12 +38,26 @@ std::vector<std::string> ServerArgs(const Paths& p, int port, std::vector<std::s
                                     const std::string& kill_at = "") {
   std::vector<std::string> args;
   if (!kill_at.empty()) args = {"/usr/bin/env", fl::StrCat("FL_SERVER_TEST_KILL_AT=", kill_at)};
-  for (std::string a : {std::string(FL_SERVER_BIN), std::string("--listen"), fl::StrCat("127.0.0.1:", port),
-                        std::string("--db"), p.db, std::string("--checkpoint-dir"), p.ckpt, std::string("--rounds"),
-                        std::to_string(kRounds), std::string("--min-fit-clients"), std::string("2"),
-                        std::string("--min-available-clients"), std::string("2"), std::string("--evaluate-every"),
-                        std::string("2"), std::string("--round-deadline-ms"), std::string("30000"),
-                        std::string("--heartbeat-interval-ms"), std::string("300"), std::string("--log-level"),
+  for (std::string a : {std::string(FL_SERVER_BIN),
+                        std::string("--listen"),
+                        fl::StrCat("127.0.0.1:", port),
+                        std::string("--db"),
+                        p.db,
+                        std::string("--checkpoint-dir"),
+                        p.ckpt,
+                        std::string("--rounds"),
+                        std::to_string(kRounds),
+                        std::string("--min-fit-clients"),
+                        std::string("2"),
+                        std::string("--min-available-clients"),
+                        std::string("2"),
+                        std::string("--evaluate-every"),
+                        std::string("2"),
+                        std::string("--round-deadline-ms"),
+                        std::string("30000"),
+                        std::string("--heartbeat-interval-ms"),
+                        std::string("300"),
+                        std::string("--log-level"),
                         std::string("info")}) {
     args.push_back(std::move(a));
   }
@@ -53,8 +67,17 @@ std::vector<std::string> ServerArgs(const Paths& p, int port, std::vector<std::s
 
 std::vector<std::string> ClientArgs(int port, const std::string& name) {
   // 20 ms of "training": rounds are quick, and fl-server kills itself at an exact step anyway.
-  return {FL_CLIENT_BIN, "--server", fl::StrCat("127.0.0.1:", port), "--name", name, "--model", "synthetic:2000:20",
-          "--give-up-after-s", "90", "--log-level", "warn"};
+  return {FL_CLIENT_BIN,
+          "--server",
+          fl::StrCat("127.0.0.1:", port),
+          "--name",
+          name,
+          "--model",
+          "synthetic:2000:20",
+          "--give-up-after-s",
+          "90",
+          "--log-level",
+          "warn"};
 }
 
 using process_testing::Query;
@@ -87,7 +110,8 @@ void ExpectConsistentRecords(const std::string& db, int64_t rounds, const std::s
             rounds)
       << "every committed round has the checkpoint row of the model it committed";
   EXPECT_EQ(*r.QueryInt(fl::StrCat("SELECT count(*) FROM rounds r WHERE r.status = 'committed' AND r.round <= ",
-                                   evaluated_through, " AND (r.round % 2 = 0 OR r.round = ", kRounds, ") AND (r.eval_num_examples IS NULL OR NOT EXISTS (SELECT 1 FROM "
+                                   evaluated_through, " AND (r.round % 2 = 0 OR r.round = ", kRounds,
+                                   ") AND (r.eval_num_examples IS NULL OR NOT EXISTS (SELECT 1 FROM "
                                    "evaluations e WHERE e.experiment_id = r.experiment_id AND e.round = r.round "
                                    "AND e.attempt = r.attempt))")),
             0)
@@ -117,7 +141,8 @@ void ResumeToTheEnd(const Paths& p, int port, std::vector<std::unique_ptr<Subpro
 
 std::vector<std::unique_ptr<Subprocess>> StartClients(int port, const std::string& log) {
   std::vector<std::unique_ptr<Subprocess>> clients;
-  for (int i = 0; i < 2; ++i) clients.push_back(std::make_unique<Subprocess>(ClientArgs(port, fl::StrCat("c", i)), log));
+  for (int i = 0; i < 2; ++i)
+    clients.push_back(std::make_unique<Subprocess>(ClientArgs(port, fl::StrCat("c", i)), log));
   return clients;
 }
 
@@ -136,7 +161,7 @@ void Corrupt(const std::string& path) {
 // ---- (b), (c): SIGKILL at each commit step, then --resume ----
 
 struct KillCase {
-  std::string step;        // FL_SERVER_TEST_KILL_AT
+  std::string step;         // FL_SERVER_TEST_KILL_AT
   int64_t committed_after;  // rounds the records hold as committed right after the kill
 };
 
@@ -253,8 +278,9 @@ TEST(DurabilityTest, CorruptCommittedCheckpointResumesFromAnOlderOneWithTheFlag)
   const std::string log = ReadFile(p.log);
   ExpectFinishedRun(p.db, log);
   // Round 3's first commit is kept, as aborted, and says why.
-  EXPECT_EQ(Query(p.db, "SELECT count(*) FROM rounds WHERE round = 3 AND status = 'aborted' AND failure_reason LIKE "
-                        "'superseded: fl-server --resume-from-round 2 %'"),
+  EXPECT_EQ(Query(p.db,
+                  "SELECT count(*) FROM rounds WHERE round = 3 AND status = 'aborted' AND failure_reason LIKE "
+                  "'superseded: fl-server --resume-from-round 2 %'"),
             1);
 }
 
@@ -273,8 +299,7 @@ TEST(DurabilityTest, ResumeFromRoundNeedsACommittedRound) {
   auto code = server.Wait(std::chrono::seconds(30));
   ASSERT_TRUE(code.has_value());
   EXPECT_EQ(*code, 2);
-  EXPECT_NE(ReadFile(out).find("--resume-from-round 5: the records of experiment"), std::string::npos)
-      << ReadFile(out);
+  EXPECT_NE(ReadFile(out).find("--resume-from-round 5: the records of experiment"), std::string::npos) << ReadFile(out);
   EXPECT_NE(ReadFile(out).find("hold rounds up to 2 as committed"), std::string::npos) << ReadFile(out);
 }
 

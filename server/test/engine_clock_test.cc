@@ -278,8 +278,7 @@ TEST_F(EngineClockTest, ARoundWithTooFewUpdatesFailsAtTheDeadlineAndTheNextAttem
   ASSERT_EQ(rounds.size(), 1u);
   EXPECT_EQ(rounds[0].status, instrumentation::RoundStatus::kFailed);
   EXPECT_EQ(rounds[0].attempt, 1);
-  EXPECT_NE(rounds[0].failure_reason.find("1 update(s) accepted by the deadline; the round needs 2"),
-            std::string::npos)
+  EXPECT_NE(rounds[0].failure_reason.find("1 update(s) accepted by the deadline; the round needs 2"), std::string::npos)
       << rounds[0].failure_reason;
   // Attempt 2 of round 1 went out to both at the same instant.
   ASSERT_EQ(engine_->state(), EngineState::kCollecting);
@@ -513,12 +512,13 @@ TEST(EngineTransitionsTest, TheDocumentedTableIsTheCodesTable) {
   std::istringstream lines(doc.substr(begin, end - begin));
   for (std::string line; std::getline(lines, line);) {
     std::smatch m;
-    if (std::regex_match(line, m, row)) documented.push_back(fl::StrCat(m[1].str(), " ", m[2].str(), " ", m[3].str(), ": ", m[4].str()));
+    if (std::regex_match(line, m, row))
+      documented.push_back(fl::StrCat(m[1].str(), " ", m[2].str(), " ", m[3].str(), ": ", m[4].str()));
   }
   std::vector<std::string> code;
   for (const EngineTransition& t : EngineTransitions()) {
-    code.push_back(fl::StrCat(EngineStateName(t.from), " ", EngineTriggerName(t.on), " ", EngineStateName(t.to), ": ",
-                              t.effects));
+    code.push_back(
+        fl::StrCat(EngineStateName(t.from), " ", EngineTriggerName(t.on), " ", EngineStateName(t.to), ": ", t.effects));
   }
   EXPECT_EQ(documented, code);
 }

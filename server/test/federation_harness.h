@@ -116,10 +116,9 @@ inline RoundEngine::StartPoint InitialModel(uint64_t seed) {
 }
 
 // `task` is what the client's SyntheticTrainer reports (and evaluates as, see SyntheticTrainer::Evaluate).
-inline std::unique_ptr<RunningClient> StartClient(const std::string& address, const std::string& name,
-                                                  uint64_t seed, const std::string& link = "ethernet",
-                                                  int64_t clock_skew_ns = 0, uint32_t train_ms = 0,
-                                                  const std::string& task = "classification") {
+inline std::unique_ptr<RunningClient> StartClient(const std::string& address, const std::string& name, uint64_t seed,
+                                                  const std::string& link = "ethernet", int64_t clock_skew_ns = 0,
+                                                  uint32_t train_ms = 0, const std::string& task = "classification") {
   auto c = std::make_unique<RunningClient>();
   c->trainer = std::make_unique<client::SyntheticTrainer>(kParams, 100 + seed, seed, train_ms, task);
   client::ClientOptions o;

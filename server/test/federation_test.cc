@@ -47,7 +47,8 @@ TEST(FederationTest, RunsRoundsAndRecordsEveryClientAndRound) {
   const std::string db = dir.File("records.db");
   TestServer server(SmallConfig(dir.File("ckpt")), db);
   std::vector<std::unique_ptr<RunningClient>> clients;
-  for (int i = 0; i < 3; ++i) clients.push_back(StartClient(server.address(), fl::StrCat("c", i), i + 1, i == 2 ? "5g" : "wifi"));
+  for (int i = 0; i < 3; ++i)
+    clients.push_back(StartClient(server.address(), fl::StrCat("c", i), i + 1, i == 2 ? "5g" : "wifi"));
   const EngineResult result = server.Wait();
   EXPECT_EQ(result.status_name(), "finished") << result.reason;
   EXPECT_EQ(result.rounds_committed, 2u);

@@ -31,14 +31,39 @@ TEST(HostileProcessTest, AClientStoppedDuringTheRunExitsWhenContinuedAfterTheEnd
   const std::string log = dir.File("server.txt");
   // One client is enough for a round, so that the experiment goes on without the stopped one; the linger is
   // long, so that the client is continued while fl-server still waits for it.
-  Subprocess server({FL_SERVER_BIN, "--listen", fl::StrCat("127.0.0.1:", port), "--db", db, "--rounds", "4",
-                     "--min-fit-clients", "1", "--min-available-clients", "1", "--evaluate-every", "0",
-                     "--heartbeat-interval-ms", "300", "--upload-message-timeout-ms", "2000", "--linger-s", "120",
-                     "--log-level", "info"},
+  Subprocess server({FL_SERVER_BIN,
+                     "--listen",
+                     fl::StrCat("127.0.0.1:", port),
+                     "--db",
+                     db,
+                     "--rounds",
+                     "4",
+                     "--min-fit-clients",
+                     "1",
+                     "--min-available-clients",
+                     "1",
+                     "--evaluate-every",
+                     "0",
+                     "--heartbeat-interval-ms",
+                     "300",
+                     "--upload-message-timeout-ms",
+                     "2000",
+                     "--linger-s",
+                     "120",
+                     "--log-level",
+                     "info"},
                     log);
   auto client = [&](const std::string& name) {
-    return std::vector<std::string>{FL_CLIENT_BIN, "--server", fl::StrCat("127.0.0.1:", port), "--name", name,
-                                    "--model", "synthetic:20000:300", "--give-up-after-s", "120", "--log-level",
+    return std::vector<std::string>{FL_CLIENT_BIN,
+                                    "--server",
+                                    fl::StrCat("127.0.0.1:", port),
+                                    "--name",
+                                    name,
+                                    "--model",
+                                    "synthetic:20000:300",
+                                    "--give-up-after-s",
+                                    "120",
+                                    "--log-level",
                                     "info"};
   };
   Subprocess c0(client("c0"), dir.File("c0.txt"));
@@ -52,7 +77,8 @@ TEST(HostileProcessTest, AClientStoppedDuringTheRunExitsWhenContinuedAfterTheEnd
   auto c0_code = c0.Wait(std::chrono::seconds(30));
   ASSERT_TRUE(c0_code.has_value());
   EXPECT_EQ(*c0_code, 0) << ReadFile(dir.File("c0.txt"));
-  EXPECT_FALSE(server.Wait(std::chrono::milliseconds(200)).has_value()) << "fl-server must wait for c1; " << ReadFile(log);
+  EXPECT_FALSE(server.Wait(std::chrono::milliseconds(200)).has_value())
+      << "fl-server must wait for c1; " << ReadFile(log);
 
   c1.Kill(SIGCONT);
   auto c1_code = c1.Wait(std::chrono::seconds(60));

@@ -124,11 +124,11 @@ TEST(HostileTest, UnparsableRequestsAreInvalidArgumentNamingTheMessage) {
     std::string method;
     std::string type;
   };
-  for (const Case& c : {Case{"/fl.v1.Federation/Join", "fl.v1.JoinRequest"},
-                        Case{"/fl.v1.Federation/Leave", "fl.v1.LeaveRequest"},
-                        Case{"/fl.v1.Federation/DownloadModel", "fl.v1.DownloadModelRequest"},
-                        Case{"/fl.v1.Federation/UploadUpdate", "fl.v1.UpdateChunk"},
-                        Case{"/fl.v1.Federation/Session", "fl.v1.ClientMessage"}}) {
+  for (const Case& c :
+       {Case{"/fl.v1.Federation/Join", "fl.v1.JoinRequest"}, Case{"/fl.v1.Federation/Leave", "fl.v1.LeaveRequest"},
+        Case{"/fl.v1.Federation/DownloadModel", "fl.v1.DownloadModelRequest"},
+        Case{"/fl.v1.Federation/UploadUpdate", "fl.v1.UpdateChunk"},
+        Case{"/fl.v1.Federation/Session", "fl.v1.ClientMessage"}}) {
     const grpc::Status status = RawCall(address, c.method, {kGarbage});
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.method << ": " << status.error_message();
     EXPECT_NE(status.error_message().find(fl::StrCat("could not be parsed as ", c.type)), std::string::npos)
@@ -262,9 +262,9 @@ struct SlowUploadRun {
   grpc::Status status;
   EngineResult result;
 };
-SlowUploadRun RunRoundWithAMisbehavingUpload(EngineConfig config, const std::string& db,
-                                             const std::function<void(grpc::ClientWriter<fl::v1::UpdateChunk>&,
-                                                                      size_t payload_bytes)>& misbehave) {
+SlowUploadRun RunRoundWithAMisbehavingUpload(
+    EngineConfig config, const std::string& db,
+    const std::function<void(grpc::ClientWriter<fl::v1::UpdateChunk>&, size_t payload_bytes)>& misbehave) {
   config.num_rounds = 1;
   config.evaluate_every = 0;
   config.fit = {1.0, 2, 3};
@@ -345,8 +345,8 @@ TEST(HostileTest, AnUploadTricklingBelowTheMinimumRateLosesItsSlot) {
   EXPECT_EQ(rounds[0].num_accepted, 2);
   const auto rows = *reader->ListClientRounds(run.result.experiment_id, 1);
   for (const auto& row : rows) {
-    EXPECT_EQ(row.outcome, row.client_id == "slow" ? instrumentation::ClientOutcome::kLate
-                                                   : instrumentation::ClientOutcome::kOk)
+    EXPECT_EQ(row.outcome,
+              row.client_id == "slow" ? instrumentation::ClientOutcome::kLate : instrumentation::ClientOutcome::kOk)
         << row.client_id;
   }
   // The revocation is in the records with its reason, not only in the log (a `late` row alone cannot say why).

@@ -235,9 +235,8 @@ TEST_F(InitialModelTest, FlServerBinaryStartsFromAPtFile) {
   EXPECT_THAT(ReadText(log), HasSubstr("initial model model from"));
 
   const std::string bad_log = File("fl-server-bad.log");
-  fl::testing::Subprocess refused({FL_SERVER_BIN, "--listen", "127.0.0.1:0", "--db", "", "--initial-model",
-                                   File("weights.pt")},
-                                  bad_log);
+  fl::testing::Subprocess refused(
+      {FL_SERVER_BIN, "--listen", "127.0.0.1:0", "--db", "", "--initial-model", File("weights.pt")}, bad_log);
   EXPECT_EQ(refused.Wait(std::chrono::seconds(30)), std::optional<int>(2));
   EXPECT_THAT(ReadText(bad_log), HasSubstr(File("weights.pt")));
   EXPECT_THAT(ReadText(bad_log), HasSubstr("torch.jit.script(model).save(path)"));

@@ -19,16 +19,26 @@ using fl::testing::Subprocess;
 
 std::vector<std::string> ServerArgs(const fl::testing::ScratchDir& dir, int port, bool resume) {
   std::vector<std::string> args = {FL_SERVER_BIN,
-                                   "--listen", fl::StrCat("127.0.0.1:", port),
-                                   "--db", dir.File("records.db"),
-                                   "--checkpoint-dir", dir.File("ckpt"),
-                                   "--rounds", "8",
-                                   "--min-fit-clients", "2",
-                                   "--min-available-clients", "2",
-                                   "--evaluate-every", "2",
-                                   "--round-deadline-ms", "20000",
-                                   "--heartbeat-interval-ms", "300",
-                                   "--log-level", "warn"};
+                                   "--listen",
+                                   fl::StrCat("127.0.0.1:", port),
+                                   "--db",
+                                   dir.File("records.db"),
+                                   "--checkpoint-dir",
+                                   dir.File("ckpt"),
+                                   "--rounds",
+                                   "8",
+                                   "--min-fit-clients",
+                                   "2",
+                                   "--min-available-clients",
+                                   "2",
+                                   "--evaluate-every",
+                                   "2",
+                                   "--round-deadline-ms",
+                                   "20000",
+                                   "--heartbeat-interval-ms",
+                                   "300",
+                                   "--log-level",
+                                   "warn"};
   if (resume) args.push_back("--resume");
   return args;
 }
@@ -38,8 +48,17 @@ using process_testing::ReadFile;
 using process_testing::WaitFor;
 
 std::vector<std::string> ClientArgs(int port, const std::string& name, const std::string& model) {
-  return {FL_CLIENT_BIN, "--server", fl::StrCat("127.0.0.1:", port), "--name", name, "--model", model,
-          "--give-up-after-s", "60", "--log-level", "warn"};
+  return {FL_CLIENT_BIN,
+          "--server",
+          fl::StrCat("127.0.0.1:", port),
+          "--name",
+          name,
+          "--model",
+          model,
+          "--give-up-after-s",
+          "60",
+          "--log-level",
+          "warn"};
 }
 
 int64_t CommittedRounds(const std::string& db) {
@@ -164,10 +183,10 @@ TEST(ProcessTest, HundredMillionParameterModelCompletesARound) {
   const int port = fl::testing::FreeLoopbackPort();
   const std::string db = dir.File("records.db");
   const std::string log = dir.File("log.txt");
-  Subprocess server({FL_SERVER_BIN, "--listen", fl::StrCat("127.0.0.1:", port), "--db", db, "--rounds", "1",
-                     "--min-fit-clients", "2", "--min-available-clients", "2", "--evaluate-every", "0",
-                     "--round-deadline-ms", "300000", "--log-level", "warn"},
-                    log);
+  Subprocess server(
+      {FL_SERVER_BIN, "--listen", fl::StrCat("127.0.0.1:", port), "--db", db, "--rounds", "1", "--min-fit-clients", "2",
+       "--min-available-clients", "2", "--evaluate-every", "0", "--round-deadline-ms", "300000", "--log-level", "warn"},
+      log);
   Subprocess c0(ClientArgs(port, "c0", "synthetic:100000000"), log);
   Subprocess c1(ClientArgs(port, "c1", "synthetic:100000000"), log);
   auto code = server.Wait(std::chrono::seconds(400));
@@ -175,8 +194,9 @@ TEST(ProcessTest, HundredMillionParameterModelCompletesARound) {
   EXPECT_EQ(*code, 0) << ReadFile(log);
   EXPECT_EQ(Query(db, "SELECT count(*) FROM rounds WHERE status = 'committed'"), 1);
   // fp32 codec payload: 32-byte header + 4 bytes per parameter, each way.
-  EXPECT_EQ(Query(db, "SELECT count(*) FROM client_rounds WHERE outcome = 'ok' AND uplink_bytes = 400000032 AND "
-                      "downlink_bytes = 400000032"),
+  EXPECT_EQ(Query(db,
+                  "SELECT count(*) FROM client_rounds WHERE outcome = 'ok' AND uplink_bytes = 400000032 AND "
+                  "downlink_bytes = 400000032"),
             2);
 }
 

@@ -14,7 +14,7 @@ namespace {
 
 TEST(SelectionTest, SizeFollowsFractionAndMinimums) {
   EXPECT_EQ(*SelectionSize({0.5, 2, 2}, 10), 5u);
-  EXPECT_EQ(*SelectionSize({0.1, 2, 2}, 10), 2u);   // min_clients wins
+  EXPECT_EQ(*SelectionSize({0.1, 2, 2}, 10), 2u);  // min_clients wins
   EXPECT_EQ(*SelectionSize({1.0, 2, 2}, 3), 3u);
   EXPECT_EQ(*SelectionSize({0.34, 1, 1}, 3), 2u);  // ceil
   EXPECT_FALSE(SelectionSize({1.0, 2, 4}, 3).ok());

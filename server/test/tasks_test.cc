@@ -100,11 +100,10 @@ TEST(TasksTest, RegressionRecordsTheWeightedMaeAndNoAccuracy) {
     EXPECT_FALSE(r.eval_perplexity.has_value());
     // The round's MAE is the example-weighted mean of the clients' MAEs.
     const std::string where = Where(run.experiment_id, r.round);
-    EXPECT_NEAR(*r.eval_mae, Sql(*reader, "SELECT sum(mae * num_examples) / sum(num_examples) FROM evaluations" + where),
-                1e-12);
-    EXPECT_NEAR(*r.eval_loss, Sql(*reader, "SELECT sum(loss * num_examples) / sum(num_examples) FROM evaluations" +
-                                               where),
-                1e-12);
+    EXPECT_NEAR(*r.eval_mae,
+                Sql(*reader, "SELECT sum(mae * num_examples) / sum(num_examples) FROM evaluations" + where), 1e-12);
+    EXPECT_NEAR(*r.eval_loss,
+                Sql(*reader, "SELECT sum(loss * num_examples) / sum(num_examples) FROM evaluations" + where), 1e-12);
     EXPECT_GT(*r.eval_mae, 0.0);
     EXPECT_EQ(Sql(*reader, "SELECT count(*) FROM evaluations" + where +
                                " AND mae IS NOT NULL AND accuracy IS NULL AND reject_reason IS NULL"),
@@ -131,7 +130,8 @@ TEST(TasksTest, NextTokenRecordsPerplexityAndTokenAccuracy) {
     EXPECT_FALSE(r.eval_mae.has_value());
     const std::string where = Where(run.experiment_id, r.round);
     // Perplexity is exp of the example-weighted mean token cross-entropy, not a mean of perplexities.
-    const double mean_loss = Sql(*reader, "SELECT sum(loss * num_examples) / sum(num_examples) FROM evaluations" + where);
+    const double mean_loss =
+        Sql(*reader, "SELECT sum(loss * num_examples) / sum(num_examples) FROM evaluations" + where);
     EXPECT_NEAR(*r.eval_loss, mean_loss, 1e-12);
     EXPECT_NEAR(*r.eval_perplexity, std::exp(mean_loss), 1e-12);
     EXPECT_GE(*r.eval_perplexity, 1.0);
@@ -139,8 +139,7 @@ TEST(TasksTest, NextTokenRecordsPerplexityAndTokenAccuracy) {
                 Sql(*reader, "SELECT sum(accuracy * num_examples) / sum(num_examples) FROM evaluations" + where),
                 1e-12);
   }
-  EXPECT_NEAR(Gauge(run.metrics_text, "fl_eval_perplexity"), *rounds.back().eval_perplexity, 1e-6)
-      << run.metrics_text;
+  EXPECT_NEAR(Gauge(run.metrics_text, "fl_eval_perplexity"), *rounds.back().eval_perplexity, 1e-6) << run.metrics_text;
   EXPECT_NEAR(Gauge(run.metrics_text, "fl_eval_accuracy"), *rounds.back().eval_accuracy, 1e-6);
   EXPECT_NE(run.console.find("test_loss   test_ppl round_time_s"), std::string::npos) << run.console;
   char ppl[32];
@@ -181,10 +180,8 @@ TEST(TasksTest, AClientOfAnotherTaskIsRefusedNamingBothTasks) {
     const fl::v1::ErrorDetail detail = wire::ErrorFromGrpcStatus(status);
     EXPECT_EQ(detail.code(), fl::v1::ERROR_CODE_ADMISSION_REFUSED);
     EXPECT_EQ(detail.field(), "task");
-    EXPECT_NE(detail.message().find("'third' trains for task 'classification'"), std::string::npos)
-        << detail.message();
-    EXPECT_NE(detail.message().find("this experiment's task is 'regression'"), std::string::npos)
-        << detail.message();
+    EXPECT_NE(detail.message().find("'third' trains for task 'classification'"), std::string::npos) << detail.message();
+    EXPECT_NE(detail.message().find("this experiment's task is 'regression'"), std::string::npos) << detail.message();
     EXPECT_FALSE(detail.hint().empty());
   }
   // An unknown task is malformed, naming the value and the valid ones.
@@ -237,8 +234,8 @@ TEST(TasksTest, AJoinWithAnotherModelNamesTheFirstDifferingTensor) {
   TestServer server(SmallConfig(""), dir.File("records.db"), InitialModel(1));
   RawClient raw(server.address());
   // The synthetic model is one tensor 'layers.0.weight' [5000]; this one has it as [5001] and one more.
-  auto other = *core::ModelSpec::Create({{"layers.0.weight", {5001}, core::DType::kFloat32, 0},
-                                         {"head.bias", {3}, core::DType::kFloat32, 0}});
+  auto other = *core::ModelSpec::Create(
+      {{"layers.0.weight", {5001}, core::DType::kFloat32, 0}, {"head.bias", {3}, core::DType::kFloat32, 0}});
   fl::v1::JoinResponse resp;
   const grpc::Status status = raw.Join("intruder", other, &resp);
   ASSERT_FALSE(status.ok());
@@ -256,10 +253,10 @@ TEST(TasksTest, WhileWaitingForTheInitialModelAJoinIsComparedWithTheFirstClients
   fl::testing::ScratchDir dir("fl_tasks");
   TestServer server(SmallConfig(""), dir.File("records.db"));  // no initial model: the first client's
   RawClient raw(server.address());
-  auto first = *core::ModelSpec::Create({{"bn.weight", {4}, core::DType::kFloat32, 0},
-                                         {"bn.num_batches_tracked", {}, core::DType::kInt64, 0}});
-  auto retyped = *core::ModelSpec::Create({{"bn.weight", {4}, core::DType::kFloat32, 0},
-                                           {"bn.num_batches_tracked", {}, core::DType::kFloat32, 0}});
+  auto first = *core::ModelSpec::Create(
+      {{"bn.weight", {4}, core::DType::kFloat32, 0}, {"bn.num_batches_tracked", {}, core::DType::kInt64, 0}});
+  auto retyped = *core::ModelSpec::Create(
+      {{"bn.weight", {4}, core::DType::kFloat32, 0}, {"bn.num_batches_tracked", {}, core::DType::kFloat32, 0}});
   fl::v1::JoinResponse resp;
   ASSERT_TRUE(raw.Join("first", first, &resp).ok());
   EXPECT_TRUE(resp.initial_model_requested());

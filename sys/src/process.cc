@@ -77,8 +77,7 @@ absl::StatusOr<OwnedFd> OpenStdio(const Stdio& s, int target, const std::string&
   static constexpr const char* kStreams[] = {"stdin", "stdout", "stderr"};
   const std::string what = StrCat("cannot start ", who, ": its ", kStreams[target]);
   switch (s.kind) {
-    case Stdio::Kind::kInherit:
-      return OwnedFd();
+    case Stdio::Kind::kInherit: return OwnedFd();
     case Stdio::Kind::kToStdout:
       if (target != STDERR_FILENO) return absl::InvalidArgumentError(StrCat(what, " cannot go to stdout"));
       return OwnedFd();
@@ -88,8 +87,7 @@ absl::StatusOr<OwnedFd> OpenStdio(const Stdio& s, int target, const std::string&
     case Stdio::Kind::kNull:
     case Stdio::Kind::kFile: {
       const std::string path = s.kind == Stdio::Kind::kNull ? std::string("/dev/null") : s.path;
-      const int flags = target == STDIN_FILENO ? O_RDONLY
-                                               : O_WRONLY | O_CREAT | (s.append ? O_APPEND : O_TRUNC);
+      const int flags = target == STDIN_FILENO ? O_RDONLY : O_WRONLY | O_CREAT | (s.append ? O_APPEND : O_TRUNC);
       OwnedFd fd(open(path.c_str(), flags | O_CLOEXEC, 0644));
       if (fd.get() < 0) {
         return absl::FailedPreconditionError(StrCat(what, ": cannot open ", path, ": ", std::strerror(errno)));
@@ -102,7 +100,7 @@ absl::StatusOr<OwnedFd> OpenStdio(const Stdio& s, int target, const std::string&
 }
 
 bool IsExecutableFile(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(path.c_str(), X_OK) == 0;
 }
 
@@ -194,7 +192,8 @@ absl::StatusOr<Child> Child::Spawn(const SpawnOptions& o) {
   for (const std::string& add : o.env) {
     const size_t eq = add.find('=');
     if (eq == std::string::npos || eq == 0) {
-      return absl::InvalidArgumentError(StrCat("cannot start ", who, ": environment entry '", add, "' is not NAME=VALUE"));
+      return absl::InvalidArgumentError(
+          StrCat("cannot start ", who, ": environment entry '", add, "' is not NAME=VALUE"));
     }
     const std::string prefix = add.substr(0, eq + 1);
     std::erase_if(env, [&](const std::string& v) { return v.compare(0, prefix.size(), prefix) == 0; });
@@ -227,9 +226,10 @@ absl::StatusOr<Child> Child::Spawn(const SpawnOptions& o) {
   const int death_signal = o.death_signal;
 
   int report[2];
-  if (pipe2(report, O_CLOEXEC) != 0) return absl::InternalError(StrCat("cannot start ", who, ": pipe: ", std::strerror(errno)));
+  if (pipe2(report, O_CLOEXEC) != 0)
+    return absl::InternalError(StrCat("cannot start ", who, ": pipe: ", std::strerror(errno)));
   OwnedFd report_read(report[0]), report_write(report[1]);
-  struct sigaction default_action{};
+  struct sigaction default_action {};
   default_action.sa_handler = SIG_DFL;
   sigemptyset(&default_action.sa_mask);
   sigset_t no_signals;
@@ -293,10 +293,8 @@ absl::StatusOr<Child> Child::Spawn(const SpawnOptions& o) {
   switch (failure.stage) {
     case Stage::kChdir:
       return absl::FailedPreconditionError(StrCat("cannot start ", who, ": working directory ", o.cwd, ": ", reason));
-    case Stage::kStdio:
-      return absl::InternalError(StrCat("cannot start ", who, ": dup2: ", reason));
-    case Stage::kExec:
-      break;
+    case Stage::kStdio: return absl::InternalError(StrCat("cannot start ", who, ": dup2: ", reason));
+    case Stage::kExec: break;
   }
   const std::string message = StrCat("cannot start ", who, ": ", *program, ": ", reason);
   if (failure.error == ENOENT || failure.error == ENOTDIR) return absl::NotFoundError(message);

@@ -123,9 +123,8 @@ TEST(ProcessGroupTest, SignalReachesWhatTheChildStarted) {
   fl::testing::ScratchDir dir("fl_pg");
   ProcessGroup group;
   const std::string pid_file = dir.File("grandchild.pid");
-  ASSERT_TRUE(group.Start("wrapper", {"/bin/sh", "-c", "sleep 30 & echo $! > " + pid_file + "; wait"},
-                          dir.File("w.log"))
-                  .ok());
+  ASSERT_TRUE(
+      group.Start("wrapper", {"/bin/sh", "-c", "sleep 30 & echo $! > " + pid_file + "; wait"}, dir.File("w.log")).ok());
   const pid_t grandchild = std::stoi(WaitForLine(pid_file));
   group.Signal("wrapper", SIGTERM);
   std::optional<ChildExit> e = group.WaitAny(20s);

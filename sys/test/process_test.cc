@@ -25,11 +25,11 @@ namespace fl::sys {
 namespace {
 
 using namespace std::chrono_literals;
-using ::testing::HasSubstr;
-using ::testing::Not;
 using test::Alive;
 using test::WaitForLine;
 using test::WaitUntilGone;
+using ::testing::HasSubstr;
+using ::testing::Not;
 
 SpawnOptions Argv(std::vector<std::string> argv) {
   SpawnOptions o;
@@ -200,8 +200,7 @@ TEST(ChildTest, AWaitThatRunsOutIsATimeoutAndTheChildCanStillBeStopped) {
 TEST(ChildTest, StopEscalatesToSigkillForAChildThatIgnoresSigterm) {
   fl::testing::ScratchDir dir("fl_sys");
   const std::string ready = dir.File("ready");
-  absl::StatusOr<Child> c =
-      Child::Spawn(Argv({"/bin/sh", "-c", "trap '' TERM; echo ready > " + ready + "; sleep 30"}));
+  absl::StatusOr<Child> c = Child::Spawn(Argv({"/bin/sh", "-c", "trap '' TERM; echo ready > " + ready + "; sleep 30"}));
   ASSERT_TRUE(c.ok()) << c.status();
   ASSERT_EQ(WaitForLine(ready), "ready");  // the trap is in place
   absl::StatusOr<ExitStatus> e = c->Stop(300ms);
@@ -213,8 +212,7 @@ TEST(ChildTest, StopEscalatesToSigkillForAChildThatIgnoresSigterm) {
 TEST(ChildTest, SignalReachesTheWholeProcessGroup) {
   fl::testing::ScratchDir dir("fl_sys");
   const std::string pid_file = dir.File("grandchild.pid");
-  absl::StatusOr<Child> c =
-      Child::Spawn(Argv({"/bin/sh", "-c", "sleep 30 & echo $! > " + pid_file + "; wait"}));
+  absl::StatusOr<Child> c = Child::Spawn(Argv({"/bin/sh", "-c", "sleep 30 & echo $! > " + pid_file + "; wait"}));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE(c->has_own_group());
   EXPECT_EQ(getpgid(c->pid()), c->pid());
@@ -230,8 +228,8 @@ TEST(ChildTest, StopKillsGrandchildrenThatOutliveTheChild) {
   fl::testing::ScratchDir dir("fl_sys");
   const std::string pid_file = dir.File("grandchild.pid");
   // The grandchild ignores SIGTERM; the child itself exits on it.
-  absl::StatusOr<Child> c = Child::Spawn(Argv(
-      {"/bin/sh", "-c", "/bin/sh -c 'trap \"\" TERM; echo $$ > " + pid_file + "; exec sleep 30' & wait"}));
+  absl::StatusOr<Child> c = Child::Spawn(
+      Argv({"/bin/sh", "-c", "/bin/sh -c 'trap \"\" TERM; echo $$ > " + pid_file + "; exec sleep 30' & wait"}));
   ASSERT_TRUE(c.ok()) << c.status();
   const pid_t grandchild = std::stoi(WaitForLine(pid_file));
   ASSERT_TRUE(Alive(grandchild));

@@ -63,7 +63,7 @@ bool IsSource(const fs::path& p) {
 }
 
 struct Graph {
-  std::map<std::string, std::set<std::string>> edges;                 // module -> modules it includes
+  std::map<std::string, std::set<std::string>> edges;                  // module -> modules it includes
   std::map<std::pair<std::string, std::string>, std::string> example;  // an include that makes the edge
   std::vector<std::string> src_includes;                               // includes of another module's src/
   std::vector<std::string> unknown;                                    // fl/ headers found nowhere

@@ -75,30 +75,15 @@ absl::StatusOr<std::vector<int64_t>> ToInt64(std::span<const uint8_t> bytes, DTy
   const size_t size = formats::DTypeSize(dtype);
   int64_t (*load)(const uint8_t*) = nullptr;
   switch (dtype) {
-    case DType::kInt8:
-      load = LoadAs64<int8_t>;
-      break;
-    case DType::kUInt8:
-      load = LoadAs64<uint8_t>;
-      break;
-    case DType::kInt16:
-      load = LoadAs64<int16_t>;
-      break;
-    case DType::kUInt16:
-      load = LoadAs64<uint16_t>;
-      break;
-    case DType::kInt32:
-      load = LoadAs64<int32_t>;
-      break;
-    case DType::kUInt32:
-      load = LoadAs64<uint32_t>;
-      break;
+    case DType::kInt8: load = LoadAs64<int8_t>; break;
+    case DType::kUInt8: load = LoadAs64<uint8_t>; break;
+    case DType::kInt16: load = LoadAs64<int16_t>; break;
+    case DType::kUInt16: load = LoadAs64<uint16_t>; break;
+    case DType::kInt32: load = LoadAs64<int32_t>; break;
+    case DType::kUInt32: load = LoadAs64<uint32_t>; break;
     case DType::kInt64:
-    case DType::kUInt64:
-      load = LoadAs64<int64_t>;
-      break;
-    default:
-      return absl::InternalError(fl::StrCat(where, ": not an integer dtype"));
+    case DType::kUInt64: load = LoadAs64<int64_t>; break;
+    default: return absl::InternalError(fl::StrCat(where, ": not an integer dtype"));
   }
   std::vector<int64_t> out(bytes.size() / size);
   for (size_t i = 0; i < out.size(); ++i) {
@@ -653,24 +638,18 @@ absl::StatusOr<ClientData> LoadText(const DataOptions& o, bool is_directory) {
 
 std::string_view ElementTypeName(ElementType type) {
   switch (type) {
-    case ElementType::kUInt8:
-      return "uint8";
-    case ElementType::kFloat32:
-      return "float32";
-    case ElementType::kInt64:
-      return "int64";
+    case ElementType::kUInt8: return "uint8";
+    case ElementType::kFloat32: return "float32";
+    case ElementType::kInt64: return "int64";
   }
   return "unknown";
 }
 
 size_t ElementSize(ElementType type) {
   switch (type) {
-    case ElementType::kUInt8:
-      return 1;
-    case ElementType::kFloat32:
-      return 4;
-    case ElementType::kInt64:
-      return 8;
+    case ElementType::kUInt8: return 1;
+    case ElementType::kFloat32: return 4;
+    case ElementType::kInt64: return 8;
   }
   return 0;
 }

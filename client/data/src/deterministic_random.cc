@@ -56,15 +56,11 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-Engine MakeEngine(uint64_t seed, uint64_t stream) {
-  return Engine(SplitMix64(seed + stream * 0x9e3779b97f4a7c15ULL));
-}
+Engine MakeEngine(uint64_t seed, uint64_t stream) { return Engine(SplitMix64(seed + stream * 0x9e3779b97f4a7c15ULL)); }
 
 double UniformDouble(Engine& engine) { return static_cast<double>(engine() >> 11) * 0x1.0p-53; }
 
-double UniformOpenDouble(Engine& engine) {
-  return (static_cast<double>(engine() >> 11) + 0.5) * 0x1.0p-53;
-}
+double UniformOpenDouble(Engine& engine) { return (static_cast<double>(engine() >> 11) + 0.5) * 0x1.0p-53; }
 
 uint64_t UniformIndex(Engine& engine, uint64_t n) {
   // Accept x only in the top (2^64 - 2^64 mod n) values, a whole number of copies of [0, n).

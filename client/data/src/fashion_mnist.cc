@@ -29,10 +29,8 @@ absl::StatusOr<std::string> FindFile(std::string_view dir, std::string_view base
 
 std::string_view SplitName(Split split) {
   switch (split) {
-    case Split::kTrain:
-      return "train";
-    case Split::kTest:
-      return "test";
+    case Split::kTrain: return "train";
+    case Split::kTest: return "test";
   }
   return "unknown";
 }

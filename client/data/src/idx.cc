@@ -170,29 +170,29 @@ absl::Status ReadPayload(ByteSource& source, std::string_view name, size_t heade
   if (!rest.ok()) return rest.status();
   if (source.truncated_stream()) {
     return absl::InvalidArgumentError(
-        fl::StrCat(name, ": truncated gzip stream: the data is complete but the end of the stream (its checksum "
-                         "trailer) is missing"));
+        fl::StrCat(name,
+                   ": truncated gzip stream: the data is complete but the end of the stream (its checksum "
+                   "trailer) is missing"));
   }
   if (rest->first > 0) {
-    return absl::InvalidArgumentError(fl::StrCat(name, ": oversized IDX file: expected ", expected_total, " ",
-                                             source.size_qualifier(), "bytes (", layout, "), got ",
-                                             rest->second ? "more than " : "", expected_total + rest->first,
-                                             " (trailing bytes after the data)"));
+    return absl::InvalidArgumentError(fl::StrCat(
+        name, ": oversized IDX file: expected ", expected_total, " ", source.size_qualifier(), "bytes (", layout,
+        "), got ", rest->second ? "more than " : "", expected_total + rest->first, " (trailing bytes after the data)"));
   }
   return absl::OkStatus();
 }
 
 // Reads the header: magic and `dims.size()` dimensions.
-absl::Status ReadHeader(ByteSource& source, std::string_view name, uint32_t expected_magic,
-                        std::string_view what, std::span<uint32_t> dims) {
+absl::Status ReadHeader(ByteSource& source, std::string_view name, uint32_t expected_magic, std::string_view what,
+                        std::span<uint32_t> dims) {
   uint8_t header[16];
   const size_t header_bytes = 4 + 4 * dims.size();
   auto got = source.Read(header, header_bytes);
   if (!got.ok()) return got.status();
   if (*got < header_bytes) {
     return absl::InvalidArgumentError(fl::StrCat(name, ": truncated IDX file: expected at least ", header_bytes, " ",
-                                             source.size_qualifier(), "bytes (the ", what, " header), got ",
-                                             *got, TruncationNote(source)));
+                                                 source.size_qualifier(), "bytes (the ", what, " header), got ", *got,
+                                                 TruncationNote(source)));
   }
   const uint32_t magic = BigEndian32(header);
   if (magic != expected_magic) {
@@ -223,45 +223,43 @@ absl::StatusOr<IdxImages> ReadImages(ByteSource& source, std::string_view name) 
     return absl::InvalidArgumentError(
         fl::StrCat(name, ": invalid image dimensions ", images.rows, " x ", images.cols, " (must be non-zero)"));
   }
-  constexpr uint64_t kMaxPayload = uint64_t{1} << 34;  // 16 GiB: far above any IDX dataset
+  constexpr uint64_t kMaxPayload = uint64_t{1} << 34;               // 16 GiB: far above any IDX dataset
   const uint64_t image_size = uint64_t{images.rows} * images.cols;  // < 2^64: cannot overflow
   if (image_size > kMaxPayload || images.count > kMaxPayload / image_size) {
     return absl::InvalidArgumentError(fl::StrCat(name, ": implausible IDX header: ", images.count, " images of ",
-                                                 images.rows, " x ", images.cols, " would be more than ",
-                                                 kMaxPayload, " bytes"));
+                                                 images.rows, " x ", images.cols, " would be more than ", kMaxPayload,
+                                                 " bytes"));
   }
   const uint64_t payload = images.count * image_size;
   const std::string layout =
       fl::StrCat(kIdxImagesHeaderBytes, "-byte header + ", images.count, " x ", images.rows, " x ", images.cols);
-  if (auto status = ReadPayload(source, name, kIdxImagesHeaderBytes, kIdxImagesHeaderBytes + payload, layout,
-                                images.pixels);
+  if (auto status =
+          ReadPayload(source, name, kIdxImagesHeaderBytes, kIdxImagesHeaderBytes + payload, layout, images.pixels);
       !status.ok()) {
     return status;
   }
   return images;
 }
 
-absl::StatusOr<std::vector<uint8_t>> ReadLabels(ByteSource& source, std::string_view name,
-                                                uint32_t num_classes) {
+absl::StatusOr<std::vector<uint8_t>> ReadLabels(ByteSource& source, std::string_view name, uint32_t num_classes) {
   if (num_classes == 0 || num_classes > 256) {
     return absl::InvalidArgumentError(fl::StrCat(name, ": num_classes must be in [1, 256], got ", num_classes));
   }
   uint32_t count = 0;
-  if (auto status = ReadHeader(source, name, kIdxLabelsMagic, "labels", std::span<uint32_t>(&count, 1));
-      !status.ok()) {
+  if (auto status = ReadHeader(source, name, kIdxLabelsMagic, "labels", std::span<uint32_t>(&count, 1)); !status.ok()) {
     return status;
   }
   std::vector<uint8_t> labels;
   const std::string layout = fl::StrCat(kIdxLabelsHeaderBytes, "-byte header + ", count, " labels");
-  if (auto status = ReadPayload(source, name, kIdxLabelsHeaderBytes, kIdxLabelsHeaderBytes + uint64_t{count},
-                                layout, labels);
+  if (auto status =
+          ReadPayload(source, name, kIdxLabelsHeaderBytes, kIdxLabelsHeaderBytes + uint64_t{count}, layout, labels);
       !status.ok()) {
     return status;
   }
   for (size_t i = 0; i < labels.size(); ++i) {
     if (labels[i] >= num_classes) {
       return absl::InvalidArgumentError(fl::StrCat(name, ": label ", static_cast<int>(labels[i]), " at index ", i,
-                                               " is out of range [0, ", num_classes, ")"));
+                                                   " is out of range [0, ", num_classes, ")"));
     }
   }
   return labels;

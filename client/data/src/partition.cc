@@ -46,8 +46,8 @@ absl::StatusOr<uint32_t> ParseUint32(std::string_view text, std::string_view wha
   const char* end = text.data() + text.size();
   auto [ptr, ec] = std::from_chars(text.data(), end, value);
   if (text.empty() || ec != std::errc() || ptr != end) {
-    return absl::InvalidArgumentError(fl::StrCat("partition spec '", spec, "': ", what,
-                                                 " must be a non-negative integer, got '", text, "'"));
+    return absl::InvalidArgumentError(
+        fl::StrCat("partition spec '", spec, "': ", what, " must be a non-negative integer, got '", text, "'"));
   }
   return value;
 }
@@ -123,13 +123,12 @@ Partitioning PartitionIid(size_t num_examples, uint32_t num_clients, uint64_t se
 }
 
 absl::StatusOr<Partitioning> PartitionDirichlet(const PartitionSpec& spec,
-                                                const std::vector<std::vector<uint32_t>>& by_class,
-                                                size_t num_examples, uint32_t num_clients, uint64_t seed) {
+                                                const std::vector<std::vector<uint32_t>>& by_class, size_t num_examples,
+                                                uint32_t num_clients, uint64_t seed) {
   if (uint64_t{spec.min_examples} * num_clients > num_examples) {
-    return absl::InvalidArgumentError(fl::StrCat("partition ", spec.ToString(), ": ", num_clients,
-                                                 " clients with at least ", spec.min_examples,
-                                                 " examples each need more than the ", num_examples,
-                                                 " examples there are"));
+    return absl::InvalidArgumentError(
+        fl::StrCat("partition ", spec.ToString(), ": ", num_clients, " clients with at least ", spec.min_examples,
+                   " examples each need more than the ", num_examples, " examples there are"));
   }
   Engine engine = MakeEngine(seed, kStreamDirichlet);
   std::vector<uint32_t> shuffled;
@@ -179,8 +178,8 @@ absl::StatusOr<Partitioning> PartitionDirichlet(const PartitionSpec& spec,
       "partition ", spec.ToString(), " of ", num_examples, " examples over ", num_clients, " clients: none of ",
       spec.max_attempts, " draws gave every client at least ", spec.min_examples,
       " examples (the best draw's smallest client had ", best_smallest,
-      "); use a larger alpha, fewer clients, or a smaller minimum (e.g. dirichlet:",
-      FormatDouble(spec.alpha), ":min=0 allows empty clients)"));
+      "); use a larger alpha, fewer clients, or a smaller minimum (e.g. dirichlet:", FormatDouble(spec.alpha),
+      ":min=0 allows empty clients)"));
 }
 
 absl::StatusOr<Partitioning> PartitionShards(const PartitionSpec& spec,
@@ -242,8 +241,7 @@ absl::StatusOr<Partitioning> Dispatch(const PartitionSpec& spec, size_t num_exam
                                       uint64_t seed, const ByClass& by_class) {
   if (auto status = CheckRequest(spec, num_examples, num_clients); !status.ok()) return status;
   switch (spec.kind) {
-    case PartitionKind::kIid:
-      return PartitionIid(num_examples, num_clients, seed);
+    case PartitionKind::kIid: return PartitionIid(num_examples, num_clients, seed);
     case PartitionKind::kDirichlet: {
       auto classes = by_class();
       if (!classes.ok()) return classes.status();
@@ -254,8 +252,7 @@ absl::StatusOr<Partitioning> Dispatch(const PartitionSpec& spec, size_t num_exam
       if (!classes.ok()) return classes.status();
       return PartitionShards(spec, *classes, num_examples, num_clients, seed);
     }
-    case PartitionKind::kNatural:
-      return NaturalNeedsClientIds();
+    case PartitionKind::kNatural: return NaturalNeedsClientIds();
   }
   return absl::InvalidArgumentError("unknown partition kind");
 }
@@ -277,14 +274,10 @@ absl::StatusOr<std::vector<uint32_t>> Pick(absl::StatusOr<Partitioning> parts, u
 
 std::string_view PartitionKindName(PartitionKind kind) {
   switch (kind) {
-    case PartitionKind::kIid:
-      return "iid";
-    case PartitionKind::kDirichlet:
-      return "dirichlet";
-    case PartitionKind::kShards:
-      return "shards";
-    case PartitionKind::kNatural:
-      return "natural";
+    case PartitionKind::kIid: return "iid";
+    case PartitionKind::kDirichlet: return "dirichlet";
+    case PartitionKind::kShards: return "shards";
+    case PartitionKind::kNatural: return "natural";
   }
   return "unknown";
 }
@@ -325,8 +318,8 @@ absl::StatusOr<PartitionSpec> PartitionSpec::Parse(std::string_view text) {
   }
   if (kind == "natural") {
     if (parts.size() != 1) {
-      return absl::InvalidArgumentError(fl::StrCat("partition spec '", text,
-                                                   "': natural takes no parameters (one shard per client id)"));
+      return absl::InvalidArgumentError(
+          fl::StrCat("partition spec '", text, "': natural takes no parameters (one shard per client id)"));
     }
     return Natural();
   }
@@ -350,8 +343,8 @@ absl::StatusOr<PartitionSpec> PartitionSpec::Parse(std::string_view text) {
         if (!value.ok()) return value.status();
         spec.max_attempts = *value;
       } else {
-        return absl::InvalidArgumentError(fl::StrCat("partition spec '", text, "': unknown dirichlet option '",
-                                                     option, "'; expected min=<n> or attempts=<n>"));
+        return absl::InvalidArgumentError(fl::StrCat("partition spec '", text, "': unknown dirichlet option '", option,
+                                                     "'; expected min=<n> or attempts=<n>"));
       }
     }
   } else if (kind == "shards") {
@@ -375,26 +368,22 @@ absl::StatusOr<PartitionSpec> PartitionSpec::Parse(std::string_view text) {
 
 std::string PartitionSpec::ToString() const {
   switch (kind) {
-    case PartitionKind::kIid:
-      return "iid";
+    case PartitionKind::kIid: return "iid";
     case PartitionKind::kDirichlet: {
       std::string text = fl::StrCat("dirichlet:", FormatDouble(alpha));
       if (min_examples != kDefaultDirichletMinExamples) text += fl::StrCat(":min=", min_examples);
       if (max_attempts != kDefaultDirichletMaxAttempts) text += fl::StrCat(":attempts=", max_attempts);
       return text;
     }
-    case PartitionKind::kShards:
-      return fl::StrCat("shards:", shards_per_client);
-    case PartitionKind::kNatural:
-      return "natural";
+    case PartitionKind::kShards: return fl::StrCat("shards:", shards_per_client);
+    case PartitionKind::kNatural: return "natural";
   }
   return "unknown";
 }
 
 absl::Status PartitionSpec::Validate() const {
   switch (kind) {
-    case PartitionKind::kIid:
-      return absl::OkStatus();
+    case PartitionKind::kIid: return absl::OkStatus();
     case PartitionKind::kDirichlet:
       if (!(alpha > 0.0) || !std::isfinite(alpha)) {
         return absl::InvalidArgumentError(
@@ -405,21 +394,18 @@ absl::Status PartitionSpec::Validate() const {
     case PartitionKind::kShards:
       if (shards_per_client == 0) return absl::InvalidArgumentError("shards per client must be at least 1");
       return absl::OkStatus();
-    case PartitionKind::kNatural:
-      return absl::OkStatus();
+    case PartitionKind::kNatural: return absl::OkStatus();
   }
   return absl::InvalidArgumentError("unknown partition kind");
 }
 
-absl::StatusOr<std::vector<std::vector<uint32_t>>> Partition(const PartitionSpec& spec,
-                                                             std::span<const uint8_t> labels,
+absl::StatusOr<std::vector<std::vector<uint32_t>>> Partition(const PartitionSpec& spec, std::span<const uint8_t> labels,
                                                              uint32_t num_clients, uint64_t seed) {
   return Dispatch(spec, labels.size(), num_clients, seed,
                   [&]() -> absl::StatusOr<Partitioning> { return IndicesByClass(labels); });
 }
 
-absl::StatusOr<std::vector<std::vector<uint32_t>>> Partition(const PartitionSpec& spec,
-                                                             std::span<const int64_t> labels,
+absl::StatusOr<std::vector<std::vector<uint32_t>>> Partition(const PartitionSpec& spec, std::span<const int64_t> labels,
                                                              uint32_t num_clients, uint64_t seed) {
   return Dispatch(spec, labels.size(), num_clients, seed, [&] { return IndicesByClass(labels); });
 }
@@ -455,9 +441,9 @@ absl::StatusOr<std::vector<std::vector<uint32_t>>> PartitionNatural(std::span<co
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   if (num_clients > ids.size()) {
-    return absl::InvalidArgumentError(fl::StrCat(
-        "partition natural: ", num_clients, " clients but the data have only ", ids.size(),
-        " distinct client ids; run at most ", ids.size(), " clients, or use iid/dirichlet/shards"));
+    return absl::InvalidArgumentError(fl::StrCat("partition natural: ", num_clients, " clients but the data have only ",
+                                                 ids.size(), " distinct client ids; run at most ", ids.size(),
+                                                 " clients, or use iid/dirichlet/shards"));
   }
   Partitioning parts(num_clients);
   for (size_t i = 0; i < client_ids.size(); ++i) {
@@ -473,8 +459,8 @@ absl::StatusOr<std::vector<uint32_t>> PartitionNaturalFor(uint32_t client_index,
   return Pick(PartitionNatural(client_ids, num_clients), client_index);
 }
 
-absl::StatusOr<std::vector<uint32_t>> LabelHistogram(std::span<const uint8_t> labels,
-                                                     std::span<const uint32_t> indices, uint32_t num_classes) {
+absl::StatusOr<std::vector<uint32_t>> LabelHistogram(std::span<const uint8_t> labels, std::span<const uint32_t> indices,
+                                                     uint32_t num_classes) {
   std::vector<uint32_t> histogram(num_classes, 0);
   for (uint32_t index : indices) {
     if (index >= labels.size()) {
@@ -491,11 +477,11 @@ absl::StatusOr<std::vector<uint32_t>> LabelHistogram(std::span<const uint8_t> la
   return histogram;
 }
 
-absl::StatusOr<TrainValidationSplit> SplitTrainValidation(std::span<const uint32_t> indices,
-                                                          double validation_fraction, uint64_t seed) {
+absl::StatusOr<TrainValidationSplit> SplitTrainValidation(std::span<const uint32_t> indices, double validation_fraction,
+                                                          uint64_t seed) {
   if (!(validation_fraction >= 0.0 && validation_fraction < 1.0)) {
-    return absl::InvalidArgumentError(fl::StrCat("validation fraction must be in [0, 1), got ",
-                                                 FormatDouble(validation_fraction)));
+    return absl::InvalidArgumentError(
+        fl::StrCat("validation fraction must be in [0, 1), got ", FormatDouble(validation_fraction)));
   }
   std::vector<uint32_t> order(indices.begin(), indices.end());
   Engine engine = MakeEngine(seed, kStreamValidation);

@@ -238,8 +238,9 @@ TEST_F(IdxTest, ExtraBytesInGzipFile) {
   const std::string path = Write("long-images.gz", Gzip(bytes));
   auto images = LoadIdxImages(path);
   ASSERT_FALSE(images.ok());
-  EXPECT_THAT(Message(images.status()),
-              HasSubstr("oversized IDX file: expected 3152 decompressed bytes (16-byte header + 4 x 28 x 28), got 3936"));
+  EXPECT_THAT(
+      Message(images.status()),
+      HasSubstr("oversized IDX file: expected 3152 decompressed bytes (16-byte header + 4 x 28 x 28), got 3936"));
 }
 
 TEST_F(IdxTest, LabelOutOfRange) {

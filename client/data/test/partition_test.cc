@@ -30,7 +30,8 @@ std::vector<uint8_t> BalancedLabels(size_t n = 6000) {
 // Unbalanced: class c has about (c + 1) * 100 examples, shuffled by a fixed formula.
 std::vector<uint8_t> UnbalancedLabels() {
   std::vector<uint8_t> labels;
-  for (int c = 0; c < 10; ++c) labels.insert(labels.end(), static_cast<size_t>((c + 1) * 100 + c), static_cast<uint8_t>(c));
+  for (int c = 0; c < 10; ++c)
+    labels.insert(labels.end(), static_cast<size_t>((c + 1) * 100 + c), static_cast<uint8_t>(c));
   for (size_t i = 0; i < labels.size(); ++i) std::swap(labels[i], labels[(i * 2654435761u) % labels.size()]);
   return labels;
 }
@@ -47,8 +48,9 @@ uint64_t Fnv1a(const std::vector<uint32_t>& indices) {
 }
 
 std::vector<PartitionSpec> AllKinds() {
-  return {PartitionSpec::Iid(), PartitionSpec::Dirichlet(0.1, 0), PartitionSpec::Dirichlet(0.5),
-          PartitionSpec::Dirichlet(1000.0), PartitionSpec::Shards(1), PartitionSpec::Shards(3)};
+  return {PartitionSpec::Iid(),          PartitionSpec::Dirichlet(0.1, 0),
+          PartitionSpec::Dirichlet(0.5), PartitionSpec::Dirichlet(1000.0),
+          PartitionSpec::Shards(1),      PartitionSpec::Shards(3)};
 }
 
 void ExpectExactCover(const std::vector<std::vector<uint32_t>>& parts, size_t n, const std::string& what) {
@@ -236,8 +238,8 @@ double MeanMaxClassShare(const std::vector<std::vector<uint32_t>>& parts, const 
   for (const auto& part : parts) {
     if (part.empty()) continue;
     auto histogram = LabelHistogram(labels, part, 10);
-    total += static_cast<double>(*std::max_element(histogram->begin(), histogram->end())) /
-             static_cast<double>(part.size());
+    total +=
+        static_cast<double>(*std::max_element(histogram->begin(), histogram->end())) / static_cast<double>(part.size());
     ++counted;
   }
   return total / counted;

@@ -255,20 +255,13 @@ std::vector<std::pair<std::string, torch::Tensor>> StateTensors(const nn::Module
 
 absl::StatusOr<core::DType> ToCoreDType(torch::ScalarType type) {
   switch (type) {
-    case torch::kFloat:
-      return core::DType::kFloat32;
-    case torch::kHalf:
-      return core::DType::kFloat16;
-    case torch::kBFloat16:
-      return core::DType::kBFloat16;
-    case torch::kDouble:
-      return core::DType::kFloat64;
-    case torch::kLong:
-      return core::DType::kInt64;
-    case torch::kInt:
-      return core::DType::kInt32;
-    case torch::kByte:
-      return core::DType::kUInt8;
+    case torch::kFloat: return core::DType::kFloat32;
+    case torch::kHalf: return core::DType::kFloat16;
+    case torch::kBFloat16: return core::DType::kBFloat16;
+    case torch::kDouble: return core::DType::kFloat64;
+    case torch::kLong: return core::DType::kInt64;
+    case torch::kInt: return core::DType::kInt32;
+    case torch::kByte: return core::DType::kUInt8;
     default:
       return absl::InvalidArgumentError(
           fl::StrCat("tensor dtype ", c10::toString(type), " has no fl::core::DType counterpart"));

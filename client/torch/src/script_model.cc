@@ -77,8 +77,8 @@ std::string FirstLineOf(const std::exception& error) {
 absl::StatusOr<ScriptModel> LoadScriptModel(const std::string& path, torch::Device device) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) {
-    return absl::NotFoundError(fl::StrCat("model file ", path, " not found (give the path of a TorchScript .pt file; ",
-                                          kExportHint, ")"));
+    return absl::NotFoundError(
+        fl::StrCat("model file ", path, " not found (give the path of a TorchScript .pt file; ", kExportHint, ")"));
   }
   ScriptModel model;
   model.path = path;
@@ -88,14 +88,17 @@ absl::StatusOr<ScriptModel> LoadScriptModel(const std::string& path, torch::Devi
     const std::string why = FirstLineOf(e);
     std::string hint(kExportHint);
     if (why.find("constants.pkl") != std::string::npos || why.find("code/") != std::string::npos) {
-      hint = fl::StrCat("this looks like a torch.save() file (a state_dict or a pickled nn.Module), which C++ cannot "
-                        "run; ", kExportHint);
+      hint = fl::StrCat(
+          "this looks like a torch.save() file (a state_dict or a pickled nn.Module), which C++ cannot "
+          "run; ",
+          kExportHint);
     }
     return absl::InvalidArgumentError(
         fl::StrCat(path, " is not a TorchScript model LibTorch can load (", why, "); ", hint));
   }
   if (!model.module.find_method("forward").has_value()) {
-    return absl::InvalidArgumentError(fl::StrCat(path, ": the TorchScript module has no forward method; ", kExportHint));
+    return absl::InvalidArgumentError(
+        fl::StrCat(path, ": the TorchScript module has no forward method; ", kExportHint));
   }
   model.input_signature = InputSignature(model.module);
 
@@ -148,12 +151,9 @@ torch::Tensor ToTensor(const std::vector<uint8_t>& bytes, data::ElementType type
   shape.insert(shape.end(), per_example.begin(), per_example.end());
   auto* data = const_cast<uint8_t*>(bytes.data());
   switch (type) {
-    case data::ElementType::kUInt8:
-      return torch::from_blob(data, shape, torch::kUInt8).to(torch::kFloat).div_(255.0);
-    case data::ElementType::kFloat32:
-      return torch::from_blob(data, shape, torch::kFloat).clone();
-    case data::ElementType::kInt64:
-      return torch::from_blob(data, shape, torch::kLong).clone();
+    case data::ElementType::kUInt8: return torch::from_blob(data, shape, torch::kUInt8).to(torch::kFloat).div_(255.0);
+    case data::ElementType::kFloat32: return torch::from_blob(data, shape, torch::kFloat).clone();
+    case data::ElementType::kInt64: return torch::from_blob(data, shape, torch::kLong).clone();
   }
   return {};
 }
@@ -201,7 +201,8 @@ absl::StatusOr<int64_t> ProbeScriptModel(ScriptModel& model, data::Task task, co
   switch (task) {
     case data::Task::kClassification:
       if (o.dim() != 2 || o.size(0) != b) return misfit("logits [B, C] with C >= 2 classes");
-      if (o.size(1) < 2) return misfit("logits [B, C] with C >= 2 (a single output is a regression: --task regression)");
+      if (o.size(1) < 2)
+        return misfit("logits [B, C] with C >= 2 (a single output is a regression: --task regression)");
       return o.size(1);
     case data::Task::kNextToken: {
       if (o.dim() != 3 || o.size(0) != b || yb.dim() != 2 || o.size(1) != yb.size(1)) {

@@ -60,9 +60,7 @@ struct ScriptTrainer::State {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<torch::Tensor> Forward(const torch::Tensor& x) {
-    return ScriptForward(model, x, options.data.path);
-  }
+  absl::StatusOr<torch::Tensor> Forward(const torch::Tensor& x) { return ScriptForward(model, x, options.data.path); }
 };
 
 ScriptTrainer::ScriptTrainer(std::unique_ptr<State> state) : state_(std::move(state)) {}
@@ -121,8 +119,7 @@ absl::StatusOr<std::unique_ptr<ScriptTrainer>> ScriptTrainer::Create(const Scrip
   state->test_y = TargetsOf(te).to(state->device);
   const bool probe_train = tr.n > 0;
   auto outputs = ProbeScriptModel(state->model, state->task, probe_train ? state->train_x : state->test_x,
-                                  probe_train ? state->train_y : state->test_y,
-                                  probe_train ? tr.source : te.source);
+                                  probe_train ? state->train_y : state->test_y, probe_train ? tr.source : te.source);
   if (!outputs.ok()) return outputs.status();
   state->num_outputs = *outputs;
   if (state->task != Task::kRegression) {

@@ -80,8 +80,7 @@ TrainResult ToTrainResult(const LoopResult& loop, double loss_sum, int64_t corre
   return result;
 }
 
-absl::StatusOr<LoopResult> RunTrainLoop(uint32_t n, const TrainOptions& options, torch::Device device,
-                                        double slowdown,
+absl::StatusOr<LoopResult> RunTrainLoop(uint32_t n, const TrainOptions& options, torch::Device device, double slowdown,
                                         const std::function<absl::Status(const torch::Tensor& index)>& step) {
   std::vector<uint32_t> order(n);
   torch::Tensor permutation;  // `order` as int64 on the device

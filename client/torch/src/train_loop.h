@@ -35,7 +35,7 @@ void AddProximalGradient(const std::vector<torch::Tensor>& parameters, const std
 struct LoopResult {
   uint64_t num_examples = 0;  // shard size (epochs) or steps * batch_size (steps): the FedAvg weight
   uint64_t steps = 0;
-  uint64_t seen = 0;          // examples in all batches
+  uint64_t seen = 0;  // examples in all batches
   double compute_seconds = 0;
   double throttled_seconds = 0;
 };
@@ -49,8 +49,7 @@ TrainResult ToTrainResult(const LoopResult& loop, double loss_sum, int64_t corre
 // each boundary). Epoch e's order is a Fisher-Yates shuffle drawn from MakeEngine(options.seed, e), so it is
 // platform-independent. `step` gets the batch's indices (int64 on `device`); options.cancelled is checked
 // before each batch (Cancelled). With slowdown > 1 the loop idles (slowdown - 1) x each batch's compute time.
-absl::StatusOr<LoopResult> RunTrainLoop(uint32_t n, const TrainOptions& options, torch::Device device,
-                                        double slowdown,
+absl::StatusOr<LoopResult> RunTrainLoop(uint32_t n, const TrainOptions& options, torch::Device device, double slowdown,
                                         const std::function<absl::Status(const torch::Tensor& index)>& step);
 
 }  // namespace fl::client::internal

@@ -47,8 +47,7 @@ class ScriptTrainerTest : public ::testing::Test {
     dir_ = new testing::ScratchDir("script_trainer");
     const std::string log = dir_->File("python.log");
     ASSERT_TRUE(testing::RequirePythonModule("torch", log).ok()) << testing::RequirePythonModule("torch", log);
-    auto exported =
-        testing::RunPythonFile(kExamples + "/export_models.py", {"--out", dir_->path().string()}, log);
+    auto exported = testing::RunPythonFile(kExamples + "/export_models.py", {"--out", dir_->path().string()}, log);
     ASSERT_TRUE(exported.ok()) << exported.status();
     export_log_ = new std::string(*exported);
     auto data = testing::RunPython(kSmallFashionMnist, {dir_->File("small.npz"), "512"}, log);

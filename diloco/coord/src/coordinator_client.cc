@@ -213,7 +213,8 @@ struct CoordinatorClient::Impl {
       case fl::v1::SYNC_VERDICT_KIND_REPAIR: verdict.kind = VerdictKind::kRepair; break;
       case fl::v1::SYNC_VERDICT_KIND_RETRY: verdict.kind = VerdictKind::kRetry; break;
       default:
-        return absl::InternalError(fl::StrCat(call, ": the coordinator sent verdict kind ", static_cast<int>(v.kind())));
+        return absl::InternalError(
+            fl::StrCat(call, ": the coordinator sent verdict kind ", static_cast<int>(v.kind())));
     }
     if (v.has_source()) verdict.source = FromProto(v.source());
     verdict.majority_hash = v.majority_hash();
@@ -302,8 +303,7 @@ absl::Status CoordinatorClient::Leave(const std::string& reason) {
   auto req = impl_->SessionRequest<fl::v1::IslandLeaveRequest>();
   req.set_reason(reason);
   fl::v1::IslandLeaveResponse resp;
-  absl::Status s =
-      FromGrpc(Call(*impl_->stub, &fl::v1::Islands::Stub::Leave, req, &resp, absl::Seconds(30)), "Leave");
+  absl::Status s = FromGrpc(Call(*impl_->stub, &fl::v1::Islands::Stub::Leave, req, &resp, absl::Seconds(30)), "Leave");
   impl_->StopSession();
   return s;
 }

@@ -36,7 +36,8 @@ std::string KeyText(const SyncKey& key) { return fl::StrCat("(step ", key.step, 
 Coordinator::Core::Core(CoordinatorOptions options, std::vector<std::unique_ptr<CoordinatorObserver>> owned)
     : opt_(std::move(options)),
       owned_observers_(std::move(owned)),
-      loop_(opt_.clock, [this](CoordinatorEvent& e) { Handle(e); }, [this] { AfterTurn(); }) {
+      loop_(
+          opt_.clock, [this](CoordinatorEvent& e) { Handle(e); }, [this] { AfterTurn(); }) {
   for (const auto& o : owned_observers_) observers_.push_back(o.get());
   for (CoordinatorObserver* o : opt_.observers) observers_.push_back(o);
   fingerprint_ = opt_.model_fingerprint;
@@ -121,9 +122,8 @@ void Coordinator::Core::PublishDone() {
 
 bool Coordinator::Core::WaitPublishedDone(absl::Duration timeout) {
   std::unique_lock lock(done_mu_);
-  return done_cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(done_mu_) {
-    return done_;
-  });
+  return done_cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                           [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(done_mu_) { return done_; });
 }
 
 std::optional<SyncKey> Coordinator::Core::FinalKey() const {
@@ -183,11 +183,8 @@ bool Coordinator::Core::Fire(RunTrigger trigger, std::string_view reason, size_t
   run_ = row->to;
   Notify(&CoordinatorObserver::OnRun, RunChange{from, run_, trigger, reason, cohort, key});
   switch (row->effect) {
-    case RunEffect::kNone:
-      break;
-    case RunEffect::kAdmitWaiting:
-      AnswerJoins();
-      break;
+    case RunEffect::kNone: break;
+    case RunEffect::kAdmitWaiting: AnswerJoins(); break;
     case RunEffect::kShutDown: {
       const grpc::Status status = CoordError(grpc::StatusCode::UNAVAILABLE, fl::v1::ERROR_CODE_SHUTTING_DOWN,
                                              fl::StrCat("coordinator: ", reason));
@@ -223,9 +220,9 @@ absl::Status CoordinatorOptions::Validate() const {
                fl::StrCat("must divide --inner-steps (", schedule.inner_steps, ")"));
   }
   if (schedule.overlap_steps >= schedule.inner_steps / schedule.num_fragments) {
-    return bad("--overlap-steps", schedule.overlap_steps,
-               fl::StrCat("must be below --inner-steps / --fragments (", schedule.inner_steps / schedule.num_fragments,
-                          ")"));
+    return bad(
+        "--overlap-steps", schedule.overlap_steps,
+        fl::StrCat("must be below --inner-steps / --fragments (", schedule.inner_steps / schedule.num_fragments, ")"));
   }
   if (auto strategy = core::ParseFragmentStrategy(schedule.fragment_strategy); !strategy.ok()) {
     return bad("--fragment-strategy", schedule.fragment_strategy, fl::ToStd(strategy.status().message()));
@@ -257,9 +254,8 @@ absl::Status CoordinatorOptions::Validate() const {
 }
 
 Coordinator::Coordinator(std::unique_ptr<Core> core)
-    : core_(std::move(core)), service_(MakeIslandsService([core = core_.get()](CoordinatorEvent e) {
-        core->Post(std::move(e));
-      })) {}
+    : core_(std::move(core)),
+      service_(MakeIslandsService([core = core_.get()](CoordinatorEvent e) { core->Post(std::move(e)); })) {}
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOptions options,
                                                                  instrumentation::IslandRecordWriter* records,
@@ -320,9 +316,8 @@ CoordinatorSnapshot Coordinator::Snapshot() const {
   // Through the loop, and behind the deadlines already due: after a test moved a ManualClock, the snapshot shows
   // what those deadlines did.
   std::promise<CoordinatorSnapshot> answer;
-  core_->Post(CallOnLoop{[this, &answer] {
-    core_->AfterDueTimers([this, &answer] { answer.set_value(core_->SnapshotNow()); });
-  }});
+  core_->Post(CallOnLoop{
+      [this, &answer] { core_->AfterDueTimers([this, &answer] { answer.set_value(core_->SnapshotNow()); }); }});
   return answer.get_future().get();
 }
 

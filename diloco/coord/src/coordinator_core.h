@@ -42,8 +42,8 @@ struct Island {
   Reply<fl::v1::IslandJoinResponse> join_reply;  // while kWaiting
   std::optional<SyncKey> resume_after;           // late joiner: the state it copies includes this sync
   std::optional<SyncKey> last_begun;
-  bool retry_allowed = false;                    // told to retry last_begun
-  std::optional<SyncKey> repair_key;             // kRepairing: the sync whose state it must copy
+  bool retry_allowed = false;         // told to retry last_begun
+  std::optional<SyncKey> repair_key;  // kRepairing: the sync whose state it must copy
   uint64_t repair_epoch = 0;
   int64_t last_seen_ns = 0;
   rpc::TimerId heartbeat_timer = 0;
@@ -86,10 +86,10 @@ struct Sync {
 
 // Why an island transition happens, and what its effect needs.
 struct IslandCause {
-  std::string reason;                        // departures: why; refusals: the message
-  grpc::Status status;                       // kRefuseJoin: the answer
-  fl::v1::IslandJoinResponse answer;         // kAnswerJoin: the answer
-  const StateSource* source = nullptr;       // kAdmittedLate, kRepairOrdered
+  std::string reason;                   // departures: why; refusals: the message
+  grpc::Status status;                  // kRefuseJoin: the answer
+  fl::v1::IslandJoinResponse answer;    // kAnswerJoin: the answer
+  const StateSource* source = nullptr;  // kAdmittedLate, kRepairOrdered
   std::optional<SyncKey> key;
   uint64_t epoch = 0;
 };

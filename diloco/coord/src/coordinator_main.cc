@@ -97,7 +97,8 @@ int Run(int argc, char** argv) {
   app.add_option("--metrics-addr", metrics_addr, "Serve Prometheus metrics on /metrics here; empty: off");
   app.add_option("--experiment-name", o.experiment_name, "Name recorded with the experiment")->capture_default_str();
   app.add_option("--experiment-id", o.experiment_id, "Experiment id (default: generated)");
-  app.add_option("--inner-steps", s.inner_steps, "H: inner steps between two syncs of a fragment")->capture_default_str();
+  app.add_option("--inner-steps", s.inner_steps, "H: inner steps between two syncs of a fragment")
+      ->capture_default_str();
   app.add_option("--fragments", s.num_fragments, "P: fragments (1 = DiLoCo; > 1 = Streaming DiLoCo; divides H)")
       ->capture_default_str();
   app.add_option("--fragment-strategy", s.fragment_strategy, "strided or sequential")->capture_default_str();
@@ -119,7 +120,8 @@ int Run(int argc, char** argv) {
   app.add_option("--max-islands", o.max_islands, "Most live islands")->capture_default_str();
   app.add_option("--model-fingerprint", fingerprint_hex,
                  "Expected model fingerprint (16 hex digits); default: the first island's");
-  app.add_option("--heartbeat-interval-ms", o.heartbeat_interval_ms, "Island heartbeat interval")->capture_default_str();
+  app.add_option("--heartbeat-interval-ms", o.heartbeat_interval_ms, "Island heartbeat interval")
+      ->capture_default_str();
   app.add_option("--heartbeat-timeout-ms", o.heartbeat_timeout_ms, "Evict an island after this long without heartbeats")
       ->capture_default_str();
   app.add_option("--barrier-timeout-ms", o.barrier_timeout_ms,
@@ -159,8 +161,9 @@ int Run(int argc, char** argv) {
     }
   }
   if (o.experiment_id.empty()) {
-    o.experiment_id = fl::StrCat(o.experiment_name, "-", o.clock->UnixMs(), "-", instrumentation::HashHex(
-        static_cast<uint64_t>(o.clock->NowNs()) * 0x9e3779b97f4a7c15ULL).substr(0, 6));
+    o.experiment_id = fl::StrCat(
+        o.experiment_name, "-", o.clock->UnixMs(), "-",
+        instrumentation::HashHex(static_cast<uint64_t>(o.clock->NowNs()) * 0x9e3779b97f4a7c15ULL).substr(0, 6));
   }
   if (absl::Status st = o.Validate(); !st.ok()) {
     std::cerr << "fl-coordinator: " << st.message() << "\n";

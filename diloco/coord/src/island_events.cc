@@ -48,8 +48,7 @@ bool Coordinator::Core::Fire(Island& island, IslandTrigger trigger, const Island
                       cause.source, cause.key, cause.epoch});
   const std::string& id = island.info.island_id;
   switch (row->effect) {
-    case IslandEffect::kNone:
-      break;
+    case IslandEffect::kNone: break;
     case IslandEffect::kAnswerJoin: {
       Reply<fl::v1::IslandJoinResponse> reply = std::move(island.join_reply);
       island.join_reply = nullptr;
@@ -64,9 +63,7 @@ bool Coordinator::Core::Fire(Island& island, IslandTrigger trigger, const Island
       if (reply) reply(cause.status, {});
       break;
     }
-    case IslandEffect::kHoldState:
-      syncs_[*cause.key].holders.push_back(id);
-      break;
+    case IslandEffect::kHoldState: syncs_[*cause.key].holders.push_back(id); break;
     case IslandEffect::kEvict:
     case IslandEffect::kRelease: {
       loop_.Cancel(island.heartbeat_timer);
@@ -314,10 +311,10 @@ void Coordinator::Core::OnBeginSync(BeginSyncEvent& e) {
     return fail(CoordError(grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_INTERNAL, failure_));
   }
   if (FinalKey().has_value() && *FinalKey() < key) {
-    return fail(CoordError(grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_WRONG_ROUND,
-                           fl::StrCat("sync ", KeyText(key), " is past the schedule's last sync ",
-                                      KeyText(*FinalKey())),
-                           "key", "Leave: the experiment is complete"));
+    return fail(
+        CoordError(grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_WRONG_ROUND,
+                   fl::StrCat("sync ", KeyText(key), " is past the schedule's last sync ", KeyText(*FinalKey())), "key",
+                   "Leave: the experiment is complete"));
   }
   if (island->state == IslandState::kLoading) {
     return fail(CoordError(grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_WRONG_ROUND,
@@ -332,16 +329,16 @@ void Coordinator::Core::OnBeginSync(BeginSyncEvent& e) {
   }
   const bool is_retry = island->last_begun.has_value() && *island->last_begun == key && island->retry_allowed;
   if (island->resume_after.has_value() && !(*island->resume_after < key)) {
-    return fail(CoordError(grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_WRONG_ROUND,
-                           fl::StrCat("sync ", KeyText(key), " is not after the island's state ",
-                                      KeyText(*island->resume_after)),
-                           "key", "continue the schedule after the state's sync"));
+    return fail(CoordError(
+        grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_WRONG_ROUND,
+        fl::StrCat("sync ", KeyText(key), " is not after the island's state ", KeyText(*island->resume_after)), "key",
+        "continue the schedule after the state's sync"));
   }
   if (island->last_begun.has_value() && !(*island->last_begun < key) && !is_retry) {
-    return fail(CoordError(grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_WRONG_ROUND,
-                           fl::StrCat("sync ", KeyText(key), " is not after the island's previous sync ",
-                                      KeyText(*island->last_begun)),
-                           "key", "sync keys must increase; repeat one only after a RETRY verdict"));
+    return fail(CoordError(
+        grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_WRONG_ROUND,
+        fl::StrCat("sync ", KeyText(key), " is not after the island's previous sync ", KeyText(*island->last_begun)),
+        "key", "sync keys must increase; repeat one only after a RETRY verdict"));
   }
   Sync& sync = syncs_[key];
   if (sync.state == SyncState::kCommitted) {
@@ -356,10 +353,10 @@ void Coordinator::Core::OnBeginSync(BeginSyncEvent& e) {
       Evict(*island, IslandTrigger::kMissedBarrier, why);
       return fail(EvictedError(id, why));
     }
-    return fail(CoordError(grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_WRONG_ROUND,
-                           fl::StrCat("island '", id, "' already holds epoch ", open.info.number, " of sync ",
-                                      KeyText(key)),
-                           "", "report SyncDone or SyncFailed for it first"));
+    return fail(
+        CoordError(grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_WRONG_ROUND,
+                   fl::StrCat("island '", id, "' already holds epoch ", open.info.number, " of sync ", KeyText(key)),
+                   "", "report SyncDone or SyncFailed for it first"));
   }
   island->last_begun = key;
   island->retry_allowed = false;
@@ -384,10 +381,9 @@ void Coordinator::Core::OnReport(const std::string& id, const std::string& token
   }
   Epoch& epoch = it->second;
   if (epoch.info.key != key || !epoch.join_seq.contains(id) || epoch.join_seq.at(id) != island->join_seq) {
-    return fail(CoordError(grpc::StatusCode::INVALID_ARGUMENT, fl::v1::ERROR_CODE_WRONG_ROUND,
-                           fl::StrCat("island '", id, "' is not a member of epoch ", epoch_number, " of sync ",
-                                      KeyText(key)),
-                           "epoch"));
+    return fail(CoordError(
+        grpc::StatusCode::INVALID_ARGUMENT, fl::v1::ERROR_CODE_WRONG_ROUND,
+        fl::StrCat("island '", id, "' is not a member of epoch ", epoch_number, " of sync ", KeyText(key)), "epoch"));
   }
   if (epoch.reports.contains(id)) {
     return fail(CoordError(grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_MALFORMED,
@@ -395,9 +391,8 @@ void Coordinator::Core::OnReport(const std::string& id, const std::string& token
   }
   if (epoch.reports.empty()) {
     // --report-timeout-ms counts from the epoch's first report.
-    epoch.report_timer = loop_.After(MsToNs(opt_.report_timeout_ms) + 1, [this, epoch_number] {
-      CheckReports(epoch_number);
-    });
+    epoch.report_timer =
+        loop_.After(MsToNs(opt_.report_timeout_ms) + 1, [this, epoch_number] { CheckReports(epoch_number); });
   }
   report.unix_ms = UnixMs();
   const bool failed = !report.done;

@@ -152,17 +152,12 @@ class LogObserver final : public CoordinatorObserver {
   void OnRun(const RunChange& c) override {
     spdlog::debug("experiment: {} --{}--> {}", Name(c.from), Name(c.trigger), Name(c.to));
     switch (c.trigger) {
-      case RunTrigger::kCohortComplete:
-        spdlog::info("first cohort of {} island(s) complete", c.cohort);
-        break;
+      case RunTrigger::kCohortComplete: spdlog::info("first cohort of {} island(s) complete", c.cohort); break;
       case RunTrigger::kLastSyncCommitted:
         spdlog::info("the schedule's last sync {} committed", KeyText(*c.key));
         break;
-      case RunTrigger::kSyncGaveUp:
-        spdlog::error("{}", c.reason);
-        break;
-      case RunTrigger::kShutdown:
-        break;
+      case RunTrigger::kSyncGaveUp: spdlog::error("{}", c.reason); break;
+      case RunTrigger::kShutdown: break;
     }
   }
 
@@ -177,18 +172,14 @@ class LogObserver final : public CoordinatorObserver {
         spdlog::info("island '{}' joins late: copies the state after sync {} from '{}'", id, KeyText(*c.key),
                      c.source->island_id);
         break;
-      case IslandTrigger::kNoStateSource:
-        spdlog::warn("island '{}' refused: {}", id, c.reason);
-        break;
+      case IslandTrigger::kNoStateSource: spdlog::warn("island '{}' refused: {}", id, c.reason); break;
       case IslandTrigger::kStateLoaded:
         spdlog::info("island '{}' loaded the state after sync {}: member from the next sync on", id, KeyText(*c.key));
         break;
       case IslandTrigger::kRepaired:
         spdlog::info("island '{}' repaired its state to sync {}", id, KeyText(*c.key));
         break;
-      case IslandTrigger::kLeft:
-        spdlog::info("island '{}' leaves: {}", id, c.reason);
-        break;
+      case IslandTrigger::kLeft: spdlog::info("island '{}' leaves: {}", id, c.reason); break;
       case IslandTrigger::kRepairOrdered:
       case IslandTrigger::kShutdown:
         break;  // the epoch's resolution says why; the shutdown is logged by whoever asked for it
@@ -197,9 +188,7 @@ class LogObserver final : public CoordinatorObserver {
       case IslandTrigger::kHeartbeatLost:
       case IslandTrigger::kVanished:
       case IslandTrigger::kMissedBarrier:
-      case IslandTrigger::kMissedReport:
-        spdlog::warn("island '{}' leaves the membership: {}", id, c.reason);
-        break;
+      case IslandTrigger::kMissedReport: spdlog::warn("island '{}' leaves the membership: {}", id, c.reason); break;
     }
   }
 
@@ -216,14 +205,14 @@ class LogObserver final : public CoordinatorObserver {
         const EpochResolution& res = *c.resolution;
         for (const MemberResult& m : res.members) {
           if (!m.mismatched()) continue;
-          spdlog::error("epoch {} sync {}: island '{}' holds state hash {} but the majority holds {}: "
-                        "ordered to repair from '{}'",
-                        epoch.number, KeyText(c.key), m.island_id, instrumentation::HashHex(m.state_hash),
-                        instrumentation::HashHex(*res.committed_hash), m.repair_source);
+          spdlog::error(
+              "epoch {} sync {}: island '{}' holds state hash {} but the majority holds {}: "
+              "ordered to repair from '{}'",
+              epoch.number, KeyText(c.key), m.island_id, instrumentation::HashHex(m.state_hash),
+              instrumentation::HashHex(*res.committed_hash), m.repair_source);
         }
-        spdlog::info("epoch {}: sync {} committed with hash {} ({} of {} members agree)", epoch.number,
-                     KeyText(c.key), instrumentation::HashHex(*res.committed_hash), res.agreeing,
-                     epoch.members.size());
+        spdlog::info("epoch {}: sync {} committed with hash {} ({} of {} members agree)", epoch.number, KeyText(c.key),
+                     instrumentation::HashHex(*res.committed_hash), res.agreeing, epoch.members.size());
         break;
       }
       case SyncTrigger::kNobodyApplied:
@@ -231,8 +220,7 @@ class LogObserver final : public CoordinatorObserver {
         spdlog::warn("epoch {}: sync {} failed for every member; the next BeginSync forms a new epoch", epoch.number,
                      KeyText(c.key));
         break;
-      default:
-        break;
+      default: break;
     }
   }
 };

@@ -91,16 +91,16 @@ class StateService final : public fl::v1::IslandState::Service {
         }
         return wire::ToGrpcStatus(
             grpc::StatusCode::NOT_FOUND,
-            wire::MakeError(fl::v1::ERROR_CODE_WRONG_ROUND,
-                            fl::StrCat("no snapshot with state hash ", HashHex(request->expected_hash()), " within ",
-                                       request->wait_ms(), " ms; this island holds ",
-                                       held.empty() ? std::string("none") : held),
-                            "expected_hash", "ask the coordinator for the current source (Rejoin)"));
+            wire::MakeError(
+                fl::v1::ERROR_CODE_WRONG_ROUND,
+                fl::StrCat("no snapshot with state hash ", HashHex(request->expected_hash()), " within ",
+                           request->wait_ms(), " ms; this island holds ", held.empty() ? std::string("none") : held),
+                "expected_hash", "ask the coordinator for the current source (Rejoin)"));
       }
     }
-    const uint32_t chunk = std::clamp<uint32_t>(
-        request->max_chunk_bytes() == 0 ? wire::kDefaultChunkBytes : request->max_chunk_bytes(), 1024,
-        wire::kMaxChunkBytes);
+    const uint32_t chunk =
+        std::clamp<uint32_t>(request->max_chunk_bytes() == 0 ? wire::kDefaultChunkBytes : request->max_chunk_bytes(),
+                             1024, wire::kMaxChunkBytes);
     fl::v1::StateChunk out;
     fl::v1::StateHeader* h = out.mutable_header();
     *h->mutable_key() = ToProto(snapshot->key);
@@ -174,8 +174,8 @@ absl::StatusOr<StateSnapshot> FetchState(const std::string& endpoint, uint64_t e
   ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options.timeout));
   fl::v1::FetchStateRequest request;
   request.set_expected_hash(expected_hash);
-  request.set_wait_ms(static_cast<uint32_t>(std::clamp<int64_t>(absl::ToInt64Milliseconds(options.wait_for_snapshot), 0,
-                                                                int64_t{24} * 3600 * 1000)));
+  request.set_wait_ms(static_cast<uint32_t>(
+      std::clamp<int64_t>(absl::ToInt64Milliseconds(options.wait_for_snapshot), 0, int64_t{24} * 3600 * 1000)));
   request.set_max_chunk_bytes(options.max_chunk_bytes);
   auto reader = stub->FetchState(&ctx, request);
   const std::string what = fl::StrCat("fetching state ", HashHex(expected_hash), " from ", endpoint);
@@ -203,8 +203,8 @@ absl::StatusOr<StateSnapshot> FetchState(const std::string& endpoint, uint64_t e
       snapshot.image.reserve(announced);
     } else if (chunk.part_case() == fl::v1::StateChunk::kData) {
       if (!have_header || snapshot.image.size() + chunk.data().size() > announced) {
-        protocol_error = absl::DataLossError(fl::StrCat(what, ": data before the header or beyond the ", announced,
-                                                        " announced bytes"));
+        protocol_error = absl::DataLossError(
+            fl::StrCat(what, ": data before the header or beyond the ", announced, " announced bytes"));
         break;
       }
       snapshot.image.insert(snapshot.image.end(), chunk.data().begin(), chunk.data().end());
@@ -229,26 +229,28 @@ absl::StatusOr<StateSnapshot> FetchState(const std::string& endpoint, uint64_t e
                                           " bytes", have_trailer ? "" : " without a trailer"));
   }
   if (core::Checksum64(snapshot.image) != checksum) {
-    return absl::DataLossError(fl::StrCat(what, ": the image's checksum does not match its bytes (damaged in transit)"));
+    return absl::DataLossError(
+        fl::StrCat(what, ": the image's checksum does not match its bytes (damaged in transit)"));
   }
   if (snapshot.state_hash != expected_hash) {
-    return absl::FailedPreconditionError(fl::StrCat(what, ": the peer sent the snapshot of state ",
-                                                    HashHex(snapshot.state_hash), " instead"));
+    return absl::FailedPreconditionError(
+        fl::StrCat(what, ": the peer sent the snapshot of state ", HashHex(snapshot.state_hash), " instead"));
   }
   uint64_t recomputed = 0;
   if (options.verify) {
     absl::StatusOr<uint64_t> h = options.verify(snapshot.image);
     if (!h.ok()) {
-      return absl::Status(h.status().code(), fl::StrCat(what, ": the image does not load: ", fl::ToStd(h.status().message())));
+      return absl::Status(h.status().code(),
+                          fl::StrCat(what, ": the image does not load: ", fl::ToStd(h.status().message())));
     }
     recomputed = *h;
   } else {
     recomputed = core::Checksum64(snapshot.image);
   }
   if (recomputed != expected_hash) {
-    return absl::FailedPreconditionError(
-        fl::StrCat(what, ": the received state hashes to ", HashHex(recomputed), ", not the committed ",
-                   HashHex(expected_hash), "; do not train on it (Rejoin to get another source)"));
+    return absl::FailedPreconditionError(fl::StrCat(what, ": the received state hashes to ", HashHex(recomputed),
+                                                    ", not the committed ", HashHex(expected_hash),
+                                                    "; do not train on it (Rejoin to get another source)"));
   }
   return snapshot;
 }

@@ -26,18 +26,15 @@ bool Coordinator::Core::Fire(const SyncKey& key, Sync& sync, SyncTrigger trigger
   sync.state = row->to;
   Notify(&CoordinatorObserver::OnSync, SyncChange{key, from, sync.state, trigger, epoch, resolution, last_committed_});
   switch (row->effect) {
-    case SyncEffect::kNone:
-      break;
+    case SyncEffect::kNone: break;
     case SyncEffect::kArmBarrierDeadline: {
       const int64_t started = NowNs();
       sync.gather_started_ns = started;
-      sync.barrier_timer = loop_.At(started + MsToNs(opt_.barrier_timeout_ms) + 1,
-                                    [this, key, started] { CheckBarrier(key, started); });
+      sync.barrier_timer =
+          loop_.At(started + MsToNs(opt_.barrier_timeout_ms) + 1, [this, key, started] { CheckBarrier(key, started); });
       break;
     }
-    case SyncEffect::kSendPlans:
-      SendPlans(key, sync, *epoch);
-      break;
+    case SyncEffect::kSendPlans: SendPlans(key, sync, *epoch); break;
     case SyncEffect::kSendVerdicts:
       SendVerdicts(key, sync, open_epochs_.at(epoch->number), *resolution, trigger == SyncTrigger::kGaveUp);
       break;
@@ -276,9 +273,7 @@ void Coordinator::Core::SendVerdicts(const SyncKey& key, Sync& sync, Epoch& epoc
     fl::v1::SyncVerdict verdict;
     grpc::Status status = grpc::Status::OK;
     switch (m.verdict) {
-      case MemberVerdict::kEvicted:
-        status = EvictedError(id, "it was evicted during the sync");
-        break;
+      case MemberVerdict::kEvicted: status = EvictedError(id, "it was evicted during the sync"); break;
       case MemberVerdict::kRetry:
         if (give_up) {
           status = CoordError(grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_INTERNAL, failure_, "",
@@ -377,8 +372,8 @@ void Coordinator::Core::CheckBlame(uint64_t epoch_number, const std::string& bla
   Epoch& epoch = it->second;
   auto b = epoch.pending_blames.find(blamed);
   if (b == epoch.pending_blames.end()) return;
-  const std::string why = fl::StrCat(b->second.reason, " (and did not report the epoch itself within ",
-                                     opt_.blame_grace_ms, " ms)");
+  const std::string why =
+      fl::StrCat(b->second.reason, " (and did not report the epoch itself within ", opt_.blame_grace_ms, " ms)");
   epoch.pending_blames.erase(b);
   if (!epoch.reports.contains(blamed) && MemberLive(epoch, blamed)) {
     Evict(*islands_.at(blamed), IslandTrigger::kVanished, why);

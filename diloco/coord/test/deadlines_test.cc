@@ -238,8 +238,8 @@ TEST(DeadlinesTest, AnIslandWithoutHeartbeatsIsEvictedExactlyAfterTheTimeoutAndA
       << "3000 ms without a heartbeat is not more than --heartbeat-timeout-ms";
   d.AdvanceNs(1);
   EXPECT_EQ(d.coordinator->Snapshot().members, std::vector<std::string>{"a"});
-  EXPECT_EQ(d.log.Of("island b"), (std::vector<std::string>{"waiting --admitted--> active",
-                                                            "active --heartbeat_lost--> gone"}));
+  EXPECT_EQ(d.log.Of("island b"),
+            (std::vector<std::string>{"waiting --admitted--> active", "active --heartbeat_lost--> gone"}));
   ASSERT_EQ(b.session->sent.size(), 1u);
   EXPECT_EQ(b.session->sent[0].evicted().reason(), "no heartbeat for 3000 ms");
   ASSERT_TRUE(b.session->closed.has_value());
@@ -279,7 +279,7 @@ TEST(DeadlinesTest, TheBarrierEvictsTheIslandsThatDidNotArriveWithinItsTimeoutAn
   EXPECT_NEAR(d.log.barrier_ms[0], 10000.0, 1e-3);
   EXPECT_EQ(d.log.Of("island c").back(), "active --missed_barrier--> gone");
   EXPECT_EQ(d.log.Of("sync 0/0"), (std::vector<std::string>{"idle --first_arrival--> gathering",
-                                                             "gathering --barrier_complete--> exchanging"}));
+                                                            "gathering --barrier_complete--> exchanging"}));
   ASSERT_FALSE(c.session->sent.empty());
   EXPECT_NE(c.session->sent.back().evicted().reason().find("did not reach the barrier of sync (step 0, fragment 0)"),
             std::string::npos);
@@ -383,13 +383,13 @@ TEST(DeadlinesTest, ASyncThatNobodyAppliesIsRetriedUntilMaxAttemptsThenTheExperi
             std::string::npos)
       << v2->status.error_message();
   EXPECT_EQ(d.log.Of("sync 0/0"), (std::vector<std::string>{
-                                       "idle --first_arrival--> gathering",
-                                       "gathering --barrier_complete--> exchanging",
-                                       "exchanging --nobody_applied--> idle",
-                                       "idle --first_arrival--> gathering",
-                                       "gathering --barrier_complete--> exchanging",
-                                       "exchanging --gave_up--> failed",
-                                   }));
+                                      "idle --first_arrival--> gathering",
+                                      "gathering --barrier_complete--> exchanging",
+                                      "exchanging --nobody_applied--> idle",
+                                      "idle --first_arrival--> gathering",
+                                      "gathering --barrier_complete--> exchanging",
+                                      "exchanging --gave_up--> failed",
+                                  }));
   EXPECT_EQ(d.log.Of("run").back(), "running --sync_gave_up--> failed");
   EXPECT_TRUE(d.coordinator->WaitDone(absl::ZeroDuration()));
   auto refused = d.PostJoin("b");
@@ -427,8 +427,8 @@ TEST(DeadlinesTest, ALateJoinIsHeldWhileAnEpochIsInFlightThenCopiesItsStateAndTh
   auto pc = d.BeginSync(c, {2, 0});
   ASSERT_TRUE(pa->answered && pc->answered);
   EXPECT_EQ(Members(pa->response), (std::vector<std::string>{"a", "c"}));
-  EXPECT_EQ(d.log.Of("island c"), (std::vector<std::string>{"waiting --admitted_late--> loading",
-                                                            "loading --state_loaded--> active"}));
+  EXPECT_EQ(d.log.Of("island c"),
+            (std::vector<std::string>{"waiting --admitted_late--> loading", "loading --state_loaded--> active"}));
 }
 
 TEST(DeadlinesTest, ALateJoinerThatStopsWhileCopyingIsEvictedByItsHeartbeatDeadline) {

@@ -178,9 +178,8 @@ TEST(MembershipTest, BlamedIslandThatReportsItselfIsKeptOnTheFirstAttempt) {
   for (const auto& p : plans) ASSERT_TRUE(p.ok()) << p.status();
   const absl::Status blames_b = absl::UnavailableError("member 'b' (ipc:///tmp/x) disconnected during exchange 1");
   const absl::Status blames_a = absl::UnavailableError("member 'a' (ipc:///tmp/y) disconnected during exchange 1");
-  auto fa = std::async(std::launch::async, [&] {
-    return a.client->ReportSyncFailed(*plans[0], blames_b, "b", SomeStats());
-  });
+  auto fa =
+      std::async(std::launch::async, [&] { return a.client->ReportSyncFailed(*plans[0], blames_b, "b", SomeStats()); });
   auto vb = b.client->ReportSyncFailed(*plans[1], blames_a, "a", SomeStats());
   auto va = fa.get();
   ASSERT_TRUE(va.ok()) << va.status();

@@ -33,10 +33,29 @@ int WaitForPort(const std::string& port_file, fl::testing::Subprocess& server) {
 TEST(ProcessTest, FlCoordinatorRunsTheScheduleAndRecordsIt) {
   fl::testing::ScratchDir dir("fl_coord_proc");
   const std::string db = dir.File("records.db");
-  fl::testing::Subprocess server({FL_COORDINATOR_BIN, "--listen", "127.0.0.1:0", "--port-file",
-                                  dir.File("port"), "--db", db, "--experiment-id", "islands-proc", "--inner-steps",
-                                  "4", "--fragments", "2", "--outer-steps", "2", "--min-islands", "2", "--codec",
-                                  "int8", "--island-option", "model=charlm", "--heartbeat-interval-ms", "100"},
+  fl::testing::Subprocess server({FL_COORDINATOR_BIN,
+                                  "--listen",
+                                  "127.0.0.1:0",
+                                  "--port-file",
+                                  dir.File("port"),
+                                  "--db",
+                                  db,
+                                  "--experiment-id",
+                                  "islands-proc",
+                                  "--inner-steps",
+                                  "4",
+                                  "--fragments",
+                                  "2",
+                                  "--outer-steps",
+                                  "2",
+                                  "--min-islands",
+                                  "2",
+                                  "--codec",
+                                  "int8",
+                                  "--island-option",
+                                  "model=charlm",
+                                  "--heartbeat-interval-ms",
+                                  "100"},
                                  dir.File("server.log"));
   const int port = WaitForPort(dir.File("port"), server);
   ASSERT_GT(port, 0) << ReadFile(dir.File("server.log"));
@@ -93,9 +112,9 @@ TEST(ProcessTest, BadFlagsAreRefusedNamingTheValue) {
 // The old command is an alias: fl-server says so on stderr and execs fl-coordinator with the other arguments.
 TEST(ProcessTest, FlServerModeIslandsExecsFlCoordinator) {
   fl::testing::ScratchDir dir("fl_coord_proc");
-  fl::testing::Subprocess alias({FL_SERVER_BIN, "--mode", "islands", "--inner-steps", "10", "--fragments", "3", "--db",
-                                 ""},
-                                dir.File("alias.log"));
+  fl::testing::Subprocess alias(
+      {FL_SERVER_BIN, "--mode", "islands", "--inner-steps", "10", "--fragments", "3", "--db", ""},
+      dir.File("alias.log"));
   EXPECT_EQ(alias.Wait(std::chrono::seconds(30)), 2);
   const std::string log = ReadFile(dir.File("alias.log"));
   EXPECT_NE(log.find("fl-server: --mode islands is the islands coordinator's old name: running "), std::string::npos)

@@ -104,14 +104,14 @@ void ExpectShape(const Table& table, State initial, const std::vector<State>& al
 }
 
 TEST(TransitionsTest, EveryStateIsReachableAndOnlyTerminalStatesHaveNoExit) {
-  ExpectShape(kRunTransitions, RunState::kGatheringCohort,
-              {RunState::kGatheringCohort, RunState::kRunning, RunState::kFinished, RunState::kFailed,
-               RunState::kShutDown},
-              {RunState::kShutDown});
-  ExpectShape(kIslandTransitions, IslandState::kWaiting,
-              {IslandState::kWaiting, IslandState::kLoading, IslandState::kActive, IslandState::kRepairing,
-               IslandState::kGone},
-              {IslandState::kGone});
+  ExpectShape(
+      kRunTransitions, RunState::kGatheringCohort,
+      {RunState::kGatheringCohort, RunState::kRunning, RunState::kFinished, RunState::kFailed, RunState::kShutDown},
+      {RunState::kShutDown});
+  ExpectShape(
+      kIslandTransitions, IslandState::kWaiting,
+      {IslandState::kWaiting, IslandState::kLoading, IslandState::kActive, IslandState::kRepairing, IslandState::kGone},
+      {IslandState::kGone});
   ExpectShape(kSyncTransitions, SyncState::kIdle,
               {SyncState::kIdle, SyncState::kGathering, SyncState::kExchanging, SyncState::kCommitted,
                SyncState::kFailed, SyncState::kAbandoned},

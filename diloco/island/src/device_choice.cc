@@ -14,8 +14,8 @@ absl::StatusOr<DeviceChoice> ChooseDevice(const std::string& requested, size_t s
     return absl::InvalidArgumentError(fl::StrCat("--device ", requested, ": use auto, cpu or cuda"));
   }
   if (cuda_device < -1) {
-    return absl::InvalidArgumentError(
-        fl::StrCat("--cuda-device ", cuda_device, ": use a GPU index >= 0, or -1 for (shard x ranks + rank) mod the GPU count"));
+    return absl::InvalidArgumentError(fl::StrCat(
+        "--cuda-device ", cuda_device, ": use a GPU index >= 0, or -1 for (shard x ranks + rank) mod the GPU count"));
   }
   DeviceChoice choice;
   if (requested == "cpu") {
@@ -26,8 +26,9 @@ absl::StatusOr<DeviceChoice> ChooseDevice(const std::string& requested, size_t s
   const std::string gpus = fl::StrCat("LibTorch sees ", facts.cuda_devices, " CUDA device(s)");
   if (requested == "auto" && !(gpu && facts.nccl)) {
     if (!gpu && !facts.nccl) {
-      choice.reason = "--device auto: LibTorch sees no CUDA device and this build has no c10d NCCL process group "
-                      "(a CPU-only LibTorch)";
+      choice.reason =
+          "--device auto: LibTorch sees no CUDA device and this build has no c10d NCCL process group "
+          "(a CPU-only LibTorch)";
     } else if (!gpu) {
       choice.reason = "--device auto: LibTorch sees no CUDA device (no GPU or no driver)";
     } else {

@@ -29,8 +29,8 @@ Exchanger::~Exchanger() {
 absl::Status Exchanger::Start(SyncKey key, std::vector<float> values) {
   std::lock_guard<std::mutex> lock(mu_);
   if (busy_) {
-    return absl::FailedPreconditionError(fl::StrCat("exchange of sync (", key.step, ", ", key.fragment,
-                                                    ") started while another is in flight"));
+    return absl::FailedPreconditionError(
+        fl::StrCat("exchange of sync (", key.step, ", ", key.fragment, ") started while another is in flight"));
   }
   busy_ = true;
   result_.reset();
@@ -182,8 +182,7 @@ ExchangeOutcome Exchanger::RunExchange(SyncKey key, std::vector<float> values) {
   }
 }
 
-absl::StatusOr<Verdict> Exchanger::Commit(const ExchangeOutcome& outcome, uint64_t state_hash,
-                                          const SyncStats& stats) {
+absl::StatusOr<Verdict> Exchanger::Commit(const ExchangeOutcome& outcome, uint64_t state_hash, const SyncStats& stats) {
   if (client_ == nullptr) {
     Verdict v;
     v.kind = VerdictKind::kCommit;

@@ -27,7 +27,8 @@ absl::Status IslandOptions::Validate() const {
     return absl::InvalidArgumentError(fl::StrCat("AdamW betas (", beta1, ", ", beta2, ") must lie in [0, 1)"));
   }
   if (total_steps < 1) return bad("total_steps", total_steps, "use at least 1");
-  if (!(exchange_timeout_s > 0)) return bad("exchange_timeout_s", exchange_timeout_s, "use a positive number of seconds");
+  if (!(exchange_timeout_s > 0))
+    return bad("exchange_timeout_s", exchange_timeout_s, "use a positive number of seconds");
   if (absl::StatusOr<std::unique_ptr<core::Codec>> c = core::MakeCodec(codec); !c.ok()) return c.status();
   if (mode == "diloco") {
     if (absl::Status s = outer.Validate(); !s.ok()) return s;
@@ -40,7 +41,8 @@ absl::Status IslandOptions::Validate() const {
   } else {
     return bad("mode", mode, "use diloco or data-parallel");
   }
-  const bool needs_ring = (mode == "diloco" && coordinator.empty()) || (mode == "data-parallel" && dp_transport == "ring");
+  const bool needs_ring =
+      (mode == "diloco" && coordinator.empty()) || (mode == "data-parallel" && dp_transport == "ring");
   if (needs_ring && rank == 0) {
     if (peers.empty()) {
       return absl::InvalidArgumentError(

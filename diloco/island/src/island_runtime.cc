@@ -64,8 +64,8 @@ absl::StatusOr<std::pair<std::string, uint16_t>> SplitHostPort(const std::string
 
 // A c10d process group of `size` ranks: Gloo on the CPU, NCCL on CUDA (ChooseDevice picks CUDA only
 // where this build has NCCL).
-absl::StatusOr<c10::intrusive_ptr<CollectiveGroup>> MakeProcessGroup(const std::string& store_address,
-                                                                     size_t rank, size_t size, bool cuda) {
+absl::StatusOr<c10::intrusive_ptr<CollectiveGroup>> MakeProcessGroup(const std::string& store_address, size_t rank,
+                                                                     size_t size, bool cuda) {
   absl::StatusOr<std::pair<std::string, uint16_t>> hp = SplitHostPort(store_address);
   if (!hp.ok()) return hp.status();
   try {
@@ -80,8 +80,8 @@ absl::StatusOr<c10::intrusive_ptr<CollectiveGroup>> MakeProcessGroup(const std::
 #ifdef USE_C10D_NCCL
       auto options = c10d::ProcessGroupNCCL::Options::create();
       options->timeout = std::chrono::minutes(30);
-      return c10::intrusive_ptr<CollectiveGroup>(c10::make_intrusive<c10d::ProcessGroupNCCL>(
-          store, static_cast<int>(rank), static_cast<int>(size), options));
+      return c10::intrusive_ptr<CollectiveGroup>(
+          c10::make_intrusive<c10d::ProcessGroupNCCL>(store, static_cast<int>(rank), static_cast<int>(size), options));
 #else
       return absl::FailedPreconditionError("this LibTorch build has no NCCL process group; use --device cpu");
 #endif
@@ -91,8 +91,8 @@ absl::StatusOr<c10::intrusive_ptr<CollectiveGroup>> MakeProcessGroup(const std::
     options->devices.push_back(hp->first == "127.0.0.1" || hp->first == "localhost"
                                    ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
                                    : c10d::ProcessGroupGloo::createDefaultDevice());
-    return c10::intrusive_ptr<CollectiveGroup>(c10::make_intrusive<c10d::ProcessGroupGloo>(
-        store, static_cast<int>(rank), static_cast<int>(size), options));
+    return c10::intrusive_ptr<CollectiveGroup>(
+        c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(rank), static_cast<int>(size), options));
   } catch (const std::exception& e) {
     return absl::UnavailableError(fl::StrCat("process group rendezvous at ", store_address, " (rank ", rank, " of ",
                                              size, ") failed: ", e.what()));
@@ -203,8 +203,8 @@ class IslandRun {
   std::vector<float> local_;
   // DiLoCo
   std::optional<OuterState> outer_;
-  std::optional<core::FragmentSchedule> schedule_;   // every rank
-  std::optional<core::FragmentPlan> plan_;            // every rank
+  std::optional<core::FragmentSchedule> schedule_;  // every rank
+  std::optional<core::FragmentPlan> plan_;          // every rank
   std::unique_ptr<CoordinatorClient> client_;
   std::unique_ptr<StateServer> state_server_;
   std::unique_ptr<Exchanger> exchanger_;
@@ -286,8 +286,8 @@ absl::Status IslandRun::InnerStep(uint64_t step) {
   loss.backward();
   const double loss_value = loss.item<double>();
   if (!std::isfinite(loss_value)) {
-    return absl::InternalError(fl::StrCat("training loss is ", loss_value, " at step ", step,
-                                          "; lower --inner-lr (now ", o_.inner_lr, ")"));
+    return absl::InternalError(
+        fl::StrCat("training loss is ", loss_value, " at step ", step, "; lower --inner-lr (now ", o_.inner_lr, ")"));
   }
   if (island_pg_) {
     torch::Tensor g = FlatGrads(params_);
@@ -368,8 +368,8 @@ absl::Status IslandRun::RunDataParallel() {
   }
   summary_.wall_s = Since(start);
   staging_->ToHost(local_);
-  summary_.local_model_hash = core::Checksum64(std::span<const uint8_t>(
-      reinterpret_cast<const uint8_t*>(local_.data()), local_.size() * sizeof(float)));
+  summary_.local_model_hash = core::Checksum64(
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(local_.data()), local_.size() * sizeof(float)));
   if (leader()) {
     summary_.final_eval_loss = task_->EvalLoss();
     summary_.final_local_eval_loss = summary_.final_eval_loss;
@@ -381,9 +381,8 @@ absl::Status IslandRun::LoadState(const StateSource& source) {
   const auto start = Clock::now();
   FetchOptions fetch;
   fetch.verify = [this](std::span<const uint8_t> image) -> absl::StatusOr<uint64_t> {
-    absl::StatusOr<OuterState> copy =
-        OuterState::Create(spec_, std::vector<float>(outer_->global().begin(), outer_->global().end()),
-                           outer_->options());
+    absl::StatusOr<OuterState> copy = OuterState::Create(
+        spec_, std::vector<float>(outer_->global().begin(), outer_->global().end()), outer_->options());
     if (!copy.ok()) return copy.status();
     if (absl::Status s = copy->Restore(image); !s.ok()) return s;
     return copy->Hash();
@@ -463,8 +462,8 @@ absl::Status IslandRun::SetupLeader() {
   exchanger_ = std::make_unique<Exchanger>(std::move(c), client_.get());
   if (late_source.has_value()) {
     if (absl::Status s = LoadState(*late_source); !s.ok()) return s;
-    first_step_ = outer_->schedule().SendStep(late_source->key.fragment, late_source->key.step) +
-                  outer_->options().overlap_steps;
+    first_step_ =
+        outer_->schedule().SendStep(late_source->key.fragment, late_source->key.step) + outer_->options().overlap_steps;
     if (absl::Status s = outer_->CopyGlobalInto(local_); !s.ok()) return s;
     staging_->FromHost(local_);
     summary_.late_joined = true;
@@ -529,8 +528,7 @@ absl::Status IslandRun::ApplyAt(uint64_t step, size_t fragment, uint64_t* resume
         kind = kFullModel;
         break;
       case ExchangeOutcome::Kind::kRejoin:
-      case ExchangeOutcome::Kind::kFailed:
-        break;
+      case ExchangeOutcome::Kind::kFailed: break;
     }
     if (out.kind == ExchangeOutcome::Kind::kRejoin) {
       spdlog::warn("{}: evicted ({}); rejoining", o_.island_id, fl::ToStd(out.error.message()));
@@ -570,7 +568,8 @@ absl::Status IslandRun::ApplyAt(uint64_t step, size_t fragment, uint64_t* resume
     const core::Fragment& frag = plan_->fragment(fragment);
     torch::Tensor values = torch::empty({static_cast<int64_t>(frag.num_elements)}, torch::kFloat32);
     if (leader()) {
-      if (absl::Status s = plan_->Gather(fragment, local_, std::span<float>(values.data_ptr<float>(), frag.num_elements));
+      if (absl::Status s =
+              plan_->Gather(fragment, local_, std::span<float>(values.data_ptr<float>(), frag.num_elements));
           !s.ok()) {
         return s;
       }
@@ -578,8 +577,8 @@ absl::Status IslandRun::ApplyAt(uint64_t step, size_t fragment, uint64_t* resume
     BroadcastHost(*island_pg_, values, torch_device_);
     if (!leader()) {
       staging_->ToHost(local_);
-      if (absl::Status s = plan_->Scatter(fragment, std::span<const float>(values.data_ptr<float>(), frag.num_elements),
-                                          local_);
+      if (absl::Status s =
+              plan_->Scatter(fragment, std::span<const float>(values.data_ptr<float>(), frag.num_elements), local_);
           !s.ok()) {
         return s;
       }
@@ -641,7 +640,8 @@ absl::Status IslandRun::RunDiLoCo() {
           staging_->ToHost(local_);
           if (absl::Status s = outer_->PseudoGradient(*f, local_, delta); !s.ok()) return s;
           const uint64_t round = (t - schedule_->SendStep(*f, 0)) / h;
-          if (absl::Status s = exchanger_->Start(SyncKey{round, static_cast<uint32_t>(*f)}, std::move(delta)); !s.ok()) {
+          if (absl::Status s = exchanger_->Start(SyncKey{round, static_cast<uint32_t>(*f)}, std::move(delta));
+              !s.ok()) {
             return s;
           }
         }
@@ -664,8 +664,8 @@ absl::Status IslandRun::RunDiLoCo() {
   }
   summary_.wall_s = Since(start);
   staging_->ToHost(local_);
-  summary_.local_model_hash = core::Checksum64(std::span<const uint8_t>(
-      reinterpret_cast<const uint8_t*>(local_.data()), local_.size() * sizeof(float)));
+  summary_.local_model_hash = core::Checksum64(
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(local_.data()), local_.size() * sizeof(float)));
   if (leader()) {
     summary_.final_local_eval_loss = task_->EvalLoss();
     staging_->FromHost(outer_->global());  // the model DiLoCo delivers is θ_global
@@ -686,10 +686,11 @@ absl::StatusOr<IslandSummary> IslandRun::Run() {
   absl::Status s = o_.mode == "data-parallel" ? RunDataParallel() : RunDiLoCo();
   if (!s.ok()) return s;
   if (leader()) {
-    spdlog::info("{} done: {} steps, eval loss {:.4f} (local {:.4f}), sent {} B, peak sync {} B, wall {:.1f} s, "
-                 "waited {:.2f} s",
-                 o_.island_id, summary_.steps, summary_.final_eval_loss, summary_.final_local_eval_loss,
-                 summary_.bytes_sent, summary_.peak_sync_bytes, summary_.wall_s, summary_.wait_s);
+    spdlog::info(
+        "{} done: {} steps, eval loss {:.4f} (local {:.4f}), sent {} B, peak sync {} B, wall {:.1f} s, "
+        "waited {:.2f} s",
+        o_.island_id, summary_.steps, summary_.final_eval_loss, summary_.final_local_eval_loss, summary_.bytes_sent,
+        summary_.peak_sync_bytes, summary_.wall_s, summary_.wait_s);
   }
   if (!o_.summary_path.empty()) {  // every rank: the ranks' local_model_hash must agree
     std::ofstream out(o_.summary_path);

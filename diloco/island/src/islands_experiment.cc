@@ -70,7 +70,8 @@ absl::Status IslandsExperimentConfig::Validate() const {
     return bad("outer.optimizer", outer_optimizer, fl::ToStd(outer.status().message()));
   }
   if (mode == "diloco" && total_steps % inner_steps != 0) {
-    return bad("inner.total_steps", total_steps, fl::StrCat("must be a multiple of outer.inner_steps (", inner_steps, ")"));
+    return bad("inner.total_steps", total_steps,
+               fl::StrCat("must be a multiple of outer.inner_steps (", inner_steps, ")"));
   }
   return absl::OkStatus();
 }
@@ -170,9 +171,10 @@ absl::StatusOr<IslandsExperimentConfig> LoadIslandsExperiment(const std::string&
   const std::filesystem::path manifest_dir = std::filesystem::path(path).parent_path();
   if (absl::Status s = ManifestFields(manifest_dir).Read(config::YamlMap(*root, path, ""), c); !s.ok()) return s;
   if (!c.wan_link.empty() && c.mode == "data-parallel" && c.dp_transport == "gloo") {
-    return absl::InvalidArgumentError(fl::StrCat(
-        path, ": wan shapes the ring between island leaders, but data-parallel with dp_transport gloo sends "
-              "everything through one Gloo group; use dp_transport: ring, or remove wan"));
+    return absl::InvalidArgumentError(
+        fl::StrCat(path,
+                   ": wan shapes the ring between island leaders, but data-parallel with dp_transport gloo sends "
+                   "everything through one Gloo group; use dp_transport: ring, or remove wan"));
   }
   if (c.method.empty()) c.method = c.name;
   if (absl::Status s = c.Validate(); !s.ok()) return s;
@@ -217,16 +219,37 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
   if (c.mode == "diloco") {
     const std::string port_file = out("coordinator.port");
     fs::remove(port_file, ec);
-    std::vector<std::string> argv = {paths.fl_coordinator, "--listen", "127.0.0.1:0",
-                                     "--port-file", port_file, "--db", out("records.db"), "--experiment-name", c.name,
-                                     "--inner-steps", std::to_string(c.inner_steps), "--fragments",
-                                     std::to_string(c.fragments), "--fragment-strategy", c.fragment_strategy,
-                                     "--overlap-steps", std::to_string(c.overlap_steps), "--mixing-alpha",
-                                     Num(c.mixing_alpha), "--outer-optimizer", c.outer_optimizer, "--codec", c.codec,
-                                     "--connections-per-peer", std::to_string(c.connections_per_peer),
-                                     "--outer-steps", std::to_string(c.total_steps / c.inner_steps),
-                                     "--exchange-timeout-ms", std::to_string(c.exchange_timeout_ms),
-                                     "--min-islands", std::to_string(c.islands)};
+    std::vector<std::string> argv = {paths.fl_coordinator,
+                                     "--listen",
+                                     "127.0.0.1:0",
+                                     "--port-file",
+                                     port_file,
+                                     "--db",
+                                     out("records.db"),
+                                     "--experiment-name",
+                                     c.name,
+                                     "--inner-steps",
+                                     std::to_string(c.inner_steps),
+                                     "--fragments",
+                                     std::to_string(c.fragments),
+                                     "--fragment-strategy",
+                                     c.fragment_strategy,
+                                     "--overlap-steps",
+                                     std::to_string(c.overlap_steps),
+                                     "--mixing-alpha",
+                                     Num(c.mixing_alpha),
+                                     "--outer-optimizer",
+                                     c.outer_optimizer,
+                                     "--codec",
+                                     c.codec,
+                                     "--connections-per-peer",
+                                     std::to_string(c.connections_per_peer),
+                                     "--outer-steps",
+                                     std::to_string(c.total_steps / c.inner_steps),
+                                     "--exchange-timeout-ms",
+                                     std::to_string(c.exchange_timeout_ms),
+                                     "--min-islands",
+                                     std::to_string(c.islands)};
     if (c.error_feedback) argv.push_back("--error-feedback");
     if (absl::Status s = start(kCoordinator, argv, out("coordinator.log")); !s.ok()) return s;
     const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -237,8 +260,8 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
       port = 0;
       // A coordinator that refused its options has exited: say so now, not after the minute's wait.
       if (std::optional<fl::sys::ChildExit> e = procs.WaitAny(std::chrono::milliseconds(50)); e.has_value()) {
-        return absl::FailedPreconditionError(fl::StrCat("fl-coordinator exited with ", e->code,
-                                                        " before it listened; see ", out("coordinator.log")));
+        return absl::FailedPreconditionError(
+            fl::StrCat("fl-coordinator exited with ", e->code, " before it listened; see ", out("coordinator.log")));
       }
     }
     if (port == 0) {
@@ -263,11 +286,15 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
     if (wan.has_value()) {
       // Ring traffic into island i crosses its relay: the WAN's rate and delay apply to every hop.
       absl::StatusOr<std::unique_ptr<fl::emulation::ShapingRelay>> relay = fl::emulation::ShapingRelay::Start(
-          {.listen_addr = "127.0.0.1:0", .target_addr = fl::StrCat("127.0.0.1:", data_ports.back()),
-           .uplink = wan->uplink, .downlink = wan->downlink, .seed = 1000 + i,
+          {.listen_addr = "127.0.0.1:0",
+           .target_addr = fl::StrCat("127.0.0.1:", data_ports.back()),
+           .uplink = wan->uplink,
+           .downlink = wan->downlink,
+           .seed = 1000 + i,
            // Islands bind their ring endpoint at their first sync: a peer may dial through the relay
            // before that, and must see a slow connect (ZeroMQ retries), not a dropped connection.
-           .connect_retry_ms = 60000, .name = fl::StrCat("wan-", i)});
+           .connect_retry_ms = 60000,
+           .name = fl::StrCat("wan-", i)});
       if (!relay.ok()) return relay.status();
       advertised.back() = fl::StrCat("tcp://", (*relay)->address());
       wan_relays.push_back(std::move(*relay));
@@ -281,18 +308,53 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
     for (uint32_t r = 0; r < c.ranks_per_island; ++r) {
       const std::string id = fl::StrCat("island-", i);
       std::vector<std::string> argv = {
-          paths.fl_island, "--island-id", id, "--shard", std::to_string(i), "--num-shards", std::to_string(c.islands),
-          "--rank", std::to_string(r), "--ranks", std::to_string(c.ranks_per_island), "--threads",
-          std::to_string(c.threads_per_rank), "--mode", c.mode, "--dp-transport", c.dp_transport, "--total-steps",
-          std::to_string(c.total_steps), "--inner-steps", std::to_string(c.inner_steps), "--fragments",
-          std::to_string(c.fragments), "--fragment-strategy", c.fragment_strategy, "--overlap-steps",
-          std::to_string(c.overlap_steps), "--mixing-alpha", Num(c.mixing_alpha), "--outer-optimizer",
-          c.outer_optimizer, "--codec", c.codec, "--error-feedback", c.error_feedback ? "true" : "false",
-          "--connections-per-peer", std::to_string(c.connections_per_peer), "--exchange-timeout-s",
-          Num(c.exchange_timeout_ms / 1000.0), "--data-endpoint", fl::StrCat("tcp://127.0.0.1:", data_ports[i]),
+          paths.fl_island,
+          "--island-id",
+          id,
+          "--shard",
+          std::to_string(i),
+          "--num-shards",
+          std::to_string(c.islands),
+          "--rank",
+          std::to_string(r),
+          "--ranks",
+          std::to_string(c.ranks_per_island),
+          "--threads",
+          std::to_string(c.threads_per_rank),
+          "--mode",
+          c.mode,
+          "--dp-transport",
+          c.dp_transport,
+          "--total-steps",
+          std::to_string(c.total_steps),
+          "--inner-steps",
+          std::to_string(c.inner_steps),
+          "--fragments",
+          std::to_string(c.fragments),
+          "--fragment-strategy",
+          c.fragment_strategy,
+          "--overlap-steps",
+          std::to_string(c.overlap_steps),
+          "--mixing-alpha",
+          Num(c.mixing_alpha),
+          "--outer-optimizer",
+          c.outer_optimizer,
+          "--codec",
+          c.codec,
+          "--error-feedback",
+          c.error_feedback ? "true" : "false",
+          "--connections-per-peer",
+          std::to_string(c.connections_per_peer),
+          "--exchange-timeout-s",
+          Num(c.exchange_timeout_ms / 1000.0),
+          "--data-endpoint",
+          fl::StrCat("tcp://127.0.0.1:", data_ports[i]),
           "--pg-store",
           fl::StrCat("127.0.0.1:", c.mode == "data-parallel" && c.dp_transport == "gloo" ? global_store : island_store),
-          "--summary", out(fl::StrCat(id, "-rank", r, ".json")), "--metrics", out(fl::StrCat(id, ".jsonl"))};
+          "--summary",
+          out(fl::StrCat(id, "-rank", r, ".json")),
+          "--metrics",
+          out(fl::StrCat(id, ".jsonl"))};
       if (wan.has_value()) {
         argv.push_back("--advertised-endpoint");
         argv.push_back(advertised[i]);
@@ -320,8 +382,8 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
     if (!e.has_value()) continue;
     if (e->name == kCoordinator) {
       if (e->code == 0) continue;  // done with its last outer step; the islands finish their evaluation
-      failure = absl::InternalError(fl::StrCat("fl-coordinator exited with ", e->code,
-                                               " while the islands were training; see ", logs[e->name]));
+      failure = absl::InternalError(
+          fl::StrCat("fl-coordinator exited with ", e->code, " while the islands were training; see ", logs[e->name]));
     } else {
       --ranks_running;
       if (e->code != 0) {

@@ -81,7 +81,8 @@ int main(int argc, char** argv) {
   }
   o.outer.strategy = *parsed;
   if (show_device) {
-    absl::StatusOr<fl::diloco::DeviceChoice> device = fl::diloco::ResolveDevice(o.device, o.device_slot(), o.cuda_device);
+    absl::StatusOr<fl::diloco::DeviceChoice> device =
+        fl::diloco::ResolveDevice(o.device, o.device_slot(), o.cuda_device);
     if (!device.ok()) {
       std::cerr << "fl-island: " << device.status() << "\n";
       return device.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;

@@ -79,8 +79,8 @@ absl::Status OuterOptions::Validate() const {
   }
   if (num_fragments < 1 || inner_steps % num_fragments != 0) {
     return absl::InvalidArgumentError(fl::StrCat("num_fragments (P) is ", num_fragments,
-                                                 "; it must be at least 1 and divide inner_steps (H = ",
-                                                 inner_steps, ") so that one fragment syncs every H/P steps"));
+                                                 "; it must be at least 1 and divide inner_steps (H = ", inner_steps,
+                                                 ") so that one fragment syncs every H/P steps"));
   }
   if (overlap_steps >= inner_steps / num_fragments) {
     return absl::InvalidArgumentError(fl::StrCat("overlap_steps (tau) is ", overlap_steps,
@@ -88,8 +88,8 @@ absl::Status OuterOptions::Validate() const {
                                                  " so that an exchange lands before the next one starts"));
   }
   if (!(mixing_alpha < 0.0 || (mixing_alpha >= 0.0 && mixing_alpha <= 1.0))) {
-    return absl::InvalidArgumentError(fl::StrCat("mixing_alpha is ", mixing_alpha,
-                                                 "; use a value in [0, 1] (or leave it unset for the default)"));
+    return absl::InvalidArgumentError(
+        fl::StrCat("mixing_alpha is ", mixing_alpha, "; use a value in [0, 1] (or leave it unset for the default)"));
   }
   return absl::OkStatus();
 }
@@ -143,15 +143,16 @@ absl::StatusOr<OuterState> OuterState::Create(std::shared_ptr<const core::ModelS
 absl::Status OuterState::PseudoGradient(size_t fragment, std::span<const float> local_model,
                                         std::span<float> out) const {
   if (fragment >= plan_.num_fragments()) {
-    return absl::InvalidArgumentError(fl::StrCat("fragment ", fragment, " out of range (P = ", plan_.num_fragments(), ")"));
+    return absl::InvalidArgumentError(
+        fl::StrCat("fragment ", fragment, " out of range (P = ", plan_.num_fragments(), ")"));
   }
   if (local_model.size() != global_.size()) {
     return absl::InvalidArgumentError(
         fl::StrCat("local model has ", local_model.size(), " values; expected ", global_.size()));
   }
   if (out.size() != fragment_size(fragment)) {
-    return absl::InvalidArgumentError(fl::StrCat("pseudo-gradient buffer for fragment ", fragment, " has ",
-                                                 out.size(), " values; expected ", fragment_size(fragment)));
+    return absl::InvalidArgumentError(fl::StrCat("pseudo-gradient buffer for fragment ", fragment, " has ", out.size(),
+                                                 " values; expected ", fragment_size(fragment)));
   }
   size_t k = 0;
   for (const core::ElementRange& r : plan_.fragment(fragment).ranges) {
@@ -162,7 +163,8 @@ absl::Status OuterState::PseudoGradient(size_t fragment, std::span<const float> 
 
 absl::Status OuterState::ApplyOuterStep(size_t fragment, std::span<const float> mean_pseudo_grad) {
   if (fragment >= plan_.num_fragments()) {
-    return absl::InvalidArgumentError(fl::StrCat("fragment ", fragment, " out of range (P = ", plan_.num_fragments(), ")"));
+    return absl::InvalidArgumentError(
+        fl::StrCat("fragment ", fragment, " out of range (P = ", plan_.num_fragments(), ")"));
   }
   scratch_.resize(fragment_size(fragment));
   if (absl::Status s = plan_.Gather(fragment, global_, scratch_); !s.ok()) return s;
@@ -172,7 +174,8 @@ absl::Status OuterState::ApplyOuterStep(size_t fragment, std::span<const float> 
 
 absl::Status OuterState::MixInto(size_t fragment, std::span<float> local_model) const {
   if (fragment >= plan_.num_fragments()) {
-    return absl::InvalidArgumentError(fl::StrCat("fragment ", fragment, " out of range (P = ", plan_.num_fragments(), ")"));
+    return absl::InvalidArgumentError(
+        fl::StrCat("fragment ", fragment, " out of range (P = ", plan_.num_fragments(), ")"));
   }
   if (local_model.size() != global_.size()) {
     return absl::InvalidArgumentError(
@@ -252,8 +255,8 @@ absl::Status OuterState::Restore(std::span<const uint8_t> image) {
                    spec_->FingerprintHex(), "; start every island with the same model and options"));
   }
   if (!r.Get(&num_fragments) || num_fragments != optimizers_.size()) {
-    return absl::FailedPreconditionError(fl::StrCat("outer-state image has ", num_fragments,
-                                                    " fragments but this island uses ", optimizers_.size()));
+    return absl::FailedPreconditionError(
+        fl::StrCat("outer-state image has ", num_fragments, " fragments but this island uses ", optimizers_.size()));
   }
   std::vector<core::ServerOptimizerState> states(num_fragments);
   for (core::ServerOptimizerState& state : states) {

@@ -52,8 +52,7 @@ std::vector<std::string> SplitEntries(const std::string& text) {
 
 absl::StatusOr<CharCorpus> LoadCharCorpus(std::string_view dir, uint32_t eval_percent) {
   if (eval_percent < 1 || eval_percent > 50) {
-    return absl::InvalidArgumentError(
-        fl::StrCat("eval_percent is ", eval_percent, "; use a value in [1, 50]"));
+    return absl::InvalidArgumentError(fl::StrCat("eval_percent is ", eval_percent, "; use a value in [1, 50]"));
   }
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -104,8 +103,7 @@ absl::StatusOr<CharCorpus> LoadCharCorpus(std::string_view dir, uint32_t eval_pe
 absl::StatusOr<std::span<const uint8_t>> TrainShard(const CharCorpus& corpus, size_t shard, size_t num_shards,
                                                     size_t min_tokens) {
   if (num_shards == 0 || shard >= num_shards) {
-    return absl::InvalidArgumentError(
-        fl::StrCat("shard ", shard, " of ", num_shards, ": use 0 <= shard < num_shards"));
+    return absl::InvalidArgumentError(fl::StrCat("shard ", shard, " of ", num_shards, ": use 0 <= shard < num_shards"));
   }
   const size_t n = corpus.train.size();
   const size_t begin = n * shard / num_shards;

@@ -151,7 +151,8 @@ class CharLmTask final : public TrainTask {
     const uint64_t starts = shard_.size() - static_cast<size_t>(t);
     for (int64_t i = 0; i < b; ++i) {
       const uint64_t s = data::UniformIndex(engine_, starts);
-      for (int64_t j = 0; j <= t; ++j) window[static_cast<size_t>(i * (t + 1) + j)] = shard_[s + static_cast<size_t>(j)];
+      for (int64_t j = 0; j <= t; ++j)
+        window[static_cast<size_t>(i * (t + 1) + j)] = shard_[s + static_cast<size_t>(j)];
     }
     return Loss(OnDevice(torch::from_blob(window.data(), {b, t + 1}, torch::kInt64).clone()));
   }
@@ -182,12 +183,10 @@ class CharLmTask final : public TrainTask {
 
  private:
   CharLmTask(const TaskOptions& o, CharCorpus corpus)
-      : o_(o),
-        corpus_(std::move(corpus)),
-        engine_(data::MakeEngine(o.seed, 1000003ull * (o.shard + 1) + o.rank)) {
+      : o_(o), corpus_(std::move(corpus)), engine_(data::MakeEngine(o.seed, 1000003ull * (o.shard + 1) + o.rank)) {
     torch::manual_seed(static_cast<uint64_t>(o.seed));
-    model_ = CharTransformer(static_cast<int64_t>(corpus_.vocab_size()), o.context, o.d_model, o.num_layers,
-                             o.num_heads);
+    model_ =
+        CharTransformer(static_cast<int64_t>(corpus_.vocab_size()), o.context, o.d_model, o.num_layers, o.num_heads);
   }
 
   // Batches are built on the host; on the CPU they are used as they are (no copy).
@@ -261,7 +260,8 @@ class CnnTask final : public TrainTask {
   }
 
  private:
-  explicit CnnTask(const TaskOptions& o) : o_(o), engine_(data::MakeEngine(o.seed, 1000003ull * (o.shard + 1) + o.rank)) {}
+  explicit CnnTask(const TaskOptions& o)
+      : o_(o), engine_(data::MakeEngine(o.seed, 1000003ull * (o.shard + 1) + o.rank)) {}
   torch::Tensor OnDevice(torch::Tensor host) const { return o_.device.is_cpu() ? host : host.to(o_.device); }
 
   TaskOptions o_;
@@ -311,8 +311,8 @@ class ScriptTask final : public TrainTask {
     task->eval_x_ = client::InputsOf(eval->test).slice(0, 0, n_eval).to(o.device);
     task->eval_y_ = client::TargetsOf(eval->test).slice(0, 0, n_eval).to(o.device);
     if (task->train_x_.size(0) == 0) {
-      return absl::InvalidArgumentError(fl::StrCat(d.path, ": island shard ", o.shard, " of ", o.num_shards,
-                                                   " has no training examples"));
+      return absl::InvalidArgumentError(
+          fl::StrCat(d.path, ": island shard ", o.shard, " of ", o.num_shards, " has no training examples"));
     }
     auto outputs = client::ProbeScriptModel(task->model_, *task_kind, task->train_x_, task->train_y_, d.path);
     if (!outputs.ok()) return outputs.status();
@@ -343,7 +343,8 @@ class ScriptTask final : public TrainTask {
   torch::Tensor NextTrainLoss() override {
     model_.module.train();
     std::vector<int64_t> batch(static_cast<size_t>(o_.batch_size));
-    for (auto& i : batch) i = static_cast<int64_t>(data::UniformIndex(engine_, static_cast<uint64_t>(train_x_.size(0))));
+    for (auto& i : batch)
+      i = static_cast<int64_t>(data::UniformIndex(engine_, static_cast<uint64_t>(train_x_.size(0))));
     const torch::Tensor index = torch::tensor(batch, torch::kLong).to(train_x_.device());
     absl::StatusOr<torch::Tensor> out = client::ScriptForward(model_, train_x_.index_select(0, index), o_.model);
     // The probe ran this forward on the same data at Create; a failure here is a model bug worth a stop.

@@ -29,26 +29,26 @@
 namespace fl::diloco {
 
 struct TaskOptions {
-  std::string model = "char-lm";  // "char-lm" | "cnn" | a TorchScript .pt path
-  std::string data_dir;           // empty = the task's default (fortunes / Fashion-MNIST package dirs)
-  std::string data;               // TorchScript models: the data path (default: data_dir)
+  std::string model = "char-lm";        // "char-lm" | "cnn" | a TorchScript .pt path
+  std::string data_dir;                 // empty = the task's default (fortunes / Fashion-MNIST package dirs)
+  std::string data;                     // TorchScript models: the data path (default: data_dir)
   std::string task = "classification";  // TorchScript models
-  size_t shard = 0;               // which training shard this island trains on
+  size_t shard = 0;                     // which training shard this island trains on
   size_t num_shards = 1;
-  size_t rank = 0;                // data-parallel rank inside the island (its own sample stream)
-  uint64_t seed = 1;              // model initialisation (equal on every island) and sampling
+  size_t rank = 0;    // data-parallel rank inside the island (its own sample stream)
+  uint64_t seed = 1;  // model initialisation (equal on every island) and sampling
   // Where the model, its batches and its evaluation live. The model is initialised on the CPU from the
   // seed and then moved, so every device starts from the same weights.
   torch::Device device = torch::kCPU;
-  int64_t batch_size = 32;        // per rank
+  int64_t batch_size = 32;  // per rank
   // char-lm
   int64_t context = 64;
   int64_t d_model = 64;
   int64_t num_layers = 4;
   int64_t num_heads = 4;
-  int64_t eval_windows = 256;     // evaluation windows (non-overlapping, from the start of the eval text)
+  int64_t eval_windows = 256;  // evaluation windows (non-overlapping, from the start of the eval text)
   // cnn and TorchScript models
-  int64_t eval_examples = 2000;   // first n test examples
+  int64_t eval_examples = 2000;  // first n test examples
 };
 
 class TrainTask {

@@ -41,10 +41,15 @@ int RunIsland(const std::vector<std::string>& args, const std::string& log, std:
 // One island alone (a static ring of one), DiLoCo with 2 fragments over 20 steps of a tiny model.
 std::vector<std::string> TinyRun(const std::string& device, const std::string& summary) {
   const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(FreeLoopbackPort());
-  return {"--device", device, "--island-id", "island-0", "--data-endpoint", endpoint, "--peer",
-          "island-0=" + endpoint, "--inner-steps", "10", "--fragments", "2", "--total-steps", "20",
-          "--summary", summary, "--model", "char-lm", "--d-model", "16", "--layers", "2", "--heads", "2",
-          "--context", "16", "--batch-size", "4", "--threads", "1", "--warmup-steps", "5", "--inner-lr", "3e-3"};
+  return {"--device",        device,    "--island-id",    "island-0",
+          "--data-endpoint", endpoint,  "--peer",         "island-0=" + endpoint,
+          "--inner-steps",   "10",      "--fragments",    "2",
+          "--total-steps",   "20",      "--summary",      summary,
+          "--model",         "char-lm", "--d-model",      "16",
+          "--layers",        "2",       "--heads",        "2",
+          "--context",       "16",      "--batch-size",   "4",
+          "--threads",       "1",       "--warmup-steps", "5",
+          "--inner-lr",      "3e-3"};
 }
 
 TEST(IslandDeviceTest, ShowDeviceAutoIsCpuAndSaysWhy) {

@@ -66,8 +66,9 @@ TEST(IslandsExperimentTest, WrongTypesAndRangesNameFileLineAndWhatIsAllowed) {
   std::ofstream(path) << "name: x\nmodel: [char-lm]\n";
   c = LoadIslandsExperiment(path);
   ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(std::string(c.status().message()).find("bad.yaml:2: model: expected a map, got a list; allowed: a map "
-                                                   "with keys name, d_model, layers"),
+  EXPECT_NE(std::string(c.status().message())
+                .find("bad.yaml:2: model: expected a map, got a list; allowed: a map "
+                      "with keys name, d_model, layers"),
             std::string::npos)
       << c.status();
 }
@@ -77,10 +78,10 @@ TEST(IslandsExperimentTest, ModelAndInnerKeysBecomeIslandFlags) {
   absl::StatusOr<IslandsExperimentConfig> d =
       LoadIslandsExperiment(std::string(FL_DILOCO_MANIFEST_DIR) + "/diloco.yaml");
   ASSERT_TRUE(d.ok()) << d.status();
-  const std::vector<std::string> expected = {
-      "--model", "char-lm", "--d-model", "64",          "--layers",  "3",   "--heads",        "4",
-      "--context", "64",    "--batch-size", "16",       "--seed",    "1",   "--inner-lr",     "3.0e-3",
-      "--weight-decay", "0.1", "--beta1", "0.9",        "--beta2",   "0.95", "--warmup-steps", "50"};
+  const std::vector<std::string> expected = {"--model", "char-lm", "--d-model",  "64",     "--layers",       "3",
+                                             "--heads", "4",       "--context",  "64",     "--batch-size",   "16",
+                                             "--seed",  "1",       "--inner-lr", "3.0e-3", "--weight-decay", "0.1",
+                                             "--beta1", "0.9",     "--beta2",    "0.95",   "--warmup-steps", "50"};
   EXPECT_EQ(d->island_args, expected);
   EXPECT_EQ(d->total_steps, 600u);
   EXPECT_EQ(d->inner_steps, 100u);
@@ -125,8 +126,7 @@ TEST(IslandsExperimentTest, BadCodecOrOuterOptimizerIsRejectedAtLoad) {
   std::ofstream(outer) << "name: x\nouter:\n  optimizer: adamw-ish\n";
   c = LoadIslandsExperiment(outer);
   ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(std::string(c.status().message()).find("outer.optimizer is 'adamw-ish'"), std::string::npos)
-      << c.status();
+  EXPECT_NE(std::string(c.status().message()).find("outer.optimizer is 'adamw-ish'"), std::string::npos) << c.status();
 }
 
 // `wan` resolves a profile name beside the manifests (experiments/profiles/links/) and refuses what it cannot

@@ -18,9 +18,10 @@ namespace {
 
 // A tiny char-lm manifest: 2 islands, DiLoCo H=10, 20 inner steps (2 outer steps).
 std::string TinyManifest(const std::string& extra_model_field) {
-  return std::string("name: launch-test\nmethod: diloco\nmode: diloco\nislands: 2\nranks_per_island: 1\n"
-                     "threads_per_rank: 1\nmodel:\n  name: char-lm\n  d_model: 16\n  layers: 2\n  heads: 2\n"
-                     "  context: 16\n  batch_size: 4\n") +
+  return std::string(
+             "name: launch-test\nmethod: diloco\nmode: diloco\nislands: 2\nranks_per_island: 1\n"
+             "threads_per_rank: 1\nmodel:\n  name: char-lm\n  d_model: 16\n  layers: 2\n  heads: 2\n"
+             "  context: 16\n  batch_size: 4\n") +
          extra_model_field +
          "inner:\n  lr: 3.0e-3\n  warmup_steps: 5\n  total_steps: 20\nouter:\n  inner_steps: 10\n"
          "exchange:\n  codec: int8\n  error_feedback: true\n";

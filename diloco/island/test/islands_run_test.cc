@@ -24,8 +24,8 @@ using fl::testing::ScratchDir;
 using fl::testing::Subprocess;
 
 std::vector<std::string> TinyModelArgs() {
-  return {"--model", "char-lm", "--d-model", "16", "--layers", "2", "--heads", "2", "--context", "16",
-          "--batch-size", "4", "--threads", "1", "--warmup-steps", "5", "--inner-lr", "3e-3"};
+  return {"--model",      "char-lm", "--d-model", "16", "--layers",       "2", "--heads",    "2",   "--context", "16",
+          "--batch-size", "4",       "--threads", "1",  "--warmup-steps", "5", "--inner-lr", "3e-3"};
 }
 
 nlohmann::json ReadJson(const std::string& path) {
@@ -84,12 +84,33 @@ TEST(IslandsRunTest, TwoIslandsStreamingOverlapInt4EndWithEqualHashes) {
   const std::string e0 = Cat("tcp://127.0.0.1:", p0), e1 = Cat("tcp://127.0.0.1:", p1);
   std::vector<std::unique_ptr<Subprocess>> islands;
   for (int i = 0; i < 2; ++i) {
-    std::vector<std::string> args = {FL_ISLAND_BIN, "--island-id", Cat("island-", i), "--shard",
-                                     Cat("", i), "--num-shards", "2", "--data-endpoint", i == 0 ? e0 : e1,
-                                     "--peer", Cat("island-0=", e0), "--peer", Cat("island-1=", e1), "--inner-steps", "12",
-                                     "--fragments", "3", "--overlap-steps", "2", "--codec", "int4",
-                                     "--total-steps", "36", "--summary", dir.File(Cat(Cat("s", i), ".json")),
-                                     "--metrics", dir.File(Cat(Cat("m", i), ".jsonl"))};
+    std::vector<std::string> args = {FL_ISLAND_BIN,
+                                     "--island-id",
+                                     Cat("island-", i),
+                                     "--shard",
+                                     Cat("", i),
+                                     "--num-shards",
+                                     "2",
+                                     "--data-endpoint",
+                                     i == 0 ? e0 : e1,
+                                     "--peer",
+                                     Cat("island-0=", e0),
+                                     "--peer",
+                                     Cat("island-1=", e1),
+                                     "--inner-steps",
+                                     "12",
+                                     "--fragments",
+                                     "3",
+                                     "--overlap-steps",
+                                     "2",
+                                     "--codec",
+                                     "int4",
+                                     "--total-steps",
+                                     "36",
+                                     "--summary",
+                                     dir.File(Cat(Cat("s", i), ".json")),
+                                     "--metrics",
+                                     dir.File(Cat(Cat("m", i), ".jsonl"))};
     islands.push_back(std::make_unique<Subprocess>(Concat(args, TinyModelArgs()), dir.File(Cat("log", i))));
   }
   for (int i = 0; i < 2; ++i) {
@@ -137,14 +158,43 @@ TEST(IslandsRunTest, TwoIslandsTrainATorchScriptModelWithEqualHashes) {
   const std::string e0 = Cat("tcp://127.0.0.1:", p0), e1 = Cat("tcp://127.0.0.1:", p1);
   std::vector<std::unique_ptr<Subprocess>> islands;
   for (int i = 0; i < 2; ++i) {
-    std::vector<std::string> args = {FL_ISLAND_BIN, "--island-id", Cat("island-", i), "--shard", Cat("", i),
-                                     "--num-shards", "2", "--data-endpoint", i == 0 ? e0 : e1, "--peer",
-                                     Cat("island-0=", e0), "--peer", Cat("island-1=", e1), "--inner-steps", "15",
-                                     "--codec", "int8", "--total-steps", "45", "--summary",
-                                     dir.File(Cat(Cat("s", i), ".json")), "--model", dir.File("tiny_lm.pt"),
-                                     "--data", "/usr/share/games/fortunes", "--task", "next-token", "--context",
-                                     "32", "--batch-size", "8", "--threads", "1", "--warmup-steps", "5",
-                                     "--inner-lr", "3e-3"};
+    std::vector<std::string> args = {FL_ISLAND_BIN,
+                                     "--island-id",
+                                     Cat("island-", i),
+                                     "--shard",
+                                     Cat("", i),
+                                     "--num-shards",
+                                     "2",
+                                     "--data-endpoint",
+                                     i == 0 ? e0 : e1,
+                                     "--peer",
+                                     Cat("island-0=", e0),
+                                     "--peer",
+                                     Cat("island-1=", e1),
+                                     "--inner-steps",
+                                     "15",
+                                     "--codec",
+                                     "int8",
+                                     "--total-steps",
+                                     "45",
+                                     "--summary",
+                                     dir.File(Cat(Cat("s", i), ".json")),
+                                     "--model",
+                                     dir.File("tiny_lm.pt"),
+                                     "--data",
+                                     "/usr/share/games/fortunes",
+                                     "--task",
+                                     "next-token",
+                                     "--context",
+                                     "32",
+                                     "--batch-size",
+                                     "8",
+                                     "--threads",
+                                     "1",
+                                     "--warmup-steps",
+                                     "5",
+                                     "--inner-lr",
+                                     "3e-3"};
     islands.push_back(std::make_unique<Subprocess>(args, dir.File(Cat("log", i))));
   }
   for (int i = 0; i < 2; ++i) {
@@ -166,8 +216,8 @@ TEST(IslandsRunTest, TorchScriptModelThatDoesNotFitTheDataIsRefused) {
   const int p0 = FreeLoopbackPort();
   const std::string e0 = Cat("tcp://127.0.0.1:", p0);
   // The image classifier on text tokens.
-  Subprocess island({FL_ISLAND_BIN, "--island-id", "island-0", "--data-endpoint", e0, "--peer",
-                     Cat("island-0=", e0), "--total-steps", "10", "--inner-steps", "10", "--model", dir.File("cnn_bn.pt"), "--data",
+  Subprocess island({FL_ISLAND_BIN, "--island-id", "island-0", "--data-endpoint", e0, "--peer", Cat("island-0=", e0),
+                     "--total-steps", "10", "--inner-steps", "10", "--model", dir.File("cnn_bn.pt"), "--data",
                      "/usr/share/games/fortunes", "--task", "next-token", "--threads", "1"},
                     dir.File("log"));
   std::optional<int> rc = island.Wait(std::chrono::minutes(2));
@@ -186,10 +236,26 @@ TEST(IslandsRunTest, IslandWithTwoGlooRanksTrains) {
   const std::string e = Cat("tcp://127.0.0.1:", data);
   std::vector<std::unique_ptr<Subprocess>> ranks;
   for (int r = 0; r < 2; ++r) {
-    std::vector<std::string> args = {FL_ISLAND_BIN, "--island-id", "island-0", "--rank", Cat("", r),
-                                     "--ranks", "2", "--pg-store", Cat("127.0.0.1:", store),
-                                     "--data-endpoint", e, "--peer", Cat("island-0=", e), "--inner-steps", "10",
-                                     "--fragments", "2", "--total-steps", "30", "--summary",
+    std::vector<std::string> args = {FL_ISLAND_BIN,
+                                     "--island-id",
+                                     "island-0",
+                                     "--rank",
+                                     Cat("", r),
+                                     "--ranks",
+                                     "2",
+                                     "--pg-store",
+                                     Cat("127.0.0.1:", store),
+                                     "--data-endpoint",
+                                     e,
+                                     "--peer",
+                                     Cat("island-0=", e),
+                                     "--inner-steps",
+                                     "10",
+                                     "--fragments",
+                                     "2",
+                                     "--total-steps",
+                                     "30",
+                                     "--summary",
                                      dir.File(Cat(Cat("s", r), ".json"))};
     ranks.push_back(std::make_unique<Subprocess>(Concat(args, TinyModelArgs()), dir.File(Cat("log", r))));
   }
@@ -215,20 +281,30 @@ TEST(IslandsRunTest, IslandWithTwoGlooRanksTrains) {
 TEST(IslandsRunTest, KilledIslandAndLateJoinerLeaveTrainingGoingWithEqualHashes) {
   ScratchDir dir("island_membership");
   const std::string db = dir.File("records.db");
-  Subprocess server({FL_COORDINATOR_BIN, "--listen", "127.0.0.1:0", "--port-file",
-                     dir.File("port"), "--db", db, "--inner-steps", "10", "--outer-steps", "150", "--min-islands",
-                     "3", "--heartbeat-timeout-ms", "3000", "--exchange-timeout-ms", "5000",
-                     "--barrier-timeout-ms", "20000"},
+  Subprocess server({FL_COORDINATOR_BIN, "--listen", "127.0.0.1:0", "--port-file", dir.File("port"), "--db", db,
+                     "--inner-steps", "10", "--outer-steps", "150", "--min-islands", "3", "--heartbeat-timeout-ms",
+                     "3000", "--exchange-timeout-ms", "5000", "--barrier-timeout-ms", "20000"},
                     dir.File("server.log"));
   const int port = ReadPortFile(dir.File("port"), std::chrono::seconds(30));
   ASSERT_GT(port, 0) << ReadFile(dir.File("server.log"));
   const std::string coordinator = Cat("127.0.0.1:", port);
   auto start_island = [&](int i) {
     const std::string id = Cat("island-", i);
-    std::vector<std::string> args = {FL_ISLAND_BIN, "--island-id", id, "--shard", Cat("", i % 3),
-                                     "--num-shards", "3", "--coordinator", coordinator, "--data-endpoint",
-                                     Cat("tcp://127.0.0.1:", FreeLoopbackPort()), "--summary",
-                                     dir.File(Cat(id, ".json")), "--metrics", dir.File(Cat(id, ".jsonl"))};
+    std::vector<std::string> args = {FL_ISLAND_BIN,
+                                     "--island-id",
+                                     id,
+                                     "--shard",
+                                     Cat("", i % 3),
+                                     "--num-shards",
+                                     "3",
+                                     "--coordinator",
+                                     coordinator,
+                                     "--data-endpoint",
+                                     Cat("tcp://127.0.0.1:", FreeLoopbackPort()),
+                                     "--summary",
+                                     dir.File(Cat(id, ".json")),
+                                     "--metrics",
+                                     dir.File(Cat(id, ".jsonl"))};
     return std::make_unique<Subprocess>(Concat(args, TinyModelArgs()), dir.File(Cat(id, ".log")));
   };
   std::vector<std::unique_ptr<Subprocess>> islands;

@@ -59,13 +59,9 @@ using wire::MessageType;
 using wire::PayloadKind;
 using Clock = std::chrono::steady_clock;
 
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+double SecondsSince(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
-size_t NumSubChunks(size_t count, size_t sub_values) {
-  return count == 0 ? 1 : (count + sub_values - 1) / sub_values;
-}
+size_t NumSubChunks(size_t count, size_t sub_values) { return count == 0 ? 1 : (count + sub_values - 1) / sub_values; }
 
 ValueRange SubRange(const ValueRange& chunk, size_t sub, size_t sub_values) {
   const size_t begin = std::min(chunk.end, chunk.begin + sub * sub_values);
@@ -168,8 +164,8 @@ uint64_t RingFingerprint(const std::vector<RingMember>& members) {
     text += m.endpoint;
     text.push_back('\0');
   }
-  return fl::core::Checksum64(
-      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()), 0x52494e47);
+  return fl::core::Checksum64(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()),
+                              0x52494e47);
 }
 
 bool TuneAllocatorForLargeMessages() {
@@ -189,8 +185,8 @@ ValueRange RingChunk(size_t num_values, size_t num_members, size_t chunk) {
 absl::StatusOr<uint64_t> RingBytesSentPerMember(size_t num_values, size_t num_members, size_t self,
                                                 const std::string& codec_spec, size_t sub_chunk_values) {
   if (num_members == 0 || self >= num_members || sub_chunk_values == 0) {
-    return absl::InvalidArgumentError(fl::StrCat("RingBytesSentPerMember: need self < num_members (got ", self,
-                                                 ", ", num_members, ") and sub_chunk_values >= 1"));
+    return absl::InvalidArgumentError(fl::StrCat("RingBytesSentPerMember: need self < num_members (got ", self, ", ",
+                                                 num_members, ") and sub_chunk_values >= 1"));
   }
   auto codec = fl::core::MakeCodec(codec_spec);
   if (!codec.ok()) return codec.status();
@@ -263,9 +259,8 @@ class RingAllReduce::Impl {
       pull_.bind(bind_to);
       bound_endpoint_ = pull_.get(zmq::sockopt::last_endpoint);
     } catch (const zmq::error_t& e) {
-      return absl::UnavailableError(fl::StrCat("ring member '", options_.members[self_].id, "' cannot bind ",
-                                               bind_to, ": ", e.what(),
-                                               " (is another process or ring still using it?)"));
+      return absl::UnavailableError(fl::StrCat("ring member '", options_.members[self_].id, "' cannot bind ", bind_to,
+                                               ": ", e.what(), " (is another process or ring still using it?)"));
     }
     if (m == 1) return absl::OkStatus();
     return ConnectPushSockets();
@@ -276,8 +271,8 @@ class RingAllReduce::Impl {
                          ExchangeStats* stats_out) {
     scratch_.resize(values.size());  // kept across exchanges: no fresh (page-faulting) memory per call
     const bool identity = M() == 1 && !lossy_;
-    absl::Status status = Run(exchange_id, residual_key, values, identity ? values : std::span<float>(scratch_),
-                              op, stats_out);
+    absl::Status status =
+        Run(exchange_id, residual_key, values, identity ? values : std::span<float>(scratch_), op, stats_out);
     if (status.ok() && !identity) {
       const Clock::time_point t0 = Clock::now();
       std::copy(scratch_.begin(), scratch_.end(), values.begin());
@@ -286,8 +281,8 @@ class RingAllReduce::Impl {
     return status;
   }
 
-  absl::Status AllReduce(uint64_t exchange_id, uint64_t residual_key, std::span<const float> in,
-                         std::span<float> out, ReduceOp op, ExchangeStats* stats_out) {
+  absl::Status AllReduce(uint64_t exchange_id, uint64_t residual_key, std::span<const float> in, std::span<float> out,
+                         ReduceOp op, ExchangeStats* stats_out) {
     if (in.size() != out.size()) {
       return absl::InvalidArgumentError(fl::StrCat("ring AllReduce: in has ", in.size(), " values but out has ",
                                                    out.size(), "; they must be the same size"));
@@ -308,9 +303,9 @@ class RingAllReduce::Impl {
                    ReduceOp op, ExchangeStats* stats_out) {
     if (!reconnect_error_.ok()) return reconnect_error_;
     if (has_last_exchange_ && exchange_id <= last_exchange_id_) {
-      return absl::InvalidArgumentError(fl::StrCat(
-          "ring exchange_id ", exchange_id, " is not larger than the previous one (", last_exchange_id_,
-          "): exchange ids must increase so that late messages of earlier exchanges can be told apart"));
+      return absl::InvalidArgumentError(
+          fl::StrCat("ring exchange_id ", exchange_id, " is not larger than the previous one (", last_exchange_id_,
+                     "): exchange ids must increase so that late messages of earlier exchanges can be told apart"));
     }
     has_last_exchange_ = true;
     last_exchange_id_ = exchange_id;
@@ -337,10 +332,10 @@ class RingAllReduce::Impl {
     if (feedback) {
       auto it = residuals_.find(residual_key);
       if (it != residuals_.end() && it->second.size() != n_) {
-        return absl::InvalidArgumentError(fl::StrCat(
-            "ring residual_key ", residual_key, " holds a residual of ", it->second.size(),
-            " values but this exchange has ", n_, ": call ResetResidual(", residual_key,
-            ") when a fragment's size changes"));
+        return absl::InvalidArgumentError(fl::StrCat("ring residual_key ", residual_key, " holds a residual of ",
+                                                     it->second.size(), " values but this exchange has ", n_,
+                                                     ": call ResetResidual(", residual_key,
+                                                     ") when a fragment's size changes"));
       }
       residual = it != residuals_.end() ? it->second : std::vector<float>(n_, 0.0f);
     }
@@ -388,8 +383,8 @@ class RingAllReduce::Impl {
         push_.push_back(std::move(push));
       }
     } catch (const zmq::error_t& e) {
-      return absl::InvalidArgumentError(fl::StrCat("ring member '", options_.members[self_].id,
-                                                   "' cannot connect to '", options_.members[succ_].id, "' at ",
+      return absl::InvalidArgumentError(fl::StrCat("ring member '", options_.members[self_].id, "' cannot connect to '",
+                                                   options_.members[succ_].id, "' at ",
                                                    options_.members[succ_].endpoint, ": ", e.what()));
     }
     for (auto& push : push_) {
@@ -426,8 +421,7 @@ class RingAllReduce::Impl {
   }
 
   void AddMonitor(zmq::socket_t& socket, const std::string& what) {
-    const std::string address = fl::StrCat("inproc://fl-ring-monitor-", reinterpret_cast<uintptr_t>(this),
-                                           "-", what);
+    const std::string address = fl::StrCat("inproc://fl-ring-monitor-", reinterpret_cast<uintptr_t>(this), "-", what);
     if (zmq_socket_monitor(socket.handle(), address.c_str(), ZMQ_EVENT_DISCONNECTED) != 0) {
       throw zmq::error_t();
     }
@@ -540,8 +534,7 @@ class RingAllReduce::Impl {
     };
     auto gather = [&](size_t /*c*/, size_t /*j*/, const ValueRange& r, Message& msg) -> absl::Status {
       const Clock::time_point t0 = Clock::now();
-      if (absl::Status st = codec_->Decode(PayloadOf(msg.payload), {result_.data() + r.begin, r.size()});
-          !st.ok()) {
+      if (absl::Status st = codec_->Decode(PayloadOf(msg.payload), {result_.data() + r.begin, r.size()}); !st.ok()) {
         return Fail(PayloadError(st, msg), pred_);
       }
       stats_.decode_seconds += SecondsSince(t0);
@@ -578,8 +571,8 @@ class RingAllReduce::Impl {
         return Fail(error, blamed);
       }
       // The owner's copy of its final chunk is the very bits it sends.
-      if (absl::Status st = SendZeroCopy(last ? MessageType::kAllGather : MessageType::kReduceScatter,
-                                         last ? 0 : s + 1, c, j, r, dst);
+      if (absl::Status st = SendZeroCopy(last ? MessageType::kAllGather : MessageType::kReduceScatter, last ? 0 : s + 1,
+                                         c, j, r, dst);
           !st.ok()) {
         return Fail(st, succ_);
       }
@@ -587,15 +580,15 @@ class RingAllReduce::Impl {
     };
     auto gather = [&](size_t c, size_t /*j*/, const ValueRange& r, Message& msg) -> absl::Status {
       const Clock::time_point t0 = Clock::now();
-      const bool finite = kernels::CopyChecked(static_cast<const uint8_t*>(msg.payload.data()), r.size(),
-                                               result_.data() + r.begin);
+      const bool finite =
+          kernels::CopyChecked(static_cast<const uint8_t*>(msg.payload.data()), r.size(), result_.data() + r.begin);
       stats_.decode_seconds += SecondsSince(t0);
       if (finite) return absl::OkStatus();
       const size_t at = FirstNonFinite({result_.data() + r.begin, r.size()});
-      return Fail(absl::InvalidArgumentError(fl::StrCat(
-                      "ring exchange ", exchange_id_, ": all-gather values of chunk ", c, " from member ",
-                      Name(pred_), " hold NaN/Inf at index ", r.begin + at, " (the chunk's owner is ",
-                      Name(Mod(static_cast<int64_t>(c) - 1, m)), ")")),
+      return Fail(absl::InvalidArgumentError(fl::StrCat("ring exchange ", exchange_id_, ": all-gather values of chunk ",
+                                                        c, " from member ", Name(pred_), " hold NaN/Inf at index ",
+                                                        r.begin + at, " (the chunk's owner is ",
+                                                        Name(Mod(static_cast<int64_t>(c) - 1, m)), ")")),
                   pred_);
     };
     return RunSchedule(send_own, reduce, gather);
@@ -624,19 +617,21 @@ class RingAllReduce::Impl {
     if (!std::isfinite(received)) {
       *blamed = pred_;
       if (msg.header.step == 0) {
-        return absl::InvalidArgumentError(fl::StrCat(
-            "ring exchange ", exchange_id_, ": member ", Name(pred_), " sent non-finite values: its own values "
-            "hold NaN/Inf at index ", index, " (every member must pass finite values)"));
+        return absl::InvalidArgumentError(fl::StrCat("ring exchange ", exchange_id_, ": member ", Name(pred_),
+                                                     " sent non-finite values: its own values "
+                                                     "hold NaN/Inf at index ",
+                                                     index, " (every member must pass finite values)"));
       }
-      return absl::InvalidArgumentError(fl::StrCat(
-          "ring exchange ", exchange_id_, ": the running sum that member ", Name(pred_), " sent (step ",
-          msg.header.step, ") holds NaN/Inf at index ", index, " (a member's values are NaN/Inf or the sum "
-          "overflowed)"));
+      return absl::InvalidArgumentError(fl::StrCat("ring exchange ", exchange_id_, ": the running sum that member ",
+                                                   Name(pred_), " sent (step ", msg.header.step,
+                                                   ") holds NaN/Inf at index ", index,
+                                                   " (a member's values are NaN/Inf or the sum "
+                                                   "overflowed)"));
     }
     *blamed = self_;
     return absl::InvalidArgumentError(fl::StrCat("ring exchange ", exchange_id_, ": member ", Name(self_),
-                                                 ": the sum overflowed fp32 at index ", index, " (",
-                                                 input_[index], " + ", received, ")"));
+                                                 ": the sum overflowed fp32 at index ", index, " (", input_[index],
+                                                 " + ", received, ")"));
   }
 
   // ---- Encoding. Both return a heap buffer that Send hands to ZeroMQ without copying.
@@ -700,11 +695,13 @@ class RingAllReduce::Impl {
   // `own` when the values encoded are this member's own (reduce-scatter step 0); otherwise they are a
   // partial or final sum, which can only be non-finite if some member's values were or the sum overflowed.
   absl::Status EncodeError(const absl::Status& s, const ValueRange& r, bool own) const {
-    return absl::Status(
-        s.code(), fl::StrCat("ring exchange ", exchange_id_, ": member ", Name(self_), " could not encode ",
-                             own ? "its own values" : "the running sum of", " [", r.begin, ", ", r.end,
-                             ") with ", options_.codec, own ? "" : " (a member's values are NaN/Inf or the sum "
-                             "overflowed)", ": ", fl::ToStd(s.message()), " (index relative to ", r.begin, ")"));
+    return absl::Status(s.code(), fl::StrCat("ring exchange ", exchange_id_, ": member ", Name(self_),
+                                             " could not encode ", own ? "its own values" : "the running sum of", " [",
+                                             r.begin, ", ", r.end, ") with ", options_.codec,
+                                             own ? ""
+                                                 : " (a member's values are NaN/Inf or the sum "
+                                                   "overflowed)",
+                                             ": ", fl::ToStd(s.message()), " (index relative to ", r.begin, ")"));
   }
 
   absl::Status DecodeInto(const std::vector<uint8_t>& payload, const ValueRange& r) {
@@ -719,11 +716,10 @@ class RingAllReduce::Impl {
   }
 
   absl::Status PayloadError(const absl::Status& s, const Message& msg) const {
-    return absl::DataLossError(fl::StrCat("ring exchange ", exchange_id_, ": ",
-                                          wire::MessageTypeName(msg.header.type), " payload from member ",
-                                          Name(pred_), " (step ", msg.header.step, ", chunk ", msg.header.chunk,
-                                          ", sub-chunk ", msg.header.sub, ") is invalid: ",
-                                          fl::ToStd(s.message())));
+    return absl::DataLossError(fl::StrCat("ring exchange ", exchange_id_, ": ", wire::MessageTypeName(msg.header.type),
+                                          " payload from member ", Name(pred_), " (step ", msg.header.step, ", chunk ",
+                                          msg.header.chunk, ", sub-chunk ", msg.header.sub,
+                                          ") is invalid: ", fl::ToStd(s.message())));
   }
 
   // ---- Sending.
@@ -739,9 +735,8 @@ class RingAllReduce::Impl {
     h.offset = r.begin;
     h.count = r.size();
     h.total = n_;
-    h.payload = raw_ && (type == MessageType::kReduceScatter || type == MessageType::kAllGather)
-                    ? PayloadKind::kRawFp32
-                    : PayloadKind::kCodec;
+    h.payload = raw_ && (type == MessageType::kReduceScatter || type == MessageType::kAllGather) ? PayloadKind::kRawFp32
+                                                                                                 : PayloadKind::kCodec;
     return h;
   }
 
@@ -784,8 +779,8 @@ class RingAllReduce::Impl {
       // The high-water mark is unlimited, so these never block; dontwait turns a surprise into an error.
       if (!push.send(zmq::buffer(head), zmq::send_flags::sndmore | zmq::send_flags::dontwait) ||
           !push.send(payload, zmq::send_flags::dontwait)) {
-        return absl::UnavailableError(fl::StrCat("ring member ", Name(self_), " could not queue a message for ",
-                                                 Name(succ_)));
+        return absl::UnavailableError(
+            fl::StrCat("ring member ", Name(self_), " could not queue a message for ", Name(succ_)));
       }
     } catch (const zmq::error_t& e) {
       return absl::UnavailableError(
@@ -858,19 +853,19 @@ class RingAllReduce::Impl {
     }
     auto header = wire::DecodeHeader(PayloadOf(head));
     if (!header.ok()) {
-      return absl::InvalidArgumentError(fl::StrCat("ring exchange ", exchange_id_, ": member ", Name(self_),
-                                                   " received a malformed message: ",
-                                                   fl::ToStd(header.status().message())));
+      return absl::InvalidArgumentError(
+          fl::StrCat("ring exchange ", exchange_id_, ": member ", Name(self_),
+                     " received a malformed message: ", fl::ToStd(header.status().message())));
     }
     if (header->ring != fingerprint_) {  // another ring configuration (an older membership): not ours
       ++stats_.stale_discarded;
       return true;
     }
     if (header->sender != pred_) {
-      return absl::InvalidArgumentError(fl::StrCat(
-          "ring exchange ", exchange_id_, ": member ", Name(self_), " received a ",
-          wire::MessageTypeName(header->type), " message from member index ", header->sender,
-          " but only its predecessor ", Name(pred_), " sends to it (ring orders differ between members?)"));
+      return absl::InvalidArgumentError(
+          fl::StrCat("ring exchange ", exchange_id_, ": member ", Name(self_), " received a ",
+                     wire::MessageTypeName(header->type), " message from member index ", header->sender,
+                     " but only its predecessor ", Name(pred_), " sends to it (ring orders differ between members?)"));
     }
     if (header->type == MessageType::kHello) {
       if (fd >= 0) pred_fds_.insert(fd);
@@ -908,8 +903,8 @@ class RingAllReduce::Impl {
     const size_t m = M();
     const auto self = static_cast<int64_t>(self_);
     if (h.step + 1 >= m) return Malformed(h, fl::StrCat("step ", h.step, " is beyond the last step ", m - 2));
-    const size_t want_chunk = h.type == MessageType::kReduceScatter ? Mod(self - h.step - 1, m)
-                                                                    : Mod(self - static_cast<int64_t>(h.step), m);
+    const size_t want_chunk =
+        h.type == MessageType::kReduceScatter ? Mod(self - h.step - 1, m) : Mod(self - static_cast<int64_t>(h.step), m);
     if (h.chunk != want_chunk) {
       return Malformed(h, fl::StrCat("chunk ", h.chunk, " where step ", h.step, " carries chunk ", want_chunk));
     }
@@ -931,12 +926,13 @@ class RingAllReduce::Impl {
                                      " (every member must pass the same values.size())"));
     }
     if (h.offset != r.begin || h.count != r.size()) {
-      return Malformed(h, fl::StrCat("values [", h.offset, ", +", h.count, ") where [", r.begin, ", +", r.size(),
-                                     ") was expected"));
+      return Malformed(
+          h, fl::StrCat("values [", h.offset, ", +", h.count, ") where [", r.begin, ", +", r.size(), ") was expected"));
     }
     if (raw_) {
       if (h.payload != PayloadKind::kRawFp32) {
-        return Malformed(h, fl::StrCat("a ", wire::PayloadKindName(h.payload), " payload where this member "
+        return Malformed(h, fl::StrCat("a ", wire::PayloadKindName(h.payload),
+                                       " payload where this member "
                                        "uses codec fp32 (raw fp32 values): every member of a ring must use the "
                                        "same codec"));
       }
@@ -953,8 +949,8 @@ class RingAllReduce::Impl {
     auto info = fl::core::PeekPayload(PayloadOf(msg.payload));
     if (!info.ok()) return Malformed(h, fl::StrCat("a bad payload: ", fl::ToStd(info.status().message())));
     if (info->kind != codec_->kind() || info->block_size != codec_->block_size()) {
-      return Malformed(h, fl::StrCat("a ", fl::core::CodecKindName(info->kind), " payload (block ",
-                                     info->block_size, ") where this member uses ", options_.codec,
+      return Malformed(h, fl::StrCat("a ", fl::core::CodecKindName(info->kind), " payload (block ", info->block_size,
+                                     ") where this member uses ", options_.codec,
                                      ": every member of a ring must use the same codec"));
     }
     if (info->num_values != r.size()) {
@@ -964,10 +960,9 @@ class RingAllReduce::Impl {
   }
 
   absl::Status Malformed(const Header& h, const std::string& what) const {
-    return absl::InvalidArgumentError(fl::StrCat("ring exchange ", exchange_id_, ": ",
-                                                 wire::MessageTypeName(h.type), " message from member ",
-                                                 Name(pred_), " (step ", h.step, ", chunk ", h.chunk,
-                                                 ", sub-chunk ", h.sub, ") has ", what));
+    return absl::InvalidArgumentError(fl::StrCat("ring exchange ", exchange_id_, ": ", wire::MessageTypeName(h.type),
+                                                 " message from member ", Name(pred_), " (step ", h.step, ", chunk ",
+                                                 h.chunk, ", sub-chunk ", h.sub, ") has ", what));
   }
 
   absl::Status CheckMonitors(bool sends_left) {
@@ -1012,11 +1007,10 @@ class RingAllReduce::Impl {
     // Stop where the abort started, or where it would reach the member at fault if that one has vanished
     // or stalled. A member blamed for what it sent (bad data: NaN/Inf, a malformed message) is alive and
     // waiting for the rest of the exchange, so it gets the abort too and fails at once, naming itself.
-    const bool blamed_gone = status.code() == absl::StatusCode::kUnavailable ||
-                             status.code() == absl::StatusCode::kDeadlineExceeded;
+    const bool blamed_gone =
+        status.code() == absl::StatusCode::kUnavailable || status.code() == absl::StatusCode::kDeadlineExceeded;
     if (succ_ != originator && !(succ_ == blamed && blamed_gone)) {
-      Header h = MakeHeader(MessageType::kAbort, static_cast<size_t>(status.code()), blamed, originator,
-                            ValueRange{});
+      Header h = MakeHeader(MessageType::kAbort, static_cast<size_t>(status.code()), blamed, originator, ValueRange{});
       (void)SendOn(push_[0], h, std::vector<uint8_t>(text.begin(), text.end()));
     }
     return status;
@@ -1036,7 +1030,7 @@ class RingAllReduce::Impl {
   std::vector<zmq::socket_t> push_;
   std::vector<zmq::socket_t> monitors_;  // [0] watches pull_, [1 + k] watches push_[k]
   std::string bound_endpoint_;
-  std::set<int> pred_fds_;  // connections the predecessor said hello on
+  std::set<int> pred_fds_;   // connections the predecessor said hello on
   int push_generation_ = 0;  // bumped when the push sockets are replaced (monitor addresses stay unique)
   absl::Status reconnect_error_;
 
@@ -1049,8 +1043,8 @@ class RingAllReduce::Impl {
   uint64_t exchange_id_ = 0;
   Clock::time_point deadline_;
   ReduceOp op_ = ReduceOp::kMean;
-  std::vector<float> scratch_;  // the in-place call's result, kept across exchanges
-  size_t n_ = 0;               // values in the exchange
+  std::vector<float> scratch_;    // the in-place call's result, kept across exchanges
+  size_t n_ = 0;                  // values in the exchange
   std::span<const float> input_;  // the caller's values: never written
   std::span<float> result_;       // where the result is built: the caller's out, or scratch_
   std::span<float> residual_;
@@ -1064,8 +1058,8 @@ class RingAllReduce::Impl {
 absl::StatusOr<std::unique_ptr<RingAllReduce>> RingAllReduce::Create(const RingOptions& options) {
   if (options.members.empty()) return absl::InvalidArgumentError("RingOptions.members is empty");
   if (options.self >= options.members.size()) {
-    return absl::InvalidArgumentError(fl::StrCat("RingOptions.self is ", options.self, " but the ring has ",
-                                                 options.members.size(), " members"));
+    return absl::InvalidArgumentError(
+        fl::StrCat("RingOptions.self is ", options.self, " but the ring has ", options.members.size(), " members"));
   }
   std::set<std::string> ids, endpoints;
   for (size_t i = 0; i < options.members.size(); ++i) {
@@ -1082,13 +1076,12 @@ absl::StatusOr<std::unique_ptr<RingAllReduce>> RingAllReduce::Create(const RingO
       return absl::InvalidArgumentError(fl::StrCat("RingOptions.members: id '", m.id, "' appears twice"));
     }
     if (!endpoints.insert(m.endpoint).second) {
-      return absl::InvalidArgumentError(
-          fl::StrCat("RingOptions.members: endpoint '", m.endpoint, "' appears twice"));
+      return absl::InvalidArgumentError(fl::StrCat("RingOptions.members: endpoint '", m.endpoint, "' appears twice"));
     }
   }
   if (options.connections_per_peer < 1 || options.connections_per_peer > 16) {
-    return absl::InvalidArgumentError(fl::StrCat("RingOptions.connections_per_peer is ",
-                                                 options.connections_per_peer, ", expected 1..16"));
+    return absl::InvalidArgumentError(
+        fl::StrCat("RingOptions.connections_per_peer is ", options.connections_per_peer, ", expected 1..16"));
   }
   if (options.timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
@@ -1104,8 +1097,8 @@ absl::StatusOr<std::unique_ptr<RingAllReduce>> RingAllReduce::Create(const RingO
 RingAllReduce::RingAllReduce(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 RingAllReduce::~RingAllReduce() = default;
 
-absl::Status RingAllReduce::AllReduce(uint64_t exchange_id, uint64_t residual_key, std::span<float> values,
-                                      ReduceOp op, ExchangeStats* stats) {
+absl::Status RingAllReduce::AllReduce(uint64_t exchange_id, uint64_t residual_key, std::span<float> values, ReduceOp op,
+                                      ExchangeStats* stats) {
   return impl_->AllReduce(exchange_id, residual_key, values, op, stats);
 }
 

@@ -43,8 +43,8 @@ FL_RING_MULTIVERSION bool AddChecked(const float* __restrict own, const uint8_t*
   return (flags & 0x80000000u) == 0;
 }
 
-FL_RING_MULTIVERSION bool AddDivideChecked(const float* __restrict own, const uint8_t* __restrict received,
-                                           size_t n, float divisor, float* __restrict out) {
+FL_RING_MULTIVERSION bool AddDivideChecked(const float* __restrict own, const uint8_t* __restrict received, size_t n,
+                                           float divisor, float* __restrict out) {
   uint32_t flags = 0;
   for (size_t i = 0; i < n; ++i) {
     const float v = (own[i] + Load(received + 4 * i)) / divisor;

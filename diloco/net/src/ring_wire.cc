@@ -12,9 +12,9 @@ namespace {
 static_assert(std::endian::native == std::endian::little, "the ring's headers are little-endian");
 
 // Byte offsets of the header fields.
-constexpr size_t kOffMagic = 0, kOffVersion = 4, kOffType = 5, kOffPayload = 6, kOffRing = 8,
-                 kOffExchange = 16, kOffSender = 24, kOffStep = 28, kOffChunk = 32, kOffSub = 36,
-                 kOffOffset = 40, kOffCount = 48, kOffTotal = 56;
+constexpr size_t kOffMagic = 0, kOffVersion = 4, kOffType = 5, kOffPayload = 6, kOffRing = 8, kOffExchange = 16,
+                 kOffSender = 24, kOffStep = 28, kOffChunk = 32, kOffSub = 36, kOffOffset = 40, kOffCount = 48,
+                 kOffTotal = 56;
 
 template <typename T>
 void Put(uint8_t* out, size_t at, T value) {
@@ -73,8 +73,8 @@ absl::StatusOr<Header> DecodeHeader(std::span<const uint8_t> bytes) {
   }
   const uint8_t* p = bytes.data();
   if (const auto magic = Get<uint32_t>(p, kOffMagic); magic != kMagic) {
-    return absl::InvalidArgumentError(fl::StrCat("ring message header has magic 0x", absl::Hex(magic),
-                                                 ", expected 0x", absl::Hex(kMagic), " ('FLRG')"));
+    return absl::InvalidArgumentError(fl::StrCat("ring message header has magic 0x", absl::Hex(magic), ", expected 0x",
+                                                 absl::Hex(kMagic), " ('FLRG')"));
   }
   if (const auto version = Get<uint8_t>(p, kOffVersion); version != kVersion) {
     return absl::InvalidArgumentError(fl::StrCat("ring message header has format version ", static_cast<int>(version),

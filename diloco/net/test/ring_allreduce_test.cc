@@ -133,8 +133,8 @@ TEST(RingAllReduceTest, OutOfPlaceGivesTheInPlaceBitsAndLeavesTheInputAlone) {
         std::vector<std::thread> threads;
         for (size_t i = 0; i < m; ++i) {
           threads.emplace_back([&, i] {
-            status[i] = rings[i]->AllReduce(exchange, 0, std::span<const float>(in[i]), out[i], ReduceOp::kMean,
-                                            nullptr);
+            status[i] =
+                rings[i]->AllReduce(exchange, 0, std::span<const float>(in[i]), out[i], ReduceOp::kMean, nullptr);
           });
         }
         for (auto& t : threads) t.join();
@@ -249,9 +249,9 @@ TEST(RingAllReduceTest, LossyCodecsAreBitIdenticalEverywhereAndWithinTheirBound)
           const auto result = RunExchange(rings, 42, values, op);
           const std::vector<double> exact = ExactReference(x, op);
           double g = 0;
-          for (const auto& v : x) g += std::fabs(*std::max_element(v.begin(), v.end(), [](float a, float b) {
-            return std::fabs(a) < std::fabs(b);
-          }));
+          for (const auto& v : x)
+            g += std::fabs(
+                *std::max_element(v.begin(), v.end(), [](float a, float b) { return std::fabs(a) < std::fabs(b); }));
           const double e = CodecRelativeBound(codec);
           double bound = static_cast<double>(m) * g * e * (1 + static_cast<double>(m) * e) * 1.01;
           if (op == ReduceOp::kMean) bound /= static_cast<double>(m);
@@ -284,8 +284,8 @@ TEST(RingAllReduceTest, BytesSentAreTheBandwidthOptimalShare) {
       const auto result = RunExchange(rings, 1, values, ReduceOp::kMean);
       auto encoder = fl::core::MakeCodec(codec);
       ASSERT_TRUE(encoder.ok());
-      const double optimal = 2.0 * static_cast<double>(m - 1) / static_cast<double>(m) *
-                             static_cast<double>((*encoder)->EncodedSize(n));
+      const double optimal =
+          2.0 * static_cast<double>(m - 1) / static_cast<double>(m) * static_cast<double>((*encoder)->EncodedSize(n));
       for (size_t i = 0; i < m; ++i) {
         ASSERT_TRUE(result.status[i].ok()) << result.status[i];
         auto want = RingBytesSentPerMember(n, m, i, codec, base.sub_chunk_values);

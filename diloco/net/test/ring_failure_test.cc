@@ -31,10 +31,10 @@ using testing::RingOf;
 using testing::RunExchange;
 using wire::MessageType;
 
-#define EXPECT_ERROR(status, code_, text)                                            \
-  do {                                                                               \
-    const absl::Status _s = (status);                                                \
-    EXPECT_EQ(_s.code(), (code_)) << _s;                                             \
+#define EXPECT_ERROR(status, code_, text)                                                       \
+  do {                                                                                          \
+    const absl::Status _s = (status);                                                           \
+    EXPECT_EQ(_s.code(), (code_)) << _s;                                                        \
     EXPECT_NE(Msg(_s).find(text), std::string::npos) << "wanted '" << (text) << "' in: " << _s; \
   } while (0)
 
@@ -220,8 +220,7 @@ TEST(RingFailureTest, ASilentPeerTimesOutNamingIt) {
   ASSERT_EQ(rings.size(), 2u);
   std::vector<float> v = RandomValues(1000, 3);
   const auto before = v;
-  EXPECT_ERROR(rings[0]->AllReduce(1, 0, v, ReduceOp::kMean, nullptr), absl::StatusCode::kDeadlineExceeded,
-               "'m1'");
+  EXPECT_ERROR(rings[0]->AllReduce(1, 0, v, ReduceOp::kMean, nullptr), absl::StatusCode::kDeadlineExceeded, "'m1'");
   EXPECT_TRUE(BitEqual(v, before));
 }
 
@@ -365,8 +364,7 @@ TEST_F(HandDrivenRingTest, AMessageOfTheNextExchangeIsKeptForIt) {
   // m0 is ahead: its exchange kExchange+1 message comes before its last message of kExchange.
   PlayTheRestAndCheck([this] { fake_->Send(ReduceScatterChunk0(kExchange + 1), Chunk0Payload()); });
   values_ = x1_;
-  thread_ = std::thread(
-      [this] { status_ = ring_->AllReduce(kExchange + 1, 0, values_, ReduceOp::kMean, &stats_); });
+  thread_ = std::thread([this] { status_ = ring_->AllReduce(kExchange + 1, 0, values_, ReduceOp::kMean, &stats_); });
   auto rs = fake_->Receive();
   ASSERT_TRUE(rs.has_value());
   EXPECT_EQ(rs->first.exchange_id, kExchange + 1);
@@ -435,7 +433,9 @@ std::vector<Corruption> Corruptions() {
   using P = std::vector<uint8_t>;
   return {
       {"short header", "fp32", S::kInvalidArgument, "header has 10 bytes",
-       [](HandDrivenRingTest&, FakeMember& f, H, P p) { f.SendRaw({P(10, 0), p}); }},
+       [](HandDrivenRingTest&, FakeMember& f, H, P p) {
+         f.SendRaw({P(10, 0), p});
+       }},
       {"bad magic", "fp32", S::kInvalidArgument, "magic",
        [](HandDrivenRingTest&, FakeMember& f, H h, P p) {
          auto bytes = wire::EncodeHeader(h);

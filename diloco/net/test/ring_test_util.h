@@ -65,16 +65,14 @@ struct ExchangeResult {
 
 // One exchange on every member at once (one thread each); values[i] is member i's vector, reduced in place.
 inline ExchangeResult RunExchange(std::vector<std::unique_ptr<RingAllReduce>>& rings, uint64_t exchange_id,
-                                  std::vector<std::vector<float>>& values, ReduceOp op,
-                                  uint64_t residual_key = 0) {
+                                  std::vector<std::vector<float>>& values, ReduceOp op, uint64_t residual_key = 0) {
   ExchangeResult result;
   result.status.resize(rings.size());
   result.stats.resize(rings.size());
   std::vector<std::thread> threads;
   for (size_t i = 0; i < rings.size(); ++i) {
-    threads.emplace_back([&, i] {
-      result.status[i] = rings[i]->AllReduce(exchange_id, residual_key, values[i], op, &result.stats[i]);
-    });
+    threads.emplace_back(
+        [&, i] { result.status[i] = rings[i]->AllReduce(exchange_id, residual_key, values[i], op, &result.stats[i]); });
   }
   for (auto& t : threads) t.join();
   return result;

@@ -26,16 +26,16 @@ namespace fl::client {
 
 struct ClientOptions {
   std::string server_address = "127.0.0.1:50051";
-  std::string client_name;            // unique per experiment; [A-Za-z0-9._-]{1,64}
-  fl::v1::DeviceInfo device;          // see DetectDevice
+  std::string client_name;    // unique per experiment; [A-Za-z0-9._-]{1,64}
+  fl::v1::DeviceInfo device;  // see DetectDevice
   fl::v1::LinkInfo link;
   std::string software_version;
   uint32_t max_chunk_bytes = 1u << 20;
-  uint32_t join_timeout_ms = 10000;      // one Join attempt, including connecting
-  uint32_t give_up_after_ms = 120000;    // no successful Join for this long: Run() fails
+  uint32_t join_timeout_ms = 10000;    // one Join attempt, including connecting
+  uint32_t give_up_after_ms = 120000;  // no successful Join for this long: Run() fails
   uint32_t initial_backoff_ms = 200;
   uint32_t max_backoff_ms = 10000;
-  uint64_t seed = 0;                     // of the backoff jitter
+  uint64_t seed = 0;  // of the backoff jitter
   // Test flag: shifts every timestamp this client reports (pongs, phase starts) by this much, as if its
   // clock were set differently; the server's clock-offset estimate must find it.
   int64_t clock_skew_ns = 0;

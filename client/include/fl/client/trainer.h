@@ -19,8 +19,8 @@
 namespace fl::client {
 
 struct TrainOptions {
-  uint32_t local_epochs = 1;   // ignored when local_steps > 0
-  uint32_t local_steps = 0;    // optimizer steps; > 0 overrides local_epochs
+  uint32_t local_epochs = 1;  // ignored when local_steps > 0
+  uint32_t local_steps = 0;   // optimizer steps; > 0 overrides local_epochs
   uint32_t batch_size = 32;
   double learning_rate = 0.05;
   std::string optimizer = "sgd";  // "sgd" or "adamw"

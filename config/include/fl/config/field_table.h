@@ -38,8 +38,8 @@ namespace fl::config {
 // The member a field is stored in. std::monostate: the field is read and checked but kept nowhere (a label
 // such as `description`, a key the loader accepts for compatibility, a field read by a custom reader).
 template <typename T>
-using Member = std::variant<std::monostate, std::string T::*, bool T::*, uint32_t T::*, uint64_t T::*,
-                            int64_t T::*, double T::*>;
+using Member =
+    std::variant<std::monostate, std::string T::*, bool T::*, uint32_t T::*, uint64_t T::*, int64_t T::*, double T::*>;
 
 enum class FieldKind { kString, kInteger, kNumber, kBool, kChoice, kCustom };
 
@@ -51,17 +51,17 @@ struct Field {
   // absent): checks across fields, derived values. Fields are read in the order of the table.
   using CheckFn = std::function<absl::Status(const YamlMap& map, T& out)>;
 
-  std::string yaml;       // path below the table's map: "rounds", "selection.fraction_fit"; "" = not in YAML
-  std::string name;       // name in flat records; "" = not recorded. Defaults to the last part of `yaml`.
+  std::string yaml;  // path below the table's map: "rounds", "selection.fraction_fit"; "" = not in YAML
+  std::string name;  // name in flat records; "" = not recorded. Defaults to the last part of `yaml`.
   Member<T> member;
   FieldKind kind = FieldKind::kString;
-  NumberRange range;                     // kNumber
-  int64_t int_min = 0;                   // kInteger
+  NumberRange range;    // kNumber
+  int64_t int_min = 0;  // kInteger
   int64_t int_max = 0;
-  std::vector<std::string> choices;      // kChoice
+  std::vector<std::string> choices;  // kChoice
   bool required = false;
-  std::string allowed;    // what the field accepts, where the default description (from the kind) is not enough
-  ReadFn read;            // kCustom
+  std::string allowed;  // what the field accepts, where the default description (from the kind) is not enough
+  ReadFn read;          // kCustom
   CheckFn check;
   // false: records written before the field existed lack it, and reading one keeps the member's default.
   bool in_old_records = true;
@@ -142,13 +142,13 @@ void Store(const Member<T>& member, T& out, const V& value) {
 
 // Builders, one per kind. T is deduced from the member; a field kept nowhere names T: StringField<Config>("x").
 template <typename T>
-Field<T> StringField(std::string yaml, std::string T::* member = nullptr) {
+Field<T> StringField(std::string yaml, std::string T::*member = nullptr) {
   return field_internal::Make<T>(std::move(yaml), member, FieldKind::kString);
 }
 
 // An integer in [min, max] stored in any integer member (the bounds must fit it; the default is its range).
 template <typename T, typename I>
-Field<T> IntField(std::string yaml, I T::* member, int64_t min = 0,
+Field<T> IntField(std::string yaml, I T::*member, int64_t min = 0,
                   int64_t max = static_cast<int64_t>(std::min<uint64_t>(std::numeric_limits<I>::max(),
                                                                         std::numeric_limits<int64_t>::max()))) {
   static_assert(std::is_integral_v<I> && !std::is_same_v<I, bool>);
@@ -159,19 +159,19 @@ Field<T> IntField(std::string yaml, I T::* member, int64_t min = 0,
 }
 
 template <typename T>
-Field<T> NumberField(std::string yaml, double T::* member, NumberRange range) {
+Field<T> NumberField(std::string yaml, double T::*member, NumberRange range) {
   Field<T> f = field_internal::Make<T>(std::move(yaml), member, FieldKind::kNumber);
   f.range = range;
   return f;
 }
 
 template <typename T>
-Field<T> BoolField(std::string yaml, bool T::* member) {
+Field<T> BoolField(std::string yaml, bool T::*member) {
   return field_internal::Make<T>(std::move(yaml), member, FieldKind::kBool);
 }
 
 template <typename T>
-Field<T> ChoiceField(std::string yaml, std::string T::* member, std::vector<std::string> choices) {
+Field<T> ChoiceField(std::string yaml, std::string T::*member, std::vector<std::string> choices) {
   Field<T> f = field_internal::Make<T>(std::move(yaml), member, FieldKind::kChoice);
   f.choices = std::move(choices);
   return f;
@@ -191,7 +191,7 @@ Field<T> CustomField(std::string yaml, typename Field<T>::ReadFn read, Member<T>
 
 // In records only (not in the YAML): a value the loader derives, such as where a profile came from.
 template <typename T, typename M>
-Field<T> RecordField(std::string name, M T::* member) {
+Field<T> RecordField(std::string name, M T::*member) {
   Field<T> f;
   f.name = std::move(name);
   f.member = member;
@@ -277,8 +277,8 @@ class FieldTable {
     if (!f.allowed.empty()) return f.allowed;
     switch (f.kind) {
       case FieldKind::kString: return "a string";
-      case FieldKind::kInteger: return "an integer in [" + std::to_string(f.int_min) + ", " +
-                                       std::to_string(f.int_max) + "]";
+      case FieldKind::kInteger:
+        return "an integer in [" + std::to_string(f.int_min) + ", " + std::to_string(f.int_max) + "]";
       case FieldKind::kBool: return "true, false";
       case FieldKind::kChoice: return JoinList(f.choices);
       default: return {};
@@ -333,14 +333,14 @@ class FieldTable {
 
 // A nested map read by its own table into a member struct (`server:` into Manifest::server).
 template <typename T, typename U>
-Field<T> SectionField(std::string yaml, U T::* member, FieldTable<U> table) {
+Field<T> SectionField(std::string yaml, U T::*member, FieldTable<U> table) {
   auto shared = std::make_shared<const FieldTable<U>>(std::move(table));
-  Field<T> f = CustomField<T>(
-      std::move(yaml), [member, shared](const YamlMap& map, const std::string& key, T& out) -> absl::Status {
-        absl::StatusOr<std::optional<YamlMap>> m = map.Map(key, shared->Describe());
-        if (!m.ok()) return m.status();
-        return shared->Read(**m, out.*member);
-      });
+  Field<T> f = CustomField<T>(std::move(yaml),
+                              [member, shared](const YamlMap& map, const std::string& key, T& out) -> absl::Status {
+                                absl::StatusOr<std::optional<YamlMap>> m = map.Map(key, shared->Describe());
+                                if (!m.ok()) return m.status();
+                                return shared->Read(**m, out.*member);
+                              });
   f.allowed = shared->Describe();
   return f;
 }

@@ -99,8 +99,8 @@ class YamlMap {
     const YAML::Node n = Node(key);
     if (!n.IsScalar()) return TypeError(n, key, noun, allowed);
     absl::StatusOr<T> v = parse(n.Scalar());
-    if (!v.ok()) return Error(n, key, std::string_view(v.status().message().data(), v.status().message().size()),
-                              allowed);
+    if (!v.ok())
+      return Error(n, key, std::string_view(v.status().message().data(), v.status().message().size()), allowed);
     return std::optional<T>(*std::move(v));
   }
 

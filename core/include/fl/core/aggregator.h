@@ -83,8 +83,7 @@ class Aggregator {
   // names the sender in errors ("client 7", "worker a3f"). Errors: FailedPrecondition (other model),
   // InvalidArgument (size, weight, NaN/Inf, out of range), ResourceExhausted (kMaxUpdatesPerAggregate
   // reached). On error nothing changes.
-  absl::Status Add(std::span<const float> values, double weight, uint64_t spec_fingerprint,
-                   std::string_view source);
+  absl::Status Add(std::span<const float> values, double weight, uint64_t spec_fingerprint, std::string_view source);
 
   // Adds one encoded update: the payload is validated and decoded by `codec` (which guarantees finite
   // values), then treated exactly like Add. Payload errors are prefixed with `source`. On error nothing
@@ -154,9 +153,9 @@ class Aggregator {
 //
 // Precision: the accumulator adds one rounding of at most 2^-24 relative per update, so with n updates
 // and W = sum_k w_k, |error_i| <= n * 2^-24 * sum_k w_k |x_k,i| / W: about 6e-5 relative to the
-// weighted mean of |x| for n = 1000. That is far below the error of any lossy codec (fp16 ~ 5e-4, int8 ~ 4e-3) and matches
-// Streaming DiLoCo's "accumulation in fp32"; fp64 would double memory traffic on the server's hot loop
-// for no visible gain. Overflow cannot happen (see kMaxUpdateAbsValue).
+// weighted mean of |x| for n = 1000. That is far below the error of any lossy codec (fp16 ~ 5e-4, int8 ~ 4e-3) and
+// matches Streaming DiLoCo's "accumulation in fp32"; fp64 would double memory traffic on the server's hot loop for no
+// visible gain. Overflow cannot happen (see kMaxUpdateAbsValue).
 //
 // Speed and memory: two accumulators of P floats, used in turn. Add makes ONE branch-free pass that
 // range-checks x and writes next = acc + w * x into the spare one, then swaps them if x was good. The
@@ -202,8 +201,7 @@ class BufferingAggregator : public Aggregator {
 // Coordinate-wise median (unweighted); for an even count, the mean of the two middle values.
 class CoordinateMedianAggregator final : public BufferingAggregator {
  public:
-  explicit CoordinateMedianAggregator(std::shared_ptr<const ModelSpec> spec)
-      : BufferingAggregator(std::move(spec)) {}
+  explicit CoordinateMedianAggregator(std::shared_ptr<const ModelSpec> spec) : BufferingAggregator(std::move(spec)) {}
   std::string name() const override { return "median"; }
 
  private:

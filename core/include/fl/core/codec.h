@@ -102,8 +102,7 @@ class Codec {
 
   // acc[i] += weight * decoded[i] (the same float operations as Decode followed by that update). The payload
   // and weight (must be finite) are fully validated first: on error `acc` is untouched.
-  virtual absl::Status DecodeAccumulate(std::span<const uint8_t> payload, float weight,
-                                        std::span<float> acc) const = 0;
+  virtual absl::Status DecodeAccumulate(std::span<const uint8_t> payload, float weight, std::span<float> acc) const = 0;
 };
 
 // A codec by kind, with options validated (block size must be a positive multiple of 2 for the 4-bit and

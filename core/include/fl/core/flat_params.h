@@ -17,8 +17,7 @@ class FlatParams {
   // Zero-filled buffer for `spec`.
   explicit FlatParams(std::shared_ptr<const ModelSpec> spec);
   // Takes ownership of `values`; fails when their count differs from the spec's element count.
-  static absl::StatusOr<FlatParams> FromValues(std::shared_ptr<const ModelSpec> spec,
-                                               std::vector<float> values);
+  static absl::StatusOr<FlatParams> FromValues(std::shared_ptr<const ModelSpec> spec, std::vector<float> values);
 
   const ModelSpec& spec() const { return *spec_; }
   const std::shared_ptr<const ModelSpec>& shared_spec() const { return spec_; }

@@ -84,8 +84,7 @@ struct Fragment {
 
 class FragmentPlan {
  public:
-  static absl::StatusOr<FragmentPlan> Create(const ModelSpec& model, size_t num_fragments,
-                                             FragmentStrategy strategy);
+  static absl::StatusOr<FragmentPlan> Create(const ModelSpec& model, size_t num_fragments, FragmentStrategy strategy);
 
   FragmentStrategy strategy() const { return strategy_; }
   size_t num_fragments() const { return fragments_.size(); }
@@ -102,8 +101,7 @@ class FragmentPlan {
   // values, laid out as fragment(index).spec).
   absl::Status Gather(size_t index, std::span<const float> model_values, std::span<float> out) const;
   // The reverse: writes a fragment's values into their places in a whole-model buffer.
-  absl::Status Scatter(size_t index, std::span<const float> fragment_values,
-                       std::span<float> model_values) const;
+  absl::Status Scatter(size_t index, std::span<const float> fragment_values, std::span<float> model_values) const;
 
   // One line per fragment, for logs: "fragment 0: 3 layers (blocks.0, blocks.2, blocks.4), 9 tensors,
   // 1234 elements".
@@ -140,9 +138,9 @@ class FragmentSchedule {
                                                  uint64_t overlap_steps);
 
   uint64_t inner_steps_per_round() const { return inner_steps_per_round_; }  // H
-  size_t num_fragments() const { return num_fragments_; }                     // P
-  uint64_t overlap_steps() const { return overlap_steps_; }                   // tau
-  uint64_t steps_between_syncs() const { return steps_between_syncs_; }       // H / P
+  size_t num_fragments() const { return num_fragments_; }                    // P
+  uint64_t overlap_steps() const { return overlap_steps_; }                  // tau
+  uint64_t steps_between_syncs() const { return steps_between_syncs_; }      // H / P
 
   // The fragment whose exchange starts at `step`, if any (at most one).
   std::optional<size_t> FragmentSyncingAt(uint64_t step) const;

@@ -46,8 +46,7 @@
 namespace fl::core {
 
 // out = global - aggregate: the pseudo-gradient every optimizer takes. Sizes must match.
-absl::Status PseudoGradient(std::span<const float> global, std::span<const float> aggregate,
-                            std::span<float> out);
+absl::Status PseudoGradient(std::span<const float> global, std::span<const float> aggregate, std::span<float> out);
 
 struct NamedBuffer {
   std::string name;

@@ -84,8 +84,7 @@ absl::Status CheckMatchesSpec(const ModelSpec& expected, uint64_t fingerprint, u
                               std::string_view what);
 
 // Returns InvalidArgument naming the first NaN/Inf element (and its tensor when `spec` is given).
-absl::Status CheckFinite(std::span<const float> values, std::string_view what,
-                         const ModelSpec* spec = nullptr);
+absl::Status CheckFinite(std::span<const float> values, std::string_view what, const ModelSpec* spec = nullptr);
 
 // Why two specs differ, for a person: "" when they hold the same tensors (names, shapes, dtypes) in the same
 // order, else the first difference by tensor position (counting from 0), e.g.

@@ -19,9 +19,9 @@ class ServerTimeline {
   // Anchored now.
   ServerTimeline()
       : anchor_mono_ns_(NowNs()),
-        anchor_unix_ns_(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::system_clock::now().time_since_epoch())
-                            .count()) {}
+        anchor_unix_ns_(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+                .count()) {}
   ServerTimeline(int64_t anchor_mono_ns, int64_t anchor_unix_ns)
       : anchor_mono_ns_(anchor_mono_ns), anchor_unix_ns_(anchor_unix_ns) {}
 

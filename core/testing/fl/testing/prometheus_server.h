@@ -203,7 +203,8 @@ class PrometheusServer {
 
   // An instant query (/api/v1/query), at `unix_time` seconds when given, else now. Returns the "data" object
   // ({"resultType": ..., "result": [...]}).
-  absl::StatusOr<nlohmann::json> Query(const std::string& promql, std::optional<double> unix_time = std::nullopt) const {
+  absl::StatusOr<nlohmann::json> Query(const std::string& promql,
+                                       std::optional<double> unix_time = std::nullopt) const {
     std::string path = "/api/v1/query?query=" + UrlEncode(promql);
     if (unix_time.has_value()) {
       char t[64];

@@ -47,9 +47,10 @@ inline absl::StatusOr<std::string> RunPythonFile(const std::string& path, const 
                                                  const std::string& log_path) {
   std::vector<std::string> all = {path};
   all.insert(all.end(), args.begin(), args.end());
-  return RunPython("import runpy, sys; path = sys.argv[1]; sys.argv = sys.argv[1:]; "
-                   "runpy.run_path(path, run_name='__main__')",
-                   all, log_path);
+  return RunPython(
+      "import runpy, sys; path = sys.argv[1]; sys.argv = sys.argv[1:]; "
+      "runpy.run_path(path, run_name='__main__')",
+      all, log_path);
 }
 
 // OK when /usr/bin/python3 can import `module` ("numpy", "torch"); otherwise an error saying how to install
@@ -57,9 +58,8 @@ inline absl::StatusOr<std::string> RunPythonFile(const std::string& path, const 
 inline absl::Status RequirePythonModule(const std::string& module, const std::string& log_path) {
   auto result = RunPython("import " + module, {}, log_path);
   if (result.ok()) return absl::OkStatus();
-  return absl::FailedPreconditionError(kSystemPython + std::string(" cannot import ") + module +
-                                       ": install python3-" + module +
-                                       " (run deploy/install-deps.sh, which installs it)\n" +
+  return absl::FailedPreconditionError(kSystemPython + std::string(" cannot import ") + module + ": install python3-" +
+                                       module + " (run deploy/install-deps.sh, which installs it)\n" +
                                        std::string(result.status().message()));
 }
 

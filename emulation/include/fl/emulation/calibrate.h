@@ -63,6 +63,6 @@ std::string CalibrationTable(const std::vector<CalibrationResult>& results);
 // Writes the results beside the profile: <dir>/<stem>.calibration.yaml, keeping entries of other backends
 // already in the file. Returns the path written.
 absl::StatusOr<std::filesystem::path> WriteCalibrationYaml(const std::filesystem::path& profile_path,
-                                                          const std::vector<CalibrationResult>& results);
+                                                           const std::vector<CalibrationResult>& results);
 
 }  // namespace fl::emulation

@@ -50,13 +50,13 @@ struct MahimahiTrace {
 
 // One direction of a link.
 struct LinkDirection {
-  double rate_bps = 0;   // link rate; 0 = unlimited (no shaping)
-  double delay_ms = 0;   // one-way propagation delay
-  double jitter_ms = 0;  // uniform +- around delay_ms, clamped at 0
-  double loss = 0;       // packet loss fraction in [0, 1); netem only
+  double rate_bps = 0;             // link rate; 0 = unlimited (no shaping)
+  double delay_ms = 0;             // one-way propagation delay
+  double jitter_ms = 0;            // uniform +- around delay_ms, clamped at 0
+  double loss = 0;                 // packet loss fraction in [0, 1); netem only
   uint64_t queue_limit_bytes = 0;  // 0 = default (see EffectiveQueueLimit)
   bool has_trace = false;
-  MahimahiTrace trace;   // when has_trace, replaces rate_bps
+  MahimahiTrace trace;  // when has_trace, replaces rate_bps
 
   // The rate the direction offers on average (the trace's mean when there is one); 0 = unlimited.
   double NominalRateBps() const;
@@ -82,9 +82,9 @@ struct LinkProfile {
 
 // Where a YAML node came from, for error messages and relative trace paths.
 struct YamlContext {
-  std::string file;                 // shown in errors ("experiments/x.yaml")
-  std::string field_path;           // prefix of the node's field path, e.g. "clients[2].link"; may be empty
-  std::filesystem::path base_dir;   // relative trace paths resolve against this
+  std::string file;                // shown in errors ("experiments/x.yaml")
+  std::string field_path;          // prefix of the node's field path, e.g. "clients[2].link"; may be empty
+  std::filesystem::path base_dir;  // relative trace paths resolve against this
 };
 
 // "100mbit", "2.5gbit", "800kbit", "1000bit", "1000" (bits/s) -> bits/s. Rejects negatives, zero,

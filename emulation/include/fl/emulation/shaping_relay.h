@@ -36,14 +36,14 @@ struct RelayOptions {
   // delays, sets it from the real link rate so that the relay does not absorb seconds of traffic.
   uint64_t uplink_buffer_bytes = 0;
   uint64_t downlink_buffer_bytes = 0;
-  uint64_t seed = 1;                        // jitter samples; each connection derives its own
+  uint64_t seed = 1;  // jitter samples; each connection derives its own
   // How long (ms after accepting a client) the relay keeps retrying, every 100 ms, a target that refuses
   // the connection, holding the client's connection open meanwhile. 0 = close the client's connection at
   // the first refusal (it sees an immediate EOF). Set it when the target may start after its clients
   // (islands bind their ring endpoint lazily): ZeroMQ treats an accepted connection that drops as a peer
   // that vanished, whereas a direct connection to a port not yet bound is silently retried.
   int64_t connect_retry_ms = 0;
-  std::string name = "relay";               // for log lines
+  std::string name = "relay";  // for log lines
 };
 
 // The bottleneck queue plus twice the bytes in flight over the delay (delay + jitter) at the nominal rate,

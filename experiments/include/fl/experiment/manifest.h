@@ -19,34 +19,34 @@ namespace fl::experiment {
 struct DeviceProfile {
   std::string name;
   std::string description;
-  std::string device_class;    // recorded with every figure (clients.device_class)
-  double relative_speed = 1;   // training throughput relative to a Raspberry Pi 4 (= 1)
-  uint32_t cores = 0;          // informative (0 = unknown)
-  uint64_t memory_mb = 0;      // informative (0 = unknown)
-  std::string reference;       // where relative_speed comes from
-  std::string source;          // the file (or "inline in <manifest>")
-  bool is_host = false;        // "host": the machine itself, never slowed down
+  std::string device_class;   // recorded with every figure (clients.device_class)
+  double relative_speed = 1;  // training throughput relative to a Raspberry Pi 4 (= 1)
+  uint32_t cores = 0;         // informative (0 = unknown)
+  uint64_t memory_mb = 0;     // informative (0 = unknown)
+  std::string reference;      // where relative_speed comes from
+  std::string source;         // the file (or "inline in <manifest>")
+  bool is_host = false;       // "host": the machine itself, never slowed down
 
   bool operator==(const DeviceProfile&) const = default;
 };
 
 struct ClientGroup {
-  std::string name;            // clients are named <name>-<i>
+  std::string name;  // clients are named <name>-<i>
   uint32_t count = 1;
   DeviceProfile device;
-  std::string link_name;       // "" = no emulation for this group
+  std::string link_name;  // "" = no emulation for this group
   std::optional<emulation::LinkProfile> link;
-  std::string link_kind;       // recorded (ethernet, wifi, 5g, other); default from the link profile's name
-  double data_share = 1.0;     // fraction of its shard each client of the group trains on, (0, 1]
-  double start_delay_s = 0;    // availability: joins this long after the server started
-  double leave_after_s = 0;    // availability: stopped (SIGTERM) this long after it started; 0 = stays
+  std::string link_kind;     // recorded (ethernet, wifi, 5g, other); default from the link profile's name
+  double data_share = 1.0;   // fraction of its shard each client of the group trains on, (0, 1]
+  double start_delay_s = 0;  // availability: joins this long after the server started
+  double leave_after_s = 0;  // availability: stopped (SIGTERM) this long after it started; 0 = stays
 
   bool operator==(const ClientGroup&) const = default;
 };
 
 struct Manifest {
-  std::string path;            // the file it was loaded from
-  std::string source_yaml;     // its text, stored with the experiment
+  std::string path;         // the file it was loaded from
+  std::string source_yaml;  // its text, stored with the experiment
   std::string name;
   std::string description;
   uint64_t seed = 1;
@@ -61,21 +61,21 @@ struct Manifest {
     uint32_t evaluate_every = 1;
     double fraction_evaluate = 1.0;
     uint32_t max_round_attempts = 3;
-    std::string metrics_addr;         // fl-server --metrics-addr (Prometheus /metrics); "" = none
-    uint32_t upload_slots = 0;        // fl-server --upload-slots: updates received at once; 0 = its default
+    std::string metrics_addr;   // fl-server --metrics-addr (Prometheus /metrics); "" = none
+    uint32_t upload_slots = 0;  // fl-server --upload-slots: updates received at once; 0 = its default
     bool operator==(const Server&) const = default;
   } server;
 
   struct Training {
-    std::string model = "cnn";        // fl-client --model: cnn, squeezenet, synthetic:<P>[:<ms>], or a .pt path
-    std::string data_dir;             // "" = fl-client's default (/usr/share/datasets/fashion-mnist)
+    std::string model = "cnn";  // fl-client --model: cnn, squeezenet, synthetic:<P>[:<ms>], or a .pt path
+    std::string data_dir;       // "" = fl-client's default (/usr/share/datasets/fashion-mnist)
     // Bring your own model and data (docs/models-and-data.md); paths are made absolute at load (relative ones
     // resolve against the directory fl-experiment runs in), so that a replay finds the same files.
-    std::string data;                 // .npz, IDX directory or text corpus; "" = data_dir
+    std::string data;                     // .npz, IDX directory or text corpus; "" = data_dir
     std::string task = "classification";  // classification, regression, next-token (TorchScript models)
-    std::string buffers = "average";  // average | local: a TorchScript model's float buffers
-    uint32_t seq_len = 64;            // next-token on a text corpus
-    std::string partition = "iid";    // iid, dirichlet:<alpha>, shards:<n>, natural
+    std::string buffers = "average";      // average | local: a TorchScript model's float buffers
+    uint32_t seq_len = 64;                // next-token on a text corpus
+    std::string partition = "iid";        // iid, dirichlet:<alpha>, shards:<n>, natural
     uint32_t local_epochs = 1;
     uint32_t local_steps = 0;
     uint32_t batch_size = 32;
@@ -84,7 +84,7 @@ struct Manifest {
     double momentum = 0;
     double weight_decay = 0;
     double proximal_mu = 0;
-    uint32_t threads = 1;             // training threads per client
+    uint32_t threads = 1;  // training threads per client
     bool operator==(const Training&) const = default;
   } training;
 
@@ -95,8 +95,8 @@ struct Manifest {
   } codecs;
 
   struct Emulation {
-    std::string backend = "auto";     // none, userspace, kernel, auto (kernel when root and available)
-    double host_relative_speed = 4.0; // this machine's training speed relative to a Raspberry Pi 4
+    std::string backend = "auto";      // none, userspace, kernel, auto (kernel when root and available)
+    double host_relative_speed = 4.0;  // this machine's training speed relative to a Raspberry Pi 4
     bool operator==(const Emulation&) const = default;
   } emulation;
 

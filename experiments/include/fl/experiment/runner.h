@@ -15,15 +15,15 @@
 namespace fl::experiment {
 
 struct RunOptions {
-  std::string db_path;              // records database (created if missing)
-  std::filesystem::path out_dir;    // logs and checkpoints of this run
+  std::string db_path;               // records database (created if missing)
+  std::filesystem::path out_dir;     // logs and checkpoints of this run
   std::filesystem::path server_bin;  // fl-server
   std::filesystem::path client_bin;  // fl-client
-  std::string experiment_id;        // "" = generated
-  std::string replay_of;            // experiment id this run replays, recorded with the manifest
+  std::string experiment_id;         // "" = generated
+  std::string replay_of;             // experiment id this run replays, recorded with the manifest
   std::string software_version;
   const std::atomic<bool>* interrupted = nullptr;  // set by the SIGINT/SIGTERM handler
-  bool quiet = false;               // no progress lines
+  bool quiet = false;                              // no progress lines
   // No records database and no checkpoints: only for measuring what instrumentation costs
   // (bench/instrumentation_overhead.sh). The outcome then comes from fl-server's exit status alone.
   bool no_records = false;
@@ -31,7 +31,7 @@ struct RunOptions {
 
 struct RunResult {
   std::string experiment_id;
-  std::string status;   // "finished", "failed", "aborted"
+  std::string status;  // "finished", "failed", "aborted"
   std::string reason;
   std::string backend;  // the link emulation used: none, userspace, kernel
 };

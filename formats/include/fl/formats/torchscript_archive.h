@@ -38,7 +38,7 @@ struct ScriptModelFile {
   // Flat fp32 image in spec order, each tensor in C order whatever its strides in the file;
   // float16/bfloat16/float64/int64/int32/uint8 values converted to float.
   std::vector<float> values;
-  std::string root_class;             // the root module's TorchScript class, e.g. "__torch__.Net"
+  std::string root_class;  // the root module's TorchScript class, e.g. "__torch__.Net"
 };
 
 // Errors name the file and say what to do: not a ZIP or not a TorchScript archive (a torch.save()

@@ -33,13 +33,13 @@ inline constexpr uint16_t kZipMethodDeflate = 8;
 
 struct ZipEntry {
   std::string name;
-  uint16_t method = 0;            // 0 stored, 8 deflate; others refused on read with a clear error
-  uint16_t flags = 0;             // general purpose bit flags (bit 0: encrypted, refused on read)
+  uint16_t method = 0;  // 0 stored, 8 deflate; others refused on read with a clear error
+  uint16_t flags = 0;   // general purpose bit flags (bit 0: encrypted, refused on read)
   uint64_t compressed_size = 0;
   uint64_t uncompressed_size = 0;
   uint32_t crc32 = 0;
   uint64_t local_header_offset = 0;
-  uint64_t data_offset = 0;       // absolute file offset of the entry's data (after the local header + extra)
+  uint64_t data_offset = 0;  // absolute file offset of the entry's data (after the local header + extra)
 };
 
 class ZipArchive {

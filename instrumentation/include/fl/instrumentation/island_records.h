@@ -29,18 +29,18 @@ namespace fl::instrumentation {
 // One admission of an island (a rejoin is a new row with a new join_seq).
 struct IslandRecord {
   std::string experiment_id;
-  int64_t join_seq = 0;              // admission order within the experiment, from 1
+  int64_t join_seq = 0;  // admission order within the experiment, from 1
   std::string island_id;
-  std::string data_endpoint;         // ZeroMQ endpoint of its leader
-  std::string state_endpoint;        // gRPC address of its state server
+  std::string data_endpoint;   // ZeroMQ endpoint of its leader
+  std::string state_endpoint;  // gRPC address of its state server
   int64_t num_ranks = 1;
-  std::string model_fingerprint;     // 16 lowercase hex digits
-  std::string software_version;      // "" = NULL
-  std::string device_class;          // "" = NULL
-  std::string accelerator;           // "" = NULL (CPU only)
+  std::string model_fingerprint;  // 16 lowercase hex digits
+  std::string software_version;   // "" = NULL
+  std::string device_class;       // "" = NULL
+  std::string accelerator;        // "" = NULL (CPU only)
   int64_t joined_unix_ms = 0;
-  bool late_join = false;            // told to copy the state from a peer
-  std::string state_source_island;   // the peer it copies from; "" = NULL (fresh start)
+  bool late_join = false;           // told to copy the state from a peer
+  std::string state_source_island;  // the peer it copies from; "" = NULL (fresh start)
   std::optional<int64_t> state_source_step;
   std::optional<int64_t> state_source_fragment;
   // Set by an IslandLeftRecord; an admission is written without them (NULL while a member).
@@ -76,7 +76,7 @@ struct IslandEpochRecord {
   std::optional<double> barrier_ms;  // first arrival at the barrier -> epoch formed
   int64_t formed_unix_ms = 0;
   int64_t resolved_unix_ms = 0;
-  std::string reason;                // why retried/abandoned; "" = NULL
+  std::string reason;  // why retried/abandoned; "" = NULL
 
   bool operator==(const IslandEpochRecord&) const = default;
 };

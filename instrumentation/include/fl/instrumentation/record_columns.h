@@ -52,8 +52,8 @@ std::string ColumnDefinition(const ColumnSpec& column);
 // One table of the newest schema.
 struct TableSpec {
   std::string name;
-  int since_version = 1;  // the schema version whose migration created the table
-  std::vector<ColumnSpec> columns;  // in the order of the table (the order of the migrations that added them)
+  int since_version = 1;                 // the schema version whose migration created the table
+  std::vector<ColumnSpec> columns;       // in the order of the table (the order of the migrations that added them)
   std::vector<std::string> constraints;  // table constraints, in order: PRIMARY KEY (...), FOREIGN KEY ..., CHECK
   std::vector<std::string> indexes;      // complete CREATE [UNIQUE] INDEX statements
 
@@ -220,8 +220,8 @@ Column<typename columns_internal::Member<decltype(M)>::Row> Col(std::string_view
   ColumnSpec spec{std::string(name), columns_internal::SqlTypeOf<Field>(), !columns_internal::IsOptional<Field>::value,
                   std::string(constraints), since_version};
   if constexpr (std::is_enum_v<Field>) {
-    spec.constraints = spec.constraints.empty() ? EnumCheck<Field>(name)
-                                                : spec.constraints + " " + EnumCheck<Field>(name);
+    spec.constraints =
+        spec.constraints.empty() ? EnumCheck<Field>(name) : spec.constraints + " " + EnumCheck<Field>(name);
   }
   return {std::move(spec),
           [](sqlite::Statement& st, int index, const Row& row, const ColumnSpec& column) {
@@ -329,8 +329,9 @@ absl::StatusOr<Row> ReadRow(const sqlite::Statement& st, const RowTable<Row>& ta
   for (const Column<Row>& c : table.columns) {
     if (c.read == nullptr) continue;
     if (absl::Status s = c.read(st, index++, row); !s.ok()) {
-      return absl::Status(s.code(), std::string(table.spec.name).append(".").append(c.spec.name).append(": ").append(
-                                        std::string(s.message())));
+      return absl::Status(
+          s.code(),
+          std::string(table.spec.name).append(".").append(c.spec.name).append(": ").append(std::string(s.message())));
     }
   }
   return row;
@@ -374,8 +375,8 @@ absl::StatusOr<std::string> UpdateSql(const UpdateSpec<Row>& update) {
   for (const auto* list : {&update.set, &update.where}) {
     for (const Column<Row>& p : *list) {
       if (update.table->Find(p.spec.name) == nullptr) {
-        return absl::InternalError("records statement: table " + update.table->name + " has no column '" +
-                                   p.spec.name + "'");
+        return absl::InternalError("records statement: table " + update.table->name + " has no column '" + p.spec.name +
+                                   "'");
       }
       std::string term = p.spec.name + " = ?" + std::to_string(++index);
       if (list == &update.set) {

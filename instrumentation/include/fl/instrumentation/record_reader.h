@@ -3,8 +3,8 @@
 // It reads committed data only (WAL snapshot per query, or one for several with ReadSnapshot), never blocks the
 // writer, and can be used while an fl-server is writing to the same file. Rows are read as the columns are
 // declared (record_columns.h). Used by tests, by fl-server --resume (LastCommittedRound, LatestCheckpoint) and by
-// fl-report (OpenAnyVersion: databases of every schema version). Thread-safe (one connection behind a mutex); open one reader per
-// thread for parallel reads.
+// fl-report (OpenAnyVersion: databases of every schema version). Thread-safe (one connection behind a mutex); open one
+// reader per thread for parallel reads.
 #pragma once
 
 #include <cstdint>

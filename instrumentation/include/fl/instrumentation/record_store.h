@@ -47,10 +47,10 @@ struct RecordStoreOptions {
 
 // What the writer has done so far.
 struct RecordStoreStats {
-  uint64_t enqueued = 0;   // records accepted by Enqueue/TryEnqueue
-  uint64_t written = 0;    // records committed
-  uint64_t failed = 0;     // records dropped with an error
-  uint64_t batches = 0;    // transactions committed
+  uint64_t enqueued = 0;          // records accepted by Enqueue/TryEnqueue
+  uint64_t written = 0;           // records committed
+  uint64_t failed = 0;            // records dropped with an error
+  uint64_t batches = 0;           // transactions committed
   uint64_t fallback_batches = 0;  // batches re-run one record per transaction after a transaction-level error
   uint64_t max_queue_depth = 0;
   uint64_t backpressure_waits = 0;  // Enqueue calls that had to wait for space
@@ -58,8 +58,8 @@ struct RecordStoreStats {
 
 // The effective settings of the write connection, read back after they were set.
 struct ConnectionSettings {
-  std::string journal_mode;  // "wal"
-  int64_t synchronous = -1;  // 1 = NORMAL
+  std::string journal_mode;   // "wal"
+  int64_t synchronous = -1;   // 1 = NORMAL
   int64_t foreign_keys = -1;  // 1 = on
   int64_t busy_timeout_ms = -1;
   int64_t schema_version = -1;  // PRAGMA user_version
@@ -71,8 +71,7 @@ class RecordStore {
   // foreign_keys=ON, migrates the schema to LatestSchemaVersion() and starts the writer thread. Refuses a
   // database with a newer schema version, another program's database, and paths where WAL is not available
   // (":memory:"). Errors name the path and SQLite's message.
-  static absl::StatusOr<std::unique_ptr<RecordStore>> Open(const std::string& path,
-                                                            RecordStoreOptions options = {});
+  static absl::StatusOr<std::unique_ptr<RecordStore>> Open(const std::string& path, RecordStoreOptions options = {});
 
   RecordStore(const RecordStore&) = delete;
   RecordStore& operator=(const RecordStore&) = delete;
@@ -110,7 +109,7 @@ class RecordStore {
   const ConnectionSettings settings_;
   std::unique_ptr<Writer> writer_;
   std::unique_ptr<internal::WriterThread<Record>> thread_;  // queue, batches, flush (src/sqlite_writer.h)
-  std::mutex close_mu_;  // serialises Close()
+  std::mutex close_mu_;                                     // serialises Close()
 };
 
 }  // namespace fl::instrumentation

@@ -34,7 +34,6 @@ absl::StatusOr<ExperimentStatus> ParseExperimentStatus(std::string_view name);
 absl::StatusOr<RoundStatus> ParseRoundStatus(std::string_view name);
 absl::StatusOr<ClientOutcome> ParseClientOutcome(std::string_view name);
 
-
 // One row of `experiments`, inserted when the experiment starts.
 struct ExperimentRecord {
   std::string id;  // unique across databases: e.g. "<name>-<utc timestamp>-<random>"
@@ -114,24 +113,24 @@ struct RoundRecord {
   int64_t round = 0;
   int64_t attempt = 0;
   RoundStatus status = RoundStatus::kCommitted;
-  std::string failure_reason;  // "" when committed
-  int64_t started_unix_ms = 0;  // dispatch of the first task
-  int64_t ended_unix_ms = 0;    // commit, or when the attempt was given up
-  double duration_ms = 0;       // dispatch -> commit (or -> given up), monotonic
+  std::string failure_reason;            // "" when committed
+  int64_t started_unix_ms = 0;           // dispatch of the first task
+  int64_t ended_unix_ms = 0;             // commit, or when the attempt was given up
+  double duration_ms = 0;                // dispatch -> commit (or -> given up), monotonic
   std::optional<double> aggregation_ms;  // finishing the aggregate + server optimizer step
   int64_t num_selected = 0;
   int64_t num_accepted = 0;
   int64_t num_late = 0;
   int64_t num_rejected = 0;
   int64_t num_dropped = 0;
-  int64_t num_examples = 0;                 // sum over accepted updates
-  std::optional<int64_t> model_version;     // the global model version this attempt produced (required if committed)
-  std::optional<double> train_loss;         // mean client train loss weighted by num_examples
-  std::optional<double> eval_loss;          // global model, after the commit
-  std::optional<double> eval_accuracy;      // in [0, 1]; classification and next-token (token accuracy)
+  int64_t num_examples = 0;              // sum over accepted updates
+  std::optional<int64_t> model_version;  // the global model version this attempt produced (required if committed)
+  std::optional<double> train_loss;      // mean client train loss weighted by num_examples
+  std::optional<double> eval_loss;       // global model, after the commit
+  std::optional<double> eval_accuracy;   // in [0, 1]; classification and next-token (token accuracy)
   std::optional<int64_t> eval_num_examples;
-  std::optional<double> eval_mae;           // schema v6: regression's mean absolute error, >= 0
-  std::optional<double> eval_perplexity;    // schema v6: next-token's exp(eval_loss), >= 1
+  std::optional<double> eval_mae;         // schema v6: regression's mean absolute error, >= 0
+  std::optional<double> eval_perplexity;  // schema v6: next-token's exp(eval_loss), >= 1
 
   bool operator==(const RoundRecord&) const = default;
 };
@@ -158,30 +157,30 @@ struct ClientRoundRecord {
   int64_t attempt = 0;
   std::string client_id;
   ClientOutcome outcome = ClientOutcome::kOk;
-  std::string reject_reason;  // only with outcome kRejected; "" otherwise
+  std::string reject_reason;                  // only with outcome kRejected; "" otherwise
   std::optional<int64_t> dispatched_unix_ms;  // server clock
   std::optional<int64_t> num_examples;
-  std::optional<int64_t> num_steps;          // local optimizer steps
-  std::optional<double> downlink_ms;         // client view: request -> last byte of the model received
-  std::optional<double> train_ms;            // client view
-  std::optional<double> eval_ms;             // client view, local evaluation when asked
-  std::optional<double> uplink_ms;           // client view: first byte sent -> server ack
-  std::optional<double> uplink_server_ms;    // server view: first byte received -> last byte received
-  std::optional<double> idle_ms;             // client waited on the server or the link, not computing
-  std::optional<int64_t> downlink_bytes;     // on the wire, server -> client
-  std::optional<int64_t> uplink_bytes;       // on the wire, client -> server
-  std::string codec;                         // update codec, e.g. fp32, int8-blockwise; "" = unknown
-  std::optional<double> train_loss;          // mean local train loss over this round's steps
-  std::optional<double> clock_offset_ms;     // client clock minus server clock (min-rtt exchange); schema v2
-  std::optional<double> clock_rtt_ms;        // round trip of that exchange: the offset is good to +- rtt/2
+  std::optional<int64_t> num_steps;        // local optimizer steps
+  std::optional<double> downlink_ms;       // client view: request -> last byte of the model received
+  std::optional<double> train_ms;          // client view
+  std::optional<double> eval_ms;           // client view, local evaluation when asked
+  std::optional<double> uplink_ms;         // client view: first byte sent -> server ack
+  std::optional<double> uplink_server_ms;  // server view: first byte received -> last byte received
+  std::optional<double> idle_ms;           // client waited on the server or the link, not computing
+  std::optional<int64_t> downlink_bytes;   // on the wire, server -> client
+  std::optional<int64_t> uplink_bytes;     // on the wire, client -> server
+  std::string codec;                       // update codec, e.g. fp32, int8-blockwise; "" = unknown
+  std::optional<double> train_loss;        // mean local train loss over this round's steps
+  std::optional<double> clock_offset_ms;   // client clock minus server clock (min-rtt exchange); schema v2
+  std::optional<double> clock_rtt_ms;      // round trip of that exchange: the offset is good to +- rtt/2
   // Schema v3: phase starts on the server's timeline (unix ms with a fraction; client monotonic time minus
   // its clock offset, mapped to the server's wall clock). A phase ends at its start plus its *_ms duration.
   std::optional<double> downlink_start_unix_ms;
   std::optional<double> train_start_unix_ms;
   std::optional<double> eval_start_unix_ms;
-  std::optional<double> uplink_start_unix_ms;         // client: first byte of the update sent
-  std::optional<double> uplink_end_unix_ms;           // client: the server's ack received
-  std::optional<double> uplink_server_start_unix_ms;  // server: first byte of the update received
+  std::optional<double> uplink_start_unix_ms;           // client: first byte of the update sent
+  std::optional<double> uplink_end_unix_ms;             // client: the server's ack received
+  std::optional<double> uplink_server_start_unix_ms;    // server: first byte of the update received
   std::optional<double> downlink_server_start_unix_ms;  // server: the download request arrived
   std::optional<double> downlink_server_ms;             // server: request -> last message handed to gRPC
 
@@ -195,7 +194,7 @@ struct ClientRoundUplinkUpdate {
   int64_t round = 0;
   int64_t attempt = 0;
   std::string client_id;
-  double uplink_ms = 0;  // client view: first byte of the update sent -> server ack
+  double uplink_ms = 0;                        // client view: first byte of the update sent -> server ack
   std::optional<double> uplink_start_unix_ms;  // the same phase on the server's timeline (schema v3)
   std::optional<double> uplink_end_unix_ms;
 
@@ -225,10 +224,10 @@ struct CheckpointRecord {
   std::string experiment_id;
   int64_t round = 0;
   int64_t model_version = 0;
-  std::string path;          // as written by fl-server (absolute, or relative to its working directory)
-  int64_t bytes = 0;         // file size
-  std::string fingerprint;   // ModelSpec fingerprint, 16 lowercase hex digits (fl::core::FingerprintToHex)
-  std::string checksum;      // Checksum64 of the file's bytes, hex; "" = not computed
+  std::string path;         // as written by fl-server (absolute, or relative to its working directory)
+  int64_t bytes = 0;        // file size
+  std::string fingerprint;  // ModelSpec fingerprint, 16 lowercase hex digits (fl::core::FingerprintToHex)
+  std::string checksum;     // Checksum64 of the file's bytes, hex; "" = not computed
   int64_t created_unix_ms = 0;
 
   bool operator==(const CheckpointRecord&) const = default;
@@ -270,7 +269,8 @@ enum class ClientEventKind {
   kInitialModelReasked,  // the client asked for the initial model did not deliver; another was asked
   kSessionClosed,        // the server closed the client's session for a limit (rate, queue, hello timeout)
 };
-std::string_view ClientEventKindName(ClientEventKind kind);  // "report_refused", "upload_revoked", "initial_model_reasked", "session_closed"
+std::string_view ClientEventKindName(
+    ClientEventKind kind);  // "report_refused", "upload_revoked", "initial_model_reasked", "session_closed"
 absl::StatusOr<ClientEventKind> ParseClientEventKind(std::string_view name);
 
 // The most bytes of ClientEventRecord::reason the store keeps: a longer reason is cut at a UTF-8 character
@@ -281,11 +281,11 @@ inline constexpr size_t kMaxClientEventReasonBytes = 1024;
 // why, so that a refusal is never only a log line. The client must exist in `clients`.
 struct ClientEventRecord {
   std::string experiment_id;
-  std::string client_id;               // must exist in clients
+  std::string client_id;  // must exist in clients
   ClientEventKind kind = ClientEventKind::kReportRefused;
-  std::optional<int64_t> round;        // the round it concerns, if any
-  std::string task_id;                 // "" when none
-  std::string reason;                  // human-readable; the store bounds it to 1024 bytes
+  std::optional<int64_t> round;  // the round it concerns, if any
+  std::string task_id;           // "" when none
+  std::string reason;            // human-readable; the store bounds it to 1024 bytes
   int64_t at_unix_ms = 0;
 
   bool operator==(const ClientEventRecord&) const = default;

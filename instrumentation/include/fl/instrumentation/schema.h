@@ -3,8 +3,9 @@
 // user_version N means "the schema of version N": migrations 1..N have been applied, or the file was created at
 // version N from the column declarations (record_columns.h). Adding a schema change is adding one entry at the
 // end of the list in schema.cc (version = previous + 1), declaring the same change in record_columns.cc, and
-// documenting it in docs/records.md; never edit an entry that has shipped. Each migration runs in its own BEGIN IMMEDIATE transaction together with
-// the user_version bump, so a failed migration leaves the database at the previous version.
+// documenting it in docs/records.md; never edit an entry that has shipped. Each migration runs in its own BEGIN
+// IMMEDIATE transaction together with the user_version bump, so a failed migration leaves the database at the previous
+// version.
 #pragma once
 
 #include <cstdint>

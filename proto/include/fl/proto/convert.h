@@ -35,8 +35,8 @@ fl::v1::ModelSpec ToProto(const core::ModelSpec& spec, std::string_view model_na
 // or produced by an incompatible build is caught at the edge.
 absl::StatusOr<core::ModelSpec> FromProto(const fl::v1::ModelSpec& spec);
 
-std::string_view PhaseName(fl::v1::Phase phase);          // "downlink", "train", ...
-std::string_view LinkKindName(fl::v1::LinkKind kind);     // "ethernet", "wifi", "5g", "other", "unknown"
+std::string_view PhaseName(fl::v1::Phase phase);       // "downlink", "train", ...
+std::string_view LinkKindName(fl::v1::LinkKind kind);  // "ethernet", "wifi", "5g", "other", "unknown"
 absl::StatusOr<fl::v1::LinkKind> ParseLinkKind(std::string_view name);
 
 fl::v1::ErrorDetail MakeError(fl::v1::ErrorCode code, std::string message, std::string field = "",

@@ -79,10 +79,10 @@ struct RoundSummary {
 struct LinkSummary {
   std::string link_kind;
   int64_t num_clients = 0;
-  int64_t num_client_rounds = 0;  // accepted client rounds of committed rounds
+  int64_t num_client_rounds = 0;                       // accepted client rounds of committed rounds
   std::array<std::optional<double>, 5> mean_phase_ms;  // indexed by Phase; nullopt when never measured
-  std::optional<double> mean_round_ms;   // mean duration of the rounds behind those client rounds
-  std::optional<double> uplink_share;    // in [0, 1]
+  std::optional<double> mean_round_ms;                 // mean duration of the rounds behind those client rounds
+  std::optional<double> uplink_share;                  // in [0, 1]
   std::optional<double> mean_downlink_bytes;
   std::optional<double> mean_uplink_bytes;
   // Federated evaluation (the `evaluations` table: the global model evaluated by the clients after a commit),
@@ -98,14 +98,14 @@ struct StragglerRank {
   std::string client_id;
   int64_t rounds_accepted = 0;  // committed rounds the client's update was accepted in
   int64_t times_straggler = 0;
-  double share = 0;  // times_straggler / committed rounds that have a straggler
+  double share = 0;                   // times_straggler / committed rounds that have a straggler
   std::array<int64_t, 5> by_phase{};  // indexed by Phase (idle stays 0)
-  std::optional<Phase> top_phase;    // the phase it straggled by most often (ties: pipeline order)
+  std::optional<Phase> top_phase;     // the phase it straggled by most often (ties: pipeline order)
 };
 
 struct Analysis {
-  std::vector<RoundSummary> rounds;  // every attempt, by (round, attempt)
-  std::vector<LinkSummary> links;    // ethernet, wifi, 5g, other, then the rest by name
+  std::vector<RoundSummary> rounds;       // every attempt, by (round, attempt)
+  std::vector<LinkSummary> links;         // ethernet, wifi, 5g, other, then the rest by name
   std::vector<StragglerRank> stragglers;  // most often first, then by client label
   int64_t committed_rounds = 0;
   int64_t rounds_with_straggler = 0;

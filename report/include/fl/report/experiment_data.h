@@ -96,7 +96,7 @@ struct RoundAttempt {
   std::optional<double> eval_accuracy;    // classification; next-token's token accuracy
   std::optional<double> eval_mae;         // regression (v6)
   std::optional<double> eval_perplexity;  // next-token (v6)
-  std::vector<ClientRoundRow> clients;  // by write order
+  std::vector<ClientRoundRow> clients;    // by write order
 
   bool committed() const { return status == "committed"; }
 };
@@ -109,8 +109,8 @@ struct EvaluationRow {
   std::optional<double> eval_ms;
   std::optional<double> accuracy;
   std::optional<double> loss;
-  std::optional<double> mae;   // v6
-  std::string reject_reason;   // v6: why fl-server refused the result; "" = accepted
+  std::optional<double> mae;  // v6
+  std::string reject_reason;  // v6: why fl-server refused the result; "" = accepted
 };
 
 // One row of `client_events` (v7): something fl-server refused from or did to a client outside its round rows.
@@ -128,9 +128,9 @@ struct ExperimentData {
   int schema_version = 0;
   bool has_phase_starts = false;  // the database has the v3 phase start columns
   ExperimentInfo experiment;
-  std::vector<ClientInfo> clients;  // by join time
-  std::vector<RoundAttempt> rounds;  // by (round, attempt)
-  std::vector<EvaluationRow> evaluations;  // by (round, attempt, client_id)
+  std::vector<ClientInfo> clients;            // by join time
+  std::vector<RoundAttempt> rounds;           // by (round, attempt)
+  std::vector<EvaluationRow> evaluations;     // by (round, attempt, client_id)
   std::vector<ClientEventRow> client_events;  // by time (empty before v7)
 
   // nullptr for an id not in `clients`.

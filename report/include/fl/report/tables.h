@@ -22,10 +22,10 @@ namespace fl::report {
 struct Cell {
   enum class Kind { kEmpty, kInt, kReal, kText };
   Cell() = default;
-  Cell(int64_t v) : kind(Kind::kInt), int_value(v) {}                  // NOLINT: implicit on purpose
-  Cell(double v) : kind(Kind::kReal), real_value(v) {}                 // NOLINT
-  Cell(std::string v) : kind(Kind::kText), text(std::move(v)) {}       // NOLINT
-  Cell(const char* v) : kind(Kind::kText), text(v) {}                  // NOLINT
+  Cell(int64_t v) : kind(Kind::kInt), int_value(v) {}             // NOLINT: implicit on purpose
+  Cell(double v) : kind(Kind::kReal), real_value(v) {}            // NOLINT
+  Cell(std::string v) : kind(Kind::kText), text(std::move(v)) {}  // NOLINT
+  Cell(const char* v) : kind(Kind::kText), text(v) {}             // NOLINT
 
   bool empty() const { return kind == Kind::kEmpty; }
   bool numeric() const { return kind == Kind::kInt || kind == Kind::kReal; }
@@ -41,8 +41,8 @@ struct Column {
   Column(std::string column_name, int digits = 1, std::string unit_suffix = "", double multiplier = 1)
       : name(std::move(column_name)), decimals(digits), suffix(std::move(unit_suffix)), scale(multiplier) {}
 
-  std::string name;  // snake_case with the unit suffix, as in CSV/JSON: "uplink_mean_ms"
-  int decimals = 1;  // digits after the point in text and HTML (CSV/JSON carry full precision)
+  std::string name;    // snake_case with the unit suffix, as in CSV/JSON: "uplink_mean_ms"
+  int decimals = 1;    // digits after the point in text and HTML (CSV/JSON carry full precision)
   std::string suffix;  // appended in text/HTML: "x" for ratios, "%" for shares shown as percent
   double scale = 1;    // multiplied in text/HTML only: 100 for shares shown as percent
 };

@@ -58,11 +58,11 @@ std::optional<InputProblem> CheckJoinRequestSizes(const fl::v1::JoinRequest& req
 
 // What the server knows when a train update's header arrives, to bound what the client reports.
 struct UpdateBounds {
-  uint64_t max_examples = 0;       // the update's weight: see RoundEngine (declared at Join, task config)
-  std::string examples_basis;      // why that bound, for the message ("the 600 train examples it declared at Join")
-  uint64_t max_steps = 0;          // metrics["num_steps"]
-  int64_t max_phase_ns = 0;        // time since the task was dispatched, plus slack
-  uint64_t max_phase_bytes = 0;    // bytes a phase can have moved (the model download, with headroom)
+  uint64_t max_examples = 0;     // the update's weight: see RoundEngine (declared at Join, task config)
+  std::string examples_basis;    // why that bound, for the message ("the 600 train examples it declared at Join")
+  uint64_t max_steps = 0;        // metrics["num_steps"]
+  int64_t max_phase_ns = 0;      // time since the task was dispatched, plus slack
+  uint64_t max_phase_bytes = 0;  // bytes a phase can have moved (the model download, with headroom)
 };
 
 // The client-reported numbers of a train update's header: num_examples in (0, max_examples]; metrics at

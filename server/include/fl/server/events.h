@@ -129,8 +129,7 @@ struct ShutdownEvent {
   std::string reason;
 };
 
-using EngineEvent = std::variant<JoinEvent, SessionOpenEvent, SessionMessageEvent, SessionClosedEvent,
-                                 DownloadEvent, DownloadDoneEvent, UploadStartEvent, UploadDoneEvent, LeaveEvent,
-                                 ShutdownEvent>;
+using EngineEvent = std::variant<JoinEvent, SessionOpenEvent, SessionMessageEvent, SessionClosedEvent, DownloadEvent,
+                                 DownloadDoneEvent, UploadStartEvent, UploadDoneEvent, LeaveEvent, ShutdownEvent>;
 
 }  // namespace fl::server

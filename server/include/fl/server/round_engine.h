@@ -57,35 +57,35 @@ struct EngineConfig {
   std::string experiment_id;  // stable id in the records; generated when empty
   std::string experiment_name = "experiment";
   uint32_t num_rounds = 5;
-  SelectionPolicy fit;                     // fraction_fit, min_fit_clients, min_available_clients
-  double fraction_evaluate = 1.0;          // of connected clients, each evaluation
+  SelectionPolicy fit;             // fraction_fit, min_fit_clients, min_available_clients
+  double fraction_evaluate = 1.0;  // of connected clients, each evaluation
   uint32_t min_evaluate_clients = 1;
-  uint32_t evaluate_every = 1;             // evaluate after every k-th committed round; 0: never
-  uint32_t round_deadline_ms = 120000;     // dispatch → last accepted update
+  uint32_t evaluate_every = 1;          // evaluate after every k-th committed round; 0: never
+  uint32_t round_deadline_ms = 120000;  // dispatch → last accepted update
   uint32_t evaluate_deadline_ms = 60000;
-  uint32_t max_round_attempts = 3;         // a round failed this often ends the experiment as failed
+  uint32_t max_round_attempts = 3;  // a round failed this often ends the experiment as failed
   uint64_t seed = 0;
-  fl::v1::TrainConfig train;               // sent with every train task
-  std::string aggregator = "mean";         // core::MakeAggregator name
-  std::string optimizer = "fedavg";        // core::MakeServerOptimizer spec, e.g. "fedadam:lr=0.03"
-  std::string uplink_codec = "fp32";       // core::MakeCodec spec for client updates (deltas)
-  std::string downlink_codec = "fp32";     // codec for model downloads
-  uint32_t upload_slots = 1;               // uploads buffered at once (bounds server memory)
-  uint32_t heartbeat_interval_ms = 5000;   // clients silent for 4 intervals are considered gone
+  fl::v1::TrainConfig train;              // sent with every train task
+  std::string aggregator = "mean";        // core::MakeAggregator name
+  std::string optimizer = "fedavg";       // core::MakeServerOptimizer spec, e.g. "fedadam:lr=0.03"
+  std::string uplink_codec = "fp32";      // core::MakeCodec spec for client updates (deltas)
+  std::string downlink_codec = "fp32";    // codec for model downloads
+  uint32_t upload_slots = 1;              // uploads buffered at once (bounds server memory)
+  uint32_t heartbeat_interval_ms = 5000;  // clients silent for 4 intervals are considered gone
   // Limits that keep one client from slowing the others (docs/round-engine.md, "Limits"); 0 turns an upload
   // limit off. The session limits are enforced by the gRPC reactors (service.cc), the upload ones here.
-  uint32_t session_max_messages_per_s = 50;   // per Session stream, on average (bursts up to twice that)
+  uint32_t session_max_messages_per_s = 50;    // per Session stream, on average (bursts up to twice that)
   uint32_t session_max_queued_messages = 256;  // server messages waiting for a client that does not read
   uint32_t session_hello_timeout_ms = 10000;   // a Session stream must send its SessionHello within this
   uint32_t upload_min_bytes_per_s = 4096;      // an admitted upload's average rate since it got its slot...
   uint32_t upload_rate_grace_ms = 5000;        // ...checked once it has held the slot this long
   uint32_t upload_message_timeout_ms = 30000;  // longest wait for the next message of an admitted upload
   uint32_t max_chunk_bytes = 1u << 20;
-  std::string checkpoint_dir;              // empty: no checkpoints (and no --resume)
+  std::string checkpoint_dir;  // empty: no checkpoints (and no --resume)
   uint32_t keep_checkpoints = 2;
-  std::string model_name;                  // informational, from the first client or checkpoint
-  std::string software_version;            // recorded with the experiment
-  bool print_table = true;                 // the per-round table on stdout (an observer, MakeConsoleTable)
+  std::string model_name;        // informational, from the first client or checkpoint
+  std::string software_version;  // recorded with the experiment
+  bool print_table = true;       // the per-round table on stdout (an observer, MakeConsoleTable)
   // Bounds on what clients declare and report (docs/round-engine.md, "Limits on what clients send").
   uint64_t max_model_values = uint64_t{1} << 29;  // a model spec above this (2 GiB of fp32) is refused at Join
   uint64_t max_client_examples = 1'000'000'000;   // train / test examples one client may declare at Join
@@ -264,8 +264,9 @@ class RoundEngine {
   void HandleSessionClosed(SessionClosedEvent& e);
   void HandleDownload(DownloadEvent& e);
   void HandleDownloadDone(const DownloadDoneEvent& e);
-  // The server's own view of the task's download, when it saw one, into the task's client_rounds row.
-  void FillServerDownlink(const TaskInfo& task, instrumentation::ClientRoundRecord& rec) const;
+  // The task's client_rounds row as far as the server knows it: who, which attempt, when dispatched, and the
+  // server's own view of the task's download when it saw one.
+  instrumentation::ClientRoundRecord TaskRow(const TaskInfo& task) const;
   void HandleUploadStart(UploadStartEvent& e);
   void HandleUploadDone(UploadDoneEvent& e);
   void HandleLeave(LeaveEvent& e);
@@ -361,15 +362,15 @@ class RoundEngine {
   rpc::EventLoop<EngineEvent> loop_;
   rpc::TimerId heartbeat_timer_ = 0;
   rpc::TimerId upload_timer_ = 0;
-  rpc::TimerId deadline_timer_ = 0;        // the open round's or evaluation's deadline
-  rpc::TimerId initial_model_timer_ = 0;   // the asked client's --initial-model-deadline-ms
+  rpc::TimerId deadline_timer_ = 0;       // the open round's or evaluation's deadline
+  rpc::TimerId initial_model_timer_ = 0;  // the asked client's --initial-model-deadline-ms
   rpc::TimerId drain_timer_ = 0;
 
   // ---- engine-thread state ----
   EngineState state_ = EngineState::kWaitingForModel;
   std::map<std::string, std::unique_ptr<ClientInfo>> clients_;  // by client id
-  std::string initial_model_client_;  // client asked for the initial weights
-  std::shared_ptr<const core::ModelSpec> pending_spec_;  // that client's spec, until its weights arrive
+  std::string initial_model_client_;                            // client asked for the initial weights
+  std::shared_ptr<const core::ModelSpec> pending_spec_;         // that client's spec, until its weights arrive
   std::string pending_model_name_;
   int64_t initial_model_asked_ns_ = 0;
   bool initial_model_upload_in_progress_ = false;  // its upload's header was admitted and it has not ended
@@ -402,7 +403,7 @@ class RoundEngine {
     bool revoked = false;
   };
   std::vector<ActiveUpload> active_uploads_;
-  std::set<std::string> untold_;      // see ClientsNotToldOfTheEnd
+  std::set<std::string> untold_;  // see ClientsNotToldOfTheEnd
   std::atomic<size_t> untold_count_{0};
   // Accepted updates whose client has not yet reported its own uplink time (task id -> round); waited on for
   // at most kUplinkReportGraceNs after the last round (kDraining), from drain_deadline_ns_ on.

@@ -18,9 +18,10 @@ namespace fl::server {
 // default (UNIMPLEMENTED with an empty message). The session limits of EngineConfig (messages per second,
 // unread messages, hello timeout) are enforced here, before anything reaches the engine.
 class FederationService final
-    : public fl::v1::Federation::WithRawCallbackMethod_Join<fl::v1::Federation::WithRawCallbackMethod_Session<
-          fl::v1::Federation::WithRawCallbackMethod_DownloadModel<fl::v1::Federation::WithRawCallbackMethod_UploadUpdate<
-              fl::v1::Federation::WithRawCallbackMethod_Leave<fl::v1::Federation::Service>>>>> {
+    : public fl::v1::Federation::WithRawCallbackMethod_Join<
+          fl::v1::Federation::WithRawCallbackMethod_Session<fl::v1::Federation::WithRawCallbackMethod_DownloadModel<
+              fl::v1::Federation::WithRawCallbackMethod_UploadUpdate<
+                  fl::v1::Federation::WithRawCallbackMethod_Leave<fl::v1::Federation::Service>>>>> {
  public:
   // `engine` must be started (its configuration holds the limits).
   explicit FederationService(RoundEngine* engine) : engine_(engine) {}

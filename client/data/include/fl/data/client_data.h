@@ -51,18 +51,18 @@ size_t ElementSize(ElementType type);                // 1, 4, 8
 
 // One split of one client's data, only its own rows.
 struct Examples {
-  std::string source;            // for messages: "/path/data.npz:x_train"
+  std::string source;  // for messages: "/path/data.npz:x_train"
   uint64_t n = 0;
-  std::vector<int64_t> x_shape;  // per example, without N
+  std::vector<int64_t> x_shape;                // per example, without N
   ElementType x_type = ElementType::kFloat32;  // uint8 or float32 (features); int64 (tokens, next-token)
   std::vector<uint8_t> x;        // n * prod(x_shape) elements of x_type, C order, native (little-endian) bytes
   std::vector<int64_t> y_shape;  // per example: {} for a scalar label/target
   ElementType y_type = ElementType::kInt64;  // int64 (labels, tokens) or float32 (regression targets)
   std::vector<uint8_t> y;
-  std::vector<uint32_t> rows;    // the row of the source array each example came from (for messages)
+  std::vector<uint32_t> rows;  // the row of the source array each example came from (for messages)
 
-  uint64_t x_elements() const;   // prod(x_shape)
-  uint64_t y_elements() const;   // prod(y_shape)
+  uint64_t x_elements() const;  // prod(x_shape)
+  uint64_t y_elements() const;  // prod(y_shape)
 };
 
 // Where the largest label (classification) or token id (next-token) is, for CheckLabelRange.
@@ -78,19 +78,19 @@ struct LabelRange {
 
 struct ClientData {
   Examples train, test;
-  std::string description;  // one line for logs: source, task, shapes, partition, sizes
+  std::string description;                              // one line for logs: source, task, shapes, partition, sizes
   std::optional<LabelRange> train_labels, test_labels;  // classification and next-token
 };
 
 struct DataOptions {
-  std::string path;                 // .npz file; a Fashion-MNIST IDX directory; or (next-token) a text file or a
-                                    // directory of text files
+  std::string path;  // .npz file; a Fashion-MNIST IDX directory; or (next-token) a text file or a
+                     // directory of text files
   Task task = Task::kClassification;
-  std::string partition = "iid";    // PartitionSpec::Parse syntax, including "natural"
+  std::string partition = "iid";  // PartitionSpec::Parse syntax, including "natural"
   uint32_t client_index = 0, num_clients = 1;
   uint64_t partition_seed = 0;
-  uint32_t seq_len = 64;            // next-token from plain text: tokens per example
-  double data_fraction = 1.0;       // (0,1]: keep the first ceil(f*n) of this client's train shard (as TorchTrainer)
+  uint32_t seq_len = 64;       // next-token from plain text: tokens per example
+  double data_fraction = 1.0;  // (0,1]: keep the first ceil(f*n) of this client's train shard (as TorchTrainer)
 };
 
 inline constexpr uint32_t kTextVocabulary = 256;  // byte-level tokens of a plain text corpus

@@ -31,7 +31,7 @@ inline constexpr std::array<std::string_view, kFashionMnistClasses> kFashionMnis
 
 enum class Split : uint8_t { kTrain = 0, kTest = 1 };
 
-std::string_view SplitName(Split split);               // "train", "test"
+std::string_view SplitName(Split split);                  // "train", "test"
 absl::StatusOr<Split> ParseSplit(std::string_view name);  // "train" | "test"
 
 // An image classification dataset held in memory.

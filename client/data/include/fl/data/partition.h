@@ -44,10 +44,10 @@ inline constexpr uint32_t kDefaultDirichletMaxAttempts = 1000;
 
 struct PartitionSpec {
   PartitionKind kind = PartitionKind::kIid;
-  double alpha = 0.0;                                      // dirichlet: concentration, > 0
-  uint32_t min_examples = kDefaultDirichletMinExamples;    // dirichlet: resample until every client has this
-  uint32_t max_attempts = kDefaultDirichletMaxAttempts;    // dirichlet: bound on the resampling
-  uint32_t shards_per_client = 0;                          // shards: >= 1
+  double alpha = 0.0;                                    // dirichlet: concentration, > 0
+  uint32_t min_examples = kDefaultDirichletMinExamples;  // dirichlet: resample until every client has this
+  uint32_t max_attempts = kDefaultDirichletMaxAttempts;  // dirichlet: bound on the resampling
+  uint32_t shards_per_client = 0;                        // shards: >= 1
 
   static PartitionSpec Iid();
   static PartitionSpec Dirichlet(double alpha, uint32_t min_examples = kDefaultDirichletMinExamples);
@@ -66,11 +66,9 @@ struct PartitionSpec {
 // Indices into `labels` for each of num_clients clients. Errors: invalid spec, no clients, more clients
 // (or shards) than examples, Dirichlet minimum impossible or not reached within max_attempts, a negative
 // label, and the natural kind (which needs client ids, not labels: PartitionNatural).
-absl::StatusOr<std::vector<std::vector<uint32_t>>> Partition(const PartitionSpec& spec,
-                                                             std::span<const uint8_t> labels,
+absl::StatusOr<std::vector<std::vector<uint32_t>>> Partition(const PartitionSpec& spec, std::span<const uint8_t> labels,
                                                              uint32_t num_clients, uint64_t seed);
-absl::StatusOr<std::vector<std::vector<uint32_t>>> Partition(const PartitionSpec& spec,
-                                                             std::span<const int64_t> labels,
+absl::StatusOr<std::vector<std::vector<uint32_t>>> Partition(const PartitionSpec& spec, std::span<const int64_t> labels,
                                                              uint32_t num_clients, uint64_t seed);
 
 // Client `client_index`'s part of Partition(spec, labels, num_clients, seed).
@@ -95,8 +93,8 @@ absl::StatusOr<std::vector<uint32_t>> PartitionNaturalFor(uint32_t client_index,
 
 // Number of examples of each class among `indices` (size num_classes). Errors: an index outside `labels`
 // or a label >= num_classes.
-absl::StatusOr<std::vector<uint32_t>> LabelHistogram(std::span<const uint8_t> labels,
-                                                     std::span<const uint32_t> indices, uint32_t num_classes);
+absl::StatusOr<std::vector<uint32_t>> LabelHistogram(std::span<const uint8_t> labels, std::span<const uint32_t> indices,
+                                                     uint32_t num_classes);
 
 // A deterministic train/validation split of a client's indices: floor(validation_fraction * size) indices,
 // drawn at random, go to validation; both parts are sorted ascending. validation_fraction in [0, 1).
@@ -104,7 +102,7 @@ struct TrainValidationSplit {
   std::vector<uint32_t> train;
   std::vector<uint32_t> validation;
 };
-absl::StatusOr<TrainValidationSplit> SplitTrainValidation(std::span<const uint32_t> indices,
-                                                          double validation_fraction, uint64_t seed);
+absl::StatusOr<TrainValidationSplit> SplitTrainValidation(std::span<const uint32_t> indices, double validation_fraction,
+                                                          uint64_t seed);
 
 }  // namespace fl::data

@@ -47,12 +47,12 @@
 namespace fl::client {
 
 struct ScriptTrainerOptions {
-  std::string model_path;       // a TorchScript .pt file
-  data::DataOptions data;       // where the data is, the task, the partition and this client's shard
+  std::string model_path;           // a TorchScript .pt file
+  data::DataOptions data;           // where the data is, the task, the partition and this client's shard
   std::string buffers = "average";  // "average" | "local"
-  std::string device = "auto";  // "auto" | "cpu" | "cuda"
-  int num_threads = 0;          // torch::set_num_threads (process-wide); 0 leaves torch's default
-  double slowdown = 1.0;        // device emulation, >= 1 (see TorchTrainerOptions)
+  std::string device = "auto";      // "auto" | "cpu" | "cuda"
+  int num_threads = 0;              // torch::set_num_threads (process-wide); 0 leaves torch's default
+  double slowdown = 1.0;            // device emulation, >= 1 (see TorchTrainerOptions)
 };
 
 class ScriptTrainer final : public Trainer {

@@ -64,8 +64,8 @@ struct TorchTrainerOptions {
   // Device emulation (fl-experiment): train on the first `data_fraction` of this client's shard, and slow
   // training to 1/slowdown of this machine's speed by idling (slowdown - 1) x each batch's compute time
   // after it: a duty cycle, so that train time ratios between emulated devices are realistic.
-  double data_fraction = 1.0;   // (0, 1]
-  double slowdown = 1.0;        // >= 1
+  double data_fraction = 1.0;  // (0, 1]
+  double slowdown = 1.0;       // >= 1
 };
 
 class TorchTrainer final : public Trainer {

@@ -50,23 +50,23 @@ class IslandMetrics;
 namespace fl::diloco {
 
 struct CoordinatorOptions {
-  std::string experiment_id;                // "" = generated ("<name>-<utc time>-<random>")
+  std::string experiment_id;  // "" = generated ("<name>-<utc time>-<random>")
   std::string experiment_name = "islands";
   IslandSchedule schedule;
-  uint32_t min_islands = 1;                 // Join answers are held until this many islands joined
-  uint32_t max_islands = 64;                // more live islands are refused
+  uint32_t min_islands = 1;                   // Join answers are held until this many islands joined
+  uint32_t max_islands = 64;                  // more live islands are refused
   std::optional<uint64_t> model_fingerprint;  // unset: the first admitted island's fingerprint is the model's
-  uint32_t heartbeat_interval_ms = 1000;    // told to islands
-  uint32_t heartbeat_timeout_ms = 10000;    // no heartbeat for this long: the island is evicted
-  uint32_t barrier_timeout_ms = 600000;     // BeginSync barrier, from its first arrival (> fetch + H steps)
-  uint32_t report_timeout_ms = 600000;      // SyncDone/SyncFailed, from an epoch's first report
-  uint32_t max_sync_attempts = 10;          // epochs of one key before the experiment fails
+  uint32_t heartbeat_interval_ms = 1000;      // told to islands
+  uint32_t heartbeat_timeout_ms = 10000;      // no heartbeat for this long: the island is evicted
+  uint32_t barrier_timeout_ms = 600000;       // BeginSync barrier, from its first arrival (> fetch + H steps)
+  uint32_t report_timeout_ms = 600000;        // SyncDone/SyncFailed, from an epoch's first report
+  uint32_t max_sync_attempts = 10;            // epochs of one key before the experiment fails
   // A member blamed for a failed exchange is evicted only if it has not reported the epoch itself within
   // this long (its own report proves it alive: the failure was the connection, not the island). Applies to
   // the first attempt of a sync; from the second attempt on a blame evicts at once, so that a pair that
   // keeps failing cannot loop. 0 = evict on the blame.
   uint32_t blame_grace_ms = 2000;
-  std::string software_version;             // recorded
+  std::string software_version;  // recorded
 
   // The clock of every deadline (heartbeats, barrier, reports, blame grace) and of the records' timestamps.
   const rpc::Clock* clock = rpc::SystemClock::Get();
@@ -83,15 +83,15 @@ struct CoordinatorOptions {
 
 // What the coordinator knows, for tests and logs.
 struct CoordinatorSnapshot {
-  std::vector<std::string> members;  // live members (admitted and not loading), in ring order
-  std::vector<std::string> loading;  // late joiners copying the state
+  std::vector<std::string> members;    // live members (admitted and not loading), in ring order
+  std::vector<std::string> loading;    // late joiners copying the state
   std::vector<std::string> connected;  // live islands whose session stream is open (hello received), by id
   uint64_t last_epoch = 0;
   std::optional<SyncKey> last_committed;
-  uint64_t hash_mismatches = 0;      // members whose hash differed from the majority, all syncs
-  uint64_t evictions = 0;            // departures other than refusals and the shutdown (leaving counts)
-  bool finished = false;             // the last sync of the schedule committed
-  std::string failure;               // set when the experiment failed (too many attempts of one sync)
+  uint64_t hash_mismatches = 0;  // members whose hash differed from the majority, all syncs
+  uint64_t evictions = 0;        // departures other than refusals and the shutdown (leaving counts)
+  bool finished = false;         // the last sync of the schedule committed
+  std::string failure;           // set when the experiment failed (too many attempts of one sync)
 };
 
 class Coordinator {

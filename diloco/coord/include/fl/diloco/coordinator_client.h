@@ -70,17 +70,17 @@ struct SyncKey {
 
 // The outer-step schedule, fixed by the coordinator's flags and identical for every island.
 struct IslandSchedule {
-  uint64_t inner_steps = 100;             // H: inner steps between two syncs of the same fragment
-  uint32_t num_fragments = 1;             // P: 1 = DiLoCo, > 1 = Streaming DiLoCo
+  uint64_t inner_steps = 100;                 // H: inner steps between two syncs of the same fragment
+  uint32_t num_fragments = 1;                 // P: 1 = DiLoCo, > 1 = Streaming DiLoCo
   std::string fragment_strategy = "strided";  // "strided", "sequential" or "balanced" (core::FragmentStrategy)
-  uint64_t overlap_steps = 0;             // tau: an exchange started at step t is applied at t + tau
-  double mixing_alpha = -1.0;             // alpha of theta_local mixing; negative = OuterOptions' default
+  uint64_t overlap_steps = 0;                 // tau: an exchange started at step t is applied at t + tau
+  double mixing_alpha = -1.0;                 // alpha of theta_local mixing; negative = OuterOptions' default
   std::string outer_optimizer = "nesterov:lr=0.7,momentum=0.9";  // core::MakeServerOptimizer spec
-  std::string codec = "fp32";             // data-plane codec, core::MakeCodec spec
-  bool error_feedback = false;            // keep codec residuals per fragment
-  uint32_t connections_per_peer = 1;      // ZeroMQ connections per ring neighbour
-  uint64_t total_outer_steps = 0;         // outer steps (rounds) per fragment to run; 0 = until stopped
-  uint32_t exchange_timeout_ms = 30000;   // RingOptions::timeout
+  std::string codec = "fp32";                                    // data-plane codec, core::MakeCodec spec
+  bool error_feedback = false;                                   // keep codec residuals per fragment
+  uint32_t connections_per_peer = 1;                             // ZeroMQ connections per ring neighbour
+  uint64_t total_outer_steps = 0;              // outer steps (rounds) per fragment to run; 0 = until stopped
+  uint32_t exchange_timeout_ms = 30000;        // RingOptions::timeout
   std::map<std::string, std::string> options;  // free-form run options for the islands (--island-option k=v)
 };
 
@@ -95,21 +95,21 @@ struct StateSource {
 
 // What an island says about itself when it joins.
 struct IslandJoinRequest {
-  std::string island_id;         // unique, stable across restarts ("island-a"); a metric label: keep it short
-  std::string data_endpoint;     // ZeroMQ endpoint its leader binds for the ring ("tcp://10.0.0.1:5555")
-  std::string state_endpoint;    // its StateServer's gRPC address ("10.0.0.1:6000"), for late joiners/repairs
-  uint32_t num_ranks = 1;        // data-parallel ranks in the island
+  std::string island_id;           // unique, stable across restarts ("island-a"); a metric label: keep it short
+  std::string data_endpoint;       // ZeroMQ endpoint its leader binds for the ring ("tcp://10.0.0.1:5555")
+  std::string state_endpoint;      // its StateServer's gRPC address ("10.0.0.1:6000"), for late joiners/repairs
+  uint32_t num_ranks = 1;          // data-parallel ranks in the island
   uint64_t model_fingerprint = 0;  // core::ModelSpec::fingerprint(); must equal the coordinator's
-  std::string model_name;        // informational
-  std::string software_version;  // fl-island version
-  std::string device_class;      // "gpu", "x86", ... (recorded)
-  std::string accelerator;       // e.g. "cuda:NVIDIA H100 80GB HBM3"; "" = CPU only (recorded)
+  std::string model_name;          // informational
+  std::string software_version;    // fl-island version
+  std::string device_class;        // "gpu", "x86", ... (recorded)
+  std::string accelerator;         // e.g. "cuda:NVIDIA H100 80GB HBM3"; "" = CPU only (recorded)
 };
 
 // The coordinator's answer to Join.
 struct Assignment {
   std::string experiment_id;
-  uint64_t join_seq = 0;           // admission order; the ring order sorts members by it
+  uint64_t join_seq = 0;  // admission order; the ring order sorts members by it
   IslandSchedule schedule;
   // Unset: fresh start from the (seeded, identical) initial model at step 0. Set: late join; the island
   // must FetchState from it, verify the hash, ReportStateLoaded, and continue after source->key.
@@ -119,8 +119,8 @@ struct Assignment {
 
 // One membership epoch for one sync: who takes part, in ring order (identical for every member).
 struct SyncPlan {
-  uint64_t epoch = 0;      // globally increasing; a retry of the same key gets a new epoch
-  uint32_t attempt = 0;    // 0 for the first epoch of this key, 1 for the first retry, ...
+  uint64_t epoch = 0;    // globally increasing; a retry of the same key gets a new epoch
+  uint32_t attempt = 0;  // 0 for the first epoch of this key, 1 for the first retry, ...
   SyncKey key;
   std::vector<RingMember> members;  // ring order
   size_t self_index = 0;            // this island's index in `members`
@@ -153,7 +153,7 @@ struct Verdict {
 struct CoordinatorClientOptions {
   absl::Duration connect_timeout = absl::Minutes(10);  // Join may wait for the first cohort / an in-flight sync
   absl::Duration rpc_timeout = absl::Minutes(30);      // BeginSync / Report* wait on the other islands
-  bool send_heartbeats = true;  // false only in tests (an island whose heartbeats stop)
+  bool send_heartbeats = true;                         // false only in tests (an island whose heartbeats stop)
 };
 
 // True for the errors after which the island must Rejoin() and copy the state (it was evicted, or a sync

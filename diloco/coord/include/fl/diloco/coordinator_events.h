@@ -77,8 +77,8 @@ struct CallOnLoop {
   std::function<void()> fn;
 };
 
-using CoordinatorEvent = std::variant<JoinEvent, BeginSyncEvent, SyncDoneEvent, SyncFailedEvent, StateLoadedEvent,
-                                      LeaveEvent, SessionOpenedEvent, HeartbeatEvent, SessionClosedEvent,
-                                      ShutdownEvent, CallOnLoop>;
+using CoordinatorEvent =
+    std::variant<JoinEvent, BeginSyncEvent, SyncDoneEvent, SyncFailedEvent, StateLoadedEvent, LeaveEvent,
+                 SessionOpenedEvent, HeartbeatEvent, SessionClosedEvent, ShutdownEvent, CallOnLoop>;
 
 }  // namespace fl::diloco

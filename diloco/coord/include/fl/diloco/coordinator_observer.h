@@ -22,8 +22,8 @@ struct RunChange {
   RunState from;
   RunState to;
   RunTrigger trigger;
-  std::string_view reason;  // kSyncGaveUp: the failure; kShutdown: why; "" otherwise
-  size_t cohort = 0;        // kCohortComplete: islands in the first cohort
+  std::string_view reason;     // kSyncGaveUp: the failure; kShutdown: why; "" otherwise
+  size_t cohort = 0;           // kCohortComplete: islands in the first cohort
   std::optional<SyncKey> key;  // kLastSyncCommitted: the last sync
 };
 
@@ -34,9 +34,9 @@ struct IslandChange {
   IslandState from;
   IslandState to;
   IslandTrigger trigger;
-  std::string_view reason;  // departures and refusals: why, in words (kLeft: the island's own reason)
-  int64_t unix_ms = 0;      // when, on the coordinator's clock
-  int64_t live_islands = 0;  // members (loading, active, repairing) after the transition
+  std::string_view reason;              // departures and refusals: why, in words (kLeft: the island's own reason)
+  int64_t unix_ms = 0;                  // when, on the coordinator's clock
+  int64_t live_islands = 0;             // members (loading, active, repairing) after the transition
   const StateSource* source = nullptr;  // kAdmittedLate, kRepairOrdered: where it copies the state from
   std::optional<SyncKey> key;           // kStateLoaded, kRepaired, kRepairOrdered: the sync of that state
   uint64_t epoch = 0;                   // kRepaired, kRepairOrdered: the epoch whose verdict ordered the repair
@@ -46,10 +46,10 @@ struct IslandChange {
 struct EpochInfo {
   uint64_t number = 0;  // globally increasing; the ring's exchange id
   SyncKey key;
-  uint32_t attempt = 0;                // 0 for the key's first epoch
-  std::vector<std::string> members;    // ring order (admission order)
-  std::vector<uint64_t> join_seqs;     // of `members`, same order
-  double barrier_ms = 0;               // first arrival at the barrier -> formed
+  uint32_t attempt = 0;              // 0 for the key's first epoch
+  std::vector<std::string> members;  // ring order (admission order)
+  std::vector<uint64_t> join_seqs;   // of `members`, same order
+  double barrier_ms = 0;             // first arrival at the barrier -> formed
   int64_t formed_unix_ms = 0;
 };
 
@@ -74,9 +74,9 @@ struct MemberResult {
   uint64_t join_seq = 0;
   size_t ring_index = 0;
   bool reported = false;
-  bool applied = false;      // reported SyncDone (else SyncFailed, or nothing)
-  uint64_t state_hash = 0;   // with `applied`
-  SyncStats stats;           // with `reported`
+  bool applied = false;     // reported SyncDone (else SyncFailed, or nothing)
+  uint64_t state_hash = 0;  // with `applied`
+  SyncStats stats;          // with `reported`
   std::string failure_reason;
   std::string vanished_island;
   int64_t reported_unix_ms = 0;
@@ -90,8 +90,8 @@ struct MemberResult {
 struct EpochResolution {
   EpochOutcome outcome = EpochOutcome::kRetried;
   std::optional<uint64_t> committed_hash;
-  int agreeing = 0;           // live members that applied the committed hash
-  std::string reason;         // retried, abandoned, given up: why
+  int agreeing = 0;    // live members that applied the committed hash
+  std::string reason;  // retried, abandoned, given up: why
   int64_t resolved_unix_ms = 0;
   std::vector<MemberResult> members;  // ring order; empty when abandoned
 };

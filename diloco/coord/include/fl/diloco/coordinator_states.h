@@ -69,12 +69,12 @@ enum class IslandTrigger : uint8_t {
 };
 enum class IslandEffect : uint8_t {
   kNone,
-  kAnswerJoin,        // send the held Join's answer; start watching its heartbeats
-  kRefuseJoin,        // answer the held Join with the error
-  kHoldState,         // it holds the committed state now: a source for late joiners
-  kEvict,             // push IslandEvicted on its session, close it, fail its held BeginSyncs ("rejoin")
-  kRelease,           // close its session without a message, fail its held BeginSyncs
-  kShutdownSession,   // push IslandShutdown on its session and close it
+  kAnswerJoin,       // send the held Join's answer; start watching its heartbeats
+  kRefuseJoin,       // answer the held Join with the error
+  kHoldState,        // it holds the committed state now: a source for late joiners
+  kEvict,            // push IslandEvicted on its session, close it, fail its held BeginSyncs ("rejoin")
+  kRelease,          // close its session without a message, fail its held BeginSyncs
+  kShutdownSession,  // push IslandShutdown on its session and close it
 };
 
 // ---- One sync key ----

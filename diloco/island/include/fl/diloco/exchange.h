@@ -49,17 +49,17 @@ struct ExchangeOutcome {
   Kind kind = Kind::kFailed;
   SyncKey key;
   std::vector<float> values;
-  std::optional<SyncPlan> plan;        // the epoch that succeeded (kAveraged)
-  std::optional<StateSource> source;   // kRepair
+  std::optional<SyncPlan> plan;       // the epoch that succeeded (kAveraged)
+  std::optional<StateSource> source;  // kRepair
   absl::Status error;
   // Over every attempt of this sync.
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
-  double exchange_seconds = 0;         // ring time
-  double total_seconds = 0;            // Start .. result ready (barrier + ring + retries)
-  double wait_seconds = 0;             // how long Wait() blocked
+  double exchange_seconds = 0;  // ring time
+  double total_seconds = 0;     // Start .. result ready (barrier + ring + retries)
+  double wait_seconds = 0;      // how long Wait() blocked
   uint32_t attempts = 0;
-  size_t ring_size = 0;                // members of the successful epoch
+  size_t ring_size = 0;  // members of the successful epoch
 };
 
 class Exchanger {

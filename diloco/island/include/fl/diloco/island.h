@@ -38,19 +38,19 @@ struct IslandOptions {
   std::string island_id = "island-0";  // unique among islands
   size_t shard = 0;                    // training shard of this island
   size_t num_shards = 1;
-  size_t rank = 0;                     // data-parallel rank in the island; 0 = leader
-  size_t ranks = 1;                    // R
+  size_t rank = 0;   // data-parallel rank in the island; 0 = leader
+  size_t ranks = 1;  // R
   // Rendezvous of the island's c10d process group: "host:port" of a c10d TCPStore served by rank 0
   // ("data-parallel" + dp_transport gloo: the store of the one global group, served by island 0 rank 0).
   std::string pg_store = "127.0.0.1:29500";
-  std::string device = "auto";         // "auto" | "cpu" | "cuda" (see ChooseDevice)
-  int cuda_device = -1;                // "cuda": the GPU index; -1 = (shard x ranks + rank) mod visible GPUs
-  int threads = 1;                     // intra-op threads of this rank
+  std::string device = "auto";  // "auto" | "cpu" | "cuda" (see ChooseDevice)
+  int cuda_device = -1;         // "cuda": the GPU index; -1 = (shard x ranks + rank) mod visible GPUs
+  int threads = 1;              // intra-op threads of this rank
 
   // Model and data (see src/train_task.h).
-  std::string model = "char-lm";       // "char-lm" | "cnn" | a TorchScript .pt file (docs/models-and-data.md)
-  std::string data_dir;                // empty = the task's Debian package directory
-  std::string data;                    // TorchScript models: .npz / IDX directory / text corpus
+  std::string model = "char-lm";        // "char-lm" | "cnn" | a TorchScript .pt file (docs/models-and-data.md)
+  std::string data_dir;                 // empty = the task's Debian package directory
+  std::string data;                     // TorchScript models: .npz / IDX directory / text corpus
   std::string task = "classification";  // TorchScript models: classification | regression | next-token
   uint64_t seed = 1;
   int64_t batch_size = 32;
@@ -64,16 +64,16 @@ struct IslandOptions {
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.95;
-  uint64_t warmup_steps = 50;          // linear learning-rate warm-up from 0
-  uint64_t total_steps = 1000;         // inner steps T (the same for every method: same tokens)
-  uint64_t eval_every = 0;             // 0 = evaluate only at the end
+  uint64_t warmup_steps = 50;   // linear learning-rate warm-up from 0
+  uint64_t total_steps = 1000;  // inner steps T (the same for every method: same tokens)
+  uint64_t eval_every = 0;      // 0 = evaluate only at the end
 
   // Cross-island.
-  std::string mode = "diloco";         // "diloco" | "data-parallel"
-  std::string dp_transport = "gloo";   // data-parallel only: "gloo" | "ring"
-  OuterOptions outer;                  // H, P, strategy, τ, α, outer optimizer
-  std::string codec = "fp32";          // ring codec: fp32, bf16, int8, int4, fp4 (any core::MakeCodec spec)
-  bool error_feedback = true;          // for lossy codecs
+  std::string mode = "diloco";        // "diloco" | "data-parallel"
+  std::string dp_transport = "gloo";  // data-parallel only: "gloo" | "ring"
+  OuterOptions outer;                 // H, P, strategy, τ, α, outer optimizer
+  std::string codec = "fp32";         // ring codec: fp32, bf16, int8, int4, fp4 (any core::MakeCodec spec)
+  bool error_feedback = true;         // for lossy codecs
   int connections_per_peer = 1;
   double exchange_timeout_s = 30;
   std::string data_endpoint = "tcp://127.0.0.1:0";  // what the leader binds for the ring
@@ -82,13 +82,13 @@ struct IslandOptions {
   std::string advertised_endpoint;
   // Membership: coordinator "host:port" (fl-coordinator), or a static ring when empty.
   std::string coordinator;
-  std::vector<std::string> peers;      // static ring: "id=endpoint" in ring order, this island included
+  std::vector<std::string> peers;  // static ring: "id=endpoint" in ring order, this island included
   // Endpoint of the state server (late joiners fetch θ_global + outer state from here); "" = none.
   std::string state_endpoint;
 
   // Outputs.
-  std::string summary_path;            // JSON summary written here at the end by every rank ("" = none)
-  std::string metrics_path;            // leader appends one JSON line per sync and per eval ("" = none)
+  std::string summary_path;  // JSON summary written here at the end by every rank ("" = none)
+  std::string metrics_path;  // leader appends one JSON line per sync and per eval ("" = none)
 
   absl::Status Validate() const;
   // The index ChooseDevice maps onto a GPU (mod the GPU count): ranks counted over the islands, so that
@@ -101,24 +101,24 @@ struct IslandOptions {
 struct IslandSummary {
   std::string island_id;
   std::string mode;
-  uint64_t steps = 0;               // inner steps this island ran (a late joiner runs fewer)
-  uint64_t first_step = 0;          // 0, or the step a late joiner started from
-  uint64_t units = 0;               // tokens (char-lm) or examples (cnn) this island trained on
-  double final_eval_loss = 0;       // of θ_global ("diloco") or the model ("data-parallel")
-  double final_local_eval_loss = 0; // of this island's local replica at the end
-  uint64_t bytes_sent = 0;          // across islands, this island's leader
+  uint64_t steps = 0;                // inner steps this island ran (a late joiner runs fewer)
+  uint64_t first_step = 0;           // 0, or the step a late joiner started from
+  uint64_t units = 0;                // tokens (char-lm) or examples (cnn) this island trained on
+  double final_eval_loss = 0;        // of θ_global ("diloco") or the model ("data-parallel")
+  double final_local_eval_loss = 0;  // of this island's local replica at the end
+  uint64_t bytes_sent = 0;           // across islands, this island's leader
   uint64_t bytes_received = 0;
-  uint64_t peak_sync_bytes = 0;     // most bytes sent in one sync (one fragment exchange / one step)
-  uint64_t syncs = 0;               // exchanges applied
-  uint64_t retries = 0;             // exchanges retried after a peer failure
+  uint64_t peak_sync_bytes = 0;  // most bytes sent in one sync (one fragment exchange / one step)
+  uint64_t syncs = 0;            // exchanges applied
+  uint64_t retries = 0;          // exchanges retried after a peer failure
   double wall_s = 0;
-  double compute_s = 0;             // inner steps (forward, backward, intra-island all-reduce, AdamW)
-  double exchange_s = 0;            // ring all-reduce time (background thread)
-  double wait_s = 0;                // time compute waited on the cross-island exchange
-  uint64_t state_hash = 0;          // OuterState::Hash at the end ("diloco")
-  uint64_t outer_steps = 0;         // sum over fragments
+  double compute_s = 0;      // inner steps (forward, backward, intra-island all-reduce, AdamW)
+  double exchange_s = 0;     // ring all-reduce time (background thread)
+  double wait_s = 0;         // time compute waited on the cross-island exchange
+  uint64_t state_hash = 0;   // OuterState::Hash at the end ("diloco")
+  uint64_t outer_steps = 0;  // sum over fragments
   bool late_joined = false;
-  uint64_t local_model_hash = 0;    // Checksum64 of this rank's replica at the end (equal on an island's ranks)
+  uint64_t local_model_hash = 0;  // Checksum64 of this rank's replica at the end (equal on an island's ranks)
   std::string ToJson() const;
 };
 
@@ -135,7 +135,7 @@ struct DeviceFacts {
 // The device one rank trains on, and why it was chosen (fl-island logs the reason).
 struct DeviceChoice {
   bool cuda = false;
-  int index = -1;        // cuda: the GPU of this rank
+  int index = -1;  // cuda: the GPU of this rank
   std::string reason;
   std::string Name() const;  // "cpu" | "cuda:1"
 };

@@ -15,9 +15,9 @@ namespace fl::diloco {
 
 struct IslandsExperimentConfig {
   std::string name;
-  std::string method;                // label for the table: "data-parallel", "diloco", "streaming", ...
-  std::string mode = "diloco";       // fl-island --mode: diloco | data-parallel
-  std::string dp_transport = "gloo"; // data-parallel: gloo | ring
+  std::string method;                 // label for the table: "data-parallel", "diloco", "streaming", ...
+  std::string mode = "diloco";        // fl-island --mode: diloco | data-parallel
+  std::string dp_transport = "gloo";  // data-parallel: gloo | ring
   uint32_t islands = 2;
   uint32_t ranks_per_island = 1;
   uint32_t threads_per_rank = 1;
@@ -26,10 +26,10 @@ struct IslandsExperimentConfig {
   std::vector<std::string> island_args;
   // Outer loop (handed to the coordinator, which hands it to the islands).
   uint64_t total_steps = 600;
-  uint64_t inner_steps = 100;        // H
-  uint32_t fragments = 1;            // P
+  uint64_t inner_steps = 100;  // H
+  uint32_t fragments = 1;      // P
   std::string fragment_strategy = "strided";
-  uint64_t overlap_steps = 0;        // tau
+  uint64_t overlap_steps = 0;  // tau
   double mixing_alpha = -1.0;
   std::string outer_optimizer = "nesterov:lr=0.7,momentum=0.9";
   std::string codec = "fp32";
@@ -51,21 +51,21 @@ absl::StatusOr<IslandsExperimentConfig> LoadIslandsExperiment(const std::string&
 struct IslandsExperimentResult {
   std::string name;
   std::string method;
-  double final_eval_loss = 0;        // mean over islands of θ_global's (DiLoCo) / the model's eval loss
-  uint64_t bytes_sent = 0;           // summed over islands (cross-island traffic)
-  uint64_t peak_sync_bytes = 0;      // max over islands of the bytes one island sent in one sync
-  double wall_s = 0;                 // max over islands
-  double wait_s = 0;                 // mean over islands of time compute waited on the network
-  double wait_share = 0;             // wait_s / wall_s
-  uint64_t units = 0;                // tokens (char-lm) or examples (cnn), all islands
-  bool hashes_equal = true;          // DiLoCo: every island's final state hash is the same
+  double final_eval_loss = 0;    // mean over islands of θ_global's (DiLoCo) / the model's eval loss
+  uint64_t bytes_sent = 0;       // summed over islands (cross-island traffic)
+  uint64_t peak_sync_bytes = 0;  // max over islands of the bytes one island sent in one sync
+  double wall_s = 0;             // max over islands
+  double wait_s = 0;             // mean over islands of time compute waited on the network
+  double wait_share = 0;         // wait_s / wall_s
+  uint64_t units = 0;            // tokens (char-lm) or examples (cnn), all islands
+  bool hashes_equal = true;      // DiLoCo: every island's final state hash is the same
   std::string ToJson() const;
 };
 
 struct LaunchPaths {
-  std::string fl_island;             // path of the fl-island binary
-  std::string fl_coordinator;        // path of the fl-coordinator binary (the islands coordinator)
-  std::string out_dir;               // summaries, logs, metrics, records.db
+  std::string fl_island;       // path of the fl-island binary
+  std::string fl_coordinator;  // path of the fl-coordinator binary (the islands coordinator)
+  std::string out_dir;         // summaries, logs, metrics, records.db
 };
 
 // Runs the experiment to the end (blocking). Errors: bad config, a process that fails (its log named).

@@ -32,10 +32,10 @@
 namespace fl::diloco {
 
 struct OuterOptions {
-  uint64_t inner_steps = 100;   // H: inner steps between two syncs of the same fragment
-  size_t num_fragments = 1;     // P: 1 = DiLoCo; > 1 = Streaming DiLoCo (must divide H)
+  uint64_t inner_steps = 100;  // H: inner steps between two syncs of the same fragment
+  size_t num_fragments = 1;    // P: 1 = DiLoCo; > 1 = Streaming DiLoCo (must divide H)
   core::FragmentStrategy strategy = core::FragmentStrategy::kStrided;
-  uint64_t overlap_steps = 0;   // τ: an exchange started at step t is applied at t + τ (τ < H/P)
+  uint64_t overlap_steps = 0;  // τ: an exchange started at step t is applied at t + τ (τ < H/P)
   // α in θ_local ← α·θ_local + (1−α)·θ_global. Negative = default: 0 without overlap (DiLoCo replaces the
   // local model), 0.5 with overlap (the paper's choice; torchft's fragment_update_alpha).
   double mixing_alpha = -1.0;

@@ -28,9 +28,9 @@ namespace fl::diloco {
 inline constexpr std::string_view kDefaultFortunesDir = "/usr/share/games/fortunes";
 
 struct CharCorpus {
-  std::string vocab;             // id -> byte
-  std::vector<uint8_t> train;    // token ids
-  std::vector<uint8_t> eval;     // token ids
+  std::string vocab;           // id -> byte
+  std::vector<uint8_t> train;  // token ids
+  std::vector<uint8_t> eval;   // token ids
   size_t num_entries = 0;
   size_t vocab_size() const { return vocab.size(); }
 };

@@ -115,11 +115,11 @@ struct RingMember {
 };
 
 struct RingOptions {
-  std::vector<RingMember> members;  // ring order, fixed by the coordinator; identical on every member
-  size_t self = 0;                  // index of this member in `members`
-  std::string codec = "fp32";       // any fl::core::MakeCodec spec: fp32, bf16, int8[:block], int4, fp4 ...
-  bool error_feedback = false;      // keep the codec's residual per residual_key and add it next time
-  int connections_per_peer = 1;     // stripes each transfer over N ZeroMQ connections (1..16)
+  std::vector<RingMember> members;             // ring order, fixed by the coordinator; identical on every member
+  size_t self = 0;                             // index of this member in `members`
+  std::string codec = "fp32";                  // any fl::core::MakeCodec spec: fp32, bf16, int8[:block], int4, fp4 ...
+  bool error_feedback = false;                 // keep the codec's residual per residual_key and add it next time
+  int connections_per_peer = 1;                // stripes each transfer over N ZeroMQ connections (1..16)
   absl::Duration timeout = absl::Seconds(30);  // per exchange; a vanished peer -> Unavailable/DeadlineExceeded
   size_t sub_chunk_values = size_t{1} << 20;   // values per message (4 MiB of fp32); pipelining granularity
   absl::Duration linger = absl::Seconds(2);    // how long the destructor lets queued messages drain to live peers
@@ -131,12 +131,12 @@ struct RingOptions {
 enum class ReduceOp { kMean, kSum };
 
 struct ExchangeStats {
-  uint64_t bytes_sent = 0;      // bytes of every frame this member sent in the exchange (headers included)
-  uint64_t bytes_received = 0;  // bytes of every frame it received and used
-  double seconds = 0;           // wall time of AllReduce
-  double encode_seconds = 0;    // time spent encoding (part of `seconds`); fp32: queueing zero-copy messages
-  double decode_seconds = 0;    // time spent validating, decoding and adding received payloads
-  uint64_t stale_discarded = 0; // messages of an older exchange or another ring that were dropped
+  uint64_t bytes_sent = 0;       // bytes of every frame this member sent in the exchange (headers included)
+  uint64_t bytes_received = 0;   // bytes of every frame it received and used
+  double seconds = 0;            // wall time of AllReduce
+  double encode_seconds = 0;     // time spent encoding (part of `seconds`); fp32: queueing zero-copy messages
+  double decode_seconds = 0;     // time spent validating, decoding and adding received payloads
+  uint64_t stale_discarded = 0;  // messages of an older exchange or another ring that were dropped
 };
 
 // A 64-bit fingerprint of the ring (ids and endpoints in order): tags every message so that messages of an
@@ -191,8 +191,8 @@ class RingAllReduce {
   // residuals are unchanged). Saves the in-place call's final copy of the whole vector from scratch memory:
   // the result is built in `out` directly. With codec fp32, ZeroMQ sends straight from `in` and `out`;
   // both are released by ZeroMQ before this returns, success or error.
-  absl::Status AllReduce(uint64_t exchange_id, uint64_t residual_key, std::span<const float> in,
-                         std::span<float> out, ReduceOp op, ExchangeStats* stats);
+  absl::Status AllReduce(uint64_t exchange_id, uint64_t residual_key, std::span<const float> in, std::span<float> out,
+                         ReduceOp op, ExchangeStats* stats);
 
   // Forgets the error-feedback residual of `residual_key` (e.g. when a fragment's layout changed).
   void ResetResidual(uint64_t residual_key);

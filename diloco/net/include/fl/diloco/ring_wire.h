@@ -13,7 +13,7 @@
 namespace fl::diloco::wire {
 
 inline constexpr uint32_t kMagic = 0x47524c46;  // "FLRG" read as little-endian u32
-inline constexpr uint8_t kVersion = 2;  // 2: payload kind in the header, raw fp32 payloads
+inline constexpr uint8_t kVersion = 2;          // 2: payload kind in the header, raw fp32 payloads
 inline constexpr size_t kHeaderBytes = 64;
 
 enum class MessageType : uint8_t {
@@ -35,15 +35,15 @@ std::string_view PayloadKindName(PayloadKind kind);  // "codec", "raw fp32"
 
 struct Header {
   MessageType type = MessageType::kHello;
-  uint64_t ring = 0;         // RingFingerprint(members)
+  uint64_t ring = 0;  // RingFingerprint(members)
   uint64_t exchange_id = 0;
-  uint32_t sender = 0;       // index of the member that sent this message (the receiver's predecessor)
+  uint32_t sender = 0;  // index of the member that sent this message (the receiver's predecessor)
   uint32_t step = 0;
   uint32_t chunk = 0;
   uint32_t sub = 0;
-  uint64_t offset = 0;       // index of the first value in the whole vector
-  uint64_t count = 0;        // values in the payload
-  uint64_t total = 0;        // values in the whole vector
+  uint64_t offset = 0;  // index of the first value in the whole vector
+  uint64_t count = 0;   // values in the payload
+  uint64_t total = 0;   // values in the whole vector
   PayloadKind payload = PayloadKind::kCodec;
 };
 
