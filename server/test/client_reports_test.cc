@@ -286,15 +286,7 @@ TEST_P(BadUpdateTest, IsRefusedWithTheFieldAndARecordedReasonAndNeverCounts) {
     }
   }
   ASSERT_EQ(task.kind(), fl::v1::TASK_KIND_TRAIN);
-  fl::v1::UpdateHeader h;
-  h.set_client_id(session->joined.client_id());
-  h.set_session_token(session->joined.session_token());
-  h.set_task_id(task.task_id());
-  h.set_round(task.round());
-  h.set_model_fingerprint(client::SyntheticTrainer(kParams, 10, 1).spec().fingerprint());
-  h.set_kind(fl::v1::UPDATE_KIND_DELTA);
-  h.set_num_examples(500);
-  h.set_codec("fp32");
+  fl::v1::UpdateHeader h = DeltaHeader(session->joined.client_id(), session->joined.session_token(), task, 500);
   (*h.mutable_metrics())["train_loss"] = 0.5;
   (*h.mutable_metrics())["num_steps"] = 10;
   bad.mutate(h);
@@ -401,15 +393,7 @@ fl::v1::UploadUpdateResponse RunRawWithPongs(RawClient& raw, RawClient::Session&
       continue;
     }
     if (!msg.has_task()) continue;
-    fl::v1::UpdateHeader h;
-    h.set_client_id(session.joined.client_id());
-    h.set_session_token(session.joined.session_token());
-    h.set_task_id(msg.task().task_id());
-    h.set_round(msg.task().round());
-    h.set_model_fingerprint(client::SyntheticTrainer(kParams, 10, 1).spec().fingerprint());
-    h.set_kind(fl::v1::UPDATE_KIND_DELTA);
-    h.set_num_examples(500);
-    h.set_codec("fp32");
+    fl::v1::UpdateHeader h = DeltaHeader(session.joined.client_id(), session.joined.session_token(), msg.task(), 500);
     *h.add_timings() = Timing(fl::v1::PHASE_TRAIN, train_start_client_ns, 1'000'000);
     std::vector<uint8_t> payload;
     EXPECT_TRUE((*core::MakeCodec("fp32"))->Encode(std::vector<float>(kParams, 0.0f), &payload).ok());
@@ -573,15 +557,8 @@ TEST(ClientReportsTest, WithANormBoundOneClientCannotSetTheGlobalModel) {
   fl::v1::ServerMessage msg;
   while (session->stream->Read(&msg)) {
     if (!msg.has_task()) continue;
-    fl::v1::UpdateHeader h;
-    h.set_client_id(session->joined.client_id());
-    h.set_session_token(session->joined.session_token());
-    h.set_task_id(msg.task().task_id());
-    h.set_round(msg.task().round());
-    h.set_model_fingerprint(client::SyntheticTrainer(kParams, 10, 1).spec().fingerprint());
-    h.set_kind(fl::v1::UPDATE_KIND_DELTA);
-    h.set_num_examples(1000);
-    h.set_codec("fp32");
+    fl::v1::UpdateHeader h =
+        DeltaHeader(session->joined.client_id(), session->joined.session_token(), msg.task(), 1000);
     std::vector<uint8_t> payload;
     ASSERT_TRUE((*core::MakeCodec("fp32"))->Encode(std::vector<float>(kParams, 1e18f), &payload).ok());
     EXPECT_EQ(raw.Upload(h, payload).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);

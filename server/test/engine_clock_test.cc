@@ -181,18 +181,8 @@ class EngineClockTest : public ::testing::Test {
     return task;
   }
 
-  fl::v1::UpdateHeader Header(const TestClient& c, const fl::v1::Task& task) {
-    fl::v1::UpdateHeader h;
-    h.set_client_id(c.id);
-    h.set_session_token(c.token);
-    h.set_task_id(task.task_id());
-    h.set_round(task.round());
-    h.set_model_fingerprint(client::SyntheticTrainer(kParams, 10, 1).spec().fingerprint());
-    h.set_kind(fl::v1::UPDATE_KIND_DELTA);
-    h.set_num_examples(10);
-    h.set_codec("fp32");
-    h.set_payload_bytes((*core::MakeCodec("fp32"))->EncodedSize(kParams));
-    return h;
+  static fl::v1::UpdateHeader Header(const TestClient& c, const fl::v1::Task& task) {
+    return test_harness::DeltaHeader(c.id, c.token, task, 10);
   }
 
   // Starts an upload; true when the engine admitted it (gave it a slot).

@@ -16,6 +16,7 @@
 #include "fl/client/session.h"
 #include "fl/client/synthetic_trainer.h"
 #include "fl/core/checksum.h"
+#include "fl/core/codec.h"
 #include "fl/core/str_cat.h"
 #include "fl/instrumentation/record_store.h"
 #include "fl/instrumentation/server_metrics.h"
@@ -100,6 +101,23 @@ struct RunningClient {
     }
   }
 };
+
+// The header of an fp32 delta of the synthetic model (kParams values) for `task`: what a well-behaved client
+// sends, for tests to change the one field they are about. payload_bytes is the fp32 payload's size.
+inline fl::v1::UpdateHeader DeltaHeader(const std::string& client_id, const std::string& token,
+                                        const fl::v1::Task& task, uint64_t num_examples) {
+  fl::v1::UpdateHeader h;
+  h.set_client_id(client_id);
+  h.set_session_token(token);
+  h.set_task_id(task.task_id());
+  h.set_round(task.round());
+  h.set_model_fingerprint(client::SyntheticTrainer(kParams, 10, 1).spec().fingerprint());
+  h.set_kind(fl::v1::UPDATE_KIND_DELTA);
+  h.set_num_examples(num_examples);
+  h.set_codec("fp32");
+  h.set_payload_bytes((*core::MakeCodec("fp32"))->EncodedSize(kParams));
+  return h;
+}
 
 // A start point whose model is the SyntheticTrainer's for `seed`: the experiment's model is fixed from the
 // start, so tests do not depend on which client happens to join first.

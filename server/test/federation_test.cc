@@ -275,15 +275,7 @@ TEST(FederationTest, RejectsBadUpdatesWithAReasonAndKeepsTheModelClean) {
   ASSERT_EQ(task.kind(), fl::v1::TASK_KIND_TRAIN);
 
   auto codec = *core::MakeCodec("fp32");
-  fl::v1::UpdateHeader h;
-  h.set_client_id(joined.client_id());
-  h.set_session_token(joined.session_token());
-  h.set_task_id(task.task_id());
-  h.set_round(task.round());
-  h.set_model_fingerprint(client::SyntheticTrainer(kParams, 10, 1).spec().fingerprint());
-  h.set_kind(fl::v1::UPDATE_KIND_DELTA);
-  h.set_num_examples(10);
-  h.set_codec("fp32");
+  fl::v1::UpdateHeader h = DeltaHeader(joined.client_id(), joined.session_token(), task, 10);
 
   std::vector<float> values(kParams, 0.01f);
   values[1234] = std::numeric_limits<float>::quiet_NaN();

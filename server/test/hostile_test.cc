@@ -289,16 +289,7 @@ SlowUploadRun RunRoundWithAMisbehavingUpload(
   EXPECT_EQ(task.kind(), fl::v1::TASK_KIND_TRAIN);
   const size_t payload_bytes = (*core::MakeCodec("fp32"))->EncodedSize(kParams);
   fl::v1::UpdateChunk chunk;
-  fl::v1::UpdateHeader* h = chunk.mutable_header();
-  h->set_client_id(session->joined.client_id());
-  h->set_session_token(session->joined.session_token());
-  h->set_task_id(task.task_id());
-  h->set_round(task.round());
-  h->set_model_fingerprint(client::SyntheticTrainer(kParams, 10, 1).spec().fingerprint());
-  h->set_kind(fl::v1::UPDATE_KIND_DELTA);
-  h->set_num_examples(10);
-  h->set_codec("fp32");
-  h->set_payload_bytes(payload_bytes);
+  *chunk.mutable_header() = DeltaHeader(session->joined.client_id(), session->joined.session_token(), task, 10);
   auto stub = fl::v1::Federation::NewStub(Channel(server.address()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
@@ -406,15 +397,7 @@ TEST(HostileTest, ASecondOrConcurrentUploadForATaskIsADuplicate) {
     }
   }
   ASSERT_EQ(task.kind(), fl::v1::TASK_KIND_TRAIN);
-  fl::v1::UpdateHeader h;
-  h.set_client_id(session->joined.client_id());
-  h.set_session_token(session->joined.session_token());
-  h.set_task_id(task.task_id());
-  h.set_round(task.round());
-  h.set_model_fingerprint(client::SyntheticTrainer(kParams, 10, 1).spec().fingerprint());
-  h.set_kind(fl::v1::UPDATE_KIND_DELTA);
-  h.set_num_examples(10);
-  h.set_codec("fp32");
+  fl::v1::UpdateHeader h = DeltaHeader(session->joined.client_id(), session->joined.session_token(), task, 10);
   std::vector<uint8_t> payload;
   ASSERT_TRUE((*core::MakeCodec("fp32"))->Encode(std::vector<float>(kParams, 0.001f), &payload).ok());
   h.set_payload_bytes(payload.size());
