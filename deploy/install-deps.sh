@@ -13,6 +13,8 @@ PACKAGES=(
   g++ cmake ninja-build ccache pkgconf make git ca-certificates
   # control plane: gRPC + protobuf (+ abseil, which gRPC already pulls in)
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  # certificates (fl-provision links libssl; the openssl tool inspects what it issued)
+  libssl-dev openssl
   # island data plane
   libzmq3-dev cppzmq-dev
   # records and metrics
