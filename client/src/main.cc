@@ -200,8 +200,23 @@ int main(int argc, char** argv) {
                  "After the experiment finished, keep /metrics up this long so that Prometheus scrapes the final "
                  "values (a signal ends the wait)")
       ->capture_default_str();
+  fl::client::ClientTls tls;
+  app.add_option("--tls-ca", tls.ca_file,
+                 "Connect with mutual TLS, trusting only this CA certificate (PEM, fl-provision's ca/ca.crt); needs "
+                 "--tls-cert and --tls-key; without the three: plaintext (the default for now, docs/security.md)");
+  app.add_option("--tls-cert", tls.cert_file,
+                 "This client's certificate (PEM, fl-provision issue client NAME); --name must be that NAME");
+  app.add_option("--tls-key", tls.key_file, "The private key of --tls-cert (PEM)");
   CLI11_PARSE(app, argc, argv);
   options.clock_skew_ns = clock_skew_ms * 1'000'000;
+  // All three or none: TLS with a part missing would only fail later, at every handshake.
+  const int tls_given = int{!tls.ca_file.empty()} + int{!tls.cert_file.empty()} + int{!tls.key_file.empty()};
+  if (tls_given != 0 && tls_given != 3) {
+    std::cerr << "fl-client: --tls-ca, --tls-cert and --tls-key go together: give all three for mutual TLS, or "
+                 "none for plaintext\n";
+    return 2;
+  }
+  if (tls_given == 3) options.tls = tls;
 
   spdlog::set_default_logger(spdlog::stderr_color_mt("fl-client"));
   spdlog::set_level(spdlog::level::from_str(log_level));

@@ -4,7 +4,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <fstream>
 #include <optional>
+#include <sstream>
 #include <random>
 #include <thread>
 
@@ -73,6 +75,35 @@ class Backoff {
   std::mt19937_64 rng_;
 };
 
+// A PEM file's contents; an unreadable or empty file is an error naming the file and its flag.
+absl::StatusOr<std::string> ReadPem(const std::string& path, std::string_view flag) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  if (in) text << in.rdbuf();
+  if (!in || text.str().empty()) {
+    return absl::InvalidArgumentError(fl::StrCat("cannot read ", flag, " file ", path,
+                                                 ": it does not exist, is not readable or is empty "
+                                                 "(fl-provision writes these files, docs/security.md)"));
+  }
+  return text.str();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const std::optional<ClientTls>& tls) {
+  if (!tls.has_value()) return grpc::InsecureChannelCredentials();
+  absl::StatusOr<std::string> ca = ReadPem(tls->ca_file, "--tls-ca");
+  if (!ca.ok()) return ca.status();
+  absl::StatusOr<std::string> cert = ReadPem(tls->cert_file, "--tls-cert");
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadPem(tls->key_file, "--tls-key");
+  if (!key.ok()) return key.status();
+  grpc::SslCredentialsOptions options;
+  // Only our CA: a server is trusted because fl-provision issued its certificate, not because some public CA did.
+  options.pem_root_certs = *std::move(ca);
+  options.pem_cert_chain = *std::move(cert);
+  options.pem_private_key = *std::move(key);
+  return grpc::SslCredentials(options);
+}
+
 // A downloaded model; its values are in FederatedClient::Impl::global_ (reused from round to round).
 struct Downloaded {
   uint64_t model_version = 0;
@@ -89,7 +120,13 @@ class FederatedClient::Impl {
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
     ApplySocketBinding(options_.binding, &args);
-    channel_ = grpc::CreateCustomChannel(options_.server_address, grpc::InsecureChannelCredentials(), args);
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = ChannelCredentials(options_.tls);
+    if (!credentials.ok()) {
+      // Reported by Run(): a constructor cannot fail, and retrying would not make the file readable.
+      setup_error_ = credentials.status();
+      credentials = grpc::InsecureChannelCredentials();
+    }
+    channel_ = grpc::CreateCustomChannel(options_.server_address, *credentials, args);
     stub_ = fl::v1::Federation::NewStub(channel_);
   }
 
@@ -124,6 +161,7 @@ class FederatedClient::Impl {
 
   ClientOptions options_;
   Trainer* trainer_;
+  absl::Status setup_error_;  // the TLS files could not be read (see the constructor)
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<fl::v1::Federation::Stub> stub_;
   std::atomic<bool> stop_{false};
@@ -168,6 +206,7 @@ class FederatedClient::Impl {
 };
 
 absl::Status FederatedClient::Impl::Run() {
+  if (!setup_error_.ok()) return setup_error_;
   Backoff backoff(options_.initial_backoff_ms, options_.max_backoff_ms,
                   options_.seed ^ std::hash<std::string>{}(options_.client_name));
   int64_t last_contact_ns = Now();

@@ -248,7 +248,26 @@ int main(int argc, char** argv) {
                  "that was away at the end (stopped, cut off) has not been told: its Join is answered 'experiment "
                  "finished' and it exits instead of retrying until its give-up time; 0: exit at once")
       ->capture_default_str();
+  fl::rpc::ServerTls tls;
+  app.add_option("--tls-cert", tls.cert_file,
+                 "Serve mutual TLS with this server certificate (PEM, fl-provision issue server); needs --tls-key "
+                 "and --tls-client-ca; without the three: plaintext (the default for now, docs/security.md)");
+  app.add_option("--tls-key", tls.key_file, "The private key of --tls-cert (PEM)");
+  app.add_option("--tls-client-ca", tls.client_ca_file,
+                 "CA certificate (PEM) that every client's certificate must chain to; a client may only Join under "
+                 "the name its certificate carries");
   CLI11_PARSE(app, argc, argv);
+
+  // All three or none: a half-configured TLS server would either fail every handshake or, worse, be taken for
+  // a secured one while it serves plaintext.
+  const int tls_given = int{!tls.cert_file.empty()} + int{!tls.key_file.empty()} + int{!tls.client_ca_file.empty()};
+  if (tls_given != 0 && tls_given != 3) {
+    std::cerr << "fl-server: --tls-cert, --tls-key and --tls-client-ca go together: give all three for mutual TLS, "
+                 "or none for plaintext\n";
+    return 2;
+  }
+  const std::optional<fl::rpc::ServerTls> server_tls =
+      tls_given == 3 ? std::optional<fl::rpc::ServerTls>(tls) : std::nullopt;
 
   spdlog::set_default_logger(spdlog::stderr_color_mt("fl-server"));
   spdlog::set_level(spdlog::level::from_str(log_level));
@@ -333,7 +352,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   fl::server::FederationService service(&engine);
-  auto server = fl::rpc::StartGrpcServer(&service, listen);
+  auto server = fl::rpc::StartGrpcServer(&service, listen, server_tls);
   if (!server.ok()) {
     std::cerr << "fl-server: " << server.status().message() << "\n";
     engine.Post(fl::server::ShutdownEvent{"could not listen"});
@@ -341,7 +360,8 @@ int main(int argc, char** argv) {
     engine.Stop();
     return 2;
   }
-  spdlog::info("experiment {} listening on port {}", engine.config().experiment_id, server->port);
+  spdlog::info("experiment {} listening on port {} ({})", engine.config().experiment_id, server->port,
+               server_tls.has_value() ? "mutual TLS" : "plaintext");
   if (!port_file.empty()) fl::rpc::WritePortFile(port_file, server->port);
 
   std::atomic<bool> exiting{false}, signalled{false};

@@ -468,6 +468,34 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
 }  // namespace
 
+namespace {
+// Over mutual TLS the client's name is the one its certificate carries (fl-provision issues client certificates
+// with CN = name and URI SAN fl-client://<name>); a Join under another name is refused here, before the engine
+// sees it, so that one provisioned client cannot take another's place. Plaintext calls are not checked: there is
+// no identity to check them against.
+grpc::Status CheckCertificateName(const grpc::CallbackServerContext& ctx, const std::string& claimed) {
+  std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return grpc::Status::OK;
+  constexpr std::string_view kScheme = "fl-client://";
+  std::string name;
+  // The URI SAN is what the certificate was issued for; the CN is the fallback for certificates made elsewhere.
+  for (const grpc::string_ref& v : auth->FindPropertyValues("x509_subject_alternative_name")) {
+    const std::string_view san(v.data(), v.size());
+    if (san.substr(0, kScheme.size()) == kScheme) name = san.substr(kScheme.size());
+  }
+  if (name.empty()) {
+    for (const grpc::string_ref& v : auth->FindPropertyValues("x509_common_name")) name.assign(v.data(), v.size());
+  }
+  if (name == claimed) return grpc::Status::OK;
+  return wire::ToGrpcStatus(
+      grpc::StatusCode::PERMISSION_DENIED,
+      wire::MakeError(
+          fl::v1::ERROR_CODE_ADMISSION_REFUSED,
+          fl::StrCat("client certificate is for \"", name, "\" but the Join is for client_name \"", claimed, "\""),
+          "client_name", "join with the name in this client's certificate (fl-client --name)"));
+}
+}  // namespace
+
 grpc::ServerUnaryReactor* FederationService::Join(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
                                                   grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
@@ -475,6 +503,10 @@ grpc::ServerUnaryReactor* FederationService::Join(grpc::CallbackServerContext* c
   fl::v1::JoinRequest req;
   if (!Parse(&bytes, &req)) {
     reactor->Finish(Unparsable("the Join request's bytes", "fl.v1.JoinRequest", request->Length()));
+    return reactor;
+  }
+  if (grpc::Status refused = CheckCertificateName(*ctx, req.client_name()); !refused.ok()) {
+    reactor->Finish(refused);
     return reactor;
   }
   engine_->Post(JoinEvent{std::move(req), ctx->peer(),

@@ -54,14 +54,16 @@ inline EngineConfig SmallConfig(const std::string& checkpoint_dir) {
 // A server (engine + gRPC service + records) on a free loopback port.
 class TestServer {
  public:
+  // `tls`: serve mutual TLS instead of plaintext (tls_test).
   TestServer(EngineConfig config, const std::string& db, RoundEngine::StartPoint start = {},
-             instrumentation::ServerMetrics* metrics = nullptr) {
+             instrumentation::ServerMetrics* metrics = nullptr,
+             const std::optional<rpc::ServerTls>& tls = std::nullopt) {
     records_ = *RecordStore::Open(db);
     engine_ = std::make_unique<RoundEngine>(std::move(config), records_.get(), std::move(start));
     engine_->SetMetrics(metrics);
     EXPECT_TRUE(engine_->Start().ok());
     service_ = std::make_unique<FederationService>(engine_.get());
-    auto running = rpc::StartGrpcServer(service_.get(), "127.0.0.1:0");
+    auto running = rpc::StartGrpcServer(service_.get(), "127.0.0.1:0", tls);
     EXPECT_TRUE(running.ok()) << running.status();
     server_ = std::move(running->server);
     port_ = running->port;
@@ -136,7 +138,8 @@ inline RoundEngine::StartPoint InitialModel(uint64_t seed) {
 // `task` is what the client's SyntheticTrainer reports (and evaluates as, see SyntheticTrainer::Evaluate).
 inline std::unique_ptr<RunningClient> StartClient(const std::string& address, const std::string& name, uint64_t seed,
                                                   const std::string& link = "ethernet", int64_t clock_skew_ns = 0,
-                                                  uint32_t train_ms = 0, const std::string& task = "classification") {
+                                                  uint32_t train_ms = 0, const std::string& task = "classification",
+                                                  const std::optional<client::ClientTls>& tls = std::nullopt) {
   auto c = std::make_unique<RunningClient>();
   c->trainer = std::make_unique<client::SyntheticTrainer>(kParams, 100 + seed, seed, train_ms, task);
   client::ClientOptions o;
@@ -148,6 +151,7 @@ inline std::unique_ptr<RunningClient> StartClient(const std::string& address, co
   o.initial_backoff_ms = 50;
   o.max_backoff_ms = 500;
   o.clock_skew_ns = clock_skew_ns;
+  o.tls = tls;
   c->session = std::make_unique<client::FederatedClient>(o, c->trainer.get());
   RunningClient* raw = c.get();
   c->thread = std::thread([raw] { raw->result = raw->session->Run(); });
@@ -162,8 +166,10 @@ inline void StopClient(RunningClient& c) {
 // A raw fl.v1 client for the tests that must send what a well-behaved FederatedClient never would.
 class RawClient {
  public:
-  explicit RawClient(const std::string& address)
-      : stub_(fl::v1::Federation::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {}
+  // `credentials`: TLS ones for a raw client of a TLS server (tls_test).
+  explicit RawClient(const std::string& address,
+                     std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials())
+      : stub_(fl::v1::Federation::NewStub(grpc::CreateChannel(address, std::move(credentials)))) {}
 
   grpc::Status Join(const std::string& name, const core::ModelSpec& spec, fl::v1::JoinResponse* resp,
                     const std::string& task = "") {

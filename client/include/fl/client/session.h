@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -23,6 +24,15 @@ class ClientContext;
 }
 
 namespace fl::client {
+
+// Mutual TLS to the server (fl-client --tls-ca/--tls-cert/--tls-key): PEM files as fl-provision writes them
+// (docs/security.md). The server's certificate must chain to ca_file and name the host of server_address;
+// cert_file carries this client's name, which must be the client_name it joins with.
+struct ClientTls {
+  std::string ca_file;
+  std::string cert_file;
+  std::string key_file;
+};
 
 struct ClientOptions {
   std::string server_address = "127.0.0.1:50051";
@@ -44,6 +54,8 @@ struct ClientOptions {
   // Where the session reports its phases, bytes, rounds and reconnects (fl-client --metrics-addr); not owned,
   // may be null.
   ClientMetrics* metrics = nullptr;
+  // Absent: plaintext (the default for now). A file that cannot be read makes Run() fail at once.
+  std::optional<ClientTls> tls;
 };
 
 class FederatedClient {

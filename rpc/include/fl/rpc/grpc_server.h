@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <grpcpp/grpcpp.h>
@@ -19,6 +20,21 @@ struct RunningServer {
   int port = 0;
 };
 absl::StatusOr<RunningServer> StartGrpcServer(grpc::Service* service, const std::string& listen_address);
+
+// Mutual TLS for a server (fl-server --tls-cert/--tls-key/--tls-client-ca): PEM files as fl-provision writes them
+// (docs/security.md). Every client must present a certificate that chains to client_ca_file, or the handshake
+// fails before any RPC reaches the service.
+struct ServerTls {
+  std::string cert_file;       // the server's certificate (chain)
+  std::string key_file;        // its private key
+  std::string client_ca_file;  // the CA that client certificates must chain to
+};
+
+// As above; with `tls`, the listening port takes only mutually authenticated TLS connections. Without it
+// (std::nullopt), plaintext as before: the default until TLS is switched on everywhere. A file that cannot be
+// read is an InvalidArgument naming the file and its flag.
+absl::StatusOr<RunningServer> StartGrpcServer(grpc::Service* service, const std::string& listen_address,
+                                              const std::optional<ServerTls>& tls);
 
 // --port-file: writes "<port>\n" to `path` through a temporary file and a rename, so that whoever waits for
 // the file (tests, scripts that started the server on port 0) never reads half of it. Best effort: a path
