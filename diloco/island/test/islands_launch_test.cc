@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <string>
 
 #include "fl/diloco/islands_experiment.h"
@@ -73,8 +74,11 @@ TEST(IslandsLaunchTest, FailingIslandStopsTheExperimentAndItsCoordinator) {
   int port = 0;
   ASSERT_TRUE(port_file >> port);
   EXPECT_FALSE(LoopbackPortAcceptsConnections(port)) << "coordinator on port " << port << " still running";
-  // The island's own log says why.
-  std::ifstream log(out + "/island-0-rank0.log");
+  // The log of the island that failed (named in the error: whichever island failed first; the others are
+  // stopped, possibly before they log anything) says why.
+  std::smatch failed;
+  ASSERT_TRUE(std::regex_search(msg, failed, std::regex(R"(island-\d+-rank\d+\.log)"))) << msg;
+  std::ifstream log(out + "/" + failed[0].str());
   const std::string log_text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
   EXPECT_NE(log_text.find("heads dividing d_model"), std::string::npos) << log_text;
 }
