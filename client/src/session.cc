@@ -4,9 +4,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <random>
 #include <thread>
 
@@ -22,6 +20,7 @@
 #include "fl/core/str_cat.h"
 #include "fl/core/task.h"
 #include "fl/proto/convert.h"
+#include "fl/rpc/tls.h"
 #include "fl/v1/federation.grpc.pb.h"
 
 namespace fl::client {
@@ -75,35 +74,6 @@ class Backoff {
   std::mt19937_64 rng_;
 };
 
-// A PEM file's contents; an unreadable or empty file is an error naming the file and its flag.
-absl::StatusOr<std::string> ReadPem(const std::string& path, std::string_view flag) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  if (in) text << in.rdbuf();
-  if (!in || text.str().empty()) {
-    return absl::InvalidArgumentError(fl::StrCat("cannot read ", flag, " file ", path,
-                                                 ": it does not exist, is not readable or is empty "
-                                                 "(fl-provision writes these files, docs/security.md)"));
-  }
-  return text.str();
-}
-
-absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const std::optional<ClientTls>& tls) {
-  if (!tls.has_value()) return grpc::InsecureChannelCredentials();
-  absl::StatusOr<std::string> ca = ReadPem(tls->ca_file, "--tls-ca");
-  if (!ca.ok()) return ca.status();
-  absl::StatusOr<std::string> cert = ReadPem(tls->cert_file, "--tls-cert");
-  if (!cert.ok()) return cert.status();
-  absl::StatusOr<std::string> key = ReadPem(tls->key_file, "--tls-key");
-  if (!key.ok()) return key.status();
-  grpc::SslCredentialsOptions options;
-  // Only our CA: a server is trusted because fl-provision issued its certificate, not because some public CA did.
-  options.pem_root_certs = *std::move(ca);
-  options.pem_cert_chain = *std::move(cert);
-  options.pem_private_key = *std::move(key);
-  return grpc::SslCredentials(options);
-}
-
 // A downloaded model; its values are in FederatedClient::Impl::global_ (reused from round to round).
 struct Downloaded {
   uint64_t model_version = 0;
@@ -120,7 +90,7 @@ class FederatedClient::Impl {
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
     ApplySocketBinding(options_.binding, &args);
-    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = ChannelCredentials(options_.tls);
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = rpc::ChannelCredentials(options_.tls);
     if (!credentials.ok()) {
       // Reported by Run(): a constructor cannot fail, and retrying would not make the file readable.
       setup_error_ = credentials.status();

@@ -1,49 +1,14 @@
 #include "fl/rpc/grpc_server.h"
 
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 
 #include "fl/core/str_cat.h"
 #include "fl/proto/convert.h"
+#include "fl/rpc/tls.h"
 
 namespace fl::rpc {
-
-namespace {
-
-// A PEM file's contents. An unreadable or empty file is an error that says which flag named it, so that a typo
-// in a path is not reported later as a handshake failure.
-absl::StatusOr<std::string> ReadPem(const std::string& path, std::string_view flag) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  if (in) text << in.rdbuf();
-  if (!in || text.str().empty()) {
-    return absl::InvalidArgumentError(fl::StrCat("cannot read ", flag, " file ", path,
-                                                 ": it does not exist, is not readable or is empty "
-                                                 "(fl-provision writes these files, docs/security.md)"));
-  }
-  return text.str();
-}
-
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const std::optional<ServerTls>& tls) {
-  if (!tls.has_value()) return grpc::InsecureServerCredentials();
-  absl::StatusOr<std::string> cert = ReadPem(tls->cert_file, "--tls-cert");
-  if (!cert.ok()) return cert.status();
-  absl::StatusOr<std::string> key = ReadPem(tls->key_file, "--tls-key");
-  if (!key.ok()) return key.status();
-  absl::StatusOr<std::string> ca = ReadPem(tls->client_ca_file, "--tls-client-ca");
-  if (!ca.ok()) return ca.status();
-  // Require and verify: a client without a certificate from our CA never reaches the service, and the service
-  // can then trust the name in the certificate (FederationService::Join compares it with the claimed one).
-  grpc::SslServerCredentialsOptions options(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  options.pem_root_certs = *std::move(ca);
-  options.pem_key_cert_pairs.push_back({*std::move(key), *std::move(cert)});
-  return grpc::SslServerCredentials(options);
-}
-
-}  // namespace
 
 absl::StatusOr<RunningServer> StartGrpcServer(grpc::Service* service, const std::string& listen_address) {
   return StartGrpcServer(service, listen_address, std::nullopt);
@@ -51,7 +16,7 @@ absl::StatusOr<RunningServer> StartGrpcServer(grpc::Service* service, const std:
 
 absl::StatusOr<RunningServer> StartGrpcServer(grpc::Service* service, const std::string& listen_address,
                                               const std::optional<ServerTls>& tls) {
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = Credentials(tls);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = ServerCredentials(tls);
   if (!credentials.ok()) return credentials.status();
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;

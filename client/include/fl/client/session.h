@@ -17,6 +17,7 @@
 #include "fl/client/client_metrics.h"
 #include "fl/client/socket_binding.h"
 #include "fl/client/trainer.h"
+#include "fl/rpc/tls.h"
 #include "fl/v1/common.pb.h"
 
 namespace grpc {
@@ -25,14 +26,8 @@ class ClientContext;
 
 namespace fl::client {
 
-// Mutual TLS to the server (fl-client --tls-ca/--tls-cert/--tls-key): PEM files as fl-provision writes them
-// (docs/security.md). The server's certificate must chain to ca_file and name the host of server_address;
-// cert_file carries this client's name, which must be the client_name it joins with.
-struct ClientTls {
-  std::string ca_file;
-  std::string cert_file;
-  std::string key_file;
-};
+// Mutual TLS to the server (fl-client --tls-ca/--tls-cert/--tls-key): rpc/include/fl/rpc/tls.h.
+using ClientTls = rpc::ClientTls;
 
 struct ClientOptions {
   std::string server_address = "127.0.0.1:50051";

@@ -9,6 +9,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
+#include "fl/rpc/tls.h"
 
 namespace fl::rpc {
 
@@ -20,15 +21,6 @@ struct RunningServer {
   int port = 0;
 };
 absl::StatusOr<RunningServer> StartGrpcServer(grpc::Service* service, const std::string& listen_address);
-
-// Mutual TLS for a server (fl-server --tls-cert/--tls-key/--tls-client-ca): PEM files as fl-provision writes them
-// (docs/security.md). Every client must present a certificate that chains to client_ca_file, or the handshake
-// fails before any RPC reaches the service.
-struct ServerTls {
-  std::string cert_file;       // the server's certificate (chain)
-  std::string key_file;        // its private key
-  std::string client_ca_file;  // the CA that client certificates must chain to
-};
 
 // As above; with `tls`, the listening port takes only mutually authenticated TLS connections. Without it
 // (std::nullopt), plaintext as before: the default until TLS is switched on everywhere. A file that cannot be

@@ -1,0 +1,37 @@
+// Mutual TLS credentials for both ends of the project's gRPC channels, from PEM files as fl-provision writes them
+// (docs/security.md). One reader of those files, so that a path that cannot be read is reported the same way, by
+// the flag that named it, on the server and on the client — not later as a handshake failure.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+
+namespace fl::rpc {
+
+// A server's side (fl-server --tls-cert/--tls-key/--tls-client-ca). Every client must present a certificate that
+// chains to client_ca_file, or the handshake fails before any RPC reaches the service.
+struct ServerTls {
+  std::string cert_file;       // the server's certificate (chain)
+  std::string key_file;        // its private key
+  std::string client_ca_file;  // the CA that client certificates must chain to
+};
+
+// A client's side (fl-client --tls-ca/--tls-cert/--tls-key). The server's certificate must chain to ca_file and
+// name the host of the address dialled; cert_file carries the client's name.
+struct ClientTls {
+  std::string ca_file;
+  std::string cert_file;
+  std::string key_file;
+};
+
+// Insecure credentials without `tls` (plaintext: the default until TLS is switched on everywhere). A file that
+// cannot be read, or is empty, is an InvalidArgument naming the file and its flag.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const std::optional<ServerTls>& tls);
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const std::optional<ClientTls>& tls);
+
+}  // namespace fl::rpc

@@ -1,0 +1,59 @@
+#include "fl/rpc/tls.h"
+
+#include <fstream>
+#include <sstream>
+#include <string_view>
+
+#include "fl/core/str_cat.h"
+
+namespace fl::rpc {
+namespace {
+
+// A PEM file's contents; an unreadable or empty file is an error naming the file and the flag that named it.
+absl::StatusOr<std::string> ReadPem(const std::string& path, std::string_view flag) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  if (in) text << in.rdbuf();
+  if (!in || text.str().empty()) {
+    return absl::InvalidArgumentError(fl::StrCat("cannot read ", flag, " file ", path,
+                                                 ": it does not exist, is not readable or is empty "
+                                                 "(fl-provision writes these files, docs/security.md)"));
+  }
+  return text.str();
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const std::optional<ServerTls>& tls) {
+  if (!tls.has_value()) return grpc::InsecureServerCredentials();
+  absl::StatusOr<std::string> cert = ReadPem(tls->cert_file, "--tls-cert");
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadPem(tls->key_file, "--tls-key");
+  if (!key.ok()) return key.status();
+  absl::StatusOr<std::string> ca = ReadPem(tls->client_ca_file, "--tls-client-ca");
+  if (!ca.ok()) return ca.status();
+  // Require and verify: a client without a certificate from our CA never reaches the service, and the service
+  // can then trust the name in the certificate (FederationService::Join compares it with the claimed one).
+  grpc::SslServerCredentialsOptions options(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  options.pem_root_certs = *std::move(ca);
+  options.pem_key_cert_pairs.push_back({*std::move(key), *std::move(cert)});
+  return grpc::SslServerCredentials(options);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const std::optional<ClientTls>& tls) {
+  if (!tls.has_value()) return grpc::InsecureChannelCredentials();
+  absl::StatusOr<std::string> ca = ReadPem(tls->ca_file, "--tls-ca");
+  if (!ca.ok()) return ca.status();
+  absl::StatusOr<std::string> cert = ReadPem(tls->cert_file, "--tls-cert");
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadPem(tls->key_file, "--tls-key");
+  if (!key.ok()) return key.status();
+  grpc::SslCredentialsOptions options;
+  // Only our CA: a server is trusted because fl-provision issued its certificate, not because some public CA did.
+  options.pem_root_certs = *std::move(ca);
+  options.pem_cert_chain = *std::move(cert);
+  options.pem_private_key = *std::move(key);
+  return grpc::SslCredentials(options);
+}
+
+}  // namespace fl::rpc
