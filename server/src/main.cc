@@ -71,10 +71,16 @@ void InstallFaultHandlers(const std::string& db_path) {
 
 // `fl-server --mode islands ARGS` is an alias of `fl-coordinator ARGS` (the islands coordinator has its own binary,
 // diloco/coord): exec it from this binary's directory (an installation) or the build tree's diloco/coord/.
+// How many of argv[i..] spell the islands mode: 1 for "--mode=islands", 2 for "--mode islands", 0 otherwise.
+int IslandsModeArgs(int argc, char** argv, int i) {
+  if (std::strcmp(argv[i], "--mode=islands") == 0) return 1;
+  if (std::strcmp(argv[i], "--mode") == 0 && i + 1 < argc && std::strcmp(argv[i + 1], "islands") == 0) return 2;
+  return 0;
+}
+
 bool IslandsModeRequested(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--mode=islands") == 0) return true;
-    if (std::strcmp(argv[i], "--mode") == 0 && i + 1 < argc && std::strcmp(argv[i + 1], "islands") == 0) return true;
+    if (IslandsModeArgs(argc, argv, i) != 0) return true;
   }
   return false;
 }
@@ -87,9 +93,8 @@ int ExecCoordinator(int argc, char** argv) {
   const std::string coordinator = (std::filesystem::exists(installed) ? installed : built).string();
   std::vector<char*> args = {const_cast<char*>(coordinator.c_str())};
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--mode=islands") == 0) continue;
-    if (std::strcmp(argv[i], "--mode") == 0 && i + 1 < argc && std::strcmp(argv[i + 1], "islands") == 0) {
-      ++i;
+    if (const int skip = IslandsModeArgs(argc, argv, i); skip != 0) {
+      i += skip - 1;
       continue;
     }
     args.push_back(argv[i]);
