@@ -15,6 +15,7 @@ using CR = ClientRoundRecord;
 using Ev = EvaluationRecord;
 using Ck = CheckpointRecord;
 using CE = ClientEventRecord;
+using SE = SecurityEventRecord;
 using I = IslandRecord;
 using IE = IslandEpochRecord;
 using IS = IslandSyncRecord;
@@ -330,11 +331,39 @@ const RowTable<ClientEventRecord>& ClientEventsTable() {
   return *table;
 }
 
+const RowTable<SecurityEventRecord>& SecurityEventsTable() {
+  static const RowTable<SE>* const table = [] {
+    // The database numbers the rows; the record reads its number back but never writes it.
+    Column<SE> id = Col<&SE::id>("id", "PRIMARY KEY", 8);
+    id.spec.not_null = false;
+    id.bind = nullptr;
+    // What a peer controls is bounded: a hostile peer must not make the rows it causes unbounded.
+    Column<SE> peer = Col<&SE::peer>("peer", "", 8);
+    peer.bind = [](sqlite::Statement& st, int index, const SE& row, const ColumnSpec&) {
+      st.BindText(index, BoundText(row.peer, kMaxSecurityEventPeerBytes));
+    };
+    Column<SE> claimed = OptText<&SE::claimed>("claimed", "", 8);
+    claimed.bind = [](sqlite::Statement& st, int index, const SE& row, const ColumnSpec&) {
+      st.BindTextOrNull(index, BoundText(row.claimed, kMaxSecurityEventPeerBytes));
+    };
+    Column<SE> detail = Col<&SE::detail>("detail", "", 8);
+    detail.bind = [](sqlite::Statement& st, int index, const SE& row, const ColumnSpec&) {
+      st.BindText(index, BoundText(row.detail, kMaxSecurityEventDetailBytes));
+    };
+    return new RowTable<SE>(
+        "security_events", 8,
+        {id, Col<&SE::experiment_id>("experiment_id", kCascadeToExperiment, 8), Col<&SE::reason>("reason", "", 8),
+         peer, OptText<&SE::identity>("identity", "", 8), claimed, detail, Col<&SE::at_unix_ms>("at_unix_ms", "", 8)},
+        {}, {"CREATE INDEX security_events_by_reason ON security_events (experiment_id, reason)"});
+  }();
+  return *table;
+}
+
 std::span<const TableSpec* const> RecordTables() {
-  static const std::array<const TableSpec*, 11> tables = {
+  static const std::array<const TableSpec*, 12> tables = {
       &ExperimentsTable().spec,  &ClientsTable().spec,     &RoundsTable().spec,         &ClientRoundsTable().spec,
       &EvaluationsTable().spec,  &CheckpointsTable().spec, &ExperimentManifestsTable(), &IslandsTable().spec,
-      &IslandEpochsTable().spec, &IslandSyncsTable().spec, &ClientEventsTable().spec};
+      &IslandEpochsTable().spec, &IslandSyncsTable().spec, &ClientEventsTable().spec,   &SecurityEventsTable().spec};
   return tables;
 }
 

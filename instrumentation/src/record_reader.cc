@@ -174,6 +174,12 @@ absl::StatusOr<std::vector<ClientEventRecord>> RecordReader::ListClientEvents(st
                 experiment_id);
 }
 
+absl::StatusOr<std::vector<SecurityEventRecord>> RecordReader::ListSecurityEvents(std::string_view experiment_id) {
+  std::lock_guard lock(mu_);
+  return Select(db_, schema_version_, SecurityEventsTable(), "WHERE experiment_id = ?1 ORDER BY at_unix_ms, id",
+                experiment_id);
+}
+
 absl::StatusOr<std::vector<IslandRecord>> RecordReader::ListIslands(std::string_view experiment_id) {
   std::lock_guard lock(mu_);
   return Select(db_, schema_version_, IslandsTable(), "WHERE experiment_id = ?1 ORDER BY join_seq", experiment_id);

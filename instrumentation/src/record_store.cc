@@ -85,6 +85,7 @@ struct RecordStore::Writer {
   sqlite::Statement insert_checkpoint;
   sqlite::Statement supersede_rounds;
   sqlite::Statement insert_client_event;
+  sqlite::Statement insert_security_event;
 
   absl::Status Prepare() {
     std::vector<absl::StatusOr<std::string>> updates = {
@@ -109,7 +110,8 @@ struct RecordStore::Writer {
              // a database written before commits were atomic, or --resume-from-round): the row follows the file.
              {&insert_checkpoint, InsertSql(CheckpointsTable(), {"experiment_id", "round"})},
              {&supersede_rounds, kSupersedeRounds},
-             {&insert_client_event, InsertSql(ClientEventsTable())}});
+             {&insert_client_event, InsertSql(ClientEventsTable())},
+             {&insert_security_event, InsertSql(SecurityEventsTable())}});
   }
 
   absl::Status Run(sqlite::Statement& stmt, std::string_view what, bool expect_change = false) {
@@ -171,6 +173,7 @@ struct RecordStore::Writer {
             [&](const EvaluationRecord& r) { return Insert(insert_evaluation, EvaluationsTable(), r); },
             [&](const CheckpointRecord& r) { return Insert(insert_checkpoint, CheckpointsTable(), r); },
             [&](const ClientEventRecord& r) { return Insert(insert_client_event, ClientEventsTable(), r); },
+            [&](const SecurityEventRecord& r) { return Insert(insert_security_event, SecurityEventsTable(), r); },
             [&](const RoundCommitRecord& r) {
               return WriteAtomically([&]() -> absl::Status {
                 // Parent first: client rows reference the round's row.

@@ -71,14 +71,40 @@ absl::StatusOr<ClientEventKind> ParseClientEventKind(std::string_view name) {
                    ClientEventKindName, "client event kind");
 }
 
-std::string BoundClientEventReason(std::string_view reason) {
-  if (reason.size() <= kMaxClientEventReasonBytes) return std::string(reason);
-  constexpr std::string_view kEllipsis = "...";
-  size_t cut = kMaxClientEventReasonBytes - kEllipsis.size();
-  // Back up over UTF-8 continuation bytes (10xxxxxx) so that no character is split.
-  while (cut > 0 && (static_cast<unsigned char>(reason[cut]) & 0xC0) == 0x80) --cut;
-  return fl::StrCat(reason.substr(0, cut), kEllipsis);
+std::string_view SecurityRefusalName(SecurityRefusal r) {
+  switch (r) {
+    case SecurityRefusal::kNameMismatch: return "name_mismatch";
+    case SecurityRefusal::kWrongIdentity: return "wrong_identity";
+    case SecurityRefusal::kRevokedCertificate: return "revoked_certificate";
+    case SecurityRefusal::kBadToken: return "bad_token";
+    case SecurityRefusal::kJoinRate: return "join_rate";
+    case SecurityRefusal::kSessionLimit: return "session_limit";
+    case SecurityRefusal::kUploadLimit: return "upload_limit";
+    case SecurityRefusal::kStreamDeadline: return "stream_deadline";
+  }
+  return "unknown";
 }
+
+absl::StatusOr<SecurityRefusal> ParseSecurityRefusal(std::string_view name) {
+  return ParseEnum(name,
+                   {SecurityRefusal::kNameMismatch, SecurityRefusal::kWrongIdentity,
+                    SecurityRefusal::kRevokedCertificate, SecurityRefusal::kBadToken, SecurityRefusal::kJoinRate,
+                    SecurityRefusal::kSessionLimit, SecurityRefusal::kUploadLimit, SecurityRefusal::kStreamDeadline},
+                   SecurityRefusalName, "security refusal");
+}
+
+std::string BoundText(std::string_view text, size_t max_bytes) {
+  if (text.size() <= max_bytes) return std::string(text);
+  constexpr std::string_view kEllipsis = "...";
+  // A bound too small for the ellipsis keeps what fits without it: the bound is never exceeded.
+  const std::string_view tail = max_bytes >= kEllipsis.size() ? kEllipsis : std::string_view();
+  size_t cut = max_bytes - tail.size();
+  // Back up over UTF-8 continuation bytes (10xxxxxx) so that no character is split.
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return fl::StrCat(text.substr(0, cut), tail);
+}
+
+std::string BoundClientEventReason(std::string_view reason) { return BoundText(reason, kMaxClientEventReasonBytes); }
 
 absl::StatusOr<ExperimentStatus> ParseExperimentStatus(std::string_view name) {
   return ParseEnum(
@@ -155,6 +181,10 @@ std::string DescribeRecord(const Record& record) {
                                             ", ", ClientEventKindName(r.kind),
                                             r.round.has_value() ? fl::StrCat(", round ", *r.round) : std::string(),
                                             ")");
+                        },
+                        [](const SecurityEventRecord& r) {
+                          return fl::StrCat("security event (experiment ", r.experiment_id, ", ",
+                                            SecurityRefusalName(r.reason), ", peer ", r.peer, ")");
                         },
                     },
                     record);

@@ -274,6 +274,26 @@ CREATE TABLE client_events (
 CREATE INDEX client_events_by_client ON client_events (experiment_id, client_id);
 )sql";
 
+// Version 8: what fl-server refused on the secure federation channel (a Join whose name is not the certificate's,
+// a call for another client, a revoked certificate, a bad token, a rate or concurrency limit, a stream deadline),
+// with the peer, its certificate's name, what it claimed and what it was told. No foreign key to clients: most
+// refused peers never became clients.
+constexpr std::string_view kSchemaV8 = R"sql(
+CREATE TABLE security_events (
+  id                INTEGER PRIMARY KEY,
+  experiment_id     TEXT    NOT NULL REFERENCES experiments (id) ON DELETE CASCADE,
+  reason            TEXT    NOT NULL CHECK (reason IN ('name_mismatch', 'wrong_identity', 'revoked_certificate',
+                                                       'bad_token', 'join_rate', 'session_limit', 'upload_limit',
+                                                       'stream_deadline')),
+  peer              TEXT    NOT NULL,
+  identity          TEXT,
+  claimed           TEXT,
+  detail            TEXT    NOT NULL,
+  at_unix_ms        INTEGER NOT NULL
+);
+CREATE INDEX security_events_by_reason ON security_events (experiment_id, reason);
+)sql";
+
 // Append new migrations here: {N + 1, "what it does", R"sql(...)sql"}. Never edit a shipped entry. A new database
 // does not run them: it is created from the column declarations (record_columns.cc), which must declare what the
 // migrations reach (instrumentation_schema_test compares the two).
@@ -285,6 +305,7 @@ constexpr Migration kMigrations[] = {
     {5, "islands, island_epochs, island_syncs (DiLoCo islands)", kSchemaV5, false},
     {6, "experiments.task, rounds.eval_mae/eval_perplexity, evaluations.mae/reject_reason", kSchemaV6, false},
     {7, "client_events (reports refused, uploads revoked, sessions closed)", kSchemaV7, false},
+    {8, "security_events (calls refused on the secure federation channel)", kSchemaV8, false},
 };
 
 std::string Hex(int64_t v) {

@@ -1,5 +1,6 @@
 // Every column of every record kind, written and read back: the column declarations (record_columns.h) bind and
-// read each field where it belongs, with every optional set and unset; the v6 figures and the v7 client events.
+// read each field where it belongs, with every optional set and unset; the v6 figures, the v7 client events and the
+// v8 security events.
 #include "fl/instrumentation/record_store.h"
 
 #include <string>
@@ -167,6 +168,87 @@ TEST(RecordStoreTest, ClientEventsRoundTrip) {
   EXPECT_NE(Message(bad_kind).find("CHECK constraint failed"), std::string::npos) << bad_kind;
 }
 
+// Schema v8: what the server refused on the secure channel, with and without a certificate name and a claimed
+// name; the texts a peer controls are bounded; the database numbers the rows (an id in the record is not written);
+// an experiment the file does not know and a reason outside the eight are refused and reported.
+TEST(RecordStoreTest, SecurityEventsRoundTrip) {
+  ScratchDir dir;
+  const std::string path = dir.File("records.db");
+  auto store = MustOpen(path);
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->Enqueue(Experiment("e1")).ok());
+  const SecurityEventRecord mismatch{0,
+                                     "e1",
+                                     SecurityRefusal::kNameMismatch,
+                                     "ipv4:127.0.0.1:50514",
+                                     "alice",
+                                     "bob",
+                                     "client_name 'bob' is not the certificate's 'alice'",
+                                     1'700'000'000'500};
+  const SecurityEventRecord token{
+      77, "e1", SecurityRefusal::kBadToken, "ipv6:[::1]:41000", "", "c-9", "unknown client id", 1'700'000'000'400};
+  const SecurityEventRecord hostile{0,
+                                    "e1",
+                                    SecurityRefusal::kJoinRate,
+                                    std::string(1000, 'p'),
+                                    "",
+                                    std::string(5000, 'c'),
+                                    std::string(3000, 'd'),
+                                    1'700'000'000'500};
+  const SecurityEventRecord deadline{
+      0, "e1", SecurityRefusal::kStreamDeadline, "", "", "", "no first message within 10 s", 1'700'000'000'600};
+  for (const SecurityEventRecord& r : {mismatch, token, hostile, deadline}) ASSERT_TRUE(store->Enqueue(r).ok());
+  absl::Status flushed = store->Flush();
+  ASSERT_TRUE(flushed.ok()) << flushed;
+
+  SecurityEventRecord ghost = mismatch;
+  ghost.experiment_id = "ghost";
+  ASSERT_TRUE(store->Enqueue(ghost).ok());
+  absl::Status refused = store->Flush();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(Message(refused).find("security event (experiment ghost, name_mismatch, peer ipv4:127.0.0.1:50514)"),
+            std::string::npos)
+      << refused;
+  EXPECT_NE(Message(refused).find("FOREIGN KEY constraint failed"), std::string::npos) << refused;
+
+  auto reader = MustRead(path);
+  ASSERT_NE(reader, nullptr);
+  auto events = reader->ListSecurityEvents("e1");
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_EQ(events->size(), 4u);
+  // By time, then in the order written; ids in the order written, whatever the record carried.
+  SecurityEventRecord want_token = token;
+  want_token.id = 2;
+  EXPECT_EQ((*events)[0], want_token);
+  SecurityEventRecord want_mismatch = mismatch;
+  want_mismatch.id = 1;
+  EXPECT_EQ((*events)[1], want_mismatch);
+  const SecurityEventRecord& h = (*events)[2];
+  EXPECT_EQ(h.id, 3);
+  EXPECT_EQ(h.reason, SecurityRefusal::kJoinRate);
+  EXPECT_EQ(h.peer, BoundText(hostile.peer, kMaxSecurityEventPeerBytes));
+  EXPECT_EQ(h.peer.size(), kMaxSecurityEventPeerBytes);
+  EXPECT_EQ(h.claimed, BoundText(hostile.claimed, kMaxSecurityEventPeerBytes));
+  EXPECT_EQ(h.claimed.size(), kMaxSecurityEventPeerBytes);
+  EXPECT_EQ(h.detail, BoundText(hostile.detail, kMaxSecurityEventDetailBytes));
+  EXPECT_EQ(h.detail.size(), kMaxSecurityEventDetailBytes);
+  SecurityEventRecord want_deadline = deadline;
+  want_deadline.id = 4;
+  EXPECT_EQ((*events)[3], want_deadline);
+  // "" identity and claimed are NULL, like every optional text column; an empty peer stays "".
+  EXPECT_EQ(Count(*reader, "SELECT count(*) FROM security_events WHERE identity IS NULL"), 3);
+  EXPECT_EQ(Count(*reader, "SELECT count(*) FROM security_events WHERE claimed IS NULL"), 1);
+  EXPECT_EQ(Count(*reader, "SELECT count(*) FROM security_events WHERE peer = ''"), 1);
+  EXPECT_TRUE(reader->ListSecurityEvents("other")->empty());
+  // The CHECK on reason holds for SQL written by hand too.
+  auto db = sqlite::Database::Open(path, SQLITE_OPEN_READWRITE);
+  ASSERT_TRUE(db.ok()) << db.status();
+  absl::Status bad_reason = db->Exec(
+      "INSERT INTO security_events (experiment_id, reason, peer, detail, at_unix_ms) "
+      "VALUES ('e1', 'exploded', 'ipv4:1.2.3.4:5', 'x', 1)");
+  EXPECT_NE(Message(bad_reason).find("CHECK constraint failed"), std::string::npos) << bad_reason;
+}
+
 // Every column of a row: "" when it is NULL.
 std::vector<std::string> NullColumns(const std::string& path, const std::string& table, const std::string& where) {
   auto db = sqlite::Database::Open(path, SQLITE_OPEN_READONLY);
@@ -257,13 +339,17 @@ TEST(RecordStoreTest, EveryColumnOfEveryKindRoundTripsSetAndUnset) {
   CheckpointRecord bare_checkpoint{"bare", 0, 1, "/ckpt/0", 0, "0000000000000000", "", 26};
   ClientEventRecord full_event{"full", "c", ClientEventKind::kInitialModelReasked, 3, "task-1", "asked b", 27};
   ClientEventRecord bare_event{"bare", "c", ClientEventKind::kSessionClosed, std::nullopt, "", "rate", 28};
+  SecurityEventRecord full_security{
+      1, "full", SecurityRefusal::kRevokedCertificate, "ipv4:10.0.0.2:4000", "alice", "alice", "revoked", 31};
+  SecurityEventRecord bare_security{2, "bare", SecurityRefusal::kUploadLimit, "ipv4:10.0.0.3:4001", "", "", "busy", 32};
 
   std::vector<Record> records = {full_experiment, bare_experiment, full_client, bare_client};
   // The group kinds carry the full rows, the row kinds the bare ones.
   records.push_back(RoundCommitRecord{full_round, {full_client_round}, full_checkpoint});
   records.push_back(EvaluationCommitRecord{"full", 3, 1, {full_evaluation}, std::nullopt});
   for (Record r :
-       std::vector<Record>{bare_round, bare_client_round, bare_evaluation, bare_checkpoint, full_event, bare_event}) {
+       std::vector<Record>{bare_round, bare_client_round, bare_evaluation, bare_checkpoint, full_event, bare_event,
+                           full_security, bare_security}) {
     records.push_back(std::move(r));
   }
   for (Record& r : records) ASSERT_TRUE(store->Enqueue(std::move(r)).ok());
@@ -278,8 +364,9 @@ TEST(RecordStoreTest, EveryColumnOfEveryKindRoundTripsSetAndUnset) {
   EXPECT_EQ(NullColumns(path, "evaluations", "experiment_id = 'full'"), none);
   EXPECT_EQ(NullColumns(path, "checkpoints", "experiment_id = 'full'"), none);
   EXPECT_EQ(NullColumns(path, "client_events", "experiment_id = 'full'"), none);
-  for (const char* table :
-       {"experiments", "clients", "rounds", "client_rounds", "evaluations", "checkpoints", "client_events"}) {
+  EXPECT_EQ(NullColumns(path, "security_events", "experiment_id = 'full'"), none);
+  for (const char* table : {"experiments", "clients", "rounds", "client_rounds", "evaluations", "checkpoints",
+                            "client_events", "security_events"}) {
     const std::string where = std::string(table) == "experiments" ? "id = 'bare'" : "experiment_id = 'bare'";
     EXPECT_EQ(NullColumns(path, table, where), NullableColumns(path, table)) << table;
   }
@@ -300,6 +387,9 @@ TEST(RecordStoreTest, EveryColumnOfEveryKindRoundTripsSetAndUnset) {
   EXPECT_EQ(*reader->ListCheckpoints("bare"), std::vector<CheckpointRecord>{bare_checkpoint});
   EXPECT_EQ(*reader->ListClientEvents("full"), std::vector<ClientEventRecord>{full_event});
   EXPECT_EQ(*reader->ListClientEvents("bare"), std::vector<ClientEventRecord>{bare_event});
+  // The ids the database gave, in the order written: the records carried the same.
+  EXPECT_EQ(*reader->ListSecurityEvents("full"), std::vector<SecurityEventRecord>{full_security});
+  EXPECT_EQ(*reader->ListSecurityEvents("bare"), std::vector<SecurityEventRecord>{bare_security});
 
   // The updates, on the bare rows: each sets exactly its columns.
   const ExperimentStatusUpdate finished{"bare", ExperimentStatus::kAborted, "stopped", 29};

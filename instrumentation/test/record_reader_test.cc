@@ -54,6 +54,11 @@ void WriteOldFile(const std::string& path, int version) {
             "INSERT INTO client_events (experiment_id, client_id, kind, reason, at_unix_ms) "
             "VALUES ('old', 'c1', 'report_refused', 'bad pong', 6)");
   }
+  if (version >= 8) {
+    ExecRaw(path,
+            "INSERT INTO security_events (experiment_id, reason, peer, claimed, detail, at_unix_ms) "
+            "VALUES ('old', 'bad_token', 'ipv4:127.0.0.1:50514', 'c9', 'unknown client id', 7)");
+  }
 }
 
 // Every version's file reads without migrating: what it has is read, what came later reads as NULL (or no rows).
@@ -71,6 +76,7 @@ TEST(RecordReaderTest, OpenAnyVersionReadsEveryVersionAsItIs) {
     EXPECT_EQ(r.HasColumn("client_rounds", "train_start_unix_ms"), version >= 3);
     EXPECT_EQ(r.HasColumn("experiments", "task"), version >= 6);
     EXPECT_EQ(r.HasColumn("client_events", "reason"), version >= 7);
+    EXPECT_EQ(r.HasColumn("security_events", "peer"), version >= 8);
     EXPECT_TRUE(r.HasColumn("rounds", "duration_ms"));
     EXPECT_FALSE(r.HasColumn("rounds", "no_such_column"));
     EXPECT_FALSE(r.HasColumn("no_such_table", "id"));
@@ -109,6 +115,14 @@ TEST(RecordReaderTest, OpenAnyVersionReadsEveryVersionAsItIs) {
     auto events = r.ListClientEvents("old");
     ASSERT_TRUE(events.ok()) << events.status();
     EXPECT_EQ(events->size(), version >= 7 ? 1u : 0u);
+    auto security = r.ListSecurityEvents("old");
+    ASSERT_TRUE(security.ok()) << security.status();
+    ASSERT_EQ(security->size(), version >= 8 ? 1u : 0u);
+    if (version >= 8) {
+      EXPECT_EQ((*security)[0].reason, SecurityRefusal::kBadToken);
+      EXPECT_EQ((*security)[0].claimed, "c9");
+      EXPECT_EQ((*security)[0].identity, "");
+    }
     for (auto* list : {+[](RecordReader& rr) { return rr.ListIslands("old").status(); },
                        +[](RecordReader& rr) { return rr.ListIslandEpochs("old").status(); },
                        +[](RecordReader& rr) { return rr.ListIslandSyncs("old").status(); }}) {

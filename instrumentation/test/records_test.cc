@@ -38,6 +38,23 @@ TEST(RecordsTest, EnumNamesRoundTrip) {
   EXPECT_EQ(ClientEventKindName(ClientEventKind::kUploadRevoked), "upload_revoked");
   EXPECT_EQ(ClientEventKindName(ClientEventKind::kInitialModelReasked), "initial_model_reasked");
   EXPECT_EQ(ClientEventKindName(ClientEventKind::kSessionClosed), "session_closed");
+  for (SecurityRefusal r : {SecurityRefusal::kNameMismatch, SecurityRefusal::kWrongIdentity,
+                            SecurityRefusal::kRevokedCertificate, SecurityRefusal::kBadToken, SecurityRefusal::kJoinRate,
+                            SecurityRefusal::kSessionLimit, SecurityRefusal::kUploadLimit,
+                            SecurityRefusal::kStreamDeadline}) {
+    auto parsed = ParseSecurityRefusal(SecurityRefusalName(r));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, r);
+  }
+  // Also the Prometheus label of fl-server's refusal counter.
+  EXPECT_EQ(SecurityRefusalName(SecurityRefusal::kNameMismatch), "name_mismatch");
+  EXPECT_EQ(SecurityRefusalName(SecurityRefusal::kWrongIdentity), "wrong_identity");
+  EXPECT_EQ(SecurityRefusalName(SecurityRefusal::kRevokedCertificate), "revoked_certificate");
+  EXPECT_EQ(SecurityRefusalName(SecurityRefusal::kBadToken), "bad_token");
+  EXPECT_EQ(SecurityRefusalName(SecurityRefusal::kJoinRate), "join_rate");
+  EXPECT_EQ(SecurityRefusalName(SecurityRefusal::kSessionLimit), "session_limit");
+  EXPECT_EQ(SecurityRefusalName(SecurityRefusal::kUploadLimit), "upload_limit");
+  EXPECT_EQ(SecurityRefusalName(SecurityRefusal::kStreamDeadline), "stream_deadline");
   // The spellings are part of the schema (CHECK constraints) and of fl-report's queries.
   EXPECT_EQ(RoundStatusName(RoundStatus::kCommitted), "committed");
   EXPECT_EQ(ClientOutcomeName(ClientOutcome::kDropped), "dropped");
@@ -49,6 +66,15 @@ TEST(RecordsTest, UnknownNamesListTheValidOnes) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(std::string(bad.status().message()),
             "unknown client outcome 'timeout'; expected one of ok, late, dropped, rejected");
+}
+
+TEST(RecordsTest, UnknownSecurityRefusalListsTheEight) {
+  auto bad = ParseSecurityRefusal("too_many");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(bad.status().message()),
+            "unknown security refusal 'too_many'; expected one of name_mismatch, wrong_identity, revoked_certificate, "
+            "bad_token, join_rate, session_limit, upload_limit, stream_deadline");
 }
 
 TEST(RecordsTest, DescribeNamesTheKindAndKey) {
@@ -74,6 +100,11 @@ TEST(RecordsTest, DescribeNamesTheKindAndKey) {
   EXPECT_EQ(DescribeRecord(event), "client event (experiment e1, client pi-7, upload_revoked)");
   event.round = 5;
   EXPECT_EQ(DescribeRecord(event), "client event (experiment e1, client pi-7, upload_revoked, round 5)");
+  SecurityEventRecord security;
+  security.experiment_id = "e1";
+  security.reason = SecurityRefusal::kWrongIdentity;
+  security.peer = "ipv4:127.0.0.1:50514";
+  EXPECT_EQ(DescribeRecord(security), "security event (experiment e1, wrong_identity, peer ipv4:127.0.0.1:50514)");
 }
 
 TEST(RecordsTest, ClientEventReasonIsBoundedAtACharacterBoundary) {
@@ -92,6 +123,20 @@ TEST(RecordsTest, ClientEventReasonIsBoundedAtACharacterBoundary) {
   EXPECT_EQ(body.size() % 2, 0u) << "a character was split";
   EXPECT_EQ(body, accents.substr(0, body.size()));
   EXPECT_EQ(cut.substr(cut.size() - 3), "...");
+}
+
+// The one bounding helper both event kinds' texts go through: the same cut at any bound, never above it.
+TEST(RecordsTest, BoundTextCutsAtAnyBoundWithoutSplittingACharacter) {
+  EXPECT_EQ(BoundText("short", kMaxSecurityEventPeerBytes), "short");
+  EXPECT_EQ(BoundText(std::string(300, 'p'), kMaxSecurityEventPeerBytes),
+            std::string(kMaxSecurityEventPeerBytes - 3, 'p') + "...");
+  EXPECT_EQ(BoundText(std::string(5000, 'y'), kMaxClientEventReasonBytes),
+            BoundClientEventReason(std::string(5000, 'y')));
+  // "é" (2 bytes) at a bound of 6: 3 bytes of room before "..." hold one "é" only.
+  EXPECT_EQ(BoundText("\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9", 6), "\xc3\xa9...");
+  // A bound with no room for the ellipsis is still a bound.
+  EXPECT_EQ(BoundText("abcdef", 2), "ab");
+  EXPECT_EQ(BoundText("abcdef", 0), "");
 }
 
 TEST(RecordsTest, NowIsAPlausibleUnixTimeInMilliseconds) {

@@ -68,8 +68,8 @@ TEST(SchemaTest, EmptyFileGetsTheWholeSchema) {
   sqlite::Database db = OpenRaw(path);
   EXPECT_EQ(Int(db, "PRAGMA user_version"), LatestSchemaVersion());
   EXPECT_EQ(Int(db, "PRAGMA application_id"), kRecordsApplicationId);
-  for (const char* table :
-       {"experiments", "clients", "rounds", "client_rounds", "evaluations", "checkpoints", "client_events"}) {
+  for (const char* table : {"experiments", "clients", "rounds", "client_rounds", "evaluations", "checkpoints",
+                            "client_events", "security_events"}) {
     EXPECT_EQ(
         Int(db, std::string("SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = '") + table + "'"), 1)
         << table;
@@ -406,6 +406,64 @@ TEST(SchemaTest, ColumnDeclarationsSayWhichVersionAddedEachColumn) {
     std::sort(declared_tables.begin(), declared_tables.end());
     EXPECT_EQ(Rows(db, "SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name"), declared_tables);
   }
+}
+
+// A database an fl-server of schema v7 wrote (its DDL is migrations 1..7, which never change) opens with this
+// build: migrated to v8, its rows (client events among them) kept, and security events can be stored for its
+// experiment, for peers that never became clients.
+TEST(SchemaTest, VersionSevenDatabaseWithRowsMigratesToEight) {
+  ScratchDir dir;
+  const std::string path = dir.File("records.db");
+  {
+    sqlite::Database db = OpenRaw(path);
+    ASSERT_TRUE(MigrateSchema(db, SchemaMigrations().first(7)).ok());
+    ASSERT_TRUE(db.Exec(R"sql(
+      INSERT INTO experiments (id, name, started_unix_ms, software_version, task)
+        VALUES ('v7', 'old run', 1, '0.7', 'classification');
+      INSERT INTO clients (experiment_id, client_id, joined_unix_ms) VALUES ('v7', 'c1', 2);
+      INSERT INTO client_events (experiment_id, client_id, kind, reason, at_unix_ms)
+        VALUES ('v7', 'c1', 'session_closed', 'hello timeout', 3);
+    )sql").ok());
+    EXPECT_EQ(Int(db, "PRAGMA user_version"), 7);
+    EXPECT_EQ(Int(db, "SELECT count(*) FROM sqlite_schema WHERE name = 'security_events'"), 0);
+  }
+  // Before it is migrated, this build reads it as it is: no security events.
+  {
+    auto old_reader = RecordReader::OpenAnyVersion(path);
+    ASSERT_TRUE(old_reader.ok()) << old_reader.status();
+    EXPECT_EQ((*old_reader)->schema_version(), 7);
+    auto none = (*old_reader)->ListSecurityEvents("v7");
+    ASSERT_TRUE(none.ok()) << none.status();
+    EXPECT_TRUE(none->empty());
+  }
+  ASSERT_GE(LatestSchemaVersion(), 8);
+  auto store = RecordStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->settings().schema_version, LatestSchemaVersion());
+  const SecurityEventRecord event{
+      0, "v7", SecurityRefusal::kBadToken, "ipv4:127.0.0.1:50514", "", "ghost", "unknown client id 'ghost'", 4};
+  ASSERT_TRUE((*store)->Enqueue(event).ok());
+  absl::Status flushed = (*store)->Close();
+  ASSERT_TRUE(flushed.ok()) << flushed;
+
+  auto reader = RecordReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto client_events = (*reader)->ListClientEvents("v7");
+  ASSERT_TRUE(client_events.ok()) << client_events.status();
+  ASSERT_EQ(client_events->size(), 1u);
+  EXPECT_EQ((*client_events)[0].reason, "hello timeout");
+  auto events = (*reader)->ListSecurityEvents("v7");
+  ASSERT_TRUE(events.ok()) << events.status();
+  SecurityEventRecord stored = event;
+  stored.id = 1;
+  EXPECT_EQ(*events, std::vector<SecurityEventRecord>{stored});
+  sqlite::Database db = OpenRaw(path);
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND name = 'security_events_by_reason'"),
+            1);
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM pragma_foreign_key_list('security_events') WHERE \"table\" = 'experiments'"),
+            1);
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM pragma_foreign_key_list('security_events') WHERE \"table\" = 'clients'"),
+            0);
 }
 
 TEST(SchemaTest, FailedMigrationLeavesThePreviousVersion) {

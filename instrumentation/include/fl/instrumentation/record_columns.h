@@ -103,6 +103,15 @@ struct EnumTraits<ClientEventKind> {
   static std::string_view Name(ClientEventKind v) { return ClientEventKindName(v); }
   static absl::StatusOr<ClientEventKind> Parse(std::string_view s) { return ParseClientEventKind(s); }
 };
+template <>
+struct EnumTraits<SecurityRefusal> {
+  static constexpr std::array kValues = {SecurityRefusal::kNameMismatch,       SecurityRefusal::kWrongIdentity,
+                                         SecurityRefusal::kRevokedCertificate, SecurityRefusal::kBadToken,
+                                         SecurityRefusal::kJoinRate,           SecurityRefusal::kSessionLimit,
+                                         SecurityRefusal::kUploadLimit,        SecurityRefusal::kStreamDeadline};
+  static std::string_view Name(SecurityRefusal v) { return SecurityRefusalName(v); }
+  static absl::StatusOr<SecurityRefusal> Parse(std::string_view s) { return ParseSecurityRefusal(s); }
+};
 
 // "CHECK (column IN ('a', 'b'))" for an enumeration's stored names.
 template <class Enum>
@@ -204,7 +213,7 @@ struct Column {
   using BindFn = void (*)(sqlite::Statement& st, int index, const Row& row, const ColumnSpec& column);
   using ReadFn = absl::Status (*)(const sqlite::Statement& st, int column, Row& row);
   ColumnSpec spec;
-  BindFn bind = nullptr;  // nullptr: not written from Row (the database fills it: client_events.id)
+  BindFn bind = nullptr;  // nullptr: not written from Row (the database fills it: client_events.id, security_events.id)
   ReadFn read = nullptr;  // nullptr: not read back into Row (derived: island_epochs.num_members)
 };
 
@@ -266,6 +275,7 @@ const RowTable<ClientRoundRecord>& ClientRoundsTable();
 const RowTable<EvaluationRecord>& EvaluationsTable();
 const RowTable<CheckpointRecord>& CheckpointsTable();
 const RowTable<ClientEventRecord>& ClientEventsTable();
+const RowTable<SecurityEventRecord>& SecurityEventsTable();
 const RowTable<IslandRecord>& IslandsTable();
 const RowTable<IslandEpochRecord>& IslandEpochsTable();
 const RowTable<IslandSyncRecord>& IslandSyncsTable();

@@ -84,6 +84,8 @@ class RecordReader {
   absl::StatusOr<std::vector<CheckpointRecord>> ListCheckpoints(std::string_view experiment_id);
   // Client events of an experiment (schema v7), by time, then in the order they were written.
   absl::StatusOr<std::vector<ClientEventRecord>> ListClientEvents(std::string_view experiment_id);
+  // Security events of an experiment (schema v8), by time, then in the order they were written; none in older files.
+  absl::StatusOr<std::vector<SecurityEventRecord>> ListSecurityEvents(std::string_view experiment_id);
   // Islands experiments (schema v5): admissions by join_seq, epochs by number, members by (epoch, ring index).
   absl::StatusOr<std::vector<IslandRecord>> ListIslands(std::string_view experiment_id);
   absl::StatusOr<std::vector<IslandEpochRecord>> ListIslandEpochs(std::string_view experiment_id);

@@ -291,14 +291,56 @@ struct ClientEventRecord {
   bool operator==(const ClientEventRecord&) const = default;
 };
 
+// Why fl-server refused a peer on the secure federation channel (schema v8, table security_events). The stored
+// names (and the Prometheus label) are the snake_case after each.
+enum class SecurityRefusal {
+  kNameMismatch,        // "name_mismatch": a Join claiming another name than the client's certificate
+  kWrongIdentity,       // "wrong_identity": a call acting for another client than the certificate's (session,
+                        //   download, upload, leave)
+  kRevokedCertificate,  // "revoked_certificate": a call with a revoked certificate, or a session closed because
+                        //   its certificate was revoked
+  kBadToken,            // "bad_token": an unknown client id or a wrong session token
+  kJoinRate,            // "join_rate": Joins beyond the per-peer or per-identity rate
+  kSessionLimit,        // "session_limit": concurrent sessions beyond the per-peer or per-identity limit
+  kUploadLimit,         // "upload_limit": concurrent uploads beyond the per-peer or per-identity limit
+  kStreamDeadline,      // "stream_deadline": a stream cut off for a deadline (no first message, a message too late)
+};
+std::string_view SecurityRefusalName(SecurityRefusal r);
+absl::StatusOr<SecurityRefusal> ParseSecurityRefusal(std::string_view name);
+
+// The most bytes the store keeps of SecurityEventRecord's texts that a peer controls: a longer one is cut like a
+// client event's reason (BoundText). gRPC peer strings and client names are far shorter; the bounds only keep a
+// hostile peer from making rows unbounded.
+inline constexpr size_t kMaxSecurityEventPeerBytes = 256;     // peer, claimed
+inline constexpr size_t kMaxSecurityEventDetailBytes = 1024;  // detail (= kMaxClientEventReasonBytes)
+
+// One row of `security_events` (schema v8): a call fl-server refused or a stream it cut for the channel's
+// security (identity, revocation, tokens, rate and concurrency limits, deadlines), recorded with who asked and
+// what they were told. No client row is required: most refused peers never became clients.
+struct SecurityEventRecord {
+  int64_t id = 0;  // filled by the database when written (like client_events.id); ignored by the store
+  std::string experiment_id;
+  SecurityRefusal reason = SecurityRefusal::kNameMismatch;
+  std::string peer;      // gRPC's peer string, e.g. "ipv4:127.0.0.1:50514"; stored bounded to 256 bytes
+  std::string identity;  // the certificate's name; "" (NULL) over plaintext
+  std::string claimed;   // the client name/id the request claimed; "" (NULL) when none; stored bounded to 256 bytes
+  std::string detail;    // the refusal's message as sent to the peer; stored bounded to 1024 bytes
+  int64_t at_unix_ms = 0;
+
+  bool operator==(const SecurityEventRecord&) const = default;
+};
+
 using Record = std::variant<ExperimentRecord, ExperimentStatusUpdate, ClientRecord, ClientLeftRecord, RoundRecord,
                             RoundEvaluationUpdate, ClientRoundRecord, ClientRoundUplinkUpdate, EvaluationRecord,
                             CheckpointRecord, ExperimentTaskUpdate, RoundCommitRecord, EvaluationCommitRecord,
-                            RoundsSupersededUpdate, ClientEventRecord>;
+                            RoundsSupersededUpdate, ClientEventRecord, SecurityEventRecord>;
 
 // "round (experiment e1, round 3, attempt 0)": names a record in errors.
 std::string DescribeRecord(const Record& record);
 
+// `text` cut to at most `max_bytes` bytes: a longer text is cut at a UTF-8 character boundary and ends in "..."
+// (when max_bytes leaves room for it). What the store writes for the bounded texts of client and security events.
+std::string BoundText(std::string_view text, size_t max_bytes);
 // `reason` cut to at most kMaxClientEventReasonBytes bytes (what the store writes for a ClientEventRecord).
 std::string BoundClientEventReason(std::string_view reason);
 
