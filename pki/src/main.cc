@@ -21,6 +21,10 @@ void PrintIssued(const fl::pki::Issued& i, const std::string& dir) {
   std::cout << "issued " << fl::pki::KindName(i.kind) << " certificate " << i.name << " (serial " << i.serial_hex
             << ", valid until " << fl::pki::FormatTime(i.not_after) << "): " << paths.Cert(i.kind, i.name) << ", "
             << paths.Key(i.kind, i.name) << "\n";
+  if (i.kind == fl::pki::Kind::kIsland) {
+    std::cout << "CurveZMQ key pair for the ring: " << paths.CurvePublic(i.name) << ", " << paths.CurveSecret(i.name)
+              << "\n";
+  }
 }
 
 }  // namespace
@@ -60,7 +64,8 @@ int main(int argc, char** argv) {
   };
   CLI::App* add_client = app.add_subcommand("add-client", "issue a client certificate (CN and fl-client://<name>)");
   add_issue_options(add_client);
-  CLI::App* add_island = app.add_subcommand("add-island", "issue an island certificate (CN and fl-island://<name>)");
+  CLI::App* add_island = app.add_subcommand(
+      "add-island", "issue an island certificate (CN and fl-island://<name>) and its CurveZMQ key pair for the ring");
   add_issue_options(add_island);
   CLI::App* add_server = app.add_subcommand("add-server", "issue a server certificate for DNS names and IPs");
   add_issue_options(add_server);

@@ -379,6 +379,39 @@ absl::Status ValidateIp(const std::string& ip) {
   return absl::InvalidArgumentError(fl::StrCat("IP address '", ip, "' is neither IPv4 (10.0.0.1) nor IPv6 (fd00::1)"));
 }
 
+// Z85 (ZeroMQ RFC 32), the text form of CurveZMQ keys: 4 bytes <-> 5 characters.
+constexpr char kZ85[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
+
+std::string Z85Encode(const unsigned char* data, size_t size) {  // size: a multiple of 4
+  std::string out;
+  for (size_t i = 0; i < size; i += 4) {
+    uint32_t v = (uint32_t{data[i]} << 24) | (uint32_t{data[i + 1]} << 16) | (uint32_t{data[i + 2]} << 8) | data[i + 3];
+    char block[5];
+    for (int k = 4; k >= 0; --k) {
+      block[k] = kZ85[v % 85];
+      v /= 85;
+    }
+    out.append(block, 5);
+  }
+  return out;
+}
+
+// A 40-character Z85 key -> its 32 bytes; false for anything else.
+bool Z85Decode32(std::string_view text, unsigned char out[32]) {
+  if (text.size() != 40) return false;
+  for (size_t i = 0; i < 40; i += 5) {
+    uint64_t v = 0;
+    for (size_t k = 0; k < 5; ++k) {
+      const char* at = std::strchr(kZ85, text[i + k]);
+      if (text[i + k] == '\0' || at == nullptr) return false;
+      v = v * 85 + static_cast<uint64_t>(at - kZ85);
+    }
+    if (v > 0xffffffffULL) return false;
+    for (int b = 0; b < 4; ++b) out[i / 5 * 4 + b] = static_cast<unsigned char>(v >> (24 - 8 * b));
+  }
+  return true;
+}
+
 std::string_view KindDir(Kind kind) {
   switch (kind) {
     case Kind::kServer: return "server";
@@ -389,6 +422,56 @@ std::string_view KindDir(Kind kind) {
 }
 
 }  // namespace
+
+absl::StatusOr<CurveKeyPair> NewCurveKeyPair() {
+  KeyPtr key(EVP_PKEY_Q_keygen(nullptr, nullptr, "X25519"));
+  if (!key) return SslError("generating an X25519 (CurveZMQ) key pair");
+  unsigned char pub[32], sec[32];
+  size_t pub_len = sizeof(pub), sec_len = sizeof(sec);
+  if (EVP_PKEY_get_raw_public_key(key.get(), pub, &pub_len) != 1 ||
+      EVP_PKEY_get_raw_private_key(key.get(), sec, &sec_len) != 1 || pub_len != 32 || sec_len != 32) {
+    return SslError("reading the raw X25519 key");
+  }
+  CurveKeyPair pair{Z85Encode(pub, 32), Z85Encode(sec, 32)};
+  OPENSSL_cleanse(sec, sizeof(sec));
+  return pair;
+}
+
+absl::StatusOr<std::string> CurvePublicKey(std::string_view secret_z85) {
+  unsigned char sec[32];
+  if (!Z85Decode32(secret_z85, sec)) {
+    return absl::InvalidArgumentError("a CurveZMQ secret key is 40 characters of Z85 (fl-provision add-island)");
+  }
+  KeyPtr key(EVP_PKEY_new_raw_private_key(EVP_PKEY_X25519, nullptr, sec, sizeof(sec)));
+  OPENSSL_cleanse(sec, sizeof(sec));
+  if (!key) return SslError("loading an X25519 secret key");
+  unsigned char pub[32];
+  size_t pub_len = sizeof(pub);
+  if (EVP_PKEY_get_raw_public_key(key.get(), pub, &pub_len) != 1 || pub_len != 32) {
+    return SslError("deriving the X25519 public key");
+  }
+  return Z85Encode(pub, 32);
+}
+
+absl::StatusOr<std::string> ReadCurveKeyFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(fl::StrCat("cannot read CurveZMQ key file ", path, ": ", std::strerror(errno),
+                                          "; `fl-provision add-island NAME --dir D` writes D/islands/NAME.curve.pub "
+                                          "and .curve.key (docs/security.md)"));
+  }
+  std::ostringstream s;
+  s << in.rdbuf();
+  std::string text = s.str();
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+  unsigned char raw[32];
+  if (!Z85Decode32(text, raw)) {
+    return absl::InvalidArgumentError(fl::StrCat("CurveZMQ key file ", path,
+                                                 " does not hold a 40-character Z85 key; "
+                                                 "reissue it with `fl-provision add-island NAME --dir D --force`"));
+  }
+  return text;
+}
 
 std::string_view KindName(Kind kind) {
   switch (kind) {
@@ -429,6 +512,12 @@ std::string Paths::Cert(Kind kind, std::string_view name) const {
 }
 std::string Paths::Key(Kind kind, std::string_view name) const {
   return fl::StrCat(dir, "/", KindDir(kind), "/", name, ".key");
+}
+std::string Paths::CurvePublic(std::string_view island) const {
+  return fl::StrCat(dir, "/", KindDir(Kind::kIsland), "/", island, ".curve.pub");
+}
+std::string Paths::CurveSecret(std::string_view island) const {
+  return fl::StrCat(dir, "/", KindDir(Kind::kIsland), "/", island, ".curve.key");
 }
 
 Validity Validity::Days(int days) { return Validity{0, int64_t{days} * 86400}; }
@@ -564,6 +653,12 @@ absl::StatusOr<Issued> Issue(const std::string& dir, Kind kind, std::string_view
   }
   if (absl::Status s = WriteFileAtomic(key_path, *key_pem, 0600); !s.ok()) return s;
   if (absl::Status s = WriteFileAtomic(cert_path, *cert_pem, 0644); !s.ok()) return s;
+  if (kind == Kind::kIsland) {  // the ring's CurveZMQ keys travel with the island's certificate
+    absl::StatusOr<CurveKeyPair> curve = NewCurveKeyPair();
+    if (!curve.ok()) return curve.status();
+    if (absl::Status s = WriteFileAtomic(paths.CurveSecret(name), curve->secret_key + "\n", 0600); !s.ok()) return s;
+    if (absl::Status s = WriteFileAtomic(paths.CurvePublic(name), curve->public_key + "\n", 0644); !s.ok()) return s;
+  }
   Issued issued;
   issued.name = std::string(name);
   issued.kind = kind;

@@ -2,6 +2,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -10,6 +11,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "fl/core/str_cat.h"
 #include "fl/pki/pki.h"
 #include "fl/testing/scratch_dir.h"
 #include "x509_check.h"
@@ -93,6 +95,48 @@ TEST_F(ProvisionTest, IslandCertificateNamesTheIslandAndHasBothUsages) {
   EXPECT_EQ(CommonName(c.get()), "island.3");
   EXPECT_THAT(Sans(c.get()), ElementsAre("URI:fl-island://island.3"));
   EXPECT_EQ(X509_get_extended_key_usage(c.get()), uint32_t{XKU_SSL_SERVER | XKU_SSL_CLIENT});
+}
+
+TEST_F(ProvisionTest, IslandGetsACurveKeyPairWhosePublicKeyMatchesItsSecretKey) {
+  Must(Issue(ca_dir_, Kind::kIsland, "island-a", {}));
+  Must(Issue(ca_dir_, Kind::kIsland, "island-b", {}));
+  absl::StatusOr<std::string> pub = ReadCurveKeyFile(paths_.CurvePublic("island-a"));
+  absl::StatusOr<std::string> sec = ReadCurveKeyFile(paths_.CurveSecret("island-a"));
+  ASSERT_TRUE(pub.ok()) << pub.status();
+  ASSERT_TRUE(sec.ok()) << sec.status();
+  EXPECT_EQ(pub->size(), 40u);
+  absl::StatusOr<std::string> derived = CurvePublicKey(*sec);
+  ASSERT_TRUE(derived.ok()) << derived.status();
+  EXPECT_EQ(*derived, *pub);
+  EXPECT_NE(*ReadCurveKeyFile(paths_.CurvePublic("island-b")), *pub);
+  struct stat st {};
+  ASSERT_EQ(::stat(paths_.CurveSecret("island-a").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(::stat(paths_.CurvePublic("island-a").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0644u);
+  // Clients and servers have no ring keys.
+  Must(Issue(ca_dir_, Kind::kClient, "c", {}));
+  EXPECT_FALSE(std::filesystem::exists(fl::StrCat(ca_dir_, "/clients/c.curve.pub")));
+  // --force replaces the key pair with the certificate.
+  IssueOptions force;
+  force.force = true;
+  Must(Issue(ca_dir_, Kind::kIsland, "island-a", force));
+  EXPECT_NE(*ReadCurveKeyFile(paths_.CurvePublic("island-a")), *pub);
+}
+
+TEST_F(ProvisionTest, CurveKeysRoundTripZ85AndRefuseOtherText) {
+  absl::StatusOr<CurveKeyPair> pair = NewCurveKeyPair();
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  EXPECT_EQ(pair->secret_key.size(), 40u);
+  EXPECT_EQ(*CurvePublicKey(pair->secret_key), pair->public_key);
+  EXPECT_EQ(CurvePublicKey("too short").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CurvePublicKey(std::string(40, '~')).status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string bad = fl::StrCat(ca_dir_, "/bad.curve.pub");
+  std::ofstream(bad) << "not a key\n";
+  absl::StatusOr<std::string> read = ReadCurveKeyFile(bad);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(read.status().message()), HasSubstr(bad));
+  EXPECT_EQ(ReadCurveKeyFile(fl::StrCat(ca_dir_, "/missing.curve.pub")).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(ProvisionTest, CaIsACaWithA128BitRandomSerialPerCertificate) {

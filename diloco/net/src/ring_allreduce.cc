@@ -31,6 +31,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -49,6 +50,7 @@
 #include "fl/core/codec.h"
 #include "fl/core/str_cat.h"
 #include "fl/diloco/ring_wire.h"
+#include "ring_curve.h"
 #include "ring_kernels.h"
 
 namespace fl::diloco {
@@ -251,10 +253,21 @@ class RingAllReduce::Impl {
     context_.set(zmq::ctxopt::io_threads, std::min(1 + options_.connections_per_peer, 4));
     const std::string& bind_to =
         options_.bind_endpoint.empty() ? options_.members[self_].endpoint : options_.bind_endpoint;
+    if (options_.curve.has_value()) {
+      // Before the bind: without a ZAP handler libzmq would admit any CURVE client.
+      auto zap = ZapAuthenticator::Start(
+          context_, std::set<std::string>(options_.curve->public_keys.begin(), options_.curve->public_keys.end()));
+      if (!zap.ok()) return zap.status();
+      zap_ = std::move(*zap);
+    }
     try {
       pull_ = zmq::socket_t(context_, zmq::socket_type::pull);
       pull_.set(zmq::sockopt::rcvhwm, 0);
       pull_.set(zmq::sockopt::linger, 0);
+      if (options_.curve.has_value()) {
+        pull_.set(zmq::sockopt::curve_server, 1);
+        pull_.set(zmq::sockopt::curve_secretkey, options_.curve->secret_key);
+      }
       AddMonitor(pull_, "pull");
       pull_.bind(bind_to);
       bound_endpoint_ = pull_.get(zmq::sockopt::last_endpoint);
@@ -378,6 +391,11 @@ class RingAllReduce::Impl {
         zmq::socket_t push(context_, zmq::socket_type::push);
         push.set(zmq::sockopt::sndhwm, 0);
         push.set(zmq::sockopt::linger, 0);
+        if (options_.curve.has_value()) {
+          push.set(zmq::sockopt::curve_serverkey, options_.curve->public_keys[succ_]);
+          push.set(zmq::sockopt::curve_publickey, options_.curve->public_keys[self_]);
+          push.set(zmq::sockopt::curve_secretkey, options_.curve->secret_key);
+        }
         AddMonitor(push, fl::StrCat("push", k, "-", push_generation_));
         push.connect(options_.members[succ_].endpoint);
         push_.push_back(std::move(push));
@@ -422,7 +440,9 @@ class RingAllReduce::Impl {
 
   void AddMonitor(zmq::socket_t& socket, const std::string& what) {
     const std::string address = fl::StrCat("inproc://fl-ring-monitor-", reinterpret_cast<uintptr_t>(this), "-", what);
-    if (zmq_socket_monitor(socket.handle(), address.c_str(), ZMQ_EVENT_DISCONNECTED) != 0) {
+    // With CURVE, a handshake refused by the successor's authenticator is reported too (HANDSHAKE_FAILED_AUTH).
+    const int events = ZMQ_EVENT_DISCONNECTED | (options_.curve.has_value() ? ZMQ_EVENT_HANDSHAKE_FAILED_AUTH : 0);
+    if (zmq_socket_monitor(socket.handle(), address.c_str(), events) != 0) {
       throw zmq::error_t();
     }
     zmq::socket_t monitor(context_, zmq::socket_type::pair);
@@ -817,7 +837,7 @@ class RingAllReduce::Impl {
             "ring exchange ", exchange_id_, ": member ", Name(self_), " received nothing from its predecessor ",
             Name(pred_), " within ", absl::FormatDuration(options_.timeout), " (waiting for ",
             wire::MessageTypeName(type), " step ", step, ", chunk ", chunk, ", sub-chunk ", sub,
-            "); that member, or one before it in the ring, has stalled or vanished"));
+            "); that member, or one before it in the ring, has stalled or vanished", CurveRefusals()));
       }
       const auto wait_ms = std::chrono::ceil<std::chrono::milliseconds>(deadline_ - now);
       std::vector<zmq::pollitem_t> items;
@@ -976,6 +996,15 @@ class RingAllReduce::Impl {
           std::memcpy(&value, static_cast<const uint8_t*>(event.data()) + 2, 4);
         }
         while (event.more()) (void)monitors_[i].recv(event);  // the endpoint frame
+        if (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && i > 0) {
+          // Nothing this member sends can reach the successor: fail now rather than at the timeout.
+          return absl::PermissionDeniedError(
+              fl::StrCat("ring exchange ", exchange_id_, ": member ", Name(succ_),
+                         " refused the CurveZMQ handshake of ", Name(self_), " (ZAP status ", value,
+                         "): this member's public key is not among the ring's keys "
+                         "there; give every island the same provisioned islands/ folder (fl-provision add-island, "
+                         "docs/security.md)"));
+        }
         if (id != ZMQ_EVENT_DISCONNECTED) continue;
         if (i == 0) {  // the bound socket: only the predecessor's connections matter
           if (pred_fds_.erase(value) == 0) continue;
@@ -989,6 +1018,16 @@ class RingAllReduce::Impl {
       }
     }
     return absl::OkStatus();
+  }
+
+  // What the authenticator refused, for a timeout's message: a predecessor whose key is not in the ring's set
+  // looks, from here, exactly like a silent one.
+  std::string CurveRefusals() const {
+    if (zap_ == nullptr || zap_->refused() == 0) return "";
+    return fl::StrCat("; CurveZMQ refused ", zap_->refused(),
+                      " connection(s) whose public key is not one of the "
+                      "ring's members (last: ",
+                      zap_->last_refused_key(), ")");
   }
 
   // ---- Failure: tell the successor (who tells the rest), so that every member fails fast and blames the
@@ -1026,6 +1065,7 @@ class RingAllReduce::Impl {
 
   ZeroCopyTracker zero_copy_;  // declared before context_: outlives it (the context releases last messages)
   zmq::context_t context_;
+  std::unique_ptr<ZapAuthenticator> zap_;  // CurveZMQ only; destroyed before the context terminates
   zmq::socket_t pull_;
   std::vector<zmq::socket_t> push_;
   std::vector<zmq::socket_t> monitors_;  // [0] watches pull_, [1 + k] watches push_[k]
@@ -1089,6 +1129,32 @@ absl::StatusOr<std::unique_ptr<RingAllReduce>> RingAllReduce::Create(const RingO
   }
   if (options.sub_chunk_values == 0) return absl::InvalidArgumentError("RingOptions.sub_chunk_values is 0");
   if (options.linger < absl::ZeroDuration()) return absl::InvalidArgumentError("RingOptions.linger is < 0");
+  if (options.curve.has_value()) {
+    if (absl::Status s = CheckCurveSupport(); !s.ok()) return s;
+    const RingCurve& c = *options.curve;
+    if (c.public_keys.size() != options.members.size()) {
+      return absl::InvalidArgumentError(fl::StrCat("RingOptions.curve has ", c.public_keys.size(), " public keys for ",
+                                                   options.members.size(),
+                                                   " members; it needs one per member, in ring order"));
+    }
+    for (size_t i = 0; i < c.public_keys.size(); ++i) {
+      if (!IsZ85Key(c.public_keys[i])) {
+        return absl::InvalidArgumentError(fl::StrCat("RingOptions.curve: the public key of member '",
+                                                     options.members[i].id,
+                                                     "' is not 40 characters of Z85 (fl-provision add-island)"));
+      }
+    }
+    std::array<char, 41> derived{};
+    if (!IsZ85Key(c.secret_key) || zmq_curve_public(derived.data(), c.secret_key.c_str()) != 0 ||
+        std::string(derived.data(), 40) != c.public_keys[options.self]) {
+      return absl::InvalidArgumentError(fl::StrCat(
+          "RingOptions.curve: the secret key is not 40 characters of Z85 or does not belong to the public key of "
+          "this member '",
+          options.members[options.self].id,
+          "'; use the .curve.key and .curve.pub that "
+          "fl-provision add-island wrote together"));
+    }
+  }
   auto impl = std::make_unique<Impl>(options);
   if (absl::Status s = impl->Init(); !s.ok()) return s;
   return std::unique_ptr<RingAllReduce>(new RingAllReduce(std::move(impl)));

@@ -9,6 +9,7 @@
 //   <dir>/server/<name>.crt, .key    server certificates (DNS names and IPs as subjectAltName, EKU serverAuth)
 //   <dir>/clients/<name>.crt, .key   client certificates (CN = name, URI SAN fl-client://<name>, EKU clientAuth)
 //   <dir>/islands/<name>.crt, .key   island certificates (CN = name, URI SAN fl-island://<name>, both EKUs)
+//   <dir>/islands/<name>.curve.pub, .curve.key   the island's CurveZMQ key pair for the ring (Z85 text, 0644/0600)
 //
 // Keys are written with mode 0600 and never replaced unless asked (`force`); a replaced certificate is revoked
 // in the same step, so that rotating a key leaves no older valid certificate for the same name behind.
@@ -43,7 +44,25 @@ struct Paths {
   // <dir>/server|clients|islands/<name>.crt and .key.
   std::string Cert(Kind kind, std::string_view name) const;
   std::string Key(Kind kind, std::string_view name) const;
+  // <dir>/islands/<name>.curve.pub and .curve.key: an island's CurveZMQ key pair (islands only).
+  std::string CurvePublic(std::string_view island) const;
+  std::string CurveSecret(std::string_view island) const;
 };
+
+// A CurveZMQ key pair (Curve25519, what zmq_curve_keypair makes) as Z85 text, 40 characters each: the islands'
+// ring authenticates its members with it (docs/security.md). Made with OpenSSL's X25519, whose raw keys are
+// libsodium's crypto_box keys, so that fl-provision needs no libzmq.
+struct CurveKeyPair {
+  std::string public_key;
+  std::string secret_key;
+};
+absl::StatusOr<CurveKeyPair> NewCurveKeyPair();
+// The public key of a Z85 secret key (what zmq_curve_public computes); InvalidArgument for text that is not
+// 40 characters of Z85.
+absl::StatusOr<std::string> CurvePublicKey(std::string_view secret_z85);
+// Reads a .curve.pub or .curve.key file: its 40 Z85 characters (a trailing newline is allowed). Errors name the
+// file and what to do.
+absl::StatusOr<std::string> ReadCurveKeyFile(const std::string& path);
 
 // A validity period relative to now. Days is what the tool offers; the seconds form lets tests make a certificate
 // that is already expired (not_after_s <= 0) or not yet valid.
@@ -88,7 +107,8 @@ struct Issued {
 // The checks Issue makes before touching anything: the name, and a server's DNS names and IP addresses.
 absl::Status ValidateIssue(Kind kind, std::string_view name, const IssueOptions& options);
 
-// Issues a certificate and key for `name`, signed by the CA in `dir`, and records it in the index.
+// Issues a certificate and key for `name`, signed by the CA in `dir`, and records it in the index. An island also
+// gets a new CurveZMQ key pair (Paths::CurvePublic/CurveSecret), replaced with the certificate under `force`.
 absl::StatusOr<Issued> Issue(const std::string& dir, Kind kind, std::string_view name, const IssueOptions& options);
 
 // Revokes every unrevoked certificate named `name` (of `kind` when given: the same name may be a client and an

@@ -99,6 +99,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -114,6 +115,20 @@ struct RingMember {
   std::string endpoint;  // ZeroMQ endpoint this member BINDS, e.g. "tcp://127.0.0.1:5555"; unique in the ring
 };
 
+// CurveZMQ for the ring (docs/security.md): every connection is encrypted and authenticated. The bound (PULL)
+// side is a CURVE server with this member's secret key and admits, through a ZAP handler, only the public keys
+// in `public_keys`; each PUSH side is a CURVE client with this member's key pair and its successor's public key.
+// A member whose key is not in its successor's set cannot deliver anything: it fails with PermissionDenied
+// naming the successor, and the successor times out naming the refused key. Keys are Z85 text, 40 characters
+// (fl-provision add-island writes them: islands/<name>.curve.pub, .curve.key).
+struct RingCurve {
+  std::string secret_key;                // this member's secret key
+  std::vector<std::string> public_keys;  // every member's public key, in ring order (public_keys[self] is ours)
+};
+
+// OK when this process's libzmq has CURVE (zmq_has("curve")); otherwise Unavailable saying what to install.
+absl::Status RingCurveSupported();
+
 struct RingOptions {
   std::vector<RingMember> members;             // ring order, fixed by the coordinator; identical on every member
   size_t self = 0;                             // index of this member in `members`
@@ -126,6 +141,8 @@ struct RingOptions {
   // What this member binds, when peers reach it through something in between (an emulated WAN link's relay,
   // a NAT): members[self].endpoint is then what the others dial. Empty = bind members[self].endpoint.
   std::string bind_endpoint;
+  // Set: CurveZMQ on every connection (above). Unset: plaintext ZeroMQ (fl-island --insecure).
+  std::optional<RingCurve> curve;
 };
 
 enum class ReduceOp { kMean, kSum };
@@ -170,7 +187,9 @@ class RingAllReduce {
   // Validates the options (members non-empty with unique non-empty ids and endpoints, self in range, codec
   // spec, connections_per_peer in [1, 16], timeout > 0, sub_chunk_values >= 1), binds members[self].endpoint
   // and connects to the successor's. Does not wait for peers: connections complete in the background.
-  // Errors: InvalidArgument for bad options; Unavailable when the endpoint cannot be bound (in use).
+  // Errors: InvalidArgument for bad options (with `curve`: a key that is not 40 characters of Z85, one public
+  // key per member, a secret key that does not belong to public_keys[self]); Unavailable when the endpoint
+  // cannot be bound (in use) or libzmq lacks CURVE.
   static absl::StatusOr<std::unique_ptr<RingAllReduce>> Create(const RingOptions& options);
 
   ~RingAllReduce();
