@@ -178,6 +178,17 @@ absl::Status LoadClientEvents(ins::RecordReader& reader, ExperimentData& data) {
   return absl::OkStatus();
 }
 
+absl::Status LoadSecurityEvents(ins::RecordReader& reader, ExperimentData& data) {
+  absl::StatusOr<std::vector<ins::SecurityEventRecord>> rows = reader.ListSecurityEvents(data.experiment.id);
+  if (!rows.ok()) return rows.status();
+  for (ins::SecurityEventRecord& r : *rows) {
+    data.security_events.push_back(SecurityEventRow{std::string(ins::SecurityRefusalName(r.reason)), std::move(r.peer),
+                                                    std::move(r.identity), std::move(r.claimed), std::move(r.detail),
+                                                    r.at_unix_ms});
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 const ClientInfo* ExperimentData::FindClient(std::string_view client_id) const {
@@ -238,6 +249,7 @@ absl::StatusOr<ExperimentData> LoadExperiment(const std::string& db_path, std::s
   if (absl::Status s = LoadClientRounds(reader, data); !s.ok()) return s;
   if (absl::Status s = LoadEvaluations(reader, data); !s.ok()) return s;
   if (absl::Status s = LoadClientEvents(reader, data); !s.ok()) return s;
+  if (absl::Status s = LoadSecurityEvents(reader, data); !s.ok()) return s;
   return data;
 }
 

@@ -102,6 +102,10 @@ std::string HtmlReport(const ExperimentData& data, const Analysis& analysis, con
   if (!tables[3].rows.empty()) {
     out += fl::StrCat("<h2 id=\"client-events\">", Esc(tables[3].title), "</h2>\n", TableHtml(tables[3]));
   }
+  // Likewise for security events (none before v8): what a peer was refused, beside what clients were.
+  if (!tables[4].rows.empty()) {
+    out += fl::StrCat("<h2 id=\"security-events\">", Esc(tables[4].title), "</h2>\n", TableHtml(tables[4]));
+  }
   out += fl::StrCat("<h2 id=\"rounds\">", Esc(tables[0].title), "</h2>\n");
   out += "<figure>\n" + RoundTimeSvg(data, analysis) + "</figure>\n";
   out += TableHtml(tables[0]);

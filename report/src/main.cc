@@ -1,8 +1,8 @@
 // fl-report: tables and plots of an experiment out of a records database (docs/report.md).
 //
 //   fl-report DB [--experiment ID] [--format text|csv|json|html|svg] [--out PATH|DIR]
-//                [--table rounds|links|stragglers|client_events] [--plot timeline|phase_shares|round_time]
-//                [--rounds A:B]
+//                [--table rounds|links|stragglers|client_events|security_events]
+//                [--plot timeline|phase_shares|round_time] [--rounds A:B]
 //
 // Exit codes: 0 done; 1 the database could not be read or holds nothing to report; 2 bad usage.
 #include <filesystem>
@@ -101,7 +101,8 @@ int main(int argc, char** argv) {
                  "Output file; a directory for several files (csv without --table, svg without --plot). "
                  "Default: standard output");
   app.add_option("--table", table, "Only this table (text, csv, json)")
-      ->check(CLI::IsMember({"rounds", "links", "stragglers", "client_events"}));
+      ->check(CLI::IsMember(std::vector<std::string>(std::begin(fl::report::kTableNames),
+                                                      std::end(fl::report::kTableNames))));
   app.add_option("--plot", plot, "Only this plot (svg)")
       ->check(CLI::IsMember({"timeline", "phase_shares", "round_time"}));
   app.add_option("--rounds", rounds, "Timeline window: A:B, A:, :B or one round A (svg, html)");

@@ -187,9 +187,22 @@ Table ClientEventsTable(const ExperimentData& data) {
   return t;
 }
 
+Table SecurityEventsTable(const ExperimentData& data) {
+  Table t;
+  t.name = "security_events";
+  t.title = fl::StrCat("Security events (", data.security_events.size(),
+                       ": calls fl-server refused on the secure channel, and why)");
+  t.columns = {{"at_unix_ms", 0}, {"reason", 0},  {"peer", 0},
+               {"identity", 0},   {"claimed", 0}, {"detail", 0}};
+  for (const SecurityEventRow& e : data.security_events) {
+    t.rows.push_back({e.at_unix_ms, e.reason, Text(e.peer), Text(e.identity), Text(e.claimed), Text(e.detail)});
+  }
+  return t;
+}
+
 std::vector<Table> AllTables(const ExperimentData& data, const Analysis& analysis) {
   return {RoundsTable(data, analysis), LinksTable(data, analysis), StragglersTable(data, analysis),
-          ClientEventsTable(data)};
+          ClientEventsTable(data), SecurityEventsTable(data)};
 }
 
 absl::StatusOr<Table> TableByName(const ExperimentData& data, const Analysis& analysis, std::string_view name) {
@@ -197,8 +210,10 @@ absl::StatusOr<Table> TableByName(const ExperimentData& data, const Analysis& an
   if (name == "links") return LinksTable(data, analysis);
   if (name == "stragglers") return StragglersTable(data, analysis);
   if (name == "client_events") return ClientEventsTable(data);
-  return absl::InvalidArgumentError(
-      fl::StrCat("unknown table '", name, "'; the tables are rounds, links, stragglers, client_events"));
+  if (name == "security_events") return SecurityEventsTable(data);
+  std::string names;
+  for (std::string_view n : kTableNames) names += fl::StrCat(names.empty() ? "" : ", ", n);
+  return absl::InvalidArgumentError(fl::StrCat("unknown table '", name, "'; the tables are ", names));
 }
 
 std::string FormatCell(const Column& column, const Cell& cell) {
@@ -315,7 +330,14 @@ std::string RenderJson(const ExperimentData& data, const Analysis& analysis, con
       {"client_events",
        "what fl-server refused from a client (report_refused: a reported figure failed "
        "validation) or did to it (upload_revoked, initial_model_reasked, session_closed) outside "
-       "its round rows, with why (records schema v7; none in older records)"}};
+       "its round rows, with why (records schema v7; none in older records)"},
+      {"security_events",
+       "what fl-server refused on the secure federation channel, by reason: name_mismatch (a Join claiming "
+       "another name than its certificate's), wrong_identity (a call for another client than the certificate's), "
+       "revoked_certificate, bad_token (an unknown client id or a wrong session token), join_rate, session_limit, "
+       "upload_limit (beyond a per-peer or per-identity limit), stream_deadline (a stream cut off for a deadline); "
+       "with the peer, its certificate's name (identity), the name it claimed and what it was told (records "
+       "schema v8; none in older records)"}};
   nlohmann::ordered_json out_tables = nlohmann::ordered_json::object();
   for (const Table& t : tables) {
     nlohmann::ordered_json rows = nlohmann::ordered_json::array();

@@ -38,6 +38,8 @@ class CliTest : public ::testing::Test {
     }
     f.ClientEvent("main", "wifi", fl::instrumentation::ClientEventKind::kSessionClosed, -1, "",
                   "more than 100 messages/s", 4500);
+    f.SecurityEvent("main", fl::instrumentation::SecurityRefusal::kSessionLimit, "ipv4:10.0.0.7:5000", "g5", "g5",
+                    "too many sessions for this certificate", 4600);
     f.Close();
   }
 
@@ -115,7 +117,7 @@ TEST_F(CliTest, ListShowsEveryExperiment) {
 TEST_F(CliTest, CsvWritesOneFilePerTable) {
   const std::string out = dir_.File("csv");
   ASSERT_EQ(Report({db_, "--format", "csv", "--out", out}).code, 0);
-  for (const char* t : {"rounds", "links", "stragglers", "client_events"}) {
+  for (const char* t : {"rounds", "links", "stragglers", "client_events", "security_events"}) {
     EXPECT_TRUE(std::filesystem::exists(out + "/" + t + ".csv")) << t;
   }
   const std::string rounds = ReadAll(out + "/rounds.csv");
@@ -130,6 +132,11 @@ TEST_F(CliTest, CsvWritesOneFilePerTable) {
   ASSERT_EQ(events.code, 0);
   EXPECT_NE(events.output.find("\n4500,wifi,wifi,session_closed,,,more than 100 messages/s\r\n"), std::string::npos)
       << events.output;
+  const ToolResult security = Report({db_, "--format", "csv", "--table", "security_events"});
+  ASSERT_EQ(security.code, 0) << security.output;
+  EXPECT_EQ(security.output,
+            "at_unix_ms,reason,peer,identity,claimed,detail\r\n"
+            "4600,session_limit,ipv4:10.0.0.7:5000,g5,g5,too many sessions for this certificate\r\n");
 }
 
 TEST_F(CliTest, JsonFileParsesWithTheFiguresOfTheRecords) {

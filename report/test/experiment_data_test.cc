@@ -180,7 +180,7 @@ TEST(ExperimentDataTest, SchemaV2DatabaseLoadsWithPhasesLaidEndToEnd) {
 }
 
 // A database of every schema version loads as it is (fl-report never migrates): what the version has is there,
-// what came later is empty; only v7 has client events.
+// what came later is empty; only v7 and later have client events, only v8 and later security events.
 TEST(ExperimentDataTest, EverySchemaVersionLoads) {
   fl::testing::ScratchDir dir("report_versions");
   for (int version = 1; version <= ins::LatestSchemaVersion(); ++version) {
@@ -208,6 +208,11 @@ TEST(ExperimentDataTest, EverySchemaVersionLoads) {
                              "VALUES ('run', 'a', 'upload_revoked', 1, 'too slow', 1300)")
                         .ok());
       }
+      if (version >= 8) {
+        ASSERT_TRUE(db->Exec("INSERT INTO security_events (experiment_id, reason, peer, identity, detail, at_unix_ms) "
+                             "VALUES ('run', 'revoked_certificate', 'ipv4:10.0.0.2:4000', 'pi', 'revoked', 1350)")
+                        .ok());
+      }
     }
     auto data = LoadExperiment(path);
     ASSERT_TRUE(data.ok()) << data.status();
@@ -229,6 +234,16 @@ TEST(ExperimentDataTest, EverySchemaVersionLoads) {
       EXPECT_EQ(data->client_events[0].kind, "upload_revoked");
       EXPECT_EQ(data->client_events[0].round, 1);
       EXPECT_EQ(data->client_events[0].reason, "too slow");
+    }
+    ASSERT_EQ(data->security_events.size(), version >= 8 ? 1u : 0u);
+    if (version >= 8) {
+      const SecurityEventRow& e = data->security_events[0];
+      EXPECT_EQ(e.reason, "revoked_certificate");
+      EXPECT_EQ(e.peer, "ipv4:10.0.0.2:4000");
+      EXPECT_EQ(e.identity, "pi");
+      EXPECT_EQ(e.claimed, "");
+      EXPECT_EQ(e.detail, "revoked");
+      EXPECT_EQ(e.at_unix_ms, 1350);
     }
   }
 }

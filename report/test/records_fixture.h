@@ -147,6 +147,13 @@ class RecordsFixture {
                                task_id, reason, at_unix_ms});
   }
 
+  // A call fl-server refused on the secure channel (schema v8).
+  void SecurityEvent(const std::string& experiment, ins::SecurityRefusal reason, const std::string& peer,
+                     const std::string& identity, const std::string& claimed, const std::string& detail,
+                     int64_t at_unix_ms) {
+    Put(ins::SecurityEventRecord{0, experiment, reason, peer, identity, claimed, detail, at_unix_ms});
+  }
+
   // Everything enqueued is committed (the report reads it on its own connection).
   void Flush() {
     if (store_ != nullptr) {

@@ -44,6 +44,9 @@ class TablesTest : public ::testing::Test {
     f.ClientEvent("e", "g5, the slow one", ins::ClientEventKind::kUploadRevoked, 2, "t-2",
                   "upload revoked: 12 bytes/s, under --min-upload-rate", 2500);
     f.ClientEvent("e", "eth-1", ins::ClientEventKind::kReportRefused, -1, "", "clock pong refused", 1500);
+    f.SecurityEvent("e", ins::SecurityRefusal::kNameMismatch, "ipv4:127.0.0.1:50514", "alice", "bob",
+                    "client_name 'bob' is not the certificate's 'alice'", 1700);
+    f.SecurityEvent("e", ins::SecurityRefusal::kBadToken, "ipv4:10.0.0.9:4000", "", "", "unknown client id", 1600);
     f.Close();
     auto data = LoadExperiment(dir_.File("r.db"));
     ASSERT_TRUE(data.ok()) << data.status();
@@ -116,10 +119,19 @@ TEST_F(TablesTest, JsonHasEveryTableWithTheSameFigures) {
 TEST_F(TablesTest, TableByNameRejectsUnknownNames) {
   auto t = TableByName(data_, analysis_, "clients");
   ASSERT_FALSE(t.ok());
-  EXPECT_NE(std::string(fl::ToStd(t.status().message())).find("rounds, links, stragglers, client_events"),
-            std::string::npos);
-  EXPECT_TRUE(TableByName(data_, analysis_, "stragglers").ok());
-  EXPECT_TRUE(TableByName(data_, analysis_, "client_events").ok());
+  EXPECT_NE(std::string(fl::ToStd(t.status().message()))
+                .find("the tables are rounds, links, stragglers, client_events, security_events"),
+            std::string::npos)
+      << t.status();
+  for (std::string_view name : kTableNames) {
+    auto named = TableByName(data_, analysis_, name);
+    ASSERT_TRUE(named.ok()) << named.status();
+    EXPECT_EQ(named->name, name);
+  }
+  // AllTables: every table once, in kTableNames order.
+  const std::vector<Table> all = AllTables(data_, analysis_);
+  ASSERT_EQ(all.size(), std::size(kTableNames));
+  for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(all[i].name, kTableNames[i]);
 }
 
 // Client events (records v7), by time, with the client's label and link kind; no round or task shows as empty.
@@ -148,6 +160,41 @@ TEST_F(TablesTest, ClientEventsTableListsWhatTheServerRefusedInEveryFormat) {
   ExperimentData quiet = data_;
   quiet.client_events.clear();
   EXPECT_EQ(HtmlReport(quiet, Analyze(quiet), {}).find("id=\"client-events\""), std::string::npos);
+}
+
+// Security events (records v8), by time: the reason, the peer, the certificate's name and the claimed name (empty
+// when none), and what the peer was told.
+TEST_F(TablesTest, SecurityEventsTableListsWhatTheServerRefusedInEveryFormat) {
+  const Table t = SecurityEventsTable(data_);
+  EXPECT_EQ(t.title, "Security events (2: calls fl-server refused on the secure channel, and why)");
+  ASSERT_EQ(t.rows.size(), 2u);
+  const std::vector<std::string> lines = Lines(RenderCsv(t));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0], "at_unix_ms,reason,peer,identity,claimed,detail");
+  EXPECT_EQ(lines[1], "1600,bad_token,ipv4:10.0.0.9:4000,,,unknown client id");
+  EXPECT_EQ(lines[2], "1700,name_mismatch,ipv4:127.0.0.1:50514,alice,bob,client_name 'bob' is not the certificate's 'alice'");
+  const std::string text = RenderText(t);
+  EXPECT_NE(text.find("name_mismatch"), std::string::npos) << text;
+  EXPECT_NE(text.find("ipv4:10.0.0.9:4000"), std::string::npos) << text;
+  const nlohmann::json doc = nlohmann::json::parse(RenderJson(data_, analysis_, AllTables(data_, analysis_)));
+  const nlohmann::json& events = doc["tables"]["security_events"];
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0]["reason"], "bad_token");
+  EXPECT_TRUE(events[0]["identity"].is_null());
+  EXPECT_TRUE(events[0]["claimed"].is_null());
+  EXPECT_EQ(events[1]["reason"], "name_mismatch");
+  EXPECT_EQ(events[1]["identity"], "alice");
+  EXPECT_EQ(events[1]["claimed"], "bob");
+  EXPECT_EQ(events[1]["at_unix_ms"], 1700);
+  EXPECT_TRUE(doc["definitions"].contains("security_events"));
+  // The HTML report shows the section only when there are events, after the client events.
+  const std::string html = HtmlReport(data_, analysis_, {});
+  ASSERT_NE(html.find("id=\"security-events\""), std::string::npos);
+  EXPECT_LT(html.find("id=\"client-events\""), html.find("id=\"security-events\""));
+  EXPECT_NE(html.find("client_name &#39;bob&#39;"), std::string::npos);
+  ExperimentData quiet = data_;
+  quiet.security_events.clear();
+  EXPECT_EQ(HtmlReport(quiet, Analyze(quiet), {}).find("id=\"security-events\""), std::string::npos);
 }
 
 }  // namespace

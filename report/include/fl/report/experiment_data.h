@@ -3,7 +3,7 @@
 // Reads through instrumentation's RecordReader (OpenAnyVersion) on a read-only connection of its own, in one
 // snapshot, never blocks a running fl-server (WAL), and reads every schema version from 1 to this build's latest
 // without migrating it: columns added by later migrations (clock offsets in v2, phase start times on the
-// server's timeline in v3) read as NULL and tables added later (client events in v7) as empty when the database
+// server's timeline in v3) read as NULL and tables added later (client events in v7, security events in v8) as empty when the database
 // predates them, so reports of old runs keep working (v6's task reads as classification: every experiment
 // before it trained a classifier).
 #pragma once
@@ -123,6 +123,18 @@ struct ClientEventRow {
   int64_t at_unix_ms = 0;
 };
 
+// One row of `security_events` (v8): a call fl-server refused, or a stream it cut, on the secure federation
+// channel. Most refused peers never became clients, so the row names the peer, not a client.
+struct SecurityEventRow {
+  std::string reason;    // name_mismatch, wrong_identity, revoked_certificate, bad_token, join_rate, session_limit,
+                         // upload_limit, stream_deadline
+  std::string peer;      // gRPC's peer string: "ipv4:127.0.0.1:50514"
+  std::string identity;  // the certificate's name; "" over plaintext
+  std::string claimed;   // the client name or id the call claimed; "" when none
+  std::string detail;    // what the peer was told
+  int64_t at_unix_ms = 0;
+};
+
 struct ExperimentData {
   std::string db_path;
   int schema_version = 0;
@@ -131,7 +143,8 @@ struct ExperimentData {
   std::vector<ClientInfo> clients;            // by join time
   std::vector<RoundAttempt> rounds;           // by (round, attempt)
   std::vector<EvaluationRow> evaluations;     // by (round, attempt, client_id)
-  std::vector<ClientEventRow> client_events;  // by time (empty before v7)
+  std::vector<ClientEventRow> client_events;      // by time (empty before v7)
+  std::vector<SecurityEventRow> security_events;  // by time (empty before v8)
 
   // nullptr for an id not in `clients`.
   const ClientInfo* FindClient(std::string_view client_id) const;

@@ -48,7 +48,7 @@ struct Column {
 };
 
 struct Table {
-  std::string name;   // rounds, links, stragglers, client_events
+  std::string name;   // rounds, links, stragglers, client_events, security_events
   std::string title;  // a heading for people
   std::vector<Column> columns;
   std::vector<std::vector<Cell>> rows;
@@ -57,7 +57,8 @@ struct Table {
   int ColumnIndex(std::string_view column) const;
 };
 
-inline constexpr std::string_view kTableNames[] = {"rounds", "links", "stragglers", "client_events"};
+inline constexpr std::string_view kTableNames[] = {"rounds", "links", "stragglers", "client_events",
+                                                   "security_events"};
 
 // The evaluation columns of the rounds table for an experiment's task (experiments.task): the task's metric
 // first, then the loss. classification: eval_accuracy, eval_loss; regression: eval_mae, eval_loss;
@@ -73,6 +74,8 @@ Table LinksTable(const ExperimentData& data, const Analysis& analysis);
 Table StragglersTable(const ExperimentData& data, const Analysis& analysis);
 // What fl-server refused from or did to each client outside its round rows (client_events, schema v7), by time.
 Table ClientEventsTable(const ExperimentData& data);
+// What fl-server refused on the secure federation channel (security_events, schema v8), by time.
+Table SecurityEventsTable(const ExperimentData& data);
 // All of them, in kTableNames order.
 std::vector<Table> AllTables(const ExperimentData& data, const Analysis& analysis);
 // One by name; InvalidArgument naming the choices for an unknown one.
