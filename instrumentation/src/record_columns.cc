@@ -352,8 +352,8 @@ const RowTable<SecurityEventRecord>& SecurityEventsTable() {
     };
     return new RowTable<SE>(
         "security_events", 8,
-        {id, Col<&SE::experiment_id>("experiment_id", kCascadeToExperiment, 8), Col<&SE::reason>("reason", "", 8),
-         peer, OptText<&SE::identity>("identity", "", 8), claimed, detail, Col<&SE::at_unix_ms>("at_unix_ms", "", 8)},
+        {id, Col<&SE::experiment_id>("experiment_id", kCascadeToExperiment, 8), Col<&SE::reason>("reason", "", 8), peer,
+         OptText<&SE::identity>("identity", "", 8), claimed, detail, Col<&SE::at_unix_ms>("at_unix_ms", "", 8)},
         {}, {"CREATE INDEX security_events_by_reason ON security_events (experiment_id, reason)"});
   }();
   return *table;

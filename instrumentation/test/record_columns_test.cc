@@ -185,8 +185,8 @@ TEST(RecordStoreTest, SecurityEventsRoundTrip) {
                                      "bob",
                                      "client_name 'bob' is not the certificate's 'alice'",
                                      1'700'000'000'500};
-  const SecurityEventRecord token{
-      77, "e1", SecurityRefusal::kBadToken, "ipv6:[::1]:41000", "", "c-9", "unknown client id", 1'700'000'000'400};
+  const SecurityEventRecord token{77, "e1",  SecurityRefusal::kBadToken, "ipv6:[::1]:41000",
+                                  "", "c-9", "unknown client id",        1'700'000'000'400};
   const SecurityEventRecord hostile{0,
                                     "e1",
                                     SecurityRefusal::kJoinRate,
@@ -195,8 +195,8 @@ TEST(RecordStoreTest, SecurityEventsRoundTrip) {
                                     std::string(5000, 'c'),
                                     std::string(3000, 'd'),
                                     1'700'000'000'500};
-  const SecurityEventRecord deadline{
-      0, "e1", SecurityRefusal::kStreamDeadline, "", "", "", "no first message within 10 s", 1'700'000'000'600};
+  const SecurityEventRecord deadline{0,  "e1", SecurityRefusal::kStreamDeadline, "",
+                                     "", "",   "no first message within 10 s",   1'700'000'000'600};
   for (const SecurityEventRecord& r : {mismatch, token, hostile, deadline}) ASSERT_TRUE(store->Enqueue(r).ok());
   absl::Status flushed = store->Flush();
   ASSERT_TRUE(flushed.ok()) << flushed;
@@ -347,9 +347,8 @@ TEST(RecordStoreTest, EveryColumnOfEveryKindRoundTripsSetAndUnset) {
   // The group kinds carry the full rows, the row kinds the bare ones.
   records.push_back(RoundCommitRecord{full_round, {full_client_round}, full_checkpoint});
   records.push_back(EvaluationCommitRecord{"full", 3, 1, {full_evaluation}, std::nullopt});
-  for (Record r :
-       std::vector<Record>{bare_round, bare_client_round, bare_evaluation, bare_checkpoint, full_event, bare_event,
-                           full_security, bare_security}) {
+  for (Record r : std::vector<Record>{bare_round, bare_client_round, bare_evaluation, bare_checkpoint, full_event,
+                                      bare_event, full_security, bare_security}) {
     records.push_back(std::move(r));
   }
   for (Record& r : records) ASSERT_TRUE(store->Enqueue(std::move(r)).ok());

@@ -38,10 +38,10 @@ TEST(RecordsTest, EnumNamesRoundTrip) {
   EXPECT_EQ(ClientEventKindName(ClientEventKind::kUploadRevoked), "upload_revoked");
   EXPECT_EQ(ClientEventKindName(ClientEventKind::kInitialModelReasked), "initial_model_reasked");
   EXPECT_EQ(ClientEventKindName(ClientEventKind::kSessionClosed), "session_closed");
-  for (SecurityRefusal r : {SecurityRefusal::kNameMismatch, SecurityRefusal::kWrongIdentity,
-                            SecurityRefusal::kRevokedCertificate, SecurityRefusal::kBadToken, SecurityRefusal::kJoinRate,
-                            SecurityRefusal::kSessionLimit, SecurityRefusal::kUploadLimit,
-                            SecurityRefusal::kStreamDeadline}) {
+  for (SecurityRefusal r :
+       {SecurityRefusal::kNameMismatch, SecurityRefusal::kWrongIdentity, SecurityRefusal::kRevokedCertificate,
+        SecurityRefusal::kBadToken, SecurityRefusal::kJoinRate, SecurityRefusal::kSessionLimit,
+        SecurityRefusal::kUploadLimit, SecurityRefusal::kStreamDeadline}) {
     auto parsed = ParseSecurityRefusal(SecurityRefusalName(r));
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, r);

@@ -423,7 +423,8 @@ TEST(SchemaTest, VersionSevenDatabaseWithRowsMigratesToEight) {
       INSERT INTO clients (experiment_id, client_id, joined_unix_ms) VALUES ('v7', 'c1', 2);
       INSERT INTO client_events (experiment_id, client_id, kind, reason, at_unix_ms)
         VALUES ('v7', 'c1', 'session_closed', 'hello timeout', 3);
-    )sql").ok());
+    )sql")
+                    .ok());
     EXPECT_EQ(Int(db, "PRAGMA user_version"), 7);
     EXPECT_EQ(Int(db, "SELECT count(*) FROM sqlite_schema WHERE name = 'security_events'"), 0);
   }
@@ -440,8 +441,8 @@ TEST(SchemaTest, VersionSevenDatabaseWithRowsMigratesToEight) {
   auto store = RecordStore::Open(path);
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_EQ((*store)->settings().schema_version, LatestSchemaVersion());
-  const SecurityEventRecord event{
-      0, "v7", SecurityRefusal::kBadToken, "ipv4:127.0.0.1:50514", "", "ghost", "unknown client id 'ghost'", 4};
+  const SecurityEventRecord event{0,  "v7",    SecurityRefusal::kBadToken,  "ipv4:127.0.0.1:50514",
+                                  "", "ghost", "unknown client id 'ghost'", 4};
   ASSERT_TRUE((*store)->Enqueue(event).ok());
   absl::Status flushed = (*store)->Close();
   ASSERT_TRUE(flushed.ok()) << flushed;
@@ -462,8 +463,7 @@ TEST(SchemaTest, VersionSevenDatabaseWithRowsMigratesToEight) {
             1);
   EXPECT_EQ(Int(db, "SELECT count(*) FROM pragma_foreign_key_list('security_events') WHERE \"table\" = 'experiments'"),
             1);
-  EXPECT_EQ(Int(db, "SELECT count(*) FROM pragma_foreign_key_list('security_events') WHERE \"table\" = 'clients'"),
-            0);
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM pragma_foreign_key_list('security_events') WHERE \"table\" = 'clients'"), 0);
 }
 
 TEST(SchemaTest, FailedMigrationLeavesThePreviousVersion) {

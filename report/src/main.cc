@@ -101,8 +101,8 @@ int main(int argc, char** argv) {
                  "Output file; a directory for several files (csv without --table, svg without --plot). "
                  "Default: standard output");
   app.add_option("--table", table, "Only this table (text, csv, json)")
-      ->check(CLI::IsMember(std::vector<std::string>(std::begin(fl::report::kTableNames),
-                                                      std::end(fl::report::kTableNames))));
+      ->check(CLI::IsMember(
+          std::vector<std::string>(std::begin(fl::report::kTableNames), std::end(fl::report::kTableNames))));
   app.add_option("--plot", plot, "Only this plot (svg)")
       ->check(CLI::IsMember({"timeline", "phase_shares", "round_time"}));
   app.add_option("--rounds", rounds, "Timeline window: A:B, A:, :B or one round A (svg, html)");

@@ -192,8 +192,7 @@ Table SecurityEventsTable(const ExperimentData& data) {
   t.name = "security_events";
   t.title = fl::StrCat("Security events (", data.security_events.size(),
                        ": calls fl-server refused on the secure channel, and why)");
-  t.columns = {{"at_unix_ms", 0}, {"reason", 0},  {"peer", 0},
-               {"identity", 0},   {"claimed", 0}, {"detail", 0}};
+  t.columns = {{"at_unix_ms", 0}, {"reason", 0}, {"peer", 0}, {"identity", 0}, {"claimed", 0}, {"detail", 0}};
   for (const SecurityEventRow& e : data.security_events) {
     t.rows.push_back({e.at_unix_ms, e.reason, Text(e.peer), Text(e.identity), Text(e.claimed), Text(e.detail)});
   }

@@ -172,7 +172,8 @@ TEST_F(TablesTest, SecurityEventsTableListsWhatTheServerRefusedInEveryFormat) {
   ASSERT_EQ(lines.size(), 3u);
   EXPECT_EQ(lines[0], "at_unix_ms,reason,peer,identity,claimed,detail");
   EXPECT_EQ(lines[1], "1600,bad_token,ipv4:10.0.0.9:4000,,,unknown client id");
-  EXPECT_EQ(lines[2], "1700,name_mismatch,ipv4:127.0.0.1:50514,alice,bob,client_name 'bob' is not the certificate's 'alice'");
+  EXPECT_EQ(lines[2],
+            "1700,name_mismatch,ipv4:127.0.0.1:50514,alice,bob,client_name 'bob' is not the certificate's 'alice'");
   const std::string text = RenderText(t);
   EXPECT_NE(text.find("name_mismatch"), std::string::npos) << text;
   EXPECT_NE(text.find("ipv4:10.0.0.9:4000"), std::string::npos) << text;

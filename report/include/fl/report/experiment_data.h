@@ -3,9 +3,9 @@
 // Reads through instrumentation's RecordReader (OpenAnyVersion) on a read-only connection of its own, in one
 // snapshot, never blocks a running fl-server (WAL), and reads every schema version from 1 to this build's latest
 // without migrating it: columns added by later migrations (clock offsets in v2, phase start times on the
-// server's timeline in v3) read as NULL and tables added later (client events in v7, security events in v8) as empty when the database
-// predates them, so reports of old runs keep working (v6's task reads as classification: every experiment
-// before it trained a classifier).
+// server's timeline in v3) read as NULL and tables added later (client events in v7, security events in v8) as empty
+// when the database predates them, so reports of old runs keep working (v6's task reads as classification: every
+// experiment before it trained a classifier).
 #pragma once
 
 #include <cstdint>
@@ -140,9 +140,9 @@ struct ExperimentData {
   int schema_version = 0;
   bool has_phase_starts = false;  // the database has the v3 phase start columns
   ExperimentInfo experiment;
-  std::vector<ClientInfo> clients;            // by join time
-  std::vector<RoundAttempt> rounds;           // by (round, attempt)
-  std::vector<EvaluationRow> evaluations;     // by (round, attempt, client_id)
+  std::vector<ClientInfo> clients;                // by join time
+  std::vector<RoundAttempt> rounds;               // by (round, attempt)
+  std::vector<EvaluationRow> evaluations;         // by (round, attempt, client_id)
   std::vector<ClientEventRow> client_events;      // by time (empty before v7)
   std::vector<SecurityEventRow> security_events;  // by time (empty before v8)
 

@@ -57,8 +57,7 @@ struct Table {
   int ColumnIndex(std::string_view column) const;
 };
 
-inline constexpr std::string_view kTableNames[] = {"rounds", "links", "stragglers", "client_events",
-                                                   "security_events"};
+inline constexpr std::string_view kTableNames[] = {"rounds", "links", "stragglers", "client_events", "security_events"};
 
 // The evaluation columns of the rounds table for an experiment's task (experiments.task): the task's metric
 // first, then the loss. classification: eval_accuracy, eval_loss; regression: eval_mae, eval_loss;
