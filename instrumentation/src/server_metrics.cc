@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "fl/instrumentation/record_columns.h"
 #include "metrics_endpoint.h"
 
 namespace fl::instrumentation {
@@ -48,6 +49,7 @@ struct ServerMetrics::Impl {
   prometheus::Family<prometheus::Counter>* bytes = nullptr;
   prometheus::Family<prometheus::Counter>* updates = nullptr;
   prometheus::Family<prometheus::Counter>* stragglers = nullptr;
+  prometheus::Family<prometheus::Counter>* security_refusals = nullptr;
   // Families without a series until the first value: a loss or accuracy of 0 before any round would lie.
   prometheus::Family<prometheus::Gauge>* train_loss = nullptr;
   prometheus::Family<prometheus::Gauge>* eval_loss = nullptr;
@@ -80,6 +82,14 @@ absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Start(const std::s
   impl->stragglers = &e.Counters("fl_round_straggler_total",
                                  "Committed rounds whose last accepted update came from this client, by the phase "
                                  "that made it late");
+  // By reason only: the peer address of each refusal is in the records (security_events), not a label, whose
+  // values a hostile peer could multiply without bound.
+  impl->security_refusals =
+      &e.Counters("fl_security_refusals_total",
+                  "Calls refused for a security reason (name_mismatch, wrong_identity, revoked_certificate, "
+                  "bad_token, join_rate, session_limit, upload_limit, stream_deadline); each is a security_events row");
+  for (SecurityRefusal r : EnumTraits<SecurityRefusal>::kValues)
+    impl->security_refusals->Add({{"reason", std::string(SecurityRefusalName(r))}});
   impl->train_loss = &e.Gauges("fl_train_loss", "Mean local training loss of the last committed round");
   impl->eval_loss =
       &e.Gauges("fl_eval_loss", "Loss of the global model on the clients' test data at the last evaluation");
@@ -122,6 +132,10 @@ void ServerMetrics::AddBytes(std::string_view direction, std::string_view link_k
 
 void ServerMetrics::CountUpdate(std::string_view outcome, std::string_view reason) {
   impl_->updates->Add({{"outcome", S(outcome)}, {"reason", S(reason)}}).Increment();
+}
+
+void ServerMetrics::CountSecurityRefusal(SecurityRefusal reason) {
+  impl_->security_refusals->Add({{"reason", std::string(SecurityRefusalName(reason))}}).Increment();
 }
 
 void ServerMetrics::CountStraggler(const std::vector<ClientRoundRecord>& rows) {

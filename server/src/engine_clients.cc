@@ -170,6 +170,8 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
   ClientInfo& client = *slot;
   client.id = req.client_name();
   client.token = RandomHex(16);
+  client.peer = e.peer;
+  client.cert_serial = e.cert_serial;
   client.join = req;
   // The model's spec is kept once (the experiment's, or the pending one it was compared with), not per client:
   // a spec may be megabytes of tensor names.
@@ -232,11 +234,12 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
 void RoundEngine::HandleSessionOpen(SessionOpenEvent& e) {
   ClientInfo* client = Authenticate(e.hello.client_id(), e.hello.session_token());
   if (client == nullptr) {
+    const std::string why =
+        fl::StrCat("client id '", LogSafe(e.hello.client_id(), 64), "' or its session token is not known");
+    RecordBadToken(e.peer, e.hello.client_id(), fl::StrCat("SessionHello: ", why));
     e.channel->Close(wire::ToGrpcStatus(grpc::StatusCode::UNAUTHENTICATED,
-                                        wire::MakeError(fl::v1::ERROR_CODE_UNKNOWN_CLIENT,
-                                                        fl::StrCat("client id '", LogSafe(e.hello.client_id(), 64),
-                                                                   "' or its session token is not known"),
-                                                        "hello", "call Join again (the server may have restarted)")));
+                                        wire::MakeError(fl::v1::ERROR_CODE_UNKNOWN_CLIENT, why, "hello",
+                                                        "call Join again (the server may have restarted)")));
     return;
   }
   if (state_ == EngineState::kFinished) {
@@ -495,6 +498,7 @@ void RoundEngine::HandleLeave(LeaveEvent& e) {
   ClientInfo* client = Authenticate(e.request.client_id(), e.request.session_token());
   fl::v1::LeaveResponse resp;
   if (client == nullptr) {
+    RecordBadToken(e.peer, e.request.client_id(), "Leave: the client id or its session token is not known");
     e.reply(grpc::Status::OK, resp);
     return;
   }
@@ -553,9 +557,9 @@ void RoundEngine::ReaskInitialModelIfStalled(int64_t now) {
   DisconnectClient(*next, "the server asks this client for the initial model: join again to receive the request");
 }
 
-void RoundEngine::DisconnectClient(ClientInfo& client, std::string_view why) {
+void RoundEngine::DisconnectClient(ClientInfo& client, std::string_view why, grpc::StatusCode code) {
   if (client.session != nullptr) {
-    client.session->Close(grpc::Status(grpc::StatusCode::CANCELLED, std::string(why)));
+    client.session->Close(grpc::Status(code, std::string(why)));
     client.session.reset();
     UpdateConnectedGauge();
   }
@@ -598,6 +602,45 @@ void RoundEngine::RecordClientEvent(const std::string& client_id, instrumentatio
   rec.reason = std::move(reason);
   rec.at_unix_ms = UnixMs();
   Record(std::move(rec));
+}
+
+void RoundEngine::RecordSecurityRefusal(instrumentation::SecurityEventRecord record) {
+  record.experiment_id = config_.experiment_id;
+  record.at_unix_ms = UnixMs();
+  const instrumentation::SecurityRefusal reason = record.reason;
+  Record(std::move(record));
+  Notify([&](EngineObserver& o) { o.OnSecurityRefusal(reason); });
+}
+
+void RoundEngine::RecordBadToken(const std::string& peer, const std::string& client_id, std::string detail) {
+  instrumentation::SecurityEventRecord record;
+  record.reason = instrumentation::SecurityRefusal::kBadToken;
+  record.peer = peer;
+  record.claimed = LogSafe(client_id, 128);
+  record.detail = std::move(detail);
+  RecordSecurityRefusal(std::move(record));
+}
+
+void RoundEngine::HandleSecurityRefusal(SecurityRefusalEvent& e) { RecordSecurityRefusal(std::move(e.record)); }
+
+void RoundEngine::HandleCertificatesRevoked(const CertificatesRevokedEvent& e) {
+  // The service refuses a revoked certificate's next call; a session that is open already is closed here, so that
+  // a revoked client does not keep training (or holding its place in a round) on the stream it has.
+  for (auto& [id, c] : clients_) {
+    if (c->cert_serial.empty() || e.serials.count(c->cert_serial) == 0) continue;
+    const std::string why =
+        fl::StrCat("the certificate of client \"", id, "\" (serial ", c->cert_serial, ") was revoked");
+    spdlog::warn("{}: closing its session", why);
+    instrumentation::SecurityEventRecord record;
+    record.reason = instrumentation::SecurityRefusal::kRevokedCertificate;
+    record.peer = c->peer;
+    record.identity = id;
+    record.claimed = id;
+    record.detail = fl::StrCat(why, "; its session is closed");
+    RecordSecurityRefusal(std::move(record));
+    DisconnectClient(*c, why, grpc::StatusCode::PERMISSION_DENIED);
+    c->token.clear();  // nothing it holds lets it act any more, whatever it presents
+  }
 }
 
 }  // namespace fl::server

@@ -30,6 +30,8 @@ using fl::v1::ErrorCode;
 struct RoundEngine::ClientInfo {
   std::string id;
   std::string token;
+  std::string peer;         // gRPC's peer string of its last Join
+  std::string cert_serial;  // its certificate's serial over mutual TLS (empty in plaintext)
   fl::v1::JoinRequest join;
   std::shared_ptr<SessionChannel> session;
   int64_t last_seen_ns = 0;

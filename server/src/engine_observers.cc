@@ -45,6 +45,7 @@ class MetricsObserver final : public EngineObserver {
     if (round.train_loss.has_value()) metrics_->SetTrainLoss(*round.train_loss);
   }
 
+  void OnSecurityRefusal(instrumentation::SecurityRefusal reason) override { metrics_->CountSecurityRefusal(reason); }
   void OnEvaluationStored(uint64_t /*round*/, const instrumentation::ServerMetrics::Evaluation& figures) override {
     metrics_->SetEvaluation(figures);
   }

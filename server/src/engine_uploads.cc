@@ -23,6 +23,7 @@ using namespace engine_internal;  // NOLINT: the engine's own helpers
 void RoundEngine::HandleDownload(DownloadEvent& e) {
   const auto& req = e.request;
   if (Authenticate(req.client_id(), req.session_token()) == nullptr) {
+    RecordBadToken(e.peer, req.client_id(), "DownloadModel: the client id or its session token is not known");
     e.reply(wire::ToGrpcStatus(
                 grpc::StatusCode::UNAUTHENTICATED,
                 wire::MakeError(fl::v1::ERROR_CODE_UNKNOWN_CLIENT,
@@ -70,6 +71,7 @@ void RoundEngine::HandleUploadStart(UploadStartEvent& e) {
   auto refuse = [&](fl::v1::UploadUpdateResponse verdict) { e.admit(std::move(verdict), {}); };
   ClientInfo* client = Authenticate(h.client_id(), h.session_token());
   if (client == nullptr) {
+    RecordBadToken(e.peer, h.client_id(), "UploadUpdate: the client id or its session token is not known");
     return refuse(Rejected(h.task_id(), fl::v1::ERROR_CODE_UNKNOWN_CLIENT,
                            fl::StrCat("client '", LogSafe(h.client_id(), 64), "' or its token is not known"),
                            "call Join again"));

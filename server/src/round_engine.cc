@@ -173,6 +173,13 @@ absl::Status EngineConfig::Validate() const {
   if (upload_message_timeout_ms != 0 && upload_message_timeout_ms < 100) {
     return bad("upload-message-timeout-ms", upload_message_timeout_ms, "must be at least 100 (0: off)");
   }
+  if (download_message_timeout_ms != 0 && download_message_timeout_ms < 100) {
+    return bad("download-message-timeout-ms", download_message_timeout_ms, "must be at least 100 (0: off)");
+  }
+  for (const auto& [rate, flag] : {std::pair{join_per_s_per_peer, "join-per-s-per-peer"},
+                                   std::pair{join_per_s_per_identity, "join-per-s-per-identity"}}) {
+    if (!(rate >= 0) || !std::isfinite(rate)) return bad(flag, rate, "must be a rate >= 0 (0: off)");
+  }
   if (max_chunk_bytes < 1024 || max_chunk_bytes > wire::kMaxChunkBytes) {
     return bad("max-chunk-bytes", max_chunk_bytes, fl::StrCat("must be in [1024, ", wire::kMaxChunkBytes, "]"));
   }
@@ -408,6 +415,10 @@ void RoundEngine::Handle(EngineEvent& event) {
           HandleLeave(e);
         else if constexpr (std::is_same_v<T, ShutdownEvent>)
           HandleShutdown(e);
+        else if constexpr (std::is_same_v<T, SecurityRefusalEvent>)
+          HandleSecurityRefusal(e);
+        else if constexpr (std::is_same_v<T, CertificatesRevokedEvent>)
+          HandleCertificatesRevoked(e);
       },
       event);
 }

@@ -16,6 +16,7 @@
 #include "fl/core/str_cat.h"
 #include "fl/proto/convert.h"
 #include "fl/rpc/stream_outbox.h"
+#include "peer_guard.h"
 
 namespace fl::server {
 namespace {
@@ -116,10 +117,18 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     std::atomic<bool> opened_{false};
   };
 
-  explicit SessionStream(RoundEngine* engine)
-      : engine_(engine),
-        channel_(std::make_shared<Channel>(this, engine)),
-        bucket_(engine->config().session_max_messages_per_s) {
+  SessionStream(CallGuard* guard, PeerIdentity who)
+      : engine_(guard->engine()),
+        guard_(guard),
+        who_(std::move(who)),
+        channel_(std::make_shared<Channel>(this, engine_)),
+        bucket_(engine_->config().session_max_messages_per_s) {
+    if (std::optional<Refusal> r = guard_->limits().Acquire(PeerLimits::Stream::kSession, who_); r.has_value()) {
+      channel_->Close(guard_->Refuse(who_, "", *r));
+      return;
+    }
+    holds_slot_ = true;
+    RoundEngine* engine = engine_;
     const uint32_t hello_ms = engine->config().session_hello_timeout_ms;
     // The alarm's callback holds the channel, not the reactor: it may run (cancelled) after OnDone.
     hello_alarm_.Set(std::chrono::system_clock::now() + std::chrono::milliseconds(hello_ms),
@@ -173,13 +182,17 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
             wire::MakeError(fl::v1::ERROR_CODE_MALFORMED, "the first message on a session must be a SessionHello",
                             "hello", "send SessionHello with the id and token from Join")));
       }
+      if (std::optional<Refusal> r = guard_->CheckActingFor(who_, message.hello().client_id(), "the SessionHello");
+          r.has_value()) {
+        return Abandon(guard_->Refuse(who_, message.hello().client_id(), *r));
+      }
       opened_ = true;
       channel_->MarkOpened();
       // For messages and logs only (the engine authenticates the hello): printable name characters, bounded.
       for (char c : message.hello().client_id().substr(0, 64)) {
         client_id_.push_back(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ? c : '?');
       }
-      engine_->Post(SessionOpenEvent{message.hello(), channel_});
+      engine_->Post(SessionOpenEvent{message.hello(), channel_, who_.peer});
     } else {
       engine_->Post(SessionMessageEvent{channel_, std::move(message), now});
     }
@@ -191,6 +204,7 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   void OnDone() override {
     channel_->Detach();
     if (opened_) engine_->Post(SessionClosedEvent{channel_, ""});
+    if (holds_slot_) guard_->limits().Release(PeerLimits::Stream::kSession, who_);
     delete this;
   }
 
@@ -202,6 +216,9 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   }
 
   RoundEngine* engine_;
+  CallGuard* guard_;
+  const PeerIdentity who_;
+  bool holds_slot_ = false;
   std::shared_ptr<Channel> channel_;
   grpc::ByteBuffer in_;
   MessageBucket bucket_;
@@ -213,15 +230,22 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
 
 class DownloadStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  DownloadStream(RoundEngine* engine, const fl::v1::DownloadModelRequest& request)
-      : engine_(engine),
+  DownloadStream(CallGuard* guard, grpc::CallbackServerContext* ctx, PeerIdentity who,
+                 const fl::v1::DownloadModelRequest& request)
+      : engine_(guard->engine()),
+        guard_(guard),
+        ctx_(ctx),
+        who_(std::move(who)),
+        watch_(std::make_shared<Watch>()),
         client_id_(request.client_id()),
         task_id_(request.task_id()),
-        started_ns_(engine->clock().NowNs()) {
+        started_ns_(engine_->clock().NowNs()) {
+    RoundEngine* engine = engine_;
     chunk_bytes_ = request.max_chunk_bytes() == 0 ? wire::kDefaultChunkBytes
                                                   : std::min(request.max_chunk_bytes(), wire::kMaxChunkBytes);
     chunk_bytes_ = std::max<uint32_t>(chunk_bytes_, 1024);
-    engine->Post(DownloadEvent{request, [this](const grpc::Status& status, std::shared_ptr<const ModelPayload> p) {
+    engine->Post(DownloadEvent{request,
+                               [this](const grpc::Status& status, std::shared_ptr<const ModelPayload> p) {
                                  if (!status.ok()) {
                                    Finish(status);
                                    return;
@@ -235,11 +259,16 @@ class DownloadStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
                                  h->set_codec(payload_->codec);
                                  h->set_payload_bytes(payload_->bytes.size());
                                  out_ = Serialize(chunk);
-                                 StartWrite(&out_);
-                               }});
+                                 Write();
+                               },
+                               who_.peer});
   }
 
   void OnWriteDone(bool ok) override {
+    {
+      std::lock_guard lock(watch_->mu);
+      watch_->writing = false;
+    }
     if (!ok) {
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away during the download"));
       return;
@@ -262,12 +291,58 @@ class DownloadStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       out_ = Serialize(chunk);
       trailer_sent_ = true;
     }
+    Write();
+  }
+
+  void OnDone() override {
+    {
+      std::lock_guard lock(watch_->mu);
+      watch_->ctx = nullptr;
+    }
+    delete this;
+  }
+
+ private:
+  // The per-message deadline: each write must complete (the client must read) within
+  // --download-message-timeout-ms, or the call is cancelled. A client that opens downloads and never reads would
+  // otherwise hold each stream, and the model version it pins, forever. The alarm's callback holds this, not the
+  // reactor, which may be gone when a cancelled alarm runs.
+  struct Watch {
+    std::recursive_mutex mu;                     // recursive: TryCancel under it may run OnWriteDone on this thread
+    grpc::CallbackServerContext* ctx = nullptr;  // null after OnDone
+    uint64_t seq = 0;                            // of the write in flight
+    bool writing = false;
+  };
+
+  void Write() {
+    const uint32_t timeout_ms = engine_->config().download_message_timeout_ms;
+    uint64_t seq = 0;
+    {
+      std::lock_guard lock(watch_->mu);
+      watch_->ctx = ctx_;
+      watch_->writing = true;
+      seq = ++watch_->seq;
+    }
+    if (timeout_ms != 0) {
+      alarm_ = std::make_unique<grpc::Alarm>();  // replacing the previous one cancels it
+      alarm_->Set(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms),
+                  [watch = watch_, seq, guard = guard_, who = who_, client = client_id_, timeout_ms](bool fired) {
+                    if (!fired) return;
+                    std::lock_guard lock(watch->mu);
+                    if (watch->ctx == nullptr || !watch->writing || watch->seq != seq) return;
+                    watch->ctx->TryCancel();
+                    guard->Refuse(
+                        who, client,
+                        Refusal{instrumentation::SecurityRefusal::kStreamDeadline,
+                                grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                             fl::StrCat("a model download chunk was not read within ", timeout_ms,
+                                                        " ms (--download-message-timeout-ms); the "
+                                                        "download is cancelled"))});
+                  });
+    }
     StartWrite(&out_);
   }
 
-  void OnDone() override { delete this; }
-
- private:
   // A ModelChunk holding `data` (field 2, bytes), encoded by hand: the payload is copied once, into the
   // message, not into a protobuf string first.
   static grpc::ByteBuffer DataChunk(const uint8_t* data, size_t n) {
@@ -286,6 +361,11 @@ class DownloadStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   RoundEngine* engine_;
+  CallGuard* guard_;
+  grpc::CallbackServerContext* ctx_;
+  const PeerIdentity who_;
+  std::shared_ptr<Watch> watch_;
+  std::unique_ptr<grpc::Alarm> alarm_;
   std::string client_id_;
   std::string task_id_;
   int64_t started_ns_;
@@ -298,8 +378,31 @@ class DownloadStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  UploadStream(RoundEngine* engine, grpc::ByteBuffer* response)
-      : engine_(engine), response_(response), progress_(std::make_shared<Progress>(this)) {
+  // `guard` has given this upload a slot of `who`'s (released in OnDone).
+  UploadStream(CallGuard* guard, PeerIdentity who, grpc::ByteBuffer* response)
+      : engine_(guard->engine()),
+        guard_(guard),
+        who_(std::move(who)),
+        response_(response),
+        progress_(std::make_shared<Progress>(this)) {
+    // The first message's deadline (the later ones are the engine's, once admitted): a peer that opens uploads and
+    // sends nothing holds a stream and an upload slot of its peer's until then.
+    if (const uint32_t timeout_ms = engine_->config().upload_message_timeout_ms; timeout_ms != 0) {
+      header_alarm_.Set(
+          std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms),
+          [progress = progress_, timeout_ms](bool fired) {
+            if (!fired) return;
+            std::lock_guard lock(progress->mu);
+            UploadStream* stream = progress->stream;
+            if (stream == nullptr || stream->stage_ != Stage::kHeader) return;
+            stream->Fail(stream->guard_->Refuse(
+                stream->who_, "",
+                Refusal{instrumentation::SecurityRefusal::kStreamDeadline,
+                        grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                     fl::StrCat("no upload header within ", timeout_ms,
+                                                " ms of opening the upload (--upload-message-timeout-ms)"))}));
+          });
+    }
     StartRead(&in_);
   }
 
@@ -323,6 +426,9 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
               grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the first message of an upload must be its header"));
         }
         header_ = std::move(*chunk.mutable_header());
+        if (std::optional<Refusal> r = guard_->CheckActingFor(who_, header_.client_id(), "the upload"); r.has_value()) {
+          return Fail(guard_->Refuse(who_, header_.client_id(), *r));
+        }
         first_byte_ns_ = engine_->clock().NowNs();
         stage_ = Stage::kAdmitting;
         engine_->Post(
@@ -348,7 +454,7 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
                                }
                                StartRead(&in_);
                              },
-                             progress_});
+                             progress_, who_.peer});
         return;
       case Stage::kReceiving:
         progress_->last_ns = engine_->clock().NowNs();
@@ -389,6 +495,7 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       std::lock_guard lock(progress_->mu);
       progress_->stream = nullptr;
     }
+    guard_->limits().Release(PeerLimits::Stream::kUpload, who_);
     delete this;
   }
 
@@ -456,8 +563,11 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   }
 
   RoundEngine* engine_;
+  CallGuard* guard_;
+  const PeerIdentity who_;
   grpc::ByteBuffer* response_;
   std::shared_ptr<Progress> progress_;
+  grpc::Alarm header_alarm_;
   grpc::ByteBuffer in_;
   fl::v1::UpdateHeader header_;
   std::vector<uint8_t> payload_;
@@ -466,35 +576,25 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   Stage stage_ = Stage::kHeader;
 };
 
+// A read reactor that only finishes: the answer to an upload refused before its first message.
+class RefusedUpload final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+ public:
+  explicit RefusedUpload(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+// A write reactor that only finishes: the answer to a download request that cannot be parsed.
+class RefusedDownload final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  explicit RefusedDownload(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
 }  // namespace
 
-namespace {
-// Over mutual TLS the client's name is the one its certificate carries (fl-provision issues client certificates
-// with CN = name and URI SAN fl-client://<name>); a Join under another name is refused here, before the engine
-// sees it, so that one provisioned client cannot take another's place. Plaintext calls are not checked: there is
-// no identity to check them against.
-grpc::Status CheckCertificateName(const grpc::CallbackServerContext& ctx, const std::string& claimed) {
-  std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
-  if (auth == nullptr || !auth->IsPeerAuthenticated()) return grpc::Status::OK;
-  constexpr std::string_view kScheme = "fl-client://";
-  std::string name;
-  // The URI SAN is what the certificate was issued for; the CN is the fallback for certificates made elsewhere.
-  for (const grpc::string_ref& v : auth->FindPropertyValues("x509_subject_alternative_name")) {
-    const std::string_view san(v.data(), v.size());
-    if (san.substr(0, kScheme.size()) == kScheme) name = san.substr(kScheme.size());
-  }
-  if (name.empty()) {
-    for (const grpc::string_ref& v : auth->FindPropertyValues("x509_common_name")) name.assign(v.data(), v.size());
-  }
-  if (name == claimed) return grpc::Status::OK;
-  return wire::ToGrpcStatus(
-      grpc::StatusCode::PERMISSION_DENIED,
-      wire::MakeError(
-          fl::v1::ERROR_CODE_ADMISSION_REFUSED,
-          fl::StrCat("client certificate is for \"", name, "\" but the Join is for client_name \"", claimed, "\""),
-          "client_name", "join with the name in this client's certificate (fl-client --name)"));
-}
-}  // namespace
+FederationService::FederationService(RoundEngine* engine, const RevocationWatcher* revocation)
+    : engine_(engine), guard_(std::make_unique<CallGuard>(engine, revocation)) {}
+
+FederationService::~FederationService() = default;
 
 grpc::ServerUnaryReactor* FederationService::Join(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
                                                   grpc::ByteBuffer* response) {
@@ -505,33 +605,30 @@ grpc::ServerUnaryReactor* FederationService::Join(grpc::CallbackServerContext* c
     reactor->Finish(Unparsable("the Join request's bytes", "fl.v1.JoinRequest", request->Length()));
     return reactor;
   }
-  if (grpc::Status refused = CheckCertificateName(*ctx, req.client_name()); !refused.ok()) {
-    reactor->Finish(refused);
+  // Over mutual TLS the client's name is its certificate's: a Join under another name is refused before the engine
+  // sees it, so that one provisioned client cannot take another's place.
+  const PeerIdentity who = IdentifyPeer(*ctx);
+  std::optional<Refusal> refusal = guard_->CheckJoin(who, req.client_name());
+  if (!refusal.has_value()) refusal = guard_->limits().TakeJoin(who, engine_->clock().NowNs());
+  if (refusal.has_value()) {
+    reactor->Finish(guard_->Refuse(who, req.client_name(), *refusal));
     return reactor;
   }
-  engine_->Post(JoinEvent{std::move(req), ctx->peer(),
+  engine_->Post(JoinEvent{std::move(req), who.peer,
                           [reactor, response](const grpc::Status& status, const fl::v1::JoinResponse& r) {
                             *response = Serialize(r);
                             reactor->Finish(status);
-                          }});
+                          },
+                          who.serial_hex});
   return reactor;
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* FederationService::Session(
-    grpc::CallbackServerContext* /*ctx*/) {
-  return new SessionStream(engine_);
+    grpc::CallbackServerContext* ctx) {
+  return new SessionStream(guard_.get(), IdentifyPeer(*ctx));
 }
 
-namespace {
-// A write reactor that only finishes: the answer to a download request that cannot be parsed.
-class RefusedDownload final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
- public:
-  explicit RefusedDownload(const grpc::Status& status) { Finish(status); }
-  void OnDone() override { delete this; }
-};
-}  // namespace
-
-grpc::ServerWriteReactor<grpc::ByteBuffer>* FederationService::DownloadModel(grpc::CallbackServerContext* /*ctx*/,
+grpc::ServerWriteReactor<grpc::ByteBuffer>* FederationService::DownloadModel(grpc::CallbackServerContext* ctx,
                                                                              const grpc::ByteBuffer* request) {
   grpc::ByteBuffer bytes(*request);
   fl::v1::DownloadModelRequest req;
@@ -539,12 +636,20 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* FederationService::DownloadModel(grp
     return new RefusedDownload(
         Unparsable("the DownloadModel request's bytes", "fl.v1.DownloadModelRequest", request->Length()));
   }
-  return new DownloadStream(engine_, req);
+  PeerIdentity who = IdentifyPeer(*ctx);
+  if (std::optional<Refusal> r = guard_->CheckActingFor(who, req.client_id(), "the download"); r.has_value()) {
+    return new RefusedDownload(guard_->Refuse(who, req.client_id(), *r));
+  }
+  return new DownloadStream(guard_.get(), ctx, std::move(who), req);
 }
 
-grpc::ServerReadReactor<grpc::ByteBuffer>* FederationService::UploadUpdate(grpc::CallbackServerContext* /*ctx*/,
+grpc::ServerReadReactor<grpc::ByteBuffer>* FederationService::UploadUpdate(grpc::CallbackServerContext* ctx,
                                                                            grpc::ByteBuffer* response) {
-  return new UploadStream(engine_, response);
+  PeerIdentity who = IdentifyPeer(*ctx);
+  if (std::optional<Refusal> r = guard_->limits().Acquire(PeerLimits::Stream::kUpload, who); r.has_value()) {
+    return new RefusedUpload(guard_->Refuse(who, "", *r));
+  }
+  return new UploadStream(guard_.get(), std::move(who), response);
 }
 
 grpc::ServerUnaryReactor* FederationService::Leave(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
@@ -556,11 +661,17 @@ grpc::ServerUnaryReactor* FederationService::Leave(grpc::CallbackServerContext* 
     reactor->Finish(Unparsable("the Leave request's bytes", "fl.v1.LeaveRequest", request->Length()));
     return reactor;
   }
-  engine_->Post(
-      LeaveEvent{std::move(req), [reactor, response](const grpc::Status& status, const fl::v1::LeaveResponse& r) {
-                   *response = Serialize(r);
-                   reactor->Finish(status);
-                 }});
+  const PeerIdentity who = IdentifyPeer(*ctx);
+  if (std::optional<Refusal> r = guard_->CheckActingFor(who, req.client_id(), "the Leave"); r.has_value()) {
+    reactor->Finish(guard_->Refuse(who, req.client_id(), *r));
+    return reactor;
+  }
+  engine_->Post(LeaveEvent{std::move(req),
+                           [reactor, response](const grpc::Status& status, const fl::v1::LeaveResponse& r) {
+                             *response = Serialize(r);
+                             reactor->Finish(status);
+                           },
+                           who.peer});
   return reactor;
 }
 

@@ -135,12 +135,14 @@ class EngineClockTest : public ::testing::Test {
     *req.mutable_model_spec() = wire::ToProto(client::SyntheticTrainer(kParams, 10, 1).spec(), "synthetic");
     TestClient c;
     std::optional<grpc::Status> status;
-    engine_->Post(JoinEvent{req, "test", [&](const grpc::Status& s, const fl::v1::JoinResponse& r) {
+    engine_->Post(JoinEvent{req, "test",
+                            [&](const grpc::Status& s, const fl::v1::JoinResponse& r) {
                               status = s;
                               c.id = r.client_id();
                               c.token = r.session_token();
                               c.asked_for_initial_model = r.initial_model_requested();
-                            }});
+                            },
+                            ""});
     Run();
     EXPECT_TRUE(status.has_value() && status->ok()) << (status ? status->error_message() : "no answer");
     return c;
@@ -151,7 +153,7 @@ class EngineClockTest : public ::testing::Test {
     fl::v1::SessionHello hello;
     hello.set_client_id(c.id);
     hello.set_session_token(c.token);
-    engine_->Post(SessionOpenEvent{hello, c.channel});
+    engine_->Post(SessionOpenEvent{hello, c.channel, "test"});
     Run();
   }
 
@@ -194,7 +196,7 @@ class EngineClockTest : public ::testing::Test {
                                      admitted = !r.has_value();
                                      if (refusal != nullptr) *refusal = std::move(r);
                                    },
-                                   std::move(handle)});
+                                   std::move(handle), "test"});
     Run();
     return admitted;
   }

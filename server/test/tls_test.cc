@@ -49,7 +49,7 @@ class TlsTest : public ::testing::Test {
     return {paths_.Cert(pki::Kind::kServer, "server"), paths_.Key(pki::Kind::kServer, "server"), paths_.CaCert()};
   }
   client::ClientTls ClientTls(const std::string& name) const {
-    return {paths_.CaCert(), paths_.Cert(pki::Kind::kClient, name), paths_.Key(pki::Kind::kClient, name)};
+    return {paths_.CaCert(), paths_.Cert(pki::Kind::kClient, name), paths_.Key(pki::Kind::kClient, name), ""};
   }
   std::shared_ptr<grpc::ChannelCredentials> RawCredentials(const std::string& name) const {
     grpc::SslCredentialsOptions o;

@@ -40,6 +40,8 @@ class ServerMetrics {
   void AddBytes(std::string_view direction, std::string_view link_kind, uint64_t bytes);
   // outcome: "ok", "late", "dropped", "rejected"; reason: "" unless rejected.
   void CountUpdate(std::string_view outcome, std::string_view reason);
+  // fl_security_refusals_total{reason}: every reason starts at 0.
+  void CountSecurityRefusal(SecurityRefusal reason);
   // At a round's commit, with its client rows: counts the round's straggler, fl_round_straggler_total{client,
   // phase}. The straggler is the accepted client whose update arrived last (the last kOk row: rows are in
   // arrival order); its phase is the one most above the round's median for that phase, else its longest one

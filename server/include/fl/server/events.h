@@ -9,12 +9,14 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <variant>
 #include <vector>
 
 #include <grpcpp/support/status.h>
 
+#include "fl/instrumentation/records.h"
 #include "fl/v1/federation.pb.h"
 
 namespace fl::server {
@@ -59,11 +61,13 @@ struct JoinEvent {
   fl::v1::JoinRequest request;
   std::string peer;
   std::function<void(const grpc::Status&, const fl::v1::JoinResponse&)> reply;
+  std::string cert_serial;  // the client certificate's serial over mutual TLS (empty in plaintext)
 };
 
 struct SessionOpenEvent {
   fl::v1::SessionHello hello;
   std::shared_ptr<SessionChannel> channel;
+  std::string peer;
 };
 
 struct SessionMessageEvent {
@@ -82,6 +86,7 @@ struct SessionClosedEvent {
 struct DownloadEvent {
   fl::v1::DownloadModelRequest request;
   std::function<void(const grpc::Status&, std::shared_ptr<const ModelPayload>)> reply;
+  std::string peer;
 };
 
 // A download's last message (the trailer) was handed to the transport: the server's view of the downlink,
@@ -106,6 +111,7 @@ struct UploadStartEvent {
   std::function<void(std::optional<fl::v1::UploadUpdateResponse> refusal, std::vector<uint8_t> buffer)> admit;
   // Progress and revocation of the upload once admitted (may be null: then it is never revoked).
   std::shared_ptr<UploadHandle> handle;
+  std::string peer;
 };
 
 // An admitted upload finished: every chunk arrived and the checksum matched (or `transfer_error` says
@@ -123,13 +129,26 @@ struct UploadDoneEvent {
 struct LeaveEvent {
   fl::v1::LeaveRequest request;
   std::function<void(const grpc::Status&, const fl::v1::LeaveResponse&)> reply;
+  std::string peer;
 };
 
 struct ShutdownEvent {
   std::string reason;
 };
 
+// A call the service refused for a security reason (revocation, identity, abuse limits): recorded in
+// security_events and counted by reason (the service fills reason, peer, identity, claimed and detail).
+struct SecurityRefusalEvent {
+  instrumentation::SecurityEventRecord record;
+};
+
+// Certificate serials a reload of the revocation list found newly revoked: their clients' sessions are closed.
+struct CertificatesRevokedEvent {
+  std::set<std::string> serials;
+};
+
 using EngineEvent = std::variant<JoinEvent, SessionOpenEvent, SessionMessageEvent, SessionClosedEvent, DownloadEvent,
-                                 DownloadDoneEvent, UploadStartEvent, UploadDoneEvent, LeaveEvent, ShutdownEvent>;
+                                 DownloadDoneEvent, UploadStartEvent, UploadDoneEvent, LeaveEvent, ShutdownEvent,
+                                 SecurityRefusalEvent, CertificatesRevokedEvent>;
 
 }  // namespace fl::server

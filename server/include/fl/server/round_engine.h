@@ -74,12 +74,22 @@ struct EngineConfig {
   uint32_t heartbeat_interval_ms = 5000;  // clients silent for 4 intervals are considered gone
   // Limits that keep one client from slowing the others (docs/round-engine.md, "Limits"); 0 turns an upload
   // limit off. The session limits are enforced by the gRPC reactors (service.cc), the upload ones here.
-  uint32_t session_max_messages_per_s = 50;    // per Session stream, on average (bursts up to twice that)
-  uint32_t session_max_queued_messages = 256;  // server messages waiting for a client that does not read
-  uint32_t session_hello_timeout_ms = 10000;   // a Session stream must send its SessionHello within this
-  uint32_t upload_min_bytes_per_s = 4096;      // an admitted upload's average rate since it got its slot...
-  uint32_t upload_rate_grace_ms = 5000;        // ...checked once it has held the slot this long
-  uint32_t upload_message_timeout_ms = 30000;  // longest wait for the next message of an admitted upload
+  uint32_t session_max_messages_per_s = 50;      // per Session stream, on average (bursts up to twice that)
+  uint32_t session_max_queued_messages = 256;    // server messages waiting for a client that does not read
+  uint32_t session_hello_timeout_ms = 10000;     // a Session stream must send its SessionHello within this
+  uint32_t upload_min_bytes_per_s = 4096;        // an admitted upload's average rate since it got its slot...
+  uint32_t upload_rate_grace_ms = 5000;          // ...checked once it has held the slot this long
+  uint32_t upload_message_timeout_ms = 30000;    // longest wait for the next message of an upload (header too)
+  uint32_t download_message_timeout_ms = 60000;  // longest a download's chunk may wait for the client to read it
+  // Abuse limits per peer address and per certificate identity (docs/security.md, "Abuse limits"), enforced by the
+  // gRPC reactors; 0 turns one off. The per-identity ones apply over mutual TLS only: in plaintext a name is a
+  // claim. The per-peer defaults leave room for thousands of emulated clients behind one address.
+  double join_per_s_per_peer = 200;        // Joins per second from one address (bursts of twice that)
+  double join_per_s_per_identity = 2;      // Joins per second of one certificate (bursts of five)
+  uint32_t max_sessions_per_peer = 16384;  // open Session streams from one address
+  uint32_t max_sessions_per_identity = 2;  // ... of one certificate (its session and the one replacing it)
+  uint32_t max_uploads_per_peer = 4096;    // open UploadUpdate streams from one address
+  uint32_t max_uploads_per_identity = 2;   // ... of one certificate
   uint32_t max_chunk_bytes = 1u << 20;
   std::string checkpoint_dir;  // empty: no checkpoints (and no --resume)
   uint32_t keep_checkpoints = 2;
@@ -165,6 +175,8 @@ class EngineObserver {
                                const instrumentation::ClientRoundRecord& /*row*/,
                                const fl::v1::JoinRequest& /*client*/) {}
   virtual void OnRoundCommitted(const CommittedRound& /*round*/) {}
+  // A call refused for a security reason (security_events).
+  virtual void OnSecurityRefusal(instrumentation::SecurityRefusal /*reason*/) {}
   virtual void OnEvaluationStored(uint64_t /*round*/, const instrumentation::ServerMetrics::Evaluation& /*figures*/) {}
   // The last thing that happens to a committed round: after its evaluation, or at the commit when it is not
   // evaluated (`figures` empty then, or when no client's result counted).
@@ -271,6 +283,12 @@ class RoundEngine {
   void HandleUploadDone(UploadDoneEvent& e);
   void HandleLeave(LeaveEvent& e);
   void HandleShutdown(const ShutdownEvent& e);
+  void HandleSecurityRefusal(SecurityRefusalEvent& e);
+  void HandleCertificatesRevoked(const CertificatesRevokedEvent& e);
+  // A refused call in security_events, and counted by the observers; `detail` is what the peer was told.
+  void RecordSecurityRefusal(instrumentation::SecurityEventRecord record);
+  // An unknown client id or a wrong session token (RecordSecurityRefusal, reason bad_token).
+  void RecordBadToken(const std::string& peer, const std::string& client_id, std::string detail);
 
   // Moves the state machine forward as far as the current facts allow; also called on timer expiry.
   void Advance();
@@ -330,7 +348,7 @@ class RoundEngine {
   // The client asked for the initial model lost the role to `next_client` (`why`): logged, its session
   // closed and the reason recorded as its left_reason.
   void AbandonInitialModelHolder(const std::string& holder_id, const std::string& next_client, std::string_view why);
-  void DisconnectClient(ClientInfo& client, std::string_view why);
+  void DisconnectClient(ClientInfo& client, std::string_view why, grpc::StatusCode code = grpc::StatusCode::CANCELLED);
   // A per-client event that is not a client_rounds row: a refused report, a revoked upload, ... (client_events).
   void RecordClientEvent(const std::string& client_id, instrumentation::ClientEventKind kind,
                          std::optional<uint64_t> round, std::string task_id, std::string reason);

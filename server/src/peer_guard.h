@@ -1,0 +1,107 @@
+// Who is calling, and the limits that keep one peer or one identity from taking the server for itself
+// (docs/security.md, "Identity" and "Abuse limits"). Checked by the gRPC reactors (service.cc) before anything
+// reaches the round engine.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/base/thread_annotations.h"
+#include "fl/instrumentation/records.h"
+#include "fl/server/revocation_watcher.h"
+#include "fl/server/round_engine.h"
+
+namespace fl::server {
+
+// The caller of one gRPC call.
+struct PeerIdentity {
+  std::string peer;            // gRPC's peer string, e.g. "ipv4:10.0.0.7:50514"
+  std::string host;            // the peer's address without its port: the key of the per-peer limits
+  bool authenticated = false;  // mutual TLS with a certificate the CA issued
+  std::string name;            // the certificate's identity (fl-client://<name>, else its CN); empty in plaintext
+  std::string serial_hex;      // the certificate's serial, checked against the revocation list
+};
+
+// Reads the identity from the call's TLS auth context (nothing but the peer address over plaintext).
+PeerIdentity IdentifyPeer(const grpc::CallbackServerContext& ctx);
+
+// "ipv4:1.2.3.4:5" -> "1.2.3.4", "ipv6:[::1]:5" -> "[::1]"; anything else (unix sockets) whole.
+std::string PeerHost(std::string_view peer);
+
+// A call refused for a security reason: what the peer is told, and what the records say.
+struct Refusal {
+  instrumentation::SecurityRefusal reason;
+  grpc::Status status;
+};
+
+// The refusal of a call whose certificate names another client than the one the call acts for.
+Refusal WrongIdentity(const PeerIdentity& who, std::string_view claimed, std::string_view what);
+
+// Join rates and concurrent sessions and uploads, per peer address and (over mutual TLS) per certificate
+// identity. Thread-safe: the reactors call it from gRPC's threads.
+class PeerLimits {
+ public:
+  enum class Stream { kSession, kUpload };
+
+  explicit PeerLimits(const EngineConfig& config);
+
+  // A Join from `who` at `now_ns` (monotonic): nullopt when both its peer's and its identity's rates allow it.
+  std::optional<Refusal> TakeJoin(const PeerIdentity& who, int64_t now_ns);
+  // A session or upload stream of `who` starts: nullopt and the slot is held until Release, or the refusal.
+  std::optional<Refusal> Acquire(Stream stream, const PeerIdentity& who);
+  void Release(Stream stream, const PeerIdentity& who);
+
+ private:
+  struct Bucket {
+    double tokens = 0;
+    int64_t last_ns = 0;
+  };
+  struct Counts {
+    uint32_t sessions = 0;
+    uint32_t uploads = 0;
+  };
+  bool TakeToken(std::map<std::string, Bucket>& buckets, const std::string& key, double rate, int64_t now_ns)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const EngineConfig& config_;
+  std::mutex mu_;
+  std::map<std::string, Bucket> peer_joins_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Bucket> identity_joins_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Counts> peer_streams_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Counts> identity_streams_ ABSL_GUARDED_BY(mu_);
+};
+
+// The checks every call of the federation service makes, in one place: revocation, identity, limits. A refusal is
+// recorded (security_events, and the fl_security_refusals_total counter) through the engine.
+class CallGuard {
+ public:
+  // `revocation` may be null (plaintext, or mutual TLS without --tls-crl).
+  CallGuard(RoundEngine* engine, const RevocationWatcher* revocation);
+
+  // A Join: the certificate is not revoked, is a client's, and names `claimed` (the request's client_name).
+  std::optional<Refusal> CheckJoin(const PeerIdentity& who, std::string_view claimed) const;
+  // A call acting for client `acting_for` (a session, a download, an upload, a leave): over mutual TLS the
+  // certificate is not revoked and is that client's. `what` names the call in the message.
+  std::optional<Refusal> CheckActingFor(const PeerIdentity& who, std::string_view acting_for,
+                                        std::string_view what) const;
+  // Records the refusal and returns the status to finish the call with.
+  grpc::Status Refuse(const PeerIdentity& who, std::string_view claimed, const Refusal& refusal) const;
+
+  PeerLimits& limits() { return limits_; }
+  RoundEngine* engine() const { return engine_; }
+
+ private:
+  std::optional<Refusal> CheckRevoked(const PeerIdentity& who) const;
+
+  RoundEngine* engine_;
+  const RevocationWatcher* revocation_;
+  PeerLimits limits_;
+};
+
+}  // namespace fl::server

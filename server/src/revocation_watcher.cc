@@ -1,0 +1,91 @@
+#include "fl/server/revocation_watcher.h"
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <utility>
+
+#include <spdlog/spdlog.h>
+
+namespace fl::server {
+
+RevocationWatcher::FileStamp RevocationWatcher::Stamp(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return {};
+  return FileStamp{int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec, static_cast<int64_t>(st.st_size),
+                   static_cast<uint64_t>(st.st_ino)};
+}
+
+absl::StatusOr<std::unique_ptr<RevocationWatcher>> RevocationWatcher::Start(Options options, OnRevoked on_revoked) {
+  const FileStamp stamp = Stamp(options.crl_file);
+  absl::StatusOr<pki::RevocationList> list = pki::RevocationList::Load(options.crl_file, options.ca_cert_file);
+  if (!list.ok()) return list.status();
+  return std::unique_ptr<RevocationWatcher>(
+      new RevocationWatcher(std::move(options), std::move(on_revoked), *std::move(list), stamp));
+}
+
+RevocationWatcher::RevocationWatcher(Options options, OnRevoked on_revoked, pki::RevocationList list, FileStamp stamp)
+    : options_(std::move(options)),
+      on_revoked_(std::move(on_revoked)),
+      list_(std::make_shared<const pki::RevocationList>(std::move(list))),
+      stamp_(stamp) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+RevocationWatcher::~RevocationWatcher() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  stop_cv_.notify_all();
+  thread_.join();
+}
+
+bool RevocationWatcher::IsRevoked(const std::string& serial_hex) const {
+  std::lock_guard lock(mu_);
+  return list_->IsRevoked(serial_hex);
+}
+
+bool RevocationWatcher::ReloadIfChanged() {
+  std::lock_guard reload_lock(reload_mu_);
+  const FileStamp now = Stamp(options_.crl_file);
+  std::shared_ptr<const pki::RevocationList> before;
+  {
+    std::lock_guard lock(mu_);
+    if (now == stamp_) return false;
+    stamp_ = now;  // a list that fails to load is not retried until the file changes again
+    before = list_;
+  }
+  absl::StatusOr<pki::RevocationList> loaded = pki::RevocationList::Load(options_.crl_file, options_.ca_cert_file);
+  if (!loaded.ok()) {
+    spdlog::error("revocation list not reloaded, the previous one ({} revoked) stays in force: {}",
+                  before->serials().size(), std::string(loaded.status().message()));
+    return false;
+  }
+  auto next = std::make_shared<const pki::RevocationList>(*std::move(loaded));
+  std::set<std::string> added;
+  for (const std::string& s : next->serials()) {
+    if (!before->IsRevoked(s)) added.insert(s);
+  }
+  {
+    std::lock_guard lock(mu_);
+    list_ = next;
+  }
+  spdlog::info("revocation list {} reloaded (CRL number {}): {} revoked, {} newly", options_.crl_file,
+               next->crl_number(), next->serials().size(), added.size());
+  if (!added.empty() && on_revoked_) on_revoked_(added);
+  return true;
+}
+
+void RevocationWatcher::Run() {
+  std::unique_lock lock(mu_);
+  while (!stop_) {
+    stop_cv_.wait_for(lock, std::chrono::milliseconds(options_.reload_ms), [this] { return stop_; });
+    if (stop_) break;
+    lock.unlock();
+    ReloadIfChanged();
+    lock.lock();
+  }
+}
+
+}  // namespace fl::server
