@@ -56,13 +56,13 @@ class TestServer {
  public:
   // `tls`: serve mutual TLS instead of plaintext (tls_test).
   TestServer(EngineConfig config, const std::string& db, RoundEngine::StartPoint start = {},
-             instrumentation::ServerMetrics* metrics = nullptr,
-             const std::optional<rpc::ServerTls>& tls = std::nullopt) {
+             instrumentation::ServerMetrics* metrics = nullptr, const std::optional<rpc::ServerTls>& tls = std::nullopt,
+             const RevocationWatcher* revocation = nullptr) {
     records_ = *RecordStore::Open(db);
     engine_ = std::make_unique<RoundEngine>(std::move(config), records_.get(), std::move(start));
     engine_->SetMetrics(metrics);
     EXPECT_TRUE(engine_->Start().ok());
-    service_ = std::make_unique<FederationService>(engine_.get());
+    service_ = std::make_unique<FederationService>(engine_.get(), revocation);
     auto running = rpc::StartGrpcServer(service_.get(), "127.0.0.1:0", tls);
     EXPECT_TRUE(running.ok()) << running.status();
     server_ = std::move(running->server);
