@@ -1,5 +1,7 @@
 #include "fl/diloco/coordinator_client.h"
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -26,8 +28,24 @@ absl::Status FromGrpc(const grpc::Status& status, std::string_view call) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), fl::StrCat(call, ": ", message));
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), wire::SessionChannelArguments());
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
+                                                           const std::optional<rpc::ClientTls>& tls) {
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds = rpc::ChannelCredentials(tls);
+  if (!creds.ok()) return creds.status();
+  return grpc::CreateCustomChannel(address, *creds, wire::SessionChannelArguments());
+}
+
+// A connection that got to the coordinator's port and then failed the handshake (gRPC's UNAVAILABLE text),
+// as opposed to a coordinator not listening yet ("Connection refused"), which is worth waiting for.
+bool HandshakeFailed(const grpc::Status& status) {
+  if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return false;
+  std::string m = status.error_message();
+  std::transform(m.begin(), m.end(), m.begin(), [](unsigned char c) { return std::tolower(c); });
+  for (std::string_view sign :
+       {"handshake", "ssl", "tls", "certificate", "socket closed", "connection reset", "end of tcp stream"}) {
+    if (m.find(sign) != std::string::npos) return true;
+  }
+  return false;
 }
 
 void SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout) {
@@ -183,11 +201,39 @@ struct CoordinatorClient::Impl {
   absl::StatusOr<Assignment> Join() {
     fl::v1::IslandJoinRequest req = ToProto(request);
     fl::v1::IslandJoinResponse resp;
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, options.connect_timeout);
-    ctx.set_wait_for_ready(true);  // islands may start before the coordinator
-    grpc::Status status = stub->Join(&ctx, req, &resp);
-    if (!status.ok()) return FromGrpc(status, fl::StrCat("joining ", address, " as '", request.island_id, "'"));
+    // Islands may start before the coordinator: a refused connection is retried until connect_timeout. (Not
+    // wait_for_ready: it would also wait out a failing TLS handshake, which never heals, for the whole timeout.)
+    const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoMilliseconds(options.connect_timeout);
+    const std::string what = fl::StrCat("joining ", address, " as '", request.island_id, "'");
+    grpc::Status status;
+    int handshake_failures = 0;
+    auto backoff = std::chrono::milliseconds(50);
+    while (true) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(
+          std::chrono::system_clock::now() +
+          std::chrono::duration_cast<std::chrono::system_clock::duration>(deadline - std::chrono::steady_clock::now()));
+      status = stub->Join(&ctx, req, &resp);
+      if (status.error_code() != grpc::StatusCode::UNAVAILABLE || std::chrono::steady_clock::now() >= deadline) break;
+      // A handshake that fails three times in a row is a configuration error, not a coordinator starting up.
+      handshake_failures = HandshakeFailed(status) ? handshake_failures + 1 : 0;
+      if (handshake_failures >= 3) {
+        return absl::UnavailableError(fl::StrCat(
+            what, ": ",
+            options.tls.has_value() ? "the TLS handshake with the coordinator failed ("
+                                    : "the coordinator closed every plaintext connection (",
+            status.error_message(), "); ",
+            options.tls.has_value()
+                ? "check that --tls-ca is the CA that issued the coordinator's certificate (and names the host "
+                  "dialled), that --tls-cert/--tls-key are this island's from the same CA (fl-provision "
+                  "add-island), and that the coordinator runs with --tls-cert/--tls-key/--tls-client-ca"
+                : "it probably serves mutual TLS: run fl-island with --tls-ca, --tls-cert and --tls-key "
+                  "(fl-provision add-island, docs/security.md)"));
+      }
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+    }
+    if (!status.ok()) return FromGrpc(status, what);  // PERMISSION_DENIED (the certificate's name) included
     Assignment a;
     a.experiment_id = resp.experiment_id();
     a.join_seq = resp.join_seq();
@@ -236,7 +282,9 @@ absl::StatusOr<Assignment> CoordinatorClient::Connect(const std::string& server_
     impl_->address = server_address;
     impl_->request = request;
   }
-  impl_->channel = MakeChannel(server_address);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(server_address, impl_->options.tls);
+  if (!channel.ok()) return channel.status();
+  impl_->channel = *std::move(channel);
   impl_->stub = fl::v1::Islands::NewStub(impl_->channel);
   return impl_->Join();
 }

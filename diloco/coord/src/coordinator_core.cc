@@ -322,8 +322,9 @@ CoordinatorSnapshot Coordinator::Snapshot() const {
 }
 
 absl::StatusOr<RunningCoordinatorServer> StartCoordinatorServer(Coordinator* coordinator,
-                                                                const std::string& listen_address) {
-  auto running = rpc::StartGrpcServer(coordinator->service(), listen_address);
+                                                                const std::string& listen_address,
+                                                                const std::optional<rpc::ServerTls>& tls) {
+  auto running = rpc::StartGrpcServer(coordinator->service(), listen_address, tls);
   if (!running.ok()) return running.status();
   return RunningCoordinatorServer{std::move(running->server), running->port};
 }

@@ -137,7 +137,47 @@ int Run(int argc, char** argv) {
                  "this long after the blame (first attempt of a sync; 0 = evict at once)")
       ->capture_default_str();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
+  fl::rpc::ServerTls tls;
+  app.add_option("--tls-cert", tls.cert_file,
+                 "Serve mutual TLS with this server certificate (PEM, fl-provision add-server / init "
+                 "--server-name/--server-ip); needs --tls-key and --tls-client-ca. Without the three, fl-coordinator "
+                 "refuses to start unless --insecure (docs/security.md)");
+  app.add_option("--tls-key", tls.key_file, "The private key of --tls-cert (PEM)");
+  app.add_option("--tls-client-ca", tls.client_ca_file,
+                 "CA certificate (PEM) that every island's certificate must chain to; an island may only take part "
+                 "under the name of its certificate's fl-island://<name>");
+  bool insecure = false;
+  app.add_flag("--insecure", insecure,
+               "Serve plaintext gRPC without any TLS flag: anyone who reaches --listen can join as any island and "
+               "steer the experiment. Only for a trusted network or a test");
   CLI11_PARSE(app, argc, argv);
+
+  // All three or none, and plaintext only when asked for by name (as fl-server): a forgotten flag must not leave
+  // the islands' control plane open to whoever reaches the port.
+  const int tls_given = int{!tls.cert_file.empty()} + int{!tls.key_file.empty()} + int{!tls.client_ca_file.empty()};
+  if (tls_given != 0 && tls_given != 3) {
+    std::cerr << "fl-coordinator: --tls-cert, --tls-key and --tls-client-ca go together: give all three for mutual "
+                 "TLS (or none, with --insecure, for plaintext)\n";
+    return 2;
+  }
+  if (tls_given == 3 && insecure) {
+    std::cerr << "fl-coordinator: --insecure and --tls-cert/--tls-key/--tls-client-ca contradict each other: drop "
+                 "--insecure to serve mutual TLS, or the TLS flags to serve plaintext\n";
+    return 2;
+  }
+  if (tls_given == 0 && !insecure) {
+    std::cerr << "fl-coordinator: no transport security configured: give --tls-cert, --tls-key and "
+                 "--tls-client-ca to serve mutual TLS (make the certificates with fl-provision init/add-server/"
+                 "add-island, docs/security.md), or pass --insecure to serve plaintext gRPC on a trusted network\n";
+    return 2;
+  }
+  if (insecure) {
+    std::cerr << "fl-coordinator: --insecure: plaintext: anyone on the network can reach " << listen
+              << ", join as any island and read or steer the experiment; use --tls-cert/--tls-key/--tls-client-ca "
+                 "(docs/security.md)\n";
+  }
+  const std::optional<fl::rpc::ServerTls> server_tls =
+      tls_given == 3 ? std::optional<fl::rpc::ServerTls>(tls) : std::nullopt;
 
   spdlog::set_default_logger(spdlog::stderr_color_mt("fl-coordinator"));
   spdlog::set_level(spdlog::level::from_str(log_level));
@@ -220,14 +260,14 @@ int Run(int argc, char** argv) {
     std::cerr << "fl-coordinator: " << coordinator.status().message() << "\n";
     return 2;
   }
-  auto server = StartCoordinatorServer(coordinator->get(), listen);
+  auto server = StartCoordinatorServer(coordinator->get(), listen, server_tls);
   if (!server.ok()) {
     std::cerr << "fl-coordinator: " << server.status().message() << "\n";
     return 2;
   }
-  spdlog::info("islands experiment {} listening on port {} (H={}, P={}, tau={}, codec {}, {} outer steps)",
-               o.experiment_id, server->port, s.inner_steps, s.num_fragments, s.overlap_steps, s.codec,
-               s.total_outer_steps);
+  spdlog::info("islands experiment {} listening on port {} ({}; H={}, P={}, tau={}, codec {}, {} outer steps)",
+               o.experiment_id, server->port, server_tls ? "mutual TLS" : "plaintext", s.inner_steps, s.num_fragments,
+               s.overlap_steps, s.codec, s.total_outer_steps);
   if (!port_file.empty()) fl::rpc::WritePortFile(port_file, server->port);
 
   std::atomic<bool> exiting{false};

@@ -139,10 +139,12 @@ struct StateServer::Impl {
 
 StateServer::StateServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-absl::StatusOr<std::unique_ptr<StateServer>> StateServer::Start(const std::string& listen_address, size_t keep) {
+absl::StatusOr<std::unique_ptr<StateServer>> StateServer::Start(const std::string& listen_address, size_t keep,
+                                                                const std::optional<rpc::ServerTls>& tls) {
   auto impl = std::make_unique<Impl>();
   impl->service = std::make_unique<StateService>(keep);
-  auto running = rpc::StartGrpcServer(impl->service.get(), listen_address);
+  auto running = rpc::StartGrpcServer(impl->service.get(), listen_address, tls);
+  if (!running.ok() && running.status().code() == absl::StatusCode::kInvalidArgument) return running.status();
   if (!running.ok()) {
     return absl::UnavailableError(fl::StrCat("state server: cannot listen on ", listen_address,
                                              ": the address is invalid or the port is in use"));
@@ -168,7 +170,20 @@ absl::StatusOr<StateSnapshot> FetchState(const std::string& endpoint, uint64_t e
                                          const FetchOptions& options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(wire::kMaxMessageBytes);
-  auto channel = grpc::CreateCustomChannel(endpoint, grpc::InsecureChannelCredentials(), args);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds = rpc::ChannelCredentials(options.tls);
+  if (!creds.ok()) return creds.status();
+  if (options.tls.has_value()) {
+    if (options.peer_island.empty()) {
+      return absl::InvalidArgumentError(
+          "FetchOptions.peer_island is empty: with TLS the source island's name is "
+          "what its certificate is checked against");
+    }
+    // The name checked is the island's URI SAN, fl-island://<name>. gRPC splits the name it checks as host:port;
+    // in brackets the whole URI is the host, and (holding ':') it is compared with the certificate's
+    // subjectAltNames exactly, as an IP address would be. Only an island's certificate carries it.
+    args.SetSslTargetNameOverride(fl::StrCat("[fl-island://", options.peer_island, "]"));
+  }
+  auto channel = grpc::CreateCustomChannel(endpoint, *creds, args);
   auto stub = fl::v1::IslandState::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options.timeout));

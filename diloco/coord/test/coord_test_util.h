@@ -5,6 +5,7 @@
 #include <cstring>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -53,12 +54,13 @@ bool WaitUntil(Done done, std::chrono::milliseconds max_wait = std::chrono::seco
 class CoordinatorHarness {
  public:
   explicit CoordinatorHarness(CoordinatorOptions options, instrumentation::IslandRecordWriter* records = nullptr,
-                              instrumentation::IslandMetrics* metrics = nullptr) {
+                              instrumentation::IslandMetrics* metrics = nullptr,
+                              const std::optional<rpc::ServerTls>& tls = std::nullopt) {
     options.clock = &clock_;
     auto c = Coordinator::Create(std::move(options), records, metrics);
     EXPECT_TRUE(c.ok()) << c.status();
     coordinator_ = std::move(*c);
-    auto s = StartCoordinatorServer(coordinator_.get(), "127.0.0.1:0");
+    auto s = StartCoordinatorServer(coordinator_.get(), "127.0.0.1:0", tls);
     EXPECT_TRUE(s.ok()) << s.status();
     server_ = std::move(*s);
   }

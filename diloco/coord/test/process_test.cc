@@ -55,7 +55,8 @@ TEST(ProcessTest, FlCoordinatorRunsTheScheduleAndRecordsIt) {
                                   "--island-option",
                                   "model=charlm",
                                   "--heartbeat-interval-ms",
-                                  "100"},
+                                  "100",
+                                  "--insecure"},
                                  dir.File("server.log"));
   const int port = WaitForPort(dir.File("port"), server);
   ASSERT_GT(port, 0) << ReadFile(dir.File("server.log"));
@@ -96,24 +97,49 @@ TEST(ProcessTest, FlCoordinatorRunsTheScheduleAndRecordsIt) {
 
 TEST(ProcessTest, BadFlagsAreRefusedNamingTheValue) {
   fl::testing::ScratchDir dir("fl_coord_proc");
-  fl::testing::Subprocess server({FL_COORDINATOR_BIN, "--inner-steps", "10", "--fragments", "3", "--db", ""},
-                                 dir.File("server.log"));
+  fl::testing::Subprocess server(
+      {FL_COORDINATOR_BIN, "--inner-steps", "10", "--fragments", "3", "--db", "", "--insecure"},
+      dir.File("server.log"));
   EXPECT_EQ(server.Wait(std::chrono::seconds(30)), 2);
   const std::string log = ReadFile(dir.File("server.log"));
   EXPECT_NE(log.find("--fragments = 3"), std::string::npos) << log;
 
   // A `fl-server --mode islands` command line runs unchanged under the new name.
-  fl::testing::Subprocess codec({FL_COORDINATOR_BIN, "--mode=islands", "--codec", "int9", "--db", ""},
+  fl::testing::Subprocess codec({FL_COORDINATOR_BIN, "--mode=islands", "--codec", "int9", "--db", "", "--insecure"},
                                 dir.File("codec.log"));
   EXPECT_EQ(codec.Wait(std::chrono::seconds(30)), 2);
   EXPECT_NE(ReadFile(dir.File("codec.log")).find("int9"), std::string::npos) << ReadFile(dir.File("codec.log"));
+}
+
+// Secure by default: no TLS flags and no --insecure is a refusal naming both ways out; --insecure says what it
+// gives away; the three TLS flags go together.
+TEST(ProcessTest, PlaintextOnlyWhenAskedForByName) {
+  fl::testing::ScratchDir dir("fl_coord_proc");
+  fl::testing::Subprocess bare({FL_COORDINATOR_BIN, "--listen", "127.0.0.1:0", "--db", ""}, dir.File("bare.log"));
+  EXPECT_EQ(bare.Wait(std::chrono::seconds(30)), 2);
+  const std::string log = ReadFile(dir.File("bare.log"));
+  for (const char* want : {"--tls-cert", "--tls-key", "--tls-client-ca", "--insecure", "fl-provision"}) {
+    EXPECT_NE(log.find(want), std::string::npos) << want << " in: " << log;
+  }
+  fl::testing::Subprocess half({FL_COORDINATOR_BIN, "--db", "", "--tls-cert", "x.crt"}, dir.File("half.log"));
+  EXPECT_EQ(half.Wait(std::chrono::seconds(30)), 2);
+  EXPECT_NE(ReadFile(dir.File("half.log")).find("go together"), std::string::npos) << ReadFile(dir.File("half.log"));
+
+  fl::testing::Subprocess insecure({FL_COORDINATOR_BIN, "--listen", "127.0.0.1:0", "--port-file", dir.File("port"),
+                                    "--db", "", "--insecure", "--min-islands", "1"},
+                                   dir.File("insecure.log"));
+  ASSERT_GT(WaitForPort(dir.File("port"), insecure), 0) << ReadFile(dir.File("insecure.log"));
+  insecure.Kill(SIGTERM);
+  insecure.Wait(std::chrono::seconds(30));
+  EXPECT_NE(ReadFile(dir.File("insecure.log")).find("plaintext: anyone on the network can"), std::string::npos)
+      << ReadFile(dir.File("insecure.log"));
 }
 
 // The old command is an alias: fl-server says so on stderr and execs fl-coordinator with the other arguments.
 TEST(ProcessTest, FlServerModeIslandsExecsFlCoordinator) {
   fl::testing::ScratchDir dir("fl_coord_proc");
   fl::testing::Subprocess alias(
-      {FL_SERVER_BIN, "--mode", "islands", "--inner-steps", "10", "--fragments", "3", "--db", ""},
+      {FL_SERVER_BIN, "--mode", "islands", "--inner-steps", "10", "--fragments", "3", "--db", "", "--insecure"},
       dir.File("alias.log"));
   EXPECT_EQ(alias.Wait(std::chrono::seconds(30)), 2);
   const std::string log = ReadFile(dir.File("alias.log"));

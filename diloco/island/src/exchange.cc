@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "fl/core/str_cat.h"
+#include "fl/pki/pki.h"
 
 namespace fl::diloco {
 namespace {
@@ -79,6 +80,28 @@ void Exchanger::ThreadMain() {
   }
 }
 
+absl::StatusOr<RingCurve> LoadRingCurve(const std::string& curve_dir, const std::vector<RingMember>& members,
+                                        size_t self_index) {
+  // Public keys are read for exactly this ring's members: the ring admits no key of an island outside it.
+  auto file = [&](const std::string& id, const char* suffix) { return fl::StrCat(curve_dir, "/", id, suffix); };
+  RingCurve curve;
+  absl::StatusOr<std::string> secret = pki::ReadCurveKeyFile(file(members[self_index].id, ".curve.key"));
+  if (!secret.ok()) return secret.status();
+  curve.secret_key = *std::move(secret);
+  for (const RingMember& m : members) {
+    absl::StatusOr<std::string> pub = pki::ReadCurveKeyFile(file(m.id, ".curve.pub"));
+    if (!pub.ok()) {
+      return absl::Status(
+          pub.status().code(),
+          fl::StrCat("ring member '", m.id, "' has no usable CurveZMQ public key: ", pub.status().message(),
+                     "; every island needs the .curve.pub of every other "
+                     "(copy the provisioned islands/ folder's *.curve.pub to each island)"));
+    }
+    curve.public_keys.push_back(*std::move(pub));
+  }
+  return curve;
+}
+
 absl::Status Exchanger::EnsureRing(const std::vector<RingMember>& members, size_t self_index) {
   const uint64_t fingerprint = RingFingerprint(members);
   if (ring_ != nullptr && fingerprint == ring_fingerprint_) return absl::OkStatus();
@@ -94,6 +117,11 @@ absl::Status Exchanger::EnsureRing(const std::vector<RingMember>& members, size_
   // Behind an emulated WAN link the others dial the link's front (our advertised endpoint); we bind behind it.
   if (!config_.bind_endpoint.empty() && config_.bind_endpoint != members[self_index].endpoint) {
     options.bind_endpoint = config_.bind_endpoint;
+  }
+  if (!config_.curve_dir.empty()) {
+    absl::StatusOr<RingCurve> curve = LoadRingCurve(config_.curve_dir, members, self_index);
+    if (!curve.ok()) return curve.status();
+    options.curve = *std::move(curve);
   }
   absl::StatusOr<std::unique_ptr<RingAllReduce>> ring = RingAllReduce::Create(options);
   if (!ring.ok()) return ring.status();

@@ -4,6 +4,8 @@
 #include "fl/core/codec.h"
 #include "fl/core/str_cat.h"
 #include "fl/diloco/island.h"
+#include "fl/diloco/ring_allreduce.h"
+#include "fl/pki/pki.h"
 
 namespace fl::diloco {
 
@@ -59,7 +61,60 @@ absl::Status IslandOptions::Validate() const {
     }
     if (!self) return bad("peers", island_id, "the static ring must list this island (by its island_id) too");
   }
+  const int tls_given = int{!tls_ca.empty()} + int{!tls_cert.empty()} + int{!tls_key.empty()};
+  if (tls_given != 0 && tls_given != 3) {
+    return absl::InvalidArgumentError(
+        "--tls-ca, --tls-cert and --tls-key go together: give all three (fl-provision add-island writes the "
+        "island's certificate and key, docs/security.md), or none with --insecure");
+  }
+  if (tls_given == 3 && insecure) {
+    return absl::InvalidArgumentError(
+        "--insecure and --tls-ca/--tls-cert/--tls-key contradict each other: drop --insecure to use mutual TLS and "
+        "CurveZMQ, or the TLS flags to run in plaintext");
+  }
+  if (!curve_dir.empty() && tls_given == 0) {
+    return absl::InvalidArgumentError(
+        "--curve-dir needs --tls-ca/--tls-cert/--tls-key (the ring is secured with "
+        "the control plane, docs/security.md)");
+  }
+  if (tls_given == 0 && !insecure && NeedsTransportSecurity()) {
+    return absl::InvalidArgumentError(
+        "no transport security configured: give --tls-ca, --tls-cert and --tls-key (mutual TLS to the coordinator "
+        "and between islands, CurveZMQ on the ring with the keys beside the certificate or in --curve-dir; make "
+        "them with fl-provision init/add-island, docs/security.md), or pass --insecure for plaintext on a trusted "
+        "network");
+  }
   return absl::OkStatus();
+}
+
+bool IslandOptions::NeedsTransportSecurity() const {
+  if (rank != 0) return false;  // only the leader talks to the coordinator and the ring
+  return !coordinator.empty() || mode == "diloco" || (mode == "data-parallel" && dp_transport == "ring");
+}
+
+absl::Status IslandOptions::CheckTransportSecurity() const {
+  if (!secured() || !NeedsTransportSecurity()) return absl::OkStatus();
+  if (absl::Status s = RingCurveSupported(); !s.ok()) return s;
+  const std::string dir = CurveDir();
+  absl::StatusOr<std::string> secret = pki::ReadCurveKeyFile(fl::StrCat(dir, "/", island_id, ".curve.key"));
+  if (!secret.ok()) return secret.status();
+  absl::StatusOr<std::string> pub = pki::ReadCurveKeyFile(fl::StrCat(dir, "/", island_id, ".curve.pub"));
+  if (!pub.ok()) return pub.status();
+  absl::StatusOr<std::string> derived = pki::CurvePublicKey(*secret);
+  if (!derived.ok()) return derived.status();
+  if (*derived != *pub) {
+    return absl::InvalidArgumentError(fl::StrCat("the CurveZMQ keys ", dir, "/", island_id,
+                                                 ".curve.key and .curve.pub "
+                                                 "are not a pair; reissue them with fl-provision add-island ",
+                                                 island_id, " --force"));
+  }
+  return absl::OkStatus();
+}
+
+std::string IslandOptions::CurveDir() const {
+  if (!curve_dir.empty()) return curve_dir;
+  const size_t slash = tls_cert.rfind('/');
+  return slash == std::string::npos ? std::string(".") : tls_cert.substr(0, slash);
 }
 
 std::string IslandSummary::ToJson() const {

@@ -179,6 +179,14 @@ class IslandRun {
 
  private:
   bool leader() const { return o_.rank == 0; }
+  // This island's side of mutual TLS (to the coordinator, to other islands' state servers).
+  rpc::ClientTls ClientTls() const {
+    rpc::ClientTls tls;
+    tls.ca_file = o_.tls_ca;
+    tls.cert_file = o_.tls_cert;
+    tls.key_file = o_.tls_key;
+    return tls;
+  }
   absl::Status Setup();
   absl::Status SetupLeader();
   absl::Status InnerStep(uint64_t step);
@@ -358,6 +366,7 @@ absl::Status IslandRun::RunDataParallel() {
     c.codec = "fp32";
     c.error_feedback = false;
     c.connections_per_peer = o_.connections_per_peer;
+    if (o_.secured()) c.curve_dir = o_.CurveDir();
     c.timeout = absl::Seconds(o_.exchange_timeout_s);
     exchanger_ = std::make_unique<Exchanger>(std::move(c), nullptr);
   }
@@ -387,6 +396,10 @@ absl::Status IslandRun::LoadState(const StateSource& source) {
     if (absl::Status s = copy->Restore(image); !s.ok()) return s;
     return copy->Hash();
   };
+  if (o_.secured()) {
+    fetch.tls = ClientTls();
+    fetch.peer_island = source.island_id;
+  }
   absl::StatusOr<StateSnapshot> snap = FetchState(source.endpoint, source.expected_hash, fetch);
   if (!snap.ok()) return snap.status();
   if (absl::Status s = outer_->Restore(snap->image); !s.ok()) return s;
@@ -412,13 +425,25 @@ absl::Status IslandRun::SetupLeader() {
   c.error_feedback = o_.error_feedback;
   c.connections_per_peer = o_.connections_per_peer;
   c.timeout = absl::Seconds(o_.exchange_timeout_s);
+  if (o_.secured()) c.curve_dir = o_.CurveDir();
   std::optional<StateSource> late_source;
   if (!o_.coordinator.empty()) {
     std::string state_listen = o_.state_endpoint.empty() ? std::string("127.0.0.1:0") : o_.state_endpoint;
-    absl::StatusOr<std::unique_ptr<StateServer>> server = StateServer::Start(state_listen);
+    // The state server serves mutual TLS with the island's own certificate (it has serverAuth too), so that only
+    // islands of the same CA copy the global state.
+    std::optional<rpc::ServerTls> state_tls;
+    if (o_.secured()) {
+      state_tls.emplace();
+      state_tls->cert_file = o_.tls_cert;
+      state_tls->key_file = o_.tls_key;
+      state_tls->client_ca_file = o_.tls_ca;
+    }
+    absl::StatusOr<std::unique_ptr<StateServer>> server = StateServer::Start(state_listen, 2, state_tls);
     if (!server.ok()) return server.status();
     state_server_ = std::move(*server);
-    client_ = std::make_unique<CoordinatorClient>();
+    CoordinatorClientOptions client_options;
+    if (o_.secured()) client_options.tls = ClientTls();
+    client_ = std::make_unique<CoordinatorClient>(client_options);
     IslandJoinRequest join;
     join.island_id = o_.island_id;
     join.data_endpoint = o_.advertised_endpoint.empty() ? o_.data_endpoint : o_.advertised_endpoint;
@@ -717,6 +742,7 @@ absl::StatusOr<DeviceChoice> ResolveDevice(const std::string& requested, size_t 
 
 absl::StatusOr<IslandSummary> RunIsland(const IslandOptions& options) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
+  if (absl::Status s = options.CheckTransportSecurity(); !s.ok()) return s;
   try {
     IslandRun run(options);
     return run.Run();

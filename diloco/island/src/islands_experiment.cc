@@ -8,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
@@ -23,6 +24,7 @@
 #include "fl/core/str_cat.h"
 #include "fl/emulation/link_profile.h"
 #include "fl/emulation/shaping_relay.h"
+#include "fl/pki/pki.h"
 #include "fl/sys/process_group.h"
 
 namespace fl::diloco {
@@ -139,6 +141,7 @@ config::FieldTable<Config> ManifestFields(const std::filesystem::path& manifest_
       config::BoolField("exchange.error_feedback", &Config::error_feedback),
       config::IntField("exchange.connections_per_peer", &Config::connections_per_peer),
       config::IntField("exchange.timeout_ms", &Config::exchange_timeout_ms),
+      config::ChoiceField("security", &Config::security, {"tls", "insecure"}),
       config::CustomField<Config>(
           "wan",
           [manifest_dir](const config::YamlMap& m, const std::string& key, Config& c) -> absl::Status {
@@ -215,6 +218,36 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
     absl::StatusOr<pid_t> pid = procs.Start(name, argv, log);
     return pid.ok() ? absl::OkStatus() : pid.status();
   };
+  // Secure by default: a throwaway CA per run, made before any process starts (docs/security.md).
+  std::vector<std::string> coordinator_security = {"--insecure"};
+  std::function<std::vector<std::string>(uint32_t)> island_security = [](uint32_t) {
+    return std::vector<std::string>{"--insecure"};
+  };
+  const pki::Paths pki_paths{out("pki")};
+  if (c.security == "tls") {
+    fs::remove_all(pki_paths.dir, ec);  // a rerun into the same --out gets a fresh CA
+    pki::CaOptions ca;
+    ca.common_name = fl::StrCat("fl-islands-run CA for ", c.name);
+    if (absl::Status s = pki::CreateCa(pki_paths.dir, ca); !s.ok()) return s;
+    pki::IssueOptions server;
+    server.ip_addresses = {"127.0.0.1"};
+    server.dns_names = {"localhost"};
+    if (auto s = pki::Issue(pki_paths.dir, pki::Kind::kServer, "coordinator", server); !s.ok()) return s.status();
+    for (uint32_t i = 0; i < c.islands; ++i) {
+      if (auto s = pki::Issue(pki_paths.dir, pki::Kind::kIsland, fl::StrCat("island-", i), {}); !s.ok()) {
+        return s.status();
+      }
+    }
+    coordinator_security = {"--tls-cert",      pki_paths.Cert(pki::Kind::kServer, "coordinator"),
+                            "--tls-key",       pki_paths.Key(pki::Kind::kServer, "coordinator"),
+                            "--tls-client-ca", pki_paths.CaCert()};
+    island_security = [&](uint32_t i) {
+      const std::string id = fl::StrCat("island-", i);
+      return std::vector<std::string>{"--tls-ca",   pki_paths.CaCert(),
+                                      "--tls-cert", pki_paths.Cert(pki::Kind::kIsland, id),
+                                      "--tls-key",  pki_paths.Key(pki::Kind::kIsland, id)};
+    };
+  }
   std::string coordinator;
   if (c.mode == "diloco") {
     const std::string port_file = out("coordinator.port");
@@ -251,6 +284,7 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
                                      "--min-islands",
                                      std::to_string(c.islands)};
     if (c.error_feedback) argv.push_back("--error-feedback");
+    argv.insert(argv.end(), coordinator_security.begin(), coordinator_security.end());
     if (absl::Status s = start(kCoordinator, argv, out("coordinator.log")); !s.ok()) return s;
     const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     int port = 0;
@@ -369,6 +403,8 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
         }
       }
       argv.insert(argv.end(), c.island_args.begin(), c.island_args.end());
+      const std::vector<std::string> security = island_security(i);
+      argv.insert(argv.end(), security.begin(), security.end());
       const std::string name = fl::StrCat(id, "-rank", r);
       if (absl::Status s = start(name, argv, out(name + ".log")); !s.ok()) return s;
       ++ranks_running;

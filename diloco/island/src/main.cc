@@ -71,8 +71,23 @@ int main(int argc, char** argv) {
   app.add_option("--state-endpoint", o.state_endpoint, "listen address of this island's state server");
   app.add_option("--summary", o.summary_path, "write the leader's JSON summary here");
   app.add_option("--metrics", o.metrics_path, "append per-sync / per-eval JSON lines here");
+  app.add_option("--tls-ca", o.tls_ca,
+                 "CA certificate (PEM) the coordinator's and the other islands' certificates must chain to; with "
+                 "--tls-cert and --tls-key: mutual TLS and CurveZMQ on the ring (docs/security.md)");
+  app.add_option("--tls-cert", o.tls_cert, "this island's certificate (fl-provision add-island: D/islands/NAME.crt)");
+  app.add_option("--tls-key", o.tls_key, "its private key (D/islands/NAME.key)");
+  app.add_option("--curve-dir", o.curve_dir,
+                 "folder with this island's NAME.curve.key and every ring member's ID.curve.pub (default: the "
+                 "folder of --tls-cert)");
+  app.add_flag("--insecure", o.insecure,
+               "plaintext gRPC and ZeroMQ without TLS/CurveZMQ material: only on a trusted network or in a test");
   app.add_option("--log-level", log_level, "trace | debug | info | warn | error")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (o.insecure && o.NeedsTransportSecurity()) {
+    std::cerr << "fl-island " << o.island_id << ": --insecure: plaintext: anyone on the network can join the ring or "
+              << "the coordinator as this island, read the model and change its updates; use --tls-ca/--tls-cert/"
+                 "--tls-key (docs/security.md)\n";
+  }
   spdlog::set_level(spdlog::level::from_str(log_level));
   absl::StatusOr<fl::core::FragmentStrategy> parsed = fl::core::ParseFragmentStrategy(strategy);
   if (!parsed.ok()) {

@@ -53,6 +53,48 @@ TEST(IslandsLaunchTest, TinyManifestRunsToTheEndWithEqualHashes) {
   EXPECT_TRUE(std::filesystem::exists(out + "/records.db"));
 }
 
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Secure by default: the launcher provisions a CA for the run, the coordinator serves mutual TLS and the ring runs
+// CurveZMQ; the numbers are those of the same run in plaintext (`security: insecure`), up to the rounding of the
+// ring's summation order.
+TEST(IslandsLaunchTest, TheSameRunOverMutualTlsAndCurveEqualsPlaintext) {
+  fl::testing::ScratchDir dir("launch-tls");
+  const std::string secure_manifest = dir.File("secure.yaml"), plain_manifest = dir.File("plain.yaml");
+  std::ofstream(secure_manifest) << TinyManifest("");
+  std::ofstream(plain_manifest) << TinyManifest("") << "security: insecure\n";
+  absl::StatusOr<IslandsExperimentConfig> secure = LoadIslandsExperiment(secure_manifest);
+  absl::StatusOr<IslandsExperimentConfig> plain = LoadIslandsExperiment(plain_manifest);
+  ASSERT_TRUE(secure.ok()) << secure.status();
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(secure->security, "tls");
+  EXPECT_EQ(plain->security, "insecure");
+  const std::string secure_out = dir.File("secure"), plain_out = dir.File("plain");
+  absl::StatusOr<IslandsExperimentResult> a = RunIslandsExperiment(*secure, Paths(secure_out));
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<IslandsExperimentResult> b = RunIslandsExperiment(*plain, Paths(plain_out));
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(a->hashes_equal);
+  EXPECT_TRUE(b->hashes_equal);
+  // Not bit for bit across runs: the ring order is the islands' join order, which differs from run to run, and
+  // with it the order of the fp32 sums (two plaintext runs differ the same way). Same work, same bytes, and the
+  // same loss up to that rounding.
+  EXPECT_NEAR(a->final_eval_loss, b->final_eval_loss, 1e-3 * b->final_eval_loss);
+  EXPECT_EQ(a->units, b->units);
+  EXPECT_EQ(a->bytes_sent, b->bytes_sent);
+  // What ran secured: the run's own CA with the ring's keys, the coordinator said so, nobody warned of plaintext.
+  EXPECT_TRUE(std::filesystem::exists(secure_out + "/pki/ca/ca.crt"));
+  EXPECT_TRUE(std::filesystem::exists(secure_out + "/pki/islands/island-1.curve.pub"));
+  EXPECT_NE(Slurp(secure_out + "/coordinator.log").find("mutual TLS"), std::string::npos)
+      << Slurp(secure_out + "/coordinator.log");
+  EXPECT_EQ(Slurp(secure_out + "/island-0-rank0.log").find("plaintext"), std::string::npos);
+  EXPECT_NE(Slurp(plain_out + "/island-0-rank0.log").find("--insecure: plaintext"), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(plain_out + "/pki"));
+}
+
 TEST(IslandsLaunchTest, FailingIslandStopsTheExperimentAndItsCoordinator) {
   fl::testing::ScratchDir dir("launch-fail");
   const std::string manifest = dir.File("bad-model.yaml");

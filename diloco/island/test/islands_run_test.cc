@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "fl/testing/python.h"
+#include "fl/pki/pki.h"
 #include "fl/testing/scratch_dir.h"
 #include "fl/testing/subprocess.h"
 
@@ -22,6 +23,7 @@ namespace {
 using fl::testing::FreeLoopbackPort;
 using fl::testing::ScratchDir;
 using fl::testing::Subprocess;
+namespace pki = fl::pki;
 
 std::vector<std::string> TinyModelArgs() {
   return {"--model",      "char-lm", "--d-model", "16", "--layers",       "2", "--heads",    "2",   "--context", "16",
@@ -84,33 +86,20 @@ TEST(IslandsRunTest, TwoIslandsStreamingOverlapInt4EndWithEqualHashes) {
   const std::string e0 = Cat("tcp://127.0.0.1:", p0), e1 = Cat("tcp://127.0.0.1:", p1);
   std::vector<std::unique_ptr<Subprocess>> islands;
   for (int i = 0; i < 2; ++i) {
-    std::vector<std::string> args = {FL_ISLAND_BIN,
-                                     "--island-id",
-                                     Cat("island-", i),
-                                     "--shard",
-                                     Cat("", i),
-                                     "--num-shards",
-                                     "2",
-                                     "--data-endpoint",
-                                     i == 0 ? e0 : e1,
-                                     "--peer",
-                                     Cat("island-0=", e0),
-                                     "--peer",
-                                     Cat("island-1=", e1),
-                                     "--inner-steps",
-                                     "12",
-                                     "--fragments",
-                                     "3",
-                                     "--overlap-steps",
-                                     "2",
-                                     "--codec",
-                                     "int4",
-                                     "--total-steps",
-                                     "36",
-                                     "--summary",
-                                     dir.File(Cat(Cat("s", i), ".json")),
-                                     "--metrics",
-                                     dir.File(Cat(Cat("m", i), ".jsonl"))};
+    std::vector<std::string> args = {FL_ISLAND_BIN,     "--insecure",
+                                     "--island-id",     Cat("island-", i),
+                                     "--shard",         Cat("", i),
+                                     "--num-shards",    "2",
+                                     "--data-endpoint", i == 0 ? e0 : e1,
+                                     "--peer",          Cat("island-0=", e0),
+                                     "--peer",          Cat("island-1=", e1),
+                                     "--inner-steps",   "12",
+                                     "--fragments",     "3",
+                                     "--overlap-steps", "2",
+                                     "--codec",         "int4",
+                                     "--total-steps",   "36",
+                                     "--summary",       dir.File(Cat(Cat("s", i), ".json")),
+                                     "--metrics",       dir.File(Cat(Cat("m", i), ".jsonl"))};
     islands.push_back(std::make_unique<Subprocess>(Concat(args, TinyModelArgs()), dir.File(Cat("log", i))));
   }
   for (int i = 0; i < 2; ++i) {
@@ -140,6 +129,66 @@ TEST(IslandsRunTest, TwoIslandsStreamingOverlapInt4EndWithEqualHashes) {
   EXPECT_EQ(h0, h1);
 }
 
+// The same static ring (fixed ring order, so the same fp32 sums in the same order) over CurveZMQ with
+// provisioned keys and in plaintext: the final states are the same bits.
+TEST(IslandsRunTest, StaticRingOverCurveEndsWithThePlaintextHashes) {
+  ScratchDir dir("island_curve");
+  const pki::Paths keys{dir.File("pki")};
+  ASSERT_TRUE(pki::CreateCa(keys.dir, {}).ok());
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(pki::Issue(keys.dir, pki::Kind::kIsland, Cat("island-", i), {}).ok());
+  auto run = [&](const std::string& tag, bool secure) {
+    const std::string e0 = Cat("tcp://127.0.0.1:", FreeLoopbackPort()),
+                      e1 = Cat("tcp://127.0.0.1:", FreeLoopbackPort());
+    std::vector<std::unique_ptr<Subprocess>> islands;
+    for (int i = 0; i < 2; ++i) {
+      const std::string id = Cat("island-", i);
+      std::vector<std::string> args = {FL_ISLAND_BIN,
+                                       "--island-id",
+                                       id,
+                                       "--shard",
+                                       Cat("", i),
+                                       "--num-shards",
+                                       "2",
+                                       "--data-endpoint",
+                                       i == 0 ? e0 : e1,
+                                       "--peer",
+                                       Cat("island-0=", e0),
+                                       "--peer",
+                                       Cat("island-1=", e1),
+                                       "--inner-steps",
+                                       "10",
+                                       "--fragments",
+                                       "2",
+                                       "--codec",
+                                       "fp32",
+                                       "--total-steps",
+                                       "20",
+                                       "--summary",
+                                       dir.File(Cat(tag, Cat(id, ".json")))};
+      const std::vector<std::string> security =
+          secure ? std::vector<std::string>{"--tls-ca",   keys.CaCert(),
+                                            "--tls-cert", keys.Cert(pki::Kind::kIsland, id),
+                                            "--tls-key",  keys.Key(pki::Kind::kIsland, id)}
+                 : std::vector<std::string>{"--insecure"};
+      islands.push_back(std::make_unique<Subprocess>(Concat(Concat(args, security), TinyModelArgs()),
+                                                     dir.File(Cat(tag, Cat(id, ".log")))));
+    }
+    for (int i = 0; i < 2; ++i) {
+      std::optional<int> rc = islands[i]->Wait(std::chrono::minutes(5));
+      EXPECT_TRUE(rc.has_value() && *rc == 0) << ReadFile(dir.File(Cat(tag, Cat(Cat("island-", i), ".log"))));
+    }
+    return std::make_pair(ReadJson(dir.File(Cat(tag, "island-0.json"))), ReadJson(dir.File(Cat(tag, "island-1.json"))));
+  };
+  const auto [curve0, curve1] = run("curve-", true);
+  const auto [plain0, plain1] = run("plain-", false);
+  ASSERT_TRUE(curve0.is_object() && curve1.is_object() && plain0.is_object() && plain1.is_object());
+  EXPECT_EQ(curve0["state_hash"], curve1["state_hash"]);
+  EXPECT_EQ(curve0["state_hash"], plain0["state_hash"]);
+  EXPECT_EQ(curve0["final_eval_loss"], plain0["final_eval_loss"]);
+  EXPECT_EQ(curve0["bytes_sent"], plain0["bytes_sent"]);
+  EXPECT_EQ(ReadFile(dir.File("curve-island-0.log")).find("plaintext"), std::string::npos);
+}
+
 // The TorchScript models of examples/bring-your-own-model, exported into `dir` by python3-torch.
 ::testing::AssertionResult ExportExampleModels(const ScratchDir& dir) {
   auto exported = fl::testing::RunPythonFile(Cat(FL_SOURCE_DIR, "/examples/bring-your-own-model/export_models.py"),
@@ -158,43 +207,25 @@ TEST(IslandsRunTest, TwoIslandsTrainATorchScriptModelWithEqualHashes) {
   const std::string e0 = Cat("tcp://127.0.0.1:", p0), e1 = Cat("tcp://127.0.0.1:", p1);
   std::vector<std::unique_ptr<Subprocess>> islands;
   for (int i = 0; i < 2; ++i) {
-    std::vector<std::string> args = {FL_ISLAND_BIN,
-                                     "--island-id",
-                                     Cat("island-", i),
-                                     "--shard",
-                                     Cat("", i),
-                                     "--num-shards",
-                                     "2",
-                                     "--data-endpoint",
-                                     i == 0 ? e0 : e1,
-                                     "--peer",
-                                     Cat("island-0=", e0),
-                                     "--peer",
-                                     Cat("island-1=", e1),
-                                     "--inner-steps",
-                                     "15",
-                                     "--codec",
-                                     "int8",
-                                     "--total-steps",
-                                     "45",
-                                     "--summary",
-                                     dir.File(Cat(Cat("s", i), ".json")),
-                                     "--model",
-                                     dir.File("tiny_lm.pt"),
-                                     "--data",
-                                     "/usr/share/games/fortunes",
-                                     "--task",
-                                     "next-token",
-                                     "--context",
-                                     "32",
-                                     "--batch-size",
-                                     "8",
-                                     "--threads",
-                                     "1",
-                                     "--warmup-steps",
-                                     "5",
-                                     "--inner-lr",
-                                     "3e-3"};
+    std::vector<std::string> args = {FL_ISLAND_BIN,     "--insecure",
+                                     "--island-id",     Cat("island-", i),
+                                     "--shard",         Cat("", i),
+                                     "--num-shards",    "2",
+                                     "--data-endpoint", i == 0 ? e0 : e1,
+                                     "--peer",          Cat("island-0=", e0),
+                                     "--peer",          Cat("island-1=", e1),
+                                     "--inner-steps",   "15",
+                                     "--codec",         "int8",
+                                     "--total-steps",   "45",
+                                     "--summary",       dir.File(Cat(Cat("s", i), ".json")),
+                                     "--model",         dir.File("tiny_lm.pt"),
+                                     "--data",          "/usr/share/games/fortunes",
+                                     "--task",          "next-token",
+                                     "--context",       "32",
+                                     "--batch-size",    "8",
+                                     "--threads",       "1",
+                                     "--warmup-steps",  "5",
+                                     "--inner-lr",      "3e-3"};
     islands.push_back(std::make_unique<Subprocess>(args, dir.File(Cat("log", i))));
   }
   for (int i = 0; i < 2; ++i) {
@@ -216,9 +247,16 @@ TEST(IslandsRunTest, TorchScriptModelThatDoesNotFitTheDataIsRefused) {
   const int p0 = FreeLoopbackPort();
   const std::string e0 = Cat("tcp://127.0.0.1:", p0);
   // The image classifier on text tokens.
-  Subprocess island({FL_ISLAND_BIN, "--island-id", "island-0", "--data-endpoint", e0, "--peer", Cat("island-0=", e0),
-                     "--total-steps", "10", "--inner-steps", "10", "--model", dir.File("cnn_bn.pt"), "--data",
-                     "/usr/share/games/fortunes", "--task", "next-token", "--threads", "1"},
+  Subprocess island({FL_ISLAND_BIN,     "--insecure",
+                     "--island-id",     "island-0",
+                     "--data-endpoint", e0,
+                     "--peer",          Cat("island-0=", e0),
+                     "--total-steps",   "10",
+                     "--inner-steps",   "10",
+                     "--model",         dir.File("cnn_bn.pt"),
+                     "--data",          "/usr/share/games/fortunes",
+                     "--task",          "next-token",
+                     "--threads",       "1"},
                     dir.File("log"));
   std::optional<int> rc = island.Wait(std::chrono::minutes(2));
   ASSERT_TRUE(rc.has_value());
@@ -236,27 +274,17 @@ TEST(IslandsRunTest, IslandWithTwoGlooRanksTrains) {
   const std::string e = Cat("tcp://127.0.0.1:", data);
   std::vector<std::unique_ptr<Subprocess>> ranks;
   for (int r = 0; r < 2; ++r) {
-    std::vector<std::string> args = {FL_ISLAND_BIN,
-                                     "--island-id",
-                                     "island-0",
-                                     "--rank",
-                                     Cat("", r),
-                                     "--ranks",
-                                     "2",
-                                     "--pg-store",
-                                     Cat("127.0.0.1:", store),
-                                     "--data-endpoint",
-                                     e,
-                                     "--peer",
-                                     Cat("island-0=", e),
-                                     "--inner-steps",
-                                     "10",
-                                     "--fragments",
-                                     "2",
-                                     "--total-steps",
-                                     "30",
-                                     "--summary",
-                                     dir.File(Cat(Cat("s", r), ".json"))};
+    std::vector<std::string> args = {FL_ISLAND_BIN,     "--insecure",
+                                     "--island-id",     "island-0",
+                                     "--rank",          Cat("", r),
+                                     "--ranks",         "2",
+                                     "--pg-store",      Cat("127.0.0.1:", store),
+                                     "--data-endpoint", e,
+                                     "--peer",          Cat("island-0=", e),
+                                     "--inner-steps",   "10",
+                                     "--fragments",     "2",
+                                     "--total-steps",   "30",
+                                     "--summary",       dir.File(Cat(Cat("s", r), ".json"))};
     ranks.push_back(std::make_unique<Subprocess>(Concat(args, TinyModelArgs()), dir.File(Cat("log", r))));
   }
   for (int r = 0; r < 2; ++r) {
@@ -281,9 +309,39 @@ TEST(IslandsRunTest, IslandWithTwoGlooRanksTrains) {
 TEST(IslandsRunTest, KilledIslandAndLateJoinerLeaveTrainingGoingWithEqualHashes) {
   ScratchDir dir("island_membership");
   const std::string db = dir.File("records.db");
-  Subprocess server({FL_COORDINATOR_BIN, "--listen", "127.0.0.1:0", "--port-file", dir.File("port"), "--db", db,
-                     "--inner-steps", "10", "--outer-steps", "150", "--min-islands", "3", "--heartbeat-timeout-ms",
-                     "3000", "--exchange-timeout-ms", "5000", "--barrier-timeout-ms", "20000"},
+  // Over mutual TLS and CurveZMQ, as the launcher runs it: the late joiner copies the state from a peer's state
+  // server over TLS (checked against that island's certificate) and joins a CURVE ring.
+  const pki::Paths pki_dir{dir.File("pki")};
+  ASSERT_TRUE(pki::CreateCa(pki_dir.dir, {}).ok());
+  pki::IssueOptions server_cert;
+  server_cert.ip_addresses = {"127.0.0.1"};
+  ASSERT_TRUE(pki::Issue(pki_dir.dir, pki::Kind::kServer, "coordinator", server_cert).ok());
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(pki::Issue(pki_dir.dir, pki::Kind::kIsland, Cat("island-", i), {}).ok());
+  Subprocess server({FL_COORDINATOR_BIN,
+                     "--listen",
+                     "127.0.0.1:0",
+                     "--port-file",
+                     dir.File("port"),
+                     "--db",
+                     db,
+                     "--inner-steps",
+                     "10",
+                     "--outer-steps",
+                     "150",
+                     "--min-islands",
+                     "3",
+                     "--heartbeat-timeout-ms",
+                     "3000",
+                     "--exchange-timeout-ms",
+                     "5000",
+                     "--barrier-timeout-ms",
+                     "20000",
+                     "--tls-cert",
+                     pki_dir.Cert(pki::Kind::kServer, "coordinator"),
+                     "--tls-key",
+                     pki_dir.Key(pki::Kind::kServer, "coordinator"),
+                     "--tls-client-ca",
+                     pki_dir.CaCert()},
                     dir.File("server.log"));
   const int port = ReadPortFile(dir.File("port"), std::chrono::seconds(30));
   ASSERT_GT(port, 0) << ReadFile(dir.File("server.log"));
@@ -304,7 +362,13 @@ TEST(IslandsRunTest, KilledIslandAndLateJoinerLeaveTrainingGoingWithEqualHashes)
                                      "--summary",
                                      dir.File(Cat(id, ".json")),
                                      "--metrics",
-                                     dir.File(Cat(id, ".jsonl"))};
+                                     dir.File(Cat(id, ".jsonl")),
+                                     "--tls-ca",
+                                     pki_dir.CaCert(),
+                                     "--tls-cert",
+                                     pki_dir.Cert(pki::Kind::kIsland, id),
+                                     "--tls-key",
+                                     pki_dir.Key(pki::Kind::kIsland, id)};
     return std::make_unique<Subprocess>(Concat(args, TinyModelArgs()), dir.File(Cat(id, ".log")));
   };
   std::vector<std::unique_ptr<Subprocess>> islands;

@@ -41,6 +41,7 @@
 #include "fl/diloco/coordinator_events.h"
 #include "fl/diloco/coordinator_observer.h"
 #include "fl/rpc/clock.h"
+#include "fl/rpc/tls.h"
 
 namespace fl::instrumentation {
 class IslandRecordWriter;
@@ -139,7 +140,12 @@ struct RunningCoordinatorServer {
   std::unique_ptr<grpc::Server> server;
   int port = 0;
 };
-absl::StatusOr<RunningCoordinatorServer> StartCoordinatorServer(Coordinator* coordinator,
-                                                                const std::string& listen_address);
+// With `tls` (fl-coordinator --tls-cert/--tls-key/--tls-client-ca) only mutual TLS is served: an island must
+// present a certificate from that CA, and every call naming an island_id must come from the certificate whose
+// fl-island://<name> URI SAN is that id (PERMISSION_DENIED otherwise; a client's fl-client:// certificate is no
+// island's). Without it (--insecure), plaintext and no check.
+absl::StatusOr<RunningCoordinatorServer> StartCoordinatorServer(
+    Coordinator* coordinator, const std::string& listen_address,
+    const std::optional<rpc::ServerTls>& tls = std::nullopt);
 
 }  // namespace fl::diloco

@@ -56,6 +56,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "fl/diloco/ring_allreduce.h"  // fl::diloco::RingMember {id, endpoint}
+#include "fl/rpc/tls.h"
 
 namespace fl::diloco {
 
@@ -154,6 +155,9 @@ struct CoordinatorClientOptions {
   absl::Duration connect_timeout = absl::Minutes(10);  // Join may wait for the first cohort / an in-flight sync
   absl::Duration rpc_timeout = absl::Minutes(30);      // BeginSync / Report* wait on the other islands
   bool send_heartbeats = true;                         // false only in tests (an island whose heartbeats stop)
+  // fl-island --tls-ca/--tls-cert/--tls-key: mutual TLS to the coordinator with the island's certificate
+  // (fl-provision add-island). Unset: plaintext (fl-island --insecure).
+  std::optional<rpc::ClientTls> tls;
 };
 
 // True for the errors after which the island must Rejoin() and copy the state (it was evicted, or a sync
@@ -175,7 +179,10 @@ class CoordinatorClient {
   // answers until its first cohort (--min-islands) is complete, and a late joiner's answer until no sync
   // is in flight. Errors: FailedPrecondition for a model fingerprint mismatch (naming both fingerprints),
   // InvalidArgument for a bad request (naming the field), Unavailable when the coordinator cannot be
-  // reached, AlreadyExists when an island with this id is still connected.
+  // reached, AlreadyExists when an island with this id is still connected. With TLS: PermissionDenied when the
+  // coordinator refuses the island_id for this certificate, Unavailable naming the TLS handshake when it fails
+  // (a certificate from another CA, a plaintext coordinator) and, without TLS, when a coordinator keeps closing
+  // the connection (it serves TLS). These are final: retrying would fail the same way.
   absl::StatusOr<Assignment> Connect(const std::string& server_address, const IslandJoinRequest& request);
   // Closes the old session (if any) and joins again with the same request; the answer normally carries a
   // state_source (the island is a late joiner again).

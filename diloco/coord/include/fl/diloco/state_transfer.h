@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -29,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "fl/diloco/coordinator_client.h"
+#include "fl/rpc/tls.h"
 
 namespace fl::diloco {
 
@@ -47,7 +49,10 @@ class StateServer {
   // Serves fl.v1.IslandState on `listen_address` ("0.0.0.0:0" picks a free port). Unavailable when it
   // cannot bind. `keep` = how many recent snapshots stay available (a late joiner may ask for the one
   // before the newest).
-  static absl::StatusOr<std::unique_ptr<StateServer>> Start(const std::string& listen_address, size_t keep = 2);
+  // With `tls` (an island's own certificate, which has both EKUs, and the islands' CA as the client CA) only
+  // islands with a certificate from that CA can fetch; without it, plaintext (fl-island --insecure).
+  static absl::StatusOr<std::unique_ptr<StateServer>> Start(const std::string& listen_address, size_t keep = 2,
+                                                            const std::optional<rpc::ServerTls>& tls = std::nullopt);
   ~StateServer();  // stops serving (in-flight transfers are cancelled)
   StateServer(const StateServer&) = delete;
   StateServer& operator=(const StateServer&) = delete;
@@ -77,6 +82,11 @@ struct FetchOptions {
   absl::Duration wait_for_snapshot = absl::Seconds(60);
   absl::Duration timeout = absl::Minutes(10);
   uint32_t max_chunk_bytes = 0;  // 0 = the project's default chunk size
+  // Mutual TLS with this island's certificate; the peer's certificate must chain to tls->ca_file and carry the
+  // URI SAN fl-island://<peer_island> (the StateSource's island_id): islands' certificates name no host, so the
+  // name checked is the island's, whatever address it is reached at. Unset: plaintext.
+  std::optional<rpc::ClientTls> tls;
+  std::string peer_island;
 };
 
 // Fetches the snapshot whose hash is `expected_hash` from the StateServer at `endpoint` and verifies it.

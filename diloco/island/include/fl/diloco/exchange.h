@@ -37,7 +37,15 @@ struct ExchangeConfig {
   bool error_feedback = true;
   int connections_per_peer = 1;
   absl::Duration timeout = absl::Seconds(30);
+  // CurveZMQ on the ring: the folder with this island's <self_id>.curve.key and every member's <id>.curve.pub
+  // (fl-provision's D/islands/). "" = plaintext ZeroMQ.
+  std::string curve_dir;
 };
+
+// The ring's CurveZMQ keys for `members` from `curve_dir`: this member's secret key and every member's public
+// key, in ring order. NotFound naming the file and the island when a key is missing.
+absl::StatusOr<RingCurve> LoadRingCurve(const std::string& curve_dir, const std::vector<RingMember>& members,
+                                        size_t self_index);
 
 struct ExchangeOutcome {
   enum class Kind {

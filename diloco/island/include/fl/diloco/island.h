@@ -86,6 +86,24 @@ struct IslandOptions {
   // Endpoint of the state server (late joiners fetch θ_global + outer state from here); "" = none.
   std::string state_endpoint;
 
+  // Security (docs/security.md). The leader of an island that talks to a coordinator or a ring needs either the
+  // three TLS files (mutual TLS to the coordinator and between the islands' state servers, with this island's
+  // certificate from `fl-provision add-island`) or `insecure`. With them the ring runs CurveZMQ with the key pairs
+  // in curve_dir: this island's <island_id>.curve.key and every member's <id>.curve.pub.
+  std::string tls_ca;     // the CA that issued the coordinator's and the other islands' certificates
+  std::string tls_cert;   // this island's certificate (CN and fl-island://<island_id>)
+  std::string tls_key;    // its private key
+  std::string curve_dir;  // "" = the folder of tls_cert (fl-provision's D/islands/)
+  bool insecure = false;  // plaintext gRPC and ZeroMQ (a warning is printed)
+  bool secured() const { return !tls_cert.empty(); }
+  // The ring's key folder: curve_dir, or the folder of tls_cert.
+  std::string CurveDir() const;
+  // Whether this process talks to a coordinator or a ring (and so needs TLS material or --insecure).
+  bool NeedsTransportSecurity() const;
+  // At start, before anything is dialled: with TLS material, libzmq must have CURVE and this island's CurveZMQ key
+  // pair must be readable in CurveDir() (and belong together). Errors say what to install or provision.
+  absl::Status CheckTransportSecurity() const;
+
   // Outputs.
   std::string summary_path;  // JSON summary written here at the end by every rank ("" = none)
   std::string metrics_path;  // leader appends one JSON line per sync and per eval ("" = none)

@@ -39,6 +39,10 @@ struct IslandsExperimentConfig {
   // The emulated WAN between islands: a link profile (a file, or a name in experiments/profiles/links/);
   // each island's ring endpoint is reached through its own shaping relay with it. "" = loopback.
   std::string wan_link;
+  // "tls" (default): the launcher provisions a throwaway CA in <out>/pki for the run (a coordinator certificate
+  // for 127.0.0.1/localhost, one island certificate and CurveZMQ key pair per island) and runs everything with
+  // mutual TLS and CurveZMQ. "insecure": plaintext, every process started with --insecure.
+  std::string security = "tls";
 
   std::string source;  // manifest path, for errors
 
