@@ -19,6 +19,10 @@
 // deployment (one member per host) does not. Iteration time = the slowest member (wall time of the
 // exchange).
 //
+// BM_Ring/<codec>_curve: the same exchange with CurveZMQ on every connection (RingOptions::curve, what the islands
+// run unless --insecure): the counter curve_x is its time over the plaintext BM_Ring/<codec> of the same M
+// measured just before in the same run (> 1: what encryption and authentication cost).
+//
 // The process calls fl::diloco::TuneAllocatorForLargeMessages() first, as fl-island should; pass
 // --default_malloc to measure with glibc's defaults.
 // Run: ring_allreduce_bench --benchmark_repetitions=3 (see docs/diloco-ring.md for the figures).
@@ -30,8 +34,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <zmq.h>
+
+#include <array>
 #include <atomic>
 #include <chrono>
+#include <map>
+#include <mutex>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -182,12 +191,27 @@ void BM_RawTcpRing(benchmark::State& state) {
 // M members reduce a fragment of range(1) bytes of fp32 values (mean), codec `codec`. By default with the
 // out-of-place call (the result goes into a separate buffer of the caller, no final copy); `in_place` uses
 // AllReduce(values), which builds the result in scratch memory and copies it over `values` at the end.
-void BM_Ring(benchmark::State& state, const std::string& codec, int connections, bool in_place) {
+// Seconds per exchange of the plaintext BM_Ring/<codec> (one connection, out of place) by "<codec>/<M>", for the
+// CURVE variants' curve_x.
+std::mutex g_plain_mu;
+std::map<std::string, double> g_plain_seconds;
+
+void BM_Ring(benchmark::State& state, const std::string& codec, int connections, bool in_place, bool curve = false) {
   const auto m = static_cast<size_t>(state.range(0));
   const auto n = static_cast<size_t>(state.range(1)) / sizeof(float);
   std::vector<fl::diloco::RingMember> members;
   for (size_t i = 0; i < m; ++i) {
     members.push_back({fl::StrCat("m", i), fl::StrCat("tcp://127.0.0.1:", FreeLoopbackPort())});
+  }
+  std::vector<std::string> public_keys, secret_keys;
+  for (size_t i = 0; curve && i < m; ++i) {
+    std::array<char, 41> pub{}, sec{};
+    if (zmq_curve_keypair(pub.data(), sec.data()) != 0) {
+      state.SkipWithError("zmq_curve_keypair failed: this libzmq lacks CURVE");
+      return;
+    }
+    public_keys.emplace_back(pub.data(), 40);
+    secret_keys.emplace_back(sec.data(), 40);
   }
   std::vector<std::unique_ptr<fl::diloco::RingAllReduce>> rings;
   for (size_t i = 0; i < m; ++i) {
@@ -197,6 +221,7 @@ void BM_Ring(benchmark::State& state, const std::string& codec, int connections,
     o.codec = codec;
     o.connections_per_peer = connections;
     o.timeout = absl::Seconds(120);
+    if (curve) o.curve = fl::diloco::RingCurve{secret_keys[i], public_keys};
     // FL_RING_SUB_CHUNK_VALUES: values per message (pipelining granularity), to compare against the default.
     if (const char* sub = std::getenv("FL_RING_SUB_CHUNK_VALUES"); sub != nullptr) {
       o.sub_chunk_values = static_cast<size_t>(std::strtoull(sub, nullptr, 10));
@@ -269,6 +294,10 @@ void BM_Ring(benchmark::State& state, const std::string& codec, int connections,
   if (const double raw = g_raw_tcp_rate.load(); raw > 0) {
     state.counters["wire_bound_x"] = (wire_bytes / raw) / total_s;
   }
+  const std::string key = fl::StrCat(codec, "/", m);
+  std::lock_guard<std::mutex> lock(g_plain_mu);
+  if (!curve && connections == 1 && !in_place) g_plain_seconds[key] = total_s / iters;
+  if (curve && g_plain_seconds.count(key) != 0) state.counters["curve_x"] = (total_s / iters) / g_plain_seconds[key];
 }
 
 }  // namespace
@@ -302,14 +331,21 @@ int main(int argc, char** argv) {
     std::string codec;
     int connections;
     bool in_place;
+    bool curve = false;
   };
-  for (const Variant& v : std::vector<Variant>{
-           {"fp32", 1, false}, {"fp32", 1, true}, {"fp32", 2, false}, {"int8", 1, false}, {"int4", 1, false}}) {
+  // Each _curve variant after its plaintext one: curve_x needs the plaintext time of the same run.
+  for (const Variant& v : std::vector<Variant>{{"fp32", 1, false},
+                                               {"fp32", 1, false, true},
+                                               {"fp32", 1, true},
+                                               {"fp32", 2, false},
+                                               {"int8", 1, false},
+                                               {"int8", 1, false, true},
+                                               {"int4", 1, false}}) {
     const std::string name =
         fl::StrCat("BM_Ring/", v.codec, v.connections == 1 ? "" : fl::StrCat("_x", v.connections, "conn"),
-                   v.in_place ? "_inplace" : "");
+                   v.in_place ? "_inplace" : "", v.curve ? "_curve" : "");
     benchmark::RegisterBenchmark(name.c_str(),
-                                 [v](benchmark::State& s) { BM_Ring(s, v.codec, v.connections, v.in_place); })
+                                 [v](benchmark::State& s) { BM_Ring(s, v.codec, v.connections, v.in_place, v.curve); })
         ->Args({2, kFragmentBytes})
         ->Args({4, kFragmentBytes})
         ->UseManualTime()
