@@ -189,6 +189,62 @@ TEST(IslandsRunTest, StaticRingOverCurveEndsWithThePlaintextHashes) {
   EXPECT_EQ(ReadFile(dir.File("curve-island-0.log")).find("plaintext"), std::string::npos);
 }
 
+// The real binaries refuse what they must, with messages that say what to do: fl-island without TLS material or
+// --insecure (exit 2); an island presenting another island's certificate, and a plaintext island, to a TLS
+// coordinator (exit 1 at once, not a retry until the join timeout).
+TEST(IslandsRunTest, IslandsAreRefusedWithoutTheirOwnCertificate) {
+  ScratchDir dir("island_refused");
+  const pki::Paths keys{dir.File("pki")};
+  ASSERT_TRUE(pki::CreateCa(keys.dir, {}).ok());
+  pki::IssueOptions server_cert;
+  server_cert.ip_addresses = {"127.0.0.1"};
+  ASSERT_TRUE(pki::Issue(keys.dir, pki::Kind::kServer, "coordinator", server_cert).ok());
+  ASSERT_TRUE(pki::Issue(keys.dir, pki::Kind::kIsland, "island-0", {}).ok());
+  ASSERT_TRUE(pki::Issue(keys.dir, pki::Kind::kIsland, "island-1", {}).ok());  // its ring keys; not its certificate
+
+  Subprocess bare({FL_ISLAND_BIN, "--island-id", "island-0", "--coordinator", "127.0.0.1:1"}, dir.File("bare.log"));
+  EXPECT_EQ(bare.Wait(std::chrono::minutes(1)), 2);
+  for (const char* want : {"--tls-ca", "--tls-cert", "--tls-key", "--insecure", "fl-provision"}) {
+    EXPECT_NE(ReadFile(dir.File("bare.log")).find(want), std::string::npos)
+        << want << ": " << ReadFile(dir.File("bare.log"));
+  }
+
+  Subprocess server({FL_COORDINATOR_BIN, "--listen", "127.0.0.1:0", "--port-file", dir.File("port"), "--db", "",
+                     "--min-islands", "1", "--tls-cert", keys.Cert(pki::Kind::kServer, "coordinator"), "--tls-key",
+                     keys.Key(pki::Kind::kServer, "coordinator"), "--tls-client-ca", keys.CaCert()},
+                    dir.File("server.log"));
+  const int port = ReadPortFile(dir.File("port"), std::chrono::seconds(30));
+  ASSERT_GT(port, 0) << ReadFile(dir.File("server.log"));
+  const std::string coordinator = Cat("127.0.0.1:", port);
+  auto island = [&](const std::string& id, const std::vector<std::string>& security, const std::string& log) {
+    std::vector<std::string> args = {FL_ISLAND_BIN,
+                                     "--island-id",
+                                     id,
+                                     "--coordinator",
+                                     coordinator,
+                                     "--data-endpoint",
+                                     Cat("tcp://127.0.0.1:", FreeLoopbackPort())};
+    return std::make_unique<Subprocess>(Concat(Concat(args, security), TinyModelArgs()), dir.File(log));
+  };
+  auto impostor = island("island-1",
+                         {"--tls-ca", keys.CaCert(), "--tls-cert", keys.Cert(pki::Kind::kIsland, "island-0"),
+                          "--tls-key", keys.Key(pki::Kind::kIsland, "island-0"), "--curve-dir", keys.dir + "/islands"},
+                         "impostor.log");
+  EXPECT_EQ(impostor->Wait(std::chrono::minutes(2)), 1);
+  const std::string impostor_log = ReadFile(dir.File("impostor.log"));
+  EXPECT_NE(impostor_log.find("PERMISSION_DENIED"), std::string::npos) << impostor_log;
+  EXPECT_NE(impostor_log.find("island certificate is for \"island-0\" but the call is for island_id \"island-1\""),
+            std::string::npos)
+      << impostor_log;
+
+  auto plaintext = island("island-0", {"--insecure"}, "plaintext.log");
+  EXPECT_EQ(plaintext->Wait(std::chrono::minutes(2)), 1);
+  const std::string plaintext_log = ReadFile(dir.File("plaintext.log"));
+  EXPECT_NE(plaintext_log.find("it probably serves mutual TLS"), std::string::npos) << plaintext_log;
+  server.Kill(SIGTERM);
+  server.Wait(std::chrono::seconds(20));
+}
+
 // The TorchScript models of examples/bring-your-own-model, exported into `dir` by python3-torch.
 ::testing::AssertionResult ExportExampleModels(const ScratchDir& dir) {
   auto exported = fl::testing::RunPythonFile(Cat(FL_SOURCE_DIR, "/examples/bring-your-own-model/export_models.py"),
