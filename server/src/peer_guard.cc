@@ -48,12 +48,14 @@ PeerIdentity IdentifyPeer(const grpc::CallbackServerContext& ctx) {
     absl::StatusOr<pki::PeerCertificate> cert = pki::ParsePeerCertificate(std::string_view(pem.data(), pem.size()));
     if (!cert.ok()) {
       // gRPC verified this certificate a moment ago; a parse failure here is OpenSSL disagreeing with itself.
-      spdlog::error("cannot read the verified certificate of {}: {}", LogSafe(who.peer, 64), std::string(cert.status().message()));
+      spdlog::error("cannot read the verified certificate of {}: {}", LogSafe(who.peer, 64),
+                    std::string(cert.status().message()));
       continue;
     }
     who.authenticated = true;
     who.name = cert->name;
     who.serial_hex = cert->serial_hex;
+    who.island = cert->kind == pki::Kind::kIsland;
   }
   return who;
 }
@@ -151,7 +153,16 @@ void PeerLimits::Release(Stream stream, const PeerIdentity& who) {
 CallGuard::CallGuard(RoundEngine* engine, const RevocationWatcher* revocation)
     : engine_(engine), revocation_(revocation), limits_(engine->config()) {}
 
-std::optional<Refusal> CallGuard::CheckRevoked(const PeerIdentity& who) const {
+std::optional<Refusal> CallGuard::CheckUsable(const PeerIdentity& who) const {
+  if (who.island) {
+    return Refusal{
+        SecurityRefusal::kWrongIdentity,
+        wire::ToGrpcStatus(grpc::StatusCode::PERMISSION_DENIED,
+                           wire::MakeError(fl::v1::ERROR_CODE_ADMISSION_REFUSED,
+                                           fl::StrCat("the certificate of \"", who.name,
+                                                      "\" is an island's (fl-island://), not a client's"),
+                                           "", "give fl-client a client certificate (fl-provision add-client)"))};
+  }
   if (!who.authenticated || revocation_ == nullptr || !revocation_->IsRevoked(who.serial_hex)) return std::nullopt;
   return Refusal{
       SecurityRefusal::kRevokedCertificate,
@@ -164,7 +175,7 @@ std::optional<Refusal> CallGuard::CheckRevoked(const PeerIdentity& who) const {
 
 std::optional<Refusal> CallGuard::CheckJoin(const PeerIdentity& who, std::string_view claimed) const {
   if (!who.authenticated) return std::nullopt;  // plaintext: there is no identity to check the name against
-  if (std::optional<Refusal> r = CheckRevoked(who); r.has_value()) return r;
+  if (std::optional<Refusal> r = CheckUsable(who); r.has_value()) return r;
   if (who.name == claimed) return std::nullopt;
   return Refusal{
       SecurityRefusal::kNameMismatch,
@@ -179,7 +190,7 @@ std::optional<Refusal> CallGuard::CheckJoin(const PeerIdentity& who, std::string
 std::optional<Refusal> CallGuard::CheckActingFor(const PeerIdentity& who, std::string_view acting_for,
                                                  std::string_view what) const {
   if (!who.authenticated) return std::nullopt;
-  if (std::optional<Refusal> r = CheckRevoked(who); r.has_value()) return r;
+  if (std::optional<Refusal> r = CheckUsable(who); r.has_value()) return r;
   if (who.name == acting_for) return std::nullopt;
   return WrongIdentity(who, acting_for, what);
 }

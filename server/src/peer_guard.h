@@ -26,6 +26,7 @@ struct PeerIdentity {
   bool authenticated = false;  // mutual TLS with a certificate the CA issued
   std::string name;            // the certificate's identity (fl-client://<name>, else its CN); empty in plaintext
   std::string serial_hex;      // the certificate's serial, checked against the revocation list
+  bool island = false;         // an island's certificate (fl-island://): never a client's identity
 };
 
 // Reads the identity from the call's TLS auth context (nothing but the peer address over plaintext).
@@ -97,7 +98,8 @@ class CallGuard {
   RoundEngine* engine() const { return engine_; }
 
  private:
-  std::optional<Refusal> CheckRevoked(const PeerIdentity& who) const;
+  // Not revoked, and a client's certificate (an island's cannot act as a client).
+  std::optional<Refusal> CheckUsable(const PeerIdentity& who) const;
 
   RoundEngine* engine_;
   const RevocationWatcher* revocation_;

@@ -62,6 +62,7 @@ class SecurityTest : public ::testing::Test {
     for (const char* name : {"alice", "mallory", "carol"}) {
       ASSERT_TRUE(pki::Issue(ca_, pki::Kind::kClient, name, {}).ok());
     }
+    ASSERT_TRUE(pki::Issue(ca_, pki::Kind::kIsland, "isle", {}).ok());
     config_ = SmallConfig(dir_.File("ckpt"));
     config_.fit = {1.0, 3, 3};  // no round starts with fewer than three clients: the tests own the timing
   }
@@ -69,11 +70,12 @@ class SecurityTest : public ::testing::Test {
   rpc::ServerTls ServerTls() const {
     return {paths_.Cert(pki::Kind::kServer, "server"), paths_.Key(pki::Kind::kServer, "server"), paths_.CaCert()};
   }
-  std::shared_ptr<grpc::ChannelCredentials> Credentials(const std::string& name) const {
+  std::shared_ptr<grpc::ChannelCredentials> Credentials(const std::string& name,
+                                                        pki::Kind kind = pki::Kind::kClient) const {
     grpc::SslCredentialsOptions o;
     o.pem_root_certs = Slurp(paths_.CaCert());
-    o.pem_cert_chain = Slurp(paths_.Cert(pki::Kind::kClient, name));
-    o.pem_private_key = Slurp(paths_.Key(pki::Kind::kClient, name));
+    o.pem_cert_chain = Slurp(paths_.Cert(kind, name));
+    o.pem_private_key = Slurp(paths_.Key(kind, name));
     return grpc::SslCredentials(o);
   }
   std::unique_ptr<TestServer> Serve(const RevocationWatcher* revocation = nullptr) {
@@ -179,6 +181,16 @@ TEST_F(SecurityTest, CallsActingForAnotherClientAreRefusedRecordedAndCounted) {
     EXPECT_EQ(e.claimed, "alice");
     EXPECT_THAT(e.detail, HasSubstr("acts for client \"alice\""));
   }
+}
+
+TEST_F(SecurityTest, IslandCertificateCannotJoinAsAClient) {
+  auto server = Serve();
+  RawClient isle(server->address(), Credentials("isle", pki::Kind::kIsland));
+  fl::v1::JoinResponse resp;
+  const grpc::Status s = isle.Join("isle", client::SyntheticTrainer(kParams, 10, 1).spec(), &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("is an island's (fl-island://), not a client's"));
+  EXPECT_EQ(Count(Events(*server), SecurityRefusal::kWrongIdentity), 1);
 }
 
 TEST_F(SecurityTest, RevokedCertificateIsRefusedAtItsNextCallAndItsSessionClosed) {
