@@ -66,6 +66,20 @@ class StateService final : public fl::v1::IslandState::Service {
 
   grpc::Status FetchState(grpc::ServerContext* ctx, const fl::v1::FetchStateRequest* request,
                           grpc::ServerWriter<fl::v1::StateChunk>* writer) override {
+    // Behind mutual TLS only islands copy the state: a client certificate of the same CA (fl-client://) is no
+    // island's. Plaintext (--insecure) has nothing to check.
+    if (std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
+        auth != nullptr && auth->IsPeerAuthenticated()) {
+      bool island = false;
+      for (const grpc::string_ref& v : auth->FindPropertyValues("x509_subject_alternative_name")) {
+        island = island || std::string_view(v.data(), v.size()).starts_with("fl-island://");
+      }
+      if (!island) {
+        return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                            "the island state is served to islands only: present an island certificate "
+                            "(fl-provision add-island, fl-island://<name>)");
+      }
+    }
     std::shared_ptr<const StateSnapshot> snapshot;
     {
       std::unique_lock lock(mu_);

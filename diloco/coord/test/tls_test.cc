@@ -152,6 +152,11 @@ TEST_F(IslandsTlsTest, StateTransferChecksTheSourceIslandsCertificate) {
   fetch.peer_island = "a";
   fetch.tls = Tls(other_, pki::Kind::kIsland, "a");
   EXPECT_FALSE(FetchState((*server)->endpoint(), hash, fetch).ok());
+  // A client certificate of the same CA gets through the handshake but is no island.
+  fetch.tls = Tls(ca_, pki::Kind::kClient, "c");
+  absl::StatusOr<StateSnapshot> client = FetchState((*server)->endpoint(), hash, fetch);
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kPermissionDenied) << client.status();
+  EXPECT_THAT(std::string(client.status().message()), HasSubstr("islands only"));
   EXPECT_EQ((*server)->transfers_served(), 1u);
 }
 
