@@ -9,9 +9,13 @@
 //      and K fl-client processes with `--model synthetic:P` (training = the global model plus a seeded
 //      perturbation at memory speed), fp32 both ways, no evaluation, over 127.0.0.1. Round times come from
 //      the records database (`rounds.duration_ms`, dispatch -> commit); the first committed round is warm-up
-//      and excluded.
-// and prints a markdown table: round time, raw-TCP time, their ratio, server CPU seconds and peak RSS against
-// the targets (round time <= 2x the raw-TCP limit; server peak RSS < 4x model + 200 MB, whatever K is).
+//      and excluded. With --security=both (the default) two federations per point, one after the other:
+//      plaintext (--insecure) and mutual TLS (a throwaway CA provisioned with fl::pki in the work dir: a server
+//      certificate for 127.0.0.1, one client certificate per client name; fl-server --tls-cert/--tls-key/
+//      --tls-client-ca/--tls-crl, fl-client --tls-ca/--tls-cert/--tls-key);
+// and prints markdown tables: round time, raw-TCP time, their ratio, server CPU seconds and peak RSS against
+// the targets (round time <= 2x the raw-TCP limit; server peak RSS < 4x model + 200 MB, whatever K is), and
+// mTLS against plaintext (round time, server and clients' CPU, their ratios; goal: round time ratio <= 1.05).
 //
 // Not a Google Benchmark binary (its name does not match bench/*_bench.cc): it starts processes and takes
 // minutes. Every process it starts (fl::sys::Child) is stopped on every path (SIGTERM then SIGKILL on failure,
@@ -61,6 +65,7 @@
 #include "fl/core/str_cat.h"
 #include "fl/instrumentation/record_reader.h"
 #include "fl/instrumentation/records.h"
+#include "fl/pki/pki.h"
 #include "fl/sys/process.h"
 
 #ifndef FL_SERVER_PATH
@@ -299,21 +304,22 @@ struct Options {
   std::vector<std::string> server_args;
   std::vector<std::string> client_args;
   std::vector<std::string> server_env;
-  uint32_t train_ms = 0;  // synthetic:P:train_ms (separates the download and upload phases; 0 in the table)
+  std::string security = "both";  // plaintext | mtls | both (plaintext first, then mTLS, at every point)
+  uint32_t train_ms = 0;          // synthetic:P:train_ms (separates the download and upload phases; 0 in the table)
   int sample_ms = 20;
 };
 
-struct PointResult {
-  int k = 0;
-  uint64_t p = 0;
-  int rounds = 0;
-  bool ran = false;
-  std::string note;             // why not run / what failed
+// How the federation's channels are secured (--security).
+enum class Security { kPlaintext, kMtls };
+
+std::string SecurityName(Security s) { return s == Security::kPlaintext ? "plaintext" : "mTLS"; }
+
+// One federation of a point (plaintext or mutual TLS).
+struct FederationResult {
+  Security security = Security::kPlaintext;
   std::vector<double> round_s;  // committed rounds after the first
   double first_round_s = NAN;
   double aggregation_ms = NAN;  // mean over measured rounds
-  double raw_s = NAN;           // median
-  std::vector<double> raw_samples;
   double server_cpu_s = NAN;
   double server_user_s = NAN;
   double server_sys_s = NAN;
@@ -325,6 +331,23 @@ struct PointResult {
   // Per-client phases (client view, mean over measured rounds and clients), ms.
   double downlink_ms = NAN, train_ms = NAN, uplink_server_ms = NAN;
   double wall_s = NAN;
+};
+
+struct PointResult {
+  int k = 0;
+  uint64_t p = 0;
+  int rounds = 0;
+  bool ran = false;
+  std::string note;    // why not run / what failed
+  double raw_s = NAN;  // median
+  std::vector<double> raw_samples;
+  std::vector<FederationResult> federations;  // in the order run (--security)
+  const FederationResult* Find(Security s) const {
+    for (const auto& f : federations) {
+      if (f.security == s) return &f;
+    }
+    return nullptr;
+  }
 };
 
 double ModelMb(uint64_t p) { return 4.0 * static_cast<double>(p) / kMB; }
@@ -420,31 +443,61 @@ class RssSampler {
   std::thread thread_;
 };
 
-absl::Status ReadRecords(const std::string& db, PointResult* r) {
+// A throwaway certificate authority for the mutual-TLS federations (fl::pki, the layout of docs/security.md): a
+// server certificate for 127.0.0.1 and one client certificate per client name.
+struct Pki {
+  std::string dir;
+  std::string ca_cert, crl, server_cert, server_key;
+  std::string ClientCert(const std::string& name) const {
+    return fl::pki::Paths{dir}.Cert(fl::pki::Kind::kClient, name);
+  }
+  std::string ClientKey(const std::string& name) const { return fl::pki::Paths{dir}.Key(fl::pki::Kind::kClient, name); }
+};
+
+std::string ClientName(int i) { return fl::StrCat("e2e-", i); }
+
+absl::StatusOr<Pki> ProvisionPki(const std::string& dir, int clients) {
+  if (absl::Status s = fl::pki::CreateCa(dir, {}); !s.ok()) return s;
+  fl::pki::IssueOptions server;
+  server.ip_addresses = {"127.0.0.1"};
+  if (auto issued = fl::pki::Issue(dir, fl::pki::Kind::kServer, "server", server); !issued.ok()) {
+    return issued.status();
+  }
+  for (int i = 0; i < clients; ++i) {
+    if (auto issued = fl::pki::Issue(dir, fl::pki::Kind::kClient, ClientName(i), {}); !issued.ok()) {
+      return issued.status();
+    }
+  }
+  const fl::pki::Paths paths{dir};
+  return Pki{dir, paths.CaCert(), paths.Crl(), paths.Cert(fl::pki::Kind::kServer, "server"),
+             paths.Key(fl::pki::Kind::kServer, "server")};
+}
+
+absl::Status ReadRecords(const std::string& db, int k, int rounds, FederationResult* r) {
   auto reader = fl::instrumentation::RecordReader::Open(db);
   if (!reader.ok()) return reader.status();
   auto experiments = (*reader)->ListExperiments();
   if (!experiments.ok()) return experiments.status();
   if (experiments->size() != 1) return absl::InternalError(fl::StrCat(experiments->size(), " experiments in ", db));
   const std::string id = experiments->front().id;
-  auto rounds = (*reader)->ListRounds(id);
-  if (!rounds.ok()) return rounds.status();
+  auto rounds_read = (*reader)->ListRounds(id);
+  if (!rounds_read.ok()) return rounds_read.status();
   std::vector<fl::instrumentation::RoundRecord> committed;
-  for (const auto& row : *rounds) {
+  for (const auto& row : *rounds_read) {
     if (row.status == fl::instrumentation::RoundStatus::kCommitted) committed.push_back(row);
   }
   std::sort(committed.begin(), committed.end(), [](const auto& a, const auto& b) { return a.round < b.round; });
-  if (static_cast<int>(committed.size()) != r->rounds) {
-    return absl::InternalError(
-        fl::StrCat(committed.size(), " committed rounds of ", r->rounds, " (", rounds->size(), " attempts recorded)"));
+  if (static_cast<int>(committed.size()) != rounds) {
+    return absl::InternalError(fl::StrCat(committed.size(), " committed rounds of ", rounds, " (", rounds_read->size(),
+                                          " attempts recorded)"));
   }
   r->first_round_s = committed.front().duration_ms / 1e3;
   std::vector<double> agg, down, train, up_server;
   for (size_t i = 1; i < committed.size(); ++i) {
     const auto& row = committed[i];
-    if (row.num_accepted != r->k) {
+    if (row.num_accepted != k) {
       return absl::InternalError(
-          fl::StrCat("round ", row.round, " aggregated ", row.num_accepted, " of ", r->k, " updates"));
+          fl::StrCat("round ", row.round, " aggregated ", row.num_accepted, " of ", k, " updates"));
     }
     r->round_s.push_back(row.duration_ms / 1e3);
     if (row.aggregation_ms) agg.push_back(*row.aggregation_ms);
@@ -464,7 +517,13 @@ absl::Status ReadRecords(const std::string& db, PointResult* r) {
   return absl::OkStatus();
 }
 
-absl::Status RunFederation(const Options& o, const std::string& dir, PointResult* r) {
+// One federation of K clients x P parameters, `rounds` rounds, its channels secured as `security` says: plaintext
+// (--insecure on both sides, as the reference figures were measured, docs/performance.md) or mutual TLS with the
+// certificates of `pki` (a client's --name is its certificate's name, as fl-server requires).
+absl::Status RunFederation(const Options& o, const Pki& pki, Security security, const std::string& dir, int k,
+                           uint64_t p, int rounds, FederationResult* r) {
+  r->security = security;
+  std::filesystem::create_directories(dir);
   const std::string port_file = dir + "/port";
   const std::string db = dir + "/records.db";
   const std::string server_log = dir + "/server.log";
@@ -472,16 +531,25 @@ absl::Status RunFederation(const Options& o, const std::string& dir, PointResult
                                           "--listen=127.0.0.1:0",
                                           "--port-file=" + port_file,
                                           "--db=" + db,
-                                          fl::StrCat("--experiment-name=e2e-k", r->k, "-p", CountName(r->p)),
-                                          fl::StrCat("--rounds=", r->rounds),
-                                          fl::StrCat("--min-fit-clients=", r->k),
-                                          fl::StrCat("--min-available-clients=", r->k),
+                                          fl::StrCat("--experiment-name=e2e-k", k, "-p", CountName(p)),
+                                          fl::StrCat("--rounds=", rounds),
+                                          fl::StrCat("--min-fit-clients=", k),
+                                          fl::StrCat("--min-available-clients=", k),
                                           "--evaluate-every=0",
                                           fl::StrCat("--round-deadline-ms=", o.round_deadline_ms),
                                           "--max-round-attempts=1",
                                           "--uplink-codec=fp32",
                                           "--downlink-codec=fp32",
                                           "--log-level=warn"};
+  if (security == Security::kPlaintext) {
+    server_argv.push_back("--insecure");
+  } else {
+    // What a secured deployment runs, the revocation list (reloaded when it changes) included.
+    for (std::string a : {"--tls-cert=" + pki.server_cert, "--tls-key=" + pki.server_key,
+                          "--tls-client-ca=" + pki.ca_cert, "--tls-crl=" + pki.crl}) {
+      server_argv.push_back(std::move(a));
+    }
+  }
   for (const auto& a : o.server_args) server_argv.push_back(a);
   const auto started = Clock::now();
   auto server = StartChild(server_argv, server_log, o.server_env);
@@ -500,18 +568,26 @@ absl::Status RunFederation(const Options& o, const std::string& dir, PointResult
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   std::vector<pid_t> client_pids;
-  for (int i = 0; i < r->k; ++i) {
-    std::vector<std::string> argv = {o.client_bin,
-                                     fl::StrCat("--server=127.0.0.1:", port),
-                                     fl::StrCat("--name=e2e-", i),
-                                     o.train_ms > 0 ? fl::StrCat("--model=synthetic:", r->p, ":", o.train_ms)
-                                                    : fl::StrCat("--model=synthetic:", r->p),
-                                     fl::StrCat("--client-index=", i),
-                                     fl::StrCat("--num-clients=", r->k),
-                                     "--device=cpu",
-                                     "--link-kind=other",
-                                     "--link-interface=lo",
-                                     "--log-level=warn"};
+  for (int i = 0; i < k; ++i) {
+    const std::string name = ClientName(i);
+    std::vector<std::string> argv = {
+        o.client_bin,
+        fl::StrCat("--server=127.0.0.1:", port),
+        "--name=" + name,
+        o.train_ms > 0 ? fl::StrCat("--model=synthetic:", p, ":", o.train_ms) : fl::StrCat("--model=synthetic:", p),
+        fl::StrCat("--client-index=", i),
+        fl::StrCat("--num-clients=", k),
+        "--device=cpu",
+        "--link-kind=other",
+        "--link-interface=lo",
+        "--log-level=warn"};
+    if (security == Security::kPlaintext) {
+      argv.push_back("--insecure");
+    } else {
+      argv.push_back("--tls-ca=" + pki.ca_cert);
+      argv.push_back("--tls-cert=" + pki.ClientCert(name));
+      argv.push_back("--tls-key=" + pki.ClientKey(name));
+    }
     for (const auto& a : o.client_args) argv.push_back(a);
     auto c = StartChild(argv, fl::StrCat(dir, "/client-", i, ".log"));
     if (!c.ok()) return c.status();
@@ -572,10 +648,11 @@ absl::Status RunFederation(const Options& o, const std::string& dir, PointResult
     r->client_rss_mb_max = *std::max_element(client_rss.begin(), client_rss.end());
     r->client_rss_mb_mean = Mean(client_rss);
   }
-  return ReadRecords(db, r);
+  return ReadRecords(db, k, rounds, r);
 }
 
-PointResult RunPoint(const Options& o, int k, uint64_t p, const std::string& dir) {
+PointResult RunPoint(const Options& o, const Pki& pki, const std::vector<Security>& securities, int k, uint64_t p,
+                     const std::string& dir) {
   PointResult r;
   r.k = k;
   r.p = p;
@@ -589,7 +666,7 @@ PointResult RunPoint(const Options& o, int k, uint64_t p, const std::string& dir
                         std::lround(avail_mb), " MB available (--force runs it anyway)");
     return r;
   }
-  // The raw-TCP repetitions are split around the federation (half before, half after), so that a change in
+  // The raw-TCP repetitions are split around the federations (half before, half after), so that a change in
   // the machine's load during the point weighs on both sides of the ratio.
   const uint64_t bytes = kPayloadHeaderBytes + 4 * p;
   auto raw = [&](int n) -> bool {
@@ -606,11 +683,17 @@ PointResult RunPoint(const Options& o, int k, uint64_t p, const std::string& dir
   };
   const int before = (o.raw_repeats + 1) / 2;
   if (!raw(before)) return r;
-  std::cerr << "e2e_round: K=" << k << " P=" << CountName(p) << ": federation, " << r.rounds << " rounds...\n";
-  std::filesystem::create_directories(dir);
-  if (absl::Status s = RunFederation(o, dir, &r); !s.ok()) {
-    r.note = fl::StrCat("failed: ", fl::ToStd(s.message()), " (logs in ", dir, ")");
-    return r;
+  for (Security security : securities) {
+    const std::string fed_dir = fl::StrCat(dir, "/", security == Security::kPlaintext ? "plaintext" : "mtls");
+    std::cerr << "e2e_round: K=" << k << " P=" << CountName(p) << ": federation (" << SecurityName(security) << "), "
+              << r.rounds << " rounds...\n";
+    FederationResult f;
+    if (absl::Status s = RunFederation(o, pki, security, fed_dir, k, p, r.rounds, &f); !s.ok()) {
+      r.note =
+          fl::StrCat("failed (", SecurityName(security), "): ", fl::ToStd(s.message()), " (logs in ", fed_dir, ")");
+      return r;
+    }
+    r.federations.push_back(std::move(f));
   }
   if (!raw(o.raw_repeats - before)) return r;
   r.raw_s = Median(r.raw_samples);
@@ -625,42 +708,75 @@ std::string Fixed(double v, int digits) {
   return buf;
 }
 
+std::string Ratio(double num, double den) { return den > 0 ? Fixed(num / den, 3) : "–"; }
+
 void PrintTables(const std::vector<PointResult>& results) {
-  std::cout << "\n| K | P | model MB | rounds (measured) | round time s (median) | raw TCP s (median) | ratio | "
-               "server CPU s | server peak RSS MB | RSS / model | budget MB | ratio ≤ 2 | RSS within budget |\n"
-            << "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|:---:|\n";
+  std::cout
+      << "\n| K | P | security | model MB | rounds (measured) | round time s (median) | raw TCP s (median) | ratio | "
+         "server CPU s | server peak RSS MB | RSS / model | budget MB | ratio ≤ 2 | RSS within budget |\n"
+      << "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|:---:|\n";
   for (const auto& r : results) {
     const double model = ModelMb(r.p);
     if (!r.ran) {
-      std::cout << "| " << r.k << " | " << CountName(r.p) << " | " << Fixed(model, 0) << " | " << r.rounds << " | – | "
-                << Fixed(r.raw_s, 3) << " | – | – | – | – | " << Fixed(BudgetMb(r.p), 0) << " | – | – |\n";
+      std::cout << "| " << r.k << " | " << CountName(r.p) << " | – | " << Fixed(model, 0) << " | " << r.rounds
+                << " | – | " << Fixed(r.raw_s, 3) << " | – | – | – | – | " << Fixed(BudgetMb(r.p), 0) << " | – | – |\n";
       continue;
     }
-    const double round = Median(r.round_s);
-    const double ratio = round / r.raw_s;
-    std::cout << "| " << r.k << " | " << CountName(r.p) << " | " << Fixed(model, 0) << " | " << r.rounds << " ("
-              << r.round_s.size() << ") | " << Fixed(round, 3) << " | " << Fixed(r.raw_s, 3) << " | " << Fixed(ratio, 1)
-              << " | " << Fixed(r.server_cpu_s, 1) << " | " << Fixed(r.server_rss_mb, 0) << " | "
-              << Fixed(r.server_rss_mb / model, 1) << " | " << Fixed(BudgetMb(r.p), 0) << " | "
-              << (ratio <= 2.0 ? "yes" : "**no**") << " | " << (r.server_rss_mb < BudgetMb(r.p) ? "yes" : "**no**")
-              << " |\n";
+    for (const auto& f : r.federations) {
+      const double round = Median(f.round_s);
+      const double ratio = round / r.raw_s;
+      std::cout << "| " << r.k << " | " << CountName(r.p) << " | " << SecurityName(f.security) << " | "
+                << Fixed(model, 0) << " | " << r.rounds << " (" << f.round_s.size() << ") | " << Fixed(round, 3)
+                << " | " << Fixed(r.raw_s, 3) << " | " << Fixed(ratio, 1) << " | " << Fixed(f.server_cpu_s, 1) << " | "
+                << Fixed(f.server_rss_mb, 0) << " | " << Fixed(f.server_rss_mb / model, 1) << " | "
+                << Fixed(BudgetMb(r.p), 0) << " | " << (ratio <= 2.0 ? "yes" : "**no**") << " | "
+                << (f.server_rss_mb < BudgetMb(r.p) ? "yes" : "**no**") << " |\n";
+    }
+  }
+  // What mutual TLS costs: each point's mTLS federation against its plaintext one, measured in the same run.
+  bool both = false;
+  for (const auto& r : results) both |= r.ran && r.Find(Security::kPlaintext) && r.Find(Security::kMtls);
+  if (both) {
+    std::cout << "\nmTLS against plaintext (same run; ratio = mTLS / plaintext; goal: round time ratio ≤ 1.05):\n\n"
+              << "| K | P | round s plaintext | round s mTLS | round ratio | server CPU s plaintext | server CPU s "
+                 "mTLS | server CPU ratio | clients CPU s plaintext | clients CPU s mTLS | clients CPU ratio | "
+                 "client downlink ms plaintext / mTLS | server uplink ms plaintext / mTLS | raw TCP s | round ≤ 1.05× "
+                 "|\n"
+              << "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|\n";
+    for (const auto& r : results) {
+      const FederationResult* pl = r.ran ? r.Find(Security::kPlaintext) : nullptr;
+      const FederationResult* tls = r.ran ? r.Find(Security::kMtls) : nullptr;
+      if (pl == nullptr || tls == nullptr) continue;
+      const double round_pl = Median(pl->round_s), round_tls = Median(tls->round_s);
+      std::cout << "| " << r.k << " | " << CountName(r.p) << " | " << Fixed(round_pl, 3) << " | " << Fixed(round_tls, 3)
+                << " | " << Ratio(round_tls, round_pl) << " | " << Fixed(pl->server_cpu_s, 2) << " | "
+                << Fixed(tls->server_cpu_s, 2) << " | " << Ratio(tls->server_cpu_s, pl->server_cpu_s) << " | "
+                << Fixed(pl->clients_cpu_s, 2) << " | " << Fixed(tls->clients_cpu_s, 2) << " | "
+                << Ratio(tls->clients_cpu_s, pl->clients_cpu_s) << " | " << Fixed(pl->downlink_ms, 1) << " / "
+                << Fixed(tls->downlink_ms, 1) << " | " << Fixed(pl->uplink_server_ms, 1) << " / "
+                << Fixed(tls->uplink_server_ms, 1) << " | " << Fixed(r.raw_s, 3) << " | "
+                << (round_tls <= 1.05 * round_pl ? "yes" : "**no**") << " |\n";
+    }
   }
   std::cout << "\nDetails (means over the measured rounds; client phases are the clients' own timings, ms):\n\n"
-            << "| K | P | round s mean | min–max | first round s | aggregation ms | client downlink ms | "
+            << "| K | P | security | round s mean | min–max | first round s | aggregation ms | client downlink ms | "
                "client train ms | server uplink ms | server CPU user/sys s | clients CPU s (sum) | client peak RSS MB "
                "(max) | all clients RSS MB (peak) | raw TCP samples s |\n"
-            << "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+            << "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
   for (const auto& r : results) {
     if (!r.ran) continue;
     std::string raw;
     for (double s : r.raw_samples) raw += (raw.empty() ? "" : " ") + Fixed(s, 3);
-    const auto [mn, mx] = std::minmax_element(r.round_s.begin(), r.round_s.end());
-    std::cout << "| " << r.k << " | " << CountName(r.p) << " | " << Fixed(Mean(r.round_s), 3) << " | " << Fixed(*mn, 3)
-              << "–" << Fixed(*mx, 3) << " | " << Fixed(r.first_round_s, 3) << " | " << Fixed(r.aggregation_ms, 1)
-              << " | " << Fixed(r.downlink_ms, 1) << " | " << Fixed(r.train_ms, 1) << " | "
-              << Fixed(r.uplink_server_ms, 1) << " | " << Fixed(r.server_user_s, 1) << "/" << Fixed(r.server_sys_s, 1)
-              << " | " << Fixed(r.clients_cpu_s, 1) << " | " << Fixed(r.client_rss_mb_max, 0) << " | "
-              << Fixed(r.clients_rss_sum_peak_mb, 0) << " | " << raw << " |\n";
+    for (const auto& f : r.federations) {
+      const auto [mn, mx] = std::minmax_element(f.round_s.begin(), f.round_s.end());
+      std::cout << "| " << r.k << " | " << CountName(r.p) << " | " << SecurityName(f.security) << " | "
+                << Fixed(Mean(f.round_s), 3) << " | " << Fixed(*mn, 3) << "–" << Fixed(*mx, 3) << " | "
+                << Fixed(f.first_round_s, 3) << " | " << Fixed(f.aggregation_ms, 1) << " | " << Fixed(f.downlink_ms, 1)
+                << " | " << Fixed(f.train_ms, 1) << " | " << Fixed(f.uplink_server_ms, 1) << " | "
+                << Fixed(f.server_user_s, 1) << "/" << Fixed(f.server_sys_s, 1) << " | " << Fixed(f.clients_cpu_s, 1)
+                << " | " << Fixed(f.client_rss_mb_max, 0) << " | " << Fixed(f.clients_rss_sum_peak_mb, 0) << " | "
+                << raw << " |\n";
+    }
   }
   bool notes = false;
   for (const auto& r : results) {
@@ -726,6 +842,12 @@ int main(int argc, char** argv) {
   app.add_option("--server-env", o.server_env,
                  "NAME=VALUE added to fl-server's environment (repeatable), "
                  "e.g. --server-env=MALLOC_ARENA_MAX=2");
+  app.add_option("--security", o.security,
+                 "How the federation's channels are secured: plaintext (--insecure), mtls (a throwaway CA in the "
+                 "work dir, fl-server --tls-*, fl-client --tls-*) or both (plaintext then mTLS at every point, "
+                 "compared in a table of their own)")
+      ->check(CLI::IsMember({"plaintext", "mtls", "both"}))
+      ->capture_default_str();
   app.add_option("--train-ms", o.train_ms, "Simulated training time per round (synthetic:P:ms); 0: none")
       ->capture_default_str();
   app.add_option("--sample-ms", o.sample_ms, "RSS sampling period")->capture_default_str();
@@ -777,6 +899,20 @@ int main(int argc, char** argv) {
   }
   std::filesystem::create_directories(o.work_dir);
 
+  std::vector<Security> securities;
+  if (o.security != "mtls") securities.push_back(Security::kPlaintext);
+  if (o.security != "plaintext") securities.push_back(Security::kMtls);
+  Pki pki;
+  if (o.security != "plaintext") {
+    auto provisioned = ProvisionPki(o.work_dir + "/pki", *std::max_element(o.clients.begin(), o.clients.end()));
+    if (!provisioned.ok()) {
+      std::cerr << "e2e_round: provisioning the throwaway CA in " << o.work_dir << "/pki for --security=" << o.security
+                << ": " << provisioned.status().message() << "\n";
+      return 2;
+    }
+    pki = *std::move(provisioned);
+  }
+
   PrintMachine();
   std::cout << "command:";
   for (int i = 0; i < argc; ++i) std::cout << " " << argv[i];
@@ -788,10 +924,13 @@ int main(int argc, char** argv) {
     for (uint64_t p : params) {
       if (g_interrupted.load()) break;
       const std::string dir = fl::StrCat(o.work_dir, "/k", k, "-p", CountName(p));
-      PointResult r = RunPoint(o, k, p, dir);
+      PointResult r = RunPoint(o, pki, securities, k, p, dir);
       if (r.ran) {
-        std::cerr << "e2e_round: K=" << k << " P=" << CountName(p) << ": round " << Fixed(Median(r.round_s), 3)
-                  << " s, raw TCP " << Fixed(r.raw_s, 3) << " s, server RSS " << Fixed(r.server_rss_mb, 0) << " MB\n";
+        for (const auto& f : r.federations) {
+          std::cerr << "e2e_round: K=" << k << " P=" << CountName(p) << " " << SecurityName(f.security) << ": round "
+                    << Fixed(Median(f.round_s), 3) << " s, raw TCP " << Fixed(r.raw_s, 3) << " s, server CPU "
+                    << Fixed(f.server_cpu_s, 1) << " s, server RSS " << Fixed(f.server_rss_mb, 0) << " MB\n";
+        }
       } else {
         std::cerr << "e2e_round: K=" << k << " P=" << CountName(p) << ": " << r.note << "\n";
         if (r.note.rfind("not run", 0) != 0) failed = true;
