@@ -1,6 +1,9 @@
 // What the server reads of the PKI at run time: the identity in a peer's certificate and the revocation list.
 #include "fl/pki/revocation.h"
 
+#include <filesystem>
+#include <set>
+
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -9,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "fl/pki/pki.h"
+#include "fl/pki/revocation_watcher.h"
 #include "fl/testing/scratch_dir.h"
 
 namespace fl::pki {
@@ -103,6 +107,39 @@ TEST_F(RevocationTest, MissingOrMalformedListNamesTheFile) {
   absl::StatusOr<RevocationList> wrong = RevocationList::Load(paths_.CaCert(), paths_.CaCert());
   ASSERT_FALSE(wrong.ok());
   EXPECT_THAT(wrong.status().message(), HasSubstr("is not a PEM certificate revocation list"));
+}
+
+TEST(RevocationWatcherTest, ListThatFailsToLoadLeavesThePreviousOneInForce) {
+  fl::testing::ScratchDir dir("fl_revocation_watcher");
+  const std::string ca = dir.File("pki"), other = dir.File("other");
+  ASSERT_TRUE(CreateCa(ca, CaOptions{}).ok());
+  ASSERT_TRUE(CreateCa(other, CaOptions{}).ok());
+  absl::StatusOr<Issued> alice = Issue(ca, Kind::kClient, "alice", {});
+  ASSERT_TRUE(alice.ok());
+  const Paths paths{ca};
+  std::set<std::string> told;
+  auto watcher = RevocationWatcher::Start({paths.Crl(), paths.CaCert(), 3'600'000},
+                                          [&told](const std::set<std::string>& s) { told.insert(s.begin(), s.end()); });
+  ASSERT_TRUE(watcher.ok()) << watcher.status();
+  EXPECT_FALSE((*watcher)->IsRevoked(alice->serial_hex));
+
+  ASSERT_TRUE(Revoke(ca, "alice").ok());
+  EXPECT_TRUE((*watcher)->ReloadIfChanged());
+  EXPECT_TRUE((*watcher)->IsRevoked(alice->serial_hex));
+  EXPECT_EQ(told, std::set<std::string>{alice->serial_hex});
+
+  // Someone puts another CA's (empty) list in its place: it would un-revoke alice, so it is not taken.
+  std::filesystem::copy_file(Paths{other}.Crl(), paths.Crl(), std::filesystem::copy_options::overwrite_existing);
+  EXPECT_FALSE((*watcher)->ReloadIfChanged());
+  EXPECT_TRUE((*watcher)->IsRevoked(alice->serial_hex));
+}
+
+TEST(RevocationWatcherTest, MissingListIsAnErrorNamingTheFile) {
+  fl::testing::ScratchDir dir("fl_revocation_watcher");
+  ASSERT_TRUE(CreateCa(dir.File("pki"), CaOptions{}).ok());
+  auto watcher = RevocationWatcher::Start({dir.File("nowhere.pem"), Paths{dir.File("pki")}.CaCert(), 1000}, nullptr);
+  ASSERT_FALSE(watcher.ok());
+  EXPECT_THAT(watcher.status().message(), ::testing::HasSubstr(dir.File("nowhere.pem")));
 }
 
 }  // namespace

@@ -150,7 +150,7 @@ void PeerLimits::Release(Stream stream, const PeerIdentity& who) {
   if (who.authenticated) drop(identity_streams_, who.name);
 }
 
-CallGuard::CallGuard(RoundEngine* engine, const RevocationWatcher* revocation)
+CallGuard::CallGuard(RoundEngine* engine, const pki::RevocationWatcher* revocation)
     : engine_(engine), revocation_(revocation), limits_(engine->config()) {}
 
 std::optional<Refusal> CallGuard::CheckUsable(const PeerIdentity& who) const {

@@ -14,7 +14,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "fl/instrumentation/records.h"
-#include "fl/server/revocation_watcher.h"
+#include "fl/pki/revocation_watcher.h"
 #include "fl/server/round_engine.h"
 
 namespace fl::server {
@@ -83,7 +83,7 @@ class PeerLimits {
 class CallGuard {
  public:
   // `revocation` may be null (plaintext, or mutual TLS without --tls-crl).
-  CallGuard(RoundEngine* engine, const RevocationWatcher* revocation);
+  CallGuard(RoundEngine* engine, const pki::RevocationWatcher* revocation);
 
   // A Join: the certificate is not revoked, is a client's, and names `claimed` (the request's client_name).
   std::optional<Refusal> CheckJoin(const PeerIdentity& who, std::string_view claimed) const;
@@ -102,7 +102,7 @@ class CallGuard {
   std::optional<Refusal> CheckUsable(const PeerIdentity& who) const;
 
   RoundEngine* engine_;
-  const RevocationWatcher* revocation_;
+  const pki::RevocationWatcher* revocation_;
   PeerLimits limits_;
 };
 

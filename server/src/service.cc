@@ -591,7 +591,7 @@ class RefusedDownload final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
 };
 }  // namespace
 
-FederationService::FederationService(RoundEngine* engine, const RevocationWatcher* revocation)
+FederationService::FederationService(RoundEngine* engine, const pki::RevocationWatcher* revocation)
     : engine_(engine), guard_(std::make_unique<CallGuard>(engine, revocation)) {}
 
 FederationService::~FederationService() = default;

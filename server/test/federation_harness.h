@@ -57,7 +57,7 @@ class TestServer {
   // `tls`: serve mutual TLS instead of plaintext (tls_test).
   TestServer(EngineConfig config, const std::string& db, RoundEngine::StartPoint start = {},
              instrumentation::ServerMetrics* metrics = nullptr, const std::optional<rpc::ServerTls>& tls = std::nullopt,
-             const RevocationWatcher* revocation = nullptr) {
+             const pki::RevocationWatcher* revocation = nullptr) {
     records_ = *RecordStore::Open(db);
     engine_ = std::make_unique<RoundEngine>(std::move(config), records_.get(), std::move(start));
     engine_->SetMetrics(metrics);

@@ -3,7 +3,6 @@
 // call and its session closed, joins and streams are bounded per peer and per identity, streams have deadlines;
 // every refusal is a security_events row with the peer's address and a fl_security_refusals_total count.
 #include <chrono>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -20,7 +19,7 @@
 #include "fl/instrumentation/record_reader.h"
 #include "fl/instrumentation/server_metrics.h"
 #include "fl/pki/pki.h"
-#include "fl/server/revocation_watcher.h"
+#include "fl/pki/revocation_watcher.h"
 #include "fl/testing/scratch_dir.h"
 #include "federation_harness.h"
 
@@ -78,7 +77,7 @@ class SecurityTest : public ::testing::Test {
     o.pem_private_key = Slurp(paths_.Key(kind, name));
     return grpc::SslCredentials(o);
   }
-  std::unique_ptr<TestServer> Serve(const RevocationWatcher* revocation = nullptr) {
+  std::unique_ptr<TestServer> Serve(const pki::RevocationWatcher* revocation = nullptr) {
     return std::make_unique<TestServer>(config_, db_, InitialModel(1), metrics_.get(), ServerTls(), revocation);
   }
   // The security events of the experiment, read after the server stopped (every record is written by then).
@@ -196,7 +195,7 @@ TEST_F(SecurityTest, IslandCertificateCannotJoinAsAClient) {
 TEST_F(SecurityTest, RevokedCertificateIsRefusedAtItsNextCallAndItsSessionClosed) {
   RoundEngine* engine = nullptr;
   // A period long enough never to fire during the test: the test reloads when it wants (ReloadIfChanged).
-  auto watcher = RevocationWatcher::Start(
+  auto watcher = pki::RevocationWatcher::Start(
       {paths_.Crl(), paths_.CaCert(), 3'600'000},
       [&engine](const std::set<std::string>& serials) { engine->Post(CertificatesRevokedEvent{serials}); });
   ASSERT_TRUE(watcher.ok()) << watcher.status();
@@ -388,46 +387,6 @@ TEST_F(SecurityTest, DownloadNobodyReadsIsCancelledAtTheDeadline) {
   ASSERT_EQ(Count(events, SecurityRefusal::kStreamDeadline), 1);
   EXPECT_THAT(events.back().detail, HasSubstr("--download-message-timeout-ms"));
   EXPECT_EQ(events.back().identity, "alice");
-}
-
-}  // namespace
-}  // namespace fl::server
-
-namespace fl::server {
-namespace {
-
-TEST(RevocationWatcherTest, ListThatFailsToLoadLeavesThePreviousOneInForce) {
-  fl::testing::ScratchDir dir("fl_revocation_watcher");
-  const std::string ca = dir.File("pki"), other = dir.File("other");
-  ASSERT_TRUE(pki::CreateCa(ca, pki::CaOptions{}).ok());
-  ASSERT_TRUE(pki::CreateCa(other, pki::CaOptions{}).ok());
-  absl::StatusOr<pki::Issued> alice = pki::Issue(ca, pki::Kind::kClient, "alice", {});
-  ASSERT_TRUE(alice.ok());
-  const pki::Paths paths{ca};
-  std::set<std::string> told;
-  auto watcher = RevocationWatcher::Start({paths.Crl(), paths.CaCert(), 3'600'000},
-                                          [&told](const std::set<std::string>& s) { told.insert(s.begin(), s.end()); });
-  ASSERT_TRUE(watcher.ok()) << watcher.status();
-  EXPECT_FALSE((*watcher)->IsRevoked(alice->serial_hex));
-
-  ASSERT_TRUE(pki::Revoke(ca, "alice").ok());
-  EXPECT_TRUE((*watcher)->ReloadIfChanged());
-  EXPECT_TRUE((*watcher)->IsRevoked(alice->serial_hex));
-  EXPECT_EQ(told, std::set<std::string>{alice->serial_hex});
-
-  // Someone puts another CA's (empty) list in its place: it would un-revoke alice, so it is not taken.
-  std::filesystem::copy_file(pki::Paths{other}.Crl(), paths.Crl(), std::filesystem::copy_options::overwrite_existing);
-  EXPECT_FALSE((*watcher)->ReloadIfChanged());
-  EXPECT_TRUE((*watcher)->IsRevoked(alice->serial_hex));
-}
-
-TEST(RevocationWatcherTest, MissingListIsAnErrorNamingTheFile) {
-  fl::testing::ScratchDir dir("fl_revocation_watcher");
-  ASSERT_TRUE(pki::CreateCa(dir.File("pki"), pki::CaOptions{}).ok());
-  auto watcher =
-      RevocationWatcher::Start({dir.File("nowhere.pem"), pki::Paths{dir.File("pki")}.CaCert(), 1000}, nullptr);
-  ASSERT_FALSE(watcher.ok());
-  EXPECT_THAT(watcher.status().message(), ::testing::HasSubstr(dir.File("nowhere.pem")));
 }
 
 }  // namespace

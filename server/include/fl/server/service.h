@@ -8,7 +8,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
-#include "fl/server/revocation_watcher.h"
+#include "fl/pki/revocation_watcher.h"
 #include "fl/server/round_engine.h"
 #include "fl/v1/federation.grpc.pb.h"
 
@@ -30,7 +30,7 @@ class FederationService final
  public:
   // `engine` must be started (its configuration holds the limits). `revocation` (may be null: none) is checked
   // for every call's certificate; both must outlive the service.
-  explicit FederationService(RoundEngine* engine, const RevocationWatcher* revocation = nullptr);
+  explicit FederationService(RoundEngine* engine, const pki::RevocationWatcher* revocation = nullptr);
   ~FederationService() override;
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,

@@ -1,4 +1,5 @@
-// The revocation list fl-server checks every call's certificate against, reloaded when its file changes.
+// A revocation list that a server checks every call's certificate against, reloaded when its file changes
+// (fl-server for its clients; usable by any gRPC server of the project).
 //
 // gRPC checks a client certificate's chain and validity at the handshake, once per connection; a certificate
 // revoked afterwards would keep its connection (HTTP/2 keeps it open for every later call). So the service
@@ -19,7 +20,7 @@
 #include "absl/status/statusor.h"
 #include "fl/pki/revocation.h"
 
-namespace fl::server {
+namespace fl::pki {
 
 class RevocationWatcher {
  public:
@@ -51,14 +52,14 @@ class RevocationWatcher {
     uint64_t inode = 0;
     bool operator==(const FileStamp&) const = default;
   };
-  RevocationWatcher(Options options, OnRevoked on_revoked, pki::RevocationList list, FileStamp stamp);
+  RevocationWatcher(Options options, OnRevoked on_revoked, RevocationList list, FileStamp stamp);
   static FileStamp Stamp(const std::string& path);
   void Run();
 
   const Options options_;
   const OnRevoked on_revoked_;
   mutable std::mutex mu_;
-  std::shared_ptr<const pki::RevocationList> list_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const RevocationList> list_ ABSL_GUARDED_BY(mu_);
   FileStamp stamp_ ABSL_GUARDED_BY(mu_);
   std::mutex reload_mu_;  // one reload at a time (the thread's and ReloadIfChanged's)
   std::condition_variable_any stop_cv_;
@@ -66,4 +67,4 @@ class RevocationWatcher {
   std::thread thread_;
 };
 
-}  // namespace fl::server
+}  // namespace fl::pki

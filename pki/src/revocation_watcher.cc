@@ -1,4 +1,4 @@
-#include "fl/server/revocation_watcher.h"
+#include "fl/pki/revocation_watcher.h"
 
 #include <sys/stat.h>
 
@@ -7,7 +7,7 @@
 
 #include <spdlog/spdlog.h>
 
-namespace fl::server {
+namespace fl::pki {
 
 RevocationWatcher::FileStamp RevocationWatcher::Stamp(const std::string& path) {
   struct stat st {};
@@ -18,16 +18,16 @@ RevocationWatcher::FileStamp RevocationWatcher::Stamp(const std::string& path) {
 
 absl::StatusOr<std::unique_ptr<RevocationWatcher>> RevocationWatcher::Start(Options options, OnRevoked on_revoked) {
   const FileStamp stamp = Stamp(options.crl_file);
-  absl::StatusOr<pki::RevocationList> list = pki::RevocationList::Load(options.crl_file, options.ca_cert_file);
+  absl::StatusOr<RevocationList> list = RevocationList::Load(options.crl_file, options.ca_cert_file);
   if (!list.ok()) return list.status();
   return std::unique_ptr<RevocationWatcher>(
       new RevocationWatcher(std::move(options), std::move(on_revoked), *std::move(list), stamp));
 }
 
-RevocationWatcher::RevocationWatcher(Options options, OnRevoked on_revoked, pki::RevocationList list, FileStamp stamp)
+RevocationWatcher::RevocationWatcher(Options options, OnRevoked on_revoked, RevocationList list, FileStamp stamp)
     : options_(std::move(options)),
       on_revoked_(std::move(on_revoked)),
-      list_(std::make_shared<const pki::RevocationList>(std::move(list))),
+      list_(std::make_shared<const RevocationList>(std::move(list))),
       stamp_(stamp) {
   thread_ = std::thread([this] { Run(); });
 }
@@ -49,20 +49,20 @@ bool RevocationWatcher::IsRevoked(const std::string& serial_hex) const {
 bool RevocationWatcher::ReloadIfChanged() {
   std::lock_guard reload_lock(reload_mu_);
   const FileStamp now = Stamp(options_.crl_file);
-  std::shared_ptr<const pki::RevocationList> before;
+  std::shared_ptr<const RevocationList> before;
   {
     std::lock_guard lock(mu_);
     if (now == stamp_) return false;
     stamp_ = now;  // a list that fails to load is not retried until the file changes again
     before = list_;
   }
-  absl::StatusOr<pki::RevocationList> loaded = pki::RevocationList::Load(options_.crl_file, options_.ca_cert_file);
+  absl::StatusOr<RevocationList> loaded = RevocationList::Load(options_.crl_file, options_.ca_cert_file);
   if (!loaded.ok()) {
     spdlog::error("revocation list not reloaded, the previous one ({} revoked) stays in force: {}",
                   before->serials().size(), std::string(loaded.status().message()));
     return false;
   }
-  auto next = std::make_shared<const pki::RevocationList>(*std::move(loaded));
+  auto next = std::make_shared<const RevocationList>(*std::move(loaded));
   std::set<std::string> added;
   for (const std::string& s : next->serials()) {
     if (!before->IsRevoked(s)) added.insert(s);
@@ -88,4 +88,4 @@ void RevocationWatcher::Run() {
   }
 }
 
-}  // namespace fl::server
+}  // namespace fl::pki
