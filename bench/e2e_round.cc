@@ -304,8 +304,11 @@ struct Options {
   std::vector<std::string> server_args;
   std::vector<std::string> client_args;
   std::vector<std::string> server_env;
-  std::string security = "both";  // plaintext | mtls | both (plaintext first, then mTLS, at every point)
-  uint32_t train_ms = 0;          // synthetic:P:train_ms (separates the download and upload phases; 0 in the table)
+  std::vector<std::string> client_env;
+  std::string security = "both";
+  int repeats = 1;  // federations per security per point, alternated  // plaintext | mtls | both (plaintext first, then
+                    // mTLS, at every point)
+  uint32_t train_ms = 0;  // synthetic:P:train_ms (separates the download and upload phases; 0 in the table)
   int sample_ms = 20;
 };
 
@@ -317,6 +320,7 @@ std::string SecurityName(Security s) { return s == Security::kPlaintext ? "plain
 // One federation of a point (plaintext or mutual TLS).
 struct FederationResult {
   Security security = Security::kPlaintext;
+  int repeat = 0;               // 0-based (--repeats)
   std::vector<double> round_s;  // committed rounds after the first
   double first_round_s = NAN;
   double aggregation_ms = NAN;  // mean over measured rounds
@@ -341,14 +345,20 @@ struct PointResult {
   std::string note;    // why not run / what failed
   double raw_s = NAN;  // median
   std::vector<double> raw_samples;
-  std::vector<FederationResult> federations;  // in the order run (--security)
-  const FederationResult* Find(Security s) const {
+  std::vector<FederationResult> federations;  // in the order run (--security, --repeats)
+  std::vector<const FederationResult*> All(Security s) const {
+    std::vector<const FederationResult*> out;
     for (const auto& f : federations) {
-      if (f.security == s) return &f;
+      if (f.security == s) out.push_back(&f);
     }
-    return nullptr;
+    return out;
   }
 };
+
+// "plaintext", or "plaintext #2" when a point ran each security more than once.
+std::string FederationName(const FederationResult& f, int repeats) {
+  return repeats > 1 ? fl::StrCat(SecurityName(f.security), " #", f.repeat + 1) : SecurityName(f.security);
+}
 
 double ModelMb(uint64_t p) { return 4.0 * static_cast<double>(p) / kMB; }
 double BudgetMb(uint64_t p) { return 4.0 * ModelMb(p) + 200.0; }
@@ -589,7 +599,7 @@ absl::Status RunFederation(const Options& o, const Pki& pki, Security security, 
       argv.push_back("--tls-key=" + pki.ClientKey(name));
     }
     for (const auto& a : o.client_args) argv.push_back(a);
-    auto c = StartChild(argv, fl::StrCat(dir, "/client-", i, ".log"));
+    auto c = StartChild(argv, fl::StrCat(dir, "/client-", i, ".log"), o.client_env);
     if (!c.ok()) return c.status();
     client_pids.push_back(c->pid());
     clients.push_back(std::move(*c));
@@ -683,17 +693,23 @@ PointResult RunPoint(const Options& o, const Pki& pki, const std::vector<Securit
   };
   const int before = (o.raw_repeats + 1) / 2;
   if (!raw(before)) return r;
-  for (Security security : securities) {
-    const std::string fed_dir = fl::StrCat(dir, "/", security == Security::kPlaintext ? "plaintext" : "mtls");
-    std::cerr << "e2e_round: K=" << k << " P=" << CountName(p) << ": federation (" << SecurityName(security) << "), "
-              << r.rounds << " rounds...\n";
-    FederationResult f;
-    if (absl::Status s = RunFederation(o, pki, security, fed_dir, k, p, r.rounds, &f); !s.ok()) {
-      r.note =
-          fl::StrCat("failed (", SecurityName(security), "): ", fl::ToStd(s.message()), " (logs in ", fed_dir, ")");
-      return r;
+  // With --repeats the securities alternate (plaintext, mTLS, plaintext, mTLS, ...), so that a change in the
+  // neighbours' load weighs on both.
+  for (int rep = 0; rep < o.repeats; ++rep) {
+    for (Security security : securities) {
+      const std::string fed_dir = fl::StrCat(dir, "/", security == Security::kPlaintext ? "plaintext" : "mtls",
+                                             o.repeats > 1 ? "-" : "", o.repeats > 1 ? fl::StrCat(rep + 1) : "");
+      std::cerr << "e2e_round: K=" << k << " P=" << CountName(p) << ": federation (" << SecurityName(security)
+                << (o.repeats > 1 ? fl::StrCat(" #", rep + 1) : "") << "), " << r.rounds << " rounds...\n";
+      FederationResult f;
+      f.repeat = rep;
+      if (absl::Status s = RunFederation(o, pki, security, fed_dir, k, p, r.rounds, &f); !s.ok()) {
+        r.note =
+            fl::StrCat("failed (", SecurityName(security), "): ", fl::ToStd(s.message()), " (logs in ", fed_dir, ")");
+        return r;
+      }
+      r.federations.push_back(std::move(f));
     }
-    r.federations.push_back(std::move(f));
   }
   if (!raw(o.raw_repeats - before)) return r;
   r.raw_s = Median(r.raw_samples);
@@ -710,7 +726,7 @@ std::string Fixed(double v, int digits) {
 
 std::string Ratio(double num, double den) { return den > 0 ? Fixed(num / den, 3) : "–"; }
 
-void PrintTables(const std::vector<PointResult>& results) {
+void PrintTables(const std::vector<PointResult>& results, int repeats) {
   std::cout
       << "\n| K | P | security | model MB | rounds (measured) | round time s (median) | raw TCP s (median) | ratio | "
          "server CPU s | server peak RSS MB | RSS / model | budget MB | ratio ≤ 2 | RSS within budget |\n"
@@ -725,7 +741,7 @@ void PrintTables(const std::vector<PointResult>& results) {
     for (const auto& f : r.federations) {
       const double round = Median(f.round_s);
       const double ratio = round / r.raw_s;
-      std::cout << "| " << r.k << " | " << CountName(r.p) << " | " << SecurityName(f.security) << " | "
+      std::cout << "| " << r.k << " | " << CountName(r.p) << " | " << FederationName(f, repeats) << " | "
                 << Fixed(model, 0) << " | " << r.rounds << " (" << f.round_s.size() << ") | " << Fixed(round, 3)
                 << " | " << Fixed(r.raw_s, 3) << " | " << Fixed(ratio, 1) << " | " << Fixed(f.server_cpu_s, 1) << " | "
                 << Fixed(f.server_rss_mb, 0) << " | " << Fixed(f.server_rss_mb / model, 1) << " | "
@@ -733,28 +749,52 @@ void PrintTables(const std::vector<PointResult>& results) {
                 << (f.server_rss_mb < BudgetMb(r.p) ? "yes" : "**no**") << " |\n";
     }
   }
-  // What mutual TLS costs: each point's mTLS federation against its plaintext one, measured in the same run.
+  // What mutual TLS costs: each point's mTLS federations against its plaintext ones, measured in the same run.
+  // Round times: the median of all measured rounds of each security (pooled over --repeats); CPU: the mean per
+  // federation; per repeat: the ratio of the medians of the federations run side by side.
   bool both = false;
-  for (const auto& r : results) both |= r.ran && r.Find(Security::kPlaintext) && r.Find(Security::kMtls);
+  for (const auto& r : results)
+    both |= r.ran && !r.All(Security::kPlaintext).empty() && !r.All(Security::kMtls).empty();
   if (both) {
-    std::cout << "\nmTLS against plaintext (same run; ratio = mTLS / plaintext; goal: round time ratio ≤ 1.05):\n\n"
-              << "| K | P | round s plaintext | round s mTLS | round ratio | server CPU s plaintext | server CPU s "
-                 "mTLS | server CPU ratio | clients CPU s plaintext | clients CPU s mTLS | clients CPU ratio | "
-                 "client downlink ms plaintext / mTLS | server uplink ms plaintext / mTLS | raw TCP s | round ≤ 1.05× "
-                 "|\n"
-              << "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|\n";
+    std::cout
+        << "\nmTLS against plaintext (same run; ratio = mTLS / plaintext; goal: round time ratio ≤ 1.05):\n\n"
+        << "| K | P | federations each | rounds each (measured) | round s plaintext | round s mTLS | round ratio | "
+           "round ratio per repeat | server CPU s plaintext | server CPU s mTLS | server CPU ratio | clients CPU s "
+           "plaintext | clients CPU s mTLS | clients CPU ratio | client downlink ms plaintext / mTLS | server "
+           "uplink ms plaintext / mTLS | raw TCP s | round ≤ 1.05× |\n"
+        << "|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|\n";
     for (const auto& r : results) {
-      const FederationResult* pl = r.ran ? r.Find(Security::kPlaintext) : nullptr;
-      const FederationResult* tls = r.ran ? r.Find(Security::kMtls) : nullptr;
-      if (pl == nullptr || tls == nullptr) continue;
-      const double round_pl = Median(pl->round_s), round_tls = Median(tls->round_s);
-      std::cout << "| " << r.k << " | " << CountName(r.p) << " | " << Fixed(round_pl, 3) << " | " << Fixed(round_tls, 3)
-                << " | " << Ratio(round_tls, round_pl) << " | " << Fixed(pl->server_cpu_s, 2) << " | "
-                << Fixed(tls->server_cpu_s, 2) << " | " << Ratio(tls->server_cpu_s, pl->server_cpu_s) << " | "
-                << Fixed(pl->clients_cpu_s, 2) << " | " << Fixed(tls->clients_cpu_s, 2) << " | "
-                << Ratio(tls->clients_cpu_s, pl->clients_cpu_s) << " | " << Fixed(pl->downlink_ms, 1) << " / "
-                << Fixed(tls->downlink_ms, 1) << " | " << Fixed(pl->uplink_server_ms, 1) << " / "
-                << Fixed(tls->uplink_server_ms, 1) << " | " << Fixed(r.raw_s, 3) << " | "
+      if (!r.ran) continue;
+      const auto pl = r.All(Security::kPlaintext), tls = r.All(Security::kMtls);
+      if (pl.empty() || tls.empty()) continue;
+      struct Pooled {
+        std::vector<double> rounds;
+        double server_cpu = 0, clients_cpu = 0, downlink = 0, uplink = 0;
+      };
+      auto pool = [](const std::vector<const FederationResult*>& feds) {
+        Pooled out;
+        for (const FederationResult* f : feds) {
+          out.rounds.insert(out.rounds.end(), f->round_s.begin(), f->round_s.end());
+          out.server_cpu += f->server_cpu_s / static_cast<double>(feds.size());
+          out.clients_cpu += f->clients_cpu_s / static_cast<double>(feds.size());
+          out.downlink += f->downlink_ms / static_cast<double>(feds.size());
+          out.uplink += f->uplink_server_ms / static_cast<double>(feds.size());
+        }
+        return out;
+      };
+      const Pooled a = pool(pl), b = pool(tls);
+      std::string per_repeat;
+      for (size_t i = 0; i < std::min(pl.size(), tls.size()); ++i) {
+        per_repeat += (per_repeat.empty() ? "" : " ") + Ratio(Median(tls[i]->round_s), Median(pl[i]->round_s));
+      }
+      const double round_pl = Median(a.rounds), round_tls = Median(b.rounds);
+      std::cout << "| " << r.k << " | " << CountName(r.p) << " | " << std::min(pl.size(), tls.size()) << " | "
+                << r.rounds << " (" << r.rounds - 1 << ") | " << Fixed(round_pl, 3) << " | " << Fixed(round_tls, 3)
+                << " | " << Ratio(round_tls, round_pl) << " | " << per_repeat << " | " << Fixed(a.server_cpu, 2)
+                << " | " << Fixed(b.server_cpu, 2) << " | " << Ratio(b.server_cpu, a.server_cpu) << " | "
+                << Fixed(a.clients_cpu, 2) << " | " << Fixed(b.clients_cpu, 2) << " | "
+                << Ratio(b.clients_cpu, a.clients_cpu) << " | " << Fixed(a.downlink, 1) << " / " << Fixed(b.downlink, 1)
+                << " | " << Fixed(a.uplink, 1) << " / " << Fixed(b.uplink, 1) << " | " << Fixed(r.raw_s, 3) << " | "
                 << (round_tls <= 1.05 * round_pl ? "yes" : "**no**") << " |\n";
     }
   }
@@ -769,7 +809,7 @@ void PrintTables(const std::vector<PointResult>& results) {
     for (double s : r.raw_samples) raw += (raw.empty() ? "" : " ") + Fixed(s, 3);
     for (const auto& f : r.federations) {
       const auto [mn, mx] = std::minmax_element(f.round_s.begin(), f.round_s.end());
-      std::cout << "| " << r.k << " | " << CountName(r.p) << " | " << SecurityName(f.security) << " | "
+      std::cout << "| " << r.k << " | " << CountName(r.p) << " | " << FederationName(f, repeats) << " | "
                 << Fixed(Mean(f.round_s), 3) << " | " << Fixed(*mn, 3) << "–" << Fixed(*mx, 3) << " | "
                 << Fixed(f.first_round_s, 3) << " | " << Fixed(f.aggregation_ms, 1) << " | " << Fixed(f.downlink_ms, 1)
                 << " | " << Fixed(f.train_ms, 1) << " | " << Fixed(f.uplink_server_ms, 1) << " | "
@@ -842,11 +882,19 @@ int main(int argc, char** argv) {
   app.add_option("--server-env", o.server_env,
                  "NAME=VALUE added to fl-server's environment (repeatable), "
                  "e.g. --server-env=MALLOC_ARENA_MAX=2");
+  app.add_option("--client-env", o.client_env,
+                 "NAME=VALUE added to every fl-client's environment (repeatable), e.g. "
+                 "--client-env=OPENSSL_CONF=/path/to/openssl.cnf");
   app.add_option("--security", o.security,
                  "How the federation's channels are secured: plaintext (--insecure), mtls (a throwaway CA in the "
                  "work dir, fl-server --tls-*, fl-client --tls-*) or both (plaintext then mTLS at every point, "
                  "compared in a table of their own)")
       ->check(CLI::IsMember({"plaintext", "mtls", "both"}))
+      ->capture_default_str();
+  app.add_option("--repeats", o.repeats,
+                 "Federations per security per point, alternated (plaintext, mTLS, plaintext, ...); the mTLS table "
+                 "pools their measured rounds")
+      ->check(CLI::Range(1, 20))
       ->capture_default_str();
   app.add_option("--train-ms", o.train_ms, "Simulated training time per round (synthetic:P:ms); 0: none")
       ->capture_default_str();
@@ -927,9 +975,10 @@ int main(int argc, char** argv) {
       PointResult r = RunPoint(o, pki, securities, k, p, dir);
       if (r.ran) {
         for (const auto& f : r.federations) {
-          std::cerr << "e2e_round: K=" << k << " P=" << CountName(p) << " " << SecurityName(f.security) << ": round "
-                    << Fixed(Median(f.round_s), 3) << " s, raw TCP " << Fixed(r.raw_s, 3) << " s, server CPU "
-                    << Fixed(f.server_cpu_s, 1) << " s, server RSS " << Fixed(f.server_rss_mb, 0) << " MB\n";
+          std::cerr << "e2e_round: K=" << k << " P=" << CountName(p) << " " << FederationName(f, o.repeats)
+                    << ": round " << Fixed(Median(f.round_s), 3) << " s, raw TCP " << Fixed(r.raw_s, 3)
+                    << " s, server CPU " << Fixed(f.server_cpu_s, 1) << " s, server RSS " << Fixed(f.server_rss_mb, 0)
+                    << " MB\n";
         }
       } else {
         std::cerr << "e2e_round: K=" << k << " P=" << CountName(p) << ": " << r.note << "\n";
@@ -938,7 +987,7 @@ int main(int argc, char** argv) {
       results.push_back(std::move(r));
     }
   }
-  PrintTables(results);
+  PrintTables(results, o.repeats);
   std::cout << "\nload average at end: " << LoadAverage() << "\n";
   if (made_dir && !o.keep && !failed) {
     std::error_code ec;
