@@ -13,6 +13,7 @@
 #include "fl/core/str_cat.h"
 #include "fl/instrumentation/island_metrics.h"
 #include "fl/instrumentation/island_records.h"
+#include "fl/pki/revocation_watcher.h"
 #include "fl/proto/convert.h"
 #include "fl/rpc/grpc_server.h"
 
@@ -90,6 +91,8 @@ void Coordinator::Core::Handle(CoordinatorEvent& event) {
           OnHeartbeat(e);
         } else if constexpr (std::is_same_v<E, SessionClosedEvent>) {
           OnSessionClosed(e);
+        } else if constexpr (std::is_same_v<E, CertificatesRevokedEvent>) {
+          OnCertificatesRevoked(e);
         } else if constexpr (std::is_same_v<E, ShutdownEvent>) {
           OnShutdown(e.reason);
         } else {
@@ -246,6 +249,13 @@ absl::Status CoordinatorOptions::Validate() const {
   if (barrier_timeout_ms == 0) return bad("--barrier-timeout-ms", 0, "must be positive");
   if (report_timeout_ms == 0) return bad("--report-timeout-ms", 0, "must be positive");
   if (max_sync_attempts == 0) return bad("--max-sync-attempts", 0, "must be at least 1");
+  if (!crl_file.empty() && crl_ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        fl::StrCat("--tls-crl ", crl_file, " needs the CA that signed it: give --tls-client-ca (mutual TLS)"));
+  }
+  if (crl_reload_ms < 50 || crl_reload_ms > 3'600'000) {
+    return bad("--tls-crl-reload-ms", crl_reload_ms, "must be in [50, 3600000]");
+  }
   if (experiment_id.empty()) return absl::InvalidArgumentError("experiment_id is empty");
   if (clock == nullptr) {
     return absl::InvalidArgumentError("clock is null: leave it at rpc::SystemClock::Get() or pass a test clock");
@@ -253,9 +263,11 @@ absl::Status CoordinatorOptions::Validate() const {
   return absl::OkStatus();
 }
 
-Coordinator::Coordinator(std::unique_ptr<Core> core)
+Coordinator::Coordinator(std::unique_ptr<Core> core, std::unique_ptr<pki::RevocationWatcher> revocation)
     : core_(std::move(core)),
-      service_(MakeIslandsService([core = core_.get()](CoordinatorEvent e) { core->Post(std::move(e)); })) {}
+      revocation_(std::move(revocation)),
+      service_(MakeIslandsService([core = core_.get()](CoordinatorEvent e) { core->Post(std::move(e)); },
+                                  revocation_.get())) {}
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOptions options,
                                                                  instrumentation::IslandRecordWriter* records,
@@ -275,18 +287,31 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
     owned.push_back(MakeMetricsObserver(metrics));
   }
   const bool own_thread = options.own_thread;
+  const pki::RevocationWatcher::Options crl{options.crl_file, options.crl_ca_file, options.crl_reload_ms};
   auto core = std::make_unique<Core>(std::move(options), std::move(owned));
-  std::unique_ptr<Coordinator> coordinator(new Coordinator(std::move(core)));
+  std::unique_ptr<pki::RevocationWatcher> revocation;
+  if (!crl.crl_file.empty()) {
+    // The watcher's thread only posts to the loop; the loop evicts the islands of the revoked serials.
+    auto watcher = pki::RevocationWatcher::Start(
+        crl, [core = core.get(), file = crl.crl_file](const std::set<std::string>& serials) {
+          core->Post(CertificatesRevokedEvent{serials, file});
+        });
+    if (!watcher.ok()) return watcher.status();
+    revocation = *std::move(watcher);
+  }
+  std::unique_ptr<Coordinator> coordinator(new Coordinator(std::move(core), std::move(revocation)));
   if (own_thread) coordinator->core_->Start();
   return coordinator;
 }
 
 Coordinator::~Coordinator() {
+  revocation_.reset();  // no reload may post to the loop once it stops
   Shutdown("coordinator destroyed");
   core_->Stop();
 }
 
 grpc::Service* Coordinator::service() { return service_.get(); }
+bool Coordinator::ReloadRevocationList() { return revocation_ != nullptr && revocation_->ReloadIfChanged(); }
 const CoordinatorOptions& Coordinator::options() const { return core_->options(); }
 void Coordinator::Post(CoordinatorEvent event) { core_->Post(std::move(event)); }
 size_t Coordinator::RunUntilIdle() { return core_->RunUntilIdle(); }

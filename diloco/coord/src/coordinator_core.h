@@ -48,6 +48,9 @@ struct Island {
   int64_t last_seen_ns = 0;
   rpc::TimerId heartbeat_timer = 0;
   std::shared_ptr<IslandSession> session;
+  // With a revocation list: the serials of the certificates it joined and opened its session with (one and the
+  // same unless it was given a new certificate meanwhile); revoking either evicts it.
+  std::set<std::string> cert_serials;
 };
 
 struct Report {
@@ -140,6 +143,7 @@ class Coordinator::Core {
   void OnSessionOpened(SessionOpenedEvent& e);
   void OnHeartbeat(const HeartbeatEvent& e);
   void OnSessionClosed(const SessionClosedEvent& e);
+  void OnCertificatesRevoked(const CertificatesRevokedEvent& e);
   bool Fire(Island& island, IslandTrigger trigger, const IslandCause& cause = {});
   void FailHeldBeginSyncs(const Island& island, const grpc::Status& status);
   void Evict(Island& island, IslandTrigger trigger, const std::string& reason);
@@ -210,6 +214,8 @@ std::unique_ptr<CoordinatorObserver> MakeMetricsObserver(instrumentation::Island
 std::unique_ptr<CoordinatorObserver> MakeLogObserver();
 
 // The gRPC service fl.v1.Islands (service.cc): parses every call and stream message and posts its event.
-std::unique_ptr<grpc::Service> MakeIslandsService(std::function<void(CoordinatorEvent)> post);
+// With `revocation` (may be null; must outlive the service) every call whose certificate it lists is refused.
+std::unique_ptr<grpc::Service> MakeIslandsService(std::function<void(CoordinatorEvent)> post,
+                                                  const pki::RevocationWatcher* revocation);
 
 }  // namespace fl::diloco

@@ -21,6 +21,7 @@
 #include "fl/instrumentation/island_metrics.h"
 #include "fl/instrumentation/island_records.h"
 #include "fl/instrumentation/record_store.h"
+#include "fl/pki/revocation.h"
 #include "fl/rpc/grpc_server.h"
 
 namespace fl::diloco {
@@ -146,6 +147,13 @@ int Run(int argc, char** argv) {
   app.add_option("--tls-client-ca", tls.client_ca_file,
                  "CA certificate (PEM) that every island's certificate must chain to; an island may only take part "
                  "under the name of its certificate's fl-island://<name>");
+  app.add_option("--tls-crl", o.crl_file,
+                 "Certificate revocation list (PEM, fl-provision's ca/crl.pem, signed by --tls-client-ca): every call "
+                 "of a revoked island certificate is refused and a connected island whose certificate is revoked is "
+                 "evicted; the file is reloaded when it changes");
+  app.add_option("--tls-crl-reload-ms", o.crl_reload_ms, "How often --tls-crl is checked for a change")
+      ->capture_default_str()
+      ->check(CLI::Range(50u, 3'600'000u));
   bool insecure = false;
   app.add_flag("--insecure", insecure,
                "Serve plaintext gRPC without any TLS flag: anyone who reaches --listen can join as any island and "
@@ -175,6 +183,19 @@ int Run(int argc, char** argv) {
     std::cerr << "fl-coordinator: --insecure: plaintext: anyone on the network can reach " << listen
               << ", join as any island and read or steer the experiment; use --tls-cert/--tls-key/--tls-client-ca "
                  "(docs/security.md)\n";
+  }
+  if (!o.crl_file.empty() && tls_given != 3) {
+    std::cerr << "fl-coordinator: --tls-crl needs mutual TLS (--tls-cert, --tls-key, --tls-client-ca): in plaintext "
+                 "there is no certificate to check\n";
+    return 2;
+  }
+  o.crl_ca_file = tls.client_ca_file;
+  if (!o.crl_file.empty()) {
+    // Before anything is recorded: a list that cannot be trusted stops the start (Create loads it again, for good).
+    if (auto crl = pki::RevocationList::Load(o.crl_file, o.crl_ca_file); !crl.ok()) {
+      std::cerr << "fl-coordinator: --tls-crl: " << crl.status().message() << "\n";
+      return 2;
+    }
   }
   const std::optional<fl::rpc::ServerTls> server_tls =
       tls_given == 3 ? std::optional<fl::rpc::ServerTls>(tls) : std::nullopt;
@@ -257,7 +278,9 @@ int Run(int argc, char** argv) {
   }
   auto coordinator = Coordinator::Create(o, records.get(), metrics.get());
   if (!coordinator.ok()) {
-    std::cerr << "fl-coordinator: " << coordinator.status().message() << "\n";
+    // The one error Create has beyond Validate (done above): a revocation list it cannot load or trust.
+    std::cerr << "fl-coordinator: " << (o.crl_file.empty() ? "" : "--tls-crl: ") << coordinator.status().message()
+              << "\n";
     return 2;
   }
   auto server = StartCoordinatorServer(coordinator->get(), listen, server_tls);
@@ -266,8 +289,11 @@ int Run(int argc, char** argv) {
     return 2;
   }
   spdlog::info("islands experiment {} listening on port {} ({}; H={}, P={}, tau={}, codec {}, {} outer steps)",
-               o.experiment_id, server->port, server_tls ? "mutual TLS" : "plaintext", s.inner_steps, s.num_fragments,
-               s.overlap_steps, s.codec, s.total_outer_steps);
+               o.experiment_id, server->port,
+               !server_tls          ? std::string("plaintext")
+               : o.crl_file.empty() ? std::string("mutual TLS")
+                                    : fl::StrCat("mutual TLS, revocation list ", o.crl_file),
+               s.inner_steps, s.num_fragments, s.overlap_steps, s.codec, s.total_outer_steps);
   if (!port_file.empty()) fl::rpc::WritePortFile(port_file, server->port);
 
   std::atomic<bool> exiting{false};

@@ -62,6 +62,7 @@ std::string_view Name(IslandTrigger v) {
     case IslandTrigger::kVanished: return "vanished";
     case IslandTrigger::kMissedBarrier: return "missed_barrier";
     case IslandTrigger::kMissedReport: return "missed_report";
+    case IslandTrigger::kCertificateRevoked: return "certificate_revoked";
     case IslandTrigger::kShutdown: return "shutdown";
   }
   return "?";
@@ -127,6 +128,7 @@ std::string_view DepartureLabel(IslandTrigger trigger) {
     case IslandTrigger::kVanished: return "vanished";
     case IslandTrigger::kMissedBarrier: return "missed_barrier";
     case IslandTrigger::kMissedReport: return "missed_report";
+    case IslandTrigger::kCertificateRevoked: return "revoked";
     default: return "";
   }
 }

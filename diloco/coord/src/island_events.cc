@@ -284,6 +284,7 @@ void Coordinator::Core::OnJoin(JoinEvent& e) {
   island->join_seq = next_join_seq_++;
   island->token = RandomToken();
   island->join_reply = std::move(e.reply);
+  if (!e.cert_serial.empty()) island->cert_serials.insert(e.cert_serial);
   // Not a transition: the island starts in kWaiting; AnswerJoins (after this event) may admit it at once.
   spdlog::info("island '{}' asks to join ({} ranks, data {}, state {})", req.island_id(), req.num_ranks(),
                req.data_endpoint(), req.state_endpoint());
@@ -475,6 +476,7 @@ void Coordinator::Core::OnSessionOpened(SessionOpenedEvent& e) {
   }
   island->session = std::move(e.session);
   island->last_seen_ns = NowNs();
+  if (!e.cert_serial.empty()) island->cert_serials.insert(e.cert_serial);
 }
 
 void Coordinator::Core::OnHeartbeat(const HeartbeatEvent& e) {
@@ -487,6 +489,26 @@ void Coordinator::Core::OnSessionClosed(const SessionClosedEvent& e) {
   if (it == islands_.end() || it->second->token != e.session_token || it->second->session != e.session) return;
   it->second->session = nullptr;
   Evict(*it->second, IslandTrigger::kSessionClosed, "its session stream closed");
+}
+
+// The service refuses every later call of a revoked certificate; an island that is in already is evicted here
+// (its session told why and closed, its held BeginSyncs answered "rejoin"), as one that failed, so that it does not
+// keep its place in the ring or the barriers. Its rejoin is then refused by the service, and fl-island exits.
+void Coordinator::Core::OnCertificatesRevoked(const CertificatesRevokedEvent& e) {
+  for (auto& [id, island] : islands_) {
+    if (island->state == IslandState::kGone) continue;
+    auto serial = std::find_if(island->cert_serials.begin(), island->cert_serials.end(),
+                               [&](const std::string& s) { return e.serials.contains(s); });
+    if (serial == island->cert_serials.end()) continue;
+    const std::string why =
+        fl::StrCat("the certificate of island '", id, "' (serial ", *serial, ") was revoked (", e.crl_file, ")");
+    IslandCause cause;
+    cause.reason = why;
+    // A held Join (kRefuseJoin) is answered as the service answers the revoked certificate's calls: final.
+    cause.status = CoordError(grpc::StatusCode::PERMISSION_DENIED, fl::v1::ERROR_CODE_ADMISSION_REFUSED, why, "",
+                              "ask the operator for a new island certificate (fl-provision add-island --force)");
+    Fire(*island, IslandTrigger::kCertificateRevoked, cause);
+  }
 }
 
 }  // namespace fl::diloco

@@ -188,7 +188,10 @@ class LogObserver final : public CoordinatorObserver {
       case IslandTrigger::kHeartbeatLost:
       case IslandTrigger::kVanished:
       case IslandTrigger::kMissedBarrier:
-      case IslandTrigger::kMissedReport: spdlog::warn("island '{}' leaves the membership: {}", id, c.reason); break;
+      case IslandTrigger::kMissedReport:
+      case IslandTrigger::kCertificateRevoked:
+        spdlog::warn("island '{}' leaves the membership: {}", id, c.reason);
+        break;
     }
   }
 

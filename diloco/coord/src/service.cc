@@ -1,11 +1,17 @@
 // The gRPC service fl.v1.Islands: callback reactors that parse each call or stream message and post its event
 // to the coordinator's loop; the loop answers through the event's reply (from the loop thread). Behind mutual TLS
-// every call that names an island is checked against the caller's certificate here, before the loop sees it.
+// every call that names an island is checked against the caller's certificate (and the revocation list, with
+// --tls-crl) here, before the loop sees it.
 #include <memory>
 #include <string_view>
 
+#include <spdlog/spdlog.h>
+
 #include "coordinator_core.h"
+#include "fl/core/log_format.h"
 #include "fl/core/str_cat.h"
+#include "fl/pki/revocation.h"
+#include "fl/pki/revocation_watcher.h"
 #include "fl/rpc/stream_outbox.h"
 #include "fl/v1/islands.grpc.pb.h"
 
@@ -14,13 +20,32 @@ namespace {
 
 using Post = std::function<void(CoordinatorEvent)>;
 
+// What the certificate check found: the refusal, or OK and (with a revocation list) the certificate's serial.
+struct CertificateCheck {
+  grpc::Status status;
+  std::string serial_hex;
+};
+
+// The serial of the caller's certificate (pki::ParsePeerCertificate), or "" when it cannot be read.
+std::string SerialOf(const grpc::AuthContext& auth) {
+  for (const grpc::string_ref& pem : auth.FindPropertyValues("x509_pem_cert")) {
+    absl::StatusOr<pki::PeerCertificate> cert = pki::ParsePeerCertificate(std::string_view(pem.data(), pem.size()));
+    if (cert.ok()) return cert->serial_hex;
+    // gRPC verified this certificate a moment ago; a parse failure is OpenSSL disagreeing with itself.
+    spdlog::error("cannot read the serial of a verified island certificate: {}", cert.status().message());
+  }
+  return "";
+}
+
 // An island is who its certificate says: the name in its fl-island://<name> URI SAN (fl-provision add-island).
 // Only that SAN counts, not the CN: a client certificate (fl-client://<name>, clientAuth) from the same CA must
-// not pass as an island of the same name. Plaintext calls (fl-coordinator --insecure) are not checked: there is
-// nothing to check them against.
-grpc::Status CheckIslandCertificate(const grpc::CallbackServerContext& ctx, const std::string& claimed) {
+// not pass as an island of the same name. With a revocation list (fl-coordinator --tls-crl), a certificate on it
+// is refused whatever it names: gRPC checked it once, at the handshake, and HTTP/2 keeps that connection for every
+// later call. Plaintext calls (fl-coordinator --insecure) are not checked: there is nothing to check them against.
+CertificateCheck CheckIslandCertificate(const grpc::CallbackServerContext& ctx, const std::string& claimed,
+                                        const pki::RevocationWatcher* revocation) {
   std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
-  if (auth == nullptr || !auth->IsPeerAuthenticated()) return grpc::Status::OK;
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return {};
   constexpr std::string_view kScheme = "fl-island://";
   std::string name;
   bool found = false;
@@ -31,30 +56,49 @@ grpc::Status CheckIslandCertificate(const grpc::CallbackServerContext& ctx, cons
       found = true;
     }
   }
-  if (found && name == claimed) return grpc::Status::OK;
+  CertificateCheck check;
+  if (revocation != nullptr) {
+    check.serial_hex = SerialOf(*auth);
+    if (!check.serial_hex.empty() && revocation->IsRevoked(check.serial_hex)) {
+      const std::string who = found ? fl::StrCat("island \"", name, "\"") : std::string("the caller");
+      check.status = CoordError(grpc::StatusCode::PERMISSION_DENIED, fl::v1::ERROR_CODE_ADMISSION_REFUSED,
+                                fl::StrCat("the certificate of ", who, " (serial ", check.serial_hex, ") is revoked (",
+                                           revocation->options().crl_file, ")"),
+                                "", "ask the operator for a new island certificate (fl-provision add-island --force)");
+      spdlog::warn("refused a call from {}: {}", ctx.peer(), check.status.error_message());
+      return check;
+    }
+  }
+  if (found && name == claimed) return check;
   if (!found) {
     std::string cn;
     for (const grpc::string_ref& v : auth->FindPropertyValues("x509_common_name")) cn.assign(v.data(), v.size());
-    return CoordError(grpc::StatusCode::PERMISSION_DENIED, fl::v1::ERROR_CODE_ADMISSION_REFUSED,
-                      fl::StrCat("the certificate presented (CN \"", cn, "\") is not an island certificate (no ",
-                                 kScheme, "<name> subjectAltName) but the call is for island_id \"", claimed, "\""),
-                      "island_id",
-                      fl::StrCat("give fl-island the certificate of island \"", claimed, "\": fl-provision add-island ",
-                                 claimed, " --dir D writes D/islands/", claimed, ".crt and .key"));
+    check.status =
+        CoordError(grpc::StatusCode::PERMISSION_DENIED, fl::v1::ERROR_CODE_ADMISSION_REFUSED,
+                   fl::StrCat("the certificate presented (CN \"", cn, "\") is not an island certificate (no ", kScheme,
+                              "<name> subjectAltName) but the call is for island_id \"", claimed, "\""),
+                   "island_id",
+                   fl::StrCat("give fl-island the certificate of island \"", claimed, "\": fl-provision add-island ",
+                              claimed, " --dir D writes D/islands/", claimed, ".crt and .key"));
+    return check;
   }
-  return CoordError(
-      grpc::StatusCode::PERMISSION_DENIED, fl::v1::ERROR_CODE_ADMISSION_REFUSED,
-      fl::StrCat("island certificate is for \"", name, "\" but the call is for island_id \"", claimed, "\""),
-      "island_id",
-      fl::StrCat("run fl-island with --island-id ", name, ", or give it the certificate of island \"", claimed,
-                 "\" (fl-provision add-island ", claimed, ")"));
+  check.status =
+      CoordError(grpc::StatusCode::PERMISSION_DENIED, fl::v1::ERROR_CODE_ADMISSION_REFUSED,
+                 fl::StrCat("island certificate is for \"", name, "\" but the call is for island_id \"", claimed, "\""),
+                 "island_id",
+                 fl::StrCat("run fl-island with --island-id ", name, ", or give it the certificate of island \"",
+                            claimed, "\" (fl-provision add-island ", claimed, ")"));
+  return check;
 }
 
-// Answers a unary call with `refused` when its island_id is not the caller's certificate's; true if it did.
-bool Refused(grpc::CallbackServerContext* ctx, grpc::ServerUnaryReactor* reactor, const std::string& island_id) {
-  grpc::Status refused = CheckIslandCertificate(*ctx, island_id);
-  if (refused.ok()) return false;
-  reactor->Finish(refused);
+// Answers a unary call with the refusal when its island_id is not the caller's certificate's, or that
+// certificate is revoked; true if it did.
+bool Refused(grpc::CallbackServerContext* ctx, grpc::ServerUnaryReactor* reactor, const std::string& island_id,
+             const pki::RevocationWatcher* revocation, std::string* serial_hex = nullptr) {
+  CertificateCheck check = CheckIslandCertificate(*ctx, island_id, revocation);
+  if (serial_hex != nullptr) *serial_hex = std::move(check.serial_hex);
+  if (check.status.ok()) return false;
+  reactor->Finish(check.status);
   return true;
 }
 
@@ -84,8 +128,8 @@ class StreamSession final : public IslandSession {
 // close that follow do not match the island's token and session there.
 class SessionReactor final : public grpc::ServerBidiReactor<fl::v1::IslandUp, fl::v1::IslandDown> {
  public:
-  SessionReactor(Post post, grpc::CallbackServerContext* ctx)
-      : post_(std::move(post)), ctx_(ctx), session_(std::make_shared<StreamSession>(this)) {
+  SessionReactor(Post post, grpc::CallbackServerContext* ctx, const pki::RevocationWatcher* revocation)
+      : post_(std::move(post)), ctx_(ctx), revocation_(revocation), session_(std::make_shared<StreamSession>(this)) {
     StartRead(&in_);
   }
 
@@ -100,13 +144,14 @@ class SessionReactor final : public grpc::ServerBidiReactor<fl::v1::IslandUp, fl
                                    "the first message on an island session must be an IslandHello", "hello"));
         return;
       }
-      if (grpc::Status refused = CheckIslandCertificate(*ctx_, in_.hello().island_id()); !refused.ok()) {
-        session_->Close(refused);
+      CertificateCheck check = CheckIslandCertificate(*ctx_, in_.hello().island_id(), revocation_);
+      if (!check.status.ok()) {
+        session_->Close(check.status);
         return;
       }
       island_id_ = in_.hello().island_id();
       token_ = in_.hello().session_token();
-      post_(SessionOpenedEvent{in_.hello(), session_});
+      post_(SessionOpenedEvent{in_.hello(), session_, std::move(check.serial_hex)});
     } else if (in_.kind_case() == fl::v1::IslandUp::kHeartbeat) {
       post_(HeartbeatEvent{island_id_, token_});
     }
@@ -124,6 +169,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<fl::v1::IslandUp, fl
  private:
   Post post_;
   grpc::CallbackServerContext* ctx_;  // valid until OnDone
+  const pki::RevocationWatcher* revocation_;
   std::shared_ptr<StreamSession> session_;
   fl::v1::IslandUp in_;
   std::string island_id_;
@@ -132,24 +178,26 @@ class SessionReactor final : public grpc::ServerBidiReactor<fl::v1::IslandUp, fl
 
 class IslandsService final : public fl::v1::Islands::CallbackService {
  public:
-  explicit IslandsService(Post post) : post_(std::move(post)) {}
+  IslandsService(Post post, const pki::RevocationWatcher* revocation)
+      : post_(std::move(post)), revocation_(revocation) {}
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const fl::v1::IslandJoinRequest* request,
                                  fl::v1::IslandJoinResponse* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    if (Refused(ctx, reactor, request->island_id())) return reactor;
-    post_(JoinEvent{*request, FinishWith(reactor, response)});
+    std::string serial_hex;
+    if (Refused(ctx, reactor, request->island_id(), revocation_, &serial_hex)) return reactor;
+    post_(JoinEvent{*request, FinishWith(reactor, response), std::move(serial_hex)});
     return reactor;
   }
 
   grpc::ServerBidiReactor<fl::v1::IslandUp, fl::v1::IslandDown>* Session(grpc::CallbackServerContext* ctx) override {
-    return new SessionReactor(post_, ctx);
+    return new SessionReactor(post_, ctx, revocation_);
   }
 
   grpc::ServerUnaryReactor* BeginSync(grpc::CallbackServerContext* ctx, const fl::v1::BeginSyncRequest* request,
                                       fl::v1::BeginSyncResponse* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    if (Refused(ctx, reactor, request->island_id())) return reactor;
+    if (Refused(ctx, reactor, request->island_id(), revocation_)) return reactor;
     post_(BeginSyncEvent{*request, FinishWith(reactor, response)});
     return reactor;
   }
@@ -157,7 +205,7 @@ class IslandsService final : public fl::v1::Islands::CallbackService {
   grpc::ServerUnaryReactor* SyncDone(grpc::CallbackServerContext* ctx, const fl::v1::SyncDoneRequest* request,
                                      fl::v1::SyncVerdict* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    if (Refused(ctx, reactor, request->island_id())) return reactor;
+    if (Refused(ctx, reactor, request->island_id(), revocation_)) return reactor;
     post_(SyncDoneEvent{*request, FinishWith(reactor, response)});
     return reactor;
   }
@@ -165,7 +213,7 @@ class IslandsService final : public fl::v1::Islands::CallbackService {
   grpc::ServerUnaryReactor* SyncFailed(grpc::CallbackServerContext* ctx, const fl::v1::SyncFailedRequest* request,
                                        fl::v1::SyncVerdict* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    if (Refused(ctx, reactor, request->island_id())) return reactor;
+    if (Refused(ctx, reactor, request->island_id(), revocation_)) return reactor;
     post_(SyncFailedEvent{*request, FinishWith(reactor, response)});
     return reactor;
   }
@@ -173,7 +221,7 @@ class IslandsService final : public fl::v1::Islands::CallbackService {
   grpc::ServerUnaryReactor* StateLoaded(grpc::CallbackServerContext* ctx, const fl::v1::StateLoadedRequest* request,
                                         fl::v1::StateLoadedResponse* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    if (Refused(ctx, reactor, request->island_id())) return reactor;
+    if (Refused(ctx, reactor, request->island_id(), revocation_)) return reactor;
     post_(StateLoadedEvent{*request, FinishWith(reactor, response)});
     return reactor;
   }
@@ -181,19 +229,21 @@ class IslandsService final : public fl::v1::Islands::CallbackService {
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx, const fl::v1::IslandLeaveRequest* request,
                                   fl::v1::IslandLeaveResponse* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    if (Refused(ctx, reactor, request->island_id())) return reactor;
+    if (Refused(ctx, reactor, request->island_id(), revocation_)) return reactor;
     post_(LeaveEvent{*request, FinishWith(reactor, response)});
     return reactor;
   }
 
  private:
   Post post_;
+  const pki::RevocationWatcher* revocation_;  // null: no revocation list
 };
 
 }  // namespace
 
-std::unique_ptr<grpc::Service> MakeIslandsService(std::function<void(CoordinatorEvent)> post) {
-  return std::make_unique<IslandsService>(std::move(post));
+std::unique_ptr<grpc::Service> MakeIslandsService(std::function<void(CoordinatorEvent)> post,
+                                                  const pki::RevocationWatcher* revocation) {
+  return std::make_unique<IslandsService>(std::move(post), revocation);
 }
 
 }  // namespace fl::diloco

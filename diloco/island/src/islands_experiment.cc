@@ -238,9 +238,12 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
         return s.status();
       }
     }
+    // The CA's revocation list too: revoking an island during the run (fl-provision revoke island-N --dir
+    // <out>/pki) evicts it and refuses its calls, as in a provisioned deployment.
     coordinator_security = {"--tls-cert",      pki_paths.Cert(pki::Kind::kServer, "coordinator"),
                             "--tls-key",       pki_paths.Key(pki::Kind::kServer, "coordinator"),
-                            "--tls-client-ca", pki_paths.CaCert()};
+                            "--tls-client-ca", pki_paths.CaCert(),
+                            "--tls-crl",       pki_paths.Crl()};
     island_security = [&](uint32_t i) {
       const std::string id = fl::StrCat("island-", i);
       return std::vector<std::string>{"--tls-ca",   pki_paths.CaCert(),

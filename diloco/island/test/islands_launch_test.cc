@@ -88,7 +88,9 @@ TEST(IslandsLaunchTest, TheSameRunOverMutualTlsAndCurveEqualsPlaintext) {
   // What ran secured: the run's own CA with the ring's keys, the coordinator said so, nobody warned of plaintext.
   EXPECT_TRUE(std::filesystem::exists(secure_out + "/pki/ca/ca.crt"));
   EXPECT_TRUE(std::filesystem::exists(secure_out + "/pki/islands/island-1.curve.pub"));
-  EXPECT_NE(Slurp(secure_out + "/coordinator.log").find("mutual TLS"), std::string::npos)
+  EXPECT_NE(
+      Slurp(secure_out + "/coordinator.log").find("mutual TLS, revocation list " + secure_out + "/pki/ca/crl.pem"),
+      std::string::npos)
       << Slurp(secure_out + "/coordinator.log");
   EXPECT_EQ(Slurp(secure_out + "/island-0-rank0.log").find("plaintext"), std::string::npos);
   EXPECT_NE(Slurp(plain_out + "/island-0-rank0.log").find("--insecure: plaintext"), std::string::npos);

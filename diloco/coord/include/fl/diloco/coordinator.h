@@ -43,6 +43,10 @@
 #include "fl/rpc/clock.h"
 #include "fl/rpc/tls.h"
 
+namespace fl::pki {
+class RevocationWatcher;
+}  // namespace fl::pki
+
 namespace fl::instrumentation {
 class IslandRecordWriter;
 class IslandMetrics;
@@ -68,6 +72,14 @@ struct CoordinatorOptions {
   // keeps failing cannot loop. 0 = evict on the blame.
   uint32_t blame_grace_ms = 2000;
   std::string software_version;  // recorded
+
+  // fl-coordinator --tls-crl: fl-provision's ca/crl.pem, verified against crl_ca_file (--tls-client-ca) and
+  // reloaded when it changes (checked every crl_reload_ms). "" = no revocation check. Every call whose
+  // certificate is on the list is refused PERMISSION_DENIED (only calls over mutual TLS carry one), and a reload
+  // that revokes the certificate of a live island evicts it (trigger certificate_revoked).
+  std::string crl_file;
+  std::string crl_ca_file;
+  uint32_t crl_reload_ms = 1000;
 
   // The clock of every deadline (heartbeats, barrier, reports, blame grace) and of the records' timestamps.
   const rpc::Clock* clock = rpc::SystemClock::Get();
@@ -98,6 +110,7 @@ struct CoordinatorSnapshot {
 class Coordinator {
  public:
   // `records` and `metrics` may be null (not recorded / not exported); they must outlive the coordinator.
+  // With crl_file: a list that cannot be loaded or is not signed by crl_ca_file is an error naming the file.
   static absl::StatusOr<std::unique_ptr<Coordinator>> Create(CoordinatorOptions options,
                                                              instrumentation::IslandRecordWriter* records,
                                                              instrumentation::IslandMetrics* metrics);
@@ -107,6 +120,9 @@ class Coordinator {
 
   // The gRPC service (fl.v1.Islands) to register on a server.
   grpc::Service* service();
+  // With a revocation list (options().crl_file): checks its file now instead of at the next period (tests);
+  // true when a changed list was loaded (its newly revoked islands are evicted by the loop after this returns).
+  bool ReloadRevocationList();
   const CoordinatorOptions& options() const;
 
   // Tells every session, refuses later calls and fails every waiting call with Unavailable; returns once the
@@ -128,8 +144,9 @@ class Coordinator {
 
  private:
   class Core;
-  explicit Coordinator(std::unique_ptr<Core> core);
+  Coordinator(std::unique_ptr<Core> core, std::unique_ptr<pki::RevocationWatcher> revocation);
   std::unique_ptr<Core> core_;
+  std::unique_ptr<pki::RevocationWatcher> revocation_;  // its thread posts to core_: destroyed before it
   std::unique_ptr<grpc::Service> service_;
 };
 
@@ -143,7 +160,8 @@ struct RunningCoordinatorServer {
 // With `tls` (fl-coordinator --tls-cert/--tls-key/--tls-client-ca) only mutual TLS is served: an island must
 // present a certificate from that CA, and every call naming an island_id must come from the certificate whose
 // fl-island://<name> URI SAN is that id (PERMISSION_DENIED otherwise; a client's fl-client:// certificate is no
-// island's). Without it (--insecure), plaintext and no check.
+// island's). Without it (--insecure), plaintext and no check. The revocation list, when there is one, is the
+// coordinator's (CoordinatorOptions::crl_file).
 absl::StatusOr<RunningCoordinatorServer> StartCoordinatorServer(
     Coordinator* coordinator, const std::string& listen_address,
     const std::optional<rpc::ServerTls>& tls = std::nullopt);

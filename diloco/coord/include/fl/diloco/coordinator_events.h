@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <variant>
 
@@ -33,6 +34,9 @@ class IslandSession {
 struct JoinEvent {
   fl::v1::IslandJoinRequest request;
   Reply<fl::v1::IslandJoinResponse> reply;
+  // The serial of the caller's certificate (upper-case hex) when the coordinator checks a revocation list
+  // (--tls-crl); "" otherwise. A reload that revokes it evicts the island.
+  std::string cert_serial = {};
 };
 struct BeginSyncEvent {
   fl::v1::BeginSyncRequest request;
@@ -58,6 +62,7 @@ struct LeaveEvent {
 struct SessionOpenedEvent {
   fl::v1::IslandHello hello;
   std::shared_ptr<IslandSession> session;
+  std::string cert_serial = {};  // as JoinEvent's: the certificate the stream was opened with
 };
 struct HeartbeatEvent {
   std::string island_id;
@@ -69,6 +74,11 @@ struct SessionClosedEvent {
   std::string session_token;
   std::shared_ptr<IslandSession> session;
 };
+// A reload of the revocation list (--tls-crl) found these serials newly revoked (the watcher's thread posts it).
+struct CertificatesRevokedEvent {
+  std::set<std::string> serials;
+  std::string crl_file;
+};
 struct ShutdownEvent {
   std::string reason;
 };
@@ -77,8 +87,8 @@ struct CallOnLoop {
   std::function<void()> fn;
 };
 
-using CoordinatorEvent =
-    std::variant<JoinEvent, BeginSyncEvent, SyncDoneEvent, SyncFailedEvent, StateLoadedEvent, LeaveEvent,
-                 SessionOpenedEvent, HeartbeatEvent, SessionClosedEvent, ShutdownEvent, CallOnLoop>;
+using CoordinatorEvent = std::variant<JoinEvent, BeginSyncEvent, SyncDoneEvent, SyncFailedEvent, StateLoadedEvent,
+                                      LeaveEvent, SessionOpenedEvent, HeartbeatEvent, SessionClosedEvent,
+                                      CertificatesRevokedEvent, ShutdownEvent, CallOnLoop>;
 
 }  // namespace fl::diloco

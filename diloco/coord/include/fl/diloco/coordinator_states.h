@@ -52,19 +52,20 @@ enum class IslandState : uint8_t {
   kGone,       // left, evicted, refused or shut down; calls with its token fail with "rejoin"
 };
 enum class IslandTrigger : uint8_t {
-  kAdmitted,       // answered with a fresh start: nothing has been committed yet
-  kAdmittedLate,   // answered with a state source: a sync has been committed
-  kNoStateSource,  // refused: no live island holds the committed state
-  kRejoin,         // a new Join with the same id replaced this held one
-  kStateLoaded,    // StateLoaded with the committed hash of the sync it was sent to copy
-  kRepairOrdered,  // a verdict told it to copy the committed state (its hash differed, or its exchange failed)
-  kRepaired,       // StateLoaded with the committed hash of the repair's sync
-  kLeft,           // Leave
-  kSessionClosed,  // its session stream ended
-  kHeartbeatLost,  // no heartbeat for --heartbeat-timeout-ms
-  kVanished,       // blamed for a failed exchange, and silent for --blame-grace-ms (at once after attempt 0)
-  kMissedBarrier,  // not at a barrier --barrier-timeout-ms after its first arrival, or the sync went ahead
-  kMissedReport,   // no report --report-timeout-ms after its epoch's first report
+  kAdmitted,            // answered with a fresh start: nothing has been committed yet
+  kAdmittedLate,        // answered with a state source: a sync has been committed
+  kNoStateSource,       // refused: no live island holds the committed state
+  kRejoin,              // a new Join with the same id replaced this held one
+  kStateLoaded,         // StateLoaded with the committed hash of the sync it was sent to copy
+  kRepairOrdered,       // a verdict told it to copy the committed state (its hash differed, or its exchange failed)
+  kRepaired,            // StateLoaded with the committed hash of the repair's sync
+  kLeft,                // Leave
+  kSessionClosed,       // its session stream ended
+  kHeartbeatLost,       // no heartbeat for --heartbeat-timeout-ms
+  kVanished,            // blamed for a failed exchange, and silent for --blame-grace-ms (at once after attempt 0)
+  kMissedBarrier,       // not at a barrier --barrier-timeout-ms after its first arrival, or the sync went ahead
+  kMissedReport,        // no report --report-timeout-ms after its epoch's first report
+  kCertificateRevoked,  // a reload of --tls-crl found the certificate it joined (or opened its session) with
   kShutdown,
 };
 enum class IslandEffect : uint8_t {
@@ -135,12 +136,14 @@ inline constexpr std::array kIslandTransitions = {
     IslandTransitionRow{IslandState::kWaiting,   IslandTrigger::kAdmittedLate,  IslandState::kLoading,   IslandEffect::kAnswerJoin},
     IslandTransitionRow{IslandState::kWaiting,   IslandTrigger::kNoStateSource, IslandState::kGone,      IslandEffect::kRefuseJoin},
     IslandTransitionRow{IslandState::kWaiting,   IslandTrigger::kRejoin,        IslandState::kGone,      IslandEffect::kRefuseJoin},
+    IslandTransitionRow{IslandState::kWaiting,   IslandTrigger::kCertificateRevoked, IslandState::kGone,  IslandEffect::kRefuseJoin},
     IslandTransitionRow{IslandState::kWaiting,   IslandTrigger::kShutdown,      IslandState::kGone,      IslandEffect::kRefuseJoin},
     IslandTransitionRow{IslandState::kLoading,   IslandTrigger::kStateLoaded,   IslandState::kActive,    IslandEffect::kHoldState},
     IslandTransitionRow{IslandState::kLoading,   IslandTrigger::kLeft,          IslandState::kGone,      IslandEffect::kRelease},
     IslandTransitionRow{IslandState::kLoading,   IslandTrigger::kSessionClosed, IslandState::kGone,      IslandEffect::kRelease},
     IslandTransitionRow{IslandState::kLoading,   IslandTrigger::kHeartbeatLost, IslandState::kGone,      IslandEffect::kEvict},
     IslandTransitionRow{IslandState::kLoading,   IslandTrigger::kMissedBarrier, IslandState::kGone,      IslandEffect::kEvict},
+    IslandTransitionRow{IslandState::kLoading,   IslandTrigger::kCertificateRevoked, IslandState::kGone,  IslandEffect::kEvict},
     IslandTransitionRow{IslandState::kLoading,   IslandTrigger::kShutdown,      IslandState::kGone,      IslandEffect::kShutdownSession},
     IslandTransitionRow{IslandState::kActive,    IslandTrigger::kRepairOrdered, IslandState::kRepairing, IslandEffect::kNone},
     IslandTransitionRow{IslandState::kActive,    IslandTrigger::kLeft,          IslandState::kGone,      IslandEffect::kRelease},
@@ -149,6 +152,7 @@ inline constexpr std::array kIslandTransitions = {
     IslandTransitionRow{IslandState::kActive,    IslandTrigger::kVanished,      IslandState::kGone,      IslandEffect::kEvict},
     IslandTransitionRow{IslandState::kActive,    IslandTrigger::kMissedBarrier, IslandState::kGone,      IslandEffect::kEvict},
     IslandTransitionRow{IslandState::kActive,    IslandTrigger::kMissedReport,  IslandState::kGone,      IslandEffect::kEvict},
+    IslandTransitionRow{IslandState::kActive,    IslandTrigger::kCertificateRevoked, IslandState::kGone,  IslandEffect::kEvict},
     IslandTransitionRow{IslandState::kActive,    IslandTrigger::kShutdown,      IslandState::kGone,      IslandEffect::kShutdownSession},
     // With Streaming DiLoCo's overlap a member may be in a later epoch when an earlier one orders a repair.
     IslandTransitionRow{IslandState::kRepairing, IslandTrigger::kRepairOrdered, IslandState::kRepairing, IslandEffect::kNone},
@@ -159,6 +163,7 @@ inline constexpr std::array kIslandTransitions = {
     IslandTransitionRow{IslandState::kRepairing, IslandTrigger::kVanished,      IslandState::kGone,      IslandEffect::kEvict},
     IslandTransitionRow{IslandState::kRepairing, IslandTrigger::kMissedBarrier, IslandState::kGone,      IslandEffect::kEvict},
     IslandTransitionRow{IslandState::kRepairing, IslandTrigger::kMissedReport,  IslandState::kGone,      IslandEffect::kEvict},
+    IslandTransitionRow{IslandState::kRepairing, IslandTrigger::kCertificateRevoked, IslandState::kGone,  IslandEffect::kEvict},
     IslandTransitionRow{IslandState::kRepairing, IslandTrigger::kShutdown,      IslandState::kGone,      IslandEffect::kShutdownSession},
 };
 
