@@ -25,7 +25,8 @@ build() {
 demo() {
   build
   # The main job: the quickstart experiment (fl-server + 4 fl-client processes, FedAvg on Fashion-MNIST,
-  # each client behind an emulated Ethernet link), from its manifest.
+  # each client behind an emulated Ethernet link), from its manifest; over mutual TLS with a throwaway CA made for
+  # the run in out/quickstart/pki (docs/manifests.md, "Transport security").
   "$BUILD_DIR/experiments/fl-experiment" run experiments/quickstart.yaml --out out/quickstart
 }
 

@@ -203,18 +203,50 @@ int main(int argc, char** argv) {
   fl::client::ClientTls tls;
   app.add_option("--tls-ca", tls.ca_file,
                  "Connect with mutual TLS, trusting only this CA certificate (PEM, fl-provision's ca/ca.crt); needs "
-                 "--tls-cert and --tls-key; without the three: plaintext (the default for now, docs/security.md)");
+                 "--tls-cert and --tls-key. Without the three, fl-client refuses to start unless --insecure "
+                 "(docs/security.md)");
   app.add_option("--tls-cert", tls.cert_file,
                  "This client's certificate (PEM, fl-provision issue client NAME); --name must be that NAME");
   app.add_option("--tls-key", tls.key_file, "The private key of --tls-cert (PEM)");
+  app.add_option("--tls-server-name", tls.server_name,
+                 "Check the server's certificate against this DNS name or IP address instead of --server's host: "
+                 "for a --server that is a relay or forwarded port in front of the real server (fl-experiment's "
+                 "network-namespace links); needs the other TLS flags");
+  bool insecure = false;
+  app.add_flag("--insecure", insecure,
+               "Connect over plaintext gRPC without any TLS flag: the server is not authenticated and anyone on the "
+               "path can read and change the model. Only for a trusted network or a test");
   CLI11_PARSE(app, argc, argv);
   options.clock_skew_ns = clock_skew_ms * 1'000'000;
   // All three or none: TLS with a part missing would only fail later, at every handshake.
   const int tls_given = int{!tls.ca_file.empty()} + int{!tls.cert_file.empty()} + int{!tls.key_file.empty()};
   if (tls_given != 0 && tls_given != 3) {
-    std::cerr << "fl-client: --tls-ca, --tls-cert and --tls-key go together: give all three for mutual TLS, or "
-                 "none for plaintext\n";
+    std::cerr << "fl-client: --tls-ca, --tls-cert and --tls-key go together: give all three for mutual TLS (or "
+                 "none, with --insecure, for plaintext)\n";
     return 2;
+  }
+  // Secure by default: plaintext only when asked for by name.
+  if (tls_given == 3 && insecure) {
+    std::cerr << "fl-client: --insecure and --tls-ca/--tls-cert/--tls-key contradict each other: drop --insecure "
+                 "to connect with mutual TLS, or the TLS flags to connect in plaintext\n";
+    return 2;
+  }
+  if (tls_given == 0 && !tls.server_name.empty()) {
+    std::cerr << "fl-client: --tls-server-name=" << tls.server_name
+              << " needs --tls-ca, --tls-cert and --tls-key (it only changes how the server's certificate is "
+                 "checked)\n";
+    return 2;
+  }
+  if (tls_given == 0 && !insecure) {
+    std::cerr << "fl-client: no transport security configured: give --tls-ca, --tls-cert and --tls-key to connect "
+                 "with mutual TLS (make the certificates with fl-provision init/add-client, docs/security.md), or "
+                 "pass --insecure to connect in plaintext on a trusted network\n";
+    return 2;
+  }
+  if (insecure) {
+    std::cerr << "fl-client: --insecure: connecting to " << options.server_address
+              << " over plaintext gRPC: the server is not authenticated and anyone on the path can read and change "
+                 "the model; use --tls-ca/--tls-cert/--tls-key (docs/security.md)\n";
   }
   if (tls_given == 3) options.tls = tls;
 
@@ -298,6 +330,15 @@ int main(int argc, char** argv) {
     spdlog::info("experiment finished");
     return 0;
   }
-  std::cerr << "fl-client: " << status.message() << "\n";
+  std::cerr << "fl-client: " << status.message();
+  // A plaintext client cannot tell a mutual-TLS server from one that is down: the handshake just fails.
+  if (insecure && status.code() == absl::StatusCode::kUnavailable) {
+    std::cerr << "; this client connected in plaintext (--insecure): if fl-server serves mutual TLS (its start line "
+                 "says so), connect with --tls-ca/--tls-cert/--tls-key";
+  } else if (!insecure && status.code() == absl::StatusCode::kUnavailable) {
+    std::cerr << "; with mutual TLS, also check that --tls-ca is the CA that issued fl-server's certificate and that "
+                 "the certificate names the host of --server (or --tls-server-name)";
+  }
+  std::cerr << "\n";
   return status.code() == absl::StatusCode::kCancelled ? 130 : 1;
 }

@@ -90,6 +90,9 @@ class FederatedClient::Impl {
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
     ApplySocketBinding(options_.binding, &args);
+    if (options_.tls.has_value() && !options_.tls->server_name.empty()) {
+      args.SetSslTargetNameOverride(options_.tls->server_name);
+    }
     absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = rpc::ChannelCredentials(options_.tls);
     if (!credentials.ok()) {
       // Reported by Run(): a constructor cannot fail, and retrying would not make the file readable.

@@ -108,16 +108,32 @@ class LiveRun {
                                                                     "--metrics-linger-s",
                                                                     "120",
                                                                     "--log-level",
-                                                                    "warn"},
+                                                                    "warn",
+                                                                    "--insecure"},
                                            dir_.File("server.log"));
     for (size_t i = 0; i < Clients().size(); ++i) {
       const ClientSpec& c = Clients()[i];
-      clients_.push_back(std::make_unique<Subprocess>(
-          std::vector<std::string>{FL_CLIENT_BIN, "--server", Addr(grpc_port), "--name", c.name, "--model", c.model,
-                                   "--link-kind", c.link_kind, "--device-class", c.device_class, "--metrics-addr",
-                                   client_targets[i], "--metrics-linger-s", "120", "--give-up-after-s", "60",
-                                   "--log-level", "warn"},
-          dir_.File(c.name + ".log")));
+      std::vector<std::string> argv{FL_CLIENT_BIN,
+                                    "--server",
+                                    Addr(grpc_port),
+                                    "--name",
+                                    c.name,
+                                    "--model",
+                                    c.model,
+                                    "--link-kind",
+                                    c.link_kind,
+                                    "--device-class",
+                                    c.device_class,
+                                    "--metrics-addr",
+                                    client_targets[i],
+                                    "--metrics-linger-s",
+                                    "120",
+                                    "--give-up-after-s",
+                                    "60",
+                                    "--log-level",
+                                    "warn"};
+      argv.push_back("--insecure");  // the dashboards' test; TLS has its own (server_tls_process_test)
+      clients_.push_back(std::make_unique<Subprocess>(argv, dir_.File(c.name + ".log")));
     }
     // The run is over when the records say so; fl-server then lingers with its final figures on /metrics.
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(180);

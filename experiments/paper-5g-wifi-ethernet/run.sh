@@ -2,6 +2,8 @@
 # Runs the reproduction of "Federated Learning over 5G, WiFi, and Ethernet" (docs/reproduction.md): the same
 # four emulated Raspberry Pi 4 clients over Ethernet, WiFi and 5G SA, then a mixed federation, into one records
 # database, and prints fl-report's link and straggler tables of each run (the figures of docs/reproduction.md).
+# Each run is mutual TLS with its own throwaway CA in $OUT/<run>/pki, as every fl-experiment run is unless its
+# manifest says `security: {mode: insecure}` (docs/manifests.md).
 #
 # Usage: experiments/paper-5g-wifi-ethernet/run.sh [BUILD_DIR] [OUT_DIR]   (defaults: build/release, out/paper)
 set -euo pipefail

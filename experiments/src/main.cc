@@ -110,9 +110,11 @@ int RunAndReport(const fl::experiment::Manifest& manifest, fl::experiment::RunOp
   absl::StatusOr<fl::experiment::RunResult> r = fl::experiment::RunExperiment(manifest, options);
   if (!r.ok()) return Fail(r.status(), 1);
   if (!options.no_records) std::printf("%s", Summary(options.db_path, r->experiment_id).c_str());
-  std::printf("experiment %s %s (link emulation: %s)%s%s\nrecords: %s; logs: %s\n", r->experiment_id.c_str(),
-              r->status.c_str(), r->backend.c_str(), r->reason.empty() ? "" : ": ", r->reason.c_str(),
-              options.db_path.c_str(), options.out_dir.c_str());
+  const std::string transport =
+      r->security == "mtls" ? fl::StrCat("mutual TLS, certificates in ", r->pki_dir) : std::string("plaintext");
+  std::printf("experiment %s %s (link emulation: %s; transport: %s)%s%s\nrecords: %s; logs: %s\n",
+              r->experiment_id.c_str(), r->status.c_str(), r->backend.c_str(), transport.c_str(),
+              r->reason.empty() ? "" : ": ", r->reason.c_str(), options.db_path.c_str(), options.out_dir.c_str());
   return r->status == "finished" ? 0 : 1;
 }
 

@@ -21,6 +21,7 @@ using Server = Manifest::Server;
 using Training = Manifest::Training;
 using Codecs = Manifest::Codecs;
 using Emulation = Manifest::Emulation;
+using Security = Manifest::Security;
 
 #define FL_RETURN_IF_ERROR(expr)              \
   do {                                        \
@@ -264,6 +265,34 @@ const config::FieldTable<Emulation>& EmulationFields() {
   return table;
 }
 
+const config::FieldTable<Security>& SecurityFields() {
+  static const auto& table = *new config::FieldTable<Security>{
+      config::ChoiceField("mode", &Security::mode, {"mtls", "insecure"}).NewInRecords(),
+      config::StringField("pki_dir", &Security::pki_dir)
+          .NewInRecords()
+          .Then([](const YamlMap& m, Security& s) -> absl::Status {
+            if (s.pki_dir.empty()) return absl::OkStatus();
+            if (s.mode == "insecure") {
+              return m.Error(m.Node("pki_dir"), "pki_dir",
+                             "a pki_dir is for mode mtls; with mode insecure nothing would use it: drop one of the "
+                             "two");
+            }
+            std::error_code ec;
+            if (!fs::is_directory(s.pki_dir, ec)) {
+              return m.Error(m.Node("pki_dir"), "pki_dir",
+                             fl::StrCat("directory \"", s.pki_dir, "\" not found (relative paths resolve against ",
+                                        fs::current_path(ec).string(),
+                                        "); make it with fl-provision init, or leave pki_dir out for a throwaway CA "
+                                        "per run"));
+            }
+            // Absolute, so that a replay from another directory finds the same certificates.
+            s.pki_dir = fs::absolute(s.pki_dir, ec).lexically_normal().string();
+            return absl::OkStatus();
+          }),
+  };
+  return table;
+}
+
 // clients[i].device: a profile name, "host", or an inline map.
 absl::Status ReadDevice(const Where& where, const YamlMap& m, const std::string& key, ClientGroup& g) {
   const YAML::Node n = m.Node(key);
@@ -368,6 +397,7 @@ config::FieldTable<Manifest> ManifestFields(const Where& where) {
       config::SectionField("training", &Manifest::training, TrainingFields()),
       config::SectionField("codecs", &Manifest::codecs, CodecFields()),
       config::SectionField("emulation", &Manifest::emulation, EmulationFields()),
+      config::SectionField("security", &Manifest::security, SecurityFields()),
       config::CustomField<Manifest>("clients", [where](const YamlMap& m, const std::string& key,
                                                        Manifest& out) { return ReadClients(where, m, key, out); })
           .Required()
@@ -398,6 +428,41 @@ uint32_t Manifest::num_clients() const {
   uint32_t n = 0;
   for (const auto& g : clients) n += g.count;
   return n;
+}
+
+std::vector<std::string> Manifest::client_names() const {
+  std::vector<std::string> names;
+  for (const ClientGroup& g : clients) {
+    for (uint32_t i = 0; i < g.count; ++i) names.push_back(fl::StrCat(g.name, "-", i));
+  }
+  return names;
+}
+
+absl::Status CheckPkiDir(const std::string& pki_dir, const std::vector<std::string>& client_names) {
+  auto missing = [&](const fs::path& file, const std::string& how) -> absl::Status {
+    std::error_code ec;
+    if (fs::is_regular_file(file, ec)) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        fl::StrCat("security.pki_dir ", pki_dir, ": ", file.string(), " is missing; ", how));
+  };
+  const fs::path dir(pki_dir);
+  const std::string init = fl::StrCat("make the directory with fl-provision init --dir ", pki_dir,
+                                      " --server-ip 127.0.0.1 --server-name localhost");
+  FL_RETURN_IF_ERROR(missing(dir / "ca" / "ca.crt", init));
+  for (const char* ext : {".crt", ".key"}) {
+    FL_RETURN_IF_ERROR(missing(dir / "server" / fl::StrCat("server", ext),
+                               fl::StrCat("fl-experiment serves with the certificate named 'server' (", init,
+                                          ", or fl-provision add-server server --dir ", pki_dir, " --ip 127.0.0.1)")));
+  }
+  for (const std::string& name : client_names) {
+    for (const char* ext : {".crt", ".key"}) {
+      FL_RETURN_IF_ERROR(missing(dir / "clients" / fl::StrCat(name, ext),
+                                 fl::StrCat("every client needs a certificate under its name: fl-provision "
+                                            "add-client ",
+                                            name, " --dir ", pki_dir)));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<DeviceProfile> LoadDeviceProfile(const fs::path& path) {
@@ -432,6 +497,13 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& text, const std::strin
                                  " / min_fit_clients ", m.server.min_fit_clients, " but the manifest has only ",
                                  m.num_clients(), " clients; lower them or add clients"));
   }
+  if (!m.security.pki_dir.empty()) {
+    // Checked now, with the manifest's line, rather than as a client failing its handshake mid-run.
+    if (absl::Status s = CheckPkiDir(m.security.pki_dir, m.client_names()); !s.ok()) {
+      const YamlMap security(root.Node("security"), file, "security");
+      return security.Error(security.Node("pki_dir"), "pki_dir", std::string(s.message()));
+    }
+  }
   return m;
 }
 
@@ -441,6 +513,7 @@ std::string ResolvedManifestJson(const Manifest& m) {
   j["training"] = ToRecord(TrainingFields(), m.training);
   j["codecs"] = ToRecord(CodecFields(), m.codecs);
   j["emulation"] = ToRecord(EmulationFields(), m.emulation);
+  j["security"] = ToRecord(SecurityFields(), m.security);
   j["clients"] = nlohmann::json::array();
   const config::FieldTable<ClientGroup> group_fields = GroupFields({});
   for (const ClientGroup& g : m.clients) {
@@ -463,6 +536,9 @@ absl::StatusOr<Manifest> ManifestFromResolvedJson(const std::string& json, const
     FromRecord(j.at("training"), TrainingFields(), m.training);
     FromRecord(j.at("codecs"), CodecFields(), m.codecs);
     FromRecord(j.at("emulation"), EmulationFields(), m.emulation);
+    // Recorded before the security section existed: the default, mutual TLS with a throwaway CA. Those runs
+    // were plaintext, but a replay is no reason to serve a model in the clear; the outcomes do not depend on it.
+    if (j.contains("security")) FromRecord(j.at("security"), SecurityFields(), m.security);
     const config::FieldTable<ClientGroup> group_fields = GroupFields({});
     for (const auto& c : j.at("clients")) {
       ClientGroup g;

@@ -23,6 +23,7 @@
 #include "fl/emulation/shaping_relay.h"
 #include "fl/instrumentation/record_store.h"
 #include "fl/instrumentation/sqlite.h"
+#include "fl/pki/pki.h"
 #include "fl/sys/process_group.h"
 
 namespace fl::experiment {
@@ -94,8 +95,52 @@ struct ClientPlan {
   bool leaving = false;  // it was told to leave: its exit is expected
 };
 
+// Where the run's certificates are: empty `dir` = plaintext (security.mode insecure).
+struct RunPki {
+  pki::Paths paths;
+  bool enabled() const { return !paths.dir.empty(); }
+};
+
+// The run's PKI: security.pki_dir as it is (checked: a replay may find it gone), or a throwaway CA made for this
+// run in <out>/pki with a server certificate for where the server listens and one certificate per client. Its CA
+// key stays in the run's folder; nothing outside the run trusts it.
+absl::StatusOr<RunPki> PreparePki(const Manifest& m, const RunOptions& o) {
+  RunPki r;
+  if (m.security.mode == "insecure") return r;
+  if (!m.security.pki_dir.empty()) {
+    if (absl::Status s = CheckPkiDir(m.security.pki_dir, m.client_names()); !s.ok()) return s;
+    r.paths.dir = m.security.pki_dir;
+    return r;
+  }
+  std::error_code ec;
+  // Absolute: the clients are started through `ip netns exec` too, and the paths are in their logs.
+  const fs::path dir = fs::absolute(o.out_dir / "pki", ec).lexically_normal();
+  fs::remove_all(dir, ec);  // an earlier run's, into the same --out: a fresh CA per run
+  if (ec) {
+    return absl::FailedPreconditionError(
+        fl::StrCat("cannot remove the earlier run's ", dir.string(), ": ", ec.message()));
+  }
+  pki::CaOptions ca;
+  ca.common_name = fl::StrCat("fl-experiment throwaway CA (", m.name, ")");
+  if (absl::Status s = pki::CreateCa(dir.string(), ca); !s.ok()) return s;
+  // fl-server listens on 127.0.0.1 (clients on namespace links reach it through a forwarder and check its
+  // certificate as 127.0.0.1 too, fl-client --tls-server-name).
+  pki::IssueOptions server;
+  server.dns_names = {"localhost"};
+  server.ip_addresses = {"127.0.0.1"};
+  if (absl::StatusOr<pki::Issued> s = pki::Issue(dir.string(), pki::Kind::kServer, "server", server); !s.ok()) {
+    return s.status();
+  }
+  for (const std::string& name : m.client_names()) {
+    absl::StatusOr<pki::Issued> c = pki::Issue(dir.string(), pki::Kind::kClient, name, {});
+    if (!c.ok()) return absl::Status(c.status().code(), fl::StrCat("client ", name, ": ", c.status().message()));
+  }
+  r.paths.dir = dir.string();
+  return r;
+}
+
 std::vector<std::string> ServerArgs(const Manifest& m, const RunOptions& o, const std::string& id,
-                                    const std::string& listen, const fs::path& port_file) {
+                                    const std::string& listen, const fs::path& port_file, const RunPki& tls) {
   const auto& s = m.server;
   const auto& t = m.training;
   std::vector<std::string> a = {o.server_bin.string(),
@@ -152,11 +197,18 @@ std::vector<std::string> ServerArgs(const Manifest& m, const RunOptions& o, cons
   if (!o.no_records) a.insert(a.end(), {"--db", o.db_path, "--checkpoint-dir", (o.out_dir / "checkpoints").string()});
   if (!s.metrics_addr.empty()) a.insert(a.end(), {"--metrics-addr", s.metrics_addr});
   if (s.upload_slots > 0) a.insert(a.end(), {"--upload-slots", std::to_string(s.upload_slots)});
+  if (tls.enabled()) {
+    a.insert(a.end(), {"--tls-cert", tls.paths.Cert(pki::Kind::kServer, "server"), "--tls-key",
+                       tls.paths.Key(pki::Kind::kServer, "server"), "--tls-client-ca", tls.paths.CaCert()});
+  } else {
+    a.push_back("--insecure");
+  }
   return a;
 }
 
+// `via_forwarder`: the client dials a forwarder (a namespace link's host end), not the server's own address.
 std::vector<std::string> ClientArgs(const Manifest& m, const RunOptions& o, const ClientPlan& c,
-                                    const std::string& server_addr) {
+                                    const std::string& server_addr, const RunPki& tls, bool via_forwarder) {
   const ClientGroup& g = *c.group;
   std::vector<std::string> a = {o.client_bin.string(),
                                 "--server",
@@ -196,6 +248,14 @@ std::vector<std::string> ClientArgs(const Manifest& m, const RunOptions& o, cons
   if (m.training.seq_len != 64) a.insert(a.end(), {"--seq-len", std::to_string(m.training.seq_len)});
   if (!g.link_name.empty()) a.insert(a.end(), {"--link-profile", g.link_name});
   if (!g.device.device_class.empty()) a.insert(a.end(), {"--device-class", g.device.device_class});
+  if (tls.enabled()) {
+    a.insert(a.end(), {"--tls-ca", tls.paths.CaCert(), "--tls-cert", tls.paths.Cert(pki::Kind::kClient, c.name),
+                       "--tls-key", tls.paths.Key(pki::Kind::kClient, c.name)});
+    // The server's certificate names 127.0.0.1, where it listens, not the forwarder's 10.213.x.1.
+    if (via_forwarder) a.insert(a.end(), {"--tls-server-name", "127.0.0.1"});
+  } else {
+    a.push_back("--insecure");
+  }
   return a;
 }
 
@@ -270,9 +330,13 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
       spdlog::info("removed {} stale link emulations of earlier runs", *removed);
     }
   }
+  absl::StatusOr<RunPki> tls = PreparePki(m, o);
+  if (!tls.ok()) return tls.status();
   RunResult result;
   result.experiment_id = o.experiment_id.empty() ? GenerateId(m.name) : o.experiment_id;
   result.backend = *backend;
+  result.security = tls->enabled() ? "mtls" : "insecure";
+  result.pki_dir = tls->paths.dir;
   if (!o.no_records) {
     if (absl::Status s = WriteManifestRecord(o.db_path, m, result.experiment_id, *backend, o); !s.ok()) return s;
   }
@@ -282,15 +346,17 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
   const fs::path port_file = o.out_dir / "server.port";
   fs::remove(port_file, ec);
   // Clients in namespaces reach the server through a relay on the host, so loopback is enough either way.
-  absl::StatusOr<pid_t> server =
-      procs.Start("server", ServerArgs(m, o, result.experiment_id, "127.0.0.1:0", port_file), server_log.string());
+  absl::StatusOr<pid_t> server = procs.Start(
+      "server", ServerArgs(m, o, result.experiment_id, "127.0.0.1:0", port_file, *tls), server_log.string());
   if (!server.ok()) return server.status();
   absl::StatusOr<int> port = WaitForPort(port_file, procs, server_log);
   if (!port.ok()) return port.status();
   const std::string target = fl::StrCat("127.0.0.1:", *port);
   if (!o.quiet) {
-    spdlog::info("experiment {} ({} clients, link emulation: {}); fl-server on {}", result.experiment_id,
-                 m.num_clients(), *backend, target);
+    spdlog::info("experiment {} ({} clients, link emulation: {}); fl-server on {} ({})", result.experiment_id,
+                 m.num_clients(), *backend, target,
+                 tls->enabled() ? fl::StrCat("mutual TLS, certificates in ", tls->paths.dir)
+                                : std::string("plaintext: security.mode insecure"));
   }
 
   // Plan every client; links are set up as each client starts.
@@ -333,7 +399,7 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
       netns = link->get();
       kernel_links.push_back(std::move(*link));
     }
-    std::vector<std::string> argv = ClientArgs(m, o, p, addr);
+    std::vector<std::string> argv = ClientArgs(m, o, p, addr, *tls, netns != nullptr);
     if (netns != nullptr) argv = netns->WrapCommand(argv);
     absl::StatusOr<pid_t> pid = procs.Start(p.name, argv, (o.out_dir / fl::StrCat(p.name, ".log")).string());
     if (!pid.ok()) return pid.status();

@@ -82,7 +82,8 @@ class ByoModelTest : public ::testing::Test {
                                        "--seed",
                                        "1",
                                        "--log-level",
-                                       "warn"};
+                                       "warn",
+                                       "--insecure"};
     server.insert(server.end(), server_args.begin(), server_args.end());
     Subprocess server_process(server, log);
     std::vector<std::unique_ptr<Subprocess>> client_processes;
@@ -103,7 +104,8 @@ class ByoModelTest : public ::testing::Test {
                                        "--device",
                                        "cpu",
                                        "--log-level",
-                                       "warn"};
+                                       "warn",
+                                       "--insecure"};
       argv.insert(argv.end(), clients[i].begin(), clients[i].end());
       client_processes.push_back(
           std::make_unique<Subprocess>(argv, dir_->File(fl::StrCat(name, "-client-", i, ".log"))));
@@ -183,12 +185,12 @@ TEST_F(ByoModelTest, ClientWithAnotherModelIsRefusedNamingTheTensor) {
   const std::string log = dir_->File("mismatch.log");
   Subprocess server(
       {FL_SERVER_BIN, "--listen", fl::StrCat("127.0.0.1:", port), "--rounds", "1", "--min-fit-clients", "2",
-       "--min-available-clients", "2", "--initial-model", dir_->File("cnn_bn.pt"), "--log-level", "warn"},
+       "--min-available-clients", "2", "--initial-model", dir_->File("cnn_bn.pt"), "--log-level", "warn", "--insecure"},
       log);
   const std::string second_log = dir_->File("mismatch-client.log");
   Subprocess second({FL_CLIENT_BIN, "--server", fl::StrCat("127.0.0.1:", port), "--name", "other-model", "--model",
                      dir_->File("plain_cnn.pt"), "--data", dir_->File("fashion_mnist.npz"), "--threads", "1",
-                     "--device", "cpu", "--give-up-after-s", "30"},
+                     "--device", "cpu", "--give-up-after-s", "30", "--insecure"},
                     second_log);
   auto code = second.Wait(std::chrono::seconds(120));
   ASSERT_TRUE(code.has_value()) << "the refused client did not exit";

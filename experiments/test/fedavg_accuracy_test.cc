@@ -55,7 +55,8 @@ RunResult RunFedAvg(const std::string& partition, int rounds) {
                      "--seed",
                      "1",
                      "--log-level",
-                     "warn"},
+                     "warn",
+                     "--insecure"},
                     log);
   std::vector<std::unique_ptr<Subprocess>> clients;
   for (int i = 0; i < 4; ++i) {
@@ -81,7 +82,8 @@ RunResult RunFedAvg(const std::string& partition, int rounds) {
                                                                             "--device",
                                                                             "cpu",
                                                                             "--log-level",
-                                                                            "warn"},
+                                                                            "warn",
+                                                                            "--insecure"},
                                                    log));
   }
   RunResult result;

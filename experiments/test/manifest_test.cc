@@ -224,6 +224,9 @@ TEST(ManifestTest, ManifestsRecordedBeforeNewerFieldsStillReadBack) {
   EXPECT_EQ(m->clients[0].device.memory_mb, 4096u);
   EXPECT_EQ(m->clients[0].device.description, "");
   EXPECT_FALSE(m->clients[0].link.has_value());
+  // Recorded before the security section: a replay runs mutual TLS with a throwaway CA (docs/manifests.md).
+  EXPECT_EQ(m->security.mode, "mtls");
+  EXPECT_EQ(m->security.pki_dir, "");
   // A field every record has is still required.
   std::string missing = kOld;
   missing.replace(missing.find("\"rounds\": 2, "), 13, "");
@@ -241,6 +244,61 @@ TEST(ManifestTest, ResolvedJsonRoundTripsWithTheProfilesItRanWith) {
   EXPECT_EQ(ResolvedManifestJson(*back), json);
   EXPECT_EQ(back->clients[1].link->uplink.rate_bps, 100e6);
   EXPECT_FALSE(ManifestFromResolvedJson("{\"name\": 1}", "").ok());
+}
+
+TEST(ManifestTest, SecurityIsMutualTlsUnlessInsecureIsAskedFor) {
+  absl::StatusOr<Manifest> m = Parse(kGood);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->security.mode, "mtls");
+  EXPECT_EQ(m->security.pki_dir, "");
+  absl::StatusOr<Manifest> insecure = Parse(Replace(kGood, "\nclients:", "\nsecurity: {mode: insecure}\nclients:"));
+  ASSERT_TRUE(insecure.ok()) << insecure.status();
+  EXPECT_EQ(insecure->security.mode, "insecure");
+  absl::StatusOr<Manifest> back = ManifestFromResolvedJson(ResolvedManifestJson(*insecure), insecure->source_yaml);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->security.mode, "insecure");
+
+  absl::StatusOr<Manifest> typo = Parse(Replace(kGood, "\nclients:", "\nsecurity: {mode: tls}\nclients:"));
+  ASSERT_FALSE(typo.ok());
+  EXPECT_NE(std::string(typo.status().message()).find("security.mode"), std::string::npos) << typo.status();
+  EXPECT_NE(std::string(typo.status().message()).find("insecure"), std::string::npos) << typo.status();
+}
+
+TEST(ManifestTest, PkiDirNeedsACertificateForEveryClient) {
+  fl::testing::ScratchDir dir("fl_manifest_pki");
+  const fs::path pki = dir.File("pki");
+  // fl-provision's layout, as far as the manifest checks it (the files' contents are the handshake's business).
+  for (const char* f : {"ca/ca.crt", "server/server.crt", "server/server.key", "clients/pi-0.crt", "clients/pi-0.key",
+                        "clients/pi-1.crt", "clients/pi-1.key", "clients/box-0.crt"}) {
+    fs::create_directories((pki / f).parent_path());
+    std::ofstream(pki / f) << "x";
+  }
+  const std::string with_pki =
+      Replace(kGood, "\nclients:", fl::StrCat("\nsecurity: {pki_dir: ", pki.string(), "}\nclients:"));
+  absl::StatusOr<Manifest> missing = Parse(with_pki);
+  ASSERT_FALSE(missing.ok());
+  const std::string message(missing.status().message());
+  EXPECT_NE(message.find("security.pki_dir"), std::string::npos) << message;
+  EXPECT_NE(message.find("clients/box-0.key"), std::string::npos) << message;
+  EXPECT_NE(message.find("fl-provision add-client box-0"), std::string::npos) << message;
+
+  std::ofstream(pki / "clients/box-0.key") << "x";
+  absl::StatusOr<Manifest> m = Parse(with_pki);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->security.mode, "mtls");
+  EXPECT_EQ(m->security.pki_dir, pki.string());
+  absl::StatusOr<Manifest> back = ManifestFromResolvedJson(ResolvedManifestJson(*m), m->source_yaml);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->security.pki_dir, pki.string());  // a replay uses the same certificates
+
+  absl::StatusOr<Manifest> gone =
+      Parse(Replace(kGood, "\nclients:", "\nsecurity: {pki_dir: /nonexistent/pki}\nclients:"));
+  ASSERT_FALSE(gone.ok());
+  EXPECT_NE(std::string(gone.status().message()).find("fl-provision init"), std::string::npos) << gone.status();
+  absl::StatusOr<Manifest> both = Parse(
+      Replace(kGood, "\nclients:", fl::StrCat("\nsecurity: {mode: insecure, pki_dir: ", pki.string(), "}\nclients:")));
+  ASSERT_FALSE(both.ok());
+  EXPECT_NE(std::string(both.status().message()).find("mode insecure"), std::string::npos) << both.status();
 }
 
 }  // namespace

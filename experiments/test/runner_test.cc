@@ -60,6 +60,11 @@ RunOptions Options(const fl::testing::ScratchDir& dir, const std::string& sub) {
   return o;
 }
 
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
 // fl-server / fl-client processes whose command line mentions `needle` (our scratch dir): none may be left.
 int ProcessesMentioning(const std::string& needle) {
   int n = 0;
@@ -82,6 +87,16 @@ TEST(RunnerTest, RunsRecordsTheManifestAndReplays) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->status, "finished") << r->reason;
   EXPECT_EQ(r->backend, "userspace");
+  // Mutual TLS by default, with a throwaway CA in the run's folder: a certificate per client. fl-server starts
+  // only with the TLS flags or --insecure, and --insecure would have put its warning into the log.
+  EXPECT_EQ(r->security, "mtls");
+  EXPECT_EQ(r->pki_dir, dir.File("run") + "/pki");
+  for (const char* file :
+       {"ca/ca.crt", "server/server.crt", "clients/wifi-0.crt", "clients/wifi-1.key", "clients/cell-0.crt"}) {
+    EXPECT_TRUE(fs::exists(fs::path(r->pki_dir) / file)) << file;
+  }
+  EXPECT_EQ(ReadText(dir.File("run/server.log")).find("--insecure"), std::string::npos)
+      << ReadText(dir.File("run/server.log"));
 
   auto reader = RecordReader::Open(dir.File("records.db"));
   ASSERT_TRUE(reader.ok()) << reader.status();
@@ -102,6 +117,7 @@ TEST(RunnerTest, RunsRecordsTheManifestAndReplays) {
   EXPECT_EQ(rec->seed, 3u);
   EXPECT_EQ(rec->backend, "userspace");
   EXPECT_EQ(rec->software_version, "test");
+  EXPECT_NE(rec->resolved_json.find("\"mode\": \"mtls\""), std::string::npos) << rec->resolved_json;
 
   // Replay from the record alone: the manifest file is gone.
   fs::remove(dir.File("m.yaml"));
@@ -113,6 +129,8 @@ TEST(RunnerTest, RunsRecordsTheManifestAndReplays) {
   ASSERT_TRUE(replay.ok()) << replay.status();
   EXPECT_EQ(replay->status, "finished") << replay->reason;
   EXPECT_NE(replay->experiment_id, r->experiment_id);
+  EXPECT_EQ(replay->security, "mtls");  // the replay's own throwaway CA
+  EXPECT_EQ(replay->pki_dir, dir.File("replay") + "/pki");
   absl::StatusOr<std::string> cmp = CompareExperiments(dir.File("records.db"), r->experiment_id, replay->experiment_id);
   ASSERT_TRUE(cmp.ok()) << cmp.status();
   EXPECT_NE(cmp->find(r->experiment_id), std::string::npos);
@@ -146,6 +164,31 @@ TEST(RunnerTest, KernelBackendRunsClientsInNamespacesAndRemovesThem) {
   absl::StatusOr<std::string> netns = fl::sys::RunCommand({"ip", "netns", "list"});
   ASSERT_TRUE(netns.ok()) << netns.status();
   EXPECT_EQ(netns->find(fl::StrCat("fle_", getpid(), "_")), std::string::npos) << *netns;
+  EXPECT_EQ(ProcessesMentioning(dir.path()), 0);
+}
+
+// `security: {mode: insecure}` opts out: plaintext on both ends, each saying so in its log, no certificates.
+TEST(RunnerTest, InsecureModeRunsPlaintextAndRecordsIt) {
+  fl::testing::ScratchDir dir("fl_runner");
+  std::string text = kManifest;
+  text.replace(text.find("emulation:"), 0, "security: {mode: insecure}\n");
+  absl::StatusOr<Manifest> m = Load(dir, text);
+  ASSERT_TRUE(m.ok()) << m.status();
+  absl::StatusOr<RunResult> r = RunExperiment(*m, Options(dir, "run"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, "finished") << r->reason;
+  EXPECT_EQ(r->security, "insecure");
+  EXPECT_EQ(r->pki_dir, "");
+  EXPECT_FALSE(fs::exists(dir.File("run/pki")));
+  EXPECT_NE(ReadText(dir.File("run/server.log")).find("--insecure: serving plaintext gRPC"), std::string::npos)
+      << ReadText(dir.File("run/server.log"));
+  EXPECT_NE(ReadText(dir.File("run/cell-0.log")).find("--insecure: connecting to"), std::string::npos)
+      << ReadText(dir.File("run/cell-0.log"));
+  absl::StatusOr<RecordedManifest> rec = ReadRecordedManifest(dir.File("records.db"), r->experiment_id);
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  absl::StatusOr<Manifest> again = ManifestFromResolvedJson(rec->resolved_json, rec->manifest_yaml);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->security.mode, "insecure");  // a replay runs as the original did
   EXPECT_EQ(ProcessesMentioning(dir.path()), 0);
 }
 

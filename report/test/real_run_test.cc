@@ -52,7 +52,8 @@ class RealRunTest : public ::testing::Test {
                        "--heartbeat-interval-ms",
                        "300",
                        "--log-level",
-                       "warn"},
+                       "warn",
+                       "--insecure"},
                       log);
     std::string port;
     for (int i = 0; i < 500 && port.empty(); ++i) {
@@ -66,7 +67,7 @@ class RealRunTest : public ::testing::Test {
       clients.push_back(std::make_unique<Subprocess>(
           std::vector<std::string>{FL_CLIENT_BIN, "--server", "127.0.0.1:" + port, "--name", fl::StrCat("c-", kind),
                                    "--model", "synthetic:300000:40", "--link-kind", kind, "--give-up-after-s", "60",
-                                   "--log-level", "warn"},
+                                   "--log-level", "warn", "--insecure"},
           log));
     }
     const auto code = server.Wait(std::chrono::seconds(120));

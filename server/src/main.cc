@@ -255,21 +255,44 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   fl::rpc::ServerTls tls;
   app.add_option("--tls-cert", tls.cert_file,
-                 "Serve mutual TLS with this server certificate (PEM, fl-provision issue server); needs --tls-key "
-                 "and --tls-client-ca; without the three: plaintext (the default for now, docs/security.md)");
+                 "Serve mutual TLS with this server certificate (PEM, fl-provision's server/<name>.crt); needs "
+                 "--tls-key and --tls-client-ca. Without the three, fl-server refuses to start unless --insecure "
+                 "(docs/security.md)");
   app.add_option("--tls-key", tls.key_file, "The private key of --tls-cert (PEM)");
   app.add_option("--tls-client-ca", tls.client_ca_file,
                  "CA certificate (PEM) that every client's certificate must chain to; a client may only Join under "
                  "the name its certificate carries");
+  bool insecure = false;
+  app.add_flag("--insecure", insecure,
+               "Serve plaintext gRPC without any TLS flag: anyone who reaches --listen can join under any name and "
+               "read the model. Only for a trusted network or a test");
   CLI11_PARSE(app, argc, argv);
 
   // All three or none: a half-configured TLS server would either fail every handshake or, worse, be taken for
   // a secured one while it serves plaintext.
   const int tls_given = int{!tls.cert_file.empty()} + int{!tls.key_file.empty()} + int{!tls.client_ca_file.empty()};
   if (tls_given != 0 && tls_given != 3) {
-    std::cerr << "fl-server: --tls-cert, --tls-key and --tls-client-ca go together: give all three for mutual TLS, "
-                 "or none for plaintext\n";
+    std::cerr << "fl-server: --tls-cert, --tls-key and --tls-client-ca go together: give all three for mutual TLS "
+                 "(or none, with --insecure, for plaintext)\n";
     return 2;
+  }
+  // Secure by default: plaintext only when asked for by name, so that a forgotten flag never serves the model
+  // to whoever reaches the port.
+  if (tls_given == 3 && insecure) {
+    std::cerr << "fl-server: --insecure and --tls-cert/--tls-key/--tls-client-ca contradict each other: drop "
+                 "--insecure to serve mutual TLS, or the TLS flags to serve plaintext\n";
+    return 2;
+  }
+  if (tls_given == 0 && !insecure) {
+    std::cerr << "fl-server: no transport security configured: give --tls-cert, --tls-key and --tls-client-ca "
+                 "to serve mutual TLS (make the certificates with fl-provision init/add-client, docs/security.md), "
+                 "or pass --insecure to serve plaintext gRPC on a trusted network\n";
+    return 2;
+  }
+  if (insecure) {
+    std::cerr << "fl-server: --insecure: serving plaintext gRPC: anyone who reaches " << listen
+              << " can join under any name and read the model; use --tls-cert/--tls-key/--tls-client-ca "
+                 "(docs/security.md)\n";
   }
   const std::optional<fl::rpc::ServerTls> server_tls =
       tls_given == 3 ? std::optional<fl::rpc::ServerTls>(tls) : std::nullopt;

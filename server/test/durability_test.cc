@@ -58,7 +58,8 @@ std::vector<std::string> ServerArgs(const Paths& p, int port, std::vector<std::s
                         std::string("--heartbeat-interval-ms"),
                         std::string("300"),
                         std::string("--log-level"),
-                        std::string("info")}) {
+                        std::string("info"),
+                        std::string("--insecure")}) {
     args.push_back(std::move(a));
   }
   for (std::string& e : extra) args.push_back(std::move(e));
@@ -77,7 +78,8 @@ std::vector<std::string> ClientArgs(int port, const std::string& name) {
           "--give-up-after-s",
           "90",
           "--log-level",
-          "warn"};
+          "warn",
+          "--insecure"};
 }
 
 using process_testing::Query;

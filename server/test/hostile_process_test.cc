@@ -51,7 +51,8 @@ TEST(HostileProcessTest, AClientStoppedDuringTheRunExitsWhenContinuedAfterTheEnd
                      "--linger-s",
                      "120",
                      "--log-level",
-                     "info"},
+                     "info",
+                     "--insecure"},
                     log);
   auto client = [&](const std::string& name) {
     return std::vector<std::string>{FL_CLIENT_BIN,
@@ -64,7 +65,8 @@ TEST(HostileProcessTest, AClientStoppedDuringTheRunExitsWhenContinuedAfterTheEnd
                                     "--give-up-after-s",
                                     "120",
                                     "--log-level",
-                                    "info"};
+                                    "info",
+                                    "--insecure"};
   };
   Subprocess c0(client("c0"), dir.File("c0.txt"));
   Subprocess c1(client("c1"), dir.File("c1.txt"));

@@ -217,9 +217,10 @@ std::string ReadText(const std::string& path) {
 TEST_F(InitialModelTest, FlServerBinaryStartsFromAPtFile) {
   const std::string ckpt_dir = File("binary_ckpt");
   const std::string log = File("fl-server.log");
-  fl::testing::Subprocess server({FL_SERVER_BIN, "--listen", "127.0.0.1:0", "--db", "", "--checkpoint-dir", ckpt_dir,
-                                  "--initial-model", File("model.pt"), "--rounds", "1", "--log-level", "info"},
-                                 log);
+  fl::testing::Subprocess server(
+      {FL_SERVER_BIN, "--listen", "127.0.0.1:0", "--db", "", "--checkpoint-dir", ckpt_dir, "--initial-model",
+       File("model.pt"), "--rounds", "1", "--log-level", "info", "--insecure"},
+      log);
   const std::string round0 = CheckpointPath(ckpt_dir, 0);
   // Waits for the file the server writes at start (not a timing assertion: the bound only ends a hung run).
   for (int i = 0; i < 3000 && !std::filesystem::exists(round0) && server.running(); ++i) {
@@ -236,7 +237,8 @@ TEST_F(InitialModelTest, FlServerBinaryStartsFromAPtFile) {
 
   const std::string bad_log = File("fl-server-bad.log");
   fl::testing::Subprocess refused(
-      {FL_SERVER_BIN, "--listen", "127.0.0.1:0", "--db", "", "--initial-model", File("weights.pt")}, bad_log);
+      {FL_SERVER_BIN, "--listen", "127.0.0.1:0", "--db", "", "--initial-model", File("weights.pt"), "--insecure"},
+      bad_log);
   EXPECT_EQ(refused.Wait(std::chrono::seconds(30)), std::optional<int>(2));
   EXPECT_THAT(ReadText(bad_log), HasSubstr(File("weights.pt")));
   EXPECT_THAT(ReadText(bad_log), HasSubstr("torch.jit.script(model).save(path)"));

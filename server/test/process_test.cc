@@ -38,7 +38,8 @@ std::vector<std::string> ServerArgs(const fl::testing::ScratchDir& dir, int port
                                    "--heartbeat-interval-ms",
                                    "300",
                                    "--log-level",
-                                   "warn"};
+                                   "warn",
+                                   "--insecure"};  // TLS has its own tests (tls_process_test)
   if (resume) args.push_back("--resume");
   return args;
 }
@@ -58,7 +59,8 @@ std::vector<std::string> ClientArgs(int port, const std::string& name, const std
           "--give-up-after-s",
           "60",
           "--log-level",
-          "warn"};
+          "warn",
+          "--insecure"};
 }
 
 int64_t CommittedRounds(const std::string& db) {
@@ -183,10 +185,10 @@ TEST(ProcessTest, HundredMillionParameterModelCompletesARound) {
   const int port = fl::testing::FreeLoopbackPort();
   const std::string db = dir.File("records.db");
   const std::string log = dir.File("log.txt");
-  Subprocess server(
-      {FL_SERVER_BIN, "--listen", fl::StrCat("127.0.0.1:", port), "--db", db, "--rounds", "1", "--min-fit-clients", "2",
-       "--min-available-clients", "2", "--evaluate-every", "0", "--round-deadline-ms", "300000", "--log-level", "warn"},
-      log);
+  Subprocess server({FL_SERVER_BIN, "--listen", fl::StrCat("127.0.0.1:", port), "--db", db, "--rounds", "1",
+                     "--min-fit-clients", "2", "--min-available-clients", "2", "--evaluate-every", "0",
+                     "--round-deadline-ms", "300000", "--log-level", "warn", "--insecure"},
+                    log);
   Subprocess c0(ClientArgs(port, "c0", "synthetic:100000000"), log);
   Subprocess c1(ClientArgs(port, "c1", "synthetic:100000000"), log);
   auto code = server.Wait(std::chrono::seconds(400));

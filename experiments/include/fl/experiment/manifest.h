@@ -100,9 +100,21 @@ struct Manifest {
     bool operator==(const Emulation&) const = default;
   } emulation;
 
+  // The federation's transport security (docs/manifests.md "security"): mutual TLS unless asked otherwise.
+  struct Security {
+    std::string mode = "mtls";  // mtls | insecure (fl-server/fl-client --insecure: plaintext gRPC)
+    // An existing fl-provision directory to take the certificates from (its server/server.crt must name
+    // 127.0.0.1, where fl-experiment's server listens, and clients/<name>.crt must exist for every client);
+    // "" = a throwaway CA made for each run in <out>/pki. Made absolute at load.
+    std::string pki_dir;
+    bool operator==(const Security&) const = default;
+  } security;
+
   std::vector<ClientGroup> clients;
 
   uint32_t num_clients() const;
+  // Every client's name, <group name>-<i>, in the order clients are indexed.
+  std::vector<std::string> client_names() const;
   // Field by field (the resolved-JSON round trip is tested with it).
   bool operator==(const Manifest&) const = default;
 };
@@ -128,6 +140,11 @@ std::string ResolvedManifestJson(const Manifest& manifest);
 // manifest's field tables (manifest.cc), so every field written is read back; fields added after a record was
 // written keep their defaults when it is read.
 absl::StatusOr<Manifest> ManifestFromResolvedJson(const std::string& json, const std::string& source_yaml);
+
+// What a run with `security.pki_dir` needs from that directory (fl-provision's layout): the CA certificate, the
+// server's certificate and key (server/server.crt, .key) and every client's (clients/<name>.crt, .key). OK when
+// they are all there; otherwise a FailedPrecondition naming the first missing file and how to make it.
+absl::Status CheckPkiDir(const std::string& pki_dir, const std::vector<std::string>& client_names);
 
 // How much slower than the host a client of `device` trains: host_relative_speed / relative_speed, at least 1
 // (a device faster than the host cannot be emulated; the caller warns).

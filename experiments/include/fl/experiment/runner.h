@@ -3,6 +3,8 @@
 // Starts fl-server, one link emulator per emulated client (userspace shaping relay, or a network namespace
 // with kernel shaping when root), and every fl-client (slowed to its device profile), waits for the server to
 // finish, and stops everything on every path (a client or the server crashing, Ctrl-C, a failure here).
+// The federation runs mutual TLS unless the manifest says `security: {mode: insecure}`: with certificates from
+// `security.pki_dir`, or from a throwaway CA made for the run in <out_dir>/pki (fl::pki).
 #pragma once
 
 #include <atomic>
@@ -33,7 +35,9 @@ struct RunResult {
   std::string experiment_id;
   std::string status;  // "finished", "failed", "aborted"
   std::string reason;
-  std::string backend;  // the link emulation used: none, userspace, kernel
+  std::string backend;   // the link emulation used: none, userspace, kernel
+  std::string security;  // the federation's transport: "mtls" or "insecure" (plaintext)
+  std::string pki_dir;   // with mtls: the certificates' directory (the run's throwaway CA, or security.pki_dir)
 };
 
 // The backend `manifest` gets here: "auto" resolves to kernel when root and `ip`/`tc` work, else userspace;

@@ -27,9 +27,14 @@ struct ClientTls {
   std::string ca_file;
   std::string cert_file;
   std::string key_file;
+  // The name (DNS or IP) the server's certificate is checked against instead of the dialled host; "" = the
+  // dialled host. For a client that reaches the server through a relay (fl-experiment's namespace links dial
+  // 10.213.x.1, a forwarder to the server on 127.0.0.1). Set on the channel by whoever creates it
+  // (grpc::ChannelArguments::SetSslTargetNameOverride).
+  std::string server_name;
 };
 
-// Insecure credentials without `tls` (plaintext: the default until TLS is switched on everywhere). A file that
+// Insecure credentials without `tls` (plaintext: the binaries only ask for it with --insecure). A file that
 // cannot be read, or is empty, is an InvalidArgument naming the file and its flag.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const std::optional<ServerTls>& tls);
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const std::optional<ClientTls>& tls);
