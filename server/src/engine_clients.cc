@@ -164,6 +164,21 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
                   "model_spec", "start the client with the same --model as the other clients");
   }
 
+  // The session limit (--max-sessions): a Join that would take a new place is refused with a retry-after; a
+  // client already holding one (a rejoin after a restart) keeps it.
+  if (auto known = clients_.find(req.client_name()); config_.max_sessions != 0 &&
+                                                     places_.size() >= config_.max_sessions &&
+                                                     (known == clients_.end() || !known->second->holds_place)) {
+    *resp.mutable_error() = wire::MakeError(
+        fl::v1::ERROR_CODE_RATE_LIMITED,
+        fl::StrCat("fl-server holds ", places_.size(), " sessions, its limit (--max-sessions=", config_.max_sessions,
+                   "); client '", req.client_name(), "' is not admitted now"),
+        "", fl::StrCat("retry after ", config_.join_retry_after_ms, " ms (trailing metadata retry-after-ms)"));
+    spdlog::debug("refused join of '{}': session limit {}", LogSafe(req.client_name(), 64), config_.max_sessions);
+    e.reply(wire::ToGrpcStatus(grpc::StatusCode::RESOURCE_EXHAUSTED, resp.error()), resp);
+    return;
+  }
+
   auto& slot = clients_[req.client_name()];
   const bool rejoin = slot != nullptr;
   if (!rejoin) slot = std::make_unique<ClientInfo>();
@@ -180,8 +195,10 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
   if (client.session != nullptr) {
     // A rejoin means the client restarted: its old stream (if the server still has one) is stale.
     client.session->Close(grpc::Status(grpc::StatusCode::ABORTED, "replaced by a new session after rejoin"));
-    client.session.reset();
+    DetachSession(client);
   }
+  // Admitted: it holds a place until its session opens and then while it is heard from.
+  HoldPlace(client, client.last_seen_ns);
   if (!client.open_task.empty()) {
     auto t = tasks_.find(client.open_task);
     if (t != tasks_.end()) CloseTaskAsDropped(*t->second, "the client rejoined (it restarted)");
@@ -209,9 +226,15 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
     spdlog::info("experiment {}: task {} (from client '{}')", config_.experiment_id, core::TaskName(*task_), client.id);
     Record(instrumentation::ExperimentTaskUpdate{config_.experiment_id, std::string(core::TaskName(*task_))});
   }
-  spdlog::info("{} client '{}' ({}, {} via {}), {} train examples", rejoin ? "rejoined" : "admitted", client.id,
-               LogSafe(req.device().device_class(), 64), wire::LinkKindName(req.link().kind()),
-               LogSafe(req.link().interface(), 64), req.num_train_examples());
+  // One line per admission for the first clients, then one per thousand (each at debug level): a fleet of
+  // 10,000 joining at once must not make the engine thread a console writer.
+  ++joins_logged_;
+  const bool log_at_info = joins_logged_ <= kJoinsLoggedAtInfo || joins_logged_ % 1000 == 0;
+  spdlog::log(log_at_info ? spdlog::level::info : spdlog::level::debug,
+              "{} client '{}' ({}, {} via {}), {} train examples ({} admissions, {} sessions open)",
+              rejoin ? "rejoined" : "admitted", client.id, LogSafe(req.device().device_class(), 64),
+              wire::LinkKindName(req.link().kind()), LogSafe(req.link().interface(), 64), req.num_train_examples(),
+              joins_logged_, by_session_.size());
   instrumentation::ClientRecord rec;
   rec.experiment_id = config_.experiment_id;
   rec.client_id = client.id;
@@ -262,8 +285,9 @@ void RoundEngine::HandleSessionOpen(SessionOpenEvent& e) {
   if (client->session != nullptr && client->session != e.channel) {
     client->session->Close(grpc::Status(grpc::StatusCode::ABORTED, "replaced by a newer session"));
   }
-  client->session = e.channel;
+  AttachSession(*client, e.channel);
   client->last_seen_ns = NowNs();
+  HoldPlace(*client, client->last_seen_ns);
   // A new session may be a restarted client process, whose monotonic clock has another origin.
   client->clock = core::ClockOffsetEstimator();
   client->pings_in_flight.clear();
@@ -330,8 +354,13 @@ void RoundEngine::RecordClientUplink(const ClientInfo& client, const std::string
   // last update of a round closes it before the client can report its uplink).
   if (current_ != nullptr && !current_->evaluation && current_->round == task.round &&
       current_->attempt == task.attempt) {
-    for (auto& row : current_->client_rows) {
-      if (row.client_id != client.id) continue;
+    RoundState& r = *current_;
+    for (; r.indexed_rows < r.client_rows.size(); ++r.indexed_rows) {
+      r.rows_of_client[r.client_rows[r.indexed_rows].client_id].push_back(r.indexed_rows);
+    }
+    auto rows = r.rows_of_client.find(client.id);
+    for (size_t i : rows == r.rows_of_client.end() ? std::vector<size_t>{} : rows->second) {
+      auto& row = r.client_rows[i];
       row.uplink_ms = uplink_ms;
       row.uplink_start_unix_ms = start_unix_ms;
       row.uplink_end_unix_ms = end_unix_ms;
@@ -343,8 +372,7 @@ void RoundEngine::RecordClientUplink(const ClientInfo& client, const std::string
 }
 
 void RoundEngine::UpdateConnectedGauge() {
-  int64_t connected = 0;
-  for (const auto& [id, c] : clients_) connected += c->session != nullptr;
+  const auto connected = static_cast<int64_t>(by_session_.size());
   Notify([&](EngineObserver& o) { o.OnConnectedClients(connected); });
 }
 
@@ -362,12 +390,9 @@ void RoundEngine::SendPing(ClientInfo& client) {
 }
 
 void RoundEngine::HandleSessionMessage(SessionMessageEvent& e) {
-  ClientInfo* client = nullptr;
-  for (auto& [id, c] : clients_) {
-    if (c->session == e.channel) client = c.get();
-  }
+  ClientInfo* client = ClientOfSession(e.channel.get());
   if (client == nullptr) return;  // a stream we already replaced or closed
-  client->last_seen_ns = e.received_server_ns;
+  HoldPlace(*client, e.received_server_ns);
   const fl::v1::ClientMessage& m = e.message;
   switch (m.kind_case()) {
     case fl::v1::ClientMessage::kStatus:
@@ -478,18 +503,20 @@ void RoundEngine::HandleSessionMessage(SessionMessageEvent& e) {
 }
 
 void RoundEngine::HandleSessionClosed(SessionClosedEvent& e) {
-  for (auto& [id, c] : clients_) {
-    if (c->session != e.channel) continue;
+  if (ClientInfo* c = ClientOfSession(e.channel.get()); c != nullptr) {
+    const std::string& id = c->id;
     if (!e.limit_reason.empty()) {
       RecordClientEvent(id, instrumentation::ClientEventKind::kSessionClosed, std::nullopt, c->open_task,
                         e.limit_reason);
     }
-    c->session.reset();
+    DetachSession(*c);
+    ReleasePlace(*c);
     if (!c->open_task.empty()) {
       auto t = tasks_.find(c->open_task);
       if (t != tasks_.end()) CloseTaskAsDropped(*t->second, "the client's session ended");
     }
-    spdlog::info("client '{}' disconnected", id);
+    spdlog::log(by_session_.size() < kJoinsLoggedAtInfo ? spdlog::level::info : spdlog::level::debug,
+                "client '{}' disconnected", id);
   }
   UpdateConnectedGauge();
 }
@@ -560,9 +587,10 @@ void RoundEngine::ReaskInitialModelIfStalled(int64_t now) {
 void RoundEngine::DisconnectClient(ClientInfo& client, std::string_view why, grpc::StatusCode code) {
   if (client.session != nullptr) {
     client.session->Close(grpc::Status(code, std::string(why)));
-    client.session.reset();
+    DetachSession(client);
     UpdateConnectedGauge();
   }
+  ReleasePlace(client);
   if (!client.open_task.empty()) {
     auto t = tasks_.find(client.open_task);
     if (t != tasks_.end()) CloseTaskAsDropped(*t->second, why);
@@ -577,17 +605,68 @@ std::vector<RoundEngine::ClientInfo*> RoundEngine::IdleConnectedClients() {
   return out;
 }
 
+void RoundEngine::AttachSession(ClientInfo& client, std::shared_ptr<SessionChannel> channel) {
+  DetachSession(client);
+  by_session_[channel.get()] = &client;
+  client.session = std::move(channel);
+}
+
+void RoundEngine::DetachSession(ClientInfo& client) {
+  if (client.session == nullptr) return;
+  if (auto it = by_session_.find(client.session.get()); it != by_session_.end() && it->second == &client) {
+    by_session_.erase(it);
+  }
+  client.session.reset();
+}
+
+RoundEngine::ClientInfo* RoundEngine::ClientOfSession(const SessionChannel* channel) {
+  auto it = by_session_.find(channel);
+  return it == by_session_.end() ? nullptr : it->second;
+}
+
+void RoundEngine::HoldPlace(ClientInfo& client, int64_t seen_ns) {
+  client.last_seen_ns = std::max(client.last_seen_ns, seen_ns);
+  if (client.holds_place) {
+    places_.splice(places_.end(), places_, client.place);
+  } else {
+    client.place = places_.insert(places_.end(), &client);
+    client.holds_place = true;
+  }
+  places_held_.store(places_.size(), std::memory_order_relaxed);
+}
+
+void RoundEngine::ReleasePlace(ClientInfo& client) {
+  if (!client.holds_place) return;
+  places_.erase(client.place);
+  client.holds_place = false;
+  places_held_.store(places_.size(), std::memory_order_relaxed);
+}
+
 void RoundEngine::CheckHeartbeats(int64_t now) {
   // Liveness: a client that has said nothing for four heartbeat intervals is gone, even if TCP has not
-  // noticed yet (a Pi that lost its 5G link keeps the socket half-open for minutes).
-  for (auto& [id, c] : clients_) {
-    if (c->session != nullptr && now - c->last_seen_ns > 4 * int64_t{config_.heartbeat_interval_ms} * kMsToNs) {
-      spdlog::warn("client '{}' missed its heartbeats; disconnecting it", id);
-      const std::string why = fl::StrCat("no heartbeat for four intervals (", (now - c->last_seen_ns) / kMsToNs,
-                                         " ms silent, --heartbeat-interval-ms=", config_.heartbeat_interval_ms, ")");
-      RecordClientEvent(id, instrumentation::ClientEventKind::kSessionClosed, std::nullopt, c->open_task, why);
-      DisconnectClient(*c, "no heartbeat for four intervals");
+  // noticed yet (a Pi that lost its 5G link keeps the socket half-open for minutes). places_ is ordered by
+  // when each client was last heard (moved to the back on every message), so only the silent front is looked
+  // at: O(evicted) a check, not O(clients). A client the engine has not heard from may still have been heard by
+  // its reactor (the engine runs late, its messages wait in the queue): the reactor's arrival time counts, and
+  // such a client goes to the back instead of out. Each client is looked at once per check.
+  const int64_t limit = 4 * int64_t{config_.heartbeat_interval_ms} * kMsToNs;
+  for (size_t budget = places_.size(); budget > 0 && !places_.empty(); --budget) {
+    ClientInfo& c = *places_.front();
+    if (now - c.last_seen_ns <= limit) break;
+    const int64_t arrived = c.session != nullptr ? c.session->last_received_ns() : 0;
+    if (now - arrived <= limit) {
+      HoldPlace(c, arrived);
+      continue;
     }
+    if (c.session == nullptr) {
+      ReleasePlace(c);  // admitted long ago and never opened its session: its place is free again
+      continue;
+    }
+    spdlog::warn("client '{}' missed its heartbeats; disconnecting it", c.id);
+    const std::string why = fl::StrCat("no heartbeat for four intervals (", (now - c.last_seen_ns) / kMsToNs,
+                                       " ms silent, --heartbeat-interval-ms=", config_.heartbeat_interval_ms, ")");
+    RecordClientEvent(c.id, instrumentation::ClientEventKind::kSessionClosed, std::nullopt, c.open_task, why);
+    DisconnectClient(c, "no heartbeat for four intervals");
   }
 }
 

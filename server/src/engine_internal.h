@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <list>
 #include <map>
 #include <memory>
 #include <optional>
 #include <random>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "fl/core/aggregator.h"
@@ -41,6 +43,9 @@ struct RoundEngine::ClientInfo {
   core::ClockOffsetEstimator clock;
   uint64_t next_ping_id = 0;
   std::map<uint64_t, int64_t> pings_in_flight;  // ping id -> t1 (server clock), the last few only
+  // Its entry in RoundEngine::places_ while it holds a place (a live session, or admitted awaiting one).
+  std::list<ClientInfo*>::iterator place;
+  bool holds_place = false;
 };
 
 struct RoundEngine::TaskInfo {
@@ -69,6 +74,7 @@ struct RoundEngine::RoundState {
   int64_t started_unix_ms = 0;
   int64_t deadline_ns = 0;
   std::vector<std::string> task_ids;
+  size_t first_open = 0;  // task_ids before this are closed (tasks never reopen): Advance() looks on from here
   std::unique_ptr<core::Aggregator> aggregator;
   double train_loss_sum = 0;
   double train_loss_weight = 0;
@@ -76,7 +82,11 @@ struct RoundEngine::RoundState {
   double eval_loss_sum = 0, eval_accuracy_sum = 0, eval_mae_sum = 0;
   uint64_t eval_examples = 0;
   uint32_t eval_clients = 0;
-  std::vector<instrumentation::ClientRoundRecord> client_rows;     // written after the round's row
+  std::vector<instrumentation::ClientRoundRecord> client_rows;  // written after the round's row
+  // client id -> its rows in client_rows, for the rows up to indexed_rows (extended as it is looked up): an
+  // uplink report finds its row without a walk over a round of 10,000 rows.
+  std::unordered_map<std::string, std::vector<size_t>> rows_of_client;
+  size_t indexed_rows = 0;
   std::vector<instrumentation::EvaluationRecord> evaluation_rows;  // written with the evaluation's figures
 };
 
@@ -92,13 +102,20 @@ inline std::string RandomHex(size_t bytes) {
   std::random_device rd;
   std::string out;
   static constexpr char kHex[] = "0123456789abcdef";
+  // Four bytes of each draw (a draw is a system call: a join storm makes thousands of tokens).
+  uint32_t bits = 0;
   for (size_t i = 0; i < bytes; ++i) {
-    const unsigned v = rd() & 0xff;
+    if (i % 4 == 0) bits = static_cast<uint32_t>(rd());
+    const unsigned v = bits & 0xff;
+    bits >>= 8;
     out.push_back(kHex[v >> 4]);
     out.push_back(kHex[v & 15]);
   }
   return out;
 }
+
+// Admissions logged one line each at info level before the log goes to one line per thousand.
+inline constexpr uint64_t kJoinsLoggedAtInfo = 100;
 
 inline bool ValidClientName(const std::string& name) {
   if (name.empty() || name.size() > 64) return false;

@@ -26,6 +26,9 @@ namespace fl::server {
 using namespace engine_internal;  // NOLINT: the engine's own helpers
 
 void RoundEngine::StartRound() {
+  // Called after every turn while waiting: too few connected clients is known without looking at each of them
+  // (idle ones are a subset), so a join storm does not cost a scan of all clients per turn.
+  if (!SelectionSize(config_.fit, static_cast<uint32_t>(by_session_.size())).ok()) return;
   // Reports still due from rounds before the last committed one will not come any more.
   std::erase_if(uplink_reports_due_, [&](const auto& due) { return due.second < round_; });
   std::vector<ClientInfo*> idle = IdleConnectedClients();

@@ -209,6 +209,18 @@ int main(int argc, char** argv) {
                  "An upload holding a slot that sends no message for this long loses its slot with "
                  "DEADLINE_EXCEEDED (a stopped or stalled client); 0: off")
       ->capture_default_str();
+  // Fleet limits (docs/round-engine.md, "Fleets and overload").
+  app.add_option("--max-sessions", config.max_sessions,
+                 "Clients holding a session (or admitted and about to open one) at once; more Joins are refused "
+                 "RESOURCE_EXHAUSTED with a retry-after. 0: a quarter of physical memory at 64 KiB a session")
+      ->capture_default_str();
+  app.add_option("--max-engine-queue", config.max_engine_queue,
+                 "Events waiting for the round engine above which new Joins are shed (RESOURCE_EXHAUSTED with a "
+                 "retry-after); 0: never shed")
+      ->capture_default_str();
+  app.add_option("--join-retry-after-ms", config.join_retry_after_ms,
+                 "The retry-after of a shed or over-limit Join (ErrorDetail hint, trailing metadata retry-after-ms)")
+      ->capture_default_str();
   // Bounds on what clients declare and report (docs/round-engine.md, "Limits on what clients send").
   app.add_option("--max-model-values", config.max_model_values,
                  "Largest model (parameters and buffers) a first client may declare; a bigger spec is refused at "

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_format.h"
@@ -180,6 +182,9 @@ absl::Status EngineConfig::Validate() const {
                                    std::pair{join_per_s_per_identity, "join-per-s-per-identity"}}) {
     if (!(rate >= 0) || !std::isfinite(rate)) return bad(flag, rate, "must be a rate >= 0 (0: off)");
   }
+  if (join_retry_after_ms == 0 || join_retry_after_ms > 600'000) {
+    return bad("join-retry-after-ms", join_retry_after_ms, "must be in [1, 600000]");
+  }
   if (max_chunk_bytes < 1024 || max_chunk_bytes > wire::kMaxChunkBytes) {
     return bad("max-chunk-bytes", max_chunk_bytes, fl::StrCat("must be in [1024, ", wire::kMaxChunkBytes, "]"));
   }
@@ -290,11 +295,21 @@ void RoundEngine::ArmUploadCheck() {
   });
 }
 
+uint32_t DefaultMaxSessions() {
+  // A quarter of physical memory at the budget of a session (measured in docs/performance.md, "Fleets"), within
+  // [1000, 1,000,000]: a Pi with 4 GiB takes 16,384 sessions, this 23 GiB machine about 95,000.
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGESIZE);
+  const uint64_t memory = pages > 0 && page_size > 0 ? uint64_t(pages) * uint64_t(page_size) : uint64_t{4} << 30;
+  return static_cast<uint32_t>(std::clamp<uint64_t>(memory / 4 / EngineConfig::kSessionBudgetBytes, 1000, 1'000'000));
+}
+
 absl::Status RoundEngine::Prepare() {
   if (absl::Status s = config_.Validate(); !s.ok()) return s;
   if (config_.experiment_id.empty()) {
     config_.experiment_id = fl::StrCat("exp-", UnixMs(), "-", RandomHex(3));
   }
+  if (config_.max_sessions == 0) config_.max_sessions = DefaultMaxSessions();
   auto up = core::MakeCodec(config_.uplink_codec);
   auto down = core::MakeCodec(config_.downlink_codec);
   uplink_codec_ = std::move(*up);
@@ -430,7 +445,10 @@ void RoundEngine::Advance() {
     case EngineState::kWaitingForClients:
       if (evaluation_due_) {
         // Resumed after a crash during round_'s evaluation: redo it with as many clients as a round waits for.
-        if (IdleConnectedClients().size() < std::max<uint32_t>(1, config_.fit.min_available)) return;
+        if (by_session_.size() < std::max<uint32_t>(1, config_.fit.min_available) ||
+            IdleConnectedClients().size() < std::max<uint32_t>(1, config_.fit.min_available)) {
+          return;
+        }
         evaluation_due_ = false;
         spdlog::info("redoing the evaluation of round {} (interrupted before its results were recorded)", round_);
         StartEvaluation();
@@ -445,8 +463,13 @@ void RoundEngine::Advance() {
       return;
     case EngineState::kCollecting:
     case EngineState::kEvaluating: {
-      bool all_closed = true;
-      for (const std::string& id : current_->task_ids) all_closed &= tasks_.at(id)->closed;
+      // Runs after every turn: look on from the first task not known closed (tasks never reopen), so that a
+      // round of 10,000 tasks costs O(1) a turn, not a scan of all of them.
+      while (current_->first_open < current_->task_ids.size() &&
+             tasks_.at(current_->task_ids[current_->first_open])->closed) {
+        ++current_->first_open;
+      }
+      const bool all_closed = current_->first_open == current_->task_ids.size();
       if (all_closed || now >= current_->deadline_ns) {
         if (deadline_timer_ != 0) loop_.Cancel(deadline_timer_);
         deadline_timer_ = 0;
@@ -511,7 +534,7 @@ void RoundEngine::Finish(instrumentation::ExperimentStatus status, std::string r
     bye.mutable_shutdown()->set_experiment_finished(finished);
     c->session->Send(std::move(bye));
     c->session->Close(grpc::Status::OK);
-    c->session.reset();
+    DetachSession(*c);
   }
   while (!waiting_uploads_.empty()) {
     waiting_uploads_.front()->event.admit(Rejected(waiting_uploads_.front()->event.header.task_id(),

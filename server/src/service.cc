@@ -106,6 +106,8 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     void OnWriteDone(bool ok) { outbox_.OnWriteDone(ok); }
     void Detach() { outbox_.Detach(); }
     void MarkOpened() { opened_ = true; }
+    int64_t last_received_ns() const override { return last_received_ns_.load(std::memory_order_relaxed); }
+    void NoteReceived(int64_t now_ns) { last_received_ns_.store(now_ns, std::memory_order_relaxed); }
     // The hello deadline: closes the stream if no SessionHello came.
     void CloseUnlessOpened(const grpc::Status& status) {
       if (!opened_) outbox_.Close(status);
@@ -115,6 +117,7 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     rpc::StreamOutbox<grpc::ByteBuffer, grpc::ByteBuffer> outbox_;
     RoundEngine* engine_;
     std::atomic<bool> opened_{false};
+    std::atomic<int64_t> last_received_ns_{0};  // for the engine's liveness check (SessionChannel)
   };
 
   SessionStream(CallGuard* guard, PeerIdentity who)
@@ -192,8 +195,10 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       for (char c : message.hello().client_id().substr(0, 64)) {
         client_id_.push_back(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ? c : '?');
       }
+      channel_->NoteReceived(now);
       engine_->Post(SessionOpenEvent{message.hello(), channel_, who_.peer});
     } else {
+      channel_->NoteReceived(now);
       engine_->Post(SessionMessageEvent{channel_, std::move(message), now});
     }
     StartRead(&in_);
@@ -614,12 +619,32 @@ grpc::ServerUnaryReactor* FederationService::Join(grpc::CallbackServerContext* c
     reactor->Finish(guard_->Refuse(who, req.client_name(), *refusal));
     return reactor;
   }
-  engine_->Post(JoinEvent{std::move(req), who.peer,
-                          [reactor, response](const grpc::Status& status, const fl::v1::JoinResponse& r) {
-                            *response = Serialize(r);
-                            reactor->Finish(status);
-                          },
-                          who.serial_hex});
+  // Load shedding (docs/round-engine.md, "Fleets and overload"): while the engine is behind, a Join is answered
+  // here, with a retry-after, instead of adding to its queue; the sessions it serves keep going.
+  const uint32_t retry_after_ms = engine_->config().join_retry_after_ms;
+  if (engine_->ShedJoins()) {
+    ctx->AddTrailingMetadata("retry-after-ms", std::to_string(retry_after_ms));
+    reactor->Finish(wire::ToGrpcStatus(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        wire::MakeError(fl::v1::ERROR_CODE_RATE_LIMITED,
+                        fl::StrCat("fl-server is overloaded: ", engine_->QueuedEvents(),
+                                   " events wait for its engine (limit --max-engine-queue=",
+                                   engine_->config().max_engine_queue, "); the Join is not queued"),
+                        "", fl::StrCat("retry after ", retry_after_ms, " ms (trailing metadata retry-after-ms)"))));
+    return reactor;
+  }
+  engine_->Post(
+      JoinEvent{std::move(req), who.peer,
+                [reactor, response, ctx, retry_after_ms](const grpc::Status& status, const fl::v1::JoinResponse& r) {
+                  // The engine's refusals that a later attempt can pass (the session limit).
+                  if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+                      r.error().code() == fl::v1::ERROR_CODE_RATE_LIMITED) {
+                    ctx->AddTrailingMetadata("retry-after-ms", std::to_string(retry_after_ms));
+                  }
+                  *response = Serialize(r);
+                  reactor->Finish(status);
+                },
+                who.serial_hex});
   return reactor;
 }
 

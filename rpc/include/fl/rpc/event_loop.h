@@ -9,6 +9,7 @@
 // deadline, retry and eviction deterministic and instant (no sleeps).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -65,9 +66,13 @@ class EventLoop {
     {
       std::lock_guard lock(mu_);
       queue_.push_back(std::move(event));
+      queued_.fetch_add(1, std::memory_order_relaxed);
     }
     cv_.notify_all();
   }
+  // Any thread, lock-free: events posted and not yet handled (the backlog a late loop has). A load
+  // signal for shedding new work (fl-server refuses Joins above --max-engine-queue); approximate by design.
+  size_t queued() const { return queued_.load(std::memory_order_relaxed); }
 
   // Loop thread only (or before Start). A timer at or before now runs in the current or next turn.
   TimerId At(int64_t when_ns, std::function<void()> fn) { return timers_.At(when_ns, std::move(fn)); }
@@ -116,7 +121,10 @@ class EventLoop {
       std::lock_guard lock(mu_);
       batch.swap(queue_);
     }
-    for (Event& e : batch) handle_(e);
+    for (Event& e : batch) {
+      handle_(e);
+      queued_.fetch_sub(1, std::memory_order_relaxed);
+    }
     const size_t fired = timers_.RunDue(clock_->NowNs());
     if (batch.empty() && fired == 0) return false;
     if (after_turn_) after_turn_();
@@ -152,6 +160,7 @@ class EventLoop {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Event> queue_ ABSL_GUARDED_BY(mu_);
+  std::atomic<size_t> queued_{0};  // posted and not yet handled (the turn's batch included)
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool woken_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;

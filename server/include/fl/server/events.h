@@ -29,6 +29,10 @@ class SessionChannel {
   virtual void Send(fl::v1::ServerMessage message) = 0;
   // Ends the stream with `status` after the queued messages are written.
   virtual void Close(const grpc::Status& status) = 0;
+  // When the reactor last received a message of this session (server monotonic ns; 0: none yet). Thread-safe.
+  // Liveness is judged by this, not by when the engine got to the message: an engine that runs late must
+  // not evict a session whose heartbeats arrived and wait in its queue.
+  virtual int64_t last_received_ns() const { return 0; }
 };
 
 // The engine's handle on an admitted upload (service.cc): how far it got, and a way to end it. Lets the

@@ -24,6 +24,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -31,6 +32,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -84,13 +86,22 @@ struct EngineConfig {
   // Abuse limits per peer address and per certificate identity (docs/security.md, "Abuse limits"), enforced by the
   // gRPC reactors; 0 turns one off. The per-identity ones apply over mutual TLS only: in plaintext a name is a
   // claim. The per-peer defaults leave room for thousands of emulated clients behind one address.
-  double join_per_s_per_peer = 200;        // Joins per second from one address (bursts of twice that)
+  double join_per_s_per_peer = 2000;       // Joins per second from one address (bursts of twice that)
   double join_per_s_per_identity = 2;      // Joins per second of one certificate (bursts of five)
   uint32_t max_sessions_per_peer = 16384;  // open Session streams from one address
   uint32_t max_sessions_per_identity = 2;  // ... of one certificate (its session and the one replacing it)
   uint32_t max_uploads_per_peer = 4096;    // open UploadUpdate streams from one address
   uint32_t max_uploads_per_identity = 2;   // ... of one certificate
   uint32_t max_chunk_bytes = 1u << 20;
+  // Fleet limits (docs/round-engine.md, "Fleets and overload"). Clients holding a place (a live session, or
+  // admitted and not yet opened it): a Join of a new place beyond this is refused RESOURCE_EXHAUSTED with a
+  // retry-after. 0: sized at Start from physical memory (a quarter of it at kSessionBudgetBytes a session).
+  uint32_t max_sessions = 0;
+  // Events waiting for the engine's loop above which new Joins are shed (RESOURCE_EXHAUSTED, retry-after)
+  // instead of queued: a late engine admits no more work until it caught up. 0: never shed.
+  uint32_t max_engine_queue = 20000;
+  uint32_t join_retry_after_ms = 1000;  // the retry-after of a shed or over-limit Join (trailer retry-after-ms)
+  static constexpr uint64_t kSessionBudgetBytes = 64 * 1024;
   std::string checkpoint_dir;  // empty: no checkpoints (and no --resume)
   uint32_t keep_checkpoints = 2;
   std::string model_name;        // informational, from the first client or checkpoint
@@ -111,6 +122,9 @@ struct EngineConfig {
   // Checks ranges and parses the codec/aggregator/optimizer names; errors name the flag and the value.
   absl::Status Validate() const;
 };
+
+// The default of EngineConfig::max_sessions: a quarter of physical memory at kSessionBudgetBytes a session.
+uint32_t DefaultMaxSessions();
 
 enum class EngineState { kWaitingForModel, kWaitingForClients, kCollecting, kEvaluating, kDraining, kFinished };
 std::string_view EngineStateName(EngineState state);
@@ -240,6 +254,12 @@ class RoundEngine {
   // answering for a while (--linger-s) while this is not 0, so that such a client learns that the experiment
   // is over instead of retrying Join until it gives up. Thread-safe.
   size_t ClientsNotToldOfTheEnd() const { return untold_count_.load(); }
+  // Thread-safe load signals for the service's Join path: events waiting for the loop, and whether new Joins
+  // are shed now (queued() above config max_engine_queue).
+  size_t QueuedEvents() const { return loop_.queued(); }
+  bool ShedJoins() const { return config_.max_engine_queue != 0 && loop_.queued() > config_.max_engine_queue; }
+  // Clients holding a place now (see EngineConfig::max_sessions); thread-safe, updated by the loop.
+  size_t PlacesHeld() const { return places_held_.load(std::memory_order_relaxed); }
 
   const EngineConfig& config() const { return config_; }
   const rpc::Clock& clock() const { return *clock_; }
@@ -364,6 +384,14 @@ class RoundEngine {
   void Record(instrumentation::Record record);
   instrumentation::RoundRecord RoundRow(const RoundState& round, instrumentation::RoundStatus status) const;
   std::vector<ClientInfo*> IdleConnectedClients();
+  // The session index and the liveness list (docs/round-engine.md, "Fleets and overload"): every change of a
+  // client's session goes through these, so that a message finds its client and the heartbeat check finds the
+  // silent ones without a scan of all clients.
+  void AttachSession(ClientInfo& client, std::shared_ptr<SessionChannel> channel);
+  void DetachSession(ClientInfo& client);
+  void HoldPlace(ClientInfo& client, int64_t seen_ns);  // into (or to the back of) the liveness list
+  void ReleasePlace(ClientInfo& client);
+  ClientInfo* ClientOfSession(const SessionChannel* channel);
   ClientInfo* Authenticate(const std::string& client_id, const std::string& token);
 
   EngineConfig config_;
@@ -386,9 +414,15 @@ class RoundEngine {
 
   // ---- engine-thread state ----
   EngineState state_ = EngineState::kWaitingForModel;
-  std::map<std::string, std::unique_ptr<ClientInfo>> clients_;  // by client id
-  std::string initial_model_client_;                            // client asked for the initial weights
-  std::shared_ptr<const core::ModelSpec> pending_spec_;         // that client's spec, until its weights arrive
+  std::map<std::string, std::unique_ptr<ClientInfo>> clients_;         // by client id
+  std::unordered_map<const SessionChannel*, ClientInfo*> by_session_;  // clients with a live session
+  // Clients holding a place (a live session, or admitted and awaiting theirs), least recently heard first:
+  // the heartbeat check looks only at the front. Moved to the back on every message (O(1)).
+  std::list<ClientInfo*> places_;
+  std::atomic<size_t> places_held_{0};
+  uint64_t joins_logged_ = 0;         // admissions logged at info level (the first few, then every 1000th)
+  std::string initial_model_client_;  // client asked for the initial weights
+  std::shared_ptr<const core::ModelSpec> pending_spec_;  // that client's spec, until its weights arrive
   std::string pending_model_name_;
   int64_t initial_model_asked_ns_ = 0;
   bool initial_model_upload_in_progress_ = false;  // its upload's header was admitted and it has not ended
