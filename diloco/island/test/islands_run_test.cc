@@ -245,6 +245,109 @@ TEST(IslandsRunTest, IslandsAreRefusedWithoutTheirOwnCertificate) {
   server.Wait(std::chrono::seconds(20));
 }
 
+// fl-coordinator --tls-crl with the real fl-island: an island whose certificate is revoked mid-run (the CRL file
+// rewritten by fl::pki, as `fl-provision revoke` does; the coordinator checks it every 50 ms) is evicted, exits 1
+// with the revocation in its log, and the records say why; the other island trains on to the end.
+TEST(IslandsRunTest, AnIslandRevokedMidRunExitsAndTheOtherTrainsOn) {
+  ScratchDir dir("island_revoked");
+  const std::string db = dir.File("records.db");
+  const pki::Paths keys{dir.File("pki")};
+  ASSERT_TRUE(pki::CreateCa(keys.dir, {}).ok());
+  pki::IssueOptions server_cert;
+  server_cert.ip_addresses = {"127.0.0.1"};
+  ASSERT_TRUE(pki::Issue(keys.dir, pki::Kind::kServer, "coordinator", server_cert).ok());
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(pki::Issue(keys.dir, pki::Kind::kIsland, Cat("island-", i), {}).ok());
+  Subprocess server({FL_COORDINATOR_BIN,
+                     "--listen",
+                     "127.0.0.1:0",
+                     "--port-file",
+                     dir.File("port"),
+                     "--db",
+                     db,
+                     "--inner-steps",
+                     "10",
+                     "--outer-steps",
+                     "40",
+                     "--min-islands",
+                     "2",
+                     "--exchange-timeout-ms",
+                     "5000",
+                     "--tls-cert",
+                     keys.Cert(pki::Kind::kServer, "coordinator"),
+                     "--tls-key",
+                     keys.Key(pki::Kind::kServer, "coordinator"),
+                     "--tls-client-ca",
+                     keys.CaCert(),
+                     "--tls-crl",
+                     keys.Crl(),
+                     "--tls-crl-reload-ms",
+                     "50"},
+                    dir.File("server.log"));
+  const int port = ReadPortFile(dir.File("port"), std::chrono::seconds(30));
+  ASSERT_GT(port, 0) << ReadFile(dir.File("server.log"));
+  std::vector<std::unique_ptr<Subprocess>> islands;
+  for (int i = 0; i < 2; ++i) {
+    const std::string id = Cat("island-", i);
+    std::vector<std::string> args = {FL_ISLAND_BIN,
+                                     "--island-id",
+                                     id,
+                                     "--shard",
+                                     Cat("", i),
+                                     "--num-shards",
+                                     "2",
+                                     "--coordinator",
+                                     Cat("127.0.0.1:", port),
+                                     "--data-endpoint",
+                                     Cat("tcp://127.0.0.1:", FreeLoopbackPort()),
+                                     "--summary",
+                                     dir.File(Cat(id, ".json")),
+                                     "--metrics",
+                                     dir.File(Cat(id, ".jsonl")),
+                                     "--tls-ca",
+                                     keys.CaCert(),
+                                     "--tls-cert",
+                                     keys.Cert(pki::Kind::kIsland, id),
+                                     "--tls-key",
+                                     keys.Key(pki::Kind::kIsland, id)};
+    islands.push_back(std::make_unique<Subprocess>(Concat(args, TinyModelArgs()), dir.File(Cat(id, ".log"))));
+  }
+  const auto end = std::chrono::steady_clock::now() + std::chrono::minutes(4);
+  while (CountLines(dir.File("island-0.jsonl"), "\"sync\"") < 3 && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_GE(CountLines(dir.File("island-0.jsonl"), "\"sync\""), 3u) << ReadFile(dir.File("island-0.log"));
+  const pki::Kind island_kind = pki::Kind::kIsland;
+  absl::StatusOr<std::vector<pki::Issued>> revoked = pki::Revoke(keys.dir, "island-1", &island_kind);
+  ASSERT_TRUE(revoked.ok() && revoked->size() == 1) << revoked.status();
+  const std::string serial = revoked->front().serial_hex;
+
+  std::optional<int> rc = islands[1]->Wait(std::chrono::minutes(2));
+  ASSERT_TRUE(rc.has_value()) << "the revoked island is still running: " << ReadFile(dir.File("island-1.log"));
+  EXPECT_EQ(*rc, 1);
+  const std::string log = ReadFile(dir.File("island-1.log"));
+  EXPECT_NE(log.find(serial), std::string::npos) << log;
+  EXPECT_NE(log.find("revoked"), std::string::npos) << log;
+  rc = islands[0]->Wait(std::chrono::minutes(6));
+  ASSERT_TRUE(rc.has_value()) << "island-0 did not finish";
+  EXPECT_EQ(*rc, 0) << ReadFile(dir.File("island-0.log"));
+  EXPECT_EQ(ReadJson(dir.File("island-0.json"))["outer_steps"], 40);
+
+  server.Kill(SIGTERM);
+  server.Wait(std::chrono::seconds(20));
+  sqlite3* handle = nullptr;
+  ASSERT_EQ(sqlite3_open_v2(db.c_str(), &handle, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+  sqlite3_stmt* stmt = nullptr;
+  ASSERT_EQ(
+      sqlite3_prepare_v2(handle, "SELECT left_reason FROM islands WHERE island_id = 'island-1'", -1, &stmt, nullptr),
+      SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(stmt), SQLITE_ROW);
+  const std::string reason = reinterpret_cast<const char*>(sqlite3_column_text(stmt, 0));
+  sqlite3_finalize(stmt);
+  sqlite3_close(handle);
+  EXPECT_EQ(reason, Cat(Cat("evicted: the certificate of island 'island-1' (serial ", serial),
+                        Cat(Cat(") was revoked (", keys.Crl()), ")")));
+}
+
 // The TorchScript models of examples/bring-your-own-model, exported into `dir` by python3-torch.
 ::testing::AssertionResult ExportExampleModels(const ScratchDir& dir) {
   auto exported = fl::testing::RunPythonFile(Cat(FL_SOURCE_DIR, "/examples/bring-your-own-model/export_models.py"),
