@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <iostream>
 #include <random>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -207,7 +208,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--upload-message-timeout-ms", config.upload_message_timeout_ms,
                  "An upload holding a slot that sends no message for this long loses its slot with "
-                 "DEADLINE_EXCEEDED (a stopped or stalled client); 0: off")
+                 "DEADLINE_EXCEEDED (a stopped or stalled client); an upload that sends no header for this long "
+                 "is cut off too; 0: off")
+      ->capture_default_str();
+  app.add_option("--download-message-timeout-ms", config.download_message_timeout_ms,
+                 "A model download whose next chunk the client does not read for this long is cancelled; 0: off")
       ->capture_default_str();
   // Fleet limits (docs/round-engine.md, "Fleets and overload").
   app.add_option("--max-sessions", config.max_sessions,
@@ -220,6 +225,24 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--join-retry-after-ms", config.join_retry_after_ms,
                  "The retry-after of a shed or over-limit Join (ErrorDetail hint, trailing metadata retry-after-ms)")
+      ->capture_default_str();
+  // Abuse limits per peer address and per certificate identity (docs/security.md, "Abuse limits"); 0: off.
+  app.add_option("--join-per-s-per-peer", config.join_per_s_per_peer,
+                 "Joins per second one address may make (bursts of twice that); more are refused RESOURCE_EXHAUSTED")
+      ->capture_default_str();
+  app.add_option("--join-per-s-per-identity", config.join_per_s_per_identity,
+                 "Joins per second one client certificate may make (mutual TLS; bursts of five)")
+      ->capture_default_str();
+  app.add_option("--max-sessions-per-peer", config.max_sessions_per_peer,
+                 "Session streams open at once from one address")
+      ->capture_default_str();
+  app.add_option("--max-sessions-per-identity", config.max_sessions_per_identity,
+                 "Session streams open at once with one client certificate (mutual TLS)")
+      ->capture_default_str();
+  app.add_option("--max-uploads-per-peer", config.max_uploads_per_peer, "Uploads open at once from one address")
+      ->capture_default_str();
+  app.add_option("--max-uploads-per-identity", config.max_uploads_per_identity,
+                 "Uploads open at once with one client certificate (mutual TLS)")
       ->capture_default_str();
   // Bounds on what clients declare and report (docs/round-engine.md, "Limits on what clients send").
   app.add_option("--max-model-values", config.max_model_values,
@@ -274,6 +297,15 @@ int main(int argc, char** argv) {
   app.add_option("--tls-client-ca", tls.client_ca_file,
                  "CA certificate (PEM) that every client's certificate must chain to; a client may only Join under "
                  "the name its certificate carries");
+  std::string tls_crl;
+  uint32_t tls_crl_reload_ms = 1000;
+  app.add_option("--tls-crl", tls_crl,
+                 "Certificate revocation list (PEM, fl-provision's ca/crl.pem, signed by --tls-client-ca): a revoked "
+                 "client certificate is refused at its next call and its session closed; the file is reloaded when "
+                 "it changes");
+  app.add_option("--tls-crl-reload-ms", tls_crl_reload_ms, "How often --tls-crl is checked for a change")
+      ->capture_default_str()
+      ->check(CLI::Range(50u, 3'600'000u));
   bool insecure = false;
   app.add_flag("--insecure", insecure,
                "Serve plaintext gRPC without any TLS flag: anyone who reaches --listen can join under any name and "
@@ -305,6 +337,11 @@ int main(int argc, char** argv) {
     std::cerr << "fl-server: --insecure: serving plaintext gRPC: anyone who reaches " << listen
               << " can join under any name and read the model; use --tls-cert/--tls-key/--tls-client-ca "
                  "(docs/security.md)\n";
+  }
+  if (!tls_crl.empty() && tls_given != 3) {
+    std::cerr << "fl-server: --tls-crl needs mutual TLS (--tls-cert, --tls-key, --tls-client-ca): in plaintext "
+                 "there is no certificate to check\n";
+    return 2;
   }
   const std::optional<fl::rpc::ServerTls> server_tls =
       tls_given == 3 ? std::optional<fl::rpc::ServerTls>(tls) : std::nullopt;
@@ -391,7 +428,22 @@ int main(int argc, char** argv) {
     std::cerr << "fl-server: " << s.message() << "\n";
     return 2;
   }
-  fl::server::FederationService service(&engine);
+  std::unique_ptr<fl::pki::RevocationWatcher> revocation;
+  if (!tls_crl.empty()) {
+    auto watcher = fl::pki::RevocationWatcher::Start({tls_crl, tls.client_ca_file, tls_crl_reload_ms},
+                                                     [&engine](const std::set<std::string>& serials) {
+                                                       engine.Post(fl::server::CertificatesRevokedEvent{serials});
+                                                     });
+    if (!watcher.ok()) {
+      std::cerr << "fl-server: --tls-crl: " << watcher.status().message() << "\n";
+      engine.Post(fl::server::ShutdownEvent{"the revocation list cannot be used"});
+      engine.Wait();
+      engine.Stop();
+      return 2;
+    }
+    revocation = *std::move(watcher);
+  }
+  fl::server::FederationService service(&engine, revocation.get());
   auto server = fl::rpc::StartGrpcServer(&service, listen, server_tls);
   if (!server.ok()) {
     std::cerr << "fl-server: " << server.status().message() << "\n";
