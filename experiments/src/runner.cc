@@ -199,7 +199,9 @@ std::vector<std::string> ServerArgs(const Manifest& m, const RunOptions& o, cons
   if (s.upload_slots > 0) a.insert(a.end(), {"--upload-slots", std::to_string(s.upload_slots)});
   if (tls.enabled()) {
     a.insert(a.end(), {"--tls-cert", tls.paths.Cert(pki::Kind::kServer, "server"), "--tls-key",
-                       tls.paths.Key(pki::Kind::kServer, "server"), "--tls-client-ca", tls.paths.CaCert()});
+                       tls.paths.Key(pki::Kind::kServer, "server"), "--tls-client-ca", tls.paths.CaCert(),
+                       // Revoking a client of a running experiment: fl-provision revoke NAME --dir <out>/pki.
+                       "--tls-crl", tls.paths.Crl()});
   } else {
     a.push_back("--insecure");
   }
