@@ -3,11 +3,25 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <ctime>
 #include <utility>
 
 #include <spdlog/spdlog.h>
 
 namespace fl::pki {
+namespace {
+
+// A list past its nextUpdate is still used (refusing every peer would stop the experiment), but said.
+void WarnIfStale(const RevocationList& list, const std::string& path) {
+  if (list.next_update() != 0 && list.next_update() < ::time(nullptr)) {
+    spdlog::warn(
+        "the revocation list {} is past its nextUpdate ({}); it is still used: run `fl-provision crl` on "
+        "the CA host and copy the new list here",
+        path, FormatTime(list.next_update()));
+  }
+}
+
+}  // namespace
 
 RevocationWatcher::FileStamp RevocationWatcher::Stamp(const std::string& path) {
   struct stat st {};
@@ -20,6 +34,7 @@ absl::StatusOr<std::unique_ptr<RevocationWatcher>> RevocationWatcher::Start(Opti
   const FileStamp stamp = Stamp(options.crl_file);
   absl::StatusOr<RevocationList> list = RevocationList::Load(options.crl_file, options.ca_cert_file);
   if (!list.ok()) return list.status();
+  WarnIfStale(*list, options.crl_file);
   return std::unique_ptr<RevocationWatcher>(
       new RevocationWatcher(std::move(options), std::move(on_revoked), *std::move(list), stamp));
 }
@@ -62,6 +77,7 @@ bool RevocationWatcher::ReloadIfChanged() {
                   before->serials().size(), std::string(loaded.status().message()));
     return false;
   }
+  WarnIfStale(*loaded, options_.crl_file);
   auto next = std::make_shared<const RevocationList>(*std::move(loaded));
   std::set<std::string> added;
   for (const std::string& s : next->serials()) {
