@@ -449,6 +449,9 @@ absl::Status CheckPkiDir(const std::string& pki_dir, const std::vector<std::stri
   const std::string init = fl::StrCat("make the directory with fl-provision init --dir ", pki_dir,
                                       " --server-ip 127.0.0.1 --server-name localhost");
   FL_RETURN_IF_ERROR(missing(dir / "ca" / "ca.crt", init));
+  // fl-server checks every call against the CA's revocation list (--tls-crl), so that fl-provision revoke cuts
+  // a client off mid-run.
+  FL_RETURN_IF_ERROR(missing(dir / "ca" / "crl.pem", init));
   for (const char* ext : {".crt", ".key"}) {
     FL_RETURN_IF_ERROR(missing(dir / "server" / fl::StrCat("server", ext),
                                fl::StrCat("fl-experiment serves with the certificate named 'server' (", init,

@@ -268,8 +268,8 @@ TEST(ManifestTest, PkiDirNeedsACertificateForEveryClient) {
   fl::testing::ScratchDir dir("fl_manifest_pki");
   const fs::path pki = dir.File("pki");
   // fl-provision's layout, as far as the manifest checks it (the files' contents are the handshake's business).
-  for (const char* f : {"ca/ca.crt", "server/server.crt", "server/server.key", "clients/pi-0.crt", "clients/pi-0.key",
-                        "clients/pi-1.crt", "clients/pi-1.key", "clients/box-0.crt"}) {
+  for (const char* f : {"ca/ca.crt", "ca/crl.pem", "server/server.crt", "server/server.key", "clients/pi-0.crt",
+                        "clients/pi-0.key", "clients/pi-1.crt", "clients/pi-1.key", "clients/box-0.crt"}) {
     fs::create_directories((pki / f).parent_path());
     std::ofstream(pki / f) << "x";
   }

@@ -141,9 +141,10 @@ std::string ResolvedManifestJson(const Manifest& manifest);
 // written keep their defaults when it is read.
 absl::StatusOr<Manifest> ManifestFromResolvedJson(const std::string& json, const std::string& source_yaml);
 
-// What a run with `security.pki_dir` needs from that directory (fl-provision's layout): the CA certificate, the
-// server's certificate and key (server/server.crt, .key) and every client's (clients/<name>.crt, .key). OK when
-// they are all there; otherwise a FailedPrecondition naming the first missing file and how to make it.
+// What a run with `security.pki_dir` needs from that directory (fl-provision's layout): the CA certificate and its
+// revocation list (ca/crl.pem, fl-server --tls-crl), the server's certificate and key (server/server.crt, .key)
+// and every client's (clients/<name>.crt, .key). OK when they are all there; otherwise a FailedPrecondition
+// naming the first missing file and how to make it.
 absl::Status CheckPkiDir(const std::string& pki_dir, const std::vector<std::string>& client_names);
 
 // How much slower than the host a client of `device` trains: host_relative_speed / relative_speed, at least 1
