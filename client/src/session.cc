@@ -19,6 +19,7 @@
 #include "fl/core/codec.h"
 #include "fl/core/str_cat.h"
 #include "fl/core/task.h"
+#include "fl/proto/chunk_reader.h"
 #include "fl/proto/convert.h"
 #include "fl/rpc/tls.h"
 #include "fl/v1/federation.grpc.pb.h"
@@ -28,6 +29,11 @@ namespace {
 
 using fl::v1::ClientMessage;
 using fl::v1::ServerMessage;
+
+// The transfer RPCs by name, for calls that read and write raw ByteBuffers (the generated stub only speaks
+// messages); the names are those of proto/fl/v1/federation.proto's Federation service.
+constexpr char kDownloadModelMethod[] = "/fl.v1.Federation/DownloadModel";
+constexpr char kUploadUpdateMethod[] = "/fl.v1.Federation/UploadUpdate";
 
 std::chrono::system_clock::time_point DeadlineAfterMs(int64_t ms) {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
@@ -137,6 +143,10 @@ class FederatedClient::Impl {
   absl::Status setup_error_;  // the TLS files could not be read (see the constructor)
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<fl::v1::Federation::Stub> stub_;
+  // Transfer state reused across tasks (no allocation per chunk or per transfer).
+  wire::DataChunkReader download_chunks_;
+  core::TransferChecksum download_checksum_;
+  core::TransferChecksum upload_checksum_;
   std::atomic<bool> stop_{false};
 
   // Per join.
@@ -236,7 +246,7 @@ absl::Status FederatedClient::Impl::Run() {
 
 absl::StatusOr<fl::v1::JoinResponse> FederatedClient::Impl::Join(uint32_t timeout_ms) {
   fl::v1::JoinRequest req;
-  req.set_protocol_version(fl::v1::PROTOCOL_VERSION_1);
+  req.set_protocol_version(fl::v1::PROTOCOL_VERSION_2);
   req.set_client_name(options_.client_name);
   *req.mutable_device() = options_.device;
   *req.mutable_link() = options_.link;
@@ -454,25 +464,52 @@ absl::StatusOr<Downloaded> FederatedClient::Impl::Download(const fl::v1::Task& t
   req.set_task_id(task.task_id());
   req.set_model_version(task.model_version());
   req.set_max_chunk_bytes(options_.max_chunk_bytes);
-  auto reader = stub_->DownloadModel(&ctx, req);
+  // Read as raw ByteBuffers: data chunks go from gRPC's slices straight into the payload and the XXH3 state
+  // (wire::DataChunkReader), without a protobuf string per chunk; headers and trailers are parsed as usual.
+  auto reader = grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
+      channel_.get(),
+      grpc::internal::RpcMethod(kDownloadModelMethod, grpc::internal::RpcMethod::SERVER_STREAMING, channel_), &ctx,
+      req);
+  grpc::ByteBuffer message;
   fl::v1::ModelChunk chunk;
   fl::v1::ModelHeader header;
   std::vector<uint8_t>& payload = download_bytes_;
   payload.clear();
+  download_checksum_.Reset();
   std::optional<uint64_t> checksum;
   bool have_header = false;
-  while (reader->Read(&chunk)) {
+  auto fail = [&](std::string why) {
+    ctx.TryCancel();
+    reader->Finish();
+    return absl::DataLossError(std::move(why));
+  };
+  auto append = [&](std::span<const uint8_t> piece) {
+    payload.insert(payload.end(), piece.begin(), piece.end());
+    download_checksum_.Update(piece);
+  };
+  while (reader->Read(&message)) {
+    if (have_header) {
+      absl::StatusOr<wire::DataChunkReader::Kind> kind =
+          download_chunks_.Read(message, header.payload_bytes() - payload.size(), append);
+      if (!kind.ok()) {
+        return fail(kind.status().code() == absl::StatusCode::kOutOfRange
+                        ? std::string("the model download carries more bytes than its header announced")
+                        : fl::StrCat("the model download is malformed: ", kind.status().message()));
+      }
+      if (*kind == wire::DataChunkReader::Kind::kData) continue;
+    }
+    if (!grpc::SerializationTraits<fl::v1::ModelChunk>::Deserialize(&message, &chunk).ok()) {
+      return fail("a message of the model download could not be parsed as fl.v1.ModelChunk");
+    }
     if (chunk.has_header()) {
       header = chunk.header();
       have_header = true;
       payload.reserve(header.payload_bytes());
     } else if (chunk.part_case() == fl::v1::ModelChunk::kData) {
       if (!have_header || payload.size() + chunk.data().size() > header.payload_bytes()) {
-        ctx.TryCancel();
-        reader->Finish();
-        return absl::DataLossError("the model download carries more bytes than its header announced");
+        return fail("the model download carries more bytes than its header announced");
       }
-      payload.insert(payload.end(), chunk.data().begin(), chunk.data().end());
+      append(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(chunk.data().data()), chunk.data().size()));
     } else if (chunk.has_trailer()) {
       checksum = chunk.trailer().payload_checksum();
     }
@@ -482,7 +519,7 @@ absl::StatusOr<Downloaded> FederatedClient::Impl::Download(const fl::v1::Task& t
     return absl::UnavailableError(fl::StrCat("model download failed: ", status.error_message()));
   }
   if (!have_header || !checksum.has_value() || payload.size() != header.payload_bytes() ||
-      core::Checksum64(payload) != *checksum) {
+      download_checksum_.Digest() != *checksum) {
     return absl::DataLossError(fl::StrCat("the model download is incomplete or damaged (", payload.size(), " of ",
                                           header.payload_bytes(), " bytes, checksum ",
                                           checksum.has_value() ? "mismatch" : "missing", ")"));
@@ -515,21 +552,34 @@ absl::StatusOr<fl::v1::UploadUpdateResponse> FederatedClient::Impl::Upload(fl::v
   grpc::ClientContext ctx;
   ctx.set_deadline(DeadlineAfterMs(std::max<uint32_t>(deadline_ms, 1000)));
   fl::v1::UploadUpdateResponse resp;
-  auto writer = stub_->UploadUpdate(&ctx, &resp);
+  // Written as raw ByteBuffers: each data chunk is encoded by hand (wire::EncodeDataChunk), its bytes copied
+  // once into the message and into the XXH3 state as they go, instead of into a protobuf string then a buffer.
+  auto writer = grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
+      channel_.get(),
+      grpc::internal::RpcMethod(kUploadUpdateMethod, grpc::internal::RpcMethod::CLIENT_STREAMING, channel_), &ctx,
+      &resp);
   fl::v1::UpdateChunk chunk;
   *chunk.mutable_header() = header;
+  auto serialize = [](const fl::v1::UpdateChunk& m) {
+    grpc::ByteBuffer out;
+    bool own = false;
+    (void)grpc::SerializationTraits<fl::v1::UpdateChunk>::Serialize(m, &out, &own);  // a header: far below 2 GiB
+    return out;
+  };
   // A false Write means the server already answered (a refusal) or the stream broke: Finish says which.
-  bool open = writer->Write(chunk);
+  bool open = writer->Write(serialize(chunk));
   const size_t chunk_bytes = std::min<size_t>(options_.max_chunk_bytes, server_max_chunk_);
+  core::TransferChecksum& sum = upload_checksum_;
+  sum.Reset();
   for (size_t off = 0; open && off < payload.size(); off += chunk_bytes) {
-    chunk.Clear();
-    chunk.set_data(payload.data() + off, std::min(chunk_bytes, payload.size() - off));
-    open = writer->Write(chunk);
+    const std::span<const uint8_t> piece(payload.data() + off, std::min(chunk_bytes, payload.size() - off));
+    sum.Update(piece);
+    open = writer->Write(wire::EncodeDataChunk(piece));
   }
   if (open) {
     chunk.Clear();
-    chunk.mutable_trailer()->set_payload_checksum(core::Checksum64(payload));
-    open = writer->Write(chunk);
+    chunk.mutable_trailer()->set_payload_checksum(sum.Digest());
+    open = writer->Write(serialize(chunk));
   }
   if (open) writer->WritesDone();
   grpc::Status status = writer->Finish();
