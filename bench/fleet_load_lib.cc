@@ -269,7 +269,7 @@ struct Fleet::Impl {
   void SendJoin(Member& m) {
     if (stopping.load()) return;
     auto call = std::make_shared<JoinCall>();
-    call->request.set_protocol_version(fl::v1::PROTOCOL_VERSION_1);
+    call->request.set_protocol_version(fl::v1::PROTOCOL_VERSION_2);
     call->request.set_client_name(m.id);
     call->request.set_task("classification");
     call->request.set_num_train_examples(10);
@@ -359,7 +359,7 @@ struct Fleet::Impl {
     }
     if (open) {
       chunk.Clear();
-      chunk.mutable_trailer()->set_payload_checksum(core::Checksum64(payload));
+      chunk.mutable_trailer()->set_payload_checksum(core::TransferChecksum64(payload));
       open = writer->Write(chunk);
     }
     writer->WritesDone();

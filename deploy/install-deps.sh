@@ -19,6 +19,8 @@ PACKAGES=(
   libzmq3-dev cppzmq-dev
   # records and metrics
   libsqlite3-dev sqlite3 prometheus-cpp-dev
+  # wire transfers' checksum (XXH3)
+  libxxhash-dev
   # training
   libtorch-dev libgloo-dev   # gloo: the headers of LibTorch's c10d ProcessGroupGloo (island ranks)
   # configuration, CLI, logging, JSON

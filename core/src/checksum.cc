@@ -62,3 +62,29 @@ uint64_t Checksum64(std::span<const uint8_t> bytes, uint64_t seed) {
 }
 
 }  // namespace fl::core
+
+// XXH3 inlined (header-only use of libxxhash-dev): no shared library to ship with fl-client, and the
+// compiler sees the whole hash.
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+namespace fl::core {
+
+uint64_t TransferChecksum64(std::span<const uint8_t> bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
+
+struct TransferChecksum::State {
+  XXH3_state_t xxh;
+};
+
+TransferChecksum::TransferChecksum() : state_(std::make_unique<State>()) { Reset(); }
+TransferChecksum::~TransferChecksum() = default;
+
+void TransferChecksum::Reset() { XXH3_64bits_reset(&state_->xxh); }
+
+void TransferChecksum::Update(std::span<const uint8_t> bytes) {
+  if (!bytes.empty()) XXH3_64bits_update(&state_->xxh, bytes.data(), bytes.size());
+}
+
+uint64_t TransferChecksum::Digest() const { return XXH3_64bits_digest(&state_->xxh); }
+
+}  // namespace fl::core

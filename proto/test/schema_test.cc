@@ -90,7 +90,7 @@ TEST(SchemaDocsTest, EveryEnumStartsWithUnspecifiedZero) {
 
 TEST(SchemaTest, JoinRequestRoundTrips) {
   JoinRequest req;
-  req.set_protocol_version(PROTOCOL_VERSION_1);
+  req.set_protocol_version(PROTOCOL_VERSION_2);
   req.set_client_name("pi-07");
   req.mutable_device()->set_device_class("rpi4");
   req.mutable_device()->set_cpu_cores(4);
@@ -155,7 +155,7 @@ TEST(SchemaTest, ChunkedUploadReassemblesAndChecksumCatchesLoss) {
     wire.push_back(c.SerializeAsString());
   }
   UpdateChunk trailer;
-  trailer.mutable_trailer()->set_payload_checksum(fl::core::Checksum64(as_bytes(payload)));
+  trailer.mutable_trailer()->set_payload_checksum(fl::core::TransferChecksum64(as_bytes(payload)));
   wire.push_back(trailer.SerializeAsString());
 
   for (const auto& m : wire) EXPECT_LT(m.size(), 4u << 20) << "every message stays under gRPC's default limit";
@@ -172,14 +172,14 @@ TEST(SchemaTest, ChunkedUploadReassemblesAndChecksumCatchesLoss) {
   uint64_t checksum = 0;
   reassemble(wire, &got, &checksum);
   EXPECT_EQ(got.size(), payload.size());
-  EXPECT_EQ(fl::core::Checksum64(as_bytes(got)), checksum);
+  EXPECT_EQ(fl::core::TransferChecksum64(as_bytes(got)), checksum);
 
   // Drop one data chunk: the receiver's checksum no longer matches the trailer.
   auto lossy = wire;
   lossy.erase(lossy.begin() + 3);
   std::string partial;
   reassemble(lossy, &partial, &checksum);
-  EXPECT_NE(fl::core::Checksum64(as_bytes(partial)), checksum);
+  EXPECT_NE(fl::core::TransferChecksum64(as_bytes(partial)), checksum);
 }
 
 TEST(SchemaTest, ServiceHasTheFiveRpcsWithTheirStreamingShapes) {

@@ -52,10 +52,12 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
                              result.reason, ")"),
                   "", "nothing left to do: fl-client exits");
   }
-  if (req.protocol_version() != fl::v1::PROTOCOL_VERSION_1) {
+  if (req.protocol_version() != fl::v1::PROTOCOL_VERSION_2) {
+    // Version 1 checksummed transfers with Checksum64; its uploads would all fail the XXH3 check.
     return refuse(grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_ADMISSION_REFUSED,
                   fl::StrCat("protocol version ", static_cast<int>(req.protocol_version()),
-                             " is not supported; this server speaks version 1"),
+                             " is not supported; this server speaks version ",
+                             static_cast<int>(fl::v1::PROTOCOL_VERSION_2)),
                   "protocol_version", "use an fl-client of the same release as the server");
   }
   if (!ValidClientName(req.client_name())) {

@@ -395,7 +395,7 @@ void RoundEngine::PublishPayload() {
     spdlog::critical("cannot encode the global model: {}", s.message());
     std::abort();
   }
-  payload->checksum = core::Checksum64(payload->bytes);
+  payload->checksum = core::TransferChecksum64(payload->bytes);
   payload_ = std::move(payload);
 }
 

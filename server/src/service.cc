@@ -14,6 +14,7 @@
 
 #include "fl/core/checksum.h"
 #include "fl/core/str_cat.h"
+#include "fl/proto/chunk_reader.h"
 #include "fl/proto/convert.h"
 #include "fl/rpc/stream_outbox.h"
 #include "peer_guard.h"
@@ -351,18 +352,7 @@ class DownloadStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // A ModelChunk holding `data` (field 2, bytes), encoded by hand: the payload is copied once, into the
   // message, not into a protobuf string first.
   static grpc::ByteBuffer DataChunk(const uint8_t* data, size_t n) {
-    uint8_t prefix[16];
-    size_t len = 0;
-    prefix[len++] = (2 << 3) | 2;  // field 2, length-delimited
-    for (uint64_t v = n;; v >>= 7) {
-      if (v < 0x80) {
-        prefix[len++] = static_cast<uint8_t>(v);
-        break;
-      }
-      prefix[len++] = static_cast<uint8_t>(v | 0x80);
-    }
-    grpc::Slice slices[2] = {grpc::Slice(prefix, len), grpc::Slice(data, n)};
-    return grpc::ByteBuffer(slices, 2);
+    return wire::EncodeDataChunk(std::span<const uint8_t>(data, n));
   }
 
   RoundEngine* engine_;
@@ -419,6 +409,31 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       return;
     }
     const size_t bytes = in_.Length();
+    if (stage_ == Stage::kReceiving) {
+      // A data chunk is read in place from gRPC's slices into the payload, its checksum updated as it passes
+      // (no protobuf string, no second pass); anything else goes to protobuf's parser below.
+      progress_->last_ns = engine_->clock().NowNs();
+      absl::StatusOr<wire::DataChunkReader::Kind> kind =
+          chunk_reader_.Read(in_, header_.payload_bytes() - payload_.size(), [this](std::span<const uint8_t> piece) {
+            GrowFor(piece.size());
+            payload_.insert(payload_.end(), piece.begin(), piece.end());
+            checksum_.Update(piece);
+          });
+      if (!kind.ok()) {
+        return Fail(grpc::Status(
+            grpc::StatusCode::INVALID_ARGUMENT,
+            kind.status().code() == absl::StatusCode::kOutOfRange
+                ? fl::StrCat("the upload carries more than the ", header_.payload_bytes(),
+                             " bytes its header announced")
+                : fl::StrCat("message ", received_ + 1, " of the upload: ", kind.status().message())));
+      }
+      if (*kind == wire::DataChunkReader::Kind::kData) {
+        ++received_;
+        progress_->received_bytes = payload_.size();
+        StartRead(&in_);
+        return;
+      }
+    }
     fl::v1::UpdateChunk chunk;
     if (!Parse(&in_, &chunk)) {
       return Fail(Unparsable(fl::StrCat("message ", received_ + 1, " of the upload"), "fl.v1.UpdateChunk", bytes));
@@ -471,6 +486,8 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
           }
           GrowFor(chunk.data().size());
           payload_.insert(payload_.end(), chunk.data().begin(), chunk.data().end());
+          checksum_.Update(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(chunk.data().data()),
+                                                    chunk.data().size()));
           progress_->received_bytes = payload_.size();
           StartRead(&in_);
           return;
@@ -481,9 +498,10 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
                                      fl::StrCat("the upload ended after ", payload_.size(), " of ",
                                                 header_.payload_bytes(), " announced bytes")));
           }
-          if (core::Checksum64(payload_) != chunk.trailer().payload_checksum()) {
+          if (checksum_.Digest() != chunk.trailer().payload_checksum()) {
             return Fail(grpc::Status(grpc::StatusCode::DATA_LOSS,
-                                     "the upload's checksum does not match its bytes: a chunk was lost or damaged"));
+                                     "the upload's checksum (XXH3-64) does not match its bytes: a chunk was lost or "
+                                     "damaged"));
           }
           stage_ = Stage::kDone;
           PostDone(grpc::Status::OK);
@@ -576,6 +594,8 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   grpc::ByteBuffer in_;
   fl::v1::UpdateHeader header_;
   std::vector<uint8_t> payload_;
+  core::TransferChecksum checksum_;  // XXH3 of payload_, updated as chunks arrive
+  wire::DataChunkReader chunk_reader_;
   uint64_t received_ = 0;
   int64_t first_byte_ns_ = 0;
   Stage stage_ = Stage::kHeader;

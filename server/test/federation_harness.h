@@ -174,7 +174,7 @@ class RawClient {
   grpc::Status Join(const std::string& name, const core::ModelSpec& spec, fl::v1::JoinResponse* resp,
                     const std::string& task = "") {
     fl::v1::JoinRequest req;
-    req.set_protocol_version(fl::v1::PROTOCOL_VERSION_1);
+    req.set_protocol_version(fl::v1::PROTOCOL_VERSION_2);
     req.set_client_name(name);
     req.set_task(task);
     *req.mutable_model_spec() = wire::ToProto(spec, "raw");
@@ -203,7 +203,7 @@ class RawClient {
     }
     if (open) {
       chunk.Clear();
-      chunk.mutable_trailer()->set_payload_checksum(checksum.value_or(core::Checksum64(payload)));
+      chunk.mutable_trailer()->set_payload_checksum(checksum.value_or(core::TransferChecksum64(payload)));
       open = writer->Write(chunk);
     }
     if (open) writer->WritesDone();

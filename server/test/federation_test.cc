@@ -312,7 +312,7 @@ TEST(FederationTest, RejectsBadUpdatesWithAReasonAndKeepsTheModelClean) {
   EXPECT_NE(r.error().message().find("exactly"), std::string::npos) << r.error().message();
   // Transfer checksum mismatch: the upload fails with DATA_LOSS.
   grpc::Status transfer;
-  raw.Upload(h, payload, core::Checksum64(payload) ^ 1, &transfer);
+  raw.Upload(h, payload, core::TransferChecksum64(payload) ^ 1, &transfer);
   EXPECT_EQ(transfer.error_code(), grpc::StatusCode::DATA_LOSS);
   // NaN: rejected with NON_FINITE, naming the element.
   r = raw.Upload(h, payload);

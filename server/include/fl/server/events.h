@@ -58,7 +58,7 @@ struct ModelPayload {
   fl::v1::ModelSpec spec;
   std::string codec;
   std::vector<uint8_t> bytes;  // one fl::core codec payload
-  uint64_t checksum = 0;       // Checksum64(bytes)
+  uint64_t checksum = 0;       // TransferChecksum64(bytes): the download trailer's checksum
 };
 
 struct JoinEvent {

@@ -1,0 +1,50 @@
+// Reading the data chunks of DownloadModel and UploadUpdate straight from gRPC's buffers.
+//
+// A data chunk (ModelChunk / UpdateChunk with `bytes data = 2` set) is, as every encoder of ours and protobuf's
+// own serializer write it, the tag byte 0x12, a varint length, then exactly that many payload bytes. Parsing it
+// into a protobuf message copies the bytes into a std::string (an allocation per chunk) before they are copied
+// again into the payload. DataChunkReader instead walks the ByteBuffer's slices (reference-counted, not copied)
+// and hands the payload bytes to a sink in place.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/slice.h>
+
+#include "absl/status/statusor.h"
+
+namespace fl::wire {
+
+// The tag of field 2 (`data`) with wire type 2 (length-delimited): the first byte of a data chunk.
+inline constexpr uint8_t kDataChunkTag = (2 << 3) | 2;
+
+// Encodes a data chunk (field 2 = data) into a ByteBuffer by hand: the bytes are copied once, into the
+// message's slice, never into a protobuf string first.
+grpc::ByteBuffer EncodeDataChunk(std::span<const uint8_t> data);
+
+class DataChunkReader {
+ public:
+  enum class Kind {
+    kData,   // a data chunk: the sink got its payload bytes, in order
+    kOther,  // not a data chunk (header, trailer, or a data field not laid out as above): parse it with protobuf
+  };
+
+  // Reads `message`. A data chunk's payload goes to `sink`, in one call per contiguous piece (the pieces of one
+  // chunk may be split anywhere); `limit` is the most payload bytes the caller accepts from this chunk, checked
+  // before the sink sees anything. Errors (INVALID_ARGUMENT, naming what is wrong) for a message that starts as
+  // a data chunk but is not one: its length varint truncated or longer than 10 bytes, or its length running
+  // past the end of the message; OUT_OF_RANGE when the chunk carries more than `limit` bytes.
+  // Reuses its slice list: no allocation per chunk once it has seen the largest slice count.
+  absl::StatusOr<Kind> Read(const grpc::ByteBuffer& message, uint64_t limit,
+                            const std::function<void(std::span<const uint8_t>)>& sink);
+
+ private:
+  std::vector<grpc::Slice> slices_;
+};
+
+}  // namespace fl::wire
