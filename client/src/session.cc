@@ -147,10 +147,6 @@ class FederatedClient::Impl {
   wire::DataChunkReader download_chunks_;
   core::TransferChecksum download_checksum_;
   core::TransferChecksum upload_checksum_;
-  // Transfer state reused across tasks (no allocation per chunk or per transfer).
-  wire::DataChunkReader download_chunks_;
-  core::TransferChecksum download_checksum_;
-  core::TransferChecksum upload_checksum_;
   std::atomic<bool> stop_{false};
 
   // Per join.
