@@ -7,7 +7,9 @@
 #include <chrono>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <thread>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -15,6 +17,7 @@
 
 #include "fl/client/client_metrics.h"
 #include "fl/client/device_info.h"
+#include "fl/client/instances.h"
 #include "fl/client/session.h"
 #include "fl/client/synthetic_trainer.h"
 #include "fl/core/log_format.h"
@@ -46,7 +49,16 @@ struct ModelFlags {
   double slowdown = 1.0;
 };
 
-absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainer(const ModelFlags& f) {
+// With --instances: Fashion-MNIST read and decoded once for all the instances of a built-in model (each trainer
+// keeps only its shard's indices and tensors), instead of once per instance.
+struct SharedDatasets {
+#if FL_WITH_TORCH
+  std::optional<fl::data::Dataset> train, test;
+#endif
+};
+
+absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainer(const ModelFlags& f,
+                                                                 SharedDatasets* shared = nullptr) {
   if (f.model.starts_with("synthetic:")) {
     // synthetic:<params>[:<train_ms>]
     const std::string spec = f.model.substr(10);
@@ -118,10 +130,178 @@ absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainer(const ModelFlag
   o.num_threads = f.threads;
   o.data_fraction = f.data_fraction;
   o.slowdown = f.slowdown;
-  auto trainer = fl::client::TorchTrainer::Create(o);
+  if (shared != nullptr && !shared->train.has_value()) {
+    auto train = fl::data::LoadFashionMnist(o.data_dir, fl::data::Split::kTrain);
+    if (!train.ok()) return train.status();
+    auto test = fl::data::LoadFashionMnist(o.data_dir, fl::data::Split::kTest);
+    if (!test.ok()) return test.status();
+    shared->train = std::move(*train);
+    shared->test = std::move(*test);
+  }
+  auto trainer = shared != nullptr ? fl::client::TorchTrainer::Create(o, *shared->train, *shared->test)
+                                   : fl::client::TorchTrainer::Create(o);
   if (!trainer.ok()) return trainer.status();
   return std::unique_ptr<fl::client::Trainer>(std::move(*trainer));
 #endif
+}
+
+// The parameters of --model synthetic:<P>[:<ms>], 0 for any other model.
+uint64_t SyntheticParameters(const std::string& model) {
+  if (!model.starts_with("synthetic:")) return 0;
+  return std::strtoull(model.c_str() + 10, nullptr, 10);
+}
+
+// What --instances adds to one client's flags.
+struct InstanceFlags {
+  uint32_t count = 1;
+  uint32_t train_concurrency = 0;  // 0: the cores
+  std::string tls_cert_dir;        // NAME-i.crt / NAME-i.key per instance
+};
+
+// fl-client --instances N: N client identities in this process, each its own FederatedClient and Trainer, the
+// trainings bounded by one TrainGate. An instance whose trainer cannot be made, or whose session fails, is
+// reported by name; the others go on. Exit: 0 when all finished, 1 when any failed, 130 on a signal, 2 when the
+// instances cannot start at all (they do not fit in memory, bad flags).
+int RunInstances(const fl::client::ClientOptions& options, const ModelFlags& model, const InstanceFlags& flags,
+                 sigset_t signals) {
+  const uint32_t n = flags.count;
+  const std::string base = options.client_name;
+  const std::vector<std::string> names = fl::client::InstanceNames(base, n);
+  auto servers = fl::client::InstanceServers(options.server_address, n);
+  if (!servers.ok()) {
+    std::cerr << "fl-client: " << servers.status().message() << "\n";
+    return 2;
+  }
+  // Trainers of instance i: its own shard client_index + i.
+  SharedDatasets shared;
+  auto make_trainer = [&](uint32_t i) {
+    ModelFlags f = model;
+    f.client_index = model.client_index + i;
+    return MakeTrainer(f, &shared);
+  };
+  std::vector<std::unique_ptr<fl::client::Trainer>> trainers(n);
+  std::vector<absl::Status> outcome(n, absl::OkStatus());
+
+  // The memory estimate, before more than two instances exist: derived for the synthetic model (its parameters
+  // are all it holds), measured for a real one (the resident growth of one more trainer: its shard, model and
+  // buffers) plus what training and the session add.
+  fl::client::MemoryEstimate estimate;
+  estimate.count = n;
+  estimate.limit_bytes = fl::client::AvailableMemoryBytes();
+  if (const uint64_t synthetic = SyntheticParameters(model.model); synthetic > 0) {
+    estimate.per_instance_bytes =
+        synthetic * sizeof(float) + fl::client::SessionBytesPerInstance(synthetic, options.max_chunk_bytes);
+    estimate.how = fl::StrCat("derived: ", synthetic, " synthetic parameters, the session's buffers");
+  } else {
+    const uint64_t before = fl::client::ResidentBytes();
+    uint64_t after_first = before, after_second = before;
+    for (uint32_t i = 0; i < std::min<uint32_t>(n, 2); ++i) {
+      auto t = make_trainer(i);
+      if (t.ok()) {
+        trainers[i] = std::move(*t);
+      } else {
+        outcome[i] = t.status();
+      }
+      (i == 0 ? after_first : after_second) = fl::client::ResidentBytes();
+    }
+    uint64_t params = 0;
+    for (const auto& t : trainers) {
+      if (t != nullptr) params = t->spec().num_elements();
+    }
+    // The first trainer also pays for what all share (LibTorch's runtime, the dataset's files in the page cache
+    // of our reads); the second's growth is what one more costs.
+    const uint64_t measured = n >= 2 && trainers[1] != nullptr && after_second > after_first
+                                  ? after_second - after_first
+                                  : (after_first > before ? after_first - before : 0);
+    // Training adds gradients and the optimizer's state (momentum or Adam's two moments): up to three model-sized
+    // buffers, held by the trainings that run at once only, but counted for all: a bound, not a mean.
+    estimate.per_instance_bytes = measured + 3 * params * sizeof(float) +
+                                  fl::client::SessionBytesPerInstance(params, options.max_chunk_bytes);
+    estimate.how = fl::StrCat("measured: a trainer's resident growth ", measured >> 10, " KB; derived: ", params,
+                              " parameters' training state and the session's buffers");
+  }
+  estimate.total_bytes = estimate.per_instance_bytes * n;
+  spdlog::info("{} instances ({}..{}), shards {}..{} of {}: memory {}", n, names.front(), names.back(),
+               model.client_index, model.client_index + n - 1, model.num_clients, estimate.Describe());
+  if (absl::Status s = fl::client::CheckFits(estimate); !s.ok()) {
+    std::cerr << "fl-client: " << s.message() << "\n";
+    return 2;
+  }
+
+  const uint32_t concurrency =
+      flags.train_concurrency > 0 ? flags.train_concurrency : std::max(1u, std::thread::hardware_concurrency());
+  fl::client::TrainGate gate(concurrency);
+  std::vector<std::unique_ptr<fl::client::GatedTrainer>> gated(n);
+  std::vector<std::unique_ptr<fl::client::FederatedClient>> clients(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    if (trainers[i] == nullptr && outcome[i].ok()) {
+      auto t = make_trainer(i);
+      if (t.ok()) {
+        trainers[i] = std::move(*t);
+      } else {
+        outcome[i] = t.status();
+      }
+    }
+    if (!outcome[i].ok()) {
+      std::cerr << "fl-client: instance " << names[i] << " (shard " << model.client_index + i
+                << "): " << outcome[i].message() << "\n";
+      continue;
+    }
+    gated[i] = std::make_unique<fl::client::GatedTrainer>(names[i], std::move(trainers[i]), &gate);
+    fl::client::ClientOptions o = options;
+    o.client_name = names[i];
+    o.server_address = (*servers)[i];
+    o.seed = model.init_seed ^ (model.client_index + i);
+    if (!flags.tls_cert_dir.empty() && o.tls.has_value()) {
+      o.tls->cert_file = fl::StrCat(flags.tls_cert_dir, "/", names[i], ".crt");
+      o.tls->key_file = fl::StrCat(flags.tls_cert_dir, "/", names[i], ".key");
+    }
+    clients[i] = std::make_unique<fl::client::FederatedClient>(std::move(o), gated[i].get());
+  }
+  spdlog::info("{} instances started, at most {} training at once", n, concurrency);
+
+  std::atomic<bool> exiting{false}, signalled{false};
+  std::thread signal_thread([&] {
+    int sig = 0;
+    if (sigwait(&signals, &sig) != 0 || exiting.load()) return;
+    spdlog::warn("signal {} received: all instances leave", sig);
+    signalled.store(true);
+    for (auto& c : clients) {
+      if (c != nullptr) c->Stop();
+    }
+  });
+  std::vector<std::thread> runs;
+  runs.reserve(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    if (clients[i] == nullptr) continue;
+    runs.emplace_back([&, i] {
+      outcome[i] = clients[i]->Run();
+      if (!outcome[i].ok() && !signalled.load()) {
+        // At once, not only at the end: the others may run for long.
+        spdlog::error("instance {} (shard {}) failed: {}", names[i], model.client_index + i, outcome[i].message());
+      }
+    });
+  }
+  for (std::thread& t : runs) t.join();
+  exiting.store(true);
+  pthread_kill(signal_thread.native_handle(), SIGTERM);
+  signal_thread.join();
+
+  std::string failed;
+  uint32_t finished = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    if (outcome[i].ok()) {
+      ++finished;
+    } else {
+      failed = fl::StrCat(failed, failed.empty() ? "" : ", ", names[i]);
+    }
+  }
+  if (finished == n) {
+    spdlog::info("experiment finished: all {} instances", n);
+    return 0;
+  }
+  std::cerr << "fl-client: " << finished << " of " << n << " instances finished; failed: " << failed << "\n";
+  return signalled.load() ? 130 : 1;
 }
 
 }  // namespace
@@ -216,7 +396,40 @@ int main(int argc, char** argv) {
   app.add_flag("--insecure", insecure,
                "Connect over plaintext gRPC without any TLS flag: the server is not authenticated and anyone on the "
                "path can read and change the model. Only for a trusted network or a test");
+  InstanceFlags instances;
+  app.add_option("--instances", instances.count,
+                 "Virtual clients: host this many client identities in this process, named NAME-0..NAME-(N-1) "
+                 "(--name is NAME), shards --client-index..--client-index+N-1, each its own session; they share "
+                 "the LibTorch runtime and --train-concurrency trainings at a time (docs/testbed.md)")
+      ->check(CLI::Range(1u, 1u << 20));
+  app.add_option("--train-concurrency", instances.train_concurrency,
+                 "With --instances: at most this many instances train or evaluate at once; 0: the cores")
+      ->capture_default_str();
+  app.add_option("--tls-cert-dir", instances.tls_cert_dir,
+                 "With --instances and --tls-ca: the folder of the instances' certificates, NAME-i.crt and NAME-i.key "
+                 "(fl-provision's clients/ folder); replaces --tls-cert/--tls-key");
   CLI11_PARSE(app, argc, argv);
+  const bool virtual_clients = app.count("--instances") > 0;
+  if (!virtual_clients && (!instances.tls_cert_dir.empty() || app.count("--train-concurrency") > 0)) {
+    std::cerr << "fl-client: --tls-cert-dir and --train-concurrency go with --instances N (for one client: "
+                 "--tls-cert/--tls-key)\n";
+    return 2;
+  }
+  if (!instances.tls_cert_dir.empty()) {
+    if (!tls.cert_file.empty() || !tls.key_file.empty()) {
+      std::cerr << "fl-client: --tls-cert-dir=" << instances.tls_cert_dir
+                << " gives every instance its own certificate: drop --tls-cert/--tls-key\n";
+      return 2;
+    }
+    // Stand-ins that make the TLS checks below count all three; each instance gets its own files.
+    tls.cert_file = instances.tls_cert_dir;
+    tls.key_file = instances.tls_cert_dir;
+  }
+  if (virtual_clients && !metrics_addr.empty()) {
+    std::cerr << "fl-client: --metrics-addr with --instances: the client metrics carry one client's name; run "
+                 "without --metrics-addr (fl-server's /metrics has every client)\n";
+    return 2;
+  }
   options.clock_skew_ns = clock_skew_ms * 1'000'000;
   // All three or none: TLS with a part missing would only fail later, at every handshake.
   const int tls_given = int{!tls.ca_file.empty()} + int{!tls.cert_file.empty()} + int{!tls.key_file.empty()};
@@ -272,6 +485,12 @@ int main(int argc, char** argv) {
               << " must be below --num-clients=" << model.num_clients << "\n";
     return 2;
   }
+  if (virtual_clients && uint64_t{model.client_index} + instances.count > model.num_clients) {
+    std::cerr << "fl-client: --instances=" << instances.count << " from --client-index=" << model.client_index
+              << " needs shards up to " << uint64_t{model.client_index} + instances.count - 1
+              << ", beyond --num-clients=" << model.num_clients << "\n";
+    return 2;
+  }
 
   if (absl::Status s = fl::client::ValidateSocketBinding(options.binding); !s.ok()) {
     std::cerr << "fl-client: " << s.message() << "\n";
@@ -295,6 +514,10 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  if (virtual_clients) {
+    if (app.count("--name") == 0) options.client_name = options.device.hostname();
+    return RunInstances(options, model, instances, signals);
+  }
 
   auto trainer = MakeTrainer(model);
   if (!trainer.ok()) {

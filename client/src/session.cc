@@ -95,6 +95,9 @@ class FederatedClient::Impl {
     grpc::ChannelArguments args = wire::SessionChannelArguments();
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+    // A connection of its own even beside other sessions of this process (fl-client --instances): as separate
+    // devices would, and so that one instance's reconnect or stalled stream is not every instance's.
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     ApplySocketBinding(options_.binding, &args);
     if (options_.tls.has_value() && !options_.tls->server_name.empty()) {
       args.SetSslTargetNameOverride(options_.tls->server_name);

@@ -1,0 +1,96 @@
+// Virtual clients: one fl-client process hosting N client identities (`fl-client --instances N`).
+//
+// Each instance is a whole FederatedClient (its own session, clock offset, reconnects, error feedback, name and
+// shard) with its own Trainer; what they share is the process: the LibTorch runtime, the model code, and a
+// bounded number of trainings at a time (TrainGate), so that an added client costs its shard and its model state,
+// not a process. Torch-free: fl-client's main wires the trainers.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "fl/client/trainer.h"
+
+namespace fl::client {
+
+// At most `limit` trainings or evaluations at a time across the instances of a process (the pool of training
+// threads: more would only contend for the same cores and hold more activations in memory at once).
+class TrainGate {
+ public:
+  explicit TrainGate(uint32_t limit) : limit_(limit == 0 ? 1 : limit) {}
+  void Acquire();
+  void Release();
+  uint32_t limit() const { return limit_; }
+  // The most that ever held the gate at once (tests check the bound with it).
+  uint32_t peak() const;
+
+ private:
+  const uint32_t limit_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  uint32_t held_ = 0;
+  uint32_t peak_ = 0;
+};
+
+// A Trainer whose Train and Evaluate pass through a TrainGate, and whose exceptions (LibTorch throws c10::Error)
+// become an Internal error naming the instance instead of ending the whole process with its other clients.
+class GatedTrainer final : public Trainer {
+ public:
+  GatedTrainer(std::string instance, std::unique_ptr<Trainer> inner, TrainGate* gate)
+      : instance_(std::move(instance)), inner_(std::move(inner)), gate_(gate) {}
+  const core::ModelSpec& spec() const override { return inner_->spec(); }
+  std::string model_name() const override { return inner_->model_name(); }
+  std::string task() const override { return inner_->task(); }
+  uint64_t num_train_examples() const override { return inner_->num_train_examples(); }
+  uint64_t num_test_examples() const override { return inner_->num_test_examples(); }
+  absl::Status GetParameters(std::span<float> out) override;
+  absl::StatusOr<TrainResult> Train(std::span<const float> global, const TrainOptions& options) override;
+  absl::StatusOr<EvalResult> Evaluate(std::span<const float> global) override;
+
+ private:
+  std::string instance_;
+  std::unique_ptr<Trainer> inner_;
+  TrainGate* gate_;
+};
+
+// The names of `count` instances named after `base`: base-0 .. base-(count-1), as fl-experiment names the clients
+// of a group.
+std::vector<std::string> InstanceNames(const std::string& base, uint32_t count);
+
+// `--server` for N instances: one address for all, or N comma-separated addresses, one per instance (each its own
+// emulated link, e.g. a shaping relay's port). InvalidArgument naming the counts otherwise.
+absl::StatusOr<std::vector<std::string>> InstanceServers(const std::string& flag, uint32_t count);
+
+// What N instances are expected to take, and what this machine has.
+struct MemoryEstimate {
+  uint64_t per_instance_bytes = 0;
+  uint64_t count = 0;
+  uint64_t total_bytes = 0;   // per_instance_bytes x count
+  uint64_t limit_bytes = 0;   // what may be used: AvailableMemoryBytes()
+  std::string how;            // how per_instance_bytes was found (measured / derived), for the log
+  bool fits() const { return total_bytes <= limit_bytes; }
+  std::string Describe() const;
+};
+
+// Session-side bytes of one instance besides its trainer, for a model of `num_parameters`: the downloaded model
+// (encoded and decoded), the update being uploaded, its error-feedback residual, chunk buffers, the gRPC channel
+// and the session's threads.
+uint64_t SessionBytesPerInstance(uint64_t num_parameters, uint32_t max_chunk_bytes);
+
+// Memory this process may still use: MemAvailable of /proc/meminfo, lowered to the cgroup's memory.max minus
+// memory.current where a (v2) limit is set. 0 when neither can be read.
+uint64_t AvailableMemoryBytes();
+// This process's resident set now (/proc/self/statm), 0 when it cannot be read.
+uint64_t ResidentBytes();
+
+// OK when `e` fits; otherwise ResourceExhausted naming the count, the estimate per instance and in all, the limit
+// and what to do.
+absl::Status CheckFits(const MemoryEstimate& e);
+
+}  // namespace fl::client

@@ -1,0 +1,178 @@
+#include "fl/client/instances.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <exception>
+#include <fstream>
+#include <sstream>
+
+#include "fl/core/str_cat.h"
+
+namespace fl::client {
+namespace {
+
+std::string Mb(uint64_t bytes) {
+  std::ostringstream os;
+  os.precision(bytes >= (uint64_t{10} << 20) ? 0 : 2);
+  os << std::fixed << static_cast<double>(bytes) / (1 << 20) << " MB";
+  return os.str();
+}
+
+// A cgroup v2 file holding one number, or "max"; 0 when absent or "max".
+uint64_t ReadCgroupNumber(const char* path) {
+  std::ifstream in(path);
+  std::string word;
+  if (!(in >> word) || word == "max") return 0;
+  try {
+    return std::stoull(word);
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+}  // namespace
+
+void TrainGate::Acquire() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return held_ < limit_; });
+  ++held_;
+  peak_ = std::max(peak_, held_);
+}
+
+void TrainGate::Release() {
+  {
+    std::lock_guard lock(mu_);
+    --held_;
+  }
+  cv_.notify_one();
+}
+
+uint32_t TrainGate::peak() const {
+  std::lock_guard lock(mu_);
+  return peak_;
+}
+
+namespace {
+// Holds the gate for a scope.
+class GateHold {
+ public:
+  explicit GateHold(TrainGate* gate) : gate_(gate) {
+    if (gate_ != nullptr) gate_->Acquire();
+  }
+  ~GateHold() {
+    if (gate_ != nullptr) gate_->Release();
+  }
+  GateHold(const GateHold&) = delete;
+  GateHold& operator=(const GateHold&) = delete;
+
+ private:
+  TrainGate* gate_;
+};
+
+absl::Status Thrown(const std::string& instance, const char* what, const char* call) {
+  return absl::InternalError(fl::StrCat("instance ", instance, ": ", call, " threw: ", what));
+}
+}  // namespace
+
+absl::Status GatedTrainer::GetParameters(std::span<float> out) {
+  try {
+    return inner_->GetParameters(out);
+  } catch (const std::exception& e) {
+    return Thrown(instance_, e.what(), "GetParameters");
+  }
+}
+
+absl::StatusOr<TrainResult> GatedTrainer::Train(std::span<const float> global, const TrainOptions& options) {
+  GateHold hold(gate_);
+  try {
+    return inner_->Train(global, options);
+  } catch (const std::exception& e) {
+    return Thrown(instance_, e.what(), "training");
+  }
+}
+
+absl::StatusOr<EvalResult> GatedTrainer::Evaluate(std::span<const float> global) {
+  GateHold hold(gate_);
+  try {
+    return inner_->Evaluate(global);
+  } catch (const std::exception& e) {
+    return Thrown(instance_, e.what(), "evaluation");
+  }
+}
+
+std::vector<std::string> InstanceNames(const std::string& base, uint32_t count) {
+  std::vector<std::string> names;
+  names.reserve(count);
+  for (uint32_t i = 0; i < count; ++i) names.push_back(fl::StrCat(base, "-", i));
+  return names;
+}
+
+absl::StatusOr<std::vector<std::string>> InstanceServers(const std::string& flag, uint32_t count) {
+  std::vector<std::string> parts;
+  std::stringstream in(flag);
+  for (std::string part; std::getline(in, part, ',');) {
+    if (part.empty()) {
+      return absl::InvalidArgumentError(fl::StrCat("--server=", flag, ": an empty address in the list"));
+    }
+    parts.push_back(part);
+  }
+  if (parts.size() == 1) return std::vector<std::string>(count, parts[0]);
+  if (parts.size() != count) {
+    return absl::InvalidArgumentError(fl::StrCat("--server=", flag, ": ", parts.size(),
+                                                 " addresses for --instances=", count,
+                                                 "; give one address for all instances or one per instance"));
+  }
+  return parts;
+}
+
+uint64_t SessionBytesPerInstance(uint64_t num_parameters, uint32_t max_chunk_bytes) {
+  const uint64_t model = num_parameters * sizeof(float);
+  // Global model encoded + decoded, update, error-feedback residual: four model-sized buffers at most; two
+  // chunks in flight; about 256 KB of gRPC channel state and touched thread stacks (three threads).
+  return 4 * model + 2 * uint64_t{max_chunk_bytes} + (uint64_t{256} << 10);
+}
+
+uint64_t AvailableMemoryBytes() {
+  uint64_t available = 0;
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    uint64_t kb = 0;
+    std::string unit;
+    meminfo >> kb >> unit;
+    if (key == "MemAvailable:") {
+      available = kb * 1024;
+      break;
+    }
+  }
+  const uint64_t max = ReadCgroupNumber("/sys/fs/cgroup/memory.max");
+  if (max > 0) {
+    const uint64_t current = ReadCgroupNumber("/sys/fs/cgroup/memory.current");
+    const uint64_t left = max > current ? max - current : 0;
+    available = available == 0 ? left : std::min(available, left);
+  }
+  return available;
+}
+
+uint64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  uint64_t size = 0, resident = 0;
+  if (!(statm >> size >> resident)) return 0;
+  return resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+std::string MemoryEstimate::Describe() const {
+  return fl::StrCat(count, " instances x ", Mb(per_instance_bytes), " (", how, ") = ", Mb(total_bytes),
+                    "; available to this process: ", Mb(limit_bytes));
+}
+
+absl::Status CheckFits(const MemoryEstimate& e) {
+  if (e.fits()) return absl::OkStatus();
+  const uint64_t most = e.per_instance_bytes == 0 ? 0 : e.limit_bytes / e.per_instance_bytes;
+  return absl::ResourceExhaustedError(fl::StrCat(
+      "--instances=", e.count, " does not fit this machine's memory: estimated ", Mb(e.total_bytes), " (",
+      e.Describe(), "), limit ", Mb(e.limit_bytes), " (MemAvailable, or the cgroup's memory.max); at most ", most,
+      " instances fit: run fewer per process, a smaller --data-fraction, or spread them over machines"));
+}
+
+}  // namespace fl::client

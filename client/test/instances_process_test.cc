@@ -1,0 +1,153 @@
+// fl-client --instances with the real binaries on loopback: a few hundred virtual clients in one process finish an
+// experiment against a real fl-server, each under its own name in the records; an instance that cannot start (its
+// certificate is missing) is reported by name while the others finish; an N that cannot fit is refused before
+// anything starts, naming the estimate and the limit.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fl/core/str_cat.h"
+#include "fl/instrumentation/record_reader.h"
+#include "fl/pki/pki.h"
+#include "fl/testing/scratch_dir.h"
+#include "fl/testing/subprocess.h"
+
+namespace fl::client {
+namespace {
+
+using fl::testing::Subprocess;
+using ::testing::HasSubstr;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+int64_t Query(const std::string& db, const std::string& sql) {
+  auto reader = instrumentation::RecordReader::Open(db);
+  if (!reader.ok()) return -1;
+  auto n = (*reader)->QueryInt(sql);
+  return n.ok() ? *n : -1;
+}
+
+// The port fl-server wrote to `port_file`, or 0 when it exited or did not write it in time.
+int WaitForPort(const std::string& port_file, const Subprocess& server) {
+  for (int i = 0; i < 3000 && server.running(); ++i) {
+    const std::string text = ReadFile(port_file);
+    if (!text.empty() && text.back() == '\n') return std::stoi(text);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return 0;
+}
+
+std::vector<std::string> ServerArgs(const fl::testing::ScratchDir& dir, int clients, int rounds) {
+  return {FL_SERVER_BIN,
+          "--listen",
+          "127.0.0.1:0",
+          "--port-file",
+          dir.File("port"),
+          "--db",
+          dir.File("records.db"),
+          "--rounds",
+          std::to_string(rounds),
+          "--min-fit-clients",
+          std::to_string(clients),
+          "--min-available-clients",
+          std::to_string(clients),
+          "--evaluate-every",
+          "0",
+          "--round-deadline-ms",
+          "60000",
+          "--linger-s",
+          "0",
+          "--log-level",
+          "warn"};
+}
+
+TEST(InstancesProcessTest, ThreeHundredInstancesInOneProcessFinishAnExperimentUnderTheirNames) {
+  fl::testing::ScratchDir dir("fl_instances");
+  std::vector<std::string> server_args = ServerArgs(dir, 300, 2);
+  server_args.push_back("--insecure");
+  Subprocess server(server_args, dir.File("server.log"));
+  const int port = WaitForPort(dir.File("port"), server);
+  ASSERT_GT(port, 0) << ReadFile(dir.File("server.log"));
+  const std::string client_log = dir.File("client.log");
+  Subprocess client({FL_CLIENT_BIN, "--server", fl::StrCat("127.0.0.1:", port), "--name", "virt", "--instances", "300",
+                     "--num-clients", "300", "--model", "synthetic:1000", "--train-concurrency", "2",
+                     "--give-up-after-s", "60", "--insecure"},
+                    client_log);
+  EXPECT_EQ(client.Wait(std::chrono::seconds(180)), std::optional<int>(0)) << ReadFile(client_log);
+  EXPECT_EQ(server.Wait(std::chrono::seconds(60)), std::optional<int>(0)) << ReadFile(dir.File("server.log"));
+  const std::string db = dir.File("records.db");
+  EXPECT_EQ(Query(db, "SELECT count(DISTINCT client_name) FROM clients WHERE client_name LIKE 'virt-%'"), 300);
+  EXPECT_EQ(Query(db, "SELECT count(*) FROM clients WHERE client_name IN ('virt-0', 'virt-299')"), 2);
+  EXPECT_EQ(Query(db, "SELECT count(*) FROM rounds WHERE status = 'committed'"), 2);
+  // Every instance trained in both rounds, each its own session.
+  EXPECT_EQ(Query(db, "SELECT count(*) FROM client_rounds WHERE outcome = 'ok'"), 600);
+  EXPECT_EQ(Query(db, "SELECT count(*) FROM experiments WHERE status = 'finished'"), 1);
+  const std::string out = ReadFile(client_log);
+  EXPECT_THAT(out, HasSubstr("300 instances (virt-0..virt-299), shards 0..299 of 300: memory 300 instances x"));
+  EXPECT_THAT(out, HasSubstr("at most 2 training at once"));
+}
+
+TEST(InstancesProcessTest, AnInstanceWithoutItsCertificateIsReportedByNameAndTheOthersFinish) {
+  fl::testing::ScratchDir dir("fl_instances");
+  pki::Paths paths;
+  paths.dir = dir.File("pki");
+  ASSERT_TRUE(pki::CreateCa(paths.dir, {}).ok());
+  pki::IssueOptions server_cert;
+  server_cert.ip_addresses = {"127.0.0.1"};
+  ASSERT_TRUE(pki::Issue(paths.dir, pki::Kind::kServer, "server", server_cert).ok());
+  for (int i = 0; i < 20; ++i) {
+    if (i == 7) continue;  // edge-7 has no certificate: its session cannot start
+    ASSERT_TRUE(pki::Issue(paths.dir, pki::Kind::kClient, fl::StrCat("edge-", i), {}).ok());
+  }
+  std::vector<std::string> server_args = ServerArgs(dir, 19, 2);
+  server_args.insert(server_args.end(), {"--tls-cert", paths.Cert(pki::Kind::kServer, "server"), "--tls-key",
+                                         paths.Key(pki::Kind::kServer, "server"), "--tls-client-ca", paths.CaCert()});
+  Subprocess server(server_args, dir.File("server.log"));
+  const int port = WaitForPort(dir.File("port"), server);
+  ASSERT_GT(port, 0) << ReadFile(dir.File("server.log"));
+  const std::string cert_dir = fl::StrCat(paths.dir, "/clients");
+  ASSERT_EQ(paths.Cert(pki::Kind::kClient, "edge-0"), fl::StrCat(cert_dir, "/edge-0.crt"));
+  const std::string client_log = dir.File("client.log");
+  Subprocess client({FL_CLIENT_BIN, "--server", fl::StrCat("127.0.0.1:", port), "--name", "edge", "--instances", "20",
+                     "--num-clients", "20", "--model", "synthetic:1000", "--give-up-after-s", "60", "--tls-ca",
+                     paths.CaCert(), "--tls-cert-dir", cert_dir},
+                    client_log);
+  EXPECT_EQ(client.Wait(std::chrono::seconds(120)), std::optional<int>(1)) << ReadFile(client_log);
+  EXPECT_EQ(server.Wait(std::chrono::seconds(60)), std::optional<int>(0)) << ReadFile(dir.File("server.log"));
+  const std::string out = ReadFile(client_log);
+  EXPECT_THAT(out, HasSubstr("instance edge-7 (shard 7) failed"));
+  EXPECT_THAT(out, HasSubstr("19 of 20 instances finished; failed: edge-7\n"));
+  const std::string db = dir.File("records.db");
+  EXPECT_EQ(Query(db, "SELECT count(DISTINCT client_name) FROM clients"), 19);
+  EXPECT_EQ(Query(db, "SELECT count(*) FROM clients WHERE client_name = 'edge-7'"), 0);
+  EXPECT_EQ(Query(db, "SELECT count(*) FROM rounds WHERE status = 'committed'"), 2);
+}
+
+TEST(InstancesProcessTest, AnInstanceCountThatCannotFitIsRefusedNamingTheEstimateAndTheLimit) {
+  fl::testing::ScratchDir dir("fl_instances");
+  const std::string log = dir.File("client.log");
+  // 100,000 instances of a 100M-parameter model: about 200 TB, nothing allocated to find out.
+  Subprocess client({FL_CLIENT_BIN, "--server", "127.0.0.1:1", "--name", "big", "--instances", "100000",
+                     "--num-clients", "100000", "--model", "synthetic:100000000", "--give-up-after-s", "1",
+                     "--insecure"},
+                    log);
+  EXPECT_EQ(client.Wait(std::chrono::seconds(30)), std::optional<int>(2)) << ReadFile(log);
+  const std::string out = ReadFile(log);
+  EXPECT_THAT(out, HasSubstr("--instances=100000 does not fit this machine's memory: estimated "));
+  EXPECT_THAT(out, HasSubstr("100000 instances x "));
+  EXPECT_THAT(out, HasSubstr("limit "));
+  EXPECT_THAT(out, HasSubstr("at most "));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("instances started")));
+}
+
+}  // namespace
+}  // namespace fl::client
