@@ -51,6 +51,21 @@ TEST_F(LoopTest, EventsAreHandledInPostOrderAndTheAfterTurnHookRuns) {
   EXPECT_EQ(turns_after_, 1);
 }
 
+TEST(EventLoopQueueTest, QueuedCountsEventsPostedAndNotYetHandledTheTurnsBatchIncluded) {
+  ManualClock clock;
+  EventLoop<int>* self = nullptr;
+  std::vector<size_t> seen;  // queued() as each event is handled
+  EventLoop<int> loop(&clock, [&](int&) { seen.push_back(self->queued()); });
+  self = &loop;
+  EXPECT_EQ(loop.queued(), 0u);
+  for (int i = 0; i < 3; ++i) loop.Post(i);
+  EXPECT_EQ(loop.queued(), 3u);
+  loop.RunUntilIdle();
+  // While the turn works through its batch, the events not yet handled still count: a late loop's backlog.
+  EXPECT_EQ(seen, (std::vector<size_t>{3, 2, 1}));
+  EXPECT_EQ(loop.queued(), 0u);
+}
+
 TEST_F(LoopTest, TimersFireOnlyWhenTheClockReachesThemInDeadlineOrder) {
   const int64_t t0 = clock_.NowNs();
   loop_.At(t0 + 300, [&] { log_.push_back("t300"); });
