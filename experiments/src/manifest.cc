@@ -261,6 +261,7 @@ const config::FieldTable<Emulation>& EmulationFields() {
   static const auto& table = *new config::FieldTable<Emulation>{
       config::ChoiceField("backend", &Emulation::backend, {"auto", "none", "userspace", "kernel"}),
       config::NumberField("host_relative_speed", &Emulation::host_relative_speed, {1e-3, 1e6}),
+      config::BoolField("virtual_clients", &Emulation::virtual_clients).NewInRecords(),
   };
   return table;
 }

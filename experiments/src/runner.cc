@@ -85,10 +85,12 @@ absl::Status WriteManifestRecord(const std::string& db_path, const Manifest& m, 
   return absl::OkStatus();
 }
 
+// One fl-client process: one client, or a group's clients as virtual clients (fl-client --instances).
 struct ClientPlan {
-  std::string name;
+  std::string name;  // the client's name, or for virtual clients the process's: <group>-instances
   const ClientGroup* group = nullptr;
-  uint32_t index = 0;  // global, 0..N-1: its data shard
+  uint32_t index = 0;      // global, 0..N-1: its data shard (virtual clients: the first one's)
+  uint32_t instances = 0;  // 0: one client; > 0: fl-client --instances <instances>, named <group>-0..
   double start_at_s = 0;
   double leave_at_s = 0;  // 0 = never
   bool started = false;
@@ -209,6 +211,7 @@ std::vector<std::string> ServerArgs(const Manifest& m, const RunOptions& o, cons
 }
 
 // `via_forwarder`: the client dials a forwarder (a namespace link's host end), not the server's own address.
+// `server_addr`: for virtual clients, one address per instance, comma-separated (each its own relay).
 std::vector<std::string> ClientArgs(const Manifest& m, const RunOptions& o, const ClientPlan& c,
                                     const std::string& server_addr, const RunPki& tls, bool via_forwarder) {
   const ClientGroup& g = *c.group;
@@ -216,7 +219,7 @@ std::vector<std::string> ClientArgs(const Manifest& m, const RunOptions& o, cons
                                 "--server",
                                 server_addr,
                                 "--name",
-                                c.name,
+                                c.instances > 0 ? g.name : c.name,
                                 "--model",
                                 m.training.model,
                                 "--partition",
@@ -250,7 +253,13 @@ std::vector<std::string> ClientArgs(const Manifest& m, const RunOptions& o, cons
   if (m.training.seq_len != 64) a.insert(a.end(), {"--seq-len", std::to_string(m.training.seq_len)});
   if (!g.link_name.empty()) a.insert(a.end(), {"--link-profile", g.link_name});
   if (!g.device.device_class.empty()) a.insert(a.end(), {"--device-class", g.device.device_class});
-  if (tls.enabled()) {
+  if (c.instances > 0) a.insert(a.end(), {"--instances", std::to_string(c.instances)});
+  if (tls.enabled() && c.instances > 0) {
+    // Each instance presents its own certificate, <group>-<i>.crt from the run's clients/ folder.
+    a.insert(a.end(), {"--tls-ca", tls.paths.CaCert(), "--tls-cert-dir",
+                       fs::path(tls.paths.Cert(pki::Kind::kClient, g.name)).parent_path().string()});
+    if (via_forwarder) a.insert(a.end(), {"--tls-server-name", "127.0.0.1"});
+  } else if (tls.enabled()) {
     a.insert(a.end(), {"--tls-ca", tls.paths.CaCert(), "--tls-cert", tls.paths.Cert(pki::Kind::kClient, c.name),
                        "--tls-key", tls.paths.Key(pki::Kind::kClient, c.name)});
     // The server's certificate names 127.0.0.1, where it listens, not the forwarder's 10.213.x.1.
@@ -364,7 +373,22 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
   // Plan every client; links are set up as each client starts.
   std::vector<ClientPlan> plans;
   uint32_t index = 0;
+  // Virtual clients need one process to reach every instance's link: the userspace relays (a port each) can,
+  // the kernel backend's namespaces cannot (a process is in one).
+  const bool virtual_clients = m.emulation.virtual_clients && *backend != "kernel";
   for (const ClientGroup& g : m.clients) {
+    if (virtual_clients && g.count > 1) {
+      ClientPlan p;
+      p.name = fl::StrCat(g.name, "-instances");
+      p.group = &g;
+      p.index = index;
+      p.instances = g.count;
+      p.start_at_s = g.start_delay_s;
+      p.leave_at_s = g.leave_after_s > 0 ? g.start_delay_s + g.leave_after_s : 0;
+      plans.push_back(p);
+      index += g.count;
+      continue;
+    }
     for (uint32_t i = 0; i < g.count; ++i) {
       ClientPlan p;
       p.name = fl::StrCat(g.name, "-", i);
@@ -382,7 +406,23 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
     std::string addr = target;
     const emulation::KernelLink* netns = nullptr;  // the client runs inside this link's namespace
     const uint64_t seed = m.seed * 100'003 + p.index;
-    if (p.group->link.has_value() && *backend == "userspace") {
+    if (p.instances > 0 && p.group->link.has_value()) {
+      // Virtual clients (userspace backend only): a relay per instance, seeded and named as that client's own
+      // would be, so that every instance keeps its own link and the same draws as one process per client.
+      addr.clear();
+      for (uint32_t i = 0; i < p.instances; ++i) {
+        absl::StatusOr<std::unique_ptr<emulation::ShapingRelay>> relay =
+            emulation::ShapingRelay::Start({.listen_addr = "127.0.0.1:0",
+                                            .target_addr = target,
+                                            .uplink = p.group->link->uplink,
+                                            .downlink = p.group->link->downlink,
+                                            .seed = seed + i,
+                                            .name = fl::StrCat(p.group->name, "-", i)});
+        if (!relay.ok()) return relay.status();
+        addr = fl::StrCat(addr, addr.empty() ? "" : ",", (*relay)->address());
+        relays.push_back(std::move(*relay));
+      }
+    } else if (p.group->link.has_value() && *backend == "userspace") {
       absl::StatusOr<std::unique_ptr<emulation::ShapingRelay>> relay =
           emulation::ShapingRelay::Start({.listen_addr = "127.0.0.1:0",
                                           .target_addr = target,
@@ -444,8 +484,13 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
     const auto plan = std::find_if(plans.begin(), plans.end(), [&](const ClientPlan& p) { return p.name == e->name; });
     if (e->code != 0 && plan != plans.end() && !plan->leaving) {
       const fs::path log = o.out_dir / fl::StrCat(e->name, ".log");
-      failure = fl::StrCat("client ", e->name, " failed (exit ", e->code, "); its log (", log.string(),
-                           ") ends:", Tail(log, 10));
+      const std::string who =
+          plan->instances > 0
+              ? fl::StrCat("clients ", plan->group->name, "-0..", plan->instances - 1, " (fl-client --instances ",
+                           plan->instances, ", ", e->name, ")")
+              : fl::StrCat("client ", e->name);
+      // Virtual clients: the log's end names the instances that failed.
+      failure = fl::StrCat(who, " failed (exit ", e->code, "); its log (", log.string(), ") ends:", Tail(log, 10));
       break;
     }
   }

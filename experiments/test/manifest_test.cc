@@ -227,6 +227,8 @@ TEST(ManifestTest, ManifestsRecordedBeforeNewerFieldsStillReadBack) {
   // Recorded before the security section: a replay runs mutual TLS with a throwaway CA (docs/manifests.md).
   EXPECT_EQ(m->security.mode, "mtls");
   EXPECT_EQ(m->security.pki_dir, "");
+  // Recorded before virtual clients: a replay runs a group with count as one fl-client --instances process.
+  EXPECT_TRUE(m->emulation.virtual_clients);
   // A field every record has is still required.
   std::string missing = kOld;
   missing.replace(missing.find("\"rounds\": 2, "), 13, "");

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <fstream>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -189,6 +190,49 @@ TEST(RunnerTest, InsecureModeRunsPlaintextAndRecordsIt) {
   absl::StatusOr<Manifest> again = ManifestFromResolvedJson(rec->resolved_json, rec->manifest_yaml);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->security.mode, "insecure");  // a replay runs as the original did
+  EXPECT_EQ(ProcessesMentioning(dir.path()), 0);
+}
+
+// A group with count runs as one fl-client --instances process (virtual clients), each instance with its own
+// certificate and its own relay; `virtual_clients: false` goes back to one process per client.
+TEST(RunnerTest, AGroupRunsAsOneProcessOfVirtualClientsUnderTheirOwnNames) {
+  fl::testing::ScratchDir dir("fl_runner");
+  std::string text = kManifest;
+  text.replace(text.find("count: 2"), 8, "count: 6");
+  text.replace(text.find("min_fit_clients: 3, min_available_clients: 3"), 44,
+               "min_fit_clients: 7, min_available_clients: 7");
+  absl::StatusOr<Manifest> m = Load(dir, text);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(m->emulation.virtual_clients);
+  absl::StatusOr<RunResult> r = RunExperiment(*m, Options(dir, "run"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, "finished") << r->reason;
+  EXPECT_TRUE(fs::exists(dir.File("run/wifi-instances.log")));
+  EXPECT_FALSE(fs::exists(dir.File("run/wifi-0.log")));
+  EXPECT_TRUE(fs::exists(dir.File("run/cell-0.log")));  // a group of one stays one plain client
+  auto reader = RecordReader::Open(dir.File("records.db"));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto clients = (*reader)->ListClients(r->experiment_id);
+  ASSERT_TRUE(clients.ok());
+  std::set<std::string> names;
+  for (const auto& c : *clients) {
+    names.insert(c.client_name);
+    if (c.client_name.starts_with("wifi-")) {
+      EXPECT_EQ(c.link_profile, "wifi") << c.client_name;
+    }
+  }
+  EXPECT_EQ(names, (std::set<std::string>{"wifi-0", "wifi-1", "wifi-2", "wifi-3", "wifi-4", "wifi-5", "cell-0"}));
+  EXPECT_EQ(ProcessesMentioning(dir.path()), 0);
+
+  text.replace(text.find("emulation: {backend: userspace}"), 31,
+               "emulation: {backend: userspace, virtual_clients: false}");
+  absl::StatusOr<Manifest> per_process = Load(dir, text);
+  ASSERT_TRUE(per_process.ok()) << per_process.status();
+  absl::StatusOr<RunResult> r2 = RunExperiment(*per_process, Options(dir, "run2"));
+  ASSERT_TRUE(r2.ok()) << r2.status();
+  EXPECT_EQ(r2->status, "finished") << r2->reason;
+  EXPECT_TRUE(fs::exists(dir.File("run2/wifi-5.log")));
+  EXPECT_FALSE(fs::exists(dir.File("run2/wifi-instances.log")));
   EXPECT_EQ(ProcessesMentioning(dir.path()), 0);
 }
 

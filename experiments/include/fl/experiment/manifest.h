@@ -97,6 +97,10 @@ struct Manifest {
   struct Emulation {
     std::string backend = "auto";      // none, userspace, kernel, auto (kernel when root and available)
     double host_relative_speed = 4.0;  // this machine's training speed relative to a Raspberry Pi 4
+    // A group with count > 1 runs as one fl-client --instances <count> (virtual clients: one process, each client
+    // its own session and link); false: one fl-client process per client. The kernel backend always runs one
+    // process per client (a process lives in one network namespace).
+    bool virtual_clients = true;
     bool operator==(const Emulation&) const = default;
   } emulation;
 
