@@ -28,6 +28,7 @@
 #include <openssl/x509v3.h>
 
 #include "fl/core/str_cat.h"
+#include "openssl_util.h"
 
 namespace fl::pki {
 namespace {
@@ -35,38 +36,9 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-template <auto Free>
-struct Deleter {
-  template <typename T>
-  void operator()(T* p) const {
-    Free(p);
-  }
-};
-using X509Ptr = std::unique_ptr<X509, Deleter<X509_free>>;
-using KeyPtr = std::unique_ptr<EVP_PKEY, Deleter<EVP_PKEY_free>>;
-using BioPtr = std::unique_ptr<BIO, Deleter<BIO_free_all>>;
-using CrlPtr = std::unique_ptr<X509_CRL, Deleter<X509_CRL_free>>;
-using BnPtr = std::unique_ptr<BIGNUM, Deleter<BN_free>>;
-using Asn1IntPtr = std::unique_ptr<ASN1_INTEGER, Deleter<ASN1_INTEGER_free>>;
-using Asn1TimePtr = std::unique_ptr<ASN1_TIME, Deleter<ASN1_TIME_free>>;
+using namespace openssl;  // NOLINT: this file's OpenSSL vocabulary (openssl_util.h)
 
 constexpr int kIndexVersion = 1;
-
-// Drains OpenSSL's thread-local error queue into one line, so that every error says what OpenSSL said.
-std::string OpenSslErrors() {
-  std::string out;
-  while (unsigned long e = ERR_get_error()) {
-    char buf[256];
-    ERR_error_string_n(e, buf, sizeof(buf));
-    if (!out.empty()) out += "; ";
-    out += buf;
-  }
-  return out.empty() ? "no OpenSSL error recorded" : out;
-}
-
-absl::Status SslError(std::string_view what) {
-  return absl::InternalError(fl::StrCat(what, " (OpenSSL: ", OpenSslErrors(), ")"));
-}
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -139,13 +111,13 @@ class DirLock {
 absl::StatusOr<std::string> BioToString(BIO* bio) {
   char* data = nullptr;
   long n = BIO_get_mem_data(bio, &data);
-  if (n < 0) return SslError("reading a memory BIO");
+  if (n < 0) return Error("reading a memory BIO");
   return std::string(data, static_cast<size_t>(n));
 }
 
 absl::StatusOr<std::string> CertPem(X509* cert) {
   BioPtr bio(BIO_new(BIO_s_mem()));
-  if (!bio || PEM_write_bio_X509(bio.get(), cert) != 1) return SslError("encoding a certificate as PEM");
+  if (!bio || PEM_write_bio_X509(bio.get(), cert) != 1) return Error("encoding a certificate as PEM");
   return BioToString(bio.get());
 }
 
@@ -153,7 +125,7 @@ absl::StatusOr<std::string> KeyPem(EVP_PKEY* key) {
   BioPtr bio(BIO_new(BIO_s_mem()));
   // PKCS#8, unencrypted: the key files are protected by their mode (0600), as gRPC's file-based credentials expect.
   if (!bio || PEM_write_bio_PrivateKey(bio.get(), key, nullptr, nullptr, 0, nullptr, nullptr) != 1) {
-    return SslError("encoding a private key as PEM");
+    return Error("encoding a private key as PEM");
   }
   return BioToString(bio.get());
 }
@@ -163,7 +135,7 @@ absl::StatusOr<X509Ptr> LoadCert(const std::string& path) {
   if (!pem.ok()) return pem.status();
   BioPtr bio(BIO_new_mem_buf(pem->data(), static_cast<int>(pem->size())));
   X509Ptr cert(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr));
-  if (!cert) return SslError(fl::StrCat(path, " is not a PEM certificate"));
+  if (!cert) return Error(fl::StrCat(path, " is not a PEM certificate"));
   return cert;
 }
 
@@ -172,24 +144,24 @@ absl::StatusOr<KeyPtr> LoadKey(const std::string& path) {
   if (!pem.ok()) return pem.status();
   BioPtr bio(BIO_new_mem_buf(pem->data(), static_cast<int>(pem->size())));
   KeyPtr key(PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr));
-  if (!key) return SslError(fl::StrCat(path, " is not an unencrypted PEM private key"));
+  if (!key) return Error(fl::StrCat(path, " is not an unencrypted PEM private key"));
   return key;
 }
 
 absl::StatusOr<KeyPtr> NewKey() {
   KeyPtr key(EVP_EC_gen("P-256"));
-  if (!key) return SslError("generating an EC P-256 key");
+  if (!key) return Error("generating an EC P-256 key");
   return key;
 }
 
 // 128 random bits, top bit cleared so that the DER INTEGER stays positive (RFC 5280: at most 20 octets, positive).
 absl::StatusOr<std::string> SetRandomSerial(X509* cert) {
   unsigned char bytes[16];
-  if (RAND_bytes(bytes, sizeof(bytes)) != 1) return SslError("drawing a random serial number");
+  if (RAND_bytes(bytes, sizeof(bytes)) != 1) return Error("drawing a random serial number");
   bytes[0] &= 0x7f;
   bytes[0] |= 0x01 << 6;  // never a short serial: keeps every serial 128 bits wide in hex listings
   BnPtr bn(BN_bin2bn(bytes, sizeof(bytes), nullptr));
-  if (!bn || !BN_to_ASN1_INTEGER(bn.get(), X509_get_serialNumber(cert))) return SslError("setting a serial number");
+  if (!bn || !BN_to_ASN1_INTEGER(bn.get(), X509_get_serialNumber(cert))) return Error("setting a serial number");
   char* hex = BN_bn2hex(bn.get());
   std::string out(hex);
   OPENSSL_free(hex);
@@ -201,10 +173,10 @@ absl::Status AddExt(X509* cert, X509* issuer, int nid, const std::string& value)
   X509V3_set_ctx_nodb(&ctx);
   X509V3_set_ctx(&ctx, issuer, cert, nullptr, nullptr, 0);
   X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value.c_str());
-  if (ext == nullptr) return SslError(fl::StrCat("building the extension ", OBJ_nid2sn(nid), " = ", value));
+  if (ext == nullptr) return Error(fl::StrCat("building the extension ", OBJ_nid2sn(nid), " = ", value));
   const int ok = X509_add_ext(cert, ext, -1);
   X509_EXTENSION_free(ext);
-  if (ok != 1) return SslError(fl::StrCat("adding the extension ", OBJ_nid2sn(nid)));
+  if (ok != 1) return Error(fl::StrCat("adding the extension ", OBJ_nid2sn(nid)));
   return absl::OkStatus();
 }
 
@@ -221,7 +193,7 @@ absl::StatusOr<NewCert> StartCert(std::string_view common_name, EVP_PKEY* subjec
   NewCert out;
   out.cert.reset(X509_new());
   X509* c = out.cert.get();
-  if (!c || X509_set_version(c, 2) != 1) return SslError("creating a certificate");
+  if (!c || X509_set_version(c, 2) != 1) return Error("creating a certificate");
   absl::StatusOr<std::string> serial = SetRandomSerial(c);
   if (!serial.ok()) return serial.status();
   out.serial_hex = *serial;
@@ -230,7 +202,7 @@ absl::StatusOr<NewCert> StartCert(std::string_view common_name, EVP_PKEY* subjec
   out.not_after = now + validity.not_after_s;
   if (!ASN1_TIME_set(X509_getm_notBefore(c), static_cast<time_t>(out.not_before)) ||
       !ASN1_TIME_set(X509_getm_notAfter(c), static_cast<time_t>(out.not_after))) {
-    return SslError("setting the validity period");
+    return Error("setting the validity period");
   }
   X509_NAME* name = X509_get_subject_name(c);
   const std::string cn(common_name);
@@ -238,11 +210,11 @@ absl::StatusOr<NewCert> StartCert(std::string_view common_name, EVP_PKEY* subjec
                                  0) != 1 ||
       X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_UTF8, reinterpret_cast<const unsigned char*>(cn.c_str()), -1, -1,
                                  0) != 1) {
-    return SslError(fl::StrCat("setting the subject name CN=", cn));
+    return Error(fl::StrCat("setting the subject name CN=", cn));
   }
   if (X509_set_issuer_name(c, issuer ? X509_get_subject_name(issuer) : name) != 1 ||
       X509_set_pubkey(c, subject_key) != 1) {
-    return SslError("setting the issuer and public key");
+    return Error("setting the issuer and public key");
   }
   return out;
 }
@@ -314,14 +286,14 @@ absl::Status WriteCrl(const Paths& paths, Index& index, X509* ca, EVP_PKEY* ca_k
   CrlPtr crl(X509_CRL_new());
   if (!crl || X509_CRL_set_version(crl.get(), 1) != 1 ||
       X509_CRL_set_issuer_name(crl.get(), X509_get_subject_name(ca)) != 1) {
-    return SslError("creating a CRL");
+    return Error("creating a CRL");
   }
   const int64_t now = ::time(nullptr);
   Asn1TimePtr t(ASN1_TIME_new());
   if (!t || !ASN1_TIME_set(t.get(), static_cast<time_t>(now)) || X509_CRL_set1_lastUpdate(crl.get(), t.get()) != 1 ||
       !ASN1_TIME_set(t.get(), static_cast<time_t>(now + int64_t{index.crl_days} * 86400)) ||
       X509_CRL_set1_nextUpdate(crl.get(), t.get()) != 1) {
-    return SslError("setting the CRL's update times");
+    return Error("setting the CRL's update times");
   }
   for (const Issued& i : index.issued) {
     if (!i.revoked) continue;
@@ -338,20 +310,20 @@ absl::Status WriteCrl(const Paths& paths, Index& index, X509* ca, EVP_PKEY* ca_k
         !ASN1_TIME_set(when.get(), static_cast<time_t>(i.revoked_at)) ||
         X509_REVOKED_set_revocationDate(r, when.get()) != 1 || X509_CRL_add0_revoked(crl.get(), r) != 1) {
       X509_REVOKED_free(r);
-      return SslError(fl::StrCat("adding serial ", i.serial_hex, " to the CRL"));
+      return Error(fl::StrCat("adding serial ", i.serial_hex, " to the CRL"));
     }
   }
   index.crl_number += 1;
   Asn1IntPtr number(ASN1_INTEGER_new());
   if (!number || ASN1_INTEGER_set_int64(number.get(), index.crl_number) != 1 ||
       X509_CRL_add1_ext_i2d(crl.get(), NID_crl_number, number.get(), 0, 0) != 1) {
-    return SslError("setting the CRL number");
+    return Error("setting the CRL number");
   }
   if (X509_CRL_sort(crl.get()) != 1 || X509_CRL_sign(crl.get(), ca_key, EVP_sha256()) <= 0) {
-    return SslError("signing the CRL");
+    return Error("signing the CRL");
   }
   BioPtr bio(BIO_new(BIO_s_mem()));
-  if (!bio || PEM_write_bio_X509_CRL(bio.get(), crl.get()) != 1) return SslError("encoding the CRL as PEM");
+  if (!bio || PEM_write_bio_X509_CRL(bio.get(), crl.get()) != 1) return Error("encoding the CRL as PEM");
   absl::StatusOr<std::string> pem = BioToString(bio.get());
   if (!pem.ok()) return pem.status();
   return WriteFileAtomic(paths.Crl(), *pem, 0644);
@@ -425,12 +397,12 @@ std::string_view KindDir(Kind kind) {
 
 absl::StatusOr<CurveKeyPair> NewCurveKeyPair() {
   KeyPtr key(EVP_PKEY_Q_keygen(nullptr, nullptr, "X25519"));
-  if (!key) return SslError("generating an X25519 (CurveZMQ) key pair");
+  if (!key) return Error("generating an X25519 (CurveZMQ) key pair");
   unsigned char pub[32], sec[32];
   size_t pub_len = sizeof(pub), sec_len = sizeof(sec);
   if (EVP_PKEY_get_raw_public_key(key.get(), pub, &pub_len) != 1 ||
       EVP_PKEY_get_raw_private_key(key.get(), sec, &sec_len) != 1 || pub_len != 32 || sec_len != 32) {
-    return SslError("reading the raw X25519 key");
+    return Error("reading the raw X25519 key");
   }
   CurveKeyPair pair{Z85Encode(pub, 32), Z85Encode(sec, 32)};
   OPENSSL_cleanse(sec, sizeof(sec));
@@ -444,11 +416,11 @@ absl::StatusOr<std::string> CurvePublicKey(std::string_view secret_z85) {
   }
   KeyPtr key(EVP_PKEY_new_raw_private_key(EVP_PKEY_X25519, nullptr, sec, sizeof(sec)));
   OPENSSL_cleanse(sec, sizeof(sec));
-  if (!key) return SslError("loading an X25519 secret key");
+  if (!key) return Error("loading an X25519 secret key");
   unsigned char pub[32];
   size_t pub_len = sizeof(pub);
   if (EVP_PKEY_get_raw_public_key(key.get(), pub, &pub_len) != 1 || pub_len != 32) {
-    return SslError("deriving the X25519 public key");
+    return Error("deriving the X25519 public key");
   }
   return Z85Encode(pub, 32);
 }
@@ -557,7 +529,7 @@ absl::Status CreateCa(const std::string& dir, const CaOptions& options) {
         std::pair{NID_key_usage, "critical,keyCertSign,cRLSign"}, std::pair{NID_subject_key_identifier, "hash"}}) {
     if (absl::Status s = AddExt(c, c, nid, value); !s.ok()) return s;
   }
-  if (X509_sign(c, key->get(), EVP_sha256()) <= 0) return SslError("self-signing the CA certificate");
+  if (X509_sign(c, key->get(), EVP_sha256()) <= 0) return Error("self-signing the CA certificate");
 
   absl::StatusOr<std::string> key_pem = KeyPem(key->get());
   if (!key_pem.ok()) return key_pem.status();
@@ -633,7 +605,7 @@ absl::StatusOr<Issued> Issue(const std::string& dir, Kind kind, std::string_view
                             std::pair<int, std::string>{NID_subject_alt_name, san}}) {
     if (absl::Status s = AddExt(c, ca->get(), nid, value); !s.ok()) return s;
   }
-  if (X509_sign(c, ca_key->get(), EVP_sha256()) <= 0) return SslError(fl::StrCat("signing the certificate of ", name));
+  if (X509_sign(c, ca_key->get(), EVP_sha256()) <= 0) return Error(fl::StrCat("signing the certificate of ", name));
   absl::StatusOr<std::string> key_pem = KeyPem(key->get());
   if (!key_pem.ok()) return key_pem.status();
   absl::StatusOr<std::string> cert_pem = CertPem(c);

@@ -14,34 +14,12 @@
 #include <openssl/x509v3.h>
 
 #include "fl/core/str_cat.h"
+#include "openssl_util.h"
 
 namespace fl::pki {
 namespace {
 
-template <auto Free>
-struct Deleter {
-  template <typename T>
-  void operator()(T* p) const {
-    Free(p);
-  }
-};
-using X509Ptr = std::unique_ptr<X509, Deleter<X509_free>>;
-using BioPtr = std::unique_ptr<BIO, Deleter<BIO_free_all>>;
-using CrlPtr = std::unique_ptr<X509_CRL, Deleter<X509_CRL_free>>;
-using KeyPtr = std::unique_ptr<EVP_PKEY, Deleter<EVP_PKEY_free>>;
-using BnPtr = std::unique_ptr<BIGNUM, Deleter<BN_free>>;
-using NamesPtr = std::unique_ptr<GENERAL_NAMES, Deleter<GENERAL_NAMES_free>>;
-
-std::string OpenSslErrors() {
-  std::string out;
-  while (unsigned long e = ERR_get_error()) {
-    char buf[256];
-    ERR_error_string_n(e, buf, sizeof(buf));
-    if (!out.empty()) out += "; ";
-    out += buf;
-  }
-  return out.empty() ? "no OpenSSL error recorded" : out;
-}
+using namespace openssl;  // NOLINT: this file's OpenSSL vocabulary (openssl_util.h)
 
 absl::StatusOr<std::string> ReadText(const std::string& path, std::string_view what) {
   std::ifstream in(path, std::ios::binary);
@@ -56,7 +34,7 @@ absl::StatusOr<std::string> ReadText(const std::string& path, std::string_view w
 
 absl::StatusOr<std::string> SerialHex(const ASN1_INTEGER* serial) {
   BnPtr bn(ASN1_INTEGER_to_BN(serial, nullptr));
-  if (!bn) return absl::InternalError(fl::StrCat("reading a serial number (OpenSSL: ", OpenSslErrors(), ")"));
+  if (!bn) return absl::InternalError(fl::StrCat("reading a serial number (OpenSSL: ", Errors(), ")"));
   char* hex = BN_bn2hex(bn.get());
   std::string out(hex);
   OPENSSL_free(hex);
@@ -77,8 +55,7 @@ absl::StatusOr<PeerCertificate> ParsePeerCertificate(std::string_view pem) {
   X509Ptr cert(bio ? PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr) : nullptr);
   if (!cert) {
     return absl::InvalidArgumentError(fl::StrCat("the peer's certificate (", pem.size(),
-                                                 " bytes) is not a PEM X.509 certificate (OpenSSL: ", OpenSslErrors(),
-                                                 ")"));
+                                                 " bytes) is not a PEM X.509 certificate (OpenSSL: ", Errors(), ")"));
   }
   PeerCertificate out;
   absl::StatusOr<std::string> serial = SerialHex(X509_get0_serialNumber(cert.get()));
@@ -115,14 +92,13 @@ absl::StatusOr<RevocationList> RevocationList::Load(const std::string& crl_path,
   BioPtr crl_bio(BIO_new_mem_buf(crl_pem->data(), static_cast<int>(crl_pem->size())));
   CrlPtr crl(crl_bio ? PEM_read_bio_X509_CRL(crl_bio.get(), nullptr, nullptr, nullptr) : nullptr);
   if (!crl) {
-    return absl::InvalidArgumentError(fl::StrCat(crl_path, " is not a PEM certificate revocation list (OpenSSL: ",
-                                                 OpenSslErrors(), "); give the CA's ca/crl.pem"));
+    return absl::InvalidArgumentError(fl::StrCat(
+        crl_path, " is not a PEM certificate revocation list (OpenSSL: ", Errors(), "); give the CA's ca/crl.pem"));
   }
   BioPtr ca_bio(BIO_new_mem_buf(ca_pem->data(), static_cast<int>(ca_pem->size())));
   X509Ptr ca(ca_bio ? PEM_read_bio_X509(ca_bio.get(), nullptr, nullptr, nullptr) : nullptr);
   if (!ca) {
-    return absl::InvalidArgumentError(
-        fl::StrCat(ca_cert_path, " is not a PEM certificate (OpenSSL: ", OpenSslErrors(), ")"));
+    return absl::InvalidArgumentError(fl::StrCat(ca_cert_path, " is not a PEM certificate (OpenSSL: ", Errors(), ")"));
   }
   // A list that the CA did not sign could un-revoke anyone: it is refused, and the caller keeps the one it has.
   EVP_PKEY* ca_key = X509_get0_pubkey(ca.get());

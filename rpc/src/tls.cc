@@ -56,4 +56,40 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(con
   return grpc::SslCredentials(options);
 }
 
+absl::StatusOr<std::optional<ServerTls>> ResolveServerSecurity(const ServerSecurityFlags& flags,
+                                                               std::string_view provision_hint) {
+  const ServerTls& t = flags.tls;
+  const int given = int{!t.cert_file.empty()} + int{!t.key_file.empty()} + int{!t.client_ca_file.empty()};
+  // All three or none: a half-configured TLS server would either fail every handshake or, worse, be taken for a
+  // secured one while it serves plaintext.
+  if (given != 0 && given != 3) {
+    return absl::InvalidArgumentError(
+        "--tls-cert, --tls-key and --tls-client-ca go together: give all three for mutual TLS (or none, with "
+        "--insecure, for plaintext)");
+  }
+  if (given == 3 && flags.insecure) {
+    return absl::InvalidArgumentError(
+        "--insecure and --tls-cert/--tls-key/--tls-client-ca contradict each other: drop --insecure to serve mutual "
+        "TLS, or the TLS flags to serve plaintext");
+  }
+  if (given == 0 && !flags.insecure) {
+    return absl::InvalidArgumentError(fl::StrCat(
+        "no transport security configured: give --tls-cert, --tls-key and --tls-client-ca to serve mutual TLS (make "
+        "the certificates with ",
+        provision_hint, ", docs/security.md), or pass --insecure to serve plaintext gRPC on a trusted network"));
+  }
+  if (!flags.crl_file.empty() && given != 3) {
+    return absl::InvalidArgumentError(
+        "--tls-crl needs mutual TLS (--tls-cert, --tls-key, --tls-client-ca): in plaintext there is no certificate "
+        "to check");
+  }
+  if (given == 0) return std::optional<ServerTls>();
+  return std::optional<ServerTls>(t);
+}
+
+std::string InsecureServerWarning(std::string_view listen, std::string_view exposes) {
+  return fl::StrCat("--insecure: serving plaintext gRPC: anyone who reaches ", listen, " can ", exposes,
+                    "; use --tls-cert/--tls-key/--tls-client-ca (docs/security.md)");
+}
+
 }  // namespace fl::rpc

@@ -312,39 +312,17 @@ int main(int argc, char** argv) {
                "read the model. Only for a trusted network or a test");
   CLI11_PARSE(app, argc, argv);
 
-  // All three or none: a half-configured TLS server would either fail every handshake or, worse, be taken for
-  // a secured one while it serves plaintext.
-  const int tls_given = int{!tls.cert_file.empty()} + int{!tls.key_file.empty()} + int{!tls.client_ca_file.empty()};
-  if (tls_given != 0 && tls_given != 3) {
-    std::cerr << "fl-server: --tls-cert, --tls-key and --tls-client-ca go together: give all three for mutual TLS "
-                 "(or none, with --insecure, for plaintext)\n";
-    return 2;
-  }
-  // Secure by default: plaintext only when asked for by name, so that a forgotten flag never serves the model
-  // to whoever reaches the port.
-  if (tls_given == 3 && insecure) {
-    std::cerr << "fl-server: --insecure and --tls-cert/--tls-key/--tls-client-ca contradict each other: drop "
-                 "--insecure to serve mutual TLS, or the TLS flags to serve plaintext\n";
-    return 2;
-  }
-  if (tls_given == 0 && !insecure) {
-    std::cerr << "fl-server: no transport security configured: give --tls-cert, --tls-key and --tls-client-ca "
-                 "to serve mutual TLS (make the certificates with fl-provision init/add-client, docs/security.md), "
-                 "or pass --insecure to serve plaintext gRPC on a trusted network\n";
+  absl::StatusOr<std::optional<fl::rpc::ServerTls>> security =
+      fl::rpc::ResolveServerSecurity({tls, tls_crl, insecure}, "fl-provision init/add-client");
+  if (!security.ok()) {
+    std::cerr << "fl-server: " << security.status().message() << "\n";
     return 2;
   }
   if (insecure) {
-    std::cerr << "fl-server: --insecure: serving plaintext gRPC: anyone who reaches " << listen
-              << " can join under any name and read the model; use --tls-cert/--tls-key/--tls-client-ca "
-                 "(docs/security.md)\n";
+    std::cerr << "fl-server: " << fl::rpc::InsecureServerWarning(listen, "join under any name and read the model")
+              << "\n";
   }
-  if (!tls_crl.empty() && tls_given != 3) {
-    std::cerr << "fl-server: --tls-crl needs mutual TLS (--tls-cert, --tls-key, --tls-client-ca): in plaintext "
-                 "there is no certificate to check\n";
-    return 2;
-  }
-  const std::optional<fl::rpc::ServerTls> server_tls =
-      tls_given == 3 ? std::optional<fl::rpc::ServerTls>(tls) : std::nullopt;
+  const std::optional<fl::rpc::ServerTls> server_tls = *security;
 
   spdlog::set_default_logger(spdlog::stderr_color_mt("fl-server"));
   spdlog::set_level(spdlog::level::from_str(log_level));

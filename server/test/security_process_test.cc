@@ -19,6 +19,7 @@
 #include "fl/testing/subprocess.h"
 #include "fl/v1/federation.grpc.pb.h"
 #include "records_polling.h"
+#include "test_pki.h"
 
 namespace fl::server {
 namespace {
@@ -32,13 +33,6 @@ using ::testing::HasSubstr;
 class SecurityProcessTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(pki::CreateCa(ca_, pki::CaOptions{}).ok());
-    pki::IssueOptions server;
-    server.ip_addresses = {"127.0.0.1"};
-    ASSERT_TRUE(pki::Issue(ca_, pki::Kind::kServer, "server", server).ok());
-    for (const char* name : {"c0", "c1", "rob", "rita", "mallory"}) {
-      ASSERT_TRUE(pki::Issue(ca_, pki::Kind::kClient, name, {}).ok());
-    }
     pki::IssueOptions expired;
     expired.validity = {-7200, -3600};  // valid for an hour, which ended an hour ago
     ASSERT_TRUE(pki::Issue(ca_, pki::Kind::kClient, "eve", expired).ok());
@@ -105,11 +99,7 @@ class SecurityProcessTest : public ::testing::Test {
   }
   // A gRPC stub presenting `name`'s certificate.
   std::unique_ptr<fl::v1::Federation::Stub> Stub(const std::string& name) const {
-    grpc::SslCredentialsOptions o;
-    o.pem_root_certs = ReadFile(paths_.CaCert());
-    o.pem_cert_chain = ReadFile(paths_.Cert(pki::Kind::kClient, name));
-    o.pem_private_key = ReadFile(paths_.Key(pki::Kind::kClient, name));
-    return fl::v1::Federation::NewStub(grpc::CreateChannel(address_, grpc::SslCredentials(o)));
+    return fl::v1::Federation::NewStub(grpc::CreateChannel(address_, pki_.Credentials(name)));
   }
   // Runs `argv` to its end (at most `timeout`): its exit code and output.
   std::pair<int, std::string> RunToEnd(const std::vector<std::string>& argv, const std::string& log,
@@ -124,9 +114,10 @@ class SecurityProcessTest : public ::testing::Test {
   }
 
   fl::testing::ScratchDir dir_{"fl_security_process"};
-  std::string ca_ = dir_.File("pki");
+  test_pki::TestPki pki_{dir_.File("pki"), {"c0", "c1", "rob", "rita", "mallory"}};
+  std::string ca_ = pki_.dir();
   std::string other_ = dir_.File("other-ca");
-  pki::Paths paths_{ca_};
+  const pki::Paths& paths_ = pki_.paths();
   std::string db_ = dir_.File("records.db");
   std::string address_ = fl::StrCat("127.0.0.1:", fl::testing::FreeLoopbackPort());
 };

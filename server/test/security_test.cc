@@ -22,6 +22,7 @@
 #include "fl/pki/revocation_watcher.h"
 #include "fl/testing/scratch_dir.h"
 #include "federation_harness.h"
+#include "test_pki.h"
 
 namespace fl::server {
 namespace {
@@ -31,13 +32,6 @@ using instrumentation::SecurityEventRecord;
 using instrumentation::SecurityRefusal;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // The value of fl_security_refusals_total for `reason` in a Prometheus text exposition; -1 when absent.
 double Refusals(const std::string& exposition, std::string_view reason) {
@@ -54,28 +48,15 @@ double Refusals(const std::string& exposition, std::string_view reason) {
 class SecurityTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(pki::CreateCa(ca_, pki::CaOptions{}).ok());
-    pki::IssueOptions server;
-    server.ip_addresses = {"127.0.0.1"};
-    ASSERT_TRUE(pki::Issue(ca_, pki::Kind::kServer, "server", server).ok());
-    for (const char* name : {"alice", "mallory", "carol"}) {
-      ASSERT_TRUE(pki::Issue(ca_, pki::Kind::kClient, name, {}).ok());
-    }
     ASSERT_TRUE(pki::Issue(ca_, pki::Kind::kIsland, "isle", {}).ok());
     config_ = SmallConfig(dir_.File("ckpt"));
     config_.fit = {1.0, 3, 3};  // no round starts with fewer than three clients: the tests own the timing
   }
 
-  rpc::ServerTls ServerTls() const {
-    return {paths_.Cert(pki::Kind::kServer, "server"), paths_.Key(pki::Kind::kServer, "server"), paths_.CaCert()};
-  }
+  rpc::ServerTls ServerTls() const { return pki_.ServerTls(); }
   std::shared_ptr<grpc::ChannelCredentials> Credentials(const std::string& name,
                                                         pki::Kind kind = pki::Kind::kClient) const {
-    grpc::SslCredentialsOptions o;
-    o.pem_root_certs = Slurp(paths_.CaCert());
-    o.pem_cert_chain = Slurp(paths_.Cert(kind, name));
-    o.pem_private_key = Slurp(paths_.Key(kind, name));
-    return grpc::SslCredentials(o);
+    return pki_.Credentials(name, kind);
   }
   std::unique_ptr<TestServer> Serve(const pki::RevocationWatcher* revocation = nullptr) {
     return std::make_unique<TestServer>(config_, db_, InitialModel(1), metrics_.get(), ServerTls(), revocation);
@@ -98,8 +79,9 @@ class SecurityTest : public ::testing::Test {
   }
 
   fl::testing::ScratchDir dir_{"fl_security"};
-  std::string ca_ = dir_.File("pki");
-  pki::Paths paths_{ca_};
+  test_pki::TestPki pki_{dir_.File("pki"), {"alice", "mallory", "carol"}};
+  std::string ca_ = pki_.dir();
+  const pki::Paths& paths_ = pki_.paths();
   std::string db_ = dir_.File("records.db");
   EngineConfig config_;
   std::unique_ptr<instrumentation::ServerMetrics> metrics_ = *instrumentation::ServerMetrics::Start("127.0.0.1:0", "t");

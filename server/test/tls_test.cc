@@ -15,18 +15,12 @@
 #include "fl/pki/pki.h"
 #include "fl/testing/scratch_dir.h"
 #include "federation_harness.h"
+#include "test_pki.h"
 
 namespace fl::server {
 namespace {
 
 using namespace test_harness;  // NOLINT: the harness is this file's vocabulary
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 EngineConfig OneClientConfig(const std::string& checkpoint_dir) {
   EngineConfig c = SmallConfig(checkpoint_dir);
@@ -36,27 +30,10 @@ EngineConfig OneClientConfig(const std::string& checkpoint_dir) {
 
 class TlsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    ASSERT_TRUE(pki::CreateCa(ca_, pki::CaOptions{}).ok());
-    pki::IssueOptions server;
-    server.ip_addresses = {"127.0.0.1"};
-    ASSERT_TRUE(pki::Issue(ca_, pki::Kind::kServer, "server", server).ok());
-    ASSERT_TRUE(pki::Issue(ca_, pki::Kind::kClient, "alice", {}).ok());
-    ASSERT_TRUE(pki::Issue(ca_, pki::Kind::kClient, "carol", {}).ok());
-  }
-
-  rpc::ServerTls ServerTls() const {
-    return {paths_.Cert(pki::Kind::kServer, "server"), paths_.Key(pki::Kind::kServer, "server"), paths_.CaCert()};
-  }
-  client::ClientTls ClientTls(const std::string& name) const {
-    return {paths_.CaCert(), paths_.Cert(pki::Kind::kClient, name), paths_.Key(pki::Kind::kClient, name), ""};
-  }
+  rpc::ServerTls ServerTls() const { return pki_.ServerTls(); }
+  client::ClientTls ClientTls(const std::string& name) const { return pki_.ClientTls(name); }
   std::shared_ptr<grpc::ChannelCredentials> RawCredentials(const std::string& name) const {
-    grpc::SslCredentialsOptions o;
-    o.pem_root_certs = Slurp(paths_.CaCert());
-    o.pem_cert_chain = Slurp(paths_.Cert(pki::Kind::kClient, name));
-    o.pem_private_key = Slurp(paths_.Key(pki::Kind::kClient, name));
-    return grpc::SslCredentials(o);
+    return pki_.Credentials(name);
   }
   std::unique_ptr<RunningClient> Start(TestServer& server, const std::string& name,
                                        const std::optional<client::ClientTls>& tls, uint64_t seed = 1) {
@@ -64,8 +41,7 @@ class TlsTest : public ::testing::Test {
   }
 
   fl::testing::ScratchDir dir_{"fl_tls"};
-  std::string ca_ = dir_.File("pki");
-  pki::Paths paths_{ca_};
+  test_pki::TestPki pki_{dir_.File("pki"), {"alice", "carol"}};
 };
 
 TEST_F(TlsTest, ProvisionedClientJoinsUnderItsCertificateNameAndFinishes) {

@@ -160,34 +160,17 @@ int Run(int argc, char** argv) {
                "steer the experiment. Only for a trusted network or a test");
   CLI11_PARSE(app, argc, argv);
 
-  // All three or none, and plaintext only when asked for by name (as fl-server): a forgotten flag must not leave
-  // the islands' control plane open to whoever reaches the port.
-  const int tls_given = int{!tls.cert_file.empty()} + int{!tls.key_file.empty()} + int{!tls.client_ca_file.empty()};
-  if (tls_given != 0 && tls_given != 3) {
-    std::cerr << "fl-coordinator: --tls-cert, --tls-key and --tls-client-ca go together: give all three for mutual "
-                 "TLS (or none, with --insecure, for plaintext)\n";
-    return 2;
-  }
-  if (tls_given == 3 && insecure) {
-    std::cerr << "fl-coordinator: --insecure and --tls-cert/--tls-key/--tls-client-ca contradict each other: drop "
-                 "--insecure to serve mutual TLS, or the TLS flags to serve plaintext\n";
-    return 2;
-  }
-  if (tls_given == 0 && !insecure) {
-    std::cerr << "fl-coordinator: no transport security configured: give --tls-cert, --tls-key and "
-                 "--tls-client-ca to serve mutual TLS (make the certificates with fl-provision init/add-server/"
-                 "add-island, docs/security.md), or pass --insecure to serve plaintext gRPC on a trusted network\n";
+  // The same rules as fl-server's (rpc::ResolveServerSecurity): a forgotten flag must not leave the islands'
+  // control plane open to whoever reaches the port.
+  absl::StatusOr<std::optional<fl::rpc::ServerTls>> security =
+      fl::rpc::ResolveServerSecurity({tls, o.crl_file, insecure}, "fl-provision init/add-server/add-island");
+  if (!security.ok()) {
+    std::cerr << "fl-coordinator: " << security.status().message() << "\n";
     return 2;
   }
   if (insecure) {
-    std::cerr << "fl-coordinator: --insecure: plaintext: anyone on the network can reach " << listen
-              << ", join as any island and read or steer the experiment; use --tls-cert/--tls-key/--tls-client-ca "
-                 "(docs/security.md)\n";
-  }
-  if (!o.crl_file.empty() && tls_given != 3) {
-    std::cerr << "fl-coordinator: --tls-crl needs mutual TLS (--tls-cert, --tls-key, --tls-client-ca): in plaintext "
-                 "there is no certificate to check\n";
-    return 2;
+    std::cerr << "fl-coordinator: "
+              << fl::rpc::InsecureServerWarning(listen, "join as any island and read or steer the experiment") << "\n";
   }
   o.crl_ca_file = tls.client_ca_file;
   if (!o.crl_file.empty()) {
@@ -197,8 +180,7 @@ int Run(int argc, char** argv) {
       return 2;
     }
   }
-  const std::optional<fl::rpc::ServerTls> server_tls =
-      tls_given == 3 ? std::optional<fl::rpc::ServerTls>(tls) : std::nullopt;
+  const std::optional<fl::rpc::ServerTls> server_tls = *security;
 
   spdlog::set_default_logger(spdlog::stderr_color_mt("fl-coordinator"));
   spdlog::set_level(spdlog::level::from_str(log_level));

@@ -131,7 +131,10 @@ TEST(ProcessTest, PlaintextOnlyWhenAskedForByName) {
   ASSERT_GT(WaitForPort(dir.File("port"), insecure), 0) << ReadFile(dir.File("insecure.log"));
   insecure.Kill(SIGTERM);
   insecure.Wait(std::chrono::seconds(30));
-  EXPECT_NE(ReadFile(dir.File("insecure.log")).find("plaintext: anyone on the network can"), std::string::npos)
+  EXPECT_NE(ReadFile(dir.File("insecure.log"))
+                .find("fl-coordinator: --insecure: serving plaintext gRPC: anyone who reaches 127.0.0.1:0 can join as "
+                      "any island"),
+            std::string::npos)
       << ReadFile(dir.File("insecure.log"));
 }
 

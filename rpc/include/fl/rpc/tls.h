@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <grpcpp/grpcpp.h>
 
@@ -33,6 +34,22 @@ struct ClientTls {
   // (grpc::ChannelArguments::SetSslTargetNameOverride).
   std::string server_name;
 };
+
+// What a server's security flags ask for (fl-server, fl-coordinator: --tls-cert/--tls-key/--tls-client-ca,
+// --tls-crl, --insecure), checked in one place so that both servers refuse the same mistakes the same way.
+struct ServerSecurityFlags {
+  ServerTls tls;
+  std::string crl_file;  // --tls-crl; needs mutual TLS
+  bool insecure = false;
+};
+// Mutual TLS when all three TLS flags are given, nullopt (plaintext) when only --insecure is; anything else is an
+// InvalidArgument saying which flags go together. Secure by default: plaintext only when asked for by name, so
+// that a forgotten flag never serves the model to whoever reaches the port. `provision_hint` names the
+// fl-provision commands that make this server's certificates.
+absl::StatusOr<std::optional<ServerTls>> ResolveServerSecurity(const ServerSecurityFlags& flags,
+                                                               std::string_view provision_hint);
+// The warning --insecure prints: "--insecure: serving plaintext gRPC: anyone who reaches <listen> can <exposes>; ...".
+std::string InsecureServerWarning(std::string_view listen, std::string_view exposes);
 
 // Insecure credentials without `tls` (plaintext: the binaries only ask for it with --insecure). A file that
 // cannot be read, or is empty, is an InvalidArgument naming the file and its flag.
