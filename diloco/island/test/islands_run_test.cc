@@ -80,6 +80,32 @@ std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<st
 
 // Static ring (no coordinator): two islands, Streaming DiLoCo with 3 fragments, overlap 2, int4 + error
 // feedback. Both must end with bit-identical θ_global + outer state and the expected number of outer steps.
+// A throwaway CA in `keys.dir` with island certificates island-0..island-(n-1) and, unless `with_coordinator` is
+// false, a server certificate "coordinator" for 127.0.0.1.
+void ProvisionIslands(const pki::Paths& keys, int n, bool with_coordinator = true) {
+  ASSERT_TRUE(pki::CreateCa(keys.dir, {}).ok());
+  if (with_coordinator) {
+    pki::IssueOptions server_cert;
+    server_cert.ip_addresses = {"127.0.0.1"};
+    ASSERT_TRUE(pki::Issue(keys.dir, pki::Kind::kServer, "coordinator", server_cert).ok());
+  }
+  for (int i = 0; i < n; ++i) ASSERT_TRUE(pki::Issue(keys.dir, pki::Kind::kIsland, Cat("island-", i), {}).ok());
+}
+
+// fl-coordinator's mutual-TLS flags with the certificates of ProvisionIslands.
+std::vector<std::string> CoordinatorTlsArgs(const pki::Paths& keys) {
+  return {"--tls-cert",      keys.Cert(pki::Kind::kServer, "coordinator"),
+          "--tls-key",       keys.Key(pki::Kind::kServer, "coordinator"),
+          "--tls-client-ca", keys.CaCert()};
+}
+
+// fl-island's mutual-TLS flags for island `id`.
+std::vector<std::string> IslandTlsArgs(const pki::Paths& keys, const std::string& id) {
+  return {"--tls-ca",   keys.CaCert(),
+          "--tls-cert", keys.Cert(pki::Kind::kIsland, id),
+          "--tls-key",  keys.Key(pki::Kind::kIsland, id)};
+}
+
 TEST(IslandsRunTest, TwoIslandsStreamingOverlapInt4EndWithEqualHashes) {
   ScratchDir dir("island_static");
   const int p0 = FreeLoopbackPort(), p1 = FreeLoopbackPort();
@@ -134,8 +160,7 @@ TEST(IslandsRunTest, TwoIslandsStreamingOverlapInt4EndWithEqualHashes) {
 TEST(IslandsRunTest, StaticRingOverCurveEndsWithThePlaintextHashes) {
   ScratchDir dir("island_curve");
   const pki::Paths keys{dir.File("pki")};
-  ASSERT_TRUE(pki::CreateCa(keys.dir, {}).ok());
-  for (int i = 0; i < 2; ++i) ASSERT_TRUE(pki::Issue(keys.dir, pki::Kind::kIsland, Cat("island-", i), {}).ok());
+  ProvisionIslands(keys, 2, /*with_coordinator=*/false);
   auto run = [&](const std::string& tag, bool secure) {
     const std::string e0 = Cat("tcp://127.0.0.1:", FreeLoopbackPort()),
                       e1 = Cat("tcp://127.0.0.1:", FreeLoopbackPort());
@@ -195,12 +220,7 @@ TEST(IslandsRunTest, StaticRingOverCurveEndsWithThePlaintextHashes) {
 TEST(IslandsRunTest, IslandsAreRefusedWithoutTheirOwnCertificate) {
   ScratchDir dir("island_refused");
   const pki::Paths keys{dir.File("pki")};
-  ASSERT_TRUE(pki::CreateCa(keys.dir, {}).ok());
-  pki::IssueOptions server_cert;
-  server_cert.ip_addresses = {"127.0.0.1"};
-  ASSERT_TRUE(pki::Issue(keys.dir, pki::Kind::kServer, "coordinator", server_cert).ok());
-  ASSERT_TRUE(pki::Issue(keys.dir, pki::Kind::kIsland, "island-0", {}).ok());
-  ASSERT_TRUE(pki::Issue(keys.dir, pki::Kind::kIsland, "island-1", {}).ok());  // its ring keys; not its certificate
+  ProvisionIslands(keys, 2);  // island-1: its ring keys only; island-0 does not get its certificate
 
   Subprocess bare({FL_ISLAND_BIN, "--island-id", "island-0", "--coordinator", "127.0.0.1:1"}, dir.File("bare.log"));
   EXPECT_EQ(bare.Wait(std::chrono::minutes(1)), 2);
@@ -209,9 +229,9 @@ TEST(IslandsRunTest, IslandsAreRefusedWithoutTheirOwnCertificate) {
         << want << ": " << ReadFile(dir.File("bare.log"));
   }
 
-  Subprocess server({FL_COORDINATOR_BIN, "--listen", "127.0.0.1:0", "--port-file", dir.File("port"), "--db", "",
-                     "--min-islands", "1", "--tls-cert", keys.Cert(pki::Kind::kServer, "coordinator"), "--tls-key",
-                     keys.Key(pki::Kind::kServer, "coordinator"), "--tls-client-ca", keys.CaCert()},
+  Subprocess server(Concat({FL_COORDINATOR_BIN, "--listen", "127.0.0.1:0", "--port-file", dir.File("port"), "--db", "",
+                            "--min-islands", "1"},
+                           CoordinatorTlsArgs(keys)),
                     dir.File("server.log"));
   const int port = ReadPortFile(dir.File("port"), std::chrono::seconds(30));
   ASSERT_GT(port, 0) << ReadFile(dir.File("server.log"));
@@ -252,36 +272,11 @@ TEST(IslandsRunTest, AnIslandRevokedMidRunExitsAndTheOtherTrainsOn) {
   ScratchDir dir("island_revoked");
   const std::string db = dir.File("records.db");
   const pki::Paths keys{dir.File("pki")};
-  ASSERT_TRUE(pki::CreateCa(keys.dir, {}).ok());
-  pki::IssueOptions server_cert;
-  server_cert.ip_addresses = {"127.0.0.1"};
-  ASSERT_TRUE(pki::Issue(keys.dir, pki::Kind::kServer, "coordinator", server_cert).ok());
-  for (int i = 0; i < 2; ++i) ASSERT_TRUE(pki::Issue(keys.dir, pki::Kind::kIsland, Cat("island-", i), {}).ok());
-  Subprocess server({FL_COORDINATOR_BIN,
-                     "--listen",
-                     "127.0.0.1:0",
-                     "--port-file",
-                     dir.File("port"),
-                     "--db",
-                     db,
-                     "--inner-steps",
-                     "10",
-                     "--outer-steps",
-                     "40",
-                     "--min-islands",
-                     "2",
-                     "--exchange-timeout-ms",
-                     "5000",
-                     "--tls-cert",
-                     keys.Cert(pki::Kind::kServer, "coordinator"),
-                     "--tls-key",
-                     keys.Key(pki::Kind::kServer, "coordinator"),
-                     "--tls-client-ca",
-                     keys.CaCert(),
-                     "--tls-crl",
-                     keys.Crl(),
-                     "--tls-crl-reload-ms",
-                     "50"},
+  ProvisionIslands(keys, 2);
+  Subprocess server(Concat({FL_COORDINATOR_BIN, "--listen", "127.0.0.1:0", "--port-file", dir.File("port"), "--db", db,
+                            "--inner-steps", "10", "--outer-steps", "40", "--min-islands", "2", "--exchange-timeout-ms",
+                            "5000", "--tls-crl", keys.Crl(), "--tls-crl-reload-ms", "50"},
+                           CoordinatorTlsArgs(keys)),
                     dir.File("server.log"));
   const int port = ReadPortFile(dir.File("port"), std::chrono::seconds(30));
   ASSERT_GT(port, 0) << ReadFile(dir.File("server.log"));
@@ -302,14 +297,9 @@ TEST(IslandsRunTest, AnIslandRevokedMidRunExitsAndTheOtherTrainsOn) {
                                      "--summary",
                                      dir.File(Cat(id, ".json")),
                                      "--metrics",
-                                     dir.File(Cat(id, ".jsonl")),
-                                     "--tls-ca",
-                                     keys.CaCert(),
-                                     "--tls-cert",
-                                     keys.Cert(pki::Kind::kIsland, id),
-                                     "--tls-key",
-                                     keys.Key(pki::Kind::kIsland, id)};
-    islands.push_back(std::make_unique<Subprocess>(Concat(args, TinyModelArgs()), dir.File(Cat(id, ".log"))));
+                                     dir.File(Cat(id, ".jsonl"))};
+    islands.push_back(std::make_unique<Subprocess>(Concat(Concat(args, IslandTlsArgs(keys, id)), TinyModelArgs()),
+                                                   dir.File(Cat(id, ".log"))));
   }
   const auto end = std::chrono::steady_clock::now() + std::chrono::minutes(4);
   while (CountLines(dir.File("island-0.jsonl"), "\"sync\"") < 3 && std::chrono::steady_clock::now() < end) {
@@ -471,37 +461,13 @@ TEST(IslandsRunTest, KilledIslandAndLateJoinerLeaveTrainingGoingWithEqualHashes)
   // Over mutual TLS and CurveZMQ, as the launcher runs it: the late joiner copies the state from a peer's state
   // server over TLS (checked against that island's certificate) and joins a CURVE ring.
   const pki::Paths pki_dir{dir.File("pki")};
-  ASSERT_TRUE(pki::CreateCa(pki_dir.dir, {}).ok());
-  pki::IssueOptions server_cert;
-  server_cert.ip_addresses = {"127.0.0.1"};
-  ASSERT_TRUE(pki::Issue(pki_dir.dir, pki::Kind::kServer, "coordinator", server_cert).ok());
-  for (int i = 0; i < 4; ++i) ASSERT_TRUE(pki::Issue(pki_dir.dir, pki::Kind::kIsland, Cat("island-", i), {}).ok());
-  Subprocess server({FL_COORDINATOR_BIN,
-                     "--listen",
-                     "127.0.0.1:0",
-                     "--port-file",
-                     dir.File("port"),
-                     "--db",
-                     db,
-                     "--inner-steps",
-                     "10",
-                     "--outer-steps",
-                     "150",
-                     "--min-islands",
-                     "3",
-                     "--heartbeat-timeout-ms",
-                     "3000",
-                     "--exchange-timeout-ms",
-                     "5000",
-                     "--barrier-timeout-ms",
-                     "20000",
-                     "--tls-cert",
-                     pki_dir.Cert(pki::Kind::kServer, "coordinator"),
-                     "--tls-key",
-                     pki_dir.Key(pki::Kind::kServer, "coordinator"),
-                     "--tls-client-ca",
-                     pki_dir.CaCert()},
-                    dir.File("server.log"));
+  ProvisionIslands(pki_dir, 4);
+  Subprocess server(
+      Concat({FL_COORDINATOR_BIN, "--listen", "127.0.0.1:0", "--port-file", dir.File("port"), "--db", db,
+              "--inner-steps", "10", "--outer-steps", "150", "--min-islands", "3", "--heartbeat-timeout-ms", "3000",
+              "--exchange-timeout-ms", "5000", "--barrier-timeout-ms", "20000"},
+             CoordinatorTlsArgs(pki_dir)),
+      dir.File("server.log"));
   const int port = ReadPortFile(dir.File("port"), std::chrono::seconds(30));
   ASSERT_GT(port, 0) << ReadFile(dir.File("server.log"));
   const std::string coordinator = Cat("127.0.0.1:", port);
@@ -521,14 +487,9 @@ TEST(IslandsRunTest, KilledIslandAndLateJoinerLeaveTrainingGoingWithEqualHashes)
                                      "--summary",
                                      dir.File(Cat(id, ".json")),
                                      "--metrics",
-                                     dir.File(Cat(id, ".jsonl")),
-                                     "--tls-ca",
-                                     pki_dir.CaCert(),
-                                     "--tls-cert",
-                                     pki_dir.Cert(pki::Kind::kIsland, id),
-                                     "--tls-key",
-                                     pki_dir.Key(pki::Kind::kIsland, id)};
-    return std::make_unique<Subprocess>(Concat(args, TinyModelArgs()), dir.File(Cat(id, ".log")));
+                                     dir.File(Cat(id, ".jsonl"))};
+    return std::make_unique<Subprocess>(Concat(Concat(args, IslandTlsArgs(pki_dir, id)), TinyModelArgs()),
+                                        dir.File(Cat(id, ".log")));
   };
   std::vector<std::unique_ptr<Subprocess>> islands;
   for (int i = 0; i < 3; ++i) islands.push_back(start_island(i));
