@@ -40,6 +40,31 @@ int WaitForPort(const std::string& port_file, const Subprocess& server) {
   return 0;
 }
 
+// fl-server for one round of one client on a free loopback port (written to `port_file`), plus `security`.
+std::vector<std::string> OneRoundServer(const std::string& port_file, std::vector<std::string> security) {
+  std::vector<std::string> argv = {FL_SERVER_BIN,
+                                   "--listen",
+                                   "127.0.0.1:0",
+                                   "--port-file",
+                                   port_file,
+                                   "--db",
+                                   "",
+                                   "--rounds",
+                                   "1",
+                                   "--min-fit-clients",
+                                   "1",
+                                   "--min-available-clients",
+                                   "1",
+                                   "--evaluate-every",
+                                   "0",
+                                   "--linger-s",
+                                   "0",
+                                   "--log-level",
+                                   "info"};
+  argv.insert(argv.end(), security.begin(), security.end());
+  return argv;
+}
+
 TEST(TlsProcessTest, ServerWithoutTlsFlagsOrInsecureExits2NamingThem) {
   fl::testing::ScratchDir dir("fl_tls_proc");
   const std::string log = dir.File("server.log");
@@ -87,27 +112,7 @@ TEST(TlsProcessTest, InsecureWarnsOnBothSidesAndServesPlaintext) {
   fl::testing::ScratchDir dir("fl_tls_proc");
   const std::string log = dir.File("server.log");
   const std::string port_file = dir.File("port");
-  Subprocess server({FL_SERVER_BIN,
-                     "--listen",
-                     "127.0.0.1:0",
-                     "--port-file",
-                     port_file,
-                     "--db",
-                     "",
-                     "--rounds",
-                     "1",
-                     "--min-fit-clients",
-                     "1",
-                     "--min-available-clients",
-                     "1",
-                     "--evaluate-every",
-                     "0",
-                     "--linger-s",
-                     "0",
-                     "--log-level",
-                     "info",
-                     "--insecure"},
-                    log);
+  Subprocess server(OneRoundServer(port_file, {"--insecure"}), log);
   const int port = WaitForPort(port_file, server);
   ASSERT_GT(port, 0) << ReadFile(log);
   const std::string client_log = dir.File("client.log");
@@ -160,32 +165,10 @@ class TlsProcessPkiTest : public ::testing::Test {
 TEST_F(TlsProcessPkiTest, PlaintextClientToMutualTlsServerFailsClearlyAndTheServerGoesOn) {
   const std::string log = dir_.File("server.log");
   const std::string port_file = dir_.File("port");
-  Subprocess server({FL_SERVER_BIN,
-                     "--listen",
-                     "127.0.0.1:0",
-                     "--port-file",
-                     port_file,
-                     "--db",
-                     "",
-                     "--rounds",
-                     "1",
-                     "--min-fit-clients",
-                     "1",
-                     "--min-available-clients",
-                     "1",
-                     "--evaluate-every",
-                     "0",
-                     "--linger-s",
-                     "0",
-                     "--log-level",
-                     "info",
-                     "--tls-cert",
-                     pki_.Cert(pki::Kind::kServer, "server"),
-                     "--tls-key",
-                     pki_.Key(pki::Kind::kServer, "server"),
-                     "--tls-client-ca",
-                     pki_.CaCert()},
-                    log);
+  Subprocess server(
+      OneRoundServer(port_file, {"--tls-cert", pki_.Cert(pki::Kind::kServer, "server"), "--tls-key",
+                                 pki_.Key(pki::Kind::kServer, "server"), "--tls-client-ca", pki_.CaCert()}),
+      log);
   const int port = WaitForPort(port_file, server);
   ASSERT_GT(port, 0) << ReadFile(log);
   EXPECT_THAT(ReadFile(log), HasSubstr("(mutual TLS)"));  // the start line
