@@ -56,7 +56,7 @@ run_one() {  # link mode rep
   local manifest="experiments/security/links-$link.yaml" m="$OUT/$1-$2.yaml"
   sed -e "s/^security: .*/security: {mode: $([[ $mode == plaintext ]] && echo insecure || echo mtls)}/" \
       -e "s/^name: links-$link-mtls/name: links-$link-$mode/" \
-      -e "s/^emulation: {backend: auto}/emulation: {backend: $BACKEND}/" "$manifest" >"$m"
+      -e "s/^emulation: {backend: auto,/emulation: {backend: $BACKEND,/" "$manifest" >"$m"
   rm -rf "$dir"; mkdir -p "$dir"
   "$EXP" run "$m" --profiles-dir experiments/profiles --out "$dir" --db "$dir/records.db" >"$dir.txt" 2>&1 &
   local pid=$!
