@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <exception>
 #include <fstream>
 #include <sstream>
@@ -173,6 +175,59 @@ absl::Status CheckFits(const MemoryEstimate& e) {
       "--instances=", e.count, " does not fit this machine's memory: estimated ", Mb(e.total_bytes), " (",
       e.Describe(), "), limit ", Mb(e.limit_bytes), " (MemAvailable, or the cgroup's memory.max); at most ", most,
       " instances fit: run fewer per process, a smaller --data-fraction, or spread them over machines"));
+}
+
+absl::StatusOr<Availability> ParseAvailability(const std::string& spec) {
+  const std::string prefix = "diurnal:";
+  if (!spec.starts_with(prefix)) {
+    return absl::InvalidArgumentError(
+        fl::StrCat("--availability=", spec, ": expected diurnal:period_s=<s>,online=<fraction>[,seed=<n>]"));
+  }
+  Availability a;
+  bool period = false, online = false;
+  std::stringstream in(spec.substr(prefix.size()));
+  for (std::string part; std::getline(in, part, ',');) {
+    const size_t eq = part.find('=');
+    const std::string key = part.substr(0, eq), value = eq == std::string::npos ? "" : part.substr(eq + 1);
+    char* end = nullptr;
+    if (key == "seed") {
+      a.seed = std::strtoull(value.c_str(), &end, 10);
+    } else if (key == "period_s" || key == "online") {
+      const double v = std::strtod(value.c_str(), &end);
+      (key == "period_s" ? a.period_s : a.online_fraction) = v;
+      (key == "period_s" ? period : online) = true;
+    } else {
+      return absl::InvalidArgumentError(
+          fl::StrCat("--availability=", spec, ": unknown '", key, "'; allowed: period_s, online, seed"));
+    }
+    if (value.empty() || end == nullptr || *end != '\0') {
+      return absl::InvalidArgumentError(fl::StrCat("--availability=", spec, ": '", part, "' is not a number"));
+    }
+  }
+  if (!period || !(a.period_s > 0)) {
+    return absl::InvalidArgumentError(fl::StrCat("--availability=", spec, ": period_s must be given and > 0"));
+  }
+  if (!online || !(a.online_fraction > 0 && a.online_fraction <= 1)) {
+    return absl::InvalidArgumentError(fl::StrCat("--availability=", spec, ": online must be given, in (0, 1]"));
+  }
+  return a;
+}
+
+OnlineWindow NextOnlineWindow(const Availability& a, uint32_t client_index, double t_s) {
+  if (a.always()) return {0, std::numeric_limits<double>::infinity()};
+  // splitmix64 of (seed, shard): a phase that depends on nothing else.
+  uint64_t z = a.seed * 0x9E3779B97F4A7C15ull + client_index + 1;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  const double phase = static_cast<double>(z >> 11) / static_cast<double>(uint64_t{1} << 53) * a.period_s;
+  const double online = a.online_fraction * a.period_s;
+  // Windows start at phase + k * period, always computed so (the same k gives the same bits: a window's end
+  // fed back in finds the next window, not the same one).
+  auto window = [&](double k) { return OnlineWindow{phase + k * a.period_s, phase + k * a.period_s + online}; };
+  const double k = std::floor((t_s - phase) / a.period_s);
+  const OnlineWindow w = window(k);
+  return t_s < w.end_s ? w : window(k + 1);
 }
 
 }  // namespace fl::client

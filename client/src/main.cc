@@ -5,7 +5,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <condition_variable>
 #include <iostream>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -156,6 +159,7 @@ struct InstanceFlags {
   uint32_t count = 1;
   uint32_t train_concurrency = 0;  // 0: the cores
   std::string tls_cert_dir;        // NAME-i.crt / NAME-i.key per instance
+  fl::client::Availability availability;  // always online unless --availability
 };
 
 // fl-client --instances N: N client identities in this process, each its own FederatedClient and Trainer, the
@@ -232,7 +236,8 @@ int RunInstances(const fl::client::ClientOptions& options, const ModelFlags& mod
       flags.train_concurrency > 0 ? flags.train_concurrency : std::max(1u, std::thread::hardware_concurrency());
   fl::client::TrainGate gate(concurrency);
   std::vector<std::unique_ptr<fl::client::GatedTrainer>> gated(n);
-  std::vector<std::unique_ptr<fl::client::FederatedClient>> clients(n);
+  std::vector<std::unique_ptr<fl::client::FederatedClient>> clients(n);  // the current session of each, under mu
+  std::vector<std::optional<fl::client::ClientOptions>> instance_options(n);
   for (uint32_t i = 0; i < n; ++i) {
     if (trainers[i] == nullptr && outcome[i].ok()) {
       auto t = make_trainer(i);
@@ -256,29 +261,87 @@ int RunInstances(const fl::client::ClientOptions& options, const ModelFlags& mod
       o.tls->cert_file = fl::StrCat(flags.tls_cert_dir, "/", names[i], ".crt");
       o.tls->key_file = fl::StrCat(flags.tls_cert_dir, "/", names[i], ".key");
     }
-    clients[i] = std::make_unique<fl::client::FederatedClient>(std::move(o), gated[i].get());
+    instance_options[i] = std::move(o);
   }
   spdlog::info("{} instances started, at most {} training at once", n, concurrency);
 
   std::atomic<bool> exiting{false}, signalled{false};
+  // Some instance learnt that the experiment finished: the offline ones need not come back to hear it (the
+  // server may be gone by their next window).
+  std::atomic<bool> experiment_over{false};
+  std::mutex mu;                   // guards clients
+  std::condition_variable wake;    // a signal, or an instance's session that ended
+  const auto t0 = std::chrono::steady_clock::now();
+  auto at = [&](double s) { return t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                            std::chrono::duration<double>(s)); };
   std::thread signal_thread([&] {
     int sig = 0;
     if (sigwait(&signals, &sig) != 0 || exiting.load()) return;
     spdlog::warn("signal {} received: all instances leave", sig);
+    std::lock_guard lock(mu);
     signalled.store(true);
     for (auto& c : clients) {
       if (c != nullptr) c->Stop();
     }
+    wake.notify_all();
   });
   std::vector<std::thread> runs;
   runs.reserve(n);
   for (uint32_t i = 0; i < n; ++i) {
-    if (clients[i] == nullptr) continue;
+    if (!instance_options[i].has_value()) continue;
     runs.emplace_back([&, i] {
-      outcome[i] = clients[i]->Run();
+      const uint32_t shard = model.client_index + i;
+      // Online windows (--availability): a session per window, stopped when it closes; the experiment's end is
+      // learnt from whichever session is open then (or a Join answered "experiment finished").
+      for (;;) {
+        const double now = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const fl::client::OnlineWindow w = fl::client::NextOnlineWindow(flags.availability, shard, now);
+        fl::client::FederatedClient* client = nullptr;
+        {
+          std::unique_lock lock(mu);
+          if (w.start_s > now) {
+            wake.wait_until(lock, at(w.start_s), [&] { return signalled.load() || experiment_over.load(); });
+          }
+          if (signalled.load()) {
+            outcome[i] = absl::CancelledError("signal");
+            return;
+          }
+          if (experiment_over.load()) {
+            outcome[i] = absl::OkStatus();  // away at the end, as a Join answered "experiment finished"
+            return;
+          }
+          clients[i] = std::make_unique<fl::client::FederatedClient>(*instance_options[i], gated[i].get());
+          client = clients[i].get();
+        }
+        std::atomic<bool> offline{false}, ended{false};
+        std::thread closer;
+        if (std::isfinite(w.end_s)) {
+          closer = std::thread([&] {
+            std::unique_lock lock(mu);
+            if (!wake.wait_until(lock, at(w.end_s), [&] { return ended.load() || signalled.load(); })) {
+              offline.store(true);
+              client->Stop();
+            }
+          });
+        }
+        const absl::Status status = client->Run();
+        {
+          std::lock_guard lock(mu);
+          ended.store(true);
+          if (status.ok()) experiment_over.store(true);
+          wake.notify_all();
+        }
+        if (closer.joinable()) closer.join();
+        if (offline.load() && status.code() == absl::StatusCode::kCancelled) {
+          spdlog::debug("instance {} offline until its next window", names[i]);
+          continue;
+        }
+        outcome[i] = status;
+        break;
+      }
       if (!outcome[i].ok() && !signalled.load()) {
         // At once, not only at the end: the others may run for long.
-        spdlog::error("instance {} (shard {}) failed: {}", names[i], model.client_index + i, outcome[i].message());
+        spdlog::error("instance {} (shard {}) failed: {}", names[i], shard, outcome[i].message());
       }
     });
   }
@@ -408,8 +471,23 @@ int main(int argc, char** argv) {
   app.add_option("--tls-cert-dir", instances.tls_cert_dir,
                  "With --instances and --tls-ca: the folder of the instances' certificates, NAME-i.crt and NAME-i.key "
                  "(fl-provision's clients/ folder); replaces --tls-cert/--tls-key");
+  std::string availability;
+  app.add_option("--availability", availability,
+                 "With --instances: when each instance is online, diurnal:period_s=<s>,online=<fraction>[,seed=<n>] "
+                 "(a seeded phase per shard; offline, its session is closed and the server cannot select it); "
+                 "default: always online");
   CLI11_PARSE(app, argc, argv);
   const bool virtual_clients = app.count("--instances") > 0;
+  if (!availability.empty()) {
+    auto a = fl::client::ParseAvailability(availability);
+    if (!a.ok() || !virtual_clients) {
+      std::cerr << "fl-client: "
+                << (a.ok() ? std::string("--availability goes with --instances N") : std::string(a.status().message()))
+                << "\n";
+      return 2;
+    }
+    instances.availability = *a;
+  }
   if (!virtual_clients && (!instances.tls_cert_dir.empty() || app.count("--train-concurrency") > 0)) {
     std::cerr << "fl-client: --tls-cert-dir and --train-concurrency go with --instances N (for one client: "
                  "--tls-cert/--tls-key)\n";

@@ -132,6 +132,29 @@ TEST(InstancesProcessTest, AnInstanceWithoutItsCertificateIsReportedByNameAndThe
   EXPECT_EQ(Query(db, "SELECT count(*) FROM rounds WHERE status = 'committed'"), 2);
 }
 
+// --availability: each instance online half of every 2 s (seeded phases): the server selects among the sessions
+// open at dispatch, so no round has all 20, and the experiment still finishes with every instance done (those
+// offline at the end learn it from the others).
+TEST(InstancesProcessTest, InstancesWithADiurnalScheduleAreSelectedOnlyWhileOnline) {
+  fl::testing::ScratchDir dir("fl_instances");
+  std::vector<std::string> server_args = ServerArgs(dir, 2, 4);
+  server_args.push_back("--insecure");
+  Subprocess server(server_args, dir.File("server.log"));
+  const int port = WaitForPort(dir.File("port"), server);
+  ASSERT_GT(port, 0) << ReadFile(dir.File("server.log"));
+  const std::string client_log = dir.File("client.log");
+  Subprocess client({FL_CLIENT_BIN, "--server", fl::StrCat("127.0.0.1:", port), "--name", "day", "--instances", "20",
+                     "--num-clients", "20", "--model", "synthetic:1000:100", "--availability",
+                     "diurnal:period_s=2,online=0.5,seed=5", "--give-up-after-s", "60", "--insecure"},
+                    client_log);
+  EXPECT_EQ(client.Wait(std::chrono::seconds(120)), std::optional<int>(0)) << ReadFile(client_log);
+  EXPECT_EQ(server.Wait(std::chrono::seconds(60)), std::optional<int>(0)) << ReadFile(dir.File("server.log"));
+  const std::string db = dir.File("records.db");
+  EXPECT_EQ(Query(db, "SELECT count(DISTINCT round) FROM rounds WHERE status = 'committed'"), 4);
+  EXPECT_EQ(Query(db, "SELECT count(*) FROM rounds WHERE num_selected >= 20"), 0);
+  EXPECT_GE(Query(db, "SELECT count(*) FROM rounds WHERE num_selected >= 2"), 4);
+}
+
 TEST(InstancesProcessTest, AnInstanceCountThatCannotFitIsRefusedNamingTheEstimateAndTheLimit) {
   fl::testing::ScratchDir dir("fl_instances");
   const std::string log = dir.File("client.log");

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -111,6 +112,51 @@ TEST(InstancesTest, SessionBytesGrowWithTheModel) {
 TEST(InstancesTest, ThisMachineReportsItsMemory) {
   EXPECT_GT(AvailableMemoryBytes(), 0u);
   EXPECT_GT(ResidentBytes(), 0u);
+}
+
+TEST(AvailabilityTest, ParsesTheDiurnalModelAndRefusesWhatItCannotUse) {
+  auto a = ParseAvailability("diurnal:period_s=60,online=0.25,seed=7");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->period_s, 60);
+  EXPECT_EQ(a->online_fraction, 0.25);
+  EXPECT_EQ(a->seed, 7u);
+  EXPECT_FALSE(ParseAvailability("trace:x").ok());
+  EXPECT_FALSE(ParseAvailability("diurnal:period_s=60").ok());           // online missing
+  EXPECT_FALSE(ParseAvailability("diurnal:period_s=0,online=0.5").ok());  // no period
+  EXPECT_FALSE(ParseAvailability("diurnal:period_s=60,online=1.5").ok());
+  EXPECT_FALSE(ParseAvailability("diurnal:period_s=60,online=0.5,phase=3").ok());
+  EXPECT_FALSE(ParseAvailability("diurnal:period_s=abc,online=0.5").ok());
+}
+
+// The schedule is a function of (seed, shard, time) alone: two runs with one seed agree window for window, another
+// seed moves the phases, and every client is online its fraction of each period.
+TEST(AvailabilityTest, WindowsAreDeterministicUnderASeedAndCoverTheOnlineFraction) {
+  const Availability a{.period_s = 10, .online_fraction = 0.3, .seed = 42};
+  Availability other = a;
+  other.seed = 43;
+  int moved = 0;
+  for (uint32_t shard = 0; shard < 50; ++shard) {
+    const OnlineWindow w = NextOnlineWindow(a, shard, 0);
+    const OnlineWindow again = NextOnlineWindow(a, shard, 0);
+    EXPECT_EQ(w.start_s, again.start_s);
+    EXPECT_EQ(w.end_s, again.end_s);
+    EXPECT_NEAR(w.end_s - w.start_s, 3.0, 1e-9);
+    EXPECT_LT(w.start_s, 10.0);
+    EXPECT_GT(w.end_s, 0.0);
+    if (NextOnlineWindow(other, shard, 0).start_s != w.start_s) ++moved;
+    // Online time over 100 periods, sampled every 10 ms: 30%.
+    int online = 0;
+    for (int k = 0; k < 100'000; ++k) {
+      const double t = k * 0.01;
+      const OnlineWindow now = NextOnlineWindow(a, shard, t);
+      online += (now.start_s <= t && t < now.end_s) ? 1 : 0;
+    }
+    EXPECT_NEAR(online / 100'000.0, 0.3, 0.001) << shard;
+    // The next window after this one is one period later.
+    EXPECT_NEAR(NextOnlineWindow(a, shard, w.end_s).start_s, w.start_s + 10, 1e-9);
+  }
+  EXPECT_GT(moved, 45);
+  EXPECT_TRUE(std::isinf(NextOnlineWindow(Availability{}, 3, 5).end_s));
 }
 
 }  // namespace

@@ -93,4 +93,26 @@ uint64_t ResidentBytes();
 // and what to do.
 absl::Status CheckFits(const MemoryEstimate& e);
 
+// Client availability over time, seeded diurnal model (fl-client --availability
+// diurnal:period_s=P,online=F,seed=S): instance with shard k is online for F x P seconds of every period P,
+// starting at a phase drawn from (seed, k) alone, so the same flags give every run the same schedule. Times are
+// seconds since the process started its instances.
+struct Availability {
+  double period_s = 0;  // 0: always online
+  double online_fraction = 1;
+  uint64_t seed = 0;
+  bool always() const { return period_s <= 0 || online_fraction >= 1; }
+};
+
+// Parses "diurnal:period_s=P,online=F[,seed=S]" (P > 0, F in (0, 1]); InvalidArgument naming the part.
+absl::StatusOr<Availability> ParseAvailability(const std::string& spec);
+
+// The online window [start_s, end_s) that contains `t_s`, or else the next one; end_s is infinity when always
+// online.
+struct OnlineWindow {
+  double start_s = 0;
+  double end_s = 0;
+};
+OnlineWindow NextOnlineWindow(const Availability& a, uint32_t client_index, double t_s);
+
 }  // namespace fl::client
