@@ -364,6 +364,8 @@ config::FieldTable<ClientGroup> GroupFields(const Where& where) {
       config::NumberField("data_share", &G::data_share, {1e-6, 1.0}),
       config::NumberField("availability.start_delay_s", &G::start_delay_s, {0, 1e7}),
       config::NumberField("availability.leave_after_s", &G::leave_after_s, {0, 1e7}),
+      config::NumberField("availability.period_s", &G::period_s, {0, 1e7}).NewInRecords(),
+      config::NumberField("availability.online", &G::online_fraction, {1e-6, 1.0}).NewInRecords(),
       config::RecordField("link_name", &G::link_name),
   };
 }

@@ -254,6 +254,10 @@ std::vector<std::string> ClientArgs(const Manifest& m, const RunOptions& o, cons
   if (!g.link_name.empty()) a.insert(a.end(), {"--link-profile", g.link_name});
   if (!g.device.device_class.empty()) a.insert(a.end(), {"--device-class", g.device.device_class});
   if (c.instances > 0) a.insert(a.end(), {"--instances", std::to_string(c.instances)});
+  if (c.instances > 0 && g.period_s > 0) {
+    a.insert(a.end(), {"--availability", fl::StrCat("diurnal:period_s=", Fmt(g.period_s),
+                                                    ",online=", Fmt(g.online_fraction), ",seed=", m.seed)});
+  }
   if (tls.enabled() && c.instances > 0) {
     // Each instance presents its own certificate, <group>-<i>.crt from the run's clients/ folder.
     a.insert(a.end(), {"--tls-ca", tls.paths.CaCert(), "--tls-cert-dir",
@@ -329,6 +333,16 @@ absl::StatusOr<std::string> ResolveBackend(const Manifest& m) {
 absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) {
   absl::StatusOr<std::string> backend = ResolveBackend(m);
   if (!backend.ok()) return backend.status();
+  // Before anything starts: a diurnal schedule is fl-client --instances's, so it needs virtual clients.
+  for (const ClientGroup& g : m.clients) {
+    if (g.period_s > 0 && !(m.emulation.virtual_clients && *backend != "kernel")) {
+      return absl::FailedPreconditionError(fl::StrCat(
+          m.path, ": clients group ", g.name,
+          ": availability.period_s needs virtual clients (fl-client --instances), which this run does not use (",
+          *backend == "kernel" ? "emulation backend kernel" : "emulation.virtual_clients: false",
+          "); use backend userspace or none, or drop availability.period_s"));
+    }
+  }
   std::error_code ec;
   fs::create_directories(o.out_dir, ec);
   if (ec) return absl::FailedPreconditionError(fl::StrCat("cannot create ", o.out_dir.string(), ": ", ec.message()));
@@ -377,7 +391,7 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
   // the kernel backend's namespaces cannot (a process is in one).
   const bool virtual_clients = m.emulation.virtual_clients && *backend != "kernel";
   for (const ClientGroup& g : m.clients) {
-    if (virtual_clients && g.count > 1) {
+    if (virtual_clients && (g.count > 1 || g.period_s > 0)) {
       ClientPlan p;
       p.name = fl::StrCat(g.name, "-instances");
       p.group = &g;

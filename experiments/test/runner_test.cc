@@ -236,6 +236,36 @@ TEST(RunnerTest, AGroupRunsAsOneProcessOfVirtualClientsUnderTheirOwnNames) {
   EXPECT_EQ(ProcessesMentioning(dir.path()), 0);
 }
 
+// availability.period_s/online: the group's instances follow a diurnal schedule seeded by the manifest's seed
+// (fl-client --availability); without virtual clients the run is refused before anything starts.
+TEST(RunnerTest, ADiurnalGroupRunsAsVirtualClientsAndIsRefusedWithoutThem) {
+  fl::testing::ScratchDir dir("fl_runner");
+  std::string text = kManifest;
+  text.replace(text.find("count: 2"), 8, "count: 6\n    availability: {period_s: 2, online: 0.5}");
+  text.replace(text.find("min_fit_clients: 3, min_available_clients: 3"), 44,
+               "min_fit_clients: 2, min_available_clients: 2");
+  absl::StatusOr<Manifest> m = Load(dir, text);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->clients[0].period_s, 2);
+  EXPECT_EQ(m->clients[0].online_fraction, 0.5);
+  absl::StatusOr<RunResult> r = RunExperiment(*m, Options(dir, "run"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, "finished") << r->reason;
+  EXPECT_TRUE(fs::exists(dir.File("run/wifi-instances.log")));
+  EXPECT_EQ(ProcessesMentioning(dir.path()), 0);
+
+  text.replace(text.find("emulation: {backend: userspace}"), 31,
+               "emulation: {backend: userspace, virtual_clients: false}");
+  absl::StatusOr<Manifest> per_process = Load(dir, text);
+  ASSERT_TRUE(per_process.ok()) << per_process.status();
+  absl::StatusOr<RunResult> refused = RunExperiment(*per_process, Options(dir, "run2"));
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find("clients group wifi: availability.period_s needs virtual clients"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_FALSE(fs::exists(dir.File("run2/server.log")));
+}
+
 TEST(RunnerTest, InterruptStopsEverythingAndRecordsAborted) {
   fl::testing::ScratchDir dir("fl_runner");
   // Rounds that cannot finish soon: 50 rounds of a 2 s training.

@@ -40,6 +40,10 @@ struct ClientGroup {
   double data_share = 1.0;   // fraction of its shard each client of the group trains on, (0, 1]
   double start_delay_s = 0;  // availability: joins this long after the server started
   double leave_after_s = 0;  // availability: stopped (SIGTERM) this long after it started; 0 = stays
+  // Availability over time, seeded diurnal model (fl-client --availability; virtual clients only): each client
+  // online `online_fraction` of every `period_s`, from a phase drawn from (manifest seed, shard). 0 = always.
+  double period_s = 0;
+  double online_fraction = 1;
 
   bool operator==(const ClientGroup&) const = default;
 };
