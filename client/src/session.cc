@@ -1,12 +1,14 @@
 #include "fl/client/session.h"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <optional>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
@@ -155,6 +157,9 @@ class FederatedClient::Impl {
   // Per join.
   std::string client_id_;
   std::string token_;
+  // The retry-after-ms of the last Join refused RESOURCE_EXHAUSTED (a server shedding load or at its session
+  // limit); the next attempt waits at least that long. 0: none. Read and written by Run's thread only.
+  uint32_t server_retry_after_ms_ = 0;
   uint32_t heartbeat_ms_ = 5000;
   uint32_t server_max_chunk_ = 1u << 20;
 
@@ -215,7 +220,7 @@ absl::Status FederatedClient::Impl::Run() {
             "cannot reach fl-server at ", options_.server_address, " for ", options_.give_up_after_ms / 1000,
             " s (last error: ", fl::ToStd(last_error.message()), "); check --server and that fl-server is running"));
       }
-      const uint32_t wait_ms = backoff.NextMs();
+      const uint32_t wait_ms = std::max(backoff.NextMs(), std::exchange(server_retry_after_ms_, 0u));
       spdlog::info("join failed ({}); retrying in {} ms", last_error.message(), wait_ms);
       SleepUnlessStopped(wait_ms);
       continue;
@@ -276,6 +281,16 @@ absl::StatusOr<fl::v1::JoinResponse> FederatedClient::Impl::Join(uint32_t timeou
     join_ctx_ = nullptr;
   }
   if (!status.ok()) {
+    if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      // The server says when to come back (docs/round-engine.md, "Fleets and overload"): a fleet that retried on
+      // its own backoff alone would come back before the server has room, and be refused again.
+      const auto& trailers = ctx.GetServerTrailingMetadata();
+      if (auto it = trailers.find("retry-after-ms"); it != trailers.end()) {
+        uint32_t ms = 0;
+        const char* end = it->second.data() + it->second.size();
+        if (std::from_chars(it->second.data(), end, ms).ptr == end) server_retry_after_ms_ = std::min(ms, 600'000u);
+      }
+    }
     fl::v1::ErrorDetail detail = wire::ErrorFromGrpcStatus(status);
     if (detail.code() == fl::v1::ERROR_CODE_EXPERIMENT_FINISHED) {
       return absl::OutOfRangeError(

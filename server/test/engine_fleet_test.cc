@@ -12,6 +12,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
 
 #include "fl/rpc/clock.h"
 #include "fl/rpc/grpc_server.h"
@@ -254,6 +256,38 @@ TEST_F(EngineFleetTest, AJoinToAnOverloadedEngineIsShedWithRetryAfterMetadata) {
   engine_->Post(ShutdownEvent{"test over"});
   engine_->RunUntilIdle();
   running->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+// fl-client waits the retry-after-ms a refused Join carries, not only its own backoff: a server at its session limit
+// (one place, held) refuses "b" with retry-after-ms 60000, and b's next attempt is scheduled that far out.
+TEST(FleetClientTest, ARefusedJoinWaitsTheServersRetryAfter) {
+  fl::testing::ScratchDir dir("fl_fleet_retry");
+  EngineConfig config = test_harness::SmallConfig(dir.File("ckpt"));
+  config.max_sessions = 1;
+  config.join_retry_after_ms = 60'000;
+  test_harness::TestServer server(config, dir.File("records.db"), InitialModel(1));
+  test_harness::RawClient holder(server.address());
+  auto a = holder.Connect("a");  // takes the one place
+  ASSERT_NE(a, nullptr);
+
+  // fl-client logs each retry with its wait ("join failed (...); retrying in N ms"): keep the last log lines
+  // (ringbuffer_sink is thread-safe to read).
+  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(256);
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("retry-test", sink));
+  auto b = test_harness::StartClient(server.address(), "b", 2);
+  bool scheduled = false;
+  std::string seen;
+  for (int i = 0; i < 3000 && !scheduled; ++i) {
+    seen.clear();
+    for (const std::string& line : sink->last_formatted()) seen += line;
+    scheduled = seen.find("retrying in 60000 ms") != std::string::npos;
+    if (!scheduled) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  test_harness::StopClient(*b);  // wakes it from its wait
+  spdlog::set_default_logger(previous);
+  EXPECT_TRUE(scheduled) << seen;
+  a->ctx.TryCancel();
 }
 
 }  // namespace
