@@ -71,22 +71,13 @@ Refusal WrongIdentity(const PeerIdentity& who, std::string_view claimed, std::st
 
 PeerLimits::PeerLimits(const EngineConfig& config) : config_(config) {}
 
-bool PeerLimits::TakeToken(std::map<std::string, Bucket>& buckets, const std::string& key, double rate,
+bool PeerLimits::TakeToken(std::map<std::string, TokenBucket>& buckets, const std::string& key, double rate,
                            int64_t now_ns) {
   if (rate <= 0) return true;  // this limit is off
-  const double burst = Burst(rate);
   if (buckets.size() >= kMaxIdleBuckets && buckets.count(key) == 0) {
-    std::erase_if(buckets, [&](const auto& kv) {
-      return kv.second.tokens + static_cast<double>(now_ns - kv.second.last_ns) * 1e-9 * rate >= burst;
-    });
+    std::erase_if(buckets, [&](const auto& kv) { return kv.second.FullAt(now_ns); });
   }
-  auto [it, fresh] = buckets.try_emplace(key, Bucket{burst, now_ns});
-  Bucket& b = it->second;
-  if (!fresh) b.tokens = std::min(burst, b.tokens + static_cast<double>(now_ns - b.last_ns) * 1e-9 * rate);
-  b.last_ns = now_ns;
-  if (b.tokens < 1) return false;
-  b.tokens -= 1;
-  return true;
+  return buckets.try_emplace(key, rate, Burst(rate), now_ns).first->second.Take(now_ns);
 }
 
 std::optional<Refusal> PeerLimits::TakeJoin(const PeerIdentity& who, int64_t now_ns) {

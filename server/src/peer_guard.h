@@ -3,6 +3,7 @@
 // reaches the round engine.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -18,6 +19,33 @@
 #include "fl/server/round_engine.h"
 
 namespace fl::server {
+
+// A token bucket: `rate` tokens a second on average, at most `burst` at once, full when made. One for the
+// session message limit (service.cc) and the join rates (PeerLimits). Not thread-safe.
+class TokenBucket {
+ public:
+  TokenBucket(double rate, double burst, int64_t now_ns = 0)
+      : rate_(rate), burst_(burst), tokens_(burst), last_ns_(now_ns) {}
+  // Takes a token at `now_ns` (monotonic); false when none is left.
+  bool Take(int64_t now_ns) {
+    tokens_ = Level(now_ns);
+    last_ns_ = now_ns;
+    if (tokens_ < 1) return false;
+    tokens_ -= 1;
+    return true;
+  }
+  // Full again at `now_ns`: idle long enough that forgetting it changes nothing.
+  bool FullAt(int64_t now_ns) const { return Level(now_ns) >= burst_; }
+
+ private:
+  double Level(int64_t now_ns) const {
+    return std::min(burst_, tokens_ + static_cast<double>(now_ns - last_ns_) * 1e-9 * rate_);
+  }
+  double rate_;
+  double burst_;
+  double tokens_;
+  int64_t last_ns_;
+};
 
 // The caller of one gRPC call.
 struct PeerIdentity {
@@ -59,21 +87,17 @@ class PeerLimits {
   void Release(Stream stream, const PeerIdentity& who);
 
  private:
-  struct Bucket {
-    double tokens = 0;
-    int64_t last_ns = 0;
-  };
   struct Counts {
     uint32_t sessions = 0;
     uint32_t uploads = 0;
   };
-  bool TakeToken(std::map<std::string, Bucket>& buckets, const std::string& key, double rate, int64_t now_ns)
+  bool TakeToken(std::map<std::string, TokenBucket>& buckets, const std::string& key, double rate, int64_t now_ns)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const EngineConfig& config_;
   std::mutex mu_;
-  std::map<std::string, Bucket> peer_joins_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, Bucket> identity_joins_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, TokenBucket> peer_joins_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, TokenBucket> identity_joins_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Counts> peer_streams_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Counts> identity_streams_ ABSL_GUARDED_BY(mu_);
 };

@@ -56,25 +56,6 @@ grpc::Status RateLimited(grpc::StatusCode code, std::string message, std::string
                             wire::MakeError(fl::v1::ERROR_CODE_RATE_LIMITED, std::move(message), "", std::move(hint)));
 }
 
-// Token bucket of a session's inbound messages: `rate` per second on average, bursts up to twice that.
-class MessageBucket {
- public:
-  explicit MessageBucket(uint32_t rate) : rate_(rate), burst_(2.0 * std::max<uint32_t>(rate, 5)), tokens_(burst_) {}
-  bool Take(int64_t now_ns) {
-    if (last_ns_ != 0) tokens_ = std::min(burst_, tokens_ + static_cast<double>(now_ns - last_ns_) * 1e-9 * rate_);
-    last_ns_ = now_ns;
-    if (tokens_ < 1) return false;
-    tokens_ -= 1;
-    return true;
-  }
-
- private:
-  double rate_;
-  double burst_;
-  double tokens_;
-  int64_t last_ns_ = 0;
-};
-
 // The engine's handle on one session stream. It outlives the reactor (the engine may still hold it after
 // the stream ended), so the reactor pointer is cleared in OnDone and every use checks it under the lock.
 class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
@@ -126,7 +107,9 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
         guard_(guard),
         who_(std::move(who)),
         channel_(std::make_shared<Channel>(this, engine_)),
-        bucket_(engine_->config().session_max_messages_per_s) {
+        // The session's inbound messages: the rate on average, bursts up to twice it (at least 10).
+        bucket_(engine_->config().session_max_messages_per_s,
+                2.0 * std::max<uint32_t>(engine_->config().session_max_messages_per_s, 5)) {
     if (std::optional<Refusal> r = guard_->limits().Acquire(PeerLimits::Stream::kSession, who_); r.has_value()) {
       channel_->Close(guard_->Refuse(who_, "", *r));
       return;
@@ -227,7 +210,7 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   bool holds_slot_ = false;
   std::shared_ptr<Channel> channel_;
   grpc::ByteBuffer in_;
-  MessageBucket bucket_;
+  TokenBucket bucket_;
   grpc::Alarm hello_alarm_;
   uint64_t received_ = 0;
   std::string client_id_;
@@ -420,12 +403,12 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
             checksum_.Update(piece);
           });
       if (!kind.ok()) {
-        return Fail(grpc::Status(
-            grpc::StatusCode::INVALID_ARGUMENT,
-            kind.status().code() == absl::StatusCode::kOutOfRange
-                ? fl::StrCat("the upload carries more than the ", header_.payload_bytes(),
-                             " bytes its header announced")
-                : fl::StrCat("message ", received_ + 1, " of the upload: ", kind.status().message())));
+        return Fail(
+            grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                         kind.status().code() == absl::StatusCode::kOutOfRange
+                             ? fl::StrCat("the upload carries more than the ", header_.payload_bytes(),
+                                          " bytes its header announced")
+                             : fl::StrCat("message ", received_ + 1, " of the upload: ", kind.status().message())));
       }
       if (*kind == wire::DataChunkReader::Kind::kData) {
         ++received_;
@@ -486,8 +469,8 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
           }
           GrowFor(chunk.data().size());
           payload_.insert(payload_.end(), chunk.data().begin(), chunk.data().end());
-          checksum_.Update(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(chunk.data().data()),
-                                                    chunk.data().size()));
+          checksum_.Update(
+              std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(chunk.data().data()), chunk.data().size()));
           progress_->received_bytes = payload_.size();
           StartRead(&in_);
           return;
