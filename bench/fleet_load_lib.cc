@@ -20,6 +20,7 @@
 #include "fl/core/codec.h"
 #include "fl/core/str_cat.h"
 #include "fl/core/tensor_spec.h"
+#include "fl/proto/chunk_reader.h"
 #include "fl/proto/convert.h"
 #include "fl/v1/federation.grpc.pb.h"
 
@@ -349,19 +350,7 @@ struct Fleet::Impl {
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
     fl::v1::UploadUpdateResponse resp;
     auto writer = m.stub->UploadUpdate(&ctx, &resp);
-    fl::v1::UpdateChunk chunk;
-    *chunk.mutable_header() = header;
-    bool open = writer->Write(chunk);
-    if (open) {
-      chunk.Clear();
-      chunk.set_data(payload.data(), payload.size());
-      open = writer->Write(chunk);
-    }
-    if (open) {
-      chunk.Clear();
-      chunk.mutable_trailer()->set_payload_checksum(core::TransferChecksum64(payload));
-      open = writer->Write(chunk);
-    }
+    wire::WriteWholeUpload(*writer, header, payload, core::TransferChecksum64(payload));
     writer->WritesDone();
     const grpc::Status status = writer->Finish();
     return status.ok() && resp.outcome() == fl::v1::UPDATE_OUTCOME_ACCEPTED;

@@ -20,6 +20,7 @@
 #include "fl/core/str_cat.h"
 #include "fl/instrumentation/record_store.h"
 #include "fl/instrumentation/server_metrics.h"
+#include "fl/proto/chunk_reader.h"
 #include "fl/proto/convert.h"
 #include "fl/server/checkpoint.h"
 #include "fl/server/round_engine.h"
@@ -193,20 +194,9 @@ class RawClient {
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     fl::v1::UploadUpdateResponse resp;
     auto writer = stub_->UploadUpdate(&ctx, &resp);
-    fl::v1::UpdateChunk chunk;
-    *chunk.mutable_header() = header;
-    bool open = writer->Write(chunk);
-    if (open) {
-      chunk.Clear();
-      chunk.set_data(payload.data(), payload.size());
-      open = writer->Write(chunk);
+    if (wire::WriteWholeUpload(*writer, header, payload, checksum.value_or(core::TransferChecksum64(payload)))) {
+      writer->WritesDone();
     }
-    if (open) {
-      chunk.Clear();
-      chunk.mutable_trailer()->set_payload_checksum(checksum.value_or(core::TransferChecksum64(payload)));
-      open = writer->Write(chunk);
-    }
-    if (open) writer->WritesDone();
     grpc::Status s = writer->Finish();
     if (status != nullptr) *status = s;
     return resp;

@@ -17,6 +17,7 @@
 #include <grpcpp/support/slice.h>
 
 #include "absl/status/statusor.h"
+#include "fl/v1/federation.pb.h"
 
 namespace fl::wire {
 
@@ -46,5 +47,22 @@ class DataChunkReader {
  private:
   std::vector<grpc::Slice> slices_;
 };
+
+// Writes a whole upload on `writer` (a grpc::ClientWriter<fl::v1::UpdateChunk>): its header, the payload as one data
+// chunk, and the trailer with `checksum`. For the raw clients of tests and benchmarks (fl-client streams bounded
+// chunks); false once the stream closed, and the caller finishes it.
+template <class Writer>
+bool WriteWholeUpload(Writer& writer, const fl::v1::UpdateHeader& header, std::span<const uint8_t> payload,
+                      uint64_t checksum) {
+  fl::v1::UpdateChunk chunk;
+  *chunk.mutable_header() = header;
+  if (!writer.Write(chunk)) return false;
+  chunk.Clear();
+  chunk.set_data(payload.data(), payload.size());
+  if (!writer.Write(chunk)) return false;
+  chunk.Clear();
+  chunk.mutable_trailer()->set_payload_checksum(checksum);
+  return writer.Write(chunk);
+}
 
 }  // namespace fl::wire
