@@ -94,8 +94,9 @@ const RowTable<ExperimentRecord>& ExperimentsTable() {
          OptText<&E::status_reason>("status_reason"), Col<&E::started_unix_ms>("started_unix_ms"),
          Col<&E::finished_unix_ms>("finished_unix_ms"), config_json, Col<&E::software_version>("software_version"),
          OptText<&E::host>("host"),
-         OptText<&E::task>("task", "CHECK (task IS NULL OR task IN ('classification', 'regression', 'next-token'))",
-                           6)});
+         OptText<&E::task>("task", "CHECK (task IS NULL OR task IN ('classification', 'regression', 'next-token'))", 6),
+         OptText<&E::aggregation>("aggregation",
+                                  "CHECK (aggregation IS NULL OR aggregation IN ('synchronous', 'buffered'))", 9)});
   }();
   return *table;
 }
@@ -146,6 +147,8 @@ const RowTable<RoundRecord>& RoundsTable() {
   return *table;
 }
 
+// v9 rebuilt the table (the outcome CHECK gained 'cancelled' and 'folded'), listing its four columns where any
+// CREATE TABLE lists them: after the others, before the table constraints.
 const RowTable<ClientRoundRecord>& ClientRoundsTable() {
   static const RowTable<CR>* const table = new RowTable<CR>(
       "client_rounds", 1,
@@ -178,7 +181,13 @@ const RowTable<ClientRoundRecord>& ClientRoundsTable() {
        Col<&CR::uplink_server_start_unix_ms>("uplink_server_start_unix_ms", "", 3),
        Col<&CR::downlink_server_start_unix_ms>("downlink_server_start_unix_ms", "", 3),
        Col<&CR::downlink_server_ms>("downlink_server_ms",
-                                    "CHECK (downlink_server_ms IS NULL OR downlink_server_ms >= 0)", 3)},
+                                    "CHECK (downlink_server_ms IS NULL OR downlink_server_ms >= 0)", 3),
+       Col<&CR::base_model_version>("base_model_version",
+                                    "CHECK (base_model_version IS NULL OR base_model_version >= 0)", 9),
+       Col<&CR::staleness>("staleness", "CHECK (staleness IS NULL OR staleness >= 0)", 9),
+       Col<&CR::staleness_weight>("staleness_weight", "CHECK (staleness_weight IS NULL OR staleness_weight >= 0)", 9),
+       Col<&CR::folded_into_round>("folded_into_round",
+                                   "CHECK (folded_into_round IS NULL OR folded_into_round > round)", 9)},
       {"PRIMARY KEY (experiment_id, round, attempt, client_id)", std::string(kToRoundAttempt), std::string(kToClient)},
       {"CREATE INDEX client_rounds_by_client ON client_rounds (experiment_id, client_id)"});
   return *table;

@@ -61,6 +61,9 @@ const UpdateSpec<ClientRoundUplinkUpdate>& ClientRoundUplinkSpec() {
   return spec;
 }
 
+// The primary key of client_rounds, for the upsert of a folded row.
+std::vector<std::string_view> ClientRoundKey() { return {"experiment_id", "round", "attempt", "client_id"}; }
+
 // Not an equality on a key, so written out; its parameters are bound by name.
 constexpr std::string_view kSupersedeRounds = R"sql(
 UPDATE rounds SET status = 'aborted', failure_reason = :reason
@@ -80,6 +83,7 @@ struct RecordStore::Writer {
   sqlite::Statement insert_round;
   sqlite::Statement update_round_evaluation;
   sqlite::Statement insert_client_round;
+  sqlite::Statement replace_client_round;
   sqlite::Statement update_client_round_uplink;
   sqlite::Statement insert_evaluation;
   sqlite::Statement insert_checkpoint;
@@ -104,6 +108,8 @@ struct RecordStore::Writer {
              {&insert_round, InsertSql(RoundsTable())},
              {&update_round_evaluation, *updates[3]},
              {&insert_client_round, InsertSql(ClientRoundsTable())},
+             // A late update folded into a later round replaces the row its own round's commit wrote (schema v9).
+             {&replace_client_round, InsertSql(ClientRoundsTable(), ClientRoundKey())},
              {&update_client_round_uplink, *updates[4]},
              {&insert_evaluation, InsertSql(EvaluationsTable())},
              // A checkpoint file is rewritten when its round is re-run (after a crash before the round's commit in
@@ -183,6 +189,11 @@ struct RecordStore::Writer {
                 }
                 if (r.checkpoint.has_value()) {
                   if (absl::Status s = WritePart(*r.checkpoint); !s.ok()) return Annotate(*r.checkpoint, s);
+                }
+                for (const ClientRoundRecord& c : r.folded_rows) {
+                  if (absl::Status s = Insert(replace_client_round, ClientRoundsTable(), c); !s.ok()) {
+                    return Annotate(c, s);
+                  }
                 }
                 return absl::OkStatus();
               });

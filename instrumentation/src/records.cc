@@ -50,6 +50,8 @@ std::string_view ClientOutcomeName(ClientOutcome outcome) {
     case ClientOutcome::kLate: return "late";
     case ClientOutcome::kDropped: return "dropped";
     case ClientOutcome::kRejected: return "rejected";
+    case ClientOutcome::kCancelled: return "cancelled";
+    case ClientOutcome::kFolded: return "folded";
   }
   return "unknown";
 }
@@ -119,7 +121,9 @@ absl::StatusOr<RoundStatus> ParseRoundStatus(std::string_view name) {
 }
 
 absl::StatusOr<ClientOutcome> ParseClientOutcome(std::string_view name) {
-  return ParseEnum(name, {ClientOutcome::kOk, ClientOutcome::kLate, ClientOutcome::kDropped, ClientOutcome::kRejected},
+  return ParseEnum(name,
+                   {ClientOutcome::kOk, ClientOutcome::kLate, ClientOutcome::kDropped, ClientOutcome::kRejected,
+                    ClientOutcome::kCancelled, ClientOutcome::kFolded},
                    ClientOutcomeName, "client outcome");
 }
 
@@ -165,7 +169,11 @@ std::string DescribeRecord(const Record& record) {
                         [](const RoundCommitRecord& r) {
                           return fl::StrCat("commit of round ", r.round.round, " (experiment ", r.round.experiment_id,
                                             ", attempt ", r.round.attempt, ": round row, ", r.client_rounds.size(),
-                                            " client rows", r.checkpoint.has_value() ? ", checkpoint row)" : ")");
+                                            " client rows", r.checkpoint.has_value() ? ", checkpoint row" : "",
+                                            r.folded_rows.empty() ? std::string()
+                                                                  : fl::StrCat(", ", r.folded_rows.size(),
+                                                                               " folded rows of earlier rounds"),
+                                            ")");
                         },
                         [](const EvaluationCommitRecord& r) {
                           return fl::StrCat("evaluation of round ", r.round, " (experiment ", r.experiment_id,

@@ -294,6 +294,74 @@ CREATE TABLE security_events (
 CREATE INDEX security_events_by_reason ON security_events (experiment_id, reason);
 )sql";
 
+// Version 9: stragglers and asynchrony (issue 17). experiments.aggregation: 'synchronous' or 'buffered' (FedBuff,
+// each rounds row is an aggregation step; NULL before v9 = synchronous). client_rounds: the outcomes 'cancelled'
+// (over-commitment cancelled the task) and 'folded' (a late update folded into a later round's aggregate), which
+// change the outcome CHECK and so rebuild the table (SQLite cannot alter a CHECK): the old table is renamed away,
+// the new one created under the real name (a rename of the new one would store its name quoted), the rows copied,
+// the old table and its index dropped and the index made again. Nothing references client_rounds. Four columns:
+// the model version an update was trained from, its staleness, the discount applied and the round it was folded
+// into.
+constexpr std::string_view kSchemaV9 = R"sql(
+ALTER TABLE experiments ADD COLUMN aggregation TEXT
+  CHECK (aggregation IS NULL OR aggregation IN ('synchronous', 'buffered'));
+ALTER TABLE client_rounds RENAME TO client_rounds_v8;
+CREATE TABLE client_rounds (
+  experiment_id                  TEXT    NOT NULL,
+  round                          INTEGER NOT NULL,
+  attempt                        INTEGER NOT NULL,
+  client_id                      TEXT    NOT NULL,
+  outcome                        TEXT    NOT NULL
+                                 CHECK (outcome IN ('ok', 'late', 'dropped', 'rejected', 'cancelled', 'folded')),
+  reject_reason                  TEXT    CHECK (reject_reason IS NULL OR outcome = 'rejected'),
+  dispatched_unix_ms             INTEGER,
+  num_examples                   INTEGER CHECK (num_examples IS NULL OR num_examples >= 0),
+  num_steps                      INTEGER CHECK (num_steps IS NULL OR num_steps >= 0),
+  downlink_ms                    REAL,
+  train_ms                       REAL,
+  eval_ms                        REAL,
+  uplink_ms                      REAL,
+  uplink_server_ms               REAL,
+  idle_ms                        REAL,
+  downlink_bytes                 INTEGER CHECK (downlink_bytes IS NULL OR downlink_bytes >= 0),
+  uplink_bytes                   INTEGER CHECK (uplink_bytes IS NULL OR uplink_bytes >= 0),
+  codec                          TEXT,
+  train_loss                     REAL,
+  clock_offset_ms                REAL,
+  clock_rtt_ms                   REAL    CHECK (clock_rtt_ms IS NULL OR clock_rtt_ms >= 0),
+  downlink_start_unix_ms         REAL,
+  train_start_unix_ms            REAL,
+  eval_start_unix_ms             REAL,
+  uplink_start_unix_ms           REAL,
+  uplink_end_unix_ms             REAL,
+  uplink_server_start_unix_ms    REAL,
+  downlink_server_start_unix_ms  REAL,
+  downlink_server_ms             REAL    CHECK (downlink_server_ms IS NULL OR downlink_server_ms >= 0),
+  base_model_version             INTEGER CHECK (base_model_version IS NULL OR base_model_version >= 0),
+  staleness                      INTEGER CHECK (staleness IS NULL OR staleness >= 0),
+  staleness_weight               REAL    CHECK (staleness_weight IS NULL OR staleness_weight >= 0),
+  folded_into_round              INTEGER CHECK (folded_into_round IS NULL OR folded_into_round > round),
+  PRIMARY KEY (experiment_id, round, attempt, client_id),
+  FOREIGN KEY (experiment_id, round, attempt) REFERENCES rounds (experiment_id, round, attempt) ON DELETE CASCADE,
+  FOREIGN KEY (experiment_id, client_id) REFERENCES clients (experiment_id, client_id) ON DELETE CASCADE
+);
+INSERT INTO client_rounds (
+  experiment_id, round, attempt, client_id, outcome, reject_reason, dispatched_unix_ms, num_examples, num_steps,
+  downlink_ms, train_ms, eval_ms, uplink_ms, uplink_server_ms, idle_ms, downlink_bytes, uplink_bytes, codec,
+  train_loss, clock_offset_ms, clock_rtt_ms, downlink_start_unix_ms, train_start_unix_ms, eval_start_unix_ms,
+  uplink_start_unix_ms, uplink_end_unix_ms, uplink_server_start_unix_ms, downlink_server_start_unix_ms,
+  downlink_server_ms)
+SELECT
+  experiment_id, round, attempt, client_id, outcome, reject_reason, dispatched_unix_ms, num_examples, num_steps,
+  downlink_ms, train_ms, eval_ms, uplink_ms, uplink_server_ms, idle_ms, downlink_bytes, uplink_bytes, codec,
+  train_loss, clock_offset_ms, clock_rtt_ms, downlink_start_unix_ms, train_start_unix_ms, eval_start_unix_ms,
+  uplink_start_unix_ms, uplink_end_unix_ms, uplink_server_start_unix_ms, downlink_server_start_unix_ms,
+  downlink_server_ms
+FROM client_rounds_v8;
+DROP TABLE client_rounds_v8;
+CREATE INDEX client_rounds_by_client ON client_rounds (experiment_id, client_id);
+)sql";
+
 // Append new migrations here: {N + 1, "what it does", R"sql(...)sql"}. Never edit a shipped entry. A new database
 // does not run them: it is created from the column declarations (record_columns.cc), which must declare what the
 // migrations reach (instrumentation_schema_test compares the two).
@@ -306,6 +374,8 @@ constexpr Migration kMigrations[] = {
     {6, "experiments.task, rounds.eval_mae/eval_perplexity, evaluations.mae/reject_reason", kSchemaV6, false},
     {7, "client_events (reports refused, uploads revoked, sessions closed)", kSchemaV7, false},
     {8, "security_events (calls refused on the secure federation channel)", kSchemaV8, false},
+    {9, "experiments.aggregation; client_rounds rebuilt: outcomes cancelled/folded, staleness columns", kSchemaV9,
+     true},
 };
 
 std::string Hex(int64_t v) {

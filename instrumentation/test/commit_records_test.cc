@@ -161,5 +161,51 @@ TEST_F(CommitRecordsTest, SupersededRoundsAreKeptAsAbortedAndTheirCheckpointRowI
   EXPECT_EQ(Count("SELECT bytes FROM checkpoints WHERE round = 2"), 8192);
 }
 
+// Schema v9, late folding: round 1 committed with c2 late (its row says 'late', no figures); round 2's aggregate
+// folded c2's late update in, so round 2's commit replaces that row of round 1 whole (outcome 'folded', the
+// figures, staleness, discount and folded_into_round = 2), in the same unit as round 2's own rows.
+TEST_F(CommitRecordsTest, ACommitReplacesTheRowsOfTheLateUpdatesItFolded) {
+  RoundCommitRecord first = Commit(1, 0, {"c1"});
+  ClientRoundRecord late;
+  late.experiment_id = "e1";
+  late.round = 1;
+  late.client_id = "c2";
+  late.outcome = ClientOutcome::kLate;
+  first.client_rounds.push_back(late);
+  ASSERT_TRUE(store_->Enqueue(first).ok());
+  RoundCommitRecord second = Commit(2, 0, {"c1"});
+  ClientRoundRecord folded = ClientRound("e1", 1, 0, "c2");
+  folded.outcome = ClientOutcome::kFolded;
+  folded.base_model_version = 1;
+  folded.staleness = 1;
+  folded.staleness_weight = 0.5;
+  folded.folded_into_round = 2;
+  second.folded_rows.push_back(folded);
+  ASSERT_TRUE(store_->Enqueue(second).ok());
+  absl::Status flushed = store_->Flush();
+  ASSERT_TRUE(flushed.ok()) << flushed;
+  auto reader = RecordReader::Open(path_);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto rows = (*reader)->ListClientRounds("e1", 1);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_EQ(rows->size(), 2u);
+  EXPECT_EQ((*rows)[1], folded);
+  EXPECT_EQ(Count("SELECT count(*) FROM client_rounds WHERE round = 2"), 1);
+
+  // A folded row that breaks a CHECK (folded into its own round) undoes the whole commit of round 3.
+  RoundCommitRecord third = Commit(3, 0, {"c1"});
+  ClientRoundRecord bad = folded;
+  bad.round = 3;
+  bad.folded_into_round = 3;
+  third.client_rounds.push_back(ClientRound("e1", 3, 0, "c2"));
+  third.folded_rows.push_back(bad);
+  ASSERT_TRUE(store_->Enqueue(third).ok());
+  flushed = store_->Flush();
+  EXPECT_FALSE(flushed.ok());
+  EXPECT_NE(std::string(flushed.message()).find("1 folded rows of earlier rounds"), std::string::npos) << flushed;
+  EXPECT_EQ(Count("SELECT count(*) FROM rounds WHERE round = 3"), 0);
+  EXPECT_EQ(Count("SELECT count(*) FROM client_rounds WHERE round = 3"), 0);
+}
+
 }  // namespace
 }  // namespace fl::instrumentation

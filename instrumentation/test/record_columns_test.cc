@@ -297,7 +297,8 @@ TEST(RecordStoreTest, EveryColumnOfEveryKindRoundTripsSetAndUnset) {
   ASSERT_NE(store, nullptr);
 
   ExperimentRecord full_experiment{
-      "full", "name", ExperimentStatus::kFailed, "why", 11, 12, R"({"a":1})", "1.2.3", "host-1", "next-token"};
+      "full",       "name",    ExperimentStatus::kFailed, "why", 11, 12, R"({"a":1})", "1.2.3", "host-1",
+      "next-token", "buffered"};
   ExperimentRecord bare_experiment;
   bare_experiment.id = "bare";
   bare_experiment.name = "bare name";
@@ -326,7 +327,8 @@ TEST(RecordStoreTest, EveryColumnOfEveryKindRoundTripsSetAndUnset) {
                                       2.5,    3.5,   4.5,    5.5,   6.5,
                                       1000,   2000,  "fp16", 0.875, -3.5,
                                       2.25,   100.5, 101.5,  102.5, 103.5,
-                                      104.5,  105.5, 106.5,  7.5};
+                                      104.5,  105.5, 106.5,  7.5,   2,
+                                      1,      0.5,   4};
   ClientRoundRecord bare_client_round;
   bare_client_round.experiment_id = "bare";
   bare_client_round.client_id = "c";
@@ -345,7 +347,7 @@ TEST(RecordStoreTest, EveryColumnOfEveryKindRoundTripsSetAndUnset) {
 
   std::vector<Record> records = {full_experiment, bare_experiment, full_client, bare_client};
   // The group kinds carry the full rows, the row kinds the bare ones.
-  records.push_back(RoundCommitRecord{full_round, {full_client_round}, full_checkpoint});
+  records.push_back(RoundCommitRecord{full_round, {full_client_round}, full_checkpoint, {}});
   records.push_back(EvaluationCommitRecord{"full", 3, 1, {full_evaluation}, std::nullopt});
   for (Record r : std::vector<Record>{bare_round, bare_client_round, bare_evaluation, bare_checkpoint, full_event,
                                       bare_event, full_security, bare_security}) {

@@ -22,8 +22,8 @@ TEST(RecordsTest, EnumNamesRoundTrip) {
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, s);
   }
-  for (ClientOutcome o :
-       {ClientOutcome::kOk, ClientOutcome::kLate, ClientOutcome::kDropped, ClientOutcome::kRejected}) {
+  for (ClientOutcome o : {ClientOutcome::kOk, ClientOutcome::kLate, ClientOutcome::kDropped, ClientOutcome::kRejected,
+                          ClientOutcome::kCancelled, ClientOutcome::kFolded}) {
     auto parsed = ParseClientOutcome(ClientOutcomeName(o));
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, o);
@@ -58,6 +58,8 @@ TEST(RecordsTest, EnumNamesRoundTrip) {
   // The spellings are part of the schema (CHECK constraints) and of fl-report's queries.
   EXPECT_EQ(RoundStatusName(RoundStatus::kCommitted), "committed");
   EXPECT_EQ(ClientOutcomeName(ClientOutcome::kDropped), "dropped");
+  EXPECT_EQ(ClientOutcomeName(ClientOutcome::kCancelled), "cancelled");
+  EXPECT_EQ(ClientOutcomeName(ClientOutcome::kFolded), "folded");
 }
 
 TEST(RecordsTest, UnknownNamesListTheValidOnes) {
@@ -65,7 +67,7 @@ TEST(RecordsTest, UnknownNamesListTheValidOnes) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(std::string(bad.status().message()),
-            "unknown client outcome 'timeout'; expected one of ok, late, dropped, rejected");
+            "unknown client outcome 'timeout'; expected one of ok, late, dropped, rejected, cancelled, folded");
 }
 
 TEST(RecordsTest, UnknownSecurityRefusalListsTheEight) {

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include "fl/core/str_cat.h"
 #include "fl/instrumentation/record_columns.h"
 #include "fl/instrumentation/record_reader.h"
 #include "fl/instrumentation/record_store.h"
@@ -365,7 +366,8 @@ TEST(SchemaTest, NewDatabaseHasTheSchemaTheMigrationsReach) {
 
   for (int from = 1; from < LatestSchemaVersion(); ++from) {
     SCOPED_TRACE("migrated from version " + std::to_string(from));
-    const std::string path = dir.File("v" + std::to_string(from) + ".db");
+    // StrCat rather than "v" + std::to_string(...): GCC 12 reports a false -Wrestrict on the latter here.
+    const std::string path = dir.File(fl::StrCat("v", from, ".db"));
     {
       sqlite::Database db = OpenRaw(path);
       ASSERT_TRUE(MigrateSchema(db, SchemaMigrations().first(static_cast<size_t>(from))).ok());
@@ -390,7 +392,7 @@ TEST(SchemaTest, ColumnDeclarationsSayWhichVersionAddedEachColumn) {
   ScratchDir dir;
   for (int version = 1; version <= LatestSchemaVersion(); ++version) {
     SCOPED_TRACE("version " + std::to_string(version));
-    sqlite::Database db = OpenRaw(dir.File("v" + std::to_string(version) + ".db"));
+    sqlite::Database db = OpenRaw(dir.File(fl::StrCat("v", version, ".db")));
     ASSERT_TRUE(MigrateSchema(db, SchemaMigrations().first(static_cast<size_t>(version))).ok());
     std::vector<std::string> declared_tables;
     for (const TableSpec* table : RecordTables()) {
@@ -464,6 +466,87 @@ TEST(SchemaTest, VersionSevenDatabaseWithRowsMigratesToEight) {
   EXPECT_EQ(Int(db, "SELECT count(*) FROM pragma_foreign_key_list('security_events') WHERE \"table\" = 'experiments'"),
             1);
   EXPECT_EQ(Int(db, "SELECT count(*) FROM pragma_foreign_key_list('security_events') WHERE \"table\" = 'clients'"), 0);
+}
+
+// A database an fl-server of schema v8 wrote opens with this build: v9 rebuilds client_rounds (the outcome CHECK
+// gains 'cancelled' and 'folded'), keeping every row and column, the index and the foreign keys; experiments gain
+// `aggregation` (NULL for the old run: synchronous). Before the migration this build reads the file as it is, the
+// v9 columns as NULL; after it, the new outcomes and columns can be stored, and the CHECKs hold.
+TEST(SchemaTest, VersionEightDatabaseWithRowsMigratesToNine) {
+  ScratchDir dir;
+  const std::string path = dir.File("records.db");
+  {
+    sqlite::Database db = OpenRaw(path);
+    ASSERT_TRUE(MigrateSchema(db, SchemaMigrations().first(8)).ok());
+    ASSERT_TRUE(db.Exec(R"sql(
+      INSERT INTO experiments (id, name, started_unix_ms, software_version, task)
+        VALUES ('v8', 'old run', 1, '0.8', 'classification');
+      INSERT INTO clients (experiment_id, client_id, joined_unix_ms) VALUES ('v8', 'c1', 2), ('v8', 'c2', 2);
+      INSERT INTO rounds (experiment_id, round, attempt, status, started_unix_ms, ended_unix_ms, duration_ms,
+                          model_version)
+        VALUES ('v8', 0, 0, 'committed', 3, 4, 1.5, 1), ('v8', 1, 0, 'committed', 5, 6, 1.5, 2);
+      INSERT INTO client_rounds (experiment_id, round, attempt, client_id, outcome, num_examples, codec, train_loss,
+                                 downlink_server_ms)
+        VALUES ('v8', 0, 0, 'c1', 'ok', 100, 'fp32', 0.5, 7.25), ('v8', 0, 0, 'c2', 'late', NULL, NULL, NULL, NULL);
+      INSERT INTO client_events (experiment_id, client_id, kind, reason, at_unix_ms)
+        VALUES ('v8', 'c1', 'session_closed', 'hello timeout', 3);
+    )sql")
+                    .ok());
+  }
+  {
+    auto old_reader = RecordReader::OpenAnyVersion(path);
+    ASSERT_TRUE(old_reader.ok()) << old_reader.status();
+    EXPECT_EQ((*old_reader)->schema_version(), 8);
+    auto rows = (*old_reader)->ListClientRounds("v8");
+    ASSERT_TRUE(rows.ok()) << rows.status();
+    ASSERT_EQ(rows->size(), 2u);
+    EXPECT_EQ((*rows)[0].num_examples, 100);
+    EXPECT_FALSE((*rows)[0].staleness.has_value());
+    auto experiment = (*old_reader)->GetExperiment("v8");
+    ASSERT_TRUE(experiment.ok()) << experiment.status();
+    EXPECT_EQ(experiment->aggregation, "");
+  }
+  ASSERT_GE(LatestSchemaVersion(), 9);
+  {
+    auto store = RecordStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    // A cancelled task, in the new vocabulary (a folded row is written by the commit tests).
+    ClientRoundRecord cancelled;
+    cancelled.experiment_id = "v8";
+    cancelled.round = 1;
+    cancelled.client_id = "c1";
+    cancelled.outcome = ClientOutcome::kCancelled;
+    cancelled.train_ms = 12.5;
+    ASSERT_TRUE((*store)->Enqueue(cancelled).ok());
+    absl::Status flushed = (*store)->Close();
+    ASSERT_TRUE(flushed.ok()) << flushed;
+  }
+  sqlite::Database db = OpenRaw(path);
+  EXPECT_EQ(Int(db, "PRAGMA user_version"), LatestSchemaVersion());
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM client_rounds WHERE experiment_id = 'v8'"), 3);
+  EXPECT_EQ(Int(db,
+                "SELECT count(*) FROM client_rounds WHERE client_id = 'c1' AND round = 0 AND outcome = 'ok' AND "
+                "num_examples = 100 AND codec = 'fp32' AND train_loss = 0.5 AND downlink_server_ms = 7.25 AND "
+                "staleness IS NULL AND folded_into_round IS NULL"),
+            1);
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM client_rounds WHERE outcome = 'cancelled' AND train_ms = 12.5"), 1);
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM experiments WHERE id = 'v8' AND aggregation IS NULL"), 1);
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM sqlite_schema WHERE name LIKE 'client_rounds_v8%'"), 0);
+  EXPECT_EQ(Int(db,
+                "SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND name = 'client_rounds_by_client' AND "
+                "tbl_name = 'client_rounds'"),
+            1);
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM pragma_foreign_key_list('client_rounds')"), 5);
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM client_events"), 1);
+  // The CHECKs of v9: no unknown outcome, no negative staleness, a fold only into a later round.
+  EXPECT_FALSE(db.Exec("UPDATE client_rounds SET outcome = 'lost' WHERE client_id = 'c2'").ok());
+  EXPECT_FALSE(db.Exec("UPDATE client_rounds SET staleness = -1 WHERE client_id = 'c2'").ok());
+  EXPECT_FALSE(db.Exec("UPDATE client_rounds SET folded_into_round = 0 WHERE client_id = 'c2'").ok());
+  EXPECT_TRUE(db.Exec("UPDATE client_rounds SET outcome = 'folded', folded_into_round = 1, staleness = 1, "
+                      "staleness_weight = 0.5 WHERE client_id = 'c2'")
+                  .ok());
+  EXPECT_FALSE(db.Exec("UPDATE experiments SET aggregation = 'eventual' WHERE id = 'v8'").ok());
+  EXPECT_TRUE(db.Exec("UPDATE experiments SET aggregation = 'buffered' WHERE id = 'v8'").ok());
 }
 
 TEST(SchemaTest, FailedMigrationLeavesThePreviousVersion) {

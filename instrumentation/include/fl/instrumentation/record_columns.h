@@ -91,8 +91,8 @@ struct EnumTraits<RoundStatus> {
 };
 template <>
 struct EnumTraits<ClientOutcome> {
-  static constexpr std::array kValues = {ClientOutcome::kOk, ClientOutcome::kLate, ClientOutcome::kDropped,
-                                         ClientOutcome::kRejected};
+  static constexpr std::array kValues = {ClientOutcome::kOk,       ClientOutcome::kLate,      ClientOutcome::kDropped,
+                                         ClientOutcome::kRejected, ClientOutcome::kCancelled, ClientOutcome::kFolded};
   static std::string_view Name(ClientOutcome v) { return ClientOutcomeName(v); }
   static absl::StatusOr<ClientOutcome> Parse(std::string_view s) { return ParseClientOutcome(s); }
 };

@@ -24,7 +24,10 @@ namespace fl::instrumentation {
 
 enum class ExperimentStatus { kRunning, kFinished, kFailed, kAborted };
 enum class RoundStatus { kCommitted, kFailed, kAborted };
-enum class ClientOutcome { kOk, kLate, kDropped, kRejected };
+// kCancelled (schema v9): over-commitment cancelled the task once the round had its updates; whatever work the
+// client reported is kept in the row. kFolded (schema v9): a late update folded into a later round's aggregate
+// (ClientRoundRecord::folded_into_round names that round).
+enum class ClientOutcome { kOk, kLate, kDropped, kRejected, kCancelled, kFolded };
 
 // The spelling stored in the database: "running", "committed", "late", ...
 std::string_view ExperimentStatusName(ExperimentStatus status);
@@ -48,9 +51,16 @@ struct ExperimentRecord {
   // Schema v6: "classification", "regression" or "next-token" (fl::core::TaskName); "" = not known yet (no
   // client admitted; fl-server sets it with an ExperimentTaskUpdate when its first client joins).
   std::string task;
+  // Schema v9: "synchronous" (rounds) or "buffered" (FedBuff: each `rounds` row is one aggregation step); "" =
+  // NULL, which experiments recorded before v9 hold and which reads as synchronous (kAggregation* below).
+  std::string aggregation;
 
   bool operator==(const ExperimentRecord&) const = default;
 };
+
+// The stored names of experiments.aggregation (schema v9).
+inline constexpr std::string_view kAggregationSynchronous = "synchronous";
+inline constexpr std::string_view kAggregationBuffered = "buffered";
 
 // Sets the experiment's learning task once the first client has been admitted (the experiment row is
 // written before any client joins). The experiment must exist.
@@ -183,6 +193,13 @@ struct ClientRoundRecord {
   std::optional<double> uplink_server_start_unix_ms;    // server: first byte of the update received
   std::optional<double> downlink_server_start_unix_ms;  // server: the download request arrived
   std::optional<double> downlink_server_ms;             // server: request -> last message handed to gRPC
+  // Schema v9 (stragglers, asynchrony): the global model version the update was trained from; the versions
+  // between it and the model the update was applied to (>= 0); the discount its weight was multiplied by (NULL =
+  // none); for outcome kFolded, the round whose aggregate took the late update (NULL otherwise).
+  std::optional<int64_t> base_model_version;
+  std::optional<int64_t> staleness;
+  std::optional<double> staleness_weight;
+  std::optional<int64_t> folded_into_round;
 
   bool operator==(const ClientRoundRecord&) const = default;
 };
@@ -241,6 +258,10 @@ struct RoundCommitRecord {
   RoundRecord round;
   std::vector<ClientRoundRecord> client_rounds;
   std::optional<CheckpointRecord> checkpoint;  // none when fl-server writes no checkpoints
+  // Schema v9: rows of EARLIER rounds replaced whole in the same unit: the late updates this round's aggregate
+  // folded in (outcome kFolded, folded_into_round = this round), whose rows their own round's commit wrote as
+  // kLate. Written after the checkpoint; a row is inserted if its round's commit wrote none.
+  std::vector<ClientRoundRecord> folded_rows;
 };
 
 // A committed round's federated evaluation, stored as one unit like RoundCommitRecord: every client's
