@@ -88,6 +88,80 @@ int LinkOrder(const std::string& kind) {
   return 4;
 }
 
+// The phase counted most often (ties: pipeline order); nullopt when none was counted.
+std::optional<Phase> TopPhase(const std::array<int64_t, 5>& by_phase) {
+  std::optional<Phase> top;
+  int64_t best = 0;
+  for (Phase p : kStragglerPhases) {
+    if (by_phase[Index(p)] > best) {
+      best = by_phase[Index(p)];
+      top = p;
+    }
+  }
+  return top;
+}
+
+// Link kind x device class of a client ("unknown" for what the records lack).
+std::pair<std::string, std::string> GroupOf(const ExperimentData& data, const std::string& client_id) {
+  const ClientInfo* c = data.FindClient(client_id);
+  if (c == nullptr) return {"unknown", "unknown"};
+  return {c->link_kind.empty() ? "unknown" : c->link_kind, c->device_class.empty() ? "unknown" : c->device_class};
+}
+
+// The groups' figures from the accepted rows of committed rounds and from `a`'s per-client straggler ranking
+// (already computed, so a group's straggler counts are the sums of its clients').
+std::vector<GroupSummary> SummarizeGroups(const ExperimentData& data, const Analysis& a) {
+  struct Acc {
+    GroupSummary g;
+    std::set<std::string> clients;
+  };
+  std::map<std::pair<std::string, std::string>, Acc> groups;
+  auto group = [&](const std::string& client_id) -> Acc& {
+    auto key = GroupOf(data, client_id);
+    Acc& acc = groups[key];
+    acc.g.link_kind = key.first;
+    acc.g.device_class = key.second;
+    return acc;
+  };
+  for (const RoundAttempt& r : data.rounds) {
+    if (!r.committed()) continue;
+    for (const ClientRoundRow& c : r.clients) {
+      if (!c.accepted()) continue;
+      Acc& acc = group(c.client_id);
+      acc.clients.insert(c.client_id);
+      ++acc.g.num_client_rounds;
+      for (Phase p : kAllPhases) Add(acc.g.phase_ms[Index(p)], PhaseMs(c, p));
+    }
+  }
+  for (const StragglerRank& rank : a.stragglers) {  // most often first: the first of a group is its top straggler
+    if (rank.times_straggler == 0) continue;
+    GroupSummary& g = group(rank.client_id).g;
+    g.times_straggler += rank.times_straggler;
+    for (size_t i = 0; i < rank.by_phase.size(); ++i) g.by_phase[i] += rank.by_phase[i];
+    if (g.top_straggler.empty()) {
+      g.top_straggler = rank.client_id;
+      g.top_straggler_times = rank.times_straggler;
+    }
+  }
+  std::vector<GroupSummary> out;
+  for (auto& [key, acc] : groups) {
+    GroupSummary g = std::move(acc.g);
+    g.num_clients = static_cast<int64_t>(acc.clients.size());
+    if (a.rounds_with_straggler > 0) {
+      g.straggler_share = static_cast<double>(g.times_straggler) / static_cast<double>(a.rounds_with_straggler);
+    }
+    g.top_phase = TopPhase(g.by_phase);
+    out.push_back(std::move(g));
+  }
+  std::sort(out.begin(), out.end(), [](const GroupSummary& x, const GroupSummary& y) {
+    const int ox = LinkOrder(x.link_kind), oy = LinkOrder(y.link_kind);
+    if (ox != oy) return ox < oy;
+    if (x.link_kind != y.link_kind) return x.link_kind < y.link_kind;
+    return x.device_class < y.device_class;
+  });
+  return out;
+}
+
 }  // namespace
 
 std::string_view PhaseName(Phase phase) {
@@ -264,13 +338,7 @@ Analysis Analyze(const ExperimentData& data) {
     if (a.rounds_with_straggler > 0) {
       rank.share = static_cast<double>(rank.times_straggler) / static_cast<double>(a.rounds_with_straggler);
     }
-    int64_t best = 0;
-    for (Phase p : kStragglerPhases) {
-      if (rank.by_phase[Index(p)] > best) {
-        best = rank.by_phase[Index(p)];
-        rank.top_phase = p;
-      }
-    }
+    rank.top_phase = TopPhase(rank.by_phase);
     a.stragglers.push_back(rank);
   }
   auto label = [&](const std::string& id) {
@@ -281,6 +349,7 @@ Analysis Analyze(const ExperimentData& data) {
     if (x.times_straggler != y.times_straggler) return x.times_straggler > y.times_straggler;
     return label(x.client_id) < label(y.client_id);
   });
+  a.groups = SummarizeGroups(data, a);
   return a;
 }
 

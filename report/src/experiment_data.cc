@@ -47,6 +47,7 @@ absl::StatusOr<std::vector<ExperimentInfo>> ReadExperiments(ins::RecordReader& r
     e.num_rounds = *num_rounds;
     // "": not known yet, or a database from before tasks (v6), whose experiments were classifiers.
     if (!r.task.empty()) e.task = std::move(r.task);
+    if (!r.aggregation.empty()) e.aggregation = std::move(r.aggregation);
     out.push_back(std::move(e));
   }
   return out;

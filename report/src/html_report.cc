@@ -1,5 +1,6 @@
 #include "fl/report/html_report.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "fl/core/str_cat.h"
@@ -93,22 +94,25 @@ std::string HtmlReport(const ExperimentData& data, const Analysis& analysis, con
                  "); fl-server ", Esc(e.software_version), "</p>\n");
   out += Headline(analysis);
   const std::vector<Table> tables = AllTables(data, analysis);
-  out += fl::StrCat("<h2 id=\"links\">", Esc(tables[1].title), "</h2>\n", TableHtml(tables[1]));
+  auto table = [&](std::string_view name) -> const Table& {
+    return *std::find_if(tables.begin(), tables.end(), [&](const Table& t) { return t.name == name; });
+  };
+  auto section = [&](std::string_view id, const Table& t) {
+    return fl::StrCat("<h2 id=\"", id, "\">", Esc(t.title), "</h2>\n", TableHtml(t));
+  };
+  out += section("links", table("links"));
   out += "<figure>\n" + PhaseSharesSvg(data, analysis) +
          "<figcaption>Mean phase times as shares of the mean round time of the rounds each link kind's clients "
          "were in; grey: done, waiting for the round to end.</figcaption>\n</figure>\n";
-  out += fl::StrCat("<h2 id=\"stragglers\">", Esc(tables[2].title), "</h2>\n", TableHtml(tables[2]));
+  out += section("groups", table("groups"));
+  out += section("stragglers", table("stragglers"));
   // Only when there are any: most runs have none, and records before v7 cannot have them.
-  if (!tables[3].rows.empty()) {
-    out += fl::StrCat("<h2 id=\"client-events\">", Esc(tables[3].title), "</h2>\n", TableHtml(tables[3]));
-  }
+  if (!table("client_events").rows.empty()) out += section("client-events", table("client_events"));
   // Likewise for security events (none before v8): what a peer was refused, beside what clients were.
-  if (!tables[4].rows.empty()) {
-    out += fl::StrCat("<h2 id=\"security-events\">", Esc(tables[4].title), "</h2>\n", TableHtml(tables[4]));
-  }
-  out += fl::StrCat("<h2 id=\"rounds\">", Esc(tables[0].title), "</h2>\n");
+  if (!table("security_events").rows.empty()) out += section("security-events", table("security_events"));
+  out += fl::StrCat("<h2 id=\"rounds\">", Esc(table("rounds").title), "</h2>\n");
   out += "<figure>\n" + RoundTimeSvg(data, analysis) + "</figure>\n";
-  out += TableHtml(tables[0]);
+  out += TableHtml(table("rounds"));
   out += "<h2 id=\"timeline\">Timeline</h2>\n<figure>\n" + TimelineSvg(data, analysis, timeline) +
          "<figcaption>One row per client; bars are phases on the server's clock (hover for figures); black ticks: "
          "the straggler's update arriving; top row: the round (light) and its aggregation.</figcaption>\n</figure>\n";

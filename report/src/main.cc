@@ -1,8 +1,9 @@
 // fl-report: tables and plots of an experiment out of a records database (docs/report.md).
 //
 //   fl-report DB [--experiment ID] [--format text|csv|json|html|svg] [--out PATH|DIR]
-//                [--table rounds|links|stragglers|client_events|security_events]
+//                [--table rounds|links|groups|stragglers|client_events|security_events] [--top N]
 //                [--plot timeline|phase_shares|round_time] [--rounds A:B]
+//   fl-report --compare DB [DB...] [--target-accuracy 0.85] [--format text|csv|json|html|svg] [--out PATH|DIR]
 //
 // Exit codes: 0 done; 1 the database could not be read or holds nothing to report; 2 bad usage.
 #include <filesystem>
@@ -16,6 +17,7 @@
 
 #include "fl/core/str_cat.h"
 #include "fl/report/analysis.h"
+#include "fl/report/compare.h"
 #include "fl/report/experiment_data.h"
 #include "fl/report/html_report.h"
 #include "fl/report/plots.h"
@@ -83,6 +85,33 @@ bool ParseRounds(const std::string& text, fl::report::TimelineOptions* options) 
   return parse(text.substr(0, colon), &options->first_round) && parse(text.substr(colon + 1), &options->last_round);
 }
 
+// fl-report --compare: the latest experiment of each database, side by side (compare.h). text prints a Markdown
+// table; --out DIR writes compare.md, compare.csv, compare.svg and compare.html there.
+int Compare(const std::vector<std::string>& dbs, double target, const std::string& format, const std::string& out) {
+  std::vector<fl::report::ComparedExperiment> experiments;
+  for (const std::string& db : dbs) {
+    absl::StatusOr<fl::report::ExperimentData> data = fl::report::LoadExperiment(db);
+    if (!data.ok()) return Fail(1, fl::ToStd(data.status().message()));
+    experiments.push_back(fl::report::Summarize(*data, target));
+  }
+  fl::report::DisambiguateLabels(experiments);
+  const fl::report::Table table = fl::report::CompareTable(experiments, target);
+  const std::string markdown = fl::StrCat("### ", table.title, "\n\n", fl::report::RenderMarkdown(table));
+  if (!out.empty() && std::filesystem::is_directory(out)) {
+    const std::filesystem::path dir(out);
+    const bool ok = WriteFile(dir / "compare.md", markdown) &&
+                    WriteFile(dir / "compare.csv", fl::report::RenderCsv(table)) &&
+                    WriteFile(dir / "compare.svg", fl::report::CompareSvg(experiments, target)) &&
+                    WriteFile(dir / "compare.html", fl::report::CompareHtml(experiments, target));
+    return ok ? 0 : 1;
+  }
+  if (format == "text") return Emit(out, markdown) ? 0 : 1;
+  if (format == "csv") return Emit(out, fl::report::RenderCsv(table)) ? 0 : 1;
+  if (format == "svg") return Emit(out, fl::report::CompareSvg(experiments, target)) ? 0 : 1;
+  if (format == "html") return Emit(out, fl::report::CompareHtml(experiments, target)) ? 0 : 1;
+  return Emit(out, fl::report::CompareJson(experiments, target)) ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -92,7 +121,16 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("fl-report ") + FL_VERSION);
   std::string db_path, experiment_id, format = "text", out_path, table, plot, rounds;
   bool list = false;
-  app.add_option("db", db_path, "Records database (the file fl-server --db wrote)")->required();
+  app.add_option("db", db_path, "Records database (the file fl-server --db wrote)");
+  std::vector<std::string> compare;
+  double target_accuracy = fl::report::kDefaultTargetAccuracy;
+  app.add_option("--compare", compare,
+                 "Compare the latest experiment of each database: accuracy against wall time (svg) and time to "
+                 "--target-accuracy, bytes moved (docs/report.md); --out DIR writes compare.md/.csv/.svg/.html")
+      ->expected(1, -1);
+  app.add_option("--target-accuracy", target_accuracy, "Target test accuracy of --compare")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   app.add_option("--experiment", experiment_id, "Experiment id (default: the latest one started)");
   app.add_option("--format", format, "Output format")
       ->check(CLI::IsMember({"text", "csv", "json", "html", "svg"}))
@@ -106,6 +144,9 @@ int main(int argc, char** argv) {
   app.add_option("--plot", plot, "Only this plot (svg)")
       ->check(CLI::IsMember({"timeline", "phase_shares", "round_time"}));
   app.add_option("--rounds", rounds, "Timeline window: A:B, A:, :B or one round A (svg, html)");
+  size_t top = fl::report::kDefaultTopStragglers;
+  app.add_option("--top", top, "Rows of the stragglers table: the clients most often the straggler; 0 = all")
+      ->capture_default_str();
   app.add_flag("--list", list, "List the experiments in the database and exit");
   try {
     app.parse(argc, argv);
@@ -113,6 +154,16 @@ int main(int argc, char** argv) {
     // --help and --version exit 0; every usage error exits 2 (CLI11's own codes vary by error kind).
     return app.exit(e) == 0 ? 0 : 2;
   }
+
+  if (!compare.empty()) {
+    if (!db_path.empty()) compare.insert(compare.begin(), db_path);
+    if (!table.empty() || !plot.empty() || !rounds.empty() || list || !experiment_id.empty()) {
+      return Fail(2, "--compare takes databases, --target-accuracy, --format and --out only (the latest experiment "
+                     "of each database is compared)");
+    }
+    return Compare(compare, target_accuracy, format, out_path);
+  }
+  if (db_path.empty()) return Fail(2, "give a records database (DB), or --compare DB [DB...]");
 
   fl::report::TimelineOptions timeline;
   if (!ParseRounds(rounds, &timeline)) {
@@ -138,9 +189,9 @@ int main(int argc, char** argv) {
 
   std::vector<fl::report::Table> tables;
   if (table.empty()) {
-    tables = fl::report::AllTables(*data, analysis);
+    tables = fl::report::AllTables(*data, analysis, top);
   } else {
-    absl::StatusOr<fl::report::Table> t = fl::report::TableByName(*data, analysis, table);
+    absl::StatusOr<fl::report::Table> t = fl::report::TableByName(*data, analysis, table, top);
     if (!t.ok()) return Fail(2, fl::ToStd(t.status().message()));
     tables.push_back(*std::move(t));
   }

@@ -85,7 +85,7 @@ std::string TimelineSvg(const ExperimentData& data, const Analysis& analysis, co
   };
   std::vector<Marker> markers;           // straggler arrivals
   std::map<std::string, size_t> row_of;  // client id -> row (0 = server)
-  std::vector<const ClientInfo*> row_clients;
+  std::vector<std::string> row_labels;   // of rows 1..
   // Rows: clients by link kind, then label; only those that appear in the window.
   std::vector<const ClientInfo*> clients;
   for (const ClientInfo& c : data.clients) clients.push_back(&c);
@@ -100,11 +100,30 @@ std::string TimelineSvg(const ExperimentData& data, const Analysis& analysis, co
     if (!in_window(r.round)) continue;
     for (const ClientRoundRow& c : r.clients) seen[c.client_id] = true;
   }
+  size_t shown = 0;
+  for (const ClientInfo* c : clients) shown += seen[c->client_id] ? 1 : 0;
+  // A fleet: one row per link kind x device class, its clients' bars drawn translucent on top of each other, so
+  // that the density shows where a group's clients spend their time.
+  const bool by_group = shown > kTimelineMaxClientRows;
+  std::map<std::string, size_t> group_row;  // "link / device" -> row
+  std::map<size_t, size_t> clients_in_row;
   for (const ClientInfo* c : clients) {
     if (!seen[c->client_id]) continue;
-    row_of[c->client_id] = row_clients.size() + 1;
-    row_clients.push_back(c);
+    const std::string label =
+        by_group ? fl::StrCat(c->link_kind, " / ", c->device_class.empty() ? "unknown" : c->device_class)
+                 : fl::StrCat(c->label, " [", c->link_kind, "]");
+    auto [it, added] = group_row.try_emplace(label, row_labels.size() + 1);
+    if (added || !by_group) {
+      it->second = row_labels.size() + 1;
+      row_labels.push_back(label);
+    }
+    row_of[c->client_id] = it->second;
+    ++clients_in_row[it->second];
   }
+  if (by_group) {
+    for (size_t i = 0; i < row_labels.size(); ++i) row_labels[i] += fl::StrCat(" (", clients_in_row[i + 1], ")");
+  }
+  const double client_opacity = by_group ? 0.25 : 1.0;
 
   double lo = std::numeric_limits<double>::infinity(), hi = -lo;
   auto extend = [&](const Span& s) {
@@ -130,7 +149,8 @@ std::string TimelineSvg(const ExperimentData& data, const Analysis& analysis, co
       auto row = row_of.find(c.client_id);
       if (row == row_of.end()) continue;
       const PlacedPhases placed = PlaceOnServerTimeline(c);
-      const std::string label = row_clients[row->second - 1]->label;
+      const ClientInfo* info = data.FindClient(c.client_id);
+      const std::string label = info != nullptr ? info->label : c.client_id;
       for (Phase p : kAllPhases) {
         const auto& span = placed.spans[static_cast<size_t>(p)];
         if (!span.has_value()) continue;
@@ -139,7 +159,7 @@ std::string TimelineSvg(const ExperimentData& data, const Analysis& analysis, co
             {row->second, *span, std::string(PhaseColor(p)),
              fl::StrCat(label, " round ", r.round, " ", PhaseName(p), ": ", Ms(span->end_unix_ms - span->start_unix_ms),
                         c.accepted() ? "" : fl::StrCat(" (update ", c.outcome, ")")),
-             c.accepted() ? 1.0 : 0.45});
+             c.accepted() ? client_opacity : 0.45 * client_opacity});
       }
     }
     if (s.straggler.has_value() && s.straggler->arrival_unix_ms.has_value()) {
@@ -153,10 +173,11 @@ std::string TimelineSvg(const ExperimentData& data, const Analysis& analysis, co
 
   const double left = 170, right = 20, top = 44, row_h = 20, axis_h = 56;
   const double plot_w = 1000;
-  const size_t rows = row_clients.size() + 1;
+  const size_t rows = row_labels.size() + 1;
   SvgWriter svg(left + plot_w + right, top + row_h * static_cast<double>(rows) + axis_h);
   svg.Text(left, 16,
            fl::StrCat("Phases of every client on the server's timeline",
+                      by_group ? fl::StrCat(" (", shown, " clients: a row per link kind / device class)") : "",
                       data.has_phase_starts ? "" : " (phases laid end to end from dispatch)"),
            14, "start", "font-weight=\"bold\"");
   if (!(hi > lo)) {
@@ -170,8 +191,7 @@ std::string TimelineSvg(const ExperimentData& data, const Analysis& analysis, co
   for (size_t i = 0; i < rows; ++i) {
     const double y = top + row_h * static_cast<double>(i);
     if (i % 2 == 1) svg.Rect(left, y, plot_w, row_h, "#f7f7f7");
-    const std::string label = i == 0 ? "server (round, aggregation)"
-                                     : fl::StrCat(row_clients[i - 1]->label, " [", row_clients[i - 1]->link_kind, "]");
+    const std::string label = i == 0 ? "server (round, aggregation)" : row_labels[i - 1];
     svg.Text(left - 6, y + row_h * 0.7, label, 11, "end");
   }
   svg.EndGroup();
@@ -179,7 +199,8 @@ std::string TimelineSvg(const ExperimentData& data, const Analysis& analysis, co
   for (const Bar& b : bars) {
     const double y = top + row_h * static_cast<double>(b.row) + 3;
     const double w = std::max((b.span.end_unix_ms - b.span.start_unix_ms) * scale, 0.8);
-    svg.Rect(X(b.span.start_unix_ms), y, w, row_h - 6, b.color, b.title, b.opacity < 1 ? "fill-opacity=\"0.45\"" : "");
+    svg.Rect(X(b.span.start_unix_ms), y, w, row_h - 6, b.color, b.title,
+             b.opacity < 1 ? fl::StrCat("fill-opacity=\"", b.opacity, "\"") : "");
   }
   svg.EndGroup();
   // Round starts: a dashed line and the round number (every k-th label when crowded).

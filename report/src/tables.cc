@@ -155,14 +155,42 @@ Table LinksTable(const ExperimentData&, const Analysis& analysis) {
   return t;
 }
 
-Table StragglersTable(const ExperimentData& data, const Analysis& analysis) {
+Table GroupsTable(const ExperimentData& data, const Analysis& analysis) {
+  Table t;
+  t.name = "groups";
+  t.title = fl::StrCat("Link kinds x device classes (accepted updates of committed rounds; stragglers of ",
+                       analysis.rounds_with_straggler, " rounds)");
+  t.columns = {{"link_kind", 0},        {"device_class", 0},       {"clients", 0},         {"client_rounds", 0},
+               {"downlink_mean_ms", 1}, {"train_mean_ms", 1},      {"train_max_ms", 1},    {"uplink_mean_ms", 1},
+               {"uplink_max_ms", 1},    {"times_straggler", 0},    {"share", 1, "%", 100}, {"top_phase", 0},
+               {"top_straggler", 0},    {"top_straggler_times", 0}};
+  for (const GroupSummary& g : analysis.groups) {
+    auto ph = [&](Phase p) { return g.phase_ms[static_cast<size_t>(p)]; };
+    t.rows.push_back({g.link_kind, g.device_class, g.num_clients, g.num_client_rounds, StatMean(ph(Phase::kDownlink)),
+                      StatMean(ph(Phase::kTrain)), StatMax(ph(Phase::kTrain)), StatMean(ph(Phase::kUplink)),
+                      StatMax(ph(Phase::kUplink)), g.times_straggler, g.straggler_share,
+                      g.top_phase.has_value() ? Cell(std::string(PhaseName(*g.top_phase))) : Cell(),
+                      g.top_straggler.empty() ? Cell() : Cell(Label(data, g.top_straggler)),
+                      g.top_straggler.empty() ? Cell() : Cell(g.top_straggler_times)});
+  }
+  return t;
+}
+
+Table StragglersTable(const ExperimentData& data, const Analysis& analysis, size_t top) {
   Table t;
   t.name = "stragglers";
-  t.title = fl::StrCat("Stragglers (", analysis.rounds_with_straggler, " committed rounds with a straggler)");
+  const size_t shown = top == 0 ? analysis.stragglers.size() : std::min(top, analysis.stragglers.size());
+  t.title = fl::StrCat("Stragglers (", analysis.rounds_with_straggler, " committed rounds with a straggler",
+                       shown < analysis.stragglers.size()
+                           ? fl::StrCat("; the ", shown, " clients most often the straggler, of ",
+                                        analysis.stragglers.size(), ": fl-report --top 0 lists all")
+                           : std::string(),
+                       ")");
   t.columns = {{"client", 0},          {"link_kind", 0},       {"device_class", 0}, {"rounds_accepted", 0},
                {"times_straggler", 0}, {"share", 1, "%", 100}, {"by_downlink", 0},  {"by_train", 0},
                {"by_eval", 0},         {"by_uplink", 0},       {"top_phase", 0}};
-  for (const StragglerRank& r : analysis.stragglers) {
+  for (size_t i = 0; i < shown; ++i) {
+    const StragglerRank& r = analysis.stragglers[i];
     const ClientInfo* c = data.FindClient(r.client_id);
     auto by = [&](Phase p) { return Cell(r.by_phase[static_cast<size_t>(p)]); };
     t.rows.push_back({Label(data, r.client_id), LinkOf(data, r.client_id), Text(c != nullptr ? c->device_class : ""),
@@ -199,15 +227,18 @@ Table SecurityEventsTable(const ExperimentData& data) {
   return t;
 }
 
-std::vector<Table> AllTables(const ExperimentData& data, const Analysis& analysis) {
-  return {RoundsTable(data, analysis), LinksTable(data, analysis), StragglersTable(data, analysis),
-          ClientEventsTable(data), SecurityEventsTable(data)};
+std::vector<Table> AllTables(const ExperimentData& data, const Analysis& analysis, size_t top_stragglers) {
+  return {RoundsTable(data, analysis), LinksTable(data, analysis),
+          GroupsTable(data, analysis), StragglersTable(data, analysis, top_stragglers),
+          ClientEventsTable(data),     SecurityEventsTable(data)};
 }
 
-absl::StatusOr<Table> TableByName(const ExperimentData& data, const Analysis& analysis, std::string_view name) {
+absl::StatusOr<Table> TableByName(const ExperimentData& data, const Analysis& analysis, std::string_view name,
+                                  size_t top_stragglers) {
   if (name == "rounds") return RoundsTable(data, analysis);
   if (name == "links") return LinksTable(data, analysis);
-  if (name == "stragglers") return StragglersTable(data, analysis);
+  if (name == "groups") return GroupsTable(data, analysis);
+  if (name == "stragglers") return StragglersTable(data, analysis, top_stragglers);
   if (name == "client_events") return ClientEventsTable(data);
   if (name == "security_events") return SecurityEventsTable(data);
   std::string names;

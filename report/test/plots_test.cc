@@ -9,24 +9,15 @@
 #include "fl/report/svg.h"
 #include "fl/testing/scratch_dir.h"
 #include "records_fixture.h"
+#include "svg_text.h"
 
 namespace fl::report {
 namespace {
 
 using testing::RecordsFixture;
 
-size_t Count(const std::string& text, const std::string& needle) {
-  size_t n = 0;
-  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
-  return n;
-}
-
-// The <g class="name"> ... </g> part of an SVG.
-std::string Group(const std::string& svg, const std::string& name) {
-  const size_t begin = svg.find("<g class=\"" + name + "\">");
-  if (begin == std::string::npos) return "";
-  return svg.substr(begin, svg.find("</g>", begin) - begin);
-}
+using testing::Count;
+using testing::Group;
 
 TEST(SvgWriterTest, EscapesTextAndAttributes) {
   EXPECT_EQ(XmlEscape("a<b & \"c\" 'd'>"), "a&lt;b &amp; &quot;c&quot; &#39;d&#39;&gt;");
@@ -110,7 +101,7 @@ TEST_F(PlotsTest, RoundTimeHasOnePointPerCommittedRound) {
 TEST_F(PlotsTest, HtmlReportIsSelfContained) {
   const std::string html = HtmlReport(data_, analysis_);
   EXPECT_EQ(Count(html, "<svg"), 3u);
-  EXPECT_EQ(Count(html, "<table id=\"table-"), 3u);
+  EXPECT_EQ(Count(html, "<table id=\"table-"), 4u);  // links, groups, stragglers, rounds
   // Nothing fetched from anywhere: no scripts, no links, no external images or fonts.
   for (const char* bad : {"<script", "<link", "src=", "@import", "url("}) {
     EXPECT_EQ(html.find(bad), std::string::npos) << bad;

@@ -120,7 +120,7 @@ TEST_F(TablesTest, TableByNameRejectsUnknownNames) {
   auto t = TableByName(data_, analysis_, "clients");
   ASSERT_FALSE(t.ok());
   EXPECT_NE(std::string(fl::ToStd(t.status().message()))
-                .find("the tables are rounds, links, stragglers, client_events, security_events"),
+                .find("the tables are rounds, links, groups, stragglers, client_events, security_events"),
             std::string::npos)
       << t.status();
   for (std::string_view name : kTableNames) {

@@ -16,6 +16,8 @@
 // - Dominant phase of the straggler: among downlink, train, eval and uplink, the phase where it exceeds the
 //   round's median (over accepted clients) by the most; if it exceeds no median (one client, or a straggler
 //   by a hair), its longest phase.
+// - Group: the clients of one link kind and device class (clients.link_kind x clients.device_class). At fleet
+//   scale a row per client is unreadable; the group table says which kind of client straggles, and by what.
 // - Uplink share of a link kind: the sum of its accepted clients' uplink times over the sum of the durations
 //   of the rounds they took part in (= mean uplink / mean round time over those client rounds).
 #pragma once
@@ -103,9 +105,25 @@ struct StragglerRank {
   std::optional<Phase> top_phase;     // the phase it straggled by most often (ties: pipeline order)
 };
 
+// One link kind x device class (accepted updates of committed rounds, and the rounds' stragglers).
+struct GroupSummary {
+  std::string link_kind;
+  std::string device_class;  // "unknown" when the database has none
+  int64_t num_clients = 0;   // with an accepted update in a committed round
+  int64_t num_client_rounds = 0;
+  std::array<Stat, 5> phase_ms;       // indexed by Phase, over the accepted client rounds
+  int64_t times_straggler = 0;        // committed rounds whose straggler was one of the group's clients
+  double straggler_share = 0;         // times_straggler / committed rounds that have a straggler
+  std::array<int64_t, 5> by_phase{};  // the stragglers' dominant phases, indexed by Phase
+  std::optional<Phase> top_phase;     // the most frequent of them (ties: pipeline order)
+  std::string top_straggler;          // the group's client most often the straggler ("" when none was)
+  int64_t top_straggler_times = 0;
+};
+
 struct Analysis {
   std::vector<RoundSummary> rounds;       // every attempt, by (round, attempt)
   std::vector<LinkSummary> links;         // ethernet, wifi, 5g, other, then the rest by name
+  std::vector<GroupSummary> groups;       // by link kind as `links`, then device class
   std::vector<StragglerRank> stragglers;  // most often first, then by client label
   int64_t committed_rounds = 0;
   int64_t rounds_with_straggler = 0;

@@ -31,6 +31,9 @@ struct ExperimentInfo {
   // experiments.task (v6): classification, regression or next-token; "classification" when NULL (not known
   // yet, or a database from before tasks, whose experiments were all classifiers).
   std::string task = "classification";
+  // experiments.aggregation (v9): "synchronous" (rounds) or "buffered" (each rounds row is an aggregation step);
+  // "synchronous" when NULL (a database from before v9, whose experiments were all synchronous).
+  std::string aggregation = "synchronous";
 };
 
 struct ClientInfo {

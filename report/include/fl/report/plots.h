@@ -1,6 +1,8 @@
 // The report's plots, drawn with SvgWriter (each returns a complete <svg> document):
 //   timeline      Gantt-style: one row per client (plus the server's row), each phase a coloured bar placed on
-//                 the server's timeline; x = seconds since the first dispatch shown; round starts marked.
+//                 the server's timeline; x = seconds since the first dispatch shown; round starts marked. Above
+//                 kTimelineMaxClientRows clients in the window, one row per link kind / device class instead, its
+//                 clients' bars translucent on top of each other.
 //   phase_shares  per link kind, one 100% bar: mean downlink, train, eval, idle, uplink as shares of the mean
 //                 round time of the rounds those clients were in, and the rest ("waiting": the client was done
 //                 and the round was not) in grey.
@@ -16,6 +18,8 @@
 #include "fl/report/experiment_data.h"
 
 namespace fl::report {
+
+inline constexpr size_t kTimelineMaxClientRows = 48;
 
 inline constexpr std::string_view kPlotNames[] = {"timeline", "phase_shares", "round_time"};
 

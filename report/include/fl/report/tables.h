@@ -48,7 +48,7 @@ struct Column {
 };
 
 struct Table {
-  std::string name;   // rounds, links, stragglers, client_events, security_events
+  std::string name;   // rounds, links, groups, stragglers, client_events, security_events
   std::string title;  // a heading for people
   std::vector<Column> columns;
   std::vector<std::vector<Cell>> rows;
@@ -57,7 +57,12 @@ struct Table {
   int ColumnIndex(std::string_view column) const;
 };
 
-inline constexpr std::string_view kTableNames[] = {"rounds", "links", "stragglers", "client_events", "security_events"};
+inline constexpr std::string_view kTableNames[] = {"rounds",     "links",         "groups",
+                                                   "stragglers", "client_events", "security_events"};
+
+// Rows of the stragglers table by default (fl-report --top): the clients most often the straggler. A fleet's
+// thousand clients are summarized by the groups table; 0 lists every client.
+inline constexpr size_t kDefaultTopStragglers = 20;
 
 // The evaluation columns of the rounds table for an experiment's task (experiments.task): the task's metric
 // first, then the loss. classification: eval_accuracy, eval_loss; regression: eval_mae, eval_loss;
@@ -70,15 +75,21 @@ std::vector<EvalColumn> EvalColumns(std::string_view task);
 
 Table RoundsTable(const ExperimentData& data, const Analysis& analysis);
 Table LinksTable(const ExperimentData& data, const Analysis& analysis);
-Table StragglersTable(const ExperimentData& data, const Analysis& analysis);
+// Link kind x device class: clients, phase means and maxima, how often the group held the round's straggler, its
+// dominant phase and the group's most frequent straggler by name (readable at any fleet size).
+Table GroupsTable(const ExperimentData& data, const Analysis& analysis);
+// The `top` clients most often the straggler (0: every client with an accepted update).
+Table StragglersTable(const ExperimentData& data, const Analysis& analysis, size_t top = kDefaultTopStragglers);
 // What fl-server refused from or did to each client outside its round rows (client_events, schema v7), by time.
 Table ClientEventsTable(const ExperimentData& data);
 // What fl-server refused on the secure federation channel (security_events, schema v8), by time.
 Table SecurityEventsTable(const ExperimentData& data);
 // All of them, in kTableNames order.
-std::vector<Table> AllTables(const ExperimentData& data, const Analysis& analysis);
+std::vector<Table> AllTables(const ExperimentData& data, const Analysis& analysis,
+                             size_t top_stragglers = kDefaultTopStragglers);
 // One by name; InvalidArgument naming the choices for an unknown one.
-absl::StatusOr<Table> TableByName(const ExperimentData& data, const Analysis& analysis, std::string_view name);
+absl::StatusOr<Table> TableByName(const ExperimentData& data, const Analysis& analysis, std::string_view name,
+                                  size_t top_stragglers = kDefaultTopStragglers);
 
 // A cell as shown to people (the column's decimals, scale and suffix; "-" when empty).
 std::string FormatCell(const Column& column, const Cell& cell);
