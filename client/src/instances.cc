@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cmath>
 #include <limits>
 #include <exception>
@@ -121,9 +123,8 @@ absl::StatusOr<std::vector<std::string>> InstanceServers(const std::string& flag
   }
   if (parts.size() == 1) return std::vector<std::string>(count, parts[0]);
   if (parts.size() != count) {
-    return absl::InvalidArgumentError(fl::StrCat("--server=", flag, ": ", parts.size(),
-                                                 " addresses for --instances=", count,
-                                                 "; give one address for all instances or one per instance"));
+    return absl::InvalidArgumentError(fl::StrCat("--server=", flag, ": ", parts.size(), " addresses for --instances=",
+                                                 count, "; give one address for all instances or one per instance"));
   }
   return parts;
 }
@@ -172,16 +173,84 @@ absl::Status CheckFits(const MemoryEstimate& e) {
   if (e.fits()) return absl::OkStatus();
   const uint64_t most = e.per_instance_bytes == 0 ? 0 : e.limit_bytes / e.per_instance_bytes;
   return absl::ResourceExhaustedError(fl::StrCat(
-      "--instances=", e.count, " does not fit this machine's memory: estimated ", Mb(e.total_bytes), " (",
-      e.Describe(), "), limit ", Mb(e.limit_bytes), " (MemAvailable, or the cgroup's memory.max); at most ", most,
+      "--instances=", e.count, " does not fit this machine's memory: estimated ", Mb(e.total_bytes), " (", e.Describe(),
+      "), limit ", Mb(e.limit_bytes), " (MemAvailable, or the cgroup's memory.max); at most ", most,
       " instances fit: run fewer per process, a smaller --data-fraction, or spread them over machines"));
 }
 
+absl::StatusOr<AvailabilityTrace> ParseAvailabilityTrace(std::istream& in, const std::string& path) {
+  AvailabilityTrace trace;
+  trace.path = path;
+  std::map<std::string, std::vector<std::pair<OnlineWindow, int>>> lines;  // name -> (window, line number)
+  int number = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++number;
+    if (const size_t hash = line.find('#'); hash != std::string::npos) line.resize(hash);
+    std::istringstream fields(line);
+    std::string name, from_text, until_text, extra;
+    if (!(fields >> name)) continue;  // blank or comment
+    auto bad = [&](const std::string& what) {
+      return absl::InvalidArgumentError(
+          fl::StrCat(path, ":", number, ": ", what,
+                     "; a line is `<client name> <from_s> <until_s>` (seconds since the clients started, until_s "
+                     "may be inf), docs/testbed.md \"Availability\""));
+    };
+    if (!(fields >> from_text >> until_text)) return bad(fl::StrCat("client ", name, ": expected two times"));
+    if (fields >> extra) return bad(fl::StrCat("unexpected '", extra, "' after the two times"));
+    auto number_of = [](const std::string& text, double* out) {
+      if (text == "inf") {
+        *out = std::numeric_limits<double>::infinity();
+        return true;
+      }
+      char* end = nullptr;
+      *out = std::strtod(text.c_str(), &end);
+      return !text.empty() && end != nullptr && *end == '\0' && std::isfinite(*out);
+    };
+    OnlineWindow w;
+    if (!number_of(from_text, &w.start_s) || std::isinf(w.start_s)) {
+      return bad(fl::StrCat("from_s '", from_text, "' is not a finite number"));
+    }
+    if (!number_of(until_text, &w.end_s)) return bad(fl::StrCat("until_s '", until_text, "' is not a number or inf"));
+    if (w.start_s < 0) return bad(fl::StrCat("from_s ", from_text, " is negative"));
+    if (!(w.start_s < w.end_s)) {
+      return bad(fl::StrCat("the window ", from_text, "..", until_text, " is empty: from_s must be below until_s"));
+    }
+    lines[name].emplace_back(w, number);
+  }
+  for (auto& [name, windows] : lines) {
+    std::sort(windows.begin(), windows.end(),
+              [](const auto& x, const auto& y) { return x.first.start_s < y.first.start_s; });
+    for (size_t i = 1; i < windows.size(); ++i) {
+      if (windows[i].first.start_s < windows[i - 1].first.end_s) {
+        return absl::InvalidArgumentError(fl::StrCat(path, ":", windows[i].second, ": client ", name,
+                                                     ": this window overlaps the one on line ", windows[i - 1].second,
+                                                     "; merge them or make them disjoint"));
+      }
+    }
+    std::vector<OnlineWindow>& out = trace.windows[name];
+    for (const auto& [w, line] : windows) out.push_back(w);
+  }
+  return trace;
+}
+
 absl::StatusOr<Availability> ParseAvailability(const std::string& spec) {
+  if (spec.starts_with("trace:")) {
+    const std::string path = spec.substr(6);
+    std::ifstream in(path);
+    if (!in) {
+      return absl::NotFoundError(
+          fl::StrCat("--availability=", spec, ": cannot read the trace file ", path, ": ", std::strerror(errno)));
+    }
+    absl::StatusOr<AvailabilityTrace> trace = ParseAvailabilityTrace(in, path);
+    if (!trace.ok()) return trace.status();
+    Availability a;
+    a.trace = std::make_shared<const AvailabilityTrace>(*std::move(trace));
+    return a;
+  }
   const std::string prefix = "diurnal:";
   if (!spec.starts_with(prefix)) {
-    return absl::InvalidArgumentError(
-        fl::StrCat("--availability=", spec, ": expected diurnal:period_s=<s>,online=<fraction>[,seed=<n>]"));
+    return absl::InvalidArgumentError(fl::StrCat(
+        "--availability=", spec, ": expected diurnal:period_s=<s>,online=<fraction>[,seed=<n>] or trace:<file>"));
   }
   Availability a;
   bool period = false, online = false;
@@ -213,8 +282,17 @@ absl::StatusOr<Availability> ParseAvailability(const std::string& spec) {
   return a;
 }
 
-OnlineWindow NextOnlineWindow(const Availability& a, uint32_t client_index, double t_s) {
-  if (a.always()) return {0, std::numeric_limits<double>::infinity()};
+OnlineWindow NextOnlineWindow(const Availability& a, uint32_t client_index, double t_s, std::string_view client_name) {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  if (a.trace != nullptr) {
+    auto it = a.trace->windows.find(client_name);
+    if (it == a.trace->windows.end()) return {0, kInf};  // not in the trace: always online
+    for (const OnlineWindow& w : it->second) {
+      if (t_s < w.end_s) return w;
+    }
+    return {kInf, kInf};  // its last window is over
+  }
+  if (a.always()) return {0, kInf};
   // splitmix64 of (seed, shard): a phase that depends on nothing else.
   uint64_t z = a.seed * 0x9E3779B97F4A7C15ull + client_index + 1;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

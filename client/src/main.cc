@@ -157,8 +157,8 @@ uint64_t SyntheticParameters(const std::string& model) {
 // What --instances adds to one client's flags.
 struct InstanceFlags {
   uint32_t count = 1;
-  uint32_t train_concurrency = 0;  // 0: the cores
-  std::string tls_cert_dir;        // NAME-i.crt / NAME-i.key per instance
+  uint32_t train_concurrency = 0;         // 0: the cores
+  std::string tls_cert_dir;               // NAME-i.crt / NAME-i.key per instance
   fl::client::Availability availability;  // always online unless --availability
 };
 
@@ -219,8 +219,8 @@ int RunInstances(const fl::client::ClientOptions& options, const ModelFlags& mod
                                   : (after_first > before ? after_first - before : 0);
     // Training adds gradients and the optimizer's state (momentum or Adam's two moments): up to three model-sized
     // buffers, held by the trainings that run at once only, but counted for all: a bound, not a mean.
-    estimate.per_instance_bytes = measured + 3 * params * sizeof(float) +
-                                  fl::client::SessionBytesPerInstance(params, options.max_chunk_bytes);
+    estimate.per_instance_bytes =
+        measured + 3 * params * sizeof(float) + fl::client::SessionBytesPerInstance(params, options.max_chunk_bytes);
     estimate.how = fl::StrCat("measured: a trainer's resident growth ", measured >> 10, " KB; derived: ", params,
                               " parameters' training state and the session's buffers");
   }
@@ -269,11 +269,12 @@ int RunInstances(const fl::client::ClientOptions& options, const ModelFlags& mod
   // Some instance learnt that the experiment finished: the offline ones need not come back to hear it (the
   // server may be gone by their next window).
   std::atomic<bool> experiment_over{false};
-  std::mutex mu;                   // guards clients
-  std::condition_variable wake;    // a signal, or an instance's session that ended
+  std::mutex mu;                 // guards clients
+  std::condition_variable wake;  // a signal, or an instance's session that ended
   const auto t0 = std::chrono::steady_clock::now();
-  auto at = [&](double s) { return t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                            std::chrono::duration<double>(s)); };
+  auto at = [&](double s) {
+    return t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
+  };
   std::thread signal_thread([&] {
     int sig = 0;
     if (sigwait(&signals, &sig) != 0 || exiting.load()) return;
@@ -295,7 +296,12 @@ int RunInstances(const fl::client::ClientOptions& options, const ModelFlags& mod
       // learnt from whichever session is open then (or a Join answered "experiment finished").
       for (;;) {
         const double now = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        const fl::client::OnlineWindow w = fl::client::NextOnlineWindow(flags.availability, shard, now);
+        const fl::client::OnlineWindow w = fl::client::NextOnlineWindow(flags.availability, shard, now, names[i]);
+        if (std::isinf(w.start_s)) {  // its trace has no window left: it is gone for good, which is no failure
+          spdlog::info("instance {} leaves for good: its availability trace has no later window", names[i]);
+          outcome[i] = absl::OkStatus();
+          return;
+        }
         fl::client::FederatedClient* client = nullptr;
         {
           std::unique_lock lock(mu);
@@ -474,7 +480,8 @@ int main(int argc, char** argv) {
   std::string availability;
   app.add_option("--availability", availability,
                  "With --instances: when each instance is online, diurnal:period_s=<s>,online=<fraction>[,seed=<n>] "
-                 "(a seeded phase per shard; offline, its session is closed and the server cannot select it); "
+                 "(a seeded phase per shard) or trace:<file> (per instance name its online windows, "
+                 "docs/testbed.md \"Availability\"); offline, its session is closed and the server cannot select it; "
                  "default: always online");
   CLI11_PARSE(app, argc, argv);
   const bool virtual_clients = app.count("--instances") > 0;

@@ -4,7 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <cmath>
 #include <stdexcept>
 #include <thread>
@@ -120,8 +125,9 @@ TEST(AvailabilityTest, ParsesTheDiurnalModelAndRefusesWhatItCannotUse) {
   EXPECT_EQ(a->period_s, 60);
   EXPECT_EQ(a->online_fraction, 0.25);
   EXPECT_EQ(a->seed, 7u);
-  EXPECT_FALSE(ParseAvailability("trace:x").ok());
-  EXPECT_FALSE(ParseAvailability("diurnal:period_s=60").ok());           // online missing
+  EXPECT_FALSE(ParseAvailability("trace:/nonexistent/trace.txt").ok());
+  EXPECT_FALSE(ParseAvailability("weekly:x").ok());
+  EXPECT_FALSE(ParseAvailability("diurnal:period_s=60").ok());            // online missing
   EXPECT_FALSE(ParseAvailability("diurnal:period_s=0,online=0.5").ok());  // no period
   EXPECT_FALSE(ParseAvailability("diurnal:period_s=60,online=1.5").ok());
   EXPECT_FALSE(ParseAvailability("diurnal:period_s=60,online=0.5,phase=3").ok());
@@ -131,7 +137,7 @@ TEST(AvailabilityTest, ParsesTheDiurnalModelAndRefusesWhatItCannotUse) {
 // The schedule is a function of (seed, shard, time) alone: two runs with one seed agree window for window, another
 // seed moves the phases, and every client is online its fraction of each period.
 TEST(AvailabilityTest, WindowsAreDeterministicUnderASeedAndCoverTheOnlineFraction) {
-  const Availability a{.period_s = 10, .online_fraction = 0.3, .seed = 42};
+  const Availability a{.period_s = 10, .online_fraction = 0.3, .seed = 42, .trace = nullptr};
   Availability other = a;
   other.seed = 43;
   int moved = 0;
@@ -157,6 +163,59 @@ TEST(AvailabilityTest, WindowsAreDeterministicUnderASeedAndCoverTheOnlineFractio
   }
   EXPECT_GT(moved, 45);
   EXPECT_TRUE(std::isinf(NextOnlineWindow(Availability{}, 3, 5).end_s));
+}
+
+absl::StatusOr<AvailabilityTrace> Trace(const std::string& text) {
+  std::istringstream in(text);
+  return ParseAvailabilityTrace(in, "t.trace");
+}
+
+// A trace gives each named client its windows, in time order whatever the file's order; a client it does not name
+// is always online; after its last window a client is never online again (start infinity).
+TEST(AvailabilityTraceTest, WindowsComeFromTheTraceByClientName) {
+  char path_buf[] = "/tmp/availability_trace_XXXXXX";
+  const int fd = mkstemp(path_buf);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  const std::string path = path_buf;
+  std::ofstream(path) << "# fleet availability\n"
+                         "cell-0   100  200   # second window first\n"
+                         "cell-0     0   50\n"
+                         "\n"
+                         "wifi-3    30  inf\n";
+  absl::StatusOr<Availability> a = ParseAvailability("trace:" + path);
+  std::remove(path.c_str());  // read at parse time: the file is no longer needed
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_NE(a->trace, nullptr);
+  EXPECT_FALSE(a->always());
+  auto at = [&](std::string_view name, double t) { return NextOnlineWindow(*a, 0, t, name); };
+  EXPECT_EQ(at("cell-0", 0).start_s, 0);
+  EXPECT_EQ(at("cell-0", 0).end_s, 50);
+  EXPECT_EQ(at("cell-0", 50).start_s, 100);  // the window's end finds the next window
+  EXPECT_EQ(at("cell-0", 120).end_s, 200);
+  EXPECT_TRUE(std::isinf(at("cell-0", 200).start_s));  // no window left
+  EXPECT_EQ(at("wifi-3", 5).start_s, 30);
+  EXPECT_TRUE(std::isinf(at("wifi-3", 5).end_s));
+  EXPECT_EQ(at("eth-9", 1e6).start_s, 0);  // not in the trace: always online
+  EXPECT_TRUE(std::isinf(at("eth-9", 1e6).end_s));
+}
+
+TEST(AvailabilityTraceTest, BadLinesAreRefusedNamingFileLineAndWhat) {
+  auto error = [](const std::string& text) {
+    absl::StatusOr<AvailabilityTrace> t = Trace(text);
+    EXPECT_FALSE(t.ok()) << text;
+    return t.ok() ? std::string() : std::string(t.status().message());
+  };
+  EXPECT_NE(error("a 0 10\nb 5\n").find("t.trace:2: client b: expected two times"), std::string::npos);
+  EXPECT_NE(error("a zero 10\n").find("t.trace:1: from_s 'zero' is not a finite number"), std::string::npos);
+  EXPECT_NE(error("a 0 soon\n").find("until_s 'soon' is not a number or inf"), std::string::npos);
+  EXPECT_NE(error("a 10 10\n").find("is empty: from_s must be below until_s"), std::string::npos);
+  EXPECT_NE(error("a -5 10\n").find("from_s -5 is negative"), std::string::npos);
+  EXPECT_NE(error("a 0 10 20\n").find("unexpected '20'"), std::string::npos);
+  EXPECT_NE(error("a 0 10\nb 0 5\na 5 20\n").find("t.trace:3: client a: this window overlaps the one on line 1"),
+            std::string::npos);
+  // Touching windows do not overlap.
+  EXPECT_TRUE(Trace("a 0 10\na 10 20\n").ok());
 }
 
 }  // namespace

@@ -366,6 +366,26 @@ config::FieldTable<ClientGroup> GroupFields(const Where& where) {
       config::NumberField("availability.leave_after_s", &G::leave_after_s, {0, 1e7}),
       config::NumberField("availability.period_s", &G::period_s, {0, 1e7}).NewInRecords(),
       config::NumberField("availability.online", &G::online_fraction, {1e-6, 1.0}).NewInRecords(),
+      config::StringField("availability.trace", &G::availability_trace)
+          .NewInRecords()
+          .Then([where](const YamlMap& m, G& g) -> absl::Status {
+            if (g.availability_trace.empty()) return absl::OkStatus();
+            if (g.period_s > 0) {
+              return m.Error(m.Node("availability"), "availability.trace",
+                             "a group has either a diurnal model (period_s) or a trace, not both; drop one");
+            }
+            // Relative to the manifest's folder; absolute, so that a replay from elsewhere finds the same file.
+            std::error_code ec;
+            fs::path path = where.base_dir / g.availability_trace;
+            if (!fs::is_regular_file(path, ec)) {
+              return m.Error(m.Node("availability"), "availability.trace",
+                             fl::StrCat("trace file \"", path.string(),
+                                        "\" not found (relative paths resolve against "
+                                        "the manifest's folder); the format is in docs/testbed.md \"Availability\""));
+            }
+            g.availability_trace = fs::absolute(path, ec).lexically_normal().string();
+            return absl::OkStatus();
+          }),
       config::RecordField("link_name", &G::link_name),
   };
 }

@@ -258,6 +258,9 @@ std::vector<std::string> ClientArgs(const Manifest& m, const RunOptions& o, cons
     a.insert(a.end(), {"--availability", fl::StrCat("diurnal:period_s=", Fmt(g.period_s),
                                                     ",online=", Fmt(g.online_fraction), ",seed=", m.seed)});
   }
+  if (c.instances > 0 && !g.availability_trace.empty()) {
+    a.insert(a.end(), {"--availability", fl::StrCat("trace:", g.availability_trace)});
+  }
   if (tls.enabled() && c.instances > 0) {
     // Each instance presents its own certificate, <group>-<i>.crt from the run's clients/ folder.
     a.insert(a.end(), {"--tls-ca", tls.paths.CaCert(), "--tls-cert-dir",
@@ -335,12 +338,13 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
   if (!backend.ok()) return backend.status();
   // Before anything starts: a diurnal schedule is fl-client --instances's, so it needs virtual clients.
   for (const ClientGroup& g : m.clients) {
-    if (g.period_s > 0 && !(m.emulation.virtual_clients && *backend != "kernel")) {
-      return absl::FailedPreconditionError(fl::StrCat(
-          m.path, ": clients group ", g.name,
-          ": availability.period_s needs virtual clients (fl-client --instances), which this run does not use (",
-          *backend == "kernel" ? "emulation backend kernel" : "emulation.virtual_clients: false",
-          "); use backend userspace or none, or drop availability.period_s"));
+    const std::string field = g.period_s > 0 ? "period_s" : "trace";
+    if (g.HasSchedule() && !(m.emulation.virtual_clients && *backend != "kernel")) {
+      return absl::FailedPreconditionError(
+          fl::StrCat(m.path, ": clients group ", g.name, ": availability.", field,
+                     " needs virtual clients (fl-client --instances), which this run does not use (",
+                     *backend == "kernel" ? "emulation backend kernel" : "emulation.virtual_clients: false",
+                     "); use backend userspace or none, or drop availability.", field));
     }
   }
   std::error_code ec;
@@ -391,7 +395,7 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
   // the kernel backend's namespaces cannot (a process is in one).
   const bool virtual_clients = m.emulation.virtual_clients && *backend != "kernel";
   for (const ClientGroup& g : m.clients) {
-    if (virtual_clients && (g.count > 1 || g.period_s > 0)) {
+    if (virtual_clients && (g.count > 1 || g.HasSchedule())) {
       ClientPlan p;
       p.name = fl::StrCat(g.name, "-instances");
       p.group = &g;

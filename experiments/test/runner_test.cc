@@ -266,6 +266,47 @@ TEST(RunnerTest, ADiurnalGroupRunsAsVirtualClientsAndIsRefusedWithoutThem) {
   EXPECT_FALSE(fs::exists(dir.File("run2/server.log")));
 }
 
+// availability.trace: each named instance is online in its trace's windows only (fl-client --availability
+// trace:FILE, the path resolved against the manifest's folder); one whose only window lies after the experiment
+// never joins, one the trace does not name is always online. A trace and a diurnal model together, or a missing
+// file, are refused at load naming the field.
+TEST(RunnerTest, ATraceGroupFollowsItsTraceAndBadTracesAreRefused) {
+  fl::testing::ScratchDir dir("fl_runner");
+  std::ofstream(dir.File("fleet.trace")) << "# name from_s until_s\n"
+                                            "wifi-0 0 inf\n"
+                                            "wifi-1 0 inf\n"
+                                            "wifi-2 3600 7200   # an hour from now: never during this run\n";
+  std::string text = kManifest;
+  text.replace(text.find("count: 2"), 8, "count: 4\n    availability: {trace: fleet.trace}");
+  absl::StatusOr<Manifest> m = Load(dir, text);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->clients[0].availability_trace, fs::path(dir.File("fleet.trace")).lexically_normal().string());
+  absl::StatusOr<RunResult> r = RunExperiment(*m, Options(dir, "run"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, "finished") << r->reason;
+  auto reader = RecordReader::Open(dir.File("records.db"));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto clients = (*reader)->ListClients(r->experiment_id);
+  ASSERT_TRUE(clients.ok());
+  std::set<std::string> names;
+  for (const auto& c : *clients) names.insert(c.client_name);
+  EXPECT_EQ(names, (std::set<std::string>{"wifi-0", "wifi-1", "wifi-3", "cell-0"}));
+  EXPECT_EQ(ProcessesMentioning(dir.path()), 0);
+
+  std::string both = kManifest;
+  both.replace(both.find("count: 2"), 8, "count: 2\n    availability: {period_s: 2, online: 0.5, trace: fleet.trace}");
+  absl::StatusOr<Manifest> refused = Load(dir, both);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("either a diurnal model (period_s) or a trace, not both"),
+            std::string::npos)
+      << refused.status();
+  std::string missing = kManifest;
+  missing.replace(missing.find("count: 2"), 8, "count: 2\n    availability: {trace: nowhere.trace}");
+  refused = Load(dir, missing);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("nowhere.trace\" not found"), std::string::npos) << refused.status();
+}
+
 TEST(RunnerTest, InterruptStopsEverythingAndRecordsAborted) {
   fl::testing::ScratchDir dir("fl_runner");
   // Rounds that cannot finish soon: 50 rounds of a 2 s training.

@@ -8,9 +8,12 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <istream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -71,9 +74,9 @@ absl::StatusOr<std::vector<std::string>> InstanceServers(const std::string& flag
 struct MemoryEstimate {
   uint64_t per_instance_bytes = 0;
   uint64_t count = 0;
-  uint64_t total_bytes = 0;   // per_instance_bytes x count
-  uint64_t limit_bytes = 0;   // what may be used: AvailableMemoryBytes()
-  std::string how;            // how per_instance_bytes was found (measured / derived), for the log
+  uint64_t total_bytes = 0;  // per_instance_bytes x count
+  uint64_t limit_bytes = 0;  // what may be used: AvailableMemoryBytes()
+  std::string how;           // how per_instance_bytes was found (measured / derived), for the log
   bool fits() const { return total_bytes <= limit_bytes; }
   std::string Describe() const;
 };
@@ -93,26 +96,45 @@ uint64_t ResidentBytes();
 // and what to do.
 absl::Status CheckFits(const MemoryEstimate& e);
 
-// Client availability over time, seeded diurnal model (fl-client --availability
-// diurnal:period_s=P,online=F,seed=S): instance with shard k is online for F x P seconds of every period P,
-// starting at a phase drawn from (seed, k) alone, so the same flags give every run the same schedule. Times are
-// seconds since the process started its instances.
-struct Availability {
-  double period_s = 0;  // 0: always online
-  double online_fraction = 1;
-  uint64_t seed = 0;
-  bool always() const { return period_s <= 0 || online_fraction >= 1; }
-};
-
-// Parses "diurnal:period_s=P,online=F[,seed=S]" (P > 0, F in (0, 1]); InvalidArgument naming the part.
-absl::StatusOr<Availability> ParseAvailability(const std::string& spec);
-
-// The online window [start_s, end_s) that contains `t_s`, or else the next one; end_s is infinity when always
-// online.
+// The online window [start_s, end_s): end_s is infinity when the client stays online; start_s is infinity when it
+// is never online again.
 struct OnlineWindow {
   double start_s = 0;
   double end_s = 0;
 };
-OnlineWindow NextOnlineWindow(const Availability& a, uint32_t client_index, double t_s);
+
+// An availability trace (fl-client --availability trace:FILE, docs/testbed.md "Availability"): per client name, its
+// online windows, sorted and disjoint. A client the trace does not name is always online.
+struct AvailabilityTrace {
+  std::string path;
+  std::map<std::string, std::vector<OnlineWindow>, std::less<>> windows;
+};
+
+// Parses the trace format: one window per line, `<client name> <from_s> <until_s>` (seconds since the instances
+// started; until_s may be `inf`), `#` starts a comment, blank lines are skipped. InvalidArgument naming
+// `path:line` and what is wrong (a missing field, a number that is not one, from >= until, a negative time,
+// windows of one client that overlap).
+absl::StatusOr<AvailabilityTrace> ParseAvailabilityTrace(std::istream& in, const std::string& path);
+
+// Client availability over time (fl-client --availability): either a seeded diurnal model
+// (diurnal:period_s=P,online=F,seed=S: the instance with shard k is online for F x P seconds of every period P,
+// starting at a phase drawn from (seed, k) alone, so the same flags give every run the same schedule) or a trace
+// (trace:FILE). Times are seconds since the process started its instances.
+struct Availability {
+  double period_s = 0;  // 0: always online
+  double online_fraction = 1;
+  uint64_t seed = 0;
+  std::shared_ptr<const AvailabilityTrace> trace;  // set: the trace decides, the diurnal fields are unused
+  bool always() const { return trace == nullptr && (period_s <= 0 || online_fraction >= 1); }
+};
+
+// Parses "diurnal:period_s=P,online=F[,seed=S]" (P > 0, F in (0, 1]) or "trace:FILE" (read now); InvalidArgument
+// naming the part, or the file and line.
+absl::StatusOr<Availability> ParseAvailability(const std::string& spec);
+
+// The online window that contains `t_s`, or else the next one, of the instance with shard `client_index` and name
+// `client_name` (the trace's key).
+OnlineWindow NextOnlineWindow(const Availability& a, uint32_t client_index, double t_s,
+                              std::string_view client_name = {});
 
 }  // namespace fl::client

@@ -44,6 +44,10 @@ struct ClientGroup {
   // online `online_fraction` of every `period_s`, from a phase drawn from (manifest seed, shard). 0 = always.
   double period_s = 0;
   double online_fraction = 1;
+  // Or a trace file (fl-client --availability trace:FILE, docs/testbed.md "Availability"), absolute; "" = none.
+  std::string availability_trace;
+  // Whether the group's clients come and go on a schedule (diurnal or trace), which needs virtual clients.
+  bool HasSchedule() const { return period_s > 0 || !availability_trace.empty(); }
 
   bool operator==(const ClientGroup&) const = default;
 };
