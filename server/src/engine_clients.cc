@@ -352,6 +352,7 @@ void RoundEngine::RecordClientUplink(const ClientInfo& client, const std::string
   }
   const TaskInfo& task = *t->second;
   uplink_reports_due_.erase(task.id);
+  if (buffer_ != nullptr && RecordBufferedUplink(task, uplink_ms, start_unix_ms, end_unix_ms)) return;
   // The row is still buffered while its round is open, and already written once the round closed (the
   // last update of a round closes it before the client can report its uplink).
   if (current_ != nullptr && !current_->evaluation && current_->round == task.round &&

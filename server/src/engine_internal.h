@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "fl/server/client_input.h"
 #include "fl/server/events.h"
 #include "fl/server/round_engine.h"
+#include "fl/server/staleness.h"
 
 namespace fl::server {
 
@@ -92,6 +94,23 @@ struct RoundEngine::RoundState {
 
 struct RoundEngine::PendingUpload {
   UploadStartEvent event;
+};
+
+// Buffered aggregation (engine_buffered.cc): the open aggregation step, the train tasks out and the older model
+// versions they were given. A client whose update (or refusal, or drop) has a row in the open step waits: it gets
+// no train task before the step is applied, so it has one row per step (it may evaluate meanwhile).
+struct RoundEngine::BufferState {
+  StalenessWeight weight;  // s(tau), parsed from config staleness_weight
+  RoundState step;         // the open step: its aggregator is the buffer; task_ids are the tasks with a row in it
+  bool step_open = false;  // step.started_* and step.aggregator are set
+  std::set<std::string> out;                      // train tasks dispatched and not closed yet
+  std::map<std::string, uint64_t> base_version;   // train task id -> the model version it was given
+  std::map<std::string, std::pair<uint64_t, uint32_t>> applied_in;  // task id -> (step, attempt) of its row
+  std::map<uint64_t, std::shared_ptr<const ModelPayload>> old_payloads;  // versions tasks out still download
+  std::set<std::string> waiting;  // clients with a row in the open step
+  bool started = false;           // --min-available-clients were connected once (later, whoever is connected trains)
+  bool evaluation_due = false;    // the last applied step is evaluated once enough clients are idle
+  uint64_t dispatches = 0;      // seeds the choice among idle clients
 };
 
 namespace engine_internal {

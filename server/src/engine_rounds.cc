@@ -310,6 +310,7 @@ void RoundEngine::CloseEvaluation() {
 
 void RoundEngine::HandleShutdown(const ShutdownEvent& e) {
   if (state_ == EngineState::kFinished) return;
+  if (buffer_ != nullptr) AbortBufferedStep(e.reason);
   if (current_ != nullptr) {
     for (const std::string& id : current_->task_ids) {
       TaskInfo& task = *tasks_.at(id);
@@ -344,6 +345,8 @@ void RoundEngine::CloseTaskAsDropped(TaskInfo& task, std::string_view why) {
   const instrumentation::ClientOutcome outcome =
       late ? instrumentation::ClientOutcome::kLate : instrumentation::ClientOutcome::kDropped;
   task.outcome = outcome;
+  // Buffered aggregation: the row goes to the open step, and the client waits for that step (engine_buffered.cc).
+  if (buffer_ != nullptr && task.kind == fl::v1::TASK_KIND_TRAIN) return BufferedTaskDropped(task, outcome, why);
   if (auto c = clients_.find(task.client_id); c != clients_.end() && c->second->open_task == task.id) {
     c->second->open_task.clear();
   }

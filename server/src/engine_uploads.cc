@@ -36,6 +36,13 @@ void RoundEngine::HandleDownload(DownloadEvent& e) {
     return;
   }
   if (req.model_version() != 0 && req.model_version() != payload_->model_version) {
+    // Buffered aggregation: a train task out may still download the older version it was given.
+    if (buffer_ != nullptr) {
+      if (auto old = buffer_->old_payloads.find(req.model_version()); old != buffer_->old_payloads.end()) {
+        e.reply(grpc::Status::OK, old->second);
+        return;
+      }
+    }
     e.reply(grpc::Status(grpc::StatusCode::NOT_FOUND,
                          fl::StrCat("model version ", req.model_version(), " is no longer served; the current one is ",
                                     payload_->model_version)),
@@ -350,6 +357,7 @@ fl::v1::UploadUpdateResponse RoundEngine::AcceptUpdate(UploadDoneEvent& e, TaskI
     rec.eval_start_unix_ms = PlacePhaseStart(*c->second, h.timings(), fl::v1::PHASE_EVAL);
   }
 
+  if (buffer_ != nullptr) return AcceptBufferedUpdate(e, *task, std::move(rec));  // engine_buffered.cc
   // Rows of a round are written after the round's own row (foreign keys), so they wait in the round state;
   // an update for a round already closed was recorded with the outcome it had at closing.
   auto finish = [&](instrumentation::ClientOutcome outcome, fl::v1::UploadUpdateResponse verdict) {
@@ -506,6 +514,7 @@ void RoundEngine::RejectAtHeader(TaskInfo& task, const fl::v1::UploadUpdateRespo
   if (task.closed) return;
   task.closed = true;
   task.outcome = instrumentation::ClientOutcome::kRejected;
+  if (buffer_ != nullptr) return BufferedTaskDropped(task, task.outcome.value(), verdict.error().message());
   if (auto c = clients_.find(task.client_id); c != clients_.end() && c->second->open_task == task.id) {
     c->second->open_task.clear();
   }

@@ -261,6 +261,18 @@ int main(int argc, char** argv) {
                  "Bound on each update's L2 norm (float tensors): off, median (the median norm of the round's "
                  "updates; only fedmedian/fedtrimmedavg) or a number; an update above it is scaled down to it. "
                  "Default: median for fedmedian and fedtrimmedavg, off otherwise");
+  app.add_option("--aggregation", config.aggregation,
+                 "synchronous (rounds) or buffered (FedBuff: --concurrency clients train on the newest model, an "
+                 "aggregation step every --buffer-size updates; --rounds counts steps; docs/round-engine.md)")
+      ->capture_default_str();
+  app.add_option("--buffer-size", config.buffer_size, "Buffered: updates per aggregation step")->capture_default_str();
+  app.add_option("--concurrency", config.concurrency, "Buffered: clients training at once")->capture_default_str();
+  app.add_option("--max-staleness", config.max_staleness,
+                 "Buffered: an update trained from a model more versions behind than this is refused")
+      ->capture_default_str();
+  app.add_option("--staleness-weight", config.staleness_weight,
+                 "Buffered: weight s(tau) of an update tau versions behind: constant, or poly:a=A (1/(1+tau)^A)")
+      ->capture_default_str();
   app.add_option("--checkpoint-dir", config.checkpoint_dir, "Write a checkpoint per committed round here");
   app.add_option("--keep-checkpoints", config.keep_checkpoints, "Checkpoints kept")->capture_default_str();
   app.add_option("--initial-model", initial_model,

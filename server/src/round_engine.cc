@@ -54,6 +54,7 @@ std::string_view EngineStateName(EngineState state) {
     case EngineState::kEvaluating: return "evaluating";
     case EngineState::kDraining: return "draining";
     case EngineState::kFinished: return "finished";
+    case EngineState::kBuffering: return "buffering";
   }
   return "unknown";
 }
@@ -70,6 +71,9 @@ std::string_view EngineTriggerName(EngineTrigger trigger) {
     case EngineTrigger::kDrained: return "drained";
     case EngineTrigger::kGaveUp: return "gave_up";
     case EngineTrigger::kShutdown: return "shutdown";
+    case EngineTrigger::kBufferingStarted: return "buffering_started";
+    case EngineTrigger::kStepApplied: return "step_applied";
+    case EngineTrigger::kStepFailed: return "step_failed";
   }
   return "unknown";
 }
@@ -104,6 +108,19 @@ constexpr EngineTransition kTransitions[] = {
     {S::kDraining, T::kDrained, S::kFinished, "the experiment finished; tell every client"},
     {S::kDraining, T::kGaveUp, S::kFinished, "the final records failed: the experiment failed"},
     {S::kDraining, T::kShutdown, S::kFinished, "tell every client; the experiment is aborted"},
+    // Buffered aggregation (engine_buffered.cc); evaluations and the end go through the rows above.
+    {S::kWaitingForClients, T::kBufferingStarted, S::kBuffering,
+     "keep --concurrency clients training on the newest model; their updates fill the step's buffer"},
+    {S::kBuffering, T::kStepApplied, S::kWaitingForClients,
+     "staleness-weighted mean of the buffer; server optimizer step; write the checkpoint; store the step's records "
+     "as one commit"},
+    {S::kBuffering, T::kStepFailed, S::kWaitingForClients,
+     "record the step's attempt as failed (no update buffered and no client left to train); train tasks go out "
+     "again"},
+    {S::kBuffering, T::kGaveUp, S::kFinished,
+     "attempts exhausted, or the step, checkpoint or records failed: the experiment failed"},
+    {S::kBuffering, T::kShutdown, S::kFinished,
+     "cancel train tasks out; record the open step as aborted; tell every client"},
 };
 
 }  // namespace
@@ -211,6 +228,7 @@ absl::Status EngineConfig::Validate() const {
   if (auto o = core::MakeServerOptimizer(optimizer, 1); !o.ok()) {
     return absl::InvalidArgumentError(fl::StrCat("--strategy=", optimizer, ": ", fl::ToStd(o.status().message())));
   }
+  if (absl::Status s = ValidateBuffered(); !s.ok()) return s;
   return absl::OkStatus();
 }
 
@@ -390,8 +408,17 @@ absl::Status RoundEngine::Prepare() {
     exp.id = config_.experiment_id;
     exp.name = config_.experiment_name;
     exp.started_unix_ms = UnixMs();
+    if (config_.buffered()) {
+      cfg["aggregation"] = config_.aggregation;
+      cfg["buffer_size"] = config_.buffer_size;
+      cfg["concurrency"] = config_.concurrency;
+      cfg["max_staleness"] = config_.max_staleness;
+      cfg["staleness_weight"] = config_.staleness_weight;
+    }
     exp.config_json = cfg.dump();
     exp.software_version = config_.software_version;
+    exp.aggregation = std::string(config_.buffered() ? instrumentation::kAggregationBuffered
+                                                     : instrumentation::kAggregationSynchronous);
     Record(exp);
     // A fresh experiment from an initial model gets its own round-0 checkpoint, so that --resume before
     // the first commit finds it.
@@ -401,6 +428,10 @@ absl::Status RoundEngine::Prepare() {
   }
   if (records_ != nullptr) {
     if (absl::Status s = records_->Flush(); !s.ok()) return s;
+  }
+  if (config_.buffered()) {
+    buffer_ = std::make_unique<BufferState>();
+    buffer_->weight = *ParseStalenessWeight(config_.staleness_weight);  // checked by Validate()
   }
   ArmHeartbeatCheck();
   return absl::OkStatus();
@@ -440,9 +471,16 @@ void RoundEngine::Handle(EngineEvent& event) {
 
 void RoundEngine::Advance() {
   const int64_t now = NowNs();
+  // Buffered aggregation: train tasks run through every state (evaluations too); their deadlines are swept here.
+  if (buffer_ != nullptr && state_ != EngineState::kFinished) CloseExpiredBufferedTasks(now);
   switch (state_) {
     case EngineState::kWaitingForModel: ReaskInitialModelIfStalled(now); return;
+    case EngineState::kBuffering: AdvanceBuffered(); return;
     case EngineState::kWaitingForClients:
+      if (buffer_ != nullptr) {
+        AdvanceBuffered();
+        return;
+      }
       if (evaluation_due_) {
         // Resumed after a crash during round_'s evaluation: redo it with as many clients as a round waits for.
         if (by_session_.size() < std::max<uint32_t>(1, config_.fit.min_available) ||
@@ -520,7 +558,8 @@ void RoundEngine::Finish(instrumentation::ExperimentStatus status, std::string r
   Fire(status == ExperimentStatus::kAborted    ? EngineTrigger::kShutdown
        : status == ExperimentStatus::kFinished ? EngineTrigger::kDrained
                                                : EngineTrigger::kGaveUp);
-  for (rpc::TimerId* t : {&deadline_timer_, &upload_timer_, &heartbeat_timer_, &initial_model_timer_, &drain_timer_}) {
+  for (rpc::TimerId* t :
+       {&deadline_timer_, &upload_timer_, &heartbeat_timer_, &initial_model_timer_, &drain_timer_, &buffer_timer_}) {
     if (*t != 0) loop_.Cancel(*t);
     *t = 0;
   }

@@ -115,6 +115,17 @@ struct EngineConfig {
   // Norm bounding of updates (core::NormClip): "off", "median" or a number; empty: the strategy's default
   // (median for the robust aggregators, off for the weighted mean).
   std::string clip_update_norm;
+  // Buffered asynchronous aggregation (FedBuff; engine_buffered.cc, docs/round-engine.md "Buffered aggregation"):
+  // "synchronous" (rounds) or "buffered" (clients train on the newest model; every buffer_size updates are one
+  // aggregation step, and num_rounds counts steps).
+  std::string aggregation = "synchronous";
+  uint32_t buffer_size = 2;                     // buffered: updates per aggregation step (B)
+  uint32_t concurrency = 2;                     // buffered: clients training at once (C)
+  uint32_t max_staleness = 10;                  // buffered: an update more versions behind is refused (S)
+  std::string staleness_weight = "poly:a=0.5";  // buffered: s(tau), "constant" or "poly:a=A" = 1/(1+tau)^A
+  bool buffered() const { return aggregation == "buffered"; }
+  // The buffered settings' checks (engine_buffered.cc), part of Validate().
+  absl::Status ValidateBuffered() const;
 
   // The norm bound in effect (clip_update_norm, or the aggregator's default); errors name the flag.
   absl::StatusOr<core::NormClip> UpdateNormClip() const;
@@ -126,7 +137,16 @@ struct EngineConfig {
 // The default of EngineConfig::max_sessions: a quarter of physical memory at kSessionBudgetBytes a session.
 uint32_t DefaultMaxSessions();
 
-enum class EngineState { kWaitingForModel, kWaitingForClients, kCollecting, kEvaluating, kDraining, kFinished };
+// kBuffering: buffered aggregation only (clients train continuously; updates fill the buffer of the next step).
+enum class EngineState {
+  kWaitingForModel,
+  kWaitingForClients,
+  kCollecting,
+  kEvaluating,
+  kDraining,
+  kFinished,
+  kBuffering
+};
 std::string_view EngineStateName(EngineState state);
 
 // What moves the engine from one state to another.
@@ -141,6 +161,10 @@ enum class EngineTrigger {
   kDrained,              // the last uplink reports arrived, or their grace ran out
   kGaveUp,               // failed: attempts exhausted, a server step, checkpoint or records failure
   kShutdown,             // SIGINT/SIGTERM or the server destroyed
+  // Buffered aggregation only (engine_buffered.cc):
+  kBufferingStarted,  // enough clients connected (and no evaluation due): train tasks keep --concurrency busy
+  kStepApplied,       // the buffer's updates aggregated, stepped, checkpointed, and the step's records stored
+  kStepFailed,        // no client could fill the buffer (every one waits for the step) and it holds no update
 };
 std::string_view EngineTriggerName(EngineTrigger trigger);
 
@@ -273,6 +297,7 @@ class RoundEngine {
   struct TaskInfo;
   struct RoundState;
   struct PendingUpload;
+  struct BufferState;
 
   absl::Status Prepare();
   void Handle(EngineEvent& event);
@@ -393,6 +418,24 @@ class RoundEngine {
   void ReleasePlace(ClientInfo& client);
   ClientInfo* ClientOfSession(const SessionChannel* channel);
   ClientInfo* Authenticate(const std::string& client_id, const std::string& token);
+  // Buffered aggregation (engine_buffered.cc, docs/round-engine.md "Buffered aggregation"). The hooks in the
+  // shared paths call these only when buffer_ is set.
+  void AdvanceBuffered();  // kWaitingForClients and kBuffering in buffered mode
+  void DispatchBuffered(ClientInfo& client);
+  void ApplyStep();  // the buffer's updates -> one aggregation step (or a failed attempt)
+  void CloseExpiredBufferedTasks(int64_t now);
+  void BufferedTaskDropped(TaskInfo& task, instrumentation::ClientOutcome outcome, std::string_view why);
+  fl::v1::UploadUpdateResponse AcceptBufferedUpdate(UploadDoneEvent& e, TaskInfo& task,
+                                                    instrumentation::ClientRoundRecord rec);
+  // The client's uplink report into its row (open step: buffered; applied step: an update record).
+  bool RecordBufferedUplink(const TaskInfo& task, double uplink_ms, std::optional<double> start_unix_ms,
+                            std::optional<double> end_unix_ms);
+  void AbortBufferedStep(const std::string& reason);
+  void OpenBufferedStep();  // the next step's buffer (aggregator), counters and start time
+  // `rec` (of `task`) into the open step's rows; the step's counters are the caller's.
+  void AppendStepRow(const TaskInfo& task, instrumentation::ClientRoundRecord rec);
+  void ArmBufferTimer();   // at the earliest deadline of a train task out
+  void FreeStepClients();  // the clients with a row in the open step may get a task again
 
   EngineConfig config_;
   const rpc::Clock* clock_;
@@ -411,6 +454,7 @@ class RoundEngine {
   rpc::TimerId deadline_timer_ = 0;       // the open round's or evaluation's deadline
   rpc::TimerId initial_model_timer_ = 0;  // the asked client's --initial-model-deadline-ms
   rpc::TimerId drain_timer_ = 0;
+  rpc::TimerId buffer_timer_ = 0;  // buffered: the earliest deadline of a train task out
 
   // ---- engine-thread state ----
   EngineState state_ = EngineState::kWaitingForModel;
@@ -466,6 +510,7 @@ class RoundEngine {
   std::vector<std::vector<uint8_t>> free_upload_buffers_;  // reused receive buffers, at most upload_slots
   std::vector<float> scratch_;
   CommittedRound last_round_;  // the last committed round (its client_rows pointer is not kept)
+  std::unique_ptr<BufferState> buffer_;  // buffered aggregation's state (engine_buffered.cc); null when synchronous
 };
 
 }  // namespace fl::server

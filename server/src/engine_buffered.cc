@@ -1,0 +1,588 @@
+// Buffered asynchronous aggregation (FedBuff; docs/round-engine.md "Buffered aggregation"): with
+// --aggregation=buffered the engine keeps --concurrency clients training on the newest model, takes each valid
+// update into the open step's buffer with weight n_k * s(tau) (tau = versions between the model it was trained
+// from and the current one; above --max-staleness it is refused), and applies the buffer as one aggregation
+// step (weighted mean, server optimizer, checkpoint, records) once it holds --buffer-size updates. A step is a
+// `rounds` row; its client_rounds rows are the updates applied (or refused, dropped, late) in it.
+//
+// The shared engine paths call in here only when buffer_ is set (Advance, CloseTaskAsDropped, RejectAtHeader,
+// AcceptUpdate, HandleDownload, RecordClientUplink, HandleShutdown); synchronous rounds never reach this file.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "fl/core/log_format.h"
+#include "fl/core/str_cat.h"
+#include "fl/proto/convert.h"
+#include "fl/server/round_engine.h"
+#include "fl/server/staleness.h"
+#include "engine_internal.h"
+
+namespace fl::server {
+
+using namespace engine_internal;  // NOLINT: the engine's own helpers
+using instrumentation::ClientOutcome;
+
+double StalenessWeight::operator()(uint64_t tau) const {
+  if (exponent == 0) return 1.0;
+  return std::pow(1.0 + static_cast<double>(tau), -exponent);
+}
+
+std::string StalenessWeight::ToString() const {
+  return exponent == 0 ? std::string("constant") : absl::StrFormat("poly:a=%g", exponent);
+}
+
+absl::StatusOr<StalenessWeight> ParseStalenessWeight(std::string_view spec) {
+  auto bad = [&](std::string_view why) {
+    return absl::InvalidArgumentError(fl::StrCat(
+        "--staleness-weight=", spec, " is invalid: ", why,
+        "; use \"constant\" (s = 1) or \"poly:a=A\" with A >= 0 (s = 1/(1+tau)^A; poly:a=0.5 is 1/sqrt(1+tau))"));
+  };
+  if (spec == "constant") return StalenessWeight{0.0};
+  if (spec == "poly") return StalenessWeight{0.5};
+  constexpr std::string_view kPoly = "poly:a=";
+  if (!spec.starts_with(kPoly)) return bad("not a known form");
+  double a = 0;
+  if (!absl::SimpleAtod(std::string(spec.substr(kPoly.size())), &a) || !std::isfinite(a)) {
+    return bad("the exponent is not a number");
+  }
+  if (a < 0) return bad("a negative exponent would weigh stale updates more than fresh ones");
+  return StalenessWeight{a};
+}
+
+absl::Status EngineConfig::ValidateBuffered() const {
+  if (aggregation == "synchronous") return absl::OkStatus();
+  if (aggregation != "buffered") {
+    return absl::InvalidArgumentError(fl::StrCat("--aggregation=", aggregation,
+                                                 " is invalid: use synchronous (rounds; the default) or buffered "
+                                                 "(FedBuff: asynchronous training, an aggregation step every "
+                                                 "--buffer-size updates)"));
+  }
+  if (aggregator != "mean" && aggregator != "fedavg") {
+    return absl::InvalidArgumentError(fl::StrCat(
+        "--aggregation=buffered cannot use the robust aggregator '", aggregator,
+        "' (--strategy fedmedian / fedtrimmedavg): it compares the updates of one synchronous cohort, while a "
+        "buffered step mixes updates trained from different model versions with staleness weights. Use "
+        "--strategy fedavg, fedavgm, fedadam, fedyogi, fedadagrad or nesterov with --aggregation=buffered, or "
+        "--aggregation=synchronous for a robust aggregator"));
+  }
+  if (concurrency == 0) {
+    return absl::InvalidArgumentError(
+        "--concurrency=0 is invalid with --aggregation=buffered: no client would ever train; give the number of "
+        "clients training at once (at least --buffer-size), e.g. --concurrency=10");
+  }
+  if (buffer_size == 0) {
+    return absl::InvalidArgumentError(
+        "--buffer-size=0 is invalid: an aggregation step needs at least one update, e.g. --buffer-size=5");
+  }
+  if (buffer_size > concurrency) {
+    return absl::InvalidArgumentError(fl::StrCat(
+        "--buffer-size=", buffer_size, " is larger than --concurrency=", concurrency, ": at most ", concurrency,
+        " updates are in flight and a client waits for the step its update is in, so "
+        "the buffer could never fill; use --buffer-size <= ",
+        concurrency, " or raise --concurrency"));
+  }
+  if (buffer_size > fit.min_available) {
+    return absl::InvalidArgumentError(fl::StrCat(
+        "--buffer-size=", buffer_size, " is larger than --min-available-clients=", fit.min_available,
+        " (the population the experiment waits for): each client has at most one update in a step, so the buffer "
+        "could never fill with that many clients; use --buffer-size <= ",
+        fit.min_available, " or raise --min-available-clients"));
+  }
+  if (max_staleness == 0) {
+    return absl::InvalidArgumentError(
+        "--max-staleness=0 is invalid with --aggregation=buffered: every update trained while another step was "
+        "applied would be refused, which undoes the asynchrony; use --max-staleness >= 1 (e.g. 10), or "
+        "--aggregation=synchronous for rounds");
+  }
+  if (auto w = ParseStalenessWeight(staleness_weight); !w.ok()) return w.status();
+  return absl::OkStatus();
+}
+
+void RoundEngine::OpenBufferedStep() {
+  BufferState& b = *buffer_;
+  if (b.step_open) return;
+  b.step = RoundState{};
+  b.step.round = round_ + 1;
+  b.step.attempt = attempt_;
+  b.step.started_ns = NowNs();
+  b.step.started_unix_ms = UnixMs();
+  auto agg = core::MakeAggregator(config_.aggregator, spec_);
+  b.step.aggregator = std::move(*agg);  // validated in Start(): the weighted mean
+  if (absl::Status s = b.step.aggregator->SetNormClip(*config_.UpdateNormClip()); !s.ok()) {
+    spdlog::error("--clip-update-norm: {}", s.message());
+  }
+  b.step_open = true;
+}
+
+void RoundEngine::AdvanceBuffered() {
+  BufferState& b = *buffer_;
+  if (state_ == EngineState::kWaitingForClients) {
+    if (evaluation_due_ || b.evaluation_due) {
+      // An evaluation goes to as many clients as it would in synchronous mode, taken from the idle ones; no new
+      // train task goes out meanwhile (the tasks out go on, their updates wait in the buffer, which is applied
+      // after the evaluation, so that every evaluated client downloads the evaluated version).
+      const auto connected = static_cast<uint32_t>(by_session_.size());
+      auto want = SelectionSize(SelectionPolicy{config_.fraction_evaluate, config_.min_evaluate_clients, 1}, connected);
+      if (!want.ok() || connected == 0 || IdleConnectedClients().size() < *want) return;
+      const bool applied_step = b.evaluation_due;
+      evaluation_due_ = b.evaluation_due = false;
+      StartEvaluation();
+      if (state_ == EngineState::kEvaluating) return;
+      if (applied_step) RoundDone(std::nullopt);
+    }
+    if (round_ >= config_.num_rounds) {
+      Fire(EngineTrigger::kAllRoundsCommitted);
+      Advance();
+      return;
+    }
+    // The first step waits for as many clients as a round would; later, whoever is connected trains (a client
+    // that left does not stop the others).
+    if (!b.started && by_session_.size() < config_.fit.min_available) return;
+    b.started = true;
+    Fire(EngineTrigger::kBufferingStarted);
+    OpenBufferedStep();
+  }
+  if (b.step.accepted >= config_.buffer_size) {
+    ApplyStep();
+    if (state_ == EngineState::kWaitingForClients) Advance();
+    return;
+  }
+  // Keep --concurrency clients training: idle connected clients without a row in the open step, a seeded choice
+  // among them.
+  auto trainable = [&] {
+    std::vector<std::string> ids;
+    for (ClientInfo* c : IdleConnectedClients()) {
+      if (!b.waiting.contains(c->id)) ids.push_back(c->id);
+    }
+    return ids;
+  };
+  if (b.out.size() < config_.concurrency) {
+    std::vector<std::string> ids = trainable();
+    if (!ids.empty()) {
+      const auto count = static_cast<uint32_t>(std::min<size_t>(config_.concurrency - b.out.size(), ids.size()));
+      ++b.dispatches;
+      for (const std::string& id :
+           SelectClients(ids, count, config_.seed, round_ + 1, static_cast<uint32_t>(b.dispatches))) {
+        DispatchBuffered(*clients_.at(id));
+      }
+      ArmBufferTimer();
+    }
+  }
+  // Nobody can fill the buffer any more: no task is out and every connected client waits for this step (its
+  // update, refusal or drop is in it). Apply what it holds, or record the attempt as failed when it holds no
+  // update; either way the clients are free again.
+  if (b.out.empty() && !b.step.task_ids.empty() && trainable().empty()) {
+    spdlog::info(
+        "aggregation step {}: {} of --buffer-size={} updates buffered and no client left to train (each "
+        "connected one waits for this step): applying it now",
+        b.step.round, b.step.accepted, config_.buffer_size);
+    ApplyStep();
+    if (state_ == EngineState::kWaitingForClients) Advance();
+  }
+}
+
+void RoundEngine::DispatchBuffered(ClientInfo& client) {
+  BufferState& b = *buffer_;
+  OpenBufferedStep();
+  const uint64_t step = round_ + 1;
+  const int64_t now = NowNs();
+  fl::v1::Task t;
+  t.set_task_id(fl::StrCat("s", step, ".", attempt_, "-", client.id, "-", ++task_counter_));
+  t.set_kind(fl::v1::TASK_KIND_TRAIN);
+  t.set_round(step);
+  *t.mutable_train() = config_.train;
+  // A client trains at most once per step (it waits for the step its update is in): (step, client) is unique.
+  t.mutable_train()->set_seed(config_.seed ^ (step * 0x9E3779B97F4A7C15ULL) ^ std::hash<std::string>{}(client.id));
+  t.set_deadline_ms(config_.round_deadline_ms);
+  t.set_uplink_codec(config_.uplink_codec);
+  auto info = std::make_unique<TaskInfo>();
+  info->id = t.task_id();
+  info->client_id = client.id;
+  info->kind = fl::v1::TASK_KIND_TRAIN;
+  info->round = step;
+  info->attempt = attempt_;
+  info->dispatched_ns = now;
+  info->dispatched_unix_ms = UnixMs();
+  info->deadline_ns = now + int64_t{config_.round_deadline_ms} * kMsToNs;
+  t.set_model_version(model_version_);
+  t.set_model_fingerprint(spec_->fingerprint());
+  t.set_deadline_server_ns(info->deadline_ns);
+  t.set_downlink_codec(config_.downlink_codec);
+  fl::v1::ServerMessage msg;
+  msg.set_seq(++client.server_seq);
+  *msg.mutable_task() = std::move(t);
+  client.open_task = info->id;
+  client.session->Send(std::move(msg));
+  b.out.insert(info->id);
+  b.base_version[info->id] = model_version_;
+  tasks_[info->id] = std::move(info);
+}
+
+void RoundEngine::ArmBufferTimer() {
+  int64_t earliest = 0;
+  for (const std::string& id : buffer_->out) {
+    auto t = tasks_.find(id);
+    if (t != tasks_.end() && (earliest == 0 || t->second->deadline_ns < earliest)) earliest = t->second->deadline_ns;
+  }
+  if (earliest != 0) {
+    ArmAt(buffer_timer_, earliest);
+  } else if (buffer_timer_ != 0) {
+    loop_.Cancel(buffer_timer_);
+    buffer_timer_ = 0;
+  }
+}
+
+void RoundEngine::CloseExpiredBufferedTasks(int64_t now) {
+  std::vector<TaskInfo*> expired;
+  for (const std::string& id : buffer_->out) {
+    auto t = tasks_.find(id);
+    if (t != tasks_.end() && now >= t->second->deadline_ns) expired.push_back(t->second.get());
+  }
+  for (TaskInfo* t : expired) CloseTaskAsDropped(*t, "no update by the task's deadline (--round-deadline-ms)");
+  if (!expired.empty()) ArmBufferTimer();
+}
+
+void RoundEngine::AppendStepRow(const TaskInfo& task, instrumentation::ClientRoundRecord rec) {
+  BufferState& b = *buffer_;
+  OpenBufferedStep();
+  // The row belongs to the step the update was applied (or refused, dropped) in, not the one it was given for.
+  rec.round = static_cast<int64_t>(b.step.round);
+  rec.attempt = b.step.attempt;
+  if (auto base = b.base_version.find(task.id); base != b.base_version.end()) {
+    rec.base_model_version = static_cast<int64_t>(base->second);
+  }
+  b.step.task_ids.push_back(task.id);
+  b.step.client_rows.push_back(std::move(rec));
+  // The client waits for this step (no train task; it may evaluate meanwhile).
+  b.waiting.insert(task.client_id);
+  if (auto c = clients_.find(task.client_id); c != clients_.end() && c->second->open_task == task.id) {
+    c->second->open_task.clear();
+  }
+}
+
+void RoundEngine::BufferedTaskDropped(TaskInfo& task, ClientOutcome outcome, std::string_view why) {
+  // The task is closed and its outcome set; its row goes to the open step, whose end the client waits for.
+  BufferState& b = *buffer_;
+  b.out.erase(task.id);
+  RoundState& r = (OpenBufferedStep(), b.step);
+  ++(outcome == ClientOutcome::kLate ? r.late : outcome == ClientOutcome::kRejected ? r.rejected : r.dropped);
+  spdlog::info("task {} of client '{}' {}: {}", task.id, task.client_id, instrumentation::ClientOutcomeName(outcome),
+               why);
+  instrumentation::ClientRoundRecord rec = TaskRow(task);
+  rec.outcome = outcome;
+  if (outcome == ClientOutcome::kRejected) rec.reject_reason = std::string(why);
+  if (auto c = clients_.find(task.client_id); c != clients_.end()) {
+    Notify([&](EngineObserver& o) {
+      o.OnUpdateOutcome(outcome, outcome == ClientOutcome::kRejected ? "malformed" : "", rec, c->second->join);
+    });
+  }
+  AppendStepRow(task, std::move(rec));
+  ArmBufferTimer();
+}
+
+fl::v1::UploadUpdateResponse RoundEngine::AcceptBufferedUpdate(UploadDoneEvent& e, TaskInfo& task,
+                                                               instrumentation::ClientRoundRecord rec) {
+  BufferState& b = *buffer_;
+  const fl::v1::UpdateHeader& h = e.header;
+  if (task.closed) {
+    // Its row (dropped at the deadline, or at a disconnect) is in the step it was closed in.
+    return Verdict(task.id, fl::v1::UPDATE_OUTCOME_LATE,
+                   wire::MakeError(fl::v1::ERROR_CODE_LATE, "the task was closed before the update arrived"));
+  }
+  auto finish = [&](ClientOutcome outcome, fl::v1::UploadUpdateResponse verdict, std::string_view reason) {
+    task.closed = true;
+    task.outcome = outcome;
+    b.out.erase(task.id);
+    RoundState& r = (OpenBufferedStep(), b.step);
+    rec.outcome = outcome;
+    if (outcome == ClientOutcome::kRejected) rec.reject_reason = verdict.error().message();
+    ++(outcome == ClientOutcome::kOk ? r.accepted : outcome == ClientOutcome::kLate ? r.late : r.rejected);
+    if (auto c = clients_.find(task.client_id); c != clients_.end()) {
+      Notify([&](EngineObserver& o) { o.OnUpdateOutcome(outcome, reason, rec, c->second->join); });
+    }
+    AppendStepRow(task, std::move(rec));
+    ArmBufferTimer();
+    return verdict;
+  };
+  if (e.done_server_ns > task.deadline_ns) {
+    return finish(
+        ClientOutcome::kLate,
+        Verdict(task.id, fl::v1::UPDATE_OUTCOME_LATE,
+                wire::MakeError(fl::v1::ERROR_CODE_LATE, fl::StrCat("the update finished arriving ",
+                                                                    (e.done_server_ns - task.deadline_ns) / kMsToNs,
+                                                                    " ms after the task's deadline"))),
+        "");
+  }
+  if (auto c = clients_.find(task.client_id); c != clients_.end()) {
+    if (std::string w = PhaseWindowProblem(*c->second, h.timings(), task.dispatched_ns, e.done_server_ns); !w.empty()) {
+      spdlog::warn("rejected the update of client '{}' (task {}): {}", task.client_id, task.id, w);
+      rec.downlink_ms = rec.train_ms = rec.eval_ms = rec.idle_ms = std::nullopt;
+      rec.downlink_start_unix_ms = rec.train_start_unix_ms = rec.eval_start_unix_ms = std::nullopt;
+      rec.train_loss = std::nullopt;
+      rec.num_steps = std::nullopt;
+      rec.downlink_bytes = std::nullopt;
+      return finish(ClientOutcome::kRejected,
+                    Rejected(task.id, fl::v1::ERROR_CODE_MALFORMED, fl::StrCat("update refused: ", w)), "malformed");
+    }
+  }
+  // Staleness: the versions applied since the task's model. The version changes only when a step is applied,
+  // and a step takes every update buffered before it, so tau is also the distance to the model it is applied to.
+  const uint64_t base = b.base_version.at(task.id);
+  const uint64_t tau = model_version_ - base;
+  rec.staleness = static_cast<int64_t>(tau);
+  if (tau > config_.max_staleness) {
+    spdlog::info("refused the update of client '{}' (task {}) as stale: trained from version {}, {} behind",
+                 task.client_id, task.id, base, tau);
+    return finish(ClientOutcome::kRejected,
+                  Rejected(task.id, fl::v1::ERROR_CODE_LATE,
+                           fl::StrCat("stale: the update was trained from model version ", base, ", ", tau,
+                                      " versions behind the current ", model_version_,
+                                      " (--max-staleness=", config_.max_staleness, "); it is refused"),
+                           "a faster link or fewer local steps would help"),
+                  "stale");
+  }
+  const double s = b.weight(tau);
+  rec.staleness_weight = s;
+  const double weight = static_cast<double>(h.num_examples()) * s;
+  const std::string source = fl::StrCat("update from client '", task.client_id, "' (task ", task.id, ")");
+  auto reject = [&](const absl::Status& st) {
+    const bool non_finite = st.message().find("NaN or Inf") != absl::string_view::npos ||
+                            st.message().find("non-finite") != absl::string_view::npos;
+    const ErrorCode code = st.code() == absl::StatusCode::kDataLoss ? fl::v1::ERROR_CODE_CHECKSUM_MISMATCH
+                           : non_finite                             ? fl::v1::ERROR_CODE_NON_FINITE
+                                                                    : fl::v1::ERROR_CODE_MALFORMED;
+    spdlog::warn("rejected {}: {}", source, st.message());
+    return finish(ClientOutcome::kRejected,
+                  Rejected(task.id, code, std::string(fl::ToStd(st.message())),
+                           non_finite ? "lower the learning rate; the client's training diverged" : ""),
+                  ReasonName(code));
+  };
+  const core::Codec& codec = *uplink_codec_;
+  if (h.kind() == fl::v1::UPDATE_KIND_DELTA) {
+    if (absl::Status st = b.step.aggregator->AddEncoded(codec, e.payload, weight, h.model_fingerprint(), source);
+        !st.ok()) {
+      return reject(st);
+    }
+  } else {
+    // Weights: the pseudo-gradient is taken against the model the client was given. Only the current version is
+    // kept whole on the server (older ones only as download payloads), so weights must be fresh.
+    if (tau != 0) {
+      return reject(absl::InvalidArgumentError(
+          fl::StrCat("an update of whole weights must be trained from the current model version ", model_version_,
+                     " in buffered mode (it was trained from ", base, "); send a delta")));
+    }
+    scratch_.resize(spec_->num_elements());
+    absl::Status st = codec.Decode(e.payload, scratch_);
+    if (st.ok()) st = core::CheckFinite(scratch_, source, spec_.get());
+    if (!st.ok()) return reject(st);
+    for (size_t i = 0; i < scratch_.size(); ++i) scratch_[i] = global_[i] - scratch_[i];
+    if (st = b.step.aggregator->Add(scratch_, weight, h.model_fingerprint(), source); !st.ok()) return reject(st);
+  }
+  if (rec.train_loss.has_value()) {
+    b.step.train_loss_sum += *rec.train_loss * static_cast<double>(h.num_examples());
+    b.step.train_loss_weight += static_cast<double>(h.num_examples());
+  }
+  return finish(ClientOutcome::kOk, Verdict(task.id, fl::v1::UPDATE_OUTCOME_ACCEPTED), "");
+}
+
+void RoundEngine::FreeStepClients() {
+  BufferState& b = *buffer_;
+  b.waiting.clear();  // exactly the clients with a row in the open step
+  for (const std::string& id : b.step.task_ids) b.applied_in[id] = {b.step.round, b.step.attempt};
+}
+
+void RoundEngine::ApplyStep() {
+  BufferState& b = *buffer_;
+  RoundState& r = b.step;
+  if (r.accepted == 0) {
+    instrumentation::RoundRecord rec = RoundRow(r, instrumentation::RoundStatus::kFailed);
+    rec.failure_reason = fl::StrCat("no update in the buffer while every connected client waited for this step (",
+                                    r.late, " late, ", r.rejected, " rejected, ", r.dropped, " dropped)");
+    spdlog::warn("aggregation step {} attempt {} failed: {}", r.round, r.attempt, rec.failure_reason);
+    const std::string reason = rec.failure_reason;
+    Record(std::move(rec));
+    for (auto& row : r.client_rows) Record(row);
+    FreeStepClients();
+    b.step_open = false;
+    if (attempt_ >= config_.max_round_attempts) {
+      Finish(instrumentation::ExperimentStatus::kFailed,
+             fl::StrCat("aggregation step ", round_ + 1, " failed ", attempt_, " times; last: ", reason));
+      return;
+    }
+    ++attempt_;
+    Fire(EngineTrigger::kStepFailed);
+    return;
+  }
+  // The last step: the tasks still out can no longer count. They are cancelled (the client stops) and recorded
+  // as such in this step (their clients have no other row in it: they were training).
+  if (r.round >= config_.num_rounds) {
+    for (const std::string& id : std::vector<std::string>(b.out.begin(), b.out.end())) {
+      TaskInfo& task = *tasks_.at(id);
+      task.closed = true;
+      task.outcome = ClientOutcome::kCancelled;
+      if (auto c = clients_.find(task.client_id); c != clients_.end() && c->second->session != nullptr) {
+        fl::v1::ServerMessage cancel;
+        cancel.set_seq(++c->second->server_seq);
+        cancel.mutable_cancel()->set_task_id(task.id);
+        cancel.mutable_cancel()->set_reason("the experiment's last aggregation step was applied");
+        c->second->session->Send(std::move(cancel));
+      }
+      instrumentation::ClientRoundRecord rec = TaskRow(task);
+      rec.outcome = ClientOutcome::kCancelled;
+      AppendStepRow(task, std::move(rec));
+    }
+    b.out.clear();
+    ArmBufferTimer();
+  }
+  std::vector<std::vector<uint8_t>>().swap(free_upload_buffers_);
+  const int64_t agg_start = NowNs();
+  auto pseudo_grad = r.aggregator->Finish();
+  if (r.aggregator->num_clipped() > 0) {
+    spdlog::info("aggregation step {}: {} of {} updates scaled down to the update norm bound ({})", r.round,
+                 r.aggregator->num_clipped(), r.aggregator->num_updates(), r.aggregator->norm_clip().ToString());
+  }
+  absl::StatusOr<std::vector<float>> integer_values = core::SaveIntegerTensors(*spec_, global_);
+  absl::Status step = !pseudo_grad.ok()      ? pseudo_grad.status()
+                      : !integer_values.ok() ? integer_values.status()
+                                             : optimizer_->Step(global_, *pseudo_grad);
+  if (step.ok()) step = core::RestoreIntegerTensors(*spec_, *integer_values, global_);
+  if (!step.ok()) {
+    Finish(instrumentation::ExperimentStatus::kFailed,
+           fl::StrCat("aggregation step ", r.round, ": the server optimizer step failed: ", fl::ToStd(step.message())));
+    return;
+  }
+  // Tasks out keep downloading the version they were given: keep those payloads (at most --concurrency).
+  std::set<uint64_t> needed;
+  for (const std::string& id : b.out) needed.insert(b.base_version.at(id));
+  if (needed.contains(model_version_)) b.old_payloads[model_version_] = payload_;
+  std::erase_if(b.old_payloads, [&](const auto& p) { return !needed.contains(p.first); });
+  round_ = r.round;
+  committed_attempt_ = r.attempt;
+  ++model_version_;
+  PublishPayload();
+  const double aggregation_ms = static_cast<double>(NowNs() - agg_start) / 1e6;
+  // Commit order as in CloseRound (docs/round-engine.md, "Commit and resume"): checkpoint file, then the step's
+  // records as one unit; the step is committed when they are stored.
+  auto checkpoint_row = WriteCheckpointFile();
+  if (!checkpoint_row.ok()) {
+    round_ = r.round - 1;
+    --model_version_;
+    Finish(instrumentation::ExperimentStatus::kFailed,
+           fl::StrCat("cannot checkpoint aggregation step ", r.round, ": ",
+                      fl::ToStd(checkpoint_row.status().message()), "; steps up to ", round_,
+                      " are committed: run again with --resume once the checkpoint directory is writable"));
+    return;
+  }
+  MaybeKillForTest("checkpoint-written", r.round);
+  instrumentation::RoundRecord rec = RoundRow(r, instrumentation::RoundStatus::kCommitted);
+  rec.aggregation_ms = aggregation_ms;
+  rec.model_version = static_cast<int64_t>(model_version_);
+  last_round_ =
+      CommittedRound{r.round, r.attempt, r.accepted, rec.train_loss, rec.duration_ms, aggregation_ms, nullptr};
+  instrumentation::RoundCommitRecord commit;
+  commit.round = std::move(rec);
+  commit.client_rounds = r.client_rows;
+  commit.checkpoint = *std::move(checkpoint_row);
+  if (absl::Status s = StoreCommit(std::move(commit)); !s.ok()) {
+    round_ = r.round - 1;
+    --model_version_;
+    Finish(instrumentation::ExperimentStatus::kFailed,
+           fl::StrCat("aggregation step ", r.round, " was not committed: its records could not be stored: ",
+                      fl::ToStd(s.message()), ". The experiment stopped; steps up to ", round_,
+                      " are committed in the records. Fix the records database (disk space, permissions, I/O "
+                      "errors) and run fl-server again with --resume"));
+    return;
+  }
+  MaybeKillForTest("records-committed", r.round);
+  PruneOldCheckpoints();
+  {
+    CommittedRound committed = last_round_;
+    committed.client_rows = &r.client_rows;
+    Notify([&](EngineObserver& o) { o.OnRoundCommitted(committed); });
+  }
+  int64_t max_tau = 0;
+  for (const auto& row : r.client_rows) {
+    if (row.outcome == ClientOutcome::kOk) max_tau = std::max(max_tau, row.staleness.value_or(0));
+  }
+  spdlog::info(
+      "aggregation step {} applied (model version {}): {} update(s), largest staleness {}, {} refused, {} "
+      "dropped, {} late; aggregation {:.1f} ms, step {:.0f} ms",
+      round_, model_version_, r.accepted, max_tau, r.rejected, r.dropped, r.late, aggregation_ms,
+      last_round_.duration_ms);
+  FreeStepClients();
+  b.step_open = false;
+  // Tasks and their bookkeeping older than the last two steps: a straggler's upload for them is refused as
+  // unknown, and an uplink report finds nothing to attach to.
+  for (auto it = tasks_.begin(); it != tasks_.end();) {
+    const bool old =
+        it->second->closed && it->second->kind == fl::v1::TASK_KIND_TRAIN && it->second->round + 2 < round_;
+    it = old ? tasks_.erase(it) : std::next(it);
+  }
+  // (CloseEvaluation forgets old tasks too.)
+  std::erase_if(b.base_version, [&](const auto& e) { return !tasks_.contains(e.first); });
+  std::erase_if(b.applied_in, [&](const auto& e) { return !tasks_.contains(e.first); });
+  Fire(EngineTrigger::kStepApplied);
+  auto first = first_attempts_.find(round_ + 1);
+  attempt_ = first == first_attempts_.end() ? 1 : first->second;
+  const bool evaluate = config_.evaluate_every > 0 && config_.fraction_evaluate > 0 &&
+                        (round_ % config_.evaluate_every == 0 || round_ == config_.num_rounds);
+  if (evaluate) {
+    b.evaluation_due = true;
+  } else {
+    RoundDone(std::nullopt);
+  }
+}
+
+bool RoundEngine::RecordBufferedUplink(const TaskInfo& task, double uplink_ms, std::optional<double> start_unix_ms,
+                                       std::optional<double> end_unix_ms) {
+  BufferState& b = *buffer_;
+  if (auto applied = b.applied_in.find(task.id); applied != b.applied_in.end()) {
+    Record(instrumentation::ClientRoundUplinkUpdate{config_.experiment_id, static_cast<int64_t>(applied->second.first),
+                                                    applied->second.second, task.client_id, uplink_ms, start_unix_ms,
+                                                    end_unix_ms});
+    return true;
+  }
+  for (size_t i = 0; i < b.step.task_ids.size(); ++i) {
+    if (b.step.task_ids[i] != task.id) continue;
+    auto& row = b.step.client_rows[i];
+    row.uplink_ms = uplink_ms;
+    row.uplink_start_unix_ms = start_unix_ms;
+    row.uplink_end_unix_ms = end_unix_ms;
+  }
+  return true;
+}
+
+void RoundEngine::AbortBufferedStep(const std::string& reason) {
+  BufferState& b = *buffer_;
+  for (const std::string& id : b.out) {
+    TaskInfo& task = *tasks_.at(id);
+    task.closed = true;
+    task.outcome = ClientOutcome::kDropped;
+    if (auto c = clients_.find(task.client_id); c != clients_.end() && c->second->session) {
+      fl::v1::ServerMessage cancel;
+      cancel.set_seq(++c->second->server_seq);
+      cancel.mutable_cancel()->set_task_id(task.id);
+      cancel.mutable_cancel()->set_reason(reason);
+      c->second->session->Send(std::move(cancel));
+      c->second->open_task.clear();
+    }
+  }
+  const bool dispatched = !b.out.empty() || !b.step.task_ids.empty();
+  b.out.clear();
+  if (b.step_open && dispatched) {
+    instrumentation::RoundRecord rec = RoundRow(b.step, instrumentation::RoundStatus::kAborted);
+    rec.failure_reason = reason;
+    Record(rec);
+    for (auto& row : b.step.client_rows) Record(row);
+    b.step_open = false;
+  }
+}
+
+}  // namespace fl::server
