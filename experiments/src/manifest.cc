@@ -170,6 +170,9 @@ const config::FieldTable<Server>& ServerFields() {
       config::IntField("max_round_attempts", &Server::max_round_attempts, 1, 1000),
       config::StringField("metrics_addr", &Server::metrics_addr).NewInRecords(),
       config::IntField("upload_slots", &Server::upload_slots, 1, 100'000).NewInRecords(),
+      config::NumberField("selection.overcommit", &Server::overcommit, {1.0, 100.0}).NewInRecords(),
+      config::ChoiceField("deadline_policy", &Server::deadline_policy, {"drop", "fold"}).NewInRecords(),
+      config::NumberField("late_discount", &Server::late_discount, {0.0, 100.0}).NewInRecords(),
   };
   return table;
 }

@@ -199,6 +199,11 @@ std::vector<std::string> ServerArgs(const Manifest& m, const RunOptions& o, cons
   if (!o.no_records) a.insert(a.end(), {"--db", o.db_path, "--checkpoint-dir", (o.out_dir / "checkpoints").string()});
   if (!s.metrics_addr.empty()) a.insert(a.end(), {"--metrics-addr", s.metrics_addr});
   if (s.upload_slots > 0) a.insert(a.end(), {"--upload-slots", std::to_string(s.upload_slots)});
+  // Stragglers: fl-server refuses what makes no sense (fold with a robust strategy, with buffered aggregation).
+  if (s.overcommit > 1.0) a.insert(a.end(), {"--overcommit", Fmt(s.overcommit)});
+  if (s.deadline_policy != "drop") {
+    a.insert(a.end(), {"--deadline-policy", s.deadline_policy, "--late-discount", Fmt(s.late_discount)});
+  }
   if (tls.enabled()) {
     a.insert(a.end(), {"--tls-cert", tls.paths.Cert(pki::Kind::kServer, "server"), "--tls-key",
                        tls.paths.Key(pki::Kind::kServer, "server"), "--tls-client-ca", tls.paths.CaCert(),

@@ -144,6 +144,29 @@ TEST(ManifestTest, OutOfRangeAndUnknownValuesAreRefused) {
   ExpectError("name: [1\n", {"exp.yaml:", "not valid YAML"});
 }
 
+// Stragglers: server.selection.overcommit, server.deadline_policy and server.late_discount, read and kept in the
+// resolved record; an over-commitment below 1 and an unknown policy are refused with the line.
+TEST(ManifestTest, OvercommitAndDeadlinePolicyAreReadAndBadOnesRefused) {
+  absl::StatusOr<Manifest> m =
+      Parse(Replace(Replace(kGood, "  rounds: 2\n", "  rounds: 2\n  deadline_policy: fold\n  late_discount: 0.5\n"),
+                    "selection: {", "selection: {overcommit: 1.3, "));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->server.overcommit, 1.3);
+  EXPECT_EQ(m->server.deadline_policy, "fold");
+  EXPECT_EQ(m->server.late_discount, 0.5);
+  absl::StatusOr<Manifest> back = ManifestFromResolvedJson(ResolvedManifestJson(*m), m->source_yaml);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->server, m->server);
+  absl::StatusOr<Manifest> plain = Parse(kGood);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->server.overcommit, 1.0);
+  EXPECT_EQ(plain->server.deadline_policy, "drop");
+  ExpectError(Replace(kGood, "selection: {", "selection: {overcommit: 0.8, "),
+              {"exp.yaml:", "server.selection.overcommit"});
+  ExpectError(Replace(kGood, "  rounds: 2\n", "  rounds: 2\n  deadline_policy: keep\n"),
+              {"server.deadline_policy", "drop", "fold"});
+}
+
 // Every shipped manifest (experiments/ and examples/) parses, resolves to JSON and reads back field by field
 // equal: the writer and the reader of the record come from the same tables as the YAML reader. The examples'
 // TorchScript models and data are made by scripts (out/byom/...): empty stand-ins in a scratch directory

@@ -113,6 +113,30 @@ struct RoundEngine::BufferState {
   uint64_t dispatches = 0;      // seeds the choice among idle clients
 };
 
+// Over-commitment and late folding (engine_overcommit.cc): the open round's commit target, the tasks of committed
+// rounds whose late update may still be folded, and the late updates kept for the next commit.
+struct RoundEngine::Stragglers {
+  struct Target {
+    uint64_t round = 0;
+    uint32_t attempt = 0;
+    uint32_t k = 0;  // commit with the first k accepted updates; 0 = no over-commitment
+  };
+  Target target;
+  struct Foldable {
+    uint64_t base_model_version = 0;  // the model the task was given
+  };
+  std::map<std::string, Foldable> foldable;  // task id -> what its late update needs
+  struct PendingFold {
+    std::string task_id;
+    std::vector<float> values;  // the decoded pseudo-gradient
+    double examples = 0;        // n_k
+    uint64_t fingerprint = 0;
+    uint64_t base_model_version = 0;
+    instrumentation::ClientRoundRecord row;  // the client's figures; outcome and v9 columns set at the fold
+  };
+  std::vector<PendingFold> pending;
+};
+
 namespace engine_internal {
 
 inline constexpr int64_t kMsToNs = 1'000'000;

@@ -34,6 +34,8 @@ void RoundEngine::StartRound() {
   std::vector<ClientInfo*> idle = IdleConnectedClients();
   auto size = SelectionSize(config_.fit, static_cast<uint32_t>(idle.size()));
   if (!size.ok()) return;  // keep waiting for clients
+  // Over-commitment (engine_overcommit.cc): ceil(F x K) selected, K of them commit the round.
+  *size = OvercommitSize(*size, static_cast<uint32_t>(idle.size()));
   std::vector<std::string> ids;
   for (ClientInfo* c : idle) ids.push_back(c->id);
   const uint64_t round = round_ + 1;
@@ -112,6 +114,7 @@ instrumentation::RoundRecord RoundEngine::RoundRow(const RoundState& r, instrume
 
 void RoundEngine::CloseRound() {
   RoundState& r = *current_;
+  CancelSurplusTasks();  // over-commitment (engine_overcommit.cc): the tasks beyond the first K updates
   for (const std::string& id : r.task_ids) CloseTaskAsDropped(*tasks_.at(id), "no update by the round's deadline");
 
   if (r.accepted < config_.fit.min_clients) {
@@ -138,6 +141,8 @@ void RoundEngine::CloseRound() {
   // once per round, not per update) before the aggregate and the new download payload are materialised.
   std::vector<std::vector<uint8_t>>().swap(free_upload_buffers_);
   const int64_t agg_start = NowNs();
+  // --deadline-policy fold: late updates of earlier rounds join this aggregate, discounted (engine_overcommit.cc).
+  std::vector<instrumentation::ClientRoundRecord> folded_rows = FoldPendingInto(r);
   auto pseudo_grad = r.aggregator->Finish();
   if (r.aggregator->num_clipped() > 0) {
     spdlog::info("round {}: {} of {} updates scaled down to the update norm bound ({})", r.round,
@@ -187,6 +192,7 @@ void RoundEngine::CloseRound() {
   commit.round = std::move(rec);
   commit.client_rounds = r.client_rows;
   commit.checkpoint = *std::move(checkpoint_row);
+  commit.folded_rows = std::move(folded_rows);
   if (absl::Status s = StoreCommit(std::move(commit)); !s.ok()) {
     round_ = r.round - 1;
     --model_version_;
@@ -198,6 +204,7 @@ void RoundEngine::CloseRound() {
     return;
   }
   MaybeKillForTest("records-committed", r.round);
+  NoteFoldableTasks(r);
   PruneOldCheckpoints();
   {
     CommittedRound committed = last_round_;

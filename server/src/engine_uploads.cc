@@ -127,7 +127,7 @@ void RoundEngine::HandleUploadStart(UploadStartEvent& e) {
               : fl::StrCat("an upload for task '", task.id, "' is already in progress: this one is a duplicate"),
           "send each update once"));
     }
-    if (task.closed || NowNs() > task.deadline_ns) {
+    if ((task.closed || NowNs() > task.deadline_ns) && !LateUploadAdmitted(task)) {
       // Late: recorded as such when the round closes if the upload had begun by then; a round already
       // closed keeps the outcome it recorded.
       return refuse(Verdict(
@@ -188,7 +188,7 @@ void RoundEngine::GrantUploadSlots() {
     if (h.kind() != fl::v1::UPDATE_KIND_INITIAL_MODEL) {
       // A slot goes only to an update that can still count: one whose task closed while it waited is late now.
       auto t = tasks_.find(h.task_id());
-      if (t == tasks_.end() || t->second->closed) {
+      if (t == tasks_.end() || (t->second->closed && !LateUploadAdmitted(*t->second))) {
         if (t != tasks_.end()) t->second->upload_in_flight = false;
         next->event.admit(
             Verdict(h.task_id(), fl::v1::UPDATE_OUTCOME_LATE,
@@ -358,6 +358,8 @@ fl::v1::UploadUpdateResponse RoundEngine::AcceptUpdate(UploadDoneEvent& e, TaskI
   }
 
   if (buffer_ != nullptr) return AcceptBufferedUpdate(e, *task, std::move(rec));  // engine_buffered.cc
+  // Over-commitment's cancelled tasks; --deadline-policy fold's late updates (engine_overcommit.cc).
+  if (auto folded = FoldLateUpdate(e, *task, rec); folded.has_value()) return *std::move(folded);
   // Rows of a round are written after the round's own row (foreign keys), so they wait in the round state;
   // an update for a round already closed was recorded with the outcome it had at closing.
   auto finish = [&](instrumentation::ClientOutcome outcome, fl::v1::UploadUpdateResponse verdict) {

@@ -163,6 +163,19 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--evaluate-deadline-ms", config.evaluate_deadline_ms, "Time from dispatch for evaluations")
       ->capture_default_str();
+  // Stragglers (docs/round-engine.md, "Over-commitment and deadline policies").
+  app.add_option("--overcommit", config.overcommit,
+                 "Over-commitment: select ceil(F x K) clients, commit with the first K updates and cancel the rest "
+                 "(F >= 1; 1 = off)")
+      ->capture_default_str();
+  app.add_option("--deadline-policy", config.deadline_policy,
+                 "An update after its round committed: drop (recorded late) or fold (folded into the next round's "
+                 "aggregate with weight n x (1 + tau)^-a, a = --late-discount)")
+      ->capture_default_str();
+  app.add_option("--late-discount", config.late_discount,
+                 "a of --deadline-policy fold: a late update's weight is n x (1 + tau)^-a, tau = model versions late "
+                 "(0 = no discount)")
+      ->capture_default_str();
   app.add_option("--max-round-attempts", config.max_round_attempts,
                  "Attempts at a round (too few updates by the deadline) before the experiment fails")
       ->capture_default_str();

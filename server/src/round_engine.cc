@@ -229,6 +229,7 @@ absl::Status EngineConfig::Validate() const {
     return absl::InvalidArgumentError(fl::StrCat("--strategy=", optimizer, ": ", fl::ToStd(o.status().message())));
   }
   if (absl::Status s = ValidateBuffered(); !s.ok()) return s;
+  if (absl::Status s = ValidateStragglers(); !s.ok()) return s;
   return absl::OkStatus();
 }
 
@@ -415,6 +416,12 @@ absl::Status RoundEngine::Prepare() {
       cfg["max_staleness"] = config_.max_staleness;
       cfg["staleness_weight"] = config_.staleness_weight;
     }
+    // Stragglers (engine_overcommit.cc): only when set, so that other experiments' configurations read as before.
+    if (config_.overcommit > 1.0) cfg["overcommit"] = config_.overcommit;
+    if (config_.folds_late_updates()) {
+      cfg["deadline_policy"] = config_.deadline_policy;
+      cfg["late_discount"] = config_.late_discount;
+    }
     exp.config_json = cfg.dump();
     exp.software_version = config_.software_version;
     exp.aggregation = std::string(config_.buffered() ? instrumentation::kAggregationBuffered
@@ -508,7 +515,7 @@ void RoundEngine::Advance() {
         ++current_->first_open;
       }
       const bool all_closed = current_->first_open == current_->task_ids.size();
-      if (all_closed || now >= current_->deadline_ns) {
+      if (all_closed || now >= current_->deadline_ns || CommitTargetReached()) {
         if (deadline_timer_ != 0) loop_.Cancel(deadline_timer_);
         deadline_timer_ = 0;
         if (state_ == EngineState::kCollecting) {

@@ -71,6 +71,11 @@ struct Manifest {
     uint32_t max_round_attempts = 3;
     std::string metrics_addr;   // fl-server --metrics-addr (Prometheus /metrics); "" = none
     uint32_t upload_slots = 0;  // fl-server --upload-slots: updates received at once; 0 = its default
+    // Stragglers (docs/round-engine.md "Over-commitment and deadline policies"): fl-server --overcommit (1 = off),
+    // --deadline-policy (drop | fold) and --late-discount (the fold's a).
+    double overcommit = 1.0;
+    std::string deadline_policy = "drop";
+    double late_discount = 1.0;
     bool operator==(const Server&) const = default;
   } server;
 

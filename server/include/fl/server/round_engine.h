@@ -126,6 +126,17 @@ struct EngineConfig {
   bool buffered() const { return aggregation == "buffered"; }
   // The buffered settings' checks (engine_buffered.cc), part of Validate().
   absl::Status ValidateBuffered() const;
+  // Stragglers in synchronous rounds (engine_overcommit.cc, docs/round-engine.md "Over-commitment and deadline
+  // policies"). Over-commitment: a round selects ceil(overcommit * K) clients, K being what it would select
+  // without it, commits with the first K accepted updates and cancels the other tasks; 1 = off.
+  double overcommit = 1.0;
+  // An update that arrives after its round committed: "drop" (recorded late, as before) or "fold" (validated and
+  // folded into the next committed round's aggregate with weight n_k * (1 + tau)^-late_discount, tau = model
+  // versions between the one it was trained from and the one it is applied to).
+  std::string deadline_policy = "drop";
+  double late_discount = 1.0;  // the fold's a; 0 = no discount
+  bool folds_late_updates() const { return deadline_policy == "fold"; }
+  absl::Status ValidateStragglers() const;  // part of Validate()
 
   // The norm bound in effect (clip_update_norm, or the aggregator's default); errors name the flag.
   absl::StatusOr<core::NormClip> UpdateNormClip() const;
@@ -436,6 +447,21 @@ class RoundEngine {
   void AppendStepRow(const TaskInfo& task, instrumentation::ClientRoundRecord rec);
   void ArmBufferTimer();   // at the earliest deadline of a train task out
   void FreeStepClients();  // the clients with a row in the open step may get a task again
+  // Over-commitment and late folding (engine_overcommit.cc); the hooks in the shared paths are one line each.
+  struct Stragglers;
+  Stragglers& StragglerState();
+  // The number of clients a round selects: `k` (what the selection policy gives), or ceil(overcommit * k) capped
+  // at `available`; remembers k as the round's commit target.
+  uint32_t OvercommitSize(uint32_t k, uint32_t available);
+  bool CommitTargetReached() const;  // the open round has its k accepted updates (over-commitment only)
+  void CancelSurplusTasks();         // at the commit: cancel the open round's unanswered tasks, rows 'cancelled'
+  bool LateUploadAdmitted(const TaskInfo& task) const;  // fold: the task's round committed, its update may come
+  // fold: a late update of a committed round, validated and kept for the next commit; nullopt = not foldable.
+  std::optional<fl::v1::UploadUpdateResponse> FoldLateUpdate(UploadDoneEvent& e, TaskInfo& task,
+                                                             const instrumentation::ClientRoundRecord& rec);
+  // At a commit: the kept late updates into r's aggregate (discounted); their rows go with the commit.
+  std::vector<instrumentation::ClientRoundRecord> FoldPendingInto(RoundState& r);
+  void NoteFoldableTasks(const RoundState& r);  // after a commit: r's tasks closed by its deadline may still fold
 
   EngineConfig config_;
   const rpc::Clock* clock_;
@@ -511,6 +537,8 @@ class RoundEngine {
   std::vector<float> scratch_;
   CommittedRound last_round_;  // the last committed round (its client_rows pointer is not kept)
   std::unique_ptr<BufferState> buffer_;  // buffered aggregation's state (engine_buffered.cc); null when synchronous
+  // Over-commitment and late folding (engine_overcommit.cc); made on first use.
+  std::unique_ptr<Stragglers> stragglers_;
 };
 
 }  // namespace fl::server
