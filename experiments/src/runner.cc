@@ -199,6 +199,14 @@ std::vector<std::string> ServerArgs(const Manifest& m, const RunOptions& o, cons
   if (!o.no_records) a.insert(a.end(), {"--db", o.db_path, "--checkpoint-dir", (o.out_dir / "checkpoints").string()});
   if (!s.metrics_addr.empty()) a.insert(a.end(), {"--metrics-addr", s.metrics_addr});
   if (s.upload_slots > 0) a.insert(a.end(), {"--upload-slots", std::to_string(s.upload_slots)});
+  if (s.aggregation == "buffered") {
+    // Buffered aggregation (FedBuff); fl-server refuses combinations that cannot work, saying why.
+    a.insert(a.end(), {"--aggregation", "buffered"});
+    if (s.buffer_size > 0) a.insert(a.end(), {"--buffer-size", std::to_string(s.buffer_size)});
+    if (s.concurrency > 0) a.insert(a.end(), {"--concurrency", std::to_string(s.concurrency)});
+    if (s.max_staleness > 0) a.insert(a.end(), {"--max-staleness", std::to_string(s.max_staleness)});
+    if (!s.staleness_weight.empty()) a.insert(a.end(), {"--staleness-weight", s.staleness_weight});
+  }
   // Stragglers: fl-server refuses what makes no sense (fold with a robust strategy, with buffered aggregation).
   if (s.overcommit > 1.0) a.insert(a.end(), {"--overcommit", Fmt(s.overcommit)});
   if (s.deadline_policy != "drop") {

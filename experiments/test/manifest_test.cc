@@ -117,6 +117,27 @@ TEST(ManifestTest, UnknownKeyNamesFileLinePathAndAllowedKeys) {
                "selection, evaluation, max_round_attempts, metrics_addr, upload_slots"});
 }
 
+// Buffered aggregation (FedBuff): server.aggregation and server.buffered.*, passed to fl-server as its flags.
+TEST(ManifestTest, BufferedAggregationFieldsAreRead) {
+  absl::StatusOr<Manifest> m = Parse(Replace(kGood, "  rounds: 2\n",
+                                             "  rounds: 2\n  aggregation: buffered\n  buffered: {buffer_size: 2, "
+                                             "concurrency: 3, max_staleness: 4, staleness_weight: \"poly:a=1\"}\n"));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->server.aggregation, "buffered");
+  EXPECT_EQ(m->server.buffer_size, 2u);
+  EXPECT_EQ(m->server.concurrency, 3u);
+  EXPECT_EQ(m->server.max_staleness, 4u);
+  EXPECT_EQ(m->server.staleness_weight, "poly:a=1");
+  absl::StatusOr<Manifest> back = ManifestFromResolvedJson(ResolvedManifestJson(*m), m->source_yaml);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->server, m->server);
+  absl::StatusOr<Manifest> sync = Parse(kGood);
+  ASSERT_TRUE(sync.ok());
+  EXPECT_EQ(sync->server.aggregation, "synchronous");
+  ExpectError(Replace(kGood, "  rounds: 2\n", "  rounds: 2\n  aggregation: async\n"),
+              {"server.aggregation", "synchronous", "buffered"});
+}
+
 TEST(ManifestTest, WrongTypeNamesTheField) {
   ExpectError(Replace(kGood, "rounds: 2", "rounds: three"),
               {"exp.yaml:5:", "server.rounds", "expected an integer", "\"three\""});

@@ -283,8 +283,11 @@ std::string PhaseSharesSvg(const ExperimentData&, const Analysis& analysis) {
 std::string RoundTimeSvg(const ExperimentData& data, const Analysis& analysis) {
   const double left = 70, right = 20, top = 44, plot_w = 760, plot_h = 260;
   SvgWriter svg(left + plot_w + right, top + plot_h + 70);
-  svg.Text(left, 16, "Round time over rounds (committed rounds; colour = the straggler's dominant phase)", 14, "start",
-           "font-weight=\"bold\"");
+  const bool steps = data.experiment.aggregation == "buffered";  // FedBuff: rows are aggregation steps
+  svg.Text(left, 16,
+           steps ? "Step time over aggregation steps (committed steps; colour = the slowest update's dominant phase)"
+                 : "Round time over rounds (committed rounds; colour = the straggler's dominant phase)",
+           14, "start", "font-weight=\"bold\"");
   std::vector<const RoundSummary*> points;
   for (const RoundSummary& s : analysis.rounds) {
     if (s.attempt->committed()) points.push_back(&s);
@@ -315,7 +318,7 @@ std::string RoundTimeSvg(const ExperimentData& data, const Analysis& analysis) {
     svg.Line(X(t), top + plot_h, X(t), top + plot_h + 4, kAxisColor);
     svg.Text(X(t), top + plot_h + 16, AxisLabel(t), 10, "middle");
   }
-  svg.Text(left + plot_w / 2, top + plot_h + 32, "round", 11, "middle");
+  svg.Text(left + plot_w / 2, top + plot_h + 32, steps ? "aggregation step" : "round", 11, "middle");
   svg.Text(16, top + plot_h / 2, "round time (ms)", 11, "middle",
            fl::StrCat("transform=\"rotate(-90 16 ", top + plot_h / 2, ")\""));
   svg.EndGroup();

@@ -83,7 +83,9 @@ std::vector<EvalColumn> EvalColumns(std::string_view task) {
 Table RoundsTable(const ExperimentData& data, const Analysis& analysis) {
   Table t;
   t.name = "rounds";
-  t.title = fl::StrCat("Rounds (", data.experiment.task, ")");
+  // Buffered aggregation (FedBuff): each rounds row is an aggregation step (docs/round-engine.md).
+  const bool steps = data.experiment.aggregation == "buffered";
+  t.title = fl::StrCat(steps ? "Aggregation steps (buffered, " : "Rounds (", data.experiment.task, ")");
   t.columns = {{"round", 0},           {"attempt", 0},
                {"status", 0},          {"selected", 0},
                {"accepted", 0},        {"late", 0},
@@ -92,6 +94,7 @@ Table RoundsTable(const ExperimentData& data, const Analysis& analysis) {
                {"downlink_max_ms", 1}, {"train_mean_ms", 1},
                {"train_max_ms", 1},    {"uplink_mean_ms", 1},
                {"uplink_max_ms", 1},   {"round_ms", 1}};
+  if (steps) t.columns[0].name = "step";
   const std::vector<EvalColumn> eval = EvalColumns(data.experiment.task);
   for (const EvalColumn& c : eval) t.columns.emplace_back(c.name, 4);
   for (const char* name : {"straggler", "straggler_link", "straggler_phase"}) t.columns.emplace_back(name, 0);

@@ -97,6 +97,17 @@ TEST_F(TablesTest, CsvHasFullPrecisionQuotingAndEmptyNulls) {
   EXPECT_NE(stragglers.find("\"g5, the slow one\",5g"), std::string::npos) << stragglers;
 }
 
+// A buffered (FedBuff) experiment's rows are aggregation steps: the table says so (experiments.aggregation, v9).
+TEST_F(TablesTest, BufferedExperimentsLabelRowsAsAggregationSteps) {
+  EXPECT_EQ(RoundsTable(data_, analysis_).title, "Rounds (classification)");
+  EXPECT_EQ(RoundsTable(data_, analysis_).ColumnIndex("round"), 0);
+  data_.experiment.aggregation = "buffered";
+  const Table steps = RoundsTable(data_, analysis_);
+  EXPECT_EQ(steps.title, "Aggregation steps (buffered, classification)");
+  EXPECT_EQ(steps.ColumnIndex("step"), 0);
+  EXPECT_EQ(steps.ColumnIndex("round"), -1);
+}
+
 TEST_F(TablesTest, JsonHasEveryTableWithTheSameFigures) {
   const std::string text = RenderJson(data_, analysis_, AllTables(data_, analysis_));
   const nlohmann::json doc = nlohmann::json::parse(text);

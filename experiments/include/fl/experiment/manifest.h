@@ -71,6 +71,13 @@ struct Manifest {
     uint32_t max_round_attempts = 3;
     std::string metrics_addr;   // fl-server --metrics-addr (Prometheus /metrics); "" = none
     uint32_t upload_slots = 0;  // fl-server --upload-slots: updates received at once; 0 = its default
+    // fl-server --aggregation (docs/round-engine.md "Buffered aggregation"): "synchronous" (rounds) or "buffered"
+    // (FedBuff; server.rounds counts aggregation steps). The buffered.* settings: 0 / "" = fl-server's default.
+    std::string aggregation = "synchronous";
+    uint32_t buffer_size = 0;      // --buffer-size
+    uint32_t concurrency = 0;      // --concurrency
+    uint32_t max_staleness = 0;    // --max-staleness
+    std::string staleness_weight;  // --staleness-weight
     // Stragglers (docs/round-engine.md "Over-commitment and deadline policies"): fl-server --overcommit (1 = off),
     // --deadline-policy (drop | fold) and --late-discount (the fold's a).
     double overcommit = 1.0;
