@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/base/thread_annotations.h"
+#include "fl/client/uplink_encoder.h"
 #include "fl/core/log_format.h"
 
 #include "fl/core/checksum.h"
@@ -191,9 +192,9 @@ class FederatedClient::Impl {
   std::vector<float> update_;
   std::vector<uint8_t> encoded_;
 
-  // Error feedback of a lossy uplink codec: what the codec lost is added to the next update.
-  std::unique_ptr<core::ErrorFeedback> error_feedback_;
-  std::string error_feedback_codec_;
+  // Error feedback of lossy uplink codecs: what they lost is added to the next update, also when the task's
+  // codec changes between rounds (uplink_encoder.h).
+  UplinkEncoder uplink_encoder_;
 };
 
 absl::Status FederatedClient::Impl::Run() {
@@ -684,18 +685,7 @@ void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
     return;
   }
   std::vector<uint8_t>& payload = encoded_;
-  absl::Status encoded;
-  const bool lossy = (*codec)->kind() != core::CodecKind::kFp32;
-  if (lossy) {
-    if (error_feedback_ == nullptr || error_feedback_codec_ != codec_name ||
-        error_feedback_->residual().size() != update.size()) {
-      error_feedback_ = std::make_unique<core::ErrorFeedback>(update.size());
-      error_feedback_codec_ = codec_name;
-    }
-    encoded = error_feedback_->Encode(**codec, update, &payload);
-  } else {
-    encoded = (*codec)->Encode(update, &payload);
-  }
+  const absl::Status encoded = uplink_encoder_.Encode(**codec, update, &payload);
   if (!encoded.ok()) {
     // Non-finite values after training: the local model diverged. Tell the server rather than go silent.
     ReportFailure(task.task_id(), encoded);

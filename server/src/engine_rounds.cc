@@ -62,7 +62,6 @@ void RoundEngine::StartRound() {
     *t.mutable_train() = config_.train;
     t.mutable_train()->set_seed(config_.seed ^ (round * 0x9E3779B97F4A7C15ULL) ^ std::hash<std::string>{}(id));
     t.set_deadline_ms(config_.round_deadline_ms);
-    t.set_uplink_codec(config_.uplink_codec);
     Dispatch(*clients_.at(id), std::move(t), attempt_);
   }
   ArmAt(deadline_timer_, current_->deadline_ns);
@@ -79,6 +78,9 @@ void RoundEngine::Dispatch(ClientInfo& client, fl::v1::Task task, uint32_t attem
   info->attempt = attempt;
   info->dispatched_ns = current_->started_ns;
   info->dispatched_unix_ms = current_->started_unix_ms;
+  // Link-aware compression: each train task names its client's uplink codec (--uplink-codec-policy).
+  if (task.kind() == fl::v1::TASK_KIND_TRAIN) task.set_uplink_codec(UplinkCodecFor(client));
+  info->uplink_codec = task.uplink_codec();
   info->deadline_ns = current_->deadline_ns;
   task.set_model_version(model_version_);
   task.set_model_fingerprint(spec_->fingerprint());

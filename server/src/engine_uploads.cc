@@ -135,10 +135,10 @@ void RoundEngine::HandleUploadStart(UploadStartEvent& e) {
           wire::MakeError(fl::v1::ERROR_CODE_LATE, fl::StrCat("the deadline of round ", task.round, " has passed"), "",
                           "a faster link or fewer local steps would help")));
     }
-    if (h.codec() != config_.uplink_codec) {
-      return refuse(Rejected(
-          h.task_id(), fl::v1::ERROR_CODE_UNSUPPORTED_CODEC,
-          fl::StrCat("update uses codec '", h.codec(), "' but the task asked for '", config_.uplink_codec, "'")));
+    if (const std::string& asked = task.uplink_codec.empty() ? config_.uplink_codec : task.uplink_codec;
+        h.codec() != asked) {
+      return refuse(Rejected(h.task_id(), fl::v1::ERROR_CODE_UNSUPPORTED_CODEC,
+                             fl::StrCat("update uses codec '", h.codec(), "' but the task asked for '", asked, "'")));
     }
     // Every number the client reports is checked before a payload byte is read: its weight against what it
     // declared at Join, its metrics, its phase timings against the time since dispatch. A bad report closes
@@ -152,7 +152,7 @@ void RoundEngine::HandleUploadStart(UploadStartEvent& e) {
       RejectAtHeader(task, verdict);
       return refuse(std::move(verdict));
     }
-    codec = uplink_codec_.get();
+    codec = &UplinkCodecOf(task);
     task.upload_started = true;
     train_task = &task;
   } else {
@@ -313,6 +313,7 @@ void RoundEngine::HandleUploadDone(UploadDoneEvent& e) {
     auto t = tasks_.find(h.task_id());
     if (t == tasks_.end()) {
       verdict = Rejected(h.task_id(), fl::v1::ERROR_CODE_WRONG_ROUND, "the task is no longer known");
+      NoteUplinkRate(t->second->client_id, e.payload.size(), e.first_byte_server_ns, e.done_server_ns);
     } else {
       verdict = AcceptUpdate(e, t->second.get());
       t->second->answered = true;  // a later upload for this task is a duplicate
@@ -442,14 +443,14 @@ fl::v1::UploadUpdateResponse RoundEngine::AcceptUpdate(UploadDoneEvent& e, TaskI
     // The common path: the payload is the pseudo-gradient itself, decoded straight into the aggregator's
     // own buffer (no extra model-sized copy on the server).
     if (absl::Status s =
-            current_->aggregator->AddEncoded(*uplink_codec_, e.payload, weight, h.model_fingerprint(), source);
+            current_->aggregator->AddEncoded(UplinkCodecOf(*task), e.payload, weight, h.model_fingerprint(), source);
         !s.ok()) {
       return reject(s);
     }
   } else {
     // Weights: the aggregate is taken over pseudo-gradients theta_global - theta_client.
     scratch_.resize(spec_->num_elements());
-    absl::Status s = uplink_codec_->Decode(e.payload, scratch_);
+    absl::Status s = UplinkCodecOf(*task).Decode(e.payload, scratch_);
     if (s.ok()) s = core::CheckFinite(scratch_, source, spec_.get());
     if (!s.ok()) return reject(s);
     for (size_t i = 0; i < scratch_.size(); ++i) scratch_[i] = global_[i] - scratch_[i];

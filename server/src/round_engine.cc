@@ -218,6 +218,7 @@ absl::Status EngineConfig::Validate() const {
     if (auto c = core::MakeCodec(*codec); !c.ok()) {
       return absl::InvalidArgumentError(fl::StrCat("codec '", *codec, "': ", fl::ToStd(c.status().message())));
     }
+  if (auto p = core::ParseCodecPolicy(uplink_codec_policy, uplink_codec); !p.ok()) return p.status();
   }
   auto spec = core::ModelSpec::Create({{"probe", {1}, core::DType::kFloat32, 0}});
   auto shared = std::make_shared<const core::ModelSpec>(*spec);
@@ -332,6 +333,7 @@ absl::Status RoundEngine::Prepare() {
   auto up = core::MakeCodec(config_.uplink_codec);
   auto down = core::MakeCodec(config_.downlink_codec);
   uplink_codec_ = std::move(*up);
+  if (absl::Status s = PrepareUplinkCodecs(); !s.ok()) return s;
   downlink_codec_ = std::move(*down);
 
   const bool resumed = start_.resume && start_.checkpoint.has_value();
@@ -395,6 +397,7 @@ absl::Status RoundEngine::Prepare() {
                           {"seed", config_.seed},
                           {"aggregator", config_.aggregator},
                           {"optimizer", config_.optimizer},
+                          {"uplink_codec_policy", config_.uplink_codec_policy},
                           {"uplink_codec", config_.uplink_codec},
                           {"downlink_codec", config_.downlink_codec},
                           {"local_epochs", config_.train.local_epochs()},
