@@ -14,8 +14,8 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/base/thread_annotations.h"
-#include "fl/client/uplink_encoder.h"
 #include "fl/core/log_format.h"
+#include "fl/client/uplink_encoder.h"
 
 #include "fl/core/checksum.h"
 #include "fl/core/clock.h"

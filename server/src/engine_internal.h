@@ -47,9 +47,9 @@ struct RoundEngine::ClientInfo {
   std::map<uint64_t, int64_t> pings_in_flight;  // ping id -> t1 (server clock), the last few only
   // Its entry in RoundEngine::places_ while it holds a place (a live session, or admitted awaiting one).
   std::list<ClientInfo*>::iterator place;
+  bool holds_place = false;
   // Link-aware compression: payload bytes / server-side time of its last finished upload (nullopt: none yet).
   std::optional<double> uplink_bytes_per_s;
-  bool holds_place = false;
 };
 
 struct RoundEngine::TaskInfo {
@@ -67,8 +67,8 @@ struct RoundEngine::TaskInfo {
   int64_t downlink_server_start_ns = 0;  // the server's view of the task's model download (0: none seen)
   int64_t downlink_server_ns = 0;
   bool closed = false;
-  std::string uplink_codec;  // the codec its train task named (link-aware compression; empty: --uplink-codec)
   std::optional<instrumentation::ClientOutcome> outcome;  // once closed
+  std::string uplink_codec;  // the codec its train task named (link-aware compression; empty: --uplink-codec)
 };
 
 struct RoundEngine::RoundState {

@@ -78,10 +78,10 @@ void RoundEngine::Dispatch(ClientInfo& client, fl::v1::Task task, uint32_t attem
   info->attempt = attempt;
   info->dispatched_ns = current_->started_ns;
   info->dispatched_unix_ms = current_->started_unix_ms;
+  info->deadline_ns = current_->deadline_ns;
   // Link-aware compression: each train task names its client's uplink codec (--uplink-codec-policy).
   if (task.kind() == fl::v1::TASK_KIND_TRAIN) task.set_uplink_codec(UplinkCodecFor(client));
   info->uplink_codec = task.uplink_codec();
-  info->deadline_ns = current_->deadline_ns;
   task.set_model_version(model_version_);
   task.set_model_fingerprint(spec_->fingerprint());
   task.set_deadline_server_ns(current_->deadline_ns);

@@ -313,8 +313,8 @@ void RoundEngine::HandleUploadDone(UploadDoneEvent& e) {
     auto t = tasks_.find(h.task_id());
     if (t == tasks_.end()) {
       verdict = Rejected(h.task_id(), fl::v1::ERROR_CODE_WRONG_ROUND, "the task is no longer known");
-      NoteUplinkRate(t->second->client_id, e.payload.size(), e.first_byte_server_ns, e.done_server_ns);
     } else {
+      NoteUplinkRate(t->second->client_id, e.payload.size(), e.first_byte_server_ns, e.done_server_ns);
       verdict = AcceptUpdate(e, t->second.get());
       t->second->answered = true;  // a later upload for this task is a duplicate
       if (t->second->outcome == instrumentation::ClientOutcome::kOk ||

@@ -194,11 +194,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--uplink-codec", config.uplink_codec,
                  "Codec of client updates: fp32, fp16, bf16, int8, int4, fp4, sign1")
+      ->capture_default_str();
   app.add_option("--uplink-codec-policy", config.uplink_codec_policy,
                  "Uplink codec per client (docs/stragglers.md): by-link:5g=int4,wifi=int8,ethernet=fp32,default=fp32 "
                  "or by-rate:0=int4,2e6=int8,2e7=fp32,default=fp32 (bytes/s the server measured from the client's "
                  "last upload); empty: every client --uplink-codec");
-      ->capture_default_str();
   app.add_option("--downlink-codec", config.downlink_codec, "Codec of model downloads")->capture_default_str();
   app.add_option("--upload-slots", config.upload_slots, "Updates buffered at once (bounds server memory)")
       ->capture_default_str();

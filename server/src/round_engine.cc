@@ -218,8 +218,8 @@ absl::Status EngineConfig::Validate() const {
     if (auto c = core::MakeCodec(*codec); !c.ok()) {
       return absl::InvalidArgumentError(fl::StrCat("codec '", *codec, "': ", fl::ToStd(c.status().message())));
     }
-  if (auto p = core::ParseCodecPolicy(uplink_codec_policy, uplink_codec); !p.ok()) return p.status();
   }
+  if (auto p = core::ParseCodecPolicy(uplink_codec_policy, uplink_codec); !p.ok()) return p.status();
   auto spec = core::ModelSpec::Create({{"probe", {1}, core::DType::kFloat32, 0}});
   auto shared = std::make_shared<const core::ModelSpec>(*spec);
   if (auto a = core::MakeAggregator(aggregator, shared); !a.ok()) {
@@ -333,8 +333,8 @@ absl::Status RoundEngine::Prepare() {
   auto up = core::MakeCodec(config_.uplink_codec);
   auto down = core::MakeCodec(config_.downlink_codec);
   uplink_codec_ = std::move(*up);
-  if (absl::Status s = PrepareUplinkCodecs(); !s.ok()) return s;
   downlink_codec_ = std::move(*down);
+  if (absl::Status s = PrepareUplinkCodecs(); !s.ok()) return s;
 
   const bool resumed = start_.resume && start_.checkpoint.has_value();
   if (start_.checkpoint.has_value()) {
@@ -397,8 +397,8 @@ absl::Status RoundEngine::Prepare() {
                           {"seed", config_.seed},
                           {"aggregator", config_.aggregator},
                           {"optimizer", config_.optimizer},
-                          {"uplink_codec_policy", config_.uplink_codec_policy},
                           {"uplink_codec", config_.uplink_codec},
+                          {"uplink_codec_policy", config_.uplink_codec_policy},
                           {"downlink_codec", config_.downlink_codec},
                           {"local_epochs", config_.train.local_epochs()},
                           {"local_steps", config_.train.local_steps()},

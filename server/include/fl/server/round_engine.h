@@ -40,8 +40,8 @@
 #include "absl/status/statusor.h"
 #include "fl/core/timeline.h"
 #include "fl/core/aggregator.h"
-#include "fl/core/codec_policy.h"
 #include "fl/core/codec.h"
+#include "fl/core/codec_policy.h"
 #include "fl/core/server_optimizer.h"
 #include "fl/core/task.h"
 #include "fl/core/tensor_spec.h"
@@ -115,10 +115,10 @@ struct EngineConfig {
   uint32_t initial_model_deadline_ms = 60000;
   // Norm bounding of updates (core::NormClip): "off", "median" or a number; empty: the strategy's default
   // (median for the robust aggregators, off for the weighted mean).
+  std::string clip_update_norm;
   // Link-aware compression (fl/core/codec_policy.h): the uplink codec per client, by link kind or measured
   // uplink rate; empty or "fixed": every client gets uplink_codec.
   std::string uplink_codec_policy;
-  std::string clip_update_norm;
   // Buffered asynchronous aggregation (FedBuff; engine_buffered.cc, docs/round-engine.md "Buffered aggregation"):
   // "synchronous" (rounds) or "buffered" (clients train on the newest model; every buffer_size updates are one
   // aggregation step, and num_rounds counts steps).
@@ -335,13 +335,13 @@ class RoundEngine {
   void HandleSessionMessage(SessionMessageEvent& e);
   void HandleSessionClosed(SessionClosedEvent& e);
   void HandleDownload(DownloadEvent& e);
+  void HandleDownloadDone(const DownloadDoneEvent& e);
   // Link-aware compression (engine_codecs.cc): the codec a client's next train task names, the decoder of the
   // codec a task named, and the client's uplink rate measured from a finished upload.
   absl::Status PrepareUplinkCodecs();
   const std::string& UplinkCodecFor(const ClientInfo& client) const;
   const core::Codec& UplinkCodecOf(const TaskInfo& task) const;
   void NoteUplinkRate(const std::string& client_id, uint64_t payload_bytes, int64_t first_byte_ns, int64_t done_ns);
-  void HandleDownloadDone(const DownloadDoneEvent& e);
   // The task's client_rounds row as far as the server knows it: who, which attempt, when dispatched, and the
   // server's own view of the task's download when it saw one.
   instrumentation::ClientRoundRecord TaskRow(const TaskInfo& task) const;
@@ -513,10 +513,10 @@ class RoundEngine {
   uint64_t model_version_ = 0;
   uint64_t round_ = 0;  // last committed round
   std::unique_ptr<core::ServerOptimizer> optimizer_;
+  std::unique_ptr<core::Codec> uplink_codec_;
   // Link-aware compression (engine_codecs.cc): the policy, and a decoder of every codec it can name.
   core::CodecPolicy codec_policy_;
   std::map<std::string, std::unique_ptr<core::Codec>, std::less<>> uplink_codecs_;
-  std::unique_ptr<core::Codec> uplink_codec_;
   std::unique_ptr<core::Codec> downlink_codec_;
   std::shared_ptr<const ModelPayload> payload_;
   std::unique_ptr<RoundState> current_;
