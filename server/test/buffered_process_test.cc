@@ -3,8 +3,10 @@
 // others were applied. The run finishes, and the records hold every aggregation step once with its staleness.
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -19,47 +21,48 @@ namespace {
 
 using fl::testing::Subprocess;
 
-TEST(BufferedProcessTest, FedBuffRunsToTheEndWithStaleUpdatesWeightedAndRecorded) {
-  fl::testing::ScratchDir dir("fl_buffered");
-  const int port = fl::testing::FreeLoopbackPort();
-  const std::string log = dir.File("log.txt");
-  const std::string db = dir.File("records.db");
-  constexpr int kSteps = 6;
-  Subprocess server({FL_SERVER_BIN,
-                     "--listen",
-                     fl::StrCat("127.0.0.1:", port),
-                     "--db",
-                     db,
-                     "--checkpoint-dir",
-                     dir.File("ckpt"),
-                     "--aggregation",
-                     "buffered",
-                     "--buffer-size",
-                     "2",
-                     "--concurrency",
-                     "3",
-                     "--max-staleness",
-                     "10",
-                     "--staleness-weight",
-                     "poly:a=0.5",
-                     "--strategy",
-                     "fedavgm",
-                     "--rounds",
-                     std::to_string(kSteps),
-                     "--min-fit-clients",
-                     "1",
-                     "--min-available-clients",
-                     "4",
-                     "--evaluate-every",
-                     "3",
-                     "--round-deadline-ms",
-                     "30000",
-                     "--heartbeat-interval-ms",
-                     "300",
-                     "--log-level",
-                     "info",
-                     "--insecure"},
-                    log);
+// fl-server in buffered mode: B = 2, C = 3, S = 10, s = 1/sqrt(1+tau), FedAvgM, 4 clients, evaluated every 3 steps.
+std::vector<std::string> ServerArgs(int port, const fl::testing::ScratchDir& dir, const std::string& db, int steps,
+                                    bool resume) {
+  std::vector<std::string> args = {FL_SERVER_BIN,
+                                   "--listen",
+                                   fl::StrCat("127.0.0.1:", port),
+                                   "--db",
+                                   db,
+                                   "--checkpoint-dir",
+                                   dir.File("ckpt"),
+                                   "--aggregation",
+                                   "buffered",
+                                   "--buffer-size",
+                                   "2",
+                                   "--concurrency",
+                                   "3",
+                                   "--max-staleness",
+                                   "10",
+                                   "--staleness-weight",
+                                   "poly:a=0.5",
+                                   "--strategy",
+                                   "fedavgm",
+                                   "--rounds",
+                                   std::to_string(steps),
+                                   "--min-fit-clients",
+                                   "1",
+                                   "--min-available-clients",
+                                   "4",
+                                   "--evaluate-every",
+                                   "3",
+                                   "--round-deadline-ms",
+                                   "30000",
+                                   "--heartbeat-interval-ms",
+                                   "300",
+                                   "--log-level",
+                                   "info",
+                                   "--insecure"};
+  if (resume) args.push_back("--resume");
+  return args;
+}
+
+std::vector<std::unique_ptr<Subprocess>> StartClients(int port, const std::string& log) {
   std::vector<std::unique_ptr<Subprocess>> clients;
   for (int i = 0; i < 4; ++i) {
     // 20k parameters; c3 "trains" 800 ms per task, the others 60 ms.
@@ -70,6 +73,17 @@ TEST(BufferedProcessTest, FedBuffRunsToTheEndWithStaleUpdatesWeightedAndRecorded
                                  "--insecure"},
         log));
   }
+  return clients;
+}
+
+TEST(BufferedProcessTest, FedBuffRunsToTheEndWithStaleUpdatesWeightedAndRecorded) {
+  fl::testing::ScratchDir dir("fl_buffered");
+  const int port = fl::testing::FreeLoopbackPort();
+  const std::string log = dir.File("log.txt");
+  const std::string db = dir.File("records.db");
+  constexpr int kSteps = 6;
+  Subprocess server(ServerArgs(port, dir, db, kSteps, false), log);
+  std::vector<std::unique_ptr<Subprocess>> clients = StartClients(port, log);
   auto code = server.Wait(std::chrono::seconds(120));
   ASSERT_TRUE(code.has_value()) << "fl-server did not finish; see " << log;
   EXPECT_EQ(*code, 0) << "see " << log;
@@ -106,6 +120,54 @@ TEST(BufferedProcessTest, FedBuffRunsToTheEndWithStaleUpdatesWeightedAndRecorded
   EXPECT_GE(stale, 1) << "see " << log;
   // Evaluated after steps 3 and 6.
   EXPECT_EQ(*reader->QueryInt("SELECT count(*) FROM rounds WHERE status = 'committed' AND eval_loss IS NOT NULL"), 2);
+}
+
+// Checkpoint per step: fl-server SIGKILLed in the middle of a buffered run resumes after its last committed step,
+// and every step is in the records exactly once.
+TEST(BufferedProcessTest, ASigkilledServerResumesAfterTheLastCommittedStep) {
+  fl::testing::ScratchDir dir("fl_buffered_resume");
+  const int port = fl::testing::FreeLoopbackPort();
+  const std::string log = dir.File("log.txt");
+  const std::string db = dir.File("records.db");
+  constexpr int kSteps = 30;
+  auto server = std::make_unique<Subprocess>(ServerArgs(port, dir, db, kSteps, false), log);
+  std::vector<std::unique_ptr<Subprocess>> clients = StartClients(port, log);
+  auto committed = [&] {
+    auto reader = instrumentation::RecordReader::Open(db);
+    if (!reader.ok()) return int64_t{0};
+    auto n = (*reader)->QueryInt("SELECT count(*) FROM rounds WHERE status = 'committed'");
+    return n.ok() ? *n : 0;
+  };
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (committed() < 4 && std::chrono::steady_clock::now() < give_up) {
+    ASSERT_TRUE(server->running()) << "fl-server exited early; see " << log;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  server->Kill(SIGKILL);
+  ASSERT_EQ(server->Wait(std::chrono::seconds(10)), 128 + SIGKILL);
+  const int64_t before = committed();
+  ASSERT_GE(before, 4);
+  ASSERT_LT(before, kSteps) << "the run finished before it could be killed";
+
+  server = std::make_unique<Subprocess>(ServerArgs(port, dir, db, kSteps, true), log);
+  auto code = server->Wait(std::chrono::seconds(120));
+  ASSERT_TRUE(code.has_value()) << "resumed fl-server did not finish; see " << log;
+  EXPECT_EQ(*code, 0) << "see " << log;
+  for (auto& c : clients) {
+    auto client_code = c->Wait(std::chrono::seconds(30));
+    ASSERT_TRUE(client_code.has_value()) << "see " << log;
+    EXPECT_EQ(*client_code, 0) << "see " << log;
+  }
+  auto reader = *instrumentation::RecordReader::Open(db);
+  EXPECT_EQ(*reader->QueryText("SELECT status FROM experiments"), "finished");
+  EXPECT_EQ(*reader->QueryInt("SELECT count(*) FROM rounds WHERE status = 'committed'"), kSteps);
+  EXPECT_EQ(*reader->QueryInt("SELECT count(DISTINCT round) FROM rounds WHERE status = 'committed'"), kSteps);
+  EXPECT_EQ(*reader->QueryInt("SELECT count(*) FROM rounds WHERE status = 'committed' AND model_version <> round"), 0);
+  // Every committed step's rows are its clients' (at least --buffer-size applied), none twice.
+  EXPECT_EQ(*reader->QueryInt("SELECT count(*) FROM rounds r WHERE r.status = 'committed' AND (SELECT count(*) FROM "
+                              "client_rounds c WHERE c.experiment_id = r.experiment_id AND c.round = r.round AND "
+                              "c.attempt = r.attempt AND c.outcome = 'ok') < 2"),
+            0);
 }
 
 }  // namespace
