@@ -61,7 +61,7 @@ struct SharedDatasets {
 };
 
 absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainer(const ModelFlags& f,
-                                                                 SharedDatasets* shared = nullptr) {
+                                                                 [[maybe_unused]] SharedDatasets* shared = nullptr) {
   if (f.model.starts_with("synthetic:")) {
     // synthetic:<params>[:<train_ms>]
     const std::string spec = f.model.substr(10);
