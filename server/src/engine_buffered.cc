@@ -201,7 +201,7 @@ void RoundEngine::DispatchBuffered(ClientInfo& client) {
   // A client trains at most once per step (it waits for the step its update is in): (step, client) is unique.
   t.mutable_train()->set_seed(config_.seed ^ (step * 0x9E3779B97F4A7C15ULL) ^ std::hash<std::string>{}(client.id));
   t.set_deadline_ms(config_.round_deadline_ms);
-  t.set_uplink_codec(config_.uplink_codec);
+  t.set_uplink_codec(UplinkCodecFor(client));  // link-aware compression (--uplink-codec-policy)
   auto info = std::make_unique<TaskInfo>();
   info->id = t.task_id();
   info->client_id = client.id;
@@ -211,6 +211,7 @@ void RoundEngine::DispatchBuffered(ClientInfo& client) {
   info->dispatched_ns = now;
   info->dispatched_unix_ms = UnixMs();
   info->deadline_ns = now + int64_t{config_.round_deadline_ms} * kMsToNs;
+  info->uplink_codec = t.uplink_codec();
   t.set_model_version(model_version_);
   t.set_model_fingerprint(spec_->fingerprint());
   t.set_deadline_server_ns(info->deadline_ns);
@@ -364,7 +365,7 @@ fl::v1::UploadUpdateResponse RoundEngine::AcceptBufferedUpdate(UploadDoneEvent& 
                            non_finite ? "lower the learning rate; the client's training diverged" : ""),
                   ReasonName(code));
   };
-  const core::Codec& codec = *uplink_codec_;
+  const core::Codec& codec = UplinkCodecOf(task);  // the codec its task named
   if (h.kind() == fl::v1::UPDATE_KIND_DELTA) {
     if (absl::Status st = b.step.aggregator->AddEncoded(codec, e.payload, weight, h.model_fingerprint(), source);
         !st.ok()) {

@@ -163,10 +163,11 @@ class EngineBufferedTest : public ::testing::Test {
     Run();
   }
 
-  TestClient Connect(const std::string& name) {
+  TestClient Connect(const std::string& name, fl::v1::LinkKind link = fl::v1::LINK_KIND_ETHERNET) {
     fl::v1::JoinRequest req;
     req.set_protocol_version(fl::v1::PROTOCOL_VERSION_2);
     req.set_client_name(name);
+    req.mutable_link()->set_kind(link);
     req.set_num_train_examples(100);
     req.set_num_test_examples(10);
     *req.mutable_model_spec() = wire::ToProto(client::SyntheticTrainer(kParams, 10, 1).spec(), "synthetic");
@@ -215,7 +216,13 @@ class EngineBufferedTest : public ::testing::Test {
     std::optional<fl::v1::Task> task = Open(c);
     EXPECT_TRUE(task.has_value()) << c.id << " has no open task";
     if (!task.has_value()) return {};
-    const fl::v1::UpdateHeader header = test_harness::DeltaHeader(c.id, c.token, *task, examples);
+    // In the codec the task named (link-aware compression), fp32 unless a policy says otherwise.
+    const std::string codec_name = task->uplink_codec().empty() ? "fp32" : task->uplink_codec();
+    auto codec = core::MakeCodec(codec_name);
+    EXPECT_TRUE(codec.ok()) << codec_name;
+    fl::v1::UpdateHeader header = test_harness::DeltaHeader(c.id, c.token, *task, examples);
+    header.set_codec(codec_name);
+    header.set_payload_bytes((*codec)->EncodedSize(kParams));
     bool admitted = false;
     engine_->Post(UploadStartEvent{
         header, clock_.NowNs(),
@@ -226,7 +233,7 @@ class EngineBufferedTest : public ::testing::Test {
     UploadDoneEvent done;
     done.header = header;
     std::vector<float> delta(kParams, value);
-    EXPECT_TRUE((*core::MakeCodec("fp32"))->Encode(delta, &done.payload).ok());
+    EXPECT_TRUE((*codec)->Encode(delta, &done.payload).ok());
     done.first_byte_server_ns = clock_.NowNs();
     done.done_server_ns = clock_.NowNs();
     fl::v1::UploadUpdateResponse verdict;
@@ -494,6 +501,29 @@ TEST_F(EngineBufferedTest, AnEvaluationWaitsForIdleClientsAndTheNextStepWaitsFor
   ASSERT_EQ(rows2.size(), 2u);
   for (const auto& [id, row] : rows2) EXPECT_EQ(row.staleness, 1) << id;
   EXPECT_EQ(engine_->state(), EngineState::kEvaluating) << "step 2 is evaluated in turn: every client is idle";
+}
+
+TEST_F(EngineBufferedTest, LinkAwareCodecsApplyToBufferedTasks) {
+  EngineConfig config = BufferedConfig();
+  config.uplink_codec_policy = "by-link:5g=int4,wifi=int8,ethernet=fp32,default=fp32";
+  config.concurrency = 4;
+  StartEngine(config);
+  TestClient a = Connect("a", fl::v1::LINK_KIND_5G), b = Connect("b", fl::v1::LINK_KIND_WIFI);
+  TestClient c = Connect("c", fl::v1::LINK_KIND_ETHERNET), d = Connect("d", fl::v1::LINK_KIND_ETHERNET);
+  ASSERT_TRUE(Open(a).has_value() && Open(b).has_value());
+  EXPECT_EQ(Open(a)->uplink_codec(), "int4");
+  EXPECT_EQ(Open(b)->uplink_codec(), "int8");
+  EXPECT_EQ(Open(c)->uplink_codec(), "fp32");
+  // Each update in its own codec is decoded with it: 0.5 is exact in int4 and int8 blockwise (one scale per block).
+  ASSERT_EQ(Upload(a, 0.5f, 10).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
+  ASSERT_EQ(Upload(b, 0.5f, 10).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
+  auto rows = Rows(1);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows["a"].codec, "int4");
+  EXPECT_EQ(rows["b"].codec, "int8");
+  std::vector<float> step1 = ModelOfStep(1);
+  ASSERT_EQ(step1.size(), kParams);
+  EXPECT_NEAR(step1[0], initial_[0] - 0.5f, 1e-6);
 }
 
 TEST_F(EngineBufferedTest, AShutdownRecordsTheOpenStepAsAbortedAndCancelsTheTasksOut) {
