@@ -29,6 +29,7 @@
 #include "fl/testing/python.h"
 #include "fl/testing/scratch_dir.h"
 #include "fl/testing/subprocess.h"
+#include "fl/testing/suite_set_up.h"
 
 namespace fl {
 namespace {
@@ -45,7 +46,9 @@ std::string ReadFile(const std::string& path) {
 
 class ByoModelTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
+  void SetUp() override { fl::testing::SetUpSuiteOnce<ByoModelTest>(&ByoModelTest::SetUpSuite); }
+  // Once, from the first test's SetUp (suite_set_up.h: a failure here fails the tests, not skips them).
+  static void SetUpSuite() {
     dir_ = new testing::ScratchDir("byo_model");
     const std::string log = dir_->File("python.log");
     for (const char* script : {"export_models.py", "make_data.py"}) {

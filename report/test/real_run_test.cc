@@ -11,6 +11,7 @@
 #include "fl/core/str_cat.h"
 #include "fl/testing/scratch_dir.h"
 #include "fl/testing/subprocess.h"
+#include "fl/testing/suite_set_up.h"
 #include "chromium_dom.h"
 #include "records_fixture.h"
 #include "run_tool.h"
@@ -25,7 +26,9 @@ constexpr int kRounds = 4;
 
 class RealRunTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
+  void SetUp() override { fl::testing::SetUpSuiteOnce<RealRunTest>(&RealRunTest::SetUpSuite); }
+  // Once, from the first test's SetUp (suite_set_up.h: a failure here fails the tests, not skips them).
+  static void SetUpSuite() {
     dir_ = new fl::testing::ScratchDir("report_real_run");
     db_ = dir_->File("records.db");
     const std::string log = dir_->File("run.log");

@@ -15,6 +15,7 @@
 #include "fl/client/script_trainer.h"
 #include "fl/testing/python.h"
 #include "fl/testing/scratch_dir.h"
+#include "fl/testing/suite_set_up.h"
 
 namespace fl::client {
 namespace {
@@ -43,7 +44,9 @@ np.savez(sys.argv[1], x_train=xtr, y_train=ytr, x_test=xte, y_test=yte)
 
 class ScriptTrainerTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
+  void SetUp() override { fl::testing::SetUpSuiteOnce<ScriptTrainerTest>(&ScriptTrainerTest::SetUpSuite); }
+  // Once, from the first test's SetUp (suite_set_up.h: a failure here fails the tests, not skips them).
+  static void SetUpSuite() {
     dir_ = new testing::ScratchDir("script_trainer");
     const std::string log = dir_->File("python.log");
     ASSERT_TRUE(testing::RequirePythonModule("torch", log).ok()) << testing::RequirePythonModule("torch", log);

@@ -13,6 +13,7 @@
 
 #include "fl/client/torch_models.h"
 #include "fl/client/torch_trainer.h"
+#include "fl/testing/suite_set_up.h"
 
 namespace fl::client {
 namespace {
@@ -28,7 +29,9 @@ double Seconds(std::chrono::steady_clock::time_point since) {
 
 class FashionMnistTraining : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
+  void SetUp() override { fl::testing::SetUpSuiteOnce<FashionMnistTraining>(&FashionMnistTraining::SetUpSuite); }
+  // Once, from the first test's SetUp (suite_set_up.h: a failure here fails the tests, not skips them).
+  static void SetUpSuite() {
     auto train = data::LoadFashionMnist(DatasetDir(), data::Split::kTrain);
     auto test = data::LoadFashionMnist(DatasetDir(), data::Split::kTest);
     ASSERT_TRUE(train.ok()) << train.status();
