@@ -11,6 +11,8 @@ set -euo pipefail
 PACKAGES=(
   # toolchain
   g++ cmake ninja-build ccache pkgconf make git ca-certificates
+  # Debian packages of the testbed (cpack: dpkg-shlibdeps computes their Depends)
+  dpkg-dev
   # control plane: gRPC + protobuf (+ abseil, which gRPC already pulls in)
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   # certificates (fl-provision links libssl; the openssl tool inspects what it issued)
