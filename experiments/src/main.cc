@@ -9,9 +9,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,7 @@
 #include "fl/experiment/runner.h"
 #include "fl/report/analysis.h"
 #include "fl/report/experiment_data.h"
+#include "fl/report/progress.h"
 #include "fl/report/tables.h"
 #if FL_WITH_ISLANDS
 #include <yaml-cpp/yaml.h>
@@ -104,11 +107,38 @@ int RunIslands(const std::string& manifest_path, const std::string& out_dir, con
 }
 #endif
 
+// Progress lines (fl/report/progress.h) while the run lasts: the records database polled about once a second.
+void FollowProgress(const fl::experiment::Manifest& manifest, fl::experiment::RunOptions& options,
+                    std::unique_ptr<fl::report::ProgressFollower>& follower) {
+  if (options.no_records || options.quiet) return;
+  auto last = std::make_shared<std::chrono::steady_clock::time_point>();
+  options.on_tick = [&follower, &options, &manifest, last](const std::string& experiment_id) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - *last < std::chrono::seconds(1)) return;
+    *last = now;
+    if (follower == nullptr) {
+      follower = std::make_unique<fl::report::ProgressFollower>(options.db_path, experiment_id,
+                                                                static_cast<int64_t>(manifest.server.rounds));
+    }
+    for (const std::string& line : follower->Poll()) std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  };
+}
+
 int RunAndReport(const fl::experiment::Manifest& manifest, fl::experiment::RunOptions options) {
   options.interrupted = &g_interrupted;
   options.software_version = FL_VERSION;
+  std::unique_ptr<fl::report::ProgressFollower> follower;
+  FollowProgress(manifest, options, follower);
   absl::StatusOr<fl::experiment::RunResult> r = fl::experiment::RunExperiment(manifest, options);
   if (!r.ok()) return Fail(r.status(), 1);
+  if (options.on_tick) {  // what the last second added (or all of a run shorter than a second)
+    if (follower == nullptr) {
+      follower = std::make_unique<fl::report::ProgressFollower>(options.db_path, r->experiment_id,
+                                                                static_cast<int64_t>(manifest.server.rounds));
+    }
+    for (const std::string& line : follower->Poll()) std::printf("%s\n", line.c_str());
+  }
   if (!options.no_records) std::printf("%s", Summary(options.db_path, r->experiment_id).c_str());
   const std::string transport =
       r->security == "mtls" ? fl::StrCat("mutual TLS, certificates in ", r->pki_dir) : std::string("plaintext");

@@ -9,6 +9,7 @@
 
 #include "fl/config/field_table.h"
 #include "fl/config/yaml_fields.h"
+#include "fl/core/codec_policy.h"
 #include "fl/core/model_file.h"
 #include "fl/core/str_cat.h"
 
@@ -157,6 +158,21 @@ absl::Status ReadStrategy(const YamlMap& m, const std::string& key, Server& s) {
   return absl::OkStatus();
 }
 
+// server.uplink_codec_policy: checked with fl-server's own parser, so that a bad spec is refused with its line
+// before anything starts.
+absl::Status ReadUplinkCodecPolicy(const YamlMap& m, const std::string& key, Server& s) {
+  absl::StatusOr<std::optional<std::string>> v = m.Parsed<std::string>(
+      key, "an uplink codec policy",
+      [](std::string_view text) -> absl::StatusOr<std::string> {
+        if (auto p = core::ParseCodecPolicy(text, "fp32"); !p.ok()) return p.status();
+        return std::string(text);
+      },
+      "fixed, by-link:KIND=CODEC,...,default=CODEC or by-rate:BYTES_PER_S=CODEC,...,default=CODEC");
+  if (!v.ok()) return v.status();
+  if (v->has_value()) s.uplink_codec_policy = **v;
+  return absl::OkStatus();
+}
+
 const config::FieldTable<Server>& ServerFields() {
   static const auto& table = *new config::FieldTable<Server>{
       config::CustomField<Server>("strategy", ReadStrategy, &Server::strategy),
@@ -170,6 +186,8 @@ const config::FieldTable<Server>& ServerFields() {
       config::IntField("max_round_attempts", &Server::max_round_attempts, 1, 1000),
       config::StringField("metrics_addr", &Server::metrics_addr).NewInRecords(),
       config::IntField("upload_slots", &Server::upload_slots, 1, 100'000).NewInRecords(),
+      config::CustomField<Server>("uplink_codec_policy", ReadUplinkCodecPolicy, &Server::uplink_codec_policy)
+          .NewInRecords(),
       config::ChoiceField("aggregation", &Server::aggregation, {"synchronous", "buffered"}).NewInRecords(),
       config::IntField("buffered.buffer_size", &Server::buffer_size, 1, 1'000'000).NewInRecords(),
       config::IntField("buffered.concurrency", &Server::concurrency, 1, 1'000'000).NewInRecords(),

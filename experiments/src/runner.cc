@@ -207,6 +207,7 @@ std::vector<std::string> ServerArgs(const Manifest& m, const RunOptions& o, cons
     if (s.max_staleness > 0) a.insert(a.end(), {"--max-staleness", std::to_string(s.max_staleness)});
     if (!s.staleness_weight.empty()) a.insert(a.end(), {"--staleness-weight", s.staleness_weight});
   }
+  if (!s.uplink_codec_policy.empty()) a.insert(a.end(), {"--uplink-codec-policy", s.uplink_codec_policy});
   // Stragglers: fl-server refuses what makes no sense (fold with a robust strategy, with buffered aggregation).
   if (s.overcommit > 1.0) a.insert(a.end(), {"--overcommit", Fmt(s.overcommit)});
   if (s.deadline_policy != "drop") {
@@ -505,6 +506,7 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
       }
     }
     if (!failure.empty()) break;
+    if (o.on_tick) o.on_tick(result.experiment_id);
     std::optional<ChildExit> e = procs.WaitAny(std::chrono::milliseconds(100));
     if (!e.has_value()) continue;
     if (e->name == "server") {

@@ -114,7 +114,7 @@ TEST(ManifestTest, UnknownKeyNamesFileLinePathAndAllowedKeys) {
   ExpectError(Replace(kGood, "  rounds: 2\n", "  rounds: 2\n  round: 3\n"),
               {"exp.yaml:6:", "server.round", "unknown key",
                "allowed: strategy, rounds, round_deadline_s, "
-               "selection, evaluation, max_round_attempts, metrics_addr, upload_slots"});
+               "selection, evaluation, max_round_attempts, metrics_addr, upload_slots, uplink_codec_policy"});
 }
 
 // Buffered aggregation (FedBuff): server.aggregation and server.buffered.*, passed to fl-server as its flags.
@@ -163,6 +163,18 @@ TEST(ManifestTest, OutOfRangeAndUnknownValuesAreRefused) {
               {"server.selection", "only 3 clients"});
   ExpectError(Replace(kGood, "name: t\n", ""), {"name", "is required"});
   ExpectError("name: [1\n", {"exp.yaml:", "not valid YAML"});
+}
+
+TEST(ManifestTest, UplinkCodecPolicyIsPassedOnAndABadOneIsRefusedWithItsLine) {
+  absl::StatusOr<Manifest> m =
+      Parse(Replace(kGood, "  rounds: 2\n", "  rounds: 2\n  uplink_codec_policy: \"by-link:5g=int4,wifi=int8\"\n"));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->server.uplink_codec_policy, "by-link:5g=int4,wifi=int8");
+  absl::StatusOr<Manifest> back = ManifestFromResolvedJson(ResolvedManifestJson(*m), m->source_yaml);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->server.uplink_codec_policy, "by-link:5g=int4,wifi=int8");
+  ExpectError(Replace(kGood, "  rounds: 2\n", "  rounds: 2\n  uplink_codec_policy: \"by-link:6g=int4\"\n"),
+              {"exp.yaml:6:", "server.uplink_codec_policy", "unknown link kind '6g'", "allowed: fixed, by-link:"});
 }
 
 // Stragglers: server.selection.overcommit, server.deadline_policy and server.late_discount, read and kept in the

@@ -78,6 +78,9 @@ struct Manifest {
     uint32_t concurrency = 0;      // --concurrency
     uint32_t max_staleness = 0;    // --max-staleness
     std::string staleness_weight;  // --staleness-weight
+    // fl-server --uplink-codec-policy (link-aware compression, docs/stragglers.md): the uplink codec per client by
+    // link kind or measured uplink rate; "" = every client codecs.uplink.
+    std::string uplink_codec_policy;
     // Stragglers (docs/round-engine.md "Over-commitment and deadline policies"): fl-server --overcommit (1 = off),
     // --deadline-policy (drop | fold) and --late-discount (the fold's a).
     double overcommit = 1.0;

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <functional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -26,6 +27,9 @@ struct RunOptions {
   std::string software_version;
   const std::atomic<bool>* interrupted = nullptr;  // set by the SIGINT/SIGTERM handler
   bool quiet = false;                              // no progress lines
+  // Called from the wait loop (about every 100 ms while fl-server runs) with the experiment's id: fl-experiment
+  // prints its progress lines from the records database there (fl/report/progress.h).
+  std::function<void(const std::string& experiment_id)> on_tick;
   // No records database and no checkpoints: only for measuring what instrumentation costs
   // (bench/instrumentation_overhead.sh). The outcome then comes from fl-server's exit status alone.
   bool no_records = false;
