@@ -193,6 +193,27 @@ TEST(RunnerTest, InsecureModeRunsPlaintextAndRecordsIt) {
   EXPECT_EQ(ProcessesMentioning(dir.path()), 0);
 }
 
+// server.aggregation: buffered reaches fl-server as its flags: the run is FedBuff (aggregation steps with staleness).
+TEST(RunnerTest, ABufferedManifestRunsAggregationSteps) {
+  fl::testing::ScratchDir dir("fl_runner");
+  std::string text = kManifest;
+  text.replace(text.find("emulation:"), 0, "security: {mode: insecure}\n");
+  text.replace(text.find("  round_deadline_s: 60\n"), 0,
+               "  aggregation: buffered\n  buffered: {buffer_size: 2, concurrency: 3, max_staleness: 5}\n");
+  absl::StatusOr<Manifest> m = Load(dir, text);
+  ASSERT_TRUE(m.ok()) << m.status();
+  absl::StatusOr<RunResult> r = RunExperiment(*m, Options(dir, "run"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, "finished") << r->reason;
+  auto reader = RecordReader::Open(dir.File("records.db"));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ(*(*reader)->QueryText("SELECT aggregation FROM experiments"), "buffered");
+  EXPECT_EQ(*(*reader)->QueryInt("SELECT count(*) FROM rounds WHERE status = 'committed'"), 2);
+  EXPECT_EQ(*(*reader)->QueryInt("SELECT count(*) FROM client_rounds WHERE outcome = 'ok' AND staleness IS NULL"), 0);
+  EXPECT_GE(*(*reader)->QueryInt("SELECT count(*) FROM client_rounds WHERE outcome = 'ok'"), 4);
+  EXPECT_EQ(ProcessesMentioning(dir.path()), 0);
+}
+
 // A group with count runs as one fl-client --instances process (virtual clients), each instance with its own
 // certificate and its own relay; `virtual_clients: false` goes back to one process per client.
 TEST(RunnerTest, AGroupRunsAsOneProcessOfVirtualClientsUnderTheirOwnNames) {
