@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "fl/instrumentation/schema.h"
+#include "fl/instrumentation/sqlite.h"
 #include "fl/testing/scratch_dir.h"
 #include "records_fixture.h"
 #include "run_tool.h"
@@ -97,6 +99,37 @@ TEST_F(CompareTest, TheTableSaysNotReachedAndBufferedExperimentsCountSteps) {
   EXPECT_NE(svg.find("sync (synchronous): 5.5 s to target"), std::string::npos);
   EXPECT_NE(svg.find("fedbuff (buffered): target not reached"), std::string::npos);
   EXPECT_NE(svg.find("class=\"target\""), std::string::npos);
+}
+
+// A database from before schema v9 (no experiments.aggregation; migrated to v8 only, rows inserted with v8's
+// columns) compares as a synchronous experiment.
+TEST_F(CompareTest, ADatabaseFromBeforeV9ComparesAsSynchronous) {
+  const std::string path = dir_.File("v8.db");
+  {
+    auto db = ins::sqlite::Database::Open(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+    ASSERT_TRUE(db.ok());
+    ASSERT_GE(ins::SchemaMigrations().size(), 8u);
+    ASSERT_TRUE(ins::MigrateSchema(*db, ins::SchemaMigrations().first(8)).ok());
+    ASSERT_TRUE(db->Exec(R"sql(
+      INSERT INTO experiments (id, name, started_unix_ms, software_version) VALUES ('old', 'v8 run', 5, 'x');
+      INSERT INTO clients (experiment_id, client_id, link_kind, joined_unix_ms) VALUES ('old', 'a', 'ethernet', 5);
+      INSERT INTO rounds (experiment_id, round, attempt, status, started_unix_ms, ended_unix_ms, duration_ms,
+                          model_version, eval_accuracy) VALUES
+        ('old', 1, 0, 'committed', 1000, 3000, 2000, 1, 0.8), ('old', 2, 0, 'committed', 3000, 5000, 2000, 2, 0.9);
+      INSERT INTO client_rounds (experiment_id, round, attempt, client_id, outcome, dispatched_unix_ms, uplink_bytes,
+                                 downlink_bytes) VALUES
+        ('old', 1, 0, 'a', 'ok', 1000, 10, 20), ('old', 2, 0, 'a', 'ok', 3000, 10, 20);
+    )sql")
+                    .ok());
+  }
+  absl::StatusOr<ExperimentData> data = LoadExperiment(path);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(data->schema_version, 8);
+  const ComparedExperiment e = Summarize(*data, 0.85);
+  EXPECT_EQ(e.aggregation, "synchronous");
+  ASSERT_TRUE(e.time_to_target_s.has_value());
+  EXPECT_DOUBLE_EQ(*e.time_to_target_s, 4.0);
+  EXPECT_EQ(e.uplink_bytes + e.downlink_bytes, 60);
 }
 
 TEST_F(CompareTest, SameNamesAreToldApartByTheirDatabase) {
