@@ -58,14 +58,15 @@ class MetricsObserver final : public EngineObserver {
 // column is the task's: accuracy, MAE or perplexity (the task is known: a round needs a client).
 class ConsoleTable final : public EngineObserver {
  public:
+  explicit ConsoleTable(bool steps) : steps_(steps) {}
   void OnRoundDone(const CommittedRound& round, core::Task task,
                    const std::optional<instrumentation::ServerMetrics::Evaluation>& eval) override {
     if (!printed_header_) {
       const char* metric = task == core::Task::kRegression  ? "test_mae"
                            : task == core::Task::kNextToken ? "test_ppl"
                                                             : "test_acc";
-      std::printf("%6s %8s %11s %10s %10s %12s\n", "round", "clients", "train_loss", "test_loss", metric,
-                  "round_time_s");
+      std::printf("%6s %8s %11s %10s %10s %12s\n", steps_ ? "step" : "round", "clients", "train_loss", "test_loss",
+                  metric, steps_ ? "step_time_s" : "round_time_s");
       printed_header_ = true;
     }
     std::optional<double> metric;
@@ -84,6 +85,7 @@ class ConsoleTable final : public EngineObserver {
 
  private:
   bool printed_header_ = false;
+  bool steps_ = false;  // buffered aggregation: rows are aggregation steps
 };
 
 }  // namespace
@@ -92,6 +94,6 @@ std::unique_ptr<EngineObserver> MakeMetricsObserver(instrumentation::ServerMetri
   return std::make_unique<MetricsObserver>(metrics);
 }
 
-std::unique_ptr<EngineObserver> MakeConsoleTable() { return std::make_unique<ConsoleTable>(); }
+std::unique_ptr<EngineObserver> MakeConsoleTable(bool steps) { return std::make_unique<ConsoleTable>(steps); }
 
 }  // namespace fl::server

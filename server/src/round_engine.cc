@@ -243,7 +243,7 @@ RoundEngine::RoundEngine(EngineConfig config, instrumentation::RecordStore* reco
       start_(std::move(start)),
       loop_(
           clock_, [this](EngineEvent& e) { Handle(e); }, [this] { Advance(); }) {
-  if (config_.print_table) observers_.push_back(MakeConsoleTable());
+  if (config_.print_table) observers_.push_back(MakeConsoleTable(config_.buffered()));
 }
 
 void RoundEngine::SetMetrics(instrumentation::ServerMetrics* metrics) {

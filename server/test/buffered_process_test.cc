@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
@@ -93,6 +95,11 @@ TEST(BufferedProcessTest, FedBuffRunsToTheEndWithStaleUpdatesWeightedAndRecorded
     EXPECT_EQ(*client_code, 0) << "a client did not see the experiment finish; see " << log;
   }
 
+  // The console table's rows are aggregation steps.
+  std::ifstream log_in(log);
+  const std::string console((std::istreambuf_iterator<char>(log_in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(console.find("  step  clients  train_loss"), std::string::npos) << console;
+  EXPECT_NE(console.find("step_time_s"), std::string::npos);
   auto reader = *instrumentation::RecordReader::Open(db);
   EXPECT_EQ(*reader->QueryText("SELECT status FROM experiments"), "finished");
   EXPECT_EQ(*reader->QueryText("SELECT aggregation FROM experiments"), "buffered");

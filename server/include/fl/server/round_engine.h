@@ -239,8 +239,8 @@ class EngineObserver {
 
 // Live Prometheus metrics as an observer.
 std::unique_ptr<EngineObserver> MakeMetricsObserver(instrumentation::ServerMetrics* metrics);
-// The per-round table a person watches in the terminal (stdout).
-std::unique_ptr<EngineObserver> MakeConsoleTable();
+// The per-round table a person watches in the terminal (stdout); `steps`: rows are aggregation steps (buffered).
+std::unique_ptr<EngineObserver> MakeConsoleTable(bool steps = false);
 
 class RoundEngine {
  public:
