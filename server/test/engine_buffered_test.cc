@@ -526,6 +526,45 @@ TEST_F(EngineBufferedTest, LinkAwareCodecsApplyToBufferedTasks) {
   EXPECT_NEAR(step1[0], initial_[0] - 0.5f, 1e-6);
 }
 
+// Every connected client waits for the open step and no task is out: nothing could fill the buffer. With an update
+// in it the step is applied as it is; with none the attempt fails (like a round's) and the tasks go out again.
+TEST_F(EngineBufferedTest, AStepNobodyCanFillIsAppliedAsItIsOrFailsWithoutUpdates) {
+  EngineConfig config = BufferedConfig();
+  config.fit = {1.0, 1, 2};
+  config.concurrency = 2;
+  config.buffer_size = 2;
+  config.num_rounds = 2;
+  StartEngine(config);
+  TestClient a = Connect("a"), b = Connect("b");
+  ASSERT_TRUE(Open(a).has_value() && Open(b).has_value());
+  ASSERT_EQ(Upload(a, 0.25f, 10).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
+  const std::string b_task = Open(b)->task_id();
+  Advance(10'000);  // b's deadline: dropped; a and b both wait for step 1, nothing is out
+  answered_.insert(b_task);
+  auto rounds = *Reader()->ListRounds(engine_->config().experiment_id);
+  ASSERT_EQ(rounds.size(), 1u);
+  EXPECT_EQ(rounds[0].status, instrumentation::RoundStatus::kCommitted);
+  EXPECT_EQ(rounds[0].num_accepted, 1) << "applied with 1 of --buffer-size=2";
+  EXPECT_EQ(rounds[0].num_dropped, 1);
+  EXPECT_NEAR(ModelOfStep(1)[0], initial_[0] - 0.25f, 1e-6);
+  // Step 2: both tasks expire.
+  ASSERT_TRUE(Open(a).has_value() && Open(b).has_value());
+  const std::string a2 = Open(a)->task_id(), b2 = Open(b)->task_id();
+  Advance(10'000);
+  answered_.insert(a2);
+  answered_.insert(b2);
+  rounds = *Reader()->ListRounds(engine_->config().experiment_id);
+  ASSERT_EQ(rounds.size(), 2u);
+  EXPECT_EQ(rounds[1].round, 2);
+  EXPECT_EQ(rounds[1].attempt, 1);
+  EXPECT_EQ(rounds[1].status, instrumentation::RoundStatus::kFailed);
+  EXPECT_NE(rounds[1].failure_reason.find("no update in the buffer"), std::string::npos) << rounds[1].failure_reason;
+  // Attempt 2 of step 2 went out to both at once.
+  ASSERT_TRUE(Open(a).has_value() && Open(b).has_value());
+  EXPECT_EQ(Open(a)->task_id().rfind("s2.2-", 0), 0u) << Open(a)->task_id();
+  EXPECT_EQ(engine_->state(), EngineState::kBuffering);
+}
+
 TEST_F(EngineBufferedTest, AShutdownRecordsTheOpenStepAsAbortedAndCancelsTheTasksOut) {
   StartEngine(BufferedConfig());
   TestClient a = Connect("a"), b = Connect("b"), c = Connect("c"), d = Connect("d");
