@@ -86,13 +86,10 @@ Table RoundsTable(const ExperimentData& data, const Analysis& analysis) {
   // Buffered aggregation (FedBuff): each rounds row is an aggregation step (docs/round-engine.md).
   const bool steps = data.experiment.aggregation == "buffered";
   t.title = fl::StrCat(steps ? "Aggregation steps (buffered, " : "Rounds (", data.experiment.task, ")");
-  t.columns = {{"round", 0},           {"attempt", 0},
-               {"status", 0},          {"selected", 0},
-               {"accepted", 0},        {"late", 0},
-               {"dropped", 0},         {"rejected", 0},
-               {"aggregation_ms", 2},  {"downlink_mean_ms", 1},
-               {"downlink_max_ms", 1}, {"train_mean_ms", 1},
-               {"train_max_ms", 1},    {"uplink_mean_ms", 1},
+  t.columns = {{"round", 0},           {"attempt", 0},       {"status", 0},         {"selected", 0},
+               {"accepted", 0},        {"late", 0},          {"dropped", 0},        {"rejected", 0},
+               {"cancelled", 0},       {"folded", 0},        {"aggregation_ms", 2}, {"downlink_mean_ms", 1},
+               {"downlink_max_ms", 1}, {"train_mean_ms", 1}, {"train_max_ms", 1},   {"uplink_mean_ms", 1},
                {"uplink_max_ms", 1},   {"round_ms", 1}};
   if (steps) t.columns[0].name = "step";
   const std::vector<EvalColumn> eval = EvalColumns(data.experiment.task);
@@ -100,6 +97,13 @@ Table RoundsTable(const ExperimentData& data, const Analysis& analysis) {
   for (const char* name : {"straggler", "straggler_link", "straggler_phase"}) t.columns.emplace_back(name, 0);
   for (const RoundSummary& s : analysis.rounds) {
     const RoundAttempt& r = *s.attempt;
+    // Over-commitment's cancelled tasks and deadline folding's late updates (schema v9) have no rounds column:
+    // counted from the round's client rows (a folded row stays in the round its client was selected in).
+    int64_t cancelled = 0, folded = 0;
+    for (const ClientRoundRow& c : r.clients) {
+      cancelled += c.outcome == "cancelled" ? 1 : 0;
+      folded += c.outcome == "folded" ? 1 : 0;
+    }
     std::vector<Cell> row = {r.round,
                              r.attempt,
                              r.status,
@@ -108,6 +112,8 @@ Table RoundsTable(const ExperimentData& data, const Analysis& analysis) {
                              r.num_late,
                              r.num_dropped,
                              r.num_rejected,
+                             cancelled,
+                             folded,
                              Opt(r.aggregation_ms),
                              StatMean(s.downlink_ms),
                              StatMax(s.downlink_ms),

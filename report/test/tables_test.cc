@@ -211,3 +211,38 @@ TEST_F(TablesTest, SecurityEventsTableListsWhatTheServerRefusedInEveryFormat) {
 
 }  // namespace
 }  // namespace fl::report
+
+namespace fl::report {
+namespace {
+
+// Schema v9's outcomes: over-commitment's cancelled tasks and deadline folding's folded updates are counted per
+// round attempt in the rounds table (they have no column of `rounds`), and never count as accepted.
+TEST(RoundsTableTest, CountsCancelledAndFoldedRowsOfEachRound) {
+  fl::testing::ScratchDir dir("report_v9_outcomes");
+  testing::RecordsFixture f(dir.File("r.db"));
+  f.Experiment("e", 1);
+  for (const char* c : {"a", "b", "c", "d"}) f.Client("e", c, "wifi");
+  f.Round("e", 1, 1000, 100);
+  f.ClientRound("e", 1, "a", 1000, {.train_ms = 10, .uplink_ms = 1});
+  f.ClientRound("e", 1, "b", 1000, {.train_ms = 10}, ins::ClientOutcome::kCancelled);
+  f.ClientRound("e", 1, "c", 1000, {.train_ms = 10}, ins::ClientOutcome::kCancelled);
+  f.ClientRound("e", 1, "d", 1000, {.train_ms = 90, .uplink_ms = 1}, ins::ClientOutcome::kFolded);
+  f.Round("e", 2, 2000, 100);
+  f.ClientRound("e", 2, "a", 2000, {.train_ms = 10, .uplink_ms = 1});
+  f.Close();
+  auto data = LoadExperiment(dir.File("r.db"));
+  ASSERT_TRUE(data.ok()) << data.status();
+  const Analysis analysis = Analyze(*data);
+  const Table t = RoundsTable(*data, analysis);
+  const int cancelled = t.ColumnIndex("cancelled"), folded = t.ColumnIndex("folded");
+  ASSERT_GE(cancelled, 0);
+  ASSERT_GE(folded, 0);
+  ASSERT_EQ(t.rows.size(), 2u);
+  EXPECT_EQ(t.rows[0][static_cast<size_t>(cancelled)].int_value, 2);
+  EXPECT_EQ(t.rows[0][static_cast<size_t>(folded)].int_value, 1);
+  EXPECT_EQ(t.rows[1][static_cast<size_t>(cancelled)].int_value, 0);
+  EXPECT_EQ(t.rows[0][static_cast<size_t>(t.ColumnIndex("straggler"))].text, "a");  // folded d is not accepted
+}
+
+}  // namespace
+}  // namespace fl::report

@@ -49,7 +49,7 @@ struct ClientInfo {
 // One row of client_rounds. Durations in ms; *_unix_ms on the server's clock.
 struct ClientRoundRow {
   std::string client_id;
-  std::string outcome;  // ok, late, dropped, rejected
+  std::string outcome;  // ok, late, dropped, rejected, cancelled, folded (schema v9)
   std::string reject_reason;
   std::optional<int64_t> dispatched_unix_ms;
   std::optional<double> downlink_ms;
