@@ -66,6 +66,7 @@ struct RoundEngine::TaskInfo {
   bool answered = false;                 // an upload for it got its verdict: any further one is a duplicate
   int64_t downlink_server_start_ns = 0;  // the server's view of the task's model download (0: none seen)
   int64_t downlink_server_ns = 0;
+  uint64_t downlink_server_bytes = 0;  // the model bytes the server sent for it (0: no download finished)
   bool closed = false;
   std::optional<instrumentation::ClientOutcome> outcome;  // once closed
   std::string uplink_codec;  // the codec its train task named (link-aware compression; empty: --uplink-codec)
@@ -103,16 +104,16 @@ struct RoundEngine::PendingUpload {
 // versions they were given. A client whose update (or refusal, or drop) has a row in the open step waits: it gets
 // no train task before the step is applied, so it has one row per step (it may evaluate meanwhile).
 struct RoundEngine::BufferState {
-  StalenessWeight weight;  // s(tau), parsed from config staleness_weight
-  RoundState step;         // the open step: its aggregator is the buffer; task_ids are the tasks with a row in it
-  bool step_open = false;  // step.started_* and step.aggregator are set
-  std::set<std::string> out;                      // train tasks dispatched and not closed yet
-  std::map<std::string, uint64_t> base_version;   // train task id -> the model version it was given
+  StalenessWeight weight;     // s(tau), parsed from config staleness_weight
+  RoundState step;            // the open step: its aggregator is the buffer; task_ids are the tasks with a row in it
+  bool step_open = false;     // step.started_* and step.aggregator are set
+  std::set<std::string> out;  // train tasks dispatched and not closed yet
+  std::map<std::string, uint64_t> base_version;                     // train task id -> the model version it was given
   std::map<std::string, std::pair<uint64_t, uint32_t>> applied_in;  // task id -> (step, attempt) of its row
   std::map<uint64_t, std::shared_ptr<const ModelPayload>> old_payloads;  // versions tasks out still download
-  std::set<std::string> waiting;  // clients with a row in the open step
-  bool started = false;           // --min-available-clients were connected once (later, whoever is connected trains)
-  bool evaluation_due = false;    // the last applied step is evaluated once enough clients are idle
+  std::set<std::string> waiting;                                         // clients with a row in the open step
+  bool started = false;         // --min-available-clients were connected once (later, whoever is connected trains)
+  bool evaluation_due = false;  // the last applied step is evaluated once enough clients are idle
   uint64_t dispatches = 0;      // seeds the choice among idle clients
 };
 

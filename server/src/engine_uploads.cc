@@ -57,6 +57,7 @@ void RoundEngine::HandleDownloadDone(const DownloadDoneEvent& e) {
   if (t == tasks_.end() || t->second->client_id != e.client_id) return;  // outside a task, or a stale one
   t->second->downlink_server_start_ns = e.started_server_ns;
   t->second->downlink_server_ns = e.done_server_ns - e.started_server_ns;
+  t->second->downlink_server_bytes = e.bytes;
 }
 
 instrumentation::ClientRoundRecord RoundEngine::TaskRow(const TaskInfo& task) const {
@@ -69,6 +70,9 @@ instrumentation::ClientRoundRecord RoundEngine::TaskRow(const TaskInfo& task) co
   if (task.downlink_server_start_ns != 0) {
     rec.downlink_server_start_unix_ms = timeline_.UnixMsAt(task.downlink_server_start_ns);
     rec.downlink_server_ms = static_cast<double>(task.downlink_server_ns) / 1e6;
+    // The server's count, so that a task that ends without the client's report (cancelled by over-commitment,
+    // dropped at the deadline) still shows the model it moved; an update's own report replaces it.
+    if (task.downlink_server_bytes > 0) rec.downlink_bytes = static_cast<int64_t>(task.downlink_server_bytes);
   }
   return rec;
 }

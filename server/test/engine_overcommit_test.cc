@@ -221,6 +221,10 @@ TEST_F(EngineOvercommitTest, TheFirstKUpdatesCommitAndTheRestAreCancelled) {
   TestClient& second = *selected[1];
   TestClient& third = *selected[2];
   const fl::v1::Task third_task = *LastTask(third);
+  // The third client fetched the model (the server's view of the download: what its cancelled row keeps of the
+  // work the task moved, since the client never reports).
+  engine_->Post(DownloadDoneEvent{third.id, third_task.task_id(), clock_.NowNs(), clock_.NowNs() + 5'000'000, 12'345});
+  Run();
 
   Advance(1'000);
   EXPECT_EQ(Upload(first, *LastTask(first), 0.002f).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
@@ -251,6 +255,8 @@ TEST_F(EngineOvercommitTest, TheFirstKUpdatesCommitAndTheRestAreCancelled) {
   EXPECT_EQ(rows[third.id].outcome, ClientOutcome::kCancelled);
   EXPECT_TRUE(rows[third.id].dispatched_unix_ms.has_value());
   EXPECT_FALSE(rows[third.id].num_examples.has_value()) << "it reported nothing";
+  EXPECT_EQ(rows[third.id].downlink_bytes, 12'345) << "the model the server sent it";
+  EXPECT_EQ(rows[third.id].downlink_server_ms, 5.0);
   // Weighted by examples: (10 x 0.002 + 30 x 0.004) / 40 = 0.0035 (fedavg, server learning rate 1).
   EXPECT_NEAR(ModelMoveAfter(1), 0.0035f, 1e-7);
 
