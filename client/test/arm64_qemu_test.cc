@@ -33,12 +33,11 @@ std::string ReadFile(const std::string& path) {
 
 // ELF e_machine of `path` (183 = EM_AARCH64, 62 = EM_X86_64), or -1 when it is not a 64-bit little-endian ELF.
 int ElfMachine(const std::string& path) {
-  const std::string head = ReadFile(path).substr(0, 20);
-  if (head.size() < 20 || head.compare(0, 4, "\x7f"
-                                             "ELF") != 0 ||
-      head[4] != 2 || head[5] != 1)
-    return -1;
-  return static_cast<unsigned char>(head[18]) | (static_cast<unsigned char>(head[19]) << 8);
+  std::ifstream in(path, std::ios::binary);
+  unsigned char h[20] = {};
+  if (!in.read(reinterpret_cast<char*>(h), sizeof(h))) return -1;
+  if (h[0] != 0x7f || h[1] != 'E' || h[2] != 'L' || h[3] != 'F' || h[4] != 2 || h[5] != 1) return -1;
+  return h[18] | (h[19] << 8);
 }
 
 int WaitForPort(const std::string& port_file, const Subprocess& server) {
@@ -69,8 +68,8 @@ TEST(Arm64QemuTest, Arm64ClientTrainsACnnRoundThatTheAmd64ServerCommits) {
 
   fl::testing::ScratchDir dir("fl_arm64");
   const std::string db = dir.File("records.db");
-  Subprocess server({FL_SERVER_BIN, "--listen", "127.0.0.1:0", "--port-file", dir.File("port"), "--db", db,
-                     "--rounds", "1", "--min-fit-clients", "1", "--min-available-clients", "1", "--local-epochs", "1",
+  Subprocess server({FL_SERVER_BIN, "--listen", "127.0.0.1:0", "--port-file", dir.File("port"), "--db", db, "--rounds",
+                     "1", "--min-fit-clients", "1", "--min-available-clients", "1", "--local-epochs", "1",
                      "--batch-size", "32", "--evaluate-every", "0",
                      // Training runs under an instruction-set emulator: several times slower than native.
                      "--round-deadline-ms", "600000", "--initial-model-deadline-ms", "600000", "--linger-s", "0",
@@ -81,10 +80,10 @@ TEST(Arm64QemuTest, Arm64ClientTrainsACnnRoundThatTheAmd64ServerCommits) {
 
   // 1/60 of Fashion-MNIST's training set (1000 images): one epoch under qemu takes seconds, not minutes.
   const std::string client_log = dir.File("client.log");
-  Subprocess client({qemu, "-L", sysroot, client_bin, "--server", fl::StrCat("127.0.0.1:", port), "--name",
-                     "pi-qemu", "--model", "cnn", "--client-index", "0", "--num-clients", "60", "--threads", "2",
-                     "--give-up-after-s", "120", "--insecure"},
-                    client_log);
+  Subprocess client(
+      {qemu, "-L", sysroot, client_bin, "--server", fl::StrCat("127.0.0.1:", port), "--name", "pi-qemu", "--model",
+       "cnn", "--client-index", "0", "--num-clients", "60", "--threads", "2", "--give-up-after-s", "120", "--insecure"},
+      client_log);
   ASSERT_EQ(client.Wait(std::chrono::seconds(900)), std::optional<int>(0)) << ReadFile(client_log);
   ASSERT_EQ(server.Wait(std::chrono::seconds(60)), std::optional<int>(0)) << ReadFile(dir.File("server.log"));
 
