@@ -43,7 +43,7 @@ PACKAGES=(
 )
 
 # --- the host ---------------------------------------------------------------------------------------------------
-command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null ||
+{ command -v apt-get && command -v dpkg-deb; } >/dev/null ||
   die "needs apt-get and dpkg-deb: run it on Debian 12 (amd64)"
 [[ "$(dpkg --print-architecture)" == "amd64" ]] ||
   die "the host is $(dpkg --print-architecture); this script prepares an arm64 sysroot on an amd64 Debian 12 host (on a Pi, use deploy/install-deps.sh instead)"
