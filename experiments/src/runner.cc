@@ -517,11 +517,10 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
     const auto plan = std::find_if(plans.begin(), plans.end(), [&](const ClientPlan& p) { return p.name == e->name; });
     if (e->code != 0 && plan != plans.end() && !plan->leaving) {
       const fs::path log = o.out_dir / fl::StrCat(e->name, ".log");
-      const std::string who =
-          plan->instances > 0
-              ? fl::StrCat("clients ", plan->group->name, "-0..", plan->instances - 1, " (fl-client --instances ",
-                           plan->instances, ", ", e->name, ")")
-              : fl::StrCat("client ", e->name);
+      const std::string who = plan->instances > 0
+                                  ? fl::StrCat("clients ", plan->group->name, "-0..", plan->instances - 1,
+                                               " (fl-client --instances ", plan->instances, ", ", e->name, ")")
+                                  : fl::StrCat("client ", e->name);
       // Virtual clients: the log's end names the instances that failed.
       failure = fl::StrCat(who, " failed (exit ", e->code, "); its log (", log.string(), ") ends:", Tail(log, 10));
       break;
