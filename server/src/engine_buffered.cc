@@ -444,17 +444,7 @@ void RoundEngine::ApplyStep() {
   }
   std::vector<std::vector<uint8_t>>().swap(free_upload_buffers_);
   const int64_t agg_start = NowNs();
-  auto pseudo_grad = r.aggregator->Finish();
-  if (r.aggregator->num_clipped() > 0) {
-    spdlog::info("aggregation step {}: {} of {} updates scaled down to the update norm bound ({})", r.round,
-                 r.aggregator->num_clipped(), r.aggregator->num_updates(), r.aggregator->norm_clip().ToString());
-  }
-  absl::StatusOr<std::vector<float>> integer_values = core::SaveIntegerTensors(*spec_, global_);
-  absl::Status step = !pseudo_grad.ok()      ? pseudo_grad.status()
-                      : !integer_values.ok() ? integer_values.status()
-                                             : optimizer_->Step(global_, *pseudo_grad);
-  if (step.ok()) step = core::RestoreIntegerTensors(*spec_, *integer_values, global_);
-  if (!step.ok()) {
+  if (absl::Status step = StepGlobalModel(r, fl::StrCat("aggregation step ", r.round)); !step.ok()) {
     Finish(instrumentation::ExperimentStatus::kFailed,
            fl::StrCat("aggregation step ", r.round, ": the server optimizer step failed: ", fl::ToStd(step.message())));
     return;

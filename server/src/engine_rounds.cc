@@ -95,6 +95,22 @@ void RoundEngine::Dispatch(ClientInfo& client, fl::v1::Task task, uint32_t attem
   tasks_[info->id] = std::move(info);
 }
 
+absl::Status RoundEngine::StepGlobalModel(RoundState& r, std::string_view what) {
+  auto pseudo_grad = r.aggregator->Finish();
+  if (r.aggregator->num_clipped() > 0) {
+    spdlog::info("{}: {} of {} updates scaled down to the update norm bound ({})", what, r.aggregator->num_clipped(),
+                 r.aggregator->num_updates(), r.aggregator->norm_clip().ToString());
+  }
+  // Integer tensors (BatchNorm's num_batches_tracked, ...) are client-local state, never averaged as floats:
+  // whatever the aggregator and the server optimizer made of them, they keep the previous global's values.
+  absl::StatusOr<std::vector<float>> integer_values = core::SaveIntegerTensors(*spec_, global_);
+  absl::Status step = !pseudo_grad.ok()      ? pseudo_grad.status()
+                      : !integer_values.ok() ? integer_values.status()
+                                             : optimizer_->Step(global_, *pseudo_grad);
+  if (step.ok()) step = core::RestoreIntegerTensors(*spec_, *integer_values, global_);
+  return step;
+}
+
 instrumentation::RoundRecord RoundEngine::RoundRow(const RoundState& r, instrumentation::RoundStatus status) const {
   instrumentation::RoundRecord rec;
   rec.experiment_id = config_.experiment_id;
@@ -145,19 +161,7 @@ void RoundEngine::CloseRound() {
   const int64_t agg_start = NowNs();
   // --deadline-policy fold: late updates of earlier rounds join this aggregate, discounted (engine_overcommit.cc).
   std::vector<instrumentation::ClientRoundRecord> folded_rows = FoldPendingInto(r);
-  auto pseudo_grad = r.aggregator->Finish();
-  if (r.aggregator->num_clipped() > 0) {
-    spdlog::info("round {}: {} of {} updates scaled down to the update norm bound ({})", r.round,
-                 r.aggregator->num_clipped(), r.aggregator->num_updates(), r.aggregator->norm_clip().ToString());
-  }
-  // Integer tensors (BatchNorm's num_batches_tracked, ...) are client-local state, never averaged as floats:
-  // whatever the aggregator and the server optimizer made of them, they keep the previous global's values.
-  absl::StatusOr<std::vector<float>> integer_values = core::SaveIntegerTensors(*spec_, global_);
-  absl::Status step = !pseudo_grad.ok()      ? pseudo_grad.status()
-                      : !integer_values.ok() ? integer_values.status()
-                                             : optimizer_->Step(global_, *pseudo_grad);
-  if (step.ok()) step = core::RestoreIntegerTensors(*spec_, *integer_values, global_);
-  if (!step.ok()) {
+  if (absl::Status step = StepGlobalModel(r, fl::StrCat("round ", r.round)); !step.ok()) {
     // Inputs were validated one by one; an optimizer failure means the aggregate itself overflowed.
     Finish(instrumentation::ExperimentStatus::kFailed,
            fl::StrCat("round ", r.round, ": the server optimizer step failed: ", fl::ToStd(step.message())));

@@ -429,6 +429,10 @@ class RoundEngine {
   void RoundDone(const std::optional<instrumentation::ServerMetrics::Evaluation>& eval);
   void Record(instrumentation::Record record);
   instrumentation::RoundRecord RoundRow(const RoundState& round, instrumentation::RoundStatus status) const;
+  // The global model's step from `round`'s aggregate (a round's commit, an aggregation step's): the aggregate, the
+  // server optimizer, integer tensors kept; an error names what failed (the caller ends the experiment). `what`
+  // ("round 3", "aggregation step 7") starts the clipping log line.
+  absl::Status StepGlobalModel(RoundState& round, std::string_view what);
   std::vector<ClientInfo*> IdleConnectedClients();
   // The session index and the liveness list (docs/round-engine.md, "Fleets and overload"): every change of a
   // client's session goes through these, so that a message finds its client and the heartbeat check finds the
