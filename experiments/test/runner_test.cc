@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <thread>
@@ -326,6 +327,38 @@ TEST(RunnerTest, ATraceGroupFollowsItsTraceAndBadTracesAreRefused) {
   refused = Load(dir, missing);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("nowhere.trace\" not found"), std::string::npos) << refused.status();
+}
+
+// Link-aware compression end to end with real processes: the manifest's server.uplink_codec_policy reaches
+// fl-server, each fl-client encodes with the codec its task names, and every update is recorded in its link's
+// codec (5G int4, WiFi int8).
+TEST(RunnerTest, ALinkAwareCodecPolicyGivesEachLinkItsCodec) {
+  fl::testing::ScratchDir dir("fl_runner");
+  std::string text = kManifest;
+  text.replace(text.find("  evaluation: {every: 0}"), 24,
+               "  evaluation: {every: 0}\n  uplink_codec_policy: \"by-link:5g=int4,wifi=int8,default=fp32\"");
+  absl::StatusOr<Manifest> m = Load(dir, text);
+  ASSERT_TRUE(m.ok()) << m.status();
+  absl::StatusOr<RunResult> r = RunExperiment(*m, Options(dir, "run"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, "finished") << r->reason;
+  auto reader = RecordReader::Open(dir.File("records.db"));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto clients = (*reader)->ListClients(r->experiment_id);
+  ASSERT_TRUE(clients.ok());
+  std::map<std::string, std::string> name_of;
+  for (const auto& c : *clients) name_of[c.client_id] = c.client_name;
+  for (int64_t round = 1; round <= 2; ++round) {
+    auto rows = (*reader)->ListClientRounds(r->experiment_id, round);
+    ASSERT_TRUE(rows.ok()) << rows.status();
+    std::map<std::string, std::string> codecs;
+    for (const auto& row : *rows) {
+      if (row.outcome == instrumentation::ClientOutcome::kOk) codecs[name_of[row.client_id]] = row.codec;
+    }
+    EXPECT_EQ(codecs, (std::map<std::string, std::string>{{"wifi-0", "int8"}, {"wifi-1", "int8"}, {"cell-0", "int4"}}))
+        << "round " << round;
+  }
+  EXPECT_EQ(ProcessesMentioning(dir.path()), 0);
 }
 
 TEST(RunnerTest, InterruptStopsEverythingAndRecordsAborted) {
