@@ -459,45 +459,8 @@ void RoundEngine::ApplyStep() {
   ++model_version_;
   PublishPayload();
   const double aggregation_ms = static_cast<double>(NowNs() - agg_start) / 1e6;
-  // Commit order as in CloseRound (docs/round-engine.md, "Commit and resume"): checkpoint file, then the step's
-  // records as one unit; the step is committed when they are stored.
-  auto checkpoint_row = WriteCheckpointFile();
-  if (!checkpoint_row.ok()) {
-    round_ = r.round - 1;
-    --model_version_;
-    Finish(instrumentation::ExperimentStatus::kFailed,
-           fl::StrCat("cannot checkpoint aggregation step ", r.round, ": ",
-                      fl::ToStd(checkpoint_row.status().message()), "; steps up to ", round_,
-                      " are committed: run again with --resume once the checkpoint directory is writable"));
-    return;
-  }
-  MaybeKillForTest("checkpoint-written", r.round);
-  instrumentation::RoundRecord rec = RoundRow(r, instrumentation::RoundStatus::kCommitted);
-  rec.aggregation_ms = aggregation_ms;
-  rec.model_version = static_cast<int64_t>(model_version_);
-  last_round_ =
-      CommittedRound{r.round, r.attempt, r.accepted, rec.train_loss, rec.duration_ms, aggregation_ms, nullptr};
-  instrumentation::RoundCommitRecord commit;
-  commit.round = std::move(rec);
-  commit.client_rounds = r.client_rows;
-  commit.checkpoint = *std::move(checkpoint_row);
-  if (absl::Status s = StoreCommit(std::move(commit)); !s.ok()) {
-    round_ = r.round - 1;
-    --model_version_;
-    Finish(instrumentation::ExperimentStatus::kFailed,
-           fl::StrCat("aggregation step ", r.round, " was not committed: its records could not be stored: ",
-                      fl::ToStd(s.message()), ". The experiment stopped; steps up to ", round_,
-                      " are committed in the records. Fix the records database (disk space, permissions, I/O "
-                      "errors) and run fl-server again with --resume"));
-    return;
-  }
-  MaybeKillForTest("records-committed", r.round);
-  PruneOldCheckpoints();
-  {
-    CommittedRound committed = last_round_;
-    committed.client_rows = &r.client_rows;
-    Notify([&](EngineObserver& o) { o.OnRoundCommitted(committed); });
-  }
+  // Committed as a round is (docs/round-engine.md, "Commit and resume").
+  if (!CommitGlobalStep(r, aggregation_ms, {}, "aggregation step", "steps")) return;
   int64_t max_tau = 0;
   for (const auto& row : r.client_rows) {
     if (row.outcome == ClientOutcome::kOk) max_tau = std::max(max_tau, row.staleness.value_or(0));

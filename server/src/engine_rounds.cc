@@ -95,6 +95,48 @@ void RoundEngine::Dispatch(ClientInfo& client, fl::v1::Task task, uint32_t attem
   tasks_[info->id] = std::move(info);
 }
 
+bool RoundEngine::CommitGlobalStep(RoundState& r, double aggregation_ms,
+                                   std::vector<instrumentation::ClientRoundRecord> folded_rows, std::string_view unit,
+                                   std::string_view units) {
+  auto checkpoint_row = WriteCheckpointFile();
+  if (!checkpoint_row.ok()) {
+    round_ = r.round - 1;
+    --model_version_;
+    Finish(instrumentation::ExperimentStatus::kFailed,
+           fl::StrCat("cannot checkpoint ", unit, " ", r.round, ": ", fl::ToStd(checkpoint_row.status().message()),
+                      "; ", units, " up to ", round_,
+                      " are committed: run again with --resume once the checkpoint directory is writable"));
+    return false;
+  }
+  MaybeKillForTest("checkpoint-written", r.round);
+  instrumentation::RoundRecord rec = RoundRow(r, instrumentation::RoundStatus::kCommitted);
+  rec.aggregation_ms = aggregation_ms;
+  rec.model_version = static_cast<int64_t>(model_version_);
+  last_round_ =
+      CommittedRound{r.round, r.attempt, r.accepted, rec.train_loss, rec.duration_ms, aggregation_ms, nullptr};
+  instrumentation::RoundCommitRecord commit;
+  commit.round = std::move(rec);
+  commit.client_rounds = r.client_rows;
+  commit.checkpoint = *std::move(checkpoint_row);
+  commit.folded_rows = std::move(folded_rows);
+  if (absl::Status s = StoreCommit(std::move(commit)); !s.ok()) {
+    round_ = r.round - 1;
+    --model_version_;
+    Finish(instrumentation::ExperimentStatus::kFailed,
+           fl::StrCat(unit, " ", r.round, " was not committed: its records could not be stored: ",
+                      fl::ToStd(s.message()), ". The experiment stopped; ", units, " up to ", round_,
+                      " are committed in the records. Fix the records database (disk space, permissions, I/O "
+                      "errors) and run fl-server again with --resume"));
+    return false;
+  }
+  MaybeKillForTest("records-committed", r.round);
+  PruneOldCheckpoints();
+  CommittedRound committed = last_round_;
+  committed.client_rows = &r.client_rows;
+  Notify([&](EngineObserver& o) { o.OnRoundCommitted(committed); });
+  return true;
+}
+
 absl::Status RoundEngine::StepGlobalModel(RoundState& r, std::string_view what) {
   auto pseudo_grad = r.aggregator->Finish();
   if (r.aggregator->num_clipped() > 0) {
@@ -177,46 +219,8 @@ void RoundEngine::CloseRound() {
   // stored: --resume trusts them and loads that round's checkpoint, so a crash before they land re-runs the
   // round (from the previous checkpoint, which is pruned only after the commit) instead of losing or
   // doubling it.
-  auto checkpoint_row = WriteCheckpointFile();
-  if (!checkpoint_row.ok()) {
-    round_ = r.round - 1;
-    --model_version_;
-    Finish(instrumentation::ExperimentStatus::kFailed,
-           fl::StrCat("cannot checkpoint round ", r.round, ": ", fl::ToStd(checkpoint_row.status().message()),
-                      "; rounds up to ", round_,
-                      " are committed: run again with --resume once the "
-                      "checkpoint directory is writable"));
-    return;
-  }
-  MaybeKillForTest("checkpoint-written", r.round);
-  instrumentation::RoundRecord rec = RoundRow(r, instrumentation::RoundStatus::kCommitted);
-  rec.aggregation_ms = aggregation_ms;
-  rec.model_version = static_cast<int64_t>(model_version_);
-  last_round_ =
-      CommittedRound{r.round, r.attempt, r.accepted, rec.train_loss, rec.duration_ms, aggregation_ms, nullptr};
-  instrumentation::RoundCommitRecord commit;
-  commit.round = std::move(rec);
-  commit.client_rounds = r.client_rows;
-  commit.checkpoint = *std::move(checkpoint_row);
-  commit.folded_rows = std::move(folded_rows);
-  if (absl::Status s = StoreCommit(std::move(commit)); !s.ok()) {
-    round_ = r.round - 1;
-    --model_version_;
-    Finish(instrumentation::ExperimentStatus::kFailed,
-           fl::StrCat("round ", r.round, " was not committed: its records could not be stored: ",
-                      fl::ToStd(s.message()), ". The experiment stopped; rounds up to ", round_,
-                      " are committed in the records. Fix the records database (disk space, "
-                      "permissions, I/O errors) and run fl-server again with --resume"));
-    return;
-  }
-  MaybeKillForTest("records-committed", r.round);
+  if (!CommitGlobalStep(r, aggregation_ms, std::move(folded_rows), "round", "rounds")) return;
   NoteFoldableTasks(r);
-  PruneOldCheckpoints();
-  {
-    CommittedRound committed = last_round_;
-    committed.client_rows = &r.client_rows;
-    Notify([&](EngineObserver& o) { o.OnRoundCommitted(committed); });
-  }
   current_.reset();
   Fire(EngineTrigger::kRoundCommitted);
   auto first = first_attempts_.find(round_ + 1);

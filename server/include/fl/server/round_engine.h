@@ -433,6 +433,13 @@ class RoundEngine {
   // server optimizer, integer tensors kept; an error names what failed (the caller ends the experiment). `what`
   // ("round 3", "aggregation step 7") starts the clipping log line.
   absl::Status StepGlobalModel(RoundState& round, std::string_view what);
+  // Commits the stepped model (a round's, an aggregation step's) in the order --resume relies on: the checkpoint
+  // file, then the round row, its client rows, `folded_rows` and the checkpoint's row as one unit; then prunes old
+  // checkpoints and tells the observers. On a failure it undoes the step's counters, ends the experiment as failed
+  // (naming the `unit` "round"/"aggregation step" and what `units` are committed) and returns false.
+  bool CommitGlobalStep(RoundState& round, double aggregation_ms,
+                        std::vector<instrumentation::ClientRoundRecord> folded_rows, std::string_view unit,
+                        std::string_view units);
   std::vector<ClientInfo*> IdleConnectedClients();
   // The session index and the liveness list (docs/round-engine.md, "Fleets and overload"): every change of a
   // client's session goes through these, so that a message finds its client and the heartbeat check finds the
@@ -552,7 +559,7 @@ class RoundEngine {
   std::deque<std::unique_ptr<PendingUpload>> waiting_uploads_;
   std::vector<std::vector<uint8_t>> free_upload_buffers_;  // reused receive buffers, at most upload_slots
   std::vector<float> scratch_;
-  CommittedRound last_round_;  // the last committed round (its client_rows pointer is not kept)
+  CommittedRound last_round_;            // the last committed round (its client_rows pointer is not kept)
   std::unique_ptr<BufferState> buffer_;  // buffered aggregation's state (engine_buffered.cc); null when synchronous
   // Over-commitment and late folding (engine_overcommit.cc); made on first use.
   std::unique_ptr<Stragglers> stragglers_;
