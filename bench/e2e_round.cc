@@ -310,7 +310,11 @@ struct Options {
                     // mTLS, at every point)
   uint32_t train_ms = 0;  // synthetic:P:train_ms (separates the download and upload phases; 0 in the table)
   int sample_ms = 20;
+  int instances = 1;  // clients per fl-client process (fl-client --instances); 1: one process per client
 };
+
+// Clients per fl-client process (--instances), set once from the options before any federation runs.
+int g_instances = 1;
 
 // How the federation's channels are secured (--security).
 enum class Security { kPlaintext, kMtls };
@@ -464,7 +468,11 @@ struct Pki {
   std::string ClientKey(const std::string& name) const { return fl::pki::Paths{dir}.Key(fl::pki::Kind::kClient, name); }
 };
 
-std::string ClientName(int i) { return fl::StrCat("e2e-", i); }
+// Client i's name: e2e-i, or with --instances N the name fl-client gives instance i % N of process i / N
+// (--name=e2e-<process> --instances: e2e-<process>-<instance>).
+std::string ClientName(int i) {
+  return g_instances <= 1 ? fl::StrCat("e2e-", i) : fl::StrCat("e2e-", i / g_instances, "-", i % g_instances);
+}
 
 absl::StatusOr<Pki> ProvisionPki(const std::string& dir, int clients) {
   if (absl::Status s = fl::pki::CreateCa(dir, {}); !s.ok()) return s;
@@ -578,28 +586,37 @@ absl::Status RunFederation(const Options& o, const Pki& pki, Security security, 
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   std::vector<pid_t> client_pids;
-  for (int i = 0; i < k; ++i) {
-    const std::string name = ClientName(i);
+  // One fl-client per client, or (--instances N) ceil(K/N) processes hosting N virtual clients each.
+  const int per_process = std::max(1, g_instances);
+  for (int first = 0, proc = 0; first < k; first += per_process, ++proc) {
+    const int count = std::min(per_process, k - first);
+    const std::string name = per_process == 1 ? ClientName(first) : fl::StrCat("e2e-", proc);
     std::vector<std::string> argv = {
         o.client_bin,
         fl::StrCat("--server=127.0.0.1:", port),
         "--name=" + name,
         o.train_ms > 0 ? fl::StrCat("--model=synthetic:", p, ":", o.train_ms) : fl::StrCat("--model=synthetic:", p),
-        fl::StrCat("--client-index=", i),
+        fl::StrCat("--client-index=", first),
         fl::StrCat("--num-clients=", k),
         "--device=cpu",
         "--link-kind=other",
         "--link-interface=lo",
         "--log-level=warn"};
+    if (per_process > 1) argv.push_back(fl::StrCat("--instances=", count));
     if (security == Security::kPlaintext) {
       argv.push_back("--insecure");
+    } else if (per_process > 1) {
+      argv.push_back("--tls-ca=" + pki.ca_cert);
+      // The folder of the client certificates: <name>-<i>.crt/.key, the instances' names.
+      const std::string cert = pki.ClientCert(ClientName(first));
+      argv.push_back("--tls-cert-dir=" + cert.substr(0, cert.rfind('/')));
     } else {
       argv.push_back("--tls-ca=" + pki.ca_cert);
       argv.push_back("--tls-cert=" + pki.ClientCert(name));
       argv.push_back("--tls-key=" + pki.ClientKey(name));
     }
     for (const auto& a : o.client_args) argv.push_back(a);
-    auto c = StartChild(argv, fl::StrCat(dir, "/client-", i, ".log"), o.client_env);
+    auto c = StartChild(argv, fl::StrCat(dir, "/client-", proc, ".log"), o.client_env);
     if (!c.ok()) return c.status();
     client_pids.push_back(c->pid());
     clients.push_back(std::move(*c));
@@ -901,7 +918,17 @@ int main(int argc, char** argv) {
   app.add_option("--sample-ms", o.sample_ms, "RSS sampling period")->capture_default_str();
   app.add_option("--server-bin", o.server_bin, "fl-server binary")->capture_default_str();
   app.add_option("--client-bin", o.client_bin, "fl-client binary")->capture_default_str();
+  app.add_option("--instances", o.instances,
+                 "Clients per fl-client process (fl-client --instances: virtual clients sharing one process); 1: a "
+                 "process per client")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (o.instances < 1) {
+    std::cerr << "e2e_round: --instances must be at least 1 (clients per fl-client process), got " << o.instances
+              << "\n";
+    return 2;
+  }
+  g_instances = o.instances;
 
   if (o.rounds == 1 || o.rounds < 0 || o.raw_repeats < 1 || o.sample_ms < 1 || o.clients.empty()) {
     std::cerr << "e2e_round: --rounds must be 0 or at least 2 (the first is warm-up), --raw-repeats and "

@@ -270,7 +270,7 @@ struct Fleet::Impl {
   void SendJoin(Member& m) {
     if (stopping.load()) return;
     auto call = std::make_shared<JoinCall>();
-    call->request.set_protocol_version(fl::v1::PROTOCOL_VERSION_2);
+    call->request.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
     call->request.set_client_name(m.id);
     call->request.set_task("classification");
     call->request.set_num_train_examples(10);

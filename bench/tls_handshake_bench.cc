@@ -167,7 +167,7 @@ Setup* MakeSetup() {
   }
   // What fl-client --model synthetic:1000 sends (the spec's size does not matter to the handshake).
   fl::client::SyntheticTrainer trainer(1000, 100, 1, 0, "classification");
-  s->join.set_protocol_version(fl::v1::PROTOCOL_VERSION_2);
+  s->join.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
   s->join.set_client_name(kClientName);
   *s->join.mutable_model_spec() = fl::wire::ToProto(trainer.spec(), trainer.model_name());
   s->join.set_task(trainer.task());

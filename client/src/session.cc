@@ -1,10 +1,14 @@
 #include "fl/client/session.h"
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <charconv>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <random>
 #include <thread>
@@ -22,6 +26,7 @@
 #include "fl/core/codec.h"
 #include "fl/core/str_cat.h"
 #include "fl/core/task.h"
+#include "fl/core/tensor_spec.h"
 #include "fl/proto/chunk_reader.h"
 #include "fl/proto/convert.h"
 #include "fl/rpc/tls.h"
@@ -37,6 +42,9 @@ using fl::v1::ServerMessage;
 // messages); the names are those of proto/fl/v1/federation.proto's Federation service.
 constexpr char kDownloadModelMethod[] = "/fl.v1.Federation/DownloadModel";
 constexpr char kUploadUpdateMethod[] = "/fl.v1.Federation/UploadUpdate";
+// Uploads carry no codec body checksum (PROTOCOL_VERSION_3): the upload's trailer has the XXH3-64 of the whole
+// payload, which fl-server checks before decoding, so computing Checksum64 too would be a second pass for nothing.
+constexpr core::EncodeOptions kUploadEncoding{.body_checksum = false};
 
 std::chrono::system_clock::time_point DeadlineAfterMs(int64_t ms) {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
@@ -139,7 +147,10 @@ class FederatedClient::Impl {
   void Worker();
   void RunTask(const fl::v1::Task& task);
   absl::StatusOr<Downloaded> Download(const fl::v1::Task& task);
-  absl::StatusOr<fl::v1::UploadUpdateResponse> Upload(fl::v1::UpdateHeader header, const std::vector<uint8_t>& payload,
+  // Streams `payload` in chunks that refer to it in place (wire::EncodeDataChunkInPlace): gRPC may hold it after
+  // this returns, so the caller changes it only once it is the sole holder again.
+  absl::StatusOr<fl::v1::UploadUpdateResponse> Upload(fl::v1::UpdateHeader header,
+                                                      std::shared_ptr<const std::vector<uint8_t>> payload,
                                                       uint32_t deadline_ms);
   bool WriteToSession(const ClientMessage& msg);
   void ReportFailure(const std::string& task_id, const absl::Status& status);
@@ -190,7 +201,8 @@ class FederatedClient::Impl {
   std::vector<uint8_t> download_bytes_;
   std::vector<float> global_;
   std::vector<float> update_;
-  std::vector<uint8_t> encoded_;
+  // The update's payload; shared with the slices of its upload until gRPC has sent them (see RunTask).
+  std::shared_ptr<std::vector<uint8_t>> encoded_;
 
   // Error feedback of lossy uplink codecs: what they lost is added to the next update, also when the task's
   // codec changes between rounds (uplink_encoder.h).
@@ -255,7 +267,7 @@ absl::Status FederatedClient::Impl::Run() {
 
 absl::StatusOr<fl::v1::JoinResponse> FederatedClient::Impl::Join(uint32_t timeout_ms) {
   fl::v1::JoinRequest req;
-  req.set_protocol_version(fl::v1::PROTOCOL_VERSION_2);
+  req.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
   req.set_client_name(options_.client_name);
   *req.mutable_device() = options_.device;
   *req.mutable_link() = options_.link;
@@ -313,14 +325,14 @@ absl::Status FederatedClient::Impl::UploadInitialModel() {
   std::vector<float> params(trainer_->spec().num_elements());
   if (absl::Status s = trainer_->GetParameters(params); !s.ok()) return s;
   auto codec = core::MakeCodec(core::CodecKind::kFp32);
-  std::vector<uint8_t> payload;
-  if (absl::Status s = (*codec)->Encode(params, &payload); !s.ok()) return s;
+  auto payload = std::make_shared<std::vector<uint8_t>>();
+  if (absl::Status s = (*codec)->Encode(params, payload.get(), kUploadEncoding); !s.ok()) return s;
   fl::v1::UpdateHeader h;
   h.set_kind(fl::v1::UPDATE_KIND_INITIAL_MODEL);
   h.set_model_fingerprint(trainer_->spec().fingerprint());
   h.set_codec("fp32");
   h.set_num_examples(trainer_->num_train_examples());
-  auto resp = Upload(h, payload, 60000);
+  auto resp = Upload(h, std::move(payload), 60000);
   if (!resp.ok()) return resp.status();
   if (resp->outcome() != fl::v1::UPDATE_OUTCOME_ACCEPTED) {
     return absl::UnavailableError(fl::StrCat("initial model not accepted: ", Describe(resp->error())));
@@ -497,19 +509,41 @@ absl::StatusOr<Downloaded> FederatedClient::Impl::Download(const fl::v1::Task& t
   download_checksum_.Reset();
   std::optional<uint64_t> checksum;
   bool have_header = false;
+  // An fp32 model (the default downlink codec) of this client's size is received in place: the codec header into
+  // `head`, the body (the parameters as little-endian floats) straight into global_, so the model is copied once,
+  // out of gRPC's slices, instead of into a buffer and then decoded into global_ (a model-sized pass less).
+  const size_t num_values = trainer_->spec().num_elements();
+  const bool host_is_little_endian = std::endian::native == std::endian::little;
+  bool in_place = false;
+  std::array<uint8_t, core::kCodecHeaderBytes> head{};
+  uint64_t received = 0;
   auto fail = [&](std::string why) {
     ctx.TryCancel();
     reader->Finish();
     return absl::DataLossError(std::move(why));
   };
   auto append = [&](std::span<const uint8_t> piece) {
-    payload.insert(payload.end(), piece.begin(), piece.end());
     download_checksum_.Update(piece);
+    if (!in_place) {
+      payload.insert(payload.end(), piece.begin(), piece.end());
+      received += piece.size();
+      return;
+    }
+    size_t at = 0;
+    if (received < head.size()) {
+      at = std::min(head.size() - received, piece.size());
+      std::memcpy(head.data() + received, piece.data(), at);
+    }
+    if (at < piece.size()) {
+      std::memcpy(reinterpret_cast<uint8_t*>(global_.data()) + (received + at - head.size()), piece.data() + at,
+                  piece.size() - at);
+    }
+    received += piece.size();
   };
   while (reader->Read(&message)) {
     if (have_header) {
       absl::StatusOr<wire::DataChunkReader::Kind> kind =
-          download_chunks_.Read(message, header.payload_bytes() - payload.size(), append);
+          download_chunks_.Read(message, header.payload_bytes() - received, append);
       if (!kind.ok()) {
         return fail(kind.status().code() == absl::StatusCode::kOutOfRange
                         ? std::string("the model download carries more bytes than its header announced")
@@ -523,9 +557,15 @@ absl::StatusOr<Downloaded> FederatedClient::Impl::Download(const fl::v1::Task& t
     if (chunk.has_header()) {
       header = chunk.header();
       have_header = true;
-      payload.reserve(header.payload_bytes());
+      in_place = host_is_little_endian && header.codec() == "fp32" &&
+                 header.payload_bytes() == core::kCodecHeaderBytes + uint64_t{num_values} * sizeof(float);
+      if (in_place) {
+        global_.resize(num_values);
+      } else {
+        payload.reserve(header.payload_bytes());
+      }
     } else if (chunk.part_case() == fl::v1::ModelChunk::kData) {
-      if (!have_header || payload.size() + chunk.data().size() > header.payload_bytes()) {
+      if (!have_header || received + chunk.data().size() > header.payload_bytes()) {
         return fail("the model download carries more bytes than its header announced");
       }
       append(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(chunk.data().data()), chunk.data().size()));
@@ -537,13 +577,13 @@ absl::StatusOr<Downloaded> FederatedClient::Impl::Download(const fl::v1::Task& t
   if (!status.ok()) {
     return absl::UnavailableError(fl::StrCat("model download failed: ", status.error_message()));
   }
-  if (!have_header || !checksum.has_value() || payload.size() != header.payload_bytes() ||
+  if (!have_header || !checksum.has_value() || received != header.payload_bytes() ||
       download_checksum_.Digest() != *checksum) {
-    return absl::DataLossError(fl::StrCat("the model download is incomplete or damaged (", payload.size(), " of ",
+    return absl::DataLossError(fl::StrCat("the model download is incomplete or damaged (", received, " of ",
                                           header.payload_bytes(), " bytes, checksum ",
                                           checksum.has_value() ? "mismatch" : "missing", ")"));
   }
-  const int64_t received = Now();
+  const int64_t received_ns = Now();
   if (header.spec().fingerprint() != trainer_->spec().fingerprint()) {
     return absl::FailedPreconditionError(
         fl::StrCat("the server's model has fingerprint ", core::FingerprintToHex(header.spec().fingerprint()),
@@ -553,20 +593,35 @@ absl::StatusOr<Downloaded> FederatedClient::Impl::Download(const fl::v1::Task& t
   auto codec = core::MakeCodec(header.codec());
   if (!codec.ok()) return codec.status();
   Downloaded d;
-  global_.resize(trainer_->spec().num_elements());
-  if (absl::Status s = (*codec)->Decode(payload, global_); !s.ok()) return s;
+  if (in_place) {
+    // What Decode checks, less the body checksum (the XXH3 above verified these bytes): the header, and that
+    // every value is finite.
+    absl::StatusOr<core::PayloadInfo> info = core::PeekPayloadHeader(head, received);
+    if (!info.ok()) return info.status();
+    if (info->kind != core::CodecKind::kFp32 || info->num_values != num_values) {
+      return absl::InvalidArgumentError(fl::StrCat("the model download's header says ", info->num_values, " ",
+                                                   core::CodecKindName(info->kind), " values but the server announced ",
+                                                   num_values, " fp32 values: the server's payload is inconsistent"));
+    }
+    if (absl::Status s = core::CheckFinite(global_, "the downloaded model", &trainer_->spec()); !s.ok()) return s;
+  } else {
+    global_.resize(num_values);
+    // The XXH3 above verified these bytes: the codec's body checksum would be a second pass over them.
+    if (absl::Status s = (*codec)->Decode(payload, global_, core::DecodeOptions{.transfer_verified = true}); !s.ok()) {
+      return s;
+    }
+  }
   d.model_version = header.model_version();
-  d.bytes = payload.size();
-  d.timing = Phase(fl::v1::PHASE_DOWNLINK, start, received, payload.size());
+  d.bytes = received;
+  d.timing = Phase(fl::v1::PHASE_DOWNLINK, start, received_ns, received);
   return d;
 }
 
-absl::StatusOr<fl::v1::UploadUpdateResponse> FederatedClient::Impl::Upload(fl::v1::UpdateHeader header,
-                                                                           const std::vector<uint8_t>& payload,
-                                                                           uint32_t deadline_ms) {
+absl::StatusOr<fl::v1::UploadUpdateResponse> FederatedClient::Impl::Upload(
+    fl::v1::UpdateHeader header, std::shared_ptr<const std::vector<uint8_t>> payload, uint32_t deadline_ms) {
   header.set_client_id(client_id_);
   header.set_session_token(token_);
-  header.set_payload_bytes(payload.size());
+  header.set_payload_bytes(payload->size());
   header.set_upload_started_client_ns(Now());
   grpc::ClientContext ctx;
   ctx.set_deadline(DeadlineAfterMs(std::max<uint32_t>(deadline_ms, 1000)));
@@ -590,10 +645,10 @@ absl::StatusOr<fl::v1::UploadUpdateResponse> FederatedClient::Impl::Upload(fl::v
   const size_t chunk_bytes = std::min<size_t>(options_.max_chunk_bytes, server_max_chunk_);
   core::TransferChecksum& sum = upload_checksum_;
   sum.Reset();
-  for (size_t off = 0; open && off < payload.size(); off += chunk_bytes) {
-    const std::span<const uint8_t> piece(payload.data() + off, std::min(chunk_bytes, payload.size() - off));
+  for (size_t off = 0; open && off < payload->size(); off += chunk_bytes) {
+    const std::span<const uint8_t> piece(payload->data() + off, std::min(chunk_bytes, payload->size() - off));
     sum.Update(piece);
-    open = writer->Write(wire::EncodeDataChunk(piece));
+    open = writer->Write(wire::EncodeDataChunkInPlace(piece, payload));
   }
   if (open) {
     chunk.Clear();
@@ -684,8 +739,11 @@ void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
     ReportFailure(task.task_id(), codec.status());
     return;
   }
-  std::vector<uint8_t>& payload = encoded_;
-  const absl::Status encoded = uplink_encoder_.Encode(**codec, update, &payload);
+  // The last upload's slices may still hold encoded_ (gRPC releases them after the call, on its own thread):
+  // reuse the buffer only when nothing else holds it, so that no byte changes under a slice being sent.
+  if (encoded_ == nullptr || encoded_.use_count() > 1) encoded_ = std::make_shared<std::vector<uint8_t>>();
+  std::vector<uint8_t>& payload = *encoded_;
+  const absl::Status encoded = uplink_encoder_.Encode(**codec, update, &payload, kUploadEncoding);
   if (!encoded.ok()) {
     // Non-finite values after training: the local model diverged. Tell the server rather than go silent.
     ReportFailure(task.task_id(), encoded);
@@ -713,7 +771,7 @@ void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
       (task.deadline_ms() > 0) ? std::max<int64_t>(1000, task.deadline_ms() - (Now() - task_start) / 1'000'000 + 5000)
                                : 60000;
   const int64_t upload_start = Now();
-  auto resp = Upload(h, payload, static_cast<uint32_t>(remaining_ms));
+  auto resp = Upload(h, encoded_, static_cast<uint32_t>(remaining_ms));
   const int64_t upload_acked = Now();
   if (options_.metrics != nullptr && resp.ok()) {
     options_.metrics->ObservePhase("uplink", static_cast<double>(upload_acked - upload_start) / 1e9, payload.size());

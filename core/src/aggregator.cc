@@ -285,7 +285,7 @@ absl::Status Aggregator::Add(std::span<const float> values, double weight, uint6
 }
 
 absl::Status Aggregator::AddEncoded(const Codec& codec, std::span<const uint8_t> payload, double weight,
-                                    uint64_t spec_fingerprint, std::string_view source) {
+                                    uint64_t spec_fingerprint, std::string_view source, const DecodeOptions& options) {
   // The header says how many values the payload holds: check it against the model before decoding so
   // that a wrong-sized update gets the same error as through Add.
   absl::StatusOr<PayloadInfo> info = PeekPayload(payload);
@@ -296,11 +296,21 @@ absl::Status Aggregator::AddEncoded(const Codec& codec, std::span<const uint8_t>
                                                  "' codec; pick the codec with PeekPayload"));
   }
   if (absl::Status s = CheckHeader(weight, spec_fingerprint, info->num_values, source); !s.ok()) return s;
+  // fp32 over a verified transfer: the body is the update's floats as they are (little-endian, as this host
+  // stores them), so it is added in place, one pass fewer than decoding a copy of 4P bytes first. Add's range
+  // check (NaN, Inf, beyond kMaxUpdateAbsValue) covers the decoder's finite check; the body checksum is what the
+  // transfer checksum already verified. A body not aligned for floats takes the decoding path.
+  const uint8_t* body = payload.data() + kCodecHeaderBytes;
+  if (info->kind == CodecKind::kFp32 && options.transfer_verified && std::endian::native == std::endian::little &&
+      reinterpret_cast<uintptr_t>(body) % alignof(float) == 0) {
+    return Add(std::span<const float>(reinterpret_cast<const float*>(body), info->num_values), weight, spec_fingerprint,
+               source);
+  }
   // Decode, then add exactly as Add does (rather than DecodeAccumulate into the sum): decoded values are
   // finite but may still exceed kMaxUpdateAbsValue (an fp32 or bf16 payload can carry 1e38), and the
   // range check must pass before anything touches the aggregate.
   std::span<float> buffer = DecodeBuffer();
-  if (absl::Status s = codec.Decode(payload, buffer); !s.ok()) return Prefixed(s, source);
+  if (absl::Status s = codec.Decode(payload, buffer, options); !s.ok()) return Prefixed(s, source);
   // kMedian: the norm of the decoded update (kept as it is in the row: TryAdd of a buffering aggregator
   // only checks it); a refused update's norm is dropped below.
   const double norm = clip_.mode == NormClip::Mode::kMedian ? UpdateNorm(*spec_, buffer) : 0.0;
@@ -309,7 +319,7 @@ absl::Status Aggregator::AddEncoded(const Codec& codec, std::span<const uint8_t>
     // TryAdd may have overwritten the decoded values (the mean reuses them); decode again to say which
     // value was out of range. Rare: only a payload with values beyond 2^64 gets here.
     buffer = DecodeBuffer();
-    if (absl::Status s = codec.Decode(payload, buffer); !s.ok()) return Prefixed(s, source);
+    if (absl::Status s = codec.Decode(payload, buffer, options); !s.ok()) return Prefixed(s, source);
     return DescribeBadValues(buffer, source);
   }
   if (clip_.mode == NormClip::Mode::kMedian) norms_.push_back(norm);

@@ -102,11 +102,12 @@ T GetLe(const uint8_t* p) {
   return static_cast<T>(v);
 }
 
-void WriteHeader(CodecKind kind, uint32_t block, uint64_t n, uint64_t checksum, uint8_t* p) {
+void WriteHeader(CodecKind kind, uint32_t block, uint64_t n, uint16_t flags, uint64_t checksum, uint8_t* p) {
   std::memset(p, 0, kCodecHeaderBytes);
   PutLe<uint32_t>(p + 0, kCodecMagic);
   p[4] = kCodecFormatVersion;
   p[5] = static_cast<uint8_t>(kind);
+  PutLe<uint16_t>(p + 6, flags);
   PutLe<uint32_t>(p + 8, block);
   PutLe<uint64_t>(p + 16, n);
   PutLe<uint64_t>(p + 24, checksum);
@@ -114,17 +115,19 @@ void WriteHeader(CodecKind kind, uint32_t block, uint64_t n, uint64_t checksum, 
 
 struct Header {
   PayloadInfo info;
+  uint16_t flags;
   uint64_t checksum;
 };
 
-// Checks everything the header alone can tell, plus the payload length it implies.
-absl::StatusOr<Header> ReadHeader(std::span<const uint8_t> payload) {
-  if (payload.size() < kCodecHeaderBytes) {
+// Checks everything the header alone can tell, plus the payload length it implies. `head` holds the payload's
+// first bytes (at least the header's, when payload_size allows), `payload_size` is the whole payload's length.
+absl::StatusOr<Header> ReadHeader(std::span<const uint8_t> head, size_t payload_size) {
+  if (payload_size < kCodecHeaderBytes || head.size() < kCodecHeaderBytes) {
     return absl::InvalidArgumentError(
-        fl::StrCat("payload is ", payload.size(), " bytes, shorter than the ", kCodecHeaderBytes,
+        fl::StrCat("payload is ", payload_size, " bytes, shorter than the ", kCodecHeaderBytes,
                    "-byte codec header: it was truncated in transit or is not a codec payload; resend it"));
   }
-  const uint8_t* p = payload.data();
+  const uint8_t* p = head.data();
   const uint32_t magic = GetLe<uint32_t>(p);
   if (magic != kCodecMagic) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -142,18 +145,26 @@ absl::StatusOr<Header> ReadHeader(std::span<const uint8_t> payload) {
         fl::StrCat("payload has unknown codec kind ", p[5],
                    " (known: 1=fp32 .. 7=sign1): the sender is newer than this build or the header is corrupt"));
   }
-  const uint16_t reserved0 = GetLe<uint16_t>(p + 6);
+  const uint16_t flags = GetLe<uint16_t>(p + 6);
   const uint32_t reserved1 = GetLe<uint32_t>(p + 12);
-  if (reserved0 != 0 || reserved1 != 0) {
-    return absl::InvalidArgumentError(fl::StrCat("payload header has non-zero reserved fields (bytes 6-7: ", reserved0,
-                                                 ", bytes 12-15: ", reserved1,
-                                                 "): the header is corrupt or from an incompatible encoder; resend"));
+  if ((flags & ~kCodecFlagNoBodyChecksum) != 0 || reserved1 != 0) {
+    return absl::InvalidArgumentError(
+        fl::StrCat("payload header has unknown flags or non-zero reserved fields (bytes "
+                   "6-7: ",
+                   flags, ", known flags: ", kCodecFlagNoBodyChecksum, "; bytes 12-15: ", reserved1,
+                   "): the header is corrupt or from an incompatible encoder; resend"));
   }
   Header h;
   h.info.kind = static_cast<CodecKind>(p[5]);
   h.info.block_size = GetLe<uint32_t>(p + 8);
   h.info.num_values = GetLe<uint64_t>(p + 16);
+  h.flags = flags;
   h.checksum = GetLe<uint64_t>(p + 24);
+  if ((flags & kCodecFlagNoBodyChecksum) != 0 && h.checksum != 0) {
+    return absl::InvalidArgumentError(fl::StrCat("payload header says it has no body checksum (flag ",
+                                                 kCodecFlagNoBodyChecksum, ") yet its checksum field is ",
+                                                 Hex(h.checksum), ": the header is corrupt; resend"));
+  }
   if (IsBlockwise(h.info.kind)) {
     absl::Status s = CheckBlockSize(h.info.kind, h.info.block_size, "payload header: ");
     if (!s.ok()) {
@@ -171,13 +182,13 @@ absl::StatusOr<Header> ReadHeader(std::span<const uint8_t> payload) {
   }
   const size_t expected =
       kCodecHeaderBytes + BodyBytes(h.info.kind, h.info.block_size, static_cast<size_t>(h.info.num_values));
-  if (payload.size() != expected) {
-    const bool short_payload = payload.size() < expected;
+  if (payload_size != expected) {
+    const bool short_payload = payload_size < expected;
     return absl::InvalidArgumentError(fl::StrCat(
-        "payload is ", payload.size(), " bytes but ", h.info.num_values, " values in ",
+        "payload is ", payload_size, " bytes but ", h.info.num_values, " values in ",
         Describe(h.info.kind, h.info.block_size), " take exactly ", expected, " bytes with the header; ",
         short_payload ? "it was truncated in transit: resend it"
-                      : fl::StrCat("it has ", payload.size() - expected,
+                      : fl::StrCat("it has ", payload_size - expected,
                                    " extra bytes (padded or concatenated in transit): send the payload alone")));
   }
   return h;
@@ -194,7 +205,11 @@ class CodecImpl final : public Codec {
     return kCodecHeaderBytes + BodyBytes(kind_, block_, num_values);
   }
 
-  absl::Status Encode(std::span<const float> values, std::vector<uint8_t>* out) const override {
+  using Codec::Decode;
+  using Codec::Encode;
+
+  absl::Status Encode(std::span<const float> values, std::vector<uint8_t>* out,
+                      const EncodeOptions& options) const override {
     const size_t n = values.size();
     out->resize(EncodedSize(n));
     uint8_t* body = out->data() + kCodecHeaderBytes;
@@ -209,13 +224,18 @@ class CodecImpl final : public Codec {
       out->clear();
       return UnencodableError(values[bad], bad);
     }
-    const uint64_t checksum = Checksum64(std::span<const uint8_t>(body, out->size() - kCodecHeaderBytes));
-    WriteHeader(kind_, block_, n, checksum, out->data());
+    if (options.body_checksum) {
+      const uint64_t checksum = Checksum64(std::span<const uint8_t>(body, out->size() - kCodecHeaderBytes));
+      WriteHeader(kind_, block_, n, 0, checksum, out->data());
+    } else {
+      WriteHeader(kind_, block_, n, kCodecFlagNoBodyChecksum, 0, out->data());
+    }
     return absl::OkStatus();
   }
 
-  absl::Status Decode(std::span<const uint8_t> payload, std::span<float> out) const override {
-    absl::Status s = Validate(payload, out.size());
+  absl::Status Decode(std::span<const uint8_t> payload, std::span<float> out,
+                      const DecodeOptions& options) const override {
+    absl::Status s = Validate(payload, out.size(), options);
     if (!s.ok()) return s;
     Run(payload.data() + kCodecHeaderBytes, out.size(), nullptr, out.data());
     return absl::OkStatus();
@@ -227,7 +247,7 @@ class CodecImpl final : public Codec {
           fl::StrCat("weight ", weight, " passed to ", name(),
                      " DecodeAccumulate is not finite: it would poison the aggregate; fix the weighting"));
     }
-    absl::Status s = Validate(payload, acc.size());
+    absl::Status s = Validate(payload, acc.size(), DecodeOptions{});
     if (!s.ok()) return s;
     Run(payload.data() + kCodecHeaderBytes, acc.size(), &weight, acc.data());
     return absl::OkStatus();
@@ -252,8 +272,8 @@ class CodecImpl final : public Codec {
                                                  " range (it rounds to infinity): use fp32 for this tensor"));
   }
 
-  absl::Status Validate(std::span<const uint8_t> payload, size_t out_size) const {
-    absl::StatusOr<Header> h = ReadHeader(payload);
+  absl::Status Validate(std::span<const uint8_t> payload, size_t out_size, const DecodeOptions& options) const {
+    absl::StatusOr<Header> h = ReadHeader(payload, payload.size());
     if (!h.ok()) return h.status();
     const PayloadInfo& info = h->info;
     if (info.kind != kind_ || info.block_size != block_) {
@@ -268,11 +288,20 @@ class CodecImpl final : public Codec {
                      ": sender and receiver disagree on the tensor size; check that both use the same model spec"));
     }
     const std::span<const uint8_t> body = payload.subspan(kCodecHeaderBytes);
-    const uint64_t checksum = Checksum64(body);
-    if (checksum != h->checksum) {
-      return absl::DataLossError(fl::StrCat("payload body checksum is ", Hex(checksum), " but the header says ",
-                                            Hex(h->checksum), ": the ", body.size(),
-                                            "-byte body was corrupted in transit or storage; resend it"));
+    if (!options.transfer_verified) {
+      if ((h->flags & kCodecFlagNoBodyChecksum) != 0) {
+        return absl::DataLossError(fl::StrCat(
+            "payload carries no body checksum (header flag ", kCodecFlagNoBodyChecksum,
+            ": its sender relied on the transfer's checksum) and nothing verified its ", body.size(),
+            " body bytes here: decode it only after checking the transfer checksum (DecodeOptions::transfer_verified), "
+            "or have the sender encode it with a body checksum"));
+      }
+      const uint64_t checksum = Checksum64(body);
+      if (checksum != h->checksum) {
+        return absl::DataLossError(fl::StrCat("payload body checksum is ", Hex(checksum), " but the header says ",
+                                              Hex(h->checksum), ": the ", body.size(),
+                                              "-byte body was corrupted in transit or storage; resend it"));
+      }
     }
     size_t bad = ci::kNotFound;
     switch (kind_) {
@@ -395,12 +424,19 @@ absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(std::string_view spec) {
 }
 
 absl::StatusOr<PayloadInfo> PeekPayload(std::span<const uint8_t> payload) {
-  absl::StatusOr<Header> h = ReadHeader(payload);
+  absl::StatusOr<Header> h = ReadHeader(payload, payload.size());
   if (!h.ok()) return h.status();
   return h->info;
 }
 
-absl::Status ErrorFeedback::Encode(const Codec& codec, std::span<const float> values, std::vector<uint8_t>* out) {
+absl::StatusOr<PayloadInfo> PeekPayloadHeader(std::span<const uint8_t> header, uint64_t payload_bytes) {
+  absl::StatusOr<Header> h = ReadHeader(header, static_cast<size_t>(payload_bytes));
+  if (!h.ok()) return h.status();
+  return h->info;
+}
+
+absl::Status ErrorFeedback::Encode(const Codec& codec, std::span<const float> values, std::vector<uint8_t>* out,
+                                   const EncodeOptions& options) {
   if (values.size() != residual_.size()) {
     return absl::InvalidArgumentError(
         fl::StrCat("error feedback was set up for ", residual_.size(), " values but got ", values.size(),
@@ -408,13 +444,14 @@ absl::Status ErrorFeedback::Encode(const Codec& codec, std::span<const float> va
   }
   scratch_.resize(values.size());
   for (size_t i = 0; i < values.size(); ++i) scratch_[i] = values[i] + residual_[i];
-  absl::Status s = codec.Encode(scratch_, out);
+  absl::Status s = codec.Encode(scratch_, out, options);
   if (!s.ok()) {
     // The residual is left as it was, so the caller can skip this step and carry on.
     return absl::Status(s.code(), fl::StrCat("error feedback (input + carried residual): ", fl::ToStd(s.message())));
   }
   // residual = (values + residual) - decode(payload); decoding straight into residual_ avoids a buffer.
-  s = codec.Decode(*out, std::span<float>(residual_));
+  // The payload never left this process: its body checksum (if any) would only be recomputed.
+  s = codec.Decode(*out, std::span<float>(residual_), DecodeOptions{.transfer_verified = true});
   if (!s.ok()) return s;  // cannot happen for a payload we just wrote
   for (size_t i = 0; i < residual_.size(); ++i) residual_[i] = scratch_[i] - residual_[i];
   return absl::OkStatus();

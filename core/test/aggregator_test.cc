@@ -1,6 +1,7 @@
 #include "fl/core/aggregator.h"
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -387,6 +388,69 @@ TEST(AggregatorTest, EncodedOutOfRangeValuesAreRejectedAndChangeNothing) {
     ASSERT_TRUE((*codec)->Encode(updates[1], &payload).ok());
     ASSERT_TRUE(agg->AddEncoded(**codec, payload, 1.0, fp, "client 3").ok());
     EXPECT_EQ(*agg->Finish(), *fresh->Finish());
+  }
+}
+
+// The server's path (fl-server checked the upload's XXH3 first): an fp32 payload without a body checksum is added
+// straight from its bytes. Same aggregate as Add for every aggregator and norm bound; out-of-range and non-finite
+// values refused naming the value, the aggregate untouched; a body not aligned for floats takes the decoding path.
+TEST(AggregatorTest, AVerifiedFp32PayloadIsAddedFromItsBytesExactlyLikeAdd) {
+  auto spec = Spec();
+  const uint64_t fp = spec->fingerprint();
+  const auto updates = RandomUpdates(4, spec->num_elements(), 25);
+  auto codec = MakeCodec("fp32");
+  ASSERT_TRUE(codec.ok()) << codec.status();
+  const DecodeOptions verified{.transfer_verified = true};
+  const EncodeOptions bare{.body_checksum = false};
+  for (const char* name : {"mean", "median", "trimmed_mean:0.2"}) {
+    for (const char* clip : {"off", "0.5", "median"}) {
+      if (std::string(name) == "mean" && std::string(clip) == "median") continue;  // refused by SetNormClip
+      SCOPED_TRACE(fl::StrCat(name, " clip ", clip));
+      auto plain = Make(name, spec);
+      auto encoded = Make(name, spec);
+      ASSERT_TRUE(plain->SetNormClip(*NormClip::Parse(clip)).ok());
+      ASSERT_TRUE(encoded->SetNormClip(*NormClip::Parse(clip)).ok());
+      for (size_t k = 0; k < updates.size(); ++k) {
+        const double w = 1.0 + static_cast<double>(k);
+        ASSERT_TRUE(plain->Add(updates[k], w, fp, "c").ok());
+        std::vector<uint8_t> payload;
+        ASSERT_TRUE((*codec)->Encode(updates[k], &payload, bare).ok());
+        if (k == 2) {
+          // One byte later in memory: the floats are misaligned, decoded into a buffer instead.
+          std::vector<uint8_t> shifted(payload.size() + 1);
+          std::copy(payload.begin(), payload.end(), shifted.begin() + 1);
+          const std::span<const uint8_t> odd(shifted.data() + 1, payload.size());
+          ASSERT_TRUE(encoded->AddEncoded(**codec, odd, w, fp, "c", verified).ok());
+        } else {
+          ASSERT_TRUE(encoded->AddEncoded(**codec, payload, w, fp, "c", verified).ok());
+        }
+      }
+      const std::vector<float> before = *encoded->Finish();
+      EXPECT_EQ(before, *plain->Finish());
+
+      for (float bad : {-3e30f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+        std::vector<float> values = updates[0];
+        values[30] = bad;  // fc.weight element 3
+        std::vector<uint8_t> payload((*codec)->EncodedSize(values.size()));
+        // Encode refuses NaN/Inf, so the body is written as a faulty client would: the floats as they are.
+        ASSERT_TRUE((*codec)->Encode(updates[0], &payload, bare).ok());
+        std::memcpy(payload.data() + kCodecHeaderBytes, values.data(), values.size() * sizeof(float));
+        const absl::Status st = encoded->AddEncoded(**codec, payload, 1.0, fp, "client 9", verified);
+        EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+        EXPECT_TRUE(HasSubstr(st.message(), "client 9")) << st;
+        EXPECT_TRUE(HasSubstr(st.message(), "fc.weight")) << st;
+        EXPECT_EQ(encoded->num_updates(), updates.size());
+        EXPECT_EQ(*encoded->Finish(), before);
+      }
+      // Without the option the same bare payload is refused: nothing verified its bytes.
+      std::vector<uint8_t> payload;
+      ASSERT_TRUE((*codec)->Encode(updates[0], &payload, bare).ok());
+      EXPECT_EQ(encoded->AddEncoded(**codec, payload, 1.0, fp, "client 9").code(), absl::StatusCode::kDataLoss);
+      // A wrong-sized verified payload is still refused by its header.
+      payload.resize(payload.size() - 4);
+      EXPECT_FALSE(encoded->AddEncoded(**codec, payload, 1.0, fp, "client 9", verified).ok());
+      EXPECT_EQ(*encoded->Finish(), before);
+    }
   }
 }
 

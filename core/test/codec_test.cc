@@ -64,6 +64,11 @@ void PutU32(std::vector<uint8_t>* p, size_t at, uint32_t v) {
 void PutU64(std::vector<uint8_t>* p, size_t at, uint64_t v) {
   for (int i = 0; i < 8; ++i) (*p)[at + i] = static_cast<uint8_t>(v >> (8 * i));
 }
+uint64_t GetU64(const std::vector<uint8_t>& p, size_t at) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= uint64_t{p[at + i]} << (8 * i);
+  return v;
+}
 void PutF32(std::vector<uint8_t>* p, size_t at, float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -378,8 +383,14 @@ TEST_P(CorruptPayloadTest, HeaderFields) {
   p[5] = static_cast<uint8_t>(GetParam() == CodecKind::kFp16 ? CodecKind::kBf16 : CodecKind::kFp16);
   (void)Reject(p);  // another codec: its block size or length no longer fits, or the codec does not match
   p = good_;
-  p[6] = 1;
+  p[6] = 2;  // bit 0 is kCodecFlagNoBodyChecksum; the other flag bits are reserved
   EXPECT_ERROR_HAS(Reject(p), "reserved");
+  p = good_;
+  p[7] = 0x80;
+  EXPECT_ERROR_HAS(Reject(p), "unknown flags");
+  p = good_;
+  p[6] = 1;  // no body checksum, yet the checksum field is set
+  EXPECT_ERROR_HAS(Reject(p), "its checksum field is");
   p = good_;
   p[13] = 1;
   EXPECT_ERROR_HAS(Reject(p), "reserved");
@@ -421,6 +432,54 @@ TEST_P(CorruptPayloadTest, FlippedBodyByteFailsChecksum) {
     const absl::Status s = Reject(p);
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
     EXPECT_NE(Msg(s).find("checksum"), std::string::npos) << Msg(s);
+  }
+}
+
+// A payload encoded without its body checksum (fl-client's uploads, whose transfer has an XXH3 of the same
+// bytes): the same body, the flag set and the field zero; refused unless the caller verified the transfer.
+TEST_P(CorruptPayloadTest, WithoutABodyChecksumOnlyAVerifiedTransferDecodes) {
+  std::vector<uint8_t> bare;
+  ASSERT_TRUE(codec_->Encode(RandomValues(kN, 5), &bare, EncodeOptions{.body_checksum = false}).ok());
+  ASSERT_EQ(bare.size(), good_.size());
+  EXPECT_TRUE(std::equal(bare.begin() + kCodecHeaderBytes, bare.end(), good_.begin() + kCodecHeaderBytes));
+  EXPECT_EQ(bare[6], kCodecFlagNoBodyChecksum);
+  EXPECT_EQ(GetU64(bare, 24), 0u);
+
+  const absl::Status s = Reject(bare);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_ERROR_HAS(s, "carries no body checksum");
+  EXPECT_ERROR_HAS(s, "transfer_verified");
+
+  const DecodeOptions verified{.transfer_verified = true};
+  std::vector<float> from_bare(kN), from_good(kN);
+  ASSERT_TRUE(codec_->Decode(bare, from_bare, verified).ok());
+  ASSERT_TRUE(codec_->Decode(good_, from_good).ok());
+  EXPECT_EQ(from_bare, from_good);
+  // Peeking reads the header the same way.
+  ASSERT_TRUE(PeekPayload(bare).ok());
+  EXPECT_EQ(PeekPayload(bare)->num_values, kN);
+}
+
+// transfer_verified skips the body checksum (the caller checked these bytes), not the other checks: a body whose
+// checksum no longer matches decodes, a header or value that is wrong is still refused.
+TEST_P(CorruptPayloadTest, AVerifiedTransferSkipsOnlyTheBodyChecksum) {
+  const DecodeOptions verified{.transfer_verified = true};
+  auto p = good_;
+  p[good_.size() / 2] ^= 0x01;  // low bit: still a finite value / valid code in every codec
+  std::vector<float> out(kN);
+  EXPECT_TRUE(codec_->Decode(p, out, verified).ok());
+  EXPECT_EQ(Reject(p).code(), absl::StatusCode::kDataLoss);  // without the option: the checksum catches it
+
+  p = good_;
+  p.pop_back();
+  std::vector<float> untouched(kN, 123.0f);
+  EXPECT_ERROR_HAS(codec_->Decode(p, untouched, verified), "truncated");
+  EXPECT_EQ(untouched, std::vector<float>(kN, 123.0f));
+  if (GetParam() == CodecKind::kFp32) {
+    p = good_;
+    PutF32(&p, kCodecHeaderBytes + 4 * 7, std::numeric_limits<float>::quiet_NaN());
+    EXPECT_ERROR_HAS(codec_->Decode(p, untouched, verified), "index 7");
+    EXPECT_EQ(untouched, std::vector<float>(kN, 123.0f));
   }
 }
 

@@ -7,23 +7,42 @@
 
 namespace fl::wire {
 
-grpc::ByteBuffer EncodeDataChunk(std::span<const uint8_t> data) {
+namespace {
+
+// The tag and length varint of a data chunk of `size` bytes, as one (copied) slice.
+grpc::Slice DataChunkPrefix(uint64_t size) {
   uint8_t prefix[11];
   size_t len = 0;
   prefix[len++] = kDataChunkTag;
-  for (uint64_t v = data.size();; v >>= 7) {
+  for (uint64_t v = size;; v >>= 7) {
     if (v < 0x80) {
       prefix[len++] = static_cast<uint8_t>(v);
       break;
     }
     prefix[len++] = static_cast<uint8_t>(v | 0x80);
   }
-  grpc::Slice slices[2] = {grpc::Slice(prefix, len), grpc::Slice(data.data(), data.size())};
+  return grpc::Slice(prefix, len);
+}
+
+}  // namespace
+
+grpc::ByteBuffer EncodeDataChunk(std::span<const uint8_t> data) {
+  grpc::Slice slices[2] = {DataChunkPrefix(data.size()), grpc::Slice(data.data(), data.size())};
   return grpc::ByteBuffer(slices, 2);
 }
 
-absl::StatusOr<DataChunkReader::Kind> DataChunkReader::Read(
-    const grpc::ByteBuffer& message, uint64_t limit, const std::function<void(std::span<const uint8_t>)>& sink) {
+grpc::ByteBuffer EncodeDataChunkInPlace(std::span<const uint8_t> data, std::shared_ptr<const void> owner) {
+  // gRPC calls the destroy function once, when the slice's last reference goes: that drops our hold on `owner`.
+  auto* hold = new std::shared_ptr<const void>(std::move(owner));
+  grpc::Slice body(
+      const_cast<uint8_t*>(data.data()), data.size(),  // gRPC only reads a slice it sends
+      [](void* h) { delete static_cast<std::shared_ptr<const void>*>(h); }, hold);
+  grpc::Slice slices[2] = {DataChunkPrefix(data.size()), std::move(body)};
+  return grpc::ByteBuffer(slices, 2);
+}
+
+absl::StatusOr<DataChunkReader::Kind> DataChunkReader::Read(const grpc::ByteBuffer& message, uint64_t limit,
+                                                            const std::function<void(std::span<const uint8_t>)>& sink) {
   const size_t total = message.Length();
   if (total == 0) return Kind::kOther;
   if (grpc::Status s = message.Dump(&slices_); !s.ok()) {
@@ -55,8 +74,8 @@ absl::StatusOr<DataChunkReader::Kind> DataChunkReader::Read(
     // The 10th byte holds bit 63 only: anything more is a varint longer than 10 bytes or beyond 64 bits.
     if (shift == 63 && byte > 1) {
       return absl::InvalidArgumentError(
-          absl::StrCat("a data chunk's length varint is longer than 10 bytes or overflows 64 bits; the chunk (",
-                       total, " bytes) is malformed: send a serialized fl.v1 ModelChunk/UpdateChunk"));
+          absl::StrCat("a data chunk's length varint is longer than 10 bytes or overflows 64 bits; the chunk (", total,
+                       " bytes) is malformed: send a serialized fl.v1 ModelChunk/UpdateChunk"));
     }
     length |= static_cast<uint64_t>(byte & 0x7f) << shift;
     if ((byte & 0x80) == 0) break;

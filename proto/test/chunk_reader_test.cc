@@ -2,6 +2,7 @@
 // into slices anywhere, read back in place; other messages left to protobuf; malformed ones refused.
 #include "fl/proto/chunk_reader.h"
 
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -111,6 +112,43 @@ TEST(DataChunkReaderTest, EncodeDataChunkIsProtobufsEncoding) {
   }
 }
 
+// In place: the same bytes on the wire as EncodeDataChunk, the payload slice pointing into the caller's buffer
+// (no copy: a later change to the buffer shows through), and the owner held exactly as long as gRPC holds a
+// reference to the message (copies of the ByteBuffer share the slice; the last one to go releases it).
+TEST(DataChunkReaderTest, EncodeDataChunkInPlaceRefersToTheBufferAndHoldsItsOwnerUntilReleased) {
+  std::mt19937_64 rng(4);
+  for (size_t size : {0, 1, 300, 70000, 1 << 20}) {
+    const std::string data = RandomBytes(size, rng);
+    auto owner = std::make_shared<std::vector<uint8_t>>(data.begin(), data.end());
+    const std::weak_ptr<std::vector<uint8_t>> watch = owner;
+    grpc::ByteBuffer copy_of_message;
+    {
+      grpc::ByteBuffer message = EncodeDataChunkInPlace(*owner, owner);
+      EXPECT_EQ(watch.use_count(), 2) << size;  // ours and the slice's
+      grpc::Slice flat;
+      ASSERT_TRUE(message.DumpToSingleSlice(&flat).ok());
+      fl::v1::UpdateChunk chunk;
+      chunk.set_data(data);
+      EXPECT_EQ(std::string(reinterpret_cast<const char*>(flat.begin()), flat.size()), chunk.SerializeAsString());
+      if (size > 0) {
+        std::vector<grpc::Slice> slices;
+        ASSERT_TRUE(message.Dump(&slices).ok());
+        ASSERT_EQ(slices.size(), 2u);
+        EXPECT_EQ(slices[1].begin(), owner->data()) << "the payload slice must point into the buffer, not a copy";
+      }
+      copy_of_message = message;
+    }
+    owner.reset();
+    EXPECT_FALSE(watch.expired()) << "released while a message still refers to the bytes";
+    DataChunkReader reader;
+    const Read r = ReadAll(reader, copy_of_message);
+    ASSERT_TRUE(r.kind.ok()) << r.kind.status();
+    EXPECT_TRUE(r.data == data) << size;
+    copy_of_message.Clear();
+    EXPECT_TRUE(watch.expired()) << "the owner must go with the last reference to the slice";
+  }
+}
+
 TEST(DataChunkReaderTest, HeadersTrailersAndUnusualLayoutsAreLeftToProtobuf) {
   DataChunkReader reader;
   fl::v1::UpdateChunk header;
@@ -122,8 +160,8 @@ TEST(DataChunkReaderTest, HeadersTrailersAndUnusualLayoutsAreLeftToProtobuf) {
   data.set_data("abc");
   // A data field followed by another field: legal protobuf (the last oneof member wins), not our layout.
   const std::string data_then_trailer = data.SerializeAsString() + trailer.SerializeAsString();
-  for (const std::string& message : {header.SerializeAsString(), trailer.SerializeAsString(), data_then_trailer,
-                                     std::string()}) {
+  for (const std::string& message :
+       {header.SerializeAsString(), trailer.SerializeAsString(), data_then_trailer, std::string()}) {
     const Read r = ReadAll(reader, Sliced(message, {message.size() / 2}));
     ASSERT_TRUE(r.kind.ok()) << r.kind.status();
     EXPECT_EQ(*r.kind, DataChunkReader::Kind::kOther);
@@ -142,8 +180,14 @@ TEST(DataChunkReaderTest, MalformedDataChunksAreRefusedNamingTheFault) {
       {std::string("\x12\x80\x80", 3), "ends inside its length varint"},
       {std::string("\x12") + std::string(10, '\x80') + "\x01", "longer than 10 bytes"},
       {std::string("\x12") + std::string(9, '\xff') + "\x02", "overflows 64 bits"},
-      {std::string("\x12\x05" "abc", 5), "announces 5 bytes but only 3 follow"},
-      {std::string("\x12\xff\xff\xff\xff\x0f" "a", 7), "but only 1 follow"},
+      {std::string("\x12\x05"
+                   "abc",
+                   5),
+       "announces 5 bytes but only 3 follow"},
+      {std::string("\x12\xff\xff\xff\xff\x0f"
+                   "a",
+                   7),
+       "but only 1 follow"},
   };
   for (const Case& c : cases) {
     const Read r = ReadAll(reader, Sliced(c.bytes, {1}));
@@ -164,8 +208,7 @@ TEST(DataChunkReaderTest, AChunkBeyondTheLimitIsOutOfRangeBeforeTheSinkSeesIt) {
   const Read over = ReadAll(reader, Sliced(chunk.SerializeAsString(), {}), 99);
   ASSERT_FALSE(over.kind.ok());
   EXPECT_EQ(over.kind.status().code(), absl::StatusCode::kOutOfRange);
-  EXPECT_NE(over.kind.status().message().find("carries 100 bytes, more than the 99 still expected"),
-            std::string::npos)
+  EXPECT_NE(over.kind.status().message().find("carries 100 bytes, more than the 99 still expected"), std::string::npos)
       << over.kind.status();
   EXPECT_EQ(over.pieces, 0);
   const Read exact = ReadAll(reader, Sliced(chunk.SerializeAsString(), {}), 100);
@@ -190,8 +233,8 @@ TEST(DataChunkReaderTest, TheStreamedXxh3OfTheChunksEqualsTheSendersChecksum) {
       grpc::Slice flat;
       ASSERT_TRUE(message.DumpToSingleSlice(&flat).ok());
       const std::string encoded(reinterpret_cast<const char*>(flat.begin()), flat.size());
-      auto kind = reader.Read(RandomlySliced(encoded, rng), n,
-                              [&](std::span<const uint8_t> piece) { received.Update(piece); });
+      auto kind =
+          reader.Read(RandomlySliced(encoded, rng), n, [&](std::span<const uint8_t> piece) { received.Update(piece); });
       ASSERT_TRUE(kind.ok() && *kind == DataChunkReader::Kind::kData);
     }
     EXPECT_EQ(received.Digest(), sent) << chunk_bytes;
@@ -199,8 +242,8 @@ TEST(DataChunkReaderTest, TheStreamedXxh3OfTheChunksEqualsTheSendersChecksum) {
   // Any damaged byte changes it.
   std::string damaged = payload;
   damaged[1'234'567] ^= 0x10;
-  EXPECT_NE(core::TransferChecksum64(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(damaged.data()),
-                                                              damaged.size())),
+  EXPECT_NE(core::TransferChecksum64(
+                std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(damaged.data()), damaged.size())),
             sent);
 }
 

@@ -108,16 +108,13 @@ absl::Status EngineConfig::ValidateBuffered() const {
 void RoundEngine::OpenBufferedStep() {
   BufferState& b = *buffer_;
   if (b.step_open) return;
+  if (b.step.aggregator != nullptr) spare_aggregator_ = std::move(b.step.aggregator);
   b.step = RoundState{};
   b.step.round = round_ + 1;
   b.step.attempt = attempt_;
   b.step.started_ns = NowNs();
   b.step.started_unix_ms = UnixMs();
-  auto agg = core::MakeAggregator(config_.aggregator, spec_);
-  b.step.aggregator = std::move(*agg);  // validated in Start(): the weighted mean
-  if (absl::Status s = b.step.aggregator->SetNormClip(*config_.UpdateNormClip()); !s.ok()) {
-    spdlog::error("--clip-update-norm: {}", s.message());
-  }
+  b.step.aggregator = TakeAggregator();  // validated in Start(): the weighted mean
   b.step_open = true;
 }
 
@@ -352,7 +349,9 @@ fl::v1::UploadUpdateResponse RoundEngine::AcceptBufferedUpdate(UploadDoneEvent& 
   const double s = b.weight(tau);
   rec.staleness_weight = s;
   const double weight = static_cast<double>(h.num_examples()) * s;
-  const std::string source = fl::StrCat("update from client '", task.client_id, "' (task ", task.id, ")");
+  // The aggregator says "update from <sender>" itself: it gets the sender, the other messages the whole phrase.
+  const std::string sender = fl::StrCat("client '", task.client_id, "' (task ", task.id, ")");
+  const std::string source = fl::StrCat("update from ", sender);
   auto reject = [&](const absl::Status& st) {
     const bool non_finite = st.message().find("NaN or Inf") != absl::string_view::npos ||
                             st.message().find("non-finite") != absl::string_view::npos;
@@ -367,7 +366,8 @@ fl::v1::UploadUpdateResponse RoundEngine::AcceptBufferedUpdate(UploadDoneEvent& 
   };
   const core::Codec& codec = UplinkCodecOf(task);  // the codec its task named
   if (h.kind() == fl::v1::UPDATE_KIND_DELTA) {
-    if (absl::Status st = b.step.aggregator->AddEncoded(codec, e.payload, weight, h.model_fingerprint(), source);
+    if (absl::Status st =
+            b.step.aggregator->AddEncoded(codec, e.payload, weight, h.model_fingerprint(), sender, kVerifiedUpload);
         !st.ok()) {
       return reject(st);
     }
@@ -380,11 +380,11 @@ fl::v1::UploadUpdateResponse RoundEngine::AcceptBufferedUpdate(UploadDoneEvent& 
                      " in buffered mode (it was trained from ", base, "); send a delta")));
     }
     scratch_.resize(spec_->num_elements());
-    absl::Status st = codec.Decode(e.payload, scratch_);
+    absl::Status st = codec.Decode(e.payload, scratch_, kVerifiedUpload);
     if (st.ok()) st = core::CheckFinite(scratch_, source, spec_.get());
     if (!st.ok()) return reject(st);
     for (size_t i = 0; i < scratch_.size(); ++i) scratch_[i] = global_[i] - scratch_[i];
-    if (st = b.step.aggregator->Add(scratch_, weight, h.model_fingerprint(), source); !st.ok()) return reject(st);
+    if (st = b.step.aggregator->Add(scratch_, weight, h.model_fingerprint(), sender); !st.ok()) return reject(st);
   }
   if (rec.train_loss.has_value()) {
     b.step.train_loss_sum += *rec.train_loss * static_cast<double>(h.num_examples());

@@ -52,13 +52,14 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
                              result.reason, ")"),
                   "", "nothing left to do: fl-client exits");
   }
-  if (req.protocol_version() != fl::v1::PROTOCOL_VERSION_2) {
-    // Version 1 checksummed transfers with Checksum64; its uploads would all fail the XXH3 check.
-    return refuse(grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_ADMISSION_REFUSED,
-                  fl::StrCat("protocol version ", static_cast<int>(req.protocol_version()),
-                             " is not supported; this server speaks version ",
-                             static_cast<int>(fl::v1::PROTOCOL_VERSION_2)),
-                  "protocol_version", "use an fl-client of the same release as the server");
+  if (req.protocol_version() != fl::v1::PROTOCOL_VERSION_3) {
+    // Version 1 checksummed transfers with Checksum64 (its uploads would all fail the XXH3 check); version 2 is
+    // refused so that a client and a server that disagree on uploads without a body checksum never meet.
+    return refuse(
+        grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_ADMISSION_REFUSED,
+        fl::StrCat("protocol version ", static_cast<int>(req.protocol_version()),
+                   " is not supported; this server speaks version ", static_cast<int>(fl::v1::PROTOCOL_VERSION_3)),
+        "protocol_version", "use an fl-client of the same release as the server");
   }
   if (!ValidClientName(req.client_name())) {
     return refuse(grpc::StatusCode::INVALID_ARGUMENT, fl::v1::ERROR_CODE_MALFORMED,

@@ -145,6 +145,11 @@ namespace engine_internal {
 
 inline constexpr int64_t kMsToNs = 1'000'000;
 
+// How the engine decodes an UploadDoneEvent's payload: the reactor (service.cc) checked the upload's XXH3-64
+// against its trailer before posting it, so the codec's body checksum is not computed again (and fl-client's
+// uploads do not carry one: core::kCodecFlagNoBodyChecksum).
+inline constexpr core::DecodeOptions kVerifiedUpload{.transfer_verified = true};
+
 inline std::string RandomHex(size_t bytes) {
   std::random_device rd;
   std::string out;

@@ -172,7 +172,7 @@ std::optional<fl::v1::UploadUpdateResponse> RoundEngine::FoldLateUpdate(UploadDo
   auto codec = core::MakeCodec(h.codec());
   if (!codec.ok()) return refuse(fl::v1::ERROR_CODE_UNSUPPORTED_CODEC, fl::ToStd(codec.status().message()));
   std::vector<float> values(spec_->num_elements());
-  absl::Status s = (*codec)->Decode(e.payload, values);
+  absl::Status s = (*codec)->Decode(e.payload, values, kVerifiedUpload);
   if (s.ok()) s = core::CheckFinite(values, source, spec_.get());
   if (!s.ok()) {
     const bool checksum = s.code() == absl::StatusCode::kDataLoss;
@@ -200,9 +200,11 @@ std::vector<instrumentation::ClientRoundRecord> RoundEngine::FoldPendingInto(Rou
     // tau: model versions between the one the update was trained from and the one this aggregate is applied to.
     const uint64_t tau = model_version_ > p.base_model_version ? model_version_ - p.base_model_version : 0;
     const double discount = std::pow(1.0 + static_cast<double>(tau), -config_.late_discount);
-    const std::string source = fl::StrCat("late update from client '", p.row.client_id, "' for round ", p.row.round,
-                                          " (folded into round ", r.round, ", staleness ", tau, ")");
-    if (absl::Status s = r.aggregator->Add(p.values, p.examples * discount, p.fingerprint, source); !s.ok()) {
+    // The aggregator's errors say "update from <sender>".
+    const std::string sender = fl::StrCat("client '", p.row.client_id, "' for round ", p.row.round,
+                                          " (late, folded into round ", r.round, ", staleness ", tau, ")");
+    const std::string source = fl::StrCat("late update from ", sender);
+    if (absl::Status s = r.aggregator->Add(p.values, p.examples * discount, p.fingerprint, sender); !s.ok()) {
       // A weight below the aggregator's least (a very old update, a steep discount) or a value out of range:
       // the row stays 'late'.
       spdlog::warn("{} not folded: {}", source, fl::ToStd(s.message()));

@@ -47,12 +47,7 @@ void RoundEngine::StartRound() {
   current_->started_ns = NowNs();
   current_->started_unix_ms = UnixMs();
   current_->deadline_ns = current_->started_ns + int64_t{config_.round_deadline_ms} * kMsToNs;
-  auto agg = core::MakeAggregator(config_.aggregator, spec_);
-  current_->aggregator = std::move(*agg);  // validated in Start()
-  // Norm bounding of the updates (--clip-update-norm, or the strategy's default; validated in Start()).
-  if (absl::Status s = current_->aggregator->SetNormClip(*config_.UpdateNormClip()); !s.ok()) {
-    spdlog::error("--clip-update-norm: {}", s.message());
-  }
+  current_->aggregator = TakeAggregator();
 
   for (const std::string& id : selected) {
     fl::v1::Task t;
@@ -67,6 +62,25 @@ void RoundEngine::StartRound() {
   ArmAt(deadline_timer_, current_->deadline_ns);
   Fire(EngineTrigger::kRoundStarted);
   spdlog::info("round {} (attempt {}): {} of {} idle clients selected", round, attempt_, selected.size(), idle.size());
+}
+
+std::unique_ptr<core::Aggregator> RoundEngine::TakeAggregator() {
+  std::unique_ptr<core::Aggregator> agg = std::move(spare_aggregator_);
+  if (agg != nullptr) {
+    agg->Reset();
+  } else {
+    agg = *core::MakeAggregator(config_.aggregator, spec_);  // validated in Start()
+  }
+  // Norm bounding of the updates (--clip-update-norm, or the strategy's default; validated in Start()).
+  if (absl::Status s = agg->SetNormClip(*config_.UpdateNormClip()); !s.ok()) {
+    spdlog::error("--clip-update-norm: {}", s.message());
+  }
+  return agg;
+}
+
+void RoundEngine::ReleaseRound() {
+  if (current_ != nullptr && current_->aggregator != nullptr) spare_aggregator_ = std::move(current_->aggregator);
+  current_.reset();
 }
 
 void RoundEngine::Dispatch(ClientInfo& client, fl::v1::Task task, uint32_t attempt) {
@@ -186,7 +200,7 @@ void RoundEngine::CloseRound() {
     const std::string reason = rec.failure_reason;
     Record(std::move(rec));
     for (auto& row : r.client_rows) Record(std::move(row));
-    current_.reset();
+    ReleaseRound();
     if (attempt_ >= config_.max_round_attempts) {
       Finish(instrumentation::ExperimentStatus::kFailed,
              fl::StrCat("round ", round_ + 1, " failed ", attempt_, " times; last: ", reason));
@@ -221,7 +235,7 @@ void RoundEngine::CloseRound() {
   // doubling it.
   if (!CommitGlobalStep(r, aggregation_ms, std::move(folded_rows), "round", "rounds")) return;
   NoteFoldableTasks(r);
-  current_.reset();
+  ReleaseRound();
   Fire(EngineTrigger::kRoundCommitted);
   auto first = first_attempts_.find(round_ + 1);
   attempt_ = first == first_attempts_.end() ? 1 : first->second;
@@ -305,7 +319,7 @@ void RoundEngine::CloseEvaluation() {
   evaluation.attempt = committed_attempt_;
   evaluation.evaluations = std::move(r.evaluation_rows);
   if (absl::Status s = StoreCommit(std::move(evaluation)); !s.ok()) {
-    current_.reset();
+    ReleaseRound();
     Finish(instrumentation::ExperimentStatus::kFailed,
            fl::StrCat("the evaluation of round ", round_, " could not be stored: ", fl::ToStd(s.message()),
                       ". The experiment stopped; rounds up to ", round_,
@@ -316,7 +330,7 @@ void RoundEngine::CloseEvaluation() {
   }
   MaybeKillForTest("evaluation-committed", round_);
   if (figures.has_value()) Notify([&](EngineObserver& o) { o.OnEvaluationStored(r.round, *figures); });
-  current_.reset();
+  ReleaseRound();
   Fire(EngineTrigger::kEvaluationStored);
   RoundDone(figures);
   // Forget tasks of rounds before this one: a straggler's upload for them is refused as unknown.
@@ -349,7 +363,7 @@ void RoundEngine::HandleShutdown(const ShutdownEvent& e) {
       Record(rec);
       for (auto& row : current_->client_rows) Record(std::move(row));
     }
-    current_.reset();
+    ReleaseRound();
   }
   Finish(instrumentation::ExperimentStatus::kAborted, e.reason);
 }

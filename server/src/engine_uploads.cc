@@ -300,7 +300,7 @@ void RoundEngine::HandleUploadDone(UploadDoneEvent& e) {
     } else {
       auto codec = core::MakeCodec(h.codec());
       std::vector<float> values(pending_spec_->num_elements());
-      absl::Status s = codec.ok() ? (*codec)->Decode(e.payload, values) : codec.status();
+      absl::Status s = codec.ok() ? (*codec)->Decode(e.payload, values, kVerifiedUpload) : codec.status();
       if (s.ok()) s = core::CheckFinite(values, "initial model", pending_spec_.get());
       if (s.ok()) s = AdoptModel(*pending_spec_, pending_model_name_, std::move(values), 0);
       if (s.ok()) s = WriteInitialCheckpoint();
@@ -427,7 +427,9 @@ fl::v1::UploadUpdateResponse RoundEngine::AcceptUpdate(UploadDoneEvent& e, TaskI
                     Rejected(task->id, fl::v1::ERROR_CODE_MALFORMED, fl::StrCat("update refused: ", w)));
     }
   }
-  const std::string source = fl::StrCat("update from client '", task->client_id, "' for round ", task->round);
+  // The aggregator says "update from <sender>" itself: it gets the sender, the other messages the whole phrase.
+  const std::string sender = fl::StrCat("client '", task->client_id, "' for round ", task->round);
+  const std::string source = fl::StrCat("update from ", sender);
   // Errors of the payload: the codec validates it fully before anything is written (DataLoss: body checksum;
   // a NaN/Inf value is named as such; anything else is malformed), and the aggregator checks sizes, weight
   // and range before anything touches the aggregate.
@@ -446,19 +448,19 @@ fl::v1::UploadUpdateResponse RoundEngine::AcceptUpdate(UploadDoneEvent& e, TaskI
   if (h.kind() == fl::v1::UPDATE_KIND_DELTA) {
     // The common path: the payload is the pseudo-gradient itself, decoded straight into the aggregator's
     // own buffer (no extra model-sized copy on the server).
-    if (absl::Status s =
-            current_->aggregator->AddEncoded(UplinkCodecOf(*task), e.payload, weight, h.model_fingerprint(), source);
+    if (absl::Status s = current_->aggregator->AddEncoded(UplinkCodecOf(*task), e.payload, weight,
+                                                          h.model_fingerprint(), sender, kVerifiedUpload);
         !s.ok()) {
       return reject(s);
     }
   } else {
     // Weights: the aggregate is taken over pseudo-gradients theta_global - theta_client.
     scratch_.resize(spec_->num_elements());
-    absl::Status s = UplinkCodecOf(*task).Decode(e.payload, scratch_);
+    absl::Status s = UplinkCodecOf(*task).Decode(e.payload, scratch_, kVerifiedUpload);
     if (s.ok()) s = core::CheckFinite(scratch_, source, spec_.get());
     if (!s.ok()) return reject(s);
     for (size_t i = 0; i < scratch_.size(); ++i) scratch_[i] = global_[i] - scratch_[i];
-    if (s = current_->aggregator->Add(scratch_, weight, h.model_fingerprint(), source); !s.ok()) return reject(s);
+    if (s = current_->aggregator->Add(scratch_, weight, h.model_fingerprint(), sender); !s.ok()) return reject(s);
   }
   if (rec.train_loss.has_value()) {
     current_->train_loss_sum += *rec.train_loss * static_cast<double>(h.num_examples());

@@ -271,7 +271,9 @@ class DownloadStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     const size_t total = payload_->bytes.size();
     if (offset_ < total) {
       const size_t n = std::min<size_t>(chunk_bytes_, total - offset_);
-      out_ = DataChunk(payload_->bytes.data() + offset_, n);
+      // In place: the chunk's slice refers to the version's payload (shared by every download of it) and keeps it
+      // alive until gRPC has sent it; no per-client copy of the model.
+      out_ = wire::EncodeDataChunkInPlace(std::span<const uint8_t>(payload_->bytes.data() + offset_, n), payload_);
       offset_ += n;
     } else {
       fl::v1::ModelChunk chunk;
@@ -334,10 +336,6 @@ class DownloadStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   // A ModelChunk holding `data` (field 2, bytes), encoded by hand: the payload is copied once, into the
   // message, not into a protobuf string first.
-  static grpc::ByteBuffer DataChunk(const uint8_t* data, size_t n) {
-    return wire::EncodeDataChunk(std::span<const uint8_t>(data, n));
-  }
-
   RoundEngine* engine_;
   CallGuard* guard_;
   grpc::CallbackServerContext* ctx_;

@@ -38,7 +38,7 @@ std::unique_ptr<fl::v1::Federation::Stub> Stub(const std::string& address) {
 
 fl::v1::JoinRequest JoinOf(const std::string& name, const fl::v1::ModelSpec& spec) {
   fl::v1::JoinRequest req;
-  req.set_protocol_version(fl::v1::PROTOCOL_VERSION_2);
+  req.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
   req.set_client_name(name);
   *req.mutable_model_spec() = spec;
   req.set_num_train_examples(1000);

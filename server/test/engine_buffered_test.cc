@@ -165,7 +165,7 @@ class EngineBufferedTest : public ::testing::Test {
 
   TestClient Connect(const std::string& name, fl::v1::LinkKind link = fl::v1::LINK_KIND_ETHERNET) {
     fl::v1::JoinRequest req;
-    req.set_protocol_version(fl::v1::PROTOCOL_VERSION_2);
+    req.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
     req.set_client_name(name);
     req.mutable_link()->set_kind(link);
     req.set_num_train_examples(100);

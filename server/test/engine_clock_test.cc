@@ -128,7 +128,7 @@ class EngineClockTest : public ::testing::Test {
 
   TestClient Join(const std::string& name) {
     fl::v1::JoinRequest req;
-    req.set_protocol_version(fl::v1::PROTOCOL_VERSION_2);
+    req.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
     req.set_client_name(name);
     req.set_num_train_examples(100);
     req.set_num_test_examples(10);

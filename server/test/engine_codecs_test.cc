@@ -94,7 +94,7 @@ class EngineCodecPolicyTest : public ::testing::Test {
 
   TestClient Connect(const std::string& name, fl::v1::LinkKind kind) {
     fl::v1::JoinRequest req;
-    req.set_protocol_version(fl::v1::PROTOCOL_VERSION_2);
+    req.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
     req.set_client_name(name);
     req.set_num_train_examples(100);
     req.set_num_test_examples(10);

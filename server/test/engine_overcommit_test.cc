@@ -3,6 +3,8 @@
 // update is late, a late update's staleness and discount, and the aggregate's exact value for known updates (read
 // back from the round's checkpoint), with the records read back from SQLite. And the refusals at start.
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -92,7 +94,7 @@ class EngineOvercommitTest : public ::testing::Test {
 
   TestClient Connect(const std::string& name) {
     fl::v1::JoinRequest req;
-    req.set_protocol_version(fl::v1::PROTOCOL_VERSION_2);
+    req.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
     req.set_client_name(name);
     req.set_num_train_examples(100);
     req.set_num_test_examples(10);
@@ -433,8 +435,9 @@ TEST_F(EngineOvercommitTest, AnUpdateInTransitAtTheDeadlineIsFoldedWithItsAttemp
   EXPECT_NEAR(ModelMoveAfter(2) - ModelMoveAfter(1), 0.0026f, 1e-7);
 }
 
-// A late update that fails validation (its payload's checksum) is refused, not folded: its row stays as its
-// round's commit wrote it, and the next round's aggregate is its own updates' mean.
+// A late update that fails validation (a NaN in its payload: a faulty client, past the transfer's checksum) is
+// refused, not folded: its row stays as its round's commit wrote it, and the next round's aggregate is its own
+// updates' mean.
 TEST_F(EngineOvercommitTest, ACorruptLateUpdateIsRefusedAndNotFolded) {
   EngineConfig config = Config();
   config.deadline_policy = "fold";
@@ -450,7 +453,8 @@ TEST_F(EngineOvercommitTest, ACorruptLateUpdateIsRefusedAndNotFolded) {
   UploadDoneEvent done;
   done.header = test_harness::DeltaHeader(b.id, b.token, b1, 10);
   ASSERT_TRUE((*core::MakeCodec("fp32"))->Encode(std::vector<float>(kParams, 0.002f), &done.payload).ok());
-  done.payload[done.payload.size() / 2] ^= 0x40;  // a flipped bit: the body checksum no longer matches
+  const float nan = std::numeric_limits<float>::quiet_NaN();  // the codec refuses to encode it: written by hand
+  std::memcpy(done.payload.data() + core::kCodecHeaderBytes + 4 * (kParams / 2), &nan, sizeof nan);
   done.first_byte_server_ns = first;
   done.done_server_ns = clock_.NowNs();
   fl::v1::UploadUpdateResponse verdict;

@@ -175,7 +175,7 @@ class RawClient {
   grpc::Status Join(const std::string& name, const core::ModelSpec& spec, fl::v1::JoinResponse* resp,
                     const std::string& task = "") {
     fl::v1::JoinRequest req;
-    req.set_protocol_version(fl::v1::PROTOCOL_VERSION_2);
+    req.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
     req.set_client_name(name);
     req.set_task(task);
     *req.mutable_model_spec() = wire::ToProto(spec, "raw");

@@ -337,7 +337,12 @@ TEST(FederationTest, RejectsBadUpdatesWithAReasonAndKeepsTheModelClean) {
   ASSERT_EQ(rows.size(), 2u);
   const auto& raw_row = rows[0].client_id == "raw" ? rows[0] : rows[1];
   EXPECT_EQ(raw_row.outcome, instrumentation::ClientOutcome::kRejected);
-  EXPECT_NE(raw_row.reject_reason.find("NaN"), std::string::npos) << raw_row.reject_reason;
+  // Named as non-finite, where it is, and whose it is (once: "update from update from" was a bug).
+  EXPECT_NE(raw_row.reject_reason.find("non-finite"), std::string::npos) << raw_row.reject_reason;
+  EXPECT_NE(raw_row.reject_reason.find("update from client 'raw' for round 1 contains nan at tensor"),
+            std::string::npos)
+      << raw_row.reject_reason;
+  EXPECT_EQ(raw_row.reject_reason.find("update from update from"), std::string::npos) << raw_row.reject_reason;
 }
 
 TEST(FederationTest, ARoundWithTooFewUpdatesIsRecordedAsFailedAndRetried) {

@@ -137,7 +137,7 @@ TEST(HostileTest, UnparsableRequestsAreInvalidArgumentNamingTheMessage) {
   }
   // A client name that is not UTF-8 does not parse either (proto3 strings are checked).
   fl::v1::JoinRequest join;
-  join.set_protocol_version(fl::v1::PROTOCOL_VERSION_2);
+  join.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
   std::string wire_bytes = join.SerializeAsString() + std::string("\x12\x02\xff\xfe", 4);
   grpc::Status status = RawCall(address, "/fl.v1.Federation/Join", {wire_bytes});
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
@@ -146,14 +146,16 @@ TEST(HostileTest, UnparsableRequestsAreInvalidArgumentNamingTheMessage) {
   ExpectHonestClientsFinish(server, db, config.num_rounds, 3);
 }
 
-// Version 1 checksummed transfers with the home-made Checksum64; a client speaking it would fail every XXH3
-// check, so it is refused at Join, the error naming its version and the server's.
-TEST(HostileTest, AJoinSpeakingProtocolVersion1IsRefusedNamingBothVersions) {
+// Version 1 checksummed transfers with the home-made Checksum64 (a client speaking it would fail every XXH3
+// check); a version 2 peer does not know uploads without a codec body checksum. Both are refused at Join, the
+// error naming the client's version and the server's.
+TEST(HostileTest, AJoinSpeakingAnOlderProtocolVersionIsRefusedNamingBothVersions) {
   fl::testing::ScratchDir dir("fl_hostile");
   const std::string db = dir.File("records.db");
   TestServer server(SmallConfig(dir.File("ckpt")), db, InitialModel(1));
   auto stub = fl::v1::Federation::NewStub(Channel(server.address()));
-  for (const fl::v1::ProtocolVersion old : {fl::v1::PROTOCOL_VERSION_1, fl::v1::PROTOCOL_VERSION_UNSPECIFIED}) {
+  for (const fl::v1::ProtocolVersion old :
+       {fl::v1::PROTOCOL_VERSION_1, fl::v1::PROTOCOL_VERSION_2, fl::v1::PROTOCOL_VERSION_UNSPECIFIED}) {
     fl::v1::JoinRequest join;
     join.set_protocol_version(old);
     join.set_client_name("old-client");
@@ -164,7 +166,7 @@ TEST(HostileTest, AJoinSpeakingProtocolVersion1IsRefusedNamingBothVersions) {
     const grpc::Status status = stub->Join(&ctx, join, &joined);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
     EXPECT_NE(status.error_message().find(fl::StrCat("protocol version ", static_cast<int>(old),
-                                                     " is not supported; this server speaks version 2")),
+                                                     " is not supported; this server speaks version 3")),
               std::string::npos)
         << status.error_message();
   }
@@ -249,7 +251,7 @@ TEST(HostileTest, AClientThatDoesNotReadItsSessionIsClosedNotBufferedFor) {
   auto stub = fl::v1::Federation::NewStub(
       grpc::CreateCustomChannel(server.address(), grpc::InsecureChannelCredentials(), args));
   fl::v1::JoinRequest join;
-  join.set_protocol_version(fl::v1::PROTOCOL_VERSION_2);
+  join.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
   join.set_client_name("deaf");
   *join.mutable_model_spec() = wire::ToProto(client::SyntheticTrainer(kParams, 10, 1).spec(), "raw");
   fl::v1::JoinResponse joined;
@@ -493,7 +495,7 @@ TEST(HostileTest, AJoinUnderALiveSessionsNameNeedsItsToken) {
   const core::ModelSpec spec = client::SyntheticTrainer(kParams, 10, 1).spec();
   for (const std::string& token : {std::string(), std::string("forged-token")}) {
     fl::v1::JoinRequest req;
-    req.set_protocol_version(fl::v1::PROTOCOL_VERSION_2);
+    req.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
     req.set_client_name("taken");
     req.set_session_token(token);
     *req.mutable_model_spec() = wire::ToProto(spec, "raw");
@@ -510,7 +512,7 @@ TEST(HostileTest, AJoinUnderALiveSessionsNameNeedsItsToken) {
   ASSERT_TRUE(live->stream->Read(&msg));
   // The owner itself, reconnecting with its token, is admitted and its old stream replaced.
   fl::v1::JoinRequest rejoin;
-  rejoin.set_protocol_version(fl::v1::PROTOCOL_VERSION_2);
+  rejoin.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
   rejoin.set_client_name("taken");
   rejoin.set_session_token(live->joined.session_token());
   *rejoin.mutable_model_spec() = wire::ToProto(spec, "raw");

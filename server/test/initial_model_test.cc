@@ -148,7 +148,7 @@ TEST_F(InitialModelTest, AStateDictFileIsRefusedWithHowToExport) {
 grpc::Status Join(fl::v1::Federation::Stub& stub, const std::string& name, const core::ModelSpec& spec,
                   fl::v1::JoinResponse* resp) {
   fl::v1::JoinRequest req;
-  req.set_protocol_version(fl::v1::PROTOCOL_VERSION_2);
+  req.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
   req.set_client_name(name);
   *req.mutable_model_spec() = wire::ToProto(spec, name);
   req.set_num_train_examples(10);

@@ -183,7 +183,7 @@ TEST_F(SecurityProcessTest, HostilePeersAreRefusedAndTheFederationFinishes) {
     int limited = 0;
     for (int i = 0; i < 40; ++i) {
       fl::v1::JoinRequest req;
-      req.set_protocol_version(fl::v1::PROTOCOL_VERSION_2);
+      req.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
       req.set_client_name("mallory");
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));

@@ -79,7 +79,7 @@ TEST_F(TlsTest, PlaintextClientDoesNotGetInAndTheServerStaysHealthy) {
     // Without wait_for_ready, so that the failed handshake is the answer rather than a wait for the deadline.
     auto stub = fl::v1::Federation::NewStub(grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
     fl::v1::JoinRequest req;
-    req.set_protocol_version(fl::v1::PROTOCOL_VERSION_2);
+    req.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
     req.set_client_name("carol");
     *req.mutable_model_spec() = wire::ToProto(client::SyntheticTrainer(kParams, 10, 1).spec(), "raw");
     grpc::ClientContext ctx;

@@ -21,7 +21,8 @@ namespace fl::client {
 class UplinkEncoder {
  public:
   // Encodes `update` (plus the residual, if any) with `codec` into `out`. On error nothing changes.
-  absl::Status Encode(const core::Codec& codec, std::span<const float> update, std::vector<uint8_t>* out);
+  absl::Status Encode(const core::Codec& codec, std::span<const float> update, std::vector<uint8_t>* out,
+                      const core::EncodeOptions& options = {});
 
   // The residual carried to the next update; empty when there is none.
   std::span<const float> residual() const;

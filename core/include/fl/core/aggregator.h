@@ -87,9 +87,10 @@ class Aggregator {
 
   // Adds one encoded update: the payload is validated and decoded by `codec` (which guarantees finite
   // values), then treated exactly like Add. Payload errors are prefixed with `source`. On error nothing
-  // changes.
+  // changes. With options.transfer_verified (the caller checked the payload's transfer checksum) an fp32
+  // payload is added straight from its bytes, without a decoded copy: Add's range check is the finite check.
   absl::Status AddEncoded(const Codec& codec, std::span<const uint8_t> payload, double weight,
-                          uint64_t spec_fingerprint, std::string_view source);
+                          uint64_t spec_fingerprint, std::string_view source, const DecodeOptions& options = {});
 
   // Norm bounding of every update added from now on (see NormClip). InvalidArgument for kMedian on an
   // aggregator that does not keep its updates (the mean), or a fixed bound that is not finite and > 0.

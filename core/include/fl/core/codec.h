@@ -6,9 +6,16 @@
 // says what was wrong and never reaches an aggregate.
 //
 // Header layout (little-endian):
-//   0  u32 magic 'FLCD'   4  u8 format version (1)   5  u8 CodecKind   6  u16 reserved (0)
+//   0  u32 magic 'FLCD'   4  u8 format version (1)   5  u8 CodecKind   6  u16 flags
 //   8  u32 block size     12 u32 reserved (0)         16 u64 element count   24 u64 Checksum64(body)
-// Block size is 0 for the element-wise codecs (fp32, fp16, bf16).
+// Block size is 0 for the element-wise codecs (fp32, fp16, bf16). Flags: bit 0 (kCodecFlagNoBodyChecksum) says
+// the body checksum was not computed (the field is 0) because the payload travels inside a transfer that is
+// checksummed as a whole (fl-client's uploads: XXH3-64 of the payload in the upload's trailer); such a payload
+// is decoded only with DecodeOptions::transfer_verified. Other flag bits are reserved (0).
+//
+// Why the flag: on fl's federation wire every payload is covered twice, by the transfer's XXH3 and by this
+// body checksum, and the second pass over a 100 MB update cost 6% of a round's CPU (docs/performance.md).
+// Payloads stored or sent without a transfer checksum (checkpoints, islands' fragments) keep the body checksum.
 //
 // Bodies (little-endian; n values, block size B):
 //   fp32: n f32.   fp16, bf16: n u16 (round to nearest even).
@@ -79,6 +86,21 @@ struct CodecOptions {
   uint32_t block_size = 0;
 };
 
+inline constexpr uint16_t kCodecFlagNoBodyChecksum = 1;
+
+struct EncodeOptions {
+  // false: skip the pass that computes the body checksum and set kCodecFlagNoBodyChecksum instead. Only for a
+  // payload whose transfer carries its own checksum of these bytes, checked by the receiver before decoding.
+  bool body_checksum = true;
+};
+
+struct DecodeOptions {
+  // The caller has verified these exact payload bytes with a transfer checksum (XXH3-64 of the whole payload):
+  // the body checksum is not checked again, and payloads encoded without one are accepted. Every other check
+  // (header, length, NaN/Inf, scales, padding) still runs.
+  bool transfer_verified = false;
+};
+
 // A Codec is immutable: every method is const and safe to call from several threads at once.
 class Codec {
  public:
@@ -94,11 +116,20 @@ class Codec {
 
   // Encodes `values` into `out`, which is resized to EncodedSize(values.size()). Rejects NaN/Inf inputs (and,
   // for fp16/bf16, values beyond the format's range), naming the index; `out` is then left empty.
-  virtual absl::Status Encode(std::span<const float> values, std::vector<uint8_t>* out) const = 0;
+  absl::Status Encode(std::span<const float> values, std::vector<uint8_t>* out) const {
+    return Encode(values, out, EncodeOptions{});
+  }
+  virtual absl::Status Encode(std::span<const float> values, std::vector<uint8_t>* out,
+                              const EncodeOptions& options) const = 0;
 
   // Decodes a payload holding exactly out.size() values. The payload is fully validated first (header,
-  // exact length, checksum, scales / codes that would decode to NaN/Inf): on error `out` is untouched.
-  virtual absl::Status Decode(std::span<const uint8_t> payload, std::span<float> out) const = 0;
+  // exact length, checksum, scales / codes that would decode to NaN/Inf): on error `out` is untouched. A payload
+  // without a body checksum (kCodecFlagNoBodyChecksum) is refused (DATA_LOSS) unless options.transfer_verified.
+  absl::Status Decode(std::span<const uint8_t> payload, std::span<float> out) const {
+    return Decode(payload, out, DecodeOptions{});
+  }
+  virtual absl::Status Decode(std::span<const uint8_t> payload, std::span<float> out,
+                              const DecodeOptions& options) const = 0;
 
   // acc[i] += weight * decoded[i] (the same float operations as Decode followed by that update). The payload
   // and weight (must be finite) are fully validated first: on error `acc` is untouched.
@@ -120,6 +151,10 @@ struct PayloadInfo {
 // Reads and checks a payload's header and that the payload's length is the one the header implies (not the
 // body's checksum or contents, which Decode checks): lets a receiver pick the codec from the bytes.
 absl::StatusOr<PayloadInfo> PeekPayload(std::span<const uint8_t> payload);
+// The same checks from the header alone (its first kCodecHeaderBytes bytes) and the payload's length, for a
+// receiver that put the body somewhere else as it arrived (fl-client writes an fp32 model's body straight into
+// its parameters): the body itself is the receiver's to check (finite values; its transfer checksum).
+absl::StatusOr<PayloadInfo> PeekPayloadHeader(std::span<const uint8_t> header, uint64_t payload_bytes);
 
 // Error feedback (as in 1-bit Adam / EF-SGD): the part of each input that the codec lost is kept and added
 // to the next input, so that the running sum of decoded values tracks the running sum of inputs to within
@@ -130,7 +165,8 @@ class ErrorFeedback {
 
   // Encodes values + residual, then sets residual = (values + residual) − decode(payload). On error (a size
   // mismatch, a NaN/Inf input) the residual is left as it was, so the caller may skip the step.
-  absl::Status Encode(const Codec& codec, std::span<const float> values, std::vector<uint8_t>* out);
+  absl::Status Encode(const Codec& codec, std::span<const float> values, std::vector<uint8_t>* out,
+                      const EncodeOptions& options = {});
 
   std::span<const float> residual() const { return residual_; }
   void Reset();

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -27,6 +28,13 @@ inline constexpr uint8_t kDataChunkTag = (2 << 3) | 2;
 // Encodes a data chunk (field 2 = data) into a ByteBuffer by hand: the bytes are copied once, into the
 // message's slice, never into a protobuf string first.
 grpc::ByteBuffer EncodeDataChunk(std::span<const uint8_t> data);
+
+// Encodes a data chunk without copying its bytes: the message's payload slice refers to `data` where it is, and
+// holds `owner` (what keeps `data` alive and unchanged: the model payload every download of a version shares, an
+// upload buffer) until gRPC has sent the bytes and released the slice, which may be after the call that wrote
+// it returned. The writer must not change `data` while `owner` has other holders. Why: copying each chunk into
+// a fresh slice cost fl-server a model-sized memmove (and its page faults) per client per round.
+grpc::ByteBuffer EncodeDataChunkInPlace(std::span<const uint8_t> data, std::shared_ptr<const void> owner);
 
 class DataChunkReader {
  public:

@@ -360,6 +360,13 @@ class RoundEngine {
   void Advance();
   void StartRound();
   void CloseRound();
+  // A round's (or buffered step's) aggregator: the one the previous round used, reset, when there is one
+  // (ReleaseRound keeps it), else a new one with the configured norm clip. A new weighted mean allocates and
+  // zeroes two model-sized accumulators: at 25M parameters 200 MB of page faults on the engine thread before
+  // the round's tasks can go out (measured: the clients started downloading ~100 ms after the dispatch).
+  std::unique_ptr<core::Aggregator> TakeAggregator();
+  // Ends current_ (if any), keeping its aggregator's memory for the next round.
+  void ReleaseRound();
   void StartEvaluation();
   // Sends `task` to `client` (filling in the model and deadline fields) and opens it in the current round.
   void Dispatch(ClientInfo& client, fl::v1::Task task, uint32_t attempt);
@@ -531,6 +538,7 @@ class RoundEngine {
   std::unique_ptr<core::Codec> downlink_codec_;
   std::shared_ptr<const ModelPayload> payload_;
   std::unique_ptr<RoundState> current_;
+  std::unique_ptr<core::Aggregator> spare_aggregator_;      // TakeAggregator / ReleaseRound
   std::map<std::string, std::unique_ptr<TaskInfo>> tasks_;  // open and recently closed, by task id
   uint32_t attempt_ = 1;
   uint32_t committed_attempt_ = 0;  // attempt that committed round_ (evaluations reference it)
