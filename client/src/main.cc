@@ -48,6 +48,7 @@ struct ModelFlags {
   uint64_t init_seed = 0;
   std::string device = "auto";
   int threads = 0;
+  uint32_t eval_batch_size = fl::client::kDefaultEvalBatchSize;
   double data_fraction = 1.0;
   double slowdown = 1.0;
 };
@@ -106,6 +107,7 @@ absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainer(const ModelFlag
     o.buffers = f.buffers;
     o.device = f.device;
     o.num_threads = f.threads;
+    o.eval_batch_size = f.eval_batch_size;
     o.slowdown = f.slowdown;
     auto trainer = fl::client::ScriptTrainer::Create(o);
     if (!trainer.ok()) return trainer.status();
@@ -131,6 +133,7 @@ absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainer(const ModelFlag
   o.partition_seed = f.partition_seed;
   o.device = f.device;
   o.num_threads = f.threads;
+  o.eval_batch_size = f.eval_batch_size;
   o.data_fraction = f.data_fraction;
   o.slowdown = f.slowdown;
   if (shared != nullptr && !shared->train.has_value()) {
@@ -423,6 +426,12 @@ int main(int argc, char** argv) {
   app.add_option("--device", model.device, "Where to train: auto, cpu or cuda")->capture_default_str();
   app.add_option("--threads", model.threads, "Intra-op threads for training; 0: LibTorch's default")
       ->capture_default_str();
+  app.add_option(
+         "--eval-batch-size", model.eval_batch_size,
+         "Test examples per forward pass when evaluating (>= 1): the results do not depend on it, the peak memory "
+         "does (the CNN client peaks about 240 MB higher with 1000 than with 100; docs/deploy-raspberry-pi.md "
+         "\"Memory\")")
+      ->capture_default_str();
   app.add_option("--device-class", device_class, "Device class recorded with every figure (default: detected)");
   app.add_option("--link-kind", link_kind, "Link to the server: ethernet, wifi, 5g, other")->capture_default_str();
   app.add_option("--link-interface", link_interface, "Network interface the link uses (recorded)");
@@ -484,6 +493,12 @@ int main(int argc, char** argv) {
                  "docs/testbed.md \"Availability\"); offline, its session is closed and the server cannot select it; "
                  "default: always online");
   CLI11_PARSE(app, argc, argv);
+  if (model.eval_batch_size < 1) {
+    std::cerr << "fl-client: --eval-batch-size=" << model.eval_batch_size
+              << ": must be >= 1 (test examples per forward pass when evaluating; default "
+              << fl::client::kDefaultEvalBatchSize << ")\n";
+    return 2;
+  }
   const bool virtual_clients = app.count("--instances") > 0;
   if (!availability.empty()) {
     auto a = fl::client::ParseAvailability(availability);

@@ -18,8 +18,6 @@ namespace {
 
 using data::Task;
 
-constexpr int64_t kEvalBatchSize = 1000;
-
 // Examples built by hand (tests, benchmarks) must hold what their shapes say before from_blob reads them.
 absl::Status CheckBytes(const data::Examples& e) {
   if (e.x.size() != e.n * e.x_elements() * data::ElementSize(e.x_type) ||
@@ -83,6 +81,7 @@ absl::StatusOr<std::unique_ptr<ScriptTrainer>> ScriptTrainer::Create(const Scrip
   if (options.num_threads < 0) {
     return absl::InvalidArgumentError(fl::StrCat("num_threads must be >= 0, got ", options.num_threads));
   }
+  if (absl::Status s = internal::ValidateEvalBatchSize(options.eval_batch_size); !s.ok()) return s;
   if (!(options.slowdown >= 1)) {
     return absl::InvalidArgumentError(
         fl::StrCat("slowdown ", options.slowdown, " is below 1; a client cannot train faster than its machine"));
@@ -204,11 +203,12 @@ absl::StatusOr<EvalResult> ScriptTrainer::Evaluate(std::span<const float> global
   s.model.module.eval();
   torch::NoGradGuard no_grad;
   const int64_t n = s.test_x.size(0);
+  const auto batch = static_cast<int64_t>(s.options.eval_batch_size);
   double loss_sum = 0, abs_sum = 0;
   int64_t correct = 0, predictions = 0;
   absl::Status failed;
-  for (int64_t begin = 0; begin < n && failed.ok(); begin += kEvalBatchSize) {
-    const int64_t end = std::min(begin + kEvalBatchSize, n);
+  for (int64_t begin = 0; begin < n && failed.ok(); begin += batch) {
+    const int64_t end = std::min(begin + batch, n);
     auto out = s.Forward(s.test_x.slice(0, begin, end));
     if (!out.ok()) {
       failed = out.status();

@@ -17,11 +17,6 @@
 #include "train_loop.h"
 
 namespace fl::client {
-namespace {
-
-constexpr int64_t kEvalBatchSize = 1000;
-
-}  // namespace
 
 struct TorchTrainer::State {
   TorchTrainerOptions options;
@@ -62,6 +57,7 @@ absl::StatusOr<std::unique_ptr<TorchTrainer>> TorchTrainer::Create(const TorchTr
   if (options.num_threads < 0) {
     return absl::InvalidArgumentError(fl::StrCat("num_threads must be >= 0, got ", options.num_threads));
   }
+  if (absl::Status s = internal::ValidateEvalBatchSize(options.eval_batch_size); !s.ok()) return s;
   for (const data::Dataset* dataset : {&train, &test}) {
     if (dataset->rows != data::kFashionMnistRows || dataset->cols != data::kFashionMnistCols ||
         dataset->num_classes != data::kFashionMnistClasses) {
@@ -188,10 +184,11 @@ absl::StatusOr<EvalResult> TorchTrainer::Evaluate(std::span<const float> global)
   s.model->eval();
   torch::NoGradGuard no_grad;
   const int64_t n = s.test_labels.size(0);
+  const auto batch = static_cast<int64_t>(s.options.eval_batch_size);
   double loss_sum = 0;
   int64_t correct = 0;
-  for (int64_t begin = 0; begin < n; begin += kEvalBatchSize) {
-    const int64_t end = std::min(begin + kEvalBatchSize, n);
+  for (int64_t begin = 0; begin < n; begin += batch) {
+    const int64_t end = std::min(begin + batch, n);
     const torch::Tensor labels = s.test_labels.slice(0, begin, end);
     const torch::Tensor logits = s.model->forward(s.test_images.slice(0, begin, end));
     loss_sum += torch::nn::functional::cross_entropy(

@@ -25,6 +25,12 @@ absl::StatusOr<torch::Device> ResolveDevice(std::string_view name) {
   return absl::InvalidArgumentError(fl::StrCat("unknown device '", name, "'; expected auto, cpu or cuda"));
 }
 
+absl::Status ValidateEvalBatchSize(uint32_t eval_batch_size) {
+  if (eval_batch_size >= 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      fl::StrCat("evaluation batch size ", eval_batch_size, " must be >= 1 (test examples per forward pass)"));
+}
+
 absl::Status ValidateTrainOptions(const TrainOptions& o) {
   if (o.batch_size == 0) return absl::InvalidArgumentError("batch_size must be > 0");
   if (o.local_steps == 0 && o.local_epochs == 0) {

@@ -21,6 +21,9 @@ namespace fl::client::internal {
 // "auto" (cuda when LibTorch sees a GPU, else cpu) | "cpu" | "cuda".
 absl::StatusOr<torch::Device> ResolveDevice(std::string_view name);
 
+// Evaluate's batch (TorchTrainerOptions/ScriptTrainerOptions::eval_batch_size): InvalidArgument below 1.
+absl::Status ValidateEvalBatchSize(uint32_t eval_batch_size);
+
 // batch size, epochs/steps, learning rate, momentum, weight decay, proximal mu, optimizer name.
 absl::Status ValidateTrainOptions(const TrainOptions& options);
 

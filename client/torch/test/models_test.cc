@@ -468,6 +468,12 @@ TEST_F(SyntheticTrainer, RejectsBadOptions) {
   TorchTrainerOptions bad_partition;
   bad_partition.partition = "dirichlet:-1";
   EXPECT_FALSE(TorchTrainer::Create(bad_partition, *train_, *test_).ok());
+  TorchTrainerOptions zero_eval_batch;
+  zero_eval_batch.eval_batch_size = 0;
+  const absl::Status zero_eval = TorchTrainer::Create(zero_eval_batch, *train_, *test_).status();
+  EXPECT_EQ(zero_eval.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(zero_eval.message()).find("evaluation batch size 0 must be >= 1"), std::string::npos)
+      << zero_eval;
 
   auto trainer = Make();
   ASSERT_NE(trainer, nullptr);

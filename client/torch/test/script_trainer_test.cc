@@ -173,6 +173,37 @@ TEST_F(ScriptTrainerTest, EvaluationUsesEvalModeAndIsDeterministic) {
   EXPECT_EQ(Params(**trainer), p);
 }
 
+TEST_F(ScriptTrainerTest, EvaluationDoesNotDependOnTheBatchSize) {
+  // fl-client --eval-batch-size only bounds the memory: the BatchNorm CNN on real Fashion-MNIST images (a test
+  // shard of 128: 1000 is one batch, 5 leaves a short last one) gets the same figures from both.
+  ScriptTrainerOptions options = Options("cnn_bn.pt");
+  options.eval_batch_size = 1000;
+  auto one_batch = ScriptTrainer::Create(options);
+  ASSERT_TRUE(one_batch.ok()) << one_batch.status();
+  ASSERT_TRUE((*one_batch)->Train(Params(**one_batch), Steps(20, 0.02)).ok());
+  const std::vector<float> trained = Params(**one_batch);
+  options.eval_batch_size = 5;
+  auto fives = ScriptTrainer::Create(options);
+  ASSERT_TRUE(fives.ok()) << fives.status();
+
+  auto a = (*one_batch)->Evaluate(trained);
+  auto b = (*fives)->Evaluate(trained);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(a->num_examples, (*one_batch)->num_test_examples());
+  EXPECT_GT(a->num_examples, 5u);
+  EXPECT_EQ(a->num_examples, b->num_examples);
+  EXPECT_EQ(a->accuracy, b->accuracy);
+  // Per-batch sums in float, added in double: the order of additions differs, hence the tolerance.
+  EXPECT_NEAR(a->loss, b->loss, 1e-6 * a->loss);
+  EXPECT_GT(a->accuracy, 0.3) << "20 steps of SGD; an untrained model would make the comparison weak";
+
+  options.eval_batch_size = 0;
+  const absl::Status zero = ScriptTrainer::Create(options).status();
+  EXPECT_EQ(zero.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(zero.message()).find("evaluation batch size 0 must be >= 1"), std::string::npos) << zero;
+}
+
 TEST_F(ScriptTrainerTest, IntegerBuffersStayLocalAndFloatBuffersFollowThePolicy) {
   for (const std::string policy : {"average", "local"}) {
     SCOPED_TRACE(policy);

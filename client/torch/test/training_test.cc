@@ -169,6 +169,42 @@ TEST_F(FashionMnistTraining, WeightedShardEvaluationEqualsFullTestSet) {
   EXPECT_GT(accuracy, 0.6);
 }
 
+TEST_F(FashionMnistTraining, EvaluationDoesNotDependOnTheBatchSize) {
+  // fl-client --eval-batch-size only bounds the memory: a trained CNN on a small real test shard (500 images, so
+  // 1000 is one batch and 7 leaves a short last one) gets the same figures from both.
+  auto small_batches = Make("cnn", 3, 20);
+  ASSERT_NE(small_batches, nullptr);
+  TrainOptions train_options;
+  train_options.local_steps = 30;
+  train_options.batch_size = 32;
+  train_options.learning_rate = 0.05;
+  train_options.momentum = 0.9;
+  ASSERT_TRUE(small_batches->Train(Params(*small_batches), train_options).ok());
+  const std::vector<float> trained = Params(*small_batches);
+
+  TorchTrainerOptions options = small_batches->options();
+  options.eval_batch_size = 1000;
+  auto one_batch = TorchTrainer::Create(options, *train_, *test_);
+  ASSERT_TRUE(one_batch.ok()) << one_batch.status();
+  ASSERT_EQ(small_batches->options().eval_batch_size, kDefaultEvalBatchSize);
+  options.eval_batch_size = 7;
+  auto sevens = TorchTrainer::Create(options, *train_, *test_);
+  ASSERT_TRUE(sevens.ok()) << sevens.status();
+
+  auto a = (*one_batch)->Evaluate(trained);
+  auto b = (*sevens)->Evaluate(trained);
+  auto c = small_batches->Evaluate(trained);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(a->num_examples, 500u);
+  EXPECT_EQ(b->num_examples, 500u);
+  EXPECT_EQ(a->accuracy, b->accuracy);
+  EXPECT_EQ(a->accuracy, c->accuracy);
+  // Per-batch sums in float, added in double: the order of additions differs, hence the tolerance.
+  EXPECT_NEAR(a->loss, b->loss, 1e-6 * a->loss);
+  EXPECT_NEAR(a->loss, c->loss, 1e-6 * a->loss);
+  EXPECT_GT(a->accuracy, 0.5) << "30 steps of SGD; an untrained model would make the comparison weak";
+}
+
 TEST_F(FashionMnistTraining, SqueezeNetFewStepsReduceTheLoss) {
   // The model alone: a few SGD steps on one fixed batch of real images lower that batch's loss (eval mode,
   // so without dropout noise).

@@ -18,6 +18,13 @@
 
 namespace fl::client {
 
+// How many test examples the LibTorch trainers (TorchTrainer, ScriptTrainer) run through the model at once when
+// evaluating (fl-client --eval-batch-size). The results do not depend on it (losses are summed per example and
+// divided once); the memory does: the CNN's first convolution alone holds batch x 32 x 26 x 26 floats (83 MiB
+// for 1,000 images). 100 keeps the quickstart CNN client's evaluation within its training's peak resident set
+// (docs/deploy-raspberry-pi.md "Memory"); larger batches only save a little time on big machines.
+inline constexpr uint32_t kDefaultEvalBatchSize = 100;
+
 struct TrainOptions {
   uint32_t local_epochs = 1;  // ignored when local_steps > 0
   uint32_t local_steps = 0;   // optimizer steps; > 0 overrides local_epochs

@@ -53,6 +53,8 @@ struct ScriptTrainerOptions {
   std::string device = "auto";      // "auto" | "cpu" | "cuda"
   int num_threads = 0;              // torch::set_num_threads (process-wide); 0 leaves torch's default
   double slowdown = 1.0;            // device emulation, >= 1 (see TorchTrainerOptions)
+  // Test examples per forward pass in Evaluate (>= 1): bounds the memory, changes no result.
+  uint32_t eval_batch_size = kDefaultEvalBatchSize;
 };
 
 class ScriptTrainer final : public Trainer {

@@ -30,8 +30,8 @@
 //    options.cancelled is checked between batches: Cancelled, and the local parameters stay as they were
 //    before the call.
 //  - Evaluate: loads `global` into the model (the local parameters of GetParameters are not changed) and
-//    computes the mean cross-entropy and accuracy over the test shard, in batches of 1000, eval mode, no
-//    autograd.
+//    computes the mean cross-entropy and accuracy over the test shard, in batches of eval_batch_size, eval mode,
+//    no autograd (the figures do not depend on the batch size).
 // A trainer is not thread-safe (one call at a time). torch::set_num_threads and the torch generator seeds
 // it sets are process-wide.
 #pragma once
@@ -61,6 +61,8 @@ struct TorchTrainerOptions {
   uint64_t partition_seed = 0;
   std::string device = "auto";  // "auto" (cuda when available, else cpu) | "cpu" | "cuda"
   int num_threads = 0;          // torch::set_num_threads (process-wide); 0 leaves torch's default
+  // Test examples per forward pass in Evaluate (>= 1): bounds the memory, changes no result.
+  uint32_t eval_batch_size = kDefaultEvalBatchSize;
   // Device emulation (fl-experiment): train on the first `data_fraction` of this client's shard, and slow
   // training to 1/slowdown of this machine's speed by idling (slowdown - 1) x each batch's compute time
   // after it: a duty cycle, so that train time ratios between emulated devices are realistic.
