@@ -50,6 +50,7 @@ struct ServerMetrics::Impl {
   prometheus::Family<prometheus::Counter>* updates = nullptr;
   prometheus::Family<prometheus::Counter>* stragglers = nullptr;
   prometheus::Family<prometheus::Counter>* security_refusals = nullptr;
+  prometheus::Counter* joins_shed = nullptr;
   // Families without a series until the first value: a loss or accuracy of 0 before any round would lie.
   prometheus::Family<prometheus::Gauge>* train_loss = nullptr;
   prometheus::Family<prometheus::Gauge>* eval_loss = nullptr;
@@ -90,6 +91,11 @@ absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Start(const std::s
                   "bad_token, join_rate, session_limit, upload_limit, stream_deadline); each is a security_events row");
   for (SecurityRefusal r : EnumTraits<SecurityRefusal>::kValues)
     impl->security_refusals->Add({{"reason", std::string(SecurityRefusalName(r))}});
+  // Load shedding is not a security refusal (nobody misbehaved: the server was behind), so it has its own counter.
+  impl->joins_shed = &e.Counters("fl_joins_shed_total",
+                                 "Joins answered RESOURCE_EXHAUSTED with a retry-after because the round engine's "
+                                 "queue was above --max-engine-queue (load shedding)")
+                          .Add({});
   impl->train_loss = &e.Gauges("fl_train_loss", "Mean local training loss of the last committed round");
   impl->eval_loss =
       &e.Gauges("fl_eval_loss", "Loss of the global model on the clients' test data at the last evaluation");
@@ -133,6 +139,8 @@ void ServerMetrics::AddBytes(std::string_view direction, std::string_view link_k
 void ServerMetrics::CountUpdate(std::string_view outcome, std::string_view reason) {
   impl_->updates->Add({{"outcome", S(outcome)}, {"reason", S(reason)}}).Increment();
 }
+
+void ServerMetrics::CountShedJoin() { impl_->joins_shed->Increment(); }
 
 void ServerMetrics::CountSecurityRefusal(SecurityRefusal reason) {
   impl_->security_refusals->Add({{"reason", std::string(SecurityRefusalName(reason))}}).Increment();

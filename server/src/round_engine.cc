@@ -248,6 +248,7 @@ RoundEngine::RoundEngine(EngineConfig config, instrumentation::RecordStore* reco
 
 void RoundEngine::SetMetrics(instrumentation::ServerMetrics* metrics) {
   if (metrics != nullptr) observers_.push_back(MakeMetricsObserver(metrics));
+  metrics_ = metrics;
 }
 
 void RoundEngine::Record(instrumentation::Record record) {

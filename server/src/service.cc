@@ -624,6 +624,7 @@ grpc::ServerUnaryReactor* FederationService::Join(grpc::CallbackServerContext* c
   // here, with a retry-after, instead of adding to its queue; the sessions it serves keep going.
   const uint32_t retry_after_ms = engine_->config().join_retry_after_ms;
   if (engine_->ShedJoins()) {
+    engine_->NoteShedJoin();
     ctx->AddTrailingMetadata("retry-after-ms", std::to_string(retry_after_ms));
     reactor->Finish(wire::ToGrpcStatus(
         grpc::StatusCode::RESOURCE_EXHAUSTED,

@@ -73,9 +73,10 @@ EngineConfig FleetConfig() {
 class EngineFleetTest : public ::testing::Test {
  protected:
   EngineFleetTest() : dir_("fl_engine_fleet") {}
-  void StartEngine(EngineConfig config) {
+  void StartEngine(EngineConfig config, instrumentation::ServerMetrics* metrics = nullptr) {
     records_ = *RecordStore::Open(dir_.File("records.db"));
     engine_ = std::make_unique<RoundEngine>(std::move(config), records_.get(), InitialModel(1), &clock_);
+    engine_->SetMetrics(metrics);
     ASSERT_TRUE(engine_->StartManual().ok());
   }
   void TearDown() override {
@@ -188,12 +189,16 @@ TEST_F(EngineFleetTest, TheQueueLengthIsVisibleToTheServiceAndDecidesShedding) {
 }
 
 // Through gRPC: an engine that does not run (its loop is driven by the test) fills its queue with the Joins the
-// service posts; beyond --max-engine-queue the service answers at once, RESOURCE_EXHAUSTED with retry-after-ms.
+// service posts; beyond --max-engine-queue the service answers at once, RESOURCE_EXHAUSTED with retry-after-ms, and
+// counts it in fl_joins_shed_total.
 TEST_F(EngineFleetTest, AJoinToAnOverloadedEngineIsShedWithRetryAfterMetadata) {
   EngineConfig config = FleetConfig();
   config.max_engine_queue = 2;
   config.join_retry_after_ms = 1234;
-  StartEngine(config);
+  auto metrics = instrumentation::ServerMetrics::Start("127.0.0.1:0");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  StartEngine(config, metrics->get());
+  EXPECT_NE(test_harness::HttpGet((*metrics)->port(), "/metrics").find("\nfl_joins_shed_total 0"), std::string::npos);
   FederationService service(engine_.get());
   auto running = rpc::StartGrpcServer(&service, "127.0.0.1:0", std::nullopt);
   ASSERT_TRUE(running.ok()) << running.status();
@@ -241,6 +246,9 @@ TEST_F(EngineFleetTest, AJoinToAnOverloadedEngineIsShedWithRetryAfterMetadata) {
   ASSERT_NE(it, trailers.end());
   EXPECT_EQ(std::string(it->second.data(), it->second.size()), "1234");
   EXPECT_EQ(engine_->QueuedEvents(), 3u) << "a shed Join must not reach the engine";
+  EXPECT_EQ(engine_->shed_joins(), 1u);
+  const std::string scraped = test_harness::HttpGet((*metrics)->port(), "/metrics");
+  EXPECT_NE(scraped.find("\nfl_joins_shed_total 1"), std::string::npos) << scraped;
   // The queued ones are answered once the engine catches up.
   engine_->RunUntilIdle();
   {

@@ -42,6 +42,9 @@ class ServerMetrics {
   void CountUpdate(std::string_view outcome, std::string_view reason);
   // fl_security_refusals_total{reason}: every reason starts at 0.
   void CountSecurityRefusal(SecurityRefusal reason);
+  // fl_joins_shed_total: a Join answered RESOURCE_EXHAUSTED with a retry-after because the engine was behind
+  // (--max-engine-queue). Starts at 0. Callable from any thread.
+  void CountShedJoin();
   // At a round's commit, with its client rows: counts the round's straggler, fl_round_straggler_total{client,
   // phase}. The straggler is the accepted client whose update arrived last (the last kOk row: rows are in
   // arrival order); its phase is the one most above the round's median for that phase, else its longest one

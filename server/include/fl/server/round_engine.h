@@ -297,6 +297,12 @@ class RoundEngine {
   // are shed now (queued() above config max_engine_queue).
   size_t QueuedEvents() const { return loop_.queued(); }
   bool ShedJoins() const { return config_.max_engine_queue != 0 && loop_.queued() > config_.max_engine_queue; }
+  // The service shed a Join (ShedJoins): counted here and in fl_joins_shed_total. Callable from any thread.
+  void NoteShedJoin() {
+    shed_joins_.fetch_add(1, std::memory_order_relaxed);
+    if (metrics_ != nullptr) metrics_->CountShedJoin();
+  }
+  uint64_t shed_joins() const { return shed_joins_.load(std::memory_order_relaxed); }
   // Clients holding a place now (see EngineConfig::max_sessions); thread-safe, updated by the loop.
   size_t PlacesHeld() const { return places_held_.load(std::memory_order_relaxed); }
 
@@ -538,7 +544,9 @@ class RoundEngine {
   std::unique_ptr<core::Codec> downlink_codec_;
   std::shared_ptr<const ModelPayload> payload_;
   std::unique_ptr<RoundState> current_;
-  std::unique_ptr<core::Aggregator> spare_aggregator_;      // TakeAggregator / ReleaseRound
+  std::unique_ptr<core::Aggregator> spare_aggregator_;  // TakeAggregator / ReleaseRound
+  instrumentation::ServerMetrics* metrics_ = nullptr;   // SetMetrics; read by NoteShedJoin on gRPC threads
+  std::atomic<uint64_t> shed_joins_{0};
   std::map<std::string, std::unique_ptr<TaskInfo>> tasks_;  // open and recently closed, by task id
   uint32_t attempt_ = 1;
   uint32_t committed_attempt_ = 0;  // attempt that committed round_ (evaluations reference it)
