@@ -27,6 +27,7 @@
 #include "fl/core/model_file.h"
 #include "fl/core/str_cat.h"
 #include "fl/proto/convert.h"
+#include "fl/rpc/process.h"
 #if FL_WITH_TORCH
 #include "fl/client/script_trainer.h"
 #include "fl/client/torch_trainer.h"
@@ -379,6 +380,7 @@ int RunInstances(const fl::client::ClientOptions& options, const ModelFlags& mod
 }  // namespace
 
 int main(int argc, char** argv) {
+  fl::rpc::DisableMutexDeadlockDetection();
   CLI::App app{"fl-client: the federated-learning edge trainer (fl.v1 control plane over gRPC)"};
   app.set_version_flag("--version", std::string("fl-client ") + FL_VERSION);
   fl::client::ClientOptions options;

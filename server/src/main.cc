@@ -33,6 +33,7 @@
 #include "fl/server/round_engine.h"
 #include "fl/server/service.h"
 #include "fl/rpc/grpc_server.h"
+#include "fl/rpc/process.h"
 #include "fl/server/strategy.h"
 
 namespace {
@@ -115,6 +116,7 @@ int ExecCoordinator(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   if (IslandsModeRequested(argc, argv)) return ExecCoordinator(argc, argv);  // alias: fl-coordinator
+  fl::rpc::DisableMutexDeadlockDetection();
   CLI::App app{"fl-server: the federated-learning aggregator (fl.v1 control plane over gRPC)"};
   app.set_version_flag("--version", std::string("fl-server ") + FL_VERSION);
   std::string mode = "fl";

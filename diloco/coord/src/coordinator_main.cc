@@ -23,6 +23,7 @@
 #include "fl/instrumentation/record_store.h"
 #include "fl/pki/revocation.h"
 #include "fl/rpc/grpc_server.h"
+#include "fl/rpc/process.h"
 
 namespace fl::diloco {
 namespace {
@@ -75,6 +76,7 @@ Ending EndingOf(bool signalled, const CoordinatorSnapshot& snap) {
 }
 
 int Run(int argc, char** argv) {
+  fl::rpc::DisableMutexDeadlockDetection();
   CLI::App app{"fl-coordinator: the coordinator of cross-site islands (DiLoCo / Streaming DiLoCo)"};
   app.set_version_flag("--version", std::string("fl-coordinator ") + FL_VERSION);
   CoordinatorOptions o;
