@@ -165,17 +165,57 @@ uint64_t ResidentBytes() {
 }
 
 std::string MemoryEstimate::Describe() const {
+  if (!model.empty()) {
+    return fl::StrCat("--model ", model, ": estimated ", Mb(total_bytes), " (", how,
+                      "); available to this process: ", Mb(limit_bytes), " (", limit_source, ")");
+  }
   return fl::StrCat(count, " instances x ", Mb(per_instance_bytes), " (", how, ") = ", Mb(total_bytes),
                     "; available to this process: ", Mb(limit_bytes));
 }
 
+uint64_t ActivationBytesPerExample(std::string_view model_name) {
+  if (model_name.starts_with("synthetic")) return 0;
+  if (model_name == "cnn-fmnist") return uint64_t{200} << 10;
+  if (model_name == "squeezenet1_1-fmnist") return uint64_t{750} << 10;
+  return uint64_t{400} << 10;
+}
+
+MemoryEstimate EstimateOneClient(const OneClientMemory& in, uint64_t limit_bytes) {
+  constexpr uint64_t kTrainBatch = 32;  // fl-server's default --batch-size
+  const uint64_t per_example = ActivationBytesPerExample(in.model_name);
+  const uint64_t training_state = per_example == 0 ? 0 : 3 * in.parameters * sizeof(float);
+  const uint64_t eval_batch = per_example * in.eval_batch_size;
+  const uint64_t train_batch = 2 * per_example * kTrainBatch;
+  const uint64_t activations = std::max(eval_batch, train_batch);
+  const uint64_t session = SessionBytesPerInstance(in.parameters, in.max_chunk_bytes);
+  MemoryEstimate e;
+  e.count = 1;
+  e.model = in.model;
+  e.per_instance_bytes = in.resident_bytes + kRunningBytes + training_state + activations + session;
+  e.total_bytes = e.per_instance_bytes;
+  e.limit_bytes = limit_bytes;
+  e.how =
+      fl::StrCat("resident with the model and its data loaded ", Mb(in.resident_bytes), ", running ", Mb(kRunningBytes),
+                 ", training state ", Mb(training_state), ", ", eval_batch >= train_batch ? "evaluation" : "training",
+                 " batch (", eval_batch >= train_batch ? uint64_t{in.eval_batch_size} : kTrainBatch, " examples) ",
+                 Mb(activations), ", session buffers ", Mb(session));
+  return e;
+}
+
 absl::Status CheckFits(const MemoryEstimate& e) {
   if (e.fits()) return absl::OkStatus();
+  if (!e.model.empty()) {
+    return absl::ResourceExhaustedError(fl::StrCat(
+        "--model ", e.model, " does not fit this machine's memory: estimated ", Mb(e.total_bytes), " (", e.how,
+        "), limit ", Mb(e.limit_bytes), " (", e.limit_source,
+        "). Use a smaller model, a smaller --eval-batch-size, a smaller shard (--data-fraction, or more clients: "
+        "--num-clients), or a board with more memory; --no-memory-check starts anyway"));
+  }
   const uint64_t most = e.per_instance_bytes == 0 ? 0 : e.limit_bytes / e.per_instance_bytes;
-  return absl::ResourceExhaustedError(fl::StrCat(
-      "--instances=", e.count, " does not fit this machine's memory: estimated ", Mb(e.total_bytes), " (", e.Describe(),
-      "), limit ", Mb(e.limit_bytes), " (MemAvailable, or the cgroup's memory.max); at most ", most,
-      " instances fit: run fewer per process, a smaller --data-fraction, or spread them over machines"));
+  return absl::ResourceExhaustedError(
+      fl::StrCat("--instances=", e.count, " does not fit this machine's memory: estimated ", Mb(e.total_bytes), " (",
+                 e.Describe(), "), limit ", Mb(e.limit_bytes), " (", e.limit_source, "); at most ", most,
+                 " instances fit: run fewer per process, a smaller --data-fraction, or spread them over machines"));
 }
 
 absl::StatusOr<AvailabilityTrace> ParseAvailabilityTrace(std::istream& in, const std::string& path) {

@@ -158,6 +158,25 @@ uint64_t SyntheticParameters(const std::string& model) {
   return std::strtoull(model.c_str() + 10, nullptr, 10);
 }
 
+// The memory check at start (fl-client --memory-limit, --no-memory-check).
+struct MemoryCheckFlags {
+  uint64_t limit_bytes = 0;  // 0: what this machine has (AvailableMemoryBytes)
+  bool skip = false;
+};
+
+// The check's verdict: 0 to go on, 2 (fl-client's exit status for a client that cannot start) to stop.
+int ApplyMemoryCheck(const fl::client::MemoryEstimate& estimate, const MemoryCheckFlags& flags) {
+  if (absl::Status s = fl::client::CheckFits(estimate); !s.ok()) {
+    if (flags.skip) {
+      spdlog::warn("--no-memory-check: starting anyway: {}", s.message());
+      return 0;
+    }
+    std::cerr << "fl-client: " << s.message() << "\n";
+    return 2;
+  }
+  return 0;
+}
+
 // What --instances adds to one client's flags.
 struct InstanceFlags {
   uint32_t count = 1;
@@ -171,7 +190,7 @@ struct InstanceFlags {
 // reported by name; the others go on. Exit: 0 when all finished, 1 when any failed, 130 on a signal, 2 when the
 // instances cannot start at all (they do not fit in memory, bad flags).
 int RunInstances(const fl::client::ClientOptions& options, const ModelFlags& model, const InstanceFlags& flags,
-                 sigset_t signals) {
+                 const MemoryCheckFlags& memory, sigset_t signals) {
   const uint32_t n = flags.count;
   const std::string base = options.client_name;
   const std::vector<std::string> names = fl::client::InstanceNames(base, n);
@@ -195,7 +214,8 @@ int RunInstances(const fl::client::ClientOptions& options, const ModelFlags& mod
   // buffers) plus what training and the session add.
   fl::client::MemoryEstimate estimate;
   estimate.count = n;
-  estimate.limit_bytes = fl::client::AvailableMemoryBytes();
+  estimate.limit_bytes = memory.limit_bytes > 0 ? memory.limit_bytes : fl::client::AvailableMemoryBytes();
+  if (memory.limit_bytes > 0) estimate.limit_source = "--memory-limit";
   if (const uint64_t synthetic = SyntheticParameters(model.model); synthetic > 0) {
     estimate.per_instance_bytes =
         synthetic * sizeof(float) + fl::client::SessionBytesPerInstance(synthetic, options.max_chunk_bytes);
@@ -231,10 +251,7 @@ int RunInstances(const fl::client::ClientOptions& options, const ModelFlags& mod
   estimate.total_bytes = estimate.per_instance_bytes * n;
   spdlog::info("{} instances ({}..{}), shards {}..{} of {}: memory {}", n, names.front(), names.back(),
                model.client_index, model.client_index + n - 1, model.num_clients, estimate.Describe());
-  if (absl::Status s = fl::client::CheckFits(estimate); !s.ok()) {
-    std::cerr << "fl-client: " << s.message() << "\n";
-    return 2;
-  }
+  if (ApplyMemoryCheck(estimate, memory) != 0) return 2;
 
   const uint32_t concurrency =
       flags.train_concurrency > 0 ? flags.train_concurrency : std::max(1u, std::thread::hardware_concurrency());
@@ -488,6 +505,15 @@ int main(int argc, char** argv) {
   app.add_option("--tls-cert-dir", instances.tls_cert_dir,
                  "With --instances and --tls-ca: the folder of the instances' certificates, NAME-i.crt and NAME-i.key "
                  "(fl-provision's clients/ folder); replaces --tls-cert/--tls-key");
+  MemoryCheckFlags memory_check;
+  app.add_option("--memory-limit", memory_check.limit_bytes,
+                 "Bytes this client may use in all, standing in for what the machine has (for a test, or to keep room "
+                 "for other processes); 0: this process's resident set plus MemAvailable (or the cgroup's memory.max "
+                 "left). At start fl-client estimates its peak (docs/deploy-raspberry-pi.md \"Memory\") and refuses "
+                 "to start, exit status 2, when it exceeds this")
+      ->capture_default_str();
+  app.add_flag("--no-memory-check", memory_check.skip,
+               "Start even when the memory estimate exceeds the limit (it is logged as a warning)");
   std::string availability;
   app.add_option("--availability", availability,
                  "With --instances: when each instance is online, diurnal:period_s=<s>,online=<fraction>[,seed=<n>] "
@@ -618,7 +644,7 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   if (virtual_clients) {
     if (app.count("--name") == 0) options.client_name = options.device.hostname();
-    return RunInstances(options, model, instances, signals);
+    return RunInstances(options, model, instances, memory_check, signals);
   }
 
   auto trainer = MakeTrainer(model);
@@ -630,6 +656,32 @@ int main(int argc, char** argv) {
                (*trainer)->model_name(), (*trainer)->task(), (*trainer)->spec().num_tensors(),
                (*trainer)->spec().num_elements(), (*trainer)->spec().FingerprintHex(), (*trainer)->num_train_examples(),
                (*trainer)->num_test_examples());
+  {
+    // With the trainer built (the libraries, the model and the data shard resident): the peak still to come.
+    fl::client::OneClientMemory m;
+    m.model = model.model;
+    m.model_name = (*trainer)->model_name();
+    m.resident_bytes = fl::client::ResidentBytes();
+    m.parameters = (*trainer)->spec().num_elements();
+    m.eval_batch_size = model.eval_batch_size;
+    m.max_chunk_bytes = options.max_chunk_bytes;
+    // What the machine has for this process is what it holds already plus what is still available.
+    const uint64_t available = fl::client::AvailableMemoryBytes();
+    const uint64_t limit = memory_check.limit_bytes > 0 ? memory_check.limit_bytes : available + m.resident_bytes;
+    fl::client::MemoryEstimate estimate = fl::client::EstimateOneClient(m, limit);
+    estimate.limit_source = memory_check.limit_bytes > 0
+                                ? "--memory-limit"
+                                : "this process's resident set plus MemAvailable, or the cgroup's memory.max left";
+    if (memory_check.limit_bytes == 0 && available == 0) {
+      spdlog::warn(
+          "memory: {}; this machine's available memory could not be read (/proc/meminfo, the cgroup's "
+          "memory.max): not checked",
+          estimate.Describe());
+    } else {
+      spdlog::info("memory: {}", estimate.Describe());
+      if (ApplyMemoryCheck(estimate, memory_check) != 0) return 2;
+    }
+  }
 
   fl::client::FederatedClient client(options, trainer->get());
   std::atomic<bool> exiting{false}, signalled{false};

@@ -1,7 +1,8 @@
 // fl-client --instances with the real binaries on loopback: a few hundred virtual clients in one process finish an
 // experiment against a real fl-server, each under its own name in the records; an instance that cannot start (its
 // certificate is missing) is reported by name while the others finish; an N that cannot fit is refused before
-// anything starts, naming the estimate and the limit.
+// anything starts, naming the estimate and the limit. One client (no --instances) is estimated at start too: refused
+// below --memory-limit with the estimate, past the check with enough memory or --no-memory-check.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -171,6 +172,70 @@ TEST(InstancesProcessTest, AnInstanceCountThatCannotFitIsRefusedNamingTheEstimat
   EXPECT_THAT(out, HasSubstr("at most "));
   EXPECT_THAT(out, ::testing::Not(HasSubstr("instances started")));
 }
+
+// One client (no --instances): the estimate at start against --memory-limit, which stands in for what a small
+// board has. The server address is never reached: a client that passes the check gives up after a second (exit
+// status 1), one that is refused never tries (status 2).
+std::vector<std::string> OneClient(const std::string& model, const std::string& limit) {
+  return {FL_CLIENT_BIN,    "--server", "127.0.0.1:1",       "--name", "pi",        "--model", model,
+          "--memory-limit", limit,      "--give-up-after-s", "1",      "--insecure"};
+}
+
+TEST(MemoryCheckProcessTest, AClientAboveTheMemoryLimitIsRefusedWithTheEstimate) {
+  fl::testing::ScratchDir dir("fl_memory_check");
+  const std::string log = dir.File("client.log");
+  Subprocess client(OneClient("synthetic:1000000", "10000000"), log);  // 10 MB: below any process with gRPC
+  EXPECT_EQ(client.Wait(std::chrono::seconds(30)), std::optional<int>(2)) << ReadFile(log);
+  const std::string out = ReadFile(log);
+  EXPECT_THAT(out, HasSubstr("fl-client: --model synthetic:1000000 does not fit this machine's memory: estimated "));
+  EXPECT_THAT(out, HasSubstr("resident with the model and its data loaded "));
+  EXPECT_THAT(out, HasSubstr("limit 9.54 MB (--memory-limit)"));
+  EXPECT_THAT(out, HasSubstr("a smaller --eval-batch-size"));
+  EXPECT_THAT(out, HasSubstr("--no-memory-check starts anyway"));
+}
+
+TEST(MemoryCheckProcessTest, AClientWithEnoughMemoryOrNoMemoryCheckGetsPastTheCheck) {
+  fl::testing::ScratchDir dir("fl_memory_check");
+  const std::string enough = dir.File("enough.log");
+  Subprocess fits(OneClient("synthetic:1000000", "100000000000"), enough);  // 100 GB
+  EXPECT_EQ(fits.Wait(std::chrono::seconds(30)), std::optional<int>(1)) << ReadFile(enough);
+  EXPECT_THAT(ReadFile(enough), HasSubstr("memory: --model synthetic:1000000: estimated "));
+  EXPECT_THAT(ReadFile(enough), HasSubstr("available to this process: 95367 MB (--memory-limit)"));
+  EXPECT_THAT(ReadFile(enough), ::testing::Not(HasSubstr("does not fit")));
+
+  const std::string forced = dir.File("forced.log");
+  std::vector<std::string> args = OneClient("synthetic:1000000", "10000000");
+  args.push_back("--no-memory-check");
+  Subprocess unchecked(args, forced);
+  EXPECT_EQ(unchecked.Wait(std::chrono::seconds(30)), std::optional<int>(1)) << ReadFile(forced);
+  EXPECT_THAT(ReadFile(forced),
+              HasSubstr("--no-memory-check: starting anyway: --model synthetic:1000000 does not fit"));
+
+  // Without --memory-limit: this machine's own memory, which a test machine has enough of.
+  const std::string own = dir.File("own.log");
+  Subprocess machine({FL_CLIENT_BIN, "--server", "127.0.0.1:1", "--name", "pi", "--model", "synthetic:1000",
+                      "--give-up-after-s", "1", "--insecure"},
+                     own);
+  EXPECT_EQ(machine.Wait(std::chrono::seconds(30)), std::optional<int>(1)) << ReadFile(own);
+  EXPECT_THAT(ReadFile(own), HasSubstr("this process's resident set plus MemAvailable"));
+}
+
+#if FL_WITH_TORCH
+TEST(MemoryCheckProcessTest, TheCnnClientIsEstimatedWithItsDataAndRefusedBelowIt) {
+  fl::testing::ScratchDir dir("fl_memory_check");
+  const std::string small = dir.File("small.log");
+  Subprocess refused(OneClient("cnn", "100000000"), small);  // 100 MB: LibTorch alone is more
+  EXPECT_EQ(refused.Wait(std::chrono::seconds(60)), std::optional<int>(2)) << ReadFile(small);
+  EXPECT_THAT(ReadFile(small), HasSubstr("fl-client: --model cnn does not fit this machine's memory: estimated "));
+  EXPECT_THAT(ReadFile(small), HasSubstr("evaluation batch (100 examples) "));
+
+  const std::string big = dir.File("big.log");
+  Subprocess fits(OneClient("cnn", "8000000000"), big);  // 8 GB, the largest Raspberry Pi
+  EXPECT_EQ(fits.Wait(std::chrono::seconds(60)), std::optional<int>(1)) << ReadFile(big);
+  EXPECT_THAT(ReadFile(big), HasSubstr("memory: --model cnn: estimated "));
+  EXPECT_THAT(ReadFile(big), ::testing::Not(HasSubstr("does not fit")));
+}
+#endif
 
 }  // namespace
 }  // namespace fl::client

@@ -109,6 +109,56 @@ TEST(InstancesTest, AnEstimateAboveTheLimitIsRefusedNamingBoth) {
   EXPECT_TRUE(CheckFits(e).ok());
 }
 
+TEST(InstancesTest, OneClientIsEstimatedFromItsResidentSetItsModelAndItsEvaluationBatch) {
+  OneClientMemory m;
+  m.model = "cnn";
+  m.model_name = "cnn-fmnist";
+  m.resident_bytes = uint64_t{200} << 20;
+  m.parameters = 1'000'000;
+  m.eval_batch_size = 100;
+  m.max_chunk_bytes = 1 << 20;
+  const uint64_t session = SessionBytesPerInstance(m.parameters, m.max_chunk_bytes);
+  const MemoryEstimate e = EstimateOneClient(m, uint64_t{1} << 30);
+  // 200 MB resident, the running margin, 12 MB of gradients and optimizer moments, 100 x 200 KiB of evaluation
+  // activations (above a training batch's 2 x 32 x 200 KiB), the session's buffers.
+  EXPECT_EQ(e.total_bytes, (uint64_t{200} << 20) + kRunningBytes + 12'000'000 + 100 * (uint64_t{200} << 10) + session);
+  EXPECT_EQ(e.count, 1u);
+  EXPECT_TRUE(e.fits());
+  EXPECT_TRUE(CheckFits(e).ok());
+  // A smaller evaluation batch costs less, down to the training batch's activations.
+  m.eval_batch_size = 10;
+  EXPECT_EQ(EstimateOneClient(m, 0).total_bytes,
+            (uint64_t{200} << 20) + kRunningBytes + 12'000'000 + 2 * 32 * (uint64_t{200} << 10) + session);
+  // The synthetic model trains nothing: its resident set and the session only.
+  m.model_name = "synthetic-1000000";
+  EXPECT_EQ(EstimateOneClient(m, 0).total_bytes, (uint64_t{200} << 20) + kRunningBytes + session);
+  EXPECT_GT(ActivationBytesPerExample("squeezenet1_1-fmnist"), ActivationBytesPerExample("cnn-fmnist"));
+  EXPECT_GT(ActivationBytesPerExample("my_torchscript_model"), 0u);
+}
+
+TEST(InstancesTest, OneClientAboveTheLimitIsRefusedNamingTheModelTheEstimateTheLimitAndWhatToDo) {
+  OneClientMemory m;
+  m.model = "squeezenet";
+  m.model_name = "squeezenet1_1-fmnist";
+  m.resident_bytes = uint64_t{300} << 20;
+  m.parameters = 700'000;
+  m.eval_batch_size = 100;
+  m.max_chunk_bytes = 1 << 20;
+  MemoryEstimate e = EstimateOneClient(m, uint64_t{256} << 20);
+  e.limit_source = "--memory-limit";
+  const absl::Status s = CheckFits(e);
+  ASSERT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  const std::string message(s.message());
+  EXPECT_NE(message.find("--model squeezenet does not fit this machine's memory: estimated "), std::string::npos) << s;
+  EXPECT_NE(message.find("evaluation batch (100 examples)"), std::string::npos) << s;
+  EXPECT_NE(message.find("limit 256 MB (--memory-limit)"), std::string::npos) << s;
+  for (const char* advice : {"smaller model", "--eval-batch-size", "--data-fraction", "--num-clients",
+                             "board with more memory", "--no-memory-check"}) {
+    EXPECT_NE(message.find(advice), std::string::npos) << advice << " in " << s;
+  }
+  EXPECT_EQ(message.find("instances"), std::string::npos) << "one client is not told about --instances: " << s;
+}
+
 TEST(InstancesTest, SessionBytesGrowWithTheModel) {
   EXPECT_GT(SessionBytesPerInstance(1'000'000, 1 << 20), SessionBytesPerInstance(1000, 1 << 20));
   EXPECT_GE(SessionBytesPerInstance(1'000'000, 1 << 20), uint64_t{4'000'000} * 4);

@@ -70,16 +70,48 @@ std::vector<std::string> InstanceNames(const std::string& base, uint32_t count);
 // emulated link, e.g. a shaping relay's port). InvalidArgument naming the counts otherwise.
 absl::StatusOr<std::vector<std::string>> InstanceServers(const std::string& flag, uint32_t count);
 
-// What N instances are expected to take, and what this machine has.
+// What N instances (or one client, EstimateOneClient) are expected to take, and what this machine has.
 struct MemoryEstimate {
   uint64_t per_instance_bytes = 0;
   uint64_t count = 0;
   uint64_t total_bytes = 0;  // per_instance_bytes x count
-  uint64_t limit_bytes = 0;  // what may be used: AvailableMemoryBytes()
+  uint64_t limit_bytes = 0;  // what may be used: AvailableMemoryBytes(), or fl-client --memory-limit
   std::string how;           // how per_instance_bytes was found (measured / derived), for the log
+  // One client (fl-client without --instances): the --model it names; CheckFits then says what one client can
+  // do instead of how many instances fit. Empty for --instances.
+  std::string model;
+  std::string limit_source = "MemAvailable, or the cgroup's memory.max";  // where limit_bytes came from
   bool fits() const { return total_bytes <= limit_bytes; }
   std::string Describe() const;
 };
+
+// Peak activation bytes per example of a model's forward pass (evaluation) by its model_name(), measured on
+// amd64 from fl-client's peak RSS at --eval-batch-size 100, 500 and 1000 (docs/deploy-raspberry-pi.md
+// "Memory"): cnn-fmnist 200 KiB, squeezenet1_1-fmnist 750 KiB; any other (a TorchScript model) 400 KiB, as
+// measured for examples/bring-your-own-model's CnnBn (a guess for other architectures). 0 for synthetic-*.
+uint64_t ActivationBytesPerExample(std::string_view model_name);
+
+// What one fl-client needs at its peak, estimated once its trainer is built and before it joins:
+struct OneClientMemory {
+  std::string model;             // --model as given, for the message
+  std::string model_name;        // the trainer's model_name()
+  uint64_t resident_bytes = 0;   // ResidentBytes() with the trainer built: the runtime's libraries, the model and
+                                 // its data shard (measured, not derived: the one figure that varies by build)
+  uint64_t parameters = 0;       // the model's values
+  uint32_t eval_batch_size = 0;  // --eval-batch-size
+  uint32_t max_chunk_bytes = 0;  // --max-chunk-bytes
+};
+// What a client holds once it runs beyond its resident set at start and the parts below: gRPC's threads (about
+// ten) with their stacks and malloc arenas, LibTorch's per-step allocations. Measured: the amd64 CNN client's
+// resident set over 10 rounds (median 257-262 MiB, docs/deploy-raspberry-pi.md "Memory") less its estimate
+// without this term (242 MiB), rounded up.
+inline constexpr uint64_t kRunningBytes = uint64_t{24} << 20;
+// resident + kRunningBytes + training state (gradients and up to two optimizer moments: 3 x parameters x 4 bytes)
+// + the larger of the evaluation batch's activations and a training batch's (32 examples, fl-server's default
+// --batch-size, with autograd keeping about twice the forward's) + the session's buffers (SessionBytesPerInstance).
+// Training and evaluation never overlap, so their activations are not added. The peak while loading the data
+// (the whole IDX file before the shard is cut) has passed by then and is not part of it.
+MemoryEstimate EstimateOneClient(const OneClientMemory& in, uint64_t limit_bytes);
 
 // Session-side bytes of one instance besides its trainer, for a model of `num_parameters`: the downloaded model
 // (encoded and decoded), the update being uploaded, its error-feedback residual, chunk buffers, the gRPC channel
@@ -92,8 +124,8 @@ uint64_t AvailableMemoryBytes();
 // This process's resident set now (/proc/self/statm), 0 when it cannot be read.
 uint64_t ResidentBytes();
 
-// OK when `e` fits; otherwise ResourceExhausted naming the count, the estimate per instance and in all, the limit
-// and what to do.
+// OK when `e` fits; otherwise ResourceExhausted naming the count (or, for one client, the model), the estimate per
+// instance and in all, the limit and what to do.
 absl::Status CheckFits(const MemoryEstimate& e);
 
 // The online window [start_s, end_s): end_s is infinity when the client stays online; start_s is infinity when it
