@@ -6,7 +6,6 @@
 #include <cmath>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -16,48 +15,18 @@
 
 #include "fl/core/codec.h"
 #include "fl/instrumentation/record_reader.h"
-#include "fl/rpc/clock.h"
 #include "fl/server/checkpoint.h"
 #include "fl/server/staleness.h"
-#include "fl/testing/scratch_dir.h"
-#include "federation_harness.h"
+#include "manual_engine.h"
 
 namespace fl::server {
 namespace {
 
 using instrumentation::ClientOutcome;
 using instrumentation::ClientRoundRecord;
-using instrumentation::RecordReader;
-using instrumentation::RecordStore;
-using test_harness::InitialModel;
 using test_harness::kParams;
-
-class RecordingChannel final : public SessionChannel {
- public:
-  void Send(fl::v1::ServerMessage message) override {
-    std::lock_guard lock(mu_);
-    sent_.push_back(std::move(message));
-  }
-  void Close(const grpc::Status& status) override {
-    std::lock_guard lock(mu_);
-    if (!closed_.has_value()) closed_ = status;
-  }
-  std::vector<fl::v1::ServerMessage> sent() const {
-    std::lock_guard lock(mu_);
-    return sent_;
-  }
-
- private:
-  mutable std::mutex mu_;
-  std::vector<fl::v1::ServerMessage> sent_;
-  std::optional<grpc::Status> closed_;
-};
-
-struct TestClient {
-  std::string id;
-  std::string token;
-  std::shared_ptr<RecordingChannel> channel;
-};
+using test_harness::TestClient;
+using test_harness::TrainTasks;
 
 TEST(StalenessWeightTest, PolyAndConstantWeights) {
   auto sqrt_weight = ParseStalenessWeight("poly:a=0.5");
@@ -136,67 +105,19 @@ TEST(BufferedConfigTest, CombinationsThatCannotWorkAreRefusedSayingWhatWould) {
   EXPECT_TRUE(sync.Validate().ok()) << sync.Validate();
 }
 
-class EngineBufferedTest : public ::testing::Test {
+class EngineBufferedTest : public test_harness::ManualEngineTest {
  protected:
-  EngineBufferedTest() : dir_("fl_engine_buffered") {}
+  EngineBufferedTest() : ManualEngineTest("fl_engine_buffered") {}
 
   void StartEngine(EngineConfig config) {
     config.checkpoint_dir = dir_.File("ckpt");
-    records_ = *RecordStore::Open(dir_.File("records.db"));
-    RoundEngine::StartPoint start = InitialModel(1);
-    initial_ = start.checkpoint->values;
-    engine_ = std::make_unique<RoundEngine>(std::move(config), records_.get(), std::move(start), &clock_);
-    ASSERT_TRUE(engine_->StartManual().ok());
-  }
-
-  void TearDown() override {
-    if (engine_ != nullptr) {
-      engine_->Post(ShutdownEvent{"test over"});
-      engine_->RunUntilIdle();
-    }
-    if (records_ != nullptr) (void)records_->Close();
-  }
-
-  void Run() { engine_->RunUntilIdle(); }
-  void Advance(int64_t ms) {
-    clock_.AdvanceMs(ms);
-    Run();
+    ManualEngineTest::StartEngine(std::move(config));
   }
 
   TestClient Connect(const std::string& name, fl::v1::LinkKind link = fl::v1::LINK_KIND_ETHERNET) {
-    fl::v1::JoinRequest req;
-    req.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
-    req.set_client_name(name);
-    req.mutable_link()->set_kind(link);
-    req.set_num_train_examples(100);
-    req.set_num_test_examples(10);
-    *req.mutable_model_spec() = wire::ToProto(client::SyntheticTrainer(kParams, 10, 1).spec(), "synthetic");
-    TestClient c;
-    engine_->Post(JoinEvent{req, "test",
-                            [&](const grpc::Status& s, const fl::v1::JoinResponse& r) {
-                              EXPECT_TRUE(s.ok()) << s.error_message();
-                              c.id = r.client_id();
-                              c.token = r.session_token();
-                            },
-                            ""});
-    Run();
-    c.channel = std::make_shared<RecordingChannel>();
-    fl::v1::SessionHello hello;
-    hello.set_client_id(c.id);
-    hello.set_session_token(c.token);
-    engine_->Post(SessionOpenEvent{hello, c.channel, "test"});
-    Run();
-    return c;
+    return ManualEngineTest::Connect(name, link);
   }
 
-  // Every train task the engine sent the client, in order.
-  static std::vector<fl::v1::Task> Tasks(const TestClient& c) {
-    std::vector<fl::v1::Task> tasks;
-    for (const auto& m : c.channel->sent()) {
-      if (m.has_task() && m.task().kind() == fl::v1::TASK_KIND_TRAIN) tasks.push_back(m.task());
-    }
-    return tasks;
-  }
   static std::vector<std::string> Cancels(const TestClient& c) {
     std::vector<std::string> ids;
     for (const auto& m : c.channel->sent()) {
@@ -205,15 +126,15 @@ class EngineBufferedTest : public ::testing::Test {
     return ids;
   }
   // The client's task still waiting for its update (the last one sent, unless it was answered).
-  std::optional<fl::v1::Task> Open(const TestClient& c) const {
-    std::vector<fl::v1::Task> tasks = Tasks(c);
+  std::optional<fl::v1::Task> OpenTask(const TestClient& c) const {
+    std::vector<fl::v1::Task> tasks = TrainTasks(c);
     if (tasks.empty() || answered_.contains(tasks.back().task_id())) return std::nullopt;
     return tasks.back();
   }
 
   // Uploads a delta of `value` everywhere with `examples` examples for the client's open task.
   fl::v1::UploadUpdateResponse Upload(const TestClient& c, float value, uint64_t examples) {
-    std::optional<fl::v1::Task> task = Open(c);
+    std::optional<fl::v1::Task> task = OpenTask(c);
     EXPECT_TRUE(task.has_value()) << c.id << " has no open task";
     if (!task.has_value()) return {};
     // In the codec the task named (link-aware compression), fp32 unless a policy says otherwise.
@@ -223,59 +144,28 @@ class EngineBufferedTest : public ::testing::Test {
     fl::v1::UpdateHeader header = test_harness::DeltaHeader(c.id, c.token, *task, examples);
     header.set_codec(codec_name);
     header.set_payload_bytes((*codec)->EncodedSize(kParams));
-    bool admitted = false;
-    engine_->Post(UploadStartEvent{
-        header, clock_.NowNs(),
-        [&](std::optional<fl::v1::UploadUpdateResponse> r, std::vector<uint8_t>) { admitted = !r.has_value(); },
-        nullptr, "test"});
-    Run();
-    EXPECT_TRUE(admitted);
-    UploadDoneEvent done;
-    done.header = header;
-    std::vector<float> delta(kParams, value);
-    EXPECT_TRUE((*codec)->Encode(delta, &done.payload).ok());
-    done.first_byte_server_ns = clock_.NowNs();
-    done.done_server_ns = clock_.NowNs();
-    fl::v1::UploadUpdateResponse verdict;
-    done.reply = [&](const fl::v1::UploadUpdateResponse& r) { verdict = r; };
-    engine_->Post(std::move(done));
-    Run();
+    EXPECT_FALSE(StartUpload(header).has_value()) << "refused at the header";
+    std::vector<uint8_t> payload;
+    EXPECT_TRUE((*codec)->Encode(std::vector<float>(kParams, value), &payload).ok());
+    const fl::v1::UploadUpdateResponse verdict = FinishUpload(header, std::move(payload), clock_.NowNs());
     answered_.insert(task->task_id());
     return verdict;
   }
 
   size_t TasksOut(const std::vector<TestClient*>& clients) const {
     size_t n = 0;
-    for (const TestClient* c : clients) n += Open(*c).has_value() ? 1 : 0;
+    for (const TestClient* c : clients) n += OpenTask(*c).has_value() ? 1 : 0;
     return n;
   }
 
-  std::unique_ptr<RecordReader> Reader() {
-    EXPECT_TRUE(records_->Flush().ok());
-    return *RecordReader::Open(dir_.File("records.db"));
-  }
-  std::map<std::string, ClientRoundRecord> Rows(int64_t step) {
-    std::map<std::string, ClientRoundRecord> out;
-    std::unique_ptr<RecordReader> reader = Reader();
-    absl::StatusOr<std::vector<ClientRoundRecord>> rows =
-        reader->ListClientRounds(engine_->config().experiment_id, step);
-    EXPECT_TRUE(rows.ok()) << rows.status();
-    if (!rows.ok()) return out;
-    for (ClientRoundRecord& r : *rows) out[r.client_id] = std::move(r);
-    return out;
-  }
+  std::map<std::string, ClientRoundRecord> Rows(int64_t step) { return RowsOfRound(step); }
   std::vector<float> ModelOfStep(uint64_t step) {
     auto ckpt = LoadCheckpoint(CheckpointPath(dir_.File("ckpt"), step));
     EXPECT_TRUE(ckpt.ok()) << ckpt.status();
     return ckpt.ok() ? ckpt->values : std::vector<float>{};
   }
 
-  fl::testing::ScratchDir dir_;
-  rpc::ManualClock clock_;
-  std::unique_ptr<RecordStore> records_;
-  std::unique_ptr<RoundEngine> engine_;
-  std::vector<float> initial_;
-  std::set<std::string> answered_;
+  std::set<std::string> answered_;  // tasks whose update was uploaded
 };
 
 TEST_F(EngineBufferedTest, ConcurrencyClientsTrainAndEachReturnedUpdateIsReplacedByANewTask) {
@@ -288,19 +178,19 @@ TEST_F(EngineBufferedTest, ConcurrencyClientsTrainAndEachReturnedUpdateIsReplace
   all.push_back(&d);
   EXPECT_EQ(engine_->state(), EngineState::kBuffering);
   ASSERT_EQ(TasksOut(all), 3u) << "--concurrency=3";
-  TestClient* waiting = *std::find_if(all.begin(), all.end(), [&](TestClient* x) { return !Open(*x).has_value(); });
+  TestClient* waiting = *std::find_if(all.begin(), all.end(), [&](TestClient* x) { return !OpenTask(*x).has_value(); });
   std::vector<TestClient*> busy;
   for (TestClient* x : all) {
     if (x != waiting) busy.push_back(x);
   }
-  for (TestClient* x : busy) EXPECT_EQ(Open(*x)->model_version(), 0u) << "trained from the initial model";
+  for (TestClient* x : busy) EXPECT_EQ(OpenTask(*x)->model_version(), 0u) << "trained from the initial model";
 
   // The first update is buffered; its client waits for the step, and the idle client takes the free place.
   EXPECT_EQ(Upload(*busy[0], 0.1f, 10).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
   EXPECT_EQ(TasksOut(all), 3u);
-  ASSERT_TRUE(Open(*waiting).has_value());
-  EXPECT_EQ(Open(*waiting)->model_version(), 0u);
-  EXPECT_FALSE(Open(*busy[0]).has_value()) << "a client with an update in the open step gets no task";
+  ASSERT_TRUE(OpenTask(*waiting).has_value());
+  EXPECT_EQ(OpenTask(*waiting)->model_version(), 0u);
+  EXPECT_FALSE(OpenTask(*busy[0]).has_value()) << "a client with an update in the open step gets no task";
   EXPECT_TRUE(Reader()->ListRounds(engine_->config().experiment_id)->empty()) << "1 of --buffer-size=2";
 
   // The second fills the buffer: step 1 is applied, and both clients train again, on version 1 (one of them: three
@@ -312,8 +202,8 @@ TEST_F(EngineBufferedTest, ConcurrencyClientsTrainAndEachReturnedUpdateIsReplace
   EXPECT_EQ(rounds[0].num_accepted, 2);
   EXPECT_EQ(rounds[0].model_version, 1);
   EXPECT_EQ(TasksOut(all), 3u);
-  const int on_v1 = (Open(*busy[0]) && Open(*busy[0])->model_version() == 1) +
-                    (Open(*busy[1]) && Open(*busy[1])->model_version() == 1);
+  const int on_v1 = (OpenTask(*busy[0]) && OpenTask(*busy[0])->model_version() == 1) +
+                    (OpenTask(*busy[1]) && OpenTask(*busy[1])->model_version() == 1);
   EXPECT_EQ(on_v1, 1);
 }
 
@@ -323,10 +213,10 @@ TEST_F(EngineBufferedTest, StalenessWeightsTheAggregateAndUpdatesAboveMaxStalene
   std::vector<TestClient*> all{&a, &b, &c, &d};
   std::vector<TestClient*> v0;
   for (TestClient* x : all) {
-    if (Open(*x)) v0.push_back(x);
+    if (OpenTask(*x)) v0.push_back(x);
   }
   ASSERT_EQ(v0.size(), 3u);
-  TestClient* fourth = *std::find_if(all.begin(), all.end(), [&](TestClient* x) { return !Open(*x).has_value(); });
+  TestClient* fourth = *std::find_if(all.begin(), all.end(), [&](TestClient* x) { return !OpenTask(*x).has_value(); });
   // Step 1: two fresh updates (tau 0, weight 1): the weighted mean of 0.1 x 10 and 0.4 x 30 examples = 0.325.
   ASSERT_EQ(Upload(*v0[0], 0.1f, 10).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
   ASSERT_EQ(Upload(*v0[1], 0.4f, 30).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
@@ -345,10 +235,10 @@ TEST_F(EngineBufferedTest, StalenessWeightsTheAggregateAndUpdatesAboveMaxStalene
   }
 
   // v0[2] and the fourth client still train from version 0: tau = 1 now. One of v0[0], v0[1] trains from version 1.
-  TestClient* fresh = Open(*v0[0]) ? v0[0] : v0[1];
-  ASSERT_TRUE(Open(*fresh).has_value());
-  ASSERT_EQ(Open(*fresh)->model_version(), 1u);
-  ASSERT_EQ(Open(*v0[2])->model_version(), 0u);
+  TestClient* fresh = OpenTask(*v0[0]) ? v0[0] : v0[1];
+  ASSERT_TRUE(OpenTask(*fresh).has_value());
+  ASSERT_EQ(OpenTask(*fresh)->model_version(), 1u);
+  ASSERT_EQ(OpenTask(*v0[2])->model_version(), 0u);
   // Step 2: a stale update (tau 1: weight 10/sqrt(2)) and a fresh one (weight 20): mean of 0.3 and 0.6.
   ASSERT_EQ(Upload(*v0[2], 0.3f, 10).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
   ASSERT_EQ(Upload(*fresh, 0.6f, 20).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
@@ -366,17 +256,17 @@ TEST_F(EngineBufferedTest, StalenessWeightsTheAggregateAndUpdatesAboveMaxStalene
   EXPECT_EQ(rows2[fresh->id].base_model_version, 1);
 
   // The fourth client was given version 0 before step 1: now 2 versions behind, above --max-staleness=1.
-  ASSERT_EQ(Open(*fourth)->model_version(), 0u);
+  ASSERT_EQ(OpenTask(*fourth)->model_version(), 0u);
   fl::v1::UploadUpdateResponse refused = Upload(*fourth, 0.2f, 10);
   EXPECT_EQ(refused.outcome(), fl::v1::UPDATE_OUTCOME_REJECTED);
   EXPECT_NE(refused.error().message().find("stale: the update was trained from model version 0, 2 versions behind"),
             std::string::npos)
       << refused.error().message();
-  EXPECT_FALSE(Open(*fourth).has_value()) << "a refused client waits for the step its refusal is recorded in";
+  EXPECT_FALSE(OpenTask(*fourth).has_value()) << "a refused client waits for the step its refusal is recorded in";
   // Step 3 (the last) takes the next two updates; the refusal is one of its rows.
   std::vector<TestClient*> out;
   for (TestClient* x : all) {
-    if (Open(*x)) out.push_back(x);
+    if (OpenTask(*x)) out.push_back(x);
   }
   ASSERT_EQ(out.size(), 3u) << "three train again: --concurrency=3, the refused client waits";
   ASSERT_EQ(Upload(*out[0], 0.1f, 10).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
@@ -412,33 +302,33 @@ TEST_F(EngineBufferedTest, ATaskPastItsDeadlineIsDroppedAndItsPlaceGoesToAnother
   std::vector<TestClient*> all{&a, &b, &c, &d};
   std::vector<TestClient*> first;
   for (TestClient* x : all) {
-    if (Open(*x)) first.push_back(x);
+    if (OpenTask(*x)) first.push_back(x);
   }
   ASSERT_EQ(first.size(), 2u);
   Advance(4'000);
   ASSERT_EQ(Upload(*first[0], 0.1f, 10).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
   ASSERT_EQ(TasksOut(all), 2u);
   Advance(6'000 - 1);
-  EXPECT_TRUE(Open(*first[1]).has_value());
+  EXPECT_TRUE(OpenTask(*first[1]).has_value());
   std::set<std::string> before;
   for (TestClient* x : all) {
-    if (Open(*x)) before.insert(Open(*x)->task_id());
+    if (OpenTask(*x)) before.insert(OpenTask(*x)->task_id());
   }
-  const std::string dropped = Open(*first[1])->task_id();
+  const std::string dropped = OpenTask(*first[1])->task_id();
   Advance(1);                 // first[1]'s deadline (10 s after its dispatch)
   answered_.insert(dropped);  // closed by the engine: never answered
   // Its slot goes to the one client neither training nor waiting for the step.
   size_t new_tasks = 0;
   for (TestClient* x : all) {
-    if (Open(*x) && !before.contains(Open(*x)->task_id())) ++new_tasks;
+    if (OpenTask(*x) && !before.contains(OpenTask(*x)->task_id())) ++new_tasks;
   }
   EXPECT_EQ(new_tasks, 1u);
   EXPECT_EQ(TasksOut(all), 2u);
-  EXPECT_FALSE(Open(*first[1]).has_value()) << "the dropped client waits for the step its drop is recorded in";
+  EXPECT_FALSE(OpenTask(*first[1]).has_value()) << "the dropped client waits for the step its drop is recorded in";
   // The drop is a row of the open step: it appears with step 1's commit.
   TestClient* third = nullptr;
   for (TestClient* x : all) {
-    if (x != first[0] && x != first[1] && Open(*x)) third = x;
+    if (x != first[0] && x != first[1] && OpenTask(*x)) third = x;
   }
   ASSERT_NE(third, nullptr);
   ASSERT_EQ(Upload(*third, 0.1f, 10).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
@@ -461,10 +351,10 @@ TEST_F(EngineBufferedTest, AnEvaluationWaitsForIdleClientsAndTheNextStepWaitsFor
   std::vector<TestClient*> all{&a, &b, &c, &d};
   std::vector<TestClient*> first;
   for (TestClient* x : all) {
-    if (Open(*x)) first.push_back(x);
+    if (OpenTask(*x)) first.push_back(x);
   }
   ASSERT_EQ(first.size(), 3u);
-  TestClient* fourth = *std::find_if(all.begin(), all.end(), [&](TestClient* x) { return !Open(*x).has_value(); });
+  TestClient* fourth = *std::find_if(all.begin(), all.end(), [&](TestClient* x) { return !OpenTask(*x).has_value(); });
   ASSERT_EQ(Upload(*first[0], 0.1f, 10).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);  // fourth takes the place
   ASSERT_EQ(Upload(*first[1], 0.1f, 10).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);  // step 1 applied
   ASSERT_EQ(Reader()->ListRounds(engine_->config().experiment_id)->size(), 1u);
@@ -510,10 +400,10 @@ TEST_F(EngineBufferedTest, LinkAwareCodecsApplyToBufferedTasks) {
   StartEngine(config);
   TestClient a = Connect("a", fl::v1::LINK_KIND_5G), b = Connect("b", fl::v1::LINK_KIND_WIFI);
   TestClient c = Connect("c", fl::v1::LINK_KIND_ETHERNET), d = Connect("d", fl::v1::LINK_KIND_ETHERNET);
-  ASSERT_TRUE(Open(a).has_value() && Open(b).has_value());
-  EXPECT_EQ(Open(a)->uplink_codec(), "int4");
-  EXPECT_EQ(Open(b)->uplink_codec(), "int8");
-  EXPECT_EQ(Open(c)->uplink_codec(), "fp32");
+  ASSERT_TRUE(OpenTask(a).has_value() && OpenTask(b).has_value());
+  EXPECT_EQ(OpenTask(a)->uplink_codec(), "int4");
+  EXPECT_EQ(OpenTask(b)->uplink_codec(), "int8");
+  EXPECT_EQ(OpenTask(c)->uplink_codec(), "fp32");
   // Each update in its own codec is decoded with it: 0.5 is exact in int4 and int8 blockwise (one scale per block).
   ASSERT_EQ(Upload(a, 0.5f, 10).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
   ASSERT_EQ(Upload(b, 0.5f, 10).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
@@ -536,9 +426,9 @@ TEST_F(EngineBufferedTest, AStepNobodyCanFillIsAppliedAsItIsOrFailsWithoutUpdate
   config.num_rounds = 2;
   StartEngine(config);
   TestClient a = Connect("a"), b = Connect("b");
-  ASSERT_TRUE(Open(a).has_value() && Open(b).has_value());
+  ASSERT_TRUE(OpenTask(a).has_value() && OpenTask(b).has_value());
   ASSERT_EQ(Upload(a, 0.25f, 10).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
-  const std::string b_task = Open(b)->task_id();
+  const std::string b_task = OpenTask(b)->task_id();
   Advance(10'000);  // b's deadline: dropped; a and b both wait for step 1, nothing is out
   answered_.insert(b_task);
   auto rounds = *Reader()->ListRounds(engine_->config().experiment_id);
@@ -548,8 +438,8 @@ TEST_F(EngineBufferedTest, AStepNobodyCanFillIsAppliedAsItIsOrFailsWithoutUpdate
   EXPECT_EQ(rounds[0].num_dropped, 1);
   EXPECT_NEAR(ModelOfStep(1)[0], initial_[0] - 0.25f, 1e-6);
   // Step 2: both tasks expire.
-  ASSERT_TRUE(Open(a).has_value() && Open(b).has_value());
-  const std::string a2 = Open(a)->task_id(), b2 = Open(b)->task_id();
+  ASSERT_TRUE(OpenTask(a).has_value() && OpenTask(b).has_value());
+  const std::string a2 = OpenTask(a)->task_id(), b2 = OpenTask(b)->task_id();
   Advance(10'000);
   answered_.insert(a2);
   answered_.insert(b2);
@@ -560,8 +450,8 @@ TEST_F(EngineBufferedTest, AStepNobodyCanFillIsAppliedAsItIsOrFailsWithoutUpdate
   EXPECT_EQ(rounds[1].status, instrumentation::RoundStatus::kFailed);
   EXPECT_NE(rounds[1].failure_reason.find("no update in the buffer"), std::string::npos) << rounds[1].failure_reason;
   // Attempt 2 of step 2 went out to both at once.
-  ASSERT_TRUE(Open(a).has_value() && Open(b).has_value());
-  EXPECT_EQ(Open(a)->task_id().rfind("s2.2-", 0), 0u) << Open(a)->task_id();
+  ASSERT_TRUE(OpenTask(a).has_value() && OpenTask(b).has_value());
+  EXPECT_EQ(OpenTask(a)->task_id().rfind("s2.2-", 0), 0u) << OpenTask(a)->task_id();
   EXPECT_EQ(engine_->state(), EngineState::kBuffering);
 }
 
@@ -569,7 +459,7 @@ TEST_F(EngineBufferedTest, AShutdownRecordsTheOpenStepAsAbortedAndCancelsTheTask
   StartEngine(BufferedConfig());
   TestClient a = Connect("a"), b = Connect("b"), c = Connect("c"), d = Connect("d");
   std::vector<TestClient*> all{&a, &b, &c, &d};
-  TestClient* first = *std::find_if(all.begin(), all.end(), [&](TestClient* x) { return Open(*x).has_value(); });
+  TestClient* first = *std::find_if(all.begin(), all.end(), [&](TestClient* x) { return OpenTask(*x).has_value(); });
   ASSERT_EQ(Upload(*first, 0.1f, 10).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
   engine_->Post(ShutdownEvent{"operator stop"});
   Run();

@@ -5,7 +5,6 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <regex>
 #include <set>
@@ -18,46 +17,21 @@
 #include "fl/core/codec.h"
 #include "fl/instrumentation/record_reader.h"
 #include "fl/rpc/clock.h"
-#include "fl/testing/scratch_dir.h"
-#include "federation_harness.h"
+#include "manual_engine.h"
 
 namespace fl::server {
 namespace {
 
 using instrumentation::ClientEventKind;
 using instrumentation::ClientOutcome;
-using instrumentation::RecordReader;
 using instrumentation::RecordStore;
 using test_harness::InitialModel;
 using test_harness::kParams;
 
+using test_harness::LastTask;
+using test_harness::TestClient;
+
 constexpr int64_t kMs = 1'000'000;
-
-// The server's side of a session as the engine sees it: what it sent, and whether it closed it.
-class RecordingChannel final : public SessionChannel {
- public:
-  void Send(fl::v1::ServerMessage message) override {
-    std::lock_guard lock(mu_);
-    sent_.push_back(std::move(message));
-  }
-  void Close(const grpc::Status& status) override {
-    std::lock_guard lock(mu_);
-    if (!closed_.has_value()) closed_ = status;
-  }
-  std::optional<grpc::Status> closed() const {
-    std::lock_guard lock(mu_);
-    return closed_;
-  }
-  std::vector<fl::v1::ServerMessage> sent() const {
-    std::lock_guard lock(mu_);
-    return sent_;
-  }
-
- private:
-  mutable std::mutex mu_;
-  std::vector<fl::v1::ServerMessage> sent_;
-  std::optional<grpc::Status> closed_;
-};
 
 // An upload's progress as the reactor would report it; Revoke answers like the reactor (an UploadDoneEvent
 // with the status as its transfer error).
@@ -84,16 +58,9 @@ class TestUploadHandle final : public UploadHandle {
   RoundEngine* engine_;
 };
 
-struct TestClient {
-  std::string id;
-  std::string token;
-  bool asked_for_initial_model = false;
-  std::shared_ptr<RecordingChannel> channel;
-};
-
-class EngineClockTest : public ::testing::Test {
+class EngineClockTest : public test_harness::ManualEngineTest {
  protected:
-  EngineClockTest() : dir_("fl_engine_clock") {}
+  EngineClockTest() : ManualEngineTest("fl_engine_clock") {}
 
   static EngineConfig Config() {
     EngineConfig c = test_harness::SmallConfig("");
@@ -103,63 +70,6 @@ class EngineClockTest : public ::testing::Test {
     c.round_deadline_ms = 10'000;
     c.heartbeat_interval_ms = 5'000;  // 20 s of silence before an eviction, unless a test says otherwise
     c.print_table = false;
-    return c;
-  }
-
-  void StartEngine(EngineConfig config, RoundEngine::StartPoint start = InitialModel(1)) {
-    records_ = *RecordStore::Open(dir_.File("records.db"));
-    engine_ = std::make_unique<RoundEngine>(std::move(config), records_.get(), std::move(start), &clock_);
-    ASSERT_TRUE(engine_->StartManual().ok());
-  }
-
-  void TearDown() override {
-    if (engine_ != nullptr) {
-      engine_->Post(ShutdownEvent{"test over"});
-      engine_->RunUntilIdle();
-    }
-    if (records_ != nullptr) (void)records_->Close();
-  }
-
-  void Run() { engine_->RunUntilIdle(); }
-  void Advance(int64_t ms) {
-    clock_.AdvanceMs(ms);
-    Run();
-  }
-
-  TestClient Join(const std::string& name) {
-    fl::v1::JoinRequest req;
-    req.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
-    req.set_client_name(name);
-    req.set_num_train_examples(100);
-    req.set_num_test_examples(10);
-    *req.mutable_model_spec() = wire::ToProto(client::SyntheticTrainer(kParams, 10, 1).spec(), "synthetic");
-    TestClient c;
-    std::optional<grpc::Status> status;
-    engine_->Post(JoinEvent{req, "test",
-                            [&](const grpc::Status& s, const fl::v1::JoinResponse& r) {
-                              status = s;
-                              c.id = r.client_id();
-                              c.token = r.session_token();
-                              c.asked_for_initial_model = r.initial_model_requested();
-                            },
-                            ""});
-    Run();
-    EXPECT_TRUE(status.has_value() && status->ok()) << (status ? status->error_message() : "no answer");
-    return c;
-  }
-
-  void Open(TestClient& c) {
-    c.channel = std::make_shared<RecordingChannel>();
-    fl::v1::SessionHello hello;
-    hello.set_client_id(c.id);
-    hello.set_session_token(c.token);
-    engine_->Post(SessionOpenEvent{hello, c.channel, "test"});
-    Run();
-  }
-
-  TestClient Connect(const std::string& name) {
-    TestClient c = Join(name);
-    Open(c);
     return c;
   }
 
@@ -174,15 +84,6 @@ class EngineClockTest : public ::testing::Test {
     Send(c, m);
   }
 
-  // The last task the engine sent the client, if any.
-  static std::optional<fl::v1::Task> LastTask(const TestClient& c) {
-    std::optional<fl::v1::Task> task;
-    for (const auto& m : c.channel->sent()) {
-      if (m.has_task()) task = m.task();
-    }
-    return task;
-  }
-
   static fl::v1::UpdateHeader Header(const TestClient& c, const fl::v1::Task& task) {
     return test_harness::DeltaHeader(c.id, c.token, task, 10);
   }
@@ -190,30 +91,15 @@ class EngineClockTest : public ::testing::Test {
   // Starts an upload; true when the engine admitted it (gave it a slot).
   bool StartUpload(const TestClient& c, const fl::v1::Task& task, std::shared_ptr<UploadHandle> handle = nullptr,
                    std::optional<fl::v1::UploadUpdateResponse>* refusal = nullptr) {
-    bool admitted = false;
-    engine_->Post(UploadStartEvent{Header(c, task), clock_.NowNs(),
-                                   [&](std::optional<fl::v1::UploadUpdateResponse> r, std::vector<uint8_t>) {
-                                     admitted = !r.has_value();
-                                     if (refusal != nullptr) *refusal = std::move(r);
-                                   },
-                                   std::move(handle), "test"});
-    Run();
+    std::optional<fl::v1::UploadUpdateResponse> refused = ManualEngineTest::StartUpload(Header(c, task), handle);
+    const bool admitted = !refused.has_value();
+    if (refusal != nullptr) *refusal = std::move(refused);
     return admitted;
   }
 
   // Ends an admitted upload with a small, finite delta; returns the engine's verdict.
   fl::v1::UploadUpdateResponse FinishUpload(const TestClient& c, const fl::v1::Task& task, int64_t first_byte_ns) {
-    std::vector<float> delta(kParams, 0.001f);
-    UploadDoneEvent done;
-    done.header = Header(c, task);
-    EXPECT_TRUE((*core::MakeCodec("fp32"))->Encode(delta, &done.payload).ok());
-    done.first_byte_server_ns = first_byte_ns;
-    done.done_server_ns = clock_.NowNs();
-    fl::v1::UploadUpdateResponse verdict;
-    done.reply = [&](const fl::v1::UploadUpdateResponse& r) { verdict = r; };
-    engine_->Post(std::move(done));
-    Run();
-    return verdict;
+    return ManualEngineTest::FinishUpload(Header(c, task), Fp32Delta(0.001f), first_byte_ns);
   }
 
   fl::v1::UploadUpdateResponse Upload(const TestClient& c, const fl::v1::Task& task) {
@@ -221,17 +107,6 @@ class EngineClockTest : public ::testing::Test {
     EXPECT_TRUE(StartUpload(c, task));
     return FinishUpload(c, task, first);
   }
-
-  std::unique_ptr<RecordReader> Reader() {
-    EXPECT_TRUE(records_->Flush().ok());
-    return *RecordReader::Open(dir_.File("records.db"));
-  }
-  std::string ExperimentId() { return engine_->config().experiment_id; }
-
-  fl::testing::ScratchDir dir_;
-  rpc::ManualClock clock_;
-  std::unique_ptr<RecordStore> records_;
-  std::unique_ptr<RoundEngine> engine_;
 };
 
 TEST_F(EngineClockTest, ARoundClosesExactlyAtItsDeadlineAndTheSilentClientIsDropped) {

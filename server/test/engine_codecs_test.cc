@@ -3,7 +3,6 @@
 // in another codec, and recording the codec of each update. The policy's parsing: core/test/codec_policy_test.cc.
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -12,16 +11,13 @@
 
 #include "fl/core/codec.h"
 #include "fl/instrumentation/record_reader.h"
-#include "fl/rpc/clock.h"
-#include "fl/testing/scratch_dir.h"
-#include "federation_harness.h"
+#include "manual_engine.h"
 
 namespace fl::server {
 namespace {
 
 using instrumentation::ClientOutcome;
 using instrumentation::RecordReader;
-using instrumentation::RecordStore;
 using test_harness::InitialModel;
 using test_harness::kParams;
 
@@ -34,37 +30,12 @@ TEST(EngineCodecPolicy, EngineConfigValidateRefusesABadPolicy) {
       << s.message();
 }
 
-// The server's side of a session: what the engine sent.
-class RecordingChannel final : public SessionChannel {
- public:
-  void Send(fl::v1::ServerMessage message) override {
-    std::lock_guard lock(mu_);
-    sent_.push_back(std::move(message));
-  }
-  void Close(const grpc::Status&) override {}
-  std::optional<fl::v1::Task> LastTask() const {
-    std::lock_guard lock(mu_);
-    std::optional<fl::v1::Task> task;
-    for (const auto& m : sent_) {
-      if (m.has_task()) task = m.task();
-    }
-    return task;
-  }
+using test_harness::LastTask;
+using test_harness::TestClient;
 
- private:
-  mutable std::mutex mu_;
-  std::vector<fl::v1::ServerMessage> sent_;
-};
-
-struct TestClient {
-  std::string id;
-  std::string token;
-  std::shared_ptr<RecordingChannel> channel;
-};
-
-class EngineCodecPolicyTest : public ::testing::Test {
+class EngineCodecPolicyTest : public test_harness::ManualEngineTest {
  protected:
-  EngineCodecPolicyTest() : dir_("fl_engine_codec_policy") {}
+  EngineCodecPolicyTest() : ManualEngineTest("fl_engine_codec_policy") {}
 
   static EngineConfig Config(const std::string& policy) {
     EngineConfig c = test_harness::SmallConfig("");
@@ -78,97 +49,30 @@ class EngineCodecPolicyTest : public ::testing::Test {
     return c;
   }
 
-  void StartEngine(EngineConfig config) {
-    records_ = *RecordStore::Open(dir_.File("records.db"));
-    engine_ = std::make_unique<RoundEngine>(std::move(config), records_.get(), InitialModel(1), &clock_);
-    ASSERT_TRUE(engine_->StartManual().ok());
-  }
-
-  void TearDown() override {
-    if (engine_ != nullptr) {
-      engine_->Post(ShutdownEvent{"test over"});
-      engine_->RunUntilIdle();
-    }
-    if (records_ != nullptr) (void)records_->Close();
-  }
-
-  TestClient Connect(const std::string& name, fl::v1::LinkKind kind) {
-    fl::v1::JoinRequest req;
-    req.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
-    req.set_client_name(name);
-    req.set_num_train_examples(100);
-    req.set_num_test_examples(10);
-    req.mutable_link()->set_kind(kind);
-    *req.mutable_model_spec() = wire::ToProto(client::SyntheticTrainer(kParams, 10, 1).spec(), "synthetic");
-    TestClient c;
-    engine_->Post(JoinEvent{req, "test",
-                            [&](const grpc::Status& s, const fl::v1::JoinResponse& r) {
-                              EXPECT_TRUE(s.ok()) << s.error_message();
-                              c.id = r.client_id();
-                              c.token = r.session_token();
-                            },
-                            ""});
-    engine_->RunUntilIdle();
-    c.channel = std::make_shared<RecordingChannel>();
-    fl::v1::SessionHello hello;
-    hello.set_client_id(c.id);
-    hello.set_session_token(c.token);
-    engine_->Post(SessionOpenEvent{hello, c.channel, "test"});
-    engine_->RunUntilIdle();
-    return c;
-  }
-
   // Uploads a small delta encoded with `codec`; the upload takes `upload_ms` on the server's clock.
   fl::v1::UploadUpdateResponse Upload(const TestClient& c, const std::string& codec, int64_t upload_ms = 0) {
-    const fl::v1::Task task = *c.channel->LastTask();
+    const fl::v1::Task task = *LastTask(c);
     fl::v1::UpdateHeader h = test_harness::DeltaHeader(c.id, c.token, task, 10);
     auto enc = core::MakeCodec(codec);
     EXPECT_TRUE(enc.ok());
     h.set_codec(codec);
     h.set_payload_bytes((*enc)->EncodedSize(kParams));
-    std::optional<fl::v1::UploadUpdateResponse> refusal;
-    bool answered = false;
     const int64_t first = clock_.NowNs();
-    engine_->Post(UploadStartEvent{h, first,
-                                   [&](std::optional<fl::v1::UploadUpdateResponse> r, std::vector<uint8_t>) {
-                                     answered = true;
-                                     refusal = std::move(r);
-                                   },
-                                   nullptr, "test"});
-    engine_->RunUntilIdle();
-    EXPECT_TRUE(answered);
-    if (refusal.has_value()) return *refusal;
+    if (auto refusal = StartUpload(h); refusal.has_value()) return *refusal;
     clock_.AdvanceMs(upload_ms);
-    UploadDoneEvent done;
-    done.header = h;
-    EXPECT_TRUE((*enc)->Encode(std::vector<float>(kParams, 0.001f), &done.payload).ok());
-    done.first_byte_server_ns = first;
-    done.done_server_ns = clock_.NowNs();
-    fl::v1::UploadUpdateResponse verdict;
-    done.reply = [&](const fl::v1::UploadUpdateResponse& r) { verdict = r; };
-    engine_->Post(std::move(done));
-    engine_->RunUntilIdle();
-    return verdict;
+    std::vector<uint8_t> payload;
+    EXPECT_TRUE((*enc)->Encode(std::vector<float>(kParams, 0.001f), &payload).ok());
+    return FinishUpload(h, std::move(payload), first);
   }
 
   std::map<std::string, std::string> RecordedCodecs(uint64_t round) {
-    EXPECT_TRUE(records_->Flush().ok());
-    auto reader = *RecordReader::Open(dir_.File("records.db"));
     std::map<std::string, std::string> codecs;
-    auto rows = reader->ListClientRounds(engine_->config().experiment_id, static_cast<int64_t>(round));
-    EXPECT_TRUE(rows.ok()) << rows.status();
-    if (!rows.ok()) return codecs;
-    for (const auto& row : *rows) {
-      EXPECT_EQ(row.outcome, ClientOutcome::kOk) << row.client_id << ": " << row.reject_reason;
-      codecs[row.client_id] = row.codec;
+    for (const auto& [client, row] : RowsOfRound(static_cast<int64_t>(round))) {
+      EXPECT_EQ(row.outcome, ClientOutcome::kOk) << client << ": " << row.reject_reason;
+      codecs[client] = row.codec;
     }
     return codecs;
   }
-
-  fl::testing::ScratchDir dir_;
-  rpc::ManualClock clock_;
-  std::unique_ptr<RecordStore> records_;
-  std::unique_ptr<RoundEngine> engine_;
 };
 
 TEST_F(EngineCodecPolicyTest, ClientsOfDifferentLinkKindsGetTheirCodecsAndTheRowsRecordThem) {
@@ -177,9 +81,9 @@ TEST_F(EngineCodecPolicyTest, ClientsOfDifferentLinkKindsGetTheirCodecsAndTheRow
   TestClient b = Connect("b-wifi", fl::v1::LINK_KIND_WIFI);
   TestClient c = Connect("c-eth", fl::v1::LINK_KIND_ETHERNET);
   ASSERT_EQ(engine_->state(), EngineState::kCollecting);
-  EXPECT_EQ(a.channel->LastTask()->uplink_codec(), "int4");
-  EXPECT_EQ(b.channel->LastTask()->uplink_codec(), "int8");
-  EXPECT_EQ(c.channel->LastTask()->uplink_codec(), "fp32");
+  EXPECT_EQ(LastTask(a)->uplink_codec(), "int4");
+  EXPECT_EQ(LastTask(b)->uplink_codec(), "int8");
+  EXPECT_EQ(LastTask(c)->uplink_codec(), "fp32");
 
   // An update in another codec than its task named is refused at its header and changes nothing.
   fl::v1::UploadUpdateResponse wrong = Upload(a, "fp32");
@@ -200,9 +104,9 @@ TEST_F(EngineCodecPolicyTest, EachUpdateIsDecodedWithItsOwnCodecAndRecordedWithI
   EXPECT_EQ(RecordedCodecs(1),
             (std::map<std::string, std::string>{{"a-5g", "int4"}, {"b-wifi", "int8"}, {"c-eth", "fp32"}}));
   // Round 2 went out with the same codecs (the link kinds did not change).
-  EXPECT_EQ(a.channel->LastTask()->round(), 2u);
-  EXPECT_EQ(a.channel->LastTask()->uplink_codec(), "int4");
-  EXPECT_EQ(c.channel->LastTask()->uplink_codec(), "fp32");
+  EXPECT_EQ(LastTask(a)->round(), 2u);
+  EXPECT_EQ(LastTask(a)->uplink_codec(), "int4");
+  EXPECT_EQ(LastTask(c)->uplink_codec(), "fp32");
 }
 
 TEST_F(EngineCodecPolicyTest, ByRateUsesTheDefaultFirstThenTheRateMeasuredFromTheLastUpload) {
@@ -211,14 +115,14 @@ TEST_F(EngineCodecPolicyTest, ByRateUsesTheDefaultFirstThenTheRateMeasuredFromTh
   TestClient a = Connect("a", fl::v1::LINK_KIND_5G);
   TestClient b = Connect("b", fl::v1::LINK_KIND_5G);
   TestClient c = Connect("c", fl::v1::LINK_KIND_5G);
-  for (const TestClient* t : {&a, &b, &c}) EXPECT_EQ(t->channel->LastTask()->uplink_codec(), "fp32") << t->id;
+  for (const TestClient* t : {&a, &b, &c}) EXPECT_EQ(LastTask(*t)->uplink_codec(), "fp32") << t->id;
   EXPECT_EQ(Upload(a, "fp32", 200).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
   EXPECT_EQ(Upload(b, "fp32", 20).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
   EXPECT_EQ(Upload(c, "fp32", 2).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
-  ASSERT_EQ(a.channel->LastTask()->round(), 2u);
-  EXPECT_EQ(a.channel->LastTask()->uplink_codec(), "int4");
-  EXPECT_EQ(b.channel->LastTask()->uplink_codec(), "int8");
-  EXPECT_EQ(c.channel->LastTask()->uplink_codec(), "fp32");
+  ASSERT_EQ(LastTask(a)->round(), 2u);
+  EXPECT_EQ(LastTask(a)->uplink_codec(), "int4");
+  EXPECT_EQ(LastTask(b)->uplink_codec(), "int8");
+  EXPECT_EQ(LastTask(c)->uplink_codec(), "fp32");
   EXPECT_EQ(Upload(a, "int4").outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
   EXPECT_EQ(Upload(b, "int8").outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
   EXPECT_EQ(Upload(c, "fp32").outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
@@ -232,7 +136,7 @@ TEST_F(EngineCodecPolicyTest, WithoutAPolicyEveryTaskNamesTheServersUplinkCodec)
   TestClient a = Connect("a", fl::v1::LINK_KIND_5G);
   TestClient b = Connect("b", fl::v1::LINK_KIND_WIFI);
   TestClient c = Connect("c", fl::v1::LINK_KIND_ETHERNET);
-  for (const TestClient* t : {&a, &b, &c}) EXPECT_EQ(t->channel->LastTask()->uplink_codec(), "int8") << t->id;
+  for (const TestClient* t : {&a, &b, &c}) EXPECT_EQ(LastTask(*t)->uplink_codec(), "int8") << t->id;
 }
 
 // End to end over real gRPC sessions: real FederatedClients on 5G, WiFi and Ethernet encode with the codec their

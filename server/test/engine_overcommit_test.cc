@@ -7,7 +7,6 @@
 #include <limits>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,48 +15,23 @@
 
 #include "fl/core/codec.h"
 #include "fl/instrumentation/record_reader.h"
-#include "fl/rpc/clock.h"
 #include "fl/server/checkpoint.h"
-#include "fl/testing/scratch_dir.h"
-#include "federation_harness.h"
+#include "manual_engine.h"
 
 namespace fl::server {
 namespace {
 
 using instrumentation::ClientOutcome;
 using instrumentation::ClientRoundRecord;
-using instrumentation::RecordReader;
-using instrumentation::RecordStore;
 using test_harness::InitialModel;
 using test_harness::kParams;
+using test_harness::LastCancel;
+using test_harness::LastTask;
+using test_harness::TestClient;
 
-// The server's side of a session: what the engine sent.
-class RecordingChannel final : public SessionChannel {
- public:
-  void Send(fl::v1::ServerMessage message) override {
-    std::lock_guard lock(mu_);
-    sent_.push_back(std::move(message));
-  }
-  void Close(const grpc::Status&) override {}
-  std::vector<fl::v1::ServerMessage> sent() const {
-    std::lock_guard lock(mu_);
-    return sent_;
-  }
-
- private:
-  mutable std::mutex mu_;
-  std::vector<fl::v1::ServerMessage> sent_;
-};
-
-struct TestClient {
-  std::string id;
-  std::string token;
-  std::shared_ptr<RecordingChannel> channel;
-};
-
-class EngineOvercommitTest : public ::testing::Test {
+class EngineOvercommitTest : public test_harness::ManualEngineTest {
  protected:
-  EngineOvercommitTest() : dir_("fl_engine_overcommit") {}
+  EngineOvercommitTest() : ManualEngineTest("fl_engine_overcommit") {}
 
   EngineConfig Config() {
     EngineConfig c = test_harness::SmallConfig(dir_.File("ckpt"));
@@ -70,98 +44,17 @@ class EngineOvercommitTest : public ::testing::Test {
     return c;
   }
 
-  void StartEngine(EngineConfig config) {
-    RoundEngine::StartPoint start = InitialModel(1);
-    initial_ = start.checkpoint->values;
-    records_ = *RecordStore::Open(dir_.File("records.db"));
-    engine_ = std::make_unique<RoundEngine>(std::move(config), records_.get(), std::move(start), &clock_);
-    ASSERT_TRUE(engine_->StartManual().ok());
-  }
-
-  void TearDown() override {
-    if (engine_ != nullptr) {
-      engine_->Post(ShutdownEvent{"test over"});
-      engine_->RunUntilIdle();
-    }
-    if (records_ != nullptr) (void)records_->Close();
-  }
-
-  void Run() { engine_->RunUntilIdle(); }
-  void Advance(int64_t ms) {
-    clock_.AdvanceMs(ms);
-    Run();
-  }
-
-  TestClient Connect(const std::string& name) {
-    fl::v1::JoinRequest req;
-    req.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
-    req.set_client_name(name);
-    req.set_num_train_examples(100);
-    req.set_num_test_examples(10);
-    *req.mutable_model_spec() = wire::ToProto(client::SyntheticTrainer(kParams, 10, 1).spec(), "synthetic");
-    TestClient c;
-    engine_->Post(JoinEvent{req, "test",
-                            [&](const grpc::Status& s, const fl::v1::JoinResponse& r) {
-                              EXPECT_TRUE(s.ok()) << s.error_message();
-                              c.id = r.client_id();
-                              c.token = r.session_token();
-                            },
-                            ""});
-    Run();
-    c.channel = std::make_shared<RecordingChannel>();
-    fl::v1::SessionHello hello;
-    hello.set_client_id(c.id);
-    hello.set_session_token(c.token);
-    engine_->Post(SessionOpenEvent{hello, c.channel, "test"});
-    Run();
-    return c;
-  }
-
-  static std::optional<fl::v1::Task> LastTask(const TestClient& c) {
-    std::optional<fl::v1::Task> task;
-    for (const auto& m : c.channel->sent()) {
-      if (m.has_task()) task = m.task();
-    }
-    return task;
-  }
-  static std::optional<fl::v1::CancelTask> LastCancel(const TestClient& c) {
-    std::optional<fl::v1::CancelTask> cancel;
-    for (const auto& m : c.channel->sent()) {
-      if (m.has_cancel()) cancel = m.cancel();
-    }
-    return cancel;
-  }
-
   // Starts an upload of `task`; returns the refusal, if the engine refused it at the header.
   std::optional<fl::v1::UploadUpdateResponse> StartUpload(const TestClient& c, const fl::v1::Task& task,
                                                           uint64_t examples) {
-    std::optional<fl::v1::UploadUpdateResponse> refusal;
-    bool answered = false;
-    engine_->Post(UploadStartEvent{test_harness::DeltaHeader(c.id, c.token, task, examples), clock_.NowNs(),
-                                   [&](std::optional<fl::v1::UploadUpdateResponse> r, std::vector<uint8_t>) {
-                                     answered = true;
-                                     refusal = std::move(r);
-                                   },
-                                   nullptr, "test"});
-    Run();
-    EXPECT_TRUE(answered);
-    return refusal;
+    return ManualEngineTest::StartUpload(test_harness::DeltaHeader(c.id, c.token, task, examples));
   }
 
   // Ends an admitted upload: a delta of `value` in every coordinate, for `examples` examples.
   fl::v1::UploadUpdateResponse FinishUpload(const TestClient& c, const fl::v1::Task& task, float value,
                                             uint64_t examples, int64_t first_byte_ns) {
-    std::vector<float> delta(kParams, value);
-    UploadDoneEvent done;
-    done.header = test_harness::DeltaHeader(c.id, c.token, task, examples);
-    EXPECT_TRUE((*core::MakeCodec("fp32"))->Encode(delta, &done.payload).ok());
-    done.first_byte_server_ns = first_byte_ns;
-    done.done_server_ns = clock_.NowNs();
-    fl::v1::UploadUpdateResponse verdict;
-    done.reply = [&](const fl::v1::UploadUpdateResponse& r) { verdict = r; };
-    engine_->Post(std::move(done));
-    Run();
-    return verdict;
+    return ManualEngineTest::FinishUpload(test_harness::DeltaHeader(c.id, c.token, task, examples), Fp32Delta(value),
+                                          first_byte_ns);
   }
 
   fl::v1::UploadUpdateResponse Upload(const TestClient& c, const fl::v1::Task& task, float value,
@@ -169,20 +62,6 @@ class EngineOvercommitTest : public ::testing::Test {
     const int64_t first = clock_.NowNs();
     if (auto refused = StartUpload(c, task, examples); refused.has_value()) return *refused;
     return FinishUpload(c, task, value, examples, first);
-  }
-
-  std::unique_ptr<RecordReader> Reader() {
-    EXPECT_TRUE(records_->Flush().ok());
-    return *RecordReader::Open(dir_.File("records.db"));
-  }
-  std::string ExperimentId() { return engine_->config().experiment_id; }
-  std::map<std::string, ClientRoundRecord> RowsOfRound(int64_t round) {
-    std::map<std::string, ClientRoundRecord> rows;
-    auto listed = Reader()->ListClientRounds(ExperimentId(), round);
-    EXPECT_TRUE(listed.ok()) << listed.status();
-    if (!listed.ok()) return rows;
-    for (ClientRoundRecord& r : *listed) rows[r.client_id] = r;
-    return rows;
   }
 
   // The global model after `round` (its checkpoint) minus the initial one, coordinate 0 and the largest difference
@@ -195,12 +74,6 @@ class EngineOvercommitTest : public ::testing::Test {
     for (size_t i = 0; i < kParams; ++i) EXPECT_NEAR(initial_[i] - ckpt->values[i], move, 1e-6) << i;
     return move;
   }
-
-  fl::testing::ScratchDir dir_;
-  rpc::ManualClock clock_;
-  std::unique_ptr<RecordStore> records_;
-  std::unique_ptr<RoundEngine> engine_;
-  std::vector<float> initial_;
 };
 
 // 4 clients, fraction 0.5: K = 2. --overcommit 1.5 selects ceil(1.5 x 2) = 3; the round commits at the second
