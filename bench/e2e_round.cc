@@ -48,6 +48,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -336,6 +337,10 @@ struct FederationResult {
   double client_rss_mb_mean = NAN;
   double clients_rss_sum_peak_mb = NAN;  // the sampled peak of the sum over clients
   double clients_cpu_s = NAN;            // sum over clients (wait4), whole run
+  // CPU per measured round (/proc/<pid>/stat sampled between the warm-up round's commit and the last commit: no
+  // start-up, no Join, no initial model), seconds; the "client CPU per round <= 2x the server's".
+  double server_cpu_round_s = NAN, clients_cpu_round_s = NAN;
+  int64_t measured_from_unix_ms = 0, measured_to_unix_ms = 0;  // commits of the first and the last round
   // Per-client phases (client view, mean over measured rounds and clients), ms.
   double downlink_ms = NAN, train_ms = NAN, uplink_server_ms = NAN;
   double wall_s = NAN;
@@ -409,11 +414,48 @@ void TailLog(const std::string& path, size_t max_bytes = 2000) {
 }
 
 // Samples the RSS of the server and (less often) the clients until stopped; writes a CSV timeline.
+// utime + stime of a process in seconds (/proc/<pid>/stat fields 14 and 15); nullopt once it is gone.
+std::optional<double> ProcCpuSeconds(pid_t pid) {
+  std::ifstream in(fl::StrCat("/proc/", pid, "/stat"));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t paren = text.rfind(')');  // the command name may hold spaces
+  if (paren == std::string::npos) return std::nullopt;
+  std::istringstream fields(text.substr(paren + 2));
+  std::string field;
+  uint64_t utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i) {  // field 3 is the state
+    if (i == 14) utime = std::strtoull(field.c_str(), nullptr, 10);
+    if (i == 15) stime = std::strtoull(field.c_str(), nullptr, 10);
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// Samples the server's and the clients' RSS (rss.csv) and CPU time while a federation runs.
 class RssSampler {
  public:
+  struct CpuSample {
+    int64_t unix_ms = 0;
+    double server_s = 0, clients_s = 0;
+  };
   RssSampler(pid_t server, std::vector<pid_t> clients, int period_ms, std::string csv_path)
       : server_(server), clients_(std::move(clients)), period_ms_(period_ms), csv_path_(std::move(csv_path)) {
     thread_ = std::thread([this] { Run(); });
+  }
+  // CPU seconds per second of the server and of all clients over [from_ms, to_ms]: from the last sample at or
+  // before from_ms to the last at or before to_ms (the processes leave right after the last commit, so there is
+  // no sample after it). False when those samples cover less than half the window.
+  bool CpuRate(int64_t from_ms, int64_t to_ms, double* server_per_s, double* clients_per_s) const {
+    const CpuSample* a = nullptr;
+    const CpuSample* b = nullptr;
+    for (const CpuSample& c : cpu_) {
+      if (c.unix_ms <= from_ms) a = &c;
+      if (c.unix_ms <= to_ms) b = &c;
+    }
+    if (a == nullptr || b == nullptr || 2 * (b->unix_ms - a->unix_ms) < to_ms - from_ms) return false;
+    const double seconds = static_cast<double>(b->unix_ms - a->unix_ms) / 1e3;
+    *server_per_s = (b->server_s - a->server_s) / seconds;
+    *clients_per_s = (b->clients_s - a->clients_s) / seconds;
+    return true;
   }
   ~RssSampler() { Stop(); }
   void Stop() {
@@ -442,6 +484,18 @@ class RssSampler {
         clients_sum_peak_kb_ = std::max(clients_sum_peak_kb_, clients_sum);
       }
       if (rss) csv << UnixMs() << "," << *rss << "," << hwm.value_or(0) << "," << clients_sum << "\n";
+      if (tick % std::max(1, 100 / period_ms_) == 0) {  // CPU every ~100 ms: clock ticks are 10 ms anyway
+        CpuSample c;
+        c.unix_ms = UnixMs();
+        c.server_s = ProcCpuSeconds(server_).value_or(0);
+        bool all = true;
+        for (pid_t pid : clients_) {
+          const std::optional<double> t = ProcCpuSeconds(pid);
+          all = all && t.has_value();
+          c.clients_s += t.value_or(0);
+        }
+        if (all) cpu_.push_back(c);  // a client gone (the end) would make the sum drop
+      }
       ++tick;
       std::this_thread::sleep_for(std::chrono::milliseconds(period_ms_));
     }
@@ -454,6 +508,7 @@ class RssSampler {
   std::atomic<bool> stop_{false};
   int64_t server_peak_kb_ = 0;
   int64_t clients_sum_peak_kb_ = 0;
+  std::vector<CpuSample> cpu_;  // written by the thread, read after Stop
   std::thread thread_;
 };
 
@@ -510,6 +565,8 @@ absl::Status ReadRecords(const std::string& db, int k, int rounds, FederationRes
                                           " attempts recorded)"));
   }
   r->first_round_s = committed.front().duration_ms / 1e3;
+  r->measured_from_unix_ms = committed.front().ended_unix_ms;
+  r->measured_to_unix_ms = committed.back().ended_unix_ms;
   std::vector<double> agg, down, train, up_server;
   for (size_t i = 1; i < committed.size(); ++i) {
     const auto& row = committed[i];
@@ -675,7 +732,17 @@ absl::Status RunFederation(const Options& o, const Pki& pki, Security security, 
     r->client_rss_mb_max = *std::max_element(client_rss.begin(), client_rss.end());
     r->client_rss_mb_mean = Mean(client_rss);
   }
-  return ReadRecords(db, k, rounds, r);
+  if (absl::Status s = ReadRecords(db, k, rounds, r); !s.ok()) return s;
+  // The measured rounds run back to back: CPU per round = CPU per second x the mean measured round.
+  double server_per_s = 0, clients_per_s = 0;
+  if (!r->round_s.empty() &&
+      sampler.CpuRate(r->measured_from_unix_ms, r->measured_to_unix_ms, &server_per_s, &clients_per_s)) {
+    const double round_s = static_cast<double>(r->measured_to_unix_ms - r->measured_from_unix_ms) / 1e3 /
+                           static_cast<double>(r->round_s.size());
+    r->server_cpu_round_s = server_per_s * round_s;
+    r->clients_cpu_round_s = clients_per_s * round_s;
+  }
+  return absl::OkStatus();
 }
 
 PointResult RunPoint(const Options& o, const Pki& pki, const std::vector<Security>& securities, int k, uint64_t p,
@@ -833,6 +900,23 @@ void PrintTables(const std::vector<PointResult>& results, int repeats) {
                 << Fixed(f.server_user_s, 1) << "/" << Fixed(f.server_sys_s, 1) << " | " << Fixed(f.clients_cpu_s, 1)
                 << " | " << Fixed(f.client_rss_mb_max, 0) << " | " << Fixed(f.clients_rss_sum_peak_mb, 0) << " | "
                 << raw << " |\n";
+    }
+  }
+  // The third goal, per round: CPU from /proc between the warm-up round's commit and the last commit, so
+  // that start-up (processes, LibTorch-free as they are, Joins, the initial model) is not counted.
+  std::cout
+      << "\nCPU per measured round (sampled from /proc/<pid>/stat between the first and the last commit; goal: clients "
+         "<= 2x the server):\n\n"
+      << "| K | P | security | server CPU s / round | clients CPU s / round | clients / server | <= 2 |\n"
+      << "|---:|---:|---|---:|---:|---:|:---:|\n";
+  for (const auto& r : results) {
+    if (!r.ran) continue;
+    for (const auto& f : r.federations) {
+      const double ratio = f.clients_cpu_round_s / f.server_cpu_round_s;
+      std::cout << "| " << r.k << " | " << CountName(r.p) << " | " << FederationName(f, repeats) << " | "
+                << Fixed(f.server_cpu_round_s, 3) << " | " << Fixed(f.clients_cpu_round_s, 3) << " | "
+                << Fixed(ratio, 2) << " | " << (std::isfinite(ratio) ? (ratio <= 2.0 ? "yes" : "**no**") : "–")
+                << " |\n";
     }
   }
   bool notes = false;

@@ -726,13 +726,6 @@ void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
 
   // The update is the pseudo-gradient global - local (see UPDATE_KIND_DELTA), encoded with the task's
   // codec, with error feedback when the codec is lossy.
-  std::vector<float>& update = update_;
-  update.resize(global_.size());
-  if (absl::Status s = trainer_->GetParameters(update); !s.ok()) {
-    ReportFailure(task.task_id(), s);
-    return;
-  }
-  for (size_t i = 0; i < update.size(); ++i) update[i] = global_[i] - update[i];
   const std::string codec_name = task.uplink_codec().empty() ? "fp32" : task.uplink_codec();
   auto codec = core::MakeCodec(codec_name);
   if (!codec.ok()) {
@@ -743,7 +736,28 @@ void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
   // reuse the buffer only when nothing else holds it, so that no byte changes under a slice being sent.
   if (encoded_ == nullptr || encoded_.use_count() > 1) encoded_ = std::make_shared<std::vector<uint8_t>>();
   std::vector<uint8_t>& payload = *encoded_;
-  const absl::Status encoded = uplink_encoder_.Encode(**codec, update, &payload, kUploadEncoding);
+  const size_t n = global_.size();
+  absl::Status encoded;
+  if ((*codec)->kind() == core::CodecKind::kFp32 && uplink_encoder_.residual().empty() &&
+      std::endian::native == std::endian::little) {
+    // fp32 with nothing owed to error feedback: the update is computed straight into the payload's body and
+    // sealed there (core::SealFp32Payload), the same bytes as encoding it, without the update buffer and its copy.
+    payload.resize((*codec)->EncodedSize(n));
+    const std::span<float> body(reinterpret_cast<float*>(payload.data() + core::kCodecHeaderBytes), n);
+    encoded = trainer_->GetParameters(body);
+    if (encoded.ok()) {
+      for (size_t i = 0; i < n; ++i) body[i] = global_[i] - body[i];
+      encoded = core::SealFp32Payload(payload, kUploadEncoding);
+    }
+  } else {
+    std::vector<float>& update = update_;
+    update.resize(n);
+    encoded = trainer_->GetParameters(update);
+    if (encoded.ok()) {
+      for (size_t i = 0; i < n; ++i) update[i] = global_[i] - update[i];
+      encoded = uplink_encoder_.Encode(**codec, update, &payload, kUploadEncoding);
+    }
+  }
   if (!encoded.ok()) {
     // Non-finite values after training: the local model diverged. Tell the server rather than go silent.
     ReportFailure(task.task_id(), encoded);

@@ -194,6 +194,13 @@ absl::StatusOr<Header> ReadHeader(std::span<const uint8_t> head, size_t payload_
   return h;
 }
 
+// An encoder's refusal of a NaN/Inf input.
+absl::Status NotFiniteError(std::string_view codec, float value, size_t index) {
+  return absl::InvalidArgumentError(fl::StrCat("value at index ", index, " is ", value, "; ", codec,
+                                               " encodes finite values only: find where the NaN/Inf came from "
+                                               "(diverged training, bad data) before sending"));
+}
+
 class CodecImpl final : public Codec {
  public:
   CodecImpl(CodecKind kind, uint32_t block) : kind_(kind), block_(block) {}
@@ -255,12 +262,7 @@ class CodecImpl final : public Codec {
 
  private:
   absl::Status UnencodableError(float value, size_t index) const {
-    if (!std::isfinite(value)) {
-      return absl::InvalidArgumentError(
-          fl::StrCat("value at index ", index, " is ", value, "; ", name(),
-                     " encodes finite values only: find where the NaN/Inf came from (diverged training, bad data) "
-                     "before sending"));
-    }
+    if (!std::isfinite(value)) return NotFiniteError(name(), value, index);
     if (kind_ == CodecKind::kFp16) {
       return absl::InvalidArgumentError(
           fl::StrCat("value ", value, " at index ", index,
@@ -427,6 +429,28 @@ absl::StatusOr<PayloadInfo> PeekPayload(std::span<const uint8_t> payload) {
   absl::StatusOr<Header> h = ReadHeader(payload, payload.size());
   if (!h.ok()) return h.status();
   return h->info;
+}
+
+absl::Status SealFp32Payload(std::span<uint8_t> payload, const EncodeOptions& options) {
+  if (payload.size() < kCodecHeaderBytes || (payload.size() - kCodecHeaderBytes) % sizeof(float) != 0) {
+    return absl::InvalidArgumentError(fl::StrCat("an fp32 payload is the ", kCodecHeaderBytes,
+                                                 "-byte header and 4 bytes per value; got ", payload.size(),
+                                                 " bytes: size it with EncodedSize(n)"));
+  }
+  uint8_t* body = payload.data() + kCodecHeaderBytes;
+  const size_t n = (payload.size() - kCodecHeaderBytes) / sizeof(float);
+  if (const size_t bad = ci::FindNonFiniteFp32(body, n); bad != ci::kNotFound) {
+    float value;
+    std::memcpy(&value, body + sizeof(float) * bad, sizeof value);
+    return NotFiniteError("fp32", value, bad);
+  }
+  if (options.body_checksum) {
+    WriteHeader(CodecKind::kFp32, 0, n, 0,
+                Checksum64(std::span<const uint8_t>(body, payload.size() - kCodecHeaderBytes)), payload.data());
+  } else {
+    WriteHeader(CodecKind::kFp32, 0, n, kCodecFlagNoBodyChecksum, 0, payload.data());
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<PayloadInfo> PeekPayloadHeader(std::span<const uint8_t> header, uint64_t payload_bytes) {

@@ -552,6 +552,38 @@ INSTANTIATE_TEST_SUITE_P(AllCodecs, CorruptPayloadTest, ::testing::ValuesIn(kAll
 
 // ---- Construction.
 
+// A payload built in place (fl-client computes its fp32 update straight into the body): sealing it gives the
+// bytes Encode gives for the same values, with and without the body checksum; a NaN/Inf is refused naming its
+// index, as Encode does; a buffer that is not a whole fp32 payload is refused.
+TEST(SealFp32PayloadTest, SealingValuesInPlaceIsEncodingThem) {
+  const std::vector<float> values = RandomValues(1000, 6);
+  auto fp32 = MakeCodec(CodecKind::kFp32);
+  ASSERT_TRUE(fp32.ok());
+  for (const bool checksum : {true, false}) {
+    const EncodeOptions options{.body_checksum = checksum};
+    std::vector<uint8_t> encoded;
+    ASSERT_TRUE((*fp32)->Encode(values, &encoded, options).ok());
+    std::vector<uint8_t> sealed((*fp32)->EncodedSize(values.size()), 0xAB);  // the header's bytes are overwritten
+    std::memcpy(sealed.data() + kCodecHeaderBytes, values.data(), values.size() * sizeof(float));
+    ASSERT_TRUE(SealFp32Payload(sealed, options).ok());
+    EXPECT_EQ(sealed, encoded) << "body checksum " << checksum;
+  }
+  std::vector<uint8_t> bad((*fp32)->EncodedSize(values.size()));
+  std::vector<float> with_nan = values;
+  with_nan[417] = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(bad.data() + kCodecHeaderBytes, with_nan.data(), with_nan.size() * sizeof(float));
+  std::vector<uint8_t> refused;
+  const absl::Status by_encode = (*fp32)->Encode(with_nan, &refused);
+  const absl::Status by_seal = SealFp32Payload(bad);
+  EXPECT_EQ(by_seal.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Msg(by_seal), Msg(by_encode));
+  EXPECT_ERROR_HAS(by_seal, "index 417");
+  std::vector<uint8_t> ragged(kCodecHeaderBytes + 6);
+  EXPECT_ERROR_HAS(SealFp32Payload(ragged), "4 bytes per value");
+  std::vector<uint8_t> short_one(10);
+  EXPECT_ERROR_HAS(SealFp32Payload(short_one), "EncodedSize");
+}
+
 TEST(MakeCodecTest, ParsesSpecs) {
   for (CodecKind kind : kAllKinds) {
     auto codec = MakeCodec(CodecKindName(kind));

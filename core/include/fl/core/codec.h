@@ -151,6 +151,13 @@ struct PayloadInfo {
 // Reads and checks a payload's header and that the payload's length is the one the header implies (not the
 // body's checksum or contents, which Decode checks): lets a receiver pick the codec from the bytes.
 absl::StatusOr<PayloadInfo> PeekPayload(std::span<const uint8_t> payload);
+// An fp32 payload built in place: the caller sized `payload` to EncodedSize(n) of the fp32 codec and wrote the n
+// values into the body (after the header) as little-endian floats, e.g. computing an update straight into it;
+// this checks that every value is finite (InvalidArgument naming the first index that is not, as Encode) and
+// writes the header. The result is byte for byte what the fp32 codec's Encode makes of the same values, without
+// its copy of them. InvalidArgument when the size is not a whole fp32 payload.
+absl::Status SealFp32Payload(std::span<uint8_t> payload, const EncodeOptions& options = {});
+
 // The same checks from the header alone (its first kCodecHeaderBytes bytes) and the payload's length, for a
 // receiver that put the body somewhere else as it arrived (fl-client writes an fp32 model's body straight into
 // its parameters): the body itself is the receiver's to check (finite values; its transfer checksum).
