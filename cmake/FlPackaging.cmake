@@ -8,8 +8,22 @@
 # libtorch2.0, ...), so a package asks for exactly the libraries its programs load.
 #
 #   cmake --build build/release --target package-deb      (after building the programs) -> build/release/packages/
+#   cmake --build build/arm64 --target package-deb        (the cross-built tree, FL_PACKAGE_COMPONENTS=client)
 #
 # The architecture is the target's (dpkg --print-architecture on a native build; arm64 for the aarch64 toolchain).
+# A cross-built tree with a sysroot (tools/arm64-sysroot.sh) is packaged too: dpkg-shlibdeps then looks up the
+# libraries in the sysroot and their packages in the dpkg database the script writes there (see below).
+#
+# FL_PACKAGE_COMPONENTS picks the packages (and so the programs package-deb builds): all three by default; the
+# arm64 tree of docs/deploy-raspberry-pi.md sets it to client, the one program a board runs.
+set(FL_PACKAGE_COMPONENTS "server;client;tools" CACHE STRING
+    "The Debian packages package-deb makes: any of server, client, tools")
+foreach(component IN LISTS FL_PACKAGE_COMPONENTS)
+  if(NOT component MATCHES "^(server|client|tools)$")
+    message(FATAL_ERROR "FL_PACKAGE_COMPONENTS=${FL_PACKAGE_COMPONENTS}: '${component}' is not a package; "
+                        "use any of server, client, tools (separated by ;)")
+  endif()
+endforeach()
 
 include(GNUInstallDirs)
 
@@ -81,7 +95,7 @@ set(CPACK_PACKAGE_VENDOR "fl-testbed")
 set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "Federated / edge training testbed")
 set(CPACK_PACKAGE_DIRECTORY "${PROJECT_BINARY_DIR}/packages")
 set(CPACK_DEB_COMPONENT_INSTALL ON)
-set(CPACK_COMPONENTS_ALL server client tools)
+set(CPACK_COMPONENTS_ALL ${FL_PACKAGE_COMPONENTS})
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)  # <name>_<version>_<arch>.deb
 set(CPACK_DEBIAN_PACKAGE_ARCHITECTURE "${FL_DEB_ARCH}")
 set(CPACK_DEBIAN_PACKAGE_SECTION science)
@@ -108,21 +122,46 @@ set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
 # The datasets fl-client trains on by default, and what the units expect.
 set(CPACK_DEBIAN_CLIENT_PACKAGE_RECOMMENDS "dataset-fashion-mnist")
 set(CPACK_DEBIAN_SERVER_PACKAGE_SUGGESTS "prometheus, grafana")
+
+# Cross-building with a sysroot: dpkg-shlibdeps must find the target's libraries in the sysroot (-l<dir>, CPack's
+# private dirs), read them with the target's objdump (it picks aarch64-linux-gnu-objdump when DEB_HOST_ARCH is
+# not the build machine's) and learn which package holds each of them from the sysroot's dpkg database
+# (DPKG_ADMINDIR: status, info/<pkg>.list with the sysroot's paths, info/<pkg>.shlibs/.symbols), so that Depends
+# names Debian's arm64 runtime packages, the same names as on amd64 (libtorch1.13, libgrpc++1.51, ...).
+set(FL_PACKAGE_ENV)
+if(CMAKE_CROSSCOMPILING AND CMAKE_SYSROOT)
+  set(FL_SYSROOT_DPKG "${CMAKE_SYSROOT}/.dpkg")
+  set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS "${CMAKE_SYSROOT}/usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}"
+                                                  "${CMAKE_SYSROOT}/lib/${CMAKE_LIBRARY_ARCHITECTURE}")
+  set(FL_PACKAGE_ENV "${CMAKE_COMMAND}" -E env "DPKG_ADMINDIR=${FL_SYSROOT_DPKG}" "DEB_HOST_ARCH=${FL_DEB_ARCH}")
+endif()
 include(CPack)
 
 # One target that makes the packages after building what they hold.
 set(FL_PACKAGED_TARGETS)
-foreach(component server client tools)
+foreach(component IN LISTS FL_PACKAGE_COMPONENTS)
   foreach(program IN LISTS FL_PACKAGE_PROGRAMS_${component})
     if(TARGET ${program})
       list(APPEND FL_PACKAGED_TARGETS ${program})
     endif()
   endforeach()
 endforeach()
+set(FL_PACKAGE_CHECK)
+if(FL_SYSROOT_DPKG)
+  # Checked when the packages are made (the database may be written after configuring; building the programs does
+  # not need it).
+  file(WRITE "${PROJECT_BINARY_DIR}/packaging/check-sysroot-dpkg.sh"
+       "test -f '${FL_SYSROOT_DPKG}/status' && exit 0\n"
+       "echo 'package-deb: ${FL_SYSROOT_DPKG}/status is missing: dpkg-shlibdeps needs the dpkg database of the "
+       "sysroot to name the ${FL_DEB_ARCH} packages in Depends. Run tools/arm64-sysroot.sh ${CMAKE_SYSROOT} (it "
+       "writes the database), then package-deb again.' >&2\nexit 1\n")
+  set(FL_PACKAGE_CHECK COMMAND sh "${PROJECT_BINARY_DIR}/packaging/check-sysroot-dpkg.sh")
+endif()
 add_custom_target(package-deb
-  COMMAND "${CMAKE_CPACK_COMMAND}" -G DEB --config "${PROJECT_BINARY_DIR}/CPackConfig.cmake"
+  ${FL_PACKAGE_CHECK}
+  COMMAND ${FL_PACKAGE_ENV} "${CMAKE_CPACK_COMMAND}" -G DEB --config "${PROJECT_BINARY_DIR}/CPackConfig.cmake"
   WORKING_DIRECTORY "${PROJECT_BINARY_DIR}"
-  COMMENT "Debian packages into ${PROJECT_BINARY_DIR}/packages"
+  COMMENT "Debian packages (${FL_PACKAGE_COMPONENTS}, ${FL_DEB_ARCH}) into ${PROJECT_BINARY_DIR}/packages"
   USES_TERMINAL)
 add_dependencies(package-deb ${FL_PACKAGED_TARGETS})
 

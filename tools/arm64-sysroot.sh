@@ -18,6 +18,8 @@
 # Usage: tools/arm64-sysroot.sh [SYSROOT]      (default: build/sysroot-arm64 under the repository)
 #   SYSROOT/debs/        the downloaded .deb files (kept so that a re-run downloads nothing)
 #   SYSROOT/.unpacked/   one stamp per unpacked .deb
+#   SYSROOT/.dpkg/       a dpkg database of the unpacked packages, for dpkg-shlibdeps when the cross-built tree is
+#                        packaged (cmake --build build/arm64 --target package-deb, docs/packages.md "arm64")
 set -euo pipefail
 
 die() { echo "arm64-sysroot: $*" >&2; exit 1; }
@@ -159,8 +161,62 @@ for lib in libblas.so.3 liblapack.so.3; do
   [[ -e "$libdir/$lib" ]] || die "$libdir/$lib is missing after unpacking: LibTorch needs it (an alternative of libblas3/liblapack3)"
 done
 
+# --- a dpkg database for dpkg-shlibdeps ---------------------------------------------------------------------------
+# Packaging the cross-built tree (cmake --build build/arm64 --target package-deb, docs/packages.md) runs
+# dpkg-shlibdeps, which finds each library the programs need in the sysroot and then asks dpkg which package holds
+# that file, for the package's shlibs/symbols files (the Depends it writes). Unpacking registered nothing, so the
+# script writes a database as dpkg --admindir reads it: status (each package's control fields, installed), info/format
+# and, per package, info/<pkg>[:arm64].list with the paths it unpacked and its shlibs/symbols control files
+# (dpkg-deb -e). The paths are the sysroot's as the build machine sees them ($SYSROOT/usr/lib/...), which is what
+# dpkg-shlibdeps asks about: the database is for this sysroot where it is, not for dpkg --root (a moved sysroot
+# gets its database rewritten).
+admindir="$SYSROOT/.dpkg"
+if [[ "$(cat "$admindir/sysroot" 2>/dev/null)" != "$SYSROOT" ]]; then
+  rm -rf "$admindir"
+fi
+mkdir -p "$admindir/info" "$admindir/updates" "$admindir/.parts"
+echo "$SYSROOT" >"$admindir/sysroot"
+echo 1 >"$admindir/info/format"
+echo arm64 >"$admindir/arch"
+: >"$admindir/available"
+registered=0
+for line in "${wanted[@]}"; do
+  read -r pkg ver arch <<<"$line"
+  deb="$(deb_name "$pkg" "$ver" "$arch")"
+  part="$admindir/.parts/$deb"
+  if [[ ! -f "$part" ]]; then
+    # dpkg keeps a Multi-Arch: same package's files as <pkg>:<arch>.*, any other's as <pkg>.*
+    name="$pkg"
+    [[ "$(dpkg-deb -f "$SYSROOT/debs/$deb" Multi-Arch)" == same ]] && name="$pkg:$arch"
+    control="$(mktemp -d)"
+    dpkg-deb -e "$SYSROOT/debs/$deb" "$control" || die "cannot read the control files of $deb"
+    for f in shlibs symbols; do
+      [[ -f "$control/$f" ]] && cp "$control/$f" "$admindir/info/$name.$f"
+    done
+    rm -rf "$control"
+    # ./usr/lib/x -> $SYSROOT/usr/lib/x; files under the merged-/usr links (libc6's /lib/aarch64-linux-gnu) also
+    # under /usr, where dpkg-shlibdeps finds them through the links.
+    dpkg-deb --fsys-tarfile "$SYSROOT/debs/$deb" | tar -t | sed -e 's|^\./|/|' -e 's|/$||' -e '/^$/d' |
+      awk -v root="$SYSROOT" '{ print ($0 == "/" ? root : root $0) }
+                              /^\/(lib|bin|sbin)\// { print root "/usr" $0 }' >"$admindir/info/$name.list" ||
+      die "cannot list the files of $deb"
+    # The control fields as an installed package's entry in status.
+    dpkg-deb -f "$SYSROOT/debs/$deb" | sed '/^Package:/a Status: install ok installed' >"$part.tmp"
+    echo >>"$part.tmp"
+    mv "$part.tmp" "$part"
+    registered=$((registered + 1))
+  fi
+done
+# status holds exactly the closure's packages (a package left from an older closure is dropped).
+for line in "${wanted[@]}"; do
+  read -r pkg ver arch <<<"$line"
+  cat "$admindir/.parts/$(deb_name "$pkg" "$ver" "$arch")"
+done >"$admindir/status"
+say "dpkg database for dpkg-shlibdeps: $admindir ($registered package(s) registered now, ${#wanted[@]} in all)"
+
 say "sysroot ready: $SYSROOT ($(du -sh --exclude=debs "$SYSROOT" | cut -f1) unpacked)"
 say "next (docs/deploy-raspberry-pi.md \"Cross-building fl-client\"):"
 echo "  cmake -S $REPO -B $REPO/build/arm64 -G Ninja -DCMAKE_TOOLCHAIN_FILE=$REPO/cmake/toolchains/aarch64-linux-gnu.cmake \\"
-echo "        -DCMAKE_SYSROOT=$SYSROOT -DCMAKE_BUILD_TYPE=Release -DFL_BUILD_TESTS=OFF -DFL_BUILD_BENCH=OFF"
-echo "  cmake --build $REPO/build/arm64 -j2 --target fl-client"
+echo "        -DCMAKE_SYSROOT=$SYSROOT -DCMAKE_BUILD_TYPE=Release -DFL_BUILD_TESTS=OFF -DFL_BUILD_BENCH=OFF \\"
+echo "        -DFL_PACKAGE_COMPONENTS=client"
+echo "  cmake --build $REPO/build/arm64 -j2 --target fl-client      # or package-deb: fl-client_<version>_arm64.deb"
