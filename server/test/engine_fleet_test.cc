@@ -20,12 +20,11 @@
 #include "fl/server/service.h"
 #include "fl/testing/scratch_dir.h"
 #include "fl/v1/federation.grpc.pb.h"
-#include "federation_harness.h"
+#include "manual_engine.h"
 
 namespace fl::server {
 namespace {
 
-using instrumentation::RecordStore;
 using test_harness::InitialModel;
 using test_harness::kParams;
 
@@ -70,22 +69,11 @@ EngineConfig FleetConfig() {
   return c;
 }
 
-class EngineFleetTest : public ::testing::Test {
+// Sessions rather than rounds: a Join's status is looked at (refusals are what some tests are about), and a session's
+// channel notes when the engine last heard from it.
+class EngineFleetTest : public test_harness::ManualEngineTest {
  protected:
-  EngineFleetTest() : dir_("fl_engine_fleet") {}
-  void StartEngine(EngineConfig config, instrumentation::ServerMetrics* metrics = nullptr) {
-    records_ = *RecordStore::Open(dir_.File("records.db"));
-    engine_ = std::make_unique<RoundEngine>(std::move(config), records_.get(), InitialModel(1), &clock_);
-    engine_->SetMetrics(metrics);
-    ASSERT_TRUE(engine_->StartManual().ok());
-  }
-  void TearDown() override {
-    if (engine_ != nullptr) {
-      engine_->Post(ShutdownEvent{"test over"});
-      engine_->RunUntilIdle();
-    }
-    if (records_ != nullptr) (void)records_->Close();
-  }
+  EngineFleetTest() : ManualEngineTest("fl_engine_fleet") {}
   struct Joined {
     grpc::Status status;
     fl::v1::JoinResponse response;
@@ -111,11 +99,6 @@ class EngineFleetTest : public ::testing::Test {
     engine_->RunUntilIdle();
     return channel;
   }
-
-  fl::testing::ScratchDir dir_;
-  rpc::ManualClock clock_;
-  std::unique_ptr<RecordStore> records_;
-  std::unique_ptr<RoundEngine> engine_;
 };
 
 TEST_F(EngineFleetTest, HeartbeatsThatArrivedAreNotEvictedEvenWhenTheEngineHandlesThemLate) {
@@ -197,7 +180,7 @@ TEST_F(EngineFleetTest, AJoinToAnOverloadedEngineIsShedWithRetryAfterMetadata) {
   config.join_retry_after_ms = 1234;
   auto metrics = instrumentation::ServerMetrics::Start("127.0.0.1:0");
   ASSERT_TRUE(metrics.ok()) << metrics.status();
-  StartEngine(config, metrics->get());
+  StartEngine(config, InitialModel(1), metrics->get());
   EXPECT_NE(test_harness::HttpGet((*metrics)->port(), "/metrics").find("\nfl_joins_shed_total 0"), std::string::npos);
   FederationService service(engine_.get());
   auto running = rpc::StartGrpcServer(&service, "127.0.0.1:0", std::nullopt);

@@ -84,11 +84,14 @@ class ManualEngineTest : public ::testing::Test {
  protected:
   explicit ManualEngineTest(const char* scratch_prefix) : dir_(scratch_prefix) {}
 
-  // initial_ keeps the start point's model values (InitialModel(1) unless given).
-  void StartEngine(EngineConfig config, RoundEngine::StartPoint start = InitialModel(1)) {
+  // initial_ keeps the start point's model values (InitialModel(1) unless given); `metrics`, when given, gets the
+  // engine's live metrics.
+  void StartEngine(EngineConfig config, RoundEngine::StartPoint start = InitialModel(1),
+                   instrumentation::ServerMetrics* metrics = nullptr) {
     if (start.checkpoint.has_value()) initial_ = start.checkpoint->values;
     records_ = *instrumentation::RecordStore::Open(dir_.File("records.db"));
     engine_ = std::make_unique<RoundEngine>(std::move(config), records_.get(), std::move(start), &clock_);
+    engine_->SetMetrics(metrics);
     ASSERT_TRUE(engine_->StartManual().ok());
   }
 
