@@ -21,8 +21,9 @@ namespace fl::client {
 // How many test examples the LibTorch trainers (TorchTrainer, ScriptTrainer) run through the model at once when
 // evaluating (fl-client --eval-batch-size). The results do not depend on it (losses are summed per example and
 // divided once); the memory does: the CNN's first convolution alone holds batch x 32 x 26 x 26 floats (83 MiB
-// for 1,000 images). 100 keeps the quickstart CNN client's evaluation within its training's peak resident set
-// (docs/deploy-raspberry-pi.md "Memory"); larger batches only save a little time on big machines.
+// for 1,000 images). With 100 the quickstart CNN client's evaluation adds 8 MiB to its training's peak resident set
+// under qemu-aarch64, 125 MiB with 1,000 (docs/deploy-raspberry-pi.md "Memory"); larger batches only save a little
+// time on big machines.
 inline constexpr uint32_t kDefaultEvalBatchSize = 100;
 
 struct TrainOptions {
