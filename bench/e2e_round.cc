@@ -431,13 +431,13 @@ std::optional<double> ProcCpuSeconds(pid_t pid) {
 }
 
 // Samples the server's and the clients' RSS (rss.csv) and CPU time while a federation runs.
-class RssSampler {
+class ProcessSampler {
  public:
   struct CpuSample {
     int64_t unix_ms = 0;
     double server_s = 0, clients_s = 0;
   };
-  RssSampler(pid_t server, std::vector<pid_t> clients, int period_ms, std::string csv_path)
+  ProcessSampler(pid_t server, std::vector<pid_t> clients, int period_ms, std::string csv_path)
       : server_(server), clients_(std::move(clients)), period_ms_(period_ms), csv_path_(std::move(csv_path)) {
     thread_ = std::thread([this] { Run(); });
   }
@@ -457,7 +457,7 @@ class RssSampler {
     *clients_per_s = (b->clients_s - a->clients_s) / seconds;
     return true;
   }
-  ~RssSampler() { Stop(); }
+  ~ProcessSampler() { Stop(); }
   void Stop() {
     if (thread_.joinable()) {
       stop_.store(true);
@@ -678,7 +678,7 @@ absl::Status RunFederation(const Options& o, const Pki& pki, Security security, 
     client_pids.push_back(c->pid());
     clients.push_back(std::move(*c));
   }
-  RssSampler sampler(server->pid(), client_pids, o.sample_ms, dir + "/rss.csv");
+  ProcessSampler sampler(server->pid(), client_pids, o.sample_ms, dir + "/rss.csv");
   absl::Status status = absl::OkStatus();
   while (!server->Poll().has_value()) {
     if (g_interrupted.load()) {

@@ -295,17 +295,18 @@ absl::Status Aggregator::AddEncoded(const Codec& codec, std::span<const uint8_t>
                                                  "' payload but was handed to the '", codec.name(),
                                                  "' codec; pick the codec with PeekPayload"));
   }
-  if (absl::Status s = CheckHeader(weight, spec_fingerprint, info->num_values, source); !s.ok()) return s;
   // fp32 over a verified transfer: the body is the update's floats as they are (little-endian, as this host
   // stores them), so it is added in place, one pass fewer than decoding a copy of 4P bytes first. Add's range
   // check (NaN, Inf, beyond kMaxUpdateAbsValue) covers the decoder's finite check; the body checksum is what the
-  // transfer checksum already verified. A body not aligned for floats takes the decoding path.
+  // transfer checksum already verified; Add checks the weight, fingerprint and size. A body not aligned for floats
+  // takes the decoding path.
   const uint8_t* body = payload.data() + kCodecHeaderBytes;
   if (info->kind == CodecKind::kFp32 && options.transfer_verified && std::endian::native == std::endian::little &&
       reinterpret_cast<uintptr_t>(body) % alignof(float) == 0) {
     return Add(std::span<const float>(reinterpret_cast<const float*>(body), info->num_values), weight, spec_fingerprint,
                source);
   }
+  if (absl::Status s = CheckHeader(weight, spec_fingerprint, info->num_values, source); !s.ok()) return s;
   // Decode, then add exactly as Add does (rather than DecodeAccumulate into the sum): decoded values are
   // finite but may still exceed kMaxUpdateAbsValue (an fp32 or bf16 payload can carry 1e38), and the
   // range check must pass before anything touches the aggregate.
