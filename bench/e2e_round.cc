@@ -25,6 +25,7 @@
 // docs/performance.md (the reference measurement, the federation it is compared with, and the table), with
 // no library of its own to split into.
 #include <fcntl.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -54,6 +55,7 @@
 #include <mutex>
 #include <numeric>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -68,6 +70,7 @@
 #include "fl/instrumentation/records.h"
 #include "fl/pki/pki.h"
 #include "fl/sys/process.h"
+#include "round_work.h"
 
 #ifndef FL_SERVER_PATH
 #define FL_SERVER_PATH "fl-server"
@@ -157,7 +160,10 @@ struct FdCloser {
 // (this one, a poll loop over all connections at once), then sending back `up_bytes`. K client threads do a
 // blocking recv of the whole download, then a blocking send of the whole upload. Returns seconds from the first
 // byte sent to the last byte received (connections are set up before the clock starts, as gRPC's are).
-absl::StatusOr<double> RawTcpRound(int k, uint64_t down_bytes, uint64_t up_bytes) {
+// With `work` (round_work.h) the same exchange also does the round's work with the bytes: received where they
+// are used, checked, trained on, aggregated; then the seconds run to the end of the server's commit work.
+absl::StatusOr<double> RawTcpRound(int k, uint64_t down_bytes, uint64_t up_bytes,
+                                   fl::bench::RoundWork* work = nullptr) {
   FdCloser listener{socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
   if (listener.fd < 0) return absl::InternalError(fl::StrCat("socket: ", std::strerror(errno)));
   sockaddr_in addr{};
@@ -177,30 +183,46 @@ absl::StatusOr<double> RawTcpRound(int k, uint64_t down_bytes, uint64_t up_bytes
   std::vector<std::thread> clients;
   clients.reserve(static_cast<size_t>(k));
   for (int i = 0; i < k; ++i) {
-    clients.emplace_back([&, port = addr.sin_port] {
+    clients.emplace_back([&, i, port = addr.sin_port] {
       FdCloser fd{socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
       sockaddr_in to{};
       to.sin_family = AF_INET;
       to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
       to.sin_port = port;
-      if (fd.fd < 0 || connect(fd.fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
+      if (fd.fd < 0 || connect(fd.fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0 ||
+          (work != nullptr && send(fd.fd, &i, sizeof(i), MSG_NOSIGNAL) != sizeof(i))) {
         client_errors.fetch_add(1);
         return;
       }
-      std::vector<char> scratch(1 << 20);
+      std::vector<char> scratch(work == nullptr ? 1 << 20 : 0);
+      const std::span<uint8_t> into = work != nullptr ? work->ClientDownloadBuffer(i) : std::span<uint8_t>();
       uint64_t got = 0;
       while (got < down_bytes) {
-        const ssize_t n = recv(fd.fd, scratch.data(), std::min<uint64_t>(scratch.size(), down_bytes - got), 0);
+        const ssize_t n = work != nullptr
+                              ? recv(fd.fd, into.data() + got, down_bytes - got, 0)
+                              : recv(fd.fd, scratch.data(), std::min<uint64_t>(scratch.size(), down_bytes - got), 0);
         if (n <= 0) {
           if (n < 0 && errno == EINTR) continue;
           client_errors.fetch_add(1);
           return;
         }
+        if (work != nullptr) work->ClientReceived(i, into.subspan(got, static_cast<size_t>(n)));
         got += static_cast<uint64_t>(n);
+      }
+      const char* upload = source.data();
+      if (work != nullptr) {
+        auto made = work->ClientUpload(i);
+        if (!made.ok() || made->size() != up_bytes) {
+          std::cerr << "e2e_round: round work, client " << i << ": "
+                    << (made.ok() ? "upload of another size" : std::string(made.status().message())) << "\n";
+          client_errors.fetch_add(1);
+          return;
+        }
+        upload = reinterpret_cast<const char*>(made->data());
       }
       uint64_t sent = 0;
       while (sent < up_bytes) {
-        const ssize_t n = send(fd.fd, source.data() + sent, up_bytes - sent, MSG_NOSIGNAL);
+        const ssize_t n = send(fd.fd, upload + sent, up_bytes - sent, MSG_NOSIGNAL);
         if (n <= 0) {
           if (n < 0 && errno == EINTR) continue;
           client_errors.fetch_add(1);
@@ -218,6 +240,7 @@ absl::StatusOr<double> RawTcpRound(int k, uint64_t down_bytes, uint64_t up_bytes
     int fd = -1;
     uint64_t sent = 0;
     uint64_t received = 0;
+    int client = 0;  // which client thread (with `work`: it says so first, before the clock)
   };
   std::vector<Conn> conns;
   absl::Status status = absl::OkStatus();
@@ -234,10 +257,18 @@ absl::StatusOr<double> RawTcpRound(int k, uint64_t down_bytes, uint64_t up_bytes
         status = absl::InternalError(fl::StrCat("accept: ", std::strerror(errno)));
         break;
       }
-      conns.push_back({fd, 0, 0});
+      int client = 0;
+      if (work != nullptr &&
+          (recv(fd, &client, sizeof(client), MSG_WAITALL) != sizeof(client) || client < 0 || client >= k)) {
+        status = absl::InternalError("raw TCP: a client did not say which one it is");
+      }
+      conns.push_back({fd, 0, 0, client});
       if (absl::Status s = SetNonBlocking(fd); !s.ok()) status = s;
     }
     std::vector<char> scratch(4 << 20);
+    std::vector<std::span<uint8_t>> uploads;  // with `work`: where each connection's upload goes
+    for (const Conn& c : conns)
+      uploads.push_back(work != nullptr ? work->ServerUploadBuffer(c.client) : std::span<uint8_t>());
     const auto start = Clock::now();
     size_t done = 0;
     std::vector<pollfd> fds(conns.size());
@@ -255,22 +286,33 @@ absl::StatusOr<double> RawTcpRound(int k, uint64_t down_bytes, uint64_t up_bytes
         Conn& c = conns[i];
         if (fds[i].revents == 0) continue;
         if (c.sent < down_bytes) {
-          const ssize_t n = send(c.fd, source.data() + c.sent, down_bytes - c.sent, MSG_NOSIGNAL);
+          const char* download =
+              work != nullptr ? reinterpret_cast<const char*>(work->ServerDownload().data()) : source.data();
+          const ssize_t n = send(c.fd, download + c.sent, down_bytes - c.sent, MSG_NOSIGNAL);
           if (n > 0) c.sent += static_cast<uint64_t>(n);
           if (n < 0 && errno != EAGAIN && errno != EINTR) {
             status = absl::InternalError(fl::StrCat("send: ", std::strerror(errno)));
           }
         } else {
-          const ssize_t n = recv(c.fd, scratch.data(), std::min<uint64_t>(scratch.size(), up_bytes - c.received), 0);
+          const ssize_t n = work != nullptr ? recv(c.fd, uploads[i].data() + c.received, up_bytes - c.received, 0)
+                                            : recv(c.fd, scratch.data(),
+                                                   std::min<uint64_t>(scratch.size(), up_bytes - c.received), 0);
           if (n > 0) {
+            if (work != nullptr) work->ServerReceived(c.client, uploads[i].subspan(c.received, static_cast<size_t>(n)));
             c.received += static_cast<uint64_t>(n);
-            if (c.received == up_bytes) ++done;
+            if (c.received == up_bytes) {
+              ++done;
+              if (work != nullptr) {
+                if (absl::Status s = work->ServerUploadDone(c.client); !s.ok()) status = s;
+              }
+            }
           } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
             status = absl::InternalError("raw TCP: a client closed early");
           }
         }
       }
     }
+    if (work != nullptr && status.ok()) status = work->ServerFinish();
     seconds = Seconds(Clock::now() - start);
   }
   for (Conn& c : conns) close(c.fd);  // unblocks the clients' final recv
@@ -311,7 +353,8 @@ struct Options {
                     // mTLS, at every point)
   uint32_t train_ms = 0;  // synthetic:P:train_ms (separates the download and upload phases; 0 in the table)
   int sample_ms = 20;
-  int instances = 1;  // clients per fl-client process (fl-client --instances); 1: one process per client
+  int instances = 1;           // clients per fl-client process (fl-client --instances); 1: one process per client
+  bool work_reference = true;  // also time raw TCP doing the round's work (round_work.h)
 };
 
 // Clients per fl-client process (--instances), set once from the options before any federation runs.
@@ -354,6 +397,9 @@ struct PointResult {
   std::string note;    // why not run / what failed
   double raw_s = NAN;  // median
   std::vector<double> raw_samples;
+  // Raw TCP doing the round's work with the bytes (round_work.h), median and samples; NAN with --no-work.
+  double work_s = NAN;
+  std::vector<double> work_samples;
   std::vector<FederationResult> federations;  // in the order run (--security, --repeats)
   std::vector<const FederationResult*> All(Security s) const {
     std::vector<const FederationResult*> out;
@@ -773,6 +819,26 @@ PointResult RunPoint(const Options& o, const Pki& pki, const std::vector<Securit
       }
       r.raw_samples.push_back(*s);
     }
+    if (!o.work_reference || n == 0) return true;
+    // Its buffers (about 4 payloads per client) exist only while it runs, not during the federations.
+    std::cerr << "e2e_round: K=" << k << " P=" << CountName(p) << ": raw TCP with the round's work x" << n << "...\n";
+    auto work = fl::bench::NecessaryWork::Create(k, p);
+    if (!work.ok()) {
+      r.note = fl::StrCat("round work: ", fl::ToStd(work.status().message()));
+      return false;
+    }
+    for (int i = 0; i < n && !g_interrupted.load(); ++i) {
+      auto s = RawTcpRound(k, (*work)->payload_bytes(), (*work)->payload_bytes(), work->get());
+      if (!s.ok()) {
+        r.note = fl::StrCat("raw TCP with the round's work failed: ", fl::ToStd(s.status().message()));
+        return false;
+      }
+      r.work_samples.push_back(*s);
+    }
+    // Give its memory back before the next fl-server is forked: a child's peak RSS (wait4) starts from this
+    // process's resident set at the fork, and glibc keeps freed model-sized buffers mapped.
+    work->reset();
+    malloc_trim(0);
     return true;
   };
   const int before = (o.raw_repeats + 1) / 2;
@@ -797,6 +863,7 @@ PointResult RunPoint(const Options& o, const Pki& pki, const std::vector<Securit
   }
   if (!raw(o.raw_repeats - before)) return r;
   r.raw_s = Median(r.raw_samples);
+  r.work_s = Median(r.work_samples);
   r.ran = true;
   return r;
 }
@@ -831,6 +898,28 @@ void PrintTables(const std::vector<PointResult>& results, int repeats) {
                 << Fixed(f.server_rss_mb, 0) << " | " << Fixed(f.server_rss_mb / model, 1) << " | "
                 << Fixed(BudgetMb(r.p), 0) << " | " << (ratio <= 2.0 ? "yes" : "**no**") << " | "
                 << (f.server_rss_mb < BudgetMb(r.p) ? "yes" : "**no**") << " |\n";
+    }
+  }
+  // The second reference: how much of the gap between a round and raw TCP is the round's own work with its bytes
+  // (round_work.h), done by the product's kernels without gRPC, the engine or the records.
+  bool work = false;
+  for (const auto& r : results) work |= r.ran && !r.work_samples.empty();
+  if (work) {
+    std::cout
+        << "\nThe round's work over raw TCP (the same exchange, each byte received where it is used, checksummed, "
+           "checked, trained on, aggregated; then the commit's model work; round_work.h):\n\n"
+        << "| K | P | raw TCP s | raw TCP + work s | work / raw | round s (median) | round / work | raw TCP + "
+           "work samples s |\n"
+        << "|---:|---:|---:|---:|---:|---:|---:|---|\n";
+    for (const auto& r : results) {
+      if (!r.ran || r.work_samples.empty()) continue;
+      std::vector<double> rounds;
+      for (const auto& f : r.federations) rounds.insert(rounds.end(), f.round_s.begin(), f.round_s.end());
+      std::string samples;
+      for (double s : r.work_samples) samples += (samples.empty() ? "" : " ") + Fixed(s, 3);
+      std::cout << "| " << r.k << " | " << CountName(r.p) << " | " << Fixed(r.raw_s, 3) << " | " << Fixed(r.work_s, 3)
+                << " | " << Fixed(r.work_s / r.raw_s, 2) << " | " << Fixed(Median(rounds), 3) << " | "
+                << Fixed(Median(rounds) / r.work_s, 2) << " | " << samples << " |\n";
     }
   }
   // What mutual TLS costs: each point's mTLS federations against its plaintext ones, measured in the same run.
@@ -970,6 +1059,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--raw-repeats", o.raw_repeats, "Raw-TCP repetitions per point (median reported)")
       ->capture_default_str();
+  app.add_flag("!--no-work", o.work_reference,
+               "Skip the second reference: raw TCP doing the round's work with the bytes (checksums, checks, the "
+               "synthetic training pass, the update, aggregation, the commit's model work)");
   app.add_option("--work-dir", o.work_dir, "Where logs, records and RSS timelines go (default: a fresh /tmp dir)");
   app.add_flag("--keep", o.keep, "Keep the work directory (kept anyway when a point fails)");
   app.add_flag("--force", o.force, "Run points that the memory guard would skip");
