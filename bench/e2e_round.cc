@@ -4,7 +4,9 @@
 //   1. the raw-TCP limit: one server thread accepting K loopback TCP connections, sending each the bytes of a
 //      model download (32-byte codec header + 4P) and receiving from each the bytes of an fp32 update (the same
 //      size); K client threads recv, then send. Timed from the first byte sent to the last byte received,
-//      repeated, median taken;
+//      repeated, median taken; and the same exchange doing the round's work with its bytes (round_work.h: the
+//      product's checksums, checks, synthetic training pass, update, aggregation and commit, no protocol), the
+//      second reference (--no-work skips it);
 //   2. a real federation: fl-server (a child of this process, reaped with wait4 for its CPU time and peak RSS)
 //      and K fl-client processes with `--model synthetic:P` (training = the global model plus a seeded
 //      perturbation at memory speed), fp32 both ways, no evaluation, over 127.0.0.1. Round times come from
