@@ -447,7 +447,9 @@ class NpzLoader {
 };
 
 // ------------------------------------------------------------------------------------------------------------
-// Fashion-MNIST from its IDX directory, delivered like an .npz: x uint8 [1, 28, 28], y int64.
+// Fashion-MNIST from its IDX directory, delivered like an .npz: x uint8 [1, 28, 28], y int64. As for an .npz,
+// only this client's images are held: the labels are read whole (the partitioner needs them), then only the
+// shard's rows of the images (LoadFashionMnistRows).
 
 absl::StatusOr<ClientData> LoadFashionMnistDir(const DataOptions& o) {
   if (o.task != Task::kClassification) {
@@ -456,11 +458,11 @@ absl::StatusOr<ClientData> LoadFashionMnistDir(const DataOptions& o) {
   }
   auto spec = PartitionSpec::Parse(o.partition);
   if (!spec.ok()) return spec.status();
-  auto train = LoadFashionMnist(o.path, Split::kTrain);
-  if (!train.ok()) return train.status();
-  auto test = LoadFashionMnist(o.path, Split::kTest);
-  if (!test.ok()) return test.status();
-  auto train_rows = PartitionFor(o.client_index, *spec, train->labels, o.num_clients, o.partition_seed);
+  auto train_labels = LoadFashionMnistLabels(o.path, Split::kTrain);
+  if (!train_labels.ok()) return train_labels.status();
+  auto test_labels = LoadFashionMnistLabels(o.path, Split::kTest);
+  if (!test_labels.ok()) return test_labels.status();
+  auto train_rows = PartitionFor(o.client_index, *spec, *train_labels, o.num_clients, o.partition_seed);
   if (!train_rows.ok()) return train_rows.status();
   if (o.data_fraction < 1) {
     const size_t keep =
@@ -468,43 +470,42 @@ absl::StatusOr<ClientData> LoadFashionMnistDir(const DataOptions& o) {
     train_rows->resize(std::min(keep, train_rows->size()));
   }
   // As TorchTrainer: the test split is this client's IID part of the test labels.
-  auto test_rows = PartitionFor(o.client_index, PartitionSpec::Iid(), test->labels, o.num_clients, o.partition_seed);
+  auto test_rows = PartitionFor(o.client_index, PartitionSpec::Iid(), *test_labels, o.num_clients, o.partition_seed);
   if (!test_rows.ok()) return test_rows.status();
+  auto train = LoadFashionMnistRows(o.path, Split::kTrain, *train_rows);
+  if (!train.ok()) return train.status();
+  auto test = LoadFashionMnistRows(o.path, Split::kTest, *test_rows);
+  if (!test.ok()) return test.status();
 
   ClientData data;
-  auto fill = [&](const Dataset& dataset, const std::vector<uint32_t>& rows, std::string_view split, Examples& e,
-                  std::optional<LabelRange>& range) {
-    e.source = fl::StrCat(o.path, ":", dataset.name);
+  // `shard` holds the examples `rows` of the split in that order; `all_labels` are the whole split's.
+  auto fill = [&](Dataset& shard, const std::vector<uint8_t>& all_labels, const std::vector<uint32_t>& rows,
+                  std::string_view split, Examples& e, std::optional<LabelRange>& range) {
+    e.source = fl::StrCat(o.path, ":", shard.name);
     e.n = rows.size();
     e.rows = rows;
-    e.x_shape = {1, dataset.rows, dataset.cols};
+    e.x_shape = {1, shard.rows, shard.cols};
     e.x_type = ElementType::kUInt8;
     e.y_type = ElementType::kInt64;
-    const size_t image = dataset.image_size();
-    e.x.resize(rows.size() * image);
-    std::vector<int64_t> labels(rows.size());
-    for (size_t i = 0; i < rows.size(); ++i) {
-      std::memcpy(e.x.data() + i * image, dataset.image(rows[i]).data(), image);
-      labels[i] = dataset.labels[rows[i]];
-    }
-    AppendValues(e.y, labels);
+    e.x = std::move(shard.pixels);
+    AppendValues(e.y, std::vector<int64_t>(shard.labels.begin(), shard.labels.end()));
     LabelRange r;
     r.file = o.path;
     r.array = fl::StrCat("y_", split);
-    for (size_t i = 0; i < dataset.labels.size(); ++i) {
-      if (dataset.labels[i] > r.max) {
-        r.max = dataset.labels[i];
+    for (size_t i = 0; i < all_labels.size(); ++i) {
+      if (all_labels[i] > r.max) {
+        r.max = all_labels[i];
         r.index = i;
       }
     }
     range = r;
   };
-  fill(*train, *train_rows, "train", data.train, data.train_labels);
-  fill(*test, *test_rows, "test", data.test, data.test_labels);
+  fill(*train, *train_labels, *train_rows, "train", data.train, data.train_labels);
+  fill(*test, *test_labels, *test_rows, "test", data.test, data.test_labels);
   data.description =
       fl::StrCat(o.path, ": Fashion-MNIST, classification, x uint8 [1, 28, 28]; client ", o.client_index, " of ",
                  o.num_clients, " (partition ", spec->ToString(), ", seed ", o.partition_seed, "): ", data.train.n,
-                 " of ", train->num_examples, " train examples, ", data.test.n, " of ", test->num_examples, " test");
+                 " of ", train_labels->size(), " train examples, ", data.test.n, " of ", test_labels->size(), " test");
   return data;
 }
 

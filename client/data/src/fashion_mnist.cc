@@ -41,38 +41,93 @@ absl::StatusOr<Split> ParseSplit(std::string_view name) {
   return absl::InvalidArgumentError(fl::StrCat("unknown dataset split '", name, "'; expected train or test"));
 }
 
-absl::StatusOr<Dataset> LoadFashionMnist(std::string_view dir, Split split) {
+namespace {
+
+struct SplitFiles {
+  std::string images, labels;
+};
+
+// The split's two files; the images file is looked for first (its absence is the one reported).
+absl::StatusOr<SplitFiles> FindSplitFiles(std::string_view dir, Split split) {
   const std::string_view prefix = split == Split::kTrain ? "train" : "t10k";
   const std::string split_name(SplitName(split));
-  auto images_path = FindFile(dir, fl::StrCat(prefix, "-images-idx3-ubyte"), fl::StrCat(split_name, " images"));
-  if (!images_path.ok()) return images_path.status();
-  auto labels_path = FindFile(dir, fl::StrCat(prefix, "-labels-idx1-ubyte"), fl::StrCat(split_name, " labels"));
-  if (!labels_path.ok()) return labels_path.status();
-
-  auto images = LoadIdxImages(*images_path);
+  auto images = FindFile(dir, fl::StrCat(prefix, "-images-idx3-ubyte"), fl::StrCat(split_name, " images"));
   if (!images.ok()) return images.status();
-  if (images->rows != kFashionMnistRows || images->cols != kFashionMnistCols) {
-    return absl::InvalidArgumentError(fl::StrCat(*images_path, ": images are ", images->rows, " x ", images->cols,
+  auto labels = FindFile(dir, fl::StrCat(prefix, "-labels-idx1-ubyte"), fl::StrCat(split_name, " labels"));
+  if (!labels.ok()) return labels.status();
+  return SplitFiles{std::move(*images), std::move(*labels)};
+}
+
+absl::Status CheckImageSize(const std::string& path, const IdxImages& images) {
+  if (images.rows != kFashionMnistRows || images.cols != kFashionMnistCols) {
+    return absl::InvalidArgumentError(fl::StrCat(path, ": images are ", images.rows, " x ", images.cols,
                                                  ", Fashion-MNIST images are ", kFashionMnistRows, " x ",
                                                  kFashionMnistCols));
   }
-  auto labels = LoadIdxLabels(*labels_path, kFashionMnistClasses);
-  if (!labels.ok()) return labels.status();
-  if (labels->size() != images->count) {
-    return absl::InvalidArgumentError(fl::StrCat("Fashion-MNIST ", split_name, ": count mismatch: ", *images_path,
-                                                 " has ", images->count, " images but ", *labels_path, " has ",
-                                                 labels->size(), " labels"));
-  }
+  return absl::OkStatus();
+}
 
+absl::Status CheckCounts(Split split, const SplitFiles& files, uint64_t images, uint64_t labels) {
+  if (labels != images) {
+    return absl::InvalidArgumentError(fl::StrCat("Fashion-MNIST ", SplitName(split), ": count mismatch: ", files.images,
+                                                 " has ", images, " images but ", files.labels, " has ", labels,
+                                                 " labels"));
+  }
+  return absl::OkStatus();
+}
+
+Dataset MakeDataset(Split split, IdxImages images, std::vector<uint8_t> labels) {
   Dataset dataset;
-  dataset.name = fl::StrCat("fashion-mnist/", split_name);
-  dataset.num_examples = images->count;
-  dataset.rows = images->rows;
-  dataset.cols = images->cols;
+  dataset.name = fl::StrCat("fashion-mnist/", SplitName(split));
+  dataset.num_examples = images.count;
+  dataset.rows = images.rows;
+  dataset.cols = images.cols;
   dataset.num_classes = kFashionMnistClasses;
-  dataset.pixels = std::move(images->pixels);
-  dataset.labels = std::move(*labels);
+  dataset.pixels = std::move(images.pixels);
+  dataset.labels = std::move(labels);
   return dataset;
+}
+
+}  // namespace
+
+absl::StatusOr<Dataset> LoadFashionMnist(std::string_view dir, Split split) {
+  auto files = FindSplitFiles(dir, split);
+  if (!files.ok()) return files.status();
+  auto images = LoadIdxImages(files->images);
+  if (!images.ok()) return images.status();
+  if (auto status = CheckImageSize(files->images, *images); !status.ok()) return status;
+  auto labels = LoadIdxLabels(files->labels, kFashionMnistClasses);
+  if (!labels.ok()) return labels.status();
+  if (auto status = CheckCounts(split, *files, images->count, labels->size()); !status.ok()) return status;
+  return MakeDataset(split, std::move(*images), std::move(*labels));
+}
+
+absl::StatusOr<std::vector<uint8_t>> LoadFashionMnistLabels(std::string_view dir, Split split) {
+  auto files = FindSplitFiles(dir, split);
+  if (!files.ok()) return files.status();
+  return LoadIdxLabels(files->labels, kFashionMnistClasses);
+}
+
+absl::StatusOr<Dataset> LoadFashionMnistRows(std::string_view dir, Split split, std::span<const uint32_t> rows) {
+  auto files = FindSplitFiles(dir, split);
+  if (!files.ok()) return files.status();
+  // The labels first (small), so that a row outside the split is named before the images are read through.
+  auto labels = LoadIdxLabels(files->labels, kFashionMnistClasses);
+  if (!labels.ok()) return labels.status();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] >= labels->size()) {
+      return absl::InvalidArgumentError(fl::StrCat(
+          "Fashion-MNIST ", SplitName(split), ": row ", rows[i], " (entry ", i, " of the ", rows.size(),
+          " rows asked for) is out of range for the split's ", labels->size(), " examples (", files->labels, ")"));
+    }
+  }
+  auto images = LoadIdxImageRows(files->images, rows);
+  if (!images.ok()) return images.status();
+  if (auto status = CheckImageSize(files->images, images->images); !status.ok()) return status;
+  if (auto status = CheckCounts(split, *files, images->file_count, labels->size()); !status.ok()) return status;
+  std::vector<uint8_t> kept(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) kept[i] = (*labels)[rows[i]];
+  return MakeDataset(split, std::move(images->images), std::move(kept));
 }
 
 }  // namespace fl::data

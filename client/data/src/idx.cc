@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -127,6 +128,9 @@ uint32_t BigEndian32(const uint8_t* p) {
   return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
 }
 
+constexpr size_t kReserve = size_t{256} << 20;  // the most reserved before any data has been read
+constexpr size_t kChunk = size_t{64} << 20;     // the most one Read asks for
+
 // Counts what is left in the source (bounded, so that a decompression bomb cannot keep us busy forever).
 absl::StatusOr<std::pair<uint64_t, bool>> CountRemaining(ByteSource& source) {
   constexpr uint64_t kMaxCount = uint64_t{1} << 32;
@@ -141,31 +145,15 @@ absl::StatusOr<std::pair<uint64_t, bool>> CountRemaining(ByteSource& source) {
   return std::make_pair(count, true);
 }
 
-// Reads exactly `expected_total - header_bytes` payload bytes into `payload` and checks that nothing follows.
-absl::Status ReadPayload(ByteSource& source, std::string_view name, size_t header_bytes, uint64_t expected_total,
-                         std::string_view layout, std::vector<uint8_t>& payload) {
-  // Read in chunks rather than allocating what the header claims up front: a corrupt or hostile header
-  // with a short file must not make us allocate gigabytes. Real datasets fit the initial reservation.
-  constexpr size_t kReserve = size_t{256} << 20;
-  constexpr size_t kChunk = size_t{64} << 20;
-  const auto payload_size = static_cast<size_t>(expected_total - header_bytes);
-  payload.clear();
-  payload.reserve(std::min(payload_size, kReserve));
-  size_t total = 0;
-  while (total < payload_size) {
-    const size_t want = std::min(kChunk, payload_size - total);
-    payload.resize(total + want);
-    auto n = source.Read(payload.data() + total, want);
-    if (!n.ok()) return n.status();
-    total += *n;
-    if (*n < want) break;
-  }
-  payload.resize(total);
-  if (total < payload_size) {
-    return absl::InvalidArgumentError(fl::StrCat(name, ": truncated IDX file: expected ", expected_total, " ",
-                                                 source.size_qualifier(), "bytes (", layout, "), got ",
-                                                 header_bytes + total, TruncationNote(source)));
-  }
+absl::Status TruncatedError(const ByteSource& source, std::string_view name, uint64_t expected_total,
+                            std::string_view layout, uint64_t got) {
+  return absl::InvalidArgumentError(fl::StrCat(name, ": truncated IDX file: expected ", expected_total, " ",
+                                               source.size_qualifier(), "bytes (", layout, "), got ", got,
+                                               TruncationNote(source)));
+}
+
+// Once the payload is read: checks that nothing follows it and that a gzip stream ends properly.
+absl::Status CheckEnd(ByteSource& source, std::string_view name, uint64_t expected_total, std::string_view layout) {
   auto rest = CountRemaining(source);
   if (!rest.ok()) return rest.status();
   if (source.truncated_stream()) {
@@ -180,6 +168,28 @@ absl::Status ReadPayload(ByteSource& source, std::string_view name, size_t heade
         "), got ", rest->second ? "more than " : "", expected_total + rest->first, " (trailing bytes after the data)"));
   }
   return absl::OkStatus();
+}
+
+// Reads exactly `expected_total - header_bytes` payload bytes into `payload` and checks that nothing follows.
+absl::Status ReadPayload(ByteSource& source, std::string_view name, size_t header_bytes, uint64_t expected_total,
+                         std::string_view layout, std::vector<uint8_t>& payload) {
+  // Read in chunks rather than allocating what the header claims up front: a corrupt or hostile header
+  // with a short file must not make us allocate gigabytes. Real datasets fit the initial reservation.
+  const auto payload_size = static_cast<size_t>(expected_total - header_bytes);
+  payload.clear();
+  payload.reserve(std::min(payload_size, kReserve));
+  size_t total = 0;
+  while (total < payload_size) {
+    const size_t want = std::min(kChunk, payload_size - total);
+    payload.resize(total + want);
+    auto n = source.Read(payload.data() + total, want);
+    if (!n.ok()) return n.status();
+    total += *n;
+    if (*n < want) break;
+  }
+  payload.resize(total);
+  if (total < payload_size) return TruncatedError(source, name, expected_total, layout, header_bytes + total);
+  return CheckEnd(source, name, expected_total, layout);
 }
 
 // Reads the header: magic and `dims.size()` dimensions.
@@ -212,10 +222,18 @@ absl::Status ReadHeader(ByteSource& source, std::string_view name, uint32_t expe
   return absl::OkStatus();
 }
 
-absl::StatusOr<IdxImages> ReadImages(ByteSource& source, std::string_view name) {
+// An image file's header, checked: the images' dimensions (no pixels yet) and the file's expected layout.
+struct ImagesHeader {
+  IdxImages images;
+  uint64_t expected_total = 0;  // header + payload bytes
+  std::string layout;           // "16-byte header + N x R x C", for messages
+};
+
+absl::StatusOr<ImagesHeader> ReadImagesHeader(ByteSource& source, std::string_view name) {
   uint32_t dims[3] = {0, 0, 0};
   if (auto status = ReadHeader(source, name, kIdxImagesMagic, "images", dims); !status.ok()) return status;
-  IdxImages images;
+  ImagesHeader header;
+  IdxImages& images = header.images;
   images.count = dims[0];
   images.rows = dims[1];
   images.cols = dims[2];
@@ -230,15 +248,90 @@ absl::StatusOr<IdxImages> ReadImages(ByteSource& source, std::string_view name) 
                                                  images.rows, " x ", images.cols, " would be more than ", kMaxPayload,
                                                  " bytes"));
   }
-  const uint64_t payload = images.count * image_size;
-  const std::string layout =
+  header.expected_total = kIdxImagesHeaderBytes + images.count * image_size;
+  header.layout =
       fl::StrCat(kIdxImagesHeaderBytes, "-byte header + ", images.count, " x ", images.rows, " x ", images.cols);
-  if (auto status =
-          ReadPayload(source, name, kIdxImagesHeaderBytes, kIdxImagesHeaderBytes + payload, layout, images.pixels);
+  return header;
+}
+
+absl::StatusOr<IdxImages> ReadImages(ByteSource& source, std::string_view name) {
+  auto header = ReadImagesHeader(source, name);
+  if (!header.ok()) return header.status();
+  if (auto status = ReadPayload(source, name, kIdxImagesHeaderBytes, header->expected_total, header->layout,
+                                header->images.pixels);
       !status.ok()) {
     return status;
   }
-  return images;
+  return std::move(header->images);
+}
+
+absl::StatusOr<IdxImageRows> ReadImageRows(ByteSource& source, std::string_view name, std::span<const uint32_t> rows) {
+  auto header = ReadImagesHeader(source, name);
+  if (!header.ok()) return header.status();
+  IdxImageRows result;
+  result.file_count = header->images.count;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] >= result.file_count) {
+      return absl::InvalidArgumentError(fl::StrCat(name, ": row ", rows[i], " (entry ", i, " of the ", rows.size(),
+                                                   " rows asked for) is out of range: the file has ", result.file_count,
+                                                   " images"));
+    }
+  }
+  // The distinct rows in file order: one pass through the stream collects each of them once, appending as it
+  // goes (so a short file with a hostile header allocates no more than it has delivered).
+  const bool increasing = std::adjacent_find(rows.begin(), rows.end(), std::greater_equal<>()) == rows.end();
+  std::vector<uint32_t> sorted;
+  if (!increasing) {
+    sorted.assign(rows.begin(), rows.end());
+    std::sort(sorted.begin(), sorted.end());
+    sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+  }
+  const std::span<const uint32_t> distinct = increasing ? rows : std::span<const uint32_t>(sorted);
+  const uint64_t image_size = uint64_t{header->images.rows} * header->images.cols;
+  const uint64_t payload_size = header->expected_total - kIdxImagesHeaderBytes;
+  std::vector<uint8_t> kept;
+  kept.reserve(static_cast<size_t>(std::min<uint64_t>(distinct.size() * image_size, kReserve)));
+  // 1 MiB at a time: a small multiple of zlib's own buffer, and far below a split's size.
+  std::vector<uint8_t> buffer(static_cast<size_t>(std::min<uint64_t>(payload_size, uint64_t{1} << 20)));
+  uint64_t offset = 0;  // payload bytes read so far
+  size_t next = 0;      // the next distinct row to collect
+  while (offset < payload_size) {
+    const auto want = static_cast<size_t>(std::min<uint64_t>(buffer.size(), payload_size - offset));
+    auto n = source.Read(buffer.data(), want);
+    if (!n.ok()) return n.status();
+    const uint64_t end = offset + *n;
+    // Append the part of each wanted image that lies in [offset, end); an image may span two reads.
+    while (next < distinct.size()) {
+      const uint64_t image_begin = distinct[next] * image_size;
+      const uint64_t image_end = image_begin + image_size;
+      if (image_begin >= end) break;
+      const uint64_t from = std::max(image_begin, offset);
+      const uint64_t to = std::min(image_end, end);
+      kept.insert(kept.end(), buffer.data() + (from - offset), buffer.data() + (to - offset));
+      if (image_end > end) break;
+      ++next;
+    }
+    offset = end;
+    if (*n < want) break;
+  }
+  if (offset < payload_size) {
+    return TruncatedError(source, name, header->expected_total, header->layout, kIdxImagesHeaderBytes + offset);
+  }
+  if (auto status = CheckEnd(source, name, header->expected_total, header->layout); !status.ok()) return status;
+
+  result.images = std::move(header->images);
+  result.images.count = static_cast<uint32_t>(rows.size());
+  if (increasing) {
+    result.images.pixels = std::move(kept);
+  } else {
+    result.images.pixels.resize(static_cast<size_t>(rows.size() * image_size));
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const auto at =
+          static_cast<size_t>(std::lower_bound(distinct.begin(), distinct.end(), rows[i]) - distinct.begin());
+      std::memcpy(result.images.pixels.data() + i * image_size, kept.data() + at * image_size, image_size);
+    }
+  }
+  return result;
 }
 
 absl::StatusOr<std::vector<uint8_t>> ReadLabels(ByteSource& source, std::string_view name, uint32_t num_classes) {
@@ -273,6 +366,12 @@ absl::StatusOr<IdxImages> LoadIdxImages(std::string_view path) {
   return ReadImages(**source, path);
 }
 
+absl::StatusOr<IdxImageRows> LoadIdxImageRows(std::string_view path, std::span<const uint32_t> rows) {
+  auto source = FileSource::Open(std::string(path));
+  if (!source.ok()) return source.status();
+  return ReadImageRows(**source, path, rows);
+}
+
 absl::StatusOr<std::vector<uint8_t>> LoadIdxLabels(std::string_view path, uint32_t num_classes) {
   auto source = FileSource::Open(std::string(path));
   if (!source.ok()) return source.status();
@@ -282,6 +381,12 @@ absl::StatusOr<std::vector<uint8_t>> LoadIdxLabels(std::string_view path, uint32
 absl::StatusOr<IdxImages> ParseIdxImages(std::span<const uint8_t> bytes, std::string_view name) {
   MemorySource source(bytes);
   return ReadImages(source, name);
+}
+
+absl::StatusOr<IdxImageRows> ParseIdxImageRows(std::span<const uint8_t> bytes, std::string_view name,
+                                               std::span<const uint32_t> rows) {
+  MemorySource source(bytes);
+  return ReadImageRows(source, name, rows);
 }
 
 absl::StatusOr<std::vector<uint8_t>> ParseIdxLabels(std::span<const uint8_t> bytes, std::string_view name,

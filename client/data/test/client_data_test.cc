@@ -475,6 +475,11 @@ TEST_F(ClientDataTest, FashionMnistDirectoryEqualsTheIdxLoader) {
   auto test_rows = PartitionFor(3, PartitionSpec::Iid(), test->labels, 10, 42);
   ASSERT_TRUE(test_rows.ok());
   EXPECT_EQ(data->test.x, Gather(test->pixels, *test_rows, 784));
+  EXPECT_EQ(data->test.rows, *test_rows);
+  std::vector<int64_t> test_labels;
+  for (uint32_t row : *test_rows) test_labels.push_back(test->labels[row]);
+  EXPECT_EQ(Values<int64_t>(data->test.y), test_labels);
+  EXPECT_THAT(data->description, HasSubstr(": 2801 of 60000 train examples, 1000 of 10000 test"));
   EXPECT_EQ(data->train_labels->max, 9);
   EXPECT_TRUE(CheckLabelRange(*data, 10).ok());
   EXPECT_THAT(Message(CheckLabelRange(*data, 5)), HasSubstr("is outside [0, 5) (the model outputs 5 classes)"));

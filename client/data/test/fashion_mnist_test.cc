@@ -2,14 +2,22 @@
 // directory). The exact pixel sums and first labels were cross-checked with Python's gzip module.
 #include "fl/data/fashion_mnist.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <numeric>
 #include <string>
+#include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include "fl/core/str_cat.h"
 
 #include "fl/data/partition.h"
 
@@ -168,6 +176,103 @@ TEST(FashionMnistTest, DirichletOverRealLabelsIsPinned) {
   for (const auto& part : *parts) sizes += std::to_string(part.size()) + " ";
   EXPECT_EQ(hash, 4931673379760580893ULL);
   EXPECT_EQ(sizes, "4042 9330 7433 5902 6122 7626 5381 8774 1678 3712 ");
+}
+
+// One client's shard read by rows (LoadFashionMnistLabels, then LoadFashionMnistRows: what fl-client does)
+// holds exactly what cutting the shard out of the whole split gave: every image's bytes and every label, in
+// the partition's order.
+void ExpectRowsEqualTheCutShard(Split split, const std::vector<uint32_t>& rows) {
+  const Dataset& whole = Load(split);
+  ASSERT_EQ(whole.labels.size(), whole.num_examples);
+  auto shard = LoadFashionMnistRows(DatasetDir(), split, rows);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  EXPECT_EQ(shard->name, whole.name);
+  EXPECT_EQ(shard->rows, whole.rows);
+  EXPECT_EQ(shard->cols, whole.cols);
+  EXPECT_EQ(shard->num_classes, whole.num_classes);
+  ASSERT_EQ(shard->num_examples, rows.size());
+  ASSERT_EQ(shard->pixels.size(), rows.size() * whole.image_size());
+  ASSERT_EQ(shard->labels.size(), rows.size());
+  size_t different_images = 0, different_labels = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto got = shard->image(i);
+    const auto want = whole.image(rows[i]);
+    if (!std::equal(got.begin(), got.end(), want.begin(), want.end())) ++different_images;
+    if (shard->labels[i] != whole.labels[rows[i]]) ++different_labels;
+  }
+  EXPECT_EQ(different_images, 0u) << SplitName(split) << ", " << rows.size() << " rows";
+  EXPECT_EQ(different_labels, 0u) << SplitName(split) << ", " << rows.size() << " rows";
+}
+
+TEST(FashionMnistTest, LabelsAloneAreTheWholeSplitsLabels) {
+  for (Split split : {Split::kTrain, Split::kTest}) {
+    auto labels = LoadFashionMnistLabels(DatasetDir(), split);
+    ASSERT_TRUE(labels.ok()) << labels.status();
+    EXPECT_EQ(*labels, Load(split).labels) << SplitName(split);
+  }
+}
+
+TEST(FashionMnistTest, IidShardReadByRowsEqualsTheShardCutFromTheWholeSplit) {
+  auto train_labels = LoadFashionMnistLabels(DatasetDir(), Split::kTrain);
+  ASSERT_TRUE(train_labels.ok()) << train_labels.status();
+  auto rows = PartitionFor(1, PartitionSpec::Iid(), *train_labels, 4, 0);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_EQ(rows->size(), 15000u);
+  ExpectRowsEqualTheCutShard(Split::kTrain, *rows);
+  auto test_labels = LoadFashionMnistLabels(DatasetDir(), Split::kTest);
+  ASSERT_TRUE(test_labels.ok()) << test_labels.status();
+  auto test_rows = PartitionFor(1, PartitionSpec::Iid(), *test_labels, 4, 0);
+  ASSERT_TRUE(test_rows.ok()) << test_rows.status();
+  ExpectRowsEqualTheCutShard(Split::kTest, *test_rows);
+}
+
+TEST(FashionMnistTest, NonIidShardsReadByRowsEqualTheShardsCutFromTheWholeSplit) {
+  auto labels = LoadFashionMnistLabels(DatasetDir(), Split::kTrain);
+  ASSERT_TRUE(labels.ok()) << labels.status();
+  auto dirichlet = PartitionFor(3, PartitionSpec::Dirichlet(0.5), *labels, 10, 2024);
+  ASSERT_TRUE(dirichlet.ok()) << dirichlet.status();
+  ExpectRowsEqualTheCutShard(Split::kTrain, *dirichlet);
+  auto shards = PartitionFor(7, PartitionSpec::Shards(2), *labels, 100, 7);
+  ASSERT_TRUE(shards.ok()) << shards.status();
+  ExpectRowsEqualTheCutShard(Split::kTrain, *shards);
+  // Any order, with repeats, and the last row: still the whole split's examples.
+  ExpectRowsEqualTheCutShard(Split::kTrain, {59999, 0, 31337, 0, 12});
+}
+
+TEST(FashionMnistTest, TruncatedImagesFileReadByRowsIsAClearError) {
+  // The real labels and the first half of the real images file: a download cut short.
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "fl_fashion_mnist_truncated";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path source(DatasetDir());
+  std::filesystem::copy_file(source / "train-labels-idx1-ubyte.gz", dir / "train-labels-idx1-ubyte.gz");
+  std::string images;
+  {
+    std::ifstream in(source / "train-images-idx3-ubyte.gz", std::ios::binary);
+    images.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  ASSERT_GT(images.size(), 1000u);
+  const std::string path = (dir / "train-images-idx3-ubyte.gz").string();
+  std::ofstream(path, std::ios::binary).write(images.data(), static_cast<std::streamsize>(images.size() / 2));
+  auto shard = LoadFashionMnistRows(dir.string(), Split::kTrain, std::vector<uint32_t>{0, 1, 2});
+  std::filesystem::remove_all(dir);
+  ASSERT_FALSE(shard.ok());
+  EXPECT_EQ(shard.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(fl::ToStd(shard.status().message()));
+  EXPECT_THAT(message, ::testing::HasSubstr(path));
+  EXPECT_THAT(message, ::testing::HasSubstr(
+                           "truncated IDX file: expected 47040016 decompressed bytes (16-byte header + 60000 x 28 x "
+                           "28), got "));
+  EXPECT_THAT(message, ::testing::HasSubstr("the gzip stream itself is cut short"));
+}
+
+TEST(FashionMnistTest, RowOutsideTheRealSplitIsAClearError) {
+  auto shard = LoadFashionMnistRows(DatasetDir(), Split::kTest, std::vector<uint32_t>{9999, 10000});
+  ASSERT_FALSE(shard.ok());
+  EXPECT_EQ(shard.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(fl::ToStd(shard.status().message())),
+              ::testing::HasSubstr("Fashion-MNIST test: row 10000 (entry 1 of the 2 rows asked for) is out of range "
+                                   "for the split's 10000 examples"));
 }
 
 }  // namespace

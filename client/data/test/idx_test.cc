@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -46,6 +48,22 @@ std::vector<uint8_t> LabelsFile(const std::vector<uint8_t>& labels, uint32_t mag
   PutBigEndian32(out, static_cast<uint32_t>(labels.size()));
   out.insert(out.end(), labels.begin(), labels.end());
   return out;
+}
+
+// Images whose pixels never repeat with a short period (ImagesFile's repeat every 16 images of 28 x 28), so that
+// an image read from the wrong place cannot pass for the right one.
+std::vector<uint8_t> DistinctImagesFile(uint32_t count, uint32_t rows, uint32_t cols) {
+  std::vector<uint8_t> out = ImagesFile(count, rows, cols);
+  for (size_t i = kIdxImagesHeaderBytes; i < out.size(); ++i) {
+    out[i] = static_cast<uint8_t>((uint64_t{i} * 0x9E3779B97F4A7C15ULL) >> 56);
+  }
+  return out;
+}
+
+// Image `row` of an images file written by ImagesFile / DistinctImagesFile.
+std::vector<uint8_t> ImageOf(const std::vector<uint8_t>& file, uint32_t row, size_t image_size) {
+  const auto begin = file.begin() + static_cast<std::ptrdiff_t>(kIdxImagesHeaderBytes + row * image_size);
+  return std::vector<uint8_t>(begin, begin + static_cast<std::ptrdiff_t>(image_size));
 }
 
 std::vector<uint8_t> Gzip(const std::vector<uint8_t>& bytes) {
@@ -277,6 +295,106 @@ TEST_F(IdxTest, ImplausibleHeaderIsRejectedBeforeAllocating) {
   EXPECT_THAT(Message(images.status()), HasSubstr("implausible IDX header"));
 }
 
+// --- LoadIdxImageRows: only some images of a file ---
+
+TEST_F(IdxTest, ImageRowsAreTheFilesImagesInTheOrderAsked) {
+  // 3,000 images of 28 x 28 (2.35 MB): more than one 1 MiB read, so some images span two reads.
+  const auto bytes = DistinctImagesFile(3000, 28, 28);
+  const std::vector<std::vector<uint32_t>> cases = {
+      {0, 1, 2, 1337, 1338, 2999},  // increasing (a partition's rows): stored as read
+      {2999, 0, 1337, 0, 5},        // any order, a row twice
+      {},                           // nothing kept
+  };
+  for (const std::string& path : {Write("rows", bytes), Write("rows.gz", Gzip(bytes))}) {
+    for (const auto& rows : cases) {
+      auto got = LoadIdxImageRows(path, rows);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(got->file_count, 3000u);
+      EXPECT_EQ(got->images.count, rows.size());
+      EXPECT_EQ(got->images.rows, 28u);
+      EXPECT_EQ(got->images.cols, 28u);
+      std::vector<uint8_t> expected;
+      for (uint32_t row : rows) {
+        const auto image = ImageOf(bytes, row, 784);
+        expected.insert(expected.end(), image.begin(), image.end());
+      }
+      EXPECT_EQ(got->images.pixels, expected) << path << ", " << rows.size() << " rows";
+    }
+  }
+}
+
+TEST_F(IdxTest, ImageRowsOfEveryImageEqualTheWholeFile) {
+  const auto bytes = DistinctImagesFile(1500, 28, 28);
+  std::vector<uint32_t> all(1500);
+  std::iota(all.begin(), all.end(), 0u);
+  auto whole = ParseIdxImages(bytes, "mem");
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  auto rows = ParseIdxImageRows(bytes, "mem", all);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(rows->images.count, whole->count);
+  EXPECT_EQ(rows->images.pixels, whole->pixels);
+}
+
+TEST_F(IdxTest, ImageRowOutOfRangeNamesTheRowAndTheCount) {
+  const std::string path = Write("few.gz", Gzip(ImagesFile(4, 28, 28)));
+  const std::vector<uint32_t> rows = {0, 3, 4};
+  auto got = LoadIdxImageRows(path, rows);
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(got.status()), HasSubstr(path));
+  EXPECT_THAT(Message(got.status()),
+              HasSubstr("row 4 (entry 2 of the 3 rows asked for) is out of range: the file has 4 images"));
+}
+
+TEST_F(IdxTest, ImageRowsOfATruncatedFileNameBothSizes) {
+  auto bytes = DistinctImagesFile(10, 28, 28);
+  bytes.resize(bytes.size() - 100);  // the last image is cut short: a row before it is no excuse
+  const std::vector<uint32_t> rows = {1, 2};
+  for (const std::string& path : {Write("short-images", bytes), Write("short-images.gz", Gzip(bytes))}) {
+    auto got = LoadIdxImageRows(path, rows);
+    ASSERT_FALSE(got.ok()) << path;
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(Message(got.status()), HasSubstr(path));
+    EXPECT_THAT(Message(got.status()), HasSubstr("truncated IDX file: expected 7856 "));
+    EXPECT_THAT(Message(got.status()), HasSubstr("bytes (16-byte header + 10 x 28 x 28), got 7756"));
+  }
+}
+
+TEST_F(IdxTest, ImageRowsOfACutGzipStream) {
+  const auto gz = Gzip(DistinctImagesFile(20, 28, 28));
+  const std::string path = Write("cut.gz", std::vector<uint8_t>(gz.begin(), gz.begin() + gz.size() / 2));
+  const std::vector<uint32_t> rows = {0};
+  auto got = LoadIdxImageRows(path, rows);
+  ASSERT_FALSE(got.ok());
+  EXPECT_THAT(Message(got.status()), HasSubstr(path));
+  EXPECT_THAT(Message(got.status()), HasSubstr("truncated IDX file"));
+  EXPECT_THAT(Message(got.status()), HasSubstr("the gzip stream itself is cut short"));
+}
+
+TEST_F(IdxTest, ImageRowsOfAFileWithTrailingBytes) {
+  auto bytes = ImagesFile(4, 28, 28);
+  bytes.resize(bytes.size() + 784, 0);
+  const std::string path = Write("long-images.gz", Gzip(bytes));
+  const std::vector<uint32_t> rows = {0};
+  auto got = LoadIdxImageRows(path, rows);
+  ASSERT_FALSE(got.ok());
+  EXPECT_THAT(
+      Message(got.status()),
+      HasSubstr("oversized IDX file: expected 3152 decompressed bytes (16-byte header + 4 x 28 x 28), got 3936"));
+}
+
+TEST_F(IdxTest, ImageRowsCheckTheHeaderAsTheWholeFileRead) {
+  const std::vector<uint32_t> rows = {0};
+  auto flat = LoadIdxImageRows(Write("flat", ImagesFile(5, 0, 28)), rows);
+  ASSERT_FALSE(flat.ok());
+  EXPECT_THAT(Message(flat.status()), HasSubstr("invalid image dimensions 0 x 28"));
+  auto labels = LoadIdxImageRows(Write("labels", LabelsFile(std::vector<uint8_t>(20, 1))), rows);
+  ASSERT_FALSE(labels.ok());
+  EXPECT_THAT(Message(labels.status()), HasSubstr("bad magic number"));
+  auto missing = LoadIdxImageRows((dir_ / "nope.gz").string(), rows);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+}
+
 // --- LoadFashionMnist on small fake dataset directories ---
 
 TEST_F(IdxTest, FashionMnistMissingFileSaysHowToInstall) {
@@ -316,6 +434,85 @@ TEST_F(IdxTest, FashionMnistWrongImageSize) {
   Write("train-images-idx3-ubyte", ImagesFile(2, 32, 32));
   Write("train-labels-idx1-ubyte", LabelsFile({1, 2}));
   auto dataset = LoadFashionMnist(dir_.string(), Split::kTrain);
+  ASSERT_FALSE(dataset.ok());
+  EXPECT_THAT(Message(dataset.status()), HasSubstr("images are 32 x 32, Fashion-MNIST images are 28 x 28"));
+}
+
+TEST_F(IdxTest, FashionMnistRowsAreTheWholeSplitsRows) {
+  const auto images = DistinctImagesFile(5, 28, 28);
+  Write("t10k-images-idx3-ubyte.gz", Gzip(images));
+  Write("t10k-labels-idx1-ubyte.gz", Gzip(LabelsFile({4, 0, 9, 1, 7})));
+  auto labels = LoadFashionMnistLabels(dir_.string(), Split::kTest);
+  ASSERT_TRUE(labels.ok()) << labels.status();
+  EXPECT_EQ(*labels, (std::vector<uint8_t>{4, 0, 9, 1, 7}));
+  const std::vector<uint32_t> rows = {3, 0, 4};
+  auto dataset = LoadFashionMnistRows(dir_.string(), Split::kTest, rows);
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  EXPECT_EQ(dataset->name, "fashion-mnist/test");
+  EXPECT_EQ(dataset->num_examples, 3u);
+  EXPECT_EQ(dataset->rows, 28u);
+  EXPECT_EQ(dataset->cols, 28u);
+  EXPECT_EQ(dataset->num_classes, 10u);
+  EXPECT_EQ(dataset->labels, (std::vector<uint8_t>{1, 4, 7}));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const std::span<const uint8_t> image = dataset->image(i);
+    EXPECT_EQ(std::vector<uint8_t>(image.begin(), image.end()), ImageOf(images, rows[i], 784)) << i;
+  }
+}
+
+TEST_F(IdxTest, FashionMnistRowsMissingImagesSaysHowToInstall) {
+  Write("train-labels-idx1-ubyte.gz", Gzip(LabelsFile({1, 2})));
+  // The labels are there, the images are not: both calls say so before any reading.
+  auto labels = LoadFashionMnistLabels(dir_.string(), Split::kTrain);
+  ASSERT_FALSE(labels.ok());
+  EXPECT_EQ(labels.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Message(labels.status()), HasSubstr("train-images-idx3-ubyte.gz"));
+  EXPECT_THAT(Message(labels.status()), HasSubstr("apt-get install dataset-fashion-mnist"));
+  const std::vector<uint32_t> rows = {0};
+  auto dataset = LoadFashionMnistRows(dir_.string(), Split::kTrain, rows);
+  ASSERT_FALSE(dataset.ok());
+  EXPECT_EQ(dataset.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Message(dataset.status()), HasSubstr("train-images-idx3-ubyte.gz"));
+}
+
+TEST_F(IdxTest, FashionMnistRowOutOfRangeNamesTheSplitsSize) {
+  Write("train-images-idx3-ubyte.gz", Gzip(ImagesFile(3, 28, 28)));
+  Write("train-labels-idx1-ubyte.gz", Gzip(LabelsFile({1, 2, 3})));
+  const std::vector<uint32_t> rows = {0, 3};
+  auto dataset = LoadFashionMnistRows(dir_.string(), Split::kTrain, rows);
+  ASSERT_FALSE(dataset.ok());
+  EXPECT_EQ(dataset.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(dataset.status()),
+              HasSubstr("Fashion-MNIST train: row 3 (entry 1 of the 2 rows asked for) is out of range for the "
+                        "split's 3 examples"));
+  EXPECT_THAT(Message(dataset.status()), HasSubstr("train-labels-idx1-ubyte.gz"));
+}
+
+TEST_F(IdxTest, FashionMnistRowsTruncatedImagesFile) {
+  auto images = ImagesFile(3, 28, 28);
+  images.resize(images.size() - 10);
+  const std::string path = Write("train-images-idx3-ubyte.gz", Gzip(images));
+  Write("train-labels-idx1-ubyte.gz", Gzip(LabelsFile({1, 2, 3})));
+  const std::vector<uint32_t> rows = {0};
+  auto dataset = LoadFashionMnistRows(dir_.string(), Split::kTrain, rows);
+  ASSERT_FALSE(dataset.ok());
+  EXPECT_THAT(Message(dataset.status()), HasSubstr(path));
+  EXPECT_THAT(Message(dataset.status()),
+              HasSubstr("truncated IDX file: expected 2368 decompressed bytes (16-byte header + 3 x 28 x 28), got "
+                        "2358"));
+}
+
+TEST_F(IdxTest, FashionMnistRowsCountMismatchAndWrongImageSize) {
+  Write("train-images-idx3-ubyte.gz", Gzip(ImagesFile(3, 28, 28)));
+  Write("train-labels-idx1-ubyte.gz", Gzip(LabelsFile({1, 2, 3, 4})));
+  const std::vector<uint32_t> rows = {0};
+  auto dataset = LoadFashionMnistRows(dir_.string(), Split::kTrain, rows);
+  ASSERT_FALSE(dataset.ok());
+  EXPECT_THAT(Message(dataset.status()), HasSubstr("count mismatch"));
+  EXPECT_THAT(Message(dataset.status()), HasSubstr("train-images-idx3-ubyte.gz has 3 images"));
+  EXPECT_THAT(Message(dataset.status()), HasSubstr("train-labels-idx1-ubyte.gz has 4 labels"));
+  Write("train-images-idx3-ubyte.gz", Gzip(ImagesFile(4, 32, 32)));
+  dataset = LoadFashionMnistRows(dir_.string(), Split::kTrain, rows);
   ASSERT_FALSE(dataset.ok());
   EXPECT_THAT(Message(dataset.status()), HasSubstr("images are 32 x 32, Fashion-MNIST images are 28 x 28"));
 }

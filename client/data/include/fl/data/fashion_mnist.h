@@ -57,4 +57,19 @@ inline absl::StatusOr<Dataset> LoadFashionMnist(Split split) {
   return LoadFashionMnist(kDefaultFashionMnistDir, split);
 }
 
+// One client's part of a split without holding the whole split (a small board's start-up peak was the 47 MB
+// training images read before the shard was cut), in two calls:
+//  1. LoadFashionMnistLabels: every label of the split (60 KB for train), what a partitioner needs to pick
+//     the client's rows. It also checks that the split's images file is there, so that a missing file is
+//     reported before any work, as LoadFashionMnist reports it.
+//  2. LoadFashionMnistRows: only the examples `rows` of the split, in that order: example i of the result is
+//     row rows[i] of the split (its image and its label); num_examples = rows.size(), the name, image size and
+//     classes are LoadFashionMnist's. The images file is read through and checked as LoadFashionMnist checks
+//     it, but only the kept images are stored. Errors are LoadFashionMnist's, and InvalidArgument for a row
+//     outside the split (naming the row and the split's size).
+// LoadFashionMnistRows(dir, split, rows) holds the same bytes as cutting `rows` out of LoadFashionMnist(dir,
+// split). Several clients in one process should load the split once and share it (fl-client --instances).
+absl::StatusOr<std::vector<uint8_t>> LoadFashionMnistLabels(std::string_view dir, Split split);
+absl::StatusOr<Dataset> LoadFashionMnistRows(std::string_view dir, Split split, std::span<const uint32_t> rows);
+
 }  // namespace fl::data

@@ -37,9 +37,25 @@ absl::StatusOr<IdxImages> LoadIdxImages(std::string_view path);
 // Reads a label file (`.gz` or plain); every label must be < num_classes (num_classes in [1, 256]).
 absl::StatusOr<std::vector<uint8_t>> LoadIdxLabels(std::string_view path, uint32_t num_classes);
 
+// Some images of an image file: what one client of many keeps of a shared dataset.
+struct IdxImageRows {
+  uint32_t file_count = 0;  // images in the file
+  IdxImages images;         // count = rows.size(): image i is image rows[i] of the file
+};
+
+// Reads only the images `rows` of an image file (`.gz` or plain), in the order given (a row may repeat).
+// The whole file is still read through and checked as LoadIdxImages checks it (a gzip stream cannot be
+// skipped), but only the kept images are stored: the memory is rows.size() images, not the file's. A row
+// >= the file's image count is InvalidArgument naming the row and the count, before the images are read.
+// Rows in increasing order (a partition's) are stored as read; other orders cost one more copy of the kept
+// images at the end.
+absl::StatusOr<IdxImageRows> LoadIdxImageRows(std::string_view path, std::span<const uint32_t> rows);
+
 // The same checks on an uncompressed IDX file already in memory; `name` is used in error messages.
 // (Handy for fuzzing and for tests.)
 absl::StatusOr<IdxImages> ParseIdxImages(std::span<const uint8_t> bytes, std::string_view name);
+absl::StatusOr<IdxImageRows> ParseIdxImageRows(std::span<const uint8_t> bytes, std::string_view name,
+                                               std::span<const uint32_t> rows);
 absl::StatusOr<std::vector<uint8_t>> ParseIdxLabels(std::span<const uint8_t> bytes, std::string_view name,
                                                     uint32_t num_classes);
 
