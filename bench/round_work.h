@@ -7,7 +7,7 @@
 // product's own kernels and nothing of gRPC, HTTP/2, the round engine or the records: the difference between the
 // two references is what the round's work costs on this machine, and the difference between that reference and
 // a round is what the product's machinery adds on top. NecessaryWork is the work of fl-client with the synthetic
-// model and of fl-server's FedAvg round (session.cc, engine_rounds.cc), step for step:
+// model and of fl-server's FedAvg round (session.cc and session_transfer.cc, engine_rounds.cc), step for step:
 //
 //   client: the download received straight into the parameters (fl-client writes an fp32 model's body there as
 //           it arrives), its XXH3 updated as bytes arrive and checked, the header checked, the finite check; the

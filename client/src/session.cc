@@ -1,15 +1,15 @@
+// fl-client's session: FederatedClient::Impl's Run (join, reconnect with backoff, the initial model), the session
+// stream (tasks, heartbeats, clock pings, cancels, shutdown), the worker that runs tasks (download, train or
+// evaluate, encode the update, upload, report) and the public FederatedClient. The download and upload calls
+// themselves are in session_transfer.cc, the class shared by both files in session_impl.h.
 #include "fl/client/session.h"
 
 #include <algorithm>
-#include <array>
 #include <bit>
 #include <charconv>
 #include <chrono>
 #include <condition_variable>
-#include <cstring>
-#include <deque>
 #include <memory>
-#include <optional>
 #include <random>
 #include <thread>
 #include <utility>
@@ -17,47 +17,22 @@
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
 
-#include "absl/base/thread_annotations.h"
 #include "fl/core/log_format.h"
 #include "fl/client/uplink_encoder.h"
 
-#include "fl/core/checksum.h"
-#include "fl/core/clock.h"
 #include "fl/core/codec.h"
 #include "fl/core/str_cat.h"
 #include "fl/core/task.h"
-#include "fl/core/tensor_spec.h"
-#include "fl/proto/chunk_reader.h"
 #include "fl/proto/convert.h"
-#include "fl/rpc/tls.h"
 #include "fl/v1/federation.grpc.pb.h"
+#include "session_impl.h"
 
 namespace fl::client {
 namespace {
 
-using fl::v1::ClientMessage;
-using fl::v1::ServerMessage;
-
-// The transfer RPCs by name, for calls that read and write raw ByteBuffers (the generated stub only speaks
-// messages); the names are those of proto/fl/v1/federation.proto's Federation service.
-constexpr char kDownloadModelMethod[] = "/fl.v1.Federation/DownloadModel";
-constexpr char kUploadUpdateMethod[] = "/fl.v1.Federation/UploadUpdate";
 // Uploads carry no codec body checksum (PROTOCOL_VERSION_3): the upload's trailer has the XXH3-64 of the whole
 // payload, which fl-server checks before decoding, so computing Checksum64 too would be a second pass for nothing.
 constexpr core::EncodeOptions kUploadEncoding{.body_checksum = false};
-
-std::chrono::system_clock::time_point DeadlineAfterMs(int64_t ms) {
-  return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
-}
-
-fl::v1::PhaseTiming Phase(fl::v1::Phase phase, int64_t start_ns, int64_t end_ns, uint64_t bytes = 0) {
-  fl::v1::PhaseTiming t;
-  t.set_phase(phase);
-  t.set_start_client_ns(start_ns);
-  t.set_duration_ns(end_ns - start_ns);
-  t.set_bytes(bytes);
-  return t;
-}
 
 // A refusal that a retry cannot fix: the operator has to change something.
 bool IsFatalRefusal(const fl::v1::ErrorDetail& e) {
@@ -91,123 +66,7 @@ class Backoff {
   std::mt19937_64 rng_;
 };
 
-// A downloaded model; its values are in FederatedClient::Impl::global_ (reused from round to round).
-struct Downloaded {
-  uint64_t model_version = 0;
-  uint64_t bytes = 0;
-  fl::v1::PhaseTiming timing;
-};
-
 }  // namespace
-
-class FederatedClient::Impl {
- public:
-  Impl(ClientOptions options, Trainer* trainer) : options_(std::move(options)), trainer_(trainer) {
-    grpc::ChannelArguments args = wire::SessionChannelArguments();
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-    // A connection of its own even beside other sessions of this process (fl-client --instances): as separate
-    // devices would, and so that one instance's reconnect or stalled stream is not every instance's.
-    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    ApplySocketBinding(options_.binding, &args);
-    if (options_.tls.has_value() && !options_.tls->server_name.empty()) {
-      args.SetSslTargetNameOverride(options_.tls->server_name);
-    }
-    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = rpc::ChannelCredentials(options_.tls);
-    if (!credentials.ok()) {
-      // Reported by Run(): a constructor cannot fail, and retrying would not make the file readable.
-      setup_error_ = credentials.status();
-      credentials = grpc::InsecureChannelCredentials();
-    }
-    channel_ = grpc::CreateCustomChannel(options_.server_address, *credentials, args);
-    stub_ = fl::v1::Federation::NewStub(channel_);
-  }
-
-  absl::Status Run();
-  // This client's clock: the monotonic clock, shifted by the test skew.
-  int64_t Now() const { return NowNs() + options_.clock_skew_ns; }
-  void Stop() {
-    stop_ = true;
-    task_cancelled_ = true;
-    {
-      std::lock_guard lock(ctx_mu_);
-      if (session_ctx_ != nullptr) session_ctx_->TryCancel();
-      if (join_ctx_ != nullptr) join_ctx_->TryCancel();
-    }
-    queue_cv_.notify_all();
-    stop_cv_.notify_all();
-  }
-
- private:
-  enum class SessionEnd { kFinished, kReconnect };
-
-  absl::StatusOr<fl::v1::JoinResponse> Join(uint32_t timeout_ms);
-  absl::Status UploadInitialModel();
-  absl::StatusOr<SessionEnd> RunSession();
-  void Worker();
-  void RunTask(const fl::v1::Task& task);
-  absl::StatusOr<Downloaded> Download(const fl::v1::Task& task);
-  // Streams `payload` in chunks that refer to it in place (wire::EncodeDataChunkInPlace): gRPC may hold it after
-  // this returns, so the caller changes it only once it is the sole holder again.
-  absl::StatusOr<fl::v1::UploadUpdateResponse> Upload(fl::v1::UpdateHeader header,
-                                                      std::shared_ptr<const std::vector<uint8_t>> payload,
-                                                      uint32_t deadline_ms);
-  bool WriteToSession(const ClientMessage& msg);
-  void ReportFailure(const std::string& task_id, const absl::Status& status);
-
-  ClientOptions options_;
-  Trainer* trainer_;
-  absl::Status setup_error_;  // the TLS files could not be read (see the constructor)
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<fl::v1::Federation::Stub> stub_;
-  // Transfer state reused across tasks (no allocation per chunk or per transfer).
-  wire::DataChunkReader download_chunks_;
-  core::TransferChecksum download_checksum_;
-  core::TransferChecksum upload_checksum_;
-  std::atomic<bool> stop_{false};
-
-  // Per join.
-  std::string client_id_;
-  std::string token_;
-  // The retry-after-ms of the last Join refused RESOURCE_EXHAUSTED (a server shedding load or at its session
-  // limit); the next attempt waits at least that long. 0: none. Read and written by Run's thread only.
-  uint32_t server_retry_after_ms_ = 0;
-  uint32_t heartbeat_ms_ = 5000;
-  uint32_t server_max_chunk_ = 1u << 20;
-
-  // Per session.
-  std::mutex ctx_mu_;
-  grpc::ClientContext* session_ctx_ ABSL_GUARDED_BY(ctx_mu_) = nullptr;
-  grpc::ClientContext* join_ctx_ ABSL_GUARDED_BY(ctx_mu_) = nullptr;
-  std::condition_variable_any stop_cv_;  // wakes backoff sleeps on Stop()
-
-  // Sleeps `ms` unless Stop() comes first.
-  void SleepUnlessStopped(uint32_t ms) {
-    std::unique_lock lock(ctx_mu_);
-    stop_cv_.wait_for(lock, std::chrono::milliseconds(ms), [&] { return stop_.load(); });
-  }
-  std::mutex write_mu_;
-  grpc::ClientReaderWriter<ClientMessage, ServerMessage>* stream_ ABSL_GUARDED_BY(write_mu_) = nullptr;
-  uint64_t seq_ ABSL_GUARDED_BY(write_mu_) = 0;
-  std::mutex queue_mu_;
-  std::condition_variable queue_cv_;
-  std::deque<fl::v1::Task> tasks_ ABSL_GUARDED_BY(queue_mu_);
-  bool session_over_ ABSL_GUARDED_BY(queue_mu_) = false;
-  std::string current_task_ ABSL_GUARDED_BY(queue_mu_);
-  std::atomic<bool> task_cancelled_{false};
-
-  // Model-sized buffers reused from round to round: a fresh 100 MB allocation per round costs page faults
-  // and munmap that, on a small device, take as long as the transfer itself.
-  std::vector<uint8_t> download_bytes_;
-  std::vector<float> global_;
-  std::vector<float> update_;
-  // The update's payload; shared with the slices of its upload until gRPC has sent them (see RunTask).
-  std::shared_ptr<std::vector<uint8_t>> encoded_;
-
-  // Error feedback of lossy uplink codecs: what they lost is added to the next update, also when the task's
-  // codec changes between rounds (uplink_encoder.h).
-  UplinkEncoder uplink_encoder_;
-};
 
 absl::Status FederatedClient::Impl::Run() {
   if (!setup_error_.ok()) return setup_error_;
@@ -484,185 +343,6 @@ void FederatedClient::Impl::ReportFailure(const std::string& task_id, const absl
       wire::MakeError(fl::v1::ERROR_CODE_INTERNAL, std::string(fl::ToStd(status.message())));
   WriteToSession(m);
 }
-
-absl::StatusOr<Downloaded> FederatedClient::Impl::Download(const fl::v1::Task& task) {
-  const int64_t start = Now();
-  grpc::ClientContext ctx;
-  ctx.set_deadline(DeadlineAfterMs(std::max<uint32_t>(task.deadline_ms(), 1000)));
-  fl::v1::DownloadModelRequest req;
-  req.set_client_id(client_id_);
-  req.set_session_token(token_);
-  req.set_task_id(task.task_id());
-  req.set_model_version(task.model_version());
-  req.set_max_chunk_bytes(options_.max_chunk_bytes);
-  // Read as raw ByteBuffers: data chunks go from gRPC's slices straight into the payload and the XXH3 state
-  // (wire::DataChunkReader), without a protobuf string per chunk; headers and trailers are parsed as usual.
-  auto reader = grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
-      channel_.get(),
-      grpc::internal::RpcMethod(kDownloadModelMethod, grpc::internal::RpcMethod::SERVER_STREAMING, channel_), &ctx,
-      req);
-  grpc::ByteBuffer message;
-  fl::v1::ModelChunk chunk;
-  fl::v1::ModelHeader header;
-  std::vector<uint8_t>& payload = download_bytes_;
-  payload.clear();
-  download_checksum_.Reset();
-  std::optional<uint64_t> checksum;
-  bool have_header = false;
-  // An fp32 model (the default downlink codec) of this client's size is received in place: the codec header into
-  // `head`, the body (the parameters as little-endian floats) straight into global_, so the model is copied once,
-  // out of gRPC's slices, instead of into a buffer and then decoded into global_ (a model-sized pass less).
-  const size_t num_values = trainer_->spec().num_elements();
-  const bool host_is_little_endian = std::endian::native == std::endian::little;
-  bool in_place = false;
-  std::array<uint8_t, core::kCodecHeaderBytes> head{};
-  uint64_t received = 0;
-  auto fail = [&](std::string why) {
-    ctx.TryCancel();
-    reader->Finish();
-    return absl::DataLossError(std::move(why));
-  };
-  auto append = [&](std::span<const uint8_t> piece) {
-    download_checksum_.Update(piece);
-    if (!in_place) {
-      payload.insert(payload.end(), piece.begin(), piece.end());
-      received += piece.size();
-      return;
-    }
-    size_t at = 0;
-    if (received < head.size()) {
-      at = std::min(head.size() - received, piece.size());
-      std::memcpy(head.data() + received, piece.data(), at);
-    }
-    if (at < piece.size()) {
-      std::memcpy(reinterpret_cast<uint8_t*>(global_.data()) + (received + at - head.size()), piece.data() + at,
-                  piece.size() - at);
-    }
-    received += piece.size();
-  };
-  while (reader->Read(&message)) {
-    if (have_header) {
-      absl::StatusOr<wire::DataChunkReader::Kind> kind =
-          download_chunks_.Read(message, header.payload_bytes() - received, append);
-      if (!kind.ok()) {
-        return fail(kind.status().code() == absl::StatusCode::kOutOfRange
-                        ? std::string("the model download carries more bytes than its header announced")
-                        : fl::StrCat("the model download is malformed: ", kind.status().message()));
-      }
-      if (*kind == wire::DataChunkReader::Kind::kData) continue;
-    }
-    if (!grpc::SerializationTraits<fl::v1::ModelChunk>::Deserialize(&message, &chunk).ok()) {
-      return fail("a message of the model download could not be parsed as fl.v1.ModelChunk");
-    }
-    if (chunk.has_header()) {
-      header = chunk.header();
-      have_header = true;
-      in_place = host_is_little_endian && header.codec() == "fp32" &&
-                 header.payload_bytes() == core::kCodecHeaderBytes + uint64_t{num_values} * sizeof(float);
-      if (in_place) {
-        global_.resize(num_values);
-      } else {
-        payload.reserve(header.payload_bytes());
-      }
-    } else if (chunk.part_case() == fl::v1::ModelChunk::kData) {
-      if (!have_header || received + chunk.data().size() > header.payload_bytes()) {
-        return fail("the model download carries more bytes than its header announced");
-      }
-      append(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(chunk.data().data()), chunk.data().size()));
-    } else if (chunk.has_trailer()) {
-      checksum = chunk.trailer().payload_checksum();
-    }
-  }
-  grpc::Status status = reader->Finish();
-  if (!status.ok()) {
-    return absl::UnavailableError(fl::StrCat("model download failed: ", status.error_message()));
-  }
-  if (!have_header || !checksum.has_value() || received != header.payload_bytes() ||
-      download_checksum_.Digest() != *checksum) {
-    return absl::DataLossError(fl::StrCat("the model download is incomplete or damaged (", received, " of ",
-                                          header.payload_bytes(), " bytes, checksum ",
-                                          checksum.has_value() ? "mismatch" : "missing", ")"));
-  }
-  const int64_t received_ns = Now();
-  if (header.spec().fingerprint() != trainer_->spec().fingerprint()) {
-    return absl::FailedPreconditionError(
-        fl::StrCat("the server's model has fingerprint ", core::FingerprintToHex(header.spec().fingerprint()),
-                   " but this client's ", trainer_->model_name(), " has ", trainer_->spec().FingerprintHex(),
-                   "; start the client with the server's model"));
-  }
-  auto codec = core::MakeCodec(header.codec());
-  if (!codec.ok()) return codec.status();
-  Downloaded d;
-  if (in_place) {
-    // What Decode checks, less the body checksum (the XXH3 above verified these bytes): the header, and that
-    // every value is finite.
-    absl::StatusOr<core::PayloadInfo> info = core::PeekPayloadHeader(head, received);
-    if (!info.ok()) return info.status();
-    if (info->kind != core::CodecKind::kFp32 || info->num_values != num_values) {
-      return absl::InvalidArgumentError(fl::StrCat("the model download's header says ", info->num_values, " ",
-                                                   core::CodecKindName(info->kind), " values but the server announced ",
-                                                   num_values, " fp32 values: the server's payload is inconsistent"));
-    }
-    if (absl::Status s = core::CheckFinite(global_, "the downloaded model", &trainer_->spec()); !s.ok()) return s;
-  } else {
-    global_.resize(num_values);
-    // The XXH3 above verified these bytes: the codec's body checksum would be a second pass over them.
-    if (absl::Status s = (*codec)->Decode(payload, global_, core::DecodeOptions{.transfer_verified = true}); !s.ok()) {
-      return s;
-    }
-  }
-  d.model_version = header.model_version();
-  d.bytes = received;
-  d.timing = Phase(fl::v1::PHASE_DOWNLINK, start, received_ns, received);
-  return d;
-}
-
-absl::StatusOr<fl::v1::UploadUpdateResponse> FederatedClient::Impl::Upload(
-    fl::v1::UpdateHeader header, std::shared_ptr<const std::vector<uint8_t>> payload, uint32_t deadline_ms) {
-  header.set_client_id(client_id_);
-  header.set_session_token(token_);
-  header.set_payload_bytes(payload->size());
-  header.set_upload_started_client_ns(Now());
-  grpc::ClientContext ctx;
-  ctx.set_deadline(DeadlineAfterMs(std::max<uint32_t>(deadline_ms, 1000)));
-  fl::v1::UploadUpdateResponse resp;
-  // Written as raw ByteBuffers: each data chunk is encoded by hand (wire::EncodeDataChunk), its bytes copied
-  // once into the message and into the XXH3 state as they go, instead of into a protobuf string then a buffer.
-  auto writer = grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
-      channel_.get(),
-      grpc::internal::RpcMethod(kUploadUpdateMethod, grpc::internal::RpcMethod::CLIENT_STREAMING, channel_), &ctx,
-      &resp);
-  fl::v1::UpdateChunk chunk;
-  *chunk.mutable_header() = header;
-  auto serialize = [](const fl::v1::UpdateChunk& m) {
-    grpc::ByteBuffer out;
-    bool own = false;
-    (void)grpc::SerializationTraits<fl::v1::UpdateChunk>::Serialize(m, &out, &own);  // a header: far below 2 GiB
-    return out;
-  };
-  // A false Write means the server already answered (a refusal) or the stream broke: Finish says which.
-  bool open = writer->Write(serialize(chunk));
-  const size_t chunk_bytes = std::min<size_t>(options_.max_chunk_bytes, server_max_chunk_);
-  core::TransferChecksum& sum = upload_checksum_;
-  sum.Reset();
-  for (size_t off = 0; open && off < payload->size(); off += chunk_bytes) {
-    const std::span<const uint8_t> piece(payload->data() + off, std::min(chunk_bytes, payload->size() - off));
-    sum.Update(piece);
-    open = writer->Write(wire::EncodeDataChunkInPlace(piece, payload));
-  }
-  if (open) {
-    chunk.Clear();
-    chunk.mutable_trailer()->set_payload_checksum(sum.Digest());
-    open = writer->Write(serialize(chunk));
-  }
-  if (open) writer->WritesDone();
-  grpc::Status status = writer->Finish();
-  if (!status.ok()) {
-    return absl::UnavailableError(fl::StrCat("upload failed: ", status.error_message()));
-  }
-  return resp;
-}
-
 void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
   const int64_t task_start = Now();
   auto global = Download(task);
