@@ -11,10 +11,14 @@
 
 #include <atomic>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <vector>
 
 #include "fl/core/str_cat.h"
 #include "fl/instrumentation/record_reader.h"
@@ -45,21 +49,21 @@ clients:
     link: 5g-sa
 )";
 
-absl::StatusOr<Manifest> Load(const fl::testing::ScratchDir& dir, const std::string& text) {
-  const std::string path = dir.File("m.yaml");
-  std::ofstream(path) << text;
-  return LoadManifest(path, ManifestOptions{fs::path(FL_EXPERIMENTS_DIR) / "profiles"});
+// `text` with its first `from` replaced by `to`: how each test makes its variant of kManifest.
+std::string Edit(std::string text, std::string_view from, std::string_view to) {
+  text.replace(text.find(from), from.size(), to);
+  return text;
 }
 
-RunOptions Options(const fl::testing::ScratchDir& dir, const std::string& sub) {
-  RunOptions o;
-  o.db_path = dir.File("records.db");
-  o.out_dir = dir.File(sub);
-  o.server_bin = FL_SERVER_BIN;
-  o.client_bin = FL_CLIENT_BIN;
-  o.software_version = "test";
-  o.quiet = true;
-  return o;
+// kManifest with the wifi group's `count: 2` line replaced by `group` and `min_clients` for selection.
+std::string WifiGroup(std::string_view group, int min_clients) {
+  return Edit(Edit(kManifest, "count: 2", group), "min_fit_clients: 3, min_available_clients: 3",
+              fl::StrCat("min_fit_clients: ", min_clients, ", min_available_clients: ", min_clients));
+}
+
+// `text` with one fl-client process per client instead of virtual clients.
+std::string PerProcess(const std::string& text) {
+  return Edit(text, "emulation: {backend: userspace}", "emulation: {backend: userspace, virtual_clients: false}");
 }
 
 std::string ReadText(const std::string& path) {
@@ -81,39 +85,96 @@ int ProcessesMentioning(const std::string& needle) {
   return n;
 }
 
-TEST(RunnerTest, RunsRecordsTheManifestAndReplays) {
-  fl::testing::ScratchDir dir("fl_runner");
-  absl::StatusOr<Manifest> m = Load(dir, kManifest);
-  ASSERT_TRUE(m.ok()) << m.status();
-  absl::StatusOr<RunResult> r = RunExperiment(*m, Options(dir, "run"));
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->status, "finished") << r->reason;
-  EXPECT_EQ(r->backend, "userspace");
+// Each test in its own scratch folder: the manifest m.yaml, records.db, and a folder of logs per run. The helpers
+// that assert return early on a fatal failure, so the tests call them inside ASSERT_NO_FATAL_FAILURE.
+class RunnerTest : public ::testing::Test {
+ protected:
+  absl::StatusOr<Manifest> Load(const std::string& text) {
+    const std::string path = dir_.File("m.yaml");
+    std::ofstream(path) << text;
+    return LoadManifest(path, ManifestOptions{fs::path(FL_EXPERIMENTS_DIR) / "profiles"});
+  }
+
+  RunOptions Options(const std::string& sub) {
+    RunOptions o;
+    o.db_path = dir_.File("records.db");
+    o.out_dir = dir_.File(sub);
+    o.server_bin = FL_SERVER_BIN;
+    o.client_bin = FL_CLIENT_BIN;
+    o.software_version = "test";
+    o.quiet = true;
+    return o;
+  }
+
+  // `text` loaded as the manifest; fatal unless it loads.
+  void LoadOk(const std::string& text, Manifest* m) {
+    absl::StatusOr<Manifest> loaded = Load(text);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    *m = *std::move(loaded);
+  }
+
+  // `m` run with `options`: fatal unless the runner returns a result, which is expected to say finished.
+  void RunFinished(const Manifest& m, const RunOptions& options, RunResult* r) {
+    absl::StatusOr<RunResult> run = RunExperiment(m, options);
+    ASSERT_TRUE(run.ok()) << run.status();
+    *r = *std::move(run);
+    EXPECT_EQ(r->status, "finished") << r->reason;
+  }
+
+  // LoadOk, then RunFinished with its logs in `sub`. `check_loaded` sees the manifest before it runs, so its
+  // checks report even when the run fails.
+  void LoadAndRunFinished(const std::string& text, const std::string& sub, RunResult* r,
+                          const std::function<void(const Manifest&)>& check_loaded = nullptr) {
+    Manifest m;
+    ASSERT_NO_FATAL_FAILURE(LoadOk(text, &m));
+    if (check_loaded) check_loaded(m);
+    RunFinished(m, Options(sub), r);
+  }
+
+  // The records database, fatal unless it opens; with `clients`, also the clients recorded for `experiment_id`,
+  // fatal unless they read.
+  void OpenRecords(const std::string& experiment_id, std::unique_ptr<RecordReader>* reader,
+                   std::vector<instrumentation::ClientRecord>* clients = nullptr) {
+    absl::StatusOr<std::unique_ptr<RecordReader>> opened = RecordReader::Open(dir_.File("records.db"));
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    *reader = *std::move(opened);
+    if (clients == nullptr) return;
+    auto listed = (*reader)->ListClients(experiment_id);
+    ASSERT_TRUE(listed.ok()) << listed.status();
+    *clients = *std::move(listed);
+  }
+
+  fl::testing::ScratchDir dir_{"fl_runner"};
+};
+
+TEST_F(RunnerTest, RunsRecordsTheManifestAndReplays) {
+  RunResult r;
+  ASSERT_NO_FATAL_FAILURE(LoadAndRunFinished(kManifest, "run", &r));
+  EXPECT_EQ(r.backend, "userspace");
   // Mutual TLS by default, with a throwaway CA in the run's folder: a certificate per client. fl-server starts
   // only with the TLS flags or --insecure, and --insecure would have put its warning into the log.
-  EXPECT_EQ(r->security, "mtls");
-  EXPECT_EQ(r->pki_dir, dir.File("run") + "/pki");
+  EXPECT_EQ(r.security, "mtls");
+  EXPECT_EQ(r.pki_dir, dir_.File("run") + "/pki");
   for (const char* file :
        {"ca/ca.crt", "server/server.crt", "clients/wifi-0.crt", "clients/wifi-1.key", "clients/cell-0.crt"}) {
-    EXPECT_TRUE(fs::exists(fs::path(r->pki_dir) / file)) << file;
+    EXPECT_TRUE(fs::exists(fs::path(r.pki_dir) / file)) << file;
   }
-  EXPECT_EQ(ReadText(dir.File("run/server.log")).find("--insecure"), std::string::npos)
-      << ReadText(dir.File("run/server.log"));
+  EXPECT_EQ(ReadText(dir_.File("run/server.log")).find("--insecure"), std::string::npos)
+      << ReadText(dir_.File("run/server.log"));
 
-  auto reader = RecordReader::Open(dir.File("records.db"));
-  ASSERT_TRUE(reader.ok()) << reader.status();
-  auto clients = (*reader)->ListClients(r->experiment_id);
-  ASSERT_TRUE(clients.ok());
-  ASSERT_EQ(clients->size(), 3u);
+  std::unique_ptr<RecordReader> reader;
+  std::vector<instrumentation::ClientRecord> clients;
+  ASSERT_NO_FATAL_FAILURE(OpenRecords(r.experiment_id, &reader, &clients));
+  ASSERT_EQ(clients.size(), 3u);
   std::map<std::string, std::string> kinds;
-  for (const auto& c : *clients) kinds[c.client_name] = c.link_kind + "/" + c.link_profile + "/" + c.device_class;
+  for (const auto& c : clients) kinds[c.client_name] = c.link_kind + "/" + c.link_profile + "/" + c.device_class;
   EXPECT_EQ(kinds["wifi-0"], "wifi/wifi/" + kinds["wifi-0"].substr(kinds["wifi-0"].rfind('/') + 1));
   EXPECT_EQ(kinds["cell-0"], "5g/5g-sa/rpi4");
-  auto rounds = (*reader)->ListRounds(r->experiment_id);
+  auto rounds = reader->ListRounds(r.experiment_id);
   ASSERT_TRUE(rounds.ok());
   EXPECT_EQ(rounds->size(), 2u);
 
-  absl::StatusOr<RecordedManifest> rec = ReadRecordedManifest(dir.File("records.db"), r->experiment_id);
+  absl::StatusOr<RecordedManifest> rec = ReadRecordedManifest(dir_.File("records.db"), r.experiment_id);
   ASSERT_TRUE(rec.ok()) << rec.status();
   EXPECT_EQ(rec->manifest_yaml, kManifest);
   EXPECT_EQ(rec->seed, 3u);
@@ -122,209 +183,163 @@ TEST(RunnerTest, RunsRecordsTheManifestAndReplays) {
   EXPECT_NE(rec->resolved_json.find("\"mode\": \"mtls\""), std::string::npos) << rec->resolved_json;
 
   // Replay from the record alone: the manifest file is gone.
-  fs::remove(dir.File("m.yaml"));
+  fs::remove(dir_.File("m.yaml"));
   absl::StatusOr<Manifest> again = ManifestFromResolvedJson(rec->resolved_json, rec->manifest_yaml);
   ASSERT_TRUE(again.ok()) << again.status();
-  RunOptions ro = Options(dir, "replay");
-  ro.replay_of = r->experiment_id;
-  absl::StatusOr<RunResult> replay = RunExperiment(*again, ro);
-  ASSERT_TRUE(replay.ok()) << replay.status();
-  EXPECT_EQ(replay->status, "finished") << replay->reason;
-  EXPECT_NE(replay->experiment_id, r->experiment_id);
-  EXPECT_EQ(replay->security, "mtls");  // the replay's own throwaway CA
-  EXPECT_EQ(replay->pki_dir, dir.File("replay") + "/pki");
-  absl::StatusOr<std::string> cmp = CompareExperiments(dir.File("records.db"), r->experiment_id, replay->experiment_id);
+  RunOptions ro = Options("replay");
+  ro.replay_of = r.experiment_id;
+  RunResult replay;
+  ASSERT_NO_FATAL_FAILURE(RunFinished(*again, ro, &replay));
+  EXPECT_NE(replay.experiment_id, r.experiment_id);
+  EXPECT_EQ(replay.security, "mtls");  // the replay's own throwaway CA
+  EXPECT_EQ(replay.pki_dir, dir_.File("replay") + "/pki");
+  absl::StatusOr<std::string> cmp = CompareExperiments(dir_.File("records.db"), r.experiment_id, replay.experiment_id);
   ASSERT_TRUE(cmp.ok()) << cmp.status();
-  EXPECT_NE(cmp->find(r->experiment_id), std::string::npos);
+  EXPECT_NE(cmp->find(r.experiment_id), std::string::npos);
   EXPECT_NE(cmp->find("client uplink_ms"), std::string::npos);
-  auto replay_of = (*reader)->QueryText(
-      fl::StrCat("SELECT replay_of FROM experiment_manifests WHERE experiment_id = '", replay->experiment_id, "'"));
+  auto replay_of = reader->QueryText(
+      fl::StrCat("SELECT replay_of FROM experiment_manifests WHERE experiment_id = '", replay.experiment_id, "'"));
   ASSERT_TRUE(replay_of.ok()) << replay_of.status();
-  EXPECT_EQ(*replay_of, r->experiment_id);
-  EXPECT_EQ(ProcessesMentioning(dir.path()), 0);
+  EXPECT_EQ(*replay_of, r.experiment_id);
+  EXPECT_EQ(ProcessesMentioning(dir_.path()), 0);
 }
 
 // The kernel backend end to end: each client in its own network namespace behind HTB shaping (and the
 // userspace delay line where the kernel has no netem); every namespace is gone afterwards.
-TEST(RunnerTest, KernelBackendRunsClientsInNamespacesAndRemovesThem) {
+TEST_F(RunnerTest, KernelBackendRunsClientsInNamespacesAndRemovesThem) {
   if (geteuid() != 0) GTEST_SKIP() << "the kernel link backend needs root (network namespaces, tc)";
-  fl::testing::ScratchDir dir("fl_runner");
-  std::string text = kManifest;
-  text.replace(text.find("backend: userspace"), 18, "backend: kernel");
-  absl::StatusOr<Manifest> m = Load(dir, text);
-  ASSERT_TRUE(m.ok()) << m.status();
-  absl::StatusOr<RunResult> r = RunExperiment(*m, Options(dir, "run"));
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->status, "finished") << r->reason;
-  EXPECT_EQ(r->backend, "kernel");
-  auto reader = RecordReader::Open(dir.File("records.db"));
-  ASSERT_TRUE(reader.ok());
-  auto clients = (*reader)->ListClients(r->experiment_id);
-  ASSERT_TRUE(clients.ok());
-  EXPECT_EQ(clients->size(), 3u);
+  RunResult r;
+  ASSERT_NO_FATAL_FAILURE(LoadAndRunFinished(Edit(kManifest, "backend: userspace", "backend: kernel"), "run", &r));
+  EXPECT_EQ(r.backend, "kernel");
+  std::unique_ptr<RecordReader> reader;
+  std::vector<instrumentation::ClientRecord> clients;
+  ASSERT_NO_FATAL_FAILURE(OpenRecords(r.experiment_id, &reader, &clients));
+  EXPECT_EQ(clients.size(), 3u);
   // Namespaces of this process (fle_<pid>_<n>) are all removed.
   absl::StatusOr<std::string> netns = fl::sys::RunCommand({"ip", "netns", "list"});
   ASSERT_TRUE(netns.ok()) << netns.status();
   EXPECT_EQ(netns->find(fl::StrCat("fle_", getpid(), "_")), std::string::npos) << *netns;
-  EXPECT_EQ(ProcessesMentioning(dir.path()), 0);
+  EXPECT_EQ(ProcessesMentioning(dir_.path()), 0);
 }
 
 // `security: {mode: insecure}` opts out: plaintext on both ends, each saying so in its log, no certificates.
-TEST(RunnerTest, InsecureModeRunsPlaintextAndRecordsIt) {
-  fl::testing::ScratchDir dir("fl_runner");
-  std::string text = kManifest;
-  text.replace(text.find("emulation:"), 0, "security: {mode: insecure}\n");
-  absl::StatusOr<Manifest> m = Load(dir, text);
-  ASSERT_TRUE(m.ok()) << m.status();
-  absl::StatusOr<RunResult> r = RunExperiment(*m, Options(dir, "run"));
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->status, "finished") << r->reason;
-  EXPECT_EQ(r->security, "insecure");
-  EXPECT_EQ(r->pki_dir, "");
-  EXPECT_FALSE(fs::exists(dir.File("run/pki")));
-  EXPECT_NE(ReadText(dir.File("run/server.log")).find("--insecure: serving plaintext gRPC"), std::string::npos)
-      << ReadText(dir.File("run/server.log"));
-  EXPECT_NE(ReadText(dir.File("run/cell-0.log")).find("--insecure: connecting to"), std::string::npos)
-      << ReadText(dir.File("run/cell-0.log"));
-  absl::StatusOr<RecordedManifest> rec = ReadRecordedManifest(dir.File("records.db"), r->experiment_id);
+TEST_F(RunnerTest, InsecureModeRunsPlaintextAndRecordsIt) {
+  RunResult r;
+  ASSERT_NO_FATAL_FAILURE(
+      LoadAndRunFinished(Edit(kManifest, "emulation:", "security: {mode: insecure}\nemulation:"), "run", &r));
+  EXPECT_EQ(r.security, "insecure");
+  EXPECT_EQ(r.pki_dir, "");
+  EXPECT_FALSE(fs::exists(dir_.File("run/pki")));
+  EXPECT_NE(ReadText(dir_.File("run/server.log")).find("--insecure: serving plaintext gRPC"), std::string::npos)
+      << ReadText(dir_.File("run/server.log"));
+  EXPECT_NE(ReadText(dir_.File("run/cell-0.log")).find("--insecure: connecting to"), std::string::npos)
+      << ReadText(dir_.File("run/cell-0.log"));
+  absl::StatusOr<RecordedManifest> rec = ReadRecordedManifest(dir_.File("records.db"), r.experiment_id);
   ASSERT_TRUE(rec.ok()) << rec.status();
   absl::StatusOr<Manifest> again = ManifestFromResolvedJson(rec->resolved_json, rec->manifest_yaml);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->security.mode, "insecure");  // a replay runs as the original did
-  EXPECT_EQ(ProcessesMentioning(dir.path()), 0);
+  EXPECT_EQ(ProcessesMentioning(dir_.path()), 0);
 }
 
 // server.aggregation: buffered reaches fl-server as its flags: the run is FedBuff (aggregation steps with staleness).
-TEST(RunnerTest, ABufferedManifestRunsAggregationSteps) {
-  fl::testing::ScratchDir dir("fl_runner");
-  std::string text = kManifest;
-  text.replace(text.find("emulation:"), 0, "security: {mode: insecure}\n");
-  text.replace(text.find("  round_deadline_s: 60\n"), 0,
-               "  aggregation: buffered\n  buffered: {buffer_size: 2, concurrency: 3, max_staleness: 5}\n");
-  absl::StatusOr<Manifest> m = Load(dir, text);
-  ASSERT_TRUE(m.ok()) << m.status();
-  absl::StatusOr<RunResult> r = RunExperiment(*m, Options(dir, "run"));
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->status, "finished") << r->reason;
-  auto reader = RecordReader::Open(dir.File("records.db"));
-  ASSERT_TRUE(reader.ok()) << reader.status();
-  EXPECT_EQ(*(*reader)->QueryText("SELECT aggregation FROM experiments"), "buffered");
-  EXPECT_EQ(*(*reader)->QueryInt("SELECT count(*) FROM rounds WHERE status = 'committed'"), 2);
-  EXPECT_EQ(*(*reader)->QueryInt("SELECT count(*) FROM client_rounds WHERE outcome = 'ok' AND staleness IS NULL"), 0);
-  EXPECT_GE(*(*reader)->QueryInt("SELECT count(*) FROM client_rounds WHERE outcome = 'ok'"), 4);
-  EXPECT_EQ(ProcessesMentioning(dir.path()), 0);
+TEST_F(RunnerTest, ABufferedManifestRunsAggregationSteps) {
+  std::string text = Edit(kManifest, "emulation:", "security: {mode: insecure}\nemulation:");
+  text = Edit(text, "  round_deadline_s: 60\n",
+              "  aggregation: buffered\n  buffered: {buffer_size: 2, concurrency: 3, max_staleness: 5}\n"
+              "  round_deadline_s: 60\n");
+  RunResult r;
+  ASSERT_NO_FATAL_FAILURE(LoadAndRunFinished(text, "run", &r));
+  std::unique_ptr<RecordReader> reader;
+  ASSERT_NO_FATAL_FAILURE(OpenRecords(r.experiment_id, &reader));
+  EXPECT_EQ(*reader->QueryText("SELECT aggregation FROM experiments"), "buffered");
+  EXPECT_EQ(*reader->QueryInt("SELECT count(*) FROM rounds WHERE status = 'committed'"), 2);
+  EXPECT_EQ(*reader->QueryInt("SELECT count(*) FROM client_rounds WHERE outcome = 'ok' AND staleness IS NULL"), 0);
+  EXPECT_GE(*reader->QueryInt("SELECT count(*) FROM client_rounds WHERE outcome = 'ok'"), 4);
+  EXPECT_EQ(ProcessesMentioning(dir_.path()), 0);
 }
 
 // A group with count runs as one fl-client --instances process (virtual clients), each instance with its own
 // certificate and its own relay; `virtual_clients: false` goes back to one process per client.
-TEST(RunnerTest, AGroupRunsAsOneProcessOfVirtualClientsUnderTheirOwnNames) {
-  fl::testing::ScratchDir dir("fl_runner");
-  std::string text = kManifest;
-  text.replace(text.find("count: 2"), 8, "count: 6");
-  text.replace(text.find("min_fit_clients: 3, min_available_clients: 3"), 44,
-               "min_fit_clients: 7, min_available_clients: 7");
-  absl::StatusOr<Manifest> m = Load(dir, text);
-  ASSERT_TRUE(m.ok()) << m.status();
-  EXPECT_TRUE(m->emulation.virtual_clients);
-  absl::StatusOr<RunResult> r = RunExperiment(*m, Options(dir, "run"));
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->status, "finished") << r->reason;
-  EXPECT_TRUE(fs::exists(dir.File("run/wifi-instances.log")));
-  EXPECT_FALSE(fs::exists(dir.File("run/wifi-0.log")));
-  EXPECT_TRUE(fs::exists(dir.File("run/cell-0.log")));  // a group of one stays one plain client
-  auto reader = RecordReader::Open(dir.File("records.db"));
-  ASSERT_TRUE(reader.ok()) << reader.status();
-  auto clients = (*reader)->ListClients(r->experiment_id);
-  ASSERT_TRUE(clients.ok());
+TEST_F(RunnerTest, AGroupRunsAsOneProcessOfVirtualClientsUnderTheirOwnNames) {
+  const std::string text = WifiGroup("count: 6", 7);
+  RunResult r;
+  ASSERT_NO_FATAL_FAILURE(
+      LoadAndRunFinished(text, "run", &r, [](const Manifest& m) { EXPECT_TRUE(m.emulation.virtual_clients); }));
+  EXPECT_TRUE(fs::exists(dir_.File("run/wifi-instances.log")));
+  EXPECT_FALSE(fs::exists(dir_.File("run/wifi-0.log")));
+  EXPECT_TRUE(fs::exists(dir_.File("run/cell-0.log")));  // a group of one stays one plain client
+  std::unique_ptr<RecordReader> reader;
+  std::vector<instrumentation::ClientRecord> clients;
+  ASSERT_NO_FATAL_FAILURE(OpenRecords(r.experiment_id, &reader, &clients));
   std::set<std::string> names;
-  for (const auto& c : *clients) {
+  for (const auto& c : clients) {
     names.insert(c.client_name);
     if (c.client_name.starts_with("wifi-")) {
       EXPECT_EQ(c.link_profile, "wifi") << c.client_name;
     }
   }
   EXPECT_EQ(names, (std::set<std::string>{"wifi-0", "wifi-1", "wifi-2", "wifi-3", "wifi-4", "wifi-5", "cell-0"}));
-  EXPECT_EQ(ProcessesMentioning(dir.path()), 0);
+  EXPECT_EQ(ProcessesMentioning(dir_.path()), 0);
 
-  text.replace(text.find("emulation: {backend: userspace}"), 31,
-               "emulation: {backend: userspace, virtual_clients: false}");
-  absl::StatusOr<Manifest> per_process = Load(dir, text);
-  ASSERT_TRUE(per_process.ok()) << per_process.status();
-  absl::StatusOr<RunResult> r2 = RunExperiment(*per_process, Options(dir, "run2"));
-  ASSERT_TRUE(r2.ok()) << r2.status();
-  EXPECT_EQ(r2->status, "finished") << r2->reason;
-  EXPECT_TRUE(fs::exists(dir.File("run2/wifi-5.log")));
-  EXPECT_FALSE(fs::exists(dir.File("run2/wifi-instances.log")));
-  EXPECT_EQ(ProcessesMentioning(dir.path()), 0);
+  RunResult r2;
+  ASSERT_NO_FATAL_FAILURE(LoadAndRunFinished(PerProcess(text), "run2", &r2));
+  EXPECT_TRUE(fs::exists(dir_.File("run2/wifi-5.log")));
+  EXPECT_FALSE(fs::exists(dir_.File("run2/wifi-instances.log")));
+  EXPECT_EQ(ProcessesMentioning(dir_.path()), 0);
 }
 
 // availability.period_s/online: the group's instances follow a diurnal schedule seeded by the manifest's seed
 // (fl-client --availability); without virtual clients the run is refused before anything starts.
-TEST(RunnerTest, ADiurnalGroupRunsAsVirtualClientsAndIsRefusedWithoutThem) {
-  fl::testing::ScratchDir dir("fl_runner");
-  std::string text = kManifest;
-  text.replace(text.find("count: 2"), 8, "count: 6\n    availability: {period_s: 2, online: 0.5}");
-  text.replace(text.find("min_fit_clients: 3, min_available_clients: 3"), 44,
-               "min_fit_clients: 2, min_available_clients: 2");
-  absl::StatusOr<Manifest> m = Load(dir, text);
-  ASSERT_TRUE(m.ok()) << m.status();
-  EXPECT_EQ(m->clients[0].period_s, 2);
-  EXPECT_EQ(m->clients[0].online_fraction, 0.5);
-  absl::StatusOr<RunResult> r = RunExperiment(*m, Options(dir, "run"));
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->status, "finished") << r->reason;
-  EXPECT_TRUE(fs::exists(dir.File("run/wifi-instances.log")));
-  EXPECT_EQ(ProcessesMentioning(dir.path()), 0);
+TEST_F(RunnerTest, ADiurnalGroupRunsAsVirtualClientsAndIsRefusedWithoutThem) {
+  const std::string text = WifiGroup("count: 6\n    availability: {period_s: 2, online: 0.5}", 2);
+  RunResult r;
+  ASSERT_NO_FATAL_FAILURE(LoadAndRunFinished(text, "run", &r, [](const Manifest& m) {
+    EXPECT_EQ(m.clients[0].period_s, 2);
+    EXPECT_EQ(m.clients[0].online_fraction, 0.5);
+  }));
+  EXPECT_TRUE(fs::exists(dir_.File("run/wifi-instances.log")));
+  EXPECT_EQ(ProcessesMentioning(dir_.path()), 0);
 
-  text.replace(text.find("emulation: {backend: userspace}"), 31,
-               "emulation: {backend: userspace, virtual_clients: false}");
-  absl::StatusOr<Manifest> per_process = Load(dir, text);
-  ASSERT_TRUE(per_process.ok()) << per_process.status();
-  absl::StatusOr<RunResult> refused = RunExperiment(*per_process, Options(dir, "run2"));
+  Manifest per_process;
+  ASSERT_NO_FATAL_FAILURE(LoadOk(PerProcess(text), &per_process));
+  absl::StatusOr<RunResult> refused = RunExperiment(per_process, Options("run2"));
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
   EXPECT_NE(refused.status().message().find("clients group wifi: availability.period_s needs virtual clients"),
             std::string::npos)
       << refused.status();
-  EXPECT_FALSE(fs::exists(dir.File("run2/server.log")));
+  EXPECT_FALSE(fs::exists(dir_.File("run2/server.log")));
 }
 
 // availability.trace: each named instance is online in its trace's windows only (fl-client --availability
 // trace:FILE, the path resolved against the manifest's folder); one whose only window lies after the experiment
 // never joins, one the trace does not name is always online. A trace and a diurnal model together, or a missing
 // file, are refused at load naming the field.
-TEST(RunnerTest, ATraceGroupFollowsItsTraceAndBadTracesAreRefused) {
-  fl::testing::ScratchDir dir("fl_runner");
-  std::ofstream(dir.File("fleet.trace")) << "# name from_s until_s\n"
-                                            "wifi-0 0 inf\n"
-                                            "wifi-1 0 inf\n"
-                                            "wifi-2 3600 7200   # an hour from now: never during this run\n";
-  std::string text = kManifest;
-  text.replace(text.find("count: 2"), 8, "count: 4\n    availability: {trace: fleet.trace}");
-  absl::StatusOr<Manifest> m = Load(dir, text);
-  ASSERT_TRUE(m.ok()) << m.status();
-  EXPECT_EQ(m->clients[0].availability_trace, fs::path(dir.File("fleet.trace")).lexically_normal().string());
-  absl::StatusOr<RunResult> r = RunExperiment(*m, Options(dir, "run"));
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->status, "finished") << r->reason;
-  auto reader = RecordReader::Open(dir.File("records.db"));
-  ASSERT_TRUE(reader.ok()) << reader.status();
-  auto clients = (*reader)->ListClients(r->experiment_id);
-  ASSERT_TRUE(clients.ok());
+TEST_F(RunnerTest, ATraceGroupFollowsItsTraceAndBadTracesAreRefused) {
+  std::ofstream(dir_.File("fleet.trace")) << "# name from_s until_s\n"
+                                             "wifi-0 0 inf\n"
+                                             "wifi-1 0 inf\n"
+                                             "wifi-2 3600 7200   # an hour from now: never during this run\n";
+  RunResult r;
+  ASSERT_NO_FATAL_FAILURE(LoadAndRunFinished(
+      WifiGroup("count: 4\n    availability: {trace: fleet.trace}", 3), "run", &r, [&](const Manifest& m) {
+        EXPECT_EQ(m.clients[0].availability_trace, fs::path(dir_.File("fleet.trace")).lexically_normal().string());
+      }));
+  std::unique_ptr<RecordReader> reader;
+  std::vector<instrumentation::ClientRecord> clients;
+  ASSERT_NO_FATAL_FAILURE(OpenRecords(r.experiment_id, &reader, &clients));
   std::set<std::string> names;
-  for (const auto& c : *clients) names.insert(c.client_name);
+  for (const auto& c : clients) names.insert(c.client_name);
   EXPECT_EQ(names, (std::set<std::string>{"wifi-0", "wifi-1", "wifi-3", "cell-0"}));
-  EXPECT_EQ(ProcessesMentioning(dir.path()), 0);
+  EXPECT_EQ(ProcessesMentioning(dir_.path()), 0);
 
-  std::string both = kManifest;
-  both.replace(both.find("count: 2"), 8, "count: 2\n    availability: {period_s: 2, online: 0.5, trace: fleet.trace}");
-  absl::StatusOr<Manifest> refused = Load(dir, both);
+  absl::StatusOr<Manifest> refused =
+      Load(WifiGroup("count: 2\n    availability: {period_s: 2, online: 0.5, trace: fleet.trace}", 3));
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("either a diurnal model (period_s) or a trace, not both"),
             std::string::npos)
       << refused.status();
-  std::string missing = kManifest;
-  missing.replace(missing.find("count: 2"), 8, "count: 2\n    availability: {trace: nowhere.trace}");
-  refused = Load(dir, missing);
+  refused = Load(WifiGroup("count: 2\n    availability: {trace: nowhere.trace}", 3));
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("nowhere.trace\" not found"), std::string::npos) << refused.status();
 }
@@ -332,24 +347,19 @@ TEST(RunnerTest, ATraceGroupFollowsItsTraceAndBadTracesAreRefused) {
 // Link-aware compression end to end with real processes: the manifest's server.uplink_codec_policy reaches
 // fl-server, each fl-client encodes with the codec its task names, and every update is recorded in its link's
 // codec (5G int4, WiFi int8).
-TEST(RunnerTest, ALinkAwareCodecPolicyGivesEachLinkItsCodec) {
-  fl::testing::ScratchDir dir("fl_runner");
-  std::string text = kManifest;
-  text.replace(text.find("  evaluation: {every: 0}"), 24,
-               "  evaluation: {every: 0}\n  uplink_codec_policy: \"by-link:5g=int4,wifi=int8,default=fp32\"");
-  absl::StatusOr<Manifest> m = Load(dir, text);
-  ASSERT_TRUE(m.ok()) << m.status();
-  absl::StatusOr<RunResult> r = RunExperiment(*m, Options(dir, "run"));
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->status, "finished") << r->reason;
-  auto reader = RecordReader::Open(dir.File("records.db"));
-  ASSERT_TRUE(reader.ok()) << reader.status();
-  auto clients = (*reader)->ListClients(r->experiment_id);
-  ASSERT_TRUE(clients.ok());
+TEST_F(RunnerTest, ALinkAwareCodecPolicyGivesEachLinkItsCodec) {
+  RunResult r;
+  ASSERT_NO_FATAL_FAILURE(LoadAndRunFinished(
+      Edit(kManifest, "  evaluation: {every: 0}",
+           "  evaluation: {every: 0}\n  uplink_codec_policy: \"by-link:5g=int4,wifi=int8,default=fp32\""),
+      "run", &r));
+  std::unique_ptr<RecordReader> reader;
+  std::vector<instrumentation::ClientRecord> clients;
+  ASSERT_NO_FATAL_FAILURE(OpenRecords(r.experiment_id, &reader, &clients));
   std::map<std::string, std::string> name_of;
-  for (const auto& c : *clients) name_of[c.client_id] = c.client_name;
+  for (const auto& c : clients) name_of[c.client_id] = c.client_name;
   for (int64_t round = 1; round <= 2; ++round) {
-    auto rows = (*reader)->ListClientRounds(r->experiment_id, round);
+    auto rows = reader->ListClientRounds(r.experiment_id, round);
     ASSERT_TRUE(rows.ok()) << rows.status();
     std::map<std::string, std::string> codecs;
     for (const auto& row : *rows) {
@@ -358,50 +368,45 @@ TEST(RunnerTest, ALinkAwareCodecPolicyGivesEachLinkItsCodec) {
     EXPECT_EQ(codecs, (std::map<std::string, std::string>{{"wifi-0", "int8"}, {"wifi-1", "int8"}, {"cell-0", "int4"}}))
         << "round " << round;
   }
-  EXPECT_EQ(ProcessesMentioning(dir.path()), 0);
+  EXPECT_EQ(ProcessesMentioning(dir_.path()), 0);
 }
 
-TEST(RunnerTest, InterruptStopsEverythingAndRecordsAborted) {
-  fl::testing::ScratchDir dir("fl_runner");
+TEST_F(RunnerTest, InterruptStopsEverythingAndRecordsAborted) {
   // Rounds that cannot finish soon: 50 rounds of a 2 s training.
-  std::string text = kManifest;
-  text.replace(text.find("rounds: 2"), 9, "rounds: 50");
-  text.replace(text.find("synthetic:20000:30"), 18, "synthetic:20000:2000");
-  absl::StatusOr<Manifest> m = Load(dir, text);
-  ASSERT_TRUE(m.ok()) << m.status();
+  Manifest m;
+  ASSERT_NO_FATAL_FAILURE(
+      LoadOk(Edit(Edit(kManifest, "rounds: 2", "rounds: 50"), "synthetic:20000:30", "synthetic:20000:2000"), &m));
   std::atomic<bool> interrupted{false};
-  RunOptions o = Options(dir, "run");
+  RunOptions o = Options("run");
   o.interrupted = &interrupted;
   std::thread ctrl_c([&] {
     std::this_thread::sleep_for(std::chrono::seconds(4));
     interrupted = true;
   });
-  absl::StatusOr<RunResult> r = RunExperiment(*m, o);
+  absl::StatusOr<RunResult> r = RunExperiment(m, o);
   ctrl_c.join();
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->status, "aborted");
-  auto reader = RecordReader::Open(dir.File("records.db"));
-  ASSERT_TRUE(reader.ok());
-  auto exp = (*reader)->GetExperiment(r->experiment_id);
+  std::unique_ptr<RecordReader> reader;
+  ASSERT_NO_FATAL_FAILURE(OpenRecords(r->experiment_id, &reader));
+  auto exp = reader->GetExperiment(r->experiment_id);
   ASSERT_TRUE(exp.ok()) << exp.status();
   EXPECT_EQ(instrumentation::ExperimentStatusName(exp->status), "aborted");  // the server closed its records
-  EXPECT_EQ(ProcessesMentioning(dir.path()), 0);
+  EXPECT_EQ(ProcessesMentioning(dir_.path()), 0);
 }
 
-TEST(RunnerTest, AFailingClientStopsTheExperimentNamingIt) {
-  fl::testing::ScratchDir dir("fl_runner");
-  std::string text = kManifest;
+TEST_F(RunnerTest, AFailingClientStopsTheExperimentNamingIt) {
   // A dataset folder that does not exist: fl-client exits with an error at start.
-  const std::string training = "training: {model: \"synthetic:20000:30\"}";
-  text.replace(text.find(training), training.size(), "training: {model: cnn, data_dir: /nonexistent/fmnist}");
-  absl::StatusOr<Manifest> m = Load(dir, text);
-  ASSERT_TRUE(m.ok()) << m.status();
-  absl::StatusOr<RunResult> r = RunExperiment(*m, Options(dir, "run"));
+  Manifest m;
+  ASSERT_NO_FATAL_FAILURE(LoadOk(Edit(kManifest, "training: {model: \"synthetic:20000:30\"}",
+                                      "training: {model: cnn, data_dir: /nonexistent/fmnist}"),
+                                 &m));
+  absl::StatusOr<RunResult> r = RunExperiment(m, Options("run"));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->status, "failed") << r->reason;
   EXPECT_NE(r->reason.find("client "), std::string::npos) << r->reason;
   EXPECT_NE(r->reason.find(".log"), std::string::npos) << r->reason;
-  EXPECT_EQ(ProcessesMentioning(dir.path()), 0);
+  EXPECT_EQ(ProcessesMentioning(dir_.path()), 0);
 }
 
 }  // namespace
