@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <initializer_list>
 #include <numeric>
 #include <thread>
 #include <utility>
@@ -37,17 +38,20 @@ struct TorchTrainer::State {
 TorchTrainer::TorchTrainer(std::unique_ptr<State> state) : state_(std::move(state)) {}
 TorchTrainer::~TorchTrainer() = default;
 
-absl::StatusOr<std::unique_ptr<TorchTrainer>> TorchTrainer::Create(const TorchTrainerOptions& options) {
-  auto train = data::LoadFashionMnist(options.data_dir, data::Split::kTrain);
-  if (!train.ok()) return train.status();
-  auto test = data::LoadFashionMnist(options.data_dir, data::Split::kTest);
-  if (!test.ok()) return test.status();
-  return Create(options, *train, *test);
-}
+namespace {
 
-absl::StatusOr<std::unique_ptr<TorchTrainer>> TorchTrainer::Create(const TorchTrainerOptions& options,
-                                                                   const data::Dataset& train,
-                                                                   const data::Dataset& test) {
+// What a trainer is built from, chosen before any image is needed: the device and this client's rows.
+struct ShardPlan {
+  torch::Device device{torch::kCPU};
+  std::vector<uint32_t> train_rows;  // of the training split, the partition's order, cut to data_fraction
+  std::vector<uint32_t> test_rows;   // of the test split: this client's IID part
+};
+
+// Validates the options and the datasets (those given; none when only the labels have been read) and picks
+// this client's rows from the splits' labels.
+absl::StatusOr<ShardPlan> PlanShard(const TorchTrainerOptions& options, std::span<const uint8_t> train_labels,
+                                    std::span<const uint8_t> test_labels,
+                                    std::initializer_list<const data::Dataset*> datasets) {
   if (options.num_clients == 0) return absl::InvalidArgumentError("num_clients must be >= 1");
   if (options.client_index >= options.num_clients) {
     return absl::InvalidArgumentError(fl::StrCat("client_index ", options.client_index, " is out of range for ",
@@ -58,7 +62,7 @@ absl::StatusOr<std::unique_ptr<TorchTrainer>> TorchTrainer::Create(const TorchTr
     return absl::InvalidArgumentError(fl::StrCat("num_threads must be >= 0, got ", options.num_threads));
   }
   if (absl::Status s = internal::ValidateEvalBatchSize(options.eval_batch_size); !s.ok()) return s;
-  for (const data::Dataset* dataset : {&train, &test}) {
+  for (const data::Dataset* dataset : datasets) {
     if (dataset->rows != data::kFashionMnistRows || dataset->cols != data::kFashionMnistCols ||
         dataset->num_classes != data::kFashionMnistClasses) {
       return absl::InvalidArgumentError(fl::StrCat("dataset ", dataset->name, " is ", dataset->rows, "x", dataset->cols,
@@ -70,11 +74,10 @@ absl::StatusOr<std::unique_ptr<TorchTrainer>> TorchTrainer::Create(const TorchTr
   if (!device.ok()) return device.status();
   auto partition = data::PartitionSpec::Parse(options.partition);
   if (!partition.ok()) return partition.status();
-  if (options.num_threads > 0) torch::set_num_threads(options.num_threads);
 
-  auto train_indices =
-      data::PartitionFor(options.client_index, *partition, train.labels, options.num_clients, options.partition_seed);
-  if (!train_indices.ok()) return train_indices.status();
+  auto train_rows =
+      data::PartitionFor(options.client_index, *partition, train_labels, options.num_clients, options.partition_seed);
+  if (!train_rows.ok()) return train_rows.status();
   if (!(options.data_fraction > 0 && options.data_fraction <= 1)) {
     return absl::InvalidArgumentError(
         fl::StrCat("data fraction ", options.data_fraction, " is outside (0, 1]; give the share of the shard to use"));
@@ -85,16 +88,29 @@ absl::StatusOr<std::unique_ptr<TorchTrainer>> TorchTrainer::Create(const TorchTr
   }
   if (options.data_fraction < 1) {
     const size_t keep = std::max<size_t>(
-        1, static_cast<size_t>(std::ceil(options.data_fraction * static_cast<double>(train_indices->size()))));
-    train_indices->resize(std::min(keep, train_indices->size()));
+        1, static_cast<size_t>(std::ceil(options.data_fraction * static_cast<double>(train_rows->size()))));
+    train_rows->resize(std::min(keep, train_rows->size()));
   }
-  auto test_indices = data::PartitionFor(options.client_index, data::PartitionSpec::Iid(), test.labels,
-                                         options.num_clients, options.partition_seed);
-  if (!test_indices.ok()) return test_indices.status();
+  auto test_rows = data::PartitionFor(options.client_index, data::PartitionSpec::Iid(), test_labels,
+                                      options.num_clients, options.partition_seed);
+  if (!test_rows.ok()) return test_rows.status();
+  return ShardPlan{*device, std::move(*train_rows), std::move(*test_rows)};
+}
 
-  auto state = std::make_unique<State>();
+std::vector<uint32_t> AllRows(const data::Dataset& dataset) {
+  std::vector<uint32_t> rows(dataset.num_examples);
+  std::iota(rows.begin(), rows.end(), 0u);
+  return rows;
+}
+
+// The model, and the tensors of rows `plan.train_rows` of `train` and `plan.test_rows` of `test`.
+absl::StatusOr<std::unique_ptr<TorchTrainer::State>> BuildState(const TorchTrainerOptions& options,
+                                                                const ShardPlan& plan, const data::Dataset& train,
+                                                                const data::Dataset& test) {
+  if (options.num_threads > 0) torch::set_num_threads(options.num_threads);
+  auto state = std::make_unique<TorchTrainer::State>();
   state->options = options;
-  state->device = *device;
+  state->device = plan.device;
   auto model = CreateTorchModel(options.model, options.init_seed);
   if (!model.ok()) return model.status();
   state->model = std::move(*model);
@@ -109,11 +125,44 @@ absl::StatusOr<std::unique_ptr<TorchTrainer>> TorchTrainer::Create(const TorchTr
   state->local.resize(state->spec.num_elements());
   if (auto status = CopyToFlat(state->tensors, state->spec, state->local); !status.ok()) return status;
 
-  state->train_images = ImagesToTensor(train, *train_indices).to(state->device);
-  state->train_labels = LabelsToTensor(train, *train_indices).to(state->device);
-  state->test_images = ImagesToTensor(test, *test_indices).to(state->device);
-  state->test_labels = LabelsToTensor(test, *test_indices).to(state->device);
-  return std::unique_ptr<TorchTrainer>(new TorchTrainer(std::move(state)));
+  state->train_images = ImagesToTensor(train, plan.train_rows).to(state->device);
+  state->train_labels = LabelsToTensor(train, plan.train_rows).to(state->device);
+  state->test_images = ImagesToTensor(test, plan.test_rows).to(state->device);
+  state->test_labels = LabelsToTensor(test, plan.test_rows).to(state->device);
+  return state;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TorchTrainer>> TorchTrainer::Create(const TorchTrainerOptions& options) {
+  // The labels first (60 KB for the training split), then only this client's images: the whole 47 MB
+  // training split was the start-up peak of a client on a small board.
+  auto train_labels = data::LoadFashionMnistLabels(options.data_dir, data::Split::kTrain);
+  if (!train_labels.ok()) return train_labels.status();
+  auto test_labels = data::LoadFashionMnistLabels(options.data_dir, data::Split::kTest);
+  if (!test_labels.ok()) return test_labels.status();
+  auto plan = PlanShard(options, *train_labels, *test_labels, {});
+  if (!plan.ok()) return plan.status();
+  auto train = data::LoadFashionMnistRows(options.data_dir, data::Split::kTrain, plan->train_rows);
+  if (!train.ok()) return train.status();
+  auto test = data::LoadFashionMnistRows(options.data_dir, data::Split::kTest, plan->test_rows);
+  if (!test.ok()) return test.status();
+  // The datasets now hold exactly the shard, in order: every one of their rows is kept.
+  plan->train_rows = AllRows(*train);
+  plan->test_rows = AllRows(*test);
+  auto state = BuildState(options, *plan, *train, *test);
+  if (!state.ok()) return state.status();
+  return std::unique_ptr<TorchTrainer>(new TorchTrainer(std::move(*state)));
+}
+
+absl::StatusOr<std::unique_ptr<TorchTrainer>> TorchTrainer::Create(const TorchTrainerOptions& options,
+                                                                   const data::Dataset& train,
+                                                                   const data::Dataset& test) {
+  auto plan = PlanShard(options, train.labels, test.labels, {&train, &test});
+  if (!plan.ok()) return plan.status();
+  auto state = BuildState(options, *plan, train, test);
+  if (!state.ok()) return state.status();
+  return std::unique_ptr<TorchTrainer>(new TorchTrainer(std::move(*state)));
 }
 
 const core::ModelSpec& TorchTrainer::spec() const { return state_->spec; }

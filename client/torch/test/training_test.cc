@@ -205,6 +205,58 @@ TEST_F(FashionMnistTraining, EvaluationDoesNotDependOnTheBatchSize) {
   EXPECT_GT(a->accuracy, 0.5) << "30 steps of SGD; an untrained model would make the comparison weak";
 }
 
+TEST_F(FashionMnistTraining, ReadingOnlyTheShardTrainsAsCuttingItFromTheWholeSplits) {
+  // Create(options) reads the labels, then only its rows of the images (LoadFashionMnistRows); a trainer built
+  // from the whole splits in memory cuts the same shard: the same examples in the same order, so training and
+  // evaluation give bit-identical results.
+  struct Case {
+    std::string partition;
+    uint32_t client_index, num_clients;
+    double data_fraction;
+  };
+  for (const Case& c : {Case{"iid", 2, 4, 1.0}, Case{"dirichlet:0.5", 3, 10, 0.5}}) {
+    SCOPED_TRACE(c.partition);
+    TorchTrainerOptions options;
+    options.data_dir = DatasetDir();
+    options.partition = c.partition;
+    options.client_index = c.client_index;
+    options.num_clients = c.num_clients;
+    options.partition_seed = 2024;
+    options.data_fraction = c.data_fraction;
+    options.init_seed = 7;
+    options.num_threads = 1;
+    options.device = "cpu";
+    auto by_rows = TorchTrainer::Create(options);
+    ASSERT_TRUE(by_rows.ok()) << by_rows.status();
+    auto cut = TorchTrainer::Create(options, *train_, *test_);
+    ASSERT_TRUE(cut.ok()) << cut.status();
+    EXPECT_EQ((*by_rows)->num_train_examples(), (*cut)->num_train_examples());
+    EXPECT_EQ((*by_rows)->num_test_examples(), (*cut)->num_test_examples());
+
+    const std::vector<float> global = Params(**cut);
+    ASSERT_EQ(Params(**by_rows), global);
+    TrainOptions train_options;
+    train_options.local_steps = 20;
+    train_options.batch_size = 32;
+    train_options.learning_rate = 0.05;
+    train_options.momentum = 0.9;
+    train_options.seed = 5;
+    auto a = (*by_rows)->Train(global, train_options);
+    auto b = (*cut)->Train(global, train_options);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->train_loss, b->train_loss);
+    EXPECT_EQ(a->train_accuracy, b->train_accuracy);
+    const std::vector<float> trained = Params(**cut);
+    EXPECT_EQ(Params(**by_rows), trained);
+    auto ea = (*by_rows)->Evaluate(trained);
+    auto eb = (*cut)->Evaluate(trained);
+    ASSERT_TRUE(ea.ok() && eb.ok());
+    EXPECT_EQ(ea->num_examples, eb->num_examples);
+    EXPECT_EQ(ea->loss, eb->loss);
+    EXPECT_EQ(ea->accuracy, eb->accuracy);
+  }
+}
+
 TEST_F(FashionMnistTraining, SqueezeNetFewStepsReduceTheLoss) {
   // The model alone: a few SGD steps on one fixed batch of real images lower that batch's loss (eval mode,
   // so without dropout noise).

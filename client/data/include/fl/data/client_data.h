@@ -18,7 +18,8 @@
 // What is read: only this client's rows of x (NpzFile::ReadRows: pread for np.savez, one streamed inflate
 // for np.savez_compressed). Labels (classification y_train / y_test) and client_id are read whole because
 // the partitioners need them; regression targets and next-token y are read by rows like x. So 100 clients
-// sharing one large .npz hold about 1/100 of it each.
+// sharing one large .npz hold about 1/100 of it each. A Fashion-MNIST directory likewise: its labels whole,
+// then only this client's rows of its images (LoadFashionMnistRows).
 //
 // Partition of the training split (DataOptions::partition, PartitionSpec::Parse syntax): iid, dirichlet,
 // shards (classification: they need labels) and natural (needs client_id); regression and next-token

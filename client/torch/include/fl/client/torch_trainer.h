@@ -72,10 +72,11 @@ struct TorchTrainerOptions {
 
 class TorchTrainer final : public Trainer {
  public:
-  // Loads Fashion-MNIST from options.data_dir, partitions it and builds the model.
+  // Reads Fashion-MNIST's labels from options.data_dir, partitions them, reads only this client's images
+  // (data::LoadFashionMnistRows: the whole training split is never held) and builds the model.
   static absl::StatusOr<std::unique_ptr<TorchTrainer>> Create(const TorchTrainerOptions& options);
-  // The same from datasets already in memory (several clients in one process, tests); `train` and `test`
-  // are only read during the call.
+  // The same from whole splits already in memory (several clients in one process share them, tests); the
+  // same shard as the call above. `train` and `test` are only read during the call.
   static absl::StatusOr<std::unique_ptr<TorchTrainer>> Create(const TorchTrainerOptions& options,
                                                               const data::Dataset& train, const data::Dataset& test);
 
