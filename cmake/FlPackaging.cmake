@@ -119,8 +119,11 @@ foreach(component server client)
       "${PROJECT_BINARY_DIR}/packaging/${component}/postinst" "${PROJECT_BINARY_DIR}/packaging/${component}/postrm")
 endforeach()
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
-# The datasets fl-client trains on by default, and what the units expect.
-set(CPACK_DEBIAN_CLIENT_PACKAGE_RECOMMENDS "dataset-fashion-mnist")
+# The datasets fl-client trains on by default, and what the units expect; OpenBLAS as the system BLAS, which
+# LibTorch's nn.Linear and nn.GRU use (the reference BLAS, Debian's default, is 1.6-10x slower for them; see
+# docs/performance.md, "TorchScript models"). The islands (fl-tools) train too.
+set(CPACK_DEBIAN_CLIENT_PACKAGE_RECOMMENDS "dataset-fashion-mnist, libopenblas0-openmp")
+set(CPACK_DEBIAN_TOOLS_PACKAGE_RECOMMENDS "libopenblas0-openmp")
 set(CPACK_DEBIAN_SERVER_PACKAGE_SUGGESTS "prometheus, grafana")
 
 # Cross-building with a sysroot: dpkg-shlibdeps must find the target's libraries in the sysroot (-l<dir>, CPack's

@@ -25,6 +25,10 @@ PACKAGES=(
   libxxhash-dev
   # training
   libtorch-dev libgloo-dev   # gloo: the headers of LibTorch's c10d ProcessGroupGloo (island ranks)
+  # LibTorch's matrix products (nn.Linear, nn.GRU) go to the system BLAS, which is the reference BLAS unless an
+  # optimised one is installed: OpenBLAS (its OpenMP build follows LibTorch's thread count) trains a GRU language
+  # model 10x and a CNN with a large nn.Linear 1.6x faster (docs/performance.md, "TorchScript models")
+  libopenblas0-openmp
   # configuration, CLI, logging, JSON
   libyaml-cpp-dev libcli11-dev libspdlog-dev nlohmann-json3-dev
   # tests and benchmarks

@@ -96,6 +96,9 @@ TEST_F(PackagesTest, FieldsNameThisArchitectureAndDebiansRuntimeLibraries) {
   const std::string client = Field(Deb("fl-client"), "Depends");
   EXPECT_NE(client.find("libtorch"), std::string::npos) << client;
   EXPECT_NE(client.find("libgrpc++"), std::string::npos) << client;
+  // LibTorch's matrix products use the system BLAS: the packages that train recommend an optimised one.
+  EXPECT_NE(Field(Deb("fl-client"), "Recommends").find("libopenblas0-openmp"), std::string::npos);
+  EXPECT_NE(Field(Deb("fl-tools"), "Recommends").find("libopenblas0-openmp"), std::string::npos);
 }
 
 TEST_F(PackagesTest, MissingRuntimeLibrariesAndAWrongArchitectureAreRefusedByName) {
