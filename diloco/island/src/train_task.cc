@@ -215,14 +215,23 @@ class CnnTask final : public TrainTask {
  public:
   static absl::StatusOr<std::unique_ptr<TrainTask>> Create(const TaskOptions& o) {
     const std::string dir = o.data_dir.empty() ? std::string(data::kDefaultFashionMnistDir) : o.data_dir;
-    absl::StatusOr<data::Dataset> train = data::LoadFashionMnist(dir, data::Split::kTrain);
-    if (!train.ok()) return train.status();
-    absl::StatusOr<data::Dataset> test = data::LoadFashionMnist(dir, data::Split::kTest);
-    if (!test.ok()) return test.status();
-    absl::StatusOr<std::vector<uint32_t>> indices =
-        data::PartitionFor(static_cast<uint32_t>(o.shard), data::PartitionSpec::Iid(), train->labels,
+    // Only this shard's images are read (fashion_mnist.h: labels first, then the partition's rows), and only the
+    // test images evaluated: an island holds its part of the 47 MB training split, not all of it.
+    absl::StatusOr<std::vector<uint8_t>> train_labels = data::LoadFashionMnistLabels(dir, data::Split::kTrain);
+    if (!train_labels.ok()) return train_labels.status();
+    absl::StatusOr<std::vector<uint8_t>> test_labels = data::LoadFashionMnistLabels(dir, data::Split::kTest);
+    if (!test_labels.ok()) return test_labels.status();
+    absl::StatusOr<std::vector<uint32_t>> rows =
+        data::PartitionFor(static_cast<uint32_t>(o.shard), data::PartitionSpec::Iid(), *train_labels,
                            static_cast<uint32_t>(o.num_shards), o.seed);
-    if (!indices.ok()) return indices.status();
+    if (!rows.ok()) return rows.status();
+    absl::StatusOr<data::Dataset> train = data::LoadFashionMnistRows(dir, data::Split::kTrain, *rows);
+    if (!train.ok()) return train.status();
+    std::vector<uint32_t> eval_idx(
+        std::min<size_t>(static_cast<size_t>(std::max<int64_t>(o.eval_examples, 0)), test_labels->size()));
+    for (size_t i = 0; i < eval_idx.size(); ++i) eval_idx[i] = static_cast<uint32_t>(i);
+    absl::StatusOr<data::Dataset> test = data::LoadFashionMnistRows(dir, data::Split::kTest, eval_idx);
+    if (!test.ok()) return test.status();
     absl::StatusOr<std::shared_ptr<client::TorchModel>> model = client::CreateTorchModel("cnn", o.seed);
     if (!model.ok()) return model.status();
     auto task = std::unique_ptr<CnnTask>(new CnnTask(o));
@@ -230,10 +239,8 @@ class CnnTask final : public TrainTask {
     absl::StatusOr<core::ModelSpec> spec = SpecOfParameters(*task->model_);
     if (!spec.ok()) return spec.status();
     task->spec_ = std::move(*spec);
-    task->train_ = std::move(*train);
-    task->indices_ = std::move(*indices);
-    std::vector<uint32_t> eval_idx(static_cast<size_t>(std::min<int64_t>(o.eval_examples, test->num_examples)));
-    for (size_t i = 0; i < eval_idx.size(); ++i) eval_idx[i] = static_cast<uint32_t>(i);
+    task->train_ = std::move(*train);  // example k is row (*rows)[k] of the split
+    for (size_t i = 0; i < eval_idx.size(); ++i) eval_idx[i] = static_cast<uint32_t>(i);  // the rows read, in order
     task->eval_images_ = task->OnDevice(client::ImagesToTensor(*test, eval_idx));
     task->eval_labels_ = task->OnDevice(client::LabelsToTensor(*test, eval_idx));
     if (!o.device.is_cpu()) task->model_->to(o.device);
@@ -247,7 +254,8 @@ class CnnTask final : public TrainTask {
   torch::Tensor NextTrainLoss() override {
     model_->train();
     std::vector<uint32_t> batch(static_cast<size_t>(o_.batch_size));
-    for (auto& i : batch) i = indices_[data::UniformIndex(engine_, indices_.size())];
+    // The same draws as over the whole split's partition rows: position k of the shard is its k-th row.
+    for (auto& i : batch) i = static_cast<uint32_t>(data::UniformIndex(engine_, train_.num_examples));
     torch::Tensor logits = model_->forward(OnDevice(client::ImagesToTensor(train_, batch)));
     return torch::nn::functional::cross_entropy(logits, OnDevice(client::LabelsToTensor(train_, batch)));
   }
@@ -268,8 +276,7 @@ class CnnTask final : public TrainTask {
   data::Engine engine_;
   std::shared_ptr<client::TorchModel> model_;
   core::ModelSpec spec_;
-  data::Dataset train_;
-  std::vector<uint32_t> indices_;
+  data::Dataset train_;  // this shard's examples only
   torch::Tensor eval_images_, eval_labels_;
 };
 

@@ -389,6 +389,44 @@ TEST(IslandsRunTest, TwoIslandsTrainATorchScriptModelWithEqualHashes) {
   EXPECT_LT(s0["final_eval_loss"].get<double>(), 5.0);
 }
 
+// fl-client's CNN on Fashion-MNIST (--model cnn), each island on its IID half, reading only that half's images
+// (train_task.cc): two islands end with equal hashes and an evaluation loss below the untrained model's ln 10.
+TEST(IslandsRunTest, TwoIslandsTrainTheBuiltInCnnOnTheirShardsWithEqualHashes) {
+  ScratchDir dir("island_cnn");
+  const int p0 = FreeLoopbackPort(), p1 = FreeLoopbackPort();
+  const std::string e0 = Cat("tcp://127.0.0.1:", p0), e1 = Cat("tcp://127.0.0.1:", p1);
+  std::vector<std::unique_ptr<Subprocess>> islands;
+  for (int i = 0; i < 2; ++i) {
+    std::vector<std::string> args = {FL_ISLAND_BIN,     "--insecure",
+                                     "--island-id",     Cat("island-", i),
+                                     "--shard",         Cat("", i),
+                                     "--num-shards",    "2",
+                                     "--data-endpoint", i == 0 ? e0 : e1,
+                                     "--peer",          Cat("island-0=", e0),
+                                     "--peer",          Cat("island-1=", e1),
+                                     "--inner-steps",   "20",
+                                     "--codec",         "int8",
+                                     "--total-steps",   "60",
+                                     "--summary",       dir.File(Cat(Cat("s", i), ".json")),
+                                     "--model",         "cnn",
+                                     "--batch-size",    "32",
+                                     "--threads",       "1",
+                                     "--warmup-steps",  "5",
+                                     "--inner-lr",      "1e-3"};
+    islands.push_back(std::make_unique<Subprocess>(args, dir.File(Cat("log", i))));
+  }
+  for (int i = 0; i < 2; ++i) {
+    std::optional<int> rc = islands[i]->Wait(std::chrono::minutes(5));
+    ASSERT_TRUE(rc.has_value()) << "island " << i << " did not finish";
+    ASSERT_EQ(*rc, 0) << ReadFile(dir.File(Cat("log", i)));
+  }
+  nlohmann::json s0 = ReadJson(dir.File("s0.json")), s1 = ReadJson(dir.File("s1.json"));
+  ASSERT_TRUE(s0.is_object() && s1.is_object());
+  EXPECT_EQ(s0["state_hash"], s1["state_hash"]);
+  EXPECT_EQ(s0["outer_steps"], 3);
+  EXPECT_LT(s0["final_eval_loss"].get<double>(), 2.0) << "ln 10 = 2.30 is an untrained 10-class model";
+}
+
 // A TorchScript model that does not fit the data stops the island before it trains, naming the file.
 TEST(IslandsRunTest, TorchScriptModelThatDoesNotFitTheDataIsRefused) {
   ScratchDir dir("island_script_bad");
