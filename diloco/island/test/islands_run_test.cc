@@ -106,35 +106,44 @@ std::vector<std::string> IslandTlsArgs(const pki::Paths& keys, const std::string
           "--tls-key",  keys.Key(pki::Kind::kIsland, id)};
 }
 
-TEST(IslandsRunTest, TwoIslandsStreamingOverlapInt4EndWithEqualHashes) {
-  ScratchDir dir("island_static");
+// Two islands of a static ring (no coordinator, plaintext), island i on shard i of 2, each started with the ring's
+// own flags (--island-id, --shard, --data-endpoint, --peer, --summary s<i>.json, --metrics m<i>.jsonl) and then
+// `args`; waits for both to exit 0 and gives their summaries.
+void RunTwoStaticIslands(const ScratchDir& dir, const std::vector<std::string>& args, nlohmann::json* s0,
+                         nlohmann::json* s1) {
   const int p0 = FreeLoopbackPort(), p1 = FreeLoopbackPort();
   const std::string e0 = Cat("tcp://127.0.0.1:", p0), e1 = Cat("tcp://127.0.0.1:", p1);
   std::vector<std::unique_ptr<Subprocess>> islands;
   for (int i = 0; i < 2; ++i) {
-    std::vector<std::string> args = {FL_ISLAND_BIN,     "--insecure",
+    std::vector<std::string> ring = {FL_ISLAND_BIN,     "--insecure",
                                      "--island-id",     Cat("island-", i),
                                      "--shard",         Cat("", i),
                                      "--num-shards",    "2",
                                      "--data-endpoint", i == 0 ? e0 : e1,
                                      "--peer",          Cat("island-0=", e0),
                                      "--peer",          Cat("island-1=", e1),
-                                     "--inner-steps",   "12",
-                                     "--fragments",     "3",
-                                     "--overlap-steps", "2",
-                                     "--codec",         "int4",
-                                     "--total-steps",   "36",
                                      "--summary",       dir.File(Cat(Cat("s", i), ".json")),
                                      "--metrics",       dir.File(Cat(Cat("m", i), ".jsonl"))};
-    islands.push_back(std::make_unique<Subprocess>(Concat(args, TinyModelArgs()), dir.File(Cat("log", i))));
+    islands.push_back(std::make_unique<Subprocess>(Concat(ring, args), dir.File(Cat("log", i))));
   }
   for (int i = 0; i < 2; ++i) {
     std::optional<int> rc = islands[i]->Wait(std::chrono::minutes(5));
     ASSERT_TRUE(rc.has_value()) << "island " << i << " did not finish";
     ASSERT_EQ(*rc, 0) << ReadFile(dir.File(Cat("log", i)));
   }
-  nlohmann::json s0 = ReadJson(dir.File("s0.json")), s1 = ReadJson(dir.File("s1.json"));
-  ASSERT_TRUE(s0.is_object() && s1.is_object());
+  *s0 = ReadJson(dir.File("s0.json"));
+  *s1 = ReadJson(dir.File("s1.json"));
+  ASSERT_TRUE(s0->is_object() && s1->is_object());
+}
+
+TEST(IslandsRunTest, TwoIslandsStreamingOverlapInt4EndWithEqualHashes) {
+  ScratchDir dir("island_static");
+  nlohmann::json s0, s1;
+  ASSERT_NO_FATAL_FAILURE(RunTwoStaticIslands(dir,
+                                              Concat({"--inner-steps", "12", "--fragments", "3", "--overlap-steps", "2",
+                                                      "--codec", "int4", "--total-steps", "36"},
+                                                     TinyModelArgs()),
+                                              &s0, &s1));
   EXPECT_EQ(s0["state_hash"], s1["state_hash"]);
   EXPECT_EQ(s0["outer_steps"], 9);  // 36 steps / H 12 = 3 rounds x 3 fragments
   EXPECT_EQ(s0["syncs"], 9);
@@ -352,38 +361,19 @@ TEST(IslandsRunTest, AnIslandRevokedMidRunExitsAndTheOtherTrainsOn) {
 TEST(IslandsRunTest, TwoIslandsTrainATorchScriptModelWithEqualHashes) {
   ScratchDir dir("island_script");
   ASSERT_TRUE(ExportExampleModels(dir));
-  const int p0 = FreeLoopbackPort(), p1 = FreeLoopbackPort();
-  const std::string e0 = Cat("tcp://127.0.0.1:", p0), e1 = Cat("tcp://127.0.0.1:", p1);
-  std::vector<std::unique_ptr<Subprocess>> islands;
-  for (int i = 0; i < 2; ++i) {
-    std::vector<std::string> args = {FL_ISLAND_BIN,     "--insecure",
-                                     "--island-id",     Cat("island-", i),
-                                     "--shard",         Cat("", i),
-                                     "--num-shards",    "2",
-                                     "--data-endpoint", i == 0 ? e0 : e1,
-                                     "--peer",          Cat("island-0=", e0),
-                                     "--peer",          Cat("island-1=", e1),
-                                     "--inner-steps",   "15",
-                                     "--codec",         "int8",
-                                     "--total-steps",   "45",
-                                     "--summary",       dir.File(Cat(Cat("s", i), ".json")),
-                                     "--model",         dir.File("tiny_lm.pt"),
-                                     "--data",          "/usr/share/games/fortunes",
-                                     "--task",          "next-token",
-                                     "--context",       "32",
-                                     "--batch-size",    "8",
-                                     "--threads",       "1",
-                                     "--warmup-steps",  "5",
-                                     "--inner-lr",      "3e-3"};
-    islands.push_back(std::make_unique<Subprocess>(args, dir.File(Cat("log", i))));
-  }
-  for (int i = 0; i < 2; ++i) {
-    std::optional<int> rc = islands[i]->Wait(std::chrono::minutes(5));
-    ASSERT_TRUE(rc.has_value()) << "island " << i << " did not finish";
-    ASSERT_EQ(*rc, 0) << ReadFile(dir.File(Cat("log", i)));
-  }
-  nlohmann::json s0 = ReadJson(dir.File("s0.json")), s1 = ReadJson(dir.File("s1.json"));
-  ASSERT_TRUE(s0.is_object() && s1.is_object());
+  nlohmann::json s0, s1;
+  ASSERT_NO_FATAL_FAILURE(RunTwoStaticIslands(dir, {"--inner-steps",  "15",
+                                                    "--codec",        "int8",
+                                                    "--total-steps",  "45",
+                                                    "--model",        dir.File("tiny_lm.pt"),
+                                                    "--data",         "/usr/share/games/fortunes",
+                                                    "--task",         "next-token",
+                                                    "--context",      "32",
+                                                    "--batch-size",   "8",
+                                                    "--threads",      "1",
+                                                    "--warmup-steps", "5",
+                                                    "--inner-lr",     "3e-3"},
+                                              &s0, &s1));
   EXPECT_EQ(s0["state_hash"], s1["state_hash"]);
   EXPECT_EQ(s0["outer_steps"], 3);
   EXPECT_LT(s0["final_eval_loss"].get<double>(), 5.0);
@@ -393,35 +383,12 @@ TEST(IslandsRunTest, TwoIslandsTrainATorchScriptModelWithEqualHashes) {
 // (train_task.cc): two islands end with equal hashes and an evaluation loss below the untrained model's ln 10.
 TEST(IslandsRunTest, TwoIslandsTrainTheBuiltInCnnOnTheirShardsWithEqualHashes) {
   ScratchDir dir("island_cnn");
-  const int p0 = FreeLoopbackPort(), p1 = FreeLoopbackPort();
-  const std::string e0 = Cat("tcp://127.0.0.1:", p0), e1 = Cat("tcp://127.0.0.1:", p1);
-  std::vector<std::unique_ptr<Subprocess>> islands;
-  for (int i = 0; i < 2; ++i) {
-    std::vector<std::string> args = {FL_ISLAND_BIN,     "--insecure",
-                                     "--island-id",     Cat("island-", i),
-                                     "--shard",         Cat("", i),
-                                     "--num-shards",    "2",
-                                     "--data-endpoint", i == 0 ? e0 : e1,
-                                     "--peer",          Cat("island-0=", e0),
-                                     "--peer",          Cat("island-1=", e1),
-                                     "--inner-steps",   "20",
-                                     "--codec",         "int8",
-                                     "--total-steps",   "60",
-                                     "--summary",       dir.File(Cat(Cat("s", i), ".json")),
-                                     "--model",         "cnn",
-                                     "--batch-size",    "32",
-                                     "--threads",       "1",
-                                     "--warmup-steps",  "5",
-                                     "--inner-lr",      "1e-3"};
-    islands.push_back(std::make_unique<Subprocess>(args, dir.File(Cat("log", i))));
-  }
-  for (int i = 0; i < 2; ++i) {
-    std::optional<int> rc = islands[i]->Wait(std::chrono::minutes(5));
-    ASSERT_TRUE(rc.has_value()) << "island " << i << " did not finish";
-    ASSERT_EQ(*rc, 0) << ReadFile(dir.File(Cat("log", i)));
-  }
-  nlohmann::json s0 = ReadJson(dir.File("s0.json")), s1 = ReadJson(dir.File("s1.json"));
-  ASSERT_TRUE(s0.is_object() && s1.is_object());
+  nlohmann::json s0, s1;
+  ASSERT_NO_FATAL_FAILURE(
+      RunTwoStaticIslands(dir,
+                          {"--inner-steps", "20", "--codec", "int8", "--total-steps", "60", "--model", "cnn",
+                           "--batch-size", "32", "--threads", "1", "--warmup-steps", "5", "--inner-lr", "1e-3"},
+                          &s0, &s1));
   EXPECT_EQ(s0["state_hash"], s1["state_hash"]);
   EXPECT_EQ(s0["outer_steps"], 3);
   EXPECT_LT(s0["final_eval_loss"].get<double>(), 2.0) << "ln 10 = 2.30 is an untrained 10-class model";
