@@ -4,7 +4,6 @@
 #include <cstring>
 
 #include "fl/client/script_model.h"
-#include "fl/client/trainer.h"
 #include "fl/client/torch_models.h"
 #include "fl/core/model_file.h"
 #include "fl/core/str_cat.h"
@@ -268,7 +267,7 @@ class CnnTask final : public TrainTask {
     // (fl-island's peak was 573 MiB; the losses are summed, so the mean does not depend on the batch).
     const int64_t n = eval_images_.size(0);
     if (n == 0) return std::nan("");  // as the mean of nothing
-    const int64_t step = client::kDefaultEvalBatchSize;
+    constexpr int64_t step = 100;     // fl-client's default evaluation batch (kDefaultEvalBatchSize)
     double sum = 0;
     for (int64_t begin = 0; begin < n; begin += step) {
       const int64_t end = std::min(begin + step, n);
