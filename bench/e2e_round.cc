@@ -23,16 +23,11 @@
 // minutes. Every process it starts (fl::sys::Child) is stopped on every path (SIGTERM then SIGKILL on failure,
 // PR_SET_PDEATHSIG if this process dies). MB = 10^6 bytes throughout.
 //
-// Why one file of this size: a benchmark binary meant to be read top to bottom next to its results in
-// docs/performance.md (the reference measurement, the federation it is compared with, and the table), with
-// no library of its own to split into.
-#include <fcntl.h>
+// The references themselves (the raw-TCP exchange and the round's work it can do) are the fl_round_work library
+// (raw_tcp_round.h, round_work.h), tested on their own; this file runs the matrix and prints the tables, meant to
+// be read top to bottom next to its results in docs/performance.md.
 #include <malloc.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/types.h>
@@ -57,7 +52,6 @@
 #include <mutex>
 #include <numeric>
 #include <optional>
-#include <span>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -72,6 +66,7 @@
 #include "fl/instrumentation/records.h"
 #include "fl/pki/pki.h"
 #include "fl/sys/process.h"
+#include "raw_tcp_round.h"
 #include "round_work.h"
 
 #ifndef FL_SERVER_PATH
@@ -138,196 +133,6 @@ absl::StatusOr<fl::sys::Child> StartChild(const std::vector<std::string>& argv, 
   o.death_signal = SIGKILL;
   o.stop_grace = std::chrono::milliseconds(2000);
   return fl::sys::Child::Spawn(o);
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// The raw-TCP limit.
-
-absl::Status SetNonBlocking(int fd) {
-  const int flags = fcntl(fd, F_GETFL, 0);
-  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
-    return absl::InternalError(fl::StrCat("fcntl: ", std::strerror(errno)));
-  }
-  return absl::OkStatus();
-}
-
-struct FdCloser {
-  int fd = -1;
-  ~FdCloser() {
-    if (fd >= 0) close(fd);
-  }
-};
-
-// One round's bytes over plain loopback TCP: K connections, each receiving `down_bytes` from one server thread
-// (this one, a poll loop over all connections at once), then sending back `up_bytes`. K client threads do a
-// blocking recv of the whole download, then a blocking send of the whole upload. Returns seconds from the first
-// byte sent to the last byte received (connections are set up before the clock starts, as gRPC's are).
-// With `work` (round_work.h) the same exchange also does the round's work with the bytes: received where they
-// are used, checked, trained on, aggregated; then the seconds run to the end of the server's commit work.
-absl::StatusOr<double> RawTcpRound(int k, uint64_t down_bytes, uint64_t up_bytes,
-                                   fl::bench::RoundWork* work = nullptr) {
-  FdCloser listener{socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
-  if (listener.fd < 0) return absl::InternalError(fl::StrCat("socket: ", std::strerror(errno)));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (bind(listener.fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(listener.fd, k + 16) != 0 ||
-      getsockname(listener.fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    return absl::InternalError(fl::StrCat("bind/listen: ", std::strerror(errno)));
-  }
-  // The model bytes (any content: only their movement is timed); shared read-only by all senders.
-  std::vector<char> source(std::max(down_bytes, up_bytes));
-  for (size_t i = 0; i < source.size(); i += 4096) source[i] = static_cast<char>(i >> 12);
-
-  std::atomic<int> client_errors{0};
-  std::vector<std::thread> clients;
-  clients.reserve(static_cast<size_t>(k));
-  for (int i = 0; i < k; ++i) {
-    clients.emplace_back([&, i, port = addr.sin_port] {
-      FdCloser fd{socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
-      sockaddr_in to{};
-      to.sin_family = AF_INET;
-      to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      to.sin_port = port;
-      if (fd.fd < 0 || connect(fd.fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0 ||
-          (work != nullptr && send(fd.fd, &i, sizeof(i), MSG_NOSIGNAL) != sizeof(i))) {
-        client_errors.fetch_add(1);
-        return;
-      }
-      std::vector<char> scratch(work == nullptr ? 1 << 20 : 0);
-      const std::span<uint8_t> into = work != nullptr ? work->ClientDownloadBuffer(i) : std::span<uint8_t>();
-      uint64_t got = 0;
-      while (got < down_bytes) {
-        const ssize_t n = work != nullptr
-                              ? recv(fd.fd, into.data() + got, down_bytes - got, 0)
-                              : recv(fd.fd, scratch.data(), std::min<uint64_t>(scratch.size(), down_bytes - got), 0);
-        if (n <= 0) {
-          if (n < 0 && errno == EINTR) continue;
-          client_errors.fetch_add(1);
-          return;
-        }
-        if (work != nullptr) work->ClientReceived(i, into.subspan(got, static_cast<size_t>(n)));
-        got += static_cast<uint64_t>(n);
-      }
-      const char* upload = source.data();
-      if (work != nullptr) {
-        auto made = work->ClientUpload(i);
-        if (!made.ok() || made->size() != up_bytes) {
-          std::cerr << "e2e_round: round work, client " << i << ": "
-                    << (made.ok() ? "upload of another size" : std::string(made.status().message())) << "\n";
-          client_errors.fetch_add(1);
-          return;
-        }
-        upload = reinterpret_cast<const char*>(made->data());
-      }
-      uint64_t sent = 0;
-      while (sent < up_bytes) {
-        const ssize_t n = send(fd.fd, upload + sent, up_bytes - sent, MSG_NOSIGNAL);
-        if (n <= 0) {
-          if (n < 0 && errno == EINTR) continue;
-          client_errors.fetch_add(1);
-          return;
-        }
-        sent += static_cast<uint64_t>(n);
-      }
-      // Wait for the server to close: the upload is delivered.
-      char byte;
-      while (recv(fd.fd, &byte, 1, 0) > 0) {
-      }
-    });
-  }
-  struct Conn {
-    int fd = -1;
-    uint64_t sent = 0;
-    uint64_t received = 0;
-    int client = 0;  // which client thread (with `work`: it says so first, before the clock)
-  };
-  std::vector<Conn> conns;
-  absl::Status status = absl::OkStatus();
-  double seconds = 0;
-  {
-    for (int i = 0; i < k && status.ok(); ++i) {
-      pollfd p{listener.fd, POLLIN, 0};
-      if (poll(&p, 1, 30000) != 1) {
-        status = absl::DeadlineExceededError("raw TCP: clients did not connect");
-        break;
-      }
-      const int fd = accept4(listener.fd, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) {
-        status = absl::InternalError(fl::StrCat("accept: ", std::strerror(errno)));
-        break;
-      }
-      int client = 0;
-      if (work != nullptr &&
-          (recv(fd, &client, sizeof(client), MSG_WAITALL) != sizeof(client) || client < 0 || client >= k)) {
-        status = absl::InternalError("raw TCP: a client did not say which one it is");
-      }
-      conns.push_back({fd, 0, 0, client});
-      if (absl::Status s = SetNonBlocking(fd); !s.ok()) status = s;
-    }
-    std::vector<char> scratch(4 << 20);
-    std::vector<std::span<uint8_t>> uploads;  // with `work`: where each connection's upload goes
-    for (const Conn& c : conns)
-      uploads.push_back(work != nullptr ? work->ServerUploadBuffer(c.client) : std::span<uint8_t>());
-    const auto start = Clock::now();
-    size_t done = 0;
-    std::vector<pollfd> fds(conns.size());
-    while (status.ok() && done < conns.size()) {
-      for (size_t i = 0; i < conns.size(); ++i) {
-        const Conn& c = conns[i];
-        fds[i].fd = c.received == up_bytes ? -1 : c.fd;
-        fds[i].events = c.sent < down_bytes ? POLLOUT : POLLIN;
-        fds[i].revents = 0;
-      }
-      const int ready = poll(fds.data(), fds.size(), 30000);
-      if (ready == 0) status = absl::DeadlineExceededError("raw TCP: no progress for 30 s");
-      if (ready < 0 && errno != EINTR) status = absl::InternalError(fl::StrCat("poll: ", std::strerror(errno)));
-      for (size_t i = 0; status.ok() && ready > 0 && i < conns.size(); ++i) {
-        Conn& c = conns[i];
-        if (fds[i].revents == 0) continue;
-        if (c.sent < down_bytes) {
-          const char* download =
-              work != nullptr ? reinterpret_cast<const char*>(work->ServerDownload().data()) : source.data();
-          const ssize_t n = send(c.fd, download + c.sent, down_bytes - c.sent, MSG_NOSIGNAL);
-          if (n > 0) c.sent += static_cast<uint64_t>(n);
-          if (n < 0 && errno != EAGAIN && errno != EINTR) {
-            status = absl::InternalError(fl::StrCat("send: ", std::strerror(errno)));
-          }
-        } else {
-          const ssize_t n = work != nullptr ? recv(c.fd, uploads[i].data() + c.received, up_bytes - c.received, 0)
-                                            : recv(c.fd, scratch.data(),
-                                                   std::min<uint64_t>(scratch.size(), up_bytes - c.received), 0);
-          if (n > 0) {
-            if (work != nullptr) work->ServerReceived(c.client, uploads[i].subspan(c.received, static_cast<size_t>(n)));
-            c.received += static_cast<uint64_t>(n);
-            if (c.received == up_bytes) {
-              ++done;
-              if (work != nullptr) {
-                if (absl::Status s = work->ServerUploadDone(c.client); !s.ok()) status = s;
-              }
-            }
-          } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-            status = absl::InternalError("raw TCP: a client closed early");
-          }
-        }
-      }
-    }
-    if (work != nullptr && status.ok()) status = work->ServerFinish();
-    seconds = Seconds(Clock::now() - start);
-  }
-  for (Conn& c : conns) close(c.fd);  // unblocks the clients' final recv
-  if (!status.ok()) {
-    // Unblock clients still connecting or in recv: closing the listener fails pending connects.
-    close(listener.fd);
-    listener.fd = -1;
-  }
-  for (auto& t : clients) t.join();
-  if (!status.ok()) return status;
-  if (client_errors.load() != 0)
-    return absl::InternalError(fl::StrCat("raw TCP: ", client_errors.load(), " client errors"));
-  return seconds;
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -814,7 +619,7 @@ PointResult RunPoint(const Options& o, const Pki& pki, const std::vector<Securit
   auto raw = [&](int n) -> bool {
     std::cerr << "e2e_round: K=" << k << " P=" << CountName(p) << ": raw TCP x" << n << "...\n";
     for (int i = 0; i < n && !g_interrupted.load(); ++i) {
-      auto s = RawTcpRound(k, bytes, bytes);
+      auto s = fl::bench::RawTcpRound(k, bytes, bytes);
       if (!s.ok()) {
         r.note = fl::StrCat("raw TCP failed: ", fl::ToStd(s.status().message()));
         return false;
@@ -830,7 +635,7 @@ PointResult RunPoint(const Options& o, const Pki& pki, const std::vector<Securit
       return false;
     }
     for (int i = 0; i < n && !g_interrupted.load(); ++i) {
-      auto s = RawTcpRound(k, (*work)->payload_bytes(), (*work)->payload_bytes(), work->get());
+      auto s = fl::bench::RawTcpRound(k, (*work)->payload_bytes(), (*work)->payload_bytes(), work->get());
       if (!s.ok()) {
         r.note = fl::StrCat("raw TCP with the round's work failed: ", fl::ToStd(s.status().message()));
         return false;
@@ -917,11 +722,12 @@ void PrintTables(const std::vector<PointResult>& results, int repeats) {
       if (!r.ran || r.work_samples.empty()) continue;
       std::vector<double> rounds;
       for (const auto& f : r.federations) rounds.insert(rounds.end(), f.round_s.begin(), f.round_s.end());
+      const double round = Median(rounds);
       std::string samples;
       for (double s : r.work_samples) samples += (samples.empty() ? "" : " ") + Fixed(s, 3);
       std::cout << "| " << r.k << " | " << CountName(r.p) << " | " << Fixed(r.raw_s, 3) << " | " << Fixed(r.work_s, 3)
-                << " | " << Fixed(r.work_s / r.raw_s, 2) << " | " << Fixed(Median(rounds), 3) << " | "
-                << Fixed(Median(rounds) / r.work_s, 2) << " | " << samples << " |\n";
+                << " | " << Fixed(r.work_s / r.raw_s, 2) << " | " << Fixed(round, 3) << " | "
+                << Fixed(round / r.work_s, 2) << " | " << samples << " |\n";
     }
   }
   // What mutual TLS costs: each point's mTLS federations against its plaintext ones, measured in the same run.

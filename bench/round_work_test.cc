@@ -1,7 +1,10 @@
 // The raw-TCP reference's round work (round_work.h) driven without sockets: it must do the round's real work —
 // the new global model is the FedAvg of what the clients trained, published as fl-server publishes it — and its
-// checks must catch what they are there for (a corrupted download or upload).
+// checks must catch what they are there for (a corrupted download or upload). Then the exchange itself
+// (raw_tcp_round.h) over loopback, with and without the work.
 #include "round_work.h"
+
+#include "raw_tcp_round.h"
 
 #include <cstring>
 #include <vector>
@@ -113,6 +116,38 @@ TEST(RoundWorkTest, ACorruptedUploadIsRefusedByTheServerAndNotAggregated) {
   client::SyntheticTrainer initial(kParams, 1, /*seed=*/1);
   ASSERT_TRUE(initial.GetParameters(global).ok());
   for (size_t k = 0; k < kParams; ++k) EXPECT_NEAR(next[k], global[k] - update[k], 1e-6) << "parameter " << k;
+}
+
+TEST(RawTcpRoundTest, MovesTheBytesOfKClientsOverLoopback) {
+  auto seconds = RawTcpRound(4, 1 << 20, 1 << 20);
+  ASSERT_TRUE(seconds.ok()) << seconds.status();
+  EXPECT_GT(*seconds, 0);
+}
+
+// Over loopback the exchange drives every hook of the work: two rounds publish the same models (up to the order of
+// the sum) as two rounds of an identical work driven in this process (ARoundPublishesTheFedAvgOfWhatTheClientsTrained
+// checks those).
+TEST(RawTcpRoundTest, WithTheWorkItPublishesWhatTheWorkDrivenInProcessPublishes) {
+  auto over_tcp = NecessaryWork::Create(kClients, kParams);
+  auto in_process = NecessaryWork::Create(kClients, kParams);
+  ASSERT_TRUE(over_tcp.ok() && in_process.ok());
+  const std::vector<float> initial = Values((*over_tcp)->ServerDownload());
+  const uint64_t bytes = (*over_tcp)->payload_bytes();
+  for (int round = 1; round <= 2; ++round) {
+    auto seconds = RawTcpRound(kClients, bytes, bytes, over_tcp->get());
+    ASSERT_TRUE(seconds.ok()) << "round " << round << ": " << seconds.status();
+    for (int i = 0; i < kClients; ++i) {
+      auto upload = Download(**in_process, i);
+      ASSERT_TRUE(upload.ok()) << upload.status();
+      ASSERT_TRUE(Upload(**in_process, i, *upload).ok());
+    }
+    ASSERT_TRUE((*in_process)->ServerFinish().ok());
+    // Equal up to the order of the sum: the uploads reach the aggregator in the order they arrive.
+    const std::vector<float> a = Values((*over_tcp)->ServerDownload()), b = Values((*in_process)->ServerDownload());
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t k = 0; k < a.size(); ++k) ASSERT_NEAR(a[k], b[k], 1e-6) << "round " << round << ", parameter " << k;
+  }
+  EXPECT_NE(Values((*over_tcp)->ServerDownload()), initial);
 }
 
 TEST(RoundWorkTest, NoClientsOrNoParametersIsRefused) {
