@@ -4,18 +4,24 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <optional>
 #include <utility>
 
 #include "fl/core/str_cat.h"
+#include "fl/sys/user_file.h"
 
 namespace fl::formats {
 namespace {
 
 // Headers are a few hundred bytes; anything near this is not an array numpy wrote.
 constexpr uint64_t kMaxHeaderBytes = uint64_t{1} << 20;
+// Nesting of tuples/lists in a header: numpy writes one level (the shape tuple); a structured descr's lists are
+// skipped without recursion. The parser recurses per level, so a header of 65,000 '(' would overflow the stack.
+constexpr int kMaxHeaderNesting = 16;
+// A whole .npy read into memory (LoadNpy): a stated bound; data sets of this testbed are far smaller, and
+// clients read their rows of an .npz (NpzFile::ReadRows) instead.
+constexpr uint64_t kMaxNpyFileBytes = uint64_t{16} << 30;
 
 struct DTypeInfo {
   DType dtype;
@@ -57,12 +63,12 @@ class HeaderParser {
       SkipSpace();
       if (Eat('}')) break;
       Value key;
-      if (auto error = ParseValue(key); !error.empty()) return error;
+      if (auto error = ParseValue(key, 1); !error.empty()) return error;
       if (key.kind != Value::kString) return "a key is not a string";
       SkipSpace();
       if (!Eat(':')) return "expected ':' after key '" + key.text + "'";
       Value value;
-      if (auto error = ParseValue(value); !error.empty()) return error;
+      if (auto error = ParseValue(value, 1); !error.empty()) return error;
       out.emplace_back(key.text, std::move(value));
       SkipSpace();
       if (Eat(',')) continue;
@@ -97,7 +103,10 @@ class HeaderParser {
     return false;
   }
 
-  std::string ParseValue(Value& value) {
+  std::string ParseValue(Value& value, int depth) {
+    if (depth > kMaxHeaderNesting) {
+      return "tuples nested more than " + std::to_string(kMaxHeaderNesting) + " deep";
+    }
     SkipSpace();
     if (pos_ >= text_.size()) return "it ends early";
     const char c = text_[pos_];
@@ -118,7 +127,7 @@ class HeaderParser {
         SkipSpace();
         if (Eat(')')) return "";
         Value item;
-        if (auto error = ParseValue(item); !error.empty()) return error;
+        if (auto error = ParseValue(item, depth + 1); !error.empty()) return error;
         value.items.push_back(std::move(item));
         SkipSpace();
         if (Eat(',')) continue;
@@ -131,10 +140,10 @@ class HeaderParser {
       value.kind = Value::kNone;
       value.text = "list";
       // A list is only valid as a structured dtype's descr: skip it so that the caller can say so.
-      int depth = 0;
+      int open = 0;
       for (; pos_ < text_.size(); ++pos_) {
-        if (text_[pos_] == '[') ++depth;
-        if (text_[pos_] == ']' && --depth == 0) {
+        if (text_[pos_] == '[') ++open;
+        if (text_[pos_] == ']' && --open == 0) {
           ++pos_;
           return "";
         }
@@ -281,8 +290,8 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(std::span<const uint8_t> bytes, std::st
   const std::string_view text(reinterpret_cast<const char*>(bytes.data()) + dict_start, *size - dict_start);
   std::vector<std::pair<std::string, Value>> dict;
   if (auto error = HeaderParser(text).ParseDict(dict); !error.empty()) {
-    return absl::InvalidArgumentError(
-        fl::StrCat(name, ": the .npy header is not the dict numpy writes (", error, "): ", text));
+    return absl::InvalidArgumentError(fl::StrCat(name, ": the .npy header is not the dict numpy writes (", error,
+                                                 "): ", text.substr(0, 200), text.size() > 200 ? "..." : ""));
   }
   const Value* descr = nullptr;
   const Value* fortran = nullptr;
@@ -336,19 +345,32 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(std::span<const uint8_t> bytes, std::st
 }
 
 absl::StatusOr<NpyArray> LoadNpy(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(fl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
-  const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto header = ParseNpyHeader(bytes, path);
+  // A regular file of known size (not a FIFO, not /dev/zero); the header first, then exactly the data it
+  // declares, once the file's size agrees with it.
+  absl::StatusOr<fl::sys::UserFile> file = fl::sys::OpenUserFile(
+      path, "NumPy array", kMaxNpyFileBytes, "clients read their rows of an .npz instead (np.savez)");
+  if (!file.ok()) return file.status();
+  std::vector<uint8_t> preamble(static_cast<size_t>(std::min<uint64_t>(kNpyPreambleBytes, file->size())));
+  if (absl::Status s = file->ReadAt(0, preamble); !s.ok()) return s;
+  auto header_size = NpyHeaderSize(preamble, path);
+  if (!header_size.ok()) return header_size.status();
+  if (*header_size > file->size()) {
+    return absl::InvalidArgumentError(fl::StrCat(path, ": truncated .npy header (", file->size(),
+                                                 " bytes, the header alone needs ", *header_size, ")"));
+  }
+  std::vector<uint8_t> header_bytes(static_cast<size_t>(*header_size));
+  if (absl::Status s = file->ReadAt(0, header_bytes); !s.ok()) return s;
+  auto header = ParseNpyHeader(header_bytes, path);
   if (!header.ok()) return header.status();
-  if (bytes.size() != header->data_offset + header->data_bytes()) {
+  if (file->size() - header->data_offset != header->data_bytes()) {
     return absl::InvalidArgumentError(fl::StrCat(path, ": the header says ", header->descr, " ", header->ShapeString(),
                                                  " (", header->data_bytes(), " bytes of data) but the file has ",
-                                                 bytes.size() - header->data_offset,
+                                                 file->size() - header->data_offset,
                                                  "; it is truncated or corrupt: save it again"));
   }
   NpyArray array;
-  array.data.assign(bytes.begin() + static_cast<ptrdiff_t>(header->data_offset), bytes.end());
+  array.data.resize(static_cast<size_t>(header->data_bytes()));
+  if (absl::Status s = file->ReadAt(header->data_offset, array.data); !s.ok()) return s;
   array.header = std::move(*header);
   return array;
 }
@@ -357,7 +379,7 @@ absl::StatusOr<NpyArray> LoadNpy(const std::string& path) {
 // NpzFile
 
 absl::StatusOr<NpzFile> NpzFile::Open(const std::string& path) {
-  auto archive = ZipArchive::Open(path);
+  auto archive = ZipArchive::Open(path, "NumPy archive");
   if (!archive.ok()) return archive.status();
   return NpzFile(std::move(*archive));
 }
@@ -418,13 +440,18 @@ absl::StatusOr<std::vector<uint8_t>> NpzFile::ReadAll(std::string_view name) con
   if (!entry.ok()) return entry.status();
   auto header = ReadHeader(**entry, name);
   if (!header.ok()) return header.status();
-  std::vector<uint8_t> data(static_cast<size_t>(header->data_bytes()));
+  // The data grows with what is actually inflated (the stream stops with an error past the declared size and
+  // checks the CRC), so a deflated member that claims gigabytes costs only what it really holds.
+  constexpr uint64_t kReserveCap = uint64_t{16} << 20;
+  std::vector<uint8_t> data;
+  data.reserve(static_cast<size_t>((*entry)->method == kZipMethodStored ? header->data_bytes()
+                                                                        : std::min(header->data_bytes(), kReserveCap)));
   const uint64_t begin = header->data_offset;
   auto status = archive_.ForEachChunk(**entry, [&](uint64_t offset, std::span<const uint8_t> chunk) {
     const uint64_t end = offset + chunk.size();
     if (end > begin) {
       const uint64_t from = std::max(offset, begin);
-      std::memcpy(data.data() + (from - begin), chunk.data() + (from - offset), static_cast<size_t>(end - from));
+      data.insert(data.end(), chunk.begin() + static_cast<ptrdiff_t>(from - offset), chunk.end());
     }
     return absl::OkStatus();
   });
@@ -462,6 +489,9 @@ absl::StatusOr<std::vector<uint8_t>> NpzFile::ReadRows(std::string_view name, st
       }
       i = j;
     }
+    // The rows alone carry no CRC: the whole member is checked once per archive (streamed, one chunk in
+    // memory), so flipped bytes in a stored member are refused, not trained on.
+    if (auto status = archive_.VerifyCrc(entry); !status.ok()) return status;
     return out;
   }
 

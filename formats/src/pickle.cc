@@ -1,5 +1,7 @@
 #include "fl/formats/pickle.h"
 
+#include <algorithm>
+#include <array>
 #include <bit>
 #include <cstring>
 #include <unordered_map>
@@ -115,12 +117,31 @@ std::string_view PickleKindName(PickleKind kind) {
   return "?";
 }
 
+namespace {
+bool HasText(PickleKind kind) {
+  return kind == PickleKind::kString || kind == PickleKind::kBytes || kind == PickleKind::kGlobal;
+}
+bool HasItems(PickleKind kind) {
+  return kind == PickleKind::kTuple || kind == PickleKind::kList || kind == PickleKind::kDict ||
+         kind == PickleKind::kCall || kind == PickleKind::kObject || kind == PickleKind::kPersistent;
+}
+}  // namespace
+
+std::string_view PickleDocument::text(PickleRef ref) const {
+  if (ref >= nodes_.size() || !HasText(nodes_[ref].kind)) return {};
+  return std::string_view(text_).substr(nodes_[ref].slot, nodes_[ref].length);
+}
+
+std::span<const PickleRef> PickleDocument::items(PickleRef ref) const {
+  if (ref >= nodes_.size() || !HasItems(nodes_[ref].kind)) return {};
+  return lists_[nodes_[ref].slot];
+}
+
 PickleRef PickleDocument::DictGet(PickleRef dict, std::string_view key) const {
   if (dict >= nodes_.size() || nodes_[dict].kind != PickleKind::kDict) return kNoPickleRef;
-  const std::vector<PickleRef>& items = nodes_[dict].items;
-  for (size_t i = 0; i + 1 < items.size(); i += 2) {
-    const PickleNode& k = nodes_[items[i]];
-    if (k.kind == PickleKind::kString && k.text == key) return items[i + 1];
+  std::span<const PickleRef> entries = items(dict);
+  for (size_t i = 0; i + 1 < entries.size(); i += 2) {
+    if (nodes_[entries[i]].kind == PickleKind::kString && text(entries[i]) == key) return entries[i + 1];
   }
   return kNoPickleRef;
 }
@@ -128,25 +149,28 @@ PickleRef PickleDocument::DictGet(PickleRef dict, std::string_view key) const {
 std::string PickleDocument::Describe(PickleRef ref) const {
   if (ref >= nodes_.size()) return "nothing";
   const PickleNode& n = nodes_[ref];
-  auto short_text = [](const std::string& s) { return s.size() <= 60 ? s : fl::StrCat(s.substr(0, 57), "..."); };
-  auto callee = [&](const PickleNode& node) -> std::string {
-    if (node.items.empty() || node.items[0] >= nodes_.size()) return "?";
-    const PickleNode& c = nodes_[node.items[0]];
-    return c.kind == PickleKind::kGlobal ? short_text(c.text) : std::string(PickleKindName(c.kind));
+  auto short_text = [](std::string_view s) {
+    return s.size() <= 60 ? std::string(s) : fl::StrCat(s.substr(0, 57), "...");
+  };
+  auto callee = [&](PickleRef node) -> std::string {
+    std::span<const PickleRef> of = items(node);
+    if (of.empty() || of[0] >= nodes_.size()) return "?";
+    const PickleNode& c = nodes_[of[0]];
+    return c.kind == PickleKind::kGlobal ? short_text(text(of[0])) : std::string(PickleKindName(c.kind));
   };
   switch (n.kind) {
     case PickleKind::kNone: return "None";
     case PickleKind::kBool: return n.boolean ? "True" : "False";
     case PickleKind::kInt: return fl::StrCat("int ", n.integer);
     case PickleKind::kFloat: return fl::StrCat("float ", n.real);
-    case PickleKind::kString: return fl::StrCat("string '", short_text(n.text), "'");
-    case PickleKind::kBytes: return fl::StrCat("bytes of length ", n.text.size());
-    case PickleKind::kTuple: return fl::StrCat("tuple of ", n.items.size());
-    case PickleKind::kList: return fl::StrCat("list of ", n.items.size());
-    case PickleKind::kDict: return fl::StrCat("dict of ", n.items.size() / 2);
-    case PickleKind::kGlobal: return fl::StrCat("global ", short_text(n.text));
-    case PickleKind::kCall: return fl::StrCat("call of ", callee(n));
-    case PickleKind::kObject: return fl::StrCat("object of ", callee(n));
+    case PickleKind::kString: return fl::StrCat("string '", short_text(text(ref)), "'");
+    case PickleKind::kBytes: return fl::StrCat("bytes of length ", n.length);
+    case PickleKind::kTuple: return fl::StrCat("tuple of ", items(ref).size());
+    case PickleKind::kList: return fl::StrCat("list of ", items(ref).size());
+    case PickleKind::kDict: return fl::StrCat("dict of ", items(ref).size() / 2);
+    case PickleKind::kGlobal: return fl::StrCat("global ", short_text(text(ref)));
+    case PickleKind::kCall: return fl::StrCat("call of ", callee(ref));
+    case PickleKind::kObject: return fl::StrCat("object of ", callee(ref));
     case PickleKind::kPersistent: return "persistent id";
   }
   return "?";
@@ -155,9 +179,17 @@ std::string PickleDocument::Describe(PickleRef ref) const {
 class PickleParser {
  public:
   PickleParser(std::span<const uint8_t> bytes, std::string_view what, const PickleLimits& limits)
-      : bytes_(bytes), what_(what), limits_(limits) {}
+      : bytes_(bytes), what_(what), limits_(limits) {
+    const size_t proportional = limits.memory_per_byte * bytes.size() + (size_t{1} << 20);
+    budget_ = std::min(limits.max_memory_bytes, proportional);
+    small_ints_.fill(kNoPickleRef);
+  }
 
   absl::StatusOr<PickleDocument> Run() {
+    if (bytes_.size() >= (size_t{1} << 31)) {
+      return absl::InvalidArgumentError(
+          fl::StrCat(what_, ": pickle of ", bytes_.size(), " bytes is over the limit of 2^31 bytes"));
+    }
     while (true) {
       if (pos_ >= bytes_.size()) {
         return absl::InvalidArgumentError(
@@ -167,7 +199,10 @@ class PickleParser {
       op_ = bytes_[pos_++];
       bool stop = false;
       if (absl::Status s = Step(&stop); !s.ok()) return s;
-      if (stop) return std::move(doc_);
+      if (stop) {
+        doc_.memory_bytes_ = accounted_;
+        return std::move(doc_);
+      }
     }
   }
 
@@ -175,6 +210,29 @@ class PickleParser {
   absl::Status Error(std::string_view message) const {
     return absl::InvalidArgumentError(
         fl::StrCat(what_, ": pickle ", OpcodeLabel(op_), " at byte ", op_offset_, ": ", message));
+  }
+
+  // --- memory ------------------------------------------------------------------------------------------
+  // Every growing buffer grows through here: the new capacity is accounted, and refused over the budget,
+  // before it is allocated. Doubling keeps the amortised cost linear.
+  absl::Status Account(size_t bytes) {
+    if (bytes > budget_ - accounted_) {
+      return Error(fl::StrCat("the pickle's values would take more than ", budget_, " bytes of memory (", bytes_.size(),
+                              " bytes of pickle; the limit is min(", limits_.max_memory_bytes, ", ",
+                              limits_.memory_per_byte,
+                              " bytes per byte of pickle + 1 MiB)): not a pickle LibTorch writes for a model"));
+    }
+    accounted_ += bytes;
+    return absl::OkStatus();
+  }
+  template <typename Vector>
+  absl::Status Reserve(Vector& v, size_t more) {
+    const size_t need = v.size() + more;
+    if (need <= v.capacity()) return absl::OkStatus();
+    const size_t grown = std::max({need, v.capacity() * 2, size_t{16}});
+    if (absl::Status s = Account((grown - v.capacity()) * sizeof(typename Vector::value_type)); !s.ok()) return s;
+    v.reserve(grown);
+    return absl::OkStatus();
   }
 
   // --- reading operands -------------------------------------------------------------------------------
@@ -191,17 +249,11 @@ class PickleParser {
     pos_ += n;
     return v;
   }
-  absl::Status ReadBytes(size_t n, std::string* out) {
-    if (absl::Status s = Need(n); !s.ok()) return s;
-    out->assign(reinterpret_cast<const char*>(bytes_.data() + pos_), n);
-    pos_ += n;
-    return absl::OkStatus();
-  }
-  absl::Status ReadLine(std::string* out) {
+  absl::Status ReadLine(std::string_view* out) {
     const size_t start = pos_;
     while (pos_ < bytes_.size() && bytes_[pos_] != '\n') ++pos_;
     if (pos_ >= bytes_.size()) return Error("line without its newline (truncated file?)");
-    out->assign(reinterpret_cast<const char*>(bytes_.data() + start), pos_ - start);
+    *out = std::string_view(reinterpret_cast<const char*>(bytes_.data() + start), pos_ - start);
     ++pos_;
     return absl::OkStatus();
   }
@@ -211,16 +263,42 @@ class PickleParser {
     if (doc_.nodes_.size() >= limits_.max_values) {
       return Error(fl::StrCat("more than ", limits_.max_values, " values (file too large or hostile)"));
     }
+    if (absl::Status s = Reserve(doc_.nodes_, 1); !s.ok()) return s;
     doc_.nodes_.emplace_back();
     doc_.nodes_.back().kind = kind;
     return static_cast<PickleRef>(doc_.nodes_.size() - 1);
   }
   PickleNode& Node(PickleRef ref) { return doc_.nodes_[ref]; }
+  std::vector<PickleRef>& ItemsOf(PickleRef ref) { return doc_.lists_[Node(ref).slot]; }
+
+  // A value holding `text` in the document's text buffer.
+  absl::Status PushText(PickleKind kind, std::string_view a, std::string_view b = {}, std::string_view sep = {}) {
+    PickleRef ref = kNoPickleRef;
+    if (absl::Status s = PushNew(kind, &ref); !s.ok()) return s;
+    const size_t length = a.size() + sep.size() + b.size();
+    if (absl::Status s = Reserve(doc_.text_, length); !s.ok()) return s;
+    Node(ref).slot = static_cast<uint32_t>(doc_.text_.size());
+    Node(ref).length = static_cast<uint32_t>(length);
+    doc_.text_.append(a).append(sep).append(b);
+    return absl::OkStatus();
+  }
+  // A container value owning `items`.
+  absl::Status PushContainer(PickleKind kind, std::vector<PickleRef> items, PickleRef* made = nullptr) {
+    PickleRef ref = kNoPickleRef;
+    if (absl::Status s = PushNew(kind, &ref); !s.ok()) return s;
+    if (absl::Status s = Reserve(doc_.lists_, 1); !s.ok()) return s;
+    if (absl::Status s = Account(items.capacity() * sizeof(PickleRef)); !s.ok()) return s;
+    Node(ref).slot = static_cast<uint32_t>(doc_.lists_.size());
+    doc_.lists_.push_back(std::move(items));
+    if (made != nullptr) *made = ref;
+    return absl::OkStatus();
+  }
 
   absl::Status Push(PickleRef ref) {
     if (stack_.size() >= limits_.max_stack) {
       return Error(fl::StrCat("more than ", limits_.max_stack, " values on the stack"));
     }
+    if (absl::Status s = Reserve(stack_, 1); !s.ok()) return s;
     stack_.push_back(ref);
     return absl::OkStatus();
   }
@@ -229,6 +307,22 @@ class PickleParser {
     if (!ref.ok()) return ref.status();
     if (made != nullptr) *made = *ref;
     return Push(*ref);
+  }
+  // None, True, False, () and the integers 0..255: made once, shared (immutable values).
+  absl::Status PushShared(PickleRef* slot, PickleKind kind, bool boolean, int64_t integer) {
+    if (*slot == kNoPickleRef) {
+      if (kind == PickleKind::kTuple) {
+        PickleRef ref = kNoPickleRef;
+        if (absl::Status s = PushContainer(kind, {}, &ref); !s.ok()) return s;
+        *slot = ref;
+        return absl::OkStatus();
+      }
+      if (absl::Status s = PushNew(kind, slot); !s.ok()) return s;
+      Node(*slot).boolean = boolean;
+      Node(*slot).integer = integer;
+      return absl::OkStatus();
+    }
+    return Push(*slot);
   }
   // Values above the innermost MARK: what an opcode may pop.
   size_t Available() const { return stack_.size() - (marks_.empty() ? 0 : marks_.back()); }
@@ -255,41 +349,43 @@ class PickleParser {
     stack_.resize(at);
     return absl::OkStatus();
   }
-  absl::Status MakeTuple(std::vector<PickleRef> items) {
-    PickleRef ref = kNoPickleRef;
-    if (absl::Status s = PushNew(PickleKind::kTuple, &ref); !s.ok()) return s;
-    Node(ref).items = std::move(items);
-    return absl::OkStatus();
-  }
   absl::Status PopTupleOf(size_t n) {
     if (Available() < n) return Error(fl::StrCat("stack underflow (needs ", n, " values)"));
     std::vector<PickleRef> items(stack_.end() - static_cast<std::ptrdiff_t>(n), stack_.end());
     stack_.resize(stack_.size() - n);
-    return MakeTuple(std::move(items));
+    return PushContainer(PickleKind::kTuple, std::move(items));
   }
   absl::Status Memoize(uint64_t index) {
     PickleRef top = kNoPickleRef;
     if (absl::Status s = Top(&top); !s.ok()) return s;
-    memo_[index] = top;
+    if (index < memo_.size()) {
+      memo_[index] = top;
+    } else if (index == memo_.size()) {
+      if (absl::Status s = Reserve(memo_, 1); !s.ok()) return s;
+      memo_.push_back(top);
+    } else {
+      // An id that skips ahead (never written by Python's or LibTorch's pickler, which number them in order).
+      constexpr size_t kSparseEntryBytes = 64;  // an unordered_map node and its bucket
+      if (sparse_memo_.find(index) == sparse_memo_.end()) {
+        if (absl::Status s = Account(kSparseEntryBytes); !s.ok()) return s;
+      }
+      sparse_memo_[index] = top;
+    }
     return absl::OkStatus();
   }
   absl::Status Recall(uint64_t index) {
-    auto it = memo_.find(index);
-    if (it == memo_.end()) return Error(fl::StrCat("memo entry ", index, " was never stored"));
+    if (index < memo_.size()) return Push(memo_[index]);
+    auto it = sparse_memo_.find(index);
+    if (it == sparse_memo_.end()) return Error(fl::StrCat("memo entry ", index, " was never stored"));
     return Push(it->second);
   }
   absl::Status PushInt(int64_t v) {
+    if (v >= 0 && v < static_cast<int64_t>(small_ints_.size())) {
+      return PushShared(&small_ints_[static_cast<size_t>(v)], PickleKind::kInt, false, v);
+    }
     PickleRef ref = kNoPickleRef;
     if (absl::Status s = PushNew(PickleKind::kInt, &ref); !s.ok()) return s;
     Node(ref).integer = v;
-    return absl::OkStatus();
-  }
-  absl::Status PushText(PickleKind kind, size_t length) {
-    std::string text;
-    if (absl::Status s = ReadBytes(length, &text); !s.ok()) return s;
-    PickleRef ref = kNoPickleRef;
-    if (absl::Status s = PushNew(kind, &ref); !s.ok()) return s;
-    Node(ref).text = std::move(text);
     return absl::OkStatus();
   }
   absl::Status TextLength(size_t width, size_t* length) {
@@ -303,17 +399,18 @@ class PickleParser {
     return absl::OkStatus();
   }
   // Appends `values` to the list at stack top (APPEND, APPENDS).
-  absl::Status AppendTo(std::vector<PickleRef> values) {
+  absl::Status AppendTo(std::span<const PickleRef> values) {
     PickleRef list = kNoPickleRef;
     if (absl::Status s = Top(&list); !s.ok()) return s;
     if (Node(list).kind != PickleKind::kList) {
       return Error(fl::StrCat("appends to a ", PickleKindName(Node(list).kind), ", not a list"));
     }
-    std::vector<PickleRef>& items = Node(list).items;
+    std::vector<PickleRef>& items = ItemsOf(list);
+    if (absl::Status s = Reserve(items, values.size()); !s.ok()) return s;
     items.insert(items.end(), values.begin(), values.end());
     return absl::OkStatus();
   }
-  absl::Status SetItems(std::vector<PickleRef> pairs) {
+  absl::Status SetItems(std::span<const PickleRef> pairs) {
     if (pairs.size() % 2 != 0)
       return Error(fl::StrCat("odd number of values (", pairs.size(), ") for key/value pairs"));
     PickleRef dict = kNoPickleRef;
@@ -321,7 +418,8 @@ class PickleParser {
     if (Node(dict).kind != PickleKind::kDict) {
       return Error(fl::StrCat("sets items of a ", PickleKindName(Node(dict).kind), ", not a dict"));
     }
-    std::vector<PickleRef>& items = Node(dict).items;
+    std::vector<PickleRef>& items = ItemsOf(dict);
+    if (absl::Status s = Reserve(items, pairs.size()); !s.ok()) return s;
     items.insert(items.end(), pairs.begin(), pairs.end());
     return absl::OkStatus();
   }
@@ -334,10 +432,7 @@ class PickleParser {
     if (Node(args).kind != PickleKind::kTuple) {
       return Error(fl::StrCat("arguments are a ", PickleKindName(Node(args).kind), ", not a tuple"));
     }
-    PickleRef ref = kNoPickleRef;
-    if (absl::Status s = PushNew(kind, &ref); !s.ok()) return s;
-    Node(ref).items = {callee, args};
-    return absl::OkStatus();
+    return PushContainer(kind, {callee, args});
   }
 
   absl::Status Step(bool* stop) {
@@ -361,27 +456,20 @@ class PickleParser {
         if (marks_.size() >= limits_.max_marks) {
           return Error(fl::StrCat("more than ", limits_.max_marks, " nested MARKs (structure too deep)"));
         }
+        if (absl::Status s = Reserve(marks_, 1); !s.ok()) return s;
         marks_.push_back(stack_.size());
         return absl::OkStatus();
       case 'c': {  // GLOBAL
-        std::string module;
-        std::string name;
+        std::string_view module;
+        std::string_view name;
         if (absl::Status s = ReadLine(&module); !s.ok()) return s;
         if (absl::Status s = ReadLine(&name); !s.ok()) return s;
-        PickleRef ref = kNoPickleRef;
-        if (absl::Status s = PushNew(PickleKind::kGlobal, &ref); !s.ok()) return s;
-        Node(ref).text = fl::StrCat(module, ".", name);
-        return absl::OkStatus();
+        return PushText(PickleKind::kGlobal, module, name, ".");
       }
-      case 'N': return PushNew(PickleKind::kNone);
-      case 0x88:
-      case 0x89: {  // NEWTRUE, NEWFALSE
-        PickleRef ref = kNoPickleRef;
-        if (absl::Status s = PushNew(PickleKind::kBool, &ref); !s.ok()) return s;
-        Node(ref).boolean = op_ == 0x88;
-        return absl::OkStatus();
-      }
-      case 'K':  // BININT1
+      case 'N': return PushShared(&none_, PickleKind::kNone, false, 0);
+      case 0x88: return PushShared(&true_, PickleKind::kBool, true, 0);    // NEWTRUE
+      case 0x89: return PushShared(&false_, PickleKind::kBool, false, 0);  // NEWFALSE
+      case 'K':                                                            // BININT1
         if (absl::Status s = Need(1); !s.ok()) return s;
         return PushInt(static_cast<int64_t>(ReadLE(1)));
       case 'M':  // BININT2
@@ -418,40 +506,41 @@ class PickleParser {
         const size_t width = (op_ == 'U' || op_ == 0x8c || op_ == 'C') ? 1 : 4;
         size_t length = 0;
         if (absl::Status s = TextLength(width, &length); !s.ok()) return s;
-        return PushText((op_ == 'B' || op_ == 'C') ? PickleKind::kBytes : PickleKind::kString, length);
+        const std::string_view text(reinterpret_cast<const char*>(bytes_.data() + pos_), length);
+        pos_ += length;
+        return PushText((op_ == 'B' || op_ == 'C') ? PickleKind::kBytes : PickleKind::kString, text);
       }
-      case ')': return MakeTuple({});
+      case ')': return PushShared(&empty_tuple_, PickleKind::kTuple, false, 0);
       case 't': {  // TUPLE
         std::vector<PickleRef> items;
         if (absl::Status s = PopMark(&items); !s.ok()) return s;
-        return MakeTuple(std::move(items));
+        return PushContainer(PickleKind::kTuple, std::move(items));
       }
       case 0x85: return PopTupleOf(1);
       case 0x86: return PopTupleOf(2);
       case 0x87: return PopTupleOf(3);
-      case ']': return PushNew(PickleKind::kList);
+      case ']': return PushContainer(PickleKind::kList, {});
       case 'a': {  // APPEND
         PickleRef value = kNoPickleRef;
         if (absl::Status s = Pop(&value); !s.ok()) return s;
-        return AppendTo({value});
+        return AppendTo(std::span<const PickleRef>(&value, 1));
       }
       case 'e': {  // APPENDS
         std::vector<PickleRef> values;
         if (absl::Status s = PopMark(&values); !s.ok()) return s;
-        return AppendTo(std::move(values));
+        return AppendTo(values);
       }
-      case '}': return PushNew(PickleKind::kDict);
+      case '}': return PushContainer(PickleKind::kDict, {});
       case 's': {  // SETITEM
-        PickleRef value = kNoPickleRef;
-        PickleRef key = kNoPickleRef;
-        if (absl::Status s = Pop(&value); !s.ok()) return s;
-        if (absl::Status s = Pop(&key); !s.ok()) return s;
-        return SetItems({key, value});
+        PickleRef pair[2] = {kNoPickleRef, kNoPickleRef};
+        if (absl::Status s = Pop(&pair[1]); !s.ok()) return s;
+        if (absl::Status s = Pop(&pair[0]); !s.ok()) return s;
+        return SetItems(pair);
       }
       case 'u': {  // SETITEMS
         std::vector<PickleRef> pairs;
         if (absl::Status s = PopMark(&pairs); !s.ok()) return s;
-        return SetItems(std::move(pairs));
+        return SetItems(pairs);
       }
       case 'q':  // BINPUT
         if (absl::Status s = Need(1); !s.ok()) return s;
@@ -460,7 +549,7 @@ class PickleParser {
         if (absl::Status s = Need(4); !s.ok()) return s;
         return Memoize(ReadLE(4));
       case 0x94:  // MEMOIZE
-        return Memoize(memo_.size());
+        return Memoize(memo_.size() + sparse_memo_.size());
       case 'h':  // BINGET
         if (absl::Status s = Need(1); !s.ok()) return s;
         return Recall(ReadLE(1));
@@ -470,10 +559,7 @@ class PickleParser {
       case 'Q': {  // BINPERSID
         PickleRef pid = kNoPickleRef;
         if (absl::Status s = Pop(&pid); !s.ok()) return s;
-        PickleRef ref = kNoPickleRef;
-        if (absl::Status s = PushNew(PickleKind::kPersistent, &ref); !s.ok()) return s;
-        Node(ref).items = {pid};
-        return absl::OkStatus();
+        return PushContainer(PickleKind::kPersistent, {pid});
       }
       case 'R': return Apply(PickleKind::kCall);
       case 0x81: return Apply(PickleKind::kObject);
@@ -499,13 +585,21 @@ class PickleParser {
   std::span<const uint8_t> bytes_;
   std::string_view what_;
   PickleLimits limits_;
+  size_t budget_ = 0;     // bytes of memory this parse may account
+  size_t accounted_ = 0;  // bytes accounted so far (capacities of every buffer below and in doc_)
   size_t pos_ = 0;
   size_t op_offset_ = 0;
   uint8_t op_ = 0;
   PickleDocument doc_;
   std::vector<PickleRef> stack_;
   std::vector<size_t> marks_;
-  std::unordered_map<uint64_t, PickleRef> memo_;
+  std::vector<PickleRef> memo_;  // dense: ids 0, 1, 2... as picklers write them
+  std::unordered_map<uint64_t, PickleRef> sparse_memo_;
+  PickleRef none_ = kNoPickleRef;
+  PickleRef true_ = kNoPickleRef;
+  PickleRef false_ = kNoPickleRef;
+  PickleRef empty_tuple_ = kNoPickleRef;
+  std::array<PickleRef, 256> small_ints_{};
 };
 
 absl::StatusOr<PickleDocument> ParsePickle(std::span<const uint8_t> bytes, std::string_view what,

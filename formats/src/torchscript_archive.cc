@@ -3,12 +3,13 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
-#include <fstream>
+#include <cmath>
 #include <map>
 #include <numeric>
 #include <optional>
 #include <span>
 #include <string_view>
+#include <unordered_set>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -16,45 +17,30 @@
 #include "fl/core/str_cat.h"
 #include "fl/formats/pickle.h"
 #include "fl/formats/zip_archive.h"
+#include "fl/sys/user_file.h"
+#include "torchscript_internal.h"
 
 namespace fl::formats {
 namespace {
 
-constexpr std::string_view kExportHint =
-    "export the model in PyTorch with torch.jit.script(model).save(path) or "
-    "torch.jit.trace(model, example_input).save(path)";
+using torchscript::kExportHint;
+using torchscript::StorageType;
+using torchscript::TensorRef;
+
 // Module trees deeper than this are refused (a pickle can make an object contain itself).
 constexpr int kMaxModuleDepth = 256;
 // Modules and tensors visited: bounds a hostile pickle whose modules share children exponentially.
 constexpr size_t kMaxVisits = size_t{1} << 20;
-constexpr size_t kMaxDims = 64;
-// data.pkl and class files are read whole; LibTorch's own files are far below these.
-constexpr uint64_t kMaxPickleBytes = uint64_t{1} << 30;
-constexpr uint64_t kMaxCodeBytes = uint64_t{64} << 20;
+// An entry read whole (data.pkl, a code file, a storage) inflates to at most this many times the whole file's
+// size: LibTorch stores every entry uncompressed, and a re-zipped pickle or tensor deflates 2-10x, while a
+// deflate bomb reaches 1000x (a 1 MB file whose data.pkl inflates to 1 GB).
+constexpr uint64_t kMaxInflation = 16;
 
 struct ClassInfo {
   bool is_module = false;
-  std::vector<std::string> parameters;
-  std::vector<std::string> buffers;
+  std::unordered_set<std::string> parameters;
+  std::unordered_set<std::string> buffers;
 };
-
-struct StorageType {
-  core::DType dtype;
-  size_t element_size;
-};
-
-// torch.<X>Storage -> our dtype. The names are those LibTorch's pickler writes (toString(ScalarType) +
-// "Storage").
-std::optional<StorageType> StorageTypeOf(std::string_view global) {
-  if (global == "torch.FloatStorage") return StorageType{core::DType::kFloat32, 4};
-  if (global == "torch.HalfStorage") return StorageType{core::DType::kFloat16, 2};
-  if (global == "torch.BFloat16Storage") return StorageType{core::DType::kBFloat16, 2};
-  if (global == "torch.DoubleStorage") return StorageType{core::DType::kFloat64, 8};
-  if (global == "torch.LongStorage") return StorageType{core::DType::kInt64, 8};
-  if (global == "torch.IntStorage") return StorageType{core::DType::kInt32, 4};
-  if (global == "torch.ByteStorage") return StorageType{core::DType::kUInt8, 1};
-  return std::nullopt;
-}
 
 uint64_t LoadLE(const uint8_t* p, size_t n) {
   uint64_t v = 0;
@@ -98,7 +84,7 @@ float ElementToFloat(const uint8_t* p, core::DType dtype) {
 }
 
 // Parses `  __parameters__ = ["a", "b", ]` (the tail after the '=' sign) into names.
-bool ParseNameList(std::string_view text, std::vector<std::string>* names) {
+bool ParseNameList(std::string_view text, std::unordered_set<std::string>* names) {
   size_t i = 0;
   auto skip_spaces = [&] {
     while (i < text.size() && (text[i] == ' ' || text[i] == '\t')) ++i;
@@ -113,7 +99,7 @@ bool ParseNameList(std::string_view text, std::vector<std::string>* names) {
     if (text[i] != '"') return false;
     const size_t end = text.find('"', i + 1);
     if (end == std::string_view::npos) return false;
-    names->emplace_back(text.substr(i + 1, end - i - 1));
+    names->emplace(text.substr(i + 1, end - i - 1));
     i = end + 1;
     skip_spaces();
     if (i < text.size() && text[i] == ',') ++i;
@@ -121,12 +107,8 @@ bool ParseNameList(std::string_view text, std::vector<std::string>* names) {
 }
 
 struct PendingTensor {
-  size_t index = 0;         // position in the spec
-  std::string storage_key;  // "<archive>/data/<key>"
-  StorageType type{};
-  int64_t storage_offset = 0;
-  std::vector<int64_t> stride;
-  uint64_t storage_elements = 0;  // highest element index + 1 that the tensor touches
+  size_t index = 0;  // position in the spec
+  TensorRef ref;
 };
 
 class Reader {
@@ -136,24 +118,23 @@ class Reader {
   absl::StatusOr<ScriptModelFile> Read() {
     if (absl::Status s = OpenArchive(); !s.ok()) return s;
     const ZipEntry* pickle_entry = zip_->Find(prefix_ + "data.pkl");
-    if (pickle_entry->uncompressed_size > kMaxPickleBytes) {
-      return Error(fl::StrCat(prefix_, "data.pkl is ", pickle_entry->uncompressed_size,
-                              " bytes, more than this reader accepts (", kMaxPickleBytes, ")"));
-    }
-    absl::StatusOr<std::string> pickle_bytes = zip_->ReadAll(*pickle_entry);
+    absl::StatusOr<std::string> pickle_bytes =
+        ReadEntry(*pickle_entry, torchscript::kMaxPickleBytes, "the module pickle");
     if (!pickle_bytes.ok()) return pickle_bytes.status();
     absl::StatusOr<PickleDocument> doc = ParsePickle(
         std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(pickle_bytes->data()), pickle_bytes->size()),
-        fl::StrCat(path_, ": ", prefix_, "data.pkl"));
+        fl::StrCat(path_, ": ", prefix_, "data.pkl"), torchscript::ArchivePickleLimits());
     if (!doc.ok()) return doc.status();
     doc_ = *std::move(doc);
+    pickle_bytes->clear();
+    pickle_bytes->shrink_to_fit();
 
     const PickleNode& root = doc_.at(doc_.root());
-    if (root.kind != PickleKind::kObject || doc_.at(root.items[0]).kind != PickleKind::kGlobal) {
+    if (root.kind != PickleKind::kObject || doc_.at(doc_.items(doc_.root())[0]).kind != PickleKind::kGlobal) {
       return Error(fl::StrCat("the root of ", prefix_, "data.pkl is a ", doc_.Describe(doc_.root()),
                               ", not a TorchScript module; ", kExportHint));
     }
-    result_.root_class = doc_.at(root.items[0]).text;
+    result_.root_class = std::string(doc_.text(doc_.items(doc_.root())[0]));
     absl::StatusOr<const ClassInfo*> root_class = LookupClass(result_.root_class);
     if (!root_class.ok()) return root_class.status();
     if (!(*root_class)->is_module) {
@@ -189,13 +170,27 @@ class Reader {
     return absl::InvalidArgumentError(fl::StrCat(path_, ": ", message));
   }
 
+  // An entry read whole, bounded by the limit for its kind and by kMaxInflation times the file's size.
+  absl::StatusOr<std::string> ReadEntry(const ZipEntry& entry, uint64_t kind_limit, std::string_view what) const {
+    const uint64_t by_file = kMaxInflation * zip_->file_size() + 4096;
+    return zip_->ReadAll(entry, std::min(kind_limit, by_file), what);
+  }
+
   absl::Status OpenArchive() {
-    absl::StatusOr<ZipArchive> zip = ZipArchive::Open(path_);
+    absl::StatusOr<ZipArchive> zip = ZipArchive::Open(path_, "TorchScript model", torchscript::kMaxModelFileBytes);
     if (!zip.ok()) {
+      if (zip.status().code() != absl::StatusCode::kInvalidArgument ||
+          zip.status().message().find("is not a ZIP archive") == std::string_view::npos) {
+        return zip.status();  // not a regular file, too large, missing: the message names the file already
+      }
       // A legacy (pre-1.6) torch.save file is a bare pickle: protocol 2 starts with 0x80 0x02.
-      std::ifstream in(path_, std::ios::binary);
-      char head[2] = {0, 0};
-      const bool legacy = in.read(head, 2) && static_cast<uint8_t>(head[0]) == 0x80 && head[1] == 0x02;
+      bool legacy = false;
+      if (absl::StatusOr<fl::sys::UserFile> file =
+              fl::sys::OpenUserFile(path_, "TorchScript model", torchscript::kMaxModelFileBytes);
+          file.ok() && file->size() >= 2) {
+        uint8_t head[2] = {0, 0};
+        legacy = file->ReadAt(0, head).ok() && head[0] == 0x80 && head[1] == 0x02;
+      }
       // The ZIP reader's message names the file already.
       return absl::InvalidArgumentError(fl::StrCat(
           zip.status().message(),
@@ -226,97 +221,114 @@ class Reader {
                               kExportHint));
     }
     if (const ZipEntry* order = zip_->Find(prefix_ + "byteorder"); order != nullptr) {
-      absl::StatusOr<std::string> text = zip_->ReadAll(*order);
+      absl::StatusOr<std::string> text = zip_->ReadAll(*order, 64, "the byte order record");
       if (!text.ok()) return text.status();
       if (*text != "little") {
-        return Error(fl::StrCat("its tensors are stored in '", *text,
-                                "' byte order; only little-endian files "
-                                "are supported (save the model on a little-endian machine)"));
+        return Error(fl::StrCat("its tensors are stored in '", text->substr(0, 16), "' byte order (", prefix_,
+                                "byteorder); only little-endian files are supported (save the model on a "
+                                "little-endian machine)"));
       }
     }
     return absl::OkStatus();
   }
 
-  // Class headers: "__torch__.a.b.C" is `class C` in <archive>/code/__torch__/a/b.py.
+  // Class headers: "__torch__.a.b.C" is `class C` in <archive>/code/__torch__/a/b.py. Each file is read and
+  // indexed once (every class in it), so a lookup is a map search whatever the number of classes.
   absl::StatusOr<const ClassInfo*> LookupClass(const std::string& qualified) {
     if (auto it = classes_.find(qualified); it != classes_.end()) return &it->second;
-    ClassInfo info;
     const size_t dot = qualified.rfind('.');
     if (!qualified.starts_with("__torch__.") || dot == std::string::npos ||
         qualified.starts_with("__torch__.torch.classes.")) {
       // Not a TorchScript-compiled class (a C++ custom class, for instance): never a module.
-      return &classes_.emplace(qualified, info).first->second;
+      return &classes_.emplace(qualified, ClassInfo{}).first->second;
     }
     std::string file = qualified.substr(0, dot);
     std::replace(file.begin(), file.end(), '.', '/');
     file = fl::StrCat(prefix_, "code/", file, ".py");
-    const std::string name = qualified.substr(dot + 1);
-    absl::StatusOr<const std::string*> code = CodeFile(file);
-    if (!code.ok()) return code.status();
-    if (*code == nullptr) {
+    const std::string module = qualified.substr(0, dot + 1);
+    if (indexed_files_.insert(file).second) {
+      if (absl::Status s = IndexCodeFile(file, module); !s.ok()) return s;
+    }
+    if (auto it = classes_.find(qualified); it != classes_.end()) return &it->second;
+    if (zip_->Find(file) == nullptr) {
       return Error(fl::StrCat("class ", qualified, " is used in ", prefix_, "data.pkl but ", file,
                               " is missing (corrupt archive?)"));
     }
-    std::vector<std::string_view> lines;
-    for (std::string_view rest = **code; !rest.empty();) {
-      const size_t end = rest.find('\n');
-      lines.push_back(rest.substr(0, end));
-      rest = end == std::string_view::npos ? std::string_view() : rest.substr(end + 1);
-    }
-    bool found = false;
-    bool has_parameters = false;
-    for (size_t i = 0; i < lines.size(); ++i) {
-      std::string_view line = lines[i];
-      if (!line.starts_with(fl::StrCat("class ", name))) continue;
-      std::string_view rest = line.substr(6 + name.size());
-      if (!rest.starts_with("(") && !rest.starts_with(":")) continue;  // a longer name with this prefix
-      found = true;
-      info.is_module = rest.starts_with("(Module)");
-      for (size_t j = i + 1; j < lines.size() && (lines[j].starts_with(" ") || lines[j].empty()); ++j) {
-        std::string_view body = lines[j];
-        std::vector<std::string>* target = nullptr;
-        std::string_view tail;
-        if (body.starts_with("  __parameters__ =")) {
-          target = &info.parameters;
-          tail = body.substr(18);
-          has_parameters = true;
-        } else if (body.starts_with("  __buffers__ =")) {
-          target = &info.buffers;
-          tail = body.substr(15);
-        }
-        if (target != nullptr && !ParseNameList(tail, target)) {
-          return Error(fl::StrCat("cannot read line ", j + 1, " of ", file, " ('", body.substr(0, 120), "')"));
-        }
-      }
-      break;
-    }
-    if (!found) return Error(fl::StrCat("class ", name, " is not defined in ", file, " (corrupt archive?)"));
-    if (info.is_module && !has_parameters) {
-      return Error(fl::StrCat("module class ", qualified, " in ", file,
-                              " has no __parameters__ line (not written by LibTorch?)"));
-    }
-    return &classes_.emplace(qualified, std::move(info)).first->second;
+    return Error(fl::StrCat("class ", qualified.substr(dot + 1), " is not defined in ", file, " (corrupt archive?)"));
   }
 
-  // nullptr when the archive has no such file.
-  absl::StatusOr<const std::string*> CodeFile(const std::string& file) {
-    if (auto it = code_.find(file); it != code_.end()) return &it->second;
+  // Every `class NAME(...)` / `class NAME:` of a code file, with its __parameters__ and __buffers__ lines.
+  absl::Status IndexCodeFile(const std::string& file, const std::string& module) {
     const ZipEntry* entry = zip_->Find(file);
-    if (entry == nullptr) return nullptr;
-    if (entry->uncompressed_size > kMaxCodeBytes) {
-      return Error(fl::StrCat(file, " is ", entry->uncompressed_size, " bytes, more than this reader accepts"));
+    if (entry == nullptr) return absl::OkStatus();
+    code_bytes_ += entry->uncompressed_size;
+    if (code_bytes_ > torchscript::kMaxCodeBytes) {
+      return Error(
+          fl::StrCat("its code files hold more than ", torchscript::kMaxCodeBytes, " bytes (docs/input-limits.md)"));
     }
-    absl::StatusOr<std::string> text = zip_->ReadAll(*entry);
-    if (!text.ok()) return text.status();
-    return &code_.emplace(file, *std::move(text)).first->second;
+    absl::StatusOr<std::string> code = ReadEntry(*entry, torchscript::kMaxCodeFileBytes, "the code file");
+    if (!code.ok()) return code.status();
+    ClassInfo* current = nullptr;
+    std::string current_name;
+    bool current_has_parameters = false;
+    auto finish = [&]() -> absl::Status {
+      if (current != nullptr && current->is_module && !current_has_parameters) {
+        return Error(fl::StrCat("module class ", module, current_name, " in ", file,
+                                " has no __parameters__ line (not written by LibTorch?)"));
+      }
+      return absl::OkStatus();
+    };
+    size_t line_number = 0;
+    for (std::string_view rest = *code; !rest.empty();) {
+      const size_t end = rest.find('\n');
+      const std::string_view line = rest.substr(0, end);
+      rest = end == std::string_view::npos ? std::string_view() : rest.substr(end + 1);
+      ++line_number;
+      if (line.starts_with("class ")) {
+        if (absl::Status s = finish(); !s.ok()) return s;
+        const std::string_view after = line.substr(6);
+        const size_t name_end = after.find_first_of("(:");
+        current = nullptr;
+        if (name_end == std::string_view::npos) continue;
+        current_name = std::string(after.substr(0, name_end));
+        auto [it, inserted] = classes_.emplace(fl::StrCat(module, current_name), ClassInfo{});
+        if (!inserted) {
+          return Error(fl::StrCat("class ", current_name, " is defined twice in ", file, " (corrupt archive?)"));
+        }
+        current = &it->second;
+        current->is_module = after.substr(name_end).starts_with("(Module)");
+        current_has_parameters = false;
+        continue;
+      }
+      if (!line.starts_with(" ") && !line.empty()) {  // the class body ended
+        if (absl::Status s = finish(); !s.ok()) return s;
+        current = nullptr;
+        continue;
+      }
+      if (current == nullptr) continue;
+      std::unordered_set<std::string>* target = nullptr;
+      std::string_view tail;
+      if (line.starts_with("  __parameters__ =")) {
+        target = &current->parameters;
+        tail = line.substr(18);
+        current_has_parameters = true;
+      } else if (line.starts_with("  __buffers__ =")) {
+        target = &current->buffers;
+        tail = line.substr(15);
+      }
+      if (target != nullptr && !ParseNameList(tail, target)) {
+        return Error(fl::StrCat("cannot read line ", line_number, " of ", file, " ('", line.substr(0, 120), "')"));
+      }
+    }
+    return finish();
   }
 
   absl::StatusOr<bool> IsModuleObject(PickleRef ref) {
     const PickleNode& node = doc_.at(ref);
     if (node.kind != PickleKind::kObject) return false;
-    const PickleNode& cls = doc_.at(node.items[0]);
-    if (cls.kind != PickleKind::kGlobal) return false;
-    absl::StatusOr<const ClassInfo*> info = LookupClass(cls.text);
+    const PickleRef cls = doc_.items(ref)[0];
+    if (doc_.at(cls).kind != PickleKind::kGlobal) return false;
+    absl::StatusOr<const ClassInfo*> info = LookupClass(std::string(doc_.text(cls)));
     if (!info.ok()) return info.status();
     return (*info)->is_module;
   }
@@ -330,70 +342,40 @@ class Reader {
     }
     if (++visits_ > kMaxVisits) return Error(fl::StrCat("more than ", kMaxVisits, " modules and tensors"));
     const PickleNode& node = doc_.at(ref);
-    const std::string class_name = doc_.at(node.items[0]).text;
-    absl::StatusOr<const ClassInfo*> found = LookupClass(class_name);
-    if (!found.ok()) return found.status();
-    const ClassInfo info = **found;  // a copy: LookupClass may rehash classes_ during the recursion
+    const std::string class_name(doc_.text(doc_.items(ref)[0]));
+    absl::StatusOr<const ClassInfo*> info = LookupClass(class_name);
+    if (!info.ok()) return info.status();
     if (node.state == kNoPickleRef || doc_.at(node.state).kind != PickleKind::kDict) {
       return Error(fl::StrCat(where, " (", class_name, ") is pickled with ",
                               node.state == kNoPickleRef ? "no state" : doc_.Describe(node.state),
                               " instead of a dict of attributes (a custom __getstate__ is not supported)"));
     }
-    // Copied: items of the arena are stable, but a copy keeps this independent of later reads.
-    const std::vector<PickleRef> pairs = doc_.at(node.state).items;
-    auto key_of = [&](size_t i) -> absl::StatusOr<std::string> {
-      const PickleNode& key = doc_.at(pairs[i]);
-      if (key.kind != PickleKind::kString) {
+    // The arena does not move while the document lives: the span stays valid through the recursion.
+    const std::span<const PickleRef> pairs = doc_.items(node.state);
+    auto key_of = [&](size_t i) -> absl::StatusOr<std::string_view> {
+      if (doc_.at(pairs[i]).kind != PickleKind::kString) {
         return Error(fl::StrCat(where, " has an attribute named by a ", doc_.Describe(pairs[i])));
       }
-      return key.text;
+      return doc_.text(pairs[i]);
     };
-    auto contains = [](const std::vector<std::string>& names, const std::string& name) {
-      return std::find(names.begin(), names.end(), name) != names.end();
-    };
-    for (int pass = 0; pass < 2; ++pass) {  // own parameters, then own buffers
-      const std::vector<std::string>& wanted = pass == 0 ? info.parameters : info.buffers;
+    for (int pass = 0; pass < 2; ++pass) {  // own parameters, then own buffers: a set lookup per attribute
+      const std::unordered_set<std::string>& wanted = pass == 0 ? (*info)->parameters : (*info)->buffers;
+      if (wanted.empty()) continue;
       for (size_t i = 0; i + 1 < pairs.size(); i += 2) {
-        absl::StatusOr<std::string> key = key_of(i);
+        absl::StatusOr<std::string_view> key = key_of(i);
         if (!key.ok()) return key.status();
-        if (!contains(wanted, *key)) continue;
+        if (!wanted.contains(std::string(*key))) continue;
         if (doc_.at(pairs[i + 1]).kind == PickleKind::kNone) continue;  // e.g. Linear(bias=False)
-        if (absl::Status s = AddTensor(prefix + *key, pass == 0, pairs[i + 1]); !s.ok()) return s;
+        if (absl::Status s = AddTensor(fl::StrCat(prefix, *key), pass == 0, pairs[i + 1]); !s.ok()) return s;
       }
     }
     for (size_t i = 0; i + 1 < pairs.size(); i += 2) {  // then submodules, in attribute order
       absl::StatusOr<bool> is_module = IsModuleObject(pairs[i + 1]);
       if (!is_module.ok()) return is_module.status();
       if (!*is_module) continue;
-      absl::StatusOr<std::string> key = key_of(i);
+      absl::StatusOr<std::string_view> key = key_of(i);
       if (!key.ok()) return key.status();
       if (absl::Status s = VisitModule(pairs[i + 1], fl::StrCat(prefix, *key, "."), depth + 1); !s.ok()) return s;
-    }
-    return absl::OkStatus();
-  }
-
-  absl::StatusOr<int64_t> IntAt(PickleRef ref, const std::string& name, std::string_view what) const {
-    const PickleNode& n = doc_.at(ref);
-    if (n.kind != PickleKind::kInt) {
-      return Error(fl::StrCat("tensor '", name, "': its ", what, " is a ", doc_.Describe(ref), ", not an int"));
-    }
-    return n.integer;
-  }
-
-  absl::Status IntTuple(PickleRef ref, const std::string& name, std::string_view what,
-                        std::vector<int64_t>* out) const {
-    const PickleNode& n = doc_.at(ref);
-    if (n.kind != PickleKind::kTuple) {
-      return Error(fl::StrCat("tensor '", name, "': its ", what, " is a ", doc_.Describe(ref), ", not a tuple"));
-    }
-    if (n.items.size() > kMaxDims) {
-      return Error(fl::StrCat("tensor '", name, "' has ", n.items.size(), " dimensions (at most ", kMaxDims, ")"));
-    }
-    for (PickleRef item : n.items) {
-      absl::StatusOr<int64_t> v = IntAt(item, name, what);
-      if (!v.ok()) return v.status();
-      if (*v < 0) return Error(fl::StrCat("tensor '", name, "' has a negative ", what, " entry (", *v, ")"));
-      out->push_back(*v);
     }
     return absl::OkStatus();
   }
@@ -402,10 +384,7 @@ class Reader {
   absl::Status AddTensor(const std::string& name, bool is_parameter, PickleRef ref) {
     if (++visits_ > kMaxVisits) return Error(fl::StrCat("more than ", kMaxVisits, " modules and tensors"));
     const std::string role = is_parameter ? "parameter" : "buffer";
-    const PickleNode& call = doc_.at(ref);
-    const std::string callee = call.kind == PickleKind::kCall && doc_.at(call.items[0]).kind == PickleKind::kGlobal
-                                   ? doc_.at(call.items[0]).text
-                                   : "";
+    const std::string_view callee = torchscript::CalleeOf(doc_, ref);
     if (callee == "torch._utils._rebuild_qtensor") {
       return Error(fl::StrCat(role, " '", name,
                               "' is a quantized tensor, which is not supported: export the "
@@ -414,119 +393,82 @@ class Reader {
     if (callee != "torch._utils._rebuild_tensor_v2") {
       return Error(fl::StrCat(role, " '", name, "' is a ", doc_.Describe(ref), ", not a tensor"));
     }
-    const PickleNode& args = doc_.at(call.items[1]);
-    if (args.items.size() < 4 || doc_.at(args.items[0]).kind != PickleKind::kPersistent) {
-      return Error(fl::StrCat(role, " '", name, "': unexpected tensor arguments (", doc_.Describe(call.items[1]), ")"));
-    }
-    // The persistent id: ('storage', torch.<T>Storage, key, location, number of elements).
-    const PickleRef pid_ref = doc_.at(args.items[0]).items[0];
-    const PickleNode& pid = doc_.at(pid_ref);
-    if (pid.kind != PickleKind::kTuple || pid.items.size() != 5 || doc_.at(pid.items[0]).text != "storage" ||
-        doc_.at(pid.items[1]).kind != PickleKind::kGlobal || doc_.at(pid.items[2]).kind != PickleKind::kString) {
-      return Error(fl::StrCat(role, " '", name, "': unexpected storage reference (", doc_.Describe(pid_ref), ")"));
-    }
-    const std::string& storage_type = doc_.at(pid.items[1]).text;
-    const std::optional<StorageType> type = StorageTypeOf(storage_type);
-    if (!type.has_value()) {
-      return Error(fl::StrCat(role, " '", name, "' is stored as ", storage_type,
+    const std::string label = fl::StrCat("tensor '", name, "'");
+    absl::StatusOr<TensorRef> tensor_ref =
+        torchscript::ResolveTensor(path_, doc_, ref, *zip_, fl::StrCat(prefix_, "data/"), label);
+    if (!tensor_ref.ok()) return tensor_ref.status();
+    if (!tensor_ref->type.dtype.has_value()) {
+      return Error(fl::StrCat(role, " '", name, "' is stored as ", tensor_ref->type.global,
                               ", a dtype fl cannot carry; supported: float32, float16, bfloat16, float64, int64, "
                               "int32, uint8 (convert it in PyTorch before exporting)"));
     }
-    absl::StatusOr<int64_t> offset = IntAt(args.items[1], name, "storage offset");
-    if (!offset.ok()) return offset.status();
-    if (*offset < 0) return Error(fl::StrCat("tensor '", name, "' has a negative storage offset (", *offset, ")"));
-    ScriptTensor tensor;
-    tensor.name = name;
-    tensor.is_parameter = is_parameter;
-    tensor.dtype = type->dtype;
-    PendingTensor pending;
-    if (absl::Status s = IntTuple(args.items[2], name, "size", &tensor.shape); !s.ok()) return s;
-    if (absl::Status s = IntTuple(args.items[3], name, "stride", &pending.stride); !s.ok()) return s;
-    if (tensor.shape.size() != pending.stride.size()) {
-      return Error(fl::StrCat("tensor '", name, "' has ", tensor.shape.size(), " sizes but ", pending.stride.size(),
-                              " strides"));
-    }
-    // Elements, and the highest storage element touched, with overflow checks (hostile sizes).
-    uint64_t elements = 1;
-    uint64_t last = static_cast<uint64_t>(*offset);
-    bool overflow = false;
-    for (size_t d = 0; d < tensor.shape.size(); ++d) {
-      const uint64_t size = static_cast<uint64_t>(tensor.shape[d]);
-      overflow |= __builtin_mul_overflow(elements, size, &elements);
-      if (size > 0) {
-        uint64_t reach = 0;
-        overflow |= __builtin_mul_overflow(size - 1, static_cast<uint64_t>(pending.stride[d]), &reach);
-        overflow |= __builtin_add_overflow(last, reach, &last);
-      }
-    }
-    if (overflow || elements > (uint64_t{1} << 40)) {
-      return Error(fl::StrCat("tensor '", name, "' has an impossible size (corrupt file)"));
-    }
-    pending.index = result_.tensors.size();
-    pending.storage_key = fl::StrCat(prefix_, "data/", doc_.at(pid.items[2]).text);
-    pending.type = *type;
-    pending.storage_offset = *offset;
-    pending.storage_elements = elements == 0 ? 0 : last + 1;
+    if (absl::Status s = catalog_.Add(path_, *tensor_ref, label); !s.ok()) return s;
     // A tensor with more elements than its storage would be an expanded view; refusing those keeps the
     // memory this reader allocates proportional to the file.
-    const ZipEntry* storage = zip_->Find(pending.storage_key);
-    if (storage == nullptr) {
-      return Error(fl::StrCat("the storage of tensor '", name, "' (", pending.storage_key,
-                              ") is missing from the archive (corrupt file)"));
-    }
-    const uint64_t storage_elements = storage->uncompressed_size / type->element_size;
-    if (pending.storage_elements > storage_elements) {
-      return Error(fl::StrCat("the storage of tensor '", name, "' (", pending.storage_key, ") holds ",
-                              storage->uncompressed_size, " bytes but the tensor (shape ",
-                              absl::StrJoin(tensor.shape, "x"), ", offset ", *offset, ") needs ",
-                              pending.storage_elements * type->element_size, " (corrupt or truncated file)"));
-    }
-    if (elements > storage_elements) {
-      return Error(fl::StrCat("tensor '", name, "' has ", elements, " elements but its storage only ", storage_elements,
+    if (tensor_ref->elements > tensor_ref->storage_numel) {
+      return Error(fl::StrCat("tensor '", name, "' has ", tensor_ref->elements, " elements but its storage only ",
+                              tensor_ref->storage_numel,
                               " (an expanded view): save a contiguous copy (.contiguous())"));
     }
-    total_elements_ += elements;
+    total_elements_ += tensor_ref->elements;
     if (total_elements_ > 4 * zip_->file_size() + 1024) {
       return Error("the tensors have far more elements than the file holds (storages shared too many times)");
     }
-    pending_.push_back(std::move(pending));
+    ScriptTensor tensor;
+    tensor.name = name;
+    tensor.is_parameter = is_parameter;
+    tensor.dtype = *tensor_ref->type.dtype;
+    tensor.shape = tensor_ref->shape;
+    pending_.push_back(PendingTensor{result_.tensors.size(), *std::move(tensor_ref)});
     result_.tensors.push_back(std::move(tensor));
     return absl::OkStatus();
   }
 
-  // Reads each storage once (CRC-checked) and copies its tensors into the flat image in C order.
+  // Reads each storage once (CRC-checked, bounded by its declared size) and copies its tensors into the flat
+  // image in C order; a value that is not finite in float32 is refused, naming the tensor.
   absl::Status ReadValues() {
     result_.values.assign(result_.spec.num_elements(), 0.0f);
     std::vector<size_t> order(pending_.size());
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(),
-                     [&](size_t a, size_t b) { return pending_[a].storage_key < pending_[b].storage_key; });
+                     [&](size_t a, size_t b) { return pending_[a].ref.storage_key < pending_[b].ref.storage_key; });
     std::string bytes;
     std::string loaded_key;
     for (size_t k : order) {
-      const PendingTensor& p = pending_[k];
+      const TensorRef& p = pending_[k].ref;
+      const core::TensorSpec& spec = result_.spec.tensors()[pending_[k].index];
+      const uint64_t count = spec.num_elements();
+      if (count == 0) continue;
       if (p.storage_key != loaded_key) {
-        absl::StatusOr<std::string> read = zip_->ReadAll(*zip_->Find(p.storage_key));
+        bytes.clear();
+        bytes.shrink_to_fit();
+        // The record holds exactly the declared elements in files LibTorch writes.
+        absl::StatusOr<std::string> read =
+            ReadEntry(*zip_->Find(p.storage_key), p.storage_numel * p.type.element_size, "the tensor storage");
         if (!read.ok()) return read.status();
         bytes = *std::move(read);
         loaded_key = p.storage_key;
       }
-      const core::TensorSpec& spec = result_.spec.tensors()[p.index];
-      const uint64_t count = spec.num_elements();
-      if (count == 0) continue;
-      if (p.storage_elements * p.type.element_size > bytes.size()) {
+      if (p.extent * p.type.element_size > bytes.size()) {  // checked against the header by ResolveTensor
         return Error(fl::StrCat("the storage of tensor '", spec.name, "' (", p.storage_key,
-                                ") is shorter than "
-                                "its ZIP header says (corrupt file)"));
+                                ") is shorter than its ZIP header says (corrupt file)"));
       }
       const uint8_t* base = reinterpret_cast<const uint8_t*>(bytes.data());
       float* out = result_.values.data() + spec.offset;
       // Odometer over the shape in C order; `at` is the storage element of the current index.
       const size_t dims = spec.shape.size();
       std::vector<int64_t> index(dims, 0);
-      uint64_t at = static_cast<uint64_t>(p.storage_offset);
+      uint64_t at = p.offset;
       for (uint64_t e = 0; e < count; ++e) {
-        out[e] = ElementToFloat(base + at * p.type.element_size, p.type.dtype);
+        out[e] = ElementToFloat(base + at * p.type.element_size, *p.type.dtype);
+        if (!std::isfinite(out[e])) {
+          return Error(fl::StrCat(
+              result_.tensors[pending_[k].index].is_parameter ? "parameter" : "buffer", " '", spec.name,
+              "' holds a value that is not finite (", out[e], " at element ", e,
+              p.type.dtype == core::DType::kFloat64 ? ", or a float64 beyond float32's range" : "",
+              "): fl carries finite float32 models only; fix the model in PyTorch (torch.nan_to_num) and export it "
+              "again"));
+        }
         for (size_t d = dims; d-- > 0;) {
           if (++index[d] < spec.shape[d]) {
             at += static_cast<uint64_t>(p.stride[d]);
@@ -545,7 +487,9 @@ class Reader {
   std::string prefix_;  // "<archive>/"
   PickleDocument doc_;
   std::map<std::string, ClassInfo> classes_;
-  std::map<std::string, std::string> code_;
+  std::unordered_set<std::string> indexed_files_;
+  uint64_t code_bytes_ = 0;
+  torchscript::StorageCatalog catalog_;
   std::vector<PendingTensor> pending_;
   uint64_t total_elements_ = 0;
   size_t visits_ = 0;

@@ -7,6 +7,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <limits>
 #include <unordered_map>
@@ -14,6 +15,7 @@
 
 #include "absl/strings/str_format.h"
 #include "fl/core/str_cat.h"
+#include "fl/sys/user_file.h"
 
 namespace fl::formats {
 namespace {
@@ -52,11 +54,11 @@ std::string Hex32(uint32_t value) { return absl::StrFormat("0x%08x", value); }
 
 // The open file, shared by copies of an archive and closed with the last of them.
 struct ZipArchive::File {
+  fl::sys::UserFile user;  // closes the descriptor with the last copy of the archive
   int fd = -1;
   std::string path;
-  ~File() {
-    if (fd >= 0) ::close(fd);
-  }
+  // Per entry: its CRC-32 and size were checked by VerifyCrc (only successes are remembered).
+  std::unique_ptr<std::atomic<bool>[]> verified;
 
   // Reads exactly out.size() bytes at `offset`; a short file is an error naming what was being read.
   absl::Status ReadAt(uint64_t offset, std::span<uint8_t> out, std::string_view what) const {
@@ -79,19 +81,15 @@ struct ZipArchive::File {
   }
 };
 
-absl::StatusOr<ZipArchive> ZipArchive::Open(const std::string& path) {
+absl::StatusOr<ZipArchive> ZipArchive::Open(const std::string& path, std::string_view what, uint64_t max_bytes) {
+  // Regular files only, opened without blocking (a FIFO), the size known before a byte is read.
+  absl::StatusOr<fl::sys::UserFile> user = fl::sys::OpenUserFile(path, what, max_bytes);
+  if (!user.ok()) return user.status();
   auto file = std::make_shared<File>();
+  file->user = *std::move(user);
   file->path = path;
-  file->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (file->fd < 0) {
-    const int error = errno;
-    const std::string message = fl::StrCat("cannot open ", path, ": ", std::strerror(error));
-    return error == ENOENT ? absl::NotFoundError(message) : absl::PermissionDeniedError(message);
-  }
-  struct stat st {};
-  if (::fstat(file->fd, &st) != 0) return absl::InternalError(fl::StrCat(path, ": fstat: ", std::strerror(errno)));
-  if (!S_ISREG(st.st_mode)) return absl::InvalidArgumentError(fl::StrCat(path, " is not a regular file"));
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  file->fd = file->user.fd();
+  const uint64_t file_size = file->user.size();
 
   // The end-of-central-directory record is the last 22 bytes, unless a comment (at most 64 KiB) follows it:
   // search backwards for its signature in the tail of the file.
@@ -255,15 +253,38 @@ absl::StatusOr<ZipArchive> ZipArchive::Open(const std::string& path) {
     }
     archive.entries_.push_back(std::move(entry));
   }
+  // An index by name, and no name twice: a duplicate is legal ZIP but never written by numpy or torch, and
+  // readers disagree on which copy counts (Python's zipfile takes the last, LibTorch's miniz the first), so
+  // a file could mean one thing to this reader and another to LibTorch.
+  if (archive.entries_.size() > std::numeric_limits<uint32_t>::max()) {
+    return absl::InvalidArgumentError(fl::StrCat(path, ": too many ZIP entries"));
+  }
+  archive.by_name_.resize(archive.entries_.size());
+  for (uint32_t i = 0; i < archive.by_name_.size(); ++i) archive.by_name_[i] = i;
+  const std::vector<ZipEntry>& entries = archive.entries_;
+  std::stable_sort(archive.by_name_.begin(), archive.by_name_.end(),
+                   [&](uint32_t a, uint32_t b) { return entries[a].name < entries[b].name; });
+  for (size_t i = 1; i < archive.by_name_.size(); ++i) {
+    const ZipEntry& a = entries[archive.by_name_[i - 1]];
+    const ZipEntry& b = entries[archive.by_name_[i]];
+    if (a.name == b.name) {
+      return absl::InvalidArgumentError(fl::StrCat(
+          path, ": the ZIP archive holds the entry '", a.name, "' twice (entries ", archive.by_name_[i - 1], " and ",
+          archive.by_name_[i],
+          "); numpy and torch never write a name twice and readers disagree on which copy counts: write the file "
+          "again"));
+    }
+  }
+  file->verified = std::make_unique<std::atomic<bool>[]>(archive.entries_.size());
   archive.file_ = std::move(file);
   return archive;
 }
 
 const ZipEntry* ZipArchive::Find(std::string_view name) const {
-  for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
-    if (it->name == name) return &*it;
-  }
-  return nullptr;
+  auto it = std::lower_bound(by_name_.begin(), by_name_.end(), name,
+                             [&](uint32_t index, std::string_view key) { return entries_[index].name < key; });
+  if (it == by_name_.end() || entries_[*it].name != name) return nullptr;
+  return &entries_[*it];
 }
 
 absl::Status ZipArchive::CheckReadable(const ZipEntry& entry) const {
@@ -373,12 +394,19 @@ absl::Status ZipArchive::Stream(const ZipEntry& entry, uint64_t limit, bool chec
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ZipArchive::ReadAll(const ZipEntry& entry) const {
+absl::StatusOr<std::string> ZipArchive::ReadAll(const ZipEntry& entry, uint64_t max_bytes,
+                                                std::string_view what) const {
   if (auto status = CheckReadable(entry); !status.ok()) return status;
-  // The claimed size is trusted only as far as the file backs it: a stored entry's bytes are in the file
-  // (checked at Open), but a deflated entry's size is a header field, so its buffer grows with the data
-  // actually inflated (Stream stops at the claimed size) instead of being allocated up front.
-  constexpr uint64_t kReserveCap = uint64_t{64} << 20;
+  // The declared size is bounded by the caller's limit before anything is allocated; a deflated entry's
+  // declared size is only a header field, so its buffer grows with the data actually inflated (Stream stops
+  // with an error past the declared size) instead of being allocated up front.
+  if (entry.uncompressed_size > max_bytes) {
+    return absl::InvalidArgumentError(fl::StrCat(path_, ": ", what, " '", entry.name, "' is ", entry.uncompressed_size,
+                                                 " bytes uncompressed, over the limit of ", max_bytes,
+                                                 " bytes for it (docs/input-limits.md); the file is not one "
+                                                 "numpy or torch writes for this testbed"));
+  }
+  constexpr uint64_t kReserveCap = uint64_t{16} << 20;
   std::string data;
   data.reserve(static_cast<size_t>(entry.method == kZipMethodStored ? entry.uncompressed_size
                                                                     : std::min(entry.uncompressed_size, kReserveCap)));
@@ -409,6 +437,16 @@ absl::Status ZipArchive::ReadRange(const ZipEntry& entry, uint64_t offset, std::
       std::memcpy(out.data() + (from - offset), chunk.data() + (from - at), static_cast<size_t>(to - from));
     return absl::OkStatus();
   });
+}
+
+absl::Status ZipArchive::VerifyCrc(const ZipEntry& entry) const {
+  const bool indexed = !entries_.empty() && &entry >= entries_.data() && &entry < entries_.data() + entries_.size();
+  std::atomic<bool>* done = indexed ? &file_->verified[static_cast<size_t>(&entry - entries_.data())] : nullptr;
+  if (done != nullptr && done->load(std::memory_order_acquire)) return absl::OkStatus();
+  absl::Status status = Stream(entry, std::numeric_limits<uint64_t>::max(), /*check_crc=*/true,
+                               [](uint64_t, std::span<const uint8_t>) { return absl::OkStatus(); });
+  if (status.ok() && done != nullptr) done->store(true, std::memory_order_release);
+  return status;
 }
 
 absl::Status ZipArchive::ForEachChunk(const ZipEntry& entry, const ChunkSink& sink) const {

@@ -59,19 +59,19 @@ TEST(PickleTest, Scalars) {
   ASSERT_TRUE(doc.ok()) << Message(doc);
   const PickleNode& root = doc->at(doc->root());
   ASSERT_EQ(root.kind, PickleKind::kTuple);
-  ASSERT_EQ(root.items.size(), 12u);
+  ASSERT_EQ(doc->items(doc->root()).size(), 12u);
   const std::vector<int64_t> ints = {5, 0x1234, -2, -2, -32768, 0};
   for (size_t i = 0; i < ints.size(); ++i) {
-    EXPECT_EQ(doc->at(root.items[i]).kind, PickleKind::kInt);
-    EXPECT_EQ(doc->at(root.items[i]).integer, ints[i]) << i;
+    EXPECT_EQ(doc->at(doc->items(doc->root())[i]).kind, PickleKind::kInt);
+    EXPECT_EQ(doc->at(doc->items(doc->root())[i]).integer, ints[i]) << i;
   }
-  EXPECT_EQ(doc->at(root.items[6]).real, 1.5);
-  EXPECT_EQ(doc->at(root.items[7]).kind, PickleKind::kNone);
-  EXPECT_TRUE(doc->at(root.items[8]).boolean);
-  EXPECT_FALSE(doc->at(root.items[9]).boolean);
-  EXPECT_EQ(doc->at(root.items[10]).text, "abc");
-  EXPECT_EQ(doc->at(root.items[11]).text, "hi");
-  EXPECT_EQ(doc->Describe(root.items[0]), "int 5");
+  EXPECT_EQ(doc->at(doc->items(doc->root())[6]).real, 1.5);
+  EXPECT_EQ(doc->at(doc->items(doc->root())[7]).kind, PickleKind::kNone);
+  EXPECT_TRUE(doc->at(doc->items(doc->root())[8]).boolean);
+  EXPECT_FALSE(doc->at(doc->items(doc->root())[9]).boolean);
+  EXPECT_EQ(doc->text(doc->items(doc->root())[10]), "abc");
+  EXPECT_EQ(doc->text(doc->items(doc->root())[11]), "hi");
+  EXPECT_EQ(doc->Describe(doc->items(doc->root())[0]), "int 5");
 }
 
 TEST(PickleTest, ContainersAndMemoShareValues) {
@@ -84,23 +84,23 @@ TEST(PickleTest, ContainersAndMemoShareValues) {
   ASSERT_NE(a, kNoPickleRef);
   EXPECT_EQ(a, b);
   EXPECT_EQ(doc->at(a).kind, PickleKind::kList);
-  ASSERT_EQ(doc->at(a).items.size(), 1u);
-  EXPECT_EQ(doc->at(doc->at(a).items[0]).integer, 1);
+  ASSERT_EQ(doc->items(a).size(), 1u);
+  EXPECT_EQ(doc->at(doc->items(a)[0]).integer, 1);
   EXPECT_EQ(doc->DictGet(doc->root(), "c"), kNoPickleRef);
   // TUPLE1..3, EMPTY_TUPLE, APPENDS, SETITEM, MEMOIZE + LONG_BINGET, all inside one MARK ... TUPLE.
   const std::string q = B("\x80\x02(K\x01\x85K\x01K\x02\x86K\x01K\x02K\x03\x87)") + B("](K\x07K\x08") + "e" + "}" +
                         U("k") + "Ns" + B("\x94j\x00\x00\x00\x00") + "t.";
   doc = Parse(q);
   ASSERT_TRUE(doc.ok()) << Message(doc);
-  const PickleNode& root = doc->at(doc->root());
-  ASSERT_EQ(root.items.size(), 7u);
-  EXPECT_EQ(doc->at(root.items[0]).items.size(), 1u);
-  EXPECT_EQ(doc->at(root.items[1]).items.size(), 2u);
-  EXPECT_EQ(doc->at(root.items[2]).items.size(), 3u);
-  EXPECT_EQ(doc->at(root.items[3]).items.size(), 0u);
-  EXPECT_EQ(doc->Describe(root.items[4]), "list of 2");
-  EXPECT_EQ(doc->Describe(root.items[5]), "dict of 1");
-  EXPECT_EQ(root.items[5], root.items[6]);  // MEMOIZE stored it at index 0, LONG_BINGET 0 recalled it
+  ASSERT_EQ(doc->items(doc->root()).size(), 7u);
+  EXPECT_EQ(doc->items(doc->items(doc->root())[0]).size(), 1u);
+  EXPECT_EQ(doc->items(doc->items(doc->root())[1]).size(), 2u);
+  EXPECT_EQ(doc->items(doc->items(doc->root())[2]).size(), 3u);
+  EXPECT_EQ(doc->items(doc->items(doc->root())[3]).size(), 0u);
+  EXPECT_EQ(doc->Describe(doc->items(doc->root())[4]), "list of 2");
+  EXPECT_EQ(doc->Describe(doc->items(doc->root())[5]), "dict of 1");
+  EXPECT_EQ(doc->items(doc->root())[5],
+            doc->items(doc->root())[6]);  // MEMOIZE stored it at index 0, LONG_BINGET 0 recalled it
 }
 
 TEST(PickleTest, ObjectsCallsAndPersistentIdsAreInert) {
@@ -117,9 +117,9 @@ TEST(PickleTest, ObjectsCallsAndPersistentIdsAreInert) {
   const PickleRef w = doc->DictGet(root.state, "w");
   ASSERT_NE(w, kNoPickleRef);
   EXPECT_EQ(doc->Describe(w), "call of torch._utils._rebuild_tensor_v2");
-  const PickleNode& args = doc->at(doc->at(w).items[1]);
-  ASSERT_EQ(args.items.size(), 1u);
-  EXPECT_EQ(doc->at(args.items[0]).kind, PickleKind::kPersistent);
+  const std::span<const PickleRef> args = doc->items(doc->items(w)[1]);
+  ASSERT_EQ(args.size(), 1u);
+  EXPECT_EQ(doc->at(args[0]).kind, PickleKind::kPersistent);
 }
 
 TEST(PickleTest, AContainerThatContainsItselfParses) {
@@ -127,7 +127,8 @@ TEST(PickleTest, AContainerThatContainsItselfParses) {
       Parse(B("\x80\x02]q\x00h\x00"
               "a."));
   ASSERT_TRUE(doc.ok()) << Message(doc);
-  EXPECT_EQ(doc->at(doc->root()).items.at(0), doc->root());
+  ASSERT_EQ(doc->items(doc->root()).size(), 1u);
+  EXPECT_EQ(doc->items(doc->root())[0], doc->root());
 }
 
 TEST(PickleTest, RefusalsNameTheOpcodeAndOffset) {
@@ -184,7 +185,8 @@ TEST(PickleTest, LimitsBoundDepthAndSize) {
   EXPECT_THAT(Message(deep), HasSubstr("more than 4096 nested MARKs"));
   PickleLimits small;
   small.max_values = 3;
-  EXPECT_THAT(Message(Parse("\x80\x02NNNN", small)), HasSubstr("more than 3 values"));
+  const std::string four_ints = B("\x80\x02(J\x00\x00\x01\x00J\x00\x00\x02\x00J\x00\x00\x03\x00J\x00\x00\x04\x00t.");
+  EXPECT_THAT(Message(Parse(four_ints, small)), HasSubstr("more than 3 values"));
   small = PickleLimits{};
   small.max_stack = 2;
   EXPECT_THAT(Message(Parse("\x80\x02NNN", small)), HasSubstr("more than 2 values on the stack"));

@@ -46,7 +46,7 @@ class ZipArchiveTest : public ::testing::Test {
       std::string expected_name = entry.name;
       std::replace(expected_name.begin(), expected_name.end(), '/', '_');
       const std::string expected = ReadFile(dir_.File("expected_" + expected_name));
-      auto all = archive.ReadAll(entry);
+      auto all = archive.ReadAll(entry, uint64_t{1} << 30);
       ASSERT_TRUE(all.ok()) << all.status();
       EXPECT_EQ(*all, expected) << entry.name;
       std::string streamed;
@@ -288,7 +288,7 @@ TEST_F(ZipArchiveTest, CrcMismatch) {
     WriteFile(corrupt, bytes);
     auto reopened = ZipArchive::Open(corrupt);
     ASSERT_TRUE(reopened.ok()) << reopened.status();
-    auto data = reopened->ReadAll(*reopened->Find("dir/text.txt"));
+    auto data = reopened->ReadAll(*reopened->Find("dir/text.txt"), uint64_t{1} << 30);
     ASSERT_FALSE(data.ok()) << name;
     EXPECT_THAT(std::string(data.status().message()), HasSubstr(corrupt)) << data.status();
     EXPECT_THAT(std::string(data.status().message()), HasSubstr("dir/text.txt")) << data.status();
@@ -296,7 +296,7 @@ TEST_F(ZipArchiveTest, CrcMismatch) {
       EXPECT_THAT(std::string(data.status().message()), HasSubstr("fails its CRC-32 check"));
     }
     // The other entries are intact.
-    EXPECT_TRUE(reopened->ReadAll(*reopened->Find("small.txt")).ok());
+    EXPECT_TRUE(reopened->ReadAll(*reopened->Find("small.txt"), uint64_t{1} << 30).ok());
   }
 }
 
@@ -308,7 +308,7 @@ with zipfile.ZipFile(os.path.join(sys.argv[1], 'a.zip'), 'w', zipfile.ZIP_BZIP2)
 )PY");
   auto archive = ZipArchive::Open(dir_.File("a.zip"));
   ASSERT_TRUE(archive.ok()) << archive.status();
-  auto data = archive->ReadAll(archive->entries()[0]);
+  auto data = archive->ReadAll(archive->entries()[0], uint64_t{1} << 30);
   ASSERT_FALSE(data.ok());
   EXPECT_THAT(std::string(data.status().message()), HasSubstr("compression method 12"));
   EXPECT_THAT(std::string(data.status().message()), HasSubstr("a.zip"));

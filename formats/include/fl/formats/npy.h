@@ -72,7 +72,8 @@ struct NpyHeader {
 // first kNpyPreambleBytes (or more) bytes of an .npy. `name` is used in error messages.
 absl::StatusOr<uint64_t> NpyHeaderSize(std::span<const uint8_t> preamble, std::string_view name);
 
-// Parses and validates an .npy header; `bytes` holds at least the whole header (NpyHeaderSize bytes).
+// Parses and validates an .npy header; `bytes` holds at least the whole header (NpyHeaderSize bytes). Tuples
+// nested more than 16 deep are refused (numpy writes one level), so hostile nesting cannot exhaust the stack.
 // Errors name `name` (e.g. "data.npz:x_train") and say how to re-save the array in a readable form.
 absl::StatusOr<NpyHeader> ParseNpyHeader(std::span<const uint8_t> bytes, std::string_view name);
 
@@ -81,6 +82,8 @@ struct NpyArray {
   NpyHeader header;
   std::vector<uint8_t> data;
 };
+// A regular file only (fl::sys::OpenUserFile: not a FIFO or /dev/zero), its size agreeing with its header before
+// the data is allocated.
 absl::StatusOr<NpyArray> LoadNpy(const std::string& path);
 
 class NpzFile {
@@ -96,12 +99,14 @@ class NpzFile {
   // The header of array `name` (read from the file on each call: a few hundred bytes). NotFound names the
   // arrays present.
   absl::StatusOr<NpyHeader> Header(std::string_view name) const;
-  // The whole array's data bytes (C order, little-endian), CRC-checked.
+  // The whole array's data bytes (C order, little-endian), CRC-checked; the buffer grows with the data actually
+  // inflated, never allocated from a deflated member's claimed size.
   absl::StatusOr<std::vector<uint8_t>> ReadAll(std::string_view name) const;
   // The data bytes of rows[0], rows[1], ... (slices along the first axis, each header.row_bytes() long) in
   // that order; a row may repeat. Stored members: pread of just those rows (consecutive rows in one read),
-  // not CRC-checked (the rest of the member is not read). Deflated members: inflated once, keeping only
-  // the requested rows; CRC-checked. Memory: the result only.
+  // and the whole member's CRC checked once per NpzFile (streamed: flipped bytes are refused, not trained
+  // on). Deflated members: inflated once, keeping only the requested rows; CRC-checked. Memory: the result
+  // only.
   absl::StatusOr<std::vector<uint8_t>> ReadRows(std::string_view name, std::span<const uint32_t> rows) const;
 
   // "<path>:<name>", as error messages name an array.

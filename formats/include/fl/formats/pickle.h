@@ -13,8 +13,10 @@
 // underflow, a missing MARK, a memo miss or a structure over the limits below is an InvalidArgument that
 // names the opcode and its byte offset. Hostile input never crashes the parser: every length is checked
 // against the bytes left, and the values live in one arena (indices, not pointers), so a pickle that makes
-// a container contain itself cannot leak or overflow the C++ stack here. Consumers that walk the values
-// recursively must bound their depth themselves (cycles are legal pickle).
+// a container contain itself cannot leak or overflow the C++ stack here. None, True, False, the empty tuple and
+// the integers 0..255 are shared values (immutable in Python too), so a list of 2^24 Nones costs its item list
+// only; the memo is a dense array (MEMOIZE and the sequential ids picklers write), a map only for ids that skip.
+// Consumers that walk the values recursively must bound their depth themselves (cycles are legal pickle).
 #pragma once
 
 #include <cstddef>
@@ -50,23 +52,30 @@ enum class PickleKind : uint8_t {
 
 std::string_view PickleKindName(PickleKind kind);
 
+// 32 bytes a value: a pickle is read into an arena of these, with strings in one text buffer and the items of
+// containers in their own lists, so that memory per value is small and accounted (PickleLimits).
 struct PickleNode {
   PickleKind kind = PickleKind::kNone;
   bool boolean = false;
+  PickleRef state = kNoPickleRef;  // kObject / kCall: the BUILD argument
   int64_t integer = 0;
   double real = 0;
-  std::string text;
-  std::vector<PickleRef> items;
-  PickleRef state = kNoPickleRef;  // kObject / kCall: the BUILD argument
+  uint32_t slot = 0;    // kString/kBytes/kGlobal: offset in the text buffer; containers: index of the item list
+  uint32_t length = 0;  // kString/kBytes/kGlobal: text length
 };
 
+// Bounds on what one pickle may cost. A stream of N bytes makes at most N values (each opcode at most one), and
+// memory is accounted as values are made (nodes, text, item lists, memo, stack): a pickle whose values would
+// take more than min(max_memory_bytes, memory_per_byte * N + 1 MiB) is refused when it gets there, before
+// the memory is spent. Real LibTorch pickles take about 10-15 bytes of memory per byte of pickle.
 struct PickleLimits {
-  // Values created (each opcode creates at most one, so a stream of N bytes never exceeds N + 3).
   size_t max_values = size_t{1} << 24;
   // Open MARKs at once: the nesting depth of tuples/lists/dicts being built.
   size_t max_marks = 4096;
   // Values on the stack at once.
   size_t max_stack = size_t{1} << 22;
+  size_t max_memory_bytes = size_t{512} << 20;
+  size_t memory_per_byte = 24;
 };
 
 class PickleDocument {
@@ -74,6 +83,13 @@ class PickleDocument {
   PickleRef root() const { return root_; }
   const PickleNode& at(PickleRef ref) const { return nodes_[ref]; }
   size_t size() const { return nodes_.size(); }
+  // kString/kBytes: the bytes as written; kGlobal: "module.name"; other kinds: empty.
+  std::string_view text(PickleRef ref) const;
+  // Containers (tuple, list, dict: key, value, ...), kCall/kObject ({callable, args}), kPersistent ({id});
+  // other kinds: empty.
+  std::span<const PickleRef> items(PickleRef ref) const;
+  // The memory the document and its parse were accounted (bytes).
+  size_t memory_bytes() const { return memory_bytes_; }
 
   // For a kDict: the value of the first entry whose key is the string `key`, or kNoPickleRef.
   PickleRef DictGet(PickleRef dict, std::string_view key) const;
@@ -84,11 +100,14 @@ class PickleDocument {
  private:
   friend class PickleParser;
   std::vector<PickleNode> nodes_;
+  std::string text_;
+  std::vector<std::vector<PickleRef>> lists_;
   PickleRef root_ = kNoPickleRef;
+  size_t memory_bytes_ = 0;
 };
 
 // Interprets `bytes` up to its STOP opcode (bytes after STOP are ignored, as Python does). `what` names
-// the source in errors ("model.pt: model/data.pkl").
+// the source in errors ("model.pt: model/data.pkl"). Pickles of 2^31 bytes or more are refused.
 absl::StatusOr<PickleDocument> ParsePickle(std::span<const uint8_t> bytes, std::string_view what,
                                            const PickleLimits& limits = {});
 
