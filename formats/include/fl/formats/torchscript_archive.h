@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "fl/core/tensor_spec.h"
 
@@ -41,10 +42,30 @@ struct ScriptModelFile {
   std::string root_class;  // the root module's TorchScript class, e.g. "__torch__.Net"
 };
 
-// Errors name the file and say what to do: not a ZIP or not a TorchScript archive (a torch.save()
-// state_dict, for instance: export with torch.jit.script/trace), a model without parameters, a tensor
-// whose storage is missing or shorter than the tensor needs, a dtype other than float32, float16,
-// bfloat16, float64, int64, int32 and uint8 (naming the tensor), quantized tensors.
+// Errors name the file and say what to do: not a regular file, not a ZIP or not a TorchScript archive (a
+// torch.save() state_dict, for instance: export with torch.jit.script/trace), a model without parameters, a
+// tensor whose storage is missing or shorter than the tensor or its storage record needs (checked arithmetic),
+// a dtype other than float32, float16, bfloat16, float64, int64, int32 and uint8 (naming the tensor), quantized
+// tensors, a parameter or buffer holding NaN or Inf (in float32, which fl carries), a CRC mismatch in what is
+// read, an entry named twice, a big-endian byte order, and anything over the limits of docs/input-limits.md.
+// Memory: a bounded multiple of the file's size (the fp32 image, one storage at a time, the pickle's values).
 absl::StatusOr<ScriptModelFile> ReadTorchScriptModel(const std::string& path);
+
+// What fl-client runs before LibTorch ever loads the user's archive (torch::jit::load trusts the file: an
+// offset past a storage, a short duplicate storage entry or a newline bomb in a code file crash it or load
+// heap memory as weights). Checks everything ReadTorchScriptModel checks and, over the whole archive:
+//   - every entry's CRC-32 and size (streamed, one chunk in memory);
+//   - every tensor LibTorch would rebuild, in data.pkl (attributes that are neither parameters nor buffers
+//     included) and in constants.pkl: its storage record exists, holds the element count its reference
+//     declares, and the tensor's sizes, strides (none negative) and offset stay inside it (checked
+//     arithmetic), one storage never referenced with two types or counts;
+//   - the TorchScript sources LibTorch's parser reads (code/**.py): size, line count, consecutive blank
+//     lines, bracket nesting and indentation under the limits of docs/input-limits.md (LibTorch 1.13's parser
+//     recurses per blank line and per bracket: 60,000 blank lines or 10,000 nested brackets overflow an 8 MiB
+//     stack);
+//   - the other pickles it reads (constants.pkl, *.debug_pkl) under the pickle limits.
+// Errors (InvalidArgument, NotFound, DataLoss...) name the file and, where there is one, the entry or tensor.
+// Memory: a bounded multiple of the file's size, as ReadTorchScriptModel.
+absl::Status CheckTorchScriptFile(const std::string& path);
 
 }  // namespace fl::formats
