@@ -1,10 +1,15 @@
 #include "fl/config/yaml_fields.h"
 
 #include <cmath>
-#include <fstream>
 #include <sstream>
+#include <unordered_map>
+#include <vector>
+
+#include <yaml-cpp/eventhandler.h>
+#include <yaml-cpp/parser.h>
 
 #include "fl/core/str_cat.h"
+#include "fl/sys/user_file.h"
 
 namespace fl::config {
 namespace {
@@ -15,18 +20,142 @@ std::string FormatNumber(double v) { return fl::StrCat(v); }
 }  // namespace
 
 absl::StatusOr<std::string> ReadTextFile(const std::filesystem::path& path, std::string_view what) {
-  std::ifstream in(path);
-  if (!in) {
-    return absl::NotFoundError(fl::StrCat(what, " ", path.string(), " cannot be read (missing or not readable)"));
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return sys::ReadUserFile(path.string(), what, kMaxYamlFileBytes,
+                           "manifests and profiles are a few KB: check that this is the right file");
 }
 
+namespace {
+
+// A limit of ParseYaml's first pass, thrown out of yaml-cpp's parser (which stops there: its recursion is bounded
+// by the depth at which this is thrown) and caught in ParseYaml.
+struct StrictYamlError {
+  YAML::Mark mark;
+  std::string path;  // the field path, "" when the problem is the document's
+  std::string problem;
+};
+
+// The first pass over a document's events (no tree is built): keys given twice, depth, node count. Keys are
+// compared by their text, as yaml-cpp's lookups compare them.
+class StrictYamlChecker : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override { Leaf(mark, "~"); }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t anchor) override { Leaf(mark, fl::StrCat("*", anchor)); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t, const std::string& value) override {
+    Leaf(mark, value);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
+    Open(mark, /*is_map=*/false);
+  }
+  void OnSequenceEnd() override { Close(); }
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
+    Open(mark, /*is_map=*/true);
+  }
+  void OnMapEnd() override { Close(); }
+
+ private:
+  struct Frame {
+    bool is_map = false;
+    bool next_is_key = true;  // maps: whether the next node is a key or a value
+    std::string path;
+    std::string key;  // maps: the key of the value being read
+    size_t index = 0;  // lists: the entry being read
+    std::unordered_map<std::string, int> keys;  // maps: key -> its 1-based line
+  };
+
+  std::string ChildPath() const {
+    if (stack_.empty()) return {};
+    const Frame& f = stack_.back();
+    if (!f.is_map) return fl::StrCat(f.path, "[", f.index, "]");
+    return f.path.empty() ? f.key : fl::StrCat(f.path, ".", f.key);
+  }
+
+  // A node starts under the top frame; `scalar` is its text when it is a leaf. Returns whether it is a key.
+  bool Begin(const YAML::Mark& mark, const std::string* scalar) {
+    if (++nodes_ > kMaxYamlNodes) {
+      throw StrictYamlError{mark, ChildPath(),
+                            fl::StrCat("more than ", kMaxYamlNodes,
+                                       " YAML nodes (maps, lists and values); the loaders' files have a few hundred: "
+                                       "check that this is the right file")};
+    }
+    if (stack_.empty() || !stack_.back().is_map || !stack_.back().next_is_key) return false;
+    Frame& f = stack_.back();
+    if (scalar == nullptr) {
+      f.key = "<non-scalar key>";
+      return true;
+    }
+    const int line = mark.line + 1;
+    auto [it, inserted] = f.keys.emplace(*scalar, line);
+    if (!inserted) {
+      throw StrictYamlError{mark, f.path.empty() ? *scalar : fl::StrCat(f.path, ".", *scalar),
+                            fl::StrCat("key given twice (first at line ", it->second, ", again at line ", line,
+                                       "); a key may appear once in a map: keep one of the two")};
+    }
+    f.key = *scalar;
+    return true;
+  }
+
+  // A node under the top frame is complete.
+  void End() {
+    if (stack_.empty()) return;
+    Frame& f = stack_.back();
+    if (f.is_map) {
+      f.next_is_key = !f.next_is_key;
+    } else {
+      ++f.index;
+    }
+  }
+
+  void Leaf(const YAML::Mark& mark, const std::string& text) {
+    Begin(mark, &text);
+    End();
+  }
+
+  void Open(const YAML::Mark& mark, bool is_map) {
+    const bool is_key = Begin(mark, nullptr);
+    Frame f;
+    f.is_map = is_map;
+    f.path = is_key ? fl::StrCat(ChildPath(), "<key>") : ChildPath();
+    if (stack_.size() >= static_cast<size_t>(kMaxYamlDepth)) {
+      throw StrictYamlError{mark, f.path,
+                            fl::StrCat("maps and lists nested deeper than ", kMaxYamlDepth,
+                                       " levels; the loaders' files nest a few: look for an unclosed [ or {")};
+    }
+    stack_.push_back(std::move(f));
+  }
+
+  void Close() {
+    if (!stack_.empty()) stack_.pop_back();
+    End();
+  }
+
+  std::vector<Frame> stack_;
+  size_t nodes_ = 0;
+};
+
+}  // namespace
+
 absl::StatusOr<YAML::Node> ParseYaml(std::string_view text, std::string_view file) {
+  const std::string input(text);
   try {
-    return YAML::Load(std::string(text));
+    // The first pass: refuses what yaml-cpp would keep silently (a key given twice) or could not survive (depth),
+    // before it builds a tree. Only the first document is checked: it is the only one YAML::Load reads.
+    std::istringstream in(input);
+    YAML::Parser parser(in);
+    StrictYamlChecker checker;
+    parser.HandleNextDocument(checker);
+  } catch (const StrictYamlError& e) {
+    std::string where(file.empty() ? std::string_view("<inline>") : file);
+    if (e.mark.line >= 0) where = fl::StrCat(where, ":", e.mark.line + 1);
+    return absl::InvalidArgumentError(
+        fl::StrCat(where, ": ", e.path.empty() ? std::string("(top level)") : e.path, ": ", e.problem));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        fl::StrCat(file, ":", e.mark.line + 1, ": not valid YAML: ", e.msg, "; fix the syntax and run again"));
+  }
+  try {
+    return YAML::Load(input);
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(
         fl::StrCat(file, ":", e.mark.line + 1, ": not valid YAML: ", e.msg, "; fix the syntax and run again"));

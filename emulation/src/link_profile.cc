@@ -4,7 +4,6 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
-#include <fstream>
 #include <set>
 #include <sstream>
 
@@ -12,6 +11,7 @@
 #include "fl/config/field_table.h"
 #include "fl/config/yaml_fields.h"
 #include "fl/core/str_cat.h"
+#include "fl/sys/user_file.h"
 
 namespace fl::emulation {
 namespace {
@@ -228,23 +228,31 @@ std::string FormatRate(double bps) {
 }
 
 absl::StatusOr<MahimahiTrace> LoadMahimahiTrace(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) {
-    return absl::NotFoundError(StrCat("cannot open trace file ", path.string()));
-  }
+  // A regular file of at most kMaxTraceBytes, read whole (a FIFO or /dev/zero is refused before a byte is read).
+  absl::StatusOr<std::string> text =
+      sys::ReadUserFile(path.string(), "trace file", kMaxTraceBytes,
+                        "a Mahimahi trace holds one line per 1500-byte delivery; shorten it (it repeats)");
+  if (!text.ok()) return text.status();
   MahimahiTrace trace;
   trace.path = std::filesystem::absolute(path).lexically_normal().string();
-  std::string line;
+  // One allocation of the exact size: the vector never grows past what the file's lines need.
+  trace.opportunities_ms.reserve(static_cast<size_t>(std::count(text->begin(), text->end(), '\n')) + 1);
   int line_no = 0;
   uint64_t last = 0;
-  while (std::getline(in, line)) {
+  std::string_view rest(*text);
+  while (!rest.empty()) {
+    const size_t nl = rest.find('\n');
+    const std::string_view line = rest.substr(0, nl);
+    rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
     ++line_no;
     const std::string_view t = Trim(line);
     if (t.empty()) continue;
     uint64_t ms = 0;
     auto [ptr, ec] = std::from_chars(t.data(), t.data() + t.size(), ms);
     if (ec != std::errc() || ptr != t.data() + t.size()) {
-      return absl::InvalidArgumentError(StrCat(path.string(), ":", line_no, ": '", t,
+      // At most 40 bytes of the line: a line of a binary file can be megabytes long.
+      const std::string shown = t.size() > 40 ? StrCat(std::string(t.substr(0, 40)), "...") : std::string(t);
+      return absl::InvalidArgumentError(StrCat(path.string(), ":", line_no, ": '", shown,
                                                "' is not a non-negative integer ms timestamp (Mahimahi format: "
                                                "one timestamp per line)"));
     }
@@ -274,7 +282,10 @@ absl::StatusOr<LinkProfile> ParseLinkProfile(const YAML::Node& node, const YamlC
 }
 
 absl::StatusOr<LinkProfile> LoadLinkProfile(const std::filesystem::path& path) {
-  if (!std::filesystem::is_regular_file(path)) {
+  std::error_code ec;
+  // Only a missing file gets the hint below; anything else that is there (a FIFO, a device) is refused by
+  // LoadYamlFile naming what it is.
+  if (!std::filesystem::exists(path, ec)) {
     return absl::NotFoundError(StrCat("link profile ", path.string(),
                                       " does not exist (profiles live in experiments/profiles/links/<name>.yaml)"));
   }

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "fl/core/str_cat.h"
 #include "fl/experiment/runner.h"
+#include "fl/instrumentation/record_reader.h"
 #include "fl/instrumentation/sqlite.h"
 
 namespace fl::experiment {
@@ -92,6 +93,7 @@ double Quantile(std::vector<double> v, double q) {
 
 absl::StatusOr<std::string> CompareExperiments(const std::string& db_path, const std::string& original,
                                                const std::string& replay) {
+  if (absl::Status s = instrumentation::CheckRecordsFile(db_path); !s.ok()) return s;  // not a FIFO or a device
   absl::StatusOr<Database> db = Database::Open(db_path, SQLITE_OPEN_READONLY);
   if (!db.ok()) return db.status();
   (void)db->Exec("PRAGMA busy_timeout = 5000");

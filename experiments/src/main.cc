@@ -20,6 +20,7 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include "fl/config/yaml_fields.h"
 #include "fl/core/log_format.h"
 #include "fl/core/str_cat.h"
 #include "fl/emulation/calibrate.h"
@@ -79,11 +80,15 @@ std::string Summary(const std::string& db, const std::string& id) {
 #if FL_WITH_ISLANDS
 // An islands manifest (experiments/diloco/, docs/diloco.md) has a top-level `islands` count; a federation
 // manifest has `clients`.
+// Read through config's strict loader (a regular file, bounded, nesting and duplicate keys checked), never
+// YAML::LoadFile: a FIFO would block it forever, a deep `[[[[` could overflow its stack.
 bool IsIslandsManifest(const std::string& path) {
+  absl::StatusOr<YAML::Node> root = fl::config::LoadYamlFile(path, "manifest");
+  if (!root.ok()) return false;  // LoadManifest reports the same error, naming the file
   try {
-    return YAML::LoadFile(path)["islands"].IsDefined();
+    return root->IsMap() && (*root)["islands"].IsDefined();
   } catch (const YAML::Exception&) {
-    return false;  // LoadManifest reports the syntax error with its line
+    return false;
   }
 }
 
@@ -98,7 +103,13 @@ int RunIslands(const std::string& manifest_path, const std::string& out_dir, con
     paths.fl_island = (dir.parent_path() / "diloco" / "island" / "fl-island").string();
     paths.fl_coordinator = (dir.parent_path() / "diloco" / "coord" / "fl-coordinator").string();
   }
-  paths.out_dir = out_dir.empty() ? (fs::path("out") / config->name).string() : out_dir;
+  if (out_dir.empty()) {
+    absl::StatusOr<fs::path> dir = fl::experiment::ExperimentOutputDir("out", config->name);
+    if (!dir.ok()) return Fail(dir.status());
+    paths.out_dir = dir->string();
+  } else {
+    paths.out_dir = out_dir;
+  }
   absl::StatusOr<fl::diloco::IslandsExperimentResult> r = fl::diloco::RunIslandsExperiment(*config, paths);
   if (!r.ok()) return Fail(r.status(), 1);
   std::printf("%s\nrecords: %s/records.db; logs and per-sync metrics: %s\n", r->ToJson().c_str(), paths.out_dir.c_str(),
@@ -218,7 +229,9 @@ int main(int argc, char** argv) {
         fl::experiment::LoadManifest(manifest_path, fl::experiment::ManifestOptions{run_profiles_dir});
     if (!m.ok()) return Fail(m.status());
     fl::experiment::RunOptions o;
-    o.out_dir = out_dir.empty() ? fs::path("out") / m->name : fs::path(out_dir);
+    absl::StatusOr<fs::path> default_out = fl::experiment::ExperimentOutputDir("out", m->name);
+    if (out_dir.empty() && !default_out.ok()) return Fail(default_out.status());
+    o.out_dir = out_dir.empty() ? *default_out : fs::path(out_dir);
     o.db_path = db_path.empty() ? (o.out_dir / "records.db").string() : db_path;
     FindBinaries(bin_dir, &o);
     o.no_records = no_records;
@@ -235,7 +248,10 @@ int main(int argc, char** argv) {
                    FL_VERSION);
     }
     fl::experiment::RunOptions o;
-    o.out_dir = out_dir.empty() ? fs::path("out") / fl::StrCat(m->name, "-replay") : fs::path(out_dir);
+    // The name comes from the records database: checked like a manifest's before it forms a path.
+    absl::StatusOr<fs::path> default_out = fl::experiment::ExperimentOutputDir("out", m->name, "-replay");
+    if (out_dir.empty() && !default_out.ok()) return Fail(default_out.status());
+    o.out_dir = out_dir.empty() ? *default_out : fs::path(out_dir);
     o.db_path = replay_db;
     FindBinaries(bin_dir, &o);
     o.replay_of = rec->experiment_id;

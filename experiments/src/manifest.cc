@@ -8,10 +8,12 @@
 #include <nlohmann/json.hpp>
 
 #include "fl/config/field_table.h"
+#include "fl/config/safe_name.h"
 #include "fl/config/yaml_fields.h"
 #include "fl/core/codec_policy.h"
 #include "fl/core/model_file.h"
 #include "fl/core/str_cat.h"
+#include "fl/sys/user_file.h"
 
 namespace fl::experiment {
 namespace {
@@ -325,13 +327,19 @@ absl::Status ReadDevice(const Where& where, const YamlMap& m, const std::string&
   const YAML::Node n = m.Node(key);
   if (n.IsScalar()) {
     if (n.Scalar() == "host") return absl::OkStatus();  // the default
+    // A name, not a path: "../../x" must not read files outside the profiles folder.
+    if (std::optional<std::string> why = config::WhyNotASafeName(n.Scalar()); why.has_value()) {
+      return m.Error(n, key, fl::StrCat("device profile name \"", n.Scalar(), "\" ", *why),
+                     fl::StrCat("host, ", JoinNames(ProfileNames(where.devices)), ", or an inline map"));
+    }
     const fs::path file = where.devices / fl::StrCat(n.Scalar(), ".yaml");
     if (!fs::exists(file)) {
       return m.Error(n, key, fl::StrCat("no device profile \"", n.Scalar(), "\" (looked for ", file.string(), ")"),
                      fl::StrCat("host, ", JoinNames(ProfileNames(where.devices)), ", or an inline map"));
     }
     absl::StatusOr<DeviceProfile> d = LoadDeviceProfile(file);
-    if (!d.ok()) return d.status();
+    // The profile's own error names the profile file; the manifest's line says which group asked for it.
+    if (!d.ok()) return m.Error(n, key, fl::ToStd(d.status().message()));
     g.device = *d;
     return absl::OkStatus();
   }
@@ -351,13 +359,18 @@ absl::Status ReadLink(const Where& where, const YamlMap& m, const std::string& k
   const YAML::Node n = m.Node(key);
   if (n.IsScalar()) {
     if (n.Scalar() == "none") return absl::OkStatus();  // the default: no emulation
+    if (std::optional<std::string> why = config::WhyNotASafeName(n.Scalar()); why.has_value()) {
+      return m.Error(n, key, fl::StrCat("link profile name \"", n.Scalar(), "\" ", *why),
+                     fl::StrCat("none, ", JoinNames(ProfileNames(where.links)), ", or an inline map"));
+    }
     const fs::path file = where.links / fl::StrCat(n.Scalar(), ".yaml");
     if (!fs::exists(file)) {
       return m.Error(n, key, fl::StrCat("no link profile \"", n.Scalar(), "\" (looked for ", file.string(), ")"),
                      fl::StrCat("none, ", JoinNames(ProfileNames(where.links)), ", or an inline map"));
     }
     absl::StatusOr<emulation::LinkProfile> l = emulation::LoadLinkProfile(file);
-    if (!l.ok()) return l.status();
+    // The profile's error names the profile (and its trace file); the manifest's line says who asked for it.
+    if (!l.ok()) return m.Error(n, key, fl::ToStd(l.status().message()));
     g.link = *l;
     g.link_name = l->name;
   } else if (n.IsMap()) {
@@ -378,10 +391,13 @@ config::FieldTable<ClientGroup> GroupFields(const Where& where) {
   using G = ClientGroup;
   return {
       config::StringField("name", &G::name).Then([](const YamlMap& m, G& g) -> absl::Status {
-        if (!g.name.empty() && g.name.find_first_of(" /\t") == std::string::npos) return absl::OkStatus();
-        return m.Error(m.Node("name"), "name", "must be non-empty without spaces or slashes (clients are <name>-<i>)");
+        // Clients are <name>-<i>: their log files and certificates are named so.
+        const std::optional<std::string> why = config::WhyNotASafeName(g.name);
+        if (!why.has_value()) return absl::OkStatus();
+        return m.Error(m.Node("name"), "name", fl::StrCat("group name \"", g.name, "\" ", *why),
+                       config::kSafeNameAllowed);
       }),
-      config::IntField("count", &G::count, 1, 100'000),
+      config::IntField("count", &G::count, 1, kMaxManifestClients),
       config::CustomField<G>(
           "device", [where](const YamlMap& m, const std::string& key, G& g) { return ReadDevice(where, m, key, g); }),
       config::CustomField<G>(
@@ -403,11 +419,16 @@ config::FieldTable<ClientGroup> GroupFields(const Where& where) {
             // Relative to the manifest's folder; absolute, so that a replay from elsewhere finds the same file.
             std::error_code ec;
             fs::path path = where.base_dir / g.availability_trace;
-            if (!fs::is_regular_file(path, ec)) {
+            // Opened as fl-client will read it (a regular file, bounded), so that a FIFO or /dev/zero is refused
+            // here, naming the manifest's line and the trace, rather than hanging a client mid-run.
+            absl::StatusOr<sys::UserFile> file = sys::OpenUserFile(
+                path.string(), "availability trace", kMaxAvailabilityTraceBytes,
+                "an availability trace holds a few lines per client: check that this is the right file");
+            if (!file.ok()) {
               return m.Error(m.Node("availability"), "availability.trace",
-                             fl::StrCat("trace file \"", path.string(),
-                                        "\" not found (relative paths resolve against "
-                                        "the manifest's folder); the format is in docs/testbed.md \"Availability\""));
+                             fl::StrCat(fl::ToStd(file.status().message()),
+                                        " (relative paths resolve against the manifest's folder; the format is in "
+                                        "docs/testbed.md \"Availability\")"));
             }
             g.availability_trace = fs::absolute(path, ec).lexically_normal().string();
             return absl::OkStatus();
@@ -421,6 +442,7 @@ absl::Status ReadClients(const Where& where, const YamlMap& m, const std::string
   if (!list.ok()) return list.status();
   const config::FieldTable<ClientGroup> fields = GroupFields(where);
   std::set<std::string> names;
+  uint64_t total = 0;  // 64-bit and checked: the groups' counts must not wrap into a small number
   for (size_t i = 0; i < (*list)->size(); ++i) {
     const YamlMap& entry = (**list)[i];
     ClientGroup g;
@@ -431,6 +453,14 @@ absl::Status ReadClients(const Where& where, const YamlMap& m, const std::string
     if (!names.insert(g.name).second) {
       return entry.Error(entry.Node("name"), "name", fl::StrCat("group name \"", g.name, "\" is used twice"));
     }
+    total += g.count;  // each count is at most kMaxManifestClients, and total never exceeds it below: no overflow
+    if (total > kMaxManifestClients) {
+      return entry.Error(entry.Node("count"), "count",
+                         fl::StrCat("the client groups up to this one add up to ", total,
+                                    " clients, over the limit of ", kMaxManifestClients,
+                                    " clients in one experiment (", kMaxManifestClientsWhy, ")"),
+                         "fewer clients (lower count), or split the experiment");
+    }
     out.clients.push_back(std::move(g));
   }
   return absl::OkStatus();
@@ -438,7 +468,15 @@ absl::Status ReadClients(const Where& where, const YamlMap& m, const std::string
 
 config::FieldTable<Manifest> ManifestFields(const Where& where) {
   return {
-      config::StringField("name", &Manifest::name).Required(),
+      // The run's output folder is out/<name>: a name, never a path (`name: ../../..`).
+      config::StringField("name", &Manifest::name)
+          .Required()
+          .Then([](const YamlMap& m, Manifest& out) -> absl::Status {
+            const std::optional<std::string> why = config::WhyNotASafeName(out.name);
+            if (!why.has_value()) return absl::OkStatus();
+            return m.Error(m.Node("name"), "name", fl::StrCat("experiment name \"", out.name, "\" ", *why),
+                           config::kSafeNameAllowed);
+          }),
       config::StringField("description", &Manifest::description).NewInRecords(),
       config::IntField("seed", &Manifest::seed, 0, INT64_MAX),
       config::RecordField("path", &Manifest::path).NewInRecords(),
@@ -473,9 +511,10 @@ void FromRecord(const nlohmann::json& j, const config::FieldTable<T>& table, T& 
 
 }  // namespace
 
-uint32_t Manifest::num_clients() const {
-  uint32_t n = 0;
-  for (const auto& g : clients) n += g.count;
+uint64_t Manifest::num_clients() const {
+  // At most kMaxManifestClients after a load; 64-bit and saturating for a Manifest built in code.
+  uint64_t n = 0;
+  for (const auto& g : clients) n = n > UINT64_MAX - g.count ? UINT64_MAX : n + g.count;
   return n;
 }
 
@@ -521,6 +560,24 @@ absl::StatusOr<DeviceProfile> LoadDeviceProfile(const fs::path& path) {
   absl::StatusOr<YAML::Node> root = config::LoadYamlFile(path, "device profile");
   if (!root.ok()) return root.status();
   return ParseDeviceProfile(YamlMap(*root, path.string(), ""), path.stem().string(), path.string());
+}
+
+absl::StatusOr<fs::path> ExperimentOutputDir(const fs::path& out_root, const std::string& name,
+                                             const std::string& suffix) {
+  if (std::optional<std::string> why = config::WhyNotASafeName(name); why.has_value()) {
+    return absl::InvalidArgumentError(fl::StrCat("experiment name \"", name, "\" ", *why,
+                                                 "; it names the output folder under ", out_root.string(),
+                                                 ". Allowed: ", config::kSafeNameAllowed));
+  }
+  std::error_code ec;
+  const fs::path root = fs::absolute(out_root, ec).lexically_normal();
+  const fs::path dir = (root / fl::StrCat(name, suffix)).lexically_normal();
+  // Belt and braces over the name check: the folder is one level below the root, never elsewhere.
+  if (ec || dir.parent_path() != root.lexically_normal() || dir.filename().string() != fl::StrCat(name, suffix)) {
+    return absl::InvalidArgumentError(fl::StrCat("experiment name \"", name, "\": the output folder ", dir.string(),
+                                                 " is not inside ", root.string()));
+  }
+  return out_root / fl::StrCat(name, suffix);
 }
 
 absl::StatusOr<Manifest> LoadManifest(const fs::path& path, const ManifestOptions& options) {

@@ -21,6 +21,7 @@
 #include "fl/core/str_cat.h"
 #include "fl/emulation/kernel_link.h"
 #include "fl/emulation/shaping_relay.h"
+#include "fl/instrumentation/record_reader.h"
 #include "fl/instrumentation/record_store.h"
 #include "fl/instrumentation/sqlite.h"
 #include "fl/pki/pki.h"
@@ -570,9 +571,8 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
 }
 
 absl::StatusOr<RecordedManifest> ReadRecordedManifest(const std::string& db_path, const std::string& experiment_id) {
-  if (!fs::exists(db_path)) {
-    return absl::NotFoundError(fl::StrCat("records database ", db_path, " does not exist"));
-  }
+  // A regular file (a FIFO would block SQLite's first read forever, /dev/zero never ends), named in the error.
+  if (absl::Status s = instrumentation::CheckRecordsFile(db_path); !s.ok()) return s;
   absl::StatusOr<instrumentation::sqlite::Database> db =
       instrumentation::sqlite::Database::Open(db_path, SQLITE_OPEN_READONLY);
   if (!db.ok()) return db.status();

@@ -1,5 +1,9 @@
 #include "fl/instrumentation/record_reader.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
 #include <utility>
 
 #include "fl/core/str_cat.h"
@@ -46,6 +50,7 @@ absl::StatusOr<std::optional<T>> First(absl::StatusOr<std::vector<T>> rows) {
 
 absl::StatusOr<sqlite::Database> OpenReadOnly(const std::string& path, int busy_timeout_ms) {
   if (path.empty()) return absl::InvalidArgumentError("records database: empty path");
+  if (absl::Status s = CheckRecordsFile(path); !s.ok()) return s;
   absl::StatusOr<sqlite::Database> db = sqlite::Database::Open(path, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX);
   if (!db.ok()) return db.status();
   if (absl::Status s = db->Exec(fl::StrCat("PRAGMA busy_timeout = ", busy_timeout_ms < 0 ? 0 : busy_timeout_ms));
@@ -55,7 +60,35 @@ absl::StatusOr<sqlite::Database> OpenReadOnly(const std::string& path, int busy_
   return db;
 }
 
+std::string_view FileKind(mode_t mode) {
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
 }  // namespace
+
+absl::Status CheckRecordsFile(const std::string& path) {
+  struct stat st {};
+  // stat(2) never opens the file: it cannot block on a FIFO.
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) {
+      return absl::NotFoundError(
+          fl::StrCat("records database ", path, " does not exist: give the file fl-server wrote with --db"));
+    }
+    return absl::InvalidArgumentError(fl::StrCat("records database ", path, ": ", std::strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    const std::string_view kind = FileKind(st.st_mode);
+    return absl::InvalidArgumentError(fl::StrCat("records database ", path, ": is ", kind,
+                                                 kind == "not a regular file" ? "" : ", not a regular file",
+                                                 "; give the file fl-server wrote with --db"));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<RecordReader>> RecordReader::Open(const std::string& path, int busy_timeout_ms) {
   absl::StatusOr<sqlite::Database> db = OpenReadOnly(path, busy_timeout_ms);

@@ -199,6 +199,8 @@ const ClientInfo* ExperimentData::FindClient(std::string_view client_id) const {
   return nullptr;
 }
 
+absl::Status CheckRecordsDatabase(const std::string& db_path) { return OpenRecords(db_path).status(); }
+
 absl::StatusOr<std::vector<ExperimentInfo>> ListExperiments(const std::string& db_path) {
   absl::StatusOr<std::unique_ptr<ins::RecordReader>> reader = OpenRecords(db_path);
   if (!reader.ok()) return reader.status();

@@ -90,6 +90,8 @@ bool ParseRounds(const std::string& text, fl::report::TimelineOptions* options) 
 int Compare(const std::vector<std::string>& dbs, double target, const std::string& format, const std::string& out) {
   std::vector<fl::report::ComparedExperiment> experiments;
   for (const std::string& db : dbs) {
+    // A file that is no records database (missing, a FIFO, /dev/zero, not SQLite) is bad input: exit 2.
+    if (absl::Status s = fl::report::CheckRecordsDatabase(db); !s.ok()) return Fail(2, fl::ToStd(s.message()));
     absl::StatusOr<fl::report::ExperimentData> data = fl::report::LoadExperiment(db);
     if (!data.ok()) return Fail(1, fl::ToStd(data.status().message()));
     experiments.push_back(fl::report::Summarize(*data, target));
@@ -164,6 +166,8 @@ int main(int argc, char** argv) {
     return Compare(compare, target_accuracy, format, out_path);
   }
   if (db_path.empty()) return Fail(2, "give a records database (DB), or --compare DB [DB...]");
+  // A file that is no records database (missing, a FIFO, /dev/zero, not SQLite) is bad input: exit 2, naming it.
+  if (absl::Status s = fl::report::CheckRecordsDatabase(db_path); !s.ok()) return Fail(2, fl::ToStd(s.message()));
 
   fl::report::TimelineOptions timeline;
   if (!ParseRounds(rounds, &timeline)) {

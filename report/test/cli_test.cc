@@ -52,18 +52,18 @@ class CliTest : public ::testing::Test {
   const std::string db_ = dir_.File("records.db");
 };
 
-TEST_F(CliTest, MissingDatabaseFileExitsOneNamingIt) {
+TEST_F(CliTest, MissingDatabaseFileExitsTwoNamingIt) {
   const ToolResult r = Report({dir_.File("absent.db")});
-  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.output.find("fl-report: records database " + dir_.File("absent.db") + " does not exist"),
             std::string::npos)
       << r.output;
 }
 
-TEST_F(CliTest, NotARecordsDatabaseExitsOne) {
+TEST_F(CliTest, NotARecordsDatabaseExitsTwo) {
   std::ofstream(dir_.File("x.db")) << "hello";
   const ToolResult r = Report({dir_.File("x.db")});
-  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.output.find("is not a records database"), std::string::npos) << r.output;
 }
 

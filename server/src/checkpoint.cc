@@ -8,13 +8,14 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
+#include <cmath>
+#include <optional>
 #include <span>
 
 #include "fl/core/checksum.h"
 #include "fl/core/str_cat.h"
 #include "fl/proto/convert.h"
+#include "fl/sys/user_file.h"
 #include "fl/v1/checkpoint.pb.h"
 
 namespace fl::server {
@@ -126,31 +127,85 @@ absl::Status SaveCheckpoint(const Checkpoint& ckpt, const std::string& path) {
   return absl::OkStatus();
 }
 
+std::optional<std::string> FindNonFinite(std::span<const float> values, const core::ModelSpec* spec) {
+  // Branch-free scan first: the common case (all finite) must stay at memory speed.
+  bool all_finite = true;
+  for (float v : values) all_finite &= std::isfinite(v);
+  if (all_finite) return std::nullopt;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (std::isfinite(values[i])) continue;
+    if (spec != nullptr && i < spec->num_elements()) {
+      const core::TensorSpec& t = spec->tensors()[spec->TensorIndexOfElement(i)];
+      return fl::StrCat("tensor '", t.name, "' element ", i - t.offset, " is ", values[i]);
+    }
+    return fl::StrCat("element ", i, " is ", values[i]);
+  }
+  return std::nullopt;
+}
+
 absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(fl::StrCat("cannot open checkpoint ", path, ": ", std::strerror(errno)));
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // A regular file (a FIFO would block the read forever, a link to /dev/zero would be read until memory runs
+  // out), of at most kMaxCheckpointBytes, before a byte is read.
+  absl::StatusOr<sys::UserFile> file =
+      sys::OpenUserFile(path, "checkpoint", kMaxCheckpointBytes,
+                        "no model fl-server accepts makes a checkpoint this large: check that this is the right file");
+  if (!file.ok()) return file.status();
   auto corrupt = [&](std::string_view why) {
     return absl::DataLossError(
         fl::StrCat("checkpoint ", path, " is corrupt (", why,
                    "); restore it from a copy, or resume from an older round's checkpoint with --resume-from-round"));
   };
-  if (bytes.size() < sizeof(kMagic) + 16 || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
+  const uint64_t size = file->size();
+  if (size < sizeof(kMagic) + 16) return corrupt("no FLCKPT01 magic: not an fl-server checkpoint or truncated");
+  // Magic and header length first: the header must fit in the file and in kMaxCheckpointHeaderBytes, and then
+  // say exactly how large the file is, before the body is read into memory.
+  std::string head(sizeof(kMagic) + 8, '\0');
+  if (absl::Status s = file->ReadAt(0, std::span<uint8_t>(reinterpret_cast<uint8_t*>(head.data()), head.size()));
+      !s.ok()) {
+    return s;
+  }
+  if (std::memcmp(head.data(), kMagic, sizeof(kMagic)) != 0) {
     return corrupt("no FLCKPT01 magic: not an fl-server checkpoint or truncated");
   }
-  const uint64_t stored_sum = ReadU64(bytes.data() + bytes.size() - 8);
-  if (core::Checksum64(AsBytes(bytes).first(bytes.size() - 8)) != stored_sum) return corrupt("checksum mismatch");
-  const uint64_t header_len = ReadU64(bytes.data() + sizeof(kMagic));
-  size_t pos = sizeof(kMagic) + 8;
-  if (header_len > bytes.size() - pos - 8) return corrupt("header length beyond the end of the file");
+  const uint64_t header_len = ReadU64(head.data() + sizeof(kMagic));
+  const uint64_t body_start = sizeof(kMagic) + 8;
+  if (header_len > size - body_start - 8) return corrupt("header length beyond the end of the file");
+  if (header_len > kMaxCheckpointHeaderBytes) {
+    return corrupt(fl::StrCat("header of ", header_len, " bytes, over the limit of ", kMaxCheckpointHeaderBytes));
+  }
+  std::string header_bytes(header_len, '\0');
+  if (absl::Status s = file->ReadAt(
+          body_start, std::span<uint8_t>(reinterpret_cast<uint8_t*>(header_bytes.data()), header_bytes.size()));
+      !s.ok()) {
+    return s;
+  }
   fl::v1::CheckpointHeader header;
-  if (!header.ParseFromArray(bytes.data() + pos, static_cast<int>(header_len))) return corrupt("unreadable header");
-  pos += header_len;
-
+  if (!header.ParseFromString(header_bytes)) return corrupt("unreadable header");
   Checkpoint ckpt;
   auto spec = wire::FromProto(header.spec());
   if (!spec.ok()) return corrupt(fl::ToStd(spec.status().message()));
   ckpt.spec = *std::move(spec);
+  // The size the header declares (checked arithmetic: counts near 2^64 cannot wrap into a small size).
+  uint64_t expected = body_start + header_len + 8;
+  auto add_floats = [&expected, size](uint64_t count) {
+    if (count > size / 4 || expected > size || count * 4 > size - expected) return false;
+    expected += count * 4;
+    return true;
+  };
+  bool fits = add_floats(ckpt.spec.num_elements());
+  for (const auto& b : header.state()) fits = fits && add_floats(b.num_values());
+  if (!fits || expected != size) {
+    return corrupt(fl::StrCat("its header declares ", fits ? fl::StrCat(expected, " bytes") : "more bytes",
+                              " (model and optimizer state) but the file has ", size));
+  }
+  absl::StatusOr<std::string> all = file->ReadAll();
+  if (!all.ok()) return all.status();
+  const std::string& bytes = *all;
+  if (bytes.size() != size) return corrupt("the file changed while it was read");
+  const uint64_t stored_sum = ReadU64(bytes.data() + bytes.size() - 8);
+  if (core::Checksum64(AsBytes(bytes).first(bytes.size() - 8)) != stored_sum) return corrupt("checksum mismatch");
+  size_t pos = body_start + header_len;
+
   ckpt.model_name = header.spec().name();
   ckpt.experiment_id = header.experiment_id();
   ckpt.round = header.round();
@@ -160,21 +215,33 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
   ckpt.task = header.task();
   ckpt.created_unix_ms = header.created_unix_ms();
 
-  auto take_floats = [&](uint64_t count, std::vector<float>* out) -> bool {
-    if (count > (bytes.size() - 8 - pos) / 4) return false;
+  auto take_floats = [&](uint64_t count, std::vector<float>* out) {
     out->resize(count);
     std::memcpy(out->data(), bytes.data() + pos, count * 4);
     pos += count * 4;
-    return true;
   };
-  if (!take_floats(ckpt.spec.num_elements(), &ckpt.values)) return corrupt("model values truncated");
+  take_floats(ckpt.spec.num_elements(), &ckpt.values);
   for (const auto& b : header.state()) {
     core::NamedBuffer s{b.name(), {}};
-    if (!take_floats(b.num_values(), &s.values))
-      return corrupt(fl::StrCat("optimizer state '", b.name(), "' truncated"));
+    take_floats(b.num_values(), &s.values);
     ckpt.optimizer.buffers.push_back(std::move(s));
   }
-  if (pos != bytes.size() - 8) return corrupt("trailing bytes after the last state buffer");
+  // fl-server never commits a non-finite model (every input is checked), so a NaN/Inf here was written by
+  // something else; the model would poison every round, and no codec can send it to clients.
+  if (std::optional<std::string> bad = FindNonFinite(ckpt.values, &ckpt.spec); bad.has_value()) {
+    return absl::InvalidArgumentError(
+        fl::StrCat("checkpoint ", path, ": ", *bad,
+                   "; a model must hold finite values: resume from an older round's checkpoint with "
+                   "--resume-from-round, or start from another model"));
+  }
+  for (const core::NamedBuffer& b : ckpt.optimizer.buffers) {
+    if (std::optional<std::string> bad = FindNonFinite(b.values, nullptr); bad.has_value()) {
+      return absl::InvalidArgumentError(
+          fl::StrCat("checkpoint ", path, ": optimizer state '", b.name, "' ", *bad,
+                     "; the server optimizer's state must be finite: resume from an older round's checkpoint with "
+                     "--resume-from-round"));
+    }
+  }
   return ckpt;
 }
 

@@ -280,6 +280,10 @@ int main(int argc, char** argv) {
                  "Bound on each update's L2 norm (float tensors): off, median (the median norm of the round's "
                  "updates; only fedmedian/fedtrimmedavg) or a number; an update above it is scaled down to it. "
                  "Default: median for fedmedian and fedtrimmedavg, off otherwise");
+  app.add_option("--max-update-value", config.max_update_value,
+                 "Largest |value| an update (a pseudo-gradient) may carry, with or without --clip-update-norm; an "
+                 "update with a larger one is rejected naming the tensor, element and value (at most 2^64)")
+      ->capture_default_str();
   app.add_option("--aggregation", config.aggregation,
                  "synchronous (rounds) or buffered (FedBuff: --concurrency clients train on the newest model, an "
                  "aggregation step every --buffer-size updates; --rounds counts steps; docs/round-engine.md)")
@@ -387,10 +391,21 @@ int main(int argc, char** argv) {
       return 2;
     }
     start = *std::move(plan);
+    if (start.checkpoint.has_value()) {
+      const std::string path = fl::server::CheckpointPath(config.checkpoint_dir, start.checkpoint->round);
+      if (absl::Status s = fl::server::CheckStartModel(*start.checkpoint, path, config.downlink_codec); !s.ok()) {
+        std::cerr << "fl-server: --resume: " << s.message() << "\n";
+        return 2;
+      }
+    }
   } else if (!initial_model.empty()) {
     auto ckpt = fl::server::LoadInitialModel(initial_model);
     if (!ckpt.ok()) {
       std::cerr << "fl-server: --initial-model: " << ckpt.status().message() << "\n";
+      return 2;
+    }
+    if (absl::Status s = fl::server::CheckStartModel(*ckpt, initial_model, config.downlink_codec); !s.ok()) {
+      std::cerr << "fl-server: --initial-model: " << s.message() << "\n";
       return 2;
     }
     spdlog::info("initial model {} from {}: {} tensors, {} values, fingerprint {}", ckpt->model_name, initial_model,

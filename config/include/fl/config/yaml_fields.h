@@ -25,9 +25,29 @@
 
 namespace fl::config {
 
-// The text of a file; NotFound "<what> <path> cannot be read (missing or not readable)".
+// Limits on a YAML file (a manifest, a link or device profile), checked before yaml-cpp builds anything:
+// The largest file the loaders read. The repository's manifests and profiles are under 10 KB; 4 MiB leaves room
+// for generated ones while keeping what yaml-cpp builds from the file small (below).
+inline constexpr uint64_t kMaxYamlFileBytes = uint64_t{4} << 20;
+// The most nodes (scalars, maps, lists) of one YAML document. yaml-cpp keeps about 460 bytes a node (measured:
+// a list of 10^6 zeros, 3 MB of text, takes 464 MB), so 4 MiB of `[0,0,...]` would cost about 1 GB; 250,000
+// nodes are at most about 115 MB, and hold a manifest of 50,000 client groups. The repository's largest manifest
+// has under 500.
+inline constexpr size_t kMaxYamlNodes = 250'000;
+// The deepest nesting of maps and lists. yaml-cpp's parser recurses once a level (a file of 100,000 `[` would
+// overflow the stack); the loaders' files nest at most 6 levels.
+inline constexpr int kMaxYamlDepth = 64;
+
+// The text of a user's file, through fl::sys::OpenUserFile: a regular file (a FIFO, /dev/zero or a directory is
+// refused before anything is read) of at most kMaxYamlFileBytes. Errors name `what` and the path:
+// NotFound "<what> <path>: no such file", InvalidArgument for a special file or one over the limit.
 absl::StatusOr<std::string> ReadTextFile(const std::filesystem::path& path, std::string_view what);
 // YAML text -> node; InvalidArgument "<file>:<line>: not valid YAML: <why>; fix the syntax and run again".
+// Before yaml-cpp builds the tree, one streaming pass over the document's events refuses
+//   - a key given twice in one map (yaml-cpp would keep both and every lookup would see the first):
+//     "<file>:<line>: server.rounds: key given twice (first at line 3); a key may appear once in a map";
+//   - nesting deeper than kMaxYamlDepth, and more than kMaxYamlNodes nodes;
+// in every map of every document the loaders read (they all parse through here).
 absl::StatusOr<YAML::Node> ParseYaml(std::string_view text, std::string_view file);
 // ReadTextFile + ParseYaml, with the path as the file name in errors.
 absl::StatusOr<YAML::Node> LoadYamlFile(const std::filesystem::path& path, std::string_view what);

@@ -95,6 +95,14 @@ absl::StatusOr<uint64_t> ParseByteSize(std::string_view text);
 // Formats bits/s as tc would write it ("100mbit", "2.5gbit", "800kbit").
 std::string FormatRate(double bps);
 
+// The largest trace file read. Mahimahi's published cellular traces are 0.1-2 MB; 32 MiB holds a 1 Gbit/s link
+// (83,000 lines a second) for about 50 s, and the trace repeats. Each line becomes 8 bytes in memory, so a
+// trace costs at most 4 times its size (lines of "0\n").
+inline constexpr uint64_t kMaxTraceBytes = uint64_t{32} << 20;
+
+// Reads a trace: a regular file (fl::sys::OpenUserFile: a FIFO, /dev/zero or a directory is refused before
+// anything is read) of at most kMaxTraceBytes. Errors name the trace file (and line); callers reading it for a
+// profile or manifest add which file and field named it.
 absl::StatusOr<MahimahiTrace> LoadMahimahiTrace(const std::filesystem::path& path);
 
 // Parses a profile node (a map with name/description/uplink/downlink).

@@ -14,6 +14,17 @@
 
 namespace fl::experiment {
 
+// The most clients one experiment may have, over all its groups (each group's count too). Every client is a
+// session on one fl-server, and on this machine an fl-client process or a virtual client with its own link; the
+// largest fleet measured on one fl-server is 10,000 sessions (docs/performance.md, "Fleets"): 100,000 is ten times
+// that. Counts are read as 64-bit integers and summed with this bound, so no count can wrap.
+inline constexpr uint32_t kMaxManifestClients = 100'000;
+inline constexpr char kMaxManifestClientsWhy[] =
+    "ten times the largest fleet measured on one fl-server, docs/performance.md \"Fleets\"";
+// The largest availability trace (clients[i].availability.trace) a manifest may name: a few lines per client,
+// so 16 MiB holds windows for every client of the largest experiment many times over.
+inline constexpr uint64_t kMaxAvailabilityTraceBytes = uint64_t{16} << 20;
+
 // A device profile (experiments/profiles/devices/<name>.yaml): how fast it trains relative to a Raspberry
 // Pi 4, so that a client emulating it on a faster host is slowed to that speed.
 struct DeviceProfile {
@@ -139,7 +150,8 @@ struct Manifest {
 
   std::vector<ClientGroup> clients;
 
-  uint32_t num_clients() const;
+  // The clients of every group (at most kMaxManifestClients in a loaded manifest).
+  uint64_t num_clients() const;
   // Every client's name, <group name>-<i>, in the order clients are indexed.
   std::vector<std::string> client_names() const;
   // Field by field (the resolved-JSON round trip is tested with it).
@@ -158,6 +170,13 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& text, const std::strin
                                        const std::filesystem::path& base_dir, const ManifestOptions& options = {});
 
 absl::StatusOr<DeviceProfile> LoadDeviceProfile(const std::filesystem::path& path);
+
+// A run's output folder: <out_root>/<name><suffix> (out/<name>, out/<name>-replay). `name` must be a safe name
+// (fl/config/safe_name.h) and the folder, made absolute and normal, must lie inside out_root: a name from a
+// manifest or from a recorded experiment cannot send logs, checkpoints or a throwaway CA elsewhere. An
+// InvalidArgument names the name and what a name may hold.
+absl::StatusOr<std::filesystem::path> ExperimentOutputDir(const std::filesystem::path& out_root,
+                                                          const std::string& name, const std::string& suffix = "");
 
 // The manifest with every profile resolved, as JSON (stored with the experiment; replay reads it back).
 std::string ResolvedManifestJson(const Manifest& manifest);

@@ -23,6 +23,13 @@
 
 namespace fl::instrumentation {
 
+// What a records database given by a user must be before SQLite opens it: a regular file (symlinks followed).
+// A FIFO would block SQLite's first read forever and /dev/zero reads as zeros without end; a directory is no
+// database. OK, or InvalidArgument "records database <path>: is a FIFO, not a regular file; give the file fl-server
+// wrote with --db" (NotFound when it does not exist). Checked by RecordReader's Open and OpenAnyVersion; callers
+// that open a records file through sqlite::Database directly (fl-experiment replay) call it first.
+absl::Status CheckRecordsFile(const std::string& path);
+
 class RecordReader {
  public:
   // Opens an existing records database read-only. NotFound when the file does not exist; FailedPrecondition

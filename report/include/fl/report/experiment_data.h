@@ -153,6 +153,11 @@ struct ExperimentData {
   const ClientInfo* FindClient(std::string_view client_id) const;
 };
 
+// Whether `db_path` can be read as a records database at all (exists, a regular file: not a FIFO or a device,
+// SQLite, a records schema this build reads), with the error naming the file; fl-report exits 2 (bad input) on
+// it before reading anything else.
+absl::Status CheckRecordsDatabase(const std::string& db_path);
+
 // Every experiment in the database, oldest first. Errors: NotFound (no such file), FailedPrecondition (not a
 // records database, or a newer schema than this build's).
 absl::StatusOr<std::vector<ExperimentInfo>> ListExperiments(const std::string& db_path);
