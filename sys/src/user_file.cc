@@ -8,14 +8,14 @@
 #include <cstring>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
+#include "fl/core/str_cat.h"
 
 namespace fl::sys {
 
 namespace {
 
 std::string Prefix(std::string_view what, const std::string& path) {
-  return what.empty() ? path : absl::StrCat(what, " ", path);
+  return what.empty() ? path : fl::StrCat(what, " ", path);
 }
 
 }  // namespace
@@ -56,7 +56,7 @@ UserFile::~UserFile() {
 
 absl::Status UserFile::ReadAt(uint64_t offset, std::span<uint8_t> out) const {
   if (offset > size_ || out.size() > size_ - offset) {
-    return absl::InvalidArgumentError(absl::StrCat(Prefix(what_, path_), ": a read of ", out.size(),
+    return absl::InvalidArgumentError(fl::StrCat(Prefix(what_, path_), ": a read of ", out.size(),
                                                    " bytes at offset ", offset, " reaches past its end (",
                                                    size_, " bytes); the file is truncated or corrupt"));
   }
@@ -65,10 +65,10 @@ absl::Status UserFile::ReadAt(uint64_t offset, std::span<uint8_t> out) const {
     const ssize_t n = ::pread(fd_, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
     if (n < 0) {
       if (errno == EINTR) continue;
-      return absl::InternalError(absl::StrCat(Prefix(what_, path_), ": read failed: ", std::strerror(errno)));
+      return absl::InternalError(fl::StrCat(Prefix(what_, path_), ": read failed: ", std::strerror(errno)));
     }
     if (n == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(Prefix(what_, path_), ": ended at byte ", offset + done,
+      return absl::InvalidArgumentError(fl::StrCat(Prefix(what_, path_), ": ended at byte ", offset + done,
                                                      " of ", size_, " (it shrank while being read)"));
     }
     done += static_cast<size_t>(n);
@@ -88,17 +88,17 @@ absl::StatusOr<std::string> UserFile::ReadAll() const {
 absl::StatusOr<UserFile> OpenUserFile(const std::string& path, std::string_view what, uint64_t max_bytes,
                                       std::string_view hint) {
   const std::string prefix = Prefix(what, path);
-  if (path.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": the path is empty; give a file"));
+  if (path.empty()) return absl::InvalidArgumentError(fl::StrCat(what, ": the path is empty; give a file"));
   // O_NONBLOCK: opening a FIFO for reading would wait for a writer forever. It is cleared below, once the
   // file is known to be regular (where it changes nothing anyway).
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
   if (fd < 0) {
     const int err = errno;
-    if (err == ENOENT) return absl::NotFoundError(absl::StrCat(prefix, ": no such file"));
+    if (err == ENOENT) return absl::NotFoundError(fl::StrCat(prefix, ": no such file"));
     if (err == EACCES) {
-      return absl::PermissionDeniedError(absl::StrCat(prefix, ": permission denied; make it readable"));
+      return absl::PermissionDeniedError(fl::StrCat(prefix, ": permission denied; make it readable"));
     }
-    return absl::InvalidArgumentError(absl::StrCat(prefix, ": cannot open: ", std::strerror(err)));
+    return absl::InvalidArgumentError(fl::StrCat(prefix, ": cannot open: ", std::strerror(err)));
   }
   UserFile file;
   file.fd_ = fd;
@@ -106,15 +106,15 @@ absl::StatusOr<UserFile> OpenUserFile(const std::string& path, std::string_view 
   file.what_ = std::string(what);
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
-    return absl::InternalError(absl::StrCat(prefix, ": fstat failed: ", std::strerror(errno)));
+    return absl::InternalError(fl::StrCat(prefix, ": fstat failed: ", std::strerror(errno)));
   }
   if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat(prefix, ": is ", DescribeFileType(st.st_mode),
+    return absl::InvalidArgumentError(fl::StrCat(prefix, ": is ", DescribeFileType(st.st_mode),
                                                    ", not a regular file; give the path of a regular file"));
   }
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size > max_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(prefix, ": ", size, " bytes, over the limit of ", max_bytes,
+    return absl::InvalidArgumentError(fl::StrCat(prefix, ": ", size, " bytes, over the limit of ", max_bytes,
                                                    " bytes for a ", what.empty() ? "file" : what,
                                                    hint.empty() ? "" : "; ", hint));
   }
