@@ -56,9 +56,9 @@ UserFile::~UserFile() {
 
 absl::Status UserFile::ReadAt(uint64_t offset, std::span<uint8_t> out) const {
   if (offset > size_ || out.size() > size_ - offset) {
-    return absl::InvalidArgumentError(fl::StrCat(Prefix(what_, path_), ": a read of ", out.size(),
-                                                   " bytes at offset ", offset, " reaches past its end (",
-                                                   size_, " bytes); the file is truncated or corrupt"));
+    return absl::InvalidArgumentError(fl::StrCat(Prefix(what_, path_), ": a read of ", out.size(), " bytes at offset ",
+                                                 offset, " reaches past its end (", size_,
+                                                 " bytes); the file is truncated or corrupt"));
   }
   size_t done = 0;
   while (done < out.size()) {
@@ -68,8 +68,8 @@ absl::Status UserFile::ReadAt(uint64_t offset, std::span<uint8_t> out) const {
       return absl::InternalError(fl::StrCat(Prefix(what_, path_), ": read failed: ", std::strerror(errno)));
     }
     if (n == 0) {
-      return absl::InvalidArgumentError(fl::StrCat(Prefix(what_, path_), ": ended at byte ", offset + done,
-                                                     " of ", size_, " (it shrank while being read)"));
+      return absl::InvalidArgumentError(fl::StrCat(Prefix(what_, path_), ": ended at byte ", offset + done, " of ",
+                                                   size_, " (it shrank while being read)"));
     }
     done += static_cast<size_t>(n);
   }
@@ -78,8 +78,7 @@ absl::Status UserFile::ReadAt(uint64_t offset, std::span<uint8_t> out) const {
 
 absl::StatusOr<std::string> UserFile::ReadAll() const {
   std::string out(size_, '\0');
-  if (absl::Status s = ReadAt(0, std::span<uint8_t>(reinterpret_cast<uint8_t*>(out.data()), out.size()));
-      !s.ok()) {
+  if (absl::Status s = ReadAt(0, std::span<uint8_t>(reinterpret_cast<uint8_t*>(out.data()), out.size())); !s.ok()) {
     return s;
   }
   return out;
@@ -110,13 +109,13 @@ absl::StatusOr<UserFile> OpenUserFile(const std::string& path, std::string_view 
   }
   if (!S_ISREG(st.st_mode)) {
     return absl::InvalidArgumentError(fl::StrCat(prefix, ": is ", DescribeFileType(st.st_mode),
-                                                   ", not a regular file; give the path of a regular file"));
+                                                 ", not a regular file; give the path of a regular file"));
   }
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size > max_bytes) {
     return absl::InvalidArgumentError(fl::StrCat(prefix, ": ", size, " bytes, over the limit of ", max_bytes,
-                                                   " bytes for a ", what.empty() ? "file" : what,
-                                                   hint.empty() ? "" : "; ", hint));
+                                                 " bytes for a ", what.empty() ? "file" : what,
+                                                 hint.empty() ? "" : "; ", hint));
   }
   const int flags = ::fcntl(fd, F_GETFL);
   if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);

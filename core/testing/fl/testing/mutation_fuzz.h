@@ -230,7 +230,8 @@ inline size_t RunMutationFuzz(std::string_view name, const std::vector<std::vect
   struct sigaction action {};
   action.sa_handler = OnCrash;
   sigemptyset(&action.sa_mask);
-  struct sigaction old_segv {}, old_abrt {}, old_bus {}, old_fpe {}, old_ill {};
+  struct sigaction old_segv {
+  }, old_abrt{}, old_bus{}, old_fpe{}, old_ill{};
   sigaction(SIGSEGV, &action, &old_segv);
   sigaction(SIGABRT, &action, &old_abrt);
   sigaction(SIGBUS, &action, &old_bus);
