@@ -209,6 +209,7 @@ void RoundEngine::DispatchBuffered(ClientInfo& client) {
   info->dispatched_unix_ms = UnixMs();
   info->deadline_ns = now + int64_t{config_.round_deadline_ms} * kMsToNs;
   info->uplink_codec = t.uplink_codec();
+  info->model_version = model_version_;
   t.set_model_version(model_version_);
   t.set_model_fingerprint(spec_->fingerprint());
   t.set_deadline_server_ns(info->deadline_ns);
@@ -243,7 +244,9 @@ void RoundEngine::CloseExpiredBufferedTasks(int64_t now) {
     auto t = tasks_.find(id);
     if (t != tasks_.end() && now >= t->second->deadline_ns) expired.push_back(t->second.get());
   }
-  for (TaskInfo* t : expired) CloseTaskAsDropped(*t, "no update by the task's deadline (--round-deadline-ms)");
+  for (TaskInfo* t : expired) {
+    CloseTaskAsDropped(*t, "no update by the task's deadline (--round-deadline-ms)", /*at_deadline=*/true);
+  }
   if (!expired.empty()) ArmBufferTimer();
 }
 
@@ -290,13 +293,19 @@ fl::v1::UploadUpdateResponse RoundEngine::AcceptBufferedUpdate(UploadDoneEvent& 
   BufferState& b = *buffer_;
   const fl::v1::UpdateHeader& h = e.header;
   if (task.closed) {
-    // Its row (dropped at the deadline, or at a disconnect) is in the step it was closed in.
-    return Verdict(task.id, fl::v1::UPDATE_OUTCOME_LATE,
-                   wire::MakeError(fl::v1::ERROR_CODE_LATE, "the task was closed before the update arrived"));
+    // Its row (dropped at the deadline, or at a disconnect) is in the step it was closed in; the client is told
+    // which it was (ClosedTaskVerdict).
+    return ClosedTaskVerdict(task, NowNs());
   }
+  // The step this update goes into is opened before anything is added to its buffer: between an applied step and
+  // the next dispatch (an evaluation of the applied step, clients it waits for) b.step is still the applied step,
+  // whose aggregator the next OpenBufferedStep() resets. An update added there was recorded ok and counted, but
+  // was not in any step's model (issue 27).
+  OpenBufferedStep();
   auto finish = [&](ClientOutcome outcome, fl::v1::UploadUpdateResponse verdict, std::string_view reason) {
     task.closed = true;
     task.outcome = outcome;
+    task.closed_why = "its update arrived and was answered";
     b.out.erase(task.id);
     RoundState& r = (OpenBufferedStep(), b.step);
     rec.outcome = outcome;
@@ -428,6 +437,7 @@ void RoundEngine::ApplyStep() {
       TaskInfo& task = *tasks_.at(id);
       task.closed = true;
       task.outcome = ClientOutcome::kCancelled;
+      task.closed_why = "the experiment's last aggregation step was applied";
       if (auto c = clients_.find(task.client_id); c != clients_.end() && c->second->session != nullptr) {
         fl::v1::ServerMessage cancel;
         cancel.set_seq(++c->second->server_seq);
@@ -519,6 +529,7 @@ void RoundEngine::AbortBufferedStep(const std::string& reason) {
     TaskInfo& task = *tasks_.at(id);
     task.closed = true;
     task.outcome = ClientOutcome::kDropped;
+    task.closed_why = reason;
     if (auto c = clients_.find(task.client_id); c != clients_.end() && c->second->session) {
       fl::v1::ServerMessage cancel;
       cancel.set_seq(++c->second->server_seq);

@@ -109,6 +109,7 @@ void RoundEngine::CancelSurplusTasks() {
     if (task.closed) continue;
     task.closed = true;
     task.outcome = ClientOutcome::kCancelled;
+    task.closed_why = reason;
     ++cancelled;
     instrumentation::ClientRoundRecord rec = TaskRow(task);
     rec.outcome = ClientOutcome::kCancelled;

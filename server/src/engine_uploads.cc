@@ -119,6 +119,17 @@ void RoundEngine::HandleUploadStart(UploadStartEvent& e) {
           Rejected(h.task_id(), fl::v1::ERROR_CODE_WRONG_ROUND,
                    fl::StrCat("update says round ", h.round(), " but task '", task.id, "' is for round ", task.round)));
     }
+    // The model it was trained from, as the round: an update of another model version is a pseudo-gradient
+    // against weights the server did not give this task (issue 27: it was accepted without a word).
+    if (h.base_model_version() != task.model_version) {
+      return refuse(Verdict(
+          h.task_id(), fl::v1::UPDATE_OUTCOME_REJECTED,
+          wire::MakeError(fl::v1::ERROR_CODE_WRONG_ROUND,
+                          fl::StrCat("update says it was trained from model version ", h.base_model_version(),
+                                     " but task '", task.id, "' gave model version ", task.model_version),
+                          "base_model_version",
+                          "train from the model the task names (Task.model_version) and report that version")));
+    }
     // One update per task: a second upload (after the verdict, or while the first is still in transit) is a
     // duplicate whatever the deadline, and never changes what the first one got.
     if (task.answered || task.upload_in_flight) {
@@ -132,12 +143,9 @@ void RoundEngine::HandleUploadStart(UploadStartEvent& e) {
           "send each update once"));
     }
     if ((task.closed || NowNs() > task.deadline_ns) && !LateUploadAdmitted(task)) {
-      // Late: recorded as such when the round closes if the upload had begun by then; a round already
-      // closed keeps the outcome it recorded.
-      return refuse(Verdict(
-          h.task_id(), fl::v1::UPDATE_OUTCOME_LATE,
-          wire::MakeError(fl::v1::ERROR_CODE_LATE, fl::StrCat("the deadline of round ", task.round, " has passed"), "",
-                          "a faster link or fewer local steps would help")));
+      // Late, cancelled or dropped, said as such (ClosedTaskVerdict). A late one is recorded as such when the round
+      // closes if the upload had begun by then; a round already closed keeps the outcome it recorded.
+      return refuse(ClosedTaskVerdict(task, NowNs()));
     }
     if (const std::string& asked = task.uplink_codec.empty() ? config_.uplink_codec : task.uplink_codec;
         h.codec() != asked) {
@@ -194,10 +202,10 @@ void RoundEngine::GrantUploadSlots() {
       auto t = tasks_.find(h.task_id());
       if (t == tasks_.end() || (t->second->closed && !LateUploadAdmitted(*t->second))) {
         if (t != tasks_.end()) t->second->upload_in_flight = false;
-        next->event.admit(
-            Verdict(h.task_id(), fl::v1::UPDATE_OUTCOME_LATE,
-                    wire::MakeError(fl::v1::ERROR_CODE_LATE, "the round closed while the upload waited for a slot")),
-            {});
+        next->event.admit(t != tasks_.end() ? ClosedTaskVerdict(*t->second, NowNs())
+                                            : Rejected(h.task_id(), fl::v1::ERROR_CODE_WRONG_ROUND,
+                                                       "the task is no longer known (its round ended long ago)"),
+                          {});
         continue;
       }
     }
@@ -208,7 +216,14 @@ void RoundEngine::GrantUploadSlots() {
       free_upload_buffers_.pop_back();
     }
     if (next->event.handle != nullptr) {
-      active_uploads_.push_back({next->event.handle, h.client_id(), h.task_id(), NowNs(), false});
+      ActiveUpload up;
+      up.handle = next->event.handle;
+      up.client_id = h.client_id();
+      up.task_id = h.task_id();
+      up.granted_ns = NowNs();
+      up.payload_bytes = h.payload_bytes();
+      up.progress.emplace_back(up.granted_ns, 0);
+      active_uploads_.push_back(std::move(up));
       ArmUploadCheck();
     }
     next->event.admit(std::nullopt, std::move(buffer));
@@ -216,11 +231,28 @@ void RoundEngine::GrantUploadSlots() {
 }
 
 void RoundEngine::RevokeSlowUploads(int64_t now) {
+  const double min_rate = config_.upload_min_bytes_per_s;
   for (ActiveUpload& up : active_uploads_) {
     if (up.revoked) continue;
-    const int64_t last = std::max(up.granted_ns, up.handle->last_message_ns());
+    up.last_progress_ns = std::max(up.last_progress_ns, up.handle->last_message_ns());
+    const int64_t last = std::max(up.granted_ns, up.last_progress_ns);
     const int64_t held_ns = now - up.granted_ns;
     const uint64_t bytes = up.handle->bytes_received();
+    if (up.progress.empty() || up.progress.back().second != bytes) up.progress.emplace_back(now, bytes);
+    // The recent window: kUploadProgressWindowNs, or four chunks at the pace the upload has shown while it sent
+    // (the reactor counts whole messages only, so a slow link's chunk in transit must not look like a stall).
+    // Before its first bytes its pace is unknown (a slow link's first chunk may take seconds): only the average and
+    // the message timeout judge it then.
+    const bool pace_known = bytes > 0 && last > up.granted_ns;
+    int64_t window_ns = kUploadProgressWindowNs;
+    if (pace_known) {
+      const double pace = static_cast<double>(bytes) / (static_cast<double>(last - up.granted_ns) * 1e-9);
+      const double chunk = static_cast<double>(std::min<uint64_t>(config_.max_chunk_bytes, up.payload_bytes));
+      window_ns = std::max<int64_t>(window_ns, static_cast<int64_t>(4e9 * chunk / pace));
+    }
+    // The bytes it had at the window's start: those of the newest sample at or before it (0 before the first).
+    while (up.progress.size() > 1 && up.progress[1].first <= now - window_ns) up.progress.pop_front();
+    const uint64_t bytes_before = up.progress.front().first <= now - window_ns ? up.progress.front().second : 0;
     grpc::Status status;
     if (config_.upload_message_timeout_ms != 0 && now - last > int64_t{config_.upload_message_timeout_ms} * kMsToNs) {
       status = wire::ToGrpcStatus(
@@ -231,8 +263,9 @@ void RoundEngine::RevokeSlowUploads(int64_t now) {
                          (now - last) / kMsToNs, " ms (limit ", config_.upload_message_timeout_ms,
                          " ms, --upload-message-timeout-ms): its upload slot goes to the next client"),
               "", "a stalled upload can be sent again while the round is open"));
-    } else if (config_.upload_min_bytes_per_s != 0 && held_ns > int64_t{config_.upload_rate_grace_ms} * kMsToNs &&
-               static_cast<double>(bytes) < static_cast<double>(config_.upload_min_bytes_per_s) * held_ns * 1e-9) {
+    } else if (min_rate != 0 && held_ns > int64_t{config_.upload_rate_grace_ms} * kMsToNs &&
+               static_cast<double>(bytes) < min_rate * static_cast<double>(held_ns) * 1e-9) {
+      // A trickle: too slow on average since it got the slot.
       const double rate = static_cast<double>(bytes) / (static_cast<double>(held_ns) * 1e-9);
       status = wire::ToGrpcStatus(
           grpc::StatusCode::RESOURCE_EXHAUSTED,
@@ -243,12 +276,32 @@ void RoundEngine::RevokeSlowUploads(int64_t now) {
                                           up.client_id, up.task_id, rate, static_cast<double>(held_ns) * 1e-9,
                                           config_.upload_min_bytes_per_s),
                           "", "a faster link, a smaller model or a more compact --uplink-codec would help"));
+    } else if (min_rate != 0 && pace_known && held_ns >= window_ns &&
+               static_cast<double>(bytes - bytes_before) < min_rate * static_cast<double>(window_ns) * 1e-9) {
+      // A stall after a fast start: its average stays high for minutes, its recent progress does not (issue 27:
+      // 10-20 MB of 32 MB, then nothing, kept the slot past an 8 s round's deadline).
+      const double window_s = static_cast<double>(window_ns) * 1e-9;
+      status = wire::ToGrpcStatus(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          wire::MakeError(
+              fl::v1::ERROR_CODE_RATE_LIMITED,
+              absl::StrFormat("the upload of client '%s' for task '%s' received %u bytes in its last %.1f s (%.0f "
+                              "bytes/s; %u of %u bytes so far), below the minimum rate of %u bytes/s "
+                              "(--upload-min-bytes-per-s) over its most recent window: it stalled, and its upload slot "
+                              "goes to the next client",
+                              up.client_id, up.task_id, bytes - bytes_before, window_s,
+                              static_cast<double>(bytes - bytes_before) / window_s, bytes, up.payload_bytes,
+                              config_.upload_min_bytes_per_s),
+              "", "the task stays open: its update may be sent again before the round's deadline"));
     } else {
       continue;
     }
     spdlog::warn("revoking an upload slot: {}", status.error_message());
     std::optional<uint64_t> round;
-    if (auto t = tasks_.find(up.task_id); t != tasks_.end()) round = t->second->round;
+    if (auto t = tasks_.find(up.task_id); t != tasks_.end()) {
+      round = t->second->round;
+      t->second->revoked_why = status.error_message();  // told to a later upload of the task (ClosedTaskVerdict)
+    }
     if (clients_.contains(up.client_id)) {
       RecordClientEvent(up.client_id, instrumentation::ClientEventKind::kUploadRevoked, round, up.task_id,
                         status.error_message());
@@ -256,6 +309,39 @@ void RoundEngine::RevokeSlowUploads(int64_t now) {
     up.revoked = true;
     up.handle->Revoke(status);  // the reactor answers with an UploadDoneEvent that frees the slot
   }
+}
+
+fl::v1::UploadUpdateResponse RoundEngine::ClosedTaskVerdict(const TaskInfo& task, int64_t now) const {
+  const std::string revoked =
+      task.revoked_why.empty() ? "" : fl::StrCat("; an earlier upload of it lost its slot: ", task.revoked_why);
+  const std::string name = fl::StrCat("task '", task.id, "' (round ", task.round, ")");
+  if (!task.closed || task.closed_at_deadline) {
+    const std::string when =
+        now > task.deadline_ns ? fl::StrCat(" ", (now - task.deadline_ns) / kMsToNs, " ms ago") : std::string();
+    return Verdict(task.id, fl::v1::UPDATE_OUTCOME_LATE,
+                   wire::MakeError(fl::v1::ERROR_CODE_LATE,
+                                   fl::StrCat("the deadline of ", name, " passed", when, revoked), "",
+                                   "a faster link or fewer local steps would help"));
+  }
+  if (task.outcome == instrumentation::ClientOutcome::kCancelled) {
+    // The round went on without it (over-commitment, the last buffered step): late for the model, not refused.
+    return Verdict(task.id, fl::v1::UPDATE_OUTCOME_LATE,
+                   wire::MakeError(fl::v1::ERROR_CODE_LATE, fl::StrCat(name, " was cancelled: ", task.closed_why, revoked),
+                                   "", "a cancelled task needs no update; wait for the next task"));
+  }
+  if (task.answered) {
+    return Rejected(task.id, fl::v1::ERROR_CODE_DUPLICATE,
+                    fl::StrCat(name, " was already answered (outcome ",
+                               task.outcome ? instrumentation::ClientOutcomeName(*task.outcome) : "none", "): ",
+                               task.closed_why, "; this upload is a duplicate and is ignored"),
+                    "send each update once");
+  }
+  return Verdict(task.id, fl::v1::UPDATE_OUTCOME_REJECTED,
+                 wire::MakeError(fl::v1::ERROR_CODE_WRONG_ROUND,
+                                 fl::StrCat(name, " was closed before this upload (",
+                                            task.outcome ? instrumentation::ClientOutcomeName(*task.outcome) : "closed",
+                                            "): ", task.closed_why, revoked),
+                                 "", "send updates only for the open task of the current session"));
 }
 
 void RoundEngine::HandleUploadDone(UploadDoneEvent& e) {
@@ -373,6 +459,7 @@ fl::v1::UploadUpdateResponse RoundEngine::AcceptUpdate(UploadDoneEvent& e, TaskI
     }
     const bool in_current = current_ != nullptr && !current_->evaluation && current_->round == task->round &&
                             current_->attempt == task->attempt && !task->closed;
+    if (!task->closed) task->closed_why = "its update arrived and was answered";
     task->closed = true;
     task->outcome = outcome;
     if (in_current) {
@@ -393,9 +480,8 @@ fl::v1::UploadUpdateResponse RoundEngine::AcceptUpdate(UploadDoneEvent& e, TaskI
   };
 
   if (task->closed) {
-    return finish(instrumentation::ClientOutcome::kLate,
-                  Verdict(task->id, fl::v1::UPDATE_OUTCOME_LATE,
-                          wire::MakeError(fl::v1::ERROR_CODE_LATE, "the round closed before the update arrived")));
+    // Closed while the update was in transit: its deadline passed, or it was dropped (ClosedTaskVerdict says which).
+    return finish(instrumentation::ClientOutcome::kLate, ClosedTaskVerdict(*task, NowNs()));
   }
   if (e.done_server_ns > task->deadline_ns) {
     return finish(
@@ -522,7 +608,9 @@ std::string RoundEngine::PhaseWindowProblem(const ClientInfo& client,
 void RoundEngine::RejectAtHeader(TaskInfo& task, const fl::v1::UploadUpdateResponse& verdict) {
   if (task.closed) return;
   task.closed = true;
+  task.answered = true;  // the refusal is its verdict: a later upload is a duplicate, not "late"
   task.outcome = instrumentation::ClientOutcome::kRejected;
+  task.closed_why = fl::StrCat("its update was refused at its header: ", verdict.error().message());
   if (buffer_ != nullptr) return BufferedTaskDropped(task, task.outcome.value(), verdict.error().message());
   if (auto c = clients_.find(task.client_id); c != clients_.end() && c->second->open_task == task.id) {
     c->second->open_task.clear();

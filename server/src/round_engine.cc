@@ -180,6 +180,9 @@ absl::Status EngineConfig::Validate() const {
   const uint32_t min_session_rate = (4000 + heartbeat_interval_ms - 1) / heartbeat_interval_ms;
   if (session_max_messages_per_s < min_session_rate) {
     return bad("session-max-messages-per-s", session_max_messages_per_s,
+  if (stall_threshold_ms.has_value() && *stall_threshold_ms != 0 && *stall_threshold_ms < 100) {
+    return bad("stall-threshold-ms", *stall_threshold_ms, "must be at least 100 (0: off)");
+  }
                fl::StrCat("must be at least ", min_session_rate, " with --heartbeat-interval-ms=",
                           heartbeat_interval_ms, " (four messages per heartbeat interval)"));
   }
@@ -304,6 +307,7 @@ void RoundEngine::ArmHeartbeatCheck() {
     ArmHeartbeatCheck();
   });
 }
+    CatchUpAfterStall(NowNs());  // a late check after the server's own stall judges nobody for it
 
 void RoundEngine::ArmUploadCheck() {
   // Uploads holding a slot are checked for stalls and their rate a few times a second, while there are any.
@@ -315,6 +319,7 @@ void RoundEngine::ArmUploadCheck() {
     ArmUploadCheck();
   });
 }
+    CatchUpAfterStall(NowNs());
 
 uint32_t DefaultMaxSessions() {
   // A quarter of physical memory at the budget of a session (measured in docs/performance.md, "Fleets"), within
@@ -449,10 +454,17 @@ absl::Status RoundEngine::Prepare() {
 }
 
 void RoundEngine::Handle(EngineEvent& event) {
+  // The server's own stalls (engine_stalls.cc): 2 s on a real clock, off on a ManualClock unless a test sets it.
+  stall_threshold_ns_ = int64_t{config_.stall_threshold_ms.value_or(clock_->IsReal() ? 2000 : 0)} * kMsToNs;
+  loop_alive_ns_ = NowNs();
+  ArmStallWatchdog();
   std::visit(
       [this](auto& e) {
         using T = std::decay_t<decltype(e)>;
         if constexpr (std::is_same_v<T, JoinEvent>)
+  // After a stall of the server itself, deadlines move on before this event (stamped maybe before the stall, or
+  // just after it) is judged against them.
+  CatchUpAfterStall(NowNs());
           HandleJoin(e);
         else if constexpr (std::is_same_v<T, SessionOpenEvent>)
           HandleSessionOpen(e);
@@ -486,6 +498,7 @@ void RoundEngine::Advance() {
   if (buffer_ != nullptr && state_ != EngineState::kFinished) CloseExpiredBufferedTasks(now);
   switch (state_) {
     case EngineState::kWaitingForModel: ReaskInitialModelIfStalled(now); return;
+  CatchUpAfterStall(now);
     case EngineState::kBuffering: AdvanceBuffered(); return;
     case EngineState::kWaitingForClients:
       if (buffer_ != nullptr) {
@@ -570,7 +583,8 @@ void RoundEngine::Finish(instrumentation::ExperimentStatus status, std::string r
        : status == ExperimentStatus::kFinished ? EngineTrigger::kDrained
                                                : EngineTrigger::kGaveUp);
   for (rpc::TimerId* t :
-       {&deadline_timer_, &upload_timer_, &heartbeat_timer_, &initial_model_timer_, &drain_timer_, &buffer_timer_}) {
+       {&deadline_timer_, &upload_timer_, &heartbeat_timer_, &initial_model_timer_, &drain_timer_, &buffer_timer_,
+        &stall_timer_}) {
     if (*t != 0) loop_.Cancel(*t);
     *t = 0;
   }

@@ -114,6 +114,7 @@ inline fl::v1::UpdateHeader DeltaHeader(const std::string& client_id, const std:
   h.set_session_token(token);
   h.set_task_id(task.task_id());
   h.set_round(task.round());
+  h.set_base_model_version(task.model_version());
   h.set_model_fingerprint(client::SyntheticTrainer(kParams, 10, 1).spec().fingerprint());
   h.set_kind(fl::v1::UPDATE_KIND_DELTA);
   h.set_num_examples(num_examples);

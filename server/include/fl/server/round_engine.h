@@ -75,13 +75,23 @@ struct EngineConfig {
   std::string downlink_codec = "fp32";    // codec for model downloads
   uint32_t upload_slots = 1;              // uploads buffered at once (bounds server memory)
   uint32_t heartbeat_interval_ms = 5000;  // clients silent for 4 intervals are considered gone
+  // The server's own stalls (docs/round-engine.md, "When the server itself stalls"): the engine's loop not running
+  // for longer than this (the process stopped or paused, a VM pause, swapping, one step of its own that long) is
+  // not the clients' doing: heartbeat, round, task and upload deadlines move on by the stall before anyone is
+  // judged. nullopt: 2000 ms on a real clock, off on a ManualClock (a test's jump of that clock is time passing on a
+  // healthy server unless the test turns this on); 0: off.
+  std::optional<uint32_t> stall_threshold_ms;
   // Limits that keep one client from slowing the others (docs/round-engine.md, "Limits"); 0 turns an upload
   // limit off. The session limits are enforced by the gRPC reactors (service.cc), the upload ones here.
   uint32_t session_max_messages_per_s = 50;      // per Session stream, on average (bursts up to twice that)
   uint32_t session_max_queued_messages = 256;    // server messages waiting for a client that does not read
   uint32_t session_hello_timeout_ms = 10000;     // a Session stream must send its SessionHello within this
-  uint32_t upload_min_bytes_per_s = 4096;        // an admitted upload's average rate since it got its slot...
-  uint32_t upload_rate_grace_ms = 5000;          // ...checked once it has held the slot this long
+  // An admitted upload's average rate since it got its slot, checked once it has held the slot for
+  // upload_rate_grace_ms; and its rate over its most recent window (RoundEngine::kUploadProgressWindowNs, or four
+  // chunks at its own pace if longer), so that a stream that stops after a fast start loses its slot within that
+  // window instead of keeping a high average for minutes (docs/round-engine.md, "Upload slots").
+  uint32_t upload_min_bytes_per_s = 4096;
+  uint32_t upload_rate_grace_ms = 5000;
   uint32_t upload_message_timeout_ms = 30000;    // longest wait for the next message of an upload (header too)
   uint32_t download_message_timeout_ms = 60000;  // longest a download's chunk may wait for the client to read it
   // Abuse limits per peer address and per certificate identity (docs/security.md, "Abuse limits"), enforced by the
@@ -343,6 +353,12 @@ class RoundEngine {
   void HandleDownload(DownloadEvent& e);
   void HandleDownloadDone(const DownloadDoneEvent& e);
   // Link-aware compression (engine_codecs.cc): the codec a client's next train task names, the decoder of the
+  // The server's own stalls (engine_stalls.cc): a watchdog keeps the idle loop waking every half threshold; every
+  // judgement (an event, a timer that judges, Advance) first calls CatchUpAfterStall, which moves every deadline
+  // and liveness mark on by the time the loop did not run when that exceeds the threshold.
+  void ArmStallWatchdog();
+  void CatchUpAfterStall(int64_t now);
+  void MoveDeadlinesOn(int64_t stall_ns, int64_t now);
   // codec a task named, and the client's uplink rate measured from a finished upload.
   absl::Status PrepareUplinkCodecs();
   const std::string& UplinkCodecFor(const ClientInfo& client) const;
@@ -437,7 +453,12 @@ class RoundEngine {
   // At the end of the run: which clients were not told (ClientsNotToldOfTheEnd), and telling them later.
   void NoteUntoldClients();
   void MarkTold(const std::string& client_id);
-  void CloseTaskAsDropped(TaskInfo& task, std::string_view why);
+  // `at_deadline`: closed by its round's (buffered: its own) deadline, which an upload coming later is told.
+  void CloseTaskAsDropped(TaskInfo& task, std::string_view why, bool at_deadline = false);
+  // The answer to an upload for a task that is closed or past its deadline, saying why: its deadline passed
+  // (and an earlier upload of it was revoked, when one was), it was cancelled, or it was dropped (the client
+  // rejoined, its session ended, it reported a failure).
+  fl::v1::UploadUpdateResponse ClosedTaskVerdict(const TaskInfo& task, int64_t now) const;
   // Tells the observers that the last committed round is done (`eval` when it was evaluated).
   void RoundDone(const std::optional<instrumentation::ServerMetrics::Evaluation>& eval);
   void Record(instrumentation::Record record);
@@ -524,6 +545,9 @@ class RoundEngine {
   // the heartbeat check looks only at the front. Moved to the back on every message (O(1)).
   std::list<ClientInfo*> places_;
   std::atomic<size_t> places_held_{0};
+  rpc::TimerId stall_timer_ = 0;   // the stall watchdog (engine_stalls.cc)
+  int64_t stall_threshold_ns_ = 0;  // config stall_threshold_ms resolved at Prepare; 0: off
+  int64_t loop_alive_ns_ = 0;       // when the engine last ran (CatchUpAfterStall)
   uint64_t joins_logged_ = 0;         // admissions logged at info level (the first few, then every 1000th)
   std::string initial_model_client_;  // client asked for the initial weights
   std::shared_ptr<const core::ModelSpec> pending_spec_;  // that client's spec, until its weights arrive
@@ -582,3 +606,14 @@ class RoundEngine {
 };
 
 }  // namespace fl::server
+    uint64_t payload_bytes = 0;  // what its header announced
+    // Its last message as the engine counts it: the reactor's stamp, moved on by the server's own stalls.
+    int64_t last_progress_ns = 0;
+    // (when the engine saw it, payload bytes) at each check where the count had changed, oldest first: the
+    // bytes of its most recent window (kUploadProgressWindowNs).
+    std::deque<std::pair<int64_t, uint64_t>> progress;
+  // The shortest window over which an upload's recent rate is judged (RevokeSlowUploads): longer than the pauses
+  // an honest stream shows between messages (a TCP retransmission timeout is 0.2-1 s on Linux, a radio handover
+  // well under a second), short enough that a stream that stopped gives its slot back within a quarter of an 8 s
+  // round. An upload whose own chunks (--max-chunk-bytes) take longer at its pace so far gets four of them.
+  static constexpr int64_t kUploadProgressWindowNs = 2'000'000'000;
