@@ -263,8 +263,9 @@ class Reader {
     if (entry == nullptr) return absl::OkStatus();
     code_bytes_ += entry->uncompressed_size;
     if (code_bytes_ > torchscript::kMaxCodeBytes) {
-      return Error(
-          fl::StrCat("its code files hold more than ", torchscript::kMaxCodeBytes, " bytes (docs/input-limits.md)"));
+      return Error(fl::StrCat("code file '", file, "' (", entry->uncompressed_size,
+                              " bytes) takes the code files over the limit of ", torchscript::kMaxCodeBytes,
+                              " bytes for all of them (docs/input-limits.md)"));
     }
     absl::StatusOr<std::string> code = ReadEntry(*entry, torchscript::kMaxCodeFileBytes, "the code file");
     if (!code.ok()) return code.status();

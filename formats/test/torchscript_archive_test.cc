@@ -200,7 +200,10 @@ TEST_F(TorchScriptArchiveTest, NotTorchScriptFilesSayHowToExport) {
   EXPECT_THAT(ErrorOf("state_dict.pt"), HasSubstr("torch.save() file (a state_dict"));
   EXPECT_THAT(ErrorOf("legacy.pt"), HasSubstr("bare pickle"));
   EXPECT_THAT(ErrorOf("data.npz"), HasSubstr("not a TorchScript model"));
-  EXPECT_THAT(ErrorOf("no_such_file.pt"), HasSubstr(File("no_such_file.pt")));
+  auto missing = ReadTorchScriptModel(File("no_such_file.pt"));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr(File("no_such_file.pt")));
 }
 
 TEST_F(TorchScriptArchiveTest, ModelsWithoutParametersAreRefused) {
