@@ -1,6 +1,8 @@
 // YamlMap: every error names the file, the 1-based line, the field path and what is allowed.
 #include "fl/config/yaml_fields.h"
 
+#include <sys/stat.h>
+
 #include <fstream>
 #include <string>
 
@@ -132,12 +134,66 @@ TEST(YamlFilesTest, SyntaxErrorsAndMissingFilesSayWhich) {
   absl::StatusOr<YAML::Node> missing = LoadYamlFile(dir.path() / "absent.yaml", "manifest");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(Message(missing.status()), HasSubstr("manifest "));
-  EXPECT_THAT(Message(missing.status()), HasSubstr("absent.yaml cannot be read"));
+  EXPECT_THAT(Message(missing.status()), HasSubstr("absent.yaml: no such file"));
 
   std::ofstream(dir.path() / "ok.yaml") << "a: 1\n";
   absl::StatusOr<YAML::Node> ok = LoadYamlFile(dir.path() / "ok.yaml", "manifest");
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ((*ok)["a"].as<int>(), 1);
+}
+
+// yaml-cpp keeps both entries of a key given twice (a lookup sees the first): every map of every document is
+// checked before the loaders see it, with both lines and the field path.
+TEST(StrictYamlTest, AKeyGivenTwiceIsRefusedInEveryMapNamingBothLines) {
+  EXPECT_EQ(Message(ParseYaml("server:\n  rounds: 2\n  x: 1\n  rounds: 5\n", "m.yaml").status()),
+            "m.yaml:4: server.rounds: key given twice (first at line 2, again at line 4); a key may appear once in a "
+            "map: keep one of the two");
+  EXPECT_THAT(Message(ParseYaml("clients:\n  - {name: a, count: 1, count: 2}\n", "m.yaml").status()),
+              HasSubstr("m.yaml:2: clients[0].count: key given twice (first at line 2, again at line 2)"));
+  EXPECT_THAT(Message(ParseYaml("a: 1\nb: [{c: 1}, {d: {e: 1, e: 2}}]\n", "m.yaml").status()),
+              HasSubstr("m.yaml:2: b[1].d.e: key given twice"));
+  EXPECT_THAT(Message(ParseYaml("\"a\": 1\na: 2\n", "m.yaml").status()), HasSubstr("m.yaml:2: a: key given twice"));
+  // The same key in different maps, and lists of equal values, are fine.
+  EXPECT_TRUE(ParseYaml("a: {x: 1}\nb: {x: 1}\nc: [1, 1, 1]\n", "m.yaml").ok());
+}
+
+TEST(StrictYamlTest, NestingDeeperThanTheLimitIsRefusedNotACrash) {
+  for (int depth : {kMaxYamlDepth + 1, 100'000}) {
+    std::string lists(static_cast<size_t>(depth), '[');
+    lists.append(static_cast<size_t>(depth), ']');
+    absl::StatusOr<YAML::Node> r = ParseYaml(lists, "deep.yaml");
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(Message(r.status()), HasSubstr("deep.yaml:1: "));
+    EXPECT_THAT(Message(r.status()), HasSubstr("nested deeper than 64 levels"));
+    std::string maps;
+    for (int i = 0; i < depth; ++i) maps += "{a: ";
+    maps += "1";
+    maps.append(static_cast<size_t>(depth), '}');
+    EXPECT_THAT(Message(ParseYaml(maps, "deep.yaml").status()), HasSubstr("nested deeper than 64 levels"));
+  }
+  // Exactly at the limit is fine.
+  std::string ok(kMaxYamlDepth, '[');
+  ok.append(kMaxYamlDepth, ']');
+  EXPECT_TRUE(ParseYaml(ok, "ok.yaml").ok());
+}
+
+TEST(StrictYamlTest, MoreNodesThanTheLimitAreRefusedBeforeTheTreeIsBuilt) {
+  std::string many = "[";
+  for (size_t i = 0; i < kMaxYamlNodes; ++i) many += "0,";
+  many += "0]";
+  EXPECT_THAT(Message(ParseYaml(many, "big.yaml").status()), HasSubstr("more than 250000 YAML nodes"));
+}
+
+TEST(StrictYamlTest, SpecialAndOversizedFilesAreRefusedNamingThem) {
+  fl::testing::ScratchDir dir("yaml_special");
+  const std::string fifo = dir.File("fifo.yaml");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_THAT(Message(LoadYamlFile(fifo, "manifest").status()), HasSubstr("manifest " + fifo + ": is a FIFO"));
+  EXPECT_THAT(Message(LoadYamlFile("/dev/zero", "manifest").status()),
+              HasSubstr("manifest /dev/zero: is a character device"));
+  const std::string big = dir.File("big.yaml");
+  std::ofstream(big) << "a: \"" << std::string(kMaxYamlFileBytes, 'x') << "\"\n";
+  EXPECT_THAT(Message(LoadYamlFile(big, "manifest").status()), HasSubstr("over the limit of 4194304 bytes"));
 }
 
 }  // namespace

@@ -59,6 +59,8 @@ TEST(LinkProfileFuzzTest, MahimahiTraces) {
   ASSERT_GE(corpus.size(), 3u);
   fl::testing::ScratchDir dir("trace_fuzz");
   const std::string path = dir.File("fuzz.trace");
+  fl::testing::FuzzOptions options = Options();
+  options.iterations = 800;  // each input is a file written and read: a few seconds
   fl::testing::RunMutationFuzz(
       "mahimahi_trace", corpus,
       [&](std::span<const uint8_t> in) {
@@ -72,7 +74,7 @@ TEST(LinkProfileFuzzTest, MahimahiTraces) {
           EXPECT_GE(t->MeanRateBps(), 0.0);
         }
       },
-      Options());
+      options);
 }
 
 }  // namespace

@@ -632,7 +632,9 @@ std::string ResolvedManifestJson(const Manifest& m) {
     c["link"] = g.link.has_value() ? nlohmann::json(emulation::LinkProfileToYaml(*g.link)) : nlohmann::json(nullptr);
     j["clients"].push_back(std::move(c));
   }
-  return j.dump(2);
+  // A manifest's strings are whatever bytes the YAML held: bytes that are not UTF-8 are written as U+FFFD rather
+  // than throwing out of fl-experiment (found by experiments_manifest_fuzz_test).
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 absl::StatusOr<Manifest> ManifestFromResolvedJson(const std::string& json, const std::string& source_yaml) {

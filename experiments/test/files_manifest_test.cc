@@ -59,6 +59,16 @@ TEST(FilesManifestTest, GoodManifestValidates) {
   EXPECT_EQ(r.code, 0) << r.output;
 }
 
+// Bytes that are not UTF-8 in a string (found by experiments_manifest_fuzz_test): the resolved manifest's JSON
+// threw out of fl-experiment validate (SIGABRT); they are written as U+FFFD.
+TEST(FilesManifestTest, StringsThatAreNotUtf8DoNotAbort) {
+  ScratchDir dir("files_manifest_utf8");
+  const ToolResult r =
+      Experiment(dir, {"validate", Write(dir, "m.yaml", std::string(kManifest) + "description: \"caf\xe9 \xb5\"\n")});
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("caf\xef\xbf\xbd")) << r.output;
+}
+
 // `name: ../../..` made fl-experiment run write its records, logs and throwaway CA (after removing <out>/pki)
 // outside out/.
 TEST(FilesManifestTest, ExperimentNameThatLeavesTheOutputFolderIsRefused) {
@@ -172,10 +182,15 @@ TEST(FilesManifestTest, ManifestThatIsAFifoOrDevZeroOrHugeIsRefused) {
 TEST(FilesManifestTest, DeeplyNestedYamlIsRefusedNotACrash) {
   ScratchDir dir("files_manifest_deep");
   const int n = 100'000;
-  std::string lists = "name: " + std::string(n, '[') + std::string(n, ']') + "\n";
+  std::string lists = "name: ";
+  lists.append(n, '[');
+  lists.append(n, ']');
+  lists += "\n";
   std::string maps = "name: ";
   for (int i = 0; i < n; ++i) maps += "{a: ";
-  maps += "1" + std::string(n, '}') + "\n";
+  maps += "1";
+  maps.append(n, '}');
+  maps += "\n";
   std::string block = "name: x\nserver:\n";
   for (int i = 0; i < 200; ++i) block += std::string(2 * (i + 1), ' ') + "a:\n";
   for (const std::string& text : {lists, maps, block}) {
