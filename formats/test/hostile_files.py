@@ -294,6 +294,24 @@ def corpus(out):
     write_archive(os.path.join(z, "stored.npz"), [("x_train.npy", x), ("y_train.npy", y)])
     write_archive(os.path.join(z, "deflated.npz"), [("x_train.npy", x), ("y_train.npy", y)],
                   compress={"x_train.npy", "y_train.npy"})
+    try:  # a real one, when torch is there (the committed corpus has it)
+        import torch
+        torch.manual_seed(1)
+        torch.jit.script(torch.nn.Linear(3, 2)).save(os.path.join(t, "real_linear.pt"))
+        with zipfile.ZipFile(os.path.join(t, "real_linear.pt")) as archive:
+            for name in archive.namelist():
+                if name.endswith("/data.pkl") or name.endswith("/constants.pkl"):
+                    with open(os.path.join(out, "pickle", "real_" + os.path.basename(name)), "wb") as f:
+                        f.write(archive.read(name))
+    except ImportError:
+        pass
+    try:  # and numpy's own writer
+        import numpy as np
+        np.save(os.path.join(n, "numpy_f2.npy"), np.arange(6, dtype=np.float16).reshape(2, 3))
+        np.savez_compressed(os.path.join(z, "numpy_compressed.npz"), x=np.ones((3, 2), np.float32),
+                            y=np.arange(3, dtype=np.int64))
+    except ImportError:
+        pass
     zp = os.path.join(out, "zip")
     write_archive(os.path.join(zp, "mixed.zip"), [("a/one.txt", b"hello\n" * 20), ("a/two.bin", bytes(range(64)))],
                   compress={"a/one.txt"})
