@@ -20,6 +20,7 @@
 #include "fl/core/tensor_spec.h"
 #include "fl/instrumentation/record_store.h"
 #include "fl/server/checkpoint.h"
+#include "fl/testing/python.h"
 #include "fl/testing/run_tool.h"
 #include "fl/testing/scratch_dir.h"
 
@@ -178,6 +179,23 @@ TEST(FilesStartModelTest, CheckpointShorterThanItsHeaderDeclaresIsRefused) {
   ExpectRefused(r);
   EXPECT_THAT(r.output, HasSubstr("checkpoint " + path + " is corrupt")) << r.output;
   EXPECT_THAT(r.output, HasSubstr("its header declares")) << r.output;
+}
+
+// A TorchScript .pt whose weight holds a NaN (written entry by entry, without torch, by formats' hostile-file
+// generator): fl-server aborted with "cannot encode the global model"; now exit 2 naming the file.
+TEST(FilesStartModelTest, TorchScriptInitialModelWithNaNOrInfIsRefused) {
+  ScratchDir dir("files_start_pt_nan");
+  const std::string out = dir.File("hostile");
+  auto made = fl::testing::RunPythonFile(std::string(FL_SOURCE_DIR) + "/formats/test/hostile_files.py",
+                                         {out, "tensor_attacks"}, dir.File("python.log"));
+  ASSERT_TRUE(made.ok()) << made.status();
+  for (const char* name : {"nan_weight.pt", "inf_weight.pt"}) {
+    const std::string path = out + "/" + name;
+    const ToolResult r = Server(dir, {"--db", "", "--initial-model", path});
+    ExpectRefused(r);
+    EXPECT_THAT(r.output, HasSubstr(path)) << r.output;
+    EXPECT_THAT(r.output, ::testing::ContainsRegex("nan|inf|NaN|Inf")) << r.output;
+  }
 }
 
 // A .pt initial model is read by formats/ (the torch-free TorchScript reader): a FIFO or /dev/zero named
