@@ -18,9 +18,8 @@ namespace {
 // sign bit of any negative one. kLanes independent accumulators let the compiler vectorize the loops
 // with no branch inside: the check rides along with the pass that uses the values, at no extra read.
 constexpr size_t kLanes = 16;
-constexpr int32_t kLimitBits = std::bit_cast<int32_t>(kMaxUpdateAbsValue);
-
-inline int32_t RangeBits(float x) { return kLimitBits - (std::bit_cast<int32_t>(x) & 0x7fffffff); }
+// `limit_bits` is the bit pattern of the aggregator's bound (Aggregator::SetMaxAbsValue), a positive finite float.
+inline int32_t RangeBits(float x, int32_t limit_bits) { return limit_bits - (std::bit_cast<int32_t>(x) & 0x7fffffff); }
 
 template <size_t N>
 bool NoneNegative(const int32_t (&lanes)[N], int32_t tail) {
@@ -31,18 +30,18 @@ bool NoneNegative(const int32_t (&lanes)[N], int32_t tail) {
 
 // next[i] = acc[i] + weight * x[i]; true when every x[i] passed the range check.
 bool FusedAccumulate(const float* __restrict x, const float* __restrict acc, float* __restrict next, size_t n,
-                     float weight) {
+                     float weight, int32_t limit_bits) {
   int32_t lanes[kLanes] = {};
   size_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     for (size_t j = 0; j < kLanes; ++j) {
-      lanes[j] |= RangeBits(x[i + j]);
+      lanes[j] |= RangeBits(x[i + j], limit_bits);
       next[i + j] = acc[i + j] + weight * x[i + j];
     }
   }
   int32_t tail = 0;
   for (; i < n; ++i) {
-    tail |= RangeBits(x[i]);
+    tail |= RangeBits(x[i], limit_bits);
     next[i] = acc[i] + weight * x[i];
   }
   return NoneNegative(lanes, tail);
@@ -50,49 +49,50 @@ bool FusedAccumulate(const float* __restrict x, const float* __restrict acc, flo
 
 // The same with x and next being one buffer (AddEncoded decodes into the spare accumulator): x_next[i] =
 // acc[i] + weight * x_next[i]. A separate function because the restrict-qualified one must not alias.
-bool FusedAccumulateInPlace(float* __restrict x_next, const float* __restrict acc, size_t n, float weight) {
+bool FusedAccumulateInPlace(float* __restrict x_next, const float* __restrict acc, size_t n, float weight,
+                            int32_t limit_bits) {
   int32_t lanes[kLanes] = {};
   size_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     for (size_t j = 0; j < kLanes; ++j) {
-      lanes[j] |= RangeBits(x_next[i + j]);
+      lanes[j] |= RangeBits(x_next[i + j], limit_bits);
       x_next[i + j] = acc[i + j] + weight * x_next[i + j];
     }
   }
   int32_t tail = 0;
   for (; i < n; ++i) {
-    tail |= RangeBits(x_next[i]);
+    tail |= RangeBits(x_next[i], limit_bits);
     x_next[i] = acc[i] + weight * x_next[i];
   }
   return NoneNegative(lanes, tail);
 }
 
 // dst[i] = x[i]; true when every x[i] passed the range check.
-bool FusedCopy(const float* __restrict x, float* __restrict dst, size_t n) {
+bool FusedCopy(const float* __restrict x, float* __restrict dst, size_t n, int32_t limit_bits) {
   int32_t lanes[kLanes] = {};
   size_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     for (size_t j = 0; j < kLanes; ++j) {
-      lanes[j] |= RangeBits(x[i + j]);
+      lanes[j] |= RangeBits(x[i + j], limit_bits);
       dst[i + j] = x[i + j];
     }
   }
   int32_t tail = 0;
   for (; i < n; ++i) {
-    tail |= RangeBits(x[i]);
+    tail |= RangeBits(x[i], limit_bits);
     dst[i] = x[i];
   }
   return NoneNegative(lanes, tail);
 }
 
-bool AllInRange(const float* x, size_t n) {
+bool AllInRange(const float* x, size_t n, int32_t limit_bits) {
   int32_t lanes[kLanes] = {};
   size_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    for (size_t j = 0; j < kLanes; ++j) lanes[j] |= RangeBits(x[i + j]);
+    for (size_t j = 0; j < kLanes; ++j) lanes[j] |= RangeBits(x[i + j], limit_bits);
   }
   int32_t tail = 0;
-  for (; i < n; ++i) tail |= RangeBits(x[i]);
+  for (; i < n; ++i) tail |= RangeBits(x[i], limit_bits);
   return NoneNegative(lanes, tail);
 }
 
@@ -214,9 +214,23 @@ absl::Status Aggregator::SetNormClip(NormClip clip) {
   return absl::OkStatus();
 }
 
+absl::Status Aggregator::SetMaxAbsValue(double limit, std::string source) {
+  // Written so that NaN fails it too.
+  if (!(limit > 0 && limit <= kMaxUpdateAbsValue)) {
+    return absl::InvalidArgumentError(fl::StrCat("the bound on update values ", limit, " must be in (0, ",
+                                                 kMaxUpdateAbsValue,
+                                                 "] (2^64: the fp32 sum is proven overflow-free "
+                                                 "up to that)"));
+  }
+  max_abs_value_ = static_cast<float>(limit);
+  limit_bits_ = std::bit_cast<int32_t>(max_abs_value_);
+  max_abs_value_source_ = std::move(source);
+  return absl::OkStatus();
+}
+
 bool Aggregator::ClipFixed(std::span<float> values) {
-  // Range first, so that a value beyond kMaxUpdateAbsValue is refused rather than scaled into range.
-  if (!AllInRange(values.data(), values.size())) return false;
+  // Range first, so that a value beyond max_abs_value() is refused rather than scaled into range.
+  if (!AllInRange(values.data(), values.size(), limit_bits_)) return false;
   const double norm = UpdateNorm(*spec_, values);
   if (norm > clip_.max_norm) {
     ScaleFloatTensors(*spec_, values, static_cast<float>(clip_.max_norm / norm));
@@ -249,11 +263,12 @@ absl::Status Aggregator::DescribeBadValues(std::span<const float> values, std::s
   const std::string what = Describe(source);
   if (absl::Status s = CheckFinite(values, what, spec_.get()); !s.ok()) return s;
   for (size_t i = 0; i < values.size(); ++i) {
-    if (std::fabs(values[i]) <= kMaxUpdateAbsValue) continue;
+    if (std::fabs(values[i]) <= max_abs_value_) continue;
     const TensorSpec& t = spec_->tensors()[spec_->TensorIndexOfElement(i)];
-    return absl::InvalidArgumentError(fl::StrCat(what, " contains ", values[i], " at tensor '", t.name, "' element ",
-                                                 i - t.offset, "; values beyond +-", kMaxUpdateAbsValue,
-                                                 " are never aggregated: the client's training diverged"));
+    return absl::InvalidArgumentError(fl::StrCat(
+        what, " contains ", values[i], " at tensor '", t.name, "' element ", i - t.offset, "; values beyond +-",
+        max_abs_value_, max_abs_value_source_.empty() ? std::string() : fl::StrCat(" (", max_abs_value_source_, ")"),
+        " are never aggregated: the client's training diverged"));
   }
   return absl::InternalError(fl::StrCat(what, " was refused but holds no out-of-range value"));
 }
@@ -297,7 +312,7 @@ absl::Status Aggregator::AddEncoded(const Codec& codec, std::span<const uint8_t>
   }
   // fp32 over a verified transfer: the body is the update's floats as they are (little-endian, as this host
   // stores them), so it is added in place, one pass fewer than decoding a copy of 4P bytes first. Add's range
-  // check (NaN, Inf, beyond kMaxUpdateAbsValue) covers the decoder's finite check; the body checksum is what the
+  // check (NaN, Inf, beyond max_abs_value()) covers the decoder's finite check; the body checksum is what the
   // transfer checksum already verified; Add checks the weight, fingerprint and size. A body not aligned for floats
   // takes the decoding path.
   const uint8_t* body = payload.data() + kCodecHeaderBytes;
@@ -308,7 +323,7 @@ absl::Status Aggregator::AddEncoded(const Codec& codec, std::span<const uint8_t>
   }
   if (absl::Status s = CheckHeader(weight, spec_fingerprint, info->num_values, source); !s.ok()) return s;
   // Decode, then add exactly as Add does (rather than DecodeAccumulate into the sum): decoded values are
-  // finite but may still exceed kMaxUpdateAbsValue (an fp32 or bf16 payload can carry 1e38), and the
+  // finite but may still exceed max_abs_value() (an fp32 or bf16 payload can carry 1e38), and the
   // range check must pass before anything touches the aggregate.
   std::span<float> buffer = DecodeBuffer();
   if (absl::Status s = codec.Decode(payload, buffer, options); !s.ok()) return Prefixed(s, source);
@@ -318,7 +333,7 @@ absl::Status Aggregator::AddEncoded(const Codec& codec, std::span<const uint8_t>
   const bool in_range = clip_.mode != NormClip::Mode::kFixed || ClipFixed(buffer);
   if (!in_range || !TryAdd(buffer, static_cast<float>(weight))) {
     // TryAdd may have overwritten the decoded values (the mean reuses them); decode again to say which
-    // value was out of range. Rare: only a payload with values beyond 2^64 gets here.
+    // value was out of range. Rare: only a payload with values beyond the bound gets here.
     buffer = DecodeBuffer();
     if (absl::Status s = codec.Decode(payload, buffer, options); !s.ok()) return Prefixed(s, source);
     return DescribeBadValues(buffer, source);
@@ -371,8 +386,8 @@ WeightedMeanAggregator::WeightedMeanAggregator(std::shared_ptr<const ModelSpec> 
 
 bool WeightedMeanAggregator::TryAdd(std::span<const float> values, float weight) {
   const bool ok = values.data() == spare_.data()
-                      ? FusedAccumulateInPlace(spare_.data(), acc_.data(), acc_.size(), weight)
-                      : FusedAccumulate(values.data(), acc_.data(), spare_.data(), acc_.size(), weight);
+                      ? FusedAccumulateInPlace(spare_.data(), acc_.data(), acc_.size(), weight, limit_bits())
+                      : FusedAccumulate(values.data(), acc_.data(), spare_.data(), acc_.size(), weight, limit_bits());
   if (ok) acc_.swap(spare_);  // swaps the buffers' pointers, not their contents
   return ok;
 }
@@ -400,8 +415,8 @@ std::span<float> BufferingAggregator::DecodeBuffer() { return NextRow(); }
 bool BufferingAggregator::TryAdd(std::span<const float> values, float /*weight*/) {
   std::vector<float>& row = NextRow();
   // Decoded straight into the row by AddEncoded: only the check is left to do.
-  const bool ok = values.data() == row.data() ? AllInRange(row.data(), row.size())
-                                              : FusedCopy(values.data(), row.data(), row.size());
+  const bool ok = values.data() == row.data() ? AllInRange(row.data(), row.size(), limit_bits())
+                                              : FusedCopy(values.data(), row.data(), row.size(), limit_bits());
   if (ok) ++num_rows_;  // a refused row stays unused, to be overwritten by the next update
   return ok;
 }

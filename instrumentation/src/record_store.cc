@@ -69,6 +69,12 @@ constexpr std::string_view kSupersedeRounds = R"sql(
 UPDATE rounds SET status = 'aborted', failure_reason = :reason
 WHERE experiment_id = :experiment_id AND round > :after_round AND status = 'committed')sql";
 
+// A client fl-server forgot (ClientForgottenRecord): only one no round or evaluation row refers to.
+constexpr std::string_view kForgetClient = R"sql(
+DELETE FROM clients WHERE experiment_id = :experiment_id AND client_id = :client_id
+  AND NOT EXISTS (SELECT 1 FROM client_rounds c WHERE c.experiment_id = :experiment_id AND c.client_id = :client_id)
+  AND NOT EXISTS (SELECT 1 FROM evaluations e WHERE e.experiment_id = :experiment_id AND e.client_id = :client_id))sql";
+
 }  // namespace
 
 // The write connection and one prepared statement per record kind. Used only by the writer thread once the
@@ -88,6 +94,7 @@ struct RecordStore::Writer {
   sqlite::Statement insert_evaluation;
   sqlite::Statement insert_checkpoint;
   sqlite::Statement supersede_rounds;
+  sqlite::Statement forget_client;
   sqlite::Statement insert_client_event;
   sqlite::Statement insert_security_event;
 
@@ -116,6 +123,7 @@ struct RecordStore::Writer {
              // a database written before commits were atomic, or --resume-from-round): the row follows the file.
              {&insert_checkpoint, InsertSql(CheckpointsTable(), {"experiment_id", "round"})},
              {&supersede_rounds, kSupersedeRounds},
+             {&forget_client, kForgetClient},
              {&insert_client_event, InsertSql(ClientEventsTable())},
              {&insert_security_event, InsertSql(SecurityEventsTable())}});
   }
@@ -215,6 +223,12 @@ struct RecordStore::Writer {
               st.BindInt64(st.ParameterIndex(":after_round"), r.after_round);
               st.BindText(st.ParameterIndex(":reason"), r.reason);
               return Run(st, "update rounds (superseded)");
+            },
+            [&](const ClientForgottenRecord& r) {
+              sqlite::Statement& st = forget_client;
+              st.BindText(st.ParameterIndex(":experiment_id"), r.experiment_id);
+              st.BindText(st.ParameterIndex(":client_id"), r.client_id);
+              return Run(st, "delete from clients (forgotten)");
             },
         },
         record);

@@ -137,6 +137,10 @@ std::string DescribeRecord(const Record& record) {
                         [](const ClientRecord& r) {
                           return fl::StrCat("client (experiment ", r.experiment_id, ", client ", r.client_id, ")");
                         },
+                        [](const ClientForgottenRecord& r) {
+                          return fl::StrCat("forgotten client (experiment ", r.experiment_id, ", client ", r.client_id,
+                                            ")");
+                        },
                         [](const ClientLeftRecord& r) {
                           return fl::StrCat("client left (experiment ", r.experiment_id, ", client ", r.client_id, ")");
                         },

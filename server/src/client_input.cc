@@ -25,6 +25,15 @@ Problem First(Checks... checks) {
   return found;
 }
 
+// A finite figure beyond InputLimits::kMaxReportedValue (NaN and Inf pass: the callers name them as not finite).
+Problem OutOfRange(const std::string& field, double value) {
+  if (!std::isfinite(value) || std::fabs(value) <= InputLimits::kMaxReportedValue) return std::nullopt;
+  return InputProblem{
+      field, fl::StrCat(field, " is ", value, "; a reported figure is at most ", InputLimits::kMaxReportedValue,
+                        " in magnitude (the largest fp32 value: clients compute their figures in "
+                        "fp32, and the server's weighted sums of them must stay finite)")};
+}
+
 Problem CheckMetrics(const google::protobuf::Map<std::string, double>& metrics, std::string_view field) {
   if (metrics.size() > InputLimits::kMaxMetrics) {
     return InputProblem{std::string(field), fl::StrCat(field, " holds ", metrics.size(), " entries; the limit is ",
@@ -35,6 +44,10 @@ Problem CheckMetrics(const google::protobuf::Map<std::string, double>& metrics, 
     if (!std::isfinite(value)) {
       return InputProblem{fl::StrCat(field, "[", LogSafe(name, 64), "]"),
                           fl::StrCat(field, "[\"", LogSafe(name, 64), "\"] is ", value, "; metrics must be finite")};
+    }
+    if (Problem p = OutOfRange(fl::StrCat(field, "[\"", LogSafe(name, 64), "\"]"), value)) {
+      p->field = fl::StrCat(field, "[", LogSafe(name, 64), "]");
+      return p;
     }
   }
   return std::nullopt;
@@ -179,6 +192,8 @@ std::optional<InputProblem> CheckEvaluationReport(const fl::v1::EvaluationResult
     return InputProblem{"num_examples", fl::StrCat("the result claims ", r.num_examples(), " examples; at most ",
                                                    max_examples, " are possible")};
   }
+  if (Problem p = OutOfRange("loss", r.loss())) return p;
+  if (Problem p = OutOfRange("accuracy", r.accuracy())) return p;
   if (Problem p = CheckMetrics(r.metrics(), "metrics")) return p;
   // An evaluation moves no bytes but the model download: bytes are bounded by the caller's phase bound
   // only through the downlink, which is not in an evaluation's header; any count is cut at 2^62.

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <list>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -15,10 +17,27 @@
 #include "fl/core/str_cat.h"
 #include "fl/proto/convert.h"
 #include "engine_internal.h"
+#include "peer_guard.h"
 
 namespace fl::server {
 
 using namespace engine_internal;  // NOLINT: the engine's own helpers
+
+// What one hostile peer could otherwise grow without bound (docs/security.md, "Abuse limits"): the security_events
+// rows of its refusals, and the clients it joins under ever new names and abandons.
+struct RoundEngine::PeersState {
+  RefusalRows refusal_rows;
+  // Clients that never had a task and hold no place, in the order they became idle (the oldest is forgotten
+  // first past EngineConfig::max_idle_newcomers), and where each is in that list.
+  std::list<ClientInfo*> idle_newcomers;
+  std::unordered_map<const ClientInfo*, std::list<ClientInfo*>::iterator> idle_position;
+  uint64_t forgotten = 0;  // idle newcomers forgotten so far
+};
+
+RoundEngine::PeersState& RoundEngine::peers_state() {
+  if (peers_state_ == nullptr) peers_state_ = std::make_shared<PeersState>();
+  return *peers_state_;
+}
 
 RoundEngine::ClientInfo* RoundEngine::Authenticate(const std::string& client_id, const std::string& token) {
   auto it = clients_.find(client_id);
@@ -167,15 +186,20 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
                   "model_spec", "start the client with the same --model as the other clients");
   }
 
-  // The session limit (--max-sessions): a Join that would take a new place is refused with a retry-after; a
-  // client already holding one (a rejoin after a restart) keeps it.
-  if (auto known = clients_.find(req.client_name()); config_.max_sessions != 0 &&
-                                                     places_.size() >= config_.max_sessions &&
-                                                     (known == clients_.end() || !known->second->holds_place)) {
+  // The session limit (--max-sessions): a Join that would take a new place is refused with a retry-after, unless
+  // its address holds less than its fair share and another holds more (then that one's oldest idle place yields,
+  // YieldPlaceTo); a client already holding one (a rejoin after a restart) keeps it.
+  if (auto known = clients_.find(req.client_name());
+      config_.max_sessions != 0 && places_.size() >= config_.max_sessions &&
+      (known == clients_.end() || !known->second->holds_place) && !YieldPlaceTo(e.peer, req.client_name())) {
+    const std::string host = PeerHost(e.peer);
+    size_t of_host = 0;
+    for (const ClientInfo* c : places_) of_host += PeerHost(c->peer) == host ? 1 : 0;
     *resp.mutable_error() = wire::MakeError(
         fl::v1::ERROR_CODE_RATE_LIMITED,
         fl::StrCat("fl-server holds ", places_.size(), " sessions, its limit (--max-sessions=", config_.max_sessions,
-                   "); client '", req.client_name(), "' is not admitted now"),
+                   "), ", of_host, " of them from ", LogSafe(host, 64), "; client '", req.client_name(),
+                   "' is not admitted now"),
         "", fl::StrCat("retry after ", config_.join_retry_after_ms, " ms (trailing metadata retry-after-ms)"));
     spdlog::debug("refused join of '{}': session limit {}", LogSafe(req.client_name(), 64), config_.max_sessions);
     e.reply(wire::ToGrpcStatus(grpc::StatusCode::RESOURCE_EXHAUSTED, resp.error()), resp);
@@ -255,6 +279,7 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
   rec.joined_unix_ms = UnixMs();
   Record(rec);  // a rejoin updates the client's row
   e.reply(grpc::Status::OK, resp);
+  ForgetIdleNewcomers();
 }
 
 void RoundEngine::HandleSessionOpen(SessionOpenEvent& e) {
@@ -523,14 +548,22 @@ void RoundEngine::HandleSessionClosed(SessionClosedEvent& e) {
                 "client '{}' disconnected", id);
   }
   UpdateConnectedGauge();
+  ForgetIdleNewcomers();
 }
 
 void RoundEngine::HandleLeave(LeaveEvent& e) {
   ClientInfo* client = Authenticate(e.request.client_id(), e.request.session_token());
   fl::v1::LeaveResponse resp;
   if (client == nullptr) {
-    RecordBadToken(e.peer, e.request.client_id(), "Leave: the client id or its session token is not known");
-    e.reply(grpc::Status::OK, resp);
+    // As every other call acting for a client (docs/security.md): UNAUTHENTICATED with the reason, not an OK
+    // that a forged Leave could take for "nothing happened".
+    const std::string why =
+        fl::StrCat("client id '", LogSafe(e.request.client_id(), 64), "' or its session token is not known");
+    RecordBadToken(e.peer, e.request.client_id(), fl::StrCat("Leave: ", why));
+    e.reply(wire::ToGrpcStatus(grpc::StatusCode::UNAUTHENTICATED,
+                               wire::MakeError(fl::v1::ERROR_CODE_UNKNOWN_CLIENT, why, "session_token",
+                                               "a Leave presents the client id and session token its Join returned")),
+            resp);
     return;
   }
   resp.set_acknowledged(true);
@@ -539,6 +572,7 @@ void RoundEngine::HandleLeave(LeaveEvent& e) {
   client->token.clear();
   MarkTold(client->id);
   e.reply(grpc::Status::OK, resp);
+  ForgetIdleNewcomers();
 }
 
 void RoundEngine::AbandonInitialModelHolder(const std::string& holder_id, const std::string& next_client,
@@ -635,6 +669,13 @@ void RoundEngine::HoldPlace(ClientInfo& client, int64_t seen_ns) {
   } else {
     client.place = places_.insert(places_.end(), &client);
     client.holds_place = true;
+    if (peers_state_ != nullptr) {
+      PeersState& peers = *peers_state_;
+      if (auto idle = peers.idle_position.find(&client); idle != peers.idle_position.end()) {
+        peers.idle_newcomers.erase(idle->second);
+        peers.idle_position.erase(idle);
+      }
+    }
   }
   places_held_.store(places_.size(), std::memory_order_relaxed);
 }
@@ -644,9 +685,74 @@ void RoundEngine::ReleasePlace(ClientInfo& client) {
   places_.erase(client.place);
   client.holds_place = false;
   places_held_.store(places_.size(), std::memory_order_relaxed);
+  if (!client.tasked && config_.max_idle_newcomers != 0) {
+    PeersState& peers = peers_state();
+    if (peers.idle_position.count(&client) == 0) {
+      peers.idle_position[&client] = peers.idle_newcomers.insert(peers.idle_newcomers.end(), &client);
+    }
+    // Not forgotten here: callers still use `client`. The handlers call ForgetIdleNewcomers when done with it.
+  }
+}
+
+bool RoundEngine::YieldPlaceTo(const std::string& peer, const std::string& name) {
+  // Fair admission under contention (issue 27: one address re-joining 8 names a second kept every place, and an
+  // honest newcomer from elsewhere was refused 12 times of 12). The server is full; each address holding places,
+  // the newcomer's included, is entitled to max_sessions / addresses of them. A newcomer whose address holds
+  // fewer than that takes a place from the address holding the most, if that one holds more than its share: its
+  // least recently heard client without an open task is disconnected (a session closed RESOURCE_EXHAUSTED, fl-client
+  // joins again later). Thousands of sessions from one address (virtual clients, fleet_load) are untouched while
+  // the server has room, and while no other address asks for its share. O(places), only when the server is full.
+  const std::string host = PeerHost(peer);
+  std::unordered_map<std::string, size_t> held;
+  held.reserve(64);
+  held[host];  // the newcomer's address counts as one that asks, with what it holds
+  for (const ClientInfo* c : places_) ++held[PeerHost(c->peer)];
+  const size_t share = std::max<size_t>(1, config_.max_sessions / held.size());
+  if (held[host] >= share) return false;
+  auto hog =
+      std::max_element(held.begin(), held.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+  if (hog->second <= share) return false;
+  for (ClientInfo* c : places_) {  // least recently heard first
+    if (!c->open_task.empty() || c->id == initial_model_client_ || PeerHost(c->peer) != hog->first) continue;
+    const std::string why =
+        fl::StrCat("the server is full (--max-sessions=", config_.max_sessions, ") and ", LogSafe(hog->first, 64),
+                   " holds ", hog->second, " of its places, more than its share of ", share, " among ", held.size(),
+                   " addresses: this idle session yields its place to client '", LogSafe(name, 64), "' from ",
+                   LogSafe(host, 64), "; join again later");
+    spdlog::info("client '{}' from {}: {}", c->id, LogSafe(c->peer, 64), why);
+    RecordClientEvent(c->id, instrumentation::ClientEventKind::kSessionClosed, std::nullopt, "", why);
+    DisconnectClient(*c, why, grpc::StatusCode::RESOURCE_EXHAUSTED);
+    return true;
+  }
+  return false;
+}
+
+void RoundEngine::ForgetIdleNewcomers() {
+  if (peers_state_ == nullptr || peers_state_->idle_newcomers.size() <= config_.max_idle_newcomers) return;
+  // Past the bound, the oldest idle newcomers are forgotten: their memory and their clients row (and its
+  // client_events). One that joins again is admitted as a new client; one the server still waits on for the
+  // initial model, or with an open task (none: it never had one), is kept.
+  PeersState& peers = peers_state();
+  for (auto it = peers.idle_newcomers.begin();
+       peers.idle_newcomers.size() > config_.max_idle_newcomers && it != peers.idle_newcomers.end();) {
+    ClientInfo& c = **it;
+    if (c.id == initial_model_client_ || c.session != nullptr || c.holds_place || !c.open_task.empty()) {
+      ++it;
+      continue;
+    }
+    peers.idle_position.erase(&c);
+    it = peers.idle_newcomers.erase(it);
+    spdlog::debug("forgot client '{}': it never had a task and more than {} such clients are idle", c.id,
+                  config_.max_idle_newcomers);
+    untold_.erase(c.id);
+    Record(instrumentation::ClientForgottenRecord{config_.experiment_id, c.id});
+    ++peers.forgotten;
+    clients_.erase(clients_.find(c.id));  // last: `c` is gone after this
+  }
 }
 
 void RoundEngine::CheckHeartbeats(int64_t now) {
+  WriteRefusalSummaries(/*all=*/false);  // a flood that stopped still gets its summary row within a while
   // Liveness: a client that has said nothing for four heartbeat intervals is gone, even if TCP has not
   // noticed yet (a Pi that lost its 5G link keeps the socket half-open for minutes). places_ is ordered by
   // when each client was last heard (moved to the back on every message), so only the silent front is looked
@@ -672,6 +778,7 @@ void RoundEngine::CheckHeartbeats(int64_t now) {
     RecordClientEvent(c.id, instrumentation::ClientEventKind::kSessionClosed, std::nullopt, c.open_task, why);
     DisconnectClient(c, "no heartbeat for four intervals");
   }
+  ForgetIdleNewcomers();
 }
 
 void RoundEngine::RecordClientEvent(const std::string& client_id, instrumentation::ClientEventKind kind,
@@ -691,8 +798,31 @@ void RoundEngine::RecordSecurityRefusal(instrumentation::SecurityEventRecord rec
   record.experiment_id = config_.experiment_id;
   record.at_unix_ms = UnixMs();
   const instrumentation::SecurityRefusal reason = record.reason;
-  Record(std::move(record));
+  // Every refusal is counted; its row (and log line) only within the peer's budget (RefusalRows): a peer sending
+  // thousands of forged calls a second must not fill the disk with records or logs. The rest go out as summaries.
+  const int64_t now = NowNs();
+  if (peers_state().refusal_rows.Admit(record, now)) {
+    spdlog::warn(
+        "refused a call from {} ({}): {}", LogSafe(record.peer, 64),
+        record.identity.empty() ? std::string("plaintext") : fl::StrCat("certificate \"", record.identity, "\""),
+        LogSafe(record.detail, 600));
+    Record(std::move(record));
+  }
   Notify([&](EngineObserver& o) { o.OnSecurityRefusal(reason); });
+  WriteRefusalSummaries(/*all=*/false);
+}
+
+void RoundEngine::WriteRefusalSummaries(bool all) {
+  if (peers_state_ == nullptr) return;
+  for (const RefusalRows::Summary& summary : peers_state_->refusal_rows.TakeSummaries(NowNs(), all)) {
+    instrumentation::SecurityEventRecord row = RefusalRows::SummaryRow(summary);
+    row.experiment_id = config_.experiment_id;
+    row.at_unix_ms = UnixMs();
+    spdlog::warn("refused {} more calls from {} ({}) without recording each: {}", summary.suppressed,
+                 summary.host == "*" ? std::string("several addresses") : LogSafe(summary.host, 64),
+                 instrumentation::SecurityRefusalName(summary.reason), LogSafe(row.detail, 600));
+    Record(std::move(row));
+  }
 }
 
 void RoundEngine::RecordBadToken(const std::string& peer, const std::string& client_id, std::string detail) {

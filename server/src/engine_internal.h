@@ -50,6 +50,7 @@ struct RoundEngine::ClientInfo {
   bool holds_place = false;
   // Link-aware compression: payload bytes / server-side time of its last finished upload (nullopt: none yet).
   std::optional<double> uplink_bytes_per_s;
+  bool tasked = false;  // it was sent a task: it is in the round records, never forgotten (engine_clients.cc)
 };
 
 struct RoundEngine::TaskInfo {

@@ -75,6 +75,14 @@ std::unique_ptr<core::Aggregator> RoundEngine::TakeAggregator() {
   if (absl::Status s = agg->SetNormClip(*config_.UpdateNormClip()); !s.ok()) {
     spdlog::error("--clip-update-norm: {}", s.message());
   }
+  // Without a norm bound, the bound on every value of an update (--max-update-value; validated in Start()): one
+  // client's 1.8e19 must not move every weight by 1e19. With one, the norm bound scales any update into it.
+  const bool unbounded_norm = agg->norm_clip().mode == core::NormClip::Mode::kOff;
+  if (absl::Status s = agg->SetMaxAbsValue(unbounded_norm ? config_.max_update_value : core::kMaxUpdateAbsValue,
+                                           unbounded_norm ? "--max-update-value, without --clip-update-norm" : "");
+      !s.ok()) {
+    spdlog::error("--max-update-value: {}", s.message());
+  }
   return agg;
 }
 
@@ -84,6 +92,7 @@ void RoundEngine::ReleaseRound() {
 }
 
 void RoundEngine::Dispatch(ClientInfo& client, fl::v1::Task task, uint32_t attempt) {
+  client.tasked = true;
   auto info = std::make_unique<TaskInfo>();
   info->id = task.task_id();
   info->client_id = client.id;
@@ -165,6 +174,9 @@ absl::Status RoundEngine::StepGlobalModel(RoundState& r, std::string_view what) 
                       : !integer_values.ok() ? integer_values.status()
                                              : optimizer_->Step(global_, *pseudo_grad);
   if (step.ok()) step = core::RestoreIntegerTensors(*spec_, *integer_values, global_);
+  // Every update value is bounded (--max-update-value), so the mean is, and so each step: a non-finite model can
+  // only come from the server's own settings (an absurd learning rate). It is never published nor checkpointed.
+  if (step.ok()) step = core::CheckFinite(global_, fl::StrCat("the global model after ", what), spec_.get());
   return step;
 }
 

@@ -4,6 +4,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "absl/strings/str_format.h"
+
 #include "fl/core/log_format.h"
 #include "fl/core/str_cat.h"
 #include "fl/pki/revocation.h"
@@ -27,6 +29,58 @@ grpc::Status Limited(std::string message, std::string hint) {
 double Burst(double rate) { return std::max(2 * rate, 5.0); }
 
 }  // namespace
+
+bool RefusalRows::Admit(const instrumentation::SecurityEventRecord& record, int64_t now_ns) {
+  const std::string host = PeerHost(record.peer);
+  if (!global_.has_value()) global_.emplace(kGlobalRowsPerS, kGlobalRowBurst, now_ns);
+  if (peers_.size() >= kMaxIdleBuckets && peers_.count(host) == 0) {
+    std::erase_if(peers_, [&](const auto& kv) { return kv.second.FullAt(now_ns); });
+  }
+  // The peer's token first: a flooding address spends its own budget, not the one every peer shares. Past
+  // kMaxIdleBuckets busy addresses a new one gets no bucket (and so no row): its refusals are counted.
+  if (peers_.size() < kMaxIdleBuckets || peers_.count(host) != 0) {
+    TokenBucket& peer = peers_.try_emplace(host, 1.0 / kRowIntervalS, kRowBurst, now_ns).first->second;
+    if (peer.Take(now_ns) && global_->Take(now_ns)) return true;
+  }
+  const bool apart = counted_.size() < kMaxCountedKeys || counted_.count({host, record.reason}) != 0;
+  const std::pair<std::string, instrumentation::SecurityRefusal> key(apart ? host : std::string(1, '*'),
+                                                                     record.reason);
+  Summary& s = counted_[key];
+  if (s.suppressed == 0) {
+    s.host = key.first;
+    s.reason = record.reason;
+    s.first_ns = now_ns;
+  }
+  ++s.suppressed;
+  s.last_ns = now_ns;
+  s.last = record;
+  return false;
+}
+
+std::vector<RefusalRows::Summary> RefusalRows::TakeSummaries(int64_t now_ns, bool all) {
+  std::vector<Summary> due;
+  for (auto it = counted_.begin(); it != counted_.end();) {
+    if (all || now_ns - it->second.first_ns >= kSummaryIntervalS * 1'000'000'000) {
+      due.push_back(std::move(it->second));
+      it = counted_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return due;
+}
+
+instrumentation::SecurityEventRecord RefusalRows::SummaryRow(const Summary& summary) {
+  instrumentation::SecurityEventRecord row = summary.last;
+  const double span_s = static_cast<double>(summary.last_ns - summary.first_ns) / 1e9;
+  row.detail = fl::StrCat(
+      "summary: ", summary.suppressed, " more ", instrumentation::SecurityRefusalName(summary.reason),
+      " refusal(s) of ", summary.host == "*" ? std::string("several addresses") : summary.host, " in ",
+      absl::StrFormat("%.1f", span_s), " s were not recorded one by one (security_events rows are limited to ",
+      static_cast<int>(kRowBurst), " at once per address, then one every ", static_cast<int>(kRowIntervalS),
+      " s); the last was told: ", summary.last.detail);
+  return row;
+}
 
 std::string PeerHost(std::string_view peer) {
   for (std::string_view scheme : {"ipv4:", "ipv6:"}) {
@@ -187,9 +241,7 @@ std::optional<Refusal> CallGuard::CheckActingFor(const PeerIdentity& who, std::s
 }
 
 grpc::Status CallGuard::Refuse(const PeerIdentity& who, std::string_view claimed, const Refusal& refusal) const {
-  spdlog::warn("refused a call from {} ({}): {}", LogSafe(who.peer, 64),
-               who.authenticated ? fl::StrCat("certificate \"", who.name, "\"") : std::string("plaintext"),
-               LogSafe(refusal.status.error_message(), 600));
+  // Logged by the engine with its row, within the peer's budget of rows (RefusalRows): not here, once per call.
   instrumentation::SecurityEventRecord record;
   record.reason = refusal.reason;
   record.peer = who.peer;

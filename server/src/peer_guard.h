@@ -10,6 +10,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
@@ -45,6 +47,49 @@ class TokenBucket {
   double burst_;
   double tokens_;
   int64_t last_ns_;
+};
+
+// How many security_events rows refusals may write (docs/security.md, "Security events"). Each refusal costs the
+// server a row, so a peer that sends thousands of forged calls a second could fill the disk with them: rows are
+// written while the peer's address has tokens (a burst of kRowBurst, then one every kRowIntervalS), and while all
+// peers together have some (kGlobalRowBurst, then kGlobalRowsPerS); beyond that a refusal is only counted, and each
+// (address, reason) that had refusals counted writes ONE summary row with their number, the time span and what
+// the last one was told, at most every kSummaryIntervalS (and at the end of the experiment). Every refusal is
+// still counted in fl_security_refusals_total. The row budget of 64 at once covers every honest burst the tests
+// and the defaults produce (a rate-limited join storm of one client, a revocation of a few); its steady rate keeps
+// one flooding address at about 12 rows a minute plus one summary per reason.
+// Not thread-safe: the round engine's loop owns it.
+class RefusalRows {
+ public:
+  static constexpr double kRowBurst = 64;
+  static constexpr double kRowIntervalS = 5;
+  static constexpr double kGlobalRowBurst = 512;
+  static constexpr double kGlobalRowsPerS = 2;
+  static constexpr int64_t kSummaryIntervalS = 10;
+  // Distinct (address, reason) keys whose suppressed refusals are counted one by one; past it, under address "*".
+  static constexpr size_t kMaxCountedKeys = 1024;
+
+  struct Summary {
+    std::string host;  // the address whose refusals were counted ("*": several, past kMaxCountedKeys)
+    instrumentation::SecurityRefusal reason{};
+    uint64_t suppressed = 0;
+    int64_t first_ns = 0, last_ns = 0;          // monotonic: the first and the last refusal counted
+    instrumentation::SecurityEventRecord last;  // the last refusal counted, as it would have been recorded
+  };
+
+  // True: write `record`'s row. False: it is counted toward its (address, reason) summary instead.
+  bool Admit(const instrumentation::SecurityEventRecord& record, int64_t now_ns);
+  // The summaries due at `now_ns` (counting began kSummaryIntervalS ago or more), or every one when `all`;
+  // each is forgotten once returned.
+  std::vector<Summary> TakeSummaries(int64_t now_ns, bool all);
+  // The row of a summary: the reason, address, identity and claim of its last refusal, and a detail saying how
+  // many refusals it stands for.
+  static instrumentation::SecurityEventRecord SummaryRow(const Summary& summary);
+
+ private:
+  std::map<std::string, TokenBucket> peers_;
+  std::optional<TokenBucket> global_;
+  std::map<std::pair<std::string, instrumentation::SecurityRefusal>, Summary> counted_;
 };
 
 // The caller of one gRPC call.

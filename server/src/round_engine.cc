@@ -172,6 +172,10 @@ absl::Status EngineConfig::Validate() const {
     return bad("max-client-examples", max_client_examples,
                fl::StrCat("must be in [1, ", core::kMaxUpdateWeight, "] (the largest weight an aggregate takes)"));
   }
+  if (!(max_update_value > 0 && max_update_value <= core::kMaxUpdateAbsValue)) {
+    return bad("max-update-value", max_update_value,
+               fl::StrCat("must be in (0, ", core::kMaxUpdateAbsValue, "] (the most an fp32 sum is proven to take)"));
+  }
   if (initial_model_deadline_ms < 100) {
     return bad("initial-model-deadline-ms", initial_model_deadline_ms, "must be at least 100");
   }
@@ -606,6 +610,7 @@ void RoundEngine::Finish(instrumentation::ExperimentStatus status, std::string r
                                           {});
     waiting_uploads_.pop_front();
   }
+  WriteRefusalSummaries(/*all=*/true);  // the refusals counted instead of recorded (engine_clients.cc)
   if (records_ != nullptr) {
     instrumentation::ExperimentStatusUpdate update;
     update.experiment_id = config_.experiment_id;

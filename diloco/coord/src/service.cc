@@ -2,6 +2,10 @@
 // to the coordinator's loop; the loop answers through the event's reply (from the loop thread). Behind mutual TLS
 // every call that names an island is checked against the caller's certificate (and the revocation list, with
 // --tls-crl) here, before the loop sees it.
+//
+// Every method is registered raw (its messages are grpc::ByteBuffers parsed here), as fl-server's are: a message
+// that cannot be parsed is answered INVALID_ARGUMENT naming its type (ERROR_CODE_MALFORMED), not with the callback
+// API's default, an UNIMPLEMENTED with an empty message (issue 27).
 #include <memory>
 #include <string_view>
 
@@ -19,6 +23,30 @@ namespace fl::diloco {
 namespace {
 
 using Post = std::function<void(CoordinatorEvent)>;
+
+// Parses one raw message; false when its bytes are not a valid encoding of M (or a string field holds invalid
+// UTF-8). Consumes `bytes`.
+template <class M>
+bool Parse(grpc::ByteBuffer* bytes, M* message) {
+  return grpc::SerializationTraits<M>::Deserialize(bytes, message).ok();
+}
+
+template <class M>
+grpc::ByteBuffer Serialize(const M& message) {
+  grpc::ByteBuffer out;
+  bool own = false;
+  (void)grpc::SerializationTraits<M>::Serialize(message, &out, &own);  // fails only beyond 2 GiB
+  return out;
+}
+
+// The answer to a message that cannot be parsed: what was expected, where, and how big it was.
+grpc::Status Unparsable(std::string_view what, std::string_view type, size_t bytes) {
+  return CoordError(grpc::StatusCode::INVALID_ARGUMENT, fl::v1::ERROR_CODE_MALFORMED,
+                    fl::StrCat(what, " could not be parsed as ", type, " (", bytes,
+                               " bytes): not a valid protobuf encoding of that message, or a string field holds "
+                               "invalid UTF-8"),
+                    "", fl::StrCat("send a serialized ", type, " (proto/fl/v1/islands.proto)"));
+}
 
 // What the certificate check found: the refusal, or OK and (with a revocation list) the certificate's serial.
 struct CertificateCheck {
@@ -104,9 +132,9 @@ bool Refused(grpc::CallbackServerContext* ctx, grpc::ServerUnaryReactor* reactor
 
 // A reply that copies the answer into gRPC's response and finishes the call (any thread, exactly once).
 template <class Response>
-Reply<Response> FinishWith(grpc::ServerUnaryReactor* reactor, Response* response) {
+Reply<Response> FinishWith(grpc::ServerUnaryReactor* reactor, grpc::ByteBuffer* response) {
   return [reactor, response](const grpc::Status& status, const Response& r) {
-    *response = r;
+    *response = Serialize(r);
     reactor->Finish(status);
   };
 }
@@ -114,23 +142,24 @@ Reply<Response> FinishWith(grpc::ServerUnaryReactor* reactor, Response* response
 // The coordinator's end of a session stream: the stream's outbox, detached when the stream is done.
 class StreamSession final : public IslandSession {
  public:
-  explicit StreamSession(grpc::ServerBidiReactor<fl::v1::IslandUp, fl::v1::IslandDown>* stream) : outbox_(stream) {}
-  void Send(const fl::v1::IslandDown& message) override { outbox_.Send(message); }
+  explicit StreamSession(grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* stream) : outbox_(stream) {}
+  void Send(const fl::v1::IslandDown& message) override { outbox_.Send(Serialize(message)); }
   void Close(const grpc::Status& status) override { outbox_.Close(status); }
-  rpc::StreamOutbox<fl::v1::IslandUp, fl::v1::IslandDown>& outbox() { return outbox_; }
+  rpc::StreamOutbox<grpc::ByteBuffer, grpc::ByteBuffer>& outbox() { return outbox_; }
 
  private:
-  rpc::StreamOutbox<fl::v1::IslandUp, fl::v1::IslandDown> outbox_;
+  rpc::StreamOutbox<grpc::ByteBuffer, grpc::ByteBuffer> outbox_;
 };
 
-// Reads the session stream: the hello first (anything else closes the stream INVALID_ARGUMENT), then heartbeats.
+// Reads the session stream: the hello first (anything else closes the stream INVALID_ARGUMENT), then heartbeats;
+// a message that does not parse closes it INVALID_ARGUMENT naming fl.v1.IslandUp.
 // The hello is bound optimistically: if the loop refuses it, it closes the stream, and the heartbeats and the
 // close that follow do not match the island's token and session there.
-class SessionReactor final : public grpc::ServerBidiReactor<fl::v1::IslandUp, fl::v1::IslandDown> {
+class SessionReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   SessionReactor(Post post, grpc::CallbackServerContext* ctx, const pki::RevocationWatcher* revocation)
       : post_(std::move(post)), ctx_(ctx), revocation_(revocation), session_(std::make_shared<StreamSession>(this)) {
-    StartRead(&in_);
+    StartRead(&raw_);
   }
 
   void OnReadDone(bool ok) override {
@@ -138,6 +167,14 @@ class SessionReactor final : public grpc::ServerBidiReactor<fl::v1::IslandUp, fl
       session_->Close(grpc::Status::OK);
       return;
     }
+    const size_t bytes = raw_.Length();
+    in_.Clear();
+    if (!Parse(&raw_, &in_)) {
+      session_->Close(
+          Unparsable(fl::StrCat("message ", received_ + 1, " of the island session"), "fl.v1.IslandUp", bytes));
+      return;
+    }
+    ++received_;
     if (island_id_.empty()) {
       if (in_.kind_case() != fl::v1::IslandUp::kHello) {
         session_->Close(CoordError(grpc::StatusCode::INVALID_ARGUMENT, fl::v1::ERROR_CODE_MALFORMED,
@@ -155,7 +192,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<fl::v1::IslandUp, fl
     } else if (in_.kind_case() == fl::v1::IslandUp::kHeartbeat) {
       post_(HeartbeatEvent{island_id_, token_});
     }
-    StartRead(&in_);
+    StartRead(&raw_);
   }
 
   void OnWriteDone(bool ok) override { session_->outbox().OnWriteDone(ok); }
@@ -171,66 +208,96 @@ class SessionReactor final : public grpc::ServerBidiReactor<fl::v1::IslandUp, fl
   grpc::CallbackServerContext* ctx_;  // valid until OnDone
   const pki::RevocationWatcher* revocation_;
   std::shared_ptr<StreamSession> session_;
+  grpc::ByteBuffer raw_;
   fl::v1::IslandUp in_;
+  uint64_t received_ = 0;
   std::string island_id_;
   std::string token_;
 };
 
-class IslandsService final : public fl::v1::Islands::CallbackService {
+// A unary method's request parsed from its raw bytes, or the call answered INVALID_ARGUMENT naming its type.
+template <class Request>
+bool ParseRequest(grpc::ServerUnaryReactor* reactor, const grpc::ByteBuffer* raw, std::string_view method,
+                  std::string_view type, Request* request) {
+  grpc::ByteBuffer bytes(*raw);
+  if (Parse(&bytes, request)) return true;
+  reactor->Finish(Unparsable(fl::StrCat("the ", method, " request's bytes"), type, raw->Length()));
+  return false;
+}
+
+using RawIslandsService = fl::v1::Islands::WithRawCallbackMethod_Join<fl::v1::Islands::WithRawCallbackMethod_Session<
+    fl::v1::Islands::WithRawCallbackMethod_BeginSync<fl::v1::Islands::WithRawCallbackMethod_SyncDone<
+        fl::v1::Islands::WithRawCallbackMethod_SyncFailed<fl::v1::Islands::WithRawCallbackMethod_StateLoaded<
+            fl::v1::Islands::WithRawCallbackMethod_Leave<fl::v1::Islands::Service>>>>>>>;
+
+class IslandsService final : public RawIslandsService {
  public:
   IslandsService(Post post, const pki::RevocationWatcher* revocation)
       : post_(std::move(post)), revocation_(revocation) {}
 
-  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const fl::v1::IslandJoinRequest* request,
-                                 fl::v1::IslandJoinResponse* response) override {
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+                                 grpc::ByteBuffer* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    fl::v1::IslandJoinRequest request;
+    if (!ParseRequest(reactor, raw, "Join", "fl.v1.IslandJoinRequest", &request)) return reactor;
     std::string serial_hex;
-    if (Refused(ctx, reactor, request->island_id(), revocation_, &serial_hex)) return reactor;
-    post_(JoinEvent{*request, FinishWith(reactor, response), std::move(serial_hex)});
+    if (Refused(ctx, reactor, request.island_id(), revocation_, &serial_hex)) return reactor;
+    post_(JoinEvent{std::move(request), FinishWith<fl::v1::IslandJoinResponse>(reactor, response),
+                    std::move(serial_hex)});
     return reactor;
   }
 
-  grpc::ServerBidiReactor<fl::v1::IslandUp, fl::v1::IslandDown>* Session(grpc::CallbackServerContext* ctx) override {
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Session(grpc::CallbackServerContext* ctx) override {
     return new SessionReactor(post_, ctx, revocation_);
   }
 
-  grpc::ServerUnaryReactor* BeginSync(grpc::CallbackServerContext* ctx, const fl::v1::BeginSyncRequest* request,
-                                      fl::v1::BeginSyncResponse* response) override {
+  grpc::ServerUnaryReactor* BeginSync(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+                                      grpc::ByteBuffer* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    if (Refused(ctx, reactor, request->island_id(), revocation_)) return reactor;
-    post_(BeginSyncEvent{*request, FinishWith(reactor, response)});
+    fl::v1::BeginSyncRequest request;
+    if (!ParseRequest(reactor, raw, "BeginSync", "fl.v1.BeginSyncRequest", &request)) return reactor;
+    if (Refused(ctx, reactor, request.island_id(), revocation_)) return reactor;
+    post_(BeginSyncEvent{std::move(request), FinishWith<fl::v1::BeginSyncResponse>(reactor, response)});
     return reactor;
   }
 
-  grpc::ServerUnaryReactor* SyncDone(grpc::CallbackServerContext* ctx, const fl::v1::SyncDoneRequest* request,
-                                     fl::v1::SyncVerdict* response) override {
+  grpc::ServerUnaryReactor* SyncDone(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+                                     grpc::ByteBuffer* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    if (Refused(ctx, reactor, request->island_id(), revocation_)) return reactor;
-    post_(SyncDoneEvent{*request, FinishWith(reactor, response)});
+    fl::v1::SyncDoneRequest request;
+    if (!ParseRequest(reactor, raw, "SyncDone", "fl.v1.SyncDoneRequest", &request)) return reactor;
+    if (Refused(ctx, reactor, request.island_id(), revocation_)) return reactor;
+    post_(SyncDoneEvent{std::move(request), FinishWith<fl::v1::SyncVerdict>(reactor, response)});
     return reactor;
   }
 
-  grpc::ServerUnaryReactor* SyncFailed(grpc::CallbackServerContext* ctx, const fl::v1::SyncFailedRequest* request,
-                                       fl::v1::SyncVerdict* response) override {
+  grpc::ServerUnaryReactor* SyncFailed(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+                                       grpc::ByteBuffer* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    if (Refused(ctx, reactor, request->island_id(), revocation_)) return reactor;
-    post_(SyncFailedEvent{*request, FinishWith(reactor, response)});
+    fl::v1::SyncFailedRequest request;
+    if (!ParseRequest(reactor, raw, "SyncFailed", "fl.v1.SyncFailedRequest", &request)) return reactor;
+    if (Refused(ctx, reactor, request.island_id(), revocation_)) return reactor;
+    post_(SyncFailedEvent{std::move(request), FinishWith<fl::v1::SyncVerdict>(reactor, response)});
     return reactor;
   }
 
-  grpc::ServerUnaryReactor* StateLoaded(grpc::CallbackServerContext* ctx, const fl::v1::StateLoadedRequest* request,
-                                        fl::v1::StateLoadedResponse* response) override {
+  grpc::ServerUnaryReactor* StateLoaded(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+                                        grpc::ByteBuffer* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    if (Refused(ctx, reactor, request->island_id(), revocation_)) return reactor;
-    post_(StateLoadedEvent{*request, FinishWith(reactor, response)});
+    fl::v1::StateLoadedRequest request;
+    if (!ParseRequest(reactor, raw, "StateLoaded", "fl.v1.StateLoadedRequest", &request)) return reactor;
+    if (Refused(ctx, reactor, request.island_id(), revocation_)) return reactor;
+    post_(StateLoadedEvent{std::move(request), FinishWith<fl::v1::StateLoadedResponse>(reactor, response)});
     return reactor;
   }
 
-  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx, const fl::v1::IslandLeaveRequest* request,
-                                  fl::v1::IslandLeaveResponse* response) override {
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+                                  grpc::ByteBuffer* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    if (Refused(ctx, reactor, request->island_id(), revocation_)) return reactor;
-    post_(LeaveEvent{*request, FinishWith(reactor, response)});
+    fl::v1::IslandLeaveRequest request;
+    if (!ParseRequest(reactor, raw, "Leave", "fl.v1.IslandLeaveRequest", &request)) return reactor;
+    if (Refused(ctx, reactor, request.island_id(), revocation_)) return reactor;
+    post_(LeaveEvent{std::move(request), FinishWith<fl::v1::IslandLeaveResponse>(reactor, response)});
     return reactor;
   }
 

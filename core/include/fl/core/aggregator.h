@@ -2,8 +2,8 @@
 //
 // An aggregator is bound to one ModelSpec. Every update is checked before any of its values are used:
 // spec fingerprint and size (CheckMatchesSpec), weight (finite, in [kMinUpdateWeight, kMaxUpdateWeight]),
-// values (no NaN/Inf, |x| <= kMaxUpdateAbsValue; the error names the tensor). A rejected update leaves
-// the aggregator exactly as it was (bit for bit), so the server can drop a bad client and go on.
+// values (no NaN/Inf, |x| <= max_abs_value(), at most kMaxUpdateAbsValue; the error names the tensor). A rejected
+// update leaves the aggregator exactly as it was (bit for bit), so the server can drop a bad client and go on.
 //
 // Implementations (see MakeAggregator for their names):
 //   - WeightedMeanAggregator ("mean"): FedAvg's sum_k w_k x_k / sum_k w_k. Streaming: two fp32 buffers
@@ -18,6 +18,7 @@
 // Not thread-safe: the server serialises Add calls per aggregator (or shards the model across several).
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -92,6 +93,13 @@ class Aggregator {
   absl::Status AddEncoded(const Codec& codec, std::span<const uint8_t> payload, double weight,
                           uint64_t spec_fingerprint, std::string_view source, const DecodeOptions& options = {});
 
+  // The largest |value| an update added from now on may carry (default kMaxUpdateAbsValue); an update with a
+  // larger one is refused (InvalidArgument naming the tensor, element and value, and `source`, e.g. the flag that
+  // set the bound). InvalidArgument unless limit is in (0, kMaxUpdateAbsValue]. fl-server sets a much tighter
+  // bound than the default (--max-update-value): the default only keeps the fp32 sum finite.
+  absl::Status SetMaxAbsValue(double limit, std::string source = "");
+  float max_abs_value() const { return max_abs_value_; }
+
   // Norm bounding of every update added from now on (see NormClip). InvalidArgument for kMedian on an
   // aggregator that does not keep its updates (the mean), or a fixed bound that is not finite and > 0.
   absl::Status SetNormClip(NormClip clip);
@@ -114,7 +122,7 @@ class Aggregator {
   explicit Aggregator(std::shared_ptr<const ModelSpec> spec);
 
   // Adds `values` (spec().num_elements() of them, weight already validated) if every |value| is at most
-  // kMaxUpdateAbsValue (NaN and Inf fail too) and returns true; otherwise returns false and leaves the
+  // max_abs_value() (NaN and Inf fail too) and returns true; otherwise returns false and leaves the
   // aggregate exactly as it was. The range check is the implementation's, so that it can be fused with
   // the pass that uses the values.
   virtual bool TryAdd(std::span<const float> values, float weight) = 0;
@@ -130,6 +138,8 @@ class Aggregator {
   // kMedian: the scale of each accepted update in order (1, or median norm / its norm), set by Finish before
   // FinishInto; empty otherwise.
   mutable std::vector<float> row_scales_;
+  // The bit pattern of max_abs_value(), for the fused range checks of TryAdd.
+  int32_t limit_bits() const { return limit_bits_; }
 
  private:
   absl::Status CheckHeader(double weight, uint64_t spec_fingerprint, uint64_t num_values,
@@ -142,6 +152,9 @@ class Aggregator {
   bool ClipFixed(std::span<float> values);
 
   std::shared_ptr<const ModelSpec> spec_;
+  float max_abs_value_ = kMaxUpdateAbsValue;
+  int32_t limit_bits_ = std::bit_cast<int32_t>(kMaxUpdateAbsValue);
+  std::string max_abs_value_source_;  // what set the bound, for the refusal ("--max-update-value")
   NormClip clip_;
   std::vector<double> norms_;  // kMedian: the norm of each accepted update, in order
   mutable size_t num_clipped_ = 0;

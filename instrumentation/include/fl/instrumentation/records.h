@@ -116,6 +116,17 @@ struct ClientLeftRecord {
   bool operator==(const ClientLeftRecord&) const = default;
 };
 
+// Deletes the row of a client that joined but never had a task, when fl-server forgets it (it keeps at most
+// --max-idle-newcomers such clients: docs/security.md, "Abuse limits"). Its client_events rows go with it (ON DELETE
+// CASCADE). A client with client_rounds or evaluations rows is never deleted: the statement checks, and deletes
+// nothing then. Deleting nothing is not an error (the row may already be gone).
+struct ClientForgottenRecord {
+  std::string experiment_id;
+  std::string client_id;
+
+  bool operator==(const ClientForgottenRecord&) const = default;
+};
+
 // One row of `rounds`: one attempt at one round, written when the attempt ends. A failed or aborted
 // attempt is retried as attempt + 1; a round is committed at most once (the database enforces both).
 struct RoundRecord {
@@ -354,7 +365,7 @@ struct SecurityEventRecord {
 using Record = std::variant<ExperimentRecord, ExperimentStatusUpdate, ClientRecord, ClientLeftRecord, RoundRecord,
                             RoundEvaluationUpdate, ClientRoundRecord, ClientRoundUplinkUpdate, EvaluationRecord,
                             CheckpointRecord, ExperimentTaskUpdate, RoundCommitRecord, EvaluationCommitRecord,
-                            RoundsSupersededUpdate, ClientEventRecord, SecurityEventRecord>;
+                            RoundsSupersededUpdate, ClientEventRecord, SecurityEventRecord, ClientForgottenRecord>;
 
 // "round (experiment e1, round 3, attempt 0)": names a record in errors.
 std::string DescribeRecord(const Record& record);

@@ -42,6 +42,13 @@ struct InputLimits {
   // Slack on durations compared with the server's own clock: the client's monotonic clock and the
   // network add up to a round trip of uncertainty.
   static constexpr int64_t kTimingSlackNs = 2'000'000'000;
+  // The largest magnitude of a reported figure (a metric, an evaluation's loss): the largest finite fp32 value.
+  // Clients compute their losses and metrics in fp32 (LibTorch), so a finite double beyond it is not a real
+  // figure; and it keeps every weighted sum of figures finite (issue 27: a train_loss of 1.7e308 times its
+  // example count overflowed to inf in the round's record): a figure times a weight (at most
+  // --max-client-examples <= 1e12, core::kMaxUpdateWeight) is below 3.5e50, and a sum of even 2^64 of those
+  // below 7e69, far from the double's 1.8e308.
+  static constexpr double kMaxReportedValue = 3.4028234663852886e38;  // FLT_MAX
 };
 
 // What is wrong with a client's message: the field (as in the .proto, dotted) and a sentence naming the
@@ -66,15 +73,16 @@ struct UpdateBounds {
 };
 
 // The client-reported numbers of a train update's header: num_examples in (0, max_examples]; metrics at
-// most kMaxMetrics with short names, every value finite, train_loss >= 0, train_accuracy in [0, 1],
-// num_steps a whole number in [0, max_steps]; timings at most kMaxTimings, known phases, durations in
-// [0, max_phase_ns], bytes <= max_phase_bytes, start timestamps within +-core::kMaxClockNs; task id and codec
-// bounded.
+// most kMaxMetrics with short names, every value finite and at most kMaxReportedValue in magnitude, train_loss >= 0,
+// train_accuracy in [0, 1], num_steps a whole number in [0, max_steps]; timings at most kMaxTimings, known phases,
+// durations in [0, max_phase_ns], bytes <= max_phase_bytes, start timestamps within +-core::kMaxClockNs; task id and
+// codec bounded.
 std::optional<InputProblem> CheckUpdateReport(const fl::v1::UpdateHeader& header, const UpdateBounds& bounds);
 
 // The numbers of an evaluation result that do not depend on the task (the round engine checks loss,
-// accuracy and MAE per task): num_examples in (0, max_examples]; metrics and timings bounded as above;
-// durations in [0, max_phase_ns].
+// accuracy and MAE per task): num_examples in (0, max_examples]; loss and accuracy at most kMaxReportedValue in
+// magnitude (NaN and Inf are the engine's to name); metrics and timings bounded as above; durations in
+// [0, max_phase_ns].
 std::optional<InputProblem> CheckEvaluationReport(const fl::v1::EvaluationResult& result, uint64_t max_examples,
                                                   int64_t max_phase_ns);
 

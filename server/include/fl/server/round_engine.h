@@ -103,6 +103,10 @@ struct EngineConfig {
   uint32_t max_sessions_per_identity = 2;  // ... of one certificate (its session and the one replacing it)
   uint32_t max_uploads_per_peer = 4096;    // open UploadUpdate streams from one address
   uint32_t max_uploads_per_identity = 2;   // ... of one certificate
+  // Clients that joined but never had a task and hold no place (their session ended, or never opened), kept in
+  // memory and in the clients table (docs/security.md, "Abuse limits"): past this many the oldest are forgotten
+  // (their row deleted), so that Joins under ever new names cannot grow either without bound. 0: no bound.
+  uint32_t max_idle_newcomers = 4096;
   uint32_t max_chunk_bytes = 1u << 20;
   // Fleet limits (docs/round-engine.md, "Fleets and overload"). Clients holding a place (a live session, or
   // admitted and not yet opened it): a Join of a new place beyond this is refused RESOURCE_EXHAUSTED with a
@@ -126,6 +130,11 @@ struct EngineConfig {
   // Norm bounding of updates (core::NormClip): "off", "median" or a number; empty: the strategy's default
   // (median for the robust aggregators, off for the weighted mean).
   std::string clip_update_norm;
+  // The largest |value| an update (a pseudo-gradient) may carry when no norm bound is in effect (clip_update_norm
+  // off: the weighted mean's default; a norm bound scales any update into it), --max-update-value
+  // (docs/security.md, "Abuse limits"); an update with a larger value is rejected naming the tensor, element and
+  // value. In (0, 2^64] (core::kMaxUpdateAbsValue).
+  double max_update_value = 1e8;
   // Link-aware compression (fl/core/codec_policy.h): the uplink codec per client, by link kind or measured
   // uplink rate; empty or "fixed": every client gets uplink_codec.
   std::string uplink_codec_policy;
@@ -545,6 +554,18 @@ class RoundEngine {
   // the heartbeat check looks only at the front. Moved to the back on every message (O(1)).
   std::list<ClientInfo*> places_;
   std::atomic<size_t> places_held_{0};
+  // Hostile peers (engine_clients.cc, docs/security.md): the budget of security_events rows and the clients that
+  // joined but never had a task, oldest first. Made on first use; shared_ptr: complete only in engine_clients.cc.
+  struct PeersState;
+  std::shared_ptr<PeersState> peers_state_;
+  PeersState& peers_state();
+  // Writes the summary rows of refusals that were counted instead of recorded (due ones, or all of them).
+  void WriteRefusalSummaries(bool all);
+  // Forgets the oldest clients that never had a task and hold no place, past config_.max_idle_newcomers.
+  void ForgetIdleNewcomers();
+  // The server is full: frees a place for a Join from `peer` (client `name`) if its address holds less than its
+  // share and another more (that one's oldest idle client is disconnected); false when it may not.
+  bool YieldPlaceTo(const std::string& peer, const std::string& name);
   rpc::TimerId stall_timer_ = 0;   // the stall watchdog (engine_stalls.cc)
   int64_t stall_threshold_ns_ = 0;  // config stall_threshold_ms resolved at Prepare; 0: off
   int64_t loop_alive_ns_ = 0;       // when the engine last ran (CatchUpAfterStall)
