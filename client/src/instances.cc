@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "fl/core/str_cat.h"
+#include "fl/sys/user_file.h"
 
 namespace fl::client {
 namespace {
@@ -276,11 +277,16 @@ absl::StatusOr<AvailabilityTrace> ParseAvailabilityTrace(std::istream& in, const
 absl::StatusOr<Availability> ParseAvailability(const std::string& spec) {
   if (spec.starts_with("trace:")) {
     const std::string path = spec.substr(6);
-    std::ifstream in(path);
-    if (!in) {
-      return absl::NotFoundError(
-          fl::StrCat("--availability=", spec, ": cannot read the trace file ", path, ": ", std::strerror(errno)));
+    // A regular file within kMaxAvailabilityTraceBytes, checked before a byte is read: a FIFO would block the
+    // start forever, /dev/zero would never end.
+    absl::StatusOr<std::string> text = fl::sys::ReadUserFile(
+        path, "availability trace", kMaxAvailabilityTraceBytes,
+        "a trace has one line `<client name> <from_s> <until_s>` per online window (docs/testbed.md "
+        "\"Availability\"); split a larger one over several processes' --instances");
+    if (!text.ok()) {
+      return absl::Status(text.status().code(), fl::StrCat("--availability=", spec, ": ", text.status().message()));
     }
+    std::istringstream in(*std::move(text));
     absl::StatusOr<AvailabilityTrace> trace = ParseAvailabilityTrace(in, path);
     if (!trace.ok()) return trace.status();
     Availability a;

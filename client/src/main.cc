@@ -11,7 +11,10 @@
 #include <iostream>
 #include <mutex>
 #include <memory>
+#include <new>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -63,8 +66,8 @@ struct SharedDatasets {
 #endif
 };
 
-absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainer(const ModelFlags& f,
-                                                                 [[maybe_unused]] SharedDatasets* shared = nullptr) {
+absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainerUnguarded(const ModelFlags& f,
+                                                                          [[maybe_unused]] SharedDatasets* shared) {
   if (f.model.starts_with("synthetic:")) {
     // synthetic:<params>[:<train_ms>]
     const std::string spec = f.model.substr(10);
@@ -151,6 +154,28 @@ absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainer(const ModelFlag
   if (!trainer.ok()) return trainer.status();
   return std::unique_ptr<fl::client::Trainer>(std::move(*trainer));
 #endif
+}
+
+// MakeTrainerUnguarded with LibTorch's exceptions turned into errors: loading a model, moving its data to the
+// device and the probe's forward pass throw c10::Error or std::bad_alloc on what a file declares (a tensor larger
+// than memory, an operator the build lacks). fl-client then says which files it was given and exits 2 instead of
+// aborting.
+absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainer(const ModelFlags& f,
+                                                                 SharedDatasets* shared = nullptr) {
+  const std::string data = f.data.empty() ? f.data_dir : f.data;
+  auto first_line = [](std::string_view what) { return std::string(what.substr(0, what.find('\n'))); };
+  try {
+    return MakeTrainerUnguarded(f, shared);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        fl::StrCat("--model ", f.model, " with --data ", data,
+                   ": out of memory while loading the model and its data (a file declares more than this machine "
+                   "holds); check both files, or use a smaller model or shard (--data-fraction, --num-clients)"));
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        fl::StrCat("--model ", f.model, " with --data ", data,
+                   ": LibTorch failed while loading or probing the model: ", first_line(e.what())));
+  }
 }
 
 // The parameters of --model synthetic:<P>[:<ms>], 0 for any other model.

@@ -1,8 +1,9 @@
 // LoadClientData: one client's shard of a user's data (.npz, Fashion-MNIST IDX folder, text corpus) for a task.
 //
-// Why one file of this size: the three formats share the shard selection (partitioners, rows read per shard),
-// the label and shape checks and their error messages; each format's reader is a few functions here, and the
-// byte-level readers they use live in formats/.
+// The formats share the shard selection (partitioners, rows read per shard), the label and shape checks and their
+// error messages; each format's reader is a few functions here (the text corpus in text_corpus.cc), and the
+// byte-level readers they use live in formats/ and idx.cc. Every file is opened as a user's file
+// (fl::sys::OpenUserFile): regular files only, each reader within a stated size limit.
 #include "fl/data/client_data.h"
 
 #include <sys/stat.h>
@@ -12,7 +13,6 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <tuple>
 #include <utility>
@@ -21,6 +21,8 @@
 #include "fl/data/fashion_mnist.h"
 #include "fl/data/partition.h"
 #include "fl/formats/npy.h"
+#include "fl/sys/user_file.h"
+#include "text_corpus.h"
 
 namespace fl::data {
 namespace {
@@ -517,124 +519,6 @@ bool IsFashionMnistDir(const std::string& dir) {
   return false;
 }
 
-// ------------------------------------------------------------------------------------------------------------
-// Plain text, byte-level next-token windows.
-
-absl::StatusOr<std::string> ReadText(const std::string& path, bool is_directory) {
-  std::vector<std::string> files;
-  if (is_directory) {
-    std::error_code ec;
-    for (const auto& item : std::filesystem::directory_iterator(path, ec)) {
-      const std::string name = item.path().filename().string();
-      if (name.find('.') == std::string::npos && item.is_regular_file(ec)) files.push_back(item.path().string());
-    }
-    if (ec) return absl::PermissionDeniedError(fl::StrCat("cannot list ", path, ": ", ec.message()));
-    std::sort(files.begin(), files.end());  // byte order of names: the same on every machine
-    if (files.empty()) {
-      return absl::InvalidArgumentError(
-          fl::StrCat(path,
-                     " has no text files (regular files without a '.' in their name; fortune's .dat and .u8 are "
-                     "skipped); give a text file or a directory of them (e.g. /usr/share/games/fortunes from the "
-                     "fortunes-min package)"));
-    }
-  } else {
-    files.push_back(path);
-  }
-  std::string text;
-  for (size_t i = 0; i < files.size(); ++i) {
-    std::ifstream in(files[i], std::ios::binary);
-    if (!in) return absl::PermissionDeniedError(fl::StrCat("cannot read ", files[i]));
-    if (i > 0) text += '\n';
-    text.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
-  return text;
-}
-
-uint64_t NumWindows(uint64_t bytes, uint32_t seq_len) { return bytes > seq_len ? (bytes - 1) / seq_len : 0; }
-
-Examples TextExamples(std::string_view text, const std::vector<uint32_t>& windows, uint32_t seq_len,
-                      std::string source) {
-  Examples e;
-  e.source = std::move(source);
-  e.n = windows.size();
-  e.rows = windows;
-  e.x_shape = {seq_len};
-  e.y_shape = {seq_len};
-  e.x_type = ElementType::kInt64;
-  e.y_type = ElementType::kInt64;
-  std::vector<int64_t> x(windows.size() * seq_len), y(windows.size() * seq_len);
-  for (size_t i = 0; i < windows.size(); ++i) {
-    const size_t start = static_cast<size_t>(windows[i]) * seq_len;
-    for (uint32_t t = 0; t < seq_len; ++t) {
-      x[i * seq_len + t] = static_cast<uint8_t>(text[start + t]);
-      y[i * seq_len + t] = static_cast<uint8_t>(text[start + t + 1]);
-    }
-  }
-  AppendValues(e.x, x);
-  AppendValues(e.y, y);
-  return e;
-}
-
-absl::StatusOr<ClientData> LoadText(const DataOptions& o, bool is_directory) {
-  auto spec = PartitionSpec::Parse(o.partition);
-  if (!spec.ok()) return spec.status();
-  if (spec->kind != PartitionKind::kIid) {
-    return absl::InvalidArgumentError(fl::StrCat(
-        "partition ", spec->ToString(), " is not available for a plain text corpus (", o.path,
-        "): it has no labels and no client ids; use iid (or an .npz of token sequences with a client_id array)"));
-  }
-  if (o.seq_len == 0) return absl::InvalidArgumentError("seq_len must be at least 1");
-  auto text = ReadText(o.path, is_directory);
-  if (!text.ok()) return text.status();
-  const uint64_t test_bytes = text->size() * kTextTestPercent / 100;
-  const std::string_view train_text = std::string_view(*text).substr(0, text->size() - test_bytes);
-  const std::string_view test_text = std::string_view(*text).substr(text->size() - test_bytes);
-  const uint64_t train_windows = NumWindows(train_text.size(), o.seq_len);
-  const uint64_t test_windows = NumWindows(test_text.size(), o.seq_len);
-  if (train_windows < o.num_clients || test_windows < o.num_clients) {
-    return absl::InvalidArgumentError(
-        fl::StrCat("text ", o.path, " (", text->size(), " bytes) is too short for seq_len ", o.seq_len, " and ",
-                   o.num_clients, " clients: its first ", 100 - kTextTestPercent, "% gives ", train_windows,
-                   " training windows of ", o.seq_len + 1, " bytes and its last ", kTextTestPercent, "% ", test_windows,
-                   " test windows, and each client needs at least one of each: use a longer text, a smaller seq_len or "
-                   "fewer clients"));
-  }
-  auto train_rows = PartitionIidFor(o.client_index, train_windows, o.num_clients, o.partition_seed);
-  if (!train_rows.ok()) return train_rows.status();
-  if (o.data_fraction < 1) {
-    const size_t keep =
-        std::max<size_t>(1, static_cast<size_t>(std::ceil(o.data_fraction * static_cast<double>(train_rows->size()))));
-    train_rows->resize(std::min(keep, train_rows->size()));
-  }
-  auto test_rows = PartitionIidFor(o.client_index, test_windows, o.num_clients, o.partition_seed);
-  if (!test_rows.ok()) return test_rows.status();
-
-  ClientData data;
-  data.train = TextExamples(train_text, *train_rows, o.seq_len, fl::StrCat(o.path, ":train text"));
-  data.test = TextExamples(test_text, *test_rows, o.seq_len, fl::StrCat(o.path, ":test text"));
-  // Token ids are bytes: the largest over the whole text, so every client agrees.
-  for (auto [split_text, range, array] : {std::tuple{train_text, &data.train_labels, "train text"},
-                                          std::tuple{test_text, &data.test_labels, "test text"}}) {
-    LabelRange r;
-    r.file = o.path;
-    r.array = array;
-    r.index = 0;
-    for (size_t i = 0; i < split_text.size(); ++i) {
-      const int64_t byte = static_cast<uint8_t>(split_text[i]);
-      if (byte > r.max) {
-        r.max = byte;
-        r.element = static_cast<int64_t>(i);  // byte offset in the split's text
-      }
-    }
-    *range = r;
-  }
-  data.description = fl::StrCat(o.path, ": next-token over bytes (vocabulary ", kTextVocabulary, "), ", text->size(),
-                                " bytes, windows of ", o.seq_len, "+1; client ", o.client_index, " of ", o.num_clients,
-                                " (partition iid, seed ", o.partition_seed, "): ", data.train.n, " of ", train_windows,
-                                " train windows, ", data.test.n, " of ", test_windows, " test");
-  return data;
-}
-
 }  // namespace
 
 std::string_view ElementTypeName(ElementType type) {
@@ -686,17 +570,26 @@ absl::StatusOr<ClientData> LoadClientData(const DataOptions& options) {
                                           "(next-token) a text file or directory"));
   }
   if (std::filesystem::is_directory(status)) {
-    if (options.task == Task::kNextToken && !IsFashionMnistDir(options.path)) return LoadText(options, true);
+    if (options.task == Task::kNextToken && !IsFashionMnistDir(options.path))
+      return internal::LoadTextCorpus(options, true);
     if (IsFashionMnistDir(options.path)) return LoadFashionMnistDir(options);
     return absl::InvalidArgumentError(fl::StrCat(
         options.path, " is a directory without Fashion-MNIST IDX files (train-images-idx3-ubyte.gz, ...); for ",
         TaskName(options.task), " give an .npz with x_train, y_train, x_test and y_test"));
   }
-  // An .npz by name or by content (a ZIP's first bytes); anything else is text for next-token.
+  // An .npz by name or by content (a ZIP's first bytes); anything else is text for next-token. Opened as a user's
+  // file: a FIFO or a device (/dev/zero) is refused here, before a byte is read; each format's reader then
+  // applies its own size limit.
+  absl::StatusOr<fl::sys::UserFile> file =
+      fl::sys::OpenUserFile(options.path, "data file", std::numeric_limits<uint64_t>::max(),
+                            "give an .npz file, a Fashion-MNIST directory or (next-token) a text file or directory");
+  if (!file.ok()) return file.status();
   char magic[4] = {};
-  {
-    std::ifstream in(options.path, std::ios::binary);
-    in.read(magic, sizeof(magic));
+  if (file->size() >= sizeof(magic)) {
+    if (absl::Status s = file->ReadAt(0, std::span<uint8_t>(reinterpret_cast<uint8_t*>(magic), sizeof(magic)));
+        !s.ok()) {
+      return s;
+    }
   }
   const bool zip = std::memcmp(magic, "PK\x03\x04", 4) == 0 || std::memcmp(magic, "PK\x05\x06", 4) == 0;
   if (options.path.ends_with(".npy")) {
@@ -709,7 +602,7 @@ absl::StatusOr<ClientData> LoadClientData(const DataOptions& options) {
     if (!npz.ok()) return npz.status();
     return NpzLoader(options, std::move(*npz)).Load();
   }
-  if (options.task == Task::kNextToken) return LoadText(options, false);
+  if (options.task == Task::kNextToken) return internal::LoadTextCorpus(options, false);
   return absl::InvalidArgumentError(fl::StrCat(options.path,
                                                " is not an .npz (a ZIP of .npy arrays written by "
                                                "np.savez); plain text is read for the next-token task only"));

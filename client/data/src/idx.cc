@@ -1,5 +1,7 @@
 #include "fl/data/idx.h"
 
+#include <fcntl.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "fl/core/str_cat.h"
+#include "fl/sys/user_file.h"
 
 namespace fl::data {
 namespace {
@@ -26,6 +29,9 @@ class ByteSource {
   virtual absl::StatusOr<size_t> Read(uint8_t* out, size_t size) = 0;
   // "decompressed " for gzip files, "" otherwise: qualifies sizes in error messages.
   virtual std::string_view size_qualifier() const = 0;
+  // The most bytes the source can deliver in all (header included): what a header's claim is checked against
+  // before anything is allocated for it.
+  virtual uint64_t bound() const = 0;
   // True when the data ended because a gzip stream was cut short (its end or trailer is missing).
   virtual bool truncated_stream() const { return false; }
 };
@@ -44,6 +50,7 @@ class MemorySource final : public ByteSource {
     return n;
   }
   std::string_view size_qualifier() const override { return ""; }
+  uint64_t bound() const override { return bytes_.size(); }
 
  private:
   std::span<const uint8_t> bytes_;
@@ -54,16 +61,17 @@ class MemorySource final : public ByteSource {
 class FileSource final : public ByteSource {
  public:
   static absl::StatusOr<std::unique_ptr<FileSource>> Open(const std::string& path) {
+    // A regular file only, of at most kMaxIdxFileBytes, checked before a byte is read: a FIFO would block the
+    // open and /dev/zero would never end.
+    absl::StatusOr<fl::sys::UserFile> user = fl::sys::OpenUserFile(
+        path, "IDX file", kMaxIdxFileBytes,
+        "IDX files of MNIST-like datasets are far smaller; give the dataset's train/t10k -images-idx3-ubyte(.gz) and "
+        "-labels-idx1-ubyte(.gz) files");
+    if (!user.ok()) return user.status();
     // Peek at the magic ourselves: zlib would silently read a non-gzip `.gz` file as plain data.
-    std::FILE* peek = std::fopen(path.c_str(), "rb");
-    if (peek == nullptr) {
-      const int err = errno;
-      const std::string message = fl::StrCat(path, ": cannot open: ", std::strerror(err));
-      return err == ENOENT ? absl::NotFoundError(message) : absl::FailedPreconditionError(message);
-    }
     unsigned char magic[2] = {0, 0};
-    const size_t got = std::fread(magic, 1, 2, peek);
-    std::fclose(peek);
+    const size_t got = static_cast<size_t>(std::min<uint64_t>(user->size(), 2));
+    if (absl::Status s = user->ReadAt(0, std::span<uint8_t>(magic, got)); !s.ok()) return s;
     const bool gzip = got == 2 && magic[0] == 0x1f && magic[1] == 0x8b;
     const bool gz_name = path.size() >= 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
     if (gz_name && !gzip) {
@@ -72,12 +80,21 @@ class FileSource final : public ByteSource {
                   : absl::StrFormat("%s: not a gzip file (starts with %02x %02x, gzip starts with 1f 8b)", path,
                                     magic[0], magic[1]));
     }
-    gzFile file = gzopen(path.c_str(), "rb");
+    // zlib reads through its own descriptor (gzclose closes it): a duplicate of the one that was checked, so
+    // that what is read is the file that was checked, whatever is renamed meanwhile.
+    const int fd = ::fcntl(user->fd(), F_DUPFD_CLOEXEC, 0);
+    if (fd < 0)
+      return absl::InternalError(fl::StrCat(path, ": cannot duplicate its descriptor: ", std::strerror(errno)));
+    gzFile file = gzdopen(fd, "rb");
     if (file == nullptr) {
-      return absl::FailedPreconditionError(fl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+      ::close(fd);
+      return absl::ResourceExhaustedError(fl::StrCat(path, ": cannot open it for reading (zlib: out of memory)"));
     }
     gzbuffer(file, 1 << 18);
-    return std::unique_ptr<FileSource>(new FileSource(path, file, gzip));
+    // A plain file delivers its size; deflate inflates at most 1032 times (258-byte matches coded in 2 bits: zlib's
+    // "technical details"), so a gzip file of n bytes delivers at most 1032 n.
+    const uint64_t bound = gzip ? std::min(kMaxIdxDataBytes, user->size() * 1032) : user->size();
+    return std::unique_ptr<FileSource>(new FileSource(path, file, gzip, bound));
   }
   ~FileSource() override { gzclose(file_); }
 
@@ -89,6 +106,14 @@ class FileSource final : public ByteSource {
       if (n < 0) return Error();
       if (n == 0) break;
       total += static_cast<size_t>(n);
+      delivered_ += static_cast<uint64_t>(n);
+      // A small gzip file can inflate to ~1000 times its size: what it holds is bounded as it is read.
+      if (delivered_ > kMaxIdxDataBytes) {
+        return absl::InvalidArgumentError(fl::StrCat(
+            path_, ": holds more than ", kMaxIdxDataBytes, " ", size_qualifier(),
+            "bytes, over the limit for an IDX file (kMaxIdxDataBytes); it is not an MNIST-like IDX file or is a "
+            "decompression bomb: give the dataset's own files"));
+      }
     }
     if (total < size) {
       int errnum = Z_OK;
@@ -102,17 +127,20 @@ class FileSource final : public ByteSource {
     return total;
   }
   std::string_view size_qualifier() const override { return gzip_ ? "decompressed " : ""; }
+  uint64_t bound() const override { return bound_; }
   bool truncated_stream() const override { return truncated_; }
 
  private:
-  FileSource(std::string path, gzFile file, bool gzip) : path_(std::move(path)), file_(file), gzip_(gzip) {}
+  FileSource(std::string path, gzFile file, bool gzip, uint64_t bound)
+      : path_(std::move(path)), file_(file), gzip_(gzip), bound_(bound) {}
   absl::Status Error() {
     int errnum = Z_OK;
     const char* raw = gzerror(file_, &errnum);
     std::string_view message = errnum == Z_ERRNO ? std::strerror(errno) : (raw ? raw : "unknown error");
-    // zlib prefixes its messages with "<path>: "; we name the file ourselves.
-    if (message.starts_with(path_) && message.substr(path_.size()).starts_with(": ")) {
-      message.remove_prefix(path_.size() + 2);
+    // zlib prefixes its messages with the name it was opened under ("<fd:4>: " for gzdopen); we name the file
+    // ourselves.
+    if (message.starts_with("<fd:")) {
+      if (const size_t end = message.find(">: "); end != std::string_view::npos) message.remove_prefix(end + 3);
     }
     return absl::InvalidArgumentError(
         fl::StrCat(path_, gzip_ && errnum != Z_ERRNO ? ": corrupt gzip data: " : ": read error: ", message));
@@ -121,7 +149,9 @@ class FileSource final : public ByteSource {
   std::string path_;
   gzFile file_;
   bool gzip_;
+  uint64_t bound_;
   bool truncated_ = false;
+  uint64_t delivered_ = 0;  // bytes returned by Read so far (decompressed for gzip)
 };
 
 uint32_t BigEndian32(const uint8_t* p) {
@@ -133,7 +163,7 @@ constexpr size_t kChunk = size_t{64} << 20;     // the most one Read asks for
 
 // Counts what is left in the source (bounded, so that a decompression bomb cannot keep us busy forever).
 absl::StatusOr<std::pair<uint64_t, bool>> CountRemaining(ByteSource& source) {
-  constexpr uint64_t kMaxCount = uint64_t{1} << 32;
+  constexpr uint64_t kMaxCount = kMaxIdxDataBytes;  // a file source refuses more before this
   std::vector<uint8_t> buffer(1 << 16);
   uint64_t count = 0;
   while (count < kMaxCount) {
@@ -150,6 +180,18 @@ absl::Status TruncatedError(const ByteSource& source, std::string_view name, uin
   return absl::InvalidArgumentError(fl::StrCat(name, ": truncated IDX file: expected ", expected_total, " ",
                                                source.size_qualifier(), "bytes (", layout, "), got ", got,
                                                TruncationNote(source)));
+}
+
+// Before anything is allocated for a header's claim: the source can deliver that much.
+absl::Status CheckClaim(const ByteSource& source, std::string_view name, uint64_t expected_total,
+                        std::string_view layout) {
+  if (expected_total <= source.bound()) return absl::OkStatus();
+  if (source.size_qualifier().empty()) {  // a plain file or a buffer: the bound is what it holds
+    return TruncatedError(source, name, expected_total, layout, source.bound());
+  }
+  return absl::InvalidArgumentError(
+      fl::StrCat(name, ": truncated IDX file: expected ", expected_total, " decompressed bytes (", layout,
+                 "), more than the file can inflate to (", source.bound(), " bytes at most)"));
 }
 
 // Once the payload is read: checks that nothing follows it and that a gzip stream ends properly.
@@ -175,6 +217,7 @@ absl::Status ReadPayload(ByteSource& source, std::string_view name, size_t heade
                          std::string_view layout, std::vector<uint8_t>& payload) {
   // Read in chunks rather than allocating what the header claims up front: a corrupt or hostile header
   // with a short file must not make us allocate gigabytes. Real datasets fit the initial reservation.
+  if (auto status = CheckClaim(source, name, expected_total, layout); !status.ok()) return status;
   const auto payload_size = static_cast<size_t>(expected_total - header_bytes);
   payload.clear();
   payload.reserve(std::min(payload_size, kReserve));
@@ -241,12 +284,12 @@ absl::StatusOr<ImagesHeader> ReadImagesHeader(ByteSource& source, std::string_vi
     return absl::InvalidArgumentError(
         fl::StrCat(name, ": invalid image dimensions ", images.rows, " x ", images.cols, " (must be non-zero)"));
   }
-  constexpr uint64_t kMaxPayload = uint64_t{1} << 34;               // 16 GiB: far above any IDX dataset
-  const uint64_t image_size = uint64_t{images.rows} * images.cols;  // < 2^64: cannot overflow
+  constexpr uint64_t kMaxPayload = kMaxIdxDataBytes - kIdxImagesHeaderBytes;  // refused before allocating
+  const uint64_t image_size = uint64_t{images.rows} * images.cols;            // < 2^64: cannot overflow
   if (image_size > kMaxPayload || images.count > kMaxPayload / image_size) {
     return absl::InvalidArgumentError(fl::StrCat(name, ": implausible IDX header: ", images.count, " images of ",
                                                  images.rows, " x ", images.cols, " would be more than ", kMaxPayload,
-                                                 " bytes"));
+                                                 " bytes, the limit for an IDX file"));
   }
   header.expected_total = kIdxImagesHeaderBytes + images.count * image_size;
   header.layout =
@@ -289,6 +332,7 @@ absl::StatusOr<IdxImageRows> ReadImageRows(ByteSource& source, std::string_view 
   const std::span<const uint32_t> distinct = increasing ? rows : std::span<const uint32_t>(sorted);
   const uint64_t image_size = uint64_t{header->images.rows} * header->images.cols;
   const uint64_t payload_size = header->expected_total - kIdxImagesHeaderBytes;
+  if (auto status = CheckClaim(source, name, header->expected_total, header->layout); !status.ok()) return status;
   std::vector<uint8_t> kept;
   kept.reserve(static_cast<size_t>(std::min<uint64_t>(distinct.size() * image_size, kReserve)));
   // 1 MiB at a time: a small multiple of zlib's own buffer, and far below a split's size.
@@ -341,6 +385,11 @@ absl::StatusOr<std::vector<uint8_t>> ReadLabels(ByteSource& source, std::string_
   uint32_t count = 0;
   if (auto status = ReadHeader(source, name, kIdxLabelsMagic, "labels", std::span<uint32_t>(&count, 1)); !status.ok()) {
     return status;
+  }
+  if (kIdxLabelsHeaderBytes + uint64_t{count} > kMaxIdxDataBytes) {
+    return absl::InvalidArgumentError(fl::StrCat(name, ": implausible IDX header: ", count,
+                                                 " labels would be more than ", kMaxIdxDataBytes,
+                                                 " bytes, the limit for an IDX file"));
   }
   std::vector<uint8_t> labels;
   const std::string layout = fl::StrCat(kIdxLabelsHeaderBytes, "-byte header + ", count, " labels");

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "fl/client/torch_trainer.h"
 #include "fl/core/str_cat.h"
+#include "tensor_checks.h"
 
 namespace fl::client {
 namespace {
@@ -306,6 +307,62 @@ absl::StatusOr<std::vector<torch::Tensor>> BindTensors(const nn::Module& module,
   return tensors;
 }
 
+namespace internal {
+
+absl::Status CheckTensorInStorage(const torch::Tensor& tensor, std::string_view name) {
+  auto refuse = [&](std::string_view why) { return absl::InvalidArgumentError(fl::StrCat(name, ": ", why)); };
+  if (!tensor.defined()) return refuse("an undefined tensor");
+  if (tensor.layout() != torch::kStrided) return refuse("not a dense (strided) tensor");
+  if (!tensor.has_storage()) return refuse("a tensor without a storage");
+  const std::string geometry = fl::StrCat("shape ", ShapeString(tensor.sizes()), ", strides ",
+                                          ShapeString(tensor.strides()), ", storage offset ", tensor.storage_offset());
+  if (tensor.storage_offset() < 0) return refuse(fl::StrCat(geometry, ": a negative storage offset"));
+  uint64_t elements = 1;
+  uint64_t last = static_cast<uint64_t>(tensor.storage_offset());  // the last element it addresses
+  bool overflow = false;
+  for (int64_t d = 0; d < tensor.dim(); ++d) {
+    const int64_t size = tensor.size(d);
+    const int64_t stride = tensor.stride(d);
+    if (size < 0) return refuse(fl::StrCat(geometry, ": a negative size"));
+    overflow |= __builtin_mul_overflow(elements, static_cast<uint64_t>(size), &elements);
+    if (size > 1) {
+      if (stride < 0) {
+        return refuse(fl::StrCat(geometry, ": a negative stride in dimension ", d,
+                                 " (PyTorch never saves one: the file was altered)"));
+      }
+      uint64_t reach = 0;
+      overflow |= __builtin_mul_overflow(static_cast<uint64_t>(size - 1), static_cast<uint64_t>(stride), &reach);
+      overflow |= __builtin_add_overflow(last, reach, &last);
+    }
+  }
+  if (elements == 0 && !overflow) return absl::OkStatus();  // addresses nothing
+  uint64_t end_byte = 0;
+  overflow |= __builtin_add_overflow(last, uint64_t{1}, &end_byte);
+  overflow |= __builtin_mul_overflow(end_byte, static_cast<uint64_t>(tensor.element_size()), &end_byte);
+  const uint64_t storage_bytes = tensor.storage().nbytes();
+  if (overflow) return refuse(fl::StrCat(geometry, ": addresses more than 2^64 bytes"));
+  if (end_byte > storage_bytes) {
+    return refuse(fl::StrCat(geometry, ": reaches byte ", end_byte, " of a storage of ", storage_bytes, " bytes"));
+  }
+  if (elements != static_cast<uint64_t>(tensor.numel())) {
+    return refuse(fl::StrCat(geometry, ": ", tensor.numel(), " elements, its sizes multiply to ", elements));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckTensorFinite(const torch::Tensor& tensor, std::string_view name) {
+  if (!tensor.is_floating_point() || tensor.numel() == 0) return absl::OkStatus();
+  torch::NoGradGuard no_grad;
+  const torch::Tensor flat = tensor.detach().reshape({-1});
+  const torch::Tensor bad = torch::logical_not(torch::isfinite(flat));
+  if (!bad.any().item<bool>()) return absl::OkStatus();
+  const int64_t first = bad.nonzero()[0][0].item<int64_t>();
+  return absl::InvalidArgumentError(
+      fl::StrCat(name, ": element ", first, " (C order) is ", flat[first].item<double>(), ", not a finite number"));
+}
+
+}  // namespace internal
+
 absl::Status CopyToFlat(std::span<const torch::Tensor> tensors, const core::ModelSpec& spec, std::span<float> out) {
   if (tensors.size() != spec.num_tensors()) {
     return absl::InvalidArgumentError(fl::StrCat(tensors.size(), " tensors for a model spec of ", spec.num_tensors()));
@@ -316,6 +373,8 @@ absl::Status CopyToFlat(std::span<const torch::Tensor> tensors, const core::Mode
   }
   for (size_t i = 0; i < tensors.size(); ++i) {
     const core::TensorSpec& ts = spec.tensors()[i];
+    // Its memory is read below (contiguous(), memcpy): only within its storage.
+    if (absl::Status s = internal::CheckTensorInStorage(tensors[i], ts.name); !s.ok()) return s;
     if (static_cast<uint64_t>(tensors[i].numel()) != ts.num_elements()) {
       return absl::InvalidArgumentError(
           fl::StrCat(ts.name, ": tensor has ", tensors[i].numel(), " elements, the spec ", ts.num_elements()));
@@ -340,6 +399,8 @@ absl::Status CopyFromFlat(std::span<const float> flat, const core::ModelSpec& sp
   for (size_t i = 0; i < tensors.size(); ++i) {
     const core::TensorSpec& ts = spec.tensors()[i];
     torch::Tensor target = tensors[i];
+    // Written in place below (copy_): only within its storage.
+    if (absl::Status s = internal::CheckTensorInStorage(target, ts.name); !s.ok()) return s;
     if (static_cast<uint64_t>(target.numel()) != ts.num_elements()) {
       return absl::InvalidArgumentError(
           fl::StrCat(ts.name, ": tensor has ", target.numel(), " elements, the spec ", ts.num_elements()));

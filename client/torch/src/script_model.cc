@@ -12,6 +12,8 @@
 #include "absl/strings/str_join.h"
 #include "fl/client/torch_models.h"
 #include "fl/core/str_cat.h"
+#include "fl/formats/torchscript_archive.h"
+#include "tensor_checks.h"
 
 namespace fl::client {
 namespace {
@@ -76,15 +78,21 @@ std::string FirstLineOf(const std::exception& error) {
 
 absl::StatusOr<ScriptModel> LoadScriptModel(const std::string& path, torch::Device device) {
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
+  if (!std::filesystem::exists(path, ec)) {
     return absl::NotFoundError(
         fl::StrCat("model file ", path, " not found (give the path of a TorchScript .pt file; ", kExportHint, ")"));
   }
+  // The vet: the project's own torch-free reader checks the archive before LibTorch parses any of it (a FIFO or
+  // device, sizes, strides and storage offsets inside their storages, duplicate entries, byte order, CRCs, finite
+  // values, bounded pickles and code files). torch::jit::load trusts what a file declares: it has aborted on a
+  // tensor larger than its storage, crashed on a code file of millions of lines, and loaded heap memory as weights
+  // from a duplicate storage entry.
+  if (absl::Status vetted = formats::CheckTorchScriptFile(path); !vetted.ok()) return vetted;
   ScriptModel model;
   model.path = path;
   try {
     model.module = torch::jit::load(path, device);
-  } catch (const std::exception& e) {
+  } catch (const std::exception& e) {  // c10::Error, std::bad_alloc among them
     const std::string why = FirstLineOf(e);
     std::string hint(kExportHint);
     if (why.find("constants.pkl") != std::string::npos || why.find("code/") != std::string::npos) {
@@ -105,12 +113,23 @@ absl::StatusOr<ScriptModel> LoadScriptModel(const std::string& path, torch::Devi
   std::vector<core::TensorSpec> specs;
   for (const auto& named : model.module.named_modules()) {
     auto add = [&](const std::string& name, const torch::Tensor& tensor, bool is_parameter) -> absl::Status {
+      // Before anything reads the tensor's memory (the finite check below, CopyToFlat): it must lie in its
+      // storage, whatever the file declared.
+      if (absl::Status s = internal::CheckTensorInStorage(tensor, fl::StrCat("tensor '", name, "'")); !s.ok()) {
+        return absl::InvalidArgumentError(fl::StrCat("model ", path, ": ", s.message(),
+                                                     "; the file is corrupt or was altered: export the model again"));
+      }
       auto dtype = ToCoreDType(tensor.scalar_type());
       if (!dtype.ok()) {
         return absl::InvalidArgumentError(fl::StrCat(path, ": tensor '", name, "' has dtype ",
                                                      c10::toString(tensor.scalar_type()),
                                                      ", which the flat update cannot carry (", dtype.status().message(),
                                                      "); convert it in PyTorch before exporting"));
+      }
+      if (absl::Status s = internal::CheckTensorFinite(tensor, fl::StrCat("tensor '", name, "'")); !s.ok()) {
+        return absl::InvalidArgumentError(fl::StrCat("model ", path, ": ", s.message(),
+                                                     "; a model starts from finite weights: export it again from a "
+                                                     "model that has not diverged"));
       }
       core::TensorSpec spec;
       spec.name = name;

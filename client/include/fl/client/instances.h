@@ -162,7 +162,12 @@ struct Availability {
   bool always() const { return trace == nullptr && (period_s <= 0 || online_fraction >= 1); }
 };
 
-// Parses "diurnal:period_s=P,online=F[,seed=S]" (P > 0, F in (0, 1]) or "trace:FILE" (read now); InvalidArgument
+// The largest availability trace read: a line per online window, about 30 bytes, so 64 MiB is two million windows
+// (a thousand clients with two thousand windows each), far more than an experiment's schedule needs.
+inline constexpr uint64_t kMaxAvailabilityTraceBytes = uint64_t{64} << 20;
+
+// Parses "diurnal:period_s=P,online=F[,seed=S]" (P > 0, F in (0, 1]) or "trace:FILE" (read now: a regular file
+// of at most kMaxAvailabilityTraceBytes, a FIFO or a device is refused before a byte is read); InvalidArgument
 // naming the part, or the file and line.
 absl::StatusOr<Availability> ParseAvailability(const std::string& spec);
 

@@ -4,10 +4,10 @@
 // dimensions), one big-endian uint32 per dimension, then the values in row-major order. Only unsigned-byte
 // files of images (3 dimensions, magic 0x00000803) and labels (1 dimension, magic 0x00000801) are read here.
 //
-// Everything is validated before it is trusted: the magic, non-zero dimensions, the exact file length (a
-// truncated or oversized file is an error naming the file and both sizes, in decompressed bytes for `.gz`),
-// and label range. A file is decompressed when it starts with the gzip magic (1f 8b); a file whose name ends
-// in `.gz` must be gzip.
+// Everything is validated before it is trusted: a regular file within the limits below, the magic, non-zero
+// dimensions, the exact file length (a truncated or oversized file is an error naming the file and both sizes,
+// in decompressed bytes for `.gz`), and label range. A file is decompressed when it starts with the gzip magic (1f 8b);
+// a file whose name ends in `.gz` must be gzip.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +23,14 @@ inline constexpr uint32_t kIdxImagesMagic = 0x00000803;  // unsigned byte, 3 dim
 inline constexpr uint32_t kIdxLabelsMagic = 0x00000801;  // unsigned byte, 1 dimension
 inline constexpr size_t kIdxImagesHeaderBytes = 16;      // magic + count + rows + cols
 inline constexpr size_t kIdxLabelsHeaderBytes = 8;       // magic + count
+
+// What an IDX file may be: a regular file (not a FIFO or a device: those are refused before a byte is read) of
+// at most kMaxIdxFileBytes, holding at most kMaxIdxDataBytes once decompressed (a gzip stream is bounded as it
+// inflates; a header that declares more is refused before anything is allocated). 1 GiB: 20 times Fashion-MNIST's
+// largest file (47 MB of training images), and above every MNIST-like IDX dataset (EMNIST ByClass's training
+// images are 547 MB); a client holds at most that much of a split while reading it.
+inline constexpr uint64_t kMaxIdxFileBytes = uint64_t{1} << 30;
+inline constexpr uint64_t kMaxIdxDataBytes = uint64_t{1} << 30;
 
 struct IdxImages {
   uint32_t count = 0;
