@@ -45,6 +45,14 @@ Problem CheckMetrics(const google::protobuf::Map<std::string, double>& metrics, 
       return InputProblem{fl::StrCat(field, "[", LogSafe(name, 64), "]"),
                           fl::StrCat(field, "[\"", LogSafe(name, 64), "\"] is ", value, "; metrics must be finite")};
     }
+  }
+  return std::nullopt;
+}
+
+// Every metric within InputLimits::kMaxReportedValue; after the checks of the metrics the server knows by name,
+// whose own messages say more (num_steps of 1e300 is not a whole number of steps in range).
+Problem CheckMetricMagnitudes(const google::protobuf::Map<std::string, double>& metrics, std::string_view field) {
+  for (const auto& [name, value] : metrics) {
     if (Problem p = OutOfRange(fl::StrCat(field, "[\"", LogSafe(name, 64), "\"]"), value)) {
       p->field = fl::StrCat(field, "[", LogSafe(name, 64), "]");
       return p;
@@ -183,6 +191,7 @@ std::optional<InputProblem> CheckUpdateReport(const fl::v1::UpdateHeader& h, con
                                                            "; it must be a whole number in [0, ", b.max_steps, "]")};
     }
   }
+  if (Problem p = CheckMetricMagnitudes(h.metrics(), "metrics")) return p;
   return CheckTimings(h.timings(), "timings", b.max_phase_ns, b.max_phase_bytes);
 }
 
@@ -195,6 +204,7 @@ std::optional<InputProblem> CheckEvaluationReport(const fl::v1::EvaluationResult
   if (Problem p = OutOfRange("loss", r.loss())) return p;
   if (Problem p = OutOfRange("accuracy", r.accuracy())) return p;
   if (Problem p = CheckMetrics(r.metrics(), "metrics")) return p;
+  if (Problem p = CheckMetricMagnitudes(r.metrics(), "metrics")) return p;
   // An evaluation moves no bytes but the model download: bytes are bounded by the caller's phase bound
   // only through the downlink, which is not in an evaluation's header; any count is cut at 2^62.
   return CheckTimings(r.timings(), "timings", max_phase_ns, uint64_t{1} << 62);
