@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <cmath>
@@ -182,6 +183,26 @@ TEST(AvailabilityTest, ParsesTheDiurnalModelAndRefusesWhatItCannotUse) {
   EXPECT_FALSE(ParseAvailability("diurnal:period_s=60,online=1.5").ok());
   EXPECT_FALSE(ParseAvailability("diurnal:period_s=60,online=0.5,phase=3").ok());
   EXPECT_FALSE(ParseAvailability("diurnal:period_s=abc,online=0.5").ok());
+}
+
+// Issue 27: the trace is a user's file: a regular file within kMaxAvailabilityTraceBytes, checked before a byte is
+// read (before the fix a FIFO blocked fl-client's start forever and /dev/zero grew it without bound).
+TEST(AvailabilityTest, TracesThatAreDevicesOrTooLargeAreRefusedBeforeReading) {
+  const std::string big = ::testing::TempDir() + "/instances_test_big_trace.txt";
+  { std::ofstream create(big); }
+  std::filesystem::resize_file(big, kMaxAvailabilityTraceBytes + 1);  // sparse: nothing is written
+  auto over = ParseAvailability("trace:" + big);
+  std::filesystem::remove(big);
+  ASSERT_FALSE(over.ok());
+  const std::string message(over.status().message());
+  EXPECT_NE(message.find("availability trace " + big + ": 67108865 bytes, over the limit of 67108864"),
+            std::string::npos)
+      << message;
+  auto zero = ParseAvailability("trace:/dev/zero");
+  ASSERT_FALSE(zero.ok());
+  EXPECT_NE(std::string(zero.status().message()).find("/dev/zero: is a character device, not a regular file"),
+            std::string::npos)
+      << zero.status();
 }
 
 // The schedule is a function of (seed, shard, time) alone: two runs with one seed agree window for window, another

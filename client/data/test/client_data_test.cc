@@ -5,6 +5,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "fl/core/str_cat.h"
 #include "fl/data/fashion_mnist.h"
 #include "fl/data/partition.h"
 #include "fl/testing/python.h"
@@ -434,6 +436,31 @@ TEST_F(ClientDataTest, TextDirectoryJoinsFilesWithoutDotsInByteOrder) {
   EXPECT_EQ(rebuilt, train_text.substr(0, rebuilt.size()));
   std::filesystem::create_directory(dir_.path() / "empty");
   EXPECT_THAT(ErrorOf(Options("empty", Task::kNextToken)), HasSubstr("has no text files"));
+}
+
+// Issue 27: a user's data file is opened as a regular file of a stated size before a byte is read. Before the
+// fix, --data /dev/zero with the next-token task read until the memory was gone and a FIFO blocked forever.
+TEST_F(ClientDataTest, FifosDevicesAndOversizedTextsAreRefusedBeforeReading) {
+  const std::string zero = ErrorOf(DataOptions{.path = "/dev/zero", .task = Task::kNextToken});
+  EXPECT_THAT(zero, HasSubstr("data file /dev/zero: is a character device, not a regular file"));
+  const std::string fifo = dir_.File("corpus-fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_THAT(ErrorOf(DataOptions{.path = fifo, .task = Task::kNextToken}),
+              HasSubstr(fifo + ": is a FIFO, not a regular file"));
+  // A text of 300 MB (sparse: no disk written) is refused by its size, before it is read.
+  const std::string big = dir_.File("big.txt");
+  { std::ofstream create(big); }
+  std::filesystem::resize_file(big, 300'000'000);
+  const std::string over = ErrorOf(DataOptions{.path = big, .task = Task::kNextToken});
+  EXPECT_THAT(over, HasSubstr(fl::StrCat("text file ", big, ": 300000000 bytes, over the limit of 268435456")));
+  EXPECT_THAT(over, HasSubstr(".npz"));
+  // In a folder, the limit is the whole corpus's: a small text, then one that alone fits but not with it.
+  std::filesystem::create_directories(dir_.File("two"));
+  std::ofstream(dir_.File("two/a")) << std::string(100, 'a');
+  { std::ofstream create(dir_.File("two/b")); }
+  std::filesystem::resize_file(dir_.File("two/b"), 268'435'400);
+  EXPECT_THAT(ErrorOf(DataOptions{.path = dir_.File("two"), .task = Task::kNextToken}),
+              HasSubstr(fl::StrCat("text file ", dir_.File("two/b"), ": 268435400 bytes, over the limit")));
 }
 
 TEST_F(ClientDataTest, FortunesCorpus) {

@@ -14,6 +14,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include "fl/core/str_cat.h"
 #include "fl/data/fashion_mnist.h"
@@ -186,6 +187,48 @@ TEST_F(IdxTest, TruncatedPlainFileNamesBothSizes) {
   EXPECT_THAT(message, HasSubstr("truncated IDX file: expected 7856 bytes"));
   EXPECT_THAT(message, HasSubstr("16-byte header + 10 x 28 x 28"));
   EXPECT_THAT(message, HasSubstr("got 7756"));
+}
+
+// Issue 27: a header's claim is checked against the limit and against what the file can hold before anything is
+// allocated for it (before the fix, a 2 GiB claim passed the 16 GiB plausibility bound and the reader reserved
+// 256 MiB and grew its buffer in 64 MiB steps for a file of a few bytes).
+TEST_F(IdxTest, HeaderClaimsBeyondTheLimitOrTheFileAreRefusedBeforeReading) {
+  // 2048 images of 1024 x 1024: 2 GiB, over kMaxIdxDataBytes.
+  std::vector<uint8_t> header = ImagesFile(0, 1024, 1024);
+  header[6] = 0x08;  // count = 2048 (big-endian 0x00000800)
+  const std::string claim = Write("claims-2gib.gz", Gzip(header));
+  auto images = LoadIdxImages(claim);
+  ASSERT_FALSE(images.ok());
+  EXPECT_THAT(Message(images.status()), HasSubstr(claim));
+  EXPECT_THAT(Message(images.status()), HasSubstr("implausible IDX header: 2048 images of 1024 x 1024"));
+  EXPECT_THAT(Message(images.status()), HasSubstr("the limit for an IDX file"));
+  // Labels: 2^31 of them in an 8-byte file.
+  auto labels = LoadIdxLabels(Write("labels-2g", {0, 0, 8, 1, 0x80, 0, 0, 0}), 10);
+  ASSERT_FALSE(labels.ok());
+  EXPECT_THAT(Message(labels.status()), HasSubstr("implausible IDX header: 2147483648 labels"));
+  // Within the limit, but more than the file can hold: a plain file holds its size, a gzip file at most 1032
+  // times its size (deflate's largest ratio).
+  header[6] = 0x01;  // 256 images of 1024 x 1024: 256 MiB
+  auto plain = LoadIdxImages(Write("claims-256mib", header));
+  ASSERT_FALSE(plain.ok());
+  EXPECT_THAT(Message(plain.status()), HasSubstr("truncated IDX file: expected 268435472 bytes"));
+  EXPECT_THAT(Message(plain.status()), HasSubstr("got 16"));
+  const std::string gz = Write("claims-256mib.gz", Gzip(header));
+  auto inflated = LoadIdxImages(gz);
+  ASSERT_FALSE(inflated.ok());
+  EXPECT_THAT(Message(inflated.status()), HasSubstr("more than the file can inflate to"));
+}
+
+// A FIFO or a device is refused before it is opened for reading (a FIFO would block the open forever).
+TEST_F(IdxTest, FifosAndDevicesAreRefusedNamingThePath) {
+  const std::string fifo = (dir_ / "fifo-idx3-ubyte").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto images = LoadIdxImages(fifo);
+  ASSERT_FALSE(images.ok());
+  EXPECT_THAT(Message(images.status()), HasSubstr("IDX file " + fifo + ": is a FIFO, not a regular file"));
+  auto labels = LoadIdxLabels("/dev/zero", 10);
+  ASSERT_FALSE(labels.ok());
+  EXPECT_THAT(Message(labels.status()), HasSubstr("IDX file /dev/zero: is a character device"));
 }
 
 TEST_F(IdxTest, TruncatedHeader) {
