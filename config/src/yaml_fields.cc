@@ -59,8 +59,8 @@ class StrictYamlChecker : public YAML::EventHandler {
     bool is_map = false;
     bool next_is_key = true;  // maps: whether the next node is a key or a value
     std::string path;
-    std::string key;  // maps: the key of the value being read
-    size_t index = 0;  // lists: the entry being read
+    std::string key;                            // maps: the key of the value being read
+    size_t index = 0;                           // lists: the entry being read
     std::unordered_map<std::string, int> keys;  // maps: key -> its 1-based line
   };
 

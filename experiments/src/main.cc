@@ -104,9 +104,9 @@ int RunIslands(const std::string& manifest_path, const std::string& out_dir, con
     paths.fl_coordinator = (dir.parent_path() / "diloco" / "coord" / "fl-coordinator").string();
   }
   if (out_dir.empty()) {
-    absl::StatusOr<fs::path> dir = fl::experiment::ExperimentOutputDir("out", config->name);
-    if (!dir.ok()) return Fail(dir.status());
-    paths.out_dir = dir->string();
+    absl::StatusOr<fs::path> default_out = fl::experiment::ExperimentOutputDir("out", config->name);
+    if (!default_out.ok()) return Fail(default_out.status());
+    paths.out_dir = default_out->string();
   } else {
     paths.out_dir = out_dir;
   }

@@ -413,7 +413,7 @@ config::FieldTable<ClientGroup> GroupFields(const Where& where) {
           .Then([where](const YamlMap& m, G& g) -> absl::Status {
             if (g.availability_trace.empty()) return absl::OkStatus();
             if (g.period_s > 0) {
-              return m.Error(m.Node("availability"), "availability.trace",
+              return m.Error(m.Node("trace"), "trace",
                              "a group has either a diurnal model (period_s) or a trace, not both; drop one");
             }
             // Relative to the manifest's folder; absolute, so that a replay from elsewhere finds the same file.
@@ -425,7 +425,7 @@ config::FieldTable<ClientGroup> GroupFields(const Where& where) {
                 path.string(), "availability trace", kMaxAvailabilityTraceBytes,
                 "an availability trace holds a few lines per client: check that this is the right file");
             if (!file.ok()) {
-              return m.Error(m.Node("availability"), "availability.trace",
+              return m.Error(m.Node("trace"), "trace",
                              fl::StrCat(fl::ToStd(file.status().message()),
                                         " (relative paths resolve against the manifest's folder; the format is in "
                                         "docs/testbed.md \"Availability\")"));
@@ -455,11 +455,11 @@ absl::Status ReadClients(const Where& where, const YamlMap& m, const std::string
     }
     total += g.count;  // each count is at most kMaxManifestClients, and total never exceeds it below: no overflow
     if (total > kMaxManifestClients) {
-      return entry.Error(entry.Node("count"), "count",
-                         fl::StrCat("the client groups up to this one add up to ", total,
-                                    " clients, over the limit of ", kMaxManifestClients,
-                                    " clients in one experiment (", kMaxManifestClientsWhy, ")"),
-                         "fewer clients (lower count), or split the experiment");
+      return entry.Error(
+          entry.Node("count"), "count",
+          fl::StrCat("the client groups up to this one add up to ", total, " clients, over the limit of ",
+                     kMaxManifestClients, " clients in one experiment (", kMaxManifestClientsWhy, ")"),
+          "fewer clients (lower count), or split the experiment");
     }
     out.clients.push_back(std::move(g));
   }
@@ -469,14 +469,12 @@ absl::Status ReadClients(const Where& where, const YamlMap& m, const std::string
 config::FieldTable<Manifest> ManifestFields(const Where& where) {
   return {
       // The run's output folder is out/<name>: a name, never a path (`name: ../../..`).
-      config::StringField("name", &Manifest::name)
-          .Required()
-          .Then([](const YamlMap& m, Manifest& out) -> absl::Status {
-            const std::optional<std::string> why = config::WhyNotASafeName(out.name);
-            if (!why.has_value()) return absl::OkStatus();
-            return m.Error(m.Node("name"), "name", fl::StrCat("experiment name \"", out.name, "\" ", *why),
-                           config::kSafeNameAllowed);
-          }),
+      config::StringField("name", &Manifest::name).Required().Then([](const YamlMap& m, Manifest& out) -> absl::Status {
+        const std::optional<std::string> why = config::WhyNotASafeName(out.name);
+        if (!why.has_value()) return absl::OkStatus();
+        return m.Error(m.Node("name"), "name", fl::StrCat("experiment name \"", out.name, "\" ", *why),
+                       config::kSafeNameAllowed);
+      }),
       config::StringField("description", &Manifest::description).NewInRecords(),
       config::IntField("seed", &Manifest::seed, 0, INT64_MAX),
       config::RecordField("path", &Manifest::path).NewInRecords(),

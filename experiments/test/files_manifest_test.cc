@@ -232,7 +232,8 @@ TEST(FilesManifestTest, NamedProfileWithABadTraceNamesManifestProfileAndTrace) {
   const std::string path = Write(dir, "m.yaml", std::string(kManifest) + "    link: slow\n");
   const ToolResult r = Experiment(dir, {"validate", path});
   ExpectRefused(r);
-  EXPECT_THAT(r.output, HasSubstr(path + ":9: clients[0].link: " + profile + ":1: uplink.trace: trace file ")) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(path + ":9: clients[0].link: " + profile + ":1: uplink.trace: trace file "))
+      << r.output;
   EXPECT_THAT(r.output, HasSubstr("x.trace: is a FIFO")) << r.output;
 }
 
@@ -243,11 +244,12 @@ TEST(FilesManifestTest, AvailabilityTraceThatIsAFifoOrDevZeroIsRefusedNamingMani
   const std::string zero = dir.File("zero.avail");
   fs::create_symlink("/dev/zero", zero);
   for (const auto& [trace, kind] : {std::pair{fifo, "is a FIFO"}, std::pair{zero, "is a character device"}}) {
-    const std::string path = Write(dir, "m.yaml", std::string(kManifest) + "    availability: {trace: " + trace + "}\n");
+    const std::string path =
+        Write(dir, "m.yaml", std::string(kManifest) + "    availability: {trace: " + trace + "}\n");
     const ToolResult r = Experiment(dir, {"validate", path});
     ExpectRefused(r);
-    EXPECT_THAT(r.output, HasSubstr(path + ":9: clients[0].availability.trace: availability trace " + trace + ": " +
-                                    kind))
+    EXPECT_THAT(r.output,
+                HasSubstr(path + ":9: clients[0].availability.trace: availability trace " + trace + ": " + kind))
         << r.output;
   }
 }

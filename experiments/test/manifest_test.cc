@@ -214,7 +214,7 @@ TEST(ManifestTest, EveryShippedManifestRoundTripsThroughTheResolvedJson) {
       const std::string p = e.path().string();
       if (e.path().extension() != ".yaml" || p.find("/profiles/") != std::string::npos) continue;
       if (p.find("/experiments/diloco/") != std::string::npos) continue;  // islands manifests (docs/diloco.md)
-      if (p.find("/test/corpus/") != std::string::npos) continue;  // fuzz seeds (manifest_fuzz_test)
+      if (p.find("/test/corpus/") != std::string::npos) continue;         // fuzz seeds (manifest_fuzz_test)
       manifests.push_back(e.path());
     }
   }

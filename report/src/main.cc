@@ -160,8 +160,9 @@ int main(int argc, char** argv) {
   if (!compare.empty()) {
     if (!db_path.empty()) compare.insert(compare.begin(), db_path);
     if (!table.empty() || !plot.empty() || !rounds.empty() || list || !experiment_id.empty()) {
-      return Fail(2, "--compare takes databases, --target-accuracy, --format and --out only (the latest experiment "
-                     "of each database is compared)");
+      return Fail(2,
+                  "--compare takes databases, --target-accuracy, --format and --out only (the latest experiment "
+                  "of each database is compared)");
     }
     return Compare(compare, target_accuracy, format, out_path);
   }

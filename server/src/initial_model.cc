@@ -31,8 +31,8 @@ absl::StatusOr<Checkpoint> LoadInitialModel(const std::string& path) {
 
 absl::Status CheckStartModel(const Checkpoint& model, const std::string& path, std::string_view downlink_codec) {
   if (model.values.size() != model.spec.num_elements()) {
-    return absl::InvalidArgumentError(fl::StrCat(path, ": ", model.values.size(), " values for a model of ",
-                                                 model.spec.num_elements()));
+    return absl::InvalidArgumentError(
+        fl::StrCat(path, ": ", model.values.size(), " values for a model of ", model.spec.num_elements()));
   }
   if (std::optional<std::string> bad = FindNonFinite(model.values, &model.spec); bad.has_value()) {
     return absl::InvalidArgumentError(fl::StrCat(path, ": ", *bad, "; a model must hold finite values"));

@@ -120,8 +120,8 @@ TEST(FilesStartModelTest, ResumeFromACheckpointWithInfIsRefusedNamingIt) {
   Checkpoint c = SmallModel();
   c.values[0] = -std::numeric_limits<float>::infinity();  // fc.weight element 0
   ASSERT_TRUE(SaveCheckpoint(c, CheckpointPath(ckpt_dir, 0)).ok());
-  const ToolResult r = Server(dir, {"--db", db, "--checkpoint-dir", ckpt_dir, "--resume", "--experiment-id",
-                                    "exp-files"});
+  const ToolResult r =
+      Server(dir, {"--db", db, "--checkpoint-dir", ckpt_dir, "--resume", "--experiment-id", "exp-files"});
   ExpectRefused(r);
   EXPECT_THAT(r.output, HasSubstr(CheckpointPath(ckpt_dir, 0))) << r.output;
   EXPECT_THAT(r.output, HasSubstr("tensor 'fc.weight' element 0 is -inf")) << r.output;

@@ -26,8 +26,8 @@ inline std::optional<std::string> WhyNotASafeName(std::string_view name) {
     return "is " + std::to_string(name.size()) + " characters long, over " + std::to_string(kMaxSafeNameLength);
   }
   for (char c : name) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-                    c == '_' || c == '-';
+    const bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
     if (!ok) {
       if (c == '/') return std::string("has a '/' (a name is one folder or file name, not a path)");
       const unsigned char u = static_cast<unsigned char>(c);
