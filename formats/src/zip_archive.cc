@@ -40,6 +40,9 @@ constexpr uint16_t kFlagEncrypted = 0x0001;
 // claimed size could exhaust memory).
 constexpr uint64_t kMaxDeflateRatio = 1100;
 constexpr size_t kInputChunkBytes = size_t{256} << 10;
+// The central directory is read whole: about 60 bytes an entry (400,000 tensors of a TorchScript file take
+// 25 MB), so 256 MiB is millions of entries; a larger one is a header built to cost memory.
+constexpr uint64_t kMaxCentralDirectoryBytes = uint64_t{256} << 20;
 
 uint16_t Le16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
 uint32_t Le32(const uint8_t* p) {
@@ -163,6 +166,11 @@ absl::StatusOr<ZipArchive> ZipArchive::Open(const std::string& path, std::string
     return absl::InvalidArgumentError(fl::StrCat(path, ": corrupt or truncated ZIP archive: the central directory (",
                                                  cd_size, " bytes at offset ", cd_offset,
                                                  ") does not end before the end record at offset ", eocd_offset));
+  }
+  if (cd_size > kMaxCentralDirectoryBytes) {
+    return absl::InvalidArgumentError(fl::StrCat(path, ": the ZIP central directory is ", cd_size,
+                                                 " bytes, over the limit of ", kMaxCentralDirectoryBytes,
+                                                 " (millions of entries): not an archive numpy or torch writes"));
   }
   if (num_entries > cd_size / kCentralHeaderBytes) {
     return absl::InvalidArgumentError(fl::StrCat(path, ": corrupt ZIP archive: ", num_entries,
