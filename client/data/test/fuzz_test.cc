@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <span>
 #include <string>
 #include <utility>
@@ -108,8 +109,9 @@ TEST(DataFuzzTest, IdxImages) {
         (void)LoadIdxImages(path);
         (void)LoadIdxImageRows(path, rows);
       },
-      Options(1500));
+      Options(20000));
   EXPECT_GT(runs, 0u);
+  std::cout << runs << " inputs\n";
 }
 
 TEST(DataFuzzTest, IdxLabels) {
@@ -125,8 +127,9 @@ TEST(DataFuzzTest, IdxLabels) {
         WriteFile(path, bytes);
         (void)LoadIdxLabels(path, 10);
       },
-      Options(1500));
+      Options(20000));
   EXPECT_GT(runs, 0u);
+  std::cout << runs << " inputs\n";
 }
 
 TEST(DataFuzzTest, LoadClientDataNpzForEveryTask) {
@@ -143,8 +146,9 @@ TEST(DataFuzzTest, LoadClientDataNpzForEveryTask) {
         natural.partition = "natural";
         (void)LoadClientData(natural);
       },
-      Options(1500));
+      Options(10000));
   EXPECT_GT(runs, 0u);
+  std::cout << runs << " inputs\n";
 }
 
 TEST(DataFuzzTest, LoadClientDataTextCorpus) {
@@ -162,8 +166,9 @@ TEST(DataFuzzTest, LoadClientDataTextCorpus) {
         (void)LoadClientData(OptionsFor(file, Task::kNextToken, 1));
         (void)LoadClientData(OptionsFor(dir.File("folder"), Task::kNextToken, 0));
       },
-      Options(1500));
+      Options(8000));
   EXPECT_GT(runs, 0u);
+  std::cout << runs << " inputs\n";
 }
 
 TEST(DataFuzzTest, LoadClientDataFashionMnistFolder) {
@@ -190,8 +195,9 @@ TEST(DataFuzzTest, LoadClientDataFashionMnistFolder) {
         WriteFile(images, bytes);
         (void)LoadClientData(OptionsFor(folder, Task::kClassification, 1));
       },
-      Options(1000));
+      Options(8000));
   EXPECT_GT(runs, 0u);
+  std::cout << runs << " inputs\n";
 }
 
 }  // namespace
