@@ -22,8 +22,9 @@ namespace fl::formats::torchscript {
 // The .pt file itself: the server holds the model as fp32 in memory, about as large as the file; no model of
 // this testbed comes near.
 inline constexpr uint64_t kMaxModelFileBytes = uint64_t{16} << 30;
-// data.pkl: LibTorch writes about 100 bytes per tensor (names live in the code files), so 64 MiB is over half
-// a million tensors; larger is a pickle built to cost memory.
+// data.pkl: LibTorch writes about 80 bytes a tensor (names live in the code files). The parse's memory budget
+// (ArchivePickleLimits: 512 MiB, about 13 bytes of memory a byte of such a pickle) is what binds first, near
+// 480,000 tensors; larger is a pickle built to cost memory.
 inline constexpr uint64_t kMaxPickleBytes = uint64_t{64} << 20;
 // constants.pkl and each *.debug_pkl: constants and source ranges, kilobytes in real models.
 inline constexpr uint64_t kMaxSidePickleBytes = uint64_t{64} << 20;
