@@ -70,14 +70,14 @@ struct RoundEngine::TaskInfo {
   uint64_t downlink_server_bytes = 0;  // the model bytes the server sent for it (0: no download finished)
   bool closed = false;
   std::optional<instrumentation::ClientOutcome> outcome;  // once closed
-  std::string uplink_codec;  // the codec its train task named (link-aware compression; empty: --uplink-codec)
-};
+  std::string uplink_codec;    // the codec its train task named (link-aware compression; empty: --uplink-codec)
   uint64_t model_version = 0;  // the global model version the task was given (its update's base_model_version)
   // Why it closed, so that an upload that comes after is told the real reason (ClosedTaskVerdict), not a deadline
   // that did not pass: "cancelled: round 3 committed with ...", "the client rejoined (it restarted)", ...
   std::string closed_why;
   bool closed_at_deadline = false;  // closed by its round's (or, buffered, its own) deadline
   std::string revoked_why;          // an upload of it lost its slot (RevokeSlowUploads): what the client was told
+};
 
 struct RoundEngine::RoundState {
   uint64_t round = 0;

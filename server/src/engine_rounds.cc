@@ -102,6 +102,7 @@ void RoundEngine::Dispatch(ClientInfo& client, fl::v1::Task task, uint32_t attem
   info->dispatched_ns = current_->started_ns;
   info->dispatched_unix_ms = current_->started_unix_ms;
   info->deadline_ns = current_->deadline_ns;
+  info->model_version = model_version_;
   // Link-aware compression: each train task names its client's uplink codec (--uplink-codec-policy).
   if (task.kind() == fl::v1::TASK_KIND_TRAIN) task.set_uplink_codec(UplinkCodecFor(client));
   info->uplink_codec = task.uplink_codec();
@@ -111,7 +112,6 @@ void RoundEngine::Dispatch(ClientInfo& client, fl::v1::Task task, uint32_t attem
   task.set_downlink_codec(config_.downlink_codec);
   fl::v1::ServerMessage msg;
   msg.set_seq(++client.server_seq);
-  info->model_version = model_version_;
   *msg.mutable_task() = std::move(task);
   client.open_task = info->id;
   client.session->Send(std::move(msg));
@@ -201,6 +201,10 @@ instrumentation::RoundRecord RoundEngine::RoundRow(const RoundState& r, instrume
 
 void RoundEngine::CloseRound() {
   RoundState& r = *current_;
+  // Before the deadline only when every task had closed (answered, refused, its client gone): the reason must say
+  // so, not "by the deadline" (issue 27: an attempt whose clients all failed at 1.8 s of an 8 s round).
+  const int64_t closed_at = NowNs();
+  const bool early = closed_at < r.deadline_ns;
   CancelSurplusTasks();  // over-commitment (engine_overcommit.cc): the tasks beyond the first K updates
   for (const std::string& id : r.task_ids) {
     CloseTaskAsDropped(*tasks_.at(id), "no update by the round's deadline", /*at_deadline=*/true);
@@ -208,27 +212,23 @@ void RoundEngine::CloseRound() {
 
   if (r.accepted < config_.fit.min_clients) {
     instrumentation::RoundRecord rec = RoundRow(r, instrumentation::RoundStatus::kFailed);
-    rec.failure_reason =
-        early ? absl::StrFormat("every task closed %.1f s into the round, %.1f s before its deadline, with %u "
-                                "update(s) accepted; %s",
-                                static_cast<double>(closed_at - r.started_ns) / 1e9,
-                                static_cast<double>(r.deadline_ns - closed_at) / 1e9, r.accepted, counts)
-              : fl::StrCat(r.accepted, " update(s) accepted by the deadline; ", counts);
+    const std::string counts = fl::StrCat("the round needs ", config_.fit.min_clients, " (", r.late, " late, ",
+                                          r.rejected, " rejected, ", r.dropped, " dropped)");
+    rec.failure_reason = early ? absl::StrFormat(
+                                     "every task closed %.1f s into the round, %.1f s before its deadline, with %u "
+                                     "update(s) accepted; %s",
+                                     static_cast<double>(closed_at - r.started_ns) / 1e9,
+                                     static_cast<double>(r.deadline_ns - closed_at) / 1e9, r.accepted, counts)
+                               : fl::StrCat(r.accepted, " update(s) accepted by the deadline; ", counts);
     spdlog::warn("round {} attempt {} failed: {}", r.round, r.attempt, rec.failure_reason);
     const std::string reason = rec.failure_reason;
     Record(std::move(rec));
     for (auto& row : r.client_rows) Record(std::move(row));
-  // Before the deadline only when every task had closed (answered, refused, its client gone): the reason must say
-  // so, not "by the deadline" (issue 27: an attempt whose clients all failed at 1.8 s of an 8 s round).
-  const int64_t closed_at = NowNs();
-  const bool early = closed_at < r.deadline_ns;
     ReleaseRound();
     if (attempt_ >= config_.max_round_attempts) {
       Finish(instrumentation::ExperimentStatus::kFailed,
              fl::StrCat("round ", round_ + 1, " failed ", attempt_, " times; last: ", reason));
       return;
-    const std::string counts = fl::StrCat("the round needs ", config_.fit.min_clients, " (", r.late, " late, ",
-                                          r.rejected, " rejected, ", r.dropped, " dropped)");
     }
     ++attempt_;
     Fire(EngineTrigger::kRoundFailed);
@@ -372,6 +372,7 @@ void RoundEngine::HandleShutdown(const ShutdownEvent& e) {
       if (task.closed) continue;
       task.closed = true;
       task.outcome = instrumentation::ClientOutcome::kDropped;
+      task.closed_why = e.reason;
       if (auto c = clients_.find(task.client_id); c != clients_.end() && c->second->session) {
         fl::v1::ServerMessage cancel;
         cancel.set_seq(++c->second->server_seq);
@@ -384,7 +385,6 @@ void RoundEngine::HandleShutdown(const ShutdownEvent& e) {
     if (!current_->evaluation) {
       instrumentation::RoundRecord rec = RoundRow(*current_, instrumentation::RoundStatus::kAborted);
       rec.failure_reason = e.reason;
-      task.closed_why = e.reason;
       Record(rec);
       for (auto& row : current_->client_rows) Record(std::move(row));
     }
@@ -398,6 +398,8 @@ void RoundEngine::CloseTaskAsDropped(TaskInfo& task, std::string_view why, bool 
   // A task whose update had started arriving when it was closed is "late"; one that never sent is "dropped".
   const bool late = task.upload_started;
   task.closed = true;
+  task.closed_why = std::string(why);
+  task.closed_at_deadline = at_deadline;
   const instrumentation::ClientOutcome outcome =
       late ? instrumentation::ClientOutcome::kLate : instrumentation::ClientOutcome::kDropped;
   task.outcome = outcome;
@@ -410,8 +412,6 @@ void RoundEngine::CloseTaskAsDropped(TaskInfo& task, std::string_view why, bool 
     ++(late ? current_->late : current_->dropped);
   }
   spdlog::info("task {} of client '{}' {}: {}", task.id, task.client_id, instrumentation::ClientOutcomeName(outcome),
-  task.closed_why = std::string(why);
-  task.closed_at_deadline = at_deadline;
                why);
   if (current_ == nullptr || current_->evaluation || task.kind != fl::v1::TASK_KIND_TRAIN ||
       current_->round != task.round || current_->attempt != task.attempt) {

@@ -122,13 +122,13 @@ void RoundEngine::HandleUploadStart(UploadStartEvent& e) {
     // The model it was trained from, as the round: an update of another model version is a pseudo-gradient
     // against weights the server did not give this task (issue 27: it was accepted without a word).
     if (h.base_model_version() != task.model_version) {
-      return refuse(Verdict(
-          h.task_id(), fl::v1::UPDATE_OUTCOME_REJECTED,
-          wire::MakeError(fl::v1::ERROR_CODE_WRONG_ROUND,
-                          fl::StrCat("update says it was trained from model version ", h.base_model_version(),
-                                     " but task '", task.id, "' gave model version ", task.model_version),
-                          "base_model_version",
-                          "train from the model the task names (Task.model_version) and report that version")));
+      return refuse(
+          Verdict(h.task_id(), fl::v1::UPDATE_OUTCOME_REJECTED,
+                  wire::MakeError(fl::v1::ERROR_CODE_WRONG_ROUND,
+                                  fl::StrCat("update says it was trained from model version ", h.base_model_version(),
+                                             " but task '", task.id, "' gave model version ", task.model_version),
+                                  "base_model_version",
+                                  "train from the model the task names (Task.model_version) and report that version")));
     }
     // One update per task: a second upload (after the verdict, or while the first is still in transit) is a
     // duplicate whatever the deadline, and never changes what the first one got.
@@ -318,22 +318,23 @@ fl::v1::UploadUpdateResponse RoundEngine::ClosedTaskVerdict(const TaskInfo& task
   if (!task.closed || task.closed_at_deadline) {
     const std::string when =
         now > task.deadline_ns ? fl::StrCat(" ", (now - task.deadline_ns) / kMsToNs, " ms ago") : std::string();
-    return Verdict(task.id, fl::v1::UPDATE_OUTCOME_LATE,
-                   wire::MakeError(fl::v1::ERROR_CODE_LATE,
-                                   fl::StrCat("the deadline of ", name, " passed", when, revoked), "",
-                                   "a faster link or fewer local steps would help"));
+    return Verdict(
+        task.id, fl::v1::UPDATE_OUTCOME_LATE,
+        wire::MakeError(fl::v1::ERROR_CODE_LATE, fl::StrCat("the deadline of ", name, " passed", when, revoked), "",
+                        "a faster link or fewer local steps would help"));
   }
   if (task.outcome == instrumentation::ClientOutcome::kCancelled) {
     // The round went on without it (over-commitment, the last buffered step): late for the model, not refused.
-    return Verdict(task.id, fl::v1::UPDATE_OUTCOME_LATE,
-                   wire::MakeError(fl::v1::ERROR_CODE_LATE, fl::StrCat(name, " was cancelled: ", task.closed_why, revoked),
-                                   "", "a cancelled task needs no update; wait for the next task"));
+    return Verdict(
+        task.id, fl::v1::UPDATE_OUTCOME_LATE,
+        wire::MakeError(fl::v1::ERROR_CODE_LATE, fl::StrCat(name, " was cancelled: ", task.closed_why, revoked), "",
+                        "a cancelled task needs no update; wait for the next task"));
   }
   if (task.answered) {
     return Rejected(task.id, fl::v1::ERROR_CODE_DUPLICATE,
                     fl::StrCat(name, " was already answered (outcome ",
-                               task.outcome ? instrumentation::ClientOutcomeName(*task.outcome) : "none", "): ",
-                               task.closed_why, "; this upload is a duplicate and is ignored"),
+                               task.outcome ? instrumentation::ClientOutcomeName(*task.outcome) : "none",
+                               "): ", task.closed_why, "; this upload is a duplicate and is ignored"),
                     "send each update once");
   }
   return Verdict(task.id, fl::v1::UPDATE_OUTCOME_REJECTED,

@@ -180,13 +180,13 @@ absl::Status EngineConfig::Validate() const {
     return bad("initial-model-deadline-ms", initial_model_deadline_ms, "must be at least 100");
   }
   if (heartbeat_interval_ms < 50) return bad("heartbeat-interval-ms", heartbeat_interval_ms, "must be at least 50");
+  if (stall_threshold_ms.has_value() && *stall_threshold_ms != 0 && *stall_threshold_ms < 100) {
+    return bad("stall-threshold-ms", *stall_threshold_ms, "must be at least 100 (0: off)");
+  }
   // An honest session sends a heartbeat and a pong per interval, plus task reports: leave it room for four.
   const uint32_t min_session_rate = (4000 + heartbeat_interval_ms - 1) / heartbeat_interval_ms;
   if (session_max_messages_per_s < min_session_rate) {
     return bad("session-max-messages-per-s", session_max_messages_per_s,
-  if (stall_threshold_ms.has_value() && *stall_threshold_ms != 0 && *stall_threshold_ms < 100) {
-    return bad("stall-threshold-ms", *stall_threshold_ms, "must be at least 100 (0: off)");
-  }
                fl::StrCat("must be at least ", min_session_rate, " with --heartbeat-interval-ms=",
                           heartbeat_interval_ms, " (four messages per heartbeat interval)"));
   }
@@ -307,11 +307,11 @@ void RoundEngine::ArmHeartbeatCheck() {
   heartbeat_timer_ = loop_.After(int64_t{config_.heartbeat_interval_ms} * kMsToNs, [this] {
     heartbeat_timer_ = 0;
     if (state_ == EngineState::kFinished) return;
+    CatchUpAfterStall(NowNs());  // a late check after the server's own stall judges nobody for it
     CheckHeartbeats(NowNs());
     ArmHeartbeatCheck();
   });
 }
-    CatchUpAfterStall(NowNs());  // a late check after the server's own stall judges nobody for it
 
 void RoundEngine::ArmUploadCheck() {
   // Uploads holding a slot are checked for stalls and their rate a few times a second, while there are any.
@@ -319,11 +319,11 @@ void RoundEngine::ArmUploadCheck() {
   upload_timer_ = loop_.After(100 * kMsToNs, [this] {
     upload_timer_ = 0;
     if (state_ == EngineState::kFinished) return;
+    CatchUpAfterStall(NowNs());
     RevokeSlowUploads(NowNs());
     ArmUploadCheck();
   });
 }
-    CatchUpAfterStall(NowNs());
 
 uint32_t DefaultMaxSessions() {
   // A quarter of physical memory at the budget of a session (measured in docs/performance.md, "Fleets"), within
@@ -454,21 +454,21 @@ absl::Status RoundEngine::Prepare() {
     buffer_->weight = *ParseStalenessWeight(config_.staleness_weight);  // checked by Validate()
   }
   ArmHeartbeatCheck();
-  return absl::OkStatus();
-}
-
-void RoundEngine::Handle(EngineEvent& event) {
   // The server's own stalls (engine_stalls.cc): 2 s on a real clock, off on a ManualClock unless a test sets it.
   stall_threshold_ns_ = int64_t{config_.stall_threshold_ms.value_or(clock_->IsReal() ? 2000 : 0)} * kMsToNs;
   loop_alive_ns_ = NowNs();
   ArmStallWatchdog();
+  return absl::OkStatus();
+}
+
+void RoundEngine::Handle(EngineEvent& event) {
+  // After a stall of the server itself, deadlines move on before this event (stamped maybe before the stall, or
+  // just after it) is judged against them.
+  CatchUpAfterStall(NowNs());
   std::visit(
       [this](auto& e) {
         using T = std::decay_t<decltype(e)>;
         if constexpr (std::is_same_v<T, JoinEvent>)
-  // After a stall of the server itself, deadlines move on before this event (stamped maybe before the stall, or
-  // just after it) is judged against them.
-  CatchUpAfterStall(NowNs());
           HandleJoin(e);
         else if constexpr (std::is_same_v<T, SessionOpenEvent>)
           HandleSessionOpen(e);
@@ -498,11 +498,11 @@ void RoundEngine::Handle(EngineEvent& event) {
 
 void RoundEngine::Advance() {
   const int64_t now = NowNs();
+  CatchUpAfterStall(now);
   // Buffered aggregation: train tasks run through every state (evaluations too); their deadlines are swept here.
   if (buffer_ != nullptr && state_ != EngineState::kFinished) CloseExpiredBufferedTasks(now);
   switch (state_) {
     case EngineState::kWaitingForModel: ReaskInitialModelIfStalled(now); return;
-  CatchUpAfterStall(now);
     case EngineState::kBuffering: AdvanceBuffered(); return;
     case EngineState::kWaitingForClients:
       if (buffer_ != nullptr) {
@@ -586,9 +586,8 @@ void RoundEngine::Finish(instrumentation::ExperimentStatus status, std::string r
   Fire(status == ExperimentStatus::kAborted    ? EngineTrigger::kShutdown
        : status == ExperimentStatus::kFinished ? EngineTrigger::kDrained
                                                : EngineTrigger::kGaveUp);
-  for (rpc::TimerId* t :
-       {&deadline_timer_, &upload_timer_, &heartbeat_timer_, &initial_model_timer_, &drain_timer_, &buffer_timer_,
-        &stall_timer_}) {
+  for (rpc::TimerId* t : {&deadline_timer_, &upload_timer_, &heartbeat_timer_, &initial_model_timer_, &drain_timer_,
+                          &buffer_timer_, &stall_timer_}) {
     if (*t != 0) loop_.Cancel(*t);
     *t = 0;
   }

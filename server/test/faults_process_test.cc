@@ -39,17 +39,32 @@ TEST(FaultsProcessTest, AServerStoppedAndContinuedEvictsNobodyAndItsOpenRoundCom
   fl::testing::ScratchDir dir("fl_faults_process");
   const int port = fl::testing::FreeLoopbackPort();
   const std::string log = dir.File("server.txt");
-  Subprocess server({FL_SERVER_BIN, "--listen", fl::StrCat("127.0.0.1:", port), "--db", dir.File("records.db"),
-                     "--rounds", "2", "--min-fit-clients", "2", "--min-available-clients", "2", "--round-deadline-ms",
-                     "5000", "--heartbeat-interval-ms", "1000", "--evaluate-every", "0", "--log-level", "info",
+  Subprocess server({FL_SERVER_BIN,
+                     "--listen",
+                     fl::StrCat("127.0.0.1:", port),
+                     "--db",
+                     dir.File("records.db"),
+                     "--rounds",
+                     "2",
+                     "--min-fit-clients",
+                     "2",
+                     "--min-available-clients",
+                     "2",
+                     "--round-deadline-ms",
+                     "5000",
+                     "--heartbeat-interval-ms",
+                     "1000",
+                     "--evaluate-every",
+                     "0",
+                     "--log-level",
+                     "info",
                      "--insecure"},
                     log);
   std::vector<std::unique_ptr<Subprocess>> clients;
   for (const char* name : {"a", "b"}) {
     clients.push_back(std::make_unique<Subprocess>(
         std::vector<std::string>{FL_CLIENT_BIN, "--server", fl::StrCat("127.0.0.1:", port), "--name", name, "--model",
-                                 "synthetic:1000:1000", "--give-up-after-s", "60", "--log-level", "warn",
-                                 "--insecure"},
+                                 "synthetic:1000:1000", "--give-up-after-s", "60", "--log-level", "warn", "--insecure"},
         dir.File(fl::StrCat(name, ".txt"))));
   }
   ASSERT_TRUE(WaitForLine(log, "round 1 (attempt 1)", std::chrono::seconds(60))) << ReadFile(log);
@@ -65,8 +80,9 @@ TEST(FaultsProcessTest, AServerStoppedAndContinuedEvictsNobodyAndItsOpenRoundCom
   // Nobody was evicted for the server's silence, and round 1 committed in its first attempt with both updates.
   EXPECT_EQ(Query(db, "SELECT count(*) FROM client_events WHERE kind = 'session_closed'"), 0) << ReadFile(log);
   EXPECT_EQ(Query(db, "SELECT count(*) FROM rounds WHERE status != 'committed'"), 0) << ReadFile(log);
-  EXPECT_EQ(Query(db, "SELECT count(*) FROM rounds WHERE round = 1 AND attempt = 1 AND status = 'committed' AND "
-                      "num_accepted = 2"),
+  EXPECT_EQ(Query(db,
+                  "SELECT count(*) FROM rounds WHERE round = 1 AND attempt = 1 AND status = 'committed' AND "
+                  "num_accepted = 2"),
             1)
       << ReadFile(log);
   EXPECT_NE(ReadFile(log).find("the engine did not run for"), std::string::npos) << ReadFile(log);

@@ -77,9 +77,8 @@ class Wire {
     return std::nullopt;
   }
   static std::optional<fl::v1::Task> NextTrainTask(RawSession& s) {
-    auto m = Next(s, [](const fl::v1::ServerMessage& x) {
-      return x.has_task() && x.task().kind() == fl::v1::TASK_KIND_TRAIN;
-    });
+    auto m = Next(
+        s, [](const fl::v1::ServerMessage& x) { return x.has_task() && x.task().kind() == fl::v1::TASK_KIND_TRAIN; });
     if (!m.has_value()) return std::nullopt;
     return m->task();
   }
@@ -234,9 +233,9 @@ TEST(FaultsWireTest, AnUpdateNamingAnotherBaseModelVersionIsRefusedNamingBoth) {
   EXPECT_EQ(r.outcome(), fl::v1::UPDATE_OUTCOME_REJECTED);
   EXPECT_EQ(r.error().code(), fl::v1::ERROR_CODE_WRONG_ROUND);
   EXPECT_EQ(r.error().field(), "base_model_version");
-  EXPECT_TRUE(Contains(r.error().message(),
-                       fl::StrCat("trained from model version ", task->model_version() + 3, " but task '",
-                                  task->task_id(), "' gave model version ", task->model_version())))
+  EXPECT_TRUE(
+      Contains(r.error().message(), fl::StrCat("trained from model version ", task->model_version() + 3, " but task '",
+                                               task->task_id(), "' gave model version ", task->model_version())))
       << r.error().message();
   // The task stays open: the right header is taken.
   h.set_base_model_version(task->model_version());

@@ -83,9 +83,9 @@ struct EngineConfig {
   std::optional<uint32_t> stall_threshold_ms;
   // Limits that keep one client from slowing the others (docs/round-engine.md, "Limits"); 0 turns an upload
   // limit off. The session limits are enforced by the gRPC reactors (service.cc), the upload ones here.
-  uint32_t session_max_messages_per_s = 50;      // per Session stream, on average (bursts up to twice that)
-  uint32_t session_max_queued_messages = 256;    // server messages waiting for a client that does not read
-  uint32_t session_hello_timeout_ms = 10000;     // a Session stream must send its SessionHello within this
+  uint32_t session_max_messages_per_s = 50;    // per Session stream, on average (bursts up to twice that)
+  uint32_t session_max_queued_messages = 256;  // server messages waiting for a client that does not read
+  uint32_t session_hello_timeout_ms = 10000;   // a Session stream must send its SessionHello within this
   // An admitted upload's average rate since it got its slot, checked once it has held the slot for
   // upload_rate_grace_ms; and its rate over its most recent window (RoundEngine::kUploadProgressWindowNs, or four
   // chunks at its own pace if longer), so that a stream that stops after a fast start loses its slot within that
@@ -353,6 +353,12 @@ class RoundEngine {
   // Timers (docs/round-engine.md, "Timers"): each re-arms itself while it has something to watch.
   void ArmHeartbeatCheck();
   void ArmUploadCheck();
+  // The server's own stalls (engine_stalls.cc): a watchdog keeps the idle loop waking every half threshold; every
+  // judgement (an event, a timer that judges, Advance) first calls CatchUpAfterStall, which moves every deadline
+  // and liveness mark on by the time the loop did not run when that exceeds the threshold.
+  void ArmStallWatchdog();
+  void CatchUpAfterStall(int64_t now);
+  void MoveDeadlinesOn(int64_t stall_ns, int64_t now);
   void ArmAt(rpc::TimerId& timer, int64_t when_ns);
   void CheckHeartbeats(int64_t now);
   void HandleJoin(JoinEvent& e);
@@ -362,12 +368,6 @@ class RoundEngine {
   void HandleDownload(DownloadEvent& e);
   void HandleDownloadDone(const DownloadDoneEvent& e);
   // Link-aware compression (engine_codecs.cc): the codec a client's next train task names, the decoder of the
-  // The server's own stalls (engine_stalls.cc): a watchdog keeps the idle loop waking every half threshold; every
-  // judgement (an event, a timer that judges, Advance) first calls CatchUpAfterStall, which moves every deadline
-  // and liveness mark on by the time the loop did not run when that exceeds the threshold.
-  void ArmStallWatchdog();
-  void CatchUpAfterStall(int64_t now);
-  void MoveDeadlinesOn(int64_t stall_ns, int64_t now);
   // codec a task named, and the client's uplink rate measured from a finished upload.
   absl::Status PrepareUplinkCodecs();
   const std::string& UplinkCodecFor(const ClientInfo& client) const;
@@ -544,7 +544,10 @@ class RoundEngine {
   rpc::TimerId deadline_timer_ = 0;       // the open round's or evaluation's deadline
   rpc::TimerId initial_model_timer_ = 0;  // the asked client's --initial-model-deadline-ms
   rpc::TimerId drain_timer_ = 0;
-  rpc::TimerId buffer_timer_ = 0;  // buffered: the earliest deadline of a train task out
+  rpc::TimerId buffer_timer_ = 0;   // buffered: the earliest deadline of a train task out
+  rpc::TimerId stall_timer_ = 0;    // the stall watchdog (engine_stalls.cc)
+  int64_t stall_threshold_ns_ = 0;  // config stall_threshold_ms resolved at Prepare; 0: off
+  int64_t loop_alive_ns_ = 0;       // when the engine last ran (CatchUpAfterStall)
 
   // ---- engine-thread state ----
   EngineState state_ = EngineState::kWaitingForModel;
@@ -566,9 +569,6 @@ class RoundEngine {
   // The server is full: frees a place for a Join from `peer` (client `name`) if its address holds less than its
   // share and another more (that one's oldest idle client is disconnected); false when it may not.
   bool YieldPlaceTo(const std::string& peer, const std::string& name);
-  rpc::TimerId stall_timer_ = 0;   // the stall watchdog (engine_stalls.cc)
-  int64_t stall_threshold_ns_ = 0;  // config stall_threshold_ms resolved at Prepare; 0: off
-  int64_t loop_alive_ns_ = 0;       // when the engine last ran (CatchUpAfterStall)
   uint64_t joins_logged_ = 0;         // admissions logged at info level (the first few, then every 1000th)
   std::string initial_model_client_;  // client asked for the initial weights
   std::shared_ptr<const core::ModelSpec> pending_spec_;  // that client's spec, until its weights arrive
@@ -607,8 +607,19 @@ class RoundEngine {
     std::string client_id;
     std::string task_id;
     int64_t granted_ns = 0;
+    uint64_t payload_bytes = 0;  // what its header announced
+    // Its last message as the engine counts it: the reactor's stamp, moved on by the server's own stalls.
+    int64_t last_progress_ns = 0;
+    // (when the engine saw it, payload bytes) at each check where the count had changed, oldest first: the
+    // bytes of its most recent window (kUploadProgressWindowNs).
+    std::deque<std::pair<int64_t, uint64_t>> progress;
     bool revoked = false;
   };
+  // The shortest window over which an upload's recent rate is judged (RevokeSlowUploads): longer than the pauses
+  // an honest stream shows between messages (a TCP retransmission timeout is 0.2-1 s on Linux, a radio handover
+  // well under a second), short enough that a stream that stopped gives its slot back within a quarter of an 8 s
+  // round. An upload whose own chunks (--max-chunk-bytes) take longer at its pace so far gets four of them.
+  static constexpr int64_t kUploadProgressWindowNs = 2'000'000'000;
   std::vector<ActiveUpload> active_uploads_;
   std::set<std::string> untold_;  // see ClientsNotToldOfTheEnd
   std::atomic<size_t> untold_count_{0};
@@ -627,14 +638,3 @@ class RoundEngine {
 };
 
 }  // namespace fl::server
-    uint64_t payload_bytes = 0;  // what its header announced
-    // Its last message as the engine counts it: the reactor's stamp, moved on by the server's own stalls.
-    int64_t last_progress_ns = 0;
-    // (when the engine saw it, payload bytes) at each check where the count had changed, oldest first: the
-    // bytes of its most recent window (kUploadProgressWindowNs).
-    std::deque<std::pair<int64_t, uint64_t>> progress;
-  // The shortest window over which an upload's recent rate is judged (RevokeSlowUploads): longer than the pauses
-  // an honest stream shows between messages (a TCP retransmission timeout is 0.2-1 s on Linux, a radio handover
-  // well under a second), short enough that a stream that stopped gives its slot back within a quarter of an 8 s
-  // round. An upload whose own chunks (--max-chunk-bytes) take longer at its pace so far gets four of them.
-  static constexpr int64_t kUploadProgressWindowNs = 2'000'000'000;
