@@ -14,9 +14,10 @@
 namespace fl::client::internal {
 
 // Every element of `tensor` lies inside its storage: a dense (strided) tensor, sizes and storage offset >= 0, no
-// negative stride (PyTorch never writes one) on a dimension of more than one element, and the last byte it
-// addresses, (offset + sum((size_d - 1) * stride_d) + 1) * itemsize, within the storage's bytes, all in checked
-// 64-bit arithmetic. InvalidArgument beginning with `name` and saying what does not fit.
+// negative stride (PyTorch never writes one; LibTorch 1.13 replaces a file's negative stride by the contiguous
+// one, which this bound then catches) on a dimension of more than one element, and the last byte it addresses,
+// (offset + sum((size_d - 1) * stride_d) + 1) * itemsize, within the storage's bytes, all in checked 64-bit
+// arithmetic. InvalidArgument beginning with `name` and saying what does not fit.
 absl::Status CheckTensorInStorage(const torch::Tensor& tensor, std::string_view name);
 
 // Every value of a floating-point tensor is finite; InvalidArgument beginning with `name` and naming the first
