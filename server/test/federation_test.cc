@@ -162,7 +162,9 @@ void ExpectPhasesPlacedInOrder(RecordReader& reader, const std::string& experime
 
 // Clients whose clocks are set 250 ms ahead and 1.5 s behind the server's: the offset the server estimates
 // over the session stream (four-timestamp pings, minimum round trip) and records with every update is within
-// a few milliseconds of the skew on loopback.
+// half the recorded round trip of the skew, the bound of the four-timestamp method (core/clock_sync.h) whatever
+// the asymmetry. On an idle loopback that is well under a millisecond; under load the round trip (and so the
+// bound) grows, which is why the test does not use a fixed tolerance.
 TEST(FederationTest, EstimatesEachClientsClockOffset) {
   fl::testing::ScratchDir dir("fl_server");
   EngineConfig config = SmallConfig("");
@@ -185,9 +187,10 @@ TEST(FederationTest, EstimatesEachClientsClockOffset) {
       ASSERT_TRUE(row.clock_offset_ms.has_value()) << row.client_id;
       ASSERT_TRUE(row.clock_rtt_ms.has_value());
       const double skew_ms = row.client_id == "ahead" ? 250.0 : -1500.0;
-      EXPECT_NEAR(*row.clock_offset_ms, skew_ms, 5.0) << row.client_id << " round " << round;
       EXPECT_GE(*row.clock_rtt_ms, 0.0);
-      EXPECT_LT(*row.clock_rtt_ms, 50.0);
+      // 0.01 ms: the records' rounding of two values to microseconds.
+      EXPECT_NEAR(*row.clock_offset_ms, skew_ms, *row.clock_rtt_ms / 2 + 0.01)
+          << row.client_id << " round " << round << ", round trip " << *row.clock_rtt_ms << " ms";
     }
   }
   ExpectPhasesPlacedInOrder(*reader, result.experiment_id, 2);
