@@ -42,6 +42,9 @@ fl::testing::FuzzOptions Options(size_t iterations = 1500) {
   fl::testing::FuzzOptions options;
   options.iterations = iterations;
   options.memory_limit_bytes = kMemoryLimit;
+#if defined(__SANITIZE_ADDRESS__)
+  options.memory_limit_bytes = 0;  // AddressSanitizer reserves terabytes of shadow address space
+#endif
   return options;
 }
 

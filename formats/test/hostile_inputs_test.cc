@@ -66,7 +66,9 @@ ChildResult RunBounded(size_t headroom, const std::function<absl::Status()>& bod
     }
     struct rlimit limit {};
     limit.rlim_cur = limit.rlim_max = vm_kib * 1024 + headroom;
+#if !defined(__SANITIZE_ADDRESS__)  // AddressSanitizer reserves terabytes of shadow address space
     setrlimit(RLIMIT_AS, &limit);
+#endif
     const absl::Status status = body();
     struct rusage usage {};
     getrusage(RUSAGE_SELF, &usage);
