@@ -4,8 +4,9 @@ archives built entry by entry (a pickle emitted opcode by opcode, code files, st
     python3 hostile_files.py OUT_DIR [NAME...]     # every file (or only NAME...) into OUT_DIR
     python3 hostile_files.py --corpus CORPUS_DIR   # the fuzz seeds (small valid files) of formats/test/corpus/
 
-Used by formats/test/hostile_inputs_test.cc and, for the corpus, formats/test/corpus/README.md. Needs only the
-standard library (the real models come from torch in the tests' own scripts).
+Used by formats/test/hostile_inputs_test.cc and, for the corpus, formats/test/fuzz_test.cc (docs/input-limits.md,
+"Fuzzing"). The hostile files need only the standard library; the corpus adds a model exported by torch and
+arrays saved by numpy when those are installed.
 """
 import os
 import struct
