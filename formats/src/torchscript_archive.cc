@@ -171,9 +171,20 @@ class Reader {
   }
 
   // An entry read whole, bounded by the limit for its kind and by kMaxInflation times the file's size.
-  absl::StatusOr<std::string> ReadEntry(const ZipEntry& entry, uint64_t kind_limit, std::string_view what) const {
+  // All entries read together inflate to at most the same multiple (plus 1 MiB), so that many small deflated
+  // storages cannot make the reader inflate gigabytes one at a time either.
+  absl::StatusOr<std::string> ReadEntry(const ZipEntry& entry, uint64_t kind_limit, std::string_view what) {
     const uint64_t by_file = kMaxInflation * zip_->file_size() + 4096;
-    return zip_->ReadAll(entry, std::min(kind_limit, by_file), what);
+    const uint64_t total_limit = kMaxInflation * zip_->file_size() + (uint64_t{1} << 20);
+    const uint64_t limit = std::min(kind_limit, by_file);
+    if (entry.uncompressed_size > limit) return zip_->ReadAll(entry, limit, what);  // refused, naming the limit
+    inflated_ += entry.uncompressed_size;
+    if (inflated_ > total_limit) {
+      return Error(fl::StrCat("reading ", what, " '", entry.name, "' takes what the archive's entries inflate to past ",
+                              total_limit, " bytes, ", kMaxInflation,
+                              " times the file's size (deflate bombs?); LibTorch stores entries uncompressed"));
+    }
+    return zip_->ReadAll(entry, limit, what);
   }
 
   absl::Status OpenArchive() {
@@ -490,6 +501,7 @@ class Reader {
   std::map<std::string, ClassInfo> classes_;
   std::unordered_set<std::string> indexed_files_;
   uint64_t code_bytes_ = 0;
+  uint64_t inflated_ = 0;  // declared sizes of the entries read whole so far
   torchscript::StorageCatalog catalog_;
   std::vector<PendingTensor> pending_;
   uint64_t total_elements_ = 0;

@@ -120,12 +120,21 @@ class Checker {
     prefix_ = first.substr(0, first.find('/') + 1);
 
     // Every entry whole: its declared size against the file, its size and CRC-32 (LibTorch reads them all).
+    // Each entry, and all of them together, inflate to at most kMaxInflation times the file (plus 1 MiB for
+    // all): many small bombs would otherwise cost gigabytes of inflation one at a time.
     const uint64_t max_entry = kMaxInflation * zip_->file_size() + 4096;
+    const uint64_t max_total = kMaxInflation * zip_->file_size() + (uint64_t{1} << 20);
+    uint64_t total = 0;
     for (const ZipEntry& entry : zip_->entries()) {
-      if (entry.uncompressed_size > max_entry) {
-        return Error(fl::StrCat("entry '", entry.name, "' inflates to ", entry.uncompressed_size, " bytes, more than ",
-                                kMaxInflation, " times the file's size (a deflate bomb?)"));
+      total += entry.uncompressed_size;
+      if (entry.uncompressed_size > max_entry || total > max_total) {
+        return Error(fl::StrCat("entry '", entry.name, "' inflates to ", entry.uncompressed_size, " bytes",
+                                entry.uncompressed_size > max_entry ? "" : " and the entries up to it to more",
+                                ", more than ", kMaxInflation,
+                                " times the file's size (a deflate bomb?); LibTorch stores entries uncompressed"));
       }
+    }
+    for (const ZipEntry& entry : zip_->entries()) {
       if (absl::Status s = zip_->VerifyCrc(entry); !s.ok()) return s;
     }
     // The sources LibTorch's parser compiles.

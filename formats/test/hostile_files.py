@@ -223,6 +223,14 @@ def code_bombs(out):
                     ("m/version", b"3\n")], "m/code/__torch__.py", chunks())
 
 
+def small_bombs(out):
+    # 100 storages of 1 MiB of zeros, each deflated to 1 KB and each within 16x the file, 100 MiB together.
+    n = 100
+    model(os.path.join(out, "small_bombs.pt"),
+          [("p%d" % i, linear(key=str(i), numel=1 << 18)) for i in range(n)],
+          [(str(i), bytes(1 << 20)) for i in range(n)], compress={"data/%d" % i for i in range(n)})
+
+
 def tensor_attacks(out):
     def one(name, tensor, storages=(("0", f32([1.0] * 128)),), **kw):
         model(os.path.join(out, name + ".pt"), [("w", tensor)], list(storages), **kw)
@@ -345,7 +353,7 @@ def corpus(out):
 
 ALL = {
     "good": good, "pickle_bomb": pickle_bomb_pt, "memoize_bomb": memoize_bomb, "none_list": none_list,
-    "many_names": many_names, "code_bombs": code_bombs, "tensor_attacks": tensor_attacks,
+    "many_names": many_names, "code_bombs": code_bombs, "small_bombs": small_bombs, "tensor_attacks": tensor_attacks,
     "archive_attacks": archive_attacks, "npy_attacks": npy_attacks,
 }
 

@@ -194,6 +194,16 @@ TEST_F(HostileInputsTest, PickleMemoryBudgetRefusesWithTheNumbers) {
   EXPECT_TRUE(ParsePickle(Span(p), "budget.pkl").ok());
 }
 
+// 100 deflated storages, each within the per-entry bound, 100 MiB together from a 130 KB file: refused once the
+// total passes 16 times the file, by the reader (before inflating the third) and the check (before any).
+TEST_F(HostileInputsTest, ManySmallDeflateBombsAreRefusedTogether) {
+  ASSERT_TRUE(Write({"small_bombs"}));
+  const std::string path = File("small_bombs.pt");
+  for (const std::string& error : {CheckError("small_bombs.pt"), ReadError("small_bombs.pt")}) {
+    EXPECT_THAT(error, AllOf(HasSubstr(path), HasSubstr("16 times the file's size")));
+  }
+}
+
 // --- 400,000 parameter names -----------------------------------------------------------------------------
 
 // fl-server's reader matched each attribute against the class's whole parameter list and searched the ZIP
