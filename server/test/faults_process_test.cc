@@ -1,9 +1,10 @@
 // Issue 27, "a server paused for 20 s evicts every client when it resumes", made the way the fault-injection harness
 // made it: the real fl-server and fl-client binaries on loopback, and fl-server stopped with SIGSTOP while a round is
-// open, then continued with SIGCONT. The pause (6 s) is longer than four heartbeat intervals (4 x 1 s) and spans the
-// round's deadline (5 s after the dispatch), so a server that judged its clients for its own stall would evict both
-// and fail the round. The test waits for the events it needs (the dispatch in the server's log, the end of the run)
-// and reads what happened from the records; the ManualClock tests (faults_engine_test) pin the exact behaviour.
+// open (the clients have the model and train), then continued with SIGCONT. The pause (6 s) is longer than four
+// heartbeat intervals (4 x 1 s) and spans the round's deadline (5 s after the dispatch), so a server that judged its
+// clients for its own stall would fail the round (and evict them when their heartbeats are read after its check). The
+// test waits for the events it needs (the dispatch in the server's log, the downloads in the clients' metrics, the
+// end of the run) and reads what happened from the records; faults_engine_test (ManualClock) pins the exact behaviour.
 #include <chrono>
 #include <csignal>
 #include <memory>
@@ -14,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "fl/core/str_cat.h"
+#include "fl/testing/prometheus_server.h"
 #include "fl/testing/scratch_dir.h"
 #include "fl/testing/subprocess.h"
 #include "records_polling.h"
@@ -61,14 +63,29 @@ TEST(FaultsProcessTest, AServerStoppedAndContinuedEvictsNobodyAndItsOpenRoundCom
                      "--insecure"},
                     log);
   std::vector<std::unique_ptr<Subprocess>> clients;
+  std::vector<int> metrics_ports;
   for (const char* name : {"a", "b"}) {
+    metrics_ports.push_back(fl::testing::FreeLoopbackPort());
     clients.push_back(std::make_unique<Subprocess>(
         std::vector<std::string>{FL_CLIENT_BIN, "--server", fl::StrCat("127.0.0.1:", port), "--name", name, "--model",
-                                 "synthetic:1000:1000", "--give-up-after-s", "60", "--log-level", "warn", "--insecure"},
+                                 "synthetic:1000:2000", "--give-up-after-s", "60", "--log-level", "warn", "--insecure",
+                                 "--metrics-addr", fl::StrCat("127.0.0.1:", metrics_ports.back())},
         dir.File(fl::StrCat(name, ".txt"))));
   }
   ASSERT_TRUE(WaitForLine(log, "round 1 (attempt 1)", std::chrono::seconds(60))) << ReadFile(log);
-  // Round 1 is out: the server stops. The clients train (1 s), send heartbeats and upload into the sockets.
+  // Both clients have the model (their metrics show its version) and train for 2 s: the server stops now, so that
+  // the pause covers their training, their uploads and heartbeats, and the round's deadline, not their download
+  // (a download cut by the pause is the client's own give-up at its task's deadline).
+  for (int metrics_port : metrics_ports) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    bool downloaded = false;
+    while (!downloaded && std::chrono::steady_clock::now() < until) {
+      auto r = fl::testing::HttpGetLoopback(metrics_port, "/metrics", std::chrono::seconds(5));
+      downloaded = r.ok() && r->body.find("fl_client_model_version{") != std::string::npos;
+      if (!downloaded) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_TRUE(downloaded) << "a client never reported the downloaded model";
+  }
   server.Kill(SIGSTOP);
   std::this_thread::sleep_for(std::chrono::seconds(6));
   server.Kill(SIGCONT);
