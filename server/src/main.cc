@@ -281,10 +281,6 @@ int main(int argc, char** argv) {
                  "updates; only fedmedian/fedtrimmedavg) or a number; an update above it is scaled down to it. "
                  "Default: median for fedmedian and fedtrimmedavg, off otherwise");
   app.add_option("--max-update-value", config.max_update_value,
-                 "Largest |value| an update (a pseudo-gradient) may carry, with or without --clip-update-norm; an "
-                 "update with a larger one is rejected naming the tensor, element and value (at most 2^64)")
-      ->capture_default_str();
-  app.add_option("--max-update-value", config.max_update_value,
                  "Largest |value| an update (a pseudo-gradient) may carry when no update norm bound is in effect "
                  "(--clip-update-norm off, the default of fedavg & co.); an update with a larger one is rejected "
                  "naming the tensor, element and value (at most 2^64)")
