@@ -17,27 +17,12 @@
 #include "fl/core/str_cat.h"
 #include "fl/proto/convert.h"
 #include "engine_internal.h"
+#include "engine_peers.h"
 #include "peer_guard.h"
 
 namespace fl::server {
 
 using namespace engine_internal;  // NOLINT: the engine's own helpers
-
-// What one hostile peer could otherwise grow without bound (docs/security.md, "Abuse limits"): the security_events
-// rows of its refusals, and the clients it joins under ever new names and abandons.
-struct RoundEngine::PeersState {
-  RefusalRows refusal_rows;
-  // Clients that never had a task and hold no place, in the order they became idle (the oldest is forgotten
-  // first past EngineConfig::max_idle_newcomers), and where each is in that list.
-  std::list<ClientInfo*> idle_newcomers;
-  std::unordered_map<const ClientInfo*, std::list<ClientInfo*>::iterator> idle_position;
-  uint64_t forgotten = 0;  // idle newcomers forgotten so far
-};
-
-RoundEngine::PeersState& RoundEngine::peers_state() {
-  if (peers_state_ == nullptr) peers_state_ = std::make_shared<PeersState>();
-  return *peers_state_;
-}
 
 RoundEngine::ClientInfo* RoundEngine::Authenticate(const std::string& client_id, const std::string& token) {
   auto it = clients_.find(client_id);
@@ -694,63 +679,6 @@ void RoundEngine::ReleasePlace(ClientInfo& client) {
   }
 }
 
-bool RoundEngine::YieldPlaceTo(const std::string& peer, const std::string& name) {
-  // Fair admission under contention (issue 27: one address re-joining 8 names a second kept every place, and an
-  // honest newcomer from elsewhere was refused 12 times of 12). The server is full; each address holding places,
-  // the newcomer's included, is entitled to max_sessions / addresses of them. A newcomer whose address holds
-  // fewer than that takes a place from the address holding the most, if that one holds more than its share: its
-  // least recently heard client without an open task is disconnected (a session closed RESOURCE_EXHAUSTED, fl-client
-  // joins again later). Thousands of sessions from one address (virtual clients, fleet_load) are untouched while
-  // the server has room, and while no other address asks for its share. O(places), only when the server is full.
-  const std::string host = PeerHost(peer);
-  std::unordered_map<std::string, size_t> held;
-  held.reserve(64);
-  held[host];  // the newcomer's address counts as one that asks, with what it holds
-  for (const ClientInfo* c : places_) ++held[PeerHost(c->peer)];
-  const size_t share = std::max<size_t>(1, config_.max_sessions / held.size());
-  if (held[host] >= share) return false;
-  auto hog =
-      std::max_element(held.begin(), held.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
-  if (hog->second <= share) return false;
-  for (ClientInfo* c : places_) {  // least recently heard first
-    if (!c->open_task.empty() || c->id == initial_model_client_ || PeerHost(c->peer) != hog->first) continue;
-    const std::string why =
-        fl::StrCat("the server is full (--max-sessions=", config_.max_sessions, ") and ", LogSafe(hog->first, 64),
-                   " holds ", hog->second, " of its places, more than its share of ", share, " among ", held.size(),
-                   " addresses: this idle session yields its place to client '", LogSafe(name, 64), "' from ",
-                   LogSafe(host, 64), "; join again later");
-    spdlog::info("client '{}' from {}: {}", c->id, LogSafe(c->peer, 64), why);
-    RecordClientEvent(c->id, instrumentation::ClientEventKind::kSessionClosed, std::nullopt, "", why);
-    DisconnectClient(*c, why, grpc::StatusCode::RESOURCE_EXHAUSTED);
-    return true;
-  }
-  return false;
-}
-
-void RoundEngine::ForgetIdleNewcomers() {
-  if (peers_state_ == nullptr || peers_state_->idle_newcomers.size() <= config_.max_idle_newcomers) return;
-  // Past the bound, the oldest idle newcomers are forgotten: their memory and their clients row (and its
-  // client_events). One that joins again is admitted as a new client; one the server still waits on for the
-  // initial model, or with an open task (none: it never had one), is kept.
-  PeersState& peers = peers_state();
-  for (auto it = peers.idle_newcomers.begin();
-       peers.idle_newcomers.size() > config_.max_idle_newcomers && it != peers.idle_newcomers.end();) {
-    ClientInfo& c = **it;
-    if (c.id == initial_model_client_ || c.session != nullptr || c.holds_place || !c.open_task.empty()) {
-      ++it;
-      continue;
-    }
-    peers.idle_position.erase(&c);
-    it = peers.idle_newcomers.erase(it);
-    spdlog::debug("forgot client '{}': it never had a task and more than {} such clients are idle", c.id,
-                  config_.max_idle_newcomers);
-    untold_.erase(c.id);
-    Record(instrumentation::ClientForgottenRecord{config_.experiment_id, c.id});
-    ++peers.forgotten;
-    clients_.erase(clients_.find(c.id));  // last: `c` is gone after this
-  }
-}
-
 void RoundEngine::CheckHeartbeats(int64_t now) {
   WriteRefusalSummaries(/*all=*/false);  // a flood that stopped still gets its summary row within a while
   // Liveness: a client that has said nothing for four heartbeat intervals is gone, even if TCP has not
@@ -792,37 +720,6 @@ void RoundEngine::RecordClientEvent(const std::string& client_id, instrumentatio
   rec.reason = std::move(reason);
   rec.at_unix_ms = UnixMs();
   Record(std::move(rec));
-}
-
-void RoundEngine::RecordSecurityRefusal(instrumentation::SecurityEventRecord record) {
-  record.experiment_id = config_.experiment_id;
-  record.at_unix_ms = UnixMs();
-  const instrumentation::SecurityRefusal reason = record.reason;
-  // Every refusal is counted; its row (and log line) only within the peer's budget (RefusalRows): a peer sending
-  // thousands of forged calls a second must not fill the disk with records or logs. The rest go out as summaries.
-  const int64_t now = NowNs();
-  if (peers_state().refusal_rows.Admit(record, now)) {
-    spdlog::warn(
-        "refused a call from {} ({}): {}", LogSafe(record.peer, 64),
-        record.identity.empty() ? std::string("plaintext") : fl::StrCat("certificate \"", record.identity, "\""),
-        LogSafe(record.detail, 600));
-    Record(std::move(record));
-  }
-  Notify([&](EngineObserver& o) { o.OnSecurityRefusal(reason); });
-  WriteRefusalSummaries(/*all=*/false);
-}
-
-void RoundEngine::WriteRefusalSummaries(bool all) {
-  if (peers_state_ == nullptr) return;
-  for (const RefusalRows::Summary& summary : peers_state_->refusal_rows.TakeSummaries(NowNs(), all)) {
-    instrumentation::SecurityEventRecord row = RefusalRows::SummaryRow(summary);
-    row.experiment_id = config_.experiment_id;
-    row.at_unix_ms = UnixMs();
-    spdlog::warn("refused {} more calls from {} ({}) without recording each: {}", summary.suppressed,
-                 summary.host == "*" ? std::string("several addresses") : LogSafe(summary.host, 64),
-                 instrumentation::SecurityRefusalName(summary.reason), LogSafe(row.detail, 600));
-    Record(std::move(row));
-  }
 }
 
 void RoundEngine::RecordBadToken(const std::string& peer, const std::string& client_id, std::string detail) {
