@@ -128,78 +128,77 @@ absl::StatusOr<ClientOutcome> ParseClientOutcome(std::string_view name) {
 }
 
 std::string DescribeRecord(const Record& record) {
-  return std::visit(Overloaded{
-                        [](const ExperimentRecord& r) { return fl::StrCat("experiment (id ", r.id, ")"); },
-                        [](const ExperimentStatusUpdate& r) {
-                          return fl::StrCat("experiment status update (id ", r.experiment_id, " -> ",
-                                            ExperimentStatusName(r.status), ")");
-                        },
-                        [](const ClientRecord& r) {
-                          return fl::StrCat("client (experiment ", r.experiment_id, ", client ", r.client_id, ")");
-                        },
-                        [](const ClientForgottenRecord& r) {
-                          return fl::StrCat("forgotten client (experiment ", r.experiment_id, ", client ", r.client_id,
-                                            ")");
-                        },
-                        [](const ClientLeftRecord& r) {
-                          return fl::StrCat("client left (experiment ", r.experiment_id, ", client ", r.client_id, ")");
-                        },
-                        [](const RoundRecord& r) {
-                          return fl::StrCat("round (experiment ", r.experiment_id, ", round ", r.round, ", attempt ",
-                                            r.attempt, ", ", RoundStatusName(r.status), ")");
-                        },
-                        [](const RoundEvaluationUpdate& r) {
-                          return fl::StrCat("round evaluation (experiment ", r.experiment_id, ", round ", r.round,
-                                            ", attempt ", r.attempt, ")");
-                        },
-                        [](const ClientRoundUplinkUpdate& r) {
-                          return fl::StrCat("client round uplink (experiment ", r.experiment_id, ", round ", r.round,
-                                            ", attempt ", r.attempt, ", client ", r.client_id, ")");
-                        },
-                        [](const ClientRoundRecord& r) {
-                          return fl::StrCat("client round (experiment ", r.experiment_id, ", round ", r.round,
-                                            ", attempt ", r.attempt, ", client ", r.client_id, ")");
-                        },
-                        [](const EvaluationRecord& r) {
-                          return fl::StrCat("evaluation (experiment ", r.experiment_id, ", round ", r.round,
-                                            ", attempt ", r.attempt, ", client ", r.client_id, ")");
-                        },
-                        [](const CheckpointRecord& r) {
-                          return fl::StrCat("checkpoint (experiment ", r.experiment_id, ", round ", r.round, ")");
-                        },
-                        [](const ExperimentTaskUpdate& r) {
-                          return fl::StrCat("experiment task update (id ", r.experiment_id, " -> ", r.task, ")");
-                        },
-                        [](const RoundCommitRecord& r) {
-                          return fl::StrCat("commit of round ", r.round.round, " (experiment ", r.round.experiment_id,
-                                            ", attempt ", r.round.attempt, ": round row, ", r.client_rounds.size(),
-                                            " client rows", r.checkpoint.has_value() ? ", checkpoint row" : "",
-                                            r.folded_rows.empty() ? std::string()
-                                                                  : fl::StrCat(", ", r.folded_rows.size(),
-                                                                               " folded rows of earlier rounds"),
-                                            ")");
-                        },
-                        [](const EvaluationCommitRecord& r) {
-                          return fl::StrCat("evaluation of round ", r.round, " (experiment ", r.experiment_id,
-                                            ", attempt ", r.attempt, ": ", r.evaluations.size(), " client results",
-                                            r.figures.has_value() ? ", round figures)" : ")");
-                        },
-                        [](const RoundsSupersededUpdate& r) {
-                          return fl::StrCat("rounds superseded (experiment ", r.experiment_id,
-                                            ", committed rounds after ", r.after_round, ")");
-                        },
-                        [](const ClientEventRecord& r) {
-                          return fl::StrCat("client event (experiment ", r.experiment_id, ", client ", r.client_id,
-                                            ", ", ClientEventKindName(r.kind),
-                                            r.round.has_value() ? fl::StrCat(", round ", *r.round) : std::string(),
-                                            ")");
-                        },
-                        [](const SecurityEventRecord& r) {
-                          return fl::StrCat("security event (experiment ", r.experiment_id, ", ",
-                                            SecurityRefusalName(r.reason), ", peer ", r.peer, ")");
-                        },
-                    },
-                    record);
+  return std::visit(
+      Overloaded{
+          [](const ExperimentRecord& r) { return fl::StrCat("experiment (id ", r.id, ")"); },
+          [](const ExperimentStatusUpdate& r) {
+            return fl::StrCat("experiment status update (id ", r.experiment_id, " -> ", ExperimentStatusName(r.status),
+                              ")");
+          },
+          [](const ClientRecord& r) {
+            return fl::StrCat("client (experiment ", r.experiment_id, ", client ", r.client_id, ")");
+          },
+          [](const ClientForgottenRecord& r) {
+            return fl::StrCat("forgotten client (experiment ", r.experiment_id, ", client ", r.client_id, ")");
+          },
+          [](const ClientLeftRecord& r) {
+            return fl::StrCat("client left (experiment ", r.experiment_id, ", client ", r.client_id, ")");
+          },
+          [](const RoundRecord& r) {
+            return fl::StrCat("round (experiment ", r.experiment_id, ", round ", r.round, ", attempt ", r.attempt, ", ",
+                              RoundStatusName(r.status), ")");
+          },
+          [](const RoundEvaluationUpdate& r) {
+            return fl::StrCat("round evaluation (experiment ", r.experiment_id, ", round ", r.round, ", attempt ",
+                              r.attempt, ")");
+          },
+          [](const ClientRoundUplinkUpdate& r) {
+            return fl::StrCat("client round uplink (experiment ", r.experiment_id, ", round ", r.round, ", attempt ",
+                              r.attempt, ", client ", r.client_id, ")");
+          },
+          [](const ClientRoundRecord& r) {
+            return fl::StrCat("client round (experiment ", r.experiment_id, ", round ", r.round, ", attempt ",
+                              r.attempt, ", client ", r.client_id, ")");
+          },
+          [](const EvaluationRecord& r) {
+            return fl::StrCat("evaluation (experiment ", r.experiment_id, ", round ", r.round, ", attempt ", r.attempt,
+                              ", client ", r.client_id, ")");
+          },
+          [](const CheckpointRecord& r) {
+            return fl::StrCat("checkpoint (experiment ", r.experiment_id, ", round ", r.round, ")");
+          },
+          [](const ExperimentTaskUpdate& r) {
+            return fl::StrCat("experiment task update (id ", r.experiment_id, " -> ", r.task, ")");
+          },
+          [](const RoundCommitRecord& r) {
+            return fl::StrCat("commit of round ", r.round.round, " (experiment ", r.round.experiment_id, ", attempt ",
+                              r.round.attempt, ": round row, ", r.client_rounds.size(), " client rows",
+                              r.checkpoint.has_value() ? ", checkpoint row" : "",
+                              r.folded_rows.empty()
+                                  ? std::string()
+                                  : fl::StrCat(", ", r.folded_rows.size(), " folded rows of earlier rounds"),
+                              ")");
+          },
+          [](const EvaluationCommitRecord& r) {
+            return fl::StrCat("evaluation of round ", r.round, " (experiment ", r.experiment_id, ", attempt ",
+                              r.attempt, ": ", r.evaluations.size(), " client results",
+                              r.figures.has_value() ? ", round figures)" : ")");
+          },
+          [](const RoundsSupersededUpdate& r) {
+            return fl::StrCat("rounds superseded (experiment ", r.experiment_id, ", committed rounds after ",
+                              r.after_round, ")");
+          },
+          [](const ClientEventRecord& r) {
+            return fl::StrCat("client event (experiment ", r.experiment_id, ", client ", r.client_id, ", ",
+                              ClientEventKindName(r.kind),
+                              r.round.has_value() ? fl::StrCat(", round ", *r.round) : std::string(), ")");
+          },
+          [](const SecurityEventRecord& r) {
+            return fl::StrCat("security event (experiment ", r.experiment_id, ", ", SecurityRefusalName(r.reason),
+                              ", peer ", r.peer, ")");
+          },
+      },
+      record);
 }
 
 }  // namespace fl::instrumentation

@@ -43,8 +43,7 @@ bool RefusalRows::Admit(const instrumentation::SecurityEventRecord& record, int6
     if (peer.Take(now_ns) && global_->Take(now_ns)) return true;
   }
   const bool apart = counted_.size() < kMaxCountedKeys || counted_.count({host, record.reason}) != 0;
-  const std::pair<std::string, instrumentation::SecurityRefusal> key(apart ? host : std::string(1, '*'),
-                                                                     record.reason);
+  const std::pair<std::string, instrumentation::SecurityRefusal> key(apart ? host : std::string(1, '*'), record.reason);
   Summary& s = counted_[key];
   if (s.suppressed == 0) {
     s.host = key.first;
