@@ -1,5 +1,9 @@
 // The round engine's clients: admission (Join), sessions, liveness, clock sync, departures, and who is asked
 // for the initial model.
+//
+// Over 700 lines for now: admission grew the checks of issue 27 (the join-rate bucket before the name check,
+// fair places under --max-sessions, forgetting newcomers); the parts that judge one hostile peer already live in
+// engine_peers.cc, and the engine's split into the coordinator's shape (issue 28) divides the rest by state.
 #include "fl/server/round_engine.h"
 
 #include <algorithm>
