@@ -16,6 +16,7 @@
 #include "fl/core/str_cat.h"
 #include "fl/proto/chunk_reader.h"
 #include "fl/proto/convert.h"
+#include "fl/rpc/raw_messages.h"
 #include "fl/rpc/stream_outbox.h"
 #include "peer_guard.h"
 
@@ -25,30 +26,11 @@ namespace {
 using fl::v1::ClientMessage;
 using fl::v1::ServerMessage;
 
-// Parses one raw message; false when its bytes are not a valid encoding of M (or a string field holds
-// invalid UTF-8). Consumes `bytes`.
-template <class M>
-bool Parse(grpc::ByteBuffer* bytes, M* message) {
-  return grpc::SerializationTraits<M>::Deserialize(bytes, message).ok();
-}
+using rpc::ParseRaw;
+using rpc::SerializeRaw;
 
-template <class M>
-grpc::ByteBuffer Serialize(const M& message) {
-  grpc::ByteBuffer out;
-  bool own = false;
-  (void)grpc::SerializationTraits<M>::Serialize(message, &out, &own);  // fails only beyond 2 GiB
-  return out;
-}
-
-// The answer to a message that cannot be parsed: what was expected, where, and how big it was.
 grpc::Status Unparsable(std::string_view what, std::string_view type, size_t bytes) {
-  return wire::ToGrpcStatus(
-      grpc::StatusCode::INVALID_ARGUMENT,
-      wire::MakeError(fl::v1::ERROR_CODE_MALFORMED,
-                      fl::StrCat(what, " could not be parsed as ", type, " (", bytes,
-                                 " bytes): not a valid protobuf encoding of that message, or a string "
-                                 "field holds invalid UTF-8"),
-                      "", fl::StrCat("send a serialized ", type, " (proto/fl/v1/federation.proto)")));
+  return rpc::UnparsableMessage(what, type, bytes, "proto/fl/v1/federation.proto");
 }
 
 grpc::Status RateLimited(grpc::StatusCode code, std::string message, std::string hint) {
@@ -74,7 +56,7 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
                                    "read the Session stream continuously"));
     }
     void Send(ServerMessage message) override {
-      if (outbox_.Send(Serialize(message)) ==
+      if (outbox_.Send(SerializeRaw(message)) ==
           rpc::StreamOutbox<grpc::ByteBuffer, grpc::ByteBuffer>::SendResult::kOverflowed) {
         // The engine forgets the session now, not when the stream finally ends (the client may never read).
         engine_->Post(
@@ -146,7 +128,7 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     }
     const size_t bytes = in_.Length();
     ClientMessage message;
-    if (!Parse(&in_, &message)) {
+    if (!ParseRaw(&in_, &message)) {
       return Abandon(
           Unparsable(fl::StrCat("message ", received_ + 1, " of the Session stream"), "fl.v1.ClientMessage", bytes));
     }
@@ -247,7 +229,7 @@ class DownloadStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
                                  *h->mutable_spec() = payload_->spec;
                                  h->set_codec(payload_->codec);
                                  h->set_payload_bytes(payload_->bytes.size());
-                                 out_ = Serialize(chunk);
+                                 out_ = SerializeRaw(chunk);
                                  Write();
                                },
                                who_.peer});
@@ -279,7 +261,7 @@ class DownloadStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       fl::v1::ModelChunk chunk;
       chunk.mutable_trailer()->set_payload_checksum(payload_->checksum);
       chunk.mutable_trailer()->set_sent_server_ns(engine_->clock().NowNs());
-      out_ = Serialize(chunk);
+      out_ = SerializeRaw(chunk);
       trailer_sent_ = true;
     }
     Write();
@@ -416,7 +398,7 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       }
     }
     fl::v1::UpdateChunk chunk;
-    if (!Parse(&in_, &chunk)) {
+    if (!ParseRaw(&in_, &chunk)) {
       return Fail(Unparsable(fl::StrCat("message ", received_ + 1, " of the upload"), "fl.v1.UpdateChunk", bytes));
     }
     ++received_;
@@ -437,7 +419,7 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
                              [this](std::optional<fl::v1::UploadUpdateResponse> refusal, std::vector<uint8_t> buffer) {
                                std::lock_guard admit_lock(progress_->mu);
                                if (refusal.has_value()) {
-                                 *response_ = Serialize(*refusal);
+                                 *response_ = SerializeRaw(*refusal);
                                  stage_ = Stage::kDone;
                                  Finish(grpc::Status::OK);
                                  return;
@@ -560,7 +542,7 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     done.handle = progress_;
     done.reply = [this, transfer_error](const fl::v1::UploadUpdateResponse& verdict) {
       std::lock_guard lock(progress_->mu);
-      *response_ = Serialize(verdict);
+      *response_ = SerializeRaw(verdict);
       Finish(transfer_error.ok() ? grpc::Status::OK : transfer_error);
     };
     engine_->Post(std::move(done));
@@ -607,7 +589,7 @@ grpc::ServerUnaryReactor* FederationService::Join(grpc::CallbackServerContext* c
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   grpc::ByteBuffer bytes(*request);
   fl::v1::JoinRequest req;
-  if (!Parse(&bytes, &req)) {
+  if (!ParseRaw(&bytes, &req)) {
     reactor->Finish(Unparsable("the Join request's bytes", "fl.v1.JoinRequest", request->Length()));
     return reactor;
   }
@@ -646,7 +628,7 @@ grpc::ServerUnaryReactor* FederationService::Join(grpc::CallbackServerContext* c
                       r.error().code() == fl::v1::ERROR_CODE_RATE_LIMITED) {
                     ctx->AddTrailingMetadata("retry-after-ms", std::to_string(retry_after_ms));
                   }
-                  *response = Serialize(r);
+                  *response = SerializeRaw(r);
                   reactor->Finish(status);
                 },
                 who.serial_hex});
@@ -662,7 +644,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* FederationService::DownloadModel(grp
                                                                              const grpc::ByteBuffer* request) {
   grpc::ByteBuffer bytes(*request);
   fl::v1::DownloadModelRequest req;
-  if (!Parse(&bytes, &req)) {
+  if (!ParseRaw(&bytes, &req)) {
     return new RefusedDownload(
         Unparsable("the DownloadModel request's bytes", "fl.v1.DownloadModelRequest", request->Length()));
   }
@@ -687,7 +669,7 @@ grpc::ServerUnaryReactor* FederationService::Leave(grpc::CallbackServerContext* 
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   grpc::ByteBuffer bytes(*request);
   fl::v1::LeaveRequest req;
-  if (!Parse(&bytes, &req)) {
+  if (!ParseRaw(&bytes, &req)) {
     reactor->Finish(Unparsable("the Leave request's bytes", "fl.v1.LeaveRequest", request->Length()));
     return reactor;
   }
@@ -698,7 +680,7 @@ grpc::ServerUnaryReactor* FederationService::Leave(grpc::CallbackServerContext* 
   }
   engine_->Post(LeaveEvent{std::move(req),
                            [reactor, response](const grpc::Status& status, const fl::v1::LeaveResponse& r) {
-                             *response = Serialize(r);
+                             *response = SerializeRaw(r);
                              reactor->Finish(status);
                            },
                            who.peer});

@@ -16,6 +16,7 @@
 #include "fl/core/str_cat.h"
 #include "fl/pki/revocation.h"
 #include "fl/pki/revocation_watcher.h"
+#include "fl/rpc/raw_messages.h"
 #include "fl/rpc/stream_outbox.h"
 #include "fl/v1/islands.grpc.pb.h"
 
@@ -24,28 +25,11 @@ namespace {
 
 using Post = std::function<void(CoordinatorEvent)>;
 
-// Parses one raw message; false when its bytes are not a valid encoding of M (or a string field holds invalid
-// UTF-8). Consumes `bytes`.
-template <class M>
-bool Parse(grpc::ByteBuffer* bytes, M* message) {
-  return grpc::SerializationTraits<M>::Deserialize(bytes, message).ok();
-}
+using rpc::ParseRaw;
+using rpc::SerializeRaw;
 
-template <class M>
-grpc::ByteBuffer Serialize(const M& message) {
-  grpc::ByteBuffer out;
-  bool own = false;
-  (void)grpc::SerializationTraits<M>::Serialize(message, &out, &own);  // fails only beyond 2 GiB
-  return out;
-}
-
-// The answer to a message that cannot be parsed: what was expected, where, and how big it was.
 grpc::Status Unparsable(std::string_view what, std::string_view type, size_t bytes) {
-  return CoordError(grpc::StatusCode::INVALID_ARGUMENT, fl::v1::ERROR_CODE_MALFORMED,
-                    fl::StrCat(what, " could not be parsed as ", type, " (", bytes,
-                               " bytes): not a valid protobuf encoding of that message, or a string field holds "
-                               "invalid UTF-8"),
-                    "", fl::StrCat("send a serialized ", type, " (proto/fl/v1/islands.proto)"));
+  return rpc::UnparsableMessage(what, type, bytes, "proto/fl/v1/islands.proto");
 }
 
 // What the certificate check found: the refusal, or OK and (with a revocation list) the certificate's serial.
@@ -134,7 +118,7 @@ bool Refused(grpc::CallbackServerContext* ctx, grpc::ServerUnaryReactor* reactor
 template <class Response>
 Reply<Response> FinishWith(grpc::ServerUnaryReactor* reactor, grpc::ByteBuffer* response) {
   return [reactor, response](const grpc::Status& status, const Response& r) {
-    *response = Serialize(r);
+    *response = SerializeRaw(r);
     reactor->Finish(status);
   };
 }
@@ -143,7 +127,7 @@ Reply<Response> FinishWith(grpc::ServerUnaryReactor* reactor, grpc::ByteBuffer* 
 class StreamSession final : public IslandSession {
  public:
   explicit StreamSession(grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* stream) : outbox_(stream) {}
-  void Send(const fl::v1::IslandDown& message) override { outbox_.Send(Serialize(message)); }
+  void Send(const fl::v1::IslandDown& message) override { outbox_.Send(SerializeRaw(message)); }
   void Close(const grpc::Status& status) override { outbox_.Close(status); }
   rpc::StreamOutbox<grpc::ByteBuffer, grpc::ByteBuffer>& outbox() { return outbox_; }
 
@@ -169,7 +153,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, gr
     }
     const size_t bytes = raw_.Length();
     in_.Clear();
-    if (!Parse(&raw_, &in_)) {
+    if (!ParseRaw(&raw_, &in_)) {
       session_->Close(
           Unparsable(fl::StrCat("message ", received_ + 1, " of the island session"), "fl.v1.IslandUp", bytes));
       return;
@@ -220,7 +204,7 @@ template <class Request>
 bool ParseRequest(grpc::ServerUnaryReactor* reactor, const grpc::ByteBuffer* raw, std::string_view method,
                   std::string_view type, Request* request) {
   grpc::ByteBuffer bytes(*raw);
-  if (Parse(&bytes, request)) return true;
+  if (ParseRaw(&bytes, request)) return true;
   reactor->Finish(Unparsable(fl::StrCat("the ", method, " request's bytes"), type, raw->Length()));
   return false;
 }
