@@ -28,6 +28,7 @@
 #include <openssl/x509v3.h>
 
 #include "fl/core/str_cat.h"
+#include "fl/sys/user_file.h"
 #include "openssl_util.h"
 
 namespace fl::pki {
@@ -40,16 +41,18 @@ using namespace openssl;  // NOLINT: this file's OpenSSL vocabulary (openssl_uti
 
 constexpr int kIndexVersion = 1;
 
+// The authority's files: certificates and keys (kilobytes), the issue index and the revocation list (tens of
+// bytes an entry). 64 MiB is a million entries; a special file or a larger one is not a file fl-provision wrote.
+constexpr uint64_t kMaxPkiFileBytes = uint64_t{64} << 20;
+
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(
-        fl::StrCat("cannot read ", path, ": ", std::strerror(errno),
-                   "; is this a directory made by `fl-provision init` (docs/security.md, layout)?"));
+  absl::StatusOr<std::string> text = sys::ReadUserFile(path, "", kMaxPkiFileBytes);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(),
+                        fl::StrCat("cannot read ", text.status().message(),
+                                   "; is this a directory made by `fl-provision init` (docs/security.md, layout)?"));
   }
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+  return text;
 }
 
 // Temp file in the same directory, fsync, rename: a reader (a server reloading the CRL) sees the old file or the
@@ -426,15 +429,15 @@ absl::StatusOr<std::string> CurvePublicKey(std::string_view secret_z85) {
 }
 
 absl::StatusOr<std::string> ReadCurveKeyFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(fl::StrCat("cannot read CurveZMQ key file ", path, ": ", std::strerror(errno),
-                                          "; `fl-provision add-island NAME --dir D` writes D/islands/NAME.curve.pub "
-                                          "and .curve.key (docs/security.md)"));
+  // A Z85 key is 40 characters and a newline: 1 KiB is generous.
+  absl::StatusOr<std::string> read = sys::ReadUserFile(path, "CurveZMQ key file", 1024);
+  if (!read.ok()) {
+    return absl::Status(read.status().code(),
+                        fl::StrCat("cannot read ", read.status().message(),
+                                   "; `fl-provision add-island NAME --dir D` writes D/islands/NAME.curve.pub "
+                                   "and .curve.key (docs/security.md)"));
   }
-  std::ostringstream s;
-  s << in.rdbuf();
-  std::string text = s.str();
+  std::string text = std::move(*read);
   while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
   unsigned char raw[32];
   if (!Z85Decode32(text, raw)) {

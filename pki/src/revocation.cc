@@ -14,6 +14,7 @@
 #include <openssl/x509v3.h>
 
 #include "fl/core/str_cat.h"
+#include "fl/sys/user_file.h"
 #include "openssl_util.h"
 
 namespace fl::pki {
@@ -21,15 +22,17 @@ namespace {
 
 using namespace openssl;  // NOLINT: this file's OpenSSL vocabulary (openssl_util.h)
 
+// A revocation list is tens of bytes an entry, a CA certificate kilobytes: 64 MiB is a million revocations. A
+// special file (a FIFO would block the reload; /dev/zero would never end) or a larger one is refused.
+constexpr uint64_t kMaxRevocationFileBytes = uint64_t{64} << 20;
+
 absl::StatusOr<std::string> ReadText(const std::string& path, std::string_view what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(fl::StrCat("cannot read the ", what, " ", path, ": ", std::strerror(errno),
-                                          " (fl-provision writes it: docs/security.md, layout)"));
+  absl::StatusOr<std::string> text = sys::ReadUserFile(path, fl::StrCat("the ", what), kMaxRevocationFileBytes);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(), fl::StrCat("cannot read ", text.status().message(),
+                                                         " (fl-provision writes it: docs/security.md, layout)"));
   }
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+  return text;
 }
 
 absl::StatusOr<std::string> SerialHex(const ASN1_INTEGER* serial) {

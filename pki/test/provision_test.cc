@@ -13,6 +13,7 @@
 
 #include "fl/core/str_cat.h"
 #include "fl/pki/pki.h"
+#include "fl/pki/revocation.h"
 #include "fl/testing/scratch_dir.h"
 #include "x509_check.h"
 
@@ -24,6 +25,7 @@ using test::ReadCert;
 using test::ReadCrl;
 using test::Sans;
 using test::VerifyCode;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::UnorderedElementsAre;
@@ -137,6 +139,25 @@ TEST_F(ProvisionTest, CurveKeysRoundTripZ85AndRefuseOtherText) {
   EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(read.status().message()), HasSubstr(bad));
   EXPECT_EQ(ReadCurveKeyFile(fl::StrCat(ca_dir_, "/missing.curve.pub")).status().code(), absl::StatusCode::kNotFound);
+}
+
+// Key, certificate and revocation files are users' files too: /dev/zero (or a link to it) and a FIFO are refused
+// as what they are, without blocking or reading without end, and the error names the file.
+TEST_F(ProvisionTest, SpecialFilesAreRefusedNotRead) {
+  const std::string fifo = fl::StrCat(ca_dir_, "/island.curve.key");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  absl::StatusOr<std::string> from_fifo = ReadCurveKeyFile(fifo);
+  ASSERT_FALSE(from_fifo.ok());
+  EXPECT_THAT(std::string(from_fifo.status().message()), AllOf(HasSubstr(fifo), HasSubstr("a FIFO")));
+  absl::StatusOr<std::string> from_zero = ReadCurveKeyFile("/dev/zero");
+  ASSERT_FALSE(from_zero.ok());
+  EXPECT_THAT(std::string(from_zero.status().message()), HasSubstr("a character device"));
+  // A revocation list that is a FIFO: loading it refuses it instead of waiting for a writer.
+  const std::string crl_fifo = fl::StrCat(ca_dir_, "/crl-fifo.pem");
+  ASSERT_EQ(::mkfifo(crl_fifo.c_str(), 0600), 0);
+  absl::StatusOr<RevocationList> crl = RevocationList::Load(crl_fifo, fl::StrCat(ca_dir_, "/ca.pem"));
+  ASSERT_FALSE(crl.ok());
+  EXPECT_THAT(std::string(crl.status().message()), AllOf(HasSubstr(crl_fifo), HasSubstr("a FIFO")));
 }
 
 TEST_F(ProvisionTest, CaIsACaWithA128BitRandomSerialPerCertificate) {

@@ -5,21 +5,26 @@
 #include <string_view>
 
 #include "fl/core/str_cat.h"
+#include "fl/sys/user_file.h"
 
 namespace fl::rpc {
 namespace {
 
-// A PEM file's contents; an unreadable or empty file is an error naming the file and the flag that named it.
+// A certificate chain, a key or a CA bundle: kilobytes. 1 MiB holds hundreds of certificates; more is not a PEM
+// file of ours (and /dev/zero or a FIFO named by mistake must not be read until the memory is gone).
+constexpr uint64_t kMaxPemBytes = uint64_t{1} << 20;
+
+// A PEM file's contents; an unreadable, special, oversized or empty file is an error naming the file and the
+// flag that named it.
 absl::StatusOr<std::string> ReadPem(const std::string& path, std::string_view flag) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  if (in) text << in.rdbuf();
-  if (!in || text.str().empty()) {
-    return absl::InvalidArgumentError(fl::StrCat("cannot read ", flag, " file ", path,
-                                                 ": it does not exist, is not readable or is empty "
-                                                 "(fl-provision writes these files, docs/security.md)"));
+  absl::StatusOr<std::string> text = sys::ReadUserFile(path, fl::StrCat(flag, " file"), kMaxPemBytes);
+  if (!text.ok() || text->empty()) {
+    return absl::InvalidArgumentError(
+        fl::StrCat("cannot read ", flag, " file ", path, ": ",
+                   text.ok() ? std::string("it is empty") : std::string(text.status().message()),
+                   " (fl-provision writes these files, docs/security.md)"));
   }
-  return text.str();
+  return text;
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "fl/core/str_cat.h"
+#include "fl/sys/user_file.h"
 #include "fl/data/deterministic_random.h"
 
 namespace fl::diloco {
@@ -63,11 +64,18 @@ absl::StatusOr<CharCorpus> LoadCharCorpus(std::string_view dir, uint32_t eval_pe
   std::sort(files.begin(), files.end(),
             [](const fs::path& a, const fs::path& b) { return a.filename().string() < b.filename().string(); });
   std::vector<std::string> entries;
+  // The whole corpus is held in memory (as text and as token ids): fortunes-min is a few MB. The limit is
+  // fl-client's for a text corpus (client/data/src/text_corpus.cc); a directory past it is not a corpus of
+  // fortunes, and a file that grows while it is read cannot take the memory with it.
+  constexpr uint64_t kMaxCorpusBytes = uint64_t{256} << 20;
+  uint64_t total = 0;
   for (const fs::path& path : files) {
-    std::ifstream in(path, std::ios::binary);
-    std::stringstream buffer;
-    buffer << in.rdbuf();
-    std::vector<std::string> file_entries = SplitEntries(RemoveOverstrikes(buffer.str()));
+    absl::StatusOr<std::string> text =
+        sys::ReadUserFile(path.string(), "fortune file", kMaxCorpusBytes - total,
+                          "the corpus of a directory is at most 256 MiB in all; pass a directory of fewer files");
+    if (!text.ok()) return text.status();
+    total += text->size();
+    std::vector<std::string> file_entries = SplitEntries(RemoveOverstrikes(*text));
     entries.insert(entries.end(), file_entries.begin(), file_entries.end());
   }
   if (entries.empty()) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 
 #include "fl/testing/scratch_dir.h"
@@ -33,6 +34,24 @@ TEST(TextCorpusTest, SplitsEntriesAndSkipsIndexFiles) {
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->train, c->train);
   EXPECT_EQ(again->eval, c->eval);
+}
+
+// A corpus directory whose files add up to more than the stated 256 MiB is refused before the file that
+// passes the limit is read (a sparse file: it costs the test no disk and no time), naming that file.
+TEST(TextCorpusTest, ACorpusOverTheLimitIsRefusedBeforeItIsRead) {
+  fl::testing::ScratchDir dir("corpus_big");
+  std::ofstream(dir.File("a")) << "small\n%\nfortune\n";
+  std::filesystem::resize_file(
+      [&] {
+        std::ofstream(dir.File("b")) << "";
+        return dir.File("b");
+      }(),
+      uint64_t{300} << 20);
+  absl::StatusOr<CharCorpus> c = LoadCharCorpus(dir.path().string());
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
+  EXPECT_NE(c.status().message().find(dir.File("b")), absl::string_view::npos) << c.status();
+  EXPECT_NE(c.status().message().find("over the limit"), absl::string_view::npos) << c.status();
 }
 
 TEST(TextCorpusTest, EmptyDirectoryNamesThePackage) {
