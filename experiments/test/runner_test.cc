@@ -321,8 +321,10 @@ TEST_F(RunnerTest, ATraceGroupFollowsItsTraceAndBadTracesAreRefused) {
                                              "wifi-1 0 inf\n"
                                              "wifi-2 3600 7200   # an hour from now: never during this run\n";
   RunResult r;
+  // Four of the five can be online (wifi-0, wifi-1, wifi-3 and cell-0), and the rounds need all four: with
+  // fewer, a client slow to start on a loaded machine could find the experiment over before it joined.
   ASSERT_NO_FATAL_FAILURE(LoadAndRunFinished(
-      WifiGroup("count: 4\n    availability: {trace: fleet.trace}", 3), "run", &r, [&](const Manifest& m) {
+      WifiGroup("count: 4\n    availability: {trace: fleet.trace}", 4), "run", &r, [&](const Manifest& m) {
         EXPECT_EQ(m.clients[0].availability_trace, fs::path(dir_.File("fleet.trace")).lexically_normal().string());
       }));
   std::unique_ptr<RecordReader> reader;

@@ -3,11 +3,13 @@
 // escaping exception, no allocation beyond the memory limit: the header's declared sizes are checked against the
 // file before anything is allocated), and a loaded one is consistent (values match the spec, all finite).
 // By hand: FL_FUZZ_SECONDS=600 build/<dir>/server/server_files_checkpoint_fuzz_test
-// The seeds are written by the disabled WriteCorpus test (--gtest_also_run_disabled_tests
-// --gtest_filter='*WriteCorpus'), so that they can be made again when the format changes.
+// The seeds are what SaveCheckpoint writes (TheSeedsAreWhatSaveCheckpointWritesNow checks it; FL_WRITE_CORPUS=1
+// writes them anew when the format changes).
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -50,10 +52,25 @@ Checkpoint Seed(int variant) {
   return c;
 }
 
-TEST(FilesCheckpointFuzzTest, DISABLED_WriteCorpus) {
-  fs::create_directories(kCorpus);
+std::string ReadBytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// The committed seeds are the checkpoints SaveCheckpoint writes today for Seed(0..2): when the format changes this
+// fails, and FL_WRITE_CORPUS=1 writes them anew into server/test/corpus/checkpoint/ (then commit them).
+TEST(FilesCheckpointFuzzTest, TheSeedsAreWhatSaveCheckpointWritesNow) {
+  const bool write = std::getenv("FL_WRITE_CORPUS") != nullptr;
+  fl::testing::ScratchDir dir("checkpoint_seeds");
+  if (write) fs::create_directories(kCorpus);
   for (int v = 0; v < 3; ++v) {
-    ASSERT_TRUE(SaveCheckpoint(Seed(v), (kCorpus / ("seed-" + std::to_string(v) + ".ckpt")).string()).ok());
+    const std::string name = "seed-" + std::to_string(v) + ".ckpt";
+    const fs::path path = write ? kCorpus / name : dir.path() / name;
+    ASSERT_TRUE(SaveCheckpoint(Seed(v), path.string()).ok()) << path;
+    if (!write) {
+      EXPECT_TRUE(ReadBytes(path) == ReadBytes(kCorpus / name))
+          << name << " differs from what SaveCheckpoint writes now; FL_WRITE_CORPUS=1 writes the seeds anew";
+    }
   }
 }
 

@@ -68,8 +68,13 @@ TEST(HostileProcessTest, AClientStoppedDuringTheRunExitsWhenContinuedAfterTheEnd
                                     "info",
                                     "--insecure"};
   };
-  Subprocess c0(client("c0"), dir.File("c0.txt"));
+  // c1 first, and c0 only once c1 is admitted: the experiment needs one client to run, so a c1 slow to start
+  // (a loaded machine) could otherwise find all four rounds committed by c0 before it joined, and there would be
+  // no session left to stop.
   Subprocess c1(client("c1"), dir.File("c1.txt"));
+  ASSERT_TRUE(WaitFor(db, "SELECT count(*) FROM clients WHERE client_name = 'c1'", 1, std::chrono::seconds(60)))
+      << ReadFile(log);
+  Subprocess c0(client("c0"), dir.File("c0.txt"));
   ASSERT_TRUE(WaitFor(db, "SELECT count(*) FROM rounds WHERE status = 'committed'", 1, std::chrono::seconds(60)))
       << ReadFile(log);
   c1.Kill(SIGSTOP);
