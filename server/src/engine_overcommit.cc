@@ -28,53 +28,6 @@ namespace fl::server {
 using namespace engine_internal;  // NOLINT: the engine's own helpers
 using instrumentation::ClientOutcome;
 
-absl::Status EngineConfig::ValidateStragglers() const {
-  if (!std::isfinite(overcommit) || overcommit < 1.0) {
-    return absl::InvalidArgumentError(
-        fl::StrCat("--overcommit=", overcommit,
-                   ": over-commitment selects ceil(F x K) clients to commit with the first K updates, so F must be a "
-                   "finite number >= 1 (1 = off; e.g. 1.3 selects 13 clients for a round of 10)"));
-  }
-  if (deadline_policy != "drop" && deadline_policy != "fold") {
-    return absl::InvalidArgumentError(fl::StrCat(
-        "--deadline-policy=", deadline_policy,
-        " is not known; use drop (an update after its round's commit is recorded late, not aggregated) or fold (it "
-        "is folded into the next round's aggregate, discounted by --late-discount)"));
-  }
-  if (!std::isfinite(late_discount) || late_discount < 0) {
-    return absl::InvalidArgumentError(
-        fl::StrCat("--late-discount=", late_discount,
-                   ": a folded update's weight is n_k x (1 + tau)^-a, so a must be a finite number >= 0 (0 = no "
-                   "discount, 1 = halve the weight of an update one round late)"));
-  }
-  if (buffered()) {
-    if (overcommit > 1.0) {
-      return absl::InvalidArgumentError(fl::StrCat(
-          "--overcommit=", overcommit,
-          " applies to synchronous rounds; buffered aggregation has no round to over-commit: it keeps --concurrency "
-          "clients training and applies every --buffer-size updates. Raise --concurrency above --buffer-size for "
-          "the same effect, or drop --overcommit"));
-    }
-    if (folds_late_updates()) {
-      return absl::InvalidArgumentError(
-          "--deadline-policy=fold applies to synchronous rounds; buffered aggregation already applies every update "
-          "with its staleness weight (--staleness-weight, --max-staleness): use --deadline-policy=drop with it");
-    }
-  }
-  if (folds_late_updates()) {
-    const std::string kind = aggregator.substr(0, aggregator.find(':'));
-    if (kind != "mean" && kind != "fedavg") {
-      return absl::InvalidArgumentError(fl::StrCat(
-          "--deadline-policy=fold needs the weighted mean (--strategy fedavg, fedprox, fedavgm, fedadam, fedyogi, "
-          "fedadagrad or nesterov): a late update is folded in with a discounted weight, and the aggregator '",
-          aggregator,
-          "' (fedmedian, fedtrimmedavg) ignores weights, so the discount would mean nothing and a stale update "
-          "would count as much as a fresh one; use --deadline-policy=drop with it"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 RoundEngine::Stragglers& RoundEngine::StragglerState() {
   if (stragglers_ == nullptr) stragglers_ = std::make_unique<Stragglers>();
   return *stragglers_;

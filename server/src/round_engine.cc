@@ -25,27 +25,6 @@ namespace fl::server {
 
 using namespace engine_internal;  // NOLINT: the engine's own helpers
 
-absl::StatusOr<core::NormClip> EngineConfig::UpdateNormClip() const {
-  // The weighted mean is streamed: it cannot know the round's median norm before adding an update.
-  const bool streamed = aggregator == "mean" || aggregator == "fedavg";
-  if (clip_update_norm.empty()) {
-    core::NormClip clip;
-    if (!streamed) clip.mode = core::NormClip::Mode::kMedian;
-    return clip;
-  }
-  auto clip = core::NormClip::Parse(clip_update_norm);
-  if (!clip.ok()) {
-    return absl::InvalidArgumentError(
-        fl::StrCat("--clip-update-norm=", clip_update_norm, ": ", fl::ToStd(clip.status().message())));
-  }
-  if (clip->mode == core::NormClip::Mode::kMedian && streamed) {
-    return absl::InvalidArgumentError(fl::StrCat(
-        "--clip-update-norm=median needs a strategy that keeps every update (fedmedian, fedtrimmedavg): the "
-        "weighted mean of --strategy fedavg & co. is streamed; give a fixed bound, e.g. --clip-update-norm=10"));
-  }
-  return clip;
-}
-
 std::string_view EngineStateName(EngineState state) {
   switch (state) {
     case EngineState::kWaitingForModel: return "waiting_for_model";
@@ -148,99 +127,6 @@ void RoundEngine::Fire(EngineTrigger on) {
   Notify([&](EngineObserver& o) { o.OnTransition(from, on, state_); });
 }
 
-absl::Status EngineConfig::Validate() const {
-  auto bad = [](std::string_view flag, auto value, std::string_view allowed) {
-    return absl::InvalidArgumentError(fl::StrCat("--", flag, "=", value, " is invalid: ", allowed));
-  };
-  if (num_rounds == 0) return bad("rounds", num_rounds, "run at least one round");
-  if (!(fit.fraction > 0 && fit.fraction <= 1)) return bad("fraction-fit", fit.fraction, "must be in (0, 1]");
-  if (fit.min_clients == 0) return bad("min-fit-clients", fit.min_clients, "must be at least 1");
-  if (fit.min_available < fit.min_clients) {
-    return bad("min-available-clients", fit.min_available, "must be at least --min-fit-clients");
-  }
-  if (!(fraction_evaluate >= 0 && fraction_evaluate <= 1)) {
-    return bad("fraction-evaluate", fraction_evaluate, "must be in [0, 1]");
-  }
-  if (round_deadline_ms < 100) return bad("round-deadline-ms", round_deadline_ms, "must be at least 100");
-  if (evaluate_deadline_ms < 100) return bad("evaluate-deadline-ms", evaluate_deadline_ms, "must be at least 100");
-  if (max_round_attempts == 0) return bad("max-round-attempts", max_round_attempts, "must be at least 1");
-  if (upload_slots == 0) return bad("upload-slots", upload_slots, "must be at least 1");
-  if (max_model_values == 0 || max_model_values > core::kMaxSpecElements) {
-    return bad("max-model-values", max_model_values, fl::StrCat("must be in [1, ", core::kMaxSpecElements, "]"));
-  }
-  if (max_client_examples == 0 || static_cast<double>(max_client_examples) > core::kMaxUpdateWeight) {
-    return bad("max-client-examples", max_client_examples,
-               fl::StrCat("must be in [1, ", core::kMaxUpdateWeight, "] (the largest weight an aggregate takes)"));
-  }
-  if (!(max_update_value > 0 && max_update_value <= core::kMaxUpdateAbsValue)) {
-    return bad("max-update-value", max_update_value,
-               fl::StrCat("must be in (0, ", core::kMaxUpdateAbsValue, "] (the most an fp32 sum is proven to take)"));
-  }
-  if (initial_model_deadline_ms < 100) {
-    return bad("initial-model-deadline-ms", initial_model_deadline_ms, "must be at least 100");
-  }
-  if (heartbeat_interval_ms < 50) return bad("heartbeat-interval-ms", heartbeat_interval_ms, "must be at least 50");
-  if (stall_threshold_ms.has_value() && *stall_threshold_ms != 0 && *stall_threshold_ms < 100) {
-    return bad("stall-threshold-ms", *stall_threshold_ms, "must be at least 100 (0: off)");
-  }
-  // An honest session sends a heartbeat and a pong per interval, plus task reports: leave it room for four.
-  const uint32_t min_session_rate = (4000 + heartbeat_interval_ms - 1) / heartbeat_interval_ms;
-  if (session_max_messages_per_s < min_session_rate) {
-    return bad("session-max-messages-per-s", session_max_messages_per_s,
-               fl::StrCat("must be at least ", min_session_rate, " with --heartbeat-interval-ms=",
-                          heartbeat_interval_ms, " (four messages per heartbeat interval)"));
-  }
-  if (session_max_queued_messages < 16) {
-    return bad("session-max-queued-messages", session_max_queued_messages, "must be at least 16");
-  }
-  if (session_hello_timeout_ms < 100) {
-    return bad("session-hello-timeout-ms", session_hello_timeout_ms, "must be at least 100");
-  }
-  if (upload_message_timeout_ms != 0 && upload_message_timeout_ms < 100) {
-    return bad("upload-message-timeout-ms", upload_message_timeout_ms, "must be at least 100 (0: off)");
-  }
-  if (download_message_timeout_ms != 0 && download_message_timeout_ms < 100) {
-    return bad("download-message-timeout-ms", download_message_timeout_ms, "must be at least 100 (0: off)");
-  }
-  for (const auto& [rate, flag] : {std::pair{join_per_s_per_peer, "join-per-s-per-peer"},
-                                   std::pair{join_per_s_per_identity, "join-per-s-per-identity"}}) {
-    if (!(rate >= 0) || !std::isfinite(rate)) return bad(flag, rate, "must be a rate >= 0 (0: off)");
-  }
-  if (join_retry_after_ms == 0 || join_retry_after_ms > 600'000) {
-    return bad("join-retry-after-ms", join_retry_after_ms, "must be in [1, 600000]");
-  }
-  if (max_chunk_bytes < 1024 || max_chunk_bytes > wire::kMaxChunkBytes) {
-    return bad("max-chunk-bytes", max_chunk_bytes, fl::StrCat("must be in [1024, ", wire::kMaxChunkBytes, "]"));
-  }
-  if (train.batch_size() == 0) return bad("batch-size", train.batch_size(), "must be at least 1");
-  if (!(train.learning_rate() > 0)) return bad("lr", train.learning_rate(), "must be > 0");
-  if (train.local_epochs() == 0 && train.local_steps() == 0) {
-    return bad("local-epochs", 0, "set --local-epochs or --local-steps to at least 1");
-  }
-  if (train.optimizer() != "sgd" && train.optimizer() != "adamw") {
-    return bad("client-optimizer", train.optimizer(), "expected sgd or adamw");
-  }
-  if (train.proximal_mu() < 0) return bad("proximal-mu", train.proximal_mu(), "must be >= 0");
-  for (const std::string* codec : {&uplink_codec, &downlink_codec}) {
-    if (auto c = core::MakeCodec(*codec); !c.ok()) {
-      return absl::InvalidArgumentError(fl::StrCat("codec '", *codec, "': ", fl::ToStd(c.status().message())));
-    }
-  }
-  if (auto p = core::ParseCodecPolicy(uplink_codec_policy, uplink_codec); !p.ok()) return p.status();
-  auto spec = core::ModelSpec::Create({{"probe", {1}, core::DType::kFloat32, 0}});
-  auto shared = std::make_shared<const core::ModelSpec>(*spec);
-  if (auto a = core::MakeAggregator(aggregator, shared); !a.ok()) {
-    return absl::InvalidArgumentError(fl::StrCat("--aggregator=", aggregator, ": ", fl::ToStd(a.status().message())));
-  }
-  if (auto clip = UpdateNormClip(); !clip.ok()) return clip.status();
-  if (auto o = core::MakeServerOptimizer(optimizer, 1); !o.ok()) {
-    return absl::InvalidArgumentError(fl::StrCat("--strategy=", optimizer, ": ", fl::ToStd(o.status().message())));
-  }
-  if (absl::Status s = ValidateBuffered(); !s.ok()) return s;
-  if (absl::Status s = ValidateStragglers(); !s.ok()) return s;
-  return absl::OkStatus();
-}
-
 RoundEngine::RoundEngine(EngineConfig config, instrumentation::RecordStore* records, StartPoint start,
                          const rpc::Clock* clock)
     : config_(std::move(config)),
@@ -325,15 +211,6 @@ void RoundEngine::ArmUploadCheck() {
   });
 }
 
-uint32_t DefaultMaxSessions() {
-  // A quarter of physical memory at the budget of a session (measured in docs/performance.md, "Fleets"), within
-  // [1000, 1,000,000]: a Pi with 4 GiB takes 16,384 sessions, this 23 GiB machine about 95,000.
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page_size = sysconf(_SC_PAGESIZE);
-  const uint64_t memory = pages > 0 && page_size > 0 ? uint64_t(pages) * uint64_t(page_size) : uint64_t{4} << 30;
-  return static_cast<uint32_t>(std::clamp<uint64_t>(memory / 4 / EngineConfig::kSessionBudgetBytes, 1000, 1'000'000));
-}
-
 absl::Status RoundEngine::Prepare() {
   if (absl::Status s = config_.Validate(); !s.ok()) return s;
   if (config_.experiment_id.empty()) {
@@ -395,47 +272,11 @@ absl::Status RoundEngine::Prepare() {
                  round_, model_version_, attempt_,
                  evaluation_due_ ? "; its evaluation was interrupted and is redone first" : "");
   } else {
-    nlohmann::json cfg = {{"experiment_name", config_.experiment_name},
-                          {"num_rounds", config_.num_rounds},
-                          {"fraction_fit", config_.fit.fraction},
-                          {"min_fit_clients", config_.fit.min_clients},
-                          {"min_available_clients", config_.fit.min_available},
-                          {"fraction_evaluate", config_.fraction_evaluate},
-                          {"evaluate_every", config_.evaluate_every},
-                          {"round_deadline_ms", config_.round_deadline_ms},
-                          {"max_round_attempts", config_.max_round_attempts},
-                          {"seed", config_.seed},
-                          {"aggregator", config_.aggregator},
-                          {"optimizer", config_.optimizer},
-                          {"uplink_codec", config_.uplink_codec},
-                          {"uplink_codec_policy", config_.uplink_codec_policy},
-                          {"downlink_codec", config_.downlink_codec},
-                          {"local_epochs", config_.train.local_epochs()},
-                          {"local_steps", config_.train.local_steps()},
-                          {"batch_size", config_.train.batch_size()},
-                          {"learning_rate", config_.train.learning_rate()},
-                          {"client_optimizer", config_.train.optimizer()},
-                          {"momentum", config_.train.momentum()},
-                          {"weight_decay", config_.train.weight_decay()},
-                          {"proximal_mu", config_.train.proximal_mu()}};
     instrumentation::ExperimentRecord exp;
     exp.id = config_.experiment_id;
     exp.name = config_.experiment_name;
     exp.started_unix_ms = UnixMs();
-    if (config_.buffered()) {
-      cfg["aggregation"] = config_.aggregation;
-      cfg["buffer_size"] = config_.buffer_size;
-      cfg["concurrency"] = config_.concurrency;
-      cfg["max_staleness"] = config_.max_staleness;
-      cfg["staleness_weight"] = config_.staleness_weight;
-    }
-    // Stragglers (engine_overcommit.cc): only when set, so that other experiments' configurations read as before.
-    if (config_.overcommit > 1.0) cfg["overcommit"] = config_.overcommit;
-    if (config_.folds_late_updates()) {
-      cfg["deadline_policy"] = config_.deadline_policy;
-      cfg["late_discount"] = config_.late_discount;
-    }
-    exp.config_json = cfg.dump();
+    exp.config_json = RecordedConfigJson(config_);
     exp.software_version = config_.software_version;
     exp.aggregation = std::string(config_.buffered() ? instrumentation::kAggregationBuffered
                                                      : instrumentation::kAggregationSynchronous);

@@ -1,0 +1,284 @@
+// EngineConfig's checks and its recorded form (engine_config.h).
+#include "fl/server/engine_config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/numbers.h"
+#include "fl/core/codec.h"
+#include "fl/core/codec_policy.h"
+#include "fl/core/log_format.h"
+#include "fl/core/server_optimizer.h"
+#include "fl/core/str_cat.h"
+#include "fl/core/tensor_spec.h"
+#include "fl/proto/convert.h"
+#include "fl/server/staleness.h"
+
+namespace fl::server {
+
+absl::StatusOr<core::NormClip> EngineConfig::UpdateNormClip() const {
+  // The weighted mean is streamed: it cannot know the round's median norm before adding an update.
+  const bool streamed = aggregator == "mean" || aggregator == "fedavg";
+  if (clip_update_norm.empty()) {
+    core::NormClip clip;
+    if (!streamed) clip.mode = core::NormClip::Mode::kMedian;
+    return clip;
+  }
+  auto clip = core::NormClip::Parse(clip_update_norm);
+  if (!clip.ok()) {
+    return absl::InvalidArgumentError(
+        fl::StrCat("--clip-update-norm=", clip_update_norm, ": ", fl::ToStd(clip.status().message())));
+  }
+  if (clip->mode == core::NormClip::Mode::kMedian && streamed) {
+    return absl::InvalidArgumentError(fl::StrCat(
+        "--clip-update-norm=median needs a strategy that keeps every update (fedmedian, fedtrimmedavg): the "
+        "weighted mean of --strategy fedavg & co. is streamed; give a fixed bound, e.g. --clip-update-norm=10"));
+  }
+  return clip;
+}
+
+absl::Status EngineConfig::Validate() const {
+  auto bad = [](std::string_view flag, auto value, std::string_view allowed) {
+    return absl::InvalidArgumentError(fl::StrCat("--", flag, "=", value, " is invalid: ", allowed));
+  };
+  if (num_rounds == 0) return bad("rounds", num_rounds, "run at least one round");
+  if (!(fit.fraction > 0 && fit.fraction <= 1)) return bad("fraction-fit", fit.fraction, "must be in (0, 1]");
+  if (fit.min_clients == 0) return bad("min-fit-clients", fit.min_clients, "must be at least 1");
+  if (fit.min_available < fit.min_clients) {
+    return bad("min-available-clients", fit.min_available, "must be at least --min-fit-clients");
+  }
+  if (!(fraction_evaluate >= 0 && fraction_evaluate <= 1)) {
+    return bad("fraction-evaluate", fraction_evaluate, "must be in [0, 1]");
+  }
+  if (round_deadline_ms < 100) return bad("round-deadline-ms", round_deadline_ms, "must be at least 100");
+  if (evaluate_deadline_ms < 100) return bad("evaluate-deadline-ms", evaluate_deadline_ms, "must be at least 100");
+  if (max_round_attempts == 0) return bad("max-round-attempts", max_round_attempts, "must be at least 1");
+  if (upload_slots == 0) return bad("upload-slots", upload_slots, "must be at least 1");
+  if (max_model_values == 0 || max_model_values > core::kMaxSpecElements) {
+    return bad("max-model-values", max_model_values, fl::StrCat("must be in [1, ", core::kMaxSpecElements, "]"));
+  }
+  if (max_client_examples == 0 || static_cast<double>(max_client_examples) > core::kMaxUpdateWeight) {
+    return bad("max-client-examples", max_client_examples,
+               fl::StrCat("must be in [1, ", core::kMaxUpdateWeight, "] (the largest weight an aggregate takes)"));
+  }
+  if (!(max_update_value > 0 && max_update_value <= core::kMaxUpdateAbsValue)) {
+    return bad("max-update-value", max_update_value,
+               fl::StrCat("must be in (0, ", core::kMaxUpdateAbsValue, "] (the most an fp32 sum is proven to take)"));
+  }
+  if (initial_model_deadline_ms < 100) {
+    return bad("initial-model-deadline-ms", initial_model_deadline_ms, "must be at least 100");
+  }
+  if (heartbeat_interval_ms < 50) return bad("heartbeat-interval-ms", heartbeat_interval_ms, "must be at least 50");
+  if (stall_threshold_ms.has_value() && *stall_threshold_ms != 0 && *stall_threshold_ms < 100) {
+    return bad("stall-threshold-ms", *stall_threshold_ms, "must be at least 100 (0: off)");
+  }
+  // An honest session sends a heartbeat and a pong per interval, plus task reports: leave it room for four.
+  const uint32_t min_session_rate = (4000 + heartbeat_interval_ms - 1) / heartbeat_interval_ms;
+  if (session_max_messages_per_s < min_session_rate) {
+    return bad("session-max-messages-per-s", session_max_messages_per_s,
+               fl::StrCat("must be at least ", min_session_rate, " with --heartbeat-interval-ms=",
+                          heartbeat_interval_ms, " (four messages per heartbeat interval)"));
+  }
+  if (session_max_queued_messages < 16) {
+    return bad("session-max-queued-messages", session_max_queued_messages, "must be at least 16");
+  }
+  if (session_hello_timeout_ms < 100) {
+    return bad("session-hello-timeout-ms", session_hello_timeout_ms, "must be at least 100");
+  }
+  if (upload_message_timeout_ms != 0 && upload_message_timeout_ms < 100) {
+    return bad("upload-message-timeout-ms", upload_message_timeout_ms, "must be at least 100 (0: off)");
+  }
+  if (download_message_timeout_ms != 0 && download_message_timeout_ms < 100) {
+    return bad("download-message-timeout-ms", download_message_timeout_ms, "must be at least 100 (0: off)");
+  }
+  for (const auto& [rate, flag] : {std::pair{join_per_s_per_peer, "join-per-s-per-peer"},
+                                   std::pair{join_per_s_per_identity, "join-per-s-per-identity"}}) {
+    if (!(rate >= 0) || !std::isfinite(rate)) return bad(flag, rate, "must be a rate >= 0 (0: off)");
+  }
+  if (join_retry_after_ms == 0 || join_retry_after_ms > 600'000) {
+    return bad("join-retry-after-ms", join_retry_after_ms, "must be in [1, 600000]");
+  }
+  if (max_chunk_bytes < 1024 || max_chunk_bytes > wire::kMaxChunkBytes) {
+    return bad("max-chunk-bytes", max_chunk_bytes, fl::StrCat("must be in [1024, ", wire::kMaxChunkBytes, "]"));
+  }
+  if (train.batch_size() == 0) return bad("batch-size", train.batch_size(), "must be at least 1");
+  if (!(train.learning_rate() > 0)) return bad("lr", train.learning_rate(), "must be > 0");
+  if (train.local_epochs() == 0 && train.local_steps() == 0) {
+    return bad("local-epochs", 0, "set --local-epochs or --local-steps to at least 1");
+  }
+  if (train.optimizer() != "sgd" && train.optimizer() != "adamw") {
+    return bad("client-optimizer", train.optimizer(), "expected sgd or adamw");
+  }
+  if (train.proximal_mu() < 0) return bad("proximal-mu", train.proximal_mu(), "must be >= 0");
+  for (const std::string* codec : {&uplink_codec, &downlink_codec}) {
+    if (auto c = core::MakeCodec(*codec); !c.ok()) {
+      return absl::InvalidArgumentError(fl::StrCat("codec '", *codec, "': ", fl::ToStd(c.status().message())));
+    }
+  }
+  if (auto p = core::ParseCodecPolicy(uplink_codec_policy, uplink_codec); !p.ok()) return p.status();
+  auto spec = core::ModelSpec::Create({{"probe", {1}, core::DType::kFloat32, 0}});
+  auto shared = std::make_shared<const core::ModelSpec>(*spec);
+  if (auto a = core::MakeAggregator(aggregator, shared); !a.ok()) {
+    return absl::InvalidArgumentError(fl::StrCat("--aggregator=", aggregator, ": ", fl::ToStd(a.status().message())));
+  }
+  if (auto clip = UpdateNormClip(); !clip.ok()) return clip.status();
+  if (auto o = core::MakeServerOptimizer(optimizer, 1); !o.ok()) {
+    return absl::InvalidArgumentError(fl::StrCat("--strategy=", optimizer, ": ", fl::ToStd(o.status().message())));
+  }
+  if (absl::Status s = ValidateBuffered(); !s.ok()) return s;
+  if (absl::Status s = ValidateStragglers(); !s.ok()) return s;
+  return absl::OkStatus();
+}
+
+uint32_t DefaultMaxSessions() {
+  // A quarter of physical memory at the budget of a session (measured in docs/performance.md, "Fleets"), within
+  // [1000, 1,000,000]: a Pi with 4 GiB takes 16,384 sessions, this 23 GiB machine about 95,000.
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGESIZE);
+  const uint64_t memory = pages > 0 && page_size > 0 ? uint64_t(pages) * uint64_t(page_size) : uint64_t{4} << 30;
+  return static_cast<uint32_t>(std::clamp<uint64_t>(memory / 4 / EngineConfig::kSessionBudgetBytes, 1000, 1'000'000));
+}
+
+absl::Status EngineConfig::ValidateBuffered() const {
+  if (aggregation == "synchronous") return absl::OkStatus();
+  if (aggregation != "buffered") {
+    return absl::InvalidArgumentError(fl::StrCat("--aggregation=", aggregation,
+                                                 " is invalid: use synchronous (rounds; the default) or buffered "
+                                                 "(FedBuff: asynchronous training, an aggregation step every "
+                                                 "--buffer-size updates)"));
+  }
+  if (aggregator != "mean" && aggregator != "fedavg") {
+    return absl::InvalidArgumentError(fl::StrCat(
+        "--aggregation=buffered cannot use the robust aggregator '", aggregator,
+        "' (--strategy fedmedian / fedtrimmedavg): it compares the updates of one synchronous cohort, while a "
+        "buffered step mixes updates trained from different model versions with staleness weights. Use "
+        "--strategy fedavg, fedavgm, fedadam, fedyogi, fedadagrad or nesterov with --aggregation=buffered, or "
+        "--aggregation=synchronous for a robust aggregator"));
+  }
+  if (concurrency == 0) {
+    return absl::InvalidArgumentError(
+        "--concurrency=0 is invalid with --aggregation=buffered: no client would ever train; give the number of "
+        "clients training at once (at least --buffer-size), e.g. --concurrency=10");
+  }
+  if (buffer_size == 0) {
+    return absl::InvalidArgumentError(
+        "--buffer-size=0 is invalid: an aggregation step needs at least one update, e.g. --buffer-size=5");
+  }
+  if (buffer_size > concurrency) {
+    return absl::InvalidArgumentError(fl::StrCat(
+        "--buffer-size=", buffer_size, " is larger than --concurrency=", concurrency, ": at most ", concurrency,
+        " updates are in flight and a client waits for the step its update is in, so "
+        "the buffer could never fill; use --buffer-size <= ",
+        concurrency, " or raise --concurrency"));
+  }
+  if (buffer_size > fit.min_available) {
+    return absl::InvalidArgumentError(fl::StrCat(
+        "--buffer-size=", buffer_size, " is larger than --min-available-clients=", fit.min_available,
+        " (the population the experiment waits for): each client has at most one update in a step, so the buffer "
+        "could never fill with that many clients; use --buffer-size <= ",
+        fit.min_available, " or raise --min-available-clients"));
+  }
+  if (max_staleness == 0) {
+    return absl::InvalidArgumentError(
+        "--max-staleness=0 is invalid with --aggregation=buffered: every update trained while another step was "
+        "applied would be refused, which undoes the asynchrony; use --max-staleness >= 1 (e.g. 10), or "
+        "--aggregation=synchronous for rounds");
+  }
+  if (auto w = ParseStalenessWeight(staleness_weight); !w.ok()) return w.status();
+  return absl::OkStatus();
+}
+
+absl::Status EngineConfig::ValidateStragglers() const {
+  if (!std::isfinite(overcommit) || overcommit < 1.0) {
+    return absl::InvalidArgumentError(
+        fl::StrCat("--overcommit=", overcommit,
+                   ": over-commitment selects ceil(F x K) clients to commit with the first K updates, so F must be a "
+                   "finite number >= 1 (1 = off; e.g. 1.3 selects 13 clients for a round of 10)"));
+  }
+  if (deadline_policy != "drop" && deadline_policy != "fold") {
+    return absl::InvalidArgumentError(fl::StrCat(
+        "--deadline-policy=", deadline_policy,
+        " is not known; use drop (an update after its round's commit is recorded late, not aggregated) or fold (it "
+        "is folded into the next round's aggregate, discounted by --late-discount)"));
+  }
+  if (!std::isfinite(late_discount) || late_discount < 0) {
+    return absl::InvalidArgumentError(
+        fl::StrCat("--late-discount=", late_discount,
+                   ": a folded update's weight is n_k x (1 + tau)^-a, so a must be a finite number >= 0 (0 = no "
+                   "discount, 1 = halve the weight of an update one round late)"));
+  }
+  if (buffered()) {
+    if (overcommit > 1.0) {
+      return absl::InvalidArgumentError(fl::StrCat(
+          "--overcommit=", overcommit,
+          " applies to synchronous rounds; buffered aggregation has no round to over-commit: it keeps --concurrency "
+          "clients training and applies every --buffer-size updates. Raise --concurrency above --buffer-size for "
+          "the same effect, or drop --overcommit"));
+    }
+    if (folds_late_updates()) {
+      return absl::InvalidArgumentError(
+          "--deadline-policy=fold applies to synchronous rounds; buffered aggregation already applies every update "
+          "with its staleness weight (--staleness-weight, --max-staleness): use --deadline-policy=drop with it");
+    }
+  }
+  if (folds_late_updates()) {
+    const std::string kind = aggregator.substr(0, aggregator.find(':'));
+    if (kind != "mean" && kind != "fedavg") {
+      return absl::InvalidArgumentError(fl::StrCat(
+          "--deadline-policy=fold needs the weighted mean (--strategy fedavg, fedprox, fedavgm, fedadam, fedyogi, "
+          "fedadagrad or nesterov): a late update is folded in with a discounted weight, and the aggregator '",
+          aggregator,
+          "' (fedmedian, fedtrimmedavg) ignores weights, so the discount would mean nothing and a stale update "
+          "would count as much as a fresh one; use --deadline-policy=drop with it"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string RecordedConfigJson(const EngineConfig& config) {
+  nlohmann::json cfg = {{"experiment_name", config.experiment_name},
+                        {"num_rounds", config.num_rounds},
+                        {"fraction_fit", config.fit.fraction},
+                        {"min_fit_clients", config.fit.min_clients},
+                        {"min_available_clients", config.fit.min_available},
+                        {"fraction_evaluate", config.fraction_evaluate},
+                        {"evaluate_every", config.evaluate_every},
+                        {"round_deadline_ms", config.round_deadline_ms},
+                        {"max_round_attempts", config.max_round_attempts},
+                        {"seed", config.seed},
+                        {"aggregator", config.aggregator},
+                        {"optimizer", config.optimizer},
+                        {"uplink_codec", config.uplink_codec},
+                        {"uplink_codec_policy", config.uplink_codec_policy},
+                        {"downlink_codec", config.downlink_codec},
+                        {"local_epochs", config.train.local_epochs()},
+                        {"local_steps", config.train.local_steps()},
+                        {"batch_size", config.train.batch_size()},
+                        {"learning_rate", config.train.learning_rate()},
+                        {"client_optimizer", config.train.optimizer()},
+                        {"momentum", config.train.momentum()},
+                        {"weight_decay", config.train.weight_decay()},
+                        {"proximal_mu", config.train.proximal_mu()}};
+  if (config.buffered()) {
+    cfg["aggregation"] = config.aggregation;
+    cfg["buffer_size"] = config.buffer_size;
+    cfg["concurrency"] = config.concurrency;
+    cfg["max_staleness"] = config.max_staleness;
+    cfg["staleness_weight"] = config.staleness_weight;
+  }
+  // Stragglers: only when set, so that other experiments' configurations read as before.
+  if (config.overcommit > 1.0) cfg["overcommit"] = config.overcommit;
+  if (config.folds_late_updates()) {
+    cfg["deadline_policy"] = config.deadline_policy;
+    cfg["late_discount"] = config.late_discount;
+  }
+  return cfg.dump();
+}
+
+}  // namespace fl::server
