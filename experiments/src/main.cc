@@ -34,7 +34,7 @@
 #if FL_WITH_ISLANDS
 #include <yaml-cpp/yaml.h>
 
-#include "fl/diloco/islands_experiment.h"
+#include "fl/experiment/islands_experiment.h"
 #endif
 
 namespace {
@@ -93,9 +93,9 @@ bool IsIslandsManifest(const std::string& path) {
 }
 
 int RunIslands(const std::string& manifest_path, const std::string& out_dir, const std::string& bin_dir) {
-  absl::StatusOr<fl::diloco::IslandsExperimentConfig> config = fl::diloco::LoadIslandsExperiment(manifest_path);
+  absl::StatusOr<fl::experiment::IslandsExperimentConfig> config = fl::experiment::LoadIslandsExperiment(manifest_path);
   if (!config.ok()) return Fail(config.status());
-  fl::diloco::LaunchPaths paths;
+  fl::experiment::LaunchPaths paths;
   const fs::path dir = bin_dir.empty() ? SelfDir() : fs::path(bin_dir);
   paths.fl_island = (dir / "fl-island").string();
   paths.fl_coordinator = (dir / "fl-coordinator").string();
@@ -110,7 +110,7 @@ int RunIslands(const std::string& manifest_path, const std::string& out_dir, con
   } else {
     paths.out_dir = out_dir;
   }
-  absl::StatusOr<fl::diloco::IslandsExperimentResult> r = fl::diloco::RunIslandsExperiment(*config, paths);
+  absl::StatusOr<fl::experiment::IslandsExperimentResult> r = fl::experiment::RunIslandsExperiment(*config, paths);
   if (!r.ok()) return Fail(r.status(), 1);
   std::printf("%s\nrecords: %s/records.db; logs and per-sync metrics: %s\n", r->ToJson().c_str(), paths.out_dir.c_str(),
               paths.out_dir.c_str());

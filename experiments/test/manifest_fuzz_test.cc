@@ -1,5 +1,5 @@
-// Fuzz target of the manifest loaders (issue 27): experiment manifests (ParseManifest, from YAML bytes) and, where
-// the islands launcher is built, islands manifests (LoadIslandsExperiment, from a scratch file), mutated from the
+// Fuzz target of the manifest loaders (issue 27): experiment manifests (ParseManifest, from YAML bytes) and islands
+// manifests (LoadIslandsExperiment, from a scratch file), mutated from the
 // seeds in experiments/test/corpus/. Every input must come back as a manifest or an error: no crash, no abort, no
 // escaping exception, no allocation beyond the run's memory limit. The suite runs a fixed number of inputs;
 // by hand: FL_FUZZ_SECONDS=600 build/<dir>/experiments/experiments_manifest_fuzz_test
@@ -12,9 +12,7 @@
 #include "fl/experiment/manifest.h"
 #include "fl/testing/mutation_fuzz.h"
 #include "fl/testing/scratch_dir.h"
-#if FL_WITH_ISLANDS
-#include "fl/diloco/islands_experiment.h"
-#endif
+#include "fl/experiment/islands_experiment.h"
 
 namespace fl::experiment {
 namespace {
@@ -54,7 +52,6 @@ TEST(ManifestFuzzTest, ExperimentManifests) {
   EXPECT_GE(parsed, corpus.size());  // the seeds themselves are valid
 }
 
-#if FL_WITH_ISLANDS
 TEST(ManifestFuzzTest, IslandsManifests) {
   const auto corpus = fl::testing::ReadCorpus((kCorpus / "islands").string());
   ASSERT_GE(corpus.size(), 2u);
@@ -70,11 +67,10 @@ TEST(ManifestFuzzTest, IslandsManifests) {
           std::ofstream out(path, std::ios::binary | std::ios::trunc);
           out.write(reinterpret_cast<const char*>(in.data()), static_cast<std::streamsize>(in.size()));
         }
-        (void)fl::diloco::LoadIslandsExperiment(path);
+        (void)fl::experiment::LoadIslandsExperiment(path);
       },
       o);
 }
-#endif
 
 }  // namespace
 }  // namespace fl::experiment

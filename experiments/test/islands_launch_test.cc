@@ -10,11 +10,11 @@
 #include <regex>
 #include <string>
 
-#include "fl/diloco/islands_experiment.h"
+#include "fl/experiment/islands_experiment.h"
 #include "fl/testing/scratch_dir.h"
 #include "fl/testing/subprocess.h"
 
-namespace fl::diloco {
+namespace fl::experiment {
 namespace {
 
 // A tiny char-lm manifest: 2 islands, DiLoCo H=10, 20 inner steps (2 outer steps).
@@ -128,4 +128,4 @@ TEST(IslandsLaunchTest, FailingIslandStopsTheExperimentAndItsCoordinator) {
 }
 
 }  // namespace
-}  // namespace fl::diloco
+}  // namespace fl::experiment

@@ -11,7 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-namespace fl::diloco {
+namespace fl::experiment {
 
 struct IslandsExperimentConfig {
   std::string name;
@@ -76,4 +76,4 @@ struct LaunchPaths {
 absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperimentConfig& config,
                                                              const LaunchPaths& paths);
 
-}  // namespace fl::diloco
+}  // namespace fl::experiment

@@ -1,6 +1,6 @@
 // The islands manifests: every committed manifest parses and validates; mistakes are errors that name the
 // file, the field and the line.
-#include "fl/diloco/islands_experiment.h"
+#include "fl/experiment/islands_experiment.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 
 #include "fl/testing/scratch_dir.h"
 
-namespace fl::diloco {
+namespace fl::experiment {
 namespace {
 
 TEST(IslandsExperimentTest, EveryCommittedManifestLoads) {
@@ -152,4 +152,4 @@ TEST(IslandsExperimentTest, WanLinkResolvesAProfileAndRefusesWhatItCannotShape) 
 }
 
 }  // namespace
-}  // namespace fl::diloco
+}  // namespace fl::experiment

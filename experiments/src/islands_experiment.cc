@@ -1,4 +1,4 @@
-#include "fl/diloco/islands_experiment.h"
+#include "fl/experiment/islands_experiment.h"
 
 #include <netinet/in.h>
 #include <signal.h>
@@ -27,7 +27,7 @@
 #include "fl/pki/pki.h"
 #include "fl/sys/process_group.h"
 
-namespace fl::diloco {
+namespace fl::experiment {
 namespace {
 
 int FreePort() {
@@ -458,4 +458,4 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
   return result;
 }
 
-}  // namespace fl::diloco
+}  // namespace fl::experiment

@@ -5,11 +5,11 @@
 #include <filesystem>
 #include <iostream>
 
-#include "fl/diloco/islands_experiment.h"
+#include "fl/experiment/islands_experiment.h"
 
 int main(int argc, char** argv) {
   std::string manifest;
-  fl::diloco::LaunchPaths paths;
+  fl::experiment::LaunchPaths paths;
   paths.fl_island = std::string(FL_BIN_DIR) + "/diloco/island/fl-island";
   paths.fl_coordinator = std::string(FL_BIN_DIR) + "/diloco/coord/fl-coordinator";
   paths.out_dir = "out/islands";
@@ -21,12 +21,12 @@ int main(int argc, char** argv) {
   app.add_option("--fl-coordinator", paths.fl_coordinator, "fl-coordinator binary (the islands coordinator)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  absl::StatusOr<fl::diloco::IslandsExperimentConfig> config = fl::diloco::LoadIslandsExperiment(manifest);
+  absl::StatusOr<fl::experiment::IslandsExperimentConfig> config = fl::experiment::LoadIslandsExperiment(manifest);
   if (!config.ok()) {
     std::cerr << "fl-islands-run: " << config.status().message() << "\n";
     return 2;
   }
-  absl::StatusOr<fl::diloco::IslandsExperimentResult> result = fl::diloco::RunIslandsExperiment(*config, paths);
+  absl::StatusOr<fl::experiment::IslandsExperimentResult> result = fl::experiment::RunIslandsExperiment(*config, paths);
   if (!result.ok()) {
     std::cerr << "fl-islands-run: " << result.status().message() << "\n";
     return 1;
