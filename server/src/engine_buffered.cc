@@ -29,7 +29,7 @@ namespace fl::server {
 using namespace engine_internal;  // NOLINT: the engine's own helpers
 using instrumentation::ClientOutcome;
 
-void RoundEngine::OpenBufferedStep() {
+void RoundEngine::Core::OpenBufferedStep() {
   BufferState& b = *buffer_;
   if (b.step_open) return;
   if (b.step.aggregator != nullptr) spare_aggregator_ = std::move(b.step.aggregator);
@@ -42,7 +42,7 @@ void RoundEngine::OpenBufferedStep() {
   b.step_open = true;
 }
 
-void RoundEngine::AdvanceBuffered() {
+bool RoundEngine::Core::AdvanceBuffered() {
   BufferState& b = *buffer_;
   if (state_ == EngineState::kWaitingForClients) {
     if (evaluation_due_ || b.evaluation_due) {
@@ -51,29 +51,24 @@ void RoundEngine::AdvanceBuffered() {
       // after the evaluation, so that every evaluated client downloads the evaluated version).
       const auto connected = static_cast<uint32_t>(by_session_.size());
       auto want = SelectionSize(SelectionPolicy{config_.fraction_evaluate, config_.min_evaluate_clients, 1}, connected);
-      if (!want.ok() || connected == 0 || IdleConnectedClients().size() < *want) return;
+      if (!want.ok() || connected == 0 || IdleConnectedClients().size() < *want) return false;
       const bool applied_step = b.evaluation_due;
       evaluation_due_ = b.evaluation_due = false;
       StartEvaluation();
-      if (state_ == EngineState::kEvaluating) return;
+      if (state_ == EngineState::kEvaluating) return false;
       if (applied_step) RoundDone(std::nullopt);
     }
-    if (round_ >= config_.num_rounds) {
-      Fire(EngineTrigger::kAllRoundsCommitted);
-      Advance();
-      return;
-    }
+    if (round_ >= config_.num_rounds) return Fire(EngineTrigger::kAllRoundsCommitted);
     // The first step waits for as many clients as a round would; later, whoever is connected trains (a client
     // that left does not stop the others).
-    if (!b.started && by_session_.size() < config_.fit.min_available) return;
+    if (!b.started && by_session_.size() < config_.fit.min_available) return false;
     b.started = true;
-    Fire(EngineTrigger::kBufferingStarted);
+    if (!Fire(EngineTrigger::kBufferingStarted)) return false;
     OpenBufferedStep();
   }
   if (b.step.accepted >= config_.buffer_size) {
     ApplyStep();
-    if (state_ == EngineState::kWaitingForClients) Advance();
-    return;
+    return state_ == EngineState::kWaitingForClients;
   }
   // Keep --concurrency clients training: idle connected clients without a row in the open step, a seeded choice
   // among them.
@@ -105,11 +100,12 @@ void RoundEngine::AdvanceBuffered() {
         "connected one waits for this step): applying it now",
         b.step.round, b.step.accepted, config_.buffer_size);
     ApplyStep();
-    if (state_ == EngineState::kWaitingForClients) Advance();
+    return state_ == EngineState::kWaitingForClients;
   }
+  return false;
 }
 
-void RoundEngine::DispatchBuffered(ClientInfo& client) {
+void RoundEngine::Core::DispatchBuffered(ClientInfo& client) {
   BufferState& b = *buffer_;
   OpenBufferedStep();
   const uint64_t step = round_ + 1;
@@ -148,7 +144,7 @@ void RoundEngine::DispatchBuffered(ClientInfo& client) {
   tasks_[info->id] = std::move(info);
 }
 
-void RoundEngine::ArmBufferTimer() {
+void RoundEngine::Core::ArmBufferTimer() {
   int64_t earliest = 0;
   for (const std::string& id : buffer_->out) {
     auto t = tasks_.find(id);
@@ -162,7 +158,7 @@ void RoundEngine::ArmBufferTimer() {
   }
 }
 
-void RoundEngine::CloseExpiredBufferedTasks(int64_t now) {
+void RoundEngine::Core::CloseExpiredBufferedTasks(int64_t now) {
   std::vector<TaskInfo*> expired;
   for (const std::string& id : buffer_->out) {
     auto t = tasks_.find(id);
@@ -174,7 +170,7 @@ void RoundEngine::CloseExpiredBufferedTasks(int64_t now) {
   if (!expired.empty()) ArmBufferTimer();
 }
 
-void RoundEngine::AppendStepRow(const TaskInfo& task, instrumentation::ClientRoundRecord rec) {
+void RoundEngine::Core::AppendStepRow(const TaskInfo& task, instrumentation::ClientRoundRecord rec) {
   BufferState& b = *buffer_;
   OpenBufferedStep();
   // The row belongs to the step the update was applied (or refused, dropped) in, not the one it was given for.
@@ -192,7 +188,7 @@ void RoundEngine::AppendStepRow(const TaskInfo& task, instrumentation::ClientRou
   }
 }
 
-void RoundEngine::BufferedTaskDropped(TaskInfo& task, ClientOutcome outcome, std::string_view why) {
+void RoundEngine::Core::BufferedTaskDropped(TaskInfo& task, ClientOutcome outcome, std::string_view why) {
   // The task is closed and its outcome set; its row goes to the open step, whose end the client waits for.
   BufferState& b = *buffer_;
   b.out.erase(task.id);
@@ -212,8 +208,8 @@ void RoundEngine::BufferedTaskDropped(TaskInfo& task, ClientOutcome outcome, std
   ArmBufferTimer();
 }
 
-fl::v1::UploadUpdateResponse RoundEngine::AcceptBufferedUpdate(UploadDoneEvent& e, TaskInfo& task,
-                                                               instrumentation::ClientRoundRecord rec) {
+fl::v1::UploadUpdateResponse RoundEngine::Core::AcceptBufferedUpdate(UploadDoneEvent& e, TaskInfo& task,
+                                                                     instrumentation::ClientRoundRecord rec) {
   BufferState& b = *buffer_;
   const fl::v1::UpdateHeader& h = e.header;
   if (task.closed) {
@@ -326,13 +322,13 @@ fl::v1::UploadUpdateResponse RoundEngine::AcceptBufferedUpdate(UploadDoneEvent& 
   return finish(ClientOutcome::kOk, Verdict(task.id, fl::v1::UPDATE_OUTCOME_ACCEPTED), "");
 }
 
-void RoundEngine::FreeStepClients() {
+void RoundEngine::Core::FreeStepClients() {
   BufferState& b = *buffer_;
   b.waiting.clear();  // exactly the clients with a row in the open step
   for (const std::string& id : b.step.task_ids) b.applied_in[id] = {b.step.round, b.step.attempt};
 }
 
-void RoundEngine::ApplyStep() {
+void RoundEngine::Core::ApplyStep() {
   BufferState& b = *buffer_;
   RoundState& r = b.step;
   if (r.accepted == 0) {
@@ -351,7 +347,7 @@ void RoundEngine::ApplyStep() {
       return;
     }
     ++attempt_;
-    Fire(EngineTrigger::kStepFailed);
+    (void)Fire(EngineTrigger::kStepFailed);  // no row: the run has failed (MissingTransition)
     return;
   }
   // The last step: the tasks still out can no longer count. They are cancelled (the client stops) and recorded
@@ -416,7 +412,7 @@ void RoundEngine::ApplyStep() {
   // (CloseEvaluation forgets old tasks too.)
   std::erase_if(b.base_version, [&](const auto& e) { return !tasks_.contains(e.first); });
   std::erase_if(b.applied_in, [&](const auto& e) { return !tasks_.contains(e.first); });
-  Fire(EngineTrigger::kStepApplied);
+  if (!Fire(EngineTrigger::kStepApplied)) return;
   auto first = first_attempts_.find(round_ + 1);
   attempt_ = first == first_attempts_.end() ? 1 : first->second;
   const bool evaluate = config_.evaluate_every > 0 && config_.fraction_evaluate > 0 &&
@@ -428,8 +424,8 @@ void RoundEngine::ApplyStep() {
   }
 }
 
-bool RoundEngine::RecordBufferedUplink(const TaskInfo& task, double uplink_ms, std::optional<double> start_unix_ms,
-                                       std::optional<double> end_unix_ms) {
+bool RoundEngine::Core::RecordBufferedUplink(const TaskInfo& task, double uplink_ms,
+                                             std::optional<double> start_unix_ms, std::optional<double> end_unix_ms) {
   BufferState& b = *buffer_;
   if (auto applied = b.applied_in.find(task.id); applied != b.applied_in.end()) {
     Record(instrumentation::ClientRoundUplinkUpdate{config_.experiment_id, static_cast<int64_t>(applied->second.first),
@@ -447,7 +443,7 @@ bool RoundEngine::RecordBufferedUplink(const TaskInfo& task, double uplink_ms, s
   return true;
 }
 
-void RoundEngine::AbortBufferedStep(const std::string& reason) {
+void RoundEngine::Core::AbortBufferedStep(const std::string& reason) {
   BufferState& b = *buffer_;
   for (const std::string& id : b.out) {
     TaskInfo& task = *tasks_.at(id);

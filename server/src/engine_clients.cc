@@ -28,13 +28,13 @@ namespace fl::server {
 
 using namespace engine_internal;  // NOLINT: the engine's own helpers
 
-RoundEngine::ClientInfo* RoundEngine::Authenticate(const std::string& client_id, const std::string& token) {
+RoundEngine::Core::ClientInfo* RoundEngine::Core::Authenticate(const std::string& client_id, const std::string& token) {
   auto it = clients_.find(client_id);
   if (it == clients_.end() || it->second->token != token || token.empty()) return nullptr;
   return it->second.get();
 }
 
-void RoundEngine::HandleJoin(JoinEvent& e) {
+void RoundEngine::Core::HandleJoin(JoinEvent& e) {
   const fl::v1::JoinRequest& req = e.request;
   fl::v1::JoinResponse resp;
   auto refuse = [&](grpc::StatusCode code, ErrorCode reason, std::string message, std::string field, std::string hint) {
@@ -46,8 +46,8 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
   if (state_ == EngineState::kFinished) {
     EngineResult result;
     {
-      std::lock_guard lock(mu_);
-      result = result_;
+      std::lock_guard lock(published_.mu);
+      result = published_.result;
     }
     if (result.status == instrumentation::ExperimentStatus::kAborted) {
       return refuse(grpc::StatusCode::UNAVAILABLE, fl::v1::ERROR_CODE_SHUTTING_DOWN,
@@ -271,7 +271,7 @@ void RoundEngine::HandleJoin(JoinEvent& e) {
   ForgetIdleNewcomers();
 }
 
-void RoundEngine::HandleSessionOpen(SessionOpenEvent& e) {
+void RoundEngine::Core::HandleSessionOpen(SessionOpenEvent& e) {
   ClientInfo* client = Authenticate(e.hello.client_id(), e.hello.session_token());
   if (client == nullptr) {
     const std::string why =
@@ -286,8 +286,8 @@ void RoundEngine::HandleSessionOpen(SessionOpenEvent& e) {
     // The same Shutdown the connected clients got at the end, so that a late session ends its client too.
     EngineResult result;
     {
-      std::lock_guard lock(mu_);
-      result = result_;
+      std::lock_guard lock(published_.mu);
+      result = published_.result;
     }
     fl::v1::ServerMessage bye;
     bye.set_seq(1);
@@ -317,7 +317,7 @@ void RoundEngine::HandleSessionOpen(SessionOpenEvent& e) {
   UpdateConnectedGauge();
 }
 
-std::optional<double> RoundEngine::PlacePhaseStart(
+std::optional<double> RoundEngine::Core::PlacePhaseStart(
     const ClientInfo& client, const google::protobuf::RepeatedPtrField<fl::v1::PhaseTiming>& timings,
     fl::v1::Phase phase) const {
   const std::optional<core::ClockSample> est = client.clock.Estimate();
@@ -328,8 +328,8 @@ std::optional<double> RoundEngine::PlacePhaseStart(
   return std::nullopt;
 }
 
-void RoundEngine::RecordClientUplink(const ClientInfo& client, const std::string& task_id,
-                                     const fl::v1::PhaseTiming& uplink) {
+void RoundEngine::Core::RecordClientUplink(const ClientInfo& client, const std::string& task_id,
+                                           const fl::v1::PhaseTiming& uplink) {
   // Checked before any arithmetic on it (start + duration could overflow) and before it is recorded: the
   // uplink cannot have lasted longer than the task, nor lie outside it on the server's clock.
   if (auto known = tasks_.find(task_id); known != tasks_.end() && known->second->client_id == client.id) {
@@ -389,12 +389,12 @@ void RoundEngine::RecordClientUplink(const ClientInfo& client, const std::string
                                                   client.id, uplink_ms, start_unix_ms, end_unix_ms});
 }
 
-void RoundEngine::UpdateConnectedGauge() {
+void RoundEngine::Core::UpdateConnectedGauge() {
   const auto connected = static_cast<int64_t>(by_session_.size());
   Notify([&](EngineObserver& o) { o.OnConnectedClients(connected); });
 }
 
-void RoundEngine::SendPing(ClientInfo& client) {
+void RoundEngine::Core::SendPing(ClientInfo& client) {
   if (client.session == nullptr) return;
   fl::v1::ServerMessage ping;
   ping.set_seq(++client.server_seq);
@@ -407,7 +407,7 @@ void RoundEngine::SendPing(ClientInfo& client) {
   client.session->Send(std::move(ping));
 }
 
-void RoundEngine::HandleSessionMessage(SessionMessageEvent& e) {
+void RoundEngine::Core::HandleSessionMessage(SessionMessageEvent& e) {
   ClientInfo* client = ClientOfSession(e.channel.get());
   if (client == nullptr) return;  // a stream we already replaced or closed
   HoldPlace(*client, e.received_server_ns);
@@ -520,7 +520,7 @@ void RoundEngine::HandleSessionMessage(SessionMessageEvent& e) {
   }
 }
 
-void RoundEngine::HandleSessionClosed(SessionClosedEvent& e) {
+void RoundEngine::Core::HandleSessionClosed(SessionClosedEvent& e) {
   if (ClientInfo* c = ClientOfSession(e.channel.get()); c != nullptr) {
     const std::string& id = c->id;
     if (!e.limit_reason.empty()) {
@@ -540,7 +540,7 @@ void RoundEngine::HandleSessionClosed(SessionClosedEvent& e) {
   ForgetIdleNewcomers();
 }
 
-void RoundEngine::HandleLeave(LeaveEvent& e) {
+void RoundEngine::Core::HandleLeave(LeaveEvent& e) {
   ClientInfo* client = Authenticate(e.request.client_id(), e.request.session_token());
   fl::v1::LeaveResponse resp;
   if (client == nullptr) {
@@ -564,8 +564,8 @@ void RoundEngine::HandleLeave(LeaveEvent& e) {
   ForgetIdleNewcomers();
 }
 
-void RoundEngine::AbandonInitialModelHolder(const std::string& holder_id, const std::string& next_client,
-                                            std::string_view why) {
+void RoundEngine::Core::AbandonInitialModelHolder(const std::string& holder_id, const std::string& next_client,
+                                                  std::string_view why) {
   const std::string reason = fl::StrCat("asked for the initial model ", (NowNs() - initial_model_asked_ns_) / kMsToNs,
                                         " ms ago, ", why, "; client '", next_client, "' is asked instead");
   spdlog::warn("client '{}' was {}", holder_id, reason);
@@ -576,7 +576,7 @@ void RoundEngine::AbandonInitialModelHolder(const std::string& holder_id, const 
   Record(instrumentation::ClientLeftRecord{config_.experiment_id, holder_id, UnixMs(), reason});
 }
 
-void RoundEngine::ReaskInitialModelIfStalled(int64_t now) {
+void RoundEngine::Core::ReaskInitialModelIfStalled(int64_t now) {
   if (initial_model_client_.empty() || initial_model_upload_in_progress_) return;
   auto holder = clients_.find(initial_model_client_);
   const bool connected = holder != clients_.end() && holder->second->session != nullptr;
@@ -611,7 +611,7 @@ void RoundEngine::ReaskInitialModelIfStalled(int64_t now) {
   DisconnectClient(*next, "the server asks this client for the initial model: join again to receive the request");
 }
 
-void RoundEngine::DisconnectClient(ClientInfo& client, std::string_view why, grpc::StatusCode code) {
+void RoundEngine::Core::DisconnectClient(ClientInfo& client, std::string_view why, grpc::StatusCode code) {
   if (client.session != nullptr) {
     client.session->Close(grpc::Status(code, std::string(why)));
     DetachSession(client);
@@ -624,7 +624,7 @@ void RoundEngine::DisconnectClient(ClientInfo& client, std::string_view why, grp
   }
 }
 
-std::vector<RoundEngine::ClientInfo*> RoundEngine::IdleConnectedClients() {
+std::vector<RoundEngine::Core::ClientInfo*> RoundEngine::Core::IdleConnectedClients() {
   std::vector<ClientInfo*> out;
   for (auto& [id, c] : clients_) {
     if (c->session != nullptr && c->open_task.empty()) out.push_back(c.get());
@@ -632,13 +632,13 @@ std::vector<RoundEngine::ClientInfo*> RoundEngine::IdleConnectedClients() {
   return out;
 }
 
-void RoundEngine::AttachSession(ClientInfo& client, std::shared_ptr<SessionChannel> channel) {
+void RoundEngine::Core::AttachSession(ClientInfo& client, std::shared_ptr<SessionChannel> channel) {
   DetachSession(client);
   by_session_[channel.get()] = &client;
   client.session = std::move(channel);
 }
 
-void RoundEngine::DetachSession(ClientInfo& client) {
+void RoundEngine::Core::DetachSession(ClientInfo& client) {
   if (client.session == nullptr) return;
   if (auto it = by_session_.find(client.session.get()); it != by_session_.end() && it->second == &client) {
     by_session_.erase(it);
@@ -646,12 +646,12 @@ void RoundEngine::DetachSession(ClientInfo& client) {
   client.session.reset();
 }
 
-RoundEngine::ClientInfo* RoundEngine::ClientOfSession(const SessionChannel* channel) {
+RoundEngine::Core::ClientInfo* RoundEngine::Core::ClientOfSession(const SessionChannel* channel) {
   auto it = by_session_.find(channel);
   return it == by_session_.end() ? nullptr : it->second;
 }
 
-void RoundEngine::HoldPlace(ClientInfo& client, int64_t seen_ns) {
+void RoundEngine::Core::HoldPlace(ClientInfo& client, int64_t seen_ns) {
   client.last_seen_ns = std::max(client.last_seen_ns, seen_ns);
   if (client.holds_place) {
     places_.splice(places_.end(), places_, client.place);
@@ -666,14 +666,14 @@ void RoundEngine::HoldPlace(ClientInfo& client, int64_t seen_ns) {
       }
     }
   }
-  places_held_.store(places_.size(), std::memory_order_relaxed);
+  published_.places_held.store(places_.size(), std::memory_order_relaxed);
 }
 
-void RoundEngine::ReleasePlace(ClientInfo& client) {
+void RoundEngine::Core::ReleasePlace(ClientInfo& client) {
   if (!client.holds_place) return;
   places_.erase(client.place);
   client.holds_place = false;
-  places_held_.store(places_.size(), std::memory_order_relaxed);
+  published_.places_held.store(places_.size(), std::memory_order_relaxed);
   if (!client.tasked && config_.max_idle_newcomers != 0) {
     PeersState& peers = peers_state();
     if (peers.idle_position.count(&client) == 0) {
@@ -683,7 +683,7 @@ void RoundEngine::ReleasePlace(ClientInfo& client) {
   }
 }
 
-void RoundEngine::CheckHeartbeats(int64_t now) {
+void RoundEngine::Core::CheckHeartbeats(int64_t now) {
   WriteRefusalSummaries(/*all=*/false);  // a flood that stopped still gets its summary row within a while
   // Liveness: a client that has said nothing for four heartbeat intervals is gone, even if TCP has not
   // noticed yet (a Pi that lost its 5G link keeps the socket half-open for minutes). places_ is ordered by
@@ -713,8 +713,8 @@ void RoundEngine::CheckHeartbeats(int64_t now) {
   ForgetIdleNewcomers();
 }
 
-void RoundEngine::RecordClientEvent(const std::string& client_id, instrumentation::ClientEventKind kind,
-                                    std::optional<uint64_t> round, std::string task_id, std::string reason) {
+void RoundEngine::Core::RecordClientEvent(const std::string& client_id, instrumentation::ClientEventKind kind,
+                                          std::optional<uint64_t> round, std::string task_id, std::string reason) {
   instrumentation::ClientEventRecord rec;
   rec.experiment_id = config_.experiment_id;
   rec.client_id = client_id;
@@ -726,7 +726,7 @@ void RoundEngine::RecordClientEvent(const std::string& client_id, instrumentatio
   Record(std::move(rec));
 }
 
-void RoundEngine::RecordBadToken(const std::string& peer, const std::string& client_id, std::string detail) {
+void RoundEngine::Core::RecordBadToken(const std::string& peer, const std::string& client_id, std::string detail) {
   instrumentation::SecurityEventRecord record;
   record.reason = instrumentation::SecurityRefusal::kBadToken;
   record.peer = peer;
@@ -735,9 +735,9 @@ void RoundEngine::RecordBadToken(const std::string& peer, const std::string& cli
   RecordSecurityRefusal(std::move(record));
 }
 
-void RoundEngine::HandleSecurityRefusal(SecurityRefusalEvent& e) { RecordSecurityRefusal(std::move(e.record)); }
+void RoundEngine::Core::HandleSecurityRefusal(SecurityRefusalEvent& e) { RecordSecurityRefusal(std::move(e.record)); }
 
-void RoundEngine::HandleCertificatesRevoked(const CertificatesRevokedEvent& e) {
+void RoundEngine::Core::HandleCertificatesRevoked(const CertificatesRevokedEvent& e) {
   // The service refuses a revoked certificate's next call; a session that is open already is closed here, so that
   // a revoked client does not keep training (or holding its place in a round) on the stream it has.
   for (auto& [id, c] : clients_) {

@@ -7,7 +7,7 @@
 
 namespace fl::server {
 
-absl::Status RoundEngine::PrepareUplinkCodecs() {
+absl::Status RoundEngine::Core::PrepareUplinkCodecs() {
   auto policy = core::ParseCodecPolicy(config_.uplink_codec_policy, config_.uplink_codec);
   if (!policy.ok()) return policy.status();
   codec_policy_ = std::move(*policy);
@@ -23,19 +23,19 @@ absl::Status RoundEngine::PrepareUplinkCodecs() {
   return absl::OkStatus();
 }
 
-const std::string& RoundEngine::UplinkCodecFor(const ClientInfo& client) const {
+const std::string& RoundEngine::Core::UplinkCodecFor(const ClientInfo& client) const {
   return core::ChooseUplinkCodec(codec_policy_, wire::LinkKindName(client.join.link().kind()),
                                  client.uplink_bytes_per_s);
 }
 
-const core::Codec& RoundEngine::UplinkCodecOf(const TaskInfo& task) const {
+const core::Codec& RoundEngine::Core::UplinkCodecOf(const TaskInfo& task) const {
   if (task.uplink_codec.empty()) return *uplink_codec_;
   if (auto it = uplink_codecs_.find(task.uplink_codec); it != uplink_codecs_.end()) return *it->second;
   return *uplink_codec_;  // every codec a task can name is in uplink_codecs_: not reached
 }
 
-void RoundEngine::NoteUplinkRate(const std::string& client_id, uint64_t payload_bytes, int64_t first_byte_ns,
-                                 int64_t done_ns) {
+void RoundEngine::Core::NoteUplinkRate(const std::string& client_id, uint64_t payload_bytes, int64_t first_byte_ns,
+                                       int64_t done_ns) {
   // A transfer too short to time (the same clock reading at both ends) says nothing about the link.
   if (done_ns <= first_byte_ns || payload_bytes == 0) return;
   if (auto c = clients_.find(client_id); c != clients_.end()) {

@@ -24,14 +24,14 @@
 #include "fl/proto/convert.h"
 #include "fl/server/client_input.h"
 #include "fl/server/events.h"
-#include "fl/server/round_engine.h"
+#include "engine_core.h"
 #include "fl/server/staleness.h"
 
 namespace fl::server {
 
 using fl::v1::ErrorCode;
 
-struct RoundEngine::ClientInfo {
+struct RoundEngine::Core::ClientInfo {
   std::string id;
   std::string token;
   std::string peer;         // gRPC's peer string of its last Join
@@ -45,7 +45,7 @@ struct RoundEngine::ClientInfo {
   core::ClockOffsetEstimator clock;
   uint64_t next_ping_id = 0;
   std::map<uint64_t, int64_t> pings_in_flight;  // ping id -> t1 (server clock), the last few only
-  // Its entry in RoundEngine::places_ while it holds a place (a live session, or admitted awaiting one).
+  // Its entry in RoundEngine::Core::places_ while it holds a place (a live session, or admitted awaiting one).
   std::list<ClientInfo*>::iterator place;
   bool holds_place = false;
   // Link-aware compression: payload bytes / server-side time of its last finished upload (nullopt: none yet).
@@ -53,7 +53,7 @@ struct RoundEngine::ClientInfo {
   bool tasked = false;  // it was sent a task: it is in the round records, never forgotten (engine_clients.cc)
 };
 
-struct RoundEngine::TaskInfo {
+struct RoundEngine::Core::TaskInfo {
   std::string id;
   std::string client_id;
   fl::v1::TaskKind kind = fl::v1::TASK_KIND_UNSPECIFIED;
@@ -79,7 +79,7 @@ struct RoundEngine::TaskInfo {
   std::string revoked_why;          // an upload of it lost its slot (RevokeSlowUploads): what the client was told
 };
 
-struct RoundEngine::RoundState {
+struct RoundEngine::Core::RoundState {
   uint64_t round = 0;
   uint32_t attempt = 1;
   bool evaluation = false;
@@ -103,14 +103,14 @@ struct RoundEngine::RoundState {
   std::vector<instrumentation::EvaluationRecord> evaluation_rows;  // written with the evaluation's figures
 };
 
-struct RoundEngine::PendingUpload {
+struct RoundEngine::Core::PendingUpload {
   UploadStartEvent event;
 };
 
 // Buffered aggregation (engine_buffered.cc): the open aggregation step, the train tasks out and the older model
 // versions they were given. A client whose update (or refusal, or drop) has a row in the open step waits: it gets
 // no train task before the step is applied, so it has one row per step (it may evaluate meanwhile).
-struct RoundEngine::BufferState {
+struct RoundEngine::Core::BufferState {
   StalenessWeight weight;     // s(tau), parsed from config staleness_weight
   RoundState step;            // the open step: its aggregator is the buffer; task_ids are the tasks with a row in it
   bool step_open = false;     // step.started_* and step.aggregator are set
@@ -126,7 +126,7 @@ struct RoundEngine::BufferState {
 
 // Over-commitment and late folding (engine_overcommit.cc): the open round's commit target, the tasks of committed
 // rounds whose late update may still be folded, and the late updates kept for the next commit.
-struct RoundEngine::Stragglers {
+struct RoundEngine::Core::Stragglers {
   struct Target {
     uint64_t round = 0;
     uint32_t attempt = 0;

@@ -28,12 +28,12 @@ namespace fl::server {
 using namespace engine_internal;  // NOLINT: the engine's own helpers
 using instrumentation::ClientOutcome;
 
-RoundEngine::Stragglers& RoundEngine::StragglerState() {
+RoundEngine::Core::Stragglers& RoundEngine::Core::StragglerState() {
   if (stragglers_ == nullptr) stragglers_ = std::make_unique<Stragglers>();
   return *stragglers_;
 }
 
-uint32_t RoundEngine::OvercommitSize(uint32_t k, uint32_t available) {
+uint32_t RoundEngine::Core::OvercommitSize(uint32_t k, uint32_t available) {
   Stragglers& s = StragglerState();
   s.target = {round_ + 1, attempt_, 0};
   if (config_.overcommit <= 1.0) return k;
@@ -45,13 +45,13 @@ uint32_t RoundEngine::OvercommitSize(uint32_t k, uint32_t available) {
   return wanted;
 }
 
-bool RoundEngine::CommitTargetReached() const {
+bool RoundEngine::Core::CommitTargetReached() const {
   if (stragglers_ == nullptr || current_ == nullptr || current_->evaluation) return false;
   const Stragglers::Target& t = stragglers_->target;
   return t.k > 0 && t.round == current_->round && t.attempt == current_->attempt && current_->accepted >= t.k;
 }
 
-void RoundEngine::CancelSurplusTasks() {
+void RoundEngine::Core::CancelSurplusTasks() {
   if (!CommitTargetReached()) return;
   RoundState& r = *current_;
   const std::string reason = fl::StrCat("round ", r.round, " committed with its first ", stragglers_->target.k,
@@ -83,13 +83,13 @@ void RoundEngine::CancelSurplusTasks() {
   if (cancelled > 0) spdlog::info("{}: {} task(s) cancelled", reason, cancelled);
 }
 
-bool RoundEngine::LateUploadAdmitted(const TaskInfo& task) const {
+bool RoundEngine::Core::LateUploadAdmitted(const TaskInfo& task) const {
   return config_.folds_late_updates() && stragglers_ != nullptr && task.closed &&
          stragglers_->foldable.contains(task.id);
 }
 
-std::optional<fl::v1::UploadUpdateResponse> RoundEngine::FoldLateUpdate(UploadDoneEvent& e, TaskInfo& task,
-                                                                        const instrumentation::ClientRoundRecord& rec) {
+std::optional<fl::v1::UploadUpdateResponse> RoundEngine::Core::FoldLateUpdate(
+    UploadDoneEvent& e, TaskInfo& task, const instrumentation::ClientRoundRecord& rec) {
   if (task.outcome == ClientOutcome::kCancelled) {
     // An upload already under way when over-commitment cancelled its task: the row stays 'cancelled'.
     return Verdict(task.id, fl::v1::UPDATE_OUTCOME_LATE,
@@ -147,7 +147,7 @@ std::optional<fl::v1::UploadUpdateResponse> RoundEngine::FoldLateUpdate(UploadDo
   return Verdict(task.id, fl::v1::UPDATE_OUTCOME_ACCEPTED);
 }
 
-std::vector<instrumentation::ClientRoundRecord> RoundEngine::FoldPendingInto(RoundState& r) {
+std::vector<instrumentation::ClientRoundRecord> RoundEngine::Core::FoldPendingInto(RoundState& r) {
   std::vector<instrumentation::ClientRoundRecord> rows;
   if (stragglers_ == nullptr) return rows;
   for (Stragglers::PendingFold& p : stragglers_->pending) {
@@ -180,7 +180,7 @@ std::vector<instrumentation::ClientRoundRecord> RoundEngine::FoldPendingInto(Rou
   return rows;
 }
 
-void RoundEngine::NoteFoldableTasks(const RoundState& r) {
+void RoundEngine::Core::NoteFoldableTasks(const RoundState& r) {
   if (!config_.folds_late_updates()) return;
   Stragglers& s = StragglerState();
   // A task the engine forgot (rounds long past) cannot upload any more.

@@ -19,12 +19,12 @@ namespace fl::server {
 
 using namespace engine_internal;  // NOLINT: the engine's own helpers
 
-RoundEngine::PeersState& RoundEngine::peers_state() {
+RoundEngine::Core::PeersState& RoundEngine::Core::peers_state() {
   if (peers_state_ == nullptr) peers_state_ = std::make_shared<PeersState>();
   return *peers_state_;
 }
 
-bool RoundEngine::YieldPlaceTo(const std::string& peer, const std::string& name) {
+bool RoundEngine::Core::YieldPlaceTo(const std::string& peer, const std::string& name) {
   // Fair admission under contention (issue 27: one address re-joining 8 names a second kept every place, and an
   // honest newcomer from elsewhere was refused 12 times of 12). The server is full; each address holding places,
   // the newcomer's included, is entitled to max_sessions / addresses of them. A newcomer whose address holds
@@ -57,7 +57,7 @@ bool RoundEngine::YieldPlaceTo(const std::string& peer, const std::string& name)
   return false;
 }
 
-void RoundEngine::ForgetIdleNewcomers() {
+void RoundEngine::Core::ForgetIdleNewcomers() {
   if (peers_state_ == nullptr || peers_state_->idle_newcomers.size() <= config_.max_idle_newcomers) return;
   // Past the bound, the oldest idle newcomers are forgotten: their memory and their clients row (and its
   // client_events). One that joins again is admitted as a new client; one the server still waits on for the
@@ -81,7 +81,7 @@ void RoundEngine::ForgetIdleNewcomers() {
   }
 }
 
-void RoundEngine::RecordSecurityRefusal(instrumentation::SecurityEventRecord record) {
+void RoundEngine::Core::RecordSecurityRefusal(instrumentation::SecurityEventRecord record) {
   record.experiment_id = config_.experiment_id;
   record.at_unix_ms = UnixMs();
   const instrumentation::SecurityRefusal reason = record.reason;
@@ -99,7 +99,7 @@ void RoundEngine::RecordSecurityRefusal(instrumentation::SecurityEventRecord rec
   WriteRefusalSummaries(/*all=*/false);
 }
 
-void RoundEngine::WriteRefusalSummaries(bool all) {
+void RoundEngine::Core::WriteRefusalSummaries(bool all) {
   if (peers_state_ == nullptr) return;
   for (const RefusalRows::Summary& summary : peers_state_->refusal_rows.TakeSummaries(NowNs(), all)) {
     instrumentation::SecurityEventRecord row = RefusalRows::SummaryRow(summary);

@@ -13,7 +13,7 @@ namespace fl::server {
 
 // What one hostile peer could otherwise grow without bound (docs/security.md, "Abuse limits"): the security_events
 // rows of its refusals, and the clients it joins under ever new names and abandons.
-struct RoundEngine::PeersState {
+struct RoundEngine::Core::PeersState {
   RefusalRows refusal_rows;
   // Clients that never had a task and hold no place, in the order they became idle (the oldest is forgotten
   // first past EngineConfig::max_idle_newcomers), and where each is in that list.

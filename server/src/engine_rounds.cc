@@ -25,7 +25,7 @@ namespace fl::server {
 
 using namespace engine_internal;  // NOLINT: the engine's own helpers
 
-void RoundEngine::StartRound() {
+void RoundEngine::Core::StartRound() {
   // Called after every turn while waiting: too few connected clients is known without looking at each of them
   // (idle ones are a subset), so a join storm does not cost a scan of all clients per turn.
   if (!SelectionSize(config_.fit, static_cast<uint32_t>(by_session_.size())).ok()) return;
@@ -60,11 +60,11 @@ void RoundEngine::StartRound() {
     Dispatch(*clients_.at(id), std::move(t), attempt_);
   }
   ArmAt(deadline_timer_, current_->deadline_ns);
-  Fire(EngineTrigger::kRoundStarted);
+  if (!Fire(EngineTrigger::kRoundStarted)) return;
   spdlog::info("round {} (attempt {}): {} of {} idle clients selected", round, attempt_, selected.size(), idle.size());
 }
 
-std::unique_ptr<core::Aggregator> RoundEngine::TakeAggregator() {
+std::unique_ptr<core::Aggregator> RoundEngine::Core::TakeAggregator() {
   std::unique_ptr<core::Aggregator> agg = std::move(spare_aggregator_);
   if (agg != nullptr) {
     agg->Reset();
@@ -86,12 +86,12 @@ std::unique_ptr<core::Aggregator> RoundEngine::TakeAggregator() {
   return agg;
 }
 
-void RoundEngine::ReleaseRound() {
+void RoundEngine::Core::ReleaseRound() {
   if (current_ != nullptr && current_->aggregator != nullptr) spare_aggregator_ = std::move(current_->aggregator);
   current_.reset();
 }
 
-void RoundEngine::Dispatch(ClientInfo& client, fl::v1::Task task, uint32_t attempt) {
+void RoundEngine::Core::Dispatch(ClientInfo& client, fl::v1::Task task, uint32_t attempt) {
   client.tasked = true;
   auto info = std::make_unique<TaskInfo>();
   info->id = task.task_id();
@@ -119,9 +119,9 @@ void RoundEngine::Dispatch(ClientInfo& client, fl::v1::Task task, uint32_t attem
   tasks_[info->id] = std::move(info);
 }
 
-bool RoundEngine::CommitGlobalStep(RoundState& r, double aggregation_ms,
-                                   std::vector<instrumentation::ClientRoundRecord> folded_rows, std::string_view unit,
-                                   std::string_view units) {
+bool RoundEngine::Core::CommitGlobalStep(RoundState& r, double aggregation_ms,
+                                         std::vector<instrumentation::ClientRoundRecord> folded_rows,
+                                         std::string_view unit, std::string_view units) {
   auto checkpoint_row = WriteCheckpointFile();
   if (!checkpoint_row.ok()) {
     round_ = r.round - 1;
@@ -161,7 +161,7 @@ bool RoundEngine::CommitGlobalStep(RoundState& r, double aggregation_ms,
   return true;
 }
 
-absl::Status RoundEngine::StepGlobalModel(RoundState& r, std::string_view what) {
+absl::Status RoundEngine::Core::StepGlobalModel(RoundState& r, std::string_view what) {
   auto pseudo_grad = r.aggregator->Finish();
   if (r.aggregator->num_clipped() > 0) {
     spdlog::info("{}: {} of {} updates scaled down to the update norm bound ({})", what, r.aggregator->num_clipped(),
@@ -180,7 +180,8 @@ absl::Status RoundEngine::StepGlobalModel(RoundState& r, std::string_view what) 
   return step;
 }
 
-instrumentation::RoundRecord RoundEngine::RoundRow(const RoundState& r, instrumentation::RoundStatus status) const {
+instrumentation::RoundRecord RoundEngine::Core::RoundRow(const RoundState& r,
+                                                         instrumentation::RoundStatus status) const {
   instrumentation::RoundRecord rec;
   rec.experiment_id = config_.experiment_id;
   rec.round = static_cast<int64_t>(r.round);
@@ -199,7 +200,7 @@ instrumentation::RoundRecord RoundEngine::RoundRow(const RoundState& r, instrume
   return rec;
 }
 
-void RoundEngine::CloseRound() {
+void RoundEngine::Core::CloseRound() {
   RoundState& r = *current_;
   // Before the deadline only when every task had closed (answered, refused, its client gone): the reason must say
   // so, not "by the deadline" (issue 27: an attempt whose clients all failed at 1.8 s of an 8 s round).
@@ -231,7 +232,7 @@ void RoundEngine::CloseRound() {
       return;
     }
     ++attempt_;
-    Fire(EngineTrigger::kRoundFailed);
+    (void)Fire(EngineTrigger::kRoundFailed);  // no row: the run has failed (MissingTransition)
     return;
   }
 
@@ -260,7 +261,7 @@ void RoundEngine::CloseRound() {
   if (!CommitGlobalStep(r, aggregation_ms, std::move(folded_rows), "round", "rounds")) return;
   NoteFoldableTasks(r);
   ReleaseRound();
-  Fire(EngineTrigger::kRoundCommitted);
+  if (!Fire(EngineTrigger::kRoundCommitted)) return;
   auto first = first_attempts_.find(round_ + 1);
   attempt_ = first == first_attempts_.end() ? 1 : first->second;
   spdlog::info("round {} committed: {} accepted, aggregation {:.1f} ms, round {:.0f} ms", round_, last_round_.accepted,
@@ -274,7 +275,7 @@ void RoundEngine::CloseRound() {
   RoundDone(std::nullopt);
 }
 
-void RoundEngine::StartEvaluation() {
+void RoundEngine::Core::StartEvaluation() {
   std::vector<ClientInfo*> idle = IdleConnectedClients();
   if (idle.empty()) {
     spdlog::warn("no connected client to evaluate round {}", round_);
@@ -301,11 +302,11 @@ void RoundEngine::StartEvaluation() {
     Dispatch(*clients_.at(id), std::move(t), committed_attempt_);
   }
   ArmAt(deadline_timer_, current_->deadline_ns);
-  Fire(EngineTrigger::kEvaluationStarted);
+  if (!Fire(EngineTrigger::kEvaluationStarted)) return;
   MaybeKillForTest("evaluation-started", round_);
 }
 
-void RoundEngine::CloseEvaluation() {
+void RoundEngine::Core::CloseEvaluation() {
   RoundState& r = *current_;
   for (const std::string& id : r.task_ids) CloseTaskAsDropped(*tasks_.at(id), "no evaluation by the deadline");
   std::optional<instrumentation::ServerMetrics::Evaluation> figures;
@@ -355,7 +356,7 @@ void RoundEngine::CloseEvaluation() {
   MaybeKillForTest("evaluation-committed", round_);
   if (figures.has_value()) Notify([&](EngineObserver& o) { o.OnEvaluationStored(r.round, *figures); });
   ReleaseRound();
-  Fire(EngineTrigger::kEvaluationStored);
+  if (!Fire(EngineTrigger::kEvaluationStored)) return;
   RoundDone(figures);
   // Forget tasks of rounds before this one: a straggler's upload for them is refused as unknown.
   for (auto it = tasks_.begin(); it != tasks_.end();) {
@@ -363,7 +364,7 @@ void RoundEngine::CloseEvaluation() {
   }
 }
 
-void RoundEngine::HandleShutdown(const ShutdownEvent& e) {
+void RoundEngine::Core::HandleShutdown(const ShutdownEvent& e) {
   if (state_ == EngineState::kFinished) return;
   if (buffer_ != nullptr) AbortBufferedStep(e.reason);
   if (current_ != nullptr) {
@@ -393,7 +394,7 @@ void RoundEngine::HandleShutdown(const ShutdownEvent& e) {
   Finish(instrumentation::ExperimentStatus::kAborted, e.reason);
 }
 
-void RoundEngine::CloseTaskAsDropped(TaskInfo& task, std::string_view why, bool at_deadline) {
+void RoundEngine::Core::CloseTaskAsDropped(TaskInfo& task, std::string_view why, bool at_deadline) {
   if (task.closed) return;
   // A task whose update had started arriving when it was closed is "late"; one that never sent is "dropped".
   const bool late = task.upload_started;
@@ -425,8 +426,8 @@ void RoundEngine::CloseTaskAsDropped(TaskInfo& task, std::string_view why, bool 
   current_->client_rows.push_back(std::move(rec));
 }
 
-absl::Status RoundEngine::AdoptModel(core::ModelSpec spec, std::string model_name, std::vector<float> values,
-                                     uint64_t model_version) {
+absl::Status RoundEngine::Core::AdoptModel(core::ModelSpec spec, std::string model_name, std::vector<float> values,
+                                           uint64_t model_version) {
   if (values.size() != spec.num_elements()) {
     return absl::InvalidArgumentError(
         fl::StrCat("model has ", values.size(), " values but its spec needs ", spec.num_elements()));
@@ -442,7 +443,7 @@ absl::Status RoundEngine::AdoptModel(core::ModelSpec spec, std::string model_nam
   return absl::OkStatus();
 }
 
-void RoundEngine::PublishPayload() {
+void RoundEngine::Core::PublishPayload() {
   // Drop our reference to the previous version first: downloads still streaming it keep it alive, and when
   // none are (the usual case at a commit) its memory is reused for the new one.
   payload_.reset();
@@ -460,7 +461,7 @@ void RoundEngine::PublishPayload() {
   payload_ = std::move(payload);
 }
 
-absl::StatusOr<std::optional<instrumentation::CheckpointRecord>> RoundEngine::WriteCheckpointFile() {
+absl::StatusOr<std::optional<instrumentation::CheckpointRecord>> RoundEngine::Core::WriteCheckpointFile() {
   if (config_.checkpoint_dir.empty()) return std::nullopt;
   Checkpoint ckpt;
   ckpt.experiment_id = config_.experiment_id;
@@ -486,14 +487,14 @@ absl::StatusOr<std::optional<instrumentation::CheckpointRecord>> RoundEngine::Wr
   return rec;
 }
 
-absl::Status RoundEngine::WriteInitialCheckpoint() {
+absl::Status RoundEngine::Core::WriteInitialCheckpoint() {
   auto row = WriteCheckpointFile();
   if (!row.ok()) return row.status();
   if (row->has_value()) Record(**std::move(row));
   return absl::OkStatus();
 }
 
-void RoundEngine::PruneOldCheckpoints() {
+void RoundEngine::Core::PruneOldCheckpoints() {
   if (config_.checkpoint_dir.empty() || round_ + 1 <= config_.keep_checkpoints) return;
   // A file that stays behind costs disk space only; the experiment goes on.
   if (absl::Status s = PruneCheckpoints(config_.checkpoint_dir, round_ + 1 - config_.keep_checkpoints); !s.ok()) {
@@ -501,7 +502,7 @@ void RoundEngine::PruneOldCheckpoints() {
   }
 }
 
-absl::Status RoundEngine::StoreCommit(instrumentation::Record record) {
+absl::Status RoundEngine::Core::StoreCommit(instrumentation::Record record) {
   if (records_ == nullptr) return absl::OkStatus();
   // Errors of records enqueued since the last commit (a client's row, an uplink report) come first: the
   // database failed for them as well, and the commit's rows may reference them.
@@ -512,7 +513,7 @@ absl::Status RoundEngine::StoreCommit(instrumentation::Record record) {
   return s;
 }
 
-void RoundEngine::MaybeKillForTest(std::string_view step, uint64_t round) const {
+void RoundEngine::Core::MaybeKillForTest(std::string_view step, uint64_t round) const {
   // Read on every call (a handful per round): tests set it in the child's environment only.
   const char* at = std::getenv("FL_SERVER_TEST_KILL_AT");
   if (at == nullptr || fl::StrCat(step, ":", round) != at) return;

@@ -25,7 +25,7 @@ namespace fl::server {
 
 using namespace engine_internal;  // NOLINT: the engine's own helpers
 
-void RoundEngine::ArmStallWatchdog() {
+void RoundEngine::Core::ArmStallWatchdog() {
   if (stall_threshold_ns_ <= 0) return;
   stall_timer_ = loop_.After(stall_threshold_ns_ / 2, [this] {
     stall_timer_ = 0;
@@ -35,7 +35,7 @@ void RoundEngine::ArmStallWatchdog() {
   });
 }
 
-void RoundEngine::CatchUpAfterStall(int64_t now) {
+void RoundEngine::Core::CatchUpAfterStall(int64_t now) {
   if (stall_threshold_ns_ <= 0) return;
   const int64_t stall = now - loop_alive_ns_;
   loop_alive_ns_ = std::max(loop_alive_ns_, now);
@@ -43,7 +43,7 @@ void RoundEngine::CatchUpAfterStall(int64_t now) {
   MoveDeadlinesOn(stall, now);
 }
 
-void RoundEngine::MoveDeadlinesOn(int64_t stall, int64_t now) {
+void RoundEngine::Core::MoveDeadlinesOn(int64_t stall, int64_t now) {
   spdlog::warn(
       "the engine did not run for {:.1f} s (fl-server was stopped or paused, or one of its own steps took that "
       "long; stall threshold {} ms): heartbeat, round, task and upload deadlines move on by that, so that no "

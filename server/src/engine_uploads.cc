@@ -20,7 +20,7 @@ namespace fl::server {
 
 using namespace engine_internal;  // NOLINT: the engine's own helpers
 
-void RoundEngine::HandleDownload(DownloadEvent& e) {
+void RoundEngine::Core::HandleDownload(DownloadEvent& e) {
   const auto& req = e.request;
   if (Authenticate(req.client_id(), req.session_token()) == nullptr) {
     RecordBadToken(e.peer, req.client_id(), "DownloadModel: the client id or its session token is not known");
@@ -52,7 +52,7 @@ void RoundEngine::HandleDownload(DownloadEvent& e) {
   e.reply(grpc::Status::OK, payload_);
 }
 
-void RoundEngine::HandleDownloadDone(const DownloadDoneEvent& e) {
+void RoundEngine::Core::HandleDownloadDone(const DownloadDoneEvent& e) {
   auto t = tasks_.find(e.task_id);
   if (t == tasks_.end() || t->second->client_id != e.client_id) return;  // outside a task, or a stale one
   t->second->downlink_server_start_ns = e.started_server_ns;
@@ -60,7 +60,7 @@ void RoundEngine::HandleDownloadDone(const DownloadDoneEvent& e) {
   t->second->downlink_server_bytes = e.bytes;
 }
 
-instrumentation::ClientRoundRecord RoundEngine::TaskRow(const TaskInfo& task) const {
+instrumentation::ClientRoundRecord RoundEngine::Core::TaskRow(const TaskInfo& task) const {
   instrumentation::ClientRoundRecord rec;
   rec.experiment_id = config_.experiment_id;
   rec.round = static_cast<int64_t>(task.round);
@@ -77,7 +77,7 @@ instrumentation::ClientRoundRecord RoundEngine::TaskRow(const TaskInfo& task) co
   return rec;
 }
 
-void RoundEngine::HandleUploadStart(UploadStartEvent& e) {
+void RoundEngine::Core::HandleUploadStart(UploadStartEvent& e) {
   const fl::v1::UpdateHeader& h = e.header;
   auto refuse = [&](fl::v1::UploadUpdateResponse verdict) { e.admit(std::move(verdict), {}); };
   ClientInfo* client = Authenticate(h.client_id(), h.session_token());
@@ -192,7 +192,7 @@ void RoundEngine::HandleUploadStart(UploadStartEvent& e) {
   GrantUploadSlots();
 }
 
-void RoundEngine::GrantUploadSlots() {
+void RoundEngine::Core::GrantUploadSlots() {
   while (busy_upload_slots_ < config_.upload_slots && !waiting_uploads_.empty()) {
     std::unique_ptr<PendingUpload> next = std::move(waiting_uploads_.front());
     waiting_uploads_.pop_front();
@@ -230,7 +230,7 @@ void RoundEngine::GrantUploadSlots() {
   }
 }
 
-void RoundEngine::RevokeSlowUploads(int64_t now) {
+void RoundEngine::Core::RevokeSlowUploads(int64_t now) {
   const double min_rate = config_.upload_min_bytes_per_s;
   for (ActiveUpload& up : active_uploads_) {
     if (up.revoked) continue;
@@ -311,7 +311,7 @@ void RoundEngine::RevokeSlowUploads(int64_t now) {
   }
 }
 
-fl::v1::UploadUpdateResponse RoundEngine::ClosedTaskVerdict(const TaskInfo& task, int64_t now) const {
+fl::v1::UploadUpdateResponse RoundEngine::Core::ClosedTaskVerdict(const TaskInfo& task, int64_t now) const {
   const std::string revoked =
       task.revoked_why.empty() ? "" : fl::StrCat("; an earlier upload of it lost its slot: ", task.revoked_why);
   const std::string name = fl::StrCat("task '", task.id, "' (round ", task.round, ")");
@@ -345,11 +345,11 @@ fl::v1::UploadUpdateResponse RoundEngine::ClosedTaskVerdict(const TaskInfo& task
                                  "", "send updates only for the open task of the current session"));
 }
 
-void RoundEngine::HandleUploadDone(UploadDoneEvent& e) {
+void RoundEngine::Core::HandleUploadDone(UploadDoneEvent& e) {
   // The slot is given back only once the payload is consumed and freed (end of this function): a slot is a
   // model-sized buffer, and the server's peak memory is bounded by the number of slots, not of clients.
   struct SlotRelease {
-    RoundEngine* engine;
+    RoundEngine::Core* engine;
     std::vector<uint8_t>* payload;
     ~SlotRelease() {
       // Buffers are kept for the next uploads (at most one per slot): no fresh model-sized allocation, and
@@ -391,8 +391,10 @@ void RoundEngine::HandleUploadDone(UploadDoneEvent& e) {
       if (s.ok()) s = core::CheckFinite(values, "initial model", pending_spec_.get());
       if (s.ok()) s = AdoptModel(*pending_spec_, pending_model_name_, std::move(values), 0);
       if (s.ok()) s = WriteInitialCheckpoint();
+      if (s.ok() && !Fire(EngineTrigger::kInitialModelAdopted)) {
+        s = absl::InternalError("the round engine failed (a bug; see fl-server's log)");
+      }
       if (s.ok()) {
-        Fire(EngineTrigger::kInitialModelAdopted);
         verdict = Verdict("", fl::v1::UPDATE_OUTCOME_ACCEPTED);
         spdlog::info("initial model ({} tensors, {} parameters, fingerprint {}) from client '{}'", spec_->num_tensors(),
                      spec_->num_elements(), spec_->FingerprintHex(), h.client_id());
@@ -420,7 +422,7 @@ void RoundEngine::HandleUploadDone(UploadDoneEvent& e) {
   e.reply(verdict);
 }
 
-fl::v1::UploadUpdateResponse RoundEngine::AcceptUpdate(UploadDoneEvent& e, TaskInfo* task) {
+fl::v1::UploadUpdateResponse RoundEngine::Core::AcceptUpdate(UploadDoneEvent& e, TaskInfo* task) {
   const fl::v1::UpdateHeader& h = e.header;
   instrumentation::ClientRoundRecord rec = TaskRow(*task);
   rec.num_examples = static_cast<int64_t>(h.num_examples());
@@ -556,7 +558,8 @@ fl::v1::UploadUpdateResponse RoundEngine::AcceptUpdate(UploadDoneEvent& e, TaskI
   return finish(instrumentation::ClientOutcome::kOk, Verdict(task->id, fl::v1::UPDATE_OUTCOME_ACCEPTED));
 }
 
-UpdateBounds RoundEngine::UpdateReportBounds(const ClientInfo& client, const TaskInfo& task, int64_t now_ns) const {
+UpdateBounds RoundEngine::Core::UpdateReportBounds(const ClientInfo& client, const TaskInfo& task,
+                                                   int64_t now_ns) const {
   UpdateBounds b;
   // An update's weight is the examples behind it: at most the client's shard (declared at Join), or, with
   // --local-steps, the examples those steps draw (steps x batch, which may revisit a small shard); never more
@@ -583,9 +586,9 @@ UpdateBounds RoundEngine::UpdateReportBounds(const ClientInfo& client, const Tas
   return b;
 }
 
-std::string RoundEngine::PhaseWindowProblem(const ClientInfo& client,
-                                            const google::protobuf::RepeatedPtrField<fl::v1::PhaseTiming>& timings,
-                                            int64_t from_ns, int64_t to_ns) const {
+std::string RoundEngine::Core::PhaseWindowProblem(
+    const ClientInfo& client, const google::protobuf::RepeatedPtrField<fl::v1::PhaseTiming>& timings, int64_t from_ns,
+    int64_t to_ns) const {
   const std::optional<core::ClockSample> est = client.clock.Estimate();
   if (!est.has_value()) return "";  // no offset yet: nothing is placed (the records keep NULL)
   // The offset is good to +- rtt/2; the slack also covers the client's own clock steps around a phase.
@@ -606,7 +609,7 @@ std::string RoundEngine::PhaseWindowProblem(const ClientInfo& client,
   return "";
 }
 
-void RoundEngine::RejectAtHeader(TaskInfo& task, const fl::v1::UploadUpdateResponse& verdict) {
+void RoundEngine::Core::RejectAtHeader(TaskInfo& task, const fl::v1::UploadUpdateResponse& verdict) {
   if (task.closed) return;
   task.closed = true;
   task.answered = true;  // the refusal is its verdict: a later upload is a duplicate, not "late"

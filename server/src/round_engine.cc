@@ -53,6 +53,8 @@ std::string_view EngineTriggerName(EngineTrigger trigger) {
     case EngineTrigger::kBufferingStarted: return "buffering_started";
     case EngineTrigger::kStepApplied: return "step_applied";
     case EngineTrigger::kStepFailed: return "step_failed";
+    case EngineTrigger::kModelLoaded: return "model_loaded";
+    case EngineTrigger::kInvariantBroken: return "invariant_broken";
   }
   return "unknown";
 }
@@ -62,10 +64,14 @@ namespace {
 using S = EngineState;
 using T = EngineTrigger;
 
+constexpr std::string_view kBrokenEffect = "log critical; the experiment failed; tell every client";
+
 // The round engine's transition table. docs/round-engine.md shows the same rows (a test compares them).
 constexpr EngineTransition kTransitions[] = {
     {S::kWaitingForModel, T::kInitialModelAdopted, S::kWaitingForClients,
      "adopt the uploaded weights; write the round-0 checkpoint"},
+    {S::kWaitingForModel, T::kModelLoaded, S::kWaitingForClients,
+     "adopt the checkpoint's model (--initial-model, or --resume's last committed round)"},
     {S::kWaitingForModel, T::kShutdown, S::kFinished, "tell every client; the experiment is aborted"},
     {S::kWaitingForClients, T::kRoundStarted, S::kCollecting,
      "select idle clients; dispatch train tasks; arm the round deadline"},
@@ -100,6 +106,13 @@ constexpr EngineTransition kTransitions[] = {
      "attempts exhausted, or the step, checkpoint or records failed: the experiment failed"},
     {S::kBuffering, T::kShutdown, S::kFinished,
      "cancel train tasks out; record the open step as aborted; tell every client"},
+    // A path the rows above lack (a bug): from every state but kFinished, so that the failure is a row too.
+    {S::kWaitingForModel, T::kInvariantBroken, S::kFinished, kBrokenEffect},
+    {S::kWaitingForClients, T::kInvariantBroken, S::kFinished, kBrokenEffect},
+    {S::kCollecting, T::kInvariantBroken, S::kFinished, kBrokenEffect},
+    {S::kEvaluating, T::kInvariantBroken, S::kFinished, kBrokenEffect},
+    {S::kDraining, T::kInvariantBroken, S::kFinished, kBrokenEffect},
+    {S::kBuffering, T::kInvariantBroken, S::kFinished, kBrokenEffect},
 };
 
 }  // namespace
@@ -113,82 +126,122 @@ std::optional<EngineState> NextEngineState(EngineState from, EngineTrigger on) {
   return std::nullopt;
 }
 
-void RoundEngine::Fire(EngineTrigger on) {
+bool RoundEngine::Core::Fire(EngineTrigger on) {
   const std::optional<EngineState> next = NextEngineState(state_, on);
   if (!next.has_value()) {
-    // A path of the engine that the table does not describe: a bug, never a client's doing.
-    spdlog::critical("round engine: no transition from {} on {} (server/src/round_engine.cc, kTransitions)",
-                     EngineStateName(state_), EngineTriggerName(on));
-    spdlog::default_logger()->flush();
-    std::abort();
+    MissingTransition(on);
+    return false;
   }
   const EngineState from = state_;
   state_ = *next;
   Notify([&](EngineObserver& o) { o.OnTransition(from, on, state_); });
+  return true;
 }
 
-RoundEngine::RoundEngine(EngineConfig config, instrumentation::RecordStore* records, StartPoint start,
-                         const rpc::Clock* clock)
+void RoundEngine::Core::MissingTransition(EngineTrigger on) {
+  // A path of the engine that the table does not describe: a bug, never a client's doing. fl-server is not
+  // aborted (that would end every client's run for one bug, and lose the records' last commit): the run ends as
+  // failed, with the reason recorded and every client told (docs/architecture.md, "Errors and missing
+  // transitions").
+  ++missing_transitions_;
+  spdlog::critical("round engine: no transition from {} on {} (server/src/round_engine.cc, kTransitions): a bug",
+                   EngineStateName(state_), EngineTriggerName(on));
+  if (state_ == EngineState::kFinished) return;  // the run has ended already: nothing is left to fail
+  Finish(instrumentation::ExperimentStatus::kFailed,
+         fl::StrCat("internal error: the round engine has no transition from ", EngineStateName(state_), " on ",
+                    EngineTriggerName(on), " (a bug; see fl-server's log)"),
+         EngineTrigger::kInvariantBroken);
+}
+
+RoundEngine::Core::Core(EngineConfig config, instrumentation::RecordStore* records, StartPoint start,
+                        const rpc::Clock* clock, Published& published)
     : config_(std::move(config)),
       clock_(clock != nullptr ? clock : rpc::SystemClock::Get()),
       timeline_(clock_->NowNs(), clock_->UnixNs()),
       records_(records),
       start_(std::move(start)),
       loop_(
-          clock_, [this](EngineEvent& e) { Handle(e); }, [this] { Advance(); }) {
+          clock_, [this](EngineEvent& e) { Handle(e); }, [this] { Advance(); }),
+      published_(published) {
   if (config_.print_table) observers_.push_back(MakeConsoleTable(config_.buffered()));
 }
 
-void RoundEngine::SetMetrics(instrumentation::ServerMetrics* metrics) {
+void RoundEngine::Core::SetMetrics(instrumentation::ServerMetrics* metrics) {
   if (metrics != nullptr) observers_.push_back(MakeMetricsObserver(metrics));
-  metrics_ = metrics;
 }
 
-void RoundEngine::Record(instrumentation::Record record) {
+void RoundEngine::Core::Record(instrumentation::Record record) {
   if (records_ == nullptr) return;
   if (absl::Status s = records_->Enqueue(std::move(record)); !s.ok()) {
     spdlog::error("cannot record: {}", s.message());
   }
 }
 
-RoundEngine::~RoundEngine() {
+RoundEngine::Core::~Core() {
   Post(ShutdownEvent{"server destroyed"});
   loop_.Stop();
 }
 
-absl::Status RoundEngine::Start() {
+absl::Status RoundEngine::Core::Start() {
   if (absl::Status s = Prepare(); !s.ok()) return s;
   loop_.Start([this] { Advance(); });
   return absl::OkStatus();
 }
 
-absl::Status RoundEngine::StartManual() {
+absl::Status RoundEngine::Core::StartManual() {
   if (absl::Status s = Prepare(); !s.ok()) return s;
   Advance();
   return absl::OkStatus();
 }
 
+void RoundEngine::Core::Stop() { loop_.Stop(); }
+
+// ---- RoundEngine: the public shell over the core ----
+
+RoundEngine::RoundEngine(EngineConfig config, instrumentation::RecordStore* records, StartPoint start,
+                         const rpc::Clock* clock)
+    : core_(std::make_unique<Core>(std::move(config), records, std::move(start), clock, published_)) {}
+
+RoundEngine::~RoundEngine() = default;
+
+void RoundEngine::SetMetrics(instrumentation::ServerMetrics* metrics) {
+  core_->SetMetrics(metrics);
+  published_.metrics = metrics;
+}
+void RoundEngine::AddObserver(std::unique_ptr<EngineObserver> observer) { core_->AddObserver(std::move(observer)); }
+absl::Status RoundEngine::Start() { return core_->Start(); }
+absl::Status RoundEngine::StartManual() { return core_->StartManual(); }
+size_t RoundEngine::RunUntilIdle() { return core_->RunUntilIdle(); }
+void RoundEngine::Post(EngineEvent event) { core_->Post(std::move(event)); }
+void RoundEngine::Stop() { core_->Stop(); }
+size_t RoundEngine::QueuedEvents() const { return core_->QueuedEvents(); }
+bool RoundEngine::ShedJoins() const {
+  const size_t limit = core_->config().max_engine_queue;
+  return limit != 0 && core_->QueuedEvents() > limit;
+}
+const EngineConfig& RoundEngine::config() const { return core_->config(); }
+const rpc::Clock& RoundEngine::clock() const { return core_->clock(); }
+EngineState RoundEngine::state() const { return core_->state(); }
+
 EngineResult RoundEngine::Wait() {
-  std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return done_; });
-  return result_;
+  std::unique_lock lock(published_.mu);
+  published_.cv.wait(lock, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(published_.mu) { return published_.done; });
+  return published_.result;
 }
 
 std::optional<EngineResult> RoundEngine::result() const {
-  std::lock_guard lock(mu_);
-  if (!done_) return std::nullopt;
-  return result_;
+  std::lock_guard lock(published_.mu);
+  if (!published_.done) return std::nullopt;
+  return published_.result;
 }
 
-void RoundEngine::Stop() { loop_.Stop(); }
-
-void RoundEngine::ArmAt(rpc::TimerId& timer, int64_t when_ns) {
+void RoundEngine::Core::ArmAt(rpc::TimerId& timer, int64_t when_ns) {
   if (timer != 0) loop_.Cancel(timer);
   // The timer only wakes the loop: Advance() (after every turn) decides what its deadline means now.
   timer = loop_.At(when_ns, [&timer] { timer = 0; });
 }
 
-void RoundEngine::ArmHeartbeatCheck() {
+void RoundEngine::Core::ArmHeartbeatCheck() {
   // Every interval: clients silent for four intervals are gone, and a stalled initial-model holder is replaced.
   heartbeat_timer_ = loop_.After(int64_t{config_.heartbeat_interval_ms} * kMsToNs, [this] {
     heartbeat_timer_ = 0;
@@ -199,7 +252,7 @@ void RoundEngine::ArmHeartbeatCheck() {
   });
 }
 
-void RoundEngine::ArmUploadCheck() {
+void RoundEngine::Core::ArmUploadCheck() {
   // Uploads holding a slot are checked for stalls and their rate a few times a second, while there are any.
   if (upload_timer_ != 0 || active_uploads_.empty()) return;
   upload_timer_ = loop_.After(100 * kMsToNs, [this] {
@@ -211,7 +264,7 @@ void RoundEngine::ArmUploadCheck() {
   });
 }
 
-absl::Status RoundEngine::Prepare() {
+absl::Status RoundEngine::Core::Prepare() {
   if (absl::Status s = config_.Validate(); !s.ok()) return s;
   if (config_.experiment_id.empty()) {
     config_.experiment_id = fl::StrCat("exp-", UnixMs(), "-", RandomHex(3));
@@ -253,7 +306,7 @@ absl::Status RoundEngine::Prepare() {
       last_round_.round = round_;
     }
     start_.checkpoint.reset();
-    state_ = EngineState::kWaitingForClients;
+    if (!Fire(EngineTrigger::kModelLoaded)) return absl::InternalError("the round engine could not adopt its model");
   }
   attempt_ = std::max<uint32_t>(1, start_.first_attempt);
   if (resumed) {
@@ -302,7 +355,7 @@ absl::Status RoundEngine::Prepare() {
   return absl::OkStatus();
 }
 
-void RoundEngine::Handle(EngineEvent& event) {
+void RoundEngine::Core::Handle(EngineEvent& event) {
   // After a stall of the server itself, deadlines move on before this event (stamped maybe before the stall, or
   // just after it) is judged against them.
   CatchUpAfterStall(NowNs());
@@ -337,37 +390,37 @@ void RoundEngine::Handle(EngineEvent& event) {
       event);
 }
 
-void RoundEngine::Advance() {
+void RoundEngine::Core::Advance() {
+  // Each step may end a round and go back to kWaitingForClients, where the next can start at once: a loop, not a
+  // recursion, so that a run of empty rounds cannot grow the stack.
+  while (AdvanceOnce()) {
+  }
+}
+
+bool RoundEngine::Core::AdvanceOnce() {
   const int64_t now = NowNs();
   CatchUpAfterStall(now);
   // Buffered aggregation: train tasks run through every state (evaluations too); their deadlines are swept here.
   if (buffer_ != nullptr && state_ != EngineState::kFinished) CloseExpiredBufferedTasks(now);
   switch (state_) {
-    case EngineState::kWaitingForModel: ReaskInitialModelIfStalled(now); return;
-    case EngineState::kBuffering: AdvanceBuffered(); return;
+    case EngineState::kWaitingForModel: ReaskInitialModelIfStalled(now); return false;
+    case EngineState::kBuffering: return AdvanceBuffered();
     case EngineState::kWaitingForClients:
-      if (buffer_ != nullptr) {
-        AdvanceBuffered();
-        return;
-      }
+      if (buffer_ != nullptr) return AdvanceBuffered();
       if (evaluation_due_) {
         // Resumed after a crash during round_'s evaluation: redo it with as many clients as a round waits for.
         if (by_session_.size() < std::max<uint32_t>(1, config_.fit.min_available) ||
             IdleConnectedClients().size() < std::max<uint32_t>(1, config_.fit.min_available)) {
-          return;
+          return false;
         }
         evaluation_due_ = false;
         spdlog::info("redoing the evaluation of round {} (interrupted before its results were recorded)", round_);
         StartEvaluation();
-        if (state_ == EngineState::kEvaluating) return;
+        if (state_ == EngineState::kEvaluating) return false;
       }
-      if (round_ >= config_.num_rounds) {
-        Fire(EngineTrigger::kAllRoundsCommitted);
-        Advance();
-        return;
-      }
+      if (round_ >= config_.num_rounds) return Fire(EngineTrigger::kAllRoundsCommitted);
       StartRound();
-      return;
+      return false;
     case EngineState::kCollecting:
     case EngineState::kEvaluating: {
       // Runs after every turn: look on from the first task not known closed (tasks never reopen), so that a
@@ -385,21 +438,22 @@ void RoundEngine::Advance() {
         } else {
           CloseEvaluation();
         }
-        if (state_ == EngineState::kWaitingForClients) Advance();
+        return state_ == EngineState::kWaitingForClients;
       }
-      return;
+      return false;
     }
     case EngineState::kDraining:
       if (Drained(now)) {
         Finish(instrumentation::ExperimentStatus::kFinished,
                fl::StrCat("all ", config_.num_rounds, " rounds committed"));
       }
-      return;
-    case EngineState::kFinished: return;
+      return false;
+    case EngineState::kFinished: return false;
   }
+  return false;
 }
 
-bool RoundEngine::Drained(int64_t now) {
+bool RoundEngine::Core::Drained(int64_t now) {
   // The last round's clients report their uplink time only after our ack: give them a moment, so that the
   // final round's records are as complete as the others'.
   std::erase_if(uplink_reports_due_, [&](const auto& due) {
@@ -416,17 +470,20 @@ bool RoundEngine::Drained(int64_t now) {
   return now >= drain_deadline_ns_;
 }
 
-void RoundEngine::RoundDone(const std::optional<instrumentation::ServerMetrics::Evaluation>& eval) {
+void RoundEngine::Core::RoundDone(const std::optional<instrumentation::ServerMetrics::Evaluation>& eval) {
   const core::Task task = task_.value_or(core::Task::kClassification);
   Notify([&](EngineObserver& o) { o.OnRoundDone(last_round_, task, eval); });
 }
 
-void RoundEngine::Finish(instrumentation::ExperimentStatus status, std::string reason) {
+void RoundEngine::Core::Finish(instrumentation::ExperimentStatus status, std::string reason,
+                               std::optional<EngineTrigger> via) {
   using instrumentation::ExperimentStatus;
   if (state_ == EngineState::kFinished) return;
-  Fire(status == ExperimentStatus::kAborted    ? EngineTrigger::kShutdown
-       : status == ExperimentStatus::kFinished ? EngineTrigger::kDrained
-                                               : EngineTrigger::kGaveUp);
+  const EngineTrigger on = via.value_or(status == ExperimentStatus::kAborted    ? EngineTrigger::kShutdown
+                                        : status == ExperimentStatus::kFinished ? EngineTrigger::kDrained
+                                                                                : EngineTrigger::kGaveUp);
+  // No row: MissingTransition has finished the run through kInvariantBroken instead.
+  if (!Fire(on)) return;
   for (rpc::TimerId* t : {&deadline_timer_, &upload_timer_, &heartbeat_timer_, &initial_model_timer_, &drain_timer_,
                           &buffer_timer_, &stall_timer_}) {
     if (*t != 0) loop_.Cancel(*t);
@@ -467,27 +524,27 @@ void RoundEngine::Finish(instrumentation::ExperimentStatus status, std::string r
     }
   }
   spdlog::info("experiment {} {}: {}", config_.experiment_id, instrumentation::ExperimentStatusName(status), reason);
-  std::lock_guard lock(mu_);
-  result_ = EngineResult{config_.experiment_id, status, reason, round_};
-  done_ = true;
-  cv_.notify_all();
+  std::lock_guard lock(published_.mu);
+  published_.result = EngineResult{config_.experiment_id, status, reason, round_};
+  published_.done = true;
+  published_.cv.notify_all();
 }
 
-void RoundEngine::NoteUntoldClients() {
+void RoundEngine::Core::NoteUntoldClients() {
   // Clients with a live session are told by the Shutdown message; those that left need nothing. The others
   // (disconnected for missed heartbeats, stopped, cut off) learn it at their next Join or hello.
   untold_.clear();
   for (const auto& [id, c] : clients_) {
     if (c->session == nullptr && !c->token.empty()) untold_.insert(id);
   }
-  untold_count_ = untold_.size();
+  published_.untold = untold_.size();
   if (!untold_.empty()) {
     spdlog::info("{} client(s) were away at the end of the experiment and have not been told yet", untold_.size());
   }
 }
 
-void RoundEngine::MarkTold(const std::string& client_id) {
-  if (untold_.erase(client_id) != 0) untold_count_ = untold_.size();
+void RoundEngine::Core::MarkTold(const std::string& client_id) {
+  if (untold_.erase(client_id) != 0) published_.untold = untold_.size();
 }
 
 }  // namespace fl::server

@@ -334,6 +334,7 @@ TEST_F(EngineClockTest, EveryStateChangeOfARunIsARowOfTheTransitionTable) {
   ASSERT_TRUE(engine_->result().has_value());
   EXPECT_EQ(engine_->result()->status, instrumentation::ExperimentStatus::kFinished);
   const std::vector<std::pair<EngineState, EngineState>> expected = {
+      {EngineState::kWaitingForModel, EngineState::kWaitingForClients},  // the initial model adopted at Start
       {EngineState::kWaitingForClients, EngineState::kCollecting},
       {EngineState::kCollecting, EngineState::kWaitingForClients},
       {EngineState::kWaitingForClients, EngineState::kEvaluating},
