@@ -178,8 +178,13 @@ void Coordinator::Core::AfterDueTimers(std::function<void()> fn) {
 bool Coordinator::Core::Fire(RunTrigger trigger, std::string_view reason, size_t cohort, std::optional<SyncKey> key) {
   const std::optional<RunTransitionRow> row = FindTransition(kRunTransitions, run_, trigger);
   if (!row.has_value()) {
-    spdlog::error("coordinator: the experiment has no transition from {} on {}: refused (a bug)", Name(run_),
-                  Name(trigger));
+    // The failure paths themselves (gave up, shut down) only log: MissingTransition ends the run through them.
+    const std::string what = fl::StrCat("the experiment has no transition from ", Name(run_), " on ", Name(trigger));
+    if (trigger == RunTrigger::kSyncGaveUp || trigger == RunTrigger::kShutdown) {
+      spdlog::critical("coordinator: {}: refused (a bug)", what);
+    } else {
+      MissingTransition(what);
+    }
     return false;
   }
   const RunState from = run_;
@@ -202,6 +207,18 @@ bool Coordinator::Core::Fire(RunTrigger trigger, std::string_view reason, size_t
     }
   }
   return true;
+}
+
+void Coordinator::Core::MissingTransition(const std::string& what) {
+  // The same policy as fl-server's round engine (docs/architecture.md, "Errors and missing transitions"): a pair
+  // the tables lack is a bug, never an island's doing. It is logged critical and the run ends as failed with the
+  // pair as its reason (islands learn it at their next call); the process is not aborted, and it does not carry
+  // on as if nothing had happened.
+  spdlog::critical("coordinator: {}: a bug", what);
+  if (Over() || Refusing()) return;  // the run has ended already
+  if (failure_.empty()) failure_ = fl::StrCat("internal error: ", what, " (a bug; see the coordinator's log)");
+  // From kRunning (or kFinished) the run fails; before the cohort formed there is no failed row: it shuts down.
+  Fire(run_ == RunState::kGatheringCohort ? RunTrigger::kShutdown : RunTrigger::kSyncGaveUp, failure_);
 }
 
 void Coordinator::Core::OnShutdown(const std::string& reason) {

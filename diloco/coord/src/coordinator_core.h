@@ -129,6 +129,9 @@ class Coordinator::Core {
 
   // ---- the run machine (coordinator_core.cc) ----
   bool Fire(RunTrigger trigger, std::string_view reason = {}, size_t cohort = 0, std::optional<SyncKey> key = {});
+  // A (state, trigger) pair one of the three tables lacks (`what` names it): logged critical, the run fails
+  // (docs/architecture.md, "Errors and missing transitions"). Every Fire calls it on a missing row.
+  void MissingTransition(const std::string& what);
   void OnShutdown(const std::string& reason);
   bool Refusing() const { return run_ == RunState::kShutDown; }
   bool Over() const { return run_ == RunState::kFinished || run_ == RunState::kFailed; }

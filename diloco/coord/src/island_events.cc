@@ -36,8 +36,8 @@ int64_t MsToNs(uint32_t ms) { return static_cast<int64_t>(ms) * 1'000'000; }
 bool Coordinator::Core::Fire(Island& island, IslandTrigger trigger, const IslandCause& cause) {
   const std::optional<IslandTransitionRow> row = FindTransition(kIslandTransitions, island.state, trigger);
   if (!row.has_value()) {
-    spdlog::error("coordinator: island '{}' has no transition from {} on {}: refused (a bug)", island.info.island_id,
-                  Name(island.state), Name(trigger));
+    MissingTransition(fl::StrCat("island '", island.info.island_id, "' has no transition from ", Name(island.state),
+                                 " on ", Name(trigger)));
     return false;
   }
   const IslandState from = island.state;

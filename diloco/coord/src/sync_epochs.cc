@@ -18,8 +18,8 @@ bool Coordinator::Core::Fire(const SyncKey& key, Sync& sync, SyncTrigger trigger
                              const EpochResolution* resolution) {
   const std::optional<SyncTransitionRow> row = FindTransition(kSyncTransitions, sync.state, trigger);
   if (!row.has_value()) {
-    spdlog::error("coordinator: sync {} has no transition from {} on {}: refused (a bug)", KeyText(key),
-                  Name(sync.state), Name(trigger));
+    MissingTransition(
+        fl::StrCat("sync ", KeyText(key), " has no transition from ", Name(sync.state), " on ", Name(trigger)));
     return false;
   }
   const SyncState from = sync.state;
