@@ -8,8 +8,6 @@
 
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
-
 #include "absl/strings/numbers.h"
 #include "fl/core/codec.h"
 #include "fl/core/codec_policy.h"
@@ -18,6 +16,7 @@
 #include "fl/core/str_cat.h"
 #include "fl/core/tensor_spec.h"
 #include "fl/proto/convert.h"
+#include "fl/server/settings.h"
 #include "fl/server/staleness.h"
 
 namespace fl::server {
@@ -47,36 +46,14 @@ absl::Status EngineConfig::Validate() const {
   auto bad = [](std::string_view flag, auto value, std::string_view allowed) {
     return absl::InvalidArgumentError(fl::StrCat("--", flag, "=", value, " is invalid: ", allowed));
   };
-  if (num_rounds == 0) return bad("rounds", num_rounds, "run at least one round");
-  if (!(fit.fraction > 0 && fit.fraction <= 1)) return bad("fraction-fit", fit.fraction, "must be in (0, 1]");
-  if (fit.min_clients == 0) return bad("min-fit-clients", fit.min_clients, "must be at least 1");
+  // The mode checks first: they say why a combination cannot work, which a bound alone would not.
+  if (absl::Status s = ValidateBuffered(); !s.ok()) return s;
+  if (absl::Status s = ValidateStragglers(); !s.ok()) return s;
+  // Every setting's own bounds and choices, from its declaration (settings.cc).
+  if (absl::Status s = CheckSettingBounds(*this); !s.ok()) return s;
+  // Checks across settings.
   if (fit.min_available < fit.min_clients) {
     return bad("min-available-clients", fit.min_available, "must be at least --min-fit-clients");
-  }
-  if (!(fraction_evaluate >= 0 && fraction_evaluate <= 1)) {
-    return bad("fraction-evaluate", fraction_evaluate, "must be in [0, 1]");
-  }
-  if (round_deadline_ms < 100) return bad("round-deadline-ms", round_deadline_ms, "must be at least 100");
-  if (evaluate_deadline_ms < 100) return bad("evaluate-deadline-ms", evaluate_deadline_ms, "must be at least 100");
-  if (max_round_attempts == 0) return bad("max-round-attempts", max_round_attempts, "must be at least 1");
-  if (upload_slots == 0) return bad("upload-slots", upload_slots, "must be at least 1");
-  if (max_model_values == 0 || max_model_values > core::kMaxSpecElements) {
-    return bad("max-model-values", max_model_values, fl::StrCat("must be in [1, ", core::kMaxSpecElements, "]"));
-  }
-  if (max_client_examples == 0 || static_cast<double>(max_client_examples) > core::kMaxUpdateWeight) {
-    return bad("max-client-examples", max_client_examples,
-               fl::StrCat("must be in [1, ", core::kMaxUpdateWeight, "] (the largest weight an aggregate takes)"));
-  }
-  if (!(max_update_value > 0 && max_update_value <= core::kMaxUpdateAbsValue)) {
-    return bad("max-update-value", max_update_value,
-               fl::StrCat("must be in (0, ", core::kMaxUpdateAbsValue, "] (the most an fp32 sum is proven to take)"));
-  }
-  if (initial_model_deadline_ms < 100) {
-    return bad("initial-model-deadline-ms", initial_model_deadline_ms, "must be at least 100");
-  }
-  if (heartbeat_interval_ms < 50) return bad("heartbeat-interval-ms", heartbeat_interval_ms, "must be at least 50");
-  if (stall_threshold_ms.has_value() && *stall_threshold_ms != 0 && *stall_threshold_ms < 100) {
-    return bad("stall-threshold-ms", *stall_threshold_ms, "must be at least 100 (0: off)");
   }
   // An honest session sends a heartbeat and a pong per interval, plus task reports: leave it room for four.
   const uint32_t min_session_rate = (4000 + heartbeat_interval_ms - 1) / heartbeat_interval_ms;
@@ -85,37 +62,12 @@ absl::Status EngineConfig::Validate() const {
                fl::StrCat("must be at least ", min_session_rate, " with --heartbeat-interval-ms=",
                           heartbeat_interval_ms, " (four messages per heartbeat interval)"));
   }
-  if (session_max_queued_messages < 16) {
-    return bad("session-max-queued-messages", session_max_queued_messages, "must be at least 16");
+  if (stall_threshold_ms.has_value() && *stall_threshold_ms != 0 && *stall_threshold_ms < 100) {
+    return bad("stall-threshold-ms", *stall_threshold_ms, "must be at least 100 (0: off)");
   }
-  if (session_hello_timeout_ms < 100) {
-    return bad("session-hello-timeout-ms", session_hello_timeout_ms, "must be at least 100");
-  }
-  if (upload_message_timeout_ms != 0 && upload_message_timeout_ms < 100) {
-    return bad("upload-message-timeout-ms", upload_message_timeout_ms, "must be at least 100 (0: off)");
-  }
-  if (download_message_timeout_ms != 0 && download_message_timeout_ms < 100) {
-    return bad("download-message-timeout-ms", download_message_timeout_ms, "must be at least 100 (0: off)");
-  }
-  for (const auto& [rate, flag] : {std::pair{join_per_s_per_peer, "join-per-s-per-peer"},
-                                   std::pair{join_per_s_per_identity, "join-per-s-per-identity"}}) {
-    if (!(rate >= 0) || !std::isfinite(rate)) return bad(flag, rate, "must be a rate >= 0 (0: off)");
-  }
-  if (join_retry_after_ms == 0 || join_retry_after_ms > 600'000) {
-    return bad("join-retry-after-ms", join_retry_after_ms, "must be in [1, 600000]");
-  }
-  if (max_chunk_bytes < 1024 || max_chunk_bytes > wire::kMaxChunkBytes) {
-    return bad("max-chunk-bytes", max_chunk_bytes, fl::StrCat("must be in [1024, ", wire::kMaxChunkBytes, "]"));
-  }
-  if (train.batch_size() == 0) return bad("batch-size", train.batch_size(), "must be at least 1");
-  if (!(train.learning_rate() > 0)) return bad("lr", train.learning_rate(), "must be > 0");
   if (train.local_epochs() == 0 && train.local_steps() == 0) {
     return bad("local-epochs", 0, "set --local-epochs or --local-steps to at least 1");
   }
-  if (train.optimizer() != "sgd" && train.optimizer() != "adamw") {
-    return bad("client-optimizer", train.optimizer(), "expected sgd or adamw");
-  }
-  if (train.proximal_mu() < 0) return bad("proximal-mu", train.proximal_mu(), "must be >= 0");
   for (const std::string* codec : {&uplink_codec, &downlink_codec}) {
     if (auto c = core::MakeCodec(*codec); !c.ok()) {
       return absl::InvalidArgumentError(fl::StrCat("codec '", *codec, "': ", fl::ToStd(c.status().message())));
@@ -131,8 +83,6 @@ absl::Status EngineConfig::Validate() const {
   if (auto o = core::MakeServerOptimizer(optimizer, 1); !o.ok()) {
     return absl::InvalidArgumentError(fl::StrCat("--strategy=", optimizer, ": ", fl::ToStd(o.status().message())));
   }
-  if (absl::Status s = ValidateBuffered(); !s.ok()) return s;
-  if (absl::Status s = ValidateStragglers(); !s.ok()) return s;
   return absl::OkStatus();
 }
 
@@ -241,44 +191,6 @@ absl::Status EngineConfig::ValidateStragglers() const {
   return absl::OkStatus();
 }
 
-std::string RecordedConfigJson(const EngineConfig& config) {
-  nlohmann::json cfg = {{"experiment_name", config.experiment_name},
-                        {"num_rounds", config.num_rounds},
-                        {"fraction_fit", config.fit.fraction},
-                        {"min_fit_clients", config.fit.min_clients},
-                        {"min_available_clients", config.fit.min_available},
-                        {"fraction_evaluate", config.fraction_evaluate},
-                        {"evaluate_every", config.evaluate_every},
-                        {"round_deadline_ms", config.round_deadline_ms},
-                        {"max_round_attempts", config.max_round_attempts},
-                        {"seed", config.seed},
-                        {"aggregator", config.aggregator},
-                        {"optimizer", config.optimizer},
-                        {"uplink_codec", config.uplink_codec},
-                        {"uplink_codec_policy", config.uplink_codec_policy},
-                        {"downlink_codec", config.downlink_codec},
-                        {"local_epochs", config.train.local_epochs()},
-                        {"local_steps", config.train.local_steps()},
-                        {"batch_size", config.train.batch_size()},
-                        {"learning_rate", config.train.learning_rate()},
-                        {"client_optimizer", config.train.optimizer()},
-                        {"momentum", config.train.momentum()},
-                        {"weight_decay", config.train.weight_decay()},
-                        {"proximal_mu", config.train.proximal_mu()}};
-  if (config.buffered()) {
-    cfg["aggregation"] = config.aggregation;
-    cfg["buffer_size"] = config.buffer_size;
-    cfg["concurrency"] = config.concurrency;
-    cfg["max_staleness"] = config.max_staleness;
-    cfg["staleness_weight"] = config.staleness_weight;
-  }
-  // Stragglers: only when set, so that other experiments' configurations read as before.
-  if (config.overcommit > 1.0) cfg["overcommit"] = config.overcommit;
-  if (config.folds_late_updates()) {
-    cfg["deadline_policy"] = config.deadline_policy;
-    cfg["late_discount"] = config.late_discount;
-  }
-  return cfg.dump();
-}
+// RecordedConfigJson comes from the table of settings (settings.cc).
 
 }  // namespace fl::server

@@ -32,6 +32,7 @@
 #include "fl/server/resume_plan.h"
 #include "fl/server/round_engine.h"
 #include "fl/server/service.h"
+#include "fl/server/settings.h"
 #include "fl/rpc/grpc_server.h"
 #include "fl/rpc/process.h"
 #include "fl/server/strategy.h"
@@ -123,229 +124,83 @@ int main(int argc, char** argv) {
   app.add_option("--mode", mode, "fl: federated rounds; islands: runs fl-coordinator (an alias; fl-coordinator --help)")
       ->check(CLI::IsMember({"fl", "islands"}))
       ->capture_default_str();
-  EngineConfig config;
+  // Every setting of the run is declared once (fl/server/settings.h): its option, in its group, comes from there.
+  fl::server::SettingFlags setting_flags;
+  fl::server::AddSettingOptions(app, setting_flags);
+  std::string manifest_path;
   std::string listen = "0.0.0.0:50051";
   std::string db_path = "fl-records.db";
   std::string port_file;
-  std::string strategy = "fedavg";
   std::string initial_model;
   std::string log_level = "info";
   bool resume = false;
-  uint32_t local_epochs = 1, local_steps = 0, batch_size = 32;
-  double lr = 0.05, momentum = 0.0, weight_decay = 0.0, proximal_mu = 0.0;
-  std::string client_optimizer = "sgd";
 
-  app.add_option("--listen", listen, "Address to serve gRPC on; port 0 picks a free port")->capture_default_str();
-  app.add_option("--port-file", port_file, "Write the bound port to this file once listening");
-  app.add_option("--db", db_path, "SQLite records database (created if missing); empty: no records")
+  CLI::Option_group* process = app.add_option_group("Server process");
+  process
+      ->add_option("--manifest", manifest_path,
+                   "Read the run's settings from an experiment manifest (its server:, training:, codecs: and seed "
+                   "keys; docs/manifests.md); a flag may repeat a setting the manifest gives only with the same value")
+      ->check(CLI::ExistingFile);
+  process->add_option("--listen", listen, "Address to serve gRPC on; port 0 picks a free port")->capture_default_str();
+  process->add_option("--port-file", port_file, "Write the bound port to this file once listening");
+  process->add_option("--db", db_path, "SQLite records database (created if missing); empty: no records")
       ->capture_default_str();
-  app.add_option("--experiment-name", config.experiment_name, "Name recorded with the experiment")
-      ->capture_default_str();
-  app.add_option("--experiment-id", config.experiment_id,
-                 "Experiment id (default: generated; with --resume: which one)");
-  app.add_option("--rounds", config.num_rounds, "Number of rounds to commit")->capture_default_str();
-  app.add_option("--strategy", strategy,
-                 "fedavg, fedprox, fedavgm, fedadam, fedyogi, fedadagrad, fedmedian, fedtrimmedavg[:beta], nesterov; "
-                 "optimizer options after a colon, e.g. fedadam:lr=0.03,tau=1e-3")
-      ->capture_default_str();
-  app.add_option("--fraction-fit", config.fit.fraction, "Fraction of connected clients asked to train")
-      ->capture_default_str();
-  app.add_option("--min-fit-clients", config.fit.min_clients,
-                 "Fewest clients to select, and fewest accepted updates for a round to commit")
-      ->capture_default_str();
-  app.add_option("--min-available-clients", config.fit.min_available, "Clients that must be connected to start a round")
-      ->capture_default_str();
-  app.add_option("--fraction-evaluate", config.fraction_evaluate, "Fraction of clients asked to evaluate; 0: none")
-      ->capture_default_str();
-  app.add_option("--min-evaluate-clients", config.min_evaluate_clients, "Fewest clients asked to evaluate")
-      ->capture_default_str();
-  app.add_option("--evaluate-every", config.evaluate_every, "Evaluate after every k-th round (and the last); 0: never")
-      ->capture_default_str();
-  app.add_option("--round-deadline-ms", config.round_deadline_ms, "Time from dispatch for updates to arrive")
-      ->capture_default_str();
-  app.add_option("--evaluate-deadline-ms", config.evaluate_deadline_ms, "Time from dispatch for evaluations")
-      ->capture_default_str();
-  // Stragglers (docs/round-engine.md, "Over-commitment and deadline policies").
-  app.add_option("--overcommit", config.overcommit,
-                 "Over-commitment: select ceil(F x K) clients, commit with the first K updates and cancel the rest "
-                 "(F >= 1; 1 = off)")
-      ->capture_default_str();
-  app.add_option("--deadline-policy", config.deadline_policy,
-                 "An update after its round committed: drop (recorded late) or fold (folded into the next round's "
-                 "aggregate with weight n x (1 + tau)^-a, a = --late-discount)")
-      ->capture_default_str();
-  app.add_option("--late-discount", config.late_discount,
-                 "a of --deadline-policy fold: a late update's weight is n x (1 + tau)^-a, tau = model versions late "
-                 "(0 = no discount)")
-      ->capture_default_str();
-  app.add_option("--max-round-attempts", config.max_round_attempts,
-                 "Attempts at a round (too few updates by the deadline) before the experiment fails")
-      ->capture_default_str();
-  app.add_option("--seed", config.seed, "Seed of client selection and of the clients' data order")
-      ->capture_default_str();
-  app.add_option("--local-epochs", local_epochs, "Local epochs per round (ignored when --local-steps > 0)")
-      ->capture_default_str();
-  app.add_option("--local-steps", local_steps, "Local optimizer steps per round; 0: use --local-epochs")
-      ->capture_default_str();
-  app.add_option("--batch-size", batch_size, "Clients' mini-batch size")->capture_default_str();
-  app.add_option("--lr", lr, "Clients' learning rate")->capture_default_str();
-  app.add_option("--client-optimizer", client_optimizer, "Clients' optimizer: sgd or adamw")->capture_default_str();
-  app.add_option("--momentum", momentum, "Clients' SGD momentum")->capture_default_str();
-  app.add_option("--weight-decay", weight_decay, "Clients' weight decay")->capture_default_str();
-  app.add_option("--proximal-mu", proximal_mu, "FedProx proximal coefficient mu (with --strategy fedprox)")
-      ->capture_default_str();
-  app.add_option("--uplink-codec", config.uplink_codec,
-                 "Codec of client updates: fp32, fp16, bf16, int8, int4, fp4, sign1")
-      ->capture_default_str();
-  app.add_option("--uplink-codec-policy", config.uplink_codec_policy,
-                 "Uplink codec per client (docs/stragglers.md): by-link:5g=int4,wifi=int8,ethernet=fp32,default=fp32 "
-                 "or by-rate:0=int4,2e6=int8,2e7=fp32,default=fp32 (bytes/s the server measured from the client's "
-                 "last upload); empty: every client --uplink-codec");
-  app.add_option("--downlink-codec", config.downlink_codec, "Codec of model downloads")->capture_default_str();
-  app.add_option("--upload-slots", config.upload_slots, "Updates buffered at once (bounds server memory)")
-      ->capture_default_str();
-  app.add_option("--heartbeat-interval-ms", config.heartbeat_interval_ms, "Client heartbeat interval")
-      ->capture_default_str();
-  // Limits that keep one client from slowing the others (docs/round-engine.md, "Limits").
-  app.add_option("--session-max-messages-per-s", config.session_max_messages_per_s,
-                 "Messages a client may send on its session per second (bursts up to twice that); a session "
-                 "over it is closed with RESOURCE_EXHAUSTED. At least 4 per heartbeat interval")
-      ->capture_default_str();
-  app.add_option("--session-max-queued-messages", config.session_max_queued_messages,
-                 "Server messages that may wait for a client that does not read its session; one more closes "
-                 "the session with RESOURCE_EXHAUSTED")
-      ->capture_default_str();
-  app.add_option("--session-hello-timeout-ms", config.session_hello_timeout_ms,
-                 "A Session stream that has not sent its SessionHello by then is closed with DEADLINE_EXCEEDED")
-      ->capture_default_str();
-  app.add_option("--upload-min-bytes-per-s", config.upload_min_bytes_per_s,
-                 "An upload holding a slot must average at least this rate (checked after --upload-rate-grace-ms), "
-                 "or it loses its slot with RESOURCE_EXHAUSTED; 0: off")
-      ->capture_default_str();
-  app.add_option("--upload-rate-grace-ms", config.upload_rate_grace_ms,
-                 "Time an upload holds its slot before its rate is checked")
-      ->capture_default_str();
-  app.add_option("--upload-message-timeout-ms", config.upload_message_timeout_ms,
-                 "An upload holding a slot that sends no message for this long loses its slot with "
-                 "DEADLINE_EXCEEDED (a stopped or stalled client); an upload that sends no header for this long "
-                 "is cut off too; 0: off")
-      ->capture_default_str();
-  app.add_option("--download-message-timeout-ms", config.download_message_timeout_ms,
-                 "A model download whose next chunk the client does not read for this long is cancelled; 0: off")
-      ->capture_default_str();
-  // Fleet limits (docs/round-engine.md, "Fleets and overload").
-  app.add_option("--max-sessions", config.max_sessions,
-                 "Clients holding a session (or admitted and about to open one) at once; more Joins are refused "
-                 "RESOURCE_EXHAUSTED with a retry-after. 0: a quarter of physical memory at 64 KiB a session")
-      ->capture_default_str();
-  app.add_option("--max-engine-queue", config.max_engine_queue,
-                 "Events waiting for the round engine above which new Joins are shed (RESOURCE_EXHAUSTED with a "
-                 "retry-after); 0: never shed")
-      ->capture_default_str();
-  app.add_option("--join-retry-after-ms", config.join_retry_after_ms,
-                 "The retry-after of a shed or over-limit Join (ErrorDetail hint, trailing metadata retry-after-ms)")
-      ->capture_default_str();
-  // Abuse limits per peer address and per certificate identity (docs/security.md, "Abuse limits"); 0: off.
-  app.add_option("--join-per-s-per-peer", config.join_per_s_per_peer,
-                 "Joins per second one address may make (bursts of twice that); more are refused RESOURCE_EXHAUSTED")
-      ->capture_default_str();
-  app.add_option("--join-per-s-per-identity", config.join_per_s_per_identity,
-                 "Joins per second one client certificate may make (mutual TLS; bursts of five)")
-      ->capture_default_str();
-  app.add_option("--max-sessions-per-peer", config.max_sessions_per_peer,
-                 "Session streams open at once from one address")
-      ->capture_default_str();
-  app.add_option("--max-sessions-per-identity", config.max_sessions_per_identity,
-                 "Session streams open at once with one client certificate (mutual TLS)")
-      ->capture_default_str();
-  app.add_option("--max-uploads-per-peer", config.max_uploads_per_peer, "Uploads open at once from one address")
-      ->capture_default_str();
-  app.add_option("--max-uploads-per-identity", config.max_uploads_per_identity,
-                 "Uploads open at once with one client certificate (mutual TLS)")
-      ->capture_default_str();
-  // Bounds on what clients declare and report (docs/round-engine.md, "Limits on what clients send").
-  app.add_option("--max-model-values", config.max_model_values,
-                 "Largest model (parameters and buffers) a first client may declare; a bigger spec is refused at "
-                 "Join naming this flag (the default, 2^29, is 2 GiB of fp32)")
-      ->capture_default_str();
-  app.add_option("--max-client-examples", config.max_client_examples,
-                 "Most train or test examples one client may declare at Join; an update's weight is bounded by "
-                 "what its client declared (or --local-steps x --batch-size) and by this")
-      ->capture_default_str();
-  app.add_option("--initial-model-deadline-ms", config.initial_model_deadline_ms,
-                 "Time the client asked for the initial model has to upload it; then another connected client "
-                 "is asked (logged, and recorded as the first one's left_reason)")
-      ->capture_default_str();
-  app.add_option("--clip-update-norm", config.clip_update_norm,
-                 "Bound on each update's L2 norm (float tensors): off, median (the median norm of the round's "
-                 "updates; only fedmedian/fedtrimmedavg) or a number; an update above it is scaled down to it. "
-                 "Default: median for fedmedian and fedtrimmedavg, off otherwise");
-  app.add_option("--max-update-value", config.max_update_value,
-                 "Largest |value| an update (a pseudo-gradient) may carry when no update norm bound is in effect "
-                 "(--clip-update-norm off, the default of fedavg & co.); an update with a larger one is rejected "
-                 "naming the tensor, element and value (at most 2^64)")
-      ->capture_default_str();
-  app.add_option("--aggregation", config.aggregation,
-                 "synchronous (rounds) or buffered (FedBuff: --concurrency clients train on the newest model, an "
-                 "aggregation step every --buffer-size updates; --rounds counts steps; docs/round-engine.md)")
-      ->capture_default_str();
-  app.add_option("--buffer-size", config.buffer_size, "Buffered: updates per aggregation step")->capture_default_str();
-  app.add_option("--concurrency", config.concurrency, "Buffered: clients training at once")->capture_default_str();
-  app.add_option("--max-staleness", config.max_staleness,
-                 "Buffered: an update trained from a model more versions behind than this is refused")
-      ->capture_default_str();
-  app.add_option("--staleness-weight", config.staleness_weight,
-                 "Buffered: weight s(tau) of an update tau versions behind: constant, or poly:a=A (1/(1+tau)^A)")
-      ->capture_default_str();
-  app.add_option("--checkpoint-dir", config.checkpoint_dir, "Write a checkpoint per committed round here");
-  app.add_option("--keep-checkpoints", config.keep_checkpoints, "Checkpoints kept")->capture_default_str();
-  app.add_option("--initial-model", initial_model,
-                 "Start from this model instead of the first client's: a checkpoint file of ours, or a TorchScript "
-                 "model (PATH.pt, exported with torch.jit.script/trace; its parameters and buffers, read without "
-                 "LibTorch); clients must train the same model");
-  app.add_flag("--resume", resume,
-               "Continue the experiment after its last committed round (needs --db, --checkpoint-dir)");
+  process->add_option(
+      "--initial-model", initial_model,
+      "Start from this model instead of the first client's: a checkpoint file of ours, or a TorchScript "
+      "model (PATH.pt, exported with torch.jit.script/trace; its parameters and buffers, read without "
+      "LibTorch); clients must train the same model");
+  process->add_flag("--resume", resume,
+                    "Continue the experiment after its last committed round (needs --db, --checkpoint-dir)");
   std::optional<uint64_t> resume_from_round;
-  app.add_option("--resume-from-round", resume_from_round,
-                 "With --resume: start from this committed round's checkpoint instead of the last one's (when that "
-                 "one is damaged); the rounds after it are re-run and their committed records marked aborted");
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
+  process->add_option(
+      "--resume-from-round", resume_from_round,
+      "With --resume: start from this committed round's checkpoint instead of the last one's (when that "
+      "one is damaged); the rounds after it are re-run and their committed records marked aborted");
+  process->add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
   std::string metrics_addr;
-  app.add_option("--metrics-addr", metrics_addr,
-                 "Serve Prometheus metrics on /metrics at this address (e.g. 0.0.0.0:9464); empty: off");
+  process->add_option("--metrics-addr", metrics_addr,
+                      "Serve Prometheus metrics on /metrics at this address (e.g. 0.0.0.0:9464); empty: off");
   uint32_t metrics_linger_s = 0;
-  app.add_option("--metrics-linger-s", metrics_linger_s,
-                 "After the experiment ended, keep /metrics up this long so that Prometheus scrapes the final "
-                 "values (a signal ends the wait)")
+  process
+      ->add_option("--metrics-linger-s", metrics_linger_s,
+                   "After the experiment ended, keep /metrics up this long so that Prometheus scrapes the final "
+                   "values (a signal ends the wait)")
       ->capture_default_str();
   uint32_t linger_s = 10;
-  app.add_option("--linger-s", linger_s,
-                 "After the experiment finished or failed, keep answering for up to this long while some client "
-                 "that was away at the end (stopped, cut off) has not been told: its Join is answered 'experiment "
-                 "finished' and it exits instead of retrying until its give-up time; 0: exit at once")
+  process
+      ->add_option("--linger-s", linger_s,
+                   "After the experiment finished or failed, keep answering for up to this long while some client "
+                   "that was away at the end (stopped, cut off) has not been told: its Join is answered 'experiment "
+                   "finished' and it exits instead of retrying until its give-up time; 0: exit at once")
       ->capture_default_str();
   fl::rpc::ServerTls tls;
-  app.add_option("--tls-cert", tls.cert_file,
-                 "Serve mutual TLS with this server certificate (PEM, fl-provision's server/<name>.crt); needs "
-                 "--tls-key and --tls-client-ca. Without the three, fl-server refuses to start unless --insecure "
-                 "(docs/security.md)");
-  app.add_option("--tls-key", tls.key_file, "The private key of --tls-cert (PEM)");
-  app.add_option("--tls-client-ca", tls.client_ca_file,
-                 "CA certificate (PEM) that every client's certificate must chain to; a client may only Join under "
-                 "the name its certificate carries");
+  CLI::Option_group* security_group = app.add_option_group("Transport security");
+  security_group->add_option(
+      "--tls-cert", tls.cert_file,
+      "Serve mutual TLS with this server certificate (PEM, fl-provision's server/<name>.crt); needs "
+      "--tls-key and --tls-client-ca. Without the three, fl-server refuses to start unless --insecure "
+      "(docs/security.md)");
+  security_group->add_option("--tls-key", tls.key_file, "The private key of --tls-cert (PEM)");
+  security_group->add_option(
+      "--tls-client-ca", tls.client_ca_file,
+      "CA certificate (PEM) that every client's certificate must chain to; a client may only Join under "
+      "the name its certificate carries");
   std::string tls_crl;
   uint32_t tls_crl_reload_ms = 1000;
-  app.add_option("--tls-crl", tls_crl,
-                 "Certificate revocation list (PEM, fl-provision's ca/crl.pem, signed by --tls-client-ca): a revoked "
-                 "client certificate is refused at its next call and its session closed; the file is reloaded when "
-                 "it changes");
-  app.add_option("--tls-crl-reload-ms", tls_crl_reload_ms, "How often --tls-crl is checked for a change")
+  security_group->add_option(
+      "--tls-crl", tls_crl,
+      "Certificate revocation list (PEM, fl-provision's ca/crl.pem, signed by --tls-client-ca): a revoked "
+      "client certificate is refused at its next call and its session closed; the file is reloaded when "
+      "it changes");
+  security_group->add_option("--tls-crl-reload-ms", tls_crl_reload_ms, "How often --tls-crl is checked for a change")
       ->capture_default_str()
       ->check(CLI::Range(50u, 3'600'000u));
   bool insecure = false;
-  app.add_flag("--insecure", insecure,
-               "Serve plaintext gRPC without any TLS flag: anyone who reaches --listen can join under any name and "
-               "read the model. Only for a trusted network or a test");
+  security_group->add_flag(
+      "--insecure", insecure,
+      "Serve plaintext gRPC without any TLS flag: anyone who reaches --listen can join under any name and "
+      "read the model. Only for a trusted network or a test");
   CLI11_PARSE(app, argc, argv);
 
   absl::StatusOr<std::optional<fl::rpc::ServerTls>> security =
@@ -362,16 +217,16 @@ int main(int argc, char** argv) {
 
   spdlog::set_default_logger(spdlog::stderr_color_mt("fl-server"));
   spdlog::set_level(spdlog::level::from_str(log_level));
+  // The settings: a manifest's, then the flags' (a flag that repeats a manifest's setting with another value is
+  // refused naming both), on the declared defaults; then checked as a whole.
+  absl::StatusOr<EngineConfig> settings = fl::server::ResolveSettings(setting_flags, manifest_path);
+  if (!settings.ok()) {
+    std::cerr << "fl-server: " << settings.status().message() << "\n";
+    return 2;
+  }
+  EngineConfig config = *std::move(settings);
   config.software_version = FL_VERSION;
-  config.train.set_local_epochs(local_epochs);
-  config.train.set_local_steps(local_steps);
-  config.train.set_batch_size(batch_size);
-  config.train.set_learning_rate(lr);
-  config.train.set_optimizer(client_optimizer);
-  config.train.set_momentum(momentum);
-  config.train.set_weight_decay(weight_decay);
-  config.train.set_proximal_mu(proximal_mu);
-  if (absl::Status s = fl::server::ResolveStrategy(strategy, &config); !s.ok()) {
+  if (absl::Status s = fl::server::ResolveStrategy(config.strategy, &config); !s.ok()) {
     std::cerr << "fl-server: " << s.message() << "\n";
     return 2;
   }

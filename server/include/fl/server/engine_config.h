@@ -27,7 +27,9 @@ struct EngineConfig {
   uint32_t evaluate_deadline_ms = 60000;
   uint32_t max_round_attempts = 3;  // a round failed this often ends the experiment as failed
   uint64_t seed = 0;
-  fl::v1::TrainConfig train;              // sent with every train task
+  fl::v1::TrainConfig train;  // sent with every train task
+  // fl-server --strategy (ResolveStrategy sets aggregator and optimizer from it); recorded with the experiment.
+  std::string strategy = "fedavg";
   std::string aggregator = "mean";        // core::MakeAggregator name
   std::string optimizer = "fedavg";       // core::MakeServerOptimizer spec, e.g. "fedadam:lr=0.03"
   std::string uplink_codec = "fp32";      // core::MakeCodec spec for client updates (deltas)
@@ -123,14 +125,17 @@ struct EngineConfig {
   // The norm bound in effect (clip_update_norm, or the aggregator's default); errors name the flag.
   absl::StatusOr<core::NormClip> UpdateNormClip() const;
 
-  // Checks ranges and parses the codec/aggregator/optimizer names; errors name the flag and the value.
+  // Checks every setting's bounds (its declaration in settings.cc), the checks across settings, and parses the
+  // codec/aggregator/optimizer names; errors name the flag and the value.
   absl::Status Validate() const;
 };
 
 // The default of EngineConfig::max_sessions: a quarter of physical memory at kSessionBudgetBytes a session.
 uint32_t DefaultMaxSessions();
 
-// The settings that change what a run does, as the JSON recorded with the experiment (experiments.config_json).
+// The settings that change what a run does, as the JSON recorded with the experiment (experiments.config_json):
+// every setting of the table (settings.h) that is recorded, and the aggregator and optimizer the strategy resolved
+// to. Its reader is ConfigFromRecordedJson (settings.h).
 std::string RecordedConfigJson(const EngineConfig& config);
 
 }  // namespace fl::server
