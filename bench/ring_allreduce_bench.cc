@@ -52,7 +52,7 @@
 #include <vector>
 
 #include "fl/core/str_cat.h"
-#include "fl/diloco/ring_allreduce.h"
+#include "fl/diloco/net/ring_allreduce.h"
 #include "ratio_reporter.h"
 
 namespace {

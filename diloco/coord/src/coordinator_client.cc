@@ -1,4 +1,4 @@
-#include "fl/diloco/coordinator_client.h"
+#include "fl/diloco/coord/coordinator_client.h"
 
 #include <algorithm>
 #include <cctype>

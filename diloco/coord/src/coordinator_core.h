@@ -25,10 +25,10 @@
 
 #include "absl/base/thread_annotations.h"
 #include "coordinator_wire.h"
-#include "fl/diloco/coordinator.h"
-#include "fl/diloco/coordinator_events.h"
-#include "fl/diloco/coordinator_observer.h"
-#include "fl/diloco/coordinator_states.h"
+#include "fl/diloco/coord/coordinator.h"
+#include "fl/diloco/coord/coordinator_events.h"
+#include "fl/diloco/coord/coordinator_observer.h"
+#include "fl/diloco/coord/coordinator_states.h"
 #include "fl/proto/convert.h"
 #include "fl/rpc/event_loop.h"
 

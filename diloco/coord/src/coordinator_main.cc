@@ -17,7 +17,7 @@
 #include "fl/core/log_format.h"
 
 #include "fl/core/str_cat.h"
-#include "fl/diloco/coordinator.h"
+#include "fl/diloco/coord/coordinator.h"
 #include "fl/instrumentation/island_metrics.h"
 #include "fl/instrumentation/island_records.h"
 #include "fl/instrumentation/record_store.h"

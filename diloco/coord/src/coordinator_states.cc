@@ -1,8 +1,8 @@
 // Names of the coordinator's states, triggers, effects and outcomes: the spelling of the docs' tables, the
 // logs, and (for outcomes and verdicts) the records and metrics, which must not change.
-#include "fl/diloco/coordinator_states.h"
+#include "fl/diloco/coord/coordinator_states.h"
 
-#include "fl/diloco/coordinator_observer.h"
+#include "fl/diloco/coord/coordinator_observer.h"
 
 namespace fl::diloco {
 

@@ -1,7 +1,7 @@
 // Conversions between the islands' C++ types (coordinator_client.h) and fl.v1 islands.proto messages.
 #pragma once
 
-#include "fl/diloco/coordinator_client.h"
+#include "fl/diloco/coord/coordinator_client.h"
 #include "fl/v1/islands.pb.h"
 
 namespace fl::diloco {

@@ -1,4 +1,4 @@
-#include "fl/diloco/state_transfer.h"
+#include "fl/diloco/coord/state_transfer.h"
 
 #include <algorithm>
 #include <chrono>

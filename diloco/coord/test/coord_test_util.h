@@ -13,9 +13,9 @@
 #include <gtest/gtest.h>
 
 #include "fl/core/str_cat.h"
-#include "fl/diloco/coordinator.h"
-#include "fl/diloco/coordinator_client.h"
-#include "fl/diloco/state_transfer.h"
+#include "fl/diloco/coord/coordinator.h"
+#include "fl/diloco/coord/coordinator_client.h"
+#include "fl/diloco/coord/state_transfer.h"
 #include "fl/rpc/clock.h"
 
 namespace fl::diloco::testing {

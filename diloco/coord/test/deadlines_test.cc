@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "fl/core/str_cat.h"
-#include "fl/diloco/coordinator.h"
+#include "fl/diloco/coord/coordinator.h"
 #include "fl/rpc/clock.h"
 
 namespace fl::diloco {

@@ -10,7 +10,7 @@
 
 #include <gtest/gtest.h>
 
-#include "fl/diloco/coordinator_states.h"
+#include "fl/diloco/coord/coordinator_states.h"
 
 namespace fl::diloco {
 namespace {

@@ -2,7 +2,7 @@
 // for every combination of GPU count and NCCL without a GPU; ProbeDeviceFacts (island_runtime.cc)
 // supplies the real facts.
 #include "fl/core/str_cat.h"
-#include "fl/diloco/island.h"
+#include "fl/diloco/island/island.h"
 
 namespace fl::diloco {
 

@@ -1,4 +1,4 @@
-#include "fl/diloco/exchange.h"
+#include "fl/diloco/island/exchange.h"
 
 #include <chrono>
 #include <utility>

@@ -3,8 +3,8 @@
 
 #include "fl/core/codec.h"
 #include "fl/core/str_cat.h"
-#include "fl/diloco/island.h"
-#include "fl/diloco/ring_allreduce.h"
+#include "fl/diloco/island/island.h"
+#include "fl/diloco/net/ring_allreduce.h"
 #include "fl/pki/pki.h"
 
 namespace fl::diloco {

@@ -27,10 +27,10 @@
 #include "fl/core/checksum.h"
 #include "fl/core/log_format.h"
 #include "fl/core/str_cat.h"
-#include "fl/diloco/coordinator_client.h"
-#include "fl/diloco/exchange.h"
-#include "fl/diloco/island.h"
-#include "fl/diloco/state_transfer.h"
+#include "fl/diloco/coord/coordinator_client.h"
+#include "fl/diloco/island/exchange.h"
+#include "fl/diloco/island/island.h"
+#include "fl/diloco/coord/state_transfer.h"
 #include "train_task.h"
 
 namespace fl::diloco {

@@ -1,12 +1,12 @@
 // fl-island: one rank of one island (DiLoCo / Streaming DiLoCo / the data-parallel baseline).
-// See docs/diloco.md and fl/diloco/island.h.
+// See docs/diloco.md and fl/diloco/island/island.h.
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
 #include <iostream>
 
 #include "fl/core/log_format.h"
-#include "fl/diloco/island.h"
+#include "fl/diloco/island/island.h"
 
 int main(int argc, char** argv) {
   fl::diloco::IslandOptions o;

@@ -1,4 +1,4 @@
-#include "fl/diloco/outer_state.h"
+#include "fl/diloco/island/outer_state.h"
 
 #include <cmath>
 #include <cstring>

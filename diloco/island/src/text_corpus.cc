@@ -1,4 +1,4 @@
-#include "fl/diloco/text_corpus.h"
+#include "fl/diloco/island/text_corpus.h"
 
 #include <algorithm>
 #include <array>

@@ -10,7 +10,7 @@
 #include "fl/data/deterministic_random.h"
 #include "fl/data/fashion_mnist.h"
 #include "fl/data/partition.h"
-#include "fl/diloco/text_corpus.h"
+#include "fl/diloco/island/text_corpus.h"
 
 namespace fl::diloco {
 namespace {

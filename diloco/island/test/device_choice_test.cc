@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "fl/diloco/island.h"
+#include "fl/diloco/island/island.h"
 
 namespace fl::diloco {
 namespace {

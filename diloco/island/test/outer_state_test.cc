@@ -1,7 +1,7 @@
 // The arithmetic of the outer loop on known values: the Streaming DiLoCo schedule (which fragment syncs at
 // which step, apply = send + tau), the mixing formula, the Nesterov outer step through the core optimizer
 // against a hand computation, and the state image / hash that islands compare.
-#include "fl/diloco/outer_state.h"
+#include "fl/diloco/island/outer_state.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // The fortunes corpus: entries split at "%" lines, a deterministic vocabulary, a deterministic split and
 // contiguous shards; checked on a small directory the test writes, and on the installed package.
-#include "fl/diloco/text_corpus.h"
+#include "fl/diloco/island/text_corpus.h"
 
 #include <gtest/gtest.h>
 

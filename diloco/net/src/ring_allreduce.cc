@@ -26,7 +26,7 @@
 // waits before it returns until ZeroMQ has released every such buffer (ZeroCopyTracker); if the successor
 // stops reading, the push sockets are closed with linger 0 (which releases them) and reconnected.
 #include "absl/base/thread_annotations.h"
-#include "fl/diloco/ring_allreduce.h"
+#include "fl/diloco/net/ring_allreduce.h"
 
 #include <malloc.h>
 
@@ -49,7 +49,7 @@
 #include "fl/core/checksum.h"
 #include "fl/core/codec.h"
 #include "fl/core/str_cat.h"
-#include "fl/diloco/ring_wire.h"
+#include "fl/diloco/net/ring_wire.h"
 #include "ring_curve.h"
 #include "ring_kernels.h"
 

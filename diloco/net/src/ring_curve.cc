@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "fl/core/str_cat.h"
-#include "fl/diloco/ring_allreduce.h"
+#include "fl/diloco/net/ring_allreduce.h"
 
 namespace fl::diloco {
 

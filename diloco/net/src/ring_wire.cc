@@ -1,4 +1,4 @@
-#include "fl/diloco/ring_wire.h"
+#include "fl/diloco/net/ring_wire.h"
 
 #include <bit>
 #include <cstring>

@@ -1,5 +1,5 @@
 // Ring all-reduce results: real members over loopback ZeroMQ, one thread each, against a naive reference.
-#include "fl/diloco/ring_allreduce.h"
+#include "fl/diloco/net/ring_allreduce.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // Ring all-reduce failures: bad options, a vanished or silent peer, stale and malformed messages. Every
 // failed exchange must leave the caller's values exactly as they were.
-#include "fl/diloco/ring_allreduce.h"
+#include "fl/diloco/net/ring_allreduce.h"
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>

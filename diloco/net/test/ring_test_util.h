@@ -17,8 +17,8 @@
 #include <zmq.hpp>
 
 #include "fl/core/str_cat.h"
-#include "fl/diloco/ring_allreduce.h"
-#include "fl/diloco/ring_wire.h"
+#include "fl/diloco/net/ring_allreduce.h"
+#include "fl/diloco/net/ring_wire.h"
 #include "fl/testing/subprocess.h"
 
 namespace fl::diloco::testing {

@@ -12,8 +12,8 @@
 #include <string_view>
 #include <vector>
 
-#include "fl/diloco/coordinator_client.h"
-#include "fl/diloco/coordinator_states.h"
+#include "fl/diloco/coord/coordinator_client.h"
+#include "fl/diloco/coord/coordinator_states.h"
 
 namespace fl::diloco {
 

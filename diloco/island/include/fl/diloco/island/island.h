@@ -29,7 +29,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "fl/diloco/outer_state.h"
+#include "fl/diloco/island/outer_state.h"
 
 namespace fl::diloco {
 

@@ -55,7 +55,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "fl/diloco/ring_allreduce.h"  // fl::diloco::RingMember {id, endpoint}
+#include "fl/diloco/net/ring_allreduce.h"  // fl::diloco::RingMember {id, endpoint}
 #include "fl/rpc/tls.h"
 
 namespace fl::diloco {

@@ -37,9 +37,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "fl/diloco/coordinator_client.h"
-#include "fl/diloco/coordinator_events.h"
-#include "fl/diloco/coordinator_observer.h"
+#include "fl/diloco/coord/coordinator_client.h"
+#include "fl/diloco/coord/coordinator_events.h"
+#include "fl/diloco/coord/coordinator_observer.h"
 #include "fl/rpc/clock.h"
 #include "fl/rpc/tls.h"
 

@@ -24,8 +24,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "fl/diloco/coordinator_client.h"
-#include "fl/diloco/ring_allreduce.h"
+#include "fl/diloco/coord/coordinator_client.h"
+#include "fl/diloco/net/ring_allreduce.h"
 
 namespace fl::diloco {
 

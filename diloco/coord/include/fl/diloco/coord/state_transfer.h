@@ -29,7 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "fl/diloco/coordinator_client.h"
+#include "fl/diloco/coord/coordinator_client.h"
 #include "fl/rpc/tls.h"
 
 namespace fl::diloco {
