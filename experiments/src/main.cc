@@ -129,7 +129,7 @@ void FollowProgress(const fl::experiment::Manifest& manifest, fl::experiment::Ru
     *last = now;
     if (follower == nullptr) {
       follower = std::make_unique<fl::report::ProgressFollower>(options.db_path, experiment_id,
-                                                                static_cast<int64_t>(manifest.server.rounds));
+                                                                static_cast<int64_t>(manifest.settings.num_rounds));
     }
     for (const std::string& line : follower->Poll()) std::printf("%s\n", line.c_str());
     std::fflush(stdout);
@@ -146,7 +146,7 @@ int RunAndReport(const fl::experiment::Manifest& manifest, fl::experiment::RunOp
   if (options.on_tick) {  // what the last second added (or all of a run shorter than a second)
     if (follower == nullptr) {
       follower = std::make_unique<fl::report::ProgressFollower>(options.db_path, r->experiment_id,
-                                                                static_cast<int64_t>(manifest.server.rounds));
+                                                                static_cast<int64_t>(manifest.settings.num_rounds));
     }
     for (const std::string& line : follower->Poll()) std::printf("%s\n", line.c_str());
   }

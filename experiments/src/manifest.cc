@@ -22,7 +22,6 @@ namespace fs = std::filesystem;
 using config::YamlMap;
 using Server = Manifest::Server;
 using Training = Manifest::Training;
-using Codecs = Manifest::Codecs;
 using Emulation = Manifest::Emulation;
 using Security = Manifest::Security;
 
@@ -118,88 +117,40 @@ absl::StatusOr<DeviceProfile> ParseDeviceProfile(const YamlMap& m, const std::st
   return d;
 }
 
-// server.strategy as a map: {name: fedadam, options: {lr: 0.03, tau: 0.001}} -> "fedadam:lr=0.03,tau=0.001".
-struct StrategySpec {
-  std::string name;
-  std::string options;  // "lr=0.03,tau=0.001"
-};
-
-const config::FieldTable<StrategySpec>& StrategyFields() {
-  static const auto& table = *new config::FieldTable<StrategySpec>{
-      config::StringField("name", &StrategySpec::name).Required(),
-      config::CustomField<StrategySpec>(
-          "options",
-          [](const YamlMap& m, const std::string& key, StrategySpec& spec) -> absl::Status {
-            absl::StatusOr<std::optional<YamlMap>> options =
-                m.Map(key, "a map of option names to numbers, such as {lr: 0.03, tau: 0.001}");
-            if (!options.ok()) return options.status();
-            const YAML::Node n = (*options)->node();
-            for (auto it = n.begin(); it != n.end(); ++it) {
-              absl::StatusOr<std::optional<double>> v = (*options)->Number(it->first.Scalar(), -1e12, 1e12);
-              if (!v.ok()) return v.status();
-              spec.options = fl::StrCat(spec.options, spec.options.empty() ? "" : ",", it->first.Scalar(), "=",
-                                        it->second.Scalar());
-            }
-            return absl::OkStatus();
-          }),
-  };
-  return table;
-}
-
-absl::Status ReadStrategy(const YamlMap& m, const std::string& key, Server& s) {
-  if (m.Node(key).IsScalar()) {
-    s.strategy = m.Node(key).Scalar();
-    return absl::OkStatus();
+// The fl-server settings of a section ("server", "training", "codecs"; "" = the manifest's own keys), generated from
+// their declarations (fl/server/settings.h): each reads its key into `sink` (nullptr: tables used for their keys
+// only), converted to fl-server's unit and checked against its bounds, in the same words as fl-server's.
+template <typename T>
+std::vector<config::Field<T>> SettingFields(std::string_view section, server::EngineConfig* sink) {
+  std::vector<config::Field<T>> fields;
+  for (const server::Setting& s : server::Settings()) {
+    if (s.manifest.empty()) continue;
+    std::string_view path = s.manifest;
+    if (section.empty()) {
+      if (path.find('.') != std::string_view::npos) continue;
+    } else {
+      if (!(path.size() > section.size() && path.starts_with(section) && path[section.size()] == '.')) continue;
+      path.remove_prefix(section.size() + 1);
+    }
+    const server::Setting* setting = &s;
+    config::Field<T> f = config::CustomField<T>(
+        std::string(path), [setting, sink](const YamlMap& m, const std::string& key, T&) -> absl::Status {
+          absl::StatusOr<std::optional<std::string>> v = server::ReadSettingYaml(m, key, *setting);
+          if (!v.ok()) return v.status();
+          if (v->has_value() && sink != nullptr) setting->set(*sink, **v);
+          return absl::OkStatus();
+        });
+    f.allowed = setting->Describe();
+    if (s.manifest_required) f.Required();
+    fields.push_back(std::move(f));
   }
-  absl::StatusOr<std::optional<YamlMap>> map =
-      m.Map(key, fl::StrCat("a strategy in fl-server --strategy syntax, or ", StrategyFields().Describe()));
-  if (!map.ok()) return map.status();
-  StrategySpec spec;
-  FL_RETURN_IF_ERROR(StrategyFields().Read(**map, spec));
-  s.strategy = spec.options.empty() ? spec.name : fl::StrCat(spec.name, ":", spec.options);
-  return absl::OkStatus();
+  return fields;
 }
 
-// server.uplink_codec_policy: checked with fl-server's own parser, so that a bad spec is refused with its line
-// before anything starts.
-absl::Status ReadUplinkCodecPolicy(const YamlMap& m, const std::string& key, Server& s) {
-  absl::StatusOr<std::optional<std::string>> v = m.Parsed<std::string>(
-      key, "an uplink codec policy",
-      [](std::string_view text) -> absl::StatusOr<std::string> {
-        if (auto p = core::ParseCodecPolicy(text, "fp32"); !p.ok()) return p.status();
-        return std::string(text);
-      },
-      "fixed, by-link:KIND=CODEC,...,default=CODEC or by-rate:BYTES_PER_S=CODEC,...,default=CODEC");
-  if (!v.ok()) return v.status();
-  if (v->has_value()) s.uplink_codec_policy = **v;
-  return absl::OkStatus();
-}
-
-const config::FieldTable<Server>& ServerFields() {
-  static const auto& table = *new config::FieldTable<Server>{
-      config::CustomField<Server>("strategy", ReadStrategy, &Server::strategy),
-      config::IntField("rounds", &Server::rounds, 1, 1'000'000).Required(),
-      config::NumberField("round_deadline_s", &Server::round_deadline_s, {0.001, 1e7}),
-      config::NumberField("selection.fraction_fit", &Server::fraction_fit, {0.0, 1.0}),
-      config::IntField("selection.min_fit_clients", &Server::min_fit_clients, 1, 1'000'000),
-      config::IntField("selection.min_available_clients", &Server::min_available_clients, 1, 1'000'000),
-      config::IntField("evaluation.every", &Server::evaluate_every, 0, 1'000'000).Recorded("evaluate_every"),
-      config::NumberField("evaluation.fraction", &Server::fraction_evaluate, {0.0, 1.0}).Recorded("fraction_evaluate"),
-      config::IntField("max_round_attempts", &Server::max_round_attempts, 1, 1000),
-      config::StringField("metrics_addr", &Server::metrics_addr).NewInRecords(),
-      config::IntField("upload_slots", &Server::upload_slots, 1, 100'000).NewInRecords(),
-      config::CustomField<Server>("uplink_codec_policy", ReadUplinkCodecPolicy, &Server::uplink_codec_policy)
-          .NewInRecords(),
-      config::ChoiceField("aggregation", &Server::aggregation, {"synchronous", "buffered"}).NewInRecords(),
-      config::IntField("buffered.buffer_size", &Server::buffer_size, 1, 1'000'000).NewInRecords(),
-      config::IntField("buffered.concurrency", &Server::concurrency, 1, 1'000'000).NewInRecords(),
-      config::IntField("buffered.max_staleness", &Server::max_staleness, 1, 1'000'000).NewInRecords(),
-      config::StringField("buffered.staleness_weight", &Server::staleness_weight).NewInRecords(),
-      config::NumberField("selection.overcommit", &Server::overcommit, {1.0, 100.0}).NewInRecords(),
-      config::ChoiceField("deadline_policy", &Server::deadline_policy, {"drop", "fold"}).NewInRecords(),
-      config::NumberField("late_discount", &Server::late_discount, {0.0, 100.0}).NewInRecords(),
-  };
-  return table;
+config::FieldTable<Server> ServerFields(server::EngineConfig* sink) {
+  std::vector<config::Field<Server>> fields = SettingFields<Server>("server", sink);
+  fields.push_back(config::StringField("metrics_addr", &Server::metrics_addr).NewInRecords());
+  return config::FieldTable<Server>(std::move(fields));
 }
 
 absl::Status CheckModel(const YamlMap& m, Training& t) {
@@ -236,9 +187,9 @@ absl::Status CheckData(const YamlMap& m, Training& t) {
   return absl::OkStatus();
 }
 
-const config::FieldTable<Training>& TrainingFields() {
+config::FieldTable<Training> TrainingFields(server::EngineConfig* sink) {
   using T = Training;
-  static const auto& table = *new config::FieldTable<T>{
+  std::vector<config::Field<T>> fields = {
       config::StringField("model", &T::model).Then(CheckModel),
       config::ChoiceField<T>("dataset", nullptr, {"fashion-mnist"}),  // the only one; accepted for clarity
       config::StringField("data_dir", &T::data_dir),
@@ -261,28 +212,10 @@ const config::FieldTable<Training>& TrainingFields() {
         return m.Error(m.Node("partition"), "partition", fl::StrCat("unknown partition \"", p, "\""),
                        "iid, dirichlet:<alpha>, shards:<n>, natural");
       }),
-      config::IntField("local_epochs", &T::local_epochs, 0, 10'000),
-      config::IntField("local_steps", &T::local_steps, 0, 100'000'000).Then([](const YamlMap& m, T& t) {
-        if (t.local_epochs > 0 || t.local_steps > 0) return absl::OkStatus();
-        return m.Error(m.Node("local_epochs"), "local_epochs", "local_epochs and local_steps cannot both be 0");
-      }),
-      config::IntField("batch_size", &T::batch_size, 1, 1'000'000),
-      config::ChoiceField("optimizer", &T::optimizer, {"sgd", "adamw"}),
-      config::NumberField("lr", &T::lr, {1e-12, 100}),
-      config::NumberField("momentum", &T::momentum, {0, 0.999999}),
-      config::NumberField("weight_decay", &T::weight_decay, {0, 100}),
-      config::NumberField("proximal_mu", &T::proximal_mu, {0, 1e6}),
       config::IntField("threads", &T::threads, 0, 1024),
   };
-  return table;
-}
-
-const config::FieldTable<Codecs>& CodecFields() {
-  static const auto& table = *new config::FieldTable<Codecs>{
-      config::ChoiceField("uplink", &Codecs::uplink, {"fp32", "fp16", "bf16", "int8", "int4", "fp4", "sign1"}),
-      config::ChoiceField("downlink", &Codecs::downlink, {"fp32", "fp16", "bf16", "int8", "int4", "fp4"}),
-  };
-  return table;
+  for (config::Field<T>& f : SettingFields<T>("training", sink)) fields.push_back(std::move(f));
+  return config::FieldTable<T>(std::move(fields));
 }
 
 const config::FieldTable<Emulation>& EmulationFields() {
@@ -466,8 +399,9 @@ absl::Status ReadClients(const Where& where, const YamlMap& m, const std::string
   return absl::OkStatus();
 }
 
-config::FieldTable<Manifest> ManifestFields(const Where& where) {
-  return {
+// `sink`: where the manifest's fl-server settings go (nullptr: the table is used for its keys and records only).
+config::FieldTable<Manifest> ManifestFields(const Where& where, server::EngineConfig* sink) {
+  std::vector<config::Field<Manifest>> fields = {
       // The run's output folder is out/<name>: a name, never a path (`name: ../../..`).
       config::StringField("name", &Manifest::name).Required().Then([](const YamlMap& m, Manifest& out) -> absl::Status {
         const std::optional<std::string> why = config::WhyNotASafeName(out.name);
@@ -476,11 +410,18 @@ config::FieldTable<Manifest> ManifestFields(const Where& where) {
                        config::kSafeNameAllowed);
       }),
       config::StringField("description", &Manifest::description).NewInRecords(),
-      config::IntField("seed", &Manifest::seed, 0, INT64_MAX),
       config::RecordField("path", &Manifest::path).NewInRecords(),
-      config::SectionField("server", &Manifest::server, ServerFields()).Required(),
-      config::SectionField("training", &Manifest::training, TrainingFields()),
-      config::SectionField("codecs", &Manifest::codecs, CodecFields()),
+      config::SectionField("server", &Manifest::server, ServerFields(sink)).Required(),
+      config::SectionField("training", &Manifest::training, TrainingFields(sink)),
+      // codecs: holds fl-server settings only.
+      config::CustomField<Manifest>("codecs",
+                                    [sink](const YamlMap& m, const std::string& key, Manifest& out) -> absl::Status {
+                                      const config::FieldTable<Manifest> codecs(
+                                          SettingFields<Manifest>("codecs", sink));
+                                      absl::StatusOr<std::optional<YamlMap>> map = m.Map(key, codecs.Describe());
+                                      if (!map.ok()) return map.status();
+                                      return codecs.Read(**map, out);
+                                    }),
       config::SectionField("emulation", &Manifest::emulation, EmulationFields()),
       config::SectionField("security", &Manifest::security, SecurityFields()),
       config::CustomField<Manifest>("clients", [where](const YamlMap& m, const std::string& key,
@@ -488,6 +429,28 @@ config::FieldTable<Manifest> ManifestFields(const Where& where) {
           .Required()
           .Allowed("a non-empty list of client groups"),
   };
+  // The manifest's own settings (seed), after its description.
+  std::vector<config::Field<Manifest>> own = SettingFields<Manifest>("", sink);
+  fields.insert(fields.begin() + 2, own.begin(), own.end());
+  return config::FieldTable<Manifest>(std::move(fields));
+}
+
+// JSON of a setting's value in the manifest's unit (the resolved manifest's form: seconds for round_deadline_s).
+nlohmann::json ManifestJsonValue(const server::Setting& s, const server::EngineConfig& c) {
+  const std::string text = s.get(c);
+  if (s.type == server::SettingType::kString) return text;
+  if (s.type == server::SettingType::kUnsigned && s.manifest_scale == 1) return std::stoull(text);
+  return s.ToManifestUnit(std::stod(text));
+}
+
+// The settings' part of a resolved manifest: "server.selection.fraction_fit" is j["server"]["fraction_fit"] (its
+// record name in its section), "seed" is j["seed"].
+nlohmann::json* SettingJsonSection(nlohmann::json& j, const server::Setting& s) {
+  const size_t dot = s.manifest.find('.');
+  if (dot == std::string::npos) return &j;
+  nlohmann::json& section = j[s.manifest.substr(0, dot)];
+  if (section.is_null()) section = nlohmann::json::object();
+  return &section;
 }
 
 // The recorded fields of `v` as a JSON object.
@@ -507,7 +470,54 @@ void FromRecord(const nlohmann::json& j, const config::FieldTable<T>& table, T& 
   });
 }
 
+// The inverse of the settings' part of ResolvedManifestJson. A setting a record lacks (recorded before it was in
+// manifests) keeps its default, as does the 0 or "" older records wrote for "fl-server's default".
+absl::Status SettingsFromRecord(const nlohmann::json& j, server::EngineConfig& settings) {
+  for (const server::Setting& s : server::Settings()) {
+    if (s.manifest.empty()) continue;
+    const size_t dot = s.manifest.find('.');
+    const nlohmann::json* section = &j;
+    if (dot != std::string::npos) {
+      const std::string name = s.manifest.substr(0, dot);
+      if (!j.contains(name)) continue;
+      section = &j.at(name);
+    }
+    if (!section->contains(s.manifest_record)) {
+      if (s.in_old_manifest_records && s.manifest_required) {
+        return absl::DataLossError(fl::StrCat("the recorded manifest lacks ", s.manifest));
+      }
+      continue;
+    }
+    const nlohmann::json& v = section->at(s.manifest_record);
+    std::string text;
+    if (s.type == server::SettingType::kString) {
+      text = v.get<std::string>();
+      if (s.old_zero_is_default && text.empty()) continue;
+    } else if (s.type == server::SettingType::kUnsigned && s.manifest_scale == 1) {
+      text = std::to_string(v.get<uint64_t>());
+      if (s.old_zero_is_default && text == "0") continue;
+    } else {
+      const double value = v.get<double>();
+      if (s.old_zero_is_default && value == 0) continue;
+      absl::StatusOr<std::string> checked = server::CheckManifestNumber(s, value, "the recorded manifest");
+      if (!checked.ok()) return checked.status();
+      text = *checked;
+    }
+    absl::StatusOr<std::string> checked = server::CheckSettingValue(s, text, "the recorded manifest");
+    if (!checked.ok()) return checked.status();
+    s.set(settings, *checked);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+bool RunSettings::operator==(const RunSettings& other) const {
+  for (const server::Setting& s : server::Settings()) {
+    if (s.get(*this) != s.get(other)) return false;
+  }
+  return true;
+}
 
 uint64_t Manifest::num_clients() const {
   // At most kMaxManifestClients after a load; 64-bit and saturating for a Manifest built in code.
@@ -597,12 +607,17 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& text, const std::strin
   Manifest m;
   m.path = file;
   m.source_yaml = text;
-  FL_RETURN_IF_ERROR(ManifestFields(Where{profiles / "links", profiles / "devices", base_dir}).Read(root, m));
-  if (m.server.min_available_clients > m.num_clients() || m.server.min_fit_clients > m.num_clients()) {
-    return root.Error(root.Node("server"), "server.selection",
-                      fl::StrCat("asks for min_available_clients ", m.server.min_available_clients,
-                                 " / min_fit_clients ", m.server.min_fit_clients, " but the manifest has only ",
-                                 m.num_clients(), " clients; lower them or add clients"));
+  FL_RETURN_IF_ERROR(
+      ManifestFields(Where{profiles / "links", profiles / "devices", base_dir}, &m.settings).Read(root, m));
+  const server::SelectionPolicy& fit = m.settings.fit;
+  if (fit.min_available > m.num_clients() || fit.min_clients > m.num_clients()) {
+    return root.Error(
+        root.Node("server"), "server.selection",
+        fl::StrCat("asks for min_available_clients ", fit.min_available, " / min_fit_clients ", fit.min_clients,
+                   " but the manifest has only ", m.num_clients(), " clients; lower them or add clients"));
+  }
+  if (m.settings.train.local_epochs() == 0 && m.settings.train.local_steps() == 0) {
+    return root.Error(root.Node("training"), "training.local_epochs", "local_epochs and local_steps cannot both be 0");
   }
   if (!m.security.pki_dir.empty()) {
     // Checked now, with the manifest's line, rather than as a client failing its handshake mid-run.
@@ -615,10 +630,13 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& text, const std::strin
 }
 
 std::string ResolvedManifestJson(const Manifest& m) {
-  nlohmann::json j = ToRecord(ManifestFields({}), m);
-  j["server"] = ToRecord(ServerFields(), m.server);
-  j["training"] = ToRecord(TrainingFields(), m.training);
-  j["codecs"] = ToRecord(CodecFields(), m.codecs);
+  nlohmann::json j = ToRecord(ManifestFields({}, nullptr), m);
+  j["server"] = ToRecord(ServerFields(nullptr), m.server);
+  j["training"] = ToRecord(TrainingFields(nullptr), m.training);
+  j["codecs"] = nlohmann::json::object();
+  for (const server::Setting& s : server::Settings()) {
+    if (!s.manifest.empty()) (*SettingJsonSection(j, s))[s.manifest_record] = ManifestJsonValue(s, m.settings);
+  }
   j["emulation"] = ToRecord(EmulationFields(), m.emulation);
   j["security"] = ToRecord(SecurityFields(), m.security);
   j["clients"] = nlohmann::json::array();
@@ -640,10 +658,10 @@ absl::StatusOr<Manifest> ManifestFromResolvedJson(const std::string& json, const
     const nlohmann::json j = nlohmann::json::parse(json);
     Manifest m;
     m.source_yaml = source_yaml;
-    FromRecord(j, ManifestFields({}), m);
-    FromRecord(j.at("server"), ServerFields(), m.server);
-    FromRecord(j.at("training"), TrainingFields(), m.training);
-    FromRecord(j.at("codecs"), CodecFields(), m.codecs);
+    FromRecord(j, ManifestFields({}, nullptr), m);
+    FromRecord(j.at("server"), ServerFields(nullptr), m.server);
+    FromRecord(j.at("training"), TrainingFields(nullptr), m.training);
+    if (absl::Status s = SettingsFromRecord(j, m.settings); !s.ok()) return s;
     FromRecord(j.at("emulation"), EmulationFields(), m.emulation);
     // Recorded before the security section existed: the default, mutual TLS with a throwaway CA. Those runs
     // were plaintext, but a replay is no reason to serve a model in the clear; the outcomes do not depend on it.

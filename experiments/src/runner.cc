@@ -76,7 +76,7 @@ absl::Status WriteManifestRecord(const std::string& db_path, const Manifest& m, 
   st->BindText(2, m.path);
   st->BindText(3, m.source_yaml);
   st->BindText(4, ResolvedManifestJson(m));
-  st->BindInt64(5, static_cast<int64_t>(m.seed));
+  st->BindInt64(5, static_cast<int64_t>(m.settings.seed));
   st->BindText(6, backend);
   st->BindText(7, o.software_version);
   st->BindTextOrNull(8, o.replay_of);
@@ -144,76 +144,12 @@ absl::StatusOr<RunPki> PreparePki(const Manifest& m, const RunOptions& o) {
 
 std::vector<std::string> ServerArgs(const Manifest& m, const RunOptions& o, const std::string& id,
                                     const std::string& listen, const fs::path& port_file, const RunPki& tls) {
-  const auto& s = m.server;
-  const auto& t = m.training;
-  std::vector<std::string> a = {o.server_bin.string(),
-                                "--listen",
-                                listen,
-                                "--port-file",
-                                port_file.string(),
-                                "--experiment-id",
-                                id,
-                                "--experiment-name",
-                                m.name,
-                                "--rounds",
-                                std::to_string(s.rounds),
-                                "--strategy",
-                                s.strategy,
-                                "--fraction-fit",
-                                Fmt(s.fraction_fit),
-                                "--min-fit-clients",
-                                std::to_string(s.min_fit_clients),
-                                "--min-available-clients",
-                                std::to_string(s.min_available_clients),
-                                "--evaluate-every",
-                                std::to_string(s.evaluate_every),
-                                "--fraction-evaluate",
-                                Fmt(s.fraction_evaluate),
-                                "--round-deadline-ms",
-                                std::to_string(static_cast<int64_t>(std::llround(s.round_deadline_s * 1000))),
-                                "--max-round-attempts",
-                                std::to_string(s.max_round_attempts),
-                                "--seed",
-                                std::to_string(m.seed),
-                                "--local-epochs",
-                                std::to_string(t.local_epochs),
-                                "--local-steps",
-                                std::to_string(t.local_steps),
-                                "--batch-size",
-                                std::to_string(t.batch_size),
-                                "--lr",
-                                Fmt(t.lr),
-                                "--momentum",
-                                Fmt(t.momentum),
-                                "--weight-decay",
-                                Fmt(t.weight_decay),
-                                "--client-optimizer",
-                                t.optimizer,
-                                "--proximal-mu",
-                                Fmt(t.proximal_mu),
-                                "--uplink-codec",
-                                m.codecs.uplink,
-                                "--downlink-codec",
-                                m.codecs.downlink,
-                                "--log-level",
-                                "warn"};
+  std::vector<std::string> a = {
+      o.server_bin.string(), "--listen", listen,        "--port-file", port_file.string(), "--experiment-id", id,
+      "--experiment-name",   m.name,     "--log-level", "warn"};
+  for (std::string& arg : ServerSettingArgs(m)) a.push_back(std::move(arg));
   if (!o.no_records) a.insert(a.end(), {"--db", o.db_path, "--checkpoint-dir", (o.out_dir / "checkpoints").string()});
-  if (!s.metrics_addr.empty()) a.insert(a.end(), {"--metrics-addr", s.metrics_addr});
-  if (s.upload_slots > 0) a.insert(a.end(), {"--upload-slots", std::to_string(s.upload_slots)});
-  if (s.aggregation == "buffered") {
-    // Buffered aggregation (FedBuff); fl-server refuses combinations that cannot work, saying why.
-    a.insert(a.end(), {"--aggregation", "buffered"});
-    if (s.buffer_size > 0) a.insert(a.end(), {"--buffer-size", std::to_string(s.buffer_size)});
-    if (s.concurrency > 0) a.insert(a.end(), {"--concurrency", std::to_string(s.concurrency)});
-    if (s.max_staleness > 0) a.insert(a.end(), {"--max-staleness", std::to_string(s.max_staleness)});
-    if (!s.staleness_weight.empty()) a.insert(a.end(), {"--staleness-weight", s.staleness_weight});
-  }
-  if (!s.uplink_codec_policy.empty()) a.insert(a.end(), {"--uplink-codec-policy", s.uplink_codec_policy});
-  // Stragglers: fl-server refuses what makes no sense (fold with a robust strategy, with buffered aggregation).
-  if (s.overcommit > 1.0) a.insert(a.end(), {"--overcommit", Fmt(s.overcommit)});
-  if (s.deadline_policy != "drop") {
-    a.insert(a.end(), {"--deadline-policy", s.deadline_policy, "--late-discount", Fmt(s.late_discount)});
-  }
+  if (!m.server.metrics_addr.empty()) a.insert(a.end(), {"--metrics-addr", m.server.metrics_addr});
   if (tls.enabled()) {
     a.insert(a.end(), {"--tls-cert", tls.paths.Cert(pki::Kind::kServer, "server"), "--tls-key",
                        tls.paths.Key(pki::Kind::kServer, "server"), "--tls-client-ca", tls.paths.CaCert(),
@@ -244,9 +180,9 @@ std::vector<std::string> ClientArgs(const Manifest& m, const RunOptions& o, cons
                                 "--num-clients",
                                 std::to_string(m.num_clients()),
                                 "--partition-seed",
-                                std::to_string(m.seed),
+                                std::to_string(m.settings.seed),
                                 "--init-seed",
-                                std::to_string(m.seed),
+                                std::to_string(m.settings.seed),
                                 "--threads",
                                 std::to_string(m.training.threads),
                                 "--device",
@@ -271,7 +207,7 @@ std::vector<std::string> ClientArgs(const Manifest& m, const RunOptions& o, cons
   if (c.instances > 0) a.insert(a.end(), {"--instances", std::to_string(c.instances)});
   if (c.instances > 0 && g.period_s > 0) {
     a.insert(a.end(), {"--availability", fl::StrCat("diurnal:period_s=", Fmt(g.period_s),
-                                                    ",online=", Fmt(g.online_fraction), ",seed=", m.seed)});
+                                                    ",online=", Fmt(g.online_fraction), ",seed=", m.settings.seed)});
   }
   if (c.instances > 0 && !g.availability_trace.empty()) {
     a.insert(a.end(), {"--availability", fl::StrCat("trace:", g.availability_trace)});
@@ -325,6 +261,12 @@ absl::StatusOr<std::pair<std::string, std::string>> ExperimentStatus(const std::
 }
 
 }  // namespace
+
+std::vector<std::string> ServerSettingArgs(const Manifest& m) {
+  // Every setting a manifest can give, from the one table (fl/server/settings.h), in fl-server's units: fl-server
+  // runs with exactly the manifest's settings (their defaults included), whatever its own defaults.
+  return server::SettingArgs(m.settings, [](const server::Setting& s) { return !s.manifest.empty(); });
+}
 
 absl::StatusOr<std::string> ResolveBackend(const Manifest& m) {
   bool any_link = false;
@@ -438,7 +380,7 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
   auto start_client = [&](ClientPlan& p) -> absl::Status {
     std::string addr = target;
     const emulation::KernelLink* netns = nullptr;  // the client runs inside this link's namespace
-    const uint64_t seed = m.seed * 100'003 + p.index;
+    const uint64_t seed = m.settings.seed * 100'003 + p.index;
     if (p.instances > 0 && p.group->link.has_value()) {
       // Virtual clients (userspace backend only): a relay per instance, seeded and named as that client's own
       // would be, so that every instance keeps its own link and the same draws as one process per client.

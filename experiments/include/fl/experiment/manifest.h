@@ -11,6 +11,8 @@
 
 #include "absl/status/statusor.h"
 #include "fl/emulation/link_profile.h"
+#include "fl/server/engine_config.h"
+#include "fl/server/settings.h"
 
 namespace fl::experiment {
 
@@ -63,43 +65,31 @@ struct ClientGroup {
   bool operator==(const ClientGroup&) const = default;
 };
 
+// The fl-server settings of a manifest (its server:, training: and codecs: keys and its seed, each declared once
+// in fl/server/settings.h with its manifest path, unit, default and bounds), in fl-server's units: what
+// fl-experiment passes to fl-server, setting by setting (runner.cc). Compared setting by setting.
+struct RunSettings : server::EngineConfig {
+  RunSettings() : server::EngineConfig(server::DefaultEngineConfig()) {}
+  bool operator==(const RunSettings& other) const;
+};
+
 struct Manifest {
   std::string path;         // the file it was loaded from
   std::string source_yaml;  // its text, stored with the experiment
   std::string name;
   std::string description;
-  uint64_t seed = 1;
 
+  // Every fl-server setting the manifest gives, on the declared defaults; settings.seed is the experiment's seed
+  // (client selection, the clients' data partition, link emulation, availability).
+  RunSettings settings;
+
+  // What fl-experiment does with the server beside its settings.
   struct Server {
-    std::string strategy = "fedavg";  // fl-server --strategy syntax, e.g. "fedadam:lr=0.03,tau=0.001"
-    uint32_t rounds = 3;
-    double round_deadline_s = 120;
-    double fraction_fit = 1.0;
-    uint32_t min_fit_clients = 1;
-    uint32_t min_available_clients = 1;
-    uint32_t evaluate_every = 1;
-    double fraction_evaluate = 1.0;
-    uint32_t max_round_attempts = 3;
-    std::string metrics_addr;   // fl-server --metrics-addr (Prometheus /metrics); "" = none
-    uint32_t upload_slots = 0;  // fl-server --upload-slots: updates received at once; 0 = its default
-    // fl-server --aggregation (docs/round-engine.md "Buffered aggregation"): "synchronous" (rounds) or "buffered"
-    // (FedBuff; server.rounds counts aggregation steps). The buffered.* settings: 0 / "" = fl-server's default.
-    std::string aggregation = "synchronous";
-    uint32_t buffer_size = 0;      // --buffer-size
-    uint32_t concurrency = 0;      // --concurrency
-    uint32_t max_staleness = 0;    // --max-staleness
-    std::string staleness_weight;  // --staleness-weight
-    // fl-server --uplink-codec-policy (link-aware compression, docs/stragglers.md): the uplink codec per client by
-    // link kind or measured uplink rate; "" = every client codecs.uplink.
-    std::string uplink_codec_policy;
-    // Stragglers (docs/round-engine.md "Over-commitment and deadline policies"): fl-server --overcommit (1 = off),
-    // --deadline-policy (drop | fold) and --late-discount (the fold's a).
-    double overcommit = 1.0;
-    std::string deadline_policy = "drop";
-    double late_discount = 1.0;
+    std::string metrics_addr;  // fl-server --metrics-addr (Prometheus /metrics); "" = none
     bool operator==(const Server&) const = default;
   } server;
 
+  // fl-client's settings (the clients' training settings that fl-server sends with every task are in `settings`).
   struct Training {
     std::string model = "cnn";  // fl-client --model: cnn, squeezenet, synthetic:<P>[:<ms>], or a .pt path
     std::string data_dir;       // "" = fl-client's default (/usr/share/datasets/fashion-mnist)
@@ -110,23 +100,9 @@ struct Manifest {
     std::string buffers = "average";      // average | local: a TorchScript model's float buffers
     uint32_t seq_len = 64;                // next-token on a text corpus
     std::string partition = "iid";        // iid, dirichlet:<alpha>, shards:<n>, natural
-    uint32_t local_epochs = 1;
-    uint32_t local_steps = 0;
-    uint32_t batch_size = 32;
-    std::string optimizer = "sgd";
-    double lr = 0.05;
-    double momentum = 0;
-    double weight_decay = 0;
-    double proximal_mu = 0;
-    uint32_t threads = 1;  // training threads per client
+    uint32_t threads = 1;                 // training threads per client
     bool operator==(const Training&) const = default;
   } training;
-
-  struct Codecs {
-    std::string uplink = "fp32";
-    std::string downlink = "fp32";
-    bool operator==(const Codecs&) const = default;
-  } codecs;
 
   struct Emulation {
     std::string backend = "auto";      // none, userspace, kernel, auto (kernel when root and available)

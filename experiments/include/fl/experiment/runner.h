@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "fl/experiment/manifest.h"
@@ -49,6 +50,10 @@ struct RunResult {
 absl::StatusOr<std::string> ResolveBackend(const Manifest& manifest);
 
 absl::StatusOr<RunResult> RunExperiment(const Manifest& manifest, const RunOptions& options);
+
+// fl-server's arguments for the manifest's settings (every setting a manifest can give, declared in
+// fl/server/settings.h, in fl-server's units): the part of fl-server's command line that a manifest decides.
+std::vector<std::string> ServerSettingArgs(const Manifest& manifest);
 
 // The manifest recorded with `experiment_id` (the latest experiment with a manifest when empty).
 struct RecordedManifest {
