@@ -309,7 +309,8 @@ struct OptionField {
 absl::Status ApplyOptions(std::string_view optimizer, const ServerOptimizerOptions& options,
                           std::span<const OptionField> fields) {
   for (const auto& [key, value] : options) {
-    auto it = std::find_if(fields.begin(), fields.end(), [&](const OptionField& f) { return f.key == key; });
+    // `name`, not `key` captured: clang 14 (the clang-tsa preset) cannot capture a structured binding.
+    auto it = std::find_if(fields.begin(), fields.end(), [&name = key](const OptionField& f) { return f.key == name; });
     if (it == fields.end()) {
       std::string accepted;
       for (const OptionField& f : fields) accepted += fl::StrCat(accepted.empty() ? "" : ", ", f.key);

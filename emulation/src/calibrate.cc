@@ -12,7 +12,6 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
-#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -21,6 +20,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "fl/core/clock.h"
+#include "fl/core/mutex.h"
 #include "fl/core/str_cat.h"
 #include "fl/emulation/kernel_link.h"
 #include "fl/emulation/shaping_relay.h"
@@ -134,11 +134,13 @@ class MeasurementServer {
   ~MeasurementServer() {
     stop_ = true;
     if (accept_thread_.joinable()) accept_thread_.join();
+    std::vector<std::thread> threads;  // joined outside the lock: each Serve takes it as it ends
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      fl::MutexLock lock(mu_);
       for (int fd : open_) shutdown(fd, SHUT_RDWR);
+      threads.swap(threads_);
     }
-    for (auto& t : threads_) t.join();
+    for (auto& t : threads) t.join();
     if (fd_ >= 0) close(fd_);
   }
   std::string address() const { return StrCat("127.0.0.1:", port_); }
@@ -152,7 +154,7 @@ class MeasurementServer {
       if (c < 0) continue;
       int one = 1;
       setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      std::lock_guard<std::mutex> lock(mu_);
+      fl::MutexLock lock(mu_);
       open_.push_back(c);
       threads_.emplace_back([this, c] { Serve(c); });
     }
@@ -179,7 +181,7 @@ class MeasurementServer {
         }
       }
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    fl::MutexLock lock(mu_);
     open_.erase(std::remove(open_.begin(), open_.end(), fd), open_.end());
     close(fd);
   }
@@ -188,9 +190,9 @@ class MeasurementServer {
   int port_ = 0;
   std::atomic<bool> stop_{false};
   std::thread accept_thread_;
-  std::mutex mu_;
+  fl::Mutex mu_;
   std::vector<int> open_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::thread> threads_;
+  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
 };
 
 // Runs the three measurements against `link_addr` (from wherever the calling thread's namespace is).

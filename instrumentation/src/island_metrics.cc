@@ -1,9 +1,10 @@
 #include "fl/instrumentation/island_metrics.h"
 
 #include <algorithm>
-#include <mutex>
 #include <set>
 
+#include "absl/base/thread_annotations.h"
+#include "fl/core/mutex.h"
 #include "metrics_endpoint.h"
 
 namespace fl::instrumentation {
@@ -37,8 +38,8 @@ struct IslandMetrics::Impl {
   prometheus::Gauge* committed_step = nullptr;
   prometheus::Gauge* committed_fragment = nullptr;
   size_t max_labels = 64;
-  std::mutex mu;  // guards `labelled`
-  std::set<std::string, std::less<>> labelled;
+  fl::Mutex mu;
+  std::set<std::string, std::less<>> labelled ABSL_GUARDED_BY(mu);
 };
 
 IslandMetrics::IslandMetrics(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -81,7 +82,7 @@ absl::StatusOr<std::unique_ptr<IslandMetrics>> IslandMetrics::Start(const std::s
 int IslandMetrics::port() const { return impl_->endpoint.port(); }
 
 std::string IslandMetrics::IslandLabel(std::string_view island) {
-  std::lock_guard lock(impl_->mu);
+  fl::MutexLock lock(impl_->mu);
   if (impl_->labelled.contains(island)) return S(island);
   if (impl_->labelled.size() >= impl_->max_labels) return "other";
   impl_->labelled.insert(S(island));

@@ -116,13 +116,13 @@ RecordReader::Snapshot::Snapshot(Snapshot&& other) noexcept : reader_(std::excha
 
 RecordReader::Snapshot::~Snapshot() {
   if (reader_ == nullptr) return;
-  std::lock_guard lock(reader_->mu_);
+  fl::MutexLock lock(reader_->mu_);
   // A read transaction has nothing to keep: ending it only lets the file's WAL be checkpointed past it.
   (void)reader_->db_.Exec("COMMIT");
 }
 
 absl::StatusOr<RecordReader::Snapshot> RecordReader::ReadSnapshot() {
-  std::lock_guard lock(mu_);
+  fl::MutexLock lock(mu_);
   if (db_.in_transaction()) {
     return absl::FailedPreconditionError(
         fl::StrCat("records database ", db_.path(), ": a snapshot is already open on this reader"));
@@ -132,7 +132,7 @@ absl::StatusOr<RecordReader::Snapshot> RecordReader::ReadSnapshot() {
 }
 
 absl::StatusOr<ExperimentRecord> RecordReader::GetExperiment(std::string_view experiment_id) {
-  std::lock_guard lock(mu_);
+  fl::MutexLock lock(mu_);
   absl::StatusOr<std::optional<ExperimentRecord>> r =
       First(Select(db_, schema_version_, ExperimentsTable(), "WHERE id = ?1", experiment_id));
   if (!r.ok()) return r.status();
@@ -144,23 +144,23 @@ absl::StatusOr<ExperimentRecord> RecordReader::GetExperiment(std::string_view ex
 }
 
 absl::StatusOr<std::vector<ExperimentRecord>> RecordReader::ListExperiments() {
-  std::lock_guard lock(mu_);
+  fl::MutexLock lock(mu_);
   return Select(db_, schema_version_, ExperimentsTable(), "ORDER BY started_unix_ms, rowid");
 }
 
 absl::StatusOr<std::vector<ClientRecord>> RecordReader::ListClients(std::string_view experiment_id) {
-  std::lock_guard lock(mu_);
+  fl::MutexLock lock(mu_);
   return Select(db_, schema_version_, ClientsTable(), "WHERE experiment_id = ?1 ORDER BY joined_unix_ms, client_id",
                 experiment_id);
 }
 
 absl::StatusOr<std::vector<RoundRecord>> RecordReader::ListRounds(std::string_view experiment_id) {
-  std::lock_guard lock(mu_);
+  fl::MutexLock lock(mu_);
   return Select(db_, schema_version_, RoundsTable(), "WHERE experiment_id = ?1 ORDER BY round, attempt", experiment_id);
 }
 
 absl::StatusOr<int64_t> RecordReader::CountRounds(std::string_view experiment_id) {
-  std::lock_guard lock(mu_);
+  fl::MutexLock lock(mu_);
   absl::StatusOr<sqlite::Statement> st = db_.Prepare("SELECT count(*) FROM rounds WHERE experiment_id = ?1");
   if (!st.ok()) return st.status();
   st->BindText(1, experiment_id);
@@ -171,13 +171,13 @@ absl::StatusOr<int64_t> RecordReader::CountRounds(std::string_view experiment_id
 
 absl::StatusOr<std::vector<ClientRoundRecord>> RecordReader::ListClientRounds(std::string_view experiment_id,
                                                                               int64_t round) {
-  std::lock_guard lock(mu_);
+  fl::MutexLock lock(mu_);
   return Select(db_, schema_version_, ClientRoundsTable(),
                 "WHERE experiment_id = ?1 AND round = ?2 ORDER BY attempt, client_id", experiment_id, round);
 }
 
 absl::StatusOr<std::vector<ClientRoundRecord>> RecordReader::ListClientRounds(std::string_view experiment_id) {
-  std::lock_guard lock(mu_);
+  fl::MutexLock lock(mu_);
   // rowid: the order the server decided the outcomes in, i.e. the order updates finished arriving.
   return Select(db_, schema_version_, ClientRoundsTable(), "WHERE experiment_id = ?1 ORDER BY round, attempt, rowid",
                 experiment_id);
@@ -185,69 +185,69 @@ absl::StatusOr<std::vector<ClientRoundRecord>> RecordReader::ListClientRounds(st
 
 absl::StatusOr<std::vector<EvaluationRecord>> RecordReader::ListEvaluations(std::string_view experiment_id,
                                                                             int64_t round) {
-  std::lock_guard lock(mu_);
+  fl::MutexLock lock(mu_);
   return Select(db_, schema_version_, EvaluationsTable(),
                 "WHERE experiment_id = ?1 AND round = ?2 ORDER BY attempt, client_id", experiment_id, round);
 }
 
 absl::StatusOr<std::vector<EvaluationRecord>> RecordReader::ListEvaluations(std::string_view experiment_id) {
-  std::lock_guard lock(mu_);
+  fl::MutexLock lock(mu_);
   return Select(db_, schema_version_, EvaluationsTable(), "WHERE experiment_id = ?1 ORDER BY round, attempt, client_id",
                 experiment_id);
 }
 
 absl::StatusOr<std::vector<CheckpointRecord>> RecordReader::ListCheckpoints(std::string_view experiment_id) {
-  std::lock_guard lock(mu_);
+  fl::MutexLock lock(mu_);
   return Select(db_, schema_version_, CheckpointsTable(), "WHERE experiment_id = ?1 ORDER BY round", experiment_id);
 }
 
 absl::StatusOr<std::vector<ClientEventRecord>> RecordReader::ListClientEvents(std::string_view experiment_id) {
-  std::lock_guard lock(mu_);
+  fl::MutexLock lock(mu_);
   return Select(db_, schema_version_, ClientEventsTable(), "WHERE experiment_id = ?1 ORDER BY at_unix_ms, id",
                 experiment_id);
 }
 
 absl::StatusOr<std::vector<SecurityEventRecord>> RecordReader::ListSecurityEvents(std::string_view experiment_id) {
-  std::lock_guard lock(mu_);
+  fl::MutexLock lock(mu_);
   return Select(db_, schema_version_, SecurityEventsTable(), "WHERE experiment_id = ?1 ORDER BY at_unix_ms, id",
                 experiment_id);
 }
 
 absl::StatusOr<std::vector<IslandRecord>> RecordReader::ListIslands(std::string_view experiment_id) {
-  std::lock_guard lock(mu_);
+  fl::MutexLock lock(mu_);
   return Select(db_, schema_version_, IslandsTable(), "WHERE experiment_id = ?1 ORDER BY join_seq", experiment_id);
 }
 
 absl::StatusOr<std::vector<IslandEpochRecord>> RecordReader::ListIslandEpochs(std::string_view experiment_id) {
-  std::lock_guard lock(mu_);
+  fl::MutexLock lock(mu_);
   return Select(db_, schema_version_, IslandEpochsTable(), "WHERE experiment_id = ?1 ORDER BY epoch", experiment_id);
 }
 
 absl::StatusOr<std::vector<IslandSyncRecord>> RecordReader::ListIslandSyncs(std::string_view experiment_id) {
-  std::lock_guard lock(mu_);
+  fl::MutexLock lock(mu_);
   return Select(db_, schema_version_, IslandSyncsTable(), "WHERE experiment_id = ?1 ORDER BY epoch, ring_index",
                 experiment_id);
 }
 
 absl::StatusOr<std::optional<RoundRecord>> RecordReader::LastCommittedRound(std::string_view experiment_id) {
-  std::lock_guard lock(mu_);
+  fl::MutexLock lock(mu_);
   return First(Select(db_, schema_version_, RoundsTable(),
                       "WHERE experiment_id = ?1 AND status = 'committed' ORDER BY round DESC LIMIT 1", experiment_id));
 }
 
 absl::StatusOr<std::optional<CheckpointRecord>> RecordReader::LatestCheckpoint(std::string_view experiment_id) {
-  std::lock_guard lock(mu_);
+  fl::MutexLock lock(mu_);
   return First(Select(db_, schema_version_, CheckpointsTable(), "WHERE experiment_id = ?1 ORDER BY round DESC LIMIT 1",
                       experiment_id));
 }
 
 absl::StatusOr<int64_t> RecordReader::QueryInt(std::string_view sql) {
-  std::lock_guard lock(mu_);
+  fl::MutexLock lock(mu_);
   return db_.QueryInt(sql);
 }
 
 absl::StatusOr<std::string> RecordReader::QueryText(std::string_view sql) {
-  std::lock_guard lock(mu_);
+  fl::MutexLock lock(mu_);
   return db_.QueryText(sql);
 }
 

@@ -311,7 +311,7 @@ absl::Status RecordStore::TryEnqueue(Record record) { return Admit(std::move(rec
 absl::Status RecordStore::Flush() { return thread_->Flush(); }
 
 absl::Status RecordStore::Close() {
-  std::lock_guard close_lock(close_mu_);
+  fl::MutexLock close_lock(close_mu_);
   absl::Status s = thread_->Stop();  // the writer drains the queue before it exits
   writer_.reset();                   // finalizes statements, closes the connection (checkpoints the WAL)
   return s;

@@ -6,13 +6,11 @@
 #pragma once
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <initializer_list>
 #include <limits>
-#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -20,9 +18,11 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "fl/core/mutex.h"
 #include "fl/instrumentation/record_store.h"
 #include "fl/instrumentation/sqlite.h"
 
@@ -99,12 +99,14 @@ class WriterThread {
   // an error). A full queue: `wait` waits for space, else kFull. kClosed once Stop() began.
   Admission Push(Record& record, bool wait) {
     {
-      std::unique_lock lock(mu_);
+      fl::MutexLock lock(mu_);
       if (stopping_) return Admission::kClosed;
       if (queue_.size() >= options_.max_queue_records) {
         if (!wait) return Admission::kFull;
         ++stats_.backpressure_waits;
-        space_cv_.wait(lock, [&] { return stopping_ || queue_.size() < options_.max_queue_records; });
+        space_cv_.Wait(mu_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stopping_ || queue_.size() < options_.max_queue_records;
+        });
         if (stopping_) return Admission::kClosed;
       }
       queue_.push_back(std::move(record));
@@ -112,7 +114,7 @@ class WriterThread {
       ++stats_.enqueued;
       stats_.max_queue_depth = std::max<uint64_t>(stats_.max_queue_depth, queue_.size());
     }
-    work_cv_.notify_one();
+    work_cv_.NotifyOne();
     return Admission::kQueued;
   }
 
@@ -120,31 +122,31 @@ class WriterThread {
   // previous Flush/Stop (then forgotten), OK if none. With several flushing threads, each error is returned
   // to one of them.
   absl::Status Flush() {
-    std::unique_lock lock(mu_);
+    fl::MutexLock lock(mu_);
     const uint64_t target = enqueued_seq_;
-    done_cv_.wait(lock, [&] { return done_seq_ >= target; });
+    done_cv_.Wait(mu_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_seq_ >= target; });
     return std::exchange(first_error_, absl::OkStatus());
   }
 
   // Refuses further records, lets the thread drain the queue and joins it; returns like Flush. Later calls
   // return OK.
   absl::Status Stop() {
-    std::lock_guard stop_lock(stop_mu_);
+    fl::MutexLock stop_lock(stop_mu_);
     {
-      std::lock_guard lock(mu_);
+      fl::MutexLock lock(mu_);
       if (stopped_) return absl::OkStatus();
       stopping_ = true;
     }
-    work_cv_.notify_all();
-    space_cv_.notify_all();
+    work_cv_.NotifyAll();
+    space_cv_.NotifyAll();
     if (thread_.joinable()) thread_.join();
-    std::lock_guard lock(mu_);
+    fl::MutexLock lock(mu_);
     stopped_ = true;
     return std::exchange(first_error_, absl::OkStatus());
   }
 
   RecordStoreStats stats() const {
-    std::lock_guard lock(mu_);
+    fl::MutexLock lock(mu_);
     return stats_;
   }
 
@@ -153,8 +155,8 @@ class WriterThread {
     std::vector<Record> batch;
     while (true) {
       {
-        std::unique_lock lock(mu_);
-        work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        fl::MutexLock lock(mu_);
+        work_cv_.Wait(mu_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); });
         if (queue_.empty()) return;  // stopping, and everything is written
         const size_t n = std::min(queue_.size(), options_.max_batch_records);
         batch.clear();
@@ -163,14 +165,14 @@ class WriterThread {
           queue_.pop_front();
         }
       }
-      space_cv_.notify_all();
+      space_cv_.NotifyAll();
 
       const BatchResult result = write_batch_(batch);
       if (options_.on_error) {
         for (const absl::Status& e : result.errors) options_.on_error(e);
       }
       {
-        std::lock_guard lock(mu_);
+        fl::MutexLock lock(mu_);
         if (first_error_.ok() && !result.errors.empty()) first_error_ = result.errors.front();
         stats_.failed += result.errors.size();
         stats_.written += batch.size() - result.errors.size();
@@ -181,26 +183,26 @@ class WriterThread {
         }
         done_seq_ += batch.size();
       }
-      done_cv_.notify_all();
+      done_cv_.NotifyAll();
     }
   }
 
   Options options_;
   const WriteBatchFn write_batch_;
 
-  mutable std::mutex mu_;
-  std::condition_variable work_cv_;   // the thread waits for records or stop
-  std::condition_variable space_cv_;  // producers wait for queue space
-  std::condition_variable done_cv_;   // flushers wait for progress
-  std::deque<Record> queue_;
-  uint64_t enqueued_seq_ = 0;  // records ever queued
-  uint64_t done_seq_ = 0;      // records ever committed or dropped (the queue is FIFO)
-  bool stopping_ = false;
-  bool stopped_ = false;
-  absl::Status first_error_;
-  RecordStoreStats stats_;
-  std::mutex stop_mu_;  // serialises Stop()
-  std::thread thread_;  // last: started once everything above exists
+  mutable fl::Mutex mu_;
+  fl::CondVar work_cv_;   // the thread waits for records or stop
+  fl::CondVar space_cv_;  // producers wait for queue space
+  fl::CondVar done_cv_;   // flushers wait for progress
+  std::deque<Record> queue_ ABSL_GUARDED_BY(mu_);
+  uint64_t enqueued_seq_ ABSL_GUARDED_BY(mu_) = 0;  // records ever queued
+  uint64_t done_seq_ ABSL_GUARDED_BY(mu_) = 0;      // records ever committed or dropped (the queue is FIFO)
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+  RecordStoreStats stats_ ABSL_GUARDED_BY(mu_);
+  fl::Mutex stop_mu_;                             // serialises Stop(); taken before mu_
+  std::thread thread_ ABSL_GUARDED_BY(stop_mu_);  // last: started once everything above exists
 };
 
 }  // namespace fl::instrumentation::internal

@@ -49,24 +49,24 @@ RevocationWatcher::RevocationWatcher(Options options, OnRevoked on_revoked, Revo
 
 RevocationWatcher::~RevocationWatcher() {
   {
-    std::lock_guard lock(mu_);
+    fl::MutexLock lock(mu_);
     stop_ = true;
   }
-  stop_cv_.notify_all();
+  stop_cv_.NotifyAll();
   thread_.join();
 }
 
 bool RevocationWatcher::IsRevoked(const std::string& serial_hex) const {
-  std::lock_guard lock(mu_);
+  fl::MutexLock lock(mu_);
   return list_->IsRevoked(serial_hex);
 }
 
 bool RevocationWatcher::ReloadIfChanged() {
-  std::lock_guard reload_lock(reload_mu_);
+  fl::MutexLock reload_lock(reload_mu_);
   const FileStamp now = Stamp(options_.crl_file);
   std::shared_ptr<const RevocationList> before;
   {
-    std::lock_guard lock(mu_);
+    fl::MutexLock lock(mu_);
     if (now == stamp_) return false;
     stamp_ = now;  // a list that fails to load is not retried until the file changes again
     before = list_;
@@ -84,7 +84,7 @@ bool RevocationWatcher::ReloadIfChanged() {
     if (!before->IsRevoked(s)) added.insert(s);
   }
   {
-    std::lock_guard lock(mu_);
+    fl::MutexLock lock(mu_);
     list_ = next;
   }
   spdlog::info("revocation list {} reloaded (CRL number {}): {} revoked, {} newly", options_.crl_file,
@@ -94,13 +94,15 @@ bool RevocationWatcher::ReloadIfChanged() {
 }
 
 void RevocationWatcher::Run() {
-  std::unique_lock lock(mu_);
-  while (!stop_) {
-    stop_cv_.wait_for(lock, std::chrono::milliseconds(options_.reload_ms), [this] { return stop_; });
-    if (stop_) break;
-    lock.unlock();
-    ReloadIfChanged();
-    lock.lock();
+  for (;;) {
+    {
+      fl::MutexLock lock(mu_);
+      if (stop_cv_.WaitFor(mu_, std::chrono::milliseconds(options_.reload_ms),
+                           [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; })) {
+        return;
+      }
+    }
+    ReloadIfChanged();  // outside mu_: it takes reload_mu_ first
   }
 }
 

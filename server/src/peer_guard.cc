@@ -134,7 +134,7 @@ bool PeerLimits::TakeToken(std::map<std::string, TokenBucket>& buckets, const st
 }
 
 std::optional<Refusal> PeerLimits::TakeJoin(const PeerIdentity& who, int64_t now_ns) {
-  std::lock_guard lock(mu_);
+  fl::MutexLock lock(mu_);
   if (!TakeToken(peer_joins_, who.host, config_.join_per_s_per_peer, now_ns)) {
     return Refusal{SecurityRefusal::kJoinRate,
                    Limited(fl::StrCat("more than ", config_.join_per_s_per_peer, " Joins per second from ", who.host,
@@ -162,7 +162,7 @@ std::optional<Refusal> PeerLimits::Acquire(Stream stream, const PeerIdentity& wh
     return it == m.end() ? 0 : count(it->second);
   };
   const std::string_view flag = session ? "sessions" : "uploads";
-  std::lock_guard lock(mu_);
+  fl::MutexLock lock(mu_);
   if (const uint32_t n = open(peer_streams_, who.host); peer_limit != 0 && n >= peer_limit) {
     return Refusal{
         reason, Limited(fl::StrCat(who.host, " already has ", n, " open ", what, " (limit --max-", flag, "-per-peer)"),
@@ -182,7 +182,7 @@ std::optional<Refusal> PeerLimits::Acquire(Stream stream, const PeerIdentity& wh
 
 void PeerLimits::Release(Stream stream, const PeerIdentity& who) {
   const bool session = stream == Stream::kSession;
-  std::lock_guard lock(mu_);
+  fl::MutexLock lock(mu_);
   auto drop = [&](std::map<std::string, Counts>& m, const std::string& key) {
     auto it = m.find(key);
     if (it == m.end()) return;

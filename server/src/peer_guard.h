@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -16,6 +15,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/base/thread_annotations.h"
+#include "fl/core/mutex.h"
 #include "fl/instrumentation/records.h"
 #include "fl/pki/revocation_watcher.h"
 #include "fl/server/round_engine.h"
@@ -140,7 +140,7 @@ class PeerLimits {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const EngineConfig& config_;
-  std::mutex mu_;
+  fl::Mutex mu_;
   std::map<std::string, TokenBucket> peer_joins_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, TokenBucket> identity_joins_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Counts> peer_streams_ ABSL_GUARDED_BY(mu_);

@@ -5,14 +5,15 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <mutex>
 
 #include <grpcpp/alarm.h>
 #include <spdlog/spdlog.h>
 
 #include "fl/core/log_format.h"
 
+#include "absl/base/thread_annotations.h"
 #include "fl/core/checksum.h"
+#include "fl/core/mutex.h"
 #include "fl/core/str_cat.h"
 #include "fl/proto/chunk_reader.h"
 #include "fl/proto/convert.h"
@@ -237,7 +238,7 @@ class DownloadStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   void OnWriteDone(bool ok) override {
     {
-      std::lock_guard lock(watch_->mu);
+      fl::RecursiveMutexLock lock(watch_->mu);
       watch_->writing = false;
     }
     if (!ok) {
@@ -269,7 +270,7 @@ class DownloadStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   void OnDone() override {
     {
-      std::lock_guard lock(watch_->mu);
+      fl::RecursiveMutexLock lock(watch_->mu);
       watch_->ctx = nullptr;
     }
     delete this;
@@ -281,17 +282,21 @@ class DownloadStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // otherwise hold each stream, and the model version it pins, forever. The alarm's callback holds this, not the
   // reactor, which may be gone when a cancelled alarm runs.
   struct Watch {
-    std::recursive_mutex mu;                     // recursive: TryCancel under it may run OnWriteDone on this thread
-    grpc::CallbackServerContext* ctx = nullptr;  // null after OnDone
-    uint64_t seq = 0;                            // of the write in flight
-    bool writing = false;
+    // Recursive, on purpose: the alarm calls TryCancel under it (holding it keeps `ctx` alive: OnDone, which
+    // clears `ctx` before the call is freed, waits for it), and gRPC may run the callbacks that TryCancel makes
+    // ready (this stream's OnWriteDone, even OnDone) on this thread before TryCancel returns; they take it again.
+    // A plain mutex would deadlock there.
+    fl::RecursiveMutex mu;
+    grpc::CallbackServerContext* ctx ABSL_GUARDED_BY(mu) = nullptr;  // null after OnDone
+    uint64_t seq ABSL_GUARDED_BY(mu) = 0;                            // of the write in flight
+    bool writing ABSL_GUARDED_BY(mu) = false;
   };
 
   void Write() {
     const uint32_t timeout_ms = engine_->config().download_message_timeout_ms;
     uint64_t seq = 0;
     {
-      std::lock_guard lock(watch_->mu);
+      fl::RecursiveMutexLock lock(watch_->mu);
       watch_->ctx = ctx_;
       watch_->writing = true;
       seq = ++watch_->seq;
@@ -301,7 +306,7 @@ class DownloadStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       alarm_->Set(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms),
                   [watch = watch_, seq, guard = guard_, who = who_, client = client_id_, timeout_ms](bool fired) {
                     if (!fired) return;
-                    std::lock_guard lock(watch->mu);
+                    fl::RecursiveMutexLock lock(watch->mu);
                     if (watch->ctx == nullptr || !watch->writing || watch->seq != seq) return;
                     watch->ctx->TryCancel();
                     guard->Refuse(
@@ -350,9 +355,11 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
           std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms),
           [progress = progress_, timeout_ms](bool fired) {
             if (!fired) return;
-            std::lock_guard lock(progress->mu);
+            fl::RecursiveMutexLock lock(progress->mu);
             UploadStream* stream = progress->stream;
-            if (stream == nullptr || stream->stage_ != Stage::kHeader) return;
+            if (stream == nullptr) return;
+            stream->progress_->mu.AssertHeld();  // the same mutex: progress is the stream's progress_
+            if (stream->stage_ != Stage::kHeader) return;
             stream->Fail(stream->guard_->Refuse(
                 stream->who_, "",
                 Refusal{instrumentation::SecurityRefusal::kStreamDeadline,
@@ -365,7 +372,7 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   }
 
   void OnReadDone(bool ok) override {
-    std::lock_guard lock(progress_->mu);
+    fl::RecursiveMutexLock lock(progress_->mu);
     if (stage_ == Stage::kDone) return;  // revoked (or failed) while this read was pending
     if (!ok) {
       Fail(grpc::Status(grpc::StatusCode::CANCELLED, "the upload ended before its trailer"));
@@ -377,11 +384,12 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       // (no protobuf string, no second pass); anything else goes to protobuf's parser below.
       progress_->last_ns = engine_->clock().NowNs();
       absl::StatusOr<wire::DataChunkReader::Kind> kind =
-          chunk_reader_.Read(in_, header_.payload_bytes() - payload_.size(), [this](std::span<const uint8_t> piece) {
-            GrowFor(piece.size());
-            payload_.insert(payload_.end(), piece.begin(), piece.end());
-            checksum_.Update(piece);
-          });
+          chunk_reader_.Read(in_, header_.payload_bytes() - payload_.size(),
+                             [this](std::span<const uint8_t> piece) ABSL_EXCLUSIVE_LOCKS_REQUIRED(progress_->mu) {
+                               GrowFor(piece.size());
+                               payload_.insert(payload_.end(), piece.begin(), piece.end());
+                               checksum_.Update(piece);
+                             });
       if (!kind.ok()) {
         return Fail(
             grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -417,7 +425,7 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
         engine_->Post(
             UploadStartEvent{header_, first_byte_ns_,
                              [this](std::optional<fl::v1::UploadUpdateResponse> refusal, std::vector<uint8_t> buffer) {
-                               std::lock_guard admit_lock(progress_->mu);
+                               fl::RecursiveMutexLock admit_lock(progress_->mu);
                                if (refusal.has_value()) {
                                  *response_ = SerializeRaw(*refusal);
                                  stage_ = Stage::kDone;
@@ -478,7 +486,7 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
   void OnDone() override {
     {
-      std::lock_guard lock(progress_->mu);
+      fl::RecursiveMutexLock lock(progress_->mu);
       progress_->stream = nullptr;
     }
     guard_->limits().Release(PeerLimits::Stream::kUpload, who_);
@@ -493,7 +501,7 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   // more than the (validated) announced size: a peer that announces a huge upload and sends little costs
   // little (issue 13: a declared 2^36-value model made the server reserve 256 GiB up front and die of
   // std::bad_alloc). Growing by 1/8 keeps the copying linear (at most 8 bytes copied per byte received).
-  void GrowFor(size_t incoming) {
+  void GrowFor(size_t incoming) ABSL_EXCLUSIVE_LOCKS_REQUIRED(progress_->mu) {
     const size_t needed = payload_.size() + incoming;
     if (needed <= payload_.capacity()) return;
     const size_t grown = needed + std::max(incoming, payload_.size() / 8);
@@ -501,27 +509,33 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   }
 
   // The engine's handle: progress counters the engine reads on its timer, and Revoke. `mu` also serialises
-  // the reactor's own callbacks (reads, admission, revocation come from different threads).
+  // the reactor's own callbacks (reads, admission, revocation come from different threads): the reactor's state
+  // below is guarded by it.
   struct Progress final : UploadHandle {
     explicit Progress(UploadStream* s) : stream(s) {}
     uint64_t bytes_received() const override { return received_bytes.load(); }
     int64_t last_message_ns() const override { return last_ns.load(); }
     void Revoke(const grpc::Status& status) override {
-      std::lock_guard lock(mu);
-      if (stream != nullptr && stream->stage_ == Stage::kReceiving) {
+      fl::RecursiveMutexLock lock(mu);
+      if (stream == nullptr) return;
+      stream->progress_->mu.AssertHeld();  // the same mutex: the stream's progress_ is this
+      if (stream->stage_ == Stage::kReceiving) {
         stream->stage_ = Stage::kDone;
         stream->PostDone(status);
       }
     }
-    std::recursive_mutex mu;
-    UploadStream* stream;  // guarded by mu; null after OnDone
+    // Recursive, on purpose, for the same reason as the download's Watch: Finish and StartRead are called under it
+    // from threads outside gRPC's callbacks (the engine's: admission, the verdict; the header alarm), and gRPC may
+    // run the callbacks they make ready (OnReadDone, OnDone, which take it) on that thread before they return.
+    fl::RecursiveMutex mu;
+    UploadStream* stream ABSL_GUARDED_BY(mu);  // null after OnDone
     std::atomic<uint64_t> received_bytes{0};
     std::atomic<int64_t> last_ns{0};
   };
 
   // A transfer failure: before admission the engine never heard of the upload; after it, the engine must
   // be told so that it frees the upload slot.
-  void Fail(const grpc::Status& status) {
+  void Fail(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(progress_->mu) {
     if (stage_ == Stage::kReceiving) {
       stage_ = Stage::kDone;
       PostDone(status);
@@ -532,7 +546,7 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     Finish(status);
   }
 
-  void PostDone(const grpc::Status& transfer_error) {
+  void PostDone(const grpc::Status& transfer_error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(progress_->mu) {
     UploadDoneEvent done;
     done.header = header_;
     done.payload = std::move(payload_);
@@ -541,7 +555,7 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     done.transfer_error = transfer_error;
     done.handle = progress_;
     done.reply = [this, transfer_error](const fl::v1::UploadUpdateResponse& verdict) {
-      std::lock_guard lock(progress_->mu);
+      fl::RecursiveMutexLock lock(progress_->mu);
       *response_ = SerializeRaw(verdict);
       Finish(transfer_error.ok() ? grpc::Status::OK : transfer_error);
     };
@@ -555,13 +569,13 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   std::shared_ptr<Progress> progress_;
   grpc::Alarm header_alarm_;
   grpc::ByteBuffer in_;
-  fl::v1::UpdateHeader header_;
-  std::vector<uint8_t> payload_;
-  core::TransferChecksum checksum_;  // XXH3 of payload_, updated as chunks arrive
-  wire::DataChunkReader chunk_reader_;
-  uint64_t received_ = 0;
-  int64_t first_byte_ns_ = 0;
-  Stage stage_ = Stage::kHeader;
+  fl::v1::UpdateHeader header_ ABSL_GUARDED_BY(progress_->mu);
+  std::vector<uint8_t> payload_ ABSL_GUARDED_BY(progress_->mu);
+  core::TransferChecksum checksum_ ABSL_GUARDED_BY(progress_->mu);  // XXH3 of payload_, updated as chunks arrive
+  wire::DataChunkReader chunk_reader_ ABSL_GUARDED_BY(progress_->mu);
+  uint64_t received_ ABSL_GUARDED_BY(progress_->mu) = 0;
+  int64_t first_byte_ns_ ABSL_GUARDED_BY(progress_->mu) = 0;
+  Stage stage_ ABSL_GUARDED_BY(progress_->mu) = Stage::kHeader;
 };
 
 // A read reactor that only finishes: the answer to an upload refused before its first message.

@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 #include <thread>
 
 #include <grpcpp/grpcpp.h>
@@ -12,6 +10,7 @@
 #include "absl/base/thread_annotations.h"
 #include "coordinator_wire.h"
 #include "fl/core/clock.h"
+#include "fl/core/mutex.h"
 #include "fl/core/str_cat.h"
 #include "fl/proto/convert.h"
 #include "fl/v1/islands.grpc.pb.h"
@@ -84,15 +83,15 @@ struct CoordinatorClient::Impl {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<fl::v1::Islands::Stub> stub;
 
-  mutable std::mutex mu;
+  mutable fl::Mutex mu;
   Assignment assignment;  // written under mu; assignment() hands out a reference (read it between calls)
   std::string token ABSL_GUARDED_BY(mu);
   bool evicted ABSL_GUARDED_BY(mu) = false;
   std::string eviction_reason ABSL_GUARDED_BY(mu);
 
   // The session stream: written by the heartbeat thread (after the hello), read by the reader thread.
-  std::mutex session_mu;
-  std::condition_variable session_cv;
+  fl::Mutex session_mu;
+  fl::CondVar session_cv;
   bool stop_session ABSL_GUARDED_BY(session_mu) = false;
   std::unique_ptr<grpc::ClientContext> session_ctx ABSL_GUARDED_BY(session_mu);
   std::unique_ptr<grpc::ClientReaderWriter<fl::v1::IslandUp, fl::v1::IslandDown>> stream;
@@ -100,7 +99,7 @@ struct CoordinatorClient::Impl {
   std::thread heartbeat;
 
   void MarkEvicted(const std::string& reason) {
-    std::lock_guard lock(mu);
+    fl::MutexLock lock(mu);
     evicted = true;
     eviction_reason = reason;
   }
@@ -115,7 +114,7 @@ struct CoordinatorClient::Impl {
   template <class Request>
   Request SessionRequest() const {
     Request req;
-    std::lock_guard lock(mu);
+    fl::MutexLock lock(mu);
     req.set_island_id(request.island_id);
     req.set_session_token(token);
     return req;
@@ -143,7 +142,7 @@ struct CoordinatorClient::Impl {
     auto s = stub->Session(ctx.get());
     fl::v1::IslandUp hello;
     {
-      std::lock_guard lock(mu);
+      fl::MutexLock lock(mu);
       hello.mutable_hello()->set_island_id(request.island_id);
       hello.mutable_hello()->set_session_token(token);
     }
@@ -152,7 +151,7 @@ struct CoordinatorClient::Impl {
       return FromGrpc(s->Finish(), "opening the island session");
     }
     {
-      std::lock_guard lock(session_mu);
+      fl::MutexLock lock(session_mu);
       stop_session = false;
       session_ctx = std::move(ctx);
       stream = std::move(s);
@@ -166,16 +165,17 @@ struct CoordinatorClient::Impl {
     });
     if (options.send_heartbeats) {
       heartbeat = std::thread([this, heartbeat_interval_ms] {
-        std::unique_lock lock(session_mu);
-        while (!stop_session) {
-          session_cv.wait_for(lock, std::chrono::milliseconds(heartbeat_interval_ms));
-          if (stop_session) break;
+        for (;;) {
+          {
+            fl::MutexLock lock(session_mu);
+            if (session_cv.WaitFor(session_mu, std::chrono::milliseconds(heartbeat_interval_ms),
+                                   [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(session_mu) { return stop_session; })) {
+              return;
+            }
+          }
           fl::v1::IslandUp beat;
           beat.mutable_heartbeat()->set_sent_island_ns(NowNs());
-          lock.unlock();
-          const bool ok = stream->Write(beat);
-          lock.lock();
-          if (!ok) break;  // the stream is gone; the reader sees why
+          if (!stream->Write(beat)) return;  // the stream is gone; the reader sees why
         }
       });
     }
@@ -184,16 +184,16 @@ struct CoordinatorClient::Impl {
 
   void StopSession() {
     {
-      std::lock_guard lock(session_mu);
+      fl::MutexLock lock(session_mu);
       if (stream == nullptr) return;
       stop_session = true;
-      session_cv.notify_all();
+      session_cv.NotifyAll();
       session_ctx->TryCancel();
     }
     if (heartbeat.joinable()) heartbeat.join();
     if (reader.joinable()) reader.join();
     (void)stream->Finish();
-    std::lock_guard lock(session_mu);
+    fl::MutexLock lock(session_mu);
     stream.reset();
     session_ctx.reset();
   }
@@ -241,7 +241,7 @@ struct CoordinatorClient::Impl {
     if (resp.has_state_source()) a.state_source = FromProto(resp.state_source());
     a.heartbeat_interval_ms = resp.heartbeat_interval_ms();
     {
-      std::lock_guard lock(mu);
+      fl::MutexLock lock(mu);
       token = resp.session_token();
       assignment = a;
       evicted = false;
@@ -278,7 +278,7 @@ absl::StatusOr<Assignment> CoordinatorClient::Connect(const std::string& server_
                                                       const IslandJoinRequest& request) {
   impl_->StopSession();
   {
-    std::lock_guard lock(impl_->mu);
+    fl::MutexLock lock(impl_->mu);
     impl_->address = server_address;
     impl_->request = request;
   }
@@ -357,12 +357,12 @@ absl::Status CoordinatorClient::Leave(const std::string& reason) {
 }
 
 bool CoordinatorClient::evicted() const {
-  std::lock_guard lock(impl_->mu);
+  fl::MutexLock lock(impl_->mu);
   return impl_->evicted;
 }
 
 std::string CoordinatorClient::eviction_reason() const {
-  std::lock_guard lock(impl_->mu);
+  fl::MutexLock lock(impl_->mu);
   return impl_->eviction_reason;
 }
 

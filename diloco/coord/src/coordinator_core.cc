@@ -117,16 +117,16 @@ bool Coordinator::Core::Done() const {
 
 void Coordinator::Core::PublishDone() {
   const bool done = Done();
-  std::lock_guard lock(done_mu_);
+  fl::MutexLock lock(done_mu_);
   if (done == done_) return;
   done_ = done;
-  done_cv_.notify_all();
+  done_cv_.NotifyAll();
 }
 
 bool Coordinator::Core::WaitPublishedDone(absl::Duration timeout) {
-  std::unique_lock lock(done_mu_);
-  return done_cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
-                           [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(done_mu_) { return done_; });
+  fl::MutexLock lock(done_mu_);
+  return done_cv_.WaitFor(done_mu_, absl::ToChronoNanoseconds(timeout),
+                          [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(done_mu_) { return done_; });
 }
 
 std::optional<SyncKey> Coordinator::Core::FinalKey() const {

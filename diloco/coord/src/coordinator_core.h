@@ -10,11 +10,9 @@
 // machine).
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -25,6 +23,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "coordinator_wire.h"
+#include "fl/core/mutex.h"
 #include "fl/diloco/coord/coordinator.h"
 #include "fl/diloco/coord/coordinator_events.h"
 #include "fl/diloco/coord/coordinator_observer.h"
@@ -197,8 +196,8 @@ class Coordinator::Core {
   uint64_t evictions_ = 0;
 
   std::thread::id loop_thread_;
-  mutable std::mutex done_mu_;
-  std::condition_variable done_cv_;
+  mutable fl::Mutex done_mu_;
+  fl::CondVar done_cv_;
   bool done_ ABSL_GUARDED_BY(done_mu_) = false;
 
   rpc::EventLoop<CoordinatorEvent> loop_;  // last: destroyed (stopped) first

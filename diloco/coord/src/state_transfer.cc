@@ -2,16 +2,15 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <mutex>
 
 #include <grpcpp/grpcpp.h>
 
 #include "absl/base/thread_annotations.h"
 #include "coordinator_wire.h"
 #include "fl/core/checksum.h"
+#include "fl/core/mutex.h"
 #include "fl/core/str_cat.h"
 #include "fl/instrumentation/island_records.h"
 #include "fl/proto/convert.h"
@@ -42,25 +41,25 @@ class StateService final : public fl::v1::IslandState::Service {
 
   void Publish(StateSnapshot snapshot) {
     auto shared = std::make_shared<const StateSnapshot>(std::move(snapshot));
-    std::lock_guard lock(mu_);
+    fl::MutexLock lock(mu_);
     snapshots_.push_back(std::move(shared));
     while (snapshots_.size() > keep_) snapshots_.pop_front();
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
 
   void Stop() {
-    std::lock_guard lock(mu_);
+    fl::MutexLock lock(mu_);
     stopping_ = true;
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
 
   uint64_t served() const {
-    std::lock_guard lock(mu_);
+    fl::MutexLock lock(mu_);
     return served_;
   }
 
   size_t waiting() const {
-    std::lock_guard lock(mu_);
+    fl::MutexLock lock(mu_);
     return waiting_;
   }
 
@@ -82,9 +81,9 @@ class StateService final : public fl::v1::IslandState::Service {
     }
     std::shared_ptr<const StateSnapshot> snapshot;
     {
-      std::unique_lock lock(mu_);
+      fl::MutexLock lock(mu_);
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(request->wait_ms());
-      auto find = [&] {
+      auto find = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         for (const auto& s : snapshots_) {
           if (s->state_hash == request->expected_hash()) snapshot = s;
         }
@@ -93,7 +92,7 @@ class StateService final : public fl::v1::IslandState::Service {
       if (!find()) {
         ++waiting_;
         while (!find() && std::chrono::steady_clock::now() < deadline) {
-          cv_.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(100)));
+          cv_.WaitUntil(mu_, std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(100)));
         }
         --waiting_;
       }
@@ -130,15 +129,15 @@ class StateService final : public fl::v1::IslandState::Service {
     out.Clear();
     out.mutable_trailer()->set_image_checksum(core::Checksum64(snapshot->image));
     if (!writer->Write(out)) return grpc::Status(grpc::StatusCode::CANCELLED, "the reader went away");
-    std::lock_guard lock(mu_);
+    fl::MutexLock lock(mu_);
     ++served_;
     return grpc::Status::OK;
   }
 
  private:
   const size_t keep_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
+  mutable fl::Mutex mu_;
+  fl::CondVar cv_;
   std::deque<std::shared_ptr<const StateSnapshot>> snapshots_ ABSL_GUARDED_BY(mu_);  // oldest first
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t served_ ABSL_GUARDED_BY(mu_) = 0;

@@ -26,6 +26,7 @@
 // waits before it returns until ZeroMQ has released every such buffer (ZeroCopyTracker); if the successor
 // stops reading, the push sockets are closed with linger 0 (which releases them) and reconnected.
 #include "absl/base/thread_annotations.h"
+#include "fl/core/mutex.h"
 #include "fl/diloco/net/ring_allreduce.h"
 
 #include <malloc.h>
@@ -34,10 +35,8 @@
 #include <array>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <tuple>
@@ -83,20 +82,20 @@ class BufferPool {
  public:
   using Buffer = std::unique_ptr<std::vector<uint8_t>>;
   Buffer Acquire() {
-    std::lock_guard<std::mutex> lock(mu_);
+    fl::MutexLock lock(mu_);
     if (free_.empty()) return std::make_unique<std::vector<uint8_t>>();
     Buffer b = std::move(free_.back());
     free_.pop_back();
     return b;
   }
   void Release(Buffer b) {
-    std::lock_guard<std::mutex> lock(mu_);
+    fl::MutexLock lock(mu_);
     if (free_.size() < kMaxFree) free_.push_back(std::move(b));
   }
 
  private:
   static constexpr size_t kMaxFree = 64;
-  std::mutex mu_;
+  fl::Mutex mu_;
   std::vector<Buffer> free_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -116,26 +115,26 @@ void ReleaseBuffer(void* /*data*/, void* hint) {
 class ZeroCopyTracker {
  public:
   void Add() {
-    std::lock_guard<std::mutex> lock(mu_);
+    fl::MutexLock lock(mu_);
     ++pending_;
   }
   void Done() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (--pending_ == 0) cv_.notify_all();
+    fl::MutexLock lock(mu_);
+    if (--pending_ == 0) cv_.NotifyAll();
   }
   // True when nothing is pending (at once or within `limit`).
   bool WaitFor(std::chrono::nanoseconds limit) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, limit, [this] { return pending_ == 0; });
+    fl::MutexLock lock(mu_);
+    return cv_.WaitFor(mu_, limit, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ == 0; });
   }
   void Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return pending_ == 0; });
+    fl::MutexLock lock(mu_);
+    cv_.Wait(mu_, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ == 0; });
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
+  fl::Mutex mu_;
+  fl::CondVar cv_;
   int64_t pending_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -52,7 +52,7 @@ ZapAuthenticator::~ZapAuthenticator() {
 }
 
 std::string ZapAuthenticator::last_refused_key() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  fl::MutexLock lock(mu_);
   return last_refused_key_;
 }
 
@@ -86,7 +86,7 @@ void ZapAuthenticator::Serve() {
           } else {
             text = "CURVE public key is not one of this ring's members";
             refused_.fetch_add(1);
-            std::lock_guard<std::mutex> lock(mu_);
+            fl::MutexLock lock(mu_);
             last_refused_key_ = key;
           }
         } else {

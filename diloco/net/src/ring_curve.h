@@ -6,7 +6,6 @@
 
 #include <atomic>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -14,6 +13,7 @@
 #include <zmq.hpp>
 
 #include "absl/base/thread_annotations.h"
+#include "fl/core/mutex.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
@@ -47,7 +47,7 @@ class ZapAuthenticator {
   const std::set<std::string> allowed_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> refused_{0};
-  mutable std::mutex mu_;
+  mutable fl::Mutex mu_;
   std::string last_refused_key_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };

@@ -9,14 +9,15 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "fl/core/mutex.h"
 #include "fl/instrumentation/island_records.h"
 #include "fl/instrumentation/records.h"
 #include "fl/instrumentation/sqlite.h"
@@ -46,7 +47,7 @@ class RecordReader {
   RecordReader(const RecordReader&) = delete;
   RecordReader& operator=(const RecordReader&) = delete;
 
-  const std::string& path() const { return db_.path(); }
+  const std::string& path() const { return path_; }
   // The file's schema version (LatestSchemaVersion() for a reader from Open).
   int schema_version() const { return schema_version_; }
   // Whether the file's schema has `column` of `table` (record_columns.h: the version that added it).
@@ -108,11 +109,13 @@ class RecordReader {
   absl::StatusOr<std::string> QueryText(std::string_view sql);
 
  private:
-  RecordReader(sqlite::Database db, int schema_version) : schema_version_(schema_version), db_(std::move(db)) {}
+  RecordReader(sqlite::Database db, int schema_version)
+      : schema_version_(schema_version), path_(db.path()), db_(std::move(db)) {}
 
   const int schema_version_;
-  std::mutex mu_;
-  sqlite::Database db_;
+  const std::string path_;  // the connection's, copied: read without the lock
+  fl::Mutex mu_;            // one query at a time on the connection
+  sqlite::Database db_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace fl::instrumentation

@@ -19,11 +19,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "fl/core/mutex.h"
 #include "fl/instrumentation/records.h"
 
 namespace fl::instrumentation {
@@ -109,7 +110,7 @@ class RecordStore {
   const ConnectionSettings settings_;
   std::unique_ptr<Writer> writer_;
   std::unique_ptr<internal::WriterThread<Record>> thread_;  // queue, batches, flush (src/sqlite_writer.h)
-  std::mutex close_mu_;                                     // serialises Close()
+  fl::Mutex close_mu_;                                      // serialises Close()
 };
 
 }  // namespace fl::instrumentation

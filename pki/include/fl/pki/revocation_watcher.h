@@ -7,17 +7,16 @@
 // revoked so that their sessions are closed at once (docs/security.md, "Revocation").
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "fl/core/mutex.h"
 #include "fl/pki/revocation.h"
 
 namespace fl::pki {
@@ -58,11 +57,11 @@ class RevocationWatcher {
 
   const Options options_;
   const OnRevoked on_revoked_;
-  mutable std::mutex mu_;
+  mutable fl::Mutex mu_;
   std::shared_ptr<const RevocationList> list_ ABSL_GUARDED_BY(mu_);
   FileStamp stamp_ ABSL_GUARDED_BY(mu_);
-  std::mutex reload_mu_;  // one reload at a time (the thread's and ReloadIfChanged's)
-  std::condition_variable_any stop_cv_;
+  fl::Mutex reload_mu_;  // one reload at a time (the thread's and ReloadIfChanged's); taken before mu_
+  fl::CondVar stop_cv_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

@@ -10,17 +10,16 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <unordered_map>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "fl/core/mutex.h"
 #include "fl/rpc/clock.h"
 
 namespace fl::rpc {
@@ -64,11 +63,11 @@ class EventLoop {
   // Any thread; never blocks on the loop's work.
   void Post(Event event) {
     {
-      std::lock_guard lock(mu_);
+      fl::MutexLock lock(mu_);
       queue_.push_back(std::move(event));
       queued_.fetch_add(1, std::memory_order_relaxed);
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
   // Any thread, lock-free: events posted and not yet handled (the backlog a late loop has). A load
   // signal for shedding new work (fl-server refuses Joins above --max-engine-queue); approximate by design.
@@ -90,19 +89,19 @@ class EventLoop {
   // Ends the loop thread after its current turn; events still queued are not handled. Idempotent.
   void Stop() {
     {
-      std::lock_guard lock(mu_);
+      fl::MutexLock lock(mu_);
       stop_ = true;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
     if (thread_.joinable()) thread_.join();
   }
   // With a ManualClock and a started loop: makes the loop look at its timers again (after the clock moved).
   void Wake() {
     {
-      std::lock_guard lock(mu_);
+      fl::MutexLock lock(mu_);
       woken_ = true;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
 
   // Test mode (the loop is not started): runs turns on the calling thread until no event is queued and no
@@ -118,7 +117,7 @@ class EventLoop {
   bool Turn() {
     std::deque<Event> batch;
     {
-      std::lock_guard lock(mu_);
+      fl::MutexLock lock(mu_);
       batch.swap(queue_);
     }
     for (Event& e : batch) {
@@ -134,15 +133,15 @@ class EventLoop {
   void Run() {
     for (;;) {
       {
-        std::unique_lock lock(mu_);
-        auto ready = [&] { return !queue_.empty() || stop_ || woken_; };
+        fl::MutexLock lock(mu_);
+        auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty() || stop_ || woken_; };
         const int64_t due = timers_.NextDueNs();
         const int64_t now = clock_->NowNs();
         if (!ready() && due > now) {
           if (due == INT64_MAX || !clock_->IsReal()) {
-            cv_.wait(lock, ready);  // a manual clock's deadline comes only with a Wake() after it moved
+            cv_.Wait(mu_, ready);  // a manual clock's deadline comes only with a Wake() after it moved
           } else {
-            cv_.wait_for(lock, std::chrono::nanoseconds(due - now), ready);
+            cv_.WaitFor(mu_, std::chrono::nanoseconds(due - now), ready);
           }
         }
         if (stop_) break;
@@ -157,8 +156,8 @@ class EventLoop {
   std::function<void()> after_turn_;
   TimerQueue timers_;  // loop thread only
 
-  std::mutex mu_;
-  std::condition_variable cv_;
+  fl::Mutex mu_;
+  fl::CondVar cv_;
   std::deque<Event> queue_ ABSL_GUARDED_BY(mu_);
   std::atomic<size_t> queued_{0};  // posted and not yet handled (the turn's batch included)
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

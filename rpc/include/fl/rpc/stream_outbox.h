@@ -12,12 +12,12 @@
 #pragma once
 
 #include <deque>
-#include <mutex>
 #include <utility>
 
 #include <grpcpp/grpcpp.h>
 
 #include "absl/base/thread_annotations.h"
+#include "fl/core/mutex.h"
 
 namespace fl::rpc {
 
@@ -28,7 +28,7 @@ class StreamOutbox {
 
   // At most `max_queued` messages wait (0: no bound); one more finishes the stream with `overflow_status`.
   void SetLimit(size_t max_queued, grpc::Status overflow_status) {
-    std::lock_guard lock(mu_);
+    fl::MutexLock lock(mu_);
     max_queued_ = max_queued;
     overflow_status_ = std::move(overflow_status);
   }
@@ -37,7 +37,7 @@ class StreamOutbox {
   // kDropped: the stream has ended or is closing. kOverflowed: the queue was full, so the stream was finished
   // with the overflow status and its queue dropped.
   SendResult Send(Response message) {
-    std::lock_guard lock(mu_);
+    fl::MutexLock lock(mu_);
     if (stream_ == nullptr || closing_) return SendResult::kDropped;
     if (max_queued_ != 0 && outbox_.size() >= max_queued_) {
       closing_ = true;
@@ -58,7 +58,7 @@ class StreamOutbox {
 
   // Finishes the stream with `status` after the queued messages; later Sends are dropped.
   void Close(const grpc::Status& status) {
-    std::lock_guard lock(mu_);
+    fl::MutexLock lock(mu_);
     if (stream_ == nullptr || closing_) return;
     closing_ = true;
     close_status_ = status;
@@ -67,13 +67,13 @@ class StreamOutbox {
 
   // Close() was called, the queue overflowed or the stream is gone: nothing more will be sent.
   bool closing() {
-    std::lock_guard lock(mu_);
+    fl::MutexLock lock(mu_);
     return closing_ || stream_ == nullptr;
   }
 
   // From the reactor's OnWriteDone.
   void OnWriteDone(bool ok) {
-    std::lock_guard lock(mu_);
+    fl::MutexLock lock(mu_);
     writing_ = false;
     if (!outbox_.empty()) outbox_.pop_front();
     if (!ok) outbox_.clear();  // the stream is broken: nothing more will get through
@@ -87,7 +87,7 @@ class StreamOutbox {
 
   // From the reactor's OnDone: the stream is gone.
   void Detach() {
-    std::lock_guard lock(mu_);
+    fl::MutexLock lock(mu_);
     stream_ = nullptr;
     outbox_.clear();
   }
@@ -103,7 +103,7 @@ class StreamOutbox {
     stream_->Finish(close_status_);
   }
 
-  std::mutex mu_;
+  fl::Mutex mu_;
   grpc::ServerBidiReactor<Request, Response>* stream_ ABSL_GUARDED_BY(mu_);
   std::deque<Response> outbox_ ABSL_GUARDED_BY(mu_);  // front() is being written while writing_
   size_t max_queued_ ABSL_GUARDED_BY(mu_) = 0;
