@@ -48,6 +48,29 @@ std::string Num(double v) {
   return s.str();
 }
 
+// The sync schedule, which fl-coordinator and every fl-island are both told: built in one place, each setting in
+// one unit (the exchange timeout in ms for both; fl-island's --exchange-timeout-s is its older spelling).
+std::vector<std::string> ScheduleArgs(const IslandsExperimentConfig& c) {
+  return {"--inner-steps",
+          std::to_string(c.inner_steps),
+          "--fragments",
+          std::to_string(c.fragments),
+          "--fragment-strategy",
+          c.fragment_strategy,
+          "--overlap-steps",
+          std::to_string(c.overlap_steps),
+          "--mixing-alpha",
+          Num(c.mixing_alpha),
+          "--outer-optimizer",
+          c.outer_optimizer,
+          "--codec",
+          c.codec,
+          "--connections-per-peer",
+          std::to_string(c.connections_per_peer),
+          "--exchange-timeout-ms",
+          std::to_string(c.exchange_timeout_ms)};
+}
+
 }  // namespace
 
 absl::Status IslandsExperimentConfig::Validate() const {
@@ -264,28 +287,12 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
                                      out("records.db"),
                                      "--experiment-name",
                                      c.name,
-                                     "--inner-steps",
-                                     std::to_string(c.inner_steps),
-                                     "--fragments",
-                                     std::to_string(c.fragments),
-                                     "--fragment-strategy",
-                                     c.fragment_strategy,
-                                     "--overlap-steps",
-                                     std::to_string(c.overlap_steps),
-                                     "--mixing-alpha",
-                                     Num(c.mixing_alpha),
-                                     "--outer-optimizer",
-                                     c.outer_optimizer,
-                                     "--codec",
-                                     c.codec,
-                                     "--connections-per-peer",
-                                     std::to_string(c.connections_per_peer),
                                      "--outer-steps",
                                      std::to_string(c.total_steps / c.inner_steps),
-                                     "--exchange-timeout-ms",
-                                     std::to_string(c.exchange_timeout_ms),
                                      "--min-islands",
                                      std::to_string(c.islands)};
+    const std::vector<std::string> schedule = ScheduleArgs(c);
+    argv.insert(argv.end(), schedule.begin(), schedule.end());
     if (c.error_feedback) argv.push_back("--error-feedback");
     argv.insert(argv.end(), coordinator_security.begin(), coordinator_security.end());
     if (absl::Status s = start(kCoordinator, argv, out("coordinator.log")); !s.ok()) return s;
@@ -364,26 +371,8 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
           c.dp_transport,
           "--total-steps",
           std::to_string(c.total_steps),
-          "--inner-steps",
-          std::to_string(c.inner_steps),
-          "--fragments",
-          std::to_string(c.fragments),
-          "--fragment-strategy",
-          c.fragment_strategy,
-          "--overlap-steps",
-          std::to_string(c.overlap_steps),
-          "--mixing-alpha",
-          Num(c.mixing_alpha),
-          "--outer-optimizer",
-          c.outer_optimizer,
-          "--codec",
-          c.codec,
           "--error-feedback",
           c.error_feedback ? "true" : "false",
-          "--connections-per-peer",
-          std::to_string(c.connections_per_peer),
-          "--exchange-timeout-s",
-          Num(c.exchange_timeout_ms / 1000.0),
           "--data-endpoint",
           fl::StrCat("tcp://127.0.0.1:", data_ports[i]),
           "--pg-store",
@@ -392,6 +381,8 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
           out(fl::StrCat(id, "-rank", r, ".json")),
           "--metrics",
           out(fl::StrCat(id, ".jsonl"))};
+      const std::vector<std::string> schedule = ScheduleArgs(c);
+      argv.insert(argv.end(), schedule.begin(), schedule.end());
       if (wan.has_value()) {
         argv.push_back("--advertised-endpoint");
         argv.push_back(advertised[i]);

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <iostream>
+#include <optional>
 
 #include "fl/core/log_format.h"
 #include "fl/diloco/island/island.h"
@@ -62,7 +63,12 @@ int main(int argc, char** argv) {
   app.add_option("--error-feedback", o.error_feedback, "error feedback for lossy codecs")->capture_default_str();
   app.add_option("--connections-per-peer", o.connections_per_peer, "ZeroMQ connections per ring neighbour")
       ->capture_default_str();
-  app.add_option("--exchange-timeout-s", o.exchange_timeout_s, "ring exchange timeout")->capture_default_str();
+  // The launcher (fl-experiment) gives the exchange timeout in ms, as fl-coordinator takes it; -s is the older form.
+  std::optional<uint32_t> exchange_timeout_ms;
+  CLI::Option* timeout_s =
+      app.add_option("--exchange-timeout-s", o.exchange_timeout_s, "ring exchange timeout")->capture_default_str();
+  app.add_option("--exchange-timeout-ms", exchange_timeout_ms, "ring exchange timeout in ms (as fl-coordinator's)")
+      ->excludes(timeout_s);
   app.add_option("--data-endpoint", o.data_endpoint, "ZeroMQ endpoint the leader binds for the ring")
       ->capture_default_str();
   app.add_option("--advertised-endpoint", o.advertised_endpoint, "ring endpoint peers dial (default: data-endpoint)");
@@ -83,6 +89,7 @@ int main(int argc, char** argv) {
                "plaintext gRPC and ZeroMQ without TLS/CurveZMQ material: only on a trusted network or in a test");
   app.add_option("--log-level", log_level, "trace | debug | info | warn | error")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (exchange_timeout_ms.has_value()) o.exchange_timeout_s = *exchange_timeout_ms / 1000.0;
   if (o.insecure && o.NeedsTransportSecurity()) {
     std::cerr << "fl-island " << o.island_id << ": --insecure: plaintext: anyone on the network can join the ring or "
               << "the coordinator as this island, read the model and change its updates; use --tls-ca/--tls-cert/"
