@@ -140,7 +140,7 @@ absl::StatusOr<std::span<const uint8_t>> NecessaryWork::ClientUpload(int i) {
   const std::span<float> global = Body(c.download);
   if (absl::Status s = core::CheckFinite(global, "the downloaded model", s_->spec.get()); !s.ok()) return s;
   // Training: the synthetic trainer's pass, as fl-client runs it.
-  client::TrainOptions options;
+  training::TrainOptions options;
   options.seed = ++c.round * 7919 + static_cast<uint64_t>(i);
   auto trained = c.trainer->Train(global, options);
   if (!trained.ok()) return trained.status();

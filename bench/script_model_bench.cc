@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "fl/client/script_trainer.h"
-#include "fl/client/torch_trainer.h"
-#include "fl/data/fashion_mnist.h"
+#include "fl/training/script_trainer.h"
+#include "fl/training/torch_trainer.h"
+#include "fl/training/data/fashion_mnist.h"
 #include "ratio_reporter.h"
 
 namespace {
@@ -43,8 +43,8 @@ std::string ScriptCnnPath() {
   return (dir / "plain_cnn.pt").string();
 }
 
-fl::client::TrainOptions Options() {
-  fl::client::TrainOptions t;
+fl::training::TrainOptions Options() {
+  fl::training::TrainOptions t;
   t.local_steps = kStepsPerIteration;
   t.batch_size = 32;
   t.learning_rate = 0.02;
@@ -53,10 +53,10 @@ fl::client::TrainOptions Options() {
   return t;
 }
 
-void RunTraining(benchmark::State& state, fl::client::Trainer& trainer) {
+void RunTraining(benchmark::State& state, fl::training::Trainer& trainer) {
   std::vector<float> params(trainer.spec().num_elements());
   if (!trainer.GetParameters(params).ok()) state.SkipWithError("GetParameters failed");
-  fl::client::TrainOptions options = Options();
+  fl::training::TrainOptions options = Options();
   for (auto _ : state) {
     auto result = trainer.Train(params, options);
     if (!result.ok()) {
@@ -69,12 +69,12 @@ void RunTraining(benchmark::State& state, fl::client::Trainer& trainer) {
 }
 
 void BM_BuiltinCnnTrain(benchmark::State& state) {
-  fl::client::TorchTrainerOptions o;
+  fl::training::TorchTrainerOptions o;
   o.model = "cnn";
   o.num_clients = 4;
   o.device = "cpu";
   o.num_threads = 1;
-  auto trainer = fl::client::TorchTrainer::Create(o);
+  auto trainer = fl::training::TorchTrainer::Create(o);
   if (!trainer.ok()) {
     state.SkipWithError(std::string(trainer.status().message()).c_str());
     return;
@@ -84,13 +84,13 @@ void BM_BuiltinCnnTrain(benchmark::State& state) {
 
 void BM_ScriptCnnTrain(benchmark::State& state) {
   static const std::string path = ScriptCnnPath();
-  fl::client::ScriptTrainerOptions o;
+  fl::training::ScriptTrainerOptions o;
   o.model_path = path;
-  o.data.path = std::string(fl::data::kDefaultFashionMnistDir);
+  o.data.path = std::string(fl::training::data::kDefaultFashionMnistDir);
   o.data.num_clients = 4;
   o.device = "cpu";
   o.num_threads = 1;
-  auto trainer = fl::client::ScriptTrainer::Create(o);
+  auto trainer = fl::training::ScriptTrainer::Create(o);
   if (!trainer.ok()) {
     state.SkipWithError(std::string(trainer.status().message()).c_str());
     return;

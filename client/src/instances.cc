@@ -88,7 +88,8 @@ absl::Status GatedTrainer::GetParameters(std::span<float> out) {
   }
 }
 
-absl::StatusOr<TrainResult> GatedTrainer::Train(std::span<const float> global, const TrainOptions& options) {
+absl::StatusOr<training::TrainResult> GatedTrainer::Train(std::span<const float> global,
+                                                          const training::TrainOptions& options) {
   GateHold hold(gate_);
   try {
     return inner_->Train(global, options);
@@ -97,7 +98,7 @@ absl::StatusOr<TrainResult> GatedTrainer::Train(std::span<const float> global, c
   }
 }
 
-absl::StatusOr<EvalResult> GatedTrainer::Evaluate(std::span<const float> global) {
+absl::StatusOr<training::EvalResult> GatedTrainer::Evaluate(std::span<const float> global) {
   GateHold hold(gate_);
   try {
     return inner_->Evaluate(global);

@@ -33,8 +33,8 @@
 #include "fl/proto/convert.h"
 #include "fl/rpc/process.h"
 #if FL_WITH_TORCH
-#include "fl/client/script_trainer.h"
-#include "fl/client/torch_trainer.h"
+#include "fl/training/script_trainer.h"
+#include "fl/training/torch_trainer.h"
 #endif
 
 namespace {
@@ -53,7 +53,7 @@ struct ModelFlags {
   uint64_t init_seed = 0;
   std::string device = "auto";
   int threads = 0;
-  uint32_t eval_batch_size = fl::client::kDefaultEvalBatchSize;
+  uint32_t eval_batch_size = fl::training::kDefaultEvalBatchSize;
   double data_fraction = 1.0;
   double slowdown = 1.0;
 };
@@ -62,12 +62,12 @@ struct ModelFlags {
 // keeps only its shard's indices and tensors), instead of once per instance.
 struct SharedDatasets {
 #if FL_WITH_TORCH
-  std::optional<fl::data::Dataset> train, test;
+  std::optional<fl::training::data::Dataset> train, test;
 #endif
 };
 
-absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainerUnguarded(const ModelFlags& f,
-                                                                          [[maybe_unused]] SharedDatasets* shared) {
+absl::StatusOr<std::unique_ptr<fl::training::Trainer>> MakeTrainerUnguarded(const ModelFlags& f,
+                                                                            [[maybe_unused]] SharedDatasets* shared) {
   if (f.model.starts_with("synthetic:")) {
     // synthetic:<params>[:<train_ms>]
     const std::string spec = f.model.substr(10);
@@ -87,7 +87,7 @@ absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainerUnguarded(const 
           fl::StrCat("--model=", f.model, ": expected synthetic:<number of parameters>[:<train ms>]"));
     }
     if (f.slowdown < 1) return absl::InvalidArgumentError(fl::StrCat("--slowdown=", f.slowdown, ": must be >= 1"));
-    return std::unique_ptr<fl::client::Trainer>(std::make_unique<fl::client::SyntheticTrainer>(
+    return std::unique_ptr<fl::training::Trainer>(std::make_unique<fl::client::SyntheticTrainer>(
         params, 1000, f.init_seed, static_cast<uint32_t>(static_cast<double>(train_ms) * f.slowdown)));
   }
 #if !FL_WITH_TORCH
@@ -97,9 +97,9 @@ absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainerUnguarded(const 
                  "--model synthetic:<P>[:<train_ms>] is available. Build on the device itself for training."));
 #else
   if (fl::core::IsTorchScriptModelPath(f.model)) {
-    auto task = fl::data::ParseTask(f.task);
+    auto task = fl::training::data::ParseTask(f.task);
     if (!task.ok()) return absl::InvalidArgumentError(fl::StrCat("--task: ", task.status().message()));
-    fl::client::ScriptTrainerOptions o;
+    fl::training::ScriptTrainerOptions o;
     o.model_path = f.model;
     o.data.path = f.data.empty() ? f.data_dir : f.data;
     o.data.task = *task;
@@ -114,9 +114,9 @@ absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainerUnguarded(const 
     o.num_threads = f.threads;
     o.eval_batch_size = f.eval_batch_size;
     o.slowdown = f.slowdown;
-    auto trainer = fl::client::ScriptTrainer::Create(o);
+    auto trainer = fl::training::ScriptTrainer::Create(o);
     if (!trainer.ok()) return trainer.status();
-    return std::unique_ptr<fl::client::Trainer>(std::move(*trainer));
+    return std::unique_ptr<fl::training::Trainer>(std::move(*trainer));
   }
   if (f.task != "classification") {
     return absl::InvalidArgumentError(fl::StrCat("--task=", f.task, ": the built-in model '", f.model,
@@ -128,7 +128,7 @@ absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainerUnguarded(const 
                                                  "' trains on Fashion-MNIST's IDX files (--data-dir); to train on an "
                                                  ".npz, bring a TorchScript model (--model PATH.pt)"));
   }
-  fl::client::TorchTrainerOptions o;
+  fl::training::TorchTrainerOptions o;
   o.model = f.model;
   o.init_seed = f.init_seed;
   o.data_dir = f.data.empty() ? f.data_dir : f.data;
@@ -142,17 +142,17 @@ absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainerUnguarded(const 
   o.data_fraction = f.data_fraction;
   o.slowdown = f.slowdown;
   if (shared != nullptr && !shared->train.has_value()) {
-    auto train = fl::data::LoadFashionMnist(o.data_dir, fl::data::Split::kTrain);
+    auto train = fl::training::data::LoadFashionMnist(o.data_dir, fl::training::data::Split::kTrain);
     if (!train.ok()) return train.status();
-    auto test = fl::data::LoadFashionMnist(o.data_dir, fl::data::Split::kTest);
+    auto test = fl::training::data::LoadFashionMnist(o.data_dir, fl::training::data::Split::kTest);
     if (!test.ok()) return test.status();
     shared->train = std::move(*train);
     shared->test = std::move(*test);
   }
-  auto trainer = shared != nullptr ? fl::client::TorchTrainer::Create(o, *shared->train, *shared->test)
-                                   : fl::client::TorchTrainer::Create(o);
+  auto trainer = shared != nullptr ? fl::training::TorchTrainer::Create(o, *shared->train, *shared->test)
+                                   : fl::training::TorchTrainer::Create(o);
   if (!trainer.ok()) return trainer.status();
-  return std::unique_ptr<fl::client::Trainer>(std::move(*trainer));
+  return std::unique_ptr<fl::training::Trainer>(std::move(*trainer));
 #endif
 }
 
@@ -160,8 +160,8 @@ absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainerUnguarded(const 
 // device and the probe's forward pass throw c10::Error or std::bad_alloc on what a file declares (a tensor larger
 // than memory, an operator the build lacks). fl-client then says which files it was given and exits 2 instead of
 // aborting.
-absl::StatusOr<std::unique_ptr<fl::client::Trainer>> MakeTrainer(const ModelFlags& f,
-                                                                 SharedDatasets* shared = nullptr) {
+absl::StatusOr<std::unique_ptr<fl::training::Trainer>> MakeTrainer(const ModelFlags& f,
+                                                                   SharedDatasets* shared = nullptr) {
   const std::string data = f.data.empty() ? f.data_dir : f.data;
   auto first_line = [](std::string_view what) { return std::string(what.substr(0, what.find('\n'))); };
   try {
@@ -232,7 +232,7 @@ int RunInstances(const fl::client::ClientOptions& options, const ModelFlags& mod
     f.client_index = model.client_index + i;
     return MakeTrainer(f, &shared);
   };
-  std::vector<std::unique_ptr<fl::client::Trainer>> trainers(n);
+  std::vector<std::unique_ptr<fl::training::Trainer>> trainers(n);
   std::vector<absl::Status> outcome(n, absl::OkStatus());
 
   // The memory estimate, before more than two instances exist: derived for the synthetic model (its parameters
@@ -567,7 +567,7 @@ int main(int argc, char** argv) {
   if (model.eval_batch_size < 1) {
     std::cerr << "fl-client: --eval-batch-size=" << model.eval_batch_size
               << ": must be >= 1 (test examples per forward pass when evaluating; default "
-              << fl::client::kDefaultEvalBatchSize << ")\n";
+              << fl::training::kDefaultEvalBatchSize << ")\n";
     return 2;
   }
   const bool virtual_clients = app.count("--instances") > 0;

@@ -381,7 +381,7 @@ void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
     return;
   }
 
-  TrainOptions opts;
+  training::TrainOptions opts;
   const fl::v1::TrainConfig& c = task.train();
   opts.local_epochs = c.local_epochs();
   opts.local_steps = c.local_steps();
@@ -493,7 +493,7 @@ void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
   }
 }
 
-FederatedClient::FederatedClient(ClientOptions options, Trainer* trainer)
+FederatedClient::FederatedClient(ClientOptions options, training::Trainer* trainer)
     : impl_(std::make_unique<Impl>(std::move(options), trainer)) {}
 FederatedClient::~FederatedClient() = default;
 absl::Status FederatedClient::Run() { return impl_->Run(); }

@@ -59,7 +59,7 @@ struct Downloaded {
 
 class FederatedClient::Impl {
  public:
-  Impl(ClientOptions options, Trainer* trainer) : options_(std::move(options)), trainer_(trainer) {
+  Impl(ClientOptions options, training::Trainer* trainer) : options_(std::move(options)), trainer_(trainer) {
     grpc::ChannelArguments args = wire::SessionChannelArguments();
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
@@ -113,7 +113,7 @@ class FederatedClient::Impl {
   void ReportFailure(const std::string& task_id, const absl::Status& status);
 
   ClientOptions options_;
-  Trainer* trainer_;
+  training::Trainer* trainer_;
   absl::Status setup_error_;  // the TLS files could not be read (see the constructor)
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<fl::v1::Federation::Stub> stub_;

@@ -50,7 +50,8 @@ absl::Status SyntheticTrainer::GetParameters(std::span<float> out) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<TrainResult> SyntheticTrainer::Train(std::span<const float> global, const TrainOptions& options) {
+absl::StatusOr<training::TrainResult> SyntheticTrainer::Train(std::span<const float> global,
+                                                              const training::TrainOptions& options) {
   if (global.size() != params_.size()) {
     return absl::InvalidArgumentError(
         fl::StrCat("global model has ", global.size(), " parameters; expected ", params_.size()));
@@ -73,7 +74,7 @@ absl::StatusOr<TrainResult> SyntheticTrainer::Train(std::span<const float> globa
     }
   }
   for (; i < params_.size(); ++i) params_[i] = global[i] + scale * UnitFloat(SplitMix(state));
-  TrainResult r;
+  training::TrainResult r;
   r.num_examples = num_examples_;
   r.num_steps = 1;
   r.train_loss = static_cast<double>(scale);
@@ -81,14 +82,14 @@ absl::StatusOr<TrainResult> SyntheticTrainer::Train(std::span<const float> globa
   return r;
 }
 
-absl::StatusOr<EvalResult> SyntheticTrainer::Evaluate(std::span<const float> global) {
+absl::StatusOr<training::EvalResult> SyntheticTrainer::Evaluate(std::span<const float> global) {
   double sum = 0, abs_sum = 0;
   for (float v : global) {
     sum += static_cast<double>(v) * v;
     abs_sum += std::abs(static_cast<double>(v));
   }
   const double n = global.empty() ? 1 : static_cast<double>(global.size());
-  EvalResult r;
+  training::EvalResult r;
   r.num_examples = num_examples_;
   r.loss = sum / n;
   r.accuracy = 0;

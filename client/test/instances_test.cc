@@ -46,17 +46,19 @@ TEST(TrainGateTest, NeverAdmitsMoreThanItsLimit) {
 }
 
 // A trainer whose training throws, as LibTorch's do (c10::Error derives from std::exception).
-class ThrowingTrainer : public Trainer {
+class ThrowingTrainer : public training::Trainer {
  public:
   const core::ModelSpec& spec() const override { return inner_.spec(); }
   std::string model_name() const override { return "throwing"; }
   uint64_t num_train_examples() const override { return 100; }
   uint64_t num_test_examples() const override { return 100; }
   absl::Status GetParameters(std::span<float> out) override { return inner_.GetParameters(out); }
-  absl::StatusOr<TrainResult> Train(std::span<const float>, const TrainOptions&) override {
+  absl::StatusOr<training::TrainResult> Train(std::span<const float>, const training::TrainOptions&) override {
     throw std::runtime_error("out of memory in conv1");
   }
-  absl::StatusOr<EvalResult> Evaluate(std::span<const float> global) override { return inner_.Evaluate(global); }
+  absl::StatusOr<training::EvalResult> Evaluate(std::span<const float> global) override {
+    return inner_.Evaluate(global);
+  }
 
  private:
   SyntheticTrainer inner_{10, 100, 0, 0};

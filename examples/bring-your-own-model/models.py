@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 # Fashion-MNIST's pixel mean and standard deviation on [0, 1]: fl-client's built-in CNN normalises its
-# input with these (client/data/include/fl/data/fashion_mnist.h); PlainCnn does the same in its forward.
+# input with these (training/data/include/fl/training/data/fashion_mnist.h); PlainCnn does the same in its forward.
 FASHION_MNIST_MEAN = 0.2860
 FASHION_MNIST_STD = 0.3530
 
@@ -93,7 +93,7 @@ class Regressor(nn.Module):
 
 
 class PlainCnn(nn.Module):
-    """fl-client's built-in "cnn" (client/torch/src/models.cc, FashionCnn) as a TorchScript model.
+    """fl-client's built-in "cnn" (training/src/models.cc, FashionCnn) as a TorchScript model.
 
     Same tensors, names, shapes and order as the built-in: conv1.weight [32,1,3,3], conv1.bias [32],
     conv2.weight [64,32,3,3], conv2.bias [64], fc1.weight [128,1600], fc1.bias [128], fc2.weight [10,128],

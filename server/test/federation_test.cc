@@ -1,6 +1,6 @@
 // End-to-end tests of fl-server's engine and service over real gRPC on loopback, with real fl-client
 // sessions (FederatedClient). Training is the SyntheticTrainer: these tests are about the protocol, the
-// round engine and the records, not about learning (client/torch has those tests).
+// round engine and the records, not about learning (training has those tests).
 #include <cmath>
 #include <limits>
 #include <thread>

@@ -27,7 +27,7 @@ struct Module {
   std::string folder;
 };
 
-// Every folder with an include/ or src/ of its own is a module; a few folders nest (client/data in client).
+// Every folder with an include/ or src/ of its own is a module; a few folders nest (training/data in client).
 std::vector<Module> FindModules() {
   std::vector<Module> out;
   for (const auto& entry : fs::recursive_directory_iterator(kRoot)) {

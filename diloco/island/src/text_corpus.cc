@@ -8,7 +8,7 @@
 
 #include "fl/core/str_cat.h"
 #include "fl/sys/user_file.h"
-#include "fl/data/deterministic_random.h"
+#include "fl/training/data/deterministic_random.h"
 
 namespace fl::diloco {
 namespace {
@@ -65,7 +65,7 @@ absl::StatusOr<CharCorpus> LoadCharCorpus(std::string_view dir, uint32_t eval_pe
             [](const fs::path& a, const fs::path& b) { return a.filename().string() < b.filename().string(); });
   std::vector<std::string> entries;
   // The whole corpus is held in memory (as text and as token ids): fortunes-min is a few MB. The limit is
-  // fl-client's for a text corpus (client/data/src/text_corpus.cc); a directory past it is not a corpus of
+  // fl-client's for a text corpus (training/data/src/text_corpus.cc); a directory past it is not a corpus of
   // fortunes, and a file that grows while it is read cannot take the memory with it.
   constexpr uint64_t kMaxCorpusBytes = uint64_t{256} << 20;
   uint64_t total = 0;
@@ -98,7 +98,7 @@ absl::StatusOr<CharCorpus> LoadCharCorpus(std::string_view dir, uint32_t eval_pe
   }
   corpus.num_entries = entries.size();
   for (size_t i = 0; i < entries.size(); ++i) {
-    std::vector<uint8_t>& target = (data::SplitMix64(i) % 100 < eval_percent) ? corpus.eval : corpus.train;
+    std::vector<uint8_t>& target = (training::data::SplitMix64(i) % 100 < eval_percent) ? corpus.eval : corpus.train;
     if (!target.empty()) {
       target.push_back(id_of['\n']);
       target.push_back(id_of['\n']);

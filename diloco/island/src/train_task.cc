@@ -3,13 +3,13 @@
 #include <cmath>
 #include <cstring>
 
-#include "fl/client/script_model.h"
-#include "fl/client/torch_models.h"
+#include "fl/training/script_model.h"
+#include "fl/training/torch_models.h"
 #include "fl/core/model_file.h"
 #include "fl/core/str_cat.h"
-#include "fl/data/deterministic_random.h"
-#include "fl/data/fashion_mnist.h"
-#include "fl/data/partition.h"
+#include "fl/training/data/deterministic_random.h"
+#include "fl/training/data/fashion_mnist.h"
+#include "fl/training/data/partition.h"
 #include "fl/diloco/island/text_corpus.h"
 
 namespace fl::diloco {
@@ -150,7 +150,7 @@ class CharLmTask final : public TrainTask {
     std::vector<int64_t> window(static_cast<size_t>(b * (t + 1)));
     const uint64_t starts = shard_.size() - static_cast<size_t>(t);
     for (int64_t i = 0; i < b; ++i) {
-      const uint64_t s = data::UniformIndex(engine_, starts);
+      const uint64_t s = training::data::UniformIndex(engine_, starts);
       for (int64_t j = 0; j <= t; ++j)
         window[static_cast<size_t>(i * (t + 1) + j)] = shard_[s + static_cast<size_t>(j)];
     }
@@ -183,7 +183,9 @@ class CharLmTask final : public TrainTask {
 
  private:
   CharLmTask(const TaskOptions& o, CharCorpus corpus)
-      : o_(o), corpus_(std::move(corpus)), engine_(data::MakeEngine(o.seed, 1000003ull * (o.shard + 1) + o.rank)) {
+      : o_(o),
+        corpus_(std::move(corpus)),
+        engine_(training::data::MakeEngine(o.seed, 1000003ull * (o.shard + 1) + o.rank)) {
     torch::manual_seed(static_cast<uint64_t>(o.seed));
     model_ =
         CharTransformer(static_cast<int64_t>(corpus_.vocab_size()), o.context, o.d_model, o.num_layers, o.num_heads);
@@ -203,7 +205,7 @@ class CharLmTask final : public TrainTask {
   TaskOptions o_;
   CharCorpus corpus_;
   std::span<const uint8_t> shard_;
-  data::Engine engine_;
+  training::data::Engine engine_;
   CharTransformer model_{nullptr};
   core::ModelSpec spec_;
 };
@@ -214,25 +216,29 @@ class CharLmTask final : public TrainTask {
 class CnnTask final : public TrainTask {
  public:
   static absl::StatusOr<std::unique_ptr<TrainTask>> Create(const TaskOptions& o) {
-    const std::string dir = o.data_dir.empty() ? std::string(data::kDefaultFashionMnistDir) : o.data_dir;
+    const std::string dir = o.data_dir.empty() ? std::string(training::data::kDefaultFashionMnistDir) : o.data_dir;
     // Only this shard's images are read (fashion_mnist.h: labels first, then the partition's rows), and only the
     // test images evaluated: an island holds its part of the 47 MB training split, not all of it.
-    absl::StatusOr<std::vector<uint8_t>> train_labels = data::LoadFashionMnistLabels(dir, data::Split::kTrain);
+    absl::StatusOr<std::vector<uint8_t>> train_labels =
+        training::data::LoadFashionMnistLabels(dir, training::data::Split::kTrain);
     if (!train_labels.ok()) return train_labels.status();
-    absl::StatusOr<std::vector<uint8_t>> test_labels = data::LoadFashionMnistLabels(dir, data::Split::kTest);
+    absl::StatusOr<std::vector<uint8_t>> test_labels =
+        training::data::LoadFashionMnistLabels(dir, training::data::Split::kTest);
     if (!test_labels.ok()) return test_labels.status();
     absl::StatusOr<std::vector<uint32_t>> rows =
-        data::PartitionFor(static_cast<uint32_t>(o.shard), data::PartitionSpec::Iid(), *train_labels,
-                           static_cast<uint32_t>(o.num_shards), o.seed);
+        training::data::PartitionFor(static_cast<uint32_t>(o.shard), training::data::PartitionSpec::Iid(),
+                                     *train_labels, static_cast<uint32_t>(o.num_shards), o.seed);
     if (!rows.ok()) return rows.status();
-    absl::StatusOr<data::Dataset> train = data::LoadFashionMnistRows(dir, data::Split::kTrain, *rows);
+    absl::StatusOr<training::data::Dataset> train =
+        training::data::LoadFashionMnistRows(dir, training::data::Split::kTrain, *rows);
     if (!train.ok()) return train.status();
     std::vector<uint32_t> eval_idx(
         std::min<size_t>(static_cast<size_t>(std::max<int64_t>(o.eval_examples, 0)), test_labels->size()));
     for (size_t i = 0; i < eval_idx.size(); ++i) eval_idx[i] = static_cast<uint32_t>(i);
-    absl::StatusOr<data::Dataset> test = data::LoadFashionMnistRows(dir, data::Split::kTest, eval_idx);
+    absl::StatusOr<training::data::Dataset> test =
+        training::data::LoadFashionMnistRows(dir, training::data::Split::kTest, eval_idx);
     if (!test.ok()) return test.status();
-    absl::StatusOr<std::shared_ptr<client::TorchModel>> model = client::CreateTorchModel("cnn", o.seed);
+    absl::StatusOr<std::shared_ptr<training::TorchModel>> model = training::CreateTorchModel("cnn", o.seed);
     if (!model.ok()) return model.status();
     auto task = std::unique_ptr<CnnTask>(new CnnTask(o));
     task->model_ = std::move(*model);
@@ -241,8 +247,8 @@ class CnnTask final : public TrainTask {
     task->spec_ = std::move(*spec);
     task->train_ = std::move(*train);  // example k is row (*rows)[k] of the split
     for (size_t i = 0; i < eval_idx.size(); ++i) eval_idx[i] = static_cast<uint32_t>(i);  // the rows read, in order
-    task->eval_images_ = task->OnDevice(client::ImagesToTensor(*test, eval_idx));
-    task->eval_labels_ = task->OnDevice(client::LabelsToTensor(*test, eval_idx));
+    task->eval_images_ = task->OnDevice(training::ImagesToTensor(*test, eval_idx));
+    task->eval_labels_ = task->OnDevice(training::LabelsToTensor(*test, eval_idx));
     if (!o.device.is_cpu()) task->model_->to(o.device);
     return task;
   }
@@ -255,9 +261,9 @@ class CnnTask final : public TrainTask {
     model_->train();
     std::vector<uint32_t> batch(static_cast<size_t>(o_.batch_size));
     // The same draws as over the whole split's partition rows: position k of the shard is its k-th row.
-    for (auto& i : batch) i = static_cast<uint32_t>(data::UniformIndex(engine_, train_.num_examples));
-    torch::Tensor logits = model_->forward(OnDevice(client::ImagesToTensor(train_, batch)));
-    return torch::nn::functional::cross_entropy(logits, OnDevice(client::LabelsToTensor(train_, batch)));
+    for (auto& i : batch) i = static_cast<uint32_t>(training::data::UniformIndex(engine_, train_.num_examples));
+    torch::Tensor logits = model_->forward(OnDevice(training::ImagesToTensor(train_, batch)));
+    return torch::nn::functional::cross_entropy(logits, OnDevice(training::LabelsToTensor(train_, batch)));
   }
 
   double EvalLoss() override {
@@ -282,14 +288,14 @@ class CnnTask final : public TrainTask {
 
  private:
   explicit CnnTask(const TaskOptions& o)
-      : o_(o), engine_(data::MakeEngine(o.seed, 1000003ull * (o.shard + 1) + o.rank)) {}
+      : o_(o), engine_(training::data::MakeEngine(o.seed, 1000003ull * (o.shard + 1) + o.rank)) {}
   torch::Tensor OnDevice(torch::Tensor host) const { return o_.device.is_cpu() ? host : host.to(o_.device); }
 
   TaskOptions o_;
-  data::Engine engine_;
-  std::shared_ptr<client::TorchModel> model_;
+  training::data::Engine engine_;
+  std::shared_ptr<training::TorchModel> model_;
   core::ModelSpec spec_;
-  data::Dataset train_;  // this shard's examples only
+  training::data::Dataset train_;  // this shard's examples only
   torch::Tensor eval_images_, eval_labels_;
 };
 
@@ -299,45 +305,47 @@ class CnnTask final : public TrainTask {
 class ScriptTask final : public TrainTask {
  public:
   static absl::StatusOr<std::unique_ptr<TrainTask>> Create(const TaskOptions& o) {
-    auto task_kind = data::ParseTask(o.task);
+    auto task_kind = training::data::ParseTask(o.task);
     if (!task_kind.ok()) return task_kind.status();
-    data::DataOptions d;
-    d.path = !o.data.empty() ? o.data : !o.data_dir.empty() ? o.data_dir : std::string(data::kDefaultFashionMnistDir);
+    training::data::DataOptions d;
+    d.path = !o.data.empty()       ? o.data
+             : !o.data_dir.empty() ? o.data_dir
+                                   : std::string(training::data::kDefaultFashionMnistDir);
     d.task = *task_kind;
     d.partition = "iid";
     d.client_index = static_cast<uint32_t>(o.shard);
     d.num_clients = static_cast<uint32_t>(o.num_shards);
     d.partition_seed = o.seed;
     d.seq_len = static_cast<uint32_t>(o.context);
-    absl::StatusOr<data::ClientData> shard = data::LoadClientData(d);
+    absl::StatusOr<training::data::ClientData> shard = training::data::LoadClientData(d);
     if (!shard.ok()) return shard.status();
     // Every island evaluates on the same examples: the start of the whole test split (client 0 of 1; its train
     // share is cut to one example, so the second load costs little).
-    data::DataOptions whole = d;
+    training::data::DataOptions whole = d;
     whole.client_index = 0;
     whole.num_clients = 1;
     whole.data_fraction = 1e-9;
-    absl::StatusOr<data::ClientData> eval = data::LoadClientData(whole);
+    absl::StatusOr<training::data::ClientData> eval = training::data::LoadClientData(whole);
     if (!eval.ok()) return eval.status();
 
     // Loaded straight onto the device: every island and rank starts from the file's weights.
-    absl::StatusOr<client::ScriptModel> model = client::LoadScriptModel(o.model, o.device);
+    absl::StatusOr<training::ScriptModel> model = training::LoadScriptModel(o.model, o.device);
     if (!model.ok()) return model.status();
     auto task = std::unique_ptr<ScriptTask>(new ScriptTask(o, *task_kind));
     task->model_ = std::move(*model);
-    task->train_x_ = client::InputsOf(shard->train).to(o.device);
-    task->train_y_ = client::TargetsOf(shard->train).to(o.device);
+    task->train_x_ = training::InputsOf(shard->train).to(o.device);
+    task->train_y_ = training::TargetsOf(shard->train).to(o.device);
     const int64_t n_eval = std::min<int64_t>(o.eval_examples, static_cast<int64_t>(eval->test.n));
-    task->eval_x_ = client::InputsOf(eval->test).slice(0, 0, n_eval).to(o.device);
-    task->eval_y_ = client::TargetsOf(eval->test).slice(0, 0, n_eval).to(o.device);
+    task->eval_x_ = training::InputsOf(eval->test).slice(0, 0, n_eval).to(o.device);
+    task->eval_y_ = training::TargetsOf(eval->test).slice(0, 0, n_eval).to(o.device);
     if (task->train_x_.size(0) == 0) {
       return absl::InvalidArgumentError(
           fl::StrCat(d.path, ": island shard ", o.shard, " of ", o.num_shards, " has no training examples"));
     }
-    auto outputs = client::ProbeScriptModel(task->model_, *task_kind, task->train_x_, task->train_y_, d.path);
+    auto outputs = training::ProbeScriptModel(task->model_, *task_kind, task->train_x_, task->train_y_, d.path);
     if (!outputs.ok()) return outputs.status();
-    if (*task_kind != data::Task::kRegression) {
-      if (absl::Status s = data::CheckLabelRange(*shard, *outputs); !s.ok()) return s;
+    if (*task_kind != training::data::Task::kRegression) {
+      if (absl::Status s = training::data::CheckLabelRange(*shard, *outputs); !s.ok()) return s;
     }
     std::vector<core::TensorSpec> specs;
     for (size_t i = 0; i < task->model_.tensors.size(); ++i) {
@@ -356,7 +364,7 @@ class ScriptTask final : public TrainTask {
   const core::ModelSpec& spec() const override { return spec_; }
   uint64_t units_per_batch() const override {
     uint64_t per_example = 1;
-    if (kind_ == data::Task::kNextToken) per_example = static_cast<uint64_t>(train_y_.size(1));  // tokens
+    if (kind_ == training::data::Task::kNextToken) per_example = static_cast<uint64_t>(train_y_.size(1));  // tokens
     return static_cast<uint64_t>(o_.batch_size) * per_example;
   }
 
@@ -364,12 +372,12 @@ class ScriptTask final : public TrainTask {
     model_.module.train();
     std::vector<int64_t> batch(static_cast<size_t>(o_.batch_size));
     for (auto& i : batch)
-      i = static_cast<int64_t>(data::UniformIndex(engine_, static_cast<uint64_t>(train_x_.size(0))));
+      i = static_cast<int64_t>(training::data::UniformIndex(engine_, static_cast<uint64_t>(train_x_.size(0))));
     const torch::Tensor index = torch::tensor(batch, torch::kLong).to(train_x_.device());
-    absl::StatusOr<torch::Tensor> out = client::ScriptForward(model_, train_x_.index_select(0, index), o_.model);
+    absl::StatusOr<torch::Tensor> out = training::ScriptForward(model_, train_x_.index_select(0, index), o_.model);
     // The probe ran this forward on the same data at Create; a failure here is a model bug worth a stop.
     if (!out.ok()) throw std::runtime_error(std::string(out.status().message()));
-    return client::ComputeTaskLoss(kind_, *out, train_y_.index_select(0, index)).loss;
+    return training::ComputeTaskLoss(kind_, *out, train_y_.index_select(0, index)).loss;
   }
 
   double EvalLoss() override {
@@ -379,9 +387,9 @@ class ScriptTask final : public TrainTask {
     int64_t count = 0;
     for (int64_t begin = 0; begin < eval_x_.size(0); begin += 500) {
       const int64_t end = std::min<int64_t>(begin + 500, eval_x_.size(0));
-      absl::StatusOr<torch::Tensor> out = client::ScriptForward(model_, eval_x_.slice(0, begin, end), o_.model);
+      absl::StatusOr<torch::Tensor> out = training::ScriptForward(model_, eval_x_.slice(0, begin, end), o_.model);
       if (!out.ok()) throw std::runtime_error(std::string(out.status().message()));
-      const client::TaskLoss b = client::ComputeTaskLoss(kind_, *out, eval_y_.slice(0, begin, end));
+      const training::TaskLoss b = training::ComputeTaskLoss(kind_, *out, eval_y_.slice(0, begin, end));
       sum += b.sum.item<double>();
       count += b.count;
     }
@@ -390,13 +398,13 @@ class ScriptTask final : public TrainTask {
   }
 
  private:
-  ScriptTask(const TaskOptions& o, data::Task kind)
-      : o_(o), kind_(kind), engine_(data::MakeEngine(o.seed, 1000003ull * (o.shard + 1) + o.rank)) {}
+  ScriptTask(const TaskOptions& o, training::data::Task kind)
+      : o_(o), kind_(kind), engine_(training::data::MakeEngine(o.seed, 1000003ull * (o.shard + 1) + o.rank)) {}
 
   TaskOptions o_;
-  data::Task kind_;
-  data::Engine engine_;
-  client::ScriptModel model_;
+  training::data::Task kind_;
+  training::data::Engine engine_;
+  training::ScriptModel model_;
   core::ModelSpec spec_;
   std::vector<torch::Tensor> parameters_;
   torch::Tensor train_x_, train_y_, eval_x_, eval_y_;

@@ -5,9 +5,9 @@
 //    (text_corpus.h). Parameter names: tok_emb, pos_emb, blocks.<i>.{ln1,attn.qkv,attn.proj,ln2,mlp.fc,
 //    mlp.proj}.{weight,bias}, ln_f, head — so the fragment plan sees blocks.<i> as layer i and the
 //    embeddings, final norm and head as non-layer tensors.
-//  "cnn": fl-client's Fashion-MNIST CNN (client/torch, unchanged), 225,034 parameters.
-//  a TorchScript file (*.pt, or any path with a '/'): the user's model (fl/client/script_model.h) on `data`
-//    (fl/data/client_data.h: .npz, IDX directory, text corpus) for `task`. The islands exchange its trainable
+//  "cnn": fl-client's Fashion-MNIST CNN (training, unchanged), 225,034 parameters.
+//  a TorchScript file (*.pt, or any path with a '/'): the user's model (fl/training/script_model.h) on `data`
+//    (fl/training/data/client_data.h: .npz, IDX directory, text corpus) for `task`. The islands exchange its trainable
 //    parameters (spec = those, in state_dict order); buffers (BatchNorm statistics) stay each rank's own.
 //    Evaluation: the mean loss over the first eval_examples of the whole test split.
 // Every rank draws its own batches: sample windows (or images) uniformly from its island's shard with an

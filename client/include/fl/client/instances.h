@@ -18,7 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "fl/client/trainer.h"
+#include "fl/training/trainer.h"
 
 namespace fl::client {
 
@@ -43,9 +43,9 @@ class TrainGate {
 
 // A Trainer whose Train and Evaluate pass through a TrainGate, and whose exceptions (LibTorch throws c10::Error)
 // become an Internal error naming the instance instead of ending the whole process with its other clients.
-class GatedTrainer final : public Trainer {
+class GatedTrainer final : public training::Trainer {
  public:
-  GatedTrainer(std::string instance, std::unique_ptr<Trainer> inner, TrainGate* gate)
+  GatedTrainer(std::string instance, std::unique_ptr<training::Trainer> inner, TrainGate* gate)
       : instance_(std::move(instance)), inner_(std::move(inner)), gate_(gate) {}
   const core::ModelSpec& spec() const override { return inner_->spec(); }
   std::string model_name() const override { return inner_->model_name(); }
@@ -53,12 +53,13 @@ class GatedTrainer final : public Trainer {
   uint64_t num_train_examples() const override { return inner_->num_train_examples(); }
   uint64_t num_test_examples() const override { return inner_->num_test_examples(); }
   absl::Status GetParameters(std::span<float> out) override;
-  absl::StatusOr<TrainResult> Train(std::span<const float> global, const TrainOptions& options) override;
-  absl::StatusOr<EvalResult> Evaluate(std::span<const float> global) override;
+  absl::StatusOr<training::TrainResult> Train(std::span<const float> global,
+                                              const training::TrainOptions& options) override;
+  absl::StatusOr<training::EvalResult> Evaluate(std::span<const float> global) override;
 
  private:
   std::string instance_;
-  std::unique_ptr<Trainer> inner_;
+  std::unique_ptr<training::Trainer> inner_;
   TrainGate* gate_;
 };
 

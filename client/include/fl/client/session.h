@@ -16,7 +16,7 @@
 #include "absl/status/status.h"
 #include "fl/client/client_metrics.h"
 #include "fl/client/socket_binding.h"
-#include "fl/client/trainer.h"
+#include "fl/training/trainer.h"
 #include "fl/rpc/tls.h"
 #include "fl/v1/common.pb.h"
 
@@ -55,7 +55,7 @@ struct ClientOptions {
 
 class FederatedClient {
  public:
-  FederatedClient(ClientOptions options, Trainer* trainer);
+  FederatedClient(ClientOptions options, training::Trainer* trainer);
   ~FederatedClient();
   FederatedClient(const FederatedClient&) = delete;
   FederatedClient& operator=(const FederatedClient&) = delete;

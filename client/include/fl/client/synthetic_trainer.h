@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "fl/client/trainer.h"
+#include "fl/training/trainer.h"
 
 namespace fl::client {
 
-class SyntheticTrainer final : public Trainer {
+class SyntheticTrainer final : public training::Trainer {
  public:
   // `num_params` parameters split into tensors "layers.<i>.weight" of at most 1M values each; initial
   // values are a deterministic function of `seed`. `train_ms` > 0 makes every Train take that long (a
@@ -30,11 +30,12 @@ class SyntheticTrainer final : public Trainer {
   uint64_t num_train_examples() const override { return num_examples_; }
   uint64_t num_test_examples() const override { return num_examples_; }
   absl::Status GetParameters(std::span<float> out) override;
-  absl::StatusOr<TrainResult> Train(std::span<const float> global, const TrainOptions& options) override;
+  absl::StatusOr<training::TrainResult> Train(std::span<const float> global,
+                                              const training::TrainOptions& options) override;
   // Figures that are a deterministic function of `global`, in the ranges the server accepts: loss = mean of
   // the squared values; accuracy 0 (classification), exp(-loss) (next-token's token accuracy) or 0
   // (regression); mae = mean absolute value (regression only).
-  absl::StatusOr<EvalResult> Evaluate(std::span<const float> global) override;
+  absl::StatusOr<training::EvalResult> Evaluate(std::span<const float> global) override;
 
  private:
   core::ModelSpec spec_;
