@@ -1,4 +1,4 @@
-// Fuzz targets of the torch-free readers (core/testing/fl/testing/mutation_fuzz.h), one per reader, each from its
+// Fuzz targets of the torch-free readers (testing/include/fl/testing/mutation_fuzz.h), one per reader, each from its
 // seed corpus in formats/test/corpus/<reader>/ (written by `hostile_files.py --corpus`). The suite runs a fixed
 // number of mutated inputs per target (a few seconds); by hand, for as long as you like:
 //

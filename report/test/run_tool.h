@@ -1,4 +1,4 @@
-// The report's tests run fl-report with fl::testing::RunTool (core/testing/fl/testing/run_tool.h), by these names.
+// The report's tests run fl-report with fl::testing::RunTool (testing/include/fl/testing/run_tool.h), by these names.
 #pragma once
 
 #include "fl/testing/run_tool.h"

@@ -1,4 +1,4 @@
-// The fuzz harness every reader's fuzz target uses (core/testing/fl/testing/mutation_fuzz.h): it runs the corpus
+// The fuzz harness every reader's fuzz target uses (testing/include/fl/testing/mutation_fuzz.h): it runs the corpus
 // first, then a fixed number of mutations that a seed decides (so a failure in the suite reproduces), mutations
 // actually change the inputs, and a crash saves the input that caused it.
 #include "fl/testing/mutation_fuzz.h"

@@ -73,15 +73,10 @@ Graph ScanCode(const std::vector<Module>& modules) {
   // Public headers: "fl/<x>/<y>.h" -> the module whose include/ holds it.
   std::map<std::string, std::string> header_module;
   for (const Module& m : modules) {
-    for (const char* dir : {"include", "testing"}) {
-      const fs::path inc = kRoot / m.folder / dir;
-      if (!fs::exists(inc)) continue;
-      for (const auto& e : fs::recursive_directory_iterator(inc)) {
-        if (e.is_regular_file()) {
-          header_module[fs::relative(e.path(), inc).string()] =
-              std::string(dir) == "testing" ? m.name + "/testing" : m.name;
-        }
-      }
+    const fs::path inc = kRoot / m.folder / "include";
+    if (!fs::exists(inc)) continue;
+    for (const auto& e : fs::recursive_directory_iterator(inc)) {
+      if (e.is_regular_file()) header_module[fs::relative(e.path(), inc).string()] = m.name;
     }
   }
   Graph g;
@@ -116,7 +111,7 @@ Graph ScanCode(const std::vector<Module>& modules) {
           g.unknown.push_back(rel + ": " + target);
           continue;
         }
-        if (!library || it->second == m.name || it->second.ends_with("/testing")) continue;
+        if (!library || it->second == m.name) continue;  // tests may use any module, `testing` too
         if (g.edges[m.name].insert(it->second).second) g.example[{m.name, it->second}] = rel + " includes " + target;
       }
     }
