@@ -1,21 +1,21 @@
 // fl-experiment replay's comparison: the original experiment and its replay side by side.
-#include <sqlite3.h>
-
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <memory>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
 #include "fl/core/str_cat.h"
 #include "fl/experiment/runner.h"
 #include "fl/instrumentation/record_reader.h"
-#include "fl/instrumentation/sqlite.h"
 
 namespace fl::experiment {
 namespace {
 
-using instrumentation::sqlite::Database;
+using instrumentation::RecordReader;
 
 struct RoundOutcome {
   std::optional<double> accuracy;  // the task's metric: accuracy, MAE or perplexity
@@ -23,55 +23,42 @@ struct RoundOutcome {
   double duration_ms = 0;
 };
 
-// The rounds column of the experiment's task's metric (schema v6 records the task; older databases and
-// classification: accuracy), and its short name for the table's header.
+// The task's metric of a round (schema v6 records the task; older databases and classification: accuracy), and
+// its short name for the table's header.
 struct Metric {
-  std::string column = "eval_accuracy";
+  std::optional<double> instrumentation::RoundRecord::*field = &instrumentation::RoundRecord::eval_accuracy;
   std::string label = "acc";
 };
 
-absl::StatusOr<Metric> MetricOf(Database& db, const std::string& id) {
-  absl::StatusOr<instrumentation::sqlite::Statement> st = db.Prepare("SELECT task FROM experiments WHERE id = ?1");
-  // A database from before tasks has no such column: a classification experiment.
-  if (!st.ok()) return Metric{};
-  st->BindText(1, id);
-  absl::StatusOr<bool> row = st->Step("read the experiment's task");
-  if (!row.ok()) return row.status();
-  const std::string task = *row ? st->ColumnText(0) : "";
-  if (task == "regression") return Metric{"eval_mae", "mae"};
-  if (task == "next-token") return Metric{"eval_perplexity", "ppl"};
+absl::StatusOr<Metric> MetricOf(RecordReader& reader, const std::string& id) {
+  absl::StatusOr<instrumentation::ExperimentRecord> experiment = reader.GetExperiment(id);
+  if (absl::IsNotFound(experiment.status())) return Metric{};  // never recorded by fl-server: no task
+  if (!experiment.ok()) return experiment.status();
+  if (experiment->task == "regression") return Metric{&instrumentation::RoundRecord::eval_mae, "mae"};
+  if (experiment->task == "next-token") return Metric{&instrumentation::RoundRecord::eval_perplexity, "ppl"};
   return Metric{};
 }
 
-absl::StatusOr<std::map<int64_t, RoundOutcome>> Rounds(Database& db, const std::string& id, const Metric& metric) {
-  absl::StatusOr<instrumentation::sqlite::Statement> st =
-      db.Prepare(fl::StrCat("SELECT round, ", metric.column,
-                            ", eval_loss, duration_ms FROM rounds WHERE experiment_id = ?1 AND status = "
-                            "'committed' ORDER BY round"));
-  if (!st.ok()) return st.status();
-  st->BindText(1, id);
+absl::StatusOr<std::map<int64_t, RoundOutcome>> Rounds(RecordReader& reader, const std::string& id,
+                                                       const Metric& metric) {
+  absl::StatusOr<std::vector<instrumentation::RoundRecord>> rounds = reader.ListRounds(id);
+  if (!rounds.ok()) return rounds.status();
   std::map<int64_t, RoundOutcome> out;
-  for (;;) {
-    absl::StatusOr<bool> row = st->Step("read rounds");
-    if (!row.ok()) return row.status();
-    if (!*row) break;
-    out[st->ColumnInt64(0)] = {st->ColumnOptionalDouble(1), st->ColumnOptionalDouble(2), st->ColumnDouble(3)};
+  for (const instrumentation::RoundRecord& r : *rounds) {
+    if (r.status != instrumentation::RoundStatus::kCommitted) continue;
+    out[r.round] = {r.*metric.field, r.eval_loss, r.duration_ms};
   }
   return out;
 }
 
-absl::StatusOr<std::vector<double>> Column(Database& db, const std::string& id, const std::string& column) {
-  absl::StatusOr<instrumentation::sqlite::Statement> st =
-      db.Prepare(fl::StrCat("SELECT ", column, " FROM client_rounds WHERE experiment_id = ?1 AND outcome = 'ok' AND ",
-                            column, " IS NOT NULL"));
-  if (!st.ok()) return st.status();
-  st->BindText(1, id);
+// One phase's durations over the experiment's successful client rounds (those that recorded it).
+absl::StatusOr<std::vector<double>> Phase(RecordReader& reader, const std::string& id,
+                                          std::optional<double> instrumentation::ClientRoundRecord::*phase) {
+  absl::StatusOr<std::vector<instrumentation::ClientRoundRecord>> rows = reader.ListClientRounds(id);
+  if (!rows.ok()) return rows.status();
   std::vector<double> v;
-  for (;;) {
-    absl::StatusOr<bool> row = st->Step("read client_rounds");
-    if (!row.ok()) return row.status();
-    if (!*row) break;
-    v.push_back(st->ColumnDouble(0));
+  for (const instrumentation::ClientRoundRecord& r : *rows) {
+    if (r.outcome == instrumentation::ClientOutcome::kOk && (r.*phase).has_value()) v.push_back(*(r.*phase));
   }
   return v;
 }
@@ -93,15 +80,14 @@ double Quantile(std::vector<double> v, double q) {
 
 absl::StatusOr<std::string> CompareExperiments(const std::string& db_path, const std::string& original,
                                                const std::string& replay) {
-  if (absl::Status s = instrumentation::CheckRecordsFile(db_path); !s.ok()) return s;  // not a FIFO or a device
-  absl::StatusOr<Database> db = Database::Open(db_path, SQLITE_OPEN_READONLY);
-  if (!db.ok()) return db.status();
-  (void)db->Exec("PRAGMA busy_timeout = 5000");
-  absl::StatusOr<Metric> metric = MetricOf(*db, original);
+  // Checks the file first (not a FIFO or a device); reads a file of any schema version as it is.
+  absl::StatusOr<std::unique_ptr<RecordReader>> reader = RecordReader::OpenAnyVersion(db_path);
+  if (!reader.ok()) return reader.status();
+  absl::StatusOr<Metric> metric = MetricOf(**reader, original);
   if (!metric.ok()) return metric.status();
-  absl::StatusOr<std::map<int64_t, RoundOutcome>> a = Rounds(*db, original, *metric);
+  absl::StatusOr<std::map<int64_t, RoundOutcome>> a = Rounds(**reader, original, *metric);
   if (!a.ok()) return a.status();
-  absl::StatusOr<std::map<int64_t, RoundOutcome>> b = Rounds(*db, replay, *metric);
+  absl::StatusOr<std::map<int64_t, RoundOutcome>> b = Rounds(**reader, replay, *metric);
   if (!b.ok()) return b.status();
   std::string out = absl::StrFormat("Replay %s of %s\n\n", replay, original);
   out += absl::StrFormat("%6s  %10s %10s %9s  %10s %10s %9s\n", "round", metric->label + "(orig)",
@@ -128,12 +114,17 @@ absl::StatusOr<std::string> CompareExperiments(const std::string& db_path, const
   for (const auto& [r, o] : *a) ra.push_back(o.duration_ms);
   for (const auto& [r, o] : *b) rb.push_back(o.duration_ms);
   line("round", ra, rb);
-  for (const char* col : {"downlink_ms", "train_ms", "uplink_ms"}) {
-    absl::StatusOr<std::vector<double>> x = Column(*db, original, col);
+  using instrumentation::ClientRoundRecord;
+  const std::pair<const char*, std::optional<double> ClientRoundRecord::*> phases[] = {
+      {"downlink_ms", &ClientRoundRecord::downlink_ms},
+      {"train_ms", &ClientRoundRecord::train_ms},
+      {"uplink_ms", &ClientRoundRecord::uplink_ms}};
+  for (const auto& [name, phase] : phases) {
+    absl::StatusOr<std::vector<double>> x = Phase(**reader, original, phase);
     if (!x.ok()) return x.status();
-    absl::StatusOr<std::vector<double>> y = Column(*db, replay, col);
+    absl::StatusOr<std::vector<double>> y = Phase(**reader, replay, phase);
     if (!y.ok()) return y.status();
-    line(fl::StrCat("client ", col), *x, *y);
+    line(fl::StrCat("client ", name), *x, *y);
   }
   return out;
 }

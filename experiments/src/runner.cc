@@ -1,7 +1,6 @@
 #include "fl/experiment/runner.h"
 
 #include <signal.h>
-#include <sqlite3.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,9 +20,8 @@
 #include "fl/core/str_cat.h"
 #include "fl/emulation/kernel_link.h"
 #include "fl/emulation/shaping_relay.h"
+#include "fl/instrumentation/experiment_manifests.h"
 #include "fl/instrumentation/record_reader.h"
-#include "fl/instrumentation/record_store.h"
-#include "fl/instrumentation/sqlite.h"
 #include "fl/pki/pki.h"
 #include "fl/sys/process_group.h"
 
@@ -58,32 +56,17 @@ std::string Tail(const fs::path& log, size_t lines) {
 
 absl::Status WriteManifestRecord(const std::string& db_path, const Manifest& m, const std::string& experiment_id,
                                  const std::string& backend, const RunOptions& o) {
-  {
-    // Creates the database and brings it to this build's schema.
-    absl::StatusOr<std::unique_ptr<instrumentation::RecordStore>> store = instrumentation::RecordStore::Open(db_path);
-    if (!store.ok()) return store.status();
-    if (absl::Status s = (*store)->Close(); !s.ok()) return s;
-  }
-  absl::StatusOr<instrumentation::sqlite::Database> db =
-      instrumentation::sqlite::Database::Open(db_path, SQLITE_OPEN_READWRITE);
-  if (!db.ok()) return db.status();
-  if (absl::Status s = db->Exec("PRAGMA busy_timeout = 5000"); !s.ok()) return s;
-  absl::StatusOr<instrumentation::sqlite::Statement> st = db->Prepare(
-      "INSERT INTO experiment_manifests (experiment_id, manifest_path, manifest_yaml, resolved_json, seed, backend, "
-      "software_version, replay_of, created_unix_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)");
-  if (!st.ok()) return st.status();
-  st->BindText(1, experiment_id);
-  st->BindText(2, m.path);
-  st->BindText(3, m.source_yaml);
-  st->BindText(4, ResolvedManifestJson(m));
-  st->BindInt64(5, static_cast<int64_t>(m.settings.seed));
-  st->BindText(6, backend);
-  st->BindText(7, o.software_version);
-  st->BindTextOrNull(8, o.replay_of);
-  st->BindInt64(9, UnixMs());
-  absl::StatusOr<bool> row = st->Step("insert into experiment_manifests");
-  if (!row.ok()) return row.status();
-  return absl::OkStatus();
+  instrumentation::ExperimentManifestRecord r;
+  r.experiment_id = experiment_id;
+  r.manifest_path = m.path;
+  r.manifest_yaml = m.source_yaml;
+  r.resolved_json = ResolvedManifestJson(m);
+  r.seed = static_cast<int64_t>(m.settings.seed);
+  r.backend = backend;
+  r.software_version = o.software_version;
+  r.replay_of = o.replay_of;
+  r.created_unix_ms = UnixMs();
+  return instrumentation::WriteExperimentManifest(db_path, r);
 }
 
 // One fl-client process: one client, or a group's clients as virtual clients (fl-client --instances).
@@ -246,18 +229,14 @@ absl::StatusOr<int> WaitForPort(const fs::path& port_file, ProcessGroup& procs, 
 
 absl::StatusOr<std::pair<std::string, std::string>> ExperimentStatus(const std::string& db_path,
                                                                      const std::string& id) {
-  absl::StatusOr<instrumentation::sqlite::Database> db =
-      instrumentation::sqlite::Database::Open(db_path, SQLITE_OPEN_READONLY);
-  if (!db.ok()) return db.status();
-  (void)db->Exec("PRAGMA busy_timeout = 5000");
-  absl::StatusOr<instrumentation::sqlite::Statement> st =
-      db->Prepare("SELECT status, coalesce(status_reason, '') FROM experiments WHERE id = ?1");
-  if (!st.ok()) return st.status();
-  st->BindText(1, id);
-  absl::StatusOr<bool> row = st->Step("read the experiment's status");
-  if (!row.ok()) return row.status();
-  if (!*row) return absl::NotFoundError(fl::StrCat("experiment ", id, " was never recorded by fl-server"));
-  return std::make_pair(st->ColumnText(0), st->ColumnText(1));
+  absl::StatusOr<std::unique_ptr<instrumentation::RecordReader>> reader = instrumentation::RecordReader::Open(db_path);
+  if (!reader.ok()) return reader.status();
+  absl::StatusOr<instrumentation::ExperimentRecord> e = (*reader)->GetExperiment(id);
+  if (absl::IsNotFound(e.status())) {
+    return absl::NotFoundError(fl::StrCat("experiment ", id, " was never recorded by fl-server"));
+  }
+  if (!e.ok()) return e.status();
+  return std::make_pair(std::string(instrumentation::ExperimentStatusName(e->status)), e->status_reason);
 }
 
 }  // namespace
@@ -513,51 +492,17 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
 }
 
 absl::StatusOr<RecordedManifest> ReadRecordedManifest(const std::string& db_path, const std::string& experiment_id) {
-  // A regular file (a FIFO would block SQLite's first read forever, /dev/zero never ends), named in the error.
-  if (absl::Status s = instrumentation::CheckRecordsFile(db_path); !s.ok()) return s;
-  absl::StatusOr<instrumentation::sqlite::Database> db =
-      instrumentation::sqlite::Database::Open(db_path, SQLITE_OPEN_READONLY);
-  if (!db.ok()) return db.status();
-  (void)db->Exec("PRAGMA busy_timeout = 5000");
-  absl::StatusOr<int64_t> has_table =
-      db->QueryInt("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'experiment_manifests'");
-  if (!has_table.ok()) return has_table.status();
-  if (*has_table == 0) {
-    return absl::FailedPreconditionError(
-        fl::StrCat("records database ", db_path,
-                   " has no experiment_manifests table (written by an older build, or not by "
-                   "fl-experiment); only experiments run with fl-experiment can be replayed"));
-  }
-  absl::StatusOr<instrumentation::sqlite::Statement> st = db->Prepare(
-      experiment_id.empty()
-          ? "SELECT experiment_id, manifest_path, manifest_yaml, resolved_json, seed, backend, software_version "
-            "FROM experiment_manifests ORDER BY created_unix_ms DESC LIMIT 1"
-          : "SELECT experiment_id, manifest_path, manifest_yaml, resolved_json, seed, backend, software_version "
-            "FROM experiment_manifests WHERE experiment_id = ?1");
-  if (!st.ok()) return st.status();
-  if (!experiment_id.empty()) st->BindText(1, experiment_id);
-  absl::StatusOr<bool> row = st->Step("read the recorded manifest");
-  if (!row.ok()) return row.status();
-  if (!*row) {
-    std::string known;
-    absl::StatusOr<instrumentation::sqlite::Statement> ids =
-        db->Prepare("SELECT experiment_id FROM experiment_manifests ORDER BY created_unix_ms");
-    if (ids.ok()) {
-      for (absl::StatusOr<bool> r = ids->Step("list"); r.ok() && *r; r = ids->Step("list")) {
-        known = fl::StrCat(known, known.empty() ? "" : ", ", ids->ColumnText(0));
-      }
-    }
-    return absl::NotFoundError(fl::StrCat("records database ", db_path, " has no recorded manifest for experiment '",
-                                          experiment_id, "'; recorded: ", known.empty() ? "(none)" : known));
-  }
+  absl::StatusOr<instrumentation::ExperimentManifestRecord> m =
+      instrumentation::ReadExperimentManifest(db_path, experiment_id);
+  if (!m.ok()) return m.status();
   RecordedManifest r;
-  r.experiment_id = st->ColumnText(0);
-  r.manifest_path = st->ColumnText(1);
-  r.manifest_yaml = st->ColumnText(2);
-  r.resolved_json = st->ColumnText(3);
-  r.seed = static_cast<uint64_t>(st->ColumnInt64(4));
-  r.backend = st->ColumnText(5);
-  r.software_version = st->ColumnText(6);
+  r.experiment_id = m->experiment_id;
+  r.manifest_path = m->manifest_path;
+  r.manifest_yaml = m->manifest_yaml;
+  r.resolved_json = m->resolved_json;
+  r.seed = static_cast<uint64_t>(m->seed);
+  r.backend = m->backend;
+  r.software_version = m->software_version;
   return r;
 }
 

@@ -216,22 +216,15 @@ const RowTable<CheckpointRecord>& CheckpointsTable() {
   return *table;
 }
 
-const TableSpec& ExperimentManifestsTable() {
-  static const TableSpec* const table = [] {
-    auto* t = new TableSpec;
-    t->name = "experiment_manifests";
-    t->since_version = 4;
-    t->columns = {{"experiment_id", SqlType::kText, true, "PRIMARY KEY", 4},
-                  {"manifest_path", SqlType::kText, true, "", 4},
-                  {"manifest_yaml", SqlType::kText, true, "", 4},
-                  {"resolved_json", SqlType::kText, true, "", 4},
-                  {"seed", SqlType::kInteger, true, "", 4},
-                  {"backend", SqlType::kText, true, "", 4},
-                  {"software_version", SqlType::kText, true, "", 4},
-                  {"replay_of", SqlType::kText, false, "", 4},
-                  {"created_unix_ms", SqlType::kInteger, true, "", 4}};
-    return t;
-  }();
+const RowTable<ExperimentManifestRecord>& ExperimentManifestsTable() {
+  using Mf = ExperimentManifestRecord;
+  static const RowTable<Mf>* const table = new RowTable<Mf>(
+      "experiment_manifests", 4,
+      {Col<&Mf::experiment_id>("experiment_id", "PRIMARY KEY", 4), Col<&Mf::manifest_path>("manifest_path", "", 4),
+       Col<&Mf::manifest_yaml>("manifest_yaml", "", 4), Col<&Mf::resolved_json>("resolved_json", "", 4),
+       Col<&Mf::seed>("seed", "", 4), Col<&Mf::backend>("backend", "", 4),
+       Col<&Mf::software_version>("software_version", "", 4), OptText<&Mf::replay_of>("replay_of", "", 4),
+       Col<&Mf::created_unix_ms>("created_unix_ms", "", 4)});
   return *table;
 }
 
@@ -370,9 +363,10 @@ const RowTable<SecurityEventRecord>& SecurityEventsTable() {
 
 std::span<const TableSpec* const> RecordTables() {
   static const std::array<const TableSpec*, 12> tables = {
-      &ExperimentsTable().spec,  &ClientsTable().spec,     &RoundsTable().spec,         &ClientRoundsTable().spec,
-      &EvaluationsTable().spec,  &CheckpointsTable().spec, &ExperimentManifestsTable(), &IslandsTable().spec,
-      &IslandEpochsTable().spec, &IslandSyncsTable().spec, &ClientEventsTable().spec,   &SecurityEventsTable().spec};
+      &ExperimentsTable().spec,         &ClientsTable().spec,      &RoundsTable().spec,
+      &ClientRoundsTable().spec,        &EvaluationsTable().spec,  &CheckpointsTable().spec,
+      &ExperimentManifestsTable().spec, &IslandsTable().spec,      &IslandEpochsTable().spec,
+      &IslandSyncsTable().spec,         &ClientEventsTable().spec, &SecurityEventsTable().spec};
   return tables;
 }
 

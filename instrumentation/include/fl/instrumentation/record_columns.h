@@ -27,6 +27,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "fl/instrumentation/experiment_manifests.h"
 #include "fl/instrumentation/island_records.h"
 #include "fl/instrumentation/records.h"
 #include "fl/instrumentation/sqlite.h"
@@ -279,8 +280,8 @@ const RowTable<SecurityEventRecord>& SecurityEventsTable();
 const RowTable<IslandRecord>& IslandsTable();
 const RowTable<IslandEpochRecord>& IslandEpochsTable();
 const RowTable<IslandSyncRecord>& IslandSyncsTable();
-// Written by fl-experiment (experiments/src/runner.cc) with its own statement: declared here for the schema.
-const TableSpec& ExperimentManifestsTable();
+// What fl-experiment ran, for replay (experiment_manifests.h writes and reads it).
+const RowTable<ExperimentManifestRecord>& ExperimentManifestsTable();
 
 // ---- statements ---------------------------------------------------------------------------------------------
 
