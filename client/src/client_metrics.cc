@@ -1,7 +1,6 @@
 #include "fl/client/client_metrics.h"
 
 #include <exception>
-#include <mutex>
 
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
@@ -11,6 +10,7 @@
 #include <prometheus/registry.h>
 
 #include "absl/base/thread_annotations.h"
+#include "fl/core/mutex.h"
 #include "fl/core/str_cat.h"
 
 namespace fl::client {
@@ -32,7 +32,7 @@ struct ClientMetrics::Impl {
   prometheus::Family<prometheus::Counter>* rounds = nullptr;
   prometheus::Family<prometheus::Counter>* reconnects = nullptr;
   prometheus::Family<prometheus::Gauge>* model_version = nullptr;
-  std::mutex mu;
+  fl::Mutex mu;
   std::string experiment ABSL_GUARDED_BY(mu);
 };
 
@@ -92,7 +92,7 @@ int ClientMetrics::port() const {
 }
 
 void ClientMetrics::SetExperiment(std::string_view experiment_id) {
-  std::lock_guard lock(impl_->mu);
+  fl::MutexLock lock(impl_->mu);
   if (impl_->experiment == experiment_id) return;
   impl_->experiment = std::string(experiment_id);
   // Counters start at zero for the new experiment, so that rate() and increase() see them from the start
@@ -102,7 +102,7 @@ void ClientMetrics::SetExperiment(std::string_view experiment_id) {
 }
 
 void ClientMetrics::ObservePhase(std::string_view phase, double seconds, uint64_t bytes) {
-  std::lock_guard lock(impl_->mu);
+  fl::MutexLock lock(impl_->mu);
   impl_->phase->Add({{"experiment", impl_->experiment}, {"phase", std::string(phase)}}, DurationBuckets())
       .Observe(seconds);
   if (phase == "downlink" || phase == "uplink") {
@@ -112,17 +112,17 @@ void ClientMetrics::ObservePhase(std::string_view phase, double seconds, uint64_
 }
 
 void ClientMetrics::CountRoundCompleted() {
-  std::lock_guard lock(impl_->mu);
+  fl::MutexLock lock(impl_->mu);
   impl_->rounds->Add({{"experiment", impl_->experiment}}).Increment();
 }
 
 void ClientMetrics::CountReconnect() {
-  std::lock_guard lock(impl_->mu);
+  fl::MutexLock lock(impl_->mu);
   impl_->reconnects->Add({{"experiment", impl_->experiment}}).Increment();
 }
 
 void ClientMetrics::SetModelVersion(uint64_t version) {
-  std::lock_guard lock(impl_->mu);
+  fl::MutexLock lock(impl_->mu);
   impl_->model_version->Add({{"experiment", impl_->experiment}}).Set(static_cast<double>(version));
 }
 

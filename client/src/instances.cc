@@ -39,22 +39,22 @@ uint64_t ReadCgroupNumber(const char* path) {
 }  // namespace
 
 void TrainGate::Acquire() {
-  std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return held_ < limit_; });
+  fl::MutexLock lock(mu_);
+  cv_.Wait(mu_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return held_ < limit_; });
   ++held_;
   peak_ = std::max(peak_, held_);
 }
 
 void TrainGate::Release() {
   {
-    std::lock_guard lock(mu_);
+    fl::MutexLock lock(mu_);
     --held_;
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
 }
 
 uint32_t TrainGate::peak() const {
-  std::lock_guard lock(mu_);
+  fl::MutexLock lock(mu_);
   return peak_;
 }
 

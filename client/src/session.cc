@@ -8,7 +8,6 @@
 #include <bit>
 #include <charconv>
 #include <chrono>
-#include <condition_variable>
 #include <memory>
 #include <random>
 #include <thread>
@@ -142,14 +141,14 @@ absl::StatusOr<fl::v1::JoinResponse> FederatedClient::Impl::Join(uint32_t timeou
   ctx.set_deadline(DeadlineAfterMs(timeout_ms));
   ctx.set_wait_for_ready(true);  // wait for the server to come up instead of failing at once
   {
-    std::lock_guard lock(ctx_mu_);
+    fl::MutexLock lock(ctx_mu_);
     if (stop_) return absl::CancelledError("fl-client was stopped");
     join_ctx_ = &ctx;
   }
   fl::v1::JoinResponse resp;
   grpc::Status status = stub_->Join(&ctx, req, &resp);
   {
-    std::lock_guard lock(ctx_mu_);
+    fl::MutexLock lock(ctx_mu_);
     join_ctx_ = nullptr;
   }
   if (!status.ok()) {
@@ -201,7 +200,7 @@ absl::Status FederatedClient::Impl::UploadInitialModel() {
 }
 
 bool FederatedClient::Impl::WriteToSession(const ClientMessage& msg) {
-  std::lock_guard lock(write_mu_);
+  fl::MutexLock lock(write_mu_);
   if (stream_ == nullptr) return false;
   ClientMessage m = msg;
   m.set_seq(++seq_);
@@ -211,18 +210,18 @@ bool FederatedClient::Impl::WriteToSession(const ClientMessage& msg) {
 absl::StatusOr<FederatedClient::Impl::SessionEnd> FederatedClient::Impl::RunSession() {
   grpc::ClientContext ctx;
   {
-    std::lock_guard lock(ctx_mu_);
+    fl::MutexLock lock(ctx_mu_);
     if (stop_) return SessionEnd::kReconnect;
     session_ctx_ = &ctx;
   }
   std::unique_ptr<grpc::ClientReaderWriter<ClientMessage, ServerMessage>> stream = stub_->Session(&ctx);
   {
-    std::lock_guard lock(write_mu_);
+    fl::MutexLock lock(write_mu_);
     stream_ = stream.get();
     seq_ = 0;
   }
   {
-    std::lock_guard lock(queue_mu_);
+    fl::MutexLock lock(queue_mu_);
     session_over_ = false;
     tasks_.clear();
   }
@@ -233,12 +232,12 @@ absl::StatusOr<FederatedClient::Impl::SessionEnd> FederatedClient::Impl::RunSess
   WriteToSession(hello);
 
   std::thread worker([this] { Worker(); });
-  std::mutex hb_mu;
-  std::condition_variable hb_cv;
-  bool hb_stop = false;
+  fl::Mutex hb_mu;
+  fl::CondVar hb_cv;
+  bool hb_stop = false;  // under hb_mu (a local: the analysis checks only members)
   std::thread heartbeat([&] {
-    std::unique_lock lock(hb_mu);
-    while (!hb_cv.wait_for(lock, std::chrono::milliseconds(heartbeat_ms_), [&] { return hb_stop; })) {
+    fl::MutexLock lock(hb_mu);
+    while (!hb_cv.WaitFor(hb_mu, std::chrono::milliseconds(heartbeat_ms_), [&] { return hb_stop; })) {
       ClientMessage m;
       m.mutable_heartbeat()->set_sent_client_ns(Now());
       m.mutable_heartbeat()->set_state(fl::v1::CLIENT_STATE_IDLE);
@@ -251,9 +250,9 @@ absl::StatusOr<FederatedClient::Impl::SessionEnd> FederatedClient::Impl::RunSess
   while (stream->Read(&msg)) {
     switch (msg.kind_case()) {
       case ServerMessage::kTask: {
-        std::lock_guard lock(queue_mu_);
+        fl::MutexLock lock(queue_mu_);
         tasks_.push_back(msg.task());
-        queue_cv_.notify_all();
+        queue_cv_.NotifyAll();
         break;
       }
       case ServerMessage::kPing: {
@@ -267,7 +266,7 @@ absl::StatusOr<FederatedClient::Impl::SessionEnd> FederatedClient::Impl::RunSess
         break;
       }
       case ServerMessage::kCancel: {
-        std::lock_guard lock(queue_mu_);
+        fl::MutexLock lock(queue_mu_);
         if (current_task_ == msg.cancel().task_id()) task_cancelled_ = true;
         std::erase_if(tasks_, [&](const fl::v1::Task& t) { return t.task_id() == msg.cancel().task_id(); });
         break;
@@ -284,27 +283,27 @@ absl::StatusOr<FederatedClient::Impl::SessionEnd> FederatedClient::Impl::RunSess
     }
   }
   {
-    std::lock_guard lock(hb_mu);
+    fl::MutexLock lock(hb_mu);
     hb_stop = true;
   }
-  hb_cv.notify_all();
+  hb_cv.NotifyAll();
   heartbeat.join();
   {
-    std::lock_guard lock(queue_mu_);
+    fl::MutexLock lock(queue_mu_);
     session_over_ = true;
     task_cancelled_ = true;
-    queue_cv_.notify_all();
+    queue_cv_.NotifyAll();
   }
   worker.join();
   task_cancelled_ = false;
   {
-    std::lock_guard lock(write_mu_);
+    fl::MutexLock lock(write_mu_);
     stream->WritesDone();
     stream_ = nullptr;
   }
   grpc::Status status = stream->Finish();
   {
-    std::lock_guard lock(ctx_mu_);
+    fl::MutexLock lock(ctx_mu_);
     session_ctx_ = nullptr;
   }
   if (finished) return SessionEnd::kFinished;
@@ -320,8 +319,10 @@ void FederatedClient::Impl::Worker() {
   for (;;) {
     fl::v1::Task task;
     {
-      std::unique_lock lock(queue_mu_);
-      queue_cv_.wait(lock, [&] { return session_over_ || stop_ || !tasks_.empty(); });
+      fl::MutexLock lock(queue_mu_);
+      queue_cv_.Wait(queue_mu_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) {
+        return session_over_ || stop_ || !tasks_.empty();
+      });
       if (session_over_ || stop_) return;
       task = std::move(tasks_.front());
       tasks_.pop_front();
@@ -329,7 +330,7 @@ void FederatedClient::Impl::Worker() {
       task_cancelled_ = false;
     }
     RunTask(task);
-    std::lock_guard lock(queue_mu_);
+    fl::MutexLock lock(queue_mu_);
     current_task_.clear();
   }
 }

@@ -7,11 +7,9 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,6 +23,7 @@
 #include "fl/client/uplink_encoder.h"
 #include "fl/core/checksum.h"
 #include "fl/core/clock.h"
+#include "fl/core/mutex.h"
 #include "fl/proto/chunk_reader.h"
 #include "fl/proto/convert.h"
 #include "fl/rpc/tls.h"
@@ -87,12 +86,12 @@ class FederatedClient::Impl {
     stop_ = true;
     task_cancelled_ = true;
     {
-      std::lock_guard lock(ctx_mu_);
+      fl::MutexLock lock(ctx_mu_);
       if (session_ctx_ != nullptr) session_ctx_->TryCancel();
       if (join_ctx_ != nullptr) join_ctx_->TryCancel();
     }
-    queue_cv_.notify_all();
-    stop_cv_.notify_all();
+    queue_cv_.NotifyAll();
+    stop_cv_.NotifyAll();
   }
 
  private:
@@ -133,21 +132,22 @@ class FederatedClient::Impl {
   uint32_t server_max_chunk_ = 1u << 20;
 
   // Per session.
-  std::mutex ctx_mu_;
+  fl::Mutex ctx_mu_;
   grpc::ClientContext* session_ctx_ ABSL_GUARDED_BY(ctx_mu_) = nullptr;
   grpc::ClientContext* join_ctx_ ABSL_GUARDED_BY(ctx_mu_) = nullptr;
-  std::condition_variable_any stop_cv_;  // wakes backoff sleeps on Stop()
+  fl::CondVar stop_cv_;  // wakes backoff sleeps on Stop()
 
   // Sleeps `ms` unless Stop() comes first.
   void SleepUnlessStopped(uint32_t ms) {
-    std::unique_lock lock(ctx_mu_);
-    stop_cv_.wait_for(lock, std::chrono::milliseconds(ms), [&] { return stop_.load(); });
+    // stop_ is atomic, but Stop() takes ctx_mu_ between setting it and notifying, so the wake-up is not lost.
+    fl::MutexLock lock(ctx_mu_);
+    stop_cv_.WaitFor(ctx_mu_, std::chrono::milliseconds(ms), [&] { return stop_.load(); });
   }
-  std::mutex write_mu_;
+  fl::Mutex write_mu_;
   grpc::ClientReaderWriter<ClientMessage, ServerMessage>* stream_ ABSL_GUARDED_BY(write_mu_) = nullptr;
   uint64_t seq_ ABSL_GUARDED_BY(write_mu_) = 0;
-  std::mutex queue_mu_;
-  std::condition_variable queue_cv_;
+  fl::Mutex queue_mu_;
+  fl::CondVar queue_cv_;
   std::deque<fl::v1::Task> tasks_ ABSL_GUARDED_BY(queue_mu_);
   bool session_over_ ABSL_GUARDED_BY(queue_mu_) = false;
   std::string current_task_ ABSL_GUARDED_BY(queue_mu_);

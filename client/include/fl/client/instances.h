@@ -6,19 +6,19 @@
 // not a process. Torch-free: fl-client's main wires the trainers.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <istream>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "fl/training/trainer.h"
+#include "fl/core/mutex.h"
 
 namespace fl::client {
 
@@ -35,10 +35,10 @@ class TrainGate {
 
  private:
   const uint32_t limit_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  uint32_t held_ = 0;
-  uint32_t peak_ = 0;
+  mutable fl::Mutex mu_;
+  fl::CondVar cv_;
+  uint32_t held_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t peak_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // A Trainer whose Train and Evaluate pass through a TrainGate, and whose exceptions (LibTorch throws c10::Error)
