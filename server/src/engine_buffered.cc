@@ -49,7 +49,7 @@ bool RoundEngine::Core::AdvanceBuffered() {
       // An evaluation goes to as many clients as it would in synchronous mode, taken from the idle ones; no new
       // train task goes out meanwhile (the tasks out go on, their updates wait in the buffer, which is applied
       // after the evaluation, so that every evaluated client downloads the evaluated version).
-      const auto connected = static_cast<uint32_t>(by_session_.size());
+      const auto connected = static_cast<uint32_t>(clients_.connected());
       auto want = SelectionSize(SelectionPolicy{config_.fraction_evaluate, config_.min_evaluate_clients, 1}, connected);
       if (!want.ok() || connected == 0 || IdleConnectedClients().size() < *want) return false;
       const bool applied_step = b.evaluation_due;
@@ -61,7 +61,7 @@ bool RoundEngine::Core::AdvanceBuffered() {
     if (round_ >= config_.num_rounds) return Fire(EngineTrigger::kAllRoundsCommitted);
     // The first step waits for as many clients as a round would; later, whoever is connected trains (a client
     // that left does not stop the others).
-    if (!b.started && by_session_.size() < config_.fit.min_available) return false;
+    if (!b.started && clients_.connected() < config_.fit.min_available) return false;
     b.started = true;
     if (!Fire(EngineTrigger::kBufferingStarted)) return false;
     OpenBufferedStep();
@@ -86,7 +86,7 @@ bool RoundEngine::Core::AdvanceBuffered() {
       ++b.dispatches;
       for (const std::string& id :
            SelectClients(ids, count, config_.seed, round_ + 1, static_cast<uint32_t>(b.dispatches))) {
-        DispatchBuffered(*clients_.at(id));
+        DispatchBuffered(clients_.At(id));
       }
       ArmBufferTimer();
     }
@@ -183,8 +183,8 @@ void RoundEngine::Core::AppendStepRow(const TaskInfo& task, instrumentation::Cli
   b.step.client_rows.push_back(std::move(rec));
   // The client waits for this step (no train task; it may evaluate meanwhile).
   b.waiting.insert(task.client_id);
-  if (auto c = clients_.find(task.client_id); c != clients_.end() && c->second->open_task == task.id) {
-    c->second->open_task.clear();
+  if (ClientInfo* c = clients_.Find(task.client_id); c != nullptr && c->open_task == task.id) {
+    c->open_task.clear();
   }
 }
 
@@ -199,9 +199,9 @@ void RoundEngine::Core::BufferedTaskDropped(TaskInfo& task, ClientOutcome outcom
   instrumentation::ClientRoundRecord rec = TaskRow(task);
   rec.outcome = outcome;
   if (outcome == ClientOutcome::kRejected) rec.reject_reason = std::string(why);
-  if (auto c = clients_.find(task.client_id); c != clients_.end()) {
+  if (ClientInfo* c = clients_.Find(task.client_id); c != nullptr) {
     Notify([&](EngineObserver& o) {
-      o.OnUpdateOutcome(outcome, outcome == ClientOutcome::kRejected ? "malformed" : "", rec, c->second->join);
+      o.OnUpdateOutcome(outcome, outcome == ClientOutcome::kRejected ? "malformed" : "", rec, c->join);
     });
   }
   AppendStepRow(task, std::move(rec));
@@ -231,8 +231,8 @@ fl::v1::UploadUpdateResponse RoundEngine::Core::AcceptBufferedUpdate(UploadDoneE
     rec.outcome = outcome;
     if (outcome == ClientOutcome::kRejected) rec.reject_reason = verdict.error().message();
     ++(outcome == ClientOutcome::kOk ? r.accepted : outcome == ClientOutcome::kLate ? r.late : r.rejected);
-    if (auto c = clients_.find(task.client_id); c != clients_.end()) {
-      Notify([&](EngineObserver& o) { o.OnUpdateOutcome(outcome, reason, rec, c->second->join); });
+    if (ClientInfo* c = clients_.Find(task.client_id); c != nullptr) {
+      Notify([&](EngineObserver& o) { o.OnUpdateOutcome(outcome, reason, rec, c->join); });
     }
     AppendStepRow(task, std::move(rec));
     ArmBufferTimer();
@@ -247,8 +247,8 @@ fl::v1::UploadUpdateResponse RoundEngine::Core::AcceptBufferedUpdate(UploadDoneE
                                                                     " ms after the task's deadline"))),
         "");
   }
-  if (auto c = clients_.find(task.client_id); c != clients_.end()) {
-    if (std::string w = PhaseWindowProblem(*c->second, h.timings(), task.dispatched_ns, e.done_server_ns); !w.empty()) {
+  if (ClientInfo* c = clients_.Find(task.client_id); c != nullptr) {
+    if (std::string w = PhaseWindowProblem(*c, h.timings(), task.dispatched_ns, e.done_server_ns); !w.empty()) {
       spdlog::warn("rejected the update of client '{}' (task {}): {}", task.client_id, task.id, w);
       rec.downlink_ms = rec.train_ms = rec.eval_ms = rec.idle_ms = std::nullopt;
       rec.downlink_start_unix_ms = rec.train_start_unix_ms = rec.eval_start_unix_ms = std::nullopt;
@@ -358,12 +358,12 @@ void RoundEngine::Core::ApplyStep() {
       task.closed = true;
       task.outcome = ClientOutcome::kCancelled;
       task.closed_why = "the experiment's last aggregation step was applied";
-      if (auto c = clients_.find(task.client_id); c != clients_.end() && c->second->session != nullptr) {
+      if (ClientInfo* c = clients_.Find(task.client_id); c != nullptr && c->session != nullptr) {
         fl::v1::ServerMessage cancel;
-        cancel.set_seq(++c->second->server_seq);
+        cancel.set_seq(++c->server_seq);
         cancel.mutable_cancel()->set_task_id(task.id);
         cancel.mutable_cancel()->set_reason("the experiment's last aggregation step was applied");
-        c->second->session->Send(std::move(cancel));
+        c->session->Send(std::move(cancel));
       }
       instrumentation::ClientRoundRecord rec = TaskRow(task);
       rec.outcome = ClientOutcome::kCancelled;
@@ -372,7 +372,7 @@ void RoundEngine::Core::ApplyStep() {
     b.out.clear();
     ArmBufferTimer();
   }
-  std::vector<std::vector<uint8_t>>().swap(free_upload_buffers_);
+  uploads_.DropBuffers();
   const int64_t agg_start = NowNs();
   if (absl::Status step = StepGlobalModel(r, fl::StrCat("aggregation step ", r.round)); !step.ok()) {
     Finish(instrumentation::ExperimentStatus::kFailed,
@@ -450,13 +450,13 @@ void RoundEngine::Core::AbortBufferedStep(const std::string& reason) {
     task.closed = true;
     task.outcome = ClientOutcome::kDropped;
     task.closed_why = reason;
-    if (auto c = clients_.find(task.client_id); c != clients_.end() && c->second->session) {
+    if (ClientInfo* c = clients_.Find(task.client_id); c != nullptr && c->session) {
       fl::v1::ServerMessage cancel;
-      cancel.set_seq(++c->second->server_seq);
+      cancel.set_seq(++c->server_seq);
       cancel.mutable_cancel()->set_task_id(task.id);
       cancel.mutable_cancel()->set_reason(reason);
-      c->second->session->Send(std::move(cancel));
-      c->second->open_task.clear();
+      c->session->Send(std::move(cancel));
+      c->open_task.clear();
     }
   }
   const bool dispatched = !b.out.empty() || !b.step.task_ids.empty();

@@ -21,6 +21,7 @@
 #include "fl/core/str_cat.h"
 #include "fl/proto/convert.h"
 #include "engine_internal.h"
+#include "engine_schedule.h"
 #include "engine_peers.h"
 #include "peer_guard.h"
 
@@ -29,9 +30,7 @@ namespace fl::server {
 using namespace engine_internal;  // NOLINT: the engine's own helpers
 
 RoundEngine::Core::ClientInfo* RoundEngine::Core::Authenticate(const std::string& client_id, const std::string& token) {
-  auto it = clients_.find(client_id);
-  if (it == clients_.end() || it->second->token != token || token.empty()) return nullptr;
-  return it->second.get();
+  return clients_.Authenticate(client_id, token);
 }
 
 void RoundEngine::Core::HandleJoin(JoinEvent& e) {
@@ -76,9 +75,9 @@ void RoundEngine::Core::HandleJoin(JoinEvent& e) {
   }
   // Nobody takes over a live session by joining under its name: the rejoin must present that session's token
   // (fl-client does after a reconnect). A name whose session is gone can be joined again without one.
-  if (auto holder = clients_.find(req.client_name());
-      holder != clients_.end() && holder->second->session != nullptr &&
-      (req.session_token().empty() || req.session_token() != holder->second->token)) {
+  if (ClientInfo* holder = clients_.Find(req.client_name());
+      holder != nullptr && holder->session != nullptr &&
+      (req.session_token().empty() || req.session_token() != holder->token)) {
     return refuse(grpc::StatusCode::ALREADY_EXISTS, fl::v1::ERROR_CODE_NAME_IN_USE,
                   fl::StrCat("a live session holds the client name '", req.client_name(), "'; a Join under it must ",
                              req.session_token().empty() ? "present the" : "present the right",
@@ -141,21 +140,21 @@ void RoundEngine::Core::HandleJoin(JoinEvent& e) {
   std::shared_ptr<const core::ModelSpec> expected = spec_;
   std::string_view expected_name = "this experiment's";
   if (state_ == EngineState::kWaitingForModel) {
-    auto holder = clients_.find(initial_model_client_);
+    ClientInfo* holder = clients_.Find(initial_model_client_);
     const int64_t asked_ago = NowNs() - initial_model_asked_ns_;
     // Past the deadline the holder has stalled (unless its upload is under way): this client is asked instead.
     const bool stalled =
         asked_ago >= int64_t{config_.initial_model_deadline_ms} * kMsToNs && !initial_model_upload_in_progress_;
-    const bool other_holder = holder != clients_.end() && holder->first != req.client_name();
+    const bool other_holder = holder != nullptr && holder->id != req.client_name();
     const bool holder_alive =
-        other_holder && !stalled && (holder->second->session != nullptr || asked_ago < int64_t{30'000} * kMsToNs);
+        other_holder && !stalled && (holder->session != nullptr || asked_ago < int64_t{30'000} * kMsToNs);
     if (holder_alive) {
       expected = pending_spec_;
       expected_name = "the first client's";
     } else {
       ask_for_initial_model = true;
       if (other_holder && expected == nullptr && spec->num_elements() <= config_.max_model_values) {
-        AbandonInitialModelHolder(holder->first, req.client_name(),
+        AbandonInitialModelHolder(holder->id, req.client_name(),
                                   stalled ? fl::StrCat("it has not uploaded it within --initial-model-deadline-ms=",
                                                        config_.initial_model_deadline_ms)
                                           : std::string("its session ended without the upload"));
@@ -178,27 +177,25 @@ void RoundEngine::Core::HandleJoin(JoinEvent& e) {
   // The session limit (--max-sessions): a Join that would take a new place is refused with a retry-after, unless
   // its address holds less than its fair share and another holds more (then that one's oldest idle place yields,
   // YieldPlaceTo); a client already holding one (a rejoin after a restart) keeps it.
-  if (auto known = clients_.find(req.client_name());
-      config_.max_sessions != 0 && places_.size() >= config_.max_sessions &&
-      (known == clients_.end() || !known->second->holds_place) && !YieldPlaceTo(e.peer, req.client_name())) {
+  if (ClientInfo* known = clients_.Find(req.client_name());
+      config_.max_sessions != 0 && clients_.places_held() >= config_.max_sessions &&
+      (known == nullptr || !known->holds_place) && !YieldPlaceTo(e.peer, req.client_name())) {
     const std::string host = PeerHost(e.peer);
     size_t of_host = 0;
-    for (const ClientInfo* c : places_) of_host += PeerHost(c->peer) == host ? 1 : 0;
+    for (const ClientInfo* c : clients_.places()) of_host += PeerHost(c->peer) == host ? 1 : 0;
     *resp.mutable_error() = wire::MakeError(
         fl::v1::ERROR_CODE_RATE_LIMITED,
-        fl::StrCat("fl-server holds ", places_.size(), " sessions, its limit (--max-sessions=", config_.max_sessions,
-                   "), ", of_host, " of them from ", LogSafe(host, 64), "; client '", req.client_name(),
-                   "' is not admitted now"),
+        fl::StrCat("fl-server holds ", clients_.places_held(),
+                   " sessions, its limit (--max-sessions=", config_.max_sessions, "), ", of_host, " of them from ",
+                   LogSafe(host, 64), "; client '", req.client_name(), "' is not admitted now"),
         "", fl::StrCat("retry after ", config_.join_retry_after_ms, " ms (trailing metadata retry-after-ms)"));
     spdlog::debug("refused join of '{}': session limit {}", LogSafe(req.client_name(), 64), config_.max_sessions);
     e.reply(wire::ToGrpcStatus(grpc::StatusCode::RESOURCE_EXHAUSTED, resp.error()), resp);
     return;
   }
 
-  auto& slot = clients_[req.client_name()];
-  const bool rejoin = slot != nullptr;
-  if (!rejoin) slot = std::make_unique<ClientInfo>();
-  ClientInfo& client = *slot;
+  const bool rejoin = clients_.Find(req.client_name()) != nullptr;
+  ClientInfo& client = clients_.FindOrAdd(req.client_name());
   client.id = req.client_name();
   client.token = RandomHex(16);
   client.peer = e.peer;
@@ -250,7 +247,7 @@ void RoundEngine::Core::HandleJoin(JoinEvent& e) {
               "{} client '{}' ({}, {} via {}), {} train examples ({} admissions, {} sessions open)",
               rejoin ? "rejoined" : "admitted", client.id, LogSafe(req.device().device_class(), 64),
               wire::LinkKindName(req.link().kind()), LogSafe(req.link().interface(), 64), req.num_train_examples(),
-              joins_logged_, by_session_.size());
+              joins_logged_, clients_.connected());
   instrumentation::ClientRecord rec;
   rec.experiment_id = config_.experiment_id;
   rec.client_id = client.id;
@@ -367,7 +364,7 @@ void RoundEngine::Core::RecordClientUplink(const ClientInfo& client, const std::
   }
   const TaskInfo& task = *t->second;
   uplink_reports_due_.erase(task.id);
-  if (buffer_ != nullptr && RecordBufferedUplink(task, uplink_ms, start_unix_ms, end_unix_ms)) return;
+  if (schedule_->RecordUplink(task, uplink_ms, start_unix_ms, end_unix_ms)) return;
   // The row is still buffered while its round is open, and already written once the round closed (the
   // last update of a round closes it before the client can report its uplink).
   if (current_ != nullptr && !current_->evaluation && current_->round == task.round &&
@@ -390,7 +387,7 @@ void RoundEngine::Core::RecordClientUplink(const ClientInfo& client, const std::
 }
 
 void RoundEngine::Core::UpdateConnectedGauge() {
-  const auto connected = static_cast<int64_t>(by_session_.size());
+  const auto connected = static_cast<int64_t>(clients_.connected());
   Notify([&](EngineObserver& o) { o.OnConnectedClients(connected); });
 }
 
@@ -533,7 +530,7 @@ void RoundEngine::Core::HandleSessionClosed(SessionClosedEvent& e) {
       auto t = tasks_.find(c->open_task);
       if (t != tasks_.end()) CloseTaskAsDropped(*t->second, "the client's session ended");
     }
-    spdlog::log(by_session_.size() < kJoinsLoggedAtInfo ? spdlog::level::info : spdlog::level::debug,
+    spdlog::log(clients_.connected() < kJoinsLoggedAtInfo ? spdlog::level::info : spdlog::level::debug,
                 "client '{}' disconnected", id);
   }
   UpdateConnectedGauge();
@@ -569,17 +566,17 @@ void RoundEngine::Core::AbandonInitialModelHolder(const std::string& holder_id, 
   const std::string reason = fl::StrCat("asked for the initial model ", (NowNs() - initial_model_asked_ns_) / kMsToNs,
                                         " ms ago, ", why, "; client '", next_client, "' is asked instead");
   spdlog::warn("client '{}' was {}", holder_id, reason);
-  auto holder = clients_.find(holder_id);
-  if (holder == clients_.end()) return;
-  DisconnectClient(*holder->second, fl::StrCat("this client was ", reason));
+  ClientInfo* holder = clients_.Find(holder_id);
+  if (holder == nullptr) return;
+  DisconnectClient(*holder, fl::StrCat("this client was ", reason));
   RecordClientEvent(holder_id, instrumentation::ClientEventKind::kInitialModelReasked, std::nullopt, "", reason);
   Record(instrumentation::ClientLeftRecord{config_.experiment_id, holder_id, UnixMs(), reason});
 }
 
 void RoundEngine::Core::ReaskInitialModelIfStalled(int64_t now) {
   if (initial_model_client_.empty() || initial_model_upload_in_progress_) return;
-  auto holder = clients_.find(initial_model_client_);
-  const bool connected = holder != clients_.end() && holder->second->session != nullptr;
+  ClientInfo* holder = clients_.Find(initial_model_client_);
+  const bool connected = holder != nullptr && holder->session != nullptr;
   const int64_t asked_ago = now - initial_model_asked_ns_;
   const int64_t deadline = int64_t{config_.initial_model_deadline_ms} * kMsToNs;
   // A holder that went away gets the same grace as at Join (30 s to upload before opening its session).
@@ -589,7 +586,7 @@ void RoundEngine::Core::ReaskInitialModelIfStalled(int64_t now) {
   // Another connected client, in name order: it joined while the holder was asked, so it trains the holder's
   // model (Join compared them) and can provide the weights.
   ClientInfo* next = nullptr;
-  for (auto& [id, c] : clients_) {
+  for (auto& [id, c] : clients_.all()) {
     if (id != initial_model_client_ && c->session != nullptr) {
       next = c.get();
       break;
@@ -625,55 +622,34 @@ void RoundEngine::Core::DisconnectClient(ClientInfo& client, std::string_view wh
 }
 
 std::vector<RoundEngine::Core::ClientInfo*> RoundEngine::Core::IdleConnectedClients() {
-  std::vector<ClientInfo*> out;
-  for (auto& [id, c] : clients_) {
-    if (c->session != nullptr && c->open_task.empty()) out.push_back(c.get());
-  }
-  return out;
+  return clients_.IdleConnected();
 }
 
 void RoundEngine::Core::AttachSession(ClientInfo& client, std::shared_ptr<SessionChannel> channel) {
-  DetachSession(client);
-  by_session_[channel.get()] = &client;
-  client.session = std::move(channel);
+  clients_.AttachSession(client, std::move(channel));
 }
 
-void RoundEngine::Core::DetachSession(ClientInfo& client) {
-  if (client.session == nullptr) return;
-  if (auto it = by_session_.find(client.session.get()); it != by_session_.end() && it->second == &client) {
-    by_session_.erase(it);
-  }
-  client.session.reset();
-}
+void RoundEngine::Core::DetachSession(ClientInfo& client) { clients_.DetachSession(client); }
 
 RoundEngine::Core::ClientInfo* RoundEngine::Core::ClientOfSession(const SessionChannel* channel) {
-  auto it = by_session_.find(channel);
-  return it == by_session_.end() ? nullptr : it->second;
+  return clients_.ClientOfSession(channel);
 }
 
 void RoundEngine::Core::HoldPlace(ClientInfo& client, int64_t seen_ns) {
-  client.last_seen_ns = std::max(client.last_seen_ns, seen_ns);
-  if (client.holds_place) {
-    places_.splice(places_.end(), places_, client.place);
-  } else {
-    client.place = places_.insert(places_.end(), &client);
-    client.holds_place = true;
-    if (peers_state_ != nullptr) {
-      PeersState& peers = *peers_state_;
-      if (auto idle = peers.idle_position.find(&client); idle != peers.idle_position.end()) {
-        peers.idle_newcomers.erase(idle->second);
-        peers.idle_position.erase(idle);
-      }
+  // A newly held place takes the client off the idle newcomers (engine_peers.cc).
+  if (clients_.HoldPlace(client, seen_ns) && peers_state_ != nullptr) {
+    PeersState& peers = *peers_state_;
+    if (auto idle = peers.idle_position.find(&client); idle != peers.idle_position.end()) {
+      peers.idle_newcomers.erase(idle->second);
+      peers.idle_position.erase(idle);
     }
   }
-  published_.places_held.store(places_.size(), std::memory_order_relaxed);
+  published_.places_held.store(clients_.places_held(), std::memory_order_relaxed);
 }
 
 void RoundEngine::Core::ReleasePlace(ClientInfo& client) {
-  if (!client.holds_place) return;
-  places_.erase(client.place);
-  client.holds_place = false;
-  published_.places_held.store(places_.size(), std::memory_order_relaxed);
+  if (!clients_.ReleasePlace(client)) return;
+  published_.places_held.store(clients_.places_held(), std::memory_order_relaxed);
   if (!client.tasked && config_.max_idle_newcomers != 0) {
     PeersState& peers = peers_state();
     if (peers.idle_position.count(&client) == 0) {
@@ -686,14 +662,14 @@ void RoundEngine::Core::ReleasePlace(ClientInfo& client) {
 void RoundEngine::Core::CheckHeartbeats(int64_t now) {
   WriteRefusalSummaries(/*all=*/false);  // a flood that stopped still gets its summary row within a while
   // Liveness: a client that has said nothing for four heartbeat intervals is gone, even if TCP has not
-  // noticed yet (a Pi that lost its 5G link keeps the socket half-open for minutes). places_ is ordered by
-  // when each client was last heard (moved to the back on every message), so only the silent front is looked
-  // at: O(evicted) a check, not O(clients). A client the engine has not heard from may still have been heard by
-  // its reactor (the engine runs late, its messages wait in the queue): the reactor's arrival time counts, and
-  // such a client goes to the back instead of out. Each client is looked at once per check.
+  // noticed yet (a Pi that lost its 5G link keeps the socket half-open for minutes). the registry's places are ordered
+  // by when each client was last heard (moved to the back on every message), so only the silent front is looked at:
+  // O(evicted) a check, not O(clients). A client the engine has not heard from may still have been heard by its reactor
+  // (the engine runs late, its messages wait in the queue): the reactor's arrival time counts, and such a client goes
+  // to the back instead of out. Each client is looked at once per check.
   const int64_t limit = 4 * int64_t{config_.heartbeat_interval_ms} * kMsToNs;
-  for (size_t budget = places_.size(); budget > 0 && !places_.empty(); --budget) {
-    ClientInfo& c = *places_.front();
+  for (size_t budget = clients_.places_held(); budget > 0 && clients_.places_held() > 0; --budget) {
+    ClientInfo& c = *clients_.places().front();
     if (now - c.last_seen_ns <= limit) break;
     const int64_t arrived = c.session != nullptr ? c.session->last_received_ns() : 0;
     if (now - arrived <= limit) {
@@ -740,7 +716,7 @@ void RoundEngine::Core::HandleSecurityRefusal(SecurityRefusalEvent& e) { RecordS
 void RoundEngine::Core::HandleCertificatesRevoked(const CertificatesRevokedEvent& e) {
   // The service refuses a revoked certificate's next call; a session that is open already is closed here, so that
   // a revoked client does not keep training (or holding its place in a round) on the stream it has.
-  for (auto& [id, c] : clients_) {
+  for (auto& [id, c] : clients_.all()) {
     if (c->cert_serial.empty() || e.serials.count(c->cert_serial) == 0) continue;
     const std::string why =
         fl::StrCat("the certificate of client \"", id, "\" (serial ", c->cert_serial, ") was revoked");

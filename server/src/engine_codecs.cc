@@ -38,9 +38,8 @@ void RoundEngine::Core::NoteUplinkRate(const std::string& client_id, uint64_t pa
                                        int64_t done_ns) {
   // A transfer too short to time (the same clock reading at both ends) says nothing about the link.
   if (done_ns <= first_byte_ns || payload_bytes == 0) return;
-  if (auto c = clients_.find(client_id); c != clients_.end()) {
-    c->second->uplink_bytes_per_s =
-        static_cast<double>(payload_bytes) * 1e9 / static_cast<double>(done_ns - first_byte_ns);
+  if (ClientInfo* c = clients_.Find(client_id); c != nullptr) {
+    c->uplink_bytes_per_s = static_cast<double>(payload_bytes) * 1e9 / static_cast<double>(done_ns - first_byte_ns);
   }
 }
 

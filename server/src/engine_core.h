@@ -22,6 +22,8 @@
 #include "fl/core/timeline.h"
 #include "fl/rpc/event_loop.h"
 #include "fl/server/round_engine.h"
+#include "engine_registry.h"
+#include "engine_transfers.h"
 
 namespace fl::server {
 
@@ -47,7 +49,7 @@ class RoundEngine::Core {
   EngineState state() const { return state_; }
 
  private:
-  struct ClientInfo;
+  using ClientInfo = engine::ClientInfo;  // engine_registry.h
   struct TaskInfo;
   struct RoundState;
   struct PendingUpload;
@@ -268,11 +270,8 @@ class RoundEngine::Core {
   // ---- engine-thread state ----
   EngineState state_ = EngineState::kWaitingForModel;
   uint64_t missing_transitions_ = 0;  // MissingTransition: bugs met this run (logged critical)
-  std::map<std::string, std::unique_ptr<ClientInfo>> clients_;         // by client id
-  std::unordered_map<const SessionChannel*, ClientInfo*> by_session_;  // clients with a live session
-  // Clients holding a place (a live session, or admitted and awaiting theirs), least recently heard first:
-  // the heartbeat check looks only at the front. Moved to the back on every message (O(1)).
-  std::list<ClientInfo*> places_;
+  // Who is known, connected, idle and holding a place, least recently heard first (engine_registry.h).
+  engine::ClientRegistry clients_;
   // Hostile peers (engine_clients.cc, docs/security.md): the budget of security_events rows and the clients that
   // joined but never had a task, oldest first. Made on first use; shared_ptr: complete only in engine_clients.cc.
   struct PeersState;
@@ -314,27 +313,9 @@ class RoundEngine::Core {
   bool evaluation_due_ = false;
   std::map<uint64_t, uint32_t> first_attempts_;  // StartPoint::first_attempts
   uint64_t task_counter_ = 0;
-  uint32_t busy_upload_slots_ = 0;
-  // Uploads holding a slot: their progress, when they got it, and whether it was revoked already.
-  struct ActiveUpload {
-    std::shared_ptr<UploadHandle> handle;
-    std::string client_id;
-    std::string task_id;
-    int64_t granted_ns = 0;
-    uint64_t payload_bytes = 0;  // what its header announced
-    // Its last message as the engine counts it: the reactor's stamp, moved on by the server's own stalls.
-    int64_t last_progress_ns = 0;
-    // (when the engine saw it, payload bytes) at each check where the count had changed, oldest first: the
-    // bytes of its most recent window (kUploadProgressWindowNs).
-    std::deque<std::pair<int64_t, uint64_t>> progress;
-    bool revoked = false;
-  };
-  // The shortest window over which an upload's recent rate is judged (RevokeSlowUploads): longer than the pauses
-  // an honest stream shows between messages (a TCP retransmission timeout is 0.2-1 s on Linux, a radio handover
-  // well under a second), short enough that a stream that stopped gives its slot back within a quarter of an 8 s
-  // round. An upload whose own chunks (--max-chunk-bytes) take longer at its pace so far gets four of them.
-  static constexpr int64_t kUploadProgressWindowNs = 2'000'000'000;
-  std::vector<ActiveUpload> active_uploads_;
+  // Upload slots, the receive buffers kept for them, and the watch that revokes a stalled or slow upload's slot
+  // (engine_transfers.h); sized at Prepare.
+  engine::UploadSlots uploads_{0};
   std::set<std::string> untold_;  // see ClientsNotToldOfTheEnd
   // Accepted updates whose client has not yet reported its own uplink time (task id -> round); waited on for
   // at most kUplinkReportGraceNs after the last round (kDraining), from drain_deadline_ns_ on.
@@ -342,9 +323,16 @@ class RoundEngine::Core {
   int64_t drain_deadline_ns_ = 0;
   static constexpr int64_t kUplinkReportGraceNs = 2'000'000'000;
   std::deque<std::unique_ptr<PendingUpload>> waiting_uploads_;
-  std::vector<std::vector<uint8_t>> free_upload_buffers_;  // reused receive buffers, at most upload_slots
   std::vector<float> scratch_;
-  CommittedRound last_round_;            // the last committed round (its client_rows pointer is not kept)
+  CommittedRound last_round_;  // the last committed round (its client_rows pointer is not kept)
+  // The aggregation schedule (engine_schedule.h), made at construction from config_.aggregation: the shared paths
+  // call it where they used to test the mode. Each implementation is nested here, so that it reaches the core.
+  class AggregationSchedule;
+  class SyncRounds;     // engine_schedule_sync.cc
+  class BufferedSteps;  // engine_schedule_buffered.cc
+  std::unique_ptr<AggregationSchedule> MakeSyncRounds();
+  std::unique_ptr<AggregationSchedule> MakeBufferedSteps();
+  std::unique_ptr<AggregationSchedule> schedule_;
   std::unique_ptr<BufferState> buffer_;  // buffered aggregation's state (engine_buffered.cc); null when synchronous
   // Over-commitment and late folding (engine_overcommit.cc); made on first use.
   std::unique_ptr<Stragglers> stragglers_;

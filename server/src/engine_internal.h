@@ -31,28 +31,6 @@ namespace fl::server {
 
 using fl::v1::ErrorCode;
 
-struct RoundEngine::Core::ClientInfo {
-  std::string id;
-  std::string token;
-  std::string peer;         // gRPC's peer string of its last Join
-  std::string cert_serial;  // its certificate's serial over mutual TLS (empty in plaintext)
-  fl::v1::JoinRequest join;
-  std::shared_ptr<SessionChannel> session;
-  int64_t last_seen_ns = 0;
-  std::string open_task;
-  uint64_t server_seq = 0;
-  // Clock sync: a ping goes out when the session opens and with every heartbeat; pongs feed the estimator.
-  core::ClockOffsetEstimator clock;
-  uint64_t next_ping_id = 0;
-  std::map<uint64_t, int64_t> pings_in_flight;  // ping id -> t1 (server clock), the last few only
-  // Its entry in RoundEngine::Core::places_ while it holds a place (a live session, or admitted awaiting one).
-  std::list<ClientInfo*>::iterator place;
-  bool holds_place = false;
-  // Link-aware compression: payload bytes / server-side time of its last finished upload (nullopt: none yet).
-  std::optional<double> uplink_bytes_per_s;
-  bool tasked = false;  // it was sent a task: it is in the round records, never forgotten (engine_clients.cc)
-};
-
 struct RoundEngine::Core::TaskInfo {
   std::string id;
   std::string client_id;

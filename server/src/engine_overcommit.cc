@@ -66,8 +66,8 @@ void RoundEngine::Core::CancelSurplusTasks() {
     ++cancelled;
     instrumentation::ClientRoundRecord rec = TaskRow(task);
     rec.outcome = ClientOutcome::kCancelled;
-    if (auto c = clients_.find(task.client_id); c != clients_.end()) {
-      ClientInfo& client = *c->second;
+    if (ClientInfo* c = clients_.Find(task.client_id); c != nullptr) {
+      ClientInfo& client = *c;
       if (client.open_task == task.id) client.open_task.clear();
       if (client.session != nullptr) {
         fl::v1::ServerMessage cancel;
@@ -117,8 +117,8 @@ std::optional<fl::v1::UploadUpdateResponse> RoundEngine::Core::FoldLateUpdate(
   if (h.model_fingerprint() != spec_->fingerprint()) {
     return refuse(fl::v1::ERROR_CODE_FINGERPRINT_MISMATCH, "it is for another model");
   }
-  if (auto c = clients_.find(task.client_id); c != clients_.end()) {
-    if (std::string w = PhaseWindowProblem(*c->second, h.timings(), task.dispatched_ns, e.done_server_ns); !w.empty()) {
+  if (ClientInfo* c = clients_.Find(task.client_id); c != nullptr) {
+    if (std::string w = PhaseWindowProblem(*c, h.timings(), task.dispatched_ns, e.done_server_ns); !w.empty()) {
       return refuse(fl::v1::ERROR_CODE_MALFORMED, fl::StrCat("update refused: ", w));
     }
   }
@@ -170,8 +170,8 @@ std::vector<instrumentation::ClientRoundRecord> RoundEngine::Core::FoldPendingIn
     row.staleness = static_cast<int64_t>(tau);
     row.staleness_weight = discount;
     row.folded_into_round = static_cast<int64_t>(r.round);
-    if (auto c = clients_.find(row.client_id); c != clients_.end()) {
-      Notify([&](EngineObserver& o) { o.OnUpdateOutcome(ClientOutcome::kFolded, "", row, c->second->join); });
+    if (ClientInfo* c = clients_.Find(row.client_id); c != nullptr) {
+      Notify([&](EngineObserver& o) { o.OnUpdateOutcome(ClientOutcome::kFolded, "", row, c->join); });
     }
     rows.push_back(std::move(row));
   }

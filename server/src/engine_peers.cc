@@ -36,13 +36,13 @@ bool RoundEngine::Core::YieldPlaceTo(const std::string& peer, const std::string&
   std::unordered_map<std::string, size_t> held;
   held.reserve(64);
   held[host];  // the newcomer's address counts as one that asks, with what it holds
-  for (const ClientInfo* c : places_) ++held[PeerHost(c->peer)];
+  for (const ClientInfo* c : clients_.places()) ++held[PeerHost(c->peer)];
   const size_t share = std::max<size_t>(1, config_.max_sessions / held.size());
   if (held[host] >= share) return false;
   auto hog =
       std::max_element(held.begin(), held.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
   if (hog->second <= share) return false;
-  for (ClientInfo* c : places_) {  // least recently heard first
+  for (ClientInfo* c : clients_.places()) {  // least recently heard first
     if (!c->open_task.empty() || c->id == initial_model_client_ || PeerHost(c->peer) != hog->first) continue;
     const std::string why =
         fl::StrCat("the server is full (--max-sessions=", config_.max_sessions, ") and ", LogSafe(hog->first, 64),
@@ -77,7 +77,7 @@ void RoundEngine::Core::ForgetIdleNewcomers() {
     untold_.erase(c.id);
     Record(instrumentation::ClientForgottenRecord{config_.experiment_id, c.id});
     ++peers.forgotten;
-    clients_.erase(clients_.find(c.id));  // last: `c` is gone after this
+    clients_.Forget(c.id);  // last: `c` is gone after this
   }
 }
 

@@ -20,6 +20,7 @@
 #include <filesystem>
 
 #include "engine_internal.h"
+#include "engine_schedule.h"
 
 namespace fl::server {
 
@@ -28,7 +29,7 @@ using namespace engine_internal;  // NOLINT: the engine's own helpers
 void RoundEngine::Core::StartRound() {
   // Called after every turn while waiting: too few connected clients is known without looking at each of them
   // (idle ones are a subset), so a join storm does not cost a scan of all clients per turn.
-  if (!SelectionSize(config_.fit, static_cast<uint32_t>(by_session_.size())).ok()) return;
+  if (!SelectionSize(config_.fit, static_cast<uint32_t>(clients_.connected())).ok()) return;
   // Reports still due from rounds before the last committed one will not come any more.
   std::erase_if(uplink_reports_due_, [&](const auto& due) { return due.second < round_; });
   std::vector<ClientInfo*> idle = IdleConnectedClients();
@@ -57,7 +58,7 @@ void RoundEngine::Core::StartRound() {
     *t.mutable_train() = config_.train;
     t.mutable_train()->set_seed(config_.seed ^ (round * 0x9E3779B97F4A7C15ULL) ^ std::hash<std::string>{}(id));
     t.set_deadline_ms(config_.round_deadline_ms);
-    Dispatch(*clients_.at(id), std::move(t), attempt_);
+    Dispatch(clients_.At(id), std::move(t), attempt_);
   }
   ArmAt(deadline_timer_, current_->deadline_ns);
   if (!Fire(EngineTrigger::kRoundStarted)) return;
@@ -238,7 +239,7 @@ void RoundEngine::Core::CloseRound() {
 
   // Peak memory is at the commit: give back what the next round can rebuild cheaply (the receive buffers,
   // once per round, not per update) before the aggregate and the new download payload are materialised.
-  std::vector<std::vector<uint8_t>>().swap(free_upload_buffers_);
+  uploads_.DropBuffers();
   const int64_t agg_start = NowNs();
   // --deadline-policy fold: late updates of earlier rounds join this aggregate, discounted (engine_overcommit.cc).
   std::vector<instrumentation::ClientRoundRecord> folded_rows = FoldPendingInto(r);
@@ -299,7 +300,7 @@ void RoundEngine::Core::StartEvaluation() {
     t.set_kind(fl::v1::TASK_KIND_EVALUATE);
     t.set_round(round_);
     t.set_deadline_ms(config_.evaluate_deadline_ms);
-    Dispatch(*clients_.at(id), std::move(t), committed_attempt_);
+    Dispatch(clients_.At(id), std::move(t), committed_attempt_);
   }
   ArmAt(deadline_timer_, current_->deadline_ns);
   if (!Fire(EngineTrigger::kEvaluationStarted)) return;
@@ -366,7 +367,7 @@ void RoundEngine::Core::CloseEvaluation() {
 
 void RoundEngine::Core::HandleShutdown(const ShutdownEvent& e) {
   if (state_ == EngineState::kFinished) return;
-  if (buffer_ != nullptr) AbortBufferedStep(e.reason);
+  schedule_->Abort(e.reason);
   if (current_ != nullptr) {
     for (const std::string& id : current_->task_ids) {
       TaskInfo& task = *tasks_.at(id);
@@ -374,13 +375,13 @@ void RoundEngine::Core::HandleShutdown(const ShutdownEvent& e) {
       task.closed = true;
       task.outcome = instrumentation::ClientOutcome::kDropped;
       task.closed_why = e.reason;
-      if (auto c = clients_.find(task.client_id); c != clients_.end() && c->second->session) {
+      if (ClientInfo* c = clients_.Find(task.client_id); c != nullptr && c->session) {
         fl::v1::ServerMessage cancel;
-        cancel.set_seq(++c->second->server_seq);
+        cancel.set_seq(++c->server_seq);
         cancel.mutable_cancel()->set_task_id(task.id);
         cancel.mutable_cancel()->set_reason(e.reason);
-        c->second->session->Send(std::move(cancel));
-        c->second->open_task.clear();
+        c->session->Send(std::move(cancel));
+        c->open_task.clear();
       }
     }
     if (!current_->evaluation) {
@@ -404,10 +405,10 @@ void RoundEngine::Core::CloseTaskAsDropped(TaskInfo& task, std::string_view why,
   const instrumentation::ClientOutcome outcome =
       late ? instrumentation::ClientOutcome::kLate : instrumentation::ClientOutcome::kDropped;
   task.outcome = outcome;
-  // Buffered aggregation: the row goes to the open step, and the client waits for that step (engine_buffered.cc).
-  if (buffer_ != nullptr && task.kind == fl::v1::TASK_KIND_TRAIN) return BufferedTaskDropped(task, outcome, why);
-  if (auto c = clients_.find(task.client_id); c != clients_.end() && c->second->open_task == task.id) {
-    c->second->open_task.clear();
+  // The schedule's own record of it (buffered: the row goes to the open step, and the client waits for it).
+  if (schedule_->TaskDropped(task, outcome, why)) return;
+  if (ClientInfo* c = clients_.Find(task.client_id); c != nullptr && c->open_task == task.id) {
+    c->open_task.clear();
   }
   if (current_ != nullptr && current_->round == task.round && current_->attempt == task.attempt) {
     ++(late ? current_->late : current_->dropped);
@@ -420,8 +421,8 @@ void RoundEngine::Core::CloseTaskAsDropped(TaskInfo& task, std::string_view why,
   }
   instrumentation::ClientRoundRecord rec = TaskRow(task);
   rec.outcome = outcome;
-  if (auto c = clients_.find(task.client_id); c != clients_.end()) {
-    Notify([&](EngineObserver& o) { o.OnUpdateOutcome(outcome, "", rec, c->second->join); });
+  if (ClientInfo* c = clients_.Find(task.client_id); c != nullptr) {
+    Notify([&](EngineObserver& o) { o.OnUpdateOutcome(outcome, "", rec, c->join); });
   }
   current_->client_rows.push_back(std::move(rec));
 }

@@ -20,6 +20,7 @@
 #include "fl/core/str_cat.h"
 #include "fl/server/round_engine.h"
 #include "engine_internal.h"
+#include "engine_schedule.h"
 
 namespace fl::server {
 
@@ -50,8 +51,8 @@ void RoundEngine::Core::MoveDeadlinesOn(int64_t stall, int64_t now) {
       "client is blamed for the server's stall",
       static_cast<double>(stall) / 1e9, stall_threshold_ns_ / kMsToNs);
   // Liveness: what a client said before the stall counts as said that much later (never later than now). A
-  // uniform shift keeps places_ in order of when each client was last heard.
-  for (auto& [id, c] : clients_) c->last_seen_ns = std::min(now, c->last_seen_ns + stall);
+  // uniform shift keeps the registry's places in order of when each client was last heard.
+  for (auto& [id, c] : clients_.all()) c->last_seen_ns = std::min(now, c->last_seen_ns + stall);
   // Every open task's deadline (a round's, an evaluation's, a buffered task's own) and the round's.
   for (auto& [id, t] : tasks_) {
     if (!t->closed) t->deadline_ns += stall;
@@ -60,13 +61,9 @@ void RoundEngine::Core::MoveDeadlinesOn(int64_t stall, int64_t now) {
     current_->deadline_ns += stall;
     ArmAt(deadline_timer_, current_->deadline_ns);
   }
-  if (buffer_ != nullptr) ArmBufferTimer();
+  schedule_->AfterStall();
   // Uploads holding a slot: the stall is neither a silence of theirs nor time at a low rate.
-  for (ActiveUpload& up : active_uploads_) {
-    up.granted_ns += stall;
-    up.last_progress_ns = std::max(up.last_progress_ns, up.handle->last_message_ns()) + stall;
-    for (auto& sample : up.progress) sample.first += stall;
-  }
+  uploads_.MoveOn(stall);
   if (state_ == EngineState::kWaitingForModel && !initial_model_client_.empty()) {
     initial_model_asked_ns_ += stall;
     ArmAt(initial_model_timer_, initial_model_asked_ns_ + int64_t{config_.initial_model_deadline_ms} * kMsToNs);

@@ -15,6 +15,7 @@
 #include "fl/core/str_cat.h"
 #include "fl/proto/convert.h"
 #include "engine_internal.h"
+#include "engine_schedule.h"
 
 namespace fl::server {
 
@@ -37,11 +38,9 @@ void RoundEngine::Core::HandleDownload(DownloadEvent& e) {
   }
   if (req.model_version() != 0 && req.model_version() != payload_->model_version) {
     // Buffered aggregation: a train task out may still download the older version it was given.
-    if (buffer_ != nullptr) {
-      if (auto old = buffer_->old_payloads.find(req.model_version()); old != buffer_->old_payloads.end()) {
-        e.reply(grpc::Status::OK, old->second);
-        return;
-      }
+    if (std::shared_ptr<const ModelPayload> old = schedule_->OldPayload(req.model_version()); old != nullptr) {
+      e.reply(grpc::Status::OK, std::move(old));
+      return;
     }
     e.reply(grpc::Status(grpc::StatusCode::NOT_FOUND,
                          fl::StrCat("model version ", req.model_version(), " is no longer served; the current one is ",
@@ -142,7 +141,7 @@ void RoundEngine::Core::HandleUploadStart(UploadStartEvent& e) {
               : fl::StrCat("an upload for task '", task.id, "' is already in progress: this one is a duplicate"),
           "send each update once"));
     }
-    if ((task.closed || NowNs() > task.deadline_ns) && !LateUploadAdmitted(task)) {
+    if ((task.closed || NowNs() > task.deadline_ns) && !schedule_->LateUploadAdmitted(task)) {
       // Late, cancelled or dropped, said as such (ClosedTaskVerdict). A late one is recorded as such when the round
       // closes if the upload had begun by then; a round already closed keeps the outcome it recorded.
       return refuse(ClosedTaskVerdict(task, NowNs()));
@@ -193,14 +192,14 @@ void RoundEngine::Core::HandleUploadStart(UploadStartEvent& e) {
 }
 
 void RoundEngine::Core::GrantUploadSlots() {
-  while (busy_upload_slots_ < config_.upload_slots && !waiting_uploads_.empty()) {
+  while (uploads_.HasFree() && !waiting_uploads_.empty()) {
     std::unique_ptr<PendingUpload> next = std::move(waiting_uploads_.front());
     waiting_uploads_.pop_front();
     const fl::v1::UpdateHeader& h = next->event.header;
     if (h.kind() != fl::v1::UPDATE_KIND_INITIAL_MODEL) {
       // A slot goes only to an update that can still count: one whose task closed while it waited is late now.
       auto t = tasks_.find(h.task_id());
-      if (t == tasks_.end() || (t->second->closed && !LateUploadAdmitted(*t->second))) {
+      if (t == tasks_.end() || (t->second->closed && !schedule_->LateUploadAdmitted(*t->second))) {
         if (t != tasks_.end()) t->second->upload_in_flight = false;
         next->event.admit(t != tasks_.end() ? ClosedTaskVerdict(*t->second, NowNs())
                                             : Rejected(h.task_id(), fl::v1::ERROR_CODE_WRONG_ROUND,
@@ -209,21 +208,10 @@ void RoundEngine::Core::GrantUploadSlots() {
         continue;
       }
     }
-    ++busy_upload_slots_;
-    std::vector<uint8_t> buffer;
-    if (!free_upload_buffers_.empty()) {
-      buffer = std::move(free_upload_buffers_.back());
-      free_upload_buffers_.pop_back();
-    }
+    uploads_.Take();
+    std::vector<uint8_t> buffer = uploads_.TakeBuffer();
     if (next->event.handle != nullptr) {
-      ActiveUpload up;
-      up.handle = next->event.handle;
-      up.client_id = h.client_id();
-      up.task_id = h.task_id();
-      up.granted_ns = NowNs();
-      up.payload_bytes = h.payload_bytes();
-      up.progress.emplace_back(up.granted_ns, 0);
-      active_uploads_.push_back(std::move(up));
+      uploads_.Watch(next->event.handle, h.client_id(), h.task_id(), NowNs(), h.payload_bytes());
       ArmUploadCheck();
     }
     next->event.admit(std::nullopt, std::move(buffer));
@@ -231,83 +219,20 @@ void RoundEngine::Core::GrantUploadSlots() {
 }
 
 void RoundEngine::Core::RevokeSlowUploads(int64_t now) {
-  const double min_rate = config_.upload_min_bytes_per_s;
-  for (ActiveUpload& up : active_uploads_) {
-    if (up.revoked) continue;
-    up.last_progress_ns = std::max(up.last_progress_ns, up.handle->last_message_ns());
-    const int64_t last = std::max(up.granted_ns, up.last_progress_ns);
-    const int64_t held_ns = now - up.granted_ns;
-    const uint64_t bytes = up.handle->bytes_received();
-    if (up.progress.empty() || up.progress.back().second != bytes) up.progress.emplace_back(now, bytes);
-    // The recent window: kUploadProgressWindowNs, or four chunks at the pace the upload has shown while it sent
-    // (the reactor counts whole messages only, so a slow link's chunk in transit must not look like a stall).
-    // Before its first bytes its pace is unknown (a slow link's first chunk may take seconds): only the average and
-    // the message timeout judge it then.
-    const bool pace_known = bytes > 0 && last > up.granted_ns;
-    int64_t window_ns = kUploadProgressWindowNs;
-    if (pace_known) {
-      const double pace = static_cast<double>(bytes) / (static_cast<double>(last - up.granted_ns) * 1e-9);
-      const double chunk = static_cast<double>(std::min<uint64_t>(config_.max_chunk_bytes, up.payload_bytes));
-      window_ns = std::max<int64_t>(window_ns, static_cast<int64_t>(4e9 * chunk / pace));
-    }
-    // The bytes it had at the window's start: those of the newest sample at or before it (0 before the first).
-    while (up.progress.size() > 1 && up.progress[1].first <= now - window_ns) up.progress.pop_front();
-    const uint64_t bytes_before = up.progress.front().first <= now - window_ns ? up.progress.front().second : 0;
-    grpc::Status status;
-    if (config_.upload_message_timeout_ms != 0 && now - last > int64_t{config_.upload_message_timeout_ms} * kMsToNs) {
-      status = wire::ToGrpcStatus(
-          grpc::StatusCode::DEADLINE_EXCEEDED,
-          wire::MakeError(
-              fl::v1::ERROR_CODE_RATE_LIMITED,
-              fl::StrCat("the upload of client '", up.client_id, "' for task '", up.task_id, "' sent no message for ",
-                         (now - last) / kMsToNs, " ms (limit ", config_.upload_message_timeout_ms,
-                         " ms, --upload-message-timeout-ms): its upload slot goes to the next client"),
-              "", "a stalled upload can be sent again while the round is open"));
-    } else if (min_rate != 0 && held_ns > int64_t{config_.upload_rate_grace_ms} * kMsToNs &&
-               static_cast<double>(bytes) < min_rate * static_cast<double>(held_ns) * 1e-9) {
-      // A trickle: too slow on average since it got the slot.
-      const double rate = static_cast<double>(bytes) / (static_cast<double>(held_ns) * 1e-9);
-      status = wire::ToGrpcStatus(
-          grpc::StatusCode::RESOURCE_EXHAUSTED,
-          wire::MakeError(fl::v1::ERROR_CODE_RATE_LIMITED,
-                          absl::StrFormat("the upload of client '%s' for task '%s' averaged %.0f bytes/s over %.1f s, "
-                                          "below the minimum rate of %u bytes/s (--upload-min-bytes-per-s): its "
-                                          "upload slot goes to the next client",
-                                          up.client_id, up.task_id, rate, static_cast<double>(held_ns) * 1e-9,
-                                          config_.upload_min_bytes_per_s),
-                          "", "a faster link, a smaller model or a more compact --uplink-codec would help"));
-    } else if (min_rate != 0 && pace_known && held_ns >= window_ns &&
-               static_cast<double>(bytes - bytes_before) < min_rate * static_cast<double>(window_ns) * 1e-9) {
-      // A stall after a fast start: its average stays high for minutes, its recent progress does not (issue 27:
-      // 10-20 MB of 32 MB, then nothing, kept the slot past an 8 s round's deadline).
-      const double window_s = static_cast<double>(window_ns) * 1e-9;
-      status = wire::ToGrpcStatus(
-          grpc::StatusCode::RESOURCE_EXHAUSTED,
-          wire::MakeError(
-              fl::v1::ERROR_CODE_RATE_LIMITED,
-              absl::StrFormat("the upload of client '%s' for task '%s' received %u bytes in its last %.1f s (%.0f "
-                              "bytes/s; %u of %u bytes so far), below the minimum rate of %u bytes/s "
-                              "(--upload-min-bytes-per-s) over its most recent window: it stalled, and its upload slot "
-                              "goes to the next client",
-                              up.client_id, up.task_id, bytes - bytes_before, window_s,
-                              static_cast<double>(bytes - bytes_before) / window_s, bytes, up.payload_bytes,
-                              config_.upload_min_bytes_per_s),
-              "", "the task stays open: its update may be sent again before the round's deadline"));
-    } else {
-      continue;
-    }
-    spdlog::warn("revoking an upload slot: {}", status.error_message());
+  const engine::UploadLimits limits{config_.upload_message_timeout_ms, config_.upload_min_bytes_per_s,
+                                    config_.upload_rate_grace_ms, config_.max_chunk_bytes};
+  for (engine::UploadSlots::Revocation& up : uploads_.Judge(now, limits)) {
+    spdlog::warn("revoking an upload slot: {}", up.status.error_message());
     std::optional<uint64_t> round;
     if (auto t = tasks_.find(up.task_id); t != tasks_.end()) {
       round = t->second->round;
-      t->second->revoked_why = status.error_message();  // told to a later upload of the task (ClosedTaskVerdict)
+      t->second->revoked_why = up.status.error_message();  // told to a later upload of the task (ClosedTaskVerdict)
     }
-    if (clients_.contains(up.client_id)) {
+    if (clients_.Find(up.client_id) != nullptr) {
       RecordClientEvent(up.client_id, instrumentation::ClientEventKind::kUploadRevoked, round, up.task_id,
-                        status.error_message());
+                        up.status.error_message());
     }
-    up.revoked = true;
-    up.handle->Revoke(status);  // the reactor answers with an UploadDoneEvent that frees the slot
+    up.handle->Revoke(up.status);  // the reactor answers with an UploadDoneEvent that frees the slot
   }
 }
 
@@ -354,18 +279,13 @@ void RoundEngine::Core::HandleUploadDone(UploadDoneEvent& e) {
     ~SlotRelease() {
       // Buffers are kept for the next uploads (at most one per slot): no fresh model-sized allocation, and
       // no page faults, per update.
-      payload->clear();
-      if (engine->free_upload_buffers_.size() < engine->config_.upload_slots) {
-        engine->free_upload_buffers_.push_back(std::move(*payload));
-      } else {
-        std::vector<uint8_t>().swap(*payload);
-      }
-      if (engine->busy_upload_slots_ > 0) --engine->busy_upload_slots_;
+      engine->uploads_.ReturnBuffer(std::move(*payload));
+      engine->uploads_.Give();
       engine->GrantUploadSlots();
     }
   } release{this, &e.payload};
   const fl::v1::UpdateHeader& h = e.header;
-  std::erase_if(active_uploads_, [&](const ActiveUpload& up) { return up.handle == e.handle; });
+  uploads_.Unwatch(e.handle.get());
   if (h.kind() != fl::v1::UPDATE_KIND_INITIAL_MODEL) {
     if (auto t = tasks_.find(h.task_id()); t != tasks_.end() && t->second->client_id == h.client_id()) {
       t->second->upload_in_flight = false;
@@ -441,24 +361,24 @@ fl::v1::UploadUpdateResponse RoundEngine::Core::AcceptUpdate(UploadDoneEvent& e,
     rec.train_loss = it->second;
   }
   rec.uplink_server_start_unix_ms = timeline_.UnixMsAt(e.first_byte_server_ns);
-  if (auto c = clients_.find(task->client_id); c != clients_.end()) {
-    if (auto est = c->second->clock.Estimate(); est.has_value()) {
+  if (ClientInfo* c = clients_.Find(task->client_id); c != nullptr) {
+    if (auto est = c->clock.Estimate(); est.has_value()) {
       rec.clock_offset_ms = static_cast<double>(est->offset_ns) / 1e6;
       rec.clock_rtt_ms = static_cast<double>(est->rtt_ns) / 1e6;
     }
-    rec.downlink_start_unix_ms = PlacePhaseStart(*c->second, h.timings(), fl::v1::PHASE_DOWNLINK);
-    rec.train_start_unix_ms = PlacePhaseStart(*c->second, h.timings(), fl::v1::PHASE_TRAIN);
-    rec.eval_start_unix_ms = PlacePhaseStart(*c->second, h.timings(), fl::v1::PHASE_EVAL);
+    rec.downlink_start_unix_ms = PlacePhaseStart(*c, h.timings(), fl::v1::PHASE_DOWNLINK);
+    rec.train_start_unix_ms = PlacePhaseStart(*c, h.timings(), fl::v1::PHASE_TRAIN);
+    rec.eval_start_unix_ms = PlacePhaseStart(*c, h.timings(), fl::v1::PHASE_EVAL);
   }
 
-  if (buffer_ != nullptr) return AcceptBufferedUpdate(e, *task, std::move(rec));  // engine_buffered.cc
-  // Over-commitment's cancelled tasks; --deadline-policy fold's late updates (engine_overcommit.cc).
-  if (auto folded = FoldLateUpdate(e, *task, rec); folded.has_value()) return *std::move(folded);
+  // The schedule's own verdict (buffered: the update into the step's buffer; synchronous: a cancelled task's or a
+  // late update to fold), else the open round's below.
+  if (auto verdict = schedule_->Accept(e, *task, rec); verdict.has_value()) return *std::move(verdict);
   // Rows of a round are written after the round's own row (foreign keys), so they wait in the round state;
   // an update for a round already closed was recorded with the outcome it had at closing.
   auto finish = [&](instrumentation::ClientOutcome outcome, fl::v1::UploadUpdateResponse verdict) {
-    if (auto c = clients_.find(task->client_id); c != clients_.end() && c->second->open_task == task->id) {
-      c->second->open_task.clear();
+    if (ClientInfo* c = clients_.Find(task->client_id); c != nullptr && c->open_task == task->id) {
+      c->open_task.clear();
     }
     const bool in_current = current_ != nullptr && !current_->evaluation && current_->round == task->round &&
                             current_->attempt == task->attempt && !task->closed;
@@ -475,7 +395,7 @@ fl::v1::UploadUpdateResponse RoundEngine::Core::AcceptUpdate(UploadDoneEvent& e,
       }
       const std::string_view reason =
           outcome == instrumentation::ClientOutcome::kRejected ? ReasonName(verdict.error().code()) : "";
-      const fl::v1::JoinRequest& join = clients_.at(task->client_id)->join;
+      const fl::v1::JoinRequest& join = clients_.At(task->client_id).join;
       Notify([&](EngineObserver& o) { o.OnUpdateOutcome(outcome, reason, rec, join); });
       current_->client_rows.push_back(std::move(rec));
     }
@@ -502,9 +422,8 @@ fl::v1::UploadUpdateResponse RoundEngine::Core::AcceptUpdate(UploadDoneEvent& e,
   }
   // The phases, placed on the server's clock, must lie between the dispatch and the update's arrival: a
   // client cannot put its training decades away (or before the task existed) in the records.
-  if (auto c = clients_.find(task->client_id); c != clients_.end()) {
-    if (std::string w = PhaseWindowProblem(*c->second, h.timings(), task->dispatched_ns, e.done_server_ns);
-        !w.empty()) {
+  if (ClientInfo* c = clients_.Find(task->client_id); c != nullptr) {
+    if (std::string w = PhaseWindowProblem(*c, h.timings(), task->dispatched_ns, e.done_server_ns); !w.empty()) {
       spdlog::warn("rejected the update of client '{}' for round {}: {}", task->client_id, task->round, w);
       // None of the client's figures go into the row of a refused report.
       rec.downlink_ms = rec.train_ms = rec.eval_ms = rec.idle_ms = std::nullopt;
@@ -615,9 +534,9 @@ void RoundEngine::Core::RejectAtHeader(TaskInfo& task, const fl::v1::UploadUpdat
   task.answered = true;  // the refusal is its verdict: a later upload is a duplicate, not "late"
   task.outcome = instrumentation::ClientOutcome::kRejected;
   task.closed_why = fl::StrCat("its update was refused at its header: ", verdict.error().message());
-  if (buffer_ != nullptr) return BufferedTaskDropped(task, task.outcome.value(), verdict.error().message());
-  if (auto c = clients_.find(task.client_id); c != clients_.end() && c->second->open_task == task.id) {
-    c->second->open_task.clear();
+  if (schedule_->TaskDropped(task, task.outcome.value(), verdict.error().message())) return;
+  if (ClientInfo* c = clients_.Find(task.client_id); c != nullptr && c->open_task == task.id) {
+    c->open_task.clear();
   }
   spdlog::warn("rejected the update of client '{}' for round {}: {}", task.client_id, task.round,
                verdict.error().message());
@@ -630,10 +549,9 @@ void RoundEngine::Core::RejectAtHeader(TaskInfo& task, const fl::v1::UploadUpdat
   instrumentation::ClientRoundRecord rec = TaskRow(task);
   rec.outcome = instrumentation::ClientOutcome::kRejected;
   rec.reject_reason = verdict.error().message();
-  if (auto c = clients_.find(task.client_id); c != clients_.end()) {
+  if (ClientInfo* c = clients_.Find(task.client_id); c != nullptr) {
     Notify([&](EngineObserver& o) {
-      o.OnUpdateOutcome(instrumentation::ClientOutcome::kRejected, ReasonName(verdict.error().code()), rec,
-                        c->second->join);
+      o.OnUpdateOutcome(instrumentation::ClientOutcome::kRejected, ReasonName(verdict.error().code()), rec, c->join);
     });
   }
   current_->client_rows.push_back(std::move(rec));

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine_internal.h"
+#include "engine_schedule.h"
 
 namespace fl::server {
 
@@ -163,7 +164,9 @@ RoundEngine::Core::Core(EngineConfig config, instrumentation::RecordStore* recor
       loop_(
           clock_, [this](EngineEvent& e) { Handle(e); }, [this] { Advance(); }),
       published_(published) {
-  if (config_.print_table) observers_.push_back(MakeConsoleTable(config_.buffered()));
+  // The one place that looks at the mode: every other difference is a call on the schedule.
+  schedule_ = config_.buffered() ? MakeBufferedSteps() : MakeSyncRounds();
+  if (config_.print_table) observers_.push_back(MakeConsoleTable(schedule_->RowsAreSteps()));
 }
 
 void RoundEngine::Core::SetMetrics(instrumentation::ServerMetrics* metrics) {
@@ -254,7 +257,7 @@ void RoundEngine::Core::ArmHeartbeatCheck() {
 
 void RoundEngine::Core::ArmUploadCheck() {
   // Uploads holding a slot are checked for stalls and their rate a few times a second, while there are any.
-  if (upload_timer_ != 0 || active_uploads_.empty()) return;
+  if (upload_timer_ != 0 || !uploads_.watching()) return;
   upload_timer_ = loop_.After(100 * kMsToNs, [this] {
     upload_timer_ = 0;
     if (state_ == EngineState::kFinished) return;
@@ -275,6 +278,7 @@ absl::Status RoundEngine::Core::Prepare() {
   uplink_codec_ = std::move(*up);
   downlink_codec_ = std::move(*down);
   if (absl::Status s = PrepareUplinkCodecs(); !s.ok()) return s;
+  uploads_ = engine::UploadSlots(config_.upload_slots);
 
   const bool resumed = start_.resume && start_.checkpoint.has_value();
   if (start_.checkpoint.has_value()) {
@@ -331,8 +335,7 @@ absl::Status RoundEngine::Core::Prepare() {
     exp.started_unix_ms = UnixMs();
     exp.config_json = RecordedConfigJson(config_);
     exp.software_version = config_.software_version;
-    exp.aggregation = std::string(config_.buffered() ? instrumentation::kAggregationBuffered
-                                                     : instrumentation::kAggregationSynchronous);
+    exp.aggregation = std::string(schedule_->RecordName());
     Record(exp);
     // A fresh experiment from an initial model gets its own round-0 checkpoint, so that --resume before
     // the first commit finds it.
@@ -343,10 +346,7 @@ absl::Status RoundEngine::Core::Prepare() {
   if (records_ != nullptr) {
     if (absl::Status s = records_->Flush(); !s.ok()) return s;
   }
-  if (config_.buffered()) {
-    buffer_ = std::make_unique<BufferState>();
-    buffer_->weight = *ParseStalenessWeight(config_.staleness_weight);  // checked by Validate()
-  }
+  schedule_->Prepare();
   ArmHeartbeatCheck();
   // The server's own stalls (engine_stalls.cc): 2 s on a real clock, off on a ManualClock unless a test sets it.
   stall_threshold_ns_ = int64_t{config_.stall_threshold_ms.value_or(clock_->IsReal() ? 2000 : 0)} * kMsToNs;
@@ -400,27 +400,12 @@ void RoundEngine::Core::Advance() {
 bool RoundEngine::Core::AdvanceOnce() {
   const int64_t now = NowNs();
   CatchUpAfterStall(now);
-  // Buffered aggregation: train tasks run through every state (evaluations too); their deadlines are swept here.
-  if (buffer_ != nullptr && state_ != EngineState::kFinished) CloseExpiredBufferedTasks(now);
+  // The schedule's own tasks (buffered: train tasks run through every state) have their deadlines swept first.
+  if (state_ != EngineState::kFinished) schedule_->SweepDeadlines(now);
   switch (state_) {
     case EngineState::kWaitingForModel: ReaskInitialModelIfStalled(now); return false;
-    case EngineState::kBuffering: return AdvanceBuffered();
-    case EngineState::kWaitingForClients:
-      if (buffer_ != nullptr) return AdvanceBuffered();
-      if (evaluation_due_) {
-        // Resumed after a crash during round_'s evaluation: redo it with as many clients as a round waits for.
-        if (by_session_.size() < std::max<uint32_t>(1, config_.fit.min_available) ||
-            IdleConnectedClients().size() < std::max<uint32_t>(1, config_.fit.min_available)) {
-          return false;
-        }
-        evaluation_due_ = false;
-        spdlog::info("redoing the evaluation of round {} (interrupted before its results were recorded)", round_);
-        StartEvaluation();
-        if (state_ == EngineState::kEvaluating) return false;
-      }
-      if (round_ >= config_.num_rounds) return Fire(EngineTrigger::kAllRoundsCommitted);
-      StartRound();
-      return false;
+    case EngineState::kBuffering: return schedule_->AdvanceOwnState();
+    case EngineState::kWaitingForClients: return schedule_->AdvanceWaiting();
     case EngineState::kCollecting:
     case EngineState::kEvaluating: {
       // Runs after every turn: look on from the first task not known closed (tasks never reopen), so that a
@@ -430,7 +415,7 @@ bool RoundEngine::Core::AdvanceOnce() {
         ++current_->first_open;
       }
       const bool all_closed = current_->first_open == current_->task_ids.size();
-      if (all_closed || now >= current_->deadline_ns || CommitTargetReached()) {
+      if (all_closed || now >= current_->deadline_ns || schedule_->CommitTargetReached()) {
         if (deadline_timer_ != 0) loop_.Cancel(deadline_timer_);
         deadline_timer_ = 0;
         if (state_ == EngineState::kCollecting) {
@@ -459,8 +444,8 @@ bool RoundEngine::Core::Drained(int64_t now) {
   std::erase_if(uplink_reports_due_, [&](const auto& due) {
     auto t = tasks_.find(due.first);
     if (t == tasks_.end()) return true;
-    auto c = clients_.find(t->second->client_id);
-    return c == clients_.end() || c->second->session == nullptr;
+    ClientInfo* c = clients_.Find(t->second->client_id);
+    return c == nullptr || c->session == nullptr;
   });
   if (uplink_reports_due_.empty()) return true;
   if (drain_deadline_ns_ == 0) {
@@ -491,7 +476,7 @@ void RoundEngine::Core::Finish(instrumentation::ExperimentStatus status, std::st
   }
   const bool finished = status == ExperimentStatus::kFinished;
   if (status != ExperimentStatus::kAborted) NoteUntoldClients();  // before the sessions below are told and let go
-  for (auto& [id, c] : clients_) {
+  for (auto& [id, c] : clients_.all()) {
     if (c->session == nullptr) continue;
     fl::v1::ServerMessage bye;
     bye.set_seq(++c->server_seq);
@@ -534,7 +519,7 @@ void RoundEngine::Core::NoteUntoldClients() {
   // Clients with a live session are told by the Shutdown message; those that left need nothing. The others
   // (disconnected for missed heartbeats, stopped, cut off) learn it at their next Join or hello.
   untold_.clear();
-  for (const auto& [id, c] : clients_) {
+  for (const auto& [id, c] : clients_.all()) {
     if (c->session == nullptr && !c->token.empty()) untold_.insert(id);
   }
   published_.untold = untold_.size();

@@ -1,0 +1,61 @@
+// The aggregation schedule: when updates become a step of the global model, and what the shared paths of the
+// round engine do differently for it. The core holds one (EngineConfig::aggregation picks it at construction) and
+// calls it where it used to test the mode (`buffered()`, `buffer_ != nullptr`): the shared paths have no mode
+// checks left, and a third schedule is one implementation of this interface (docs/architecture.md, "The round
+// engine"). Implementations: RoundEngine::Core::SyncRounds (synchronous rounds, with over-commitment and the
+// deadline policies drop / fold; engine_schedule_sync.cc) and RoundEngine::Core::BufferedSteps (FedBuff buffered
+// steps; engine_schedule_buffered.cc). Loop thread only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string_view>
+
+#include "engine_internal.h"
+
+namespace fl::server {
+
+// Nested in the core, so that an implementation reaches the core's parts (its tasks, clients, model and records).
+class RoundEngine::Core::AggregationSchedule {
+ public:
+  virtual ~AggregationSchedule() = default;
+
+  // experiments.aggregation (instrumentation::kAggregation*), and whether the console table's rows are steps.
+  virtual std::string_view RecordName() const = 0;
+  virtual bool RowsAreSteps() const = 0;
+  // At Prepare, once the model and the records are ready.
+  virtual void Prepare() {}
+  // One step of Advance in kWaitingForClients, and in the schedule's own state (kBuffering); true: the state
+  // moved back to kWaitingForClients and Advance looks again.
+  virtual bool AdvanceWaiting() = 0;
+  virtual bool AdvanceOwnState() { return false; }
+  // Before every Advance step (but after the end): deadlines of the schedule's own tasks.
+  virtual void SweepDeadlines(int64_t /*now*/) {}
+  // After the server's own stall moved every deadline on: re-arm the schedule's timers.
+  virtual void AfterStall() {}
+  // A shutdown: the schedule's open unit is recorded as aborted.
+  virtual void Abort(const std::string& /*reason*/) {}
+  // The open round has what it commits with (over-commitment's K updates): close it now.
+  virtual bool CommitTargetReached() const { return false; }
+  // An upload for `task`, closed already, may still come (a late update the schedule folds).
+  virtual bool LateUploadAdmitted(const TaskInfo& /*task*/) const { return false; }
+  // An older model version that a task out may still download; null when none.
+  virtual std::shared_ptr<const ModelPayload> OldPayload(uint64_t /*version*/) const { return nullptr; }
+  // A validated train update (its row `rec`): the schedule's own verdict, or nullopt for the shared path (the
+  // open round's). The schedule may move from `rec` only when it answers.
+  virtual std::optional<fl::v1::UploadUpdateResponse> Accept(UploadDoneEvent& e, TaskInfo& task,
+                                                             instrumentation::ClientRoundRecord& rec) = 0;
+  // A train task closed without an update (dropped, late, refused at its header): true when the schedule
+  // recorded it itself (the shared path stops).
+  virtual bool TaskDropped(TaskInfo& /*task*/, instrumentation::ClientOutcome /*outcome*/, std::string_view /*why*/) {
+    return false;
+  }
+  // The client's own uplink time of an answered update: true when the schedule attached it to its row.
+  virtual bool RecordUplink(const TaskInfo& /*task*/, double /*uplink_ms*/, std::optional<double> /*start_unix_ms*/,
+                            std::optional<double> /*end_unix_ms*/) {
+    return false;
+  }
+};
+
+}  // namespace fl::server
