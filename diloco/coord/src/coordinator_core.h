@@ -98,6 +98,7 @@ struct IslandCause {
 
 class Coordinator::Core {
  public:
+  friend class CoordinatorTestPeer;  // tests only (missing_row_test.cc)
   Core(CoordinatorOptions options, std::vector<std::unique_ptr<CoordinatorObserver>> owned);
   ~Core();
 
