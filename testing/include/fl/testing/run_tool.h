@@ -1,5 +1,5 @@
-// Test support (any module's tests): runs a binary to completion (killed if it outlives its timeout) and returns its exit code and
-// what it wrote to stdout and stderr.
+// Test support (any module's tests): runs a binary to completion (killed if it outlives its timeout) and returns its
+// exit code and what it wrote to stdout and stderr.
 #pragma once
 
 #include <chrono>
