@@ -28,46 +28,13 @@
 namespace fl::server {
 namespace {
 
-using settings_internal::kU64;
 using settings_internal::NumberText;
 using settings_internal::ToDouble;
 using settings_internal::ToU64;
 
-std::string Bounds(const Setting& s, double scale) {
-  auto num = [&](double v) {
-    if (v >= kU64) return std::string("18446744073709551615");
-    const double scaled = v / scale;
-    // Whole bounds as whole numbers (1000000, not 1e+06).
-    if (scaled == std::floor(scaled) && std::fabs(scaled) < 1e15) return std::to_string(static_cast<int64_t>(scaled));
-    return NumberText(scaled);
-  };
-  std::string b = fl::StrCat(s.min_open ? "(" : "[", num(s.min), ", ", num(s.max), "]");
-  if (s.zero_off) b = fl::StrCat(b, " or 0 (off)");
-  return b;
-}
-
-std::string WithUnit(std::string_view value, std::string_view unit) {
-  return unit.empty() ? std::string(value) : fl::StrCat(value, " ", unit);
-}
+using config::WithUnit;
 
 }  // namespace
-
-std::string Setting::Describe() const {
-  std::string d = fl::StrCat("setting ", name, " (", flag);
-  if (!manifest.empty()) d = fl::StrCat(d, ", manifest ", manifest);
-  d += ")";
-  if (type == SettingType::kString) {
-    if (!choices.empty()) return fl::StrCat(d, ", one of ", config::JoinList(choices));
-    return allowed.empty() ? d : fl::StrCat(d, ", ", allowed);
-  }
-  if (!unit.empty()) d = fl::StrCat(d, " in ", unit);
-  d = fl::StrCat(d, ", within ", Bounds(*this, 1));
-  if (type == SettingType::kUnsigned) d += " (whole numbers)";
-  if (manifest_scale != 1) {
-    d = fl::StrCat(d, " (a manifest gives ", manifest_unit, ": ", Bounds(*this, manifest_scale), ")");
-  }
-  return d;
-}
 
 const std::vector<Setting>& Settings() {
   static const auto& table = *new std::vector<Setting>(settings_internal::MakeSettingsTable());
@@ -89,73 +56,6 @@ EngineConfig DefaultEngineConfig() {
   return c;
 }
 
-absl::StatusOr<std::string> CheckSettingValue(const Setting& s, std::string_view text, std::string_view source,
-                                              std::string_view given) {
-  const std::string as_given = given.empty() ? WithUnit(text, s.unit) : std::string(given);
-  auto refuse = [&](std::string_view why) {
-    return absl::InvalidArgumentError(fl::StrCat(source, ": ", as_given, " ", why, " for ", s.Describe()));
-  };
-  switch (s.type) {
-    case SettingType::kString: {
-      if (!s.choices.empty()) {
-        for (const std::string& c : s.choices) {
-          if (c == text) return std::string(text);
-        }
-        return refuse("is not allowed");
-      }
-      if (s.check) {
-        if (absl::Status st = s.check(text); !st.ok()) {
-          return refuse(fl::StrCat("is not allowed (", fl::ToStd(st.message()), ")"));
-        }
-      }
-      return std::string(text);
-    }
-    case SettingType::kUnsigned: {
-      uint64_t v = 0;
-      const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-      if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
-        return refuse("is not a whole number");
-      }
-      const uint64_t max = s.max >= kU64 ? UINT64_MAX : static_cast<uint64_t>(s.max);
-      const bool off = s.zero_off && v == 0;
-      if (!off && (static_cast<double>(v) < s.min || v > max)) return refuse("is out of bounds");
-      return std::to_string(v);
-    }
-    case SettingType::kNumber: {
-      double v = 0;
-      const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-      if (text.empty() || ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v)) {
-        return refuse("is not a finite number");
-      }
-      const bool off = s.zero_off && v == 0;
-      if (!off && (v < s.min || (s.min_open && v == s.min) || v > s.max)) return refuse("is out of bounds");
-      return NumberText(v);
-    }
-  }
-  return std::string(text);
-}
-
-absl::StatusOr<std::string> CheckManifestNumber(const Setting& s, double value, std::string_view source) {
-  const std::string given = s.manifest_scale == 1
-                                ? WithUnit(NumberText(value), s.unit)
-                                : fl::StrCat(NumberText(value), " ", s.manifest_unit, " (",
-                                             WithUnit(NumberText(value * s.manifest_scale), s.unit), ")");
-  double v = value * s.manifest_scale;
-  // 0.1 s is 100.00000000000001 ms in binary: a product within a millionth of a whole number is that number.
-  if (s.manifest_scale != 1 && std::fabs(v - std::round(v)) < 1e-6 * std::max(1.0, std::fabs(v))) v = std::round(v);
-  if (s.type == SettingType::kUnsigned) {
-    if (!(v >= 0) || v != std::floor(v) || v > kU64) {
-      return absl::InvalidArgumentError(fl::StrCat(source, ": ", given, " is not a whole number of ",
-                                                   s.unit.empty() ? "units" : s.unit, " for ", s.Describe()));
-    }
-    // Exact for the integers a double holds (up to 2^53); seeds beyond that are read from their text instead.
-    char buf[32];
-    const auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), static_cast<uint64_t>(v));
-    return CheckSettingValue(s, std::string_view(buf, ec == std::errc() ? end - buf : 0), source, given);
-  }
-  return CheckSettingValue(s, NumberText(v), source, given);
-}
-
 absl::Status SettingSources::Add(const Setting& s, std::string_view text, std::string source, std::string given) {
   absl::StatusOr<std::string> value = CheckSettingValue(s, text, source, given);
   if (!value.ok()) return value.status();
@@ -166,9 +66,7 @@ absl::Status SettingSources::Add(const Setting& s, std::string_view text, std::s
     return absl::OkStatus();
   }
   if (it->second.text == *value) return absl::OkStatus();  // the same value twice: no disagreement
-  return absl::InvalidArgumentError(fl::StrCat(it->second.source, " gives ", it->second.given, " but ", source,
-                                               " gives ", given, " for ", s.Describe(),
-                                               ": give the setting once, or the same value in both"));
+  return config::SettingDisagreement(s, it->second.source, it->second.given, source, given);
 }
 
 void SettingSources::ApplyTo(EngineConfig& config) const {
@@ -190,24 +88,12 @@ void AddSettingOptions(CLI::App& app, SettingFlags& flags) {
   for (const Setting& s : Settings()) {
     CLI::Option_group*& group = groups[s.group];
     if (group == nullptr) group = app.add_option_group(s.group);
-    std::string help = s.help;
-    if (s.type != SettingType::kString) {
-      help =
-          fl::StrCat(help, " (", s.unit.empty() ? "" : fl::StrCat("in ", s.unit, ", "), "within ", Bounds(s, 1), ")");
-    } else if (!s.choices.empty()) {
-      help = fl::StrCat(help, " (one of ", config::JoinList(s.choices), ")");
-    } else if (!s.allowed.empty()) {
-      help = fl::StrCat(help, " (", s.allowed, ")");
-    }
-    if (!s.manifest.empty()) {
-      help = fl::StrCat(help, " [manifest: ", s.manifest,
-                        s.manifest_scale != 1 ? fl::StrCat(", in ", s.manifest_unit) : "", "]");
-    }
+    const std::string help = s.OptionHelp();
     const Setting* setting = &s;
     CLI::Option* o = group->add_option_function<std::string>(
         s.flag, [&flags, setting](const std::string& v) { flags.given.emplace_back(setting, v); }, help);
     o->default_str(s.get(defaults));
-    o->type_name(s.type == SettingType::kString ? "TEXT" : s.type == SettingType::kUnsigned ? "UINT" : "NUMBER");
+    o->type_name(s.TypeName());
   }
 }
 

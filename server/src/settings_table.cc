@@ -19,11 +19,7 @@
 
 namespace fl::server::settings_internal {
 
-std::string NumberText(double v) {
-  char buf[64];
-  const auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);
-  return ec == std::errc() ? std::string(buf, end) : std::to_string(v);
-}
+std::string NumberText(double v) { return config::SettingNumberText(v); }
 
 uint64_t ToU64(const std::string& text) {
   uint64_t v = 0;

@@ -28,6 +28,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "fl/config/setting_spec.h"
 #include "fl/server/engine_config.h"
 
 namespace CLI {
@@ -39,36 +40,14 @@ class YamlMap;
 
 namespace fl::server {
 
-enum class SettingType {
-  kUnsigned,  // a whole number, in [min, max]
-  kNumber,    // a real number, in [min, max] (or (min, max] when min_open)
-  kString,    // text, one of `choices` when there are any, checked by `check` when there is one
-};
+// The checks and refusals every declared setting shares with fl-client's (fl/config/setting_spec.h).
+using config::CheckManifestNumber;
+using config::CheckSettingValue;
+using config::SettingType;
 
-struct Setting {
-  std::string name;   // snake_case: its name in the recorded configuration ("round_deadline_ms")
-  std::string flag;   // fl-server's flag ("--round-deadline-ms")
-  std::string group;  // fl-server --help's option group ("Rounds and selection")
-  SettingType type = SettingType::kUnsigned;
-  std::string unit;  // the unit of the flag's value ("ms", "clients", "bytes/s"); "" for a count or a name
-  double min = 0;    // bounds of numbers, inclusive (kUnsigned: whole numbers that fit the member)
-  double max = 0;
-  bool min_open = false;             // (min, max]: a learning rate must be > 0
-  bool zero_off = false;             // 0 is allowed too, and turns the setting off ("0: off")
-  std::vector<std::string> choices;  // kString: the values allowed; empty: `check` decides
-  // kString: a parser of the value (codec specs, strategies), whose error says what is wrong with it.
-  std::function<absl::Status(std::string_view)> check;
-  std::string allowed;  // what a value may be, when bounds and choices do not say it all (help and errors)
-  std::string help;
-  // The manifest's path of the setting ("server.selection.fraction_fit"), "" when a manifest cannot set it; its
-  // key in the resolved manifest JSON stored with an experiment ("fraction_fit", in the path's section); the unit a
-  // manifest gives it in and how many of the setting's units one of the manifest's makes (seconds for a setting
-  // in ms: 1000; a manifest value is converted on reading, and the bounds are said in both units).
-  std::string manifest;
-  std::string manifest_record;
-  std::string manifest_unit;
-  double manifest_scale = 1;
-  bool manifest_required = false;  // a manifest must give it (server.rounds)
+// A setting of fl-server: what every setting says of itself (its flag, manifest path, type, unit, bounds, help and
+// group: config::SettingSpec), and how fl-server records, reads and writes it.
+struct Setting : config::SettingSpec {
   // Written in the resolved manifest JSON of experiments recorded before this build; a replay of a record that
   // lacks it keeps the default.
   bool in_old_manifest_records = false;
@@ -86,12 +65,6 @@ struct Setting {
   // When the bounds apply to a configuration (the buffered settings under --aggregation=buffered only); empty:
   // always. A value given by a flag or a manifest is checked whatever this says.
   std::function<bool(const EngineConfig&)> applies;
-
-  // "setting round_deadline_ms (--round-deadline-ms, manifest server.round_deadline_s) in ms, within [100,
-  // 4294967295] (a manifest gives seconds: [0.1, 4294967.295])": what every error about the setting says of it.
-  std::string Describe() const;
-  // The value in the manifest's unit, for the resolved manifest JSON and for errors ("120" for 120000 ms).
-  double ToManifestUnit(double value) const { return value / manifest_scale; }
 };
 
 // Every setting, in the order of fl-server --help.
@@ -101,14 +74,6 @@ const Setting* FindSetting(std::string_view name_flag_or_path);
 
 // EngineConfig{} with every declared default applied (the clients' training settings): what fl-server starts from.
 EngineConfig DefaultEngineConfig();
-
-// `text` in the setting's unit, checked against its type, bounds, choices and parser: the canonical text, or an
-// InvalidArgument "<source>: <given> is out of bounds for <Describe()>" (or "... is not <type>"). `given` is how
-// the source spelled the value ("0.05 s"); "" = `text`.
-absl::StatusOr<std::string> CheckSettingValue(const Setting& s, std::string_view text, std::string_view source,
-                                              std::string_view given = {});
-// A manifest's number in the manifest's unit, converted to the setting's unit and checked: the canonical text.
-absl::StatusOr<std::string> CheckManifestNumber(const Setting& s, double value, std::string_view source);
 
 // The values of settings from several sources (fl-server's flags, a manifest), each with where it came from.
 // Adding a value that another source gave differently is refused naming both sources; a value out of bounds is
