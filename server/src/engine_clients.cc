@@ -45,7 +45,7 @@ void RoundEngine::Core::HandleJoin(JoinEvent& e) {
   if (state_ == EngineState::kFinished) {
     EngineResult result;
     {
-      std::lock_guard lock(published_.mu);
+      fl::MutexLock lock(published_.mu);
       result = published_.result;
     }
     if (result.status == instrumentation::ExperimentStatus::kAborted) {
@@ -283,7 +283,7 @@ void RoundEngine::Core::HandleSessionOpen(SessionOpenEvent& e) {
     // The same Shutdown the connected clients got at the end, so that a late session ends its client too.
     EngineResult result;
     {
-      std::lock_guard lock(published_.mu);
+      fl::MutexLock lock(published_.mu);
       result = published_.result;
     }
     fl::v1::ServerMessage bye;

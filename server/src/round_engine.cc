@@ -227,13 +227,13 @@ const rpc::Clock& RoundEngine::clock() const { return core_->clock(); }
 EngineState RoundEngine::state() const { return core_->state(); }
 
 EngineResult RoundEngine::Wait() {
-  std::unique_lock lock(published_.mu);
-  published_.cv.wait(lock, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(published_.mu) { return published_.done; });
+  fl::MutexLock lock(published_.mu);
+  published_.cv.Wait(published_.mu, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(published_.mu) { return published_.done; });
   return published_.result;
 }
 
 std::optional<EngineResult> RoundEngine::result() const {
-  std::lock_guard lock(published_.mu);
+  fl::MutexLock lock(published_.mu);
   if (!published_.done) return std::nullopt;
   return published_.result;
 }
@@ -509,10 +509,10 @@ void RoundEngine::Core::Finish(instrumentation::ExperimentStatus status, std::st
     }
   }
   spdlog::info("experiment {} {}: {}", config_.experiment_id, instrumentation::ExperimentStatusName(status), reason);
-  std::lock_guard lock(published_.mu);
+  fl::MutexLock lock(published_.mu);
   published_.result = EngineResult{config_.experiment_id, status, reason, round_};
   published_.done = true;
-  published_.cv.notify_all();
+  published_.cv.NotifyAll();
 }
 
 void RoundEngine::Core::NoteUntoldClients() {

@@ -23,12 +23,10 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <list>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <span>
@@ -40,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "fl/core/codec.h"
 #include "fl/core/codec_policy.h"
+#include "fl/core/mutex.h"
 #include "fl/core/task.h"
 #include "fl/core/tensor_spec.h"
 #include "fl/server/checkpoint.h"
@@ -227,8 +226,8 @@ class RoundEngine {
   class Core;
   // What the loop publishes for other threads: the end of the run, and counters read by the service's threads.
   struct Published {
-    mutable std::mutex mu;
-    std::condition_variable cv;
+    mutable fl::Mutex mu;
+    fl::CondVar cv;
     bool done ABSL_GUARDED_BY(mu) = false;
     EngineResult result ABSL_GUARDED_BY(mu);  // final once done
     std::atomic<size_t> places_held{0};       // Core's places held (PlacesHeld)
