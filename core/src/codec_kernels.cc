@@ -33,7 +33,9 @@
 // clones; only the compiler's target differs, so results are bit-identical (no FMA is enabled, so no
 // contraction changes rounding). Elsewhere (arm64: NEON is baseline) one version is built.
 #if defined(__x86_64__) && defined(__ELF__) && defined(__has_attribute)
-#if __has_attribute(target_clones) && !defined(FL_CODEC_NO_MULTIVERSION)
+// Not under GCC's ThreadSanitizer (the tsan preset): the loader runs the clones' resolver before TSan's runtime
+// is set up, and the instrumented resolver crashes every binary at load.
+#if __has_attribute(target_clones) && !defined(FL_CODEC_NO_MULTIVERSION) && !defined(__SANITIZE_THREAD__)
 #define FL_CODEC_MULTIVERSION __attribute__((target_clones("avx2", "default")))
 #endif
 #endif

@@ -8,7 +8,9 @@
 #include <cstring>
 
 #if defined(__x86_64__) && defined(__ELF__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
+// Not under GCC's ThreadSanitizer (the tsan preset): the loader runs the clones' resolver before TSan's runtime
+// is set up, and the instrumented resolver crashes every binary at load.
+#if __has_attribute(target_clones) && !defined(__SANITIZE_THREAD__)
 #define FL_RING_MULTIVERSION __attribute__((target_clones("avx2", "default")))
 #endif
 #endif
