@@ -26,6 +26,7 @@
 #include "fl/client/device_info.h"
 #include "fl/client/instances.h"
 #include "fl/client/session.h"
+#include "fl/client/settings.h"
 #include "fl/client/synthetic_trainer.h"
 #include "fl/core/log_format.h"
 #include "fl/core/model_file.h"
@@ -39,22 +40,14 @@
 
 namespace {
 
-struct ModelFlags {
-  std::string model = "cnn";
-  std::string data_dir = "/usr/share/datasets/fashion-mnist";
-  std::string data;  // bring your own data: .npz, IDX directory, text corpus
-  std::string task = "classification";
-  std::string buffers = "average";
-  uint32_t seq_len = 64;
-  std::string partition = "iid";
+// The settings a manifest sets (model, data, partition, threads, ...: fl/client/settings.h), and the rest.
+struct ModelFlags : fl::client::ClientSettings {
   uint32_t client_index = 0;
   uint32_t num_clients = 1;
   uint64_t partition_seed = 0;
   uint64_t init_seed = 0;
   std::string device = "auto";
-  int threads = 0;
   uint32_t eval_batch_size = fl::training::kDefaultEvalBatchSize;
-  double data_fraction = 1.0;
   double slowdown = 1.0;
 };
 
@@ -428,34 +421,14 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("fl-client ") + FL_VERSION);
   fl::client::ClientOptions options;
   ModelFlags model;
-  std::string device_class, link_kind = "ethernet", link_interface, link_profile, log_level = "info";
+  std::string device_class, link_interface, link_profile, log_level = "info";
   uint32_t give_up_s = 120;
 
+  // The settings that manifests set, in their option groups (declared once: fl/client/settings.h).
+  fl::client::ClientSettingFlags setting_flags;
+  fl::client::AddClientSettingOptions(app, setting_flags);
   app.add_option("--server", options.server_address, "fl-server address host:port")->capture_default_str();
   app.add_option("--name", options.client_name, "Client name, unique in the experiment (default: host name + index)");
-  app.add_option(
-         "--model", model.model,
-         "Model: cnn, squeezenet (built-in, Fashion-MNIST), PATH.pt (a TorchScript model exported from PyTorch: "
-         "docs/models-and-data.md), or synthetic:<params>[:<train ms>] (transport tests and benchmarks: no "
-         "training)")
-      ->capture_default_str();
-  app.add_option("--data-dir", model.data_dir, "Fashion-MNIST directory (Debian's dataset-fashion-mnist)")
-      ->capture_default_str();
-  app.add_option(
-      "--data", model.data,
-      "Data for a TorchScript model: a .npz (x_train, y_train, x_test, y_test[, client_id]), a Fashion-MNIST "
-      "IDX directory, or (next-token) a text file or directory; default: --data-dir");
-  app.add_option("--task", model.task, "What a TorchScript model learns: classification, regression, next-token")
-      ->capture_default_str();
-  app.add_option("--buffers", model.buffers,
-                 "A TorchScript model's float buffers (BatchNorm statistics): average (FedAvg) or local (each client "
-                 "keeps its own, FedBN-style); integer buffers are always local")
-      ->capture_default_str();
-  app.add_option("--seq-len", model.seq_len, "next-token on a text corpus: tokens (bytes) per training sequence")
-      ->capture_default_str();
-  app.add_option("--partition", model.partition,
-                 "How the training set is split: iid, dirichlet:<alpha>, shards:<n>, natural (the .npz's client_id)")
-      ->capture_default_str();
   app.add_option("--client-index", model.client_index, "This client's index i in 0..n-1 (which shard it gets)")
       ->capture_default_str();
   app.add_option("--num-clients", model.num_clients, "Number of shards n the data is split into")
@@ -463,14 +436,10 @@ int main(int argc, char** argv) {
   app.add_option("--partition-seed", model.partition_seed, "Seed of the partition (same on every client)")
       ->capture_default_str();
   app.add_option("--init-seed", model.init_seed, "Seed of the model's initial weights")->capture_default_str();
-  app.add_option("--data-fraction", model.data_fraction, "Train on this share (0, 1] of this client's shard")
-      ->capture_default_str();
   app.add_option("--slowdown", model.slowdown,
                  "Device emulation: train this many times slower than this machine (a duty cycle per batch)")
       ->capture_default_str();
   app.add_option("--device", model.device, "Where to train: auto, cpu or cuda")->capture_default_str();
-  app.add_option("--threads", model.threads, "Intra-op threads for training; 0: LibTorch's default")
-      ->capture_default_str();
   app.add_option(
          "--eval-batch-size", model.eval_batch_size,
          "Test examples per forward pass when evaluating (>= 1): the results do not depend on it, the peak memory "
@@ -485,7 +454,6 @@ int main(int argc, char** argv) {
       "(8 x cores), 376 MiB with 1 (docs/deploy-raspberry-pi.md \"Memory\"); 0: glibc's default; default: 1, "
       "or glibc's default with --instances (many trainings at once)");
   app.add_option("--device-class", device_class, "Device class recorded with every figure (default: detected)");
-  app.add_option("--link-kind", link_kind, "Link to the server: ethernet, wifi, 5g, other")->capture_default_str();
   app.add_option("--link-interface", link_interface, "Network interface the link uses (recorded)");
   app.add_option("--link-profile", link_profile, "Emulated link profile name (recorded)");
   app.add_option("--max-chunk-bytes", options.max_chunk_bytes, "Largest chunk of a model upload/download")
@@ -554,6 +522,11 @@ int main(int argc, char** argv) {
                  "docs/testbed.md \"Availability\"); offline, its session is closed and the server cannot select it; "
                  "default: always online");
   CLI11_PARSE(app, argc, argv);
+  if (absl::Status st = setting_flags.ApplyTo(model); !st.ok()) {
+    std::cerr << "fl-client: " << st.message() << "\n";
+    return 2;
+  }
+  const std::string& link_kind = model.link_kind;
   // Before any thread exists (gRPC's, LibTorch's): a thread gets its arena at its first allocation.
   if (malloc_arenas < -1) {
     std::cerr << "fl-client: --malloc-arenas=" << malloc_arenas << ": must be >= 0 (0: glibc's default)\n";

@@ -151,4 +151,31 @@ absl::Status SettingDisagreement(const SettingSpec& s, std::string_view first_so
                                                ": give the setting once, or the same value in both"));
 }
 
+absl::StatusOr<std::optional<std::string>> ReadSettingYaml(const YamlMap& map, const std::string& key,
+                                                           const SettingSpec& s) {
+  if (!map.Has(key)) return std::optional<std::string>();
+  const YAML::Node n = map.Node(key);
+  const std::string source = fl::StrCat(map.file().empty() ? "<inline>" : map.file(), ":",
+                                        n.Mark().line >= 0 ? n.Mark().line + 1 : 0, ": ", map.Path(key));
+  if (s.type == SettingType::kString) {
+    absl::StatusOr<std::optional<std::string>> v = map.String(key, s.allowed);
+    if (!v.ok()) return v.status();
+    absl::StatusOr<std::string> checked = CheckSettingValue(s, **v, source);
+    if (!checked.ok()) return checked.status();
+    return std::optional<std::string>(*checked);
+  }
+  if (!n.IsScalar()) return map.Error(n, key, fl::StrCat("expected a number, got ", DescribeYaml(n)), s.Describe());
+  // A whole number in the manifest's own unit is read from its text (a seed can exceed what a double holds).
+  if (s.type == SettingType::kUnsigned && s.manifest_scale == 1) {
+    absl::StatusOr<std::string> v = CheckSettingValue(s, n.Scalar(), source, WithUnit(n.Scalar(), s.unit));
+    if (!v.ok()) return v.status();
+    return std::optional<std::string>(*v);
+  }
+  absl::StatusOr<std::optional<double>> v = map.Number(key, {-1e300, 1e300});
+  if (!v.ok()) return v.status();
+  absl::StatusOr<std::string> checked = CheckManifestNumber(s, **v, source);
+  if (!checked.ok()) return checked.status();
+  return std::optional<std::string>(*checked);
+}
+
 }  // namespace fl::config

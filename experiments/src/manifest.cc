@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <set>
+#include <string_view>
 #include <type_traits>
+#include <variant>
 
 #include <nlohmann/json.hpp>
 
@@ -187,33 +189,68 @@ absl::Status CheckData(const YamlMap& m, Training& t) {
   return absl::OkStatus();
 }
 
+// A manifest key of one of fl-client's settings (fl/client/settings.h), read into `member` of T through the shared
+// reader (config::ReadSettingYaml), so that a value is refused in fl-client's words; recorded under `key`.
+template <typename T, typename M>
+config::Field<T> ClientSettingField(std::string key, const client::ClientSetting& s, M T::*member) {
+  const client::ClientSetting* setting = &s;
+  config::Field<T> f = config::CustomField<T>(
+      std::move(key),
+      [setting, member](const YamlMap& m, const std::string& k, T& out) -> absl::Status {
+        absl::StatusOr<std::optional<std::string>> v = config::ReadSettingYaml(m, k, *setting);
+        if (!v.ok()) return v.status();
+        if (!v->has_value()) return absl::OkStatus();
+        client::ClientSettings value;
+        setting->Set(value, **v);
+        std::visit(
+            [&](auto from) {
+              if constexpr (std::is_convertible_v<decltype(from), M client::ClientSettings::*>) {
+                out.*member = value.*from;
+              }
+            },
+            setting->member);
+        return absl::OkStatus();
+      },
+      member);
+  f.allowed = s.Describe();
+  if (!s.in_old_manifest_records) f.NewInRecords();
+  return f;
+}
+
+// The checks a loaded manifest adds to fl-client's own, by setting: files that must exist, made absolute.
+config::Field<Training>& ThenCheck(config::Field<Training>& f, const std::string& name) {
+  using T = Training;
+  if (name == "model") f.Then(CheckModel);
+  if (name == "data") f.Then(CheckData);
+  if (name == "task") {
+    f.Then([](const YamlMap& m, T& t) -> absl::Status {
+      if (core::IsTorchScriptModelPath(t.model) || t.task == "classification") return absl::OkStatus();
+      return m.Error(m.Node("task"), "task",
+                     fl::StrCat("the built-in model \"", t.model, "\" is a classifier; task ", t.task,
+                                " needs a TorchScript model (model: path.pt)"));
+    });
+  }
+  return f;
+}
+
 config::FieldTable<Training> TrainingFields(server::EngineConfig* sink) {
   using T = Training;
-  std::vector<config::Field<T>> fields = {
-      config::StringField("model", &T::model).Then(CheckModel),
-      config::ChoiceField<T>("dataset", nullptr, {"fashion-mnist"}),  // the only one; accepted for clarity
-      config::StringField("data_dir", &T::data_dir),
-      config::StringField("data", &T::data).NewInRecords().Then(CheckData),
-      config::ChoiceField("task", &T::task, {"classification", "regression", "next-token"})
-          .NewInRecords()
-          .Then([](const YamlMap& m, T& t) -> absl::Status {
-            if (core::IsTorchScriptModelPath(t.model) || t.task == "classification") return absl::OkStatus();
-            return m.Error(m.Node("task"), "task",
-                           fl::StrCat("the built-in model \"", t.model, "\" is a classifier; task ", t.task,
-                                      " needs a TorchScript model (model: path.pt)"));
-          }),
-      config::ChoiceField("buffers", &T::buffers, {"average", "local"}).NewInRecords(),
-      config::IntField("seq_len", &T::seq_len, 1, 1'000'000).NewInRecords(),
-      config::StringField("partition", &T::partition).Then([](const YamlMap& m, T& t) -> absl::Status {
-        const std::string& p = t.partition;
-        if (p == "iid" || p == "natural" || p.rfind("dirichlet:", 0) == 0 || p.rfind("shards:", 0) == 0) {
-          return absl::OkStatus();
-        }
-        return m.Error(m.Node("partition"), "partition", fl::StrCat("unknown partition \"", p, "\""),
-                       "iid, dirichlet:<alpha>, shards:<n>, natural");
-      }),
-      config::IntField("threads", &T::threads, 0, 1024),
-  };
+  std::vector<config::Field<T>> fields;
+  // fl-client's settings under training: (their keys, bounds, defaults and units from fl/client/settings.h).
+  for (const client::ClientSetting& s : client::ClientSettingsTable()) {
+    if (!s.manifest.starts_with("training.")) continue;
+    const std::string key = s.manifest.substr(std::string_view("training.").size());
+    std::visit(
+        [&](auto member) {
+          if constexpr (!std::is_same_v<decltype(member), std::monostate>) {
+            config::Field<T> f = ClientSettingField<T>(key, s, member);
+            fields.push_back(std::move(ThenCheck(f, s.name)));
+          }
+        },
+        s.member);
+    // The only dataset, accepted for clarity.
+    if (s.name == "model") fields.push_back(config::ChoiceField<T>("dataset", nullptr, {"fashion-mnist"}));
+  }
   for (config::Field<T>& f : SettingFields<T>("training", sink)) fields.push_back(std::move(f));
   return config::FieldTable<T>(std::move(fields));
 }
@@ -335,8 +372,8 @@ config::FieldTable<ClientGroup> GroupFields(const Where& where) {
           "device", [where](const YamlMap& m, const std::string& key, G& g) { return ReadDevice(where, m, key, g); }),
       config::CustomField<G>(
           "link", [where](const YamlMap& m, const std::string& key, G& g) { return ReadLink(where, m, key, g); }),
-      config::ChoiceField("link_kind", &G::link_kind, {"ethernet", "wifi", "5g", "other"}),
-      config::NumberField("data_share", &G::data_share, {1e-6, 1.0}),
+      ClientSettingField<G>("link_kind", *client::FindClientSetting("link_kind"), &G::link_kind),
+      ClientSettingField<G>("data_share", *client::FindClientSetting("data_fraction"), &G::data_share),
       config::NumberField("availability.start_delay_s", &G::start_delay_s, {0, 1e7}),
       config::NumberField("availability.leave_after_s", &G::leave_after_s, {0, 1e7}),
       config::NumberField("availability.period_s", &G::period_s, {0, 1e7}).NewInRecords(),
@@ -517,6 +554,13 @@ bool RunSettings::operator==(const RunSettings& other) const {
     if (s.get(*this) != s.get(other)) return false;
   }
   return true;
+}
+
+client::ClientSettings ClientSettingsFor(const Manifest& m, const ClientGroup& g) {
+  client::ClientSettings s = m.training;
+  s.link_kind = g.link_kind;
+  s.data_fraction = g.data_share;
+  return s;
 }
 
 uint64_t Manifest::num_clients() const {

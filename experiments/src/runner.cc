@@ -154,10 +154,6 @@ std::vector<std::string> ClientArgs(const Manifest& m, const RunOptions& o, cons
                                 server_addr,
                                 "--name",
                                 c.instances > 0 ? g.name : c.name,
-                                "--model",
-                                m.training.model,
-                                "--partition",
-                                m.training.partition,
                                 "--client-index",
                                 std::to_string(c.index),
                                 "--num-clients",
@@ -166,25 +162,16 @@ std::vector<std::string> ClientArgs(const Manifest& m, const RunOptions& o, cons
                                 std::to_string(m.settings.seed),
                                 "--init-seed",
                                 std::to_string(m.settings.seed),
-                                "--threads",
-                                std::to_string(m.training.threads),
                                 "--device",
                                 "cpu",
-                                "--link-kind",
-                                g.link_kind,
-                                "--data-fraction",
-                                Fmt(g.data_share),
                                 "--slowdown",
                                 Fmt(SlowdownFor(m, g.device)),
                                 "--give-up-after-s",
                                 "60",
                                 "--log-level",
                                 "warn"};
-  if (!m.training.data_dir.empty()) a.insert(a.end(), {"--data-dir", m.training.data_dir});
-  if (!m.training.data.empty()) a.insert(a.end(), {"--data", m.training.data});
-  if (m.training.task != "classification") a.insert(a.end(), {"--task", m.training.task});
-  if (m.training.buffers != "average") a.insert(a.end(), {"--buffers", m.training.buffers});
-  if (m.training.seq_len != 64) a.insert(a.end(), {"--seq-len", std::to_string(m.training.seq_len)});
+  // Every setting of fl-client's table (fl/client/settings.h) as the manifest gives it, its defaults included.
+  for (std::string& arg : client::ClientSettingArgs(ClientSettingsFor(m, g))) a.push_back(std::move(arg));
   if (!g.link_name.empty()) a.insert(a.end(), {"--link-profile", g.link_name});
   if (!g.device.device_class.empty()) a.insert(a.end(), {"--device-class", g.device.device_class});
   if (c.instances > 0) a.insert(a.end(), {"--instances", std::to_string(c.instances)});

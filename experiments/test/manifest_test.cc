@@ -164,7 +164,9 @@ TEST(ManifestTest, NegativeRateInAnInlineLinkIsRefused) {
 }
 
 TEST(ManifestTest, OutOfRangeAndUnknownValuesAreRefused) {
-  ExpectError(Replace(kGood, "data_share: 0.5", "data_share: 1.5"), {"clients[0].data_share", "[1e-06, 1]"});
+  ExpectError(
+      Replace(kGood, "data_share: 0.5", "data_share: 1.5"),
+      {"clients[0].data_share", "1.5 is out of bounds for setting data_fraction (--data-fraction", "within (0, 1]"});
   ExpectError(Replace(kGood, "uplink: int8", "uplink: int7"), {"codecs.uplink", "int7", "is not allowed", "fp32"});
   ExpectError(Replace(kGood, "partition: \"dirichlet:0.5\"", "partition: random"), {"training.partition"});
   ExpectError(Replace(kGood, "min_available_clients: 3", "min_available_clients: 9"),
@@ -502,6 +504,128 @@ TEST(ManifestSettingsTest, TheOldDisagreementsAreGone) {
   const auto at = std::find(args.begin(), args.end(), "--round-deadline-ms");
   ASSERT_NE(at, args.end());
   EXPECT_EQ(*(at + 1), "1500");
+}
+
+// ---- fl-client's settings that manifests set, declared once (fl/client/settings.h) ----
+
+// fl-client's settings from its flags, through its real options.
+absl::StatusOr<client::ClientSettings> ClientFlags(std::vector<std::string> args) {
+  CLI::App app{"fl-client"};
+  client::ClientSettingFlags flags;
+  client::AddClientSettingOptions(app, flags);
+  args.insert(args.begin(), "fl-client");
+  std::vector<char*> raw;
+  for (std::string& a : args) raw.push_back(a.data());
+  try {
+    app.parse(static_cast<int>(raw.size()), raw.data());
+  } catch (const CLI::ParseError& e) {
+    return absl::InvalidArgumentError(e.what());
+  }
+  client::ClientSettings settings;
+  if (absl::Status st = flags.ApplyTo(settings); !st.ok()) return st;
+  return settings;
+}
+
+// A manifest of one group of three clients that gives `value` for `s` (training.<key> or clients[0].<key>), and
+// `model` as training.model when not empty.
+std::string ManifestGivingClient(const client::ClientSetting& s, const std::string& value, const std::string& model) {
+  YAML::Node root;
+  root["name"] = "t";
+  root["server"]["rounds"] = 2;
+  if (!model.empty()) root["training"]["model"] = model;
+  YAML::Node group;
+  group["name"] = "c";
+  group["count"] = 3;
+  const size_t dot = s.manifest.find('.');
+  const std::string section = s.manifest.substr(0, dot), key = s.manifest.substr(dot + 1);
+  if (section == "training") {
+    root["training"][key] = value;
+  } else {
+    group[key] = value;
+  }
+  root["clients"].push_back(group);
+  YAML::Emitter out;
+  out << root;
+  return out.c_str();
+}
+
+// For every fl-client setting a manifest sets: the manifest's default is fl-client's, a value reads the same from
+// the manifest's key and from fl-client's flag, a value past the bounds (or not among the choices) is refused by
+// both in the same words, and the arguments fl-experiment starts fl-client with (for the run and for its replay)
+// give fl-client exactly the manifest's settings.
+TEST(ManifestSettingsTest, ManifestAndFlagAgreeOnDefaultBoundsAndUnitOfEveryClientSetting) {
+  static testing::ScratchDir dir("fl_manifest_client_settings");
+  const std::string pt = dir.File("model.pt"), npz = dir.File("data.npz");
+  std::ofstream(pt) << "x";
+  std::ofstream(npz) << "x";
+  absl::StatusOr<Manifest> plain = Parse("name: t\nserver: {rounds: 5}\nclients: [{name: c, count: 3}]\n");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  absl::StatusOr<client::ClientSettings> no_flags = ClientFlags({});
+  ASSERT_TRUE(no_flags.ok()) << no_flags.status();
+  const client::ClientSettings plain_settings = ClientSettingsFor(*plain, plain->clients[0]);
+  EXPECT_EQ(plain_settings, *no_flags);  // the same defaults, all of them
+  int n = 0;
+  for (const client::ClientSetting& s : client::ClientSettingsTable()) {
+    SCOPED_TRACE(s.name);
+    ++n;
+    const std::string def = s.Get(*no_flags);
+    // A value that is not the default: a bound, another choice, or a valid text.
+    std::string value;
+    if (s.type == config::SettingType::kString) {
+      value = !s.choices.empty()      ? (s.choices.back() == def ? s.choices.front() : s.choices.back())
+              : s.name == "model"     ? "synthetic:1000:5"
+              : s.name == "partition" ? "shards:2"
+              : s.name == "data"      ? npz
+                                      : "/srv/fashion-mnist";
+    } else {
+      value = Num(s.min_open ? s.min + 0.25 * (s.max - s.min) : s.min);
+      if (value == def) value = Num(s.max);
+    }
+    // Data and the tasks other than classification are for TorchScript models.
+    const bool needs_pt = s.name == "data" || s.name == "task";
+    absl::StatusOr<Manifest> m = Parse(ManifestGivingClient(s, value, needs_pt ? pt : ""));
+    std::vector<std::string> args = {s.flag, value};
+    if (needs_pt) args.insert(args.end(), {"--model", pt});
+    absl::StatusOr<client::ClientSettings> flag = ClientFlags(args);
+    ASSERT_TRUE(m.ok()) << m.status() << "\n" << ManifestGivingClient(s, value, needs_pt ? pt : "");
+    ASSERT_TRUE(flag.ok()) << flag.status();
+    const client::ClientSettings given = ClientSettingsFor(*m, m->clients[0]);
+    EXPECT_EQ(s.Get(given), s.Get(*flag));
+    EXPECT_NE(s.Get(given), def);
+    // fl-client as fl-experiment starts it (runner.cc's ClientArgs), for the run and for its replay.
+    absl::StatusOr<client::ClientSettings> run = ClientFlags(client::ClientSettingArgs(given));
+    ASSERT_TRUE(run.ok()) << run.status();
+    EXPECT_EQ(*run, given);
+    absl::StatusOr<Manifest> replay = ManifestFromResolvedJson(ResolvedManifestJson(*m), m->source_yaml);
+    ASSERT_TRUE(replay.ok()) << replay.status();
+    absl::StatusOr<client::ClientSettings> replayed =
+        ClientFlags(client::ClientSettingArgs(ClientSettingsFor(*replay, replay->clients[0])));
+    ASSERT_TRUE(replayed.ok()) << replayed.status();
+    EXPECT_EQ(*replayed, given);
+    // Past the upper bound, or not a choice: the same refusal from both, after the source.
+    std::string bad;
+    if (s.type != config::SettingType::kString) {
+      bad = s.type == config::SettingType::kUnsigned ? Num(s.max + 1) : Num(s.max * 1.001);
+    } else if (!s.choices.empty() || s.check) {
+      bad = "nonsense";
+    } else {
+      continue;  // a path: any text
+    }
+    absl::StatusOr<Manifest> m_bad = Parse(ManifestGivingClient(s, bad, ""));
+    absl::StatusOr<client::ClientSettings> flag_bad = ClientFlags({s.flag, bad});
+    ASSERT_FALSE(m_bad.ok());
+    ASSERT_FALSE(flag_bad.ok());
+    const std::string a(m_bad.status().message()), b(flag_bad.status().message());
+    ASSERT_NE(a.find(" for setting "), std::string::npos) << a;
+    ASSERT_NE(b.find(" for setting "), std::string::npos) << b;
+    EXPECT_EQ(a.substr(a.find(" for setting ")), b.substr(b.find(" for setting "))) << a << "\n" << b;
+    EXPECT_NE(a.find("exp.yaml:"), std::string::npos) << a;
+    EXPECT_NE(b.find(fl::StrCat(s.flag, ": ")), std::string::npos) << b;
+    if (!s.unit.empty()) {
+      EXPECT_NE(a.find(fl::StrCat(" in ", s.unit, ", within ")), std::string::npos) << a;
+    }
+  }
+  EXPECT_EQ(n, 10);
 }
 
 }  // namespace

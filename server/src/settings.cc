@@ -131,38 +131,17 @@ const config::FieldTable<StrategySpec>& StrategyFields() {
 
 absl::StatusOr<std::optional<std::string>> ReadSettingYaml(const config::YamlMap& map, const std::string& key,
                                                            const Setting& s) {
-  if (!map.Has(key)) return std::optional<std::string>();
+  // server.strategy may be a map; every other setting is a scalar, read as fl-client's are (config/setting_spec.h).
+  if (s.name != "strategy" || !map.Has(key) || !map.Node(key).IsMap()) return config::ReadSettingYaml(map, key, s);
   const YAML::Node n = map.Node(key);
   const std::string source = fl::StrCat(map.file().empty() ? "<inline>" : map.file(), ":",
                                         n.Mark().line >= 0 ? n.Mark().line + 1 : 0, ": ", map.Path(key));
-  std::string text;
-  if (s.name == "strategy" && n.IsMap()) {
-    absl::StatusOr<std::optional<config::YamlMap>> m =
-        map.Map(key, fl::StrCat("a strategy in fl-server --strategy syntax, or ", StrategyFields().Describe()));
-    if (!m.ok()) return m.status();
-    StrategySpec spec;
-    if (absl::Status st = StrategyFields().Read(**m, spec); !st.ok()) return st;
-    text = spec.options.empty() ? spec.name : fl::StrCat(spec.name, ":", spec.options);
-  } else if (s.type == SettingType::kString) {
-    absl::StatusOr<std::optional<std::string>> v = map.String(key, s.allowed);
-    if (!v.ok()) return v.status();
-    text = **v;
-  } else {
-    if (!n.IsScalar()) {
-      return map.Error(n, key, fl::StrCat("expected a number, got ", config::DescribeYaml(n)), s.Describe());
-    }
-    // A whole number in the manifest's own unit is read from its text (a seed can exceed what a double holds).
-    if (s.type == SettingType::kUnsigned && s.manifest_scale == 1) {
-      absl::StatusOr<std::string> v = CheckSettingValue(s, n.Scalar(), source, WithUnit(n.Scalar(), s.unit));
-      if (!v.ok()) return v.status();
-      return std::optional<std::string>(*v);
-    }
-    absl::StatusOr<std::optional<double>> v = map.Number(key, {-1e300, 1e300});
-    if (!v.ok()) return v.status();
-    absl::StatusOr<std::string> checked = CheckManifestNumber(s, **v, source);
-    if (!checked.ok()) return checked.status();
-    return std::optional<std::string>(*checked);
-  }
+  absl::StatusOr<std::optional<config::YamlMap>> m =
+      map.Map(key, fl::StrCat("a strategy in fl-server --strategy syntax, or ", StrategyFields().Describe()));
+  if (!m.ok()) return m.status();
+  StrategySpec spec;
+  if (absl::Status st = StrategyFields().Read(**m, spec); !st.ok()) return st;
+  const std::string text = spec.options.empty() ? spec.name : fl::StrCat(spec.name, ":", spec.options);
   absl::StatusOr<std::string> checked = CheckSettingValue(s, text, source);
   if (!checked.ok()) return checked.status();
   return std::optional<std::string>(*checked);

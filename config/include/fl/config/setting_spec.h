@@ -6,6 +6,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -74,5 +75,13 @@ absl::StatusOr<std::string> CheckManifestNumber(const SettingSpec& s, double val
 // <Describe()>: give the setting once, or the same value in both").
 absl::Status SettingDisagreement(const SettingSpec& s, std::string_view first_source, std::string_view first_given,
                                  std::string_view second_source, std::string_view second_given);
+
+class YamlMap;
+
+// The value a manifest map gives for `s` under `key` (the last part of its manifest path), converted to the
+// setting's unit and checked (CheckSettingValue, CheckManifestNumber): its canonical text, or nullopt when absent.
+// The source named in a refusal is "<file>:<line>: <path>".
+absl::StatusOr<std::optional<std::string>> ReadSettingYaml(const YamlMap& map, const std::string& key,
+                                                           const SettingSpec& s);
 
 }  // namespace fl::config

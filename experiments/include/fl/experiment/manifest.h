@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "fl/emulation/link_profile.h"
 #include "fl/server/engine_config.h"
+#include "fl/client/settings.h"
 #include "fl/server/settings.h"
 
 namespace fl::experiment {
@@ -89,20 +90,13 @@ struct Manifest {
     bool operator==(const Server&) const = default;
   } server;
 
-  // fl-client's settings (the clients' training settings that fl-server sends with every task are in `settings`).
-  struct Training {
-    std::string model = "cnn";  // fl-client --model: cnn, squeezenet, synthetic:<P>[:<ms>], or a .pt path
-    std::string data_dir;       // "" = fl-client's default (/usr/share/datasets/fashion-mnist)
-    // Bring your own model and data (docs/models-and-data.md); paths are made absolute at load (relative ones
-    // resolve against the directory fl-experiment runs in), so that a replay finds the same files.
-    std::string data;                     // .npz, IDX directory or text corpus; "" = data_dir
-    std::string task = "classification";  // classification, regression, next-token (TorchScript models)
-    std::string buffers = "average";      // average | local: a TorchScript model's float buffers
-    uint32_t seq_len = 64;                // next-token on a text corpus
-    std::string partition = "iid";        // iid, dirichlet:<alpha>, shards:<n>, natural
-    uint32_t threads = 1;                 // training threads per client
-    bool operator==(const Training&) const = default;
-  } training;
+  // fl-client's settings that the manifest's training: keys give, each declared once with its flag, bounds, unit
+  // and default (fl/client/settings.h): model, data_dir, data, task, buffers, seq_len, partition, threads. Paths
+  // (a .pt model, data) are made absolute at load, so that a replay finds the same files. Its link_kind and
+  // data_fraction are unused here: each group gives them (clients[].link_kind, .data_share; ClientSettingsFor).
+  // (The clients' training settings that fl-server sends with every task are in `settings`.)
+  using Training = client::ClientSettings;
+  Training training;
 
   struct Emulation {
     std::string backend = "auto";      // none, userspace, kernel, auto (kernel when root and available)
@@ -133,6 +127,10 @@ struct Manifest {
   // Field by field (the resolved-JSON round trip is tested with it).
   bool operator==(const Manifest&) const = default;
 };
+
+// The fl-client settings of a client of group `g`: the manifest's training: keys, with the group's link_kind and
+// data_share. fl-experiment starts that client with exactly these (client::ClientSettingArgs, runner.cc).
+client::ClientSettings ClientSettingsFor(const Manifest& m, const ClientGroup& g);
 
 struct ManifestOptions {
   // Where named profiles live: <profiles_dir>/links/<name>.yaml, <profiles_dir>/devices/<name>.yaml.
