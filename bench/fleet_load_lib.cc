@@ -350,7 +350,7 @@ struct Fleet::Impl {
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
     fl::v1::UploadUpdateResponse resp;
     auto writer = m.stub->UploadUpdate(&ctx, &resp);
-    wire::WriteWholeUpload(*writer, header, payload, core::TransferChecksum64(payload));
+    proto::WriteWholeUpload(*writer, header, payload, core::TransferChecksum64(payload));
     writer->WritesDone();
     const grpc::Status status = writer->Finish();
     return status.ok() && resp.outcome() == fl::v1::UPDATE_OUTCOME_ACCEPTED;
@@ -431,7 +431,7 @@ absl::Status Fleet::Start() {
   auto spec = core::ModelSpec::Create({{"w", {static_cast<int64_t>(o.model_values)}, core::DType::kFloat32, 0}});
   if (!spec.ok()) return spec.status();
   f.spec = std::make_shared<const core::ModelSpec>(std::move(*spec));
-  f.spec_proto = wire::ToProto(*f.spec, "fleet-tiny");
+  f.spec_proto = proto::ToProto(*f.spec, "fleet-tiny");
   for (uint32_t c = 0; c < o.channels; ++c) {
     grpc::ChannelArguments args;
     args.SetInt("fl.fleet.channel", static_cast<int>(c));  // a distinct argument set: a connection of its own

@@ -2,7 +2,7 @@
 // "What security costs").
 //
 // BM_FirstJoin/<security>/<link>: one iteration = a new gRPC channel to a real fl-server (a child process) with
-// the project's channel arguments and credentials (fl::wire::SessionChannelArguments, fl::rpc::ChannelCredentials:
+// the project's channel arguments and credentials (fl::proto::SessionChannelArguments, fl::rpc::ChannelCredentials:
 // what fl-client builds), then one Join, answered (admitted). The time measured (manual time) is from channel
 // creation to the Join's answer: TCP connect, the TLS 1.3 handshake with client certificate (mtls), HTTP/2
 // set-up and the Join RPC with the server's admission work. The channel has its own subchannel pool and no TLS
@@ -169,7 +169,7 @@ Setup* MakeSetup() {
   fl::client::SyntheticTrainer trainer(1000, 100, 1, 0, "classification");
   s->join.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
   s->join.set_client_name(kClientName);
-  *s->join.mutable_model_spec() = fl::wire::ToProto(trainer.spec(), trainer.model_name());
+  *s->join.mutable_model_spec() = fl::proto::ToProto(trainer.spec(), trainer.model_name());
   s->join.set_task(trainer.task());
   s->join.set_num_train_examples(trainer.num_train_examples());
   s->join.set_num_test_examples(trainer.num_test_examples());
@@ -233,7 +233,7 @@ void BM_FirstJoin(benchmark::State& state, bool tls, bool via_5g) {
   for (auto _ : state) {
     const double cpu_before = ProcessCpuMs();
     const auto start = Clock::now();
-    grpc::ChannelArguments args = fl::wire::SessionChannelArguments();
+    grpc::ChannelArguments args = fl::proto::SessionChannelArguments();
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a connection of its own, never one of an earlier channel
     auto channel = grpc::CreateCustomChannel(target, *credentials, args);
     auto stub = fl::v1::Federation::NewStub(channel);

@@ -613,7 +613,7 @@ int main(int argc, char** argv) {
   if (options.client_name.empty()) {
     options.client_name = fl::StrCat(options.device.hostname(), "-", model.client_index);
   }
-  auto kind = fl::wire::ParseLinkKind(link_kind);
+  auto kind = fl::proto::ParseLinkKind(link_kind);
   if (!kind.ok()) {
     std::cerr << "fl-client: --link-kind: " << kind.status().message() << "\n";
     return 2;

@@ -101,7 +101,7 @@ absl::Status FederatedClient::Impl::Run() {
     client_id_ = joined->client_id();
     token_ = joined->session_token();
     heartbeat_ms_ = std::max<uint32_t>(joined->heartbeat_interval_ms(), 50);
-    server_max_chunk_ = joined->max_chunk_bytes() == 0 ? wire::kDefaultChunkBytes : joined->max_chunk_bytes();
+    server_max_chunk_ = joined->max_chunk_bytes() == 0 ? proto::kDefaultChunkBytes : joined->max_chunk_bytes();
     spdlog::info("joined experiment {} as '{}'", joined->experiment_id(), client_id_);
     if (options_.metrics != nullptr) options_.metrics->SetExperiment(joined->experiment_id());
     if (joined->initial_model_requested()) {
@@ -129,7 +129,7 @@ absl::StatusOr<fl::v1::JoinResponse> FederatedClient::Impl::Join(uint32_t timeou
   req.set_client_name(options_.client_name);
   *req.mutable_device() = options_.device;
   *req.mutable_link() = options_.link;
-  *req.mutable_model_spec() = wire::ToProto(trainer_->spec(), trainer_->model_name());
+  *req.mutable_model_spec() = proto::ToProto(trainer_->spec(), trainer_->model_name());
   req.set_task(trainer_->task());
   req.set_num_train_examples(trainer_->num_train_examples());
   req.set_num_test_examples(trainer_->num_test_examples());
@@ -162,7 +162,7 @@ absl::StatusOr<fl::v1::JoinResponse> FederatedClient::Impl::Join(uint32_t timeou
         if (std::from_chars(it->second.data(), end, ms).ptr == end) server_retry_after_ms_ = std::min(ms, 600'000u);
       }
     }
-    fl::v1::ErrorDetail detail = wire::ErrorFromGrpcStatus(status);
+    fl::v1::ErrorDetail detail = proto::ErrorFromGrpcStatus(status);
     if (detail.code() == fl::v1::ERROR_CODE_EXPERIMENT_FINISHED) {
       return absl::OutOfRangeError(
           fl::StrCat("fl-server at ", options_.server_address, ": ", detail.message(), "; nothing left to do"));
@@ -308,7 +308,7 @@ absl::StatusOr<FederatedClient::Impl::SessionEnd> FederatedClient::Impl::RunSess
   }
   if (finished) return SessionEnd::kFinished;
   if (!status.ok()) {
-    fl::v1::ErrorDetail detail = wire::ErrorFromGrpcStatus(status);
+    fl::v1::ErrorDetail detail = proto::ErrorFromGrpcStatus(status);
     if (detail.code() == fl::v1::ERROR_CODE_SHUTTING_DOWN) return SessionEnd::kFinished;
     spdlog::warn("session ended: {}", status.error_message());
   }
@@ -341,7 +341,7 @@ void FederatedClient::Impl::ReportFailure(const std::string& task_id, const absl
   m.mutable_status()->set_task_id(task_id);
   m.mutable_status()->set_state(fl::v1::CLIENT_STATE_FAILED);
   *m.mutable_status()->mutable_error() =
-      wire::MakeError(fl::v1::ERROR_CODE_INTERNAL, std::string(fl::ToStd(status.message())));
+      proto::MakeError(fl::v1::ERROR_CODE_INTERNAL, std::string(fl::ToStd(status.message())));
   WriteToSession(m);
 }
 void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {

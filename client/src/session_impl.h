@@ -59,7 +59,7 @@ struct Downloaded {
 class FederatedClient::Impl {
  public:
   Impl(ClientOptions options, training::Trainer* trainer) : options_(std::move(options)), trainer_(trainer) {
-    grpc::ChannelArguments args = wire::SessionChannelArguments();
+    grpc::ChannelArguments args = proto::SessionChannelArguments();
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
     // A connection of its own even beside other sessions of this process (fl-client --instances): as separate
@@ -103,7 +103,7 @@ class FederatedClient::Impl {
   void Worker();
   void RunTask(const fl::v1::Task& task);
   absl::StatusOr<Downloaded> Download(const fl::v1::Task& task);
-  // Streams `payload` in chunks that refer to it in place (wire::EncodeDataChunkInPlace): gRPC may hold it after
+  // Streams `payload` in chunks that refer to it in place (proto::EncodeDataChunkInPlace): gRPC may hold it after
   // this returns, so the caller changes it only once it is the sole holder again.
   absl::StatusOr<fl::v1::UploadUpdateResponse> Upload(fl::v1::UpdateHeader header,
                                                       std::shared_ptr<const std::vector<uint8_t>> payload,
@@ -117,7 +117,7 @@ class FederatedClient::Impl {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<fl::v1::Federation::Stub> stub_;
   // Transfer state reused across tasks (no allocation per chunk or per transfer).
-  wire::DataChunkReader download_chunks_;
+  proto::DataChunkReader download_chunks_;
   core::TransferChecksum download_checksum_;
   core::TransferChecksum upload_checksum_;
   std::atomic<bool> stop_{false};

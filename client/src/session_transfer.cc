@@ -45,7 +45,7 @@ absl::StatusOr<Downloaded> FederatedClient::Impl::Download(const fl::v1::Task& t
   req.set_model_version(task.model_version());
   req.set_max_chunk_bytes(options_.max_chunk_bytes);
   // Read as raw ByteBuffers: data chunks go from gRPC's slices straight into the payload and the XXH3 state
-  // (wire::DataChunkReader), without a protobuf string per chunk; headers and trailers are parsed as usual.
+  // (proto::DataChunkReader), without a protobuf string per chunk; headers and trailers are parsed as usual.
   auto reader = grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
       channel_.get(),
       grpc::internal::RpcMethod(kDownloadModelMethod, grpc::internal::RpcMethod::SERVER_STREAMING, channel_), &ctx,
@@ -91,14 +91,14 @@ absl::StatusOr<Downloaded> FederatedClient::Impl::Download(const fl::v1::Task& t
   };
   while (reader->Read(&message)) {
     if (have_header) {
-      absl::StatusOr<wire::DataChunkReader::Kind> kind =
+      absl::StatusOr<proto::DataChunkReader::Kind> kind =
           download_chunks_.Read(message, header.payload_bytes() - received, append);
       if (!kind.ok()) {
         return fail(kind.status().code() == absl::StatusCode::kOutOfRange
                         ? std::string("the model download carries more bytes than its header announced")
                         : fl::StrCat("the model download is malformed: ", kind.status().message()));
       }
-      if (*kind == wire::DataChunkReader::Kind::kData) continue;
+      if (*kind == proto::DataChunkReader::Kind::kData) continue;
     }
     if (!grpc::SerializationTraits<fl::v1::ModelChunk>::Deserialize(&message, &chunk).ok()) {
       return fail("a message of the model download could not be parsed as fl.v1.ModelChunk");
@@ -175,7 +175,7 @@ absl::StatusOr<fl::v1::UploadUpdateResponse> FederatedClient::Impl::Upload(
   grpc::ClientContext ctx;
   ctx.set_deadline(DeadlineAfterMs(std::max<uint32_t>(deadline_ms, 1000)));
   fl::v1::UploadUpdateResponse resp;
-  // Written as raw ByteBuffers: each data chunk is encoded by hand (wire::EncodeDataChunk), its bytes copied
+  // Written as raw ByteBuffers: each data chunk is encoded by hand (proto::EncodeDataChunk), its bytes copied
   // once into the message and into the XXH3 state as they go, instead of into a protobuf string then a buffer.
   auto writer = grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
       channel_.get(),
@@ -197,7 +197,7 @@ absl::StatusOr<fl::v1::UploadUpdateResponse> FederatedClient::Impl::Upload(
   for (size_t off = 0; open && off < payload->size(); off += chunk_bytes) {
     const std::span<const uint8_t> piece(payload->data() + off, std::min(chunk_bytes, payload->size() - off));
     sum.Update(piece);
-    open = writer->Write(wire::EncodeDataChunkInPlace(piece, payload));
+    open = writer->Write(proto::EncodeDataChunkInPlace(piece, payload));
   }
   if (open) {
     chunk.Clear();

@@ -5,7 +5,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
-namespace fl::wire {
+namespace fl::proto {
 
 namespace {
 
@@ -99,4 +99,4 @@ absl::StatusOr<DataChunkReader::Kind> DataChunkReader::Read(const grpc::ByteBuff
   return Kind::kData;
 }
 
-}  // namespace fl::wire
+}  // namespace fl::proto

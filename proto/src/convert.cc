@@ -4,7 +4,7 @@
 
 #include "fl/core/str_cat.h"
 
-namespace fl::wire {
+namespace fl::proto {
 
 fl::v1::DType ToProto(core::DType dtype) {
   switch (dtype) {
@@ -135,4 +135,4 @@ fl::v1::ErrorDetail ErrorFromGrpcStatus(const grpc::Status& status) {
   return detail;
 }
 
-}  // namespace fl::wire
+}  // namespace fl::proto

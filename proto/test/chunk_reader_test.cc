@@ -1,4 +1,4 @@
-// wire::DataChunkReader against protobuf's own encoding: data chunks of every size class, their bytes split
+// proto::DataChunkReader against protobuf's own encoding: data chunks of every size class, their bytes split
 // into slices anywhere, read back in place; other messages left to protobuf; malformed ones refused.
 #include "fl/proto/chunk_reader.h"
 
@@ -14,7 +14,7 @@
 #include "fl/core/checksum.h"
 #include "fl/v1/federation.pb.h"
 
-namespace fl::wire {
+namespace fl::proto {
 namespace {
 
 std::string RandomBytes(size_t n, std::mt19937_64& rng) {
@@ -248,4 +248,4 @@ TEST(DataChunkReaderTest, TheStreamedXxh3OfTheChunksEqualsTheSendersChecksum) {
 }
 
 }  // namespace
-}  // namespace fl::wire
+}  // namespace fl::proto

@@ -23,8 +23,8 @@ absl::StatusOr<RunningServer> StartGrpcServer(grpc::Service* service, const std:
   RunningServer running;
   builder.AddListeningPort(listen_address, *credentials, &running.port);
   builder.RegisterService(service);
-  builder.SetMaxReceiveMessageSize(wire::kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(wire::kMaxMessageBytes);
+  builder.SetMaxReceiveMessageSize(proto::kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(proto::kMaxMessageBytes);
   // Keepalive: ping idle connections every 20 s and give up after 10 s without an answer, so a client whose
   // link died is noticed in well under a minute; accept client pings as often as every 5 s.
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);

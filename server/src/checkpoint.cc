@@ -87,7 +87,7 @@ absl::Status SaveCheckpoint(const Checkpoint& ckpt, const std::string& path) {
   header.set_experiment_id(ckpt.experiment_id);
   header.set_round(ckpt.round);
   header.set_model_version(ckpt.model_version);
-  *header.mutable_spec() = wire::ToProto(ckpt.spec, ckpt.model_name);
+  *header.mutable_spec() = proto::ToProto(ckpt.spec, ckpt.model_name);
   header.set_optimizer(ckpt.optimizer.optimizer);
   header.set_optimizer_steps(ckpt.optimizer.step_count);
   header.set_task(ckpt.task);
@@ -182,7 +182,7 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
   fl::v1::CheckpointHeader header;
   if (!header.ParseFromString(header_bytes)) return corrupt("unreadable header");
   Checkpoint ckpt;
-  auto spec = wire::FromProto(header.spec());
+  auto spec = proto::FromProto(header.spec());
   if (!spec.ok()) return corrupt(fl::ToStd(spec.status().message()));
   ckpt.spec = *std::move(spec);
   // The size the header declares (checked arithmetic: counts near 2^64 cannot wrap into a small size).

@@ -242,9 +242,9 @@ fl::v1::UploadUpdateResponse RoundEngine::Core::AcceptBufferedUpdate(UploadDoneE
     return finish(
         ClientOutcome::kLate,
         Verdict(task.id, fl::v1::UPDATE_OUTCOME_LATE,
-                wire::MakeError(fl::v1::ERROR_CODE_LATE, fl::StrCat("the update finished arriving ",
-                                                                    (e.done_server_ns - task.deadline_ns) / kMsToNs,
-                                                                    " ms after the task's deadline"))),
+                proto::MakeError(fl::v1::ERROR_CODE_LATE, fl::StrCat("the update finished arriving ",
+                                                                     (e.done_server_ns - task.deadline_ns) / kMsToNs,
+                                                                     " ms after the task's deadline"))),
         "");
   }
   if (ClientInfo* c = clients_.Find(task.client_id); c != nullptr) {

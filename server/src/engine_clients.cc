@@ -37,10 +37,10 @@ void RoundEngine::Core::HandleJoin(JoinEvent& e) {
   const fl::v1::JoinRequest& req = e.request;
   fl::v1::JoinResponse resp;
   auto refuse = [&](grpc::StatusCode code, ErrorCode reason, std::string message, std::string field, std::string hint) {
-    *resp.mutable_error() = wire::MakeError(reason, std::move(message), std::move(field), std::move(hint));
+    *resp.mutable_error() = proto::MakeError(reason, std::move(message), std::move(field), std::move(hint));
     spdlog::warn("refused join of '{}' from {}: {}", LogSafe(req.client_name(), 64), LogSafe(e.peer, 64),
                  LogSafe(resp.error().message(), 600));
-    e.reply(wire::ToGrpcStatus(code, resp.error()), resp);
+    e.reply(proto::ToGrpcStatus(code, resp.error()), resp);
   };
   if (state_ == EngineState::kFinished) {
     EngineResult result;
@@ -102,7 +102,7 @@ void RoundEngine::Core::HandleJoin(JoinEvent& e) {
                     field, "declare the size of the client's shard; raise --max-client-examples if it is real");
     }
   }
-  auto spec = wire::FromProto(req.model_spec());
+  auto spec = proto::FromProto(req.model_spec());
   if (!spec.ok()) {
     return refuse(grpc::StatusCode::INVALID_ARGUMENT, fl::v1::ERROR_CODE_MALFORMED,
                   std::string(fl::ToStd(spec.status().message())), "model_spec", "");
@@ -183,14 +183,14 @@ void RoundEngine::Core::HandleJoin(JoinEvent& e) {
     const std::string host = PeerHost(e.peer);
     size_t of_host = 0;
     for (const ClientInfo* c : clients_.places()) of_host += PeerHost(c->peer) == host ? 1 : 0;
-    *resp.mutable_error() = wire::MakeError(
+    *resp.mutable_error() = proto::MakeError(
         fl::v1::ERROR_CODE_RATE_LIMITED,
         fl::StrCat("fl-server holds ", clients_.places_held(),
                    " sessions, its limit (--max-sessions=", config_.max_sessions, "), ", of_host, " of them from ",
                    LogSafe(host, 64), "; client '", req.client_name(), "' is not admitted now"),
         "", fl::StrCat("retry after ", config_.join_retry_after_ms, " ms (trailing metadata retry-after-ms)"));
     spdlog::debug("refused join of '{}': session limit {}", LogSafe(req.client_name(), 64), config_.max_sessions);
-    e.reply(wire::ToGrpcStatus(grpc::StatusCode::RESOURCE_EXHAUSTED, resp.error()), resp);
+    e.reply(proto::ToGrpcStatus(grpc::StatusCode::RESOURCE_EXHAUSTED, resp.error()), resp);
     return;
   }
 
@@ -246,14 +246,14 @@ void RoundEngine::Core::HandleJoin(JoinEvent& e) {
   spdlog::log(log_at_info ? spdlog::level::info : spdlog::level::debug,
               "{} client '{}' ({}, {} via {}), {} train examples ({} admissions, {} sessions open)",
               rejoin ? "rejoined" : "admitted", client.id, LogSafe(req.device().device_class(), 64),
-              wire::LinkKindName(req.link().kind()), LogSafe(req.link().interface(), 64), req.num_train_examples(),
+              proto::LinkKindName(req.link().kind()), LogSafe(req.link().interface(), 64), req.num_train_examples(),
               joins_logged_, clients_.connected());
   instrumentation::ClientRecord rec;
   rec.experiment_id = config_.experiment_id;
   rec.client_id = client.id;
   rec.client_name = req.client_name();
   rec.device_class = req.device().device_class();
-  rec.link_kind = std::string(wire::LinkKindName(req.link().kind()));
+  rec.link_kind = std::string(proto::LinkKindName(req.link().kind()));
   rec.link_interface = req.link().interface();
   rec.link_profile = req.link().profile();
   if (req.device().cpu_cores() > 0) rec.cores = req.device().cpu_cores();
@@ -274,9 +274,9 @@ void RoundEngine::Core::HandleSessionOpen(SessionOpenEvent& e) {
     const std::string why =
         fl::StrCat("client id '", LogSafe(e.hello.client_id(), 64), "' or its session token is not known");
     RecordBadToken(e.peer, e.hello.client_id(), fl::StrCat("SessionHello: ", why));
-    e.channel->Close(wire::ToGrpcStatus(grpc::StatusCode::UNAUTHENTICATED,
-                                        wire::MakeError(fl::v1::ERROR_CODE_UNKNOWN_CLIENT, why, "hello",
-                                                        "call Join again (the server may have restarted)")));
+    e.channel->Close(proto::ToGrpcStatus(grpc::StatusCode::UNAUTHENTICATED,
+                                         proto::MakeError(fl::v1::ERROR_CODE_UNKNOWN_CLIENT, why, "hello",
+                                                          "call Join again (the server may have restarted)")));
     return;
   }
   if (state_ == EngineState::kFinished) {
@@ -546,9 +546,9 @@ void RoundEngine::Core::HandleLeave(LeaveEvent& e) {
     const std::string why =
         fl::StrCat("client id '", LogSafe(e.request.client_id(), 64), "' or its session token is not known");
     RecordBadToken(e.peer, e.request.client_id(), fl::StrCat("Leave: ", why));
-    e.reply(wire::ToGrpcStatus(grpc::StatusCode::UNAUTHENTICATED,
-                               wire::MakeError(fl::v1::ERROR_CODE_UNKNOWN_CLIENT, why, "session_token",
-                                               "a Leave presents the client id and session token its Join returned")),
+    e.reply(proto::ToGrpcStatus(grpc::StatusCode::UNAUTHENTICATED,
+                                proto::MakeError(fl::v1::ERROR_CODE_UNKNOWN_CLIENT, why, "session_token",
+                                                 "a Leave presents the client id and session token its Join returned")),
             resp);
     return;
   }

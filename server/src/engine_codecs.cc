@@ -24,7 +24,7 @@ absl::Status RoundEngine::Core::PrepareUplinkCodecs() {
 }
 
 const std::string& RoundEngine::Core::UplinkCodecFor(const ClientInfo& client) const {
-  return core::ChooseUplinkCodec(codec_policy_, wire::LinkKindName(client.join.link().kind()),
+  return core::ChooseUplinkCodec(codec_policy_, proto::LinkKindName(client.join.link().kind()),
                                  client.uplink_bytes_per_s);
 }
 

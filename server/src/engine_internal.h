@@ -174,7 +174,7 @@ inline fl::v1::UploadUpdateResponse Verdict(const std::string& task_id, fl::v1::
 inline fl::v1::UploadUpdateResponse Rejected(const std::string& task_id, ErrorCode code, std::string message,
                                              std::string hint = "") {
   return Verdict(task_id, fl::v1::UPDATE_OUTCOME_REJECTED,
-                 wire::MakeError(code, std::move(message), "", std::move(hint)));
+                 proto::MakeError(code, std::move(message), "", std::move(hint)));
 }
 
 inline std::optional<double> PhaseMs(const google::protobuf::RepeatedPtrField<fl::v1::PhaseTiming>& timings,

@@ -23,7 +23,7 @@ class MetricsObserver final : public EngineObserver {
     metrics_->CountUpdate(instrumentation::ClientOutcomeName(outcome), reason);
     if (outcome != instrumentation::ClientOutcome::kOk) return;
     // Phase histograms and bytes of accepted updates only: a refused report's numbers are not trusted.
-    const std::string link = std::string(wire::LinkKindName(client.link().kind()));
+    const std::string link = std::string(proto::LinkKindName(client.link().kind()));
     const std::string& device = client.device().device_class();
     auto phase = [&](std::string_view name, const std::optional<double>& ms) {
       if (ms.has_value()) metrics_->ObservePhase(name, link, device, row.client_id, *ms / 1000.0);

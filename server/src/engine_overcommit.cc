@@ -93,9 +93,9 @@ std::optional<fl::v1::UploadUpdateResponse> RoundEngine::Core::FoldLateUpdate(
   if (task.outcome == ClientOutcome::kCancelled) {
     // An upload already under way when over-commitment cancelled its task: the row stays 'cancelled'.
     return Verdict(task.id, fl::v1::UPDATE_OUTCOME_LATE,
-                   wire::MakeError(fl::v1::ERROR_CODE_LATE,
-                                   fl::StrCat("task '", task.id, "' was cancelled: round ", task.round,
-                                              " committed with the updates that came first (over-commitment)")));
+                   proto::MakeError(fl::v1::ERROR_CODE_LATE,
+                                    fl::StrCat("task '", task.id, "' was cancelled: round ", task.round,
+                                               " committed with the updates that came first (over-commitment)")));
   }
   if (!LateUploadAdmitted(task)) return std::nullopt;
   auto f = stragglers_->foldable.find(task.id);

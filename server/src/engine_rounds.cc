@@ -451,7 +451,7 @@ void RoundEngine::Core::PublishPayload() {
   auto payload = std::make_shared<ModelPayload>();
   payload->model_version = model_version_;
   payload->round = round_;
-  payload->spec = wire::ToProto(*spec_, config_.model_name);
+  payload->spec = proto::ToProto(*spec_, config_.model_name);
   payload->codec = std::string(downlink_codec_->name());
   if (absl::Status s = downlink_codec_->Encode(global_, &payload->bytes); !s.ok()) {
     // The global model is finite by construction (every input is checked); failing here is a bug.

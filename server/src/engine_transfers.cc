@@ -80,9 +80,9 @@ std::vector<UploadSlots::Revocation> UploadSlots::Judge(int64_t now, const Uploa
     const uint64_t bytes_before = up.progress.front().first <= now - window_ns ? up.progress.front().second : 0;
     grpc::Status status;
     if (limits.message_timeout_ms != 0 && now - last > int64_t{limits.message_timeout_ms} * kMsToNs) {
-      status = wire::ToGrpcStatus(
+      status = proto::ToGrpcStatus(
           grpc::StatusCode::DEADLINE_EXCEEDED,
-          wire::MakeError(
+          proto::MakeError(
               fl::v1::ERROR_CODE_RATE_LIMITED,
               fl::StrCat("the upload of client '", up.client_id, "' for task '", up.task_id, "' sent no message for ",
                          (now - last) / kMsToNs, " ms (limit ", limits.message_timeout_ms,
@@ -92,23 +92,23 @@ std::vector<UploadSlots::Revocation> UploadSlots::Judge(int64_t now, const Uploa
                static_cast<double>(bytes) < min_rate * static_cast<double>(held_ns) * 1e-9) {
       // A trickle: too slow on average since it got the slot.
       const double rate = static_cast<double>(bytes) / (static_cast<double>(held_ns) * 1e-9);
-      status = wire::ToGrpcStatus(
+      status = proto::ToGrpcStatus(
           grpc::StatusCode::RESOURCE_EXHAUSTED,
-          wire::MakeError(fl::v1::ERROR_CODE_RATE_LIMITED,
-                          absl::StrFormat("the upload of client '%s' for task '%s' averaged %.0f bytes/s over %.1f s, "
-                                          "below the minimum rate of %u bytes/s (--upload-min-bytes-per-s): its "
-                                          "upload slot goes to the next client",
-                                          up.client_id, up.task_id, rate, static_cast<double>(held_ns) * 1e-9,
-                                          limits.min_bytes_per_s),
-                          "", "a faster link, a smaller model or a more compact --uplink-codec would help"));
+          proto::MakeError(fl::v1::ERROR_CODE_RATE_LIMITED,
+                           absl::StrFormat("the upload of client '%s' for task '%s' averaged %.0f bytes/s over %.1f s, "
+                                           "below the minimum rate of %u bytes/s (--upload-min-bytes-per-s): its "
+                                           "upload slot goes to the next client",
+                                           up.client_id, up.task_id, rate, static_cast<double>(held_ns) * 1e-9,
+                                           limits.min_bytes_per_s),
+                           "", "a faster link, a smaller model or a more compact --uplink-codec would help"));
     } else if (min_rate != 0 && pace_known && held_ns >= window_ns &&
                static_cast<double>(bytes - bytes_before) < min_rate * static_cast<double>(window_ns) * 1e-9) {
       // A stall after a fast start: its average stays high for minutes, its recent progress does not (issue 27:
       // 10-20 MB of 32 MB, then nothing, kept the slot past an 8 s round's deadline).
       const double window_s = static_cast<double>(window_ns) * 1e-9;
-      status = wire::ToGrpcStatus(
+      status = proto::ToGrpcStatus(
           grpc::StatusCode::RESOURCE_EXHAUSTED,
-          wire::MakeError(
+          proto::MakeError(
               fl::v1::ERROR_CODE_RATE_LIMITED,
               absl::StrFormat("the upload of client '%s' for task '%s' received %u bytes in its last %.1f s (%.0f "
                               "bytes/s; %u of %u bytes so far), below the minimum rate of %u bytes/s "

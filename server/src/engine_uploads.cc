@@ -25,10 +25,10 @@ void RoundEngine::Core::HandleDownload(DownloadEvent& e) {
   const auto& req = e.request;
   if (Authenticate(req.client_id(), req.session_token()) == nullptr) {
     RecordBadToken(e.peer, req.client_id(), "DownloadModel: the client id or its session token is not known");
-    e.reply(wire::ToGrpcStatus(
+    e.reply(proto::ToGrpcStatus(
                 grpc::StatusCode::UNAUTHENTICATED,
-                wire::MakeError(fl::v1::ERROR_CODE_UNKNOWN_CLIENT,
-                                fl::StrCat("client '", req.client_id(), "' is not known"), "", "call Join again")),
+                proto::MakeError(fl::v1::ERROR_CODE_UNKNOWN_CLIENT,
+                                 fl::StrCat("client '", req.client_id(), "' is not known"), "", "call Join again")),
             nullptr);
     return;
   }
@@ -121,13 +121,13 @@ void RoundEngine::Core::HandleUploadStart(UploadStartEvent& e) {
     // The model it was trained from, as the round: an update of another model version is a pseudo-gradient
     // against weights the server did not give this task (issue 27: it was accepted without a word).
     if (h.base_model_version() != task.model_version) {
-      return refuse(
-          Verdict(h.task_id(), fl::v1::UPDATE_OUTCOME_REJECTED,
-                  wire::MakeError(fl::v1::ERROR_CODE_WRONG_ROUND,
-                                  fl::StrCat("update says it was trained from model version ", h.base_model_version(),
-                                             " but task '", task.id, "' gave model version ", task.model_version),
-                                  "base_model_version",
-                                  "train from the model the task names (Task.model_version) and report that version")));
+      return refuse(Verdict(
+          h.task_id(), fl::v1::UPDATE_OUTCOME_REJECTED,
+          proto::MakeError(fl::v1::ERROR_CODE_WRONG_ROUND,
+                           fl::StrCat("update says it was trained from model version ", h.base_model_version(),
+                                      " but task '", task.id, "' gave model version ", task.model_version),
+                           "base_model_version",
+                           "train from the model the task names (Task.model_version) and report that version")));
     }
     // One update per task: a second upload (after the verdict, or while the first is still in transit) is a
     // duplicate whatever the deadline, and never changes what the first one got.
@@ -245,15 +245,15 @@ fl::v1::UploadUpdateResponse RoundEngine::Core::ClosedTaskVerdict(const TaskInfo
         now > task.deadline_ns ? fl::StrCat(" ", (now - task.deadline_ns) / kMsToNs, " ms ago") : std::string();
     return Verdict(
         task.id, fl::v1::UPDATE_OUTCOME_LATE,
-        wire::MakeError(fl::v1::ERROR_CODE_LATE, fl::StrCat("the deadline of ", name, " passed", when, revoked), "",
-                        "a faster link or fewer local steps would help"));
+        proto::MakeError(fl::v1::ERROR_CODE_LATE, fl::StrCat("the deadline of ", name, " passed", when, revoked), "",
+                         "a faster link or fewer local steps would help"));
   }
   if (task.outcome == instrumentation::ClientOutcome::kCancelled) {
     // The round went on without it (over-commitment, the last buffered step): late for the model, not refused.
     return Verdict(
         task.id, fl::v1::UPDATE_OUTCOME_LATE,
-        wire::MakeError(fl::v1::ERROR_CODE_LATE, fl::StrCat(name, " was cancelled: ", task.closed_why, revoked), "",
-                        "a cancelled task needs no update; wait for the next task"));
+        proto::MakeError(fl::v1::ERROR_CODE_LATE, fl::StrCat(name, " was cancelled: ", task.closed_why, revoked), "",
+                         "a cancelled task needs no update; wait for the next task"));
   }
   if (task.answered) {
     return Rejected(task.id, fl::v1::ERROR_CODE_DUPLICATE,
@@ -262,12 +262,13 @@ fl::v1::UploadUpdateResponse RoundEngine::Core::ClosedTaskVerdict(const TaskInfo
                                "): ", task.closed_why, "; this upload is a duplicate and is ignored"),
                     "send each update once");
   }
-  return Verdict(task.id, fl::v1::UPDATE_OUTCOME_REJECTED,
-                 wire::MakeError(fl::v1::ERROR_CODE_WRONG_ROUND,
-                                 fl::StrCat(name, " was closed before this upload (",
-                                            task.outcome ? instrumentation::ClientOutcomeName(*task.outcome) : "closed",
-                                            "): ", task.closed_why, revoked),
-                                 "", "send updates only for the open task of the current session"));
+  return Verdict(
+      task.id, fl::v1::UPDATE_OUTCOME_REJECTED,
+      proto::MakeError(fl::v1::ERROR_CODE_WRONG_ROUND,
+                       fl::StrCat(name, " was closed before this upload (",
+                                  task.outcome ? instrumentation::ClientOutcomeName(*task.outcome) : "closed",
+                                  "): ", task.closed_why, revoked),
+                       "", "send updates only for the open task of the current session"));
 }
 
 void RoundEngine::Core::HandleUploadDone(UploadDoneEvent& e) {
@@ -410,15 +411,15 @@ fl::v1::UploadUpdateResponse RoundEngine::Core::AcceptUpdate(UploadDoneEvent& e,
     return finish(
         instrumentation::ClientOutcome::kLate,
         Verdict(task->id, fl::v1::UPDATE_OUTCOME_LATE,
-                wire::MakeError(fl::v1::ERROR_CODE_LATE, fl::StrCat("the update finished arriving ",
-                                                                    (e.done_server_ns - task->deadline_ns) / kMsToNs,
-                                                                    " ms after the deadline"))));
+                proto::MakeError(fl::v1::ERROR_CODE_LATE, fl::StrCat("the update finished arriving ",
+                                                                     (e.done_server_ns - task->deadline_ns) / kMsToNs,
+                                                                     " ms after the deadline"))));
   }
   if (current_ == nullptr || current_->evaluation || current_->round != task->round ||
       current_->attempt != task->attempt) {
     return finish(
         instrumentation::ClientOutcome::kLate,
-        Verdict(task->id, fl::v1::UPDATE_OUTCOME_LATE, wire::MakeError(fl::v1::ERROR_CODE_LATE, "the round is over")));
+        Verdict(task->id, fl::v1::UPDATE_OUTCOME_LATE, proto::MakeError(fl::v1::ERROR_CODE_LATE, "the round is over")));
   }
   // The phases, placed on the server's clock, must lie between the dispatch and the update's arrival: a
   // client cannot put its training decades away (or before the task existed) in the records.

@@ -22,8 +22,9 @@ using instrumentation::SecurityRefusal;
 constexpr size_t kMaxIdleBuckets = 4096;
 
 grpc::Status Limited(std::string message, std::string hint) {
-  return wire::ToGrpcStatus(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                            wire::MakeError(fl::v1::ERROR_CODE_RATE_LIMITED, std::move(message), "", std::move(hint)));
+  return proto::ToGrpcStatus(
+      grpc::StatusCode::RESOURCE_EXHAUSTED,
+      proto::MakeError(fl::v1::ERROR_CODE_RATE_LIMITED, std::move(message), "", std::move(hint)));
 }
 
 double Burst(double rate) { return std::max(2 * rate, 5.0); }
@@ -114,12 +115,13 @@ PeerIdentity IdentifyPeer(const grpc::CallbackServerContext& ctx) {
 }
 
 Refusal WrongIdentity(const PeerIdentity& who, std::string_view claimed, std::string_view what) {
-  return Refusal{SecurityRefusal::kWrongIdentity,
-                 wire::ToGrpcStatus(grpc::StatusCode::PERMISSION_DENIED,
-                                    wire::MakeError(fl::v1::ERROR_CODE_ADMISSION_REFUSED,
-                                                    fl::StrCat("the client certificate is for \"", who.name, "\" but ",
-                                                               what, " acts for client \"", LogSafe(claimed, 64), "\""),
-                                                    "client_id", "a client acts only for itself: use its own Join"))};
+  return Refusal{
+      SecurityRefusal::kWrongIdentity,
+      proto::ToGrpcStatus(grpc::StatusCode::PERMISSION_DENIED,
+                          proto::MakeError(fl::v1::ERROR_CODE_ADMISSION_REFUSED,
+                                           fl::StrCat("the client certificate is for \"", who.name, "\" but ", what,
+                                                      " acts for client \"", LogSafe(claimed, 64), "\""),
+                                           "client_id", "a client acts only for itself: use its own Join"))};
 }
 
 PeerLimits::PeerLimits(const EngineConfig& config) : config_(config) {}
@@ -201,20 +203,20 @@ std::optional<Refusal> CallGuard::CheckUsable(const PeerIdentity& who) const {
   if (who.island) {
     return Refusal{
         SecurityRefusal::kWrongIdentity,
-        wire::ToGrpcStatus(grpc::StatusCode::PERMISSION_DENIED,
-                           wire::MakeError(fl::v1::ERROR_CODE_ADMISSION_REFUSED,
-                                           fl::StrCat("the certificate of \"", who.name,
-                                                      "\" is an island's (fl-island://), not a client's"),
-                                           "", "give fl-client a client certificate (fl-provision add-client)"))};
+        proto::ToGrpcStatus(grpc::StatusCode::PERMISSION_DENIED,
+                            proto::MakeError(fl::v1::ERROR_CODE_ADMISSION_REFUSED,
+                                             fl::StrCat("the certificate of \"", who.name,
+                                                        "\" is an island's (fl-island://), not a client's"),
+                                             "", "give fl-client a client certificate (fl-provision add-client)"))};
   }
   if (!who.authenticated || revocation_ == nullptr || !revocation_->IsRevoked(who.serial_hex)) return std::nullopt;
   return Refusal{
       SecurityRefusal::kRevokedCertificate,
-      wire::ToGrpcStatus(grpc::StatusCode::PERMISSION_DENIED,
-                         wire::MakeError(fl::v1::ERROR_CODE_ADMISSION_REFUSED,
-                                         fl::StrCat("the certificate of \"", who.name, "\" (serial ", who.serial_hex,
-                                                    ") is revoked (", revocation_->options().crl_file, ")"),
-                                         "", "ask the operator for a new certificate (fl-provision)"))};
+      proto::ToGrpcStatus(grpc::StatusCode::PERMISSION_DENIED,
+                          proto::MakeError(fl::v1::ERROR_CODE_ADMISSION_REFUSED,
+                                           fl::StrCat("the certificate of \"", who.name, "\" (serial ", who.serial_hex,
+                                                      ") is revoked (", revocation_->options().crl_file, ")"),
+                                           "", "ask the operator for a new certificate (fl-provision)"))};
 }
 
 std::optional<Refusal> CallGuard::CheckJoin(const PeerIdentity& who, std::string_view claimed) const {
@@ -223,12 +225,12 @@ std::optional<Refusal> CallGuard::CheckJoin(const PeerIdentity& who, std::string
   if (who.name == claimed) return std::nullopt;
   return Refusal{
       SecurityRefusal::kNameMismatch,
-      wire::ToGrpcStatus(
+      proto::ToGrpcStatus(
           grpc::StatusCode::PERMISSION_DENIED,
-          wire::MakeError(fl::v1::ERROR_CODE_ADMISSION_REFUSED,
-                          fl::StrCat("client certificate is for \"", who.name, "\" but the Join is for client_name \"",
-                                     LogSafe(claimed, 64), "\""),
-                          "client_name", "join with the name in this client's certificate (fl-client --name)"))};
+          proto::MakeError(fl::v1::ERROR_CODE_ADMISSION_REFUSED,
+                           fl::StrCat("client certificate is for \"", who.name, "\" but the Join is for client_name \"",
+                                      LogSafe(claimed, 64), "\""),
+                           "client_name", "join with the name in this client's certificate (fl-client --name)"))};
 }
 
 std::optional<Refusal> CallGuard::CheckActingFor(const PeerIdentity& who, std::string_view acting_for,

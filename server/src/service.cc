@@ -35,8 +35,8 @@ grpc::Status Unparsable(std::string_view what, std::string_view type, size_t byt
 }
 
 grpc::Status RateLimited(grpc::StatusCode code, std::string message, std::string hint) {
-  return wire::ToGrpcStatus(code,
-                            wire::MakeError(fl::v1::ERROR_CODE_RATE_LIMITED, std::move(message), "", std::move(hint)));
+  return proto::ToGrpcStatus(
+      code, proto::MakeError(fl::v1::ERROR_CODE_RATE_LIMITED, std::move(message), "", std::move(hint)));
 }
 
 // The engine's handle on one session stream. It outlives the reactor (the engine may still hold it after
@@ -104,12 +104,12 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     hello_alarm_.Set(std::chrono::system_clock::now() + std::chrono::milliseconds(hello_ms),
                      [channel = channel_, hello_ms](bool fired) {
                        if (!fired) return;
-                       channel->CloseUnlessOpened(wire::ToGrpcStatus(
+                       channel->CloseUnlessOpened(proto::ToGrpcStatus(
                            grpc::StatusCode::DEADLINE_EXCEEDED,
-                           wire::MakeError(fl::v1::ERROR_CODE_MALFORMED,
-                                           fl::StrCat("no SessionHello within ", hello_ms,
-                                                      " ms of opening the session (--session-hello-timeout-ms)"),
-                                           "hello", "send SessionHello with the id and token from Join first")));
+                           proto::MakeError(fl::v1::ERROR_CODE_MALFORMED,
+                                            fl::StrCat("no SessionHello within ", hello_ms,
+                                                       " ms of opening the session (--session-hello-timeout-ms)"),
+                                            "hello", "send SessionHello with the id and token from Join first")));
                      });
     StartRead(&in_);
   }
@@ -147,10 +147,10 @@ class SessionStream final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     }
     if (!opened_) {
       if (message.kind_case() != ClientMessage::kHello) {
-        return Abandon(wire::ToGrpcStatus(
+        return Abandon(proto::ToGrpcStatus(
             grpc::StatusCode::INVALID_ARGUMENT,
-            wire::MakeError(fl::v1::ERROR_CODE_MALFORMED, "the first message on a session must be a SessionHello",
-                            "hello", "send SessionHello with the id and token from Join")));
+            proto::MakeError(fl::v1::ERROR_CODE_MALFORMED, "the first message on a session must be a SessionHello",
+                             "hello", "send SessionHello with the id and token from Join")));
       }
       if (std::optional<Refusal> r = guard_->CheckActingFor(who_, message.hello().client_id(), "the SessionHello");
           r.has_value()) {
@@ -213,8 +213,8 @@ class DownloadStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
         task_id_(request.task_id()),
         started_ns_(engine_->clock().NowNs()) {
     RoundEngine* engine = engine_;
-    chunk_bytes_ = request.max_chunk_bytes() == 0 ? wire::kDefaultChunkBytes
-                                                  : std::min(request.max_chunk_bytes(), wire::kMaxChunkBytes);
+    chunk_bytes_ = request.max_chunk_bytes() == 0 ? proto::kDefaultChunkBytes
+                                                  : std::min(request.max_chunk_bytes(), proto::kMaxChunkBytes);
     chunk_bytes_ = std::max<uint32_t>(chunk_bytes_, 1024);
     engine->Post(DownloadEvent{request,
                                [this](const grpc::Status& status, std::shared_ptr<const ModelPayload> p) {
@@ -256,7 +256,7 @@ class DownloadStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       const size_t n = std::min<size_t>(chunk_bytes_, total - offset_);
       // In place: the chunk's slice refers to the version's payload (shared by every download of it) and keeps it
       // alive until gRPC has sent it; no per-client copy of the model.
-      out_ = wire::EncodeDataChunkInPlace(std::span<const uint8_t>(payload_->bytes.data() + offset_, n), payload_);
+      out_ = proto::EncodeDataChunkInPlace(std::span<const uint8_t>(payload_->bytes.data() + offset_, n), payload_);
       offset_ += n;
     } else {
       fl::v1::ModelChunk chunk;
@@ -334,7 +334,7 @@ class DownloadStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   int64_t started_ns_;
   std::shared_ptr<const ModelPayload> payload_;
   grpc::ByteBuffer out_;
-  uint32_t chunk_bytes_ = wire::kDefaultChunkBytes;
+  uint32_t chunk_bytes_ = proto::kDefaultChunkBytes;
   size_t offset_ = 0;
   bool trailer_sent_ = false;
 };
@@ -383,7 +383,7 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       // A data chunk is read in place from gRPC's slices into the payload, its checksum updated as it passes
       // (no protobuf string, no second pass); anything else goes to protobuf's parser below.
       progress_->last_ns = engine_->clock().NowNs();
-      absl::StatusOr<wire::DataChunkReader::Kind> kind =
+      absl::StatusOr<proto::DataChunkReader::Kind> kind =
           chunk_reader_.Read(in_, header_.payload_bytes() - payload_.size(),
                              [this](std::span<const uint8_t> piece) ABSL_EXCLUSIVE_LOCKS_REQUIRED(progress_->mu) {
                                GrowFor(piece.size());
@@ -398,7 +398,7 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
                                           " bytes its header announced")
                              : fl::StrCat("message ", received_ + 1, " of the upload: ", kind.status().message())));
       }
-      if (*kind == wire::DataChunkReader::Kind::kData) {
+      if (*kind == proto::DataChunkReader::Kind::kData) {
         ++received_;
         progress_->received_bytes = payload_.size();
         StartRead(&in_);
@@ -572,7 +572,7 @@ class UploadStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   fl::v1::UpdateHeader header_ ABSL_GUARDED_BY(progress_->mu);
   std::vector<uint8_t> payload_ ABSL_GUARDED_BY(progress_->mu);
   core::TransferChecksum checksum_ ABSL_GUARDED_BY(progress_->mu);  // XXH3 of payload_, updated as chunks arrive
-  wire::DataChunkReader chunk_reader_ ABSL_GUARDED_BY(progress_->mu);
+  proto::DataChunkReader chunk_reader_ ABSL_GUARDED_BY(progress_->mu);
   uint64_t received_ ABSL_GUARDED_BY(progress_->mu) = 0;
   int64_t first_byte_ns_ ABSL_GUARDED_BY(progress_->mu) = 0;
   Stage stage_ ABSL_GUARDED_BY(progress_->mu) = Stage::kHeader;
@@ -625,13 +625,13 @@ grpc::ServerUnaryReactor* FederationService::Join(grpc::CallbackServerContext* c
   if (engine_->ShedJoins()) {
     engine_->NoteShedJoin();
     ctx->AddTrailingMetadata("retry-after-ms", std::to_string(retry_after_ms));
-    reactor->Finish(wire::ToGrpcStatus(
+    reactor->Finish(proto::ToGrpcStatus(
         grpc::StatusCode::RESOURCE_EXHAUSTED,
-        wire::MakeError(fl::v1::ERROR_CODE_RATE_LIMITED,
-                        fl::StrCat("fl-server is overloaded: ", engine_->QueuedEvents(),
-                                   " events wait for its engine (limit --max-engine-queue=",
-                                   engine_->config().max_engine_queue, "); the Join is not queued"),
-                        "", fl::StrCat("retry after ", retry_after_ms, " ms (trailing metadata retry-after-ms)"))));
+        proto::MakeError(fl::v1::ERROR_CODE_RATE_LIMITED,
+                         fl::StrCat("fl-server is overloaded: ", engine_->QueuedEvents(),
+                                    " events wait for its engine (limit --max-engine-queue=",
+                                    engine_->config().max_engine_queue, "); the Join is not queued"),
+                         "", fl::StrCat("retry after ", retry_after_ms, " ms (trailing metadata retry-after-ms)"))));
     return reactor;
   }
   engine_->Post(

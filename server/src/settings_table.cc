@@ -428,7 +428,7 @@ std::vector<Setting> MakeSettingsTable() {
                FL_MEMBER(download_message_timeout_ms))
           .ZeroOff()
           .Manifest("server.sessions.download_message_timeout_ms", "download_message_timeout_ms"));
-  add(Unsigned("max_chunk_bytes", "--max-chunk-bytes", "bytes", 1024, wire::kMaxChunkBytes,
+  add(Unsigned("max_chunk_bytes", "--max-chunk-bytes", "bytes", 1024, proto::kMaxChunkBytes,
                "Largest chunk of a model download or an update upload", FL_MEMBER(max_chunk_bytes))
           .Manifest("server.sessions.max_chunk_bytes", "max_chunk_bytes"));
 

@@ -52,7 +52,7 @@ grpc::Status CallJoin(fl::v1::Federation::Stub& stub, const fl::v1::JoinRequest&
   return stub.Join(&ctx, req, resp);
 }
 
-fl::v1::ModelSpec SyntheticSpec() { return wire::ToProto(client::SyntheticTrainer(kParams, 10, 1).spec(), "raw"); }
+fl::v1::ModelSpec SyntheticSpec() { return proto::ToProto(client::SyntheticTrainer(kParams, 10, 1).spec(), "raw"); }
 
 // ---- item 1: the model's size ----
 
@@ -68,9 +68,9 @@ TEST(ClientReportsTest, AHugeSpecIsRefusedAtJoinNamingTheLimitAndTheFlag) {
   // 2^36 float32 values: 256 GiB. Refused before anything is kept or allocated.
   const core::ModelSpec huge = *core::ModelSpec::Create({{"huge", {int64_t{1} << 36}, core::DType::kFloat32, 0}});
   fl::v1::JoinResponse resp;
-  grpc::Status status = CallJoin(*stub, JoinOf("greedy", wire::ToProto(huge, "huge")), &resp);
+  grpc::Status status = CallJoin(*stub, JoinOf("greedy", proto::ToProto(huge, "huge")), &resp);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  fl::v1::ErrorDetail detail = wire::ErrorFromGrpcStatus(status);
+  fl::v1::ErrorDetail detail = proto::ErrorFromGrpcStatus(status);
   EXPECT_EQ(detail.code(), fl::v1::ERROR_CODE_ADMISSION_REFUSED);
   EXPECT_EQ(detail.field(), "model_spec");
   EXPECT_TRUE(Contains(detail.message(), "68719476736 values")) << detail.message();
@@ -85,7 +85,7 @@ TEST(ClientReportsTest, AHugeSpecIsRefusedAtJoinNamingTheLimitAndTheFlag) {
   t->set_dtype(fl::v1::DTYPE_FLOAT32);
   status = CallJoin(*stub, JoinOf("wrapping", wraps), &resp);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  detail = wire::ErrorFromGrpcStatus(status);
+  detail = proto::ErrorFromGrpcStatus(status);
   EXPECT_EQ(detail.code(), fl::v1::ERROR_CODE_MALFORMED);
   EXPECT_TRUE(Contains(detail.message(), "tensor 'wraps' has shape [4611686018427387904, 4]")) << detail.message();
 
@@ -117,7 +117,7 @@ TEST(ClientReportsTest, AnAnnouncedInitialModelUploadAllocatesOnlyWhatArrives) {
   auto stub = Stub(server.address());
   const core::ModelSpec huge = *core::ModelSpec::Create({{"huge", {int64_t{1} << 36}, core::DType::kFloat32, 0}});
   fl::v1::JoinResponse joined;
-  ASSERT_TRUE(CallJoin(*stub, JoinOf("greedy", wire::ToProto(huge, "huge")), &joined).ok());
+  ASSERT_TRUE(CallJoin(*stub, JoinOf("greedy", proto::ToProto(huge, "huge")), &joined).ok());
   ASSERT_TRUE(joined.initial_model_requested());
   {
     grpc::ClientContext ctx;
@@ -638,7 +638,7 @@ TEST(ClientReportsTest, OversizeJoinStringsAndMapsAreRefusedNamingTheFieldAndThe
     fl::v1::JoinResponse resp;
     const grpc::Status status = CallJoin(*stub, req, &resp);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.name;
-    const fl::v1::ErrorDetail detail = wire::ErrorFromGrpcStatus(status);
+    const fl::v1::ErrorDetail detail = proto::ErrorFromGrpcStatus(status);
     EXPECT_EQ(detail.code(), fl::v1::ERROR_CODE_MALFORMED) << c.name;
     EXPECT_EQ(detail.field(), c.field) << c.name;
     EXPECT_TRUE(Contains(detail.message(), c.needle)) << c.name << ": " << detail.message();
@@ -650,7 +650,7 @@ TEST(ClientReportsTest, OversizeJoinStringsAndMapsAreRefusedNamingTheFieldAndThe
   fl::v1::JoinResponse resp;
   const grpc::Status status = CallJoin(*stub, greedy, &resp);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_TRUE(Contains(wire::ErrorFromGrpcStatus(status).message(),
+  EXPECT_TRUE(Contains(proto::ErrorFromGrpcStatus(status).message(),
                        "declares 1000000000000 num_train_examples; this server takes at most 1000000000 "
                        "(--max-client-examples)"))
       << status.error_message();

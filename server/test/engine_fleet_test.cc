@@ -56,7 +56,7 @@ fl::v1::JoinRequest JoinRequestFor(const std::string& name, const std::string& t
   req.set_num_train_examples(100);
   req.set_num_test_examples(10);
   req.set_session_token(token);
-  *req.mutable_model_spec() = wire::ToProto(client::SyntheticTrainer(kParams, 10, 1).spec(), "synthetic");
+  *req.mutable_model_spec() = proto::ToProto(client::SyntheticTrainer(kParams, 10, 1).spec(), "synthetic");
   return req;
 }
 

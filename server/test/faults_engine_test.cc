@@ -443,7 +443,7 @@ TEST_F(FaultsEngineTest, AnUploadForATaskDroppedByARejoinIsToldSo) {
   req.mutable_link()->set_kind(fl::v1::LINK_KIND_5G);
   req.set_num_train_examples(100);
   req.set_num_test_examples(10);
-  *req.mutable_model_spec() = wire::ToProto(client::SyntheticTrainer(kParams, 10, 1).spec(), "synthetic");
+  *req.mutable_model_spec() = proto::ToProto(client::SyntheticTrainer(kParams, 10, 1).spec(), "synthetic");
   TestClient again;
   again.id = "a";
   engine_->Post(JoinEvent{req, "test",

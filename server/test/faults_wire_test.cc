@@ -51,7 +51,7 @@ class Wire {
     req.set_session_token(token);
     req.mutable_link()->set_kind(link);
     req.set_num_train_examples(1000);
-    *req.mutable_model_spec() = wire::ToProto(client::SyntheticTrainer(kParams, 10, 1).spec(), "raw");
+    *req.mutable_model_spec() = proto::ToProto(client::SyntheticTrainer(kParams, 10, 1).spec(), "raw");
     grpc::ClientContext join_ctx;
     join_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     join_ctx.set_wait_for_ready(true);
@@ -93,7 +93,7 @@ class Wire {
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     fl::v1::UploadUpdateResponse resp;
     auto writer = stub_->UploadUpdate(&ctx, &resp);
-    if (wire::WriteWholeUpload(*writer, h, payload, core::TransferChecksum64(payload))) writer->WritesDone();
+    if (proto::WriteWholeUpload(*writer, h, payload, core::TransferChecksum64(payload))) writer->WritesDone();
     grpc::Status s = writer->Finish();
     if (status != nullptr) *status = s;
     return resp;

@@ -148,7 +148,7 @@ inline std::unique_ptr<RunningClient> StartClient(const std::string& address, co
   o.server_address = address;
   o.client_name = name;
   o.device.set_device_class("test");
-  o.link.set_kind(*wire::ParseLinkKind(link));
+  o.link.set_kind(*proto::ParseLinkKind(link));
   o.give_up_after_ms = 20000;
   o.initial_backoff_ms = 50;
   o.max_backoff_ms = 500;
@@ -179,7 +179,7 @@ class RawClient {
     req.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
     req.set_client_name(name);
     req.set_task(task);
-    *req.mutable_model_spec() = wire::ToProto(spec, "raw");
+    *req.mutable_model_spec() = proto::ToProto(spec, "raw");
     // An update's weight is bounded by what its client declares here (client_reports_test).
     req.set_num_train_examples(1000);
     grpc::ClientContext ctx;
@@ -195,7 +195,7 @@ class RawClient {
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     fl::v1::UploadUpdateResponse resp;
     auto writer = stub_->UploadUpdate(&ctx, &resp);
-    if (wire::WriteWholeUpload(*writer, header, payload, checksum.value_or(core::TransferChecksum64(payload)))) {
+    if (proto::WriteWholeUpload(*writer, header, payload, checksum.value_or(core::TransferChecksum64(payload)))) {
       writer->WritesDone();
     }
     grpc::Status s = writer->Finish();

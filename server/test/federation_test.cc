@@ -242,7 +242,7 @@ TEST(FederationTest, RefusesAJoinWithAnotherModel) {
   // The experiment's model is fixed from the start (InitialModel): the first join is refused.
   const grpc::Status status = raw.Join("intruder", other.spec(), &resp);
   ASSERT_FALSE(status.ok());
-  const fl::v1::ErrorDetail detail = wire::ErrorFromGrpcStatus(status);
+  const fl::v1::ErrorDetail detail = proto::ErrorFromGrpcStatus(status);
   EXPECT_EQ(detail.code(), fl::v1::ERROR_CODE_FINGERPRINT_MISMATCH);
   EXPECT_NE(detail.message().find(other.spec().FingerprintHex()), std::string::npos) << detail.message();
   EXPECT_FALSE(detail.hint().empty());

@@ -133,7 +133,7 @@ TEST(HostileTest, UnparsableRequestsAreInvalidArgumentNamingTheMessage) {
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.method << ": " << status.error_message();
     EXPECT_NE(status.error_message().find(fl::StrCat("could not be parsed as ", c.type)), std::string::npos)
         << c.method << ": " << status.error_message();
-    EXPECT_EQ(wire::ErrorFromGrpcStatus(status).code(), fl::v1::ERROR_CODE_MALFORMED) << c.method;
+    EXPECT_EQ(proto::ErrorFromGrpcStatus(status).code(), fl::v1::ERROR_CODE_MALFORMED) << c.method;
   }
   // A client name that is not UTF-8 does not parse either (proto3 strings are checked).
   fl::v1::JoinRequest join;
@@ -159,7 +159,7 @@ TEST(HostileTest, AJoinSpeakingAnOlderProtocolVersionIsRefusedNamingBothVersions
     fl::v1::JoinRequest join;
     join.set_protocol_version(old);
     join.set_client_name("old-client");
-    *join.mutable_model_spec() = wire::ToProto(client::SyntheticTrainer(kParams, 10, 1).spec(), "raw");
+    *join.mutable_model_spec() = proto::ToProto(client::SyntheticTrainer(kParams, 10, 1).spec(), "raw");
     fl::v1::JoinResponse joined;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
@@ -217,7 +217,7 @@ TEST(HostileTest, ASessionFloodingHeartbeatsIsClosedAndSlowsOnlyItself) {
   EXPECT_NE(status.error_message().find("more than 50 session messages per second"), std::string::npos)
       << status.error_message();
   EXPECT_NE(status.error_message().find("--session-max-messages-per-s"), std::string::npos);
-  EXPECT_EQ(wire::ErrorFromGrpcStatus(status).code(), fl::v1::ERROR_CODE_RATE_LIMITED);
+  EXPECT_EQ(proto::ErrorFromGrpcStatus(status).code(), fl::v1::ERROR_CODE_RATE_LIMITED);
   // The engine answered (one ping per heartbeat) only what the limit let through: a burst of twice the rate
   // and the rate itself while the flood lasted, plus the ping of the session's opening, not the thousands sent.
   EXPECT_LE(pings, 2 * 50 + 1 + static_cast<int>(50 * seconds) + 1) << written << " heartbeats written";
@@ -253,7 +253,7 @@ TEST(HostileTest, AClientThatDoesNotReadItsSessionIsClosedNotBufferedFor) {
   fl::v1::JoinRequest join;
   join.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
   join.set_client_name("deaf");
-  *join.mutable_model_spec() = wire::ToProto(client::SyntheticTrainer(kParams, 10, 1).spec(), "raw");
+  *join.mutable_model_spec() = proto::ToProto(client::SyntheticTrainer(kParams, 10, 1).spec(), "raw");
   fl::v1::JoinResponse joined;
   {
     grpc::ClientContext ctx;
@@ -353,7 +353,7 @@ TEST(HostileTest, AnUploadTricklingBelowTheMinimumRateLosesItsSlot) {
   EXPECT_NE(run.status.error_message().find("below the minimum rate of 65536 bytes/s (--upload-min-bytes-per-s)"),
             std::string::npos)
       << run.status.error_message();
-  EXPECT_EQ(wire::ErrorFromGrpcStatus(run.status).code(), fl::v1::ERROR_CODE_RATE_LIMITED);
+  EXPECT_EQ(proto::ErrorFromGrpcStatus(run.status).code(), fl::v1::ERROR_CODE_RATE_LIMITED);
   ASSERT_EQ(run.result.status_name(), "finished") << run.result.reason;
   auto reader = *RecordReader::Open(db);
   auto rounds = *reader->ListRounds(run.result.experiment_id);
@@ -511,7 +511,7 @@ TEST(HostileTest, AJoinUnderALiveSessionsNameNeedsItsToken) {
     req.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
     req.set_client_name("taken");
     req.set_session_token(token);
-    *req.mutable_model_spec() = wire::ToProto(spec, "raw");
+    *req.mutable_model_spec() = proto::ToProto(spec, "raw");
     auto stub = fl::v1::Federation::NewStub(Channel(server.address()));
     grpc::ClientContext ctx;
     fl::v1::JoinResponse resp;
@@ -519,7 +519,7 @@ TEST(HostileTest, AJoinUnderALiveSessionsNameNeedsItsToken) {
     EXPECT_EQ(status.error_code(), grpc::StatusCode::ALREADY_EXISTS) << status.error_message();
     EXPECT_NE(status.error_message().find("a live session holds the client name 'taken'"), std::string::npos)
         << status.error_message();
-    EXPECT_EQ(wire::ErrorFromGrpcStatus(status).code(), fl::v1::ERROR_CODE_NAME_IN_USE);
+    EXPECT_EQ(proto::ErrorFromGrpcStatus(status).code(), fl::v1::ERROR_CODE_NAME_IN_USE);
   }
   // The owner's session survived both attempts: it still gets the server's pings.
   ASSERT_TRUE(live->stream->Read(&msg));
@@ -528,7 +528,7 @@ TEST(HostileTest, AJoinUnderALiveSessionsNameNeedsItsToken) {
   rejoin.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
   rejoin.set_client_name("taken");
   rejoin.set_session_token(live->joined.session_token());
-  *rejoin.mutable_model_spec() = wire::ToProto(spec, "raw");
+  *rejoin.mutable_model_spec() = proto::ToProto(spec, "raw");
   auto stub = fl::v1::Federation::NewStub(Channel(server.address()));
   grpc::ClientContext ctx;
   fl::v1::JoinResponse resp;
@@ -698,7 +698,7 @@ TEST(HostileTest, AClientAwayAtTheEndLearnsThatTheExperimentIsOver) {
   fl::v1::JoinResponse resp;
   const grpc::Status status = away.Join("away", client::SyntheticTrainer(kParams, 10, 1).spec(), &resp);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
-  EXPECT_EQ(wire::ErrorFromGrpcStatus(status).code(), fl::v1::ERROR_CODE_EXPERIMENT_FINISHED);
+  EXPECT_EQ(proto::ErrorFromGrpcStatus(status).code(), fl::v1::ERROR_CODE_EXPERIMENT_FINISHED);
   EXPECT_NE(status.error_message().find(fl::StrCat("experiment ", result.experiment_id, " has ended (finished")),
             std::string::npos)
       << status.error_message();

@@ -150,7 +150,7 @@ grpc::Status Join(fl::v1::Federation::Stub& stub, const std::string& name, const
   fl::v1::JoinRequest req;
   req.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
   req.set_client_name(name);
-  *req.mutable_model_spec() = wire::ToProto(spec, name);
+  *req.mutable_model_spec() = proto::ToProto(spec, name);
   req.set_num_train_examples(10);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -197,7 +197,7 @@ TEST_F(InitialModelTest, EngineStartsFromTheTorchScriptModelAndAdmitsItsClients)
   EXPECT_TRUE(admitted.ok()) << admitted.error_message();
   const grpc::Status refused = Join(*stub, "other-model", other->spec, &resp);
   ASSERT_FALSE(refused.ok());
-  const fl::v1::ErrorDetail detail = wire::ErrorFromGrpcStatus(refused);
+  const fl::v1::ErrorDetail detail = proto::ErrorFromGrpcStatus(refused);
   EXPECT_EQ(detail.code(), fl::v1::ERROR_CODE_FINGERPRINT_MISMATCH);
   EXPECT_THAT(detail.message(), HasSubstr("fc.weight"));
 

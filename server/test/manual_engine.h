@@ -118,7 +118,7 @@ class ManualEngineTest : public ::testing::Test {
     if (link != fl::v1::LINK_KIND_UNSPECIFIED) req.mutable_link()->set_kind(link);
     req.set_num_train_examples(100);
     req.set_num_test_examples(10);
-    *req.mutable_model_spec() = wire::ToProto(client::SyntheticTrainer(kParams, 10, 1).spec(), "synthetic");
+    *req.mutable_model_spec() = proto::ToProto(client::SyntheticTrainer(kParams, 10, 1).spec(), "synthetic");
     TestClient c;
     std::optional<grpc::Status> status;
     engine_->Post(JoinEvent{req, "test",

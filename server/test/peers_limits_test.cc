@@ -35,7 +35,7 @@ fl::v1::JoinRequest JoinOf(const std::string& name) {
   fl::v1::JoinRequest req;
   req.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
   req.set_client_name(name);
-  *req.mutable_model_spec() = wire::ToProto(client::SyntheticTrainer(kParams, 10, 1).spec(), "raw");
+  *req.mutable_model_spec() = proto::ToProto(client::SyntheticTrainer(kParams, 10, 1).spec(), "raw");
   req.set_num_train_examples(1000);
   return req;
 }
@@ -100,7 +100,7 @@ TEST(PeersLimitsTest, AForgedLeaveIsUnauthenticatedWithTheReason) {
   grpc::Status s = Leave(*stub, "alice", "not-the-token", &left);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
   EXPECT_THAT(s.error_message(), HasSubstr("client id 'alice' or its session token is not known"));
-  EXPECT_EQ(wire::ErrorFromGrpcStatus(s).code(), fl::v1::ERROR_CODE_UNKNOWN_CLIENT);
+  EXPECT_EQ(proto::ErrorFromGrpcStatus(s).code(), fl::v1::ERROR_CODE_UNKNOWN_CLIENT);
   EXPECT_FALSE(left.acknowledged());
   // The real token still works: the forged Leave changed nothing.
   s = Leave(*stub, "alice", joined.session_token(), &left);

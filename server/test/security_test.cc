@@ -206,7 +206,7 @@ TEST_F(SecurityTest, RevokedCertificateIsRefusedAtItsNextCallAndItsSessionClosed
   const grpc::Status rejoin = alice.Join("alice", client::SyntheticTrainer(kParams, 10, 1).spec(), &resp);
   EXPECT_EQ(rejoin.error_code(), grpc::StatusCode::PERMISSION_DENIED) << rejoin.error_message();
   EXPECT_THAT(rejoin.error_message(), HasSubstr("is revoked"));
-  EXPECT_EQ(wire::ErrorFromGrpcStatus(rejoin).code(), fl::v1::ERROR_CODE_ADMISSION_REFUSED);
+  EXPECT_EQ(proto::ErrorFromGrpcStatus(rejoin).code(), fl::v1::ERROR_CODE_ADMISSION_REFUSED);
 
   // carol is not affected.
   ASSERT_TRUE(carol_session->stream->Read(&m));
@@ -234,7 +234,7 @@ TEST_F(SecurityTest, JoinFloodOfOneIdentityIsRateLimited) {
     if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
       ++limited;
       message = s.error_message();
-      EXPECT_EQ(wire::ErrorFromGrpcStatus(s).code(), fl::v1::ERROR_CODE_RATE_LIMITED);
+      EXPECT_EQ(proto::ErrorFromGrpcStatus(s).code(), fl::v1::ERROR_CODE_RATE_LIMITED);
     }
   }
   EXPECT_GE(admitted, 5);  // the burst

@@ -177,7 +177,7 @@ TEST(TasksTest, AClientOfAnotherTaskIsRefusedNamingBothTasks) {
     const grpc::Status status = raw.Join("third", same.spec(), &resp, task);
     ASSERT_FALSE(status.ok());
     EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-    const fl::v1::ErrorDetail detail = wire::ErrorFromGrpcStatus(status);
+    const fl::v1::ErrorDetail detail = proto::ErrorFromGrpcStatus(status);
     EXPECT_EQ(detail.code(), fl::v1::ERROR_CODE_ADMISSION_REFUSED);
     EXPECT_EQ(detail.field(), "task");
     EXPECT_NE(detail.message().find("'third' trains for task 'classification'"), std::string::npos) << detail.message();
@@ -187,7 +187,7 @@ TEST(TasksTest, AClientOfAnotherTaskIsRefusedNamingBothTasks) {
   // An unknown task is malformed, naming the value and the valid ones.
   const grpc::Status unknown = raw.Join("fourth", same.spec(), &resp, "segmentation");
   ASSERT_FALSE(unknown.ok());
-  const fl::v1::ErrorDetail detail = wire::ErrorFromGrpcStatus(unknown);
+  const fl::v1::ErrorDetail detail = proto::ErrorFromGrpcStatus(unknown);
   EXPECT_EQ(detail.code(), fl::v1::ERROR_CODE_MALFORMED);
   EXPECT_NE(detail.message().find("'segmentation'"), std::string::npos) << detail.message();
   EXPECT_NE(detail.message().find("next-token"), std::string::npos) << detail.message();
@@ -224,7 +224,7 @@ TEST(TasksTest, AResumedExperimentKeepsTheTaskOfItsCheckpoint) {
   fl::v1::JoinResponse resp;
   const grpc::Status refused = raw.Join("lm-less", same.spec(), &resp, "classification");
   ASSERT_FALSE(refused.ok());
-  EXPECT_NE(wire::ErrorFromGrpcStatus(refused).message().find("this experiment's task is 'next-token'"),
+  EXPECT_NE(proto::ErrorFromGrpcStatus(refused).message().find("this experiment's task is 'next-token'"),
             std::string::npos);
   EXPECT_TRUE(raw.Join("lm", same.spec(), &resp, "next-token").ok());
 }
@@ -239,7 +239,7 @@ TEST(TasksTest, AJoinWithAnotherModelNamesTheFirstDifferingTensor) {
   fl::v1::JoinResponse resp;
   const grpc::Status status = raw.Join("intruder", other, &resp);
   ASSERT_FALSE(status.ok());
-  const fl::v1::ErrorDetail detail = wire::ErrorFromGrpcStatus(status);
+  const fl::v1::ErrorDetail detail = proto::ErrorFromGrpcStatus(status);
   EXPECT_EQ(detail.code(), fl::v1::ERROR_CODE_FINGERPRINT_MISMATCH);
   EXPECT_NE(detail.message().find("client 'intruder' trains a model that differs from this experiment's: tensor #0 "
                                   "'layers.0.weight' has shape [5001] in the client's model but [5000] in this "
@@ -262,7 +262,7 @@ TEST(TasksTest, WhileWaitingForTheInitialModelAJoinIsComparedWithTheFirstClients
   EXPECT_TRUE(resp.initial_model_requested());
   const grpc::Status status = raw.Join("second", retyped, &resp);
   ASSERT_FALSE(status.ok());
-  const fl::v1::ErrorDetail detail = wire::ErrorFromGrpcStatus(status);
+  const fl::v1::ErrorDetail detail = proto::ErrorFromGrpcStatus(status);
   EXPECT_EQ(detail.code(), fl::v1::ERROR_CODE_FINGERPRINT_MISMATCH);
   EXPECT_NE(detail.message().find("differs from the first client's: tensor #1 'bn.num_batches_tracked' has dtype "
                                   "float32 in the client's model but int64 in the first client's model"),

@@ -61,7 +61,7 @@ TEST_F(TlsTest, JoinUnderAnotherNameThanTheCertificateIsRefused) {
   fl::v1::JoinResponse resp;
   const grpc::Status status = raw.Join("bob", client::SyntheticTrainer(kParams, 10, 1).spec(), &resp);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << status.error_message();
-  const fl::v1::ErrorDetail detail = wire::ErrorFromGrpcStatus(status);
+  const fl::v1::ErrorDetail detail = proto::ErrorFromGrpcStatus(status);
   EXPECT_EQ(detail.code(), fl::v1::ERROR_CODE_ADMISSION_REFUSED);
   EXPECT_NE(detail.message().find("\"alice\""), std::string::npos) << detail.message();
   EXPECT_NE(detail.message().find("\"bob\""), std::string::npos) << detail.message();
@@ -81,7 +81,7 @@ TEST_F(TlsTest, PlaintextClientDoesNotGetInAndTheServerStaysHealthy) {
     fl::v1::JoinRequest req;
     req.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
     req.set_client_name("carol");
-    *req.mutable_model_spec() = wire::ToProto(client::SyntheticTrainer(kParams, 10, 1).spec(), "raw");
+    *req.mutable_model_spec() = proto::ToProto(client::SyntheticTrainer(kParams, 10, 1).spec(), "raw");
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     fl::v1::JoinResponse resp;

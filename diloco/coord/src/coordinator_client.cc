@@ -21,7 +21,7 @@ namespace {
 // gRPC status -> absl::Status with the coordinator's ErrorDetail message and hint.
 absl::Status FromGrpc(const grpc::Status& status, std::string_view call) {
   if (status.ok()) return absl::OkStatus();
-  const fl::v1::ErrorDetail detail = wire::ErrorFromGrpcStatus(status);
+  const fl::v1::ErrorDetail detail = proto::ErrorFromGrpcStatus(status);
   std::string message = detail.message().empty() ? status.error_message() : detail.message();
   if (!detail.hint().empty()) message = fl::StrCat(message, " (", detail.hint(), ")");
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), fl::StrCat(call, ": ", message));
@@ -31,7 +31,7 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ad
                                                            const std::optional<rpc::ClientTls>& tls) {
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds = rpc::ChannelCredentials(tls);
   if (!creds.ok()) return creds.status();
-  return grpc::CreateCustomChannel(address, *creds, wire::SessionChannelArguments());
+  return grpc::CreateCustomChannel(address, *creds, proto::SessionChannelArguments());
 }
 
 // A connection that got to the coordinator's port and then failed the handshake (gRPC's UNAVAILABLE text),

@@ -21,7 +21,7 @@ namespace fl::diloco {
 
 grpc::Status CoordError(grpc::StatusCode code, fl::v1::ErrorCode error_code, std::string message, std::string field,
                         std::string hint) {
-  return wire::ToGrpcStatus(code, wire::MakeError(error_code, std::move(message), std::move(field), std::move(hint)));
+  return proto::ToGrpcStatus(code, proto::MakeError(error_code, std::move(message), std::move(field), std::move(hint)));
 }
 
 grpc::Status EvictedError(const std::string& island, const std::string& reason) {

@@ -102,9 +102,9 @@ class StateService final : public fl::v1::IslandState::Service {
           held += fl::StrCat(held.empty() ? "" : ", ", HashHex(s->state_hash), " (step ", s->key.step, ", fragment ",
                              s->key.fragment, ")");
         }
-        return wire::ToGrpcStatus(
+        return proto::ToGrpcStatus(
             grpc::StatusCode::NOT_FOUND,
-            wire::MakeError(
+            proto::MakeError(
                 fl::v1::ERROR_CODE_WRONG_ROUND,
                 fl::StrCat("no snapshot with state hash ", HashHex(request->expected_hash()), " within ",
                            request->wait_ms(), " ms; this island holds ", held.empty() ? std::string("none") : held),
@@ -112,8 +112,8 @@ class StateService final : public fl::v1::IslandState::Service {
       }
     }
     const uint32_t chunk =
-        std::clamp<uint32_t>(request->max_chunk_bytes() == 0 ? wire::kDefaultChunkBytes : request->max_chunk_bytes(),
-                             1024, wire::kMaxChunkBytes);
+        std::clamp<uint32_t>(request->max_chunk_bytes() == 0 ? proto::kDefaultChunkBytes : request->max_chunk_bytes(),
+                             1024, proto::kMaxChunkBytes);
     fl::v1::StateChunk out;
     fl::v1::StateHeader* h = out.mutable_header();
     *h->mutable_key() = ToProto(snapshot->key);
@@ -182,7 +182,7 @@ size_t StateServer::fetches_waiting() const { return impl_->service->waiting(); 
 absl::StatusOr<StateSnapshot> FetchState(const std::string& endpoint, uint64_t expected_hash,
                                          const FetchOptions& options) {
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(wire::kMaxMessageBytes);
+  args.SetMaxReceiveMessageSize(proto::kMaxMessageBytes);
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds = rpc::ChannelCredentials(options.tls);
   if (!creds.ok()) return creds.status();
   if (options.tls.has_value()) {
@@ -248,7 +248,7 @@ absl::StatusOr<StateSnapshot> FetchState(const std::string& endpoint, uint64_t e
   }
   grpc::Status status = reader->Finish();
   if (!status.ok()) {
-    const fl::v1::ErrorDetail detail = wire::ErrorFromGrpcStatus(status);
+    const fl::v1::ErrorDetail detail = proto::ErrorFromGrpcStatus(status);
     return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                         fl::StrCat(what, ": ", detail.message().empty() ? status.error_message() : detail.message()));
   }

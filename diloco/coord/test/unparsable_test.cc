@@ -72,7 +72,7 @@ TEST(IslandsUnparsableTest, GarbageIsInvalidArgumentNamingTheMessageType) {
     const grpc::Status status = RawCall(harness.address(), fl::StrCat("/fl.v1.Islands/", c.method), {kGarbage});
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.method << ": " << status.error_message();
     EXPECT_THAT(status.error_message(), HasSubstr(fl::StrCat("could not be parsed as ", c.type))) << c.method;
-    EXPECT_EQ(wire::ErrorFromGrpcStatus(status).code(), fl::v1::ERROR_CODE_MALFORMED) << c.method;
+    EXPECT_EQ(proto::ErrorFromGrpcStatus(status).code(), fl::v1::ERROR_CODE_MALFORMED) << c.method;
   }
   // The coordinator still admits an island after the garbage.
   SimIsland island("island-a");

@@ -4,7 +4,7 @@
 //   (empty) or "fixed"                        every client gets --uplink-codec
 //   by-link:5g=int4,wifi=int8,ethernet=fp32,default=fp32
 //                                             by the link kind the client declared at Join (JoinRequest.link.kind
-//                                             by its wire::LinkKindName: 5g, wifi, ethernet, other, unknown); a
+//                                             by its proto::LinkKindName: 5g, wifi, ethernet, other, unknown); a
 //                                             kind not named gets default
 //   by-rate:0=int4,2e6=int8,2e7=fp32,default=fp32
 //                                             by the uplink rate the server measured from the client's last
@@ -31,7 +31,7 @@ namespace fl::core {
 struct CodecPolicy {
   enum class Basis { kFixed, kByLink, kByRate };
   Basis basis = Basis::kFixed;
-  std::map<std::string, std::string, std::less<>> by_link;  // link kind name (wire::LinkKindName) -> codec
+  std::map<std::string, std::string, std::less<>> by_link;  // link kind name (proto::LinkKindName) -> codec
   std::vector<std::pair<double, std::string>> by_rate;      // (bytes per second threshold, codec), ascending
   std::string default_codec = "fp32";
 

@@ -20,7 +20,7 @@
 #include "absl/status/statusor.h"
 #include "fl/v1/federation.pb.h"
 
-namespace fl::wire {
+namespace fl::proto {
 
 // The tag of field 2 (`data`) with wire type 2 (length-delimited): the first byte of a data chunk.
 inline constexpr uint8_t kDataChunkTag = (2 << 3) | 2;
@@ -73,4 +73,4 @@ bool WriteWholeUpload(Writer& writer, const fl::v1::UpdateHeader& header, std::s
   return writer.Write(chunk);
 }
 
-}  // namespace fl::wire
+}  // namespace fl::proto

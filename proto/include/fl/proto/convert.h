@@ -13,7 +13,7 @@
 #include "fl/core/tensor_spec.h"
 #include "fl/v1/common.pb.h"
 
-namespace fl::wire {
+namespace fl::proto {
 
 // Bytes per data chunk on DownloadModel and UploadUpdate unless a peer asks for less: large enough that
 // per-message overhead is negligible, far below gRPC's 4 MiB default receive limit.
@@ -47,4 +47,4 @@ grpc::Status ToGrpcStatus(grpc::StatusCode code, const fl::v1::ErrorDetail& deta
 // The ErrorDetail carried by a failed status, or one built from its code and message.
 fl::v1::ErrorDetail ErrorFromGrpcStatus(const grpc::Status& status);
 
-}  // namespace fl::wire
+}  // namespace fl::proto

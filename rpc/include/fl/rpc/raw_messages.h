@@ -33,13 +33,13 @@ grpc::ByteBuffer SerializeRaw(const M& message) {
 // that defines the type (e.g. "proto/fl/v1/islands.proto").
 inline grpc::Status UnparsableMessage(std::string_view what, std::string_view type, size_t bytes,
                                       std::string_view schema) {
-  return wire::ToGrpcStatus(
+  return proto::ToGrpcStatus(
       grpc::StatusCode::INVALID_ARGUMENT,
-      wire::MakeError(fl::v1::ERROR_CODE_MALFORMED,
-                      fl::StrCat(what, " could not be parsed as ", type, " (", bytes,
-                                 " bytes): not a valid protobuf encoding of that message, or a string field holds "
-                                 "invalid UTF-8"),
-                      "", fl::StrCat("send a serialized ", type, " (", schema, ")")));
+      proto::MakeError(fl::v1::ERROR_CODE_MALFORMED,
+                       fl::StrCat(what, " could not be parsed as ", type, " (", bytes,
+                                  " bytes): not a valid protobuf encoding of that message, or a string field holds "
+                                  "invalid UTF-8"),
+                       "", fl::StrCat("send a serialized ", type, " (", schema, ")")));
 }
 
 }  // namespace fl::rpc
