@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "fl/core/str_cat.h"
+#include "fl/testing/cli_parse.h"
 
 namespace fl::client {
 namespace {
@@ -23,14 +24,8 @@ absl::StatusOr<ClientSettings> Parse(const std::vector<std::string>& args) {
   CLI::App app{"client_settings_test"};
   ClientSettingFlags flags;
   AddClientSettingOptions(app, flags);
-  std::vector<std::string> argv = {"fl-client"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  std::vector<char*> raw;
-  for (std::string& a : argv) raw.push_back(a.data());
-  try {
-    app.parse(static_cast<int>(raw.size()), raw.data());
-  } catch (const CLI::ParseError& e) {
-    return absl::InvalidArgumentError(fl::StrCat("CLI11: ", e.what()));
+  if (absl::Status s = testing::ParseCommandLine(app, "fl-client", args); !s.ok()) {
+    return absl::InvalidArgumentError(fl::StrCat("CLI11: ", s.message()));
   }
   ClientSettings settings;
   if (absl::Status s = flags.ApplyTo(settings); !s.ok()) return s;

@@ -14,6 +14,7 @@
 #include "fl/core/str_cat.h"
 #include "fl/experiment/runner.h"
 #include "fl/server/settings.h"
+#include "fl/testing/cli_parse.h"
 #include "fl/testing/scratch_dir.h"
 
 namespace fl::experiment {
@@ -377,14 +378,7 @@ absl::StatusOr<server::EngineConfig> ServerFlags(std::vector<std::string> args) 
   CLI::App app{"fl-server"};
   server::SettingFlags flags;
   server::AddSettingOptions(app, flags);
-  args.insert(args.begin(), "fl-server");
-  std::vector<char*> raw;
-  for (std::string& a : args) raw.push_back(a.data());
-  try {
-    app.parse(static_cast<int>(raw.size()), raw.data());
-  } catch (const CLI::ParseError& e) {
-    return absl::InvalidArgumentError(e.what());
-  }
+  if (absl::Status s = testing::ParseCommandLine(app, "fl-server", std::move(args)); !s.ok()) return s;
   return server::ResolveSettings(flags, "");
 }
 
@@ -513,14 +507,7 @@ absl::StatusOr<client::ClientSettings> ClientFlags(std::vector<std::string> args
   CLI::App app{"fl-client"};
   client::ClientSettingFlags flags;
   client::AddClientSettingOptions(app, flags);
-  args.insert(args.begin(), "fl-client");
-  std::vector<char*> raw;
-  for (std::string& a : args) raw.push_back(a.data());
-  try {
-    app.parse(static_cast<int>(raw.size()), raw.data());
-  } catch (const CLI::ParseError& e) {
-    return absl::InvalidArgumentError(e.what());
-  }
+  if (absl::Status s = testing::ParseCommandLine(app, "fl-client", std::move(args)); !s.ok()) return s;
   client::ClientSettings settings;
   if (absl::Status st = flags.ApplyTo(settings); !st.ok()) return st;
   return settings;

@@ -17,6 +17,7 @@
 
 #include "fl/config/yaml_fields.h"
 #include "fl/core/str_cat.h"
+#include "fl/testing/cli_parse.h"
 #include "fl/testing/scratch_dir.h"
 
 namespace fl::server {
@@ -27,14 +28,8 @@ absl::StatusOr<EngineConfig> Resolve(const std::vector<std::string>& args, const
   CLI::App app{"settings_test"};
   SettingFlags flags;
   AddSettingOptions(app, flags);
-  std::vector<std::string> argv = {"fl-server"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  std::vector<char*> raw;
-  for (std::string& a : argv) raw.push_back(a.data());
-  try {
-    app.parse(static_cast<int>(raw.size()), raw.data());
-  } catch (const CLI::ParseError& e) {
-    return absl::InvalidArgumentError(fl::StrCat("CLI11: ", e.what()));
+  if (absl::Status s = testing::ParseCommandLine(app, "fl-server", args); !s.ok()) {
+    return absl::InvalidArgumentError(fl::StrCat("CLI11: ", s.message()));
   }
   std::string path;
   if (!manifest.empty()) {

@@ -48,7 +48,7 @@ struct EngineConfig {
   uint32_t session_max_queued_messages = 256;  // server messages waiting for a client that does not read
   uint32_t session_hello_timeout_ms = 10000;   // a Session stream must send its SessionHello within this
   // An admitted upload's average rate since it got its slot, checked once it has held the slot for
-  // upload_rate_grace_ms; and its rate over its most recent window (RoundEngine::kUploadProgressWindowNs, or four
+  // upload_rate_grace_ms; and its rate over its most recent window (engine::UploadSlots::kProgressWindowNs, or four
   // chunks at its own pace if longer), so that a stream that stops after a fast start loses its slot within that
   // window instead of keeping a high average for minutes (docs/round-engine.md, "Upload slots").
   uint32_t upload_min_bytes_per_s = 4096;
