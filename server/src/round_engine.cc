@@ -203,7 +203,13 @@ void RoundEngine::Core::Stop() { loop_.Stop(); }
 
 RoundEngine::RoundEngine(EngineConfig config, instrumentation::RecordStore* records, StartPoint start,
                          const rpc::Clock* clock)
-    : core_(std::make_unique<Core>(std::move(config), records, std::move(start), clock, published_)) {}
+    : core_(std::make_unique<Core>(std::move(config), records, std::move(start), clock, published_)) {
+  // spdlog's default logger lives in a function-local static of libspdlog, which is not built with ThreadSanitizer:
+  // created lazily by the loop thread's first log line while a reactor or client thread logs its own, TSan cannot
+  // see the static's guard and reports a race. Created here, on the thread that builds the engine, it happens
+  // before every thread the engine or its callers start.
+  spdlog::default_logger_raw();
+}
 
 RoundEngine::~RoundEngine() = default;
 
