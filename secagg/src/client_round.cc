@@ -58,8 +58,7 @@ absl::StatusOr<std::unique_ptr<ClientRound>> ClientRound::Start(const v1::SecAgg
   std::sort(c->setup_neighbours_.begin(), c->setup_neighbours_.end());
   c->threshold_ = setup.threshold();
   c->dimension_ = setup.dimension();
-  c->quantization_ = {setup.quantization().range(), setup.quantization().scale(),
-                      setup.quantization().max_weight()};
+  c->quantization_ = {setup.quantization().range(), setup.quantization().scale(), setup.quantization().max_weight()};
   const size_t k = c->setup_neighbours_.size();
   if (std::adjacent_find(c->setup_neighbours_.begin(), c->setup_neighbours_.end()) != c->setup_neighbours_.end() ||
       !std::binary_search(c->setup_neighbours_.begin(), c->setup_neighbours_.end(), c->id_) || k < 2 || k > 255) {
@@ -227,14 +226,14 @@ absl::Status ClientRound::OnMaskingStart(const v1::SecAggMaskingStart& start, ui
                                             share.nonce(), share.ciphertext());
     if (!text.ok()) {
       const SecurityEventKind kind = SecurityEventOf(text.status()).value_or(SecurityEventKind::kAuthenticationFailed);
-      return Refusal(kind, text.status().code(),
-                     fl::StrCat("the share from client ", share.sender(), " to ", id_, ": ",
-                                fl::ToStd(text.status().message())));
+      return Refusal(
+          kind, text.status().code(),
+          fl::StrCat("the share from client ", share.sender(), " to ", id_, ": ", fl::ToStd(text.status().message())));
     }
     if (text->size() != kSharePlaintextBytes) {
-      return Refuse(SecurityEventKind::kWrongLength, fl::StrCat("the share from client ", share.sender(), " has ",
-                                                                text->size(), " bytes, expected ",
-                                                                kSharePlaintextBytes));
+      return Refuse(SecurityEventKind::kWrongLength,
+                    fl::StrCat("the share from client ", share.sender(), " has ", text->size(), " bytes, expected ",
+                               kSharePlaintextBytes));
     }
     HeldShare held;
     held.x = static_cast<uint8_t>((*text)[0]);
@@ -286,8 +285,8 @@ absl::Status ClientRound::MaskChunk(uint64_t offset, std::span<const float> valu
   for (size_t i = 0; i < values.size(); ++i) {
     const float x = values[i];
     if (!std::isfinite(x)) {
-      return Refuse(SecurityEventKind::kInvalidInput,
-                    fl::StrCat("update coordinate ", offset + i, " is ", x, "; secure aggregation takes finite values"));
+      return Refuse(SecurityEventKind::kInvalidInput, fl::StrCat("update coordinate ", offset + i, " is ", x,
+                                                                 "; secure aggregation takes finite values"));
     }
     clipped_ += (x > range || x < -range) ? 1 : 0;
     words[i] = static_cast<uint32_t>(Quantize(quantization_, x)) * weight_;
@@ -359,8 +358,8 @@ absl::Status ClientRound::OnUnmaskRequest(const v1::SecAggUnmaskRequest& request
   }
   if (static_cast<size_t>(request.survivors_size()) < threshold_) {
     return Refuse(SecurityEventKind::kTooFewSurvivors,
-                  fl::StrCat("the unmask request names ", request.survivors_size(), " survivors, fewer than the threshold ",
-                             threshold_, ": client ", id_, " reveals nothing"),
+                  fl::StrCat("the unmask request names ", request.survivors_size(),
+                             " survivors, fewer than the threshold ", threshold_, ": client ", id_, " reveals nothing"),
                   absl::StatusCode::kFailedPrecondition);
   }
   response->Clear();

@@ -52,8 +52,8 @@ void RandomSource::Fill(std::span<uint8_t> out) {
   std::string input(seed_->begin(), seed_->end());
   PutU64(input, counter_++);
   Key call_seed{};
-  crypto_generichash(call_seed.data(), call_seed.size(), reinterpret_cast<const uint8_t*>(input.data()),
-                     input.size(), nullptr, 0);
+  crypto_generichash(call_seed.data(), call_seed.size(), reinterpret_cast<const uint8_t*>(input.data()), input.size(),
+                     nullptr, 0);
   randombytes_buf_deterministic(out.data(), out.size(), call_seed.data());
 }
 
@@ -75,8 +75,7 @@ Key PublicKeyOf(const Key& secret_key) {
   return pk;
 }
 
-absl::StatusOr<Key> AgreeKey(KeyPurpose purpose, const Key& own_secret, const Key& own_public,
-                             const Key& peer_public) {
+absl::StatusOr<Key> AgreeKey(KeyPurpose purpose, const Key& own_secret, const Key& own_public, const Key& peer_public) {
   EnsureSodium();
   Key point{};
   if (crypto_scalarmult(point.data(), own_secret.data(), peer_public.data()) != 0) {
@@ -84,8 +83,8 @@ absl::StatusOr<Key> AgreeKey(KeyPurpose purpose, const Key& own_secret, const Ke
                    "a peer's X25519 public key is of low order (no shared secret); the peer must send a real key");
   }
   const std::string_view label = purpose == KeyPurpose::kMask ? "fl-secagg-v1 mask" : "fl-secagg-v1 share";
-  const bool own_first = std::lexicographical_compare(own_public.begin(), own_public.end(), peer_public.begin(),
-                                                      peer_public.end());
+  const bool own_first =
+      std::lexicographical_compare(own_public.begin(), own_public.end(), peer_public.begin(), peer_public.end());
   const Key& lo = own_first ? own_public : peer_public;
   const Key& hi = own_first ? peer_public : own_public;
   crypto_generichash_state state;
@@ -122,10 +121,9 @@ void ApplyMask(const Key& key, int sign, uint64_t offset, std::span<uint32_t> wo
     const size_t count = std::min(kPieceWords, words.size() - done);
     const size_t blocks = (skip + count + kBlockWords - 1) / kBlockWords;
     std::memset(stream.data(), 0, blocks * kBlockWords * sizeof(uint32_t));
-    crypto_stream_chacha20_ietf_xor_ic(reinterpret_cast<uint8_t*>(stream.data()),
-                                       reinterpret_cast<const uint8_t*>(stream.data()),
-                                       blocks * kBlockWords * sizeof(uint32_t), nonce.data(),
-                                       static_cast<uint32_t>(block), key.data());
+    crypto_stream_chacha20_ietf_xor_ic(
+        reinterpret_cast<uint8_t*>(stream.data()), reinterpret_cast<const uint8_t*>(stream.data()),
+        blocks * kBlockWords * sizeof(uint32_t), nonce.data(), static_cast<uint32_t>(block), key.data());
     uint32_t* out = words.data() + done;
     const uint32_t* mask = stream.data() + skip;
     if (sign > 0) {
@@ -152,10 +150,10 @@ std::pair<std::string, std::string> Seal(const Key& key, std::string_view associ
   random.Fill(std::span<uint8_t>(reinterpret_cast<uint8_t*>(nonce.data()), nonce.size()));
   std::string ciphertext(plaintext.size() + kTagBytes, '\0');
   unsigned long long length = 0;
-  crypto_aead_xchacha20poly1305_ietf_encrypt(
-      reinterpret_cast<uint8_t*>(ciphertext.data()), &length, plaintext.data(), plaintext.size(),
-      reinterpret_cast<const uint8_t*>(associated_data.data()), associated_data.size(), nullptr,
-      reinterpret_cast<const uint8_t*>(nonce.data()), key.data());
+  crypto_aead_xchacha20poly1305_ietf_encrypt(reinterpret_cast<uint8_t*>(ciphertext.data()), &length, plaintext.data(),
+                                             plaintext.size(), reinterpret_cast<const uint8_t*>(associated_data.data()),
+                                             associated_data.size(), nullptr,
+                                             reinterpret_cast<const uint8_t*>(nonce.data()), key.data());
   ciphertext.resize(length);
   return {nonce, ciphertext};
 }
@@ -163,18 +161,18 @@ std::pair<std::string, std::string> Seal(const Key& key, std::string_view associ
 absl::StatusOr<std::string> Open(const Key& key, std::string_view associated_data, std::string_view nonce,
                                  std::string_view ciphertext) {
   if (nonce.size() != kNonceBytes || ciphertext.size() < kTagBytes) {
-    return Refusal(SecurityEventKind::kWrongLength, absl::StatusCode::kInvalidArgument,
-                   fl::StrCat("an encrypted share has a ", nonce.size(), "-byte nonce and a ", ciphertext.size(),
-                              "-byte ciphertext; expected a ", kNonceBytes, "-byte nonce and at least ", kTagBytes,
-                              " bytes"));
+    return Refusal(
+        SecurityEventKind::kWrongLength, absl::StatusCode::kInvalidArgument,
+        fl::StrCat("an encrypted share has a ", nonce.size(), "-byte nonce and a ", ciphertext.size(),
+                   "-byte ciphertext; expected a ", kNonceBytes, "-byte nonce and at least ", kTagBytes, " bytes"));
   }
   std::string plaintext(ciphertext.size() - kTagBytes, '\0');
   unsigned long long length = 0;
-  if (crypto_aead_xchacha20poly1305_ietf_decrypt(
-          reinterpret_cast<uint8_t*>(plaintext.data()), &length, nullptr,
-          reinterpret_cast<const uint8_t*>(ciphertext.data()), ciphertext.size(),
-          reinterpret_cast<const uint8_t*>(associated_data.data()), associated_data.size(),
-          reinterpret_cast<const uint8_t*>(nonce.data()), key.data()) != 0) {
+  if (crypto_aead_xchacha20poly1305_ietf_decrypt(reinterpret_cast<uint8_t*>(plaintext.data()), &length, nullptr,
+                                                 reinterpret_cast<const uint8_t*>(ciphertext.data()), ciphertext.size(),
+                                                 reinterpret_cast<const uint8_t*>(associated_data.data()),
+                                                 associated_data.size(), reinterpret_cast<const uint8_t*>(nonce.data()),
+                                                 key.data()) != 0) {
     return Refusal(SecurityEventKind::kAuthenticationFailed, absl::StatusCode::kPermissionDenied,
                    "an encrypted share failed authentication (altered, or sealed for another round, sender or "
                    "receiver); it is dropped and recorded");

@@ -48,15 +48,16 @@ absl::StatusOr<NeighbourGraph> BuildNeighbourGraph(std::span<const uint64_t> cli
   if (k > kMaxHolders) {
     return absl::InvalidArgumentError(fl::StrCat("a full secure-aggregation graph of ", n,
                                                  " clients needs more than 255 share holders (GF(2^8)); set "
-                                                 "full_graph_max below ", kMaxHolders + 1));
+                                                 "full_graph_max below ",
+                                                 kMaxHolders + 1));
   }
   const uint32_t t = options.threshold == 0 ? k / 2 + 1 : options.threshold;
   if (t <= k / 2 || t > k) {
-    return Refusal(SecurityEventKind::kThresholdAboveNeighbours, absl::StatusCode::kInvalidArgument,
-                   fl::StrCat("secagg threshold ", t, " with neighbourhoods of ", k, " clients (", n,
-                              " in the round): it must be in [", k / 2 + 1, ", ", k,
-                              "] (more than half of a neighbourhood, at most all of it); set it there or 0 for ",
-                              k / 2 + 1));
+    return Refusal(
+        SecurityEventKind::kThresholdAboveNeighbours, absl::StatusCode::kInvalidArgument,
+        fl::StrCat("secagg threshold ", t, " with neighbourhoods of ", k, " clients (", n,
+                   " in the round): it must be in [", k / 2 + 1, ", ", k,
+                   "] (more than half of a neighbourhood, at most all of it); set it there or 0 for ", k / 2 + 1));
   }
   g.neighbourhood_size = k;
   g.threshold = t;

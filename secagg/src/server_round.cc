@@ -21,18 +21,12 @@ std::string List(std::span<const uint64_t> ids) {
 
 std::string_view StageName(Stage stage) {
   switch (stage) {
-    case Stage::kAdvertiseKeys:
-      return "advertise_keys";
-    case Stage::kShareKeys:
-      return "share_keys";
-    case Stage::kMaskedUpload:
-      return "masked_upload";
-    case Stage::kUnmask:
-      return "unmask";
-    case Stage::kDone:
-      return "done";
-    case Stage::kFailed:
-      return "failed";
+    case Stage::kAdvertiseKeys: return "advertise_keys";
+    case Stage::kShareKeys: return "share_keys";
+    case Stage::kMaskedUpload: return "masked_upload";
+    case Stage::kUnmask: return "unmask";
+    case Stage::kDone: return "done";
+    case Stage::kFailed: return "failed";
   }
   return "unknown";
 }
@@ -71,7 +65,7 @@ absl::Status ServerRound::Fail(SecurityEventKind kind, std::string_view reason) 
 }
 
 absl::StatusOr<ServerRound::Client*> ServerRound::Sender(Stage stage, uint64_t round, uint64_t id,
-                                                          std::string_view what) {
+                                                         std::string_view what) {
   if (round != config_.round) {
     return Refuse(SecurityEventKind::kWrongRound, id,
                   fl::StrCat(what, " from client ", id, " is for round ", round, "; this is round ", config_.round));
@@ -135,8 +129,8 @@ void ServerRound::DropIsolated(Stage stage) {
 absl::Status ServerRound::SetupFor(uint64_t client, v1::SecAggSetup* setup) {
   const auto it = clients_.find(client);
   if (it == clients_.end() || stage_ != Stage::kAdvertiseKeys) {
-    return absl::FailedPreconditionError(fl::StrCat("no secagg setup for client ", client, " in round ",
-                                                    config_.round, " at stage ", StageName(stage_)));
+    return absl::FailedPreconditionError(fl::StrCat("no secagg setup for client ", client, " in round ", config_.round,
+                                                    " at stage ", StageName(stage_)));
   }
   setup->Clear();
   setup->set_round(config_.round);
@@ -155,7 +149,8 @@ absl::Status ServerRound::OnPublicKeys(const v1::SecAggPublicKeys& keys) {
   absl::StatusOr<Client*> c = Sender(Stage::kAdvertiseKeys, keys.round(), keys.client_id(), "secagg public keys");
   if (!c.ok()) return c.status();
   const uint64_t id = keys.client_id();
-  if ((*c)->has_keys) return Refuse(SecurityEventKind::kDuplicate, id, fl::StrCat("client ", id, " sent its keys twice"));
+  if ((*c)->has_keys)
+    return Refuse(SecurityEventKind::kDuplicate, id, fl::StrCat("client ", id, " sent its keys twice"));
   if (keys.encryption_public_key().size() != kKeyBytes || keys.mask_public_key().size() != kKeyBytes) {
     return Refuse(SecurityEventKind::kWrongLength, id,
                   fl::StrCat("client ", id, "'s public keys have ", keys.encryption_public_key().size(), " and ",
@@ -230,16 +225,17 @@ absl::Status ServerRound::OnShares(const v1::SecAggShares& shares) {
   absl::StatusOr<Client*> c = Sender(Stage::kShareKeys, shares.round(), shares.client_id(), "secagg shares");
   if (!c.ok()) return c.status();
   const uint64_t id = shares.client_id();
-  if ((*c)->has_shares) return Refuse(SecurityEventKind::kDuplicate, id, fl::StrCat("client ", id, " sent its shares twice"));
+  if ((*c)->has_shares)
+    return Refuse(SecurityEventKind::kDuplicate, id, fl::StrCat("client ", id, " sent its shares twice"));
   std::vector<uint64_t> expected = AliveNeighbours(id);
   expected.erase(std::find(expected.begin(), expected.end(), id));
   std::set<uint64_t> seen;
   for (const v1::SecAggEncryptedShare& s : shares.shares()) {
     if (s.sender() != id || !std::binary_search(expected.begin(), expected.end(), s.receiver())) {
-      return Refuse(SecurityEventKind::kNotInRound, id,
-                    fl::StrCat("client ", id, " sent a share from ", s.sender(), " to ", s.receiver(),
-                               "; its shares go from itself to its neighbours still in the round (", List(expected),
-                               ")"));
+      return Refuse(
+          SecurityEventKind::kNotInRound, id,
+          fl::StrCat("client ", id, " sent a share from ", s.sender(), " to ", s.receiver(),
+                     "; its shares go from itself to its neighbours still in the round (", List(expected), ")"));
     }
     if (!seen.insert(s.receiver()).second) {
       return Refuse(SecurityEventKind::kDuplicate, id,
@@ -284,8 +280,8 @@ absl::Status ServerRound::CloseShareKeys() {
 absl::Status ServerRound::MaskingStartFor(uint64_t client, v1::SecAggMaskingStart* start) {
   const auto it = clients_.find(client);
   if (it == clients_.end() || !it->second.alive || stage_ != Stage::kMaskedUpload) {
-    return absl::FailedPreconditionError(fl::StrCat("no masking start for client ", client, " in round ",
-                                                    config_.round, " at stage ", StageName(stage_)));
+    return absl::FailedPreconditionError(fl::StrCat("no masking start for client ", client, " in round ", config_.round,
+                                                    " at stage ", StageName(stage_)));
   }
   start->Clear();
   start->set_round(config_.round);
@@ -326,8 +322,8 @@ absl::Status ServerRound::OnMaskedWords(uint64_t round, uint64_t client, uint64_
   if (offset > (*c)->next_word || words.empty() || words.size() > length - offset) {
     return Refuse(SecurityEventKind::kWrongLength, client,
                   fl::StrCat("client ", client, "'s masked chunk of ", words.size(), " words at offset ", offset,
-                             ": the next chunk starts at word ", (*c)->next_word, " and the masked vector has ",
-                             length, " words (the model's ", config_.dimension, " and the weight)"));
+                             ": the next chunk starts at word ", (*c)->next_word, " and the masked vector has ", length,
+                             " words (the model's ", config_.dimension, " and the weight)"));
   }
   uint32_t* sum = sum_.data() + offset;
   for (size_t i = 0; i < words.size(); ++i) sum[i] += words[i];  // mod 2^32: the masks cancel in this ring
@@ -361,17 +357,17 @@ absl::Status ServerRound::CloseMaskedUpload() {
   };
   for (uint64_t u : survivors_) {
     if (holders(u) < graph_.threshold) {
-      return Fail(SecurityEventKind::kTooFewSurvivors,
-                  fl::StrCat("client ", u, " has ", holders(u), " surviving neighbours (itself included) to hold its "
-                             "self-mask seed's shares; the threshold is ", graph_.threshold));
+      return Fail(SecurityEventKind::kTooFewSurvivors, fl::StrCat("client ", u, " has ", holders(u),
+                                                                  " surviving neighbours (itself included) to hold its "
+                                                                  "self-mask seed's shares; the threshold is ",
+                                                                  graph_.threshold));
     }
   }
   for (uint64_t v : dropped_[2]) {
     if (holders(v) < graph_.threshold) {
       return Fail(SecurityEventKind::kTooFewSurvivors,
                   fl::StrCat("client ", v, " dropped after sharing keys and only ", holders(v),
-                             " of its neighbours survive to reveal its mask key; the threshold is ",
-                             graph_.threshold));
+                             " of its neighbours survive to reveal its mask key; the threshold is ", graph_.threshold));
     }
   }
   stage_ = Stage::kUnmask;
@@ -425,18 +421,18 @@ absl::Status ServerRound::OnUnmaskResponse(const v1::SecAggUnmaskResponse& respo
     }
     if (static_cast<uint8_t>(s.share()[0]) != XOf(s.owner(), id)) {
       return Refuse(SecurityEventKind::kProtocolViolation, id,
-                    fl::StrCat("client ", id, "'s share of client ", s.owner(), " is at x = ",
-                               static_cast<int>(static_cast<uint8_t>(s.share()[0])), "; its place is x = ",
-                               static_cast<int>(XOf(s.owner(), id))));
+                    fl::StrCat("client ", id, "'s share of client ", s.owner(),
+                               " is at x = ", static_cast<int>(static_cast<uint8_t>(s.share()[0])),
+                               "; its place is x = ", static_cast<int>(XOf(s.owner(), id))));
     }
     std::array<uint8_t, 1 + kKeyBytes> bytes{};
     std::memcpy(bytes.data(), s.share().data(), bytes.size());
     revealed[s.owner()] = bytes;
   }
   if (revealed.size() != expected.size()) {
-    return Refuse(SecurityEventKind::kWrongLength, id,
-                  fl::StrCat("client ", id, " revealed ", revealed.size(), " shares; the request asked for ",
-                             expected.size()));
+    return Refuse(
+        SecurityEventKind::kWrongLength, id,
+        fl::StrCat("client ", id, " revealed ", revealed.size(), " shares; the request asked for ", expected.size()));
   }
   (*c)->revealed = std::move(revealed);
   (*c)->has_response = true;
@@ -494,7 +490,8 @@ absl::Status ServerRound::CloseUnmask() {
     reconstructed_.push_back({v, v1::SECAGG_SECRET_MASK_KEY});
     for (uint64_t u : graph_.NeighbourhoodOf(v)) {
       if (!survivors_.contains(u)) continue;
-      absl::StatusOr<Key> agreed = AgreeKey(KeyPurpose::kMask, *secret, dropped.mask_public, clients_.at(u).mask_public);
+      absl::StatusOr<Key> agreed =
+          AgreeKey(KeyPurpose::kMask, *secret, dropped.mask_public, clients_.at(u).mask_public);
       if (!agreed.ok()) return Fail(SecurityEventKind::kBadKey, fl::ToStd(agreed.status().message()));
       // u added +PRG(s_uv) when v > u, -PRG(s_uv) when v < u (client_round.cc); the opposite removes it.
       pairs.push_back({RoundMaskKey(*agreed, config_.round), v > u ? -1 : +1});

@@ -84,8 +84,8 @@ absl::StatusOr<std::vector<Share>> ShamirSplit(std::span<const uint8_t> secret, 
 
 absl::StatusOr<std::vector<uint8_t>> ShamirCombine(std::span<const Share> shares, uint32_t threshold) {
   if (threshold == 0 || shares.size() < threshold) {
-    return absl::FailedPreconditionError(fl::StrCat("Shamir reconstruction needs ", threshold, " shares, has ",
-                                                    shares.size()));
+    return absl::FailedPreconditionError(
+        fl::StrCat("Shamir reconstruction needs ", threshold, " shares, has ", shares.size()));
   }
   std::array<bool, 256> seen{};
   const size_t length = shares[0].y.size();

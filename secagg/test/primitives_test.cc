@@ -148,7 +148,8 @@ TEST(CryptoTest, SharesAreBoundToRoundSenderAndReceiver) {
   auto opened = Open(key, ShareAssociatedData(5, 1, 2), nonce, ciphertext);
   ASSERT_TRUE(opened.ok());
   EXPECT_EQ(*opened, Str(text));
-  for (const std::string& ad : {ShareAssociatedData(6, 1, 2), ShareAssociatedData(5, 2, 1), ShareAssociatedData(5, 1, 3)}) {
+  for (const std::string& ad :
+       {ShareAssociatedData(6, 1, 2), ShareAssociatedData(5, 2, 1), ShareAssociatedData(5, 1, 3)}) {
     EXPECT_EQ(SecurityEventOf(Open(key, ad, nonce, ciphertext).status()), SecurityEventKind::kAuthenticationFailed);
   }
   std::string altered = ciphertext;
@@ -171,9 +172,9 @@ TEST(QuantizeTest, RoundsClipsAndStatesTheLargestPopulation) {
   EXPECT_TRUE(ValidateQuantization(spec).ok());
   EXPECT_EQ(Quantize(spec, 0.5f), 32768);
   EXPECT_EQ(Quantize(spec, -0.25f), -16384);
-  EXPECT_EQ(Quantize(spec, 3.0f), 65536);    // clipped to the range
+  EXPECT_EQ(Quantize(spec, 3.0f), 65536);  // clipped to the range
   EXPECT_EQ(Quantize(spec, -3.0f), -65536);
-  EXPECT_EQ(MaxPopulation(spec), 32767u);    // floor((2^31 - 1) / 2^16)
+  EXPECT_EQ(MaxPopulation(spec), 32767u);  // floor((2^31 - 1) / 2^16)
   EXPECT_TRUE(CheckPopulation(spec, 32767).ok());
   const absl::Status beyond = CheckPopulation(spec, 32768);
   EXPECT_EQ(SecurityEventOf(beyond), SecurityEventKind::kPopulationBeyondRange);
@@ -192,8 +193,8 @@ TEST(GraphTest, SizesFollowTheLogRuleAndTheFullGraphBelowItsSize) {
   const GraphOptions options;
   EXPECT_EQ(NeighbourhoodSize(10, options), 10u);  // full graph
   EXPECT_EQ(NeighbourhoodSize(32, options), 32u);
-  EXPECT_EQ(NeighbourhoodSize(50, options), 17u);  // ceil(3 log2 50) = 17
-  EXPECT_EQ(NeighbourhoodSize(100, options), 21u); // ceil(3 log2 100) = 20 -> odd 21
+  EXPECT_EQ(NeighbourhoodSize(50, options), 17u);   // ceil(3 log2 50) = 17
+  EXPECT_EQ(NeighbourhoodSize(100, options), 21u);  // ceil(3 log2 100) = 20 -> odd 21
   EXPECT_EQ(NeighbourhoodSize(1000000, options), 61u);
 }
 

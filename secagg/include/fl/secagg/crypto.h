@@ -55,8 +55,7 @@ enum class KeyPurpose { kShareEncryption, kMask };
 
 // The 32-byte key two parties agree on: BLAKE2b(label(purpose) || X25519(own_secret, peer_public) || the two
 // public keys in byte order). Refused (kBadKey) when the peer's key is of low order (the shared point is 0).
-absl::StatusOr<Key> AgreeKey(KeyPurpose purpose, const Key& own_secret, const Key& own_public,
-                             const Key& peer_public);
+absl::StatusOr<Key> AgreeKey(KeyPurpose purpose, const Key& own_secret, const Key& own_public, const Key& peer_public);
 
 // The mask key of a pair or of a self-mask seed for one round: BLAKE2b keyed with `secret`, over the round.
 Key RoundMaskKey(const Key& secret, uint64_t round);

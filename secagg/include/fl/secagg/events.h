@@ -15,18 +15,18 @@
 namespace fl::secagg {
 
 enum class SecurityEventKind {
-  kNotInRound,               // a message from (or about) a client that is not, or no longer, in the round
-  kWrongRound,               // a message of another round
-  kDuplicate,                // a second message where one is allowed (keys, shares, a chunk, a response)
-  kWrongLength,              // a key, share or masked chunk of the wrong size or offset
-  kAuthenticationFailed,     // a share that does not decrypt under its (round, sender, receiver)
-  kBadKey,                   // a public key that repeats another or gives no shared secret
-  kProtocolViolation,        // asked to reveal both secrets of one client, or out of stage
+  kNotInRound,                // a message from (or about) a client that is not, or no longer, in the round
+  kWrongRound,                // a message of another round
+  kDuplicate,                 // a second message where one is allowed (keys, shares, a chunk, a response)
+  kWrongLength,               // a key, share or masked chunk of the wrong size or offset
+  kAuthenticationFailed,      // a share that does not decrypt under its (round, sender, receiver)
+  kBadKey,                    // a public key that repeats another or gives no shared secret
+  kProtocolViolation,         // asked to reveal both secrets of one client, or out of stage
   kThresholdAboveNeighbours,  // threshold t > neighbourhood size k (or t <= k/2)
-  kTooFewSurvivors,          // not enough clients left to reconstruct a secret: the round fails
-  kIncompleteUpload,         // a masked upload stopped part way: its words are in the sum, the round fails
-  kPopulationBeyondRange,    // more clients than the quantisation range can sum without wrapping
-  kInvalidInput,             // a value the quantiser cannot take (NaN, weight out of range)
+  kTooFewSurvivors,           // not enough clients left to reconstruct a secret: the round fails
+  kIncompleteUpload,          // a masked upload stopped part way: its words are in the sum, the round fails
+  kPopulationBeyondRange,     // more clients than the quantisation range can sum without wrapping
+  kInvalidInput,              // a value the quantiser cannot take (NaN, weight out of range)
 };
 
 std::string_view SecurityEventKindName(SecurityEventKind kind);

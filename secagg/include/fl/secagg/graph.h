@@ -21,9 +21,9 @@
 namespace fl::secagg {
 
 struct GraphOptions {
-  double log_factor = 3.0;        // c in k = odd >= c * log2(n)
-  uint32_t full_graph_max = 32;   // at most this many clients: the full graph
-  uint32_t threshold = 0;         // 0: floor(k / 2) + 1
+  double log_factor = 3.0;       // c in k = odd >= c * log2(n)
+  uint32_t full_graph_max = 32;  // at most this many clients: the full graph
+  uint32_t threshold = 0;        // 0: floor(k / 2) + 1
 };
 
 struct NeighbourGraph {

@@ -17,9 +17,9 @@
 namespace fl::secagg {
 
 struct QuantizationSpec {
-  double range = 1.0;      // values are clipped to [-range, range]
-  double scale = 65536.0;  // steps per unit; range * scale must be an integer
-  uint32_t max_weight = 1; // the largest weight a client may give (1: uniform averaging)
+  double range = 1.0;       // values are clipped to [-range, range]
+  double scale = 65536.0;   // steps per unit; range * scale must be an integer
+  uint32_t max_weight = 1;  // the largest weight a client may give (1: uniform averaging)
 };
 
 // Refused (kInvalidInput): range or scale not finite and > 0, range * scale not an integer >= 1,

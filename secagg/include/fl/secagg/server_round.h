@@ -110,8 +110,8 @@ class ServerRound {
     bool has_response = false;
     Key encryption_public{};
     Key mask_public{};
-    std::vector<v1::SecAggEncryptedShare> inbox;  // shares addressed to this client
-    uint64_t next_word = 0;                       // masked words received, in order
+    std::vector<v1::SecAggEncryptedShare> inbox;                      // shares addressed to this client
+    uint64_t next_word = 0;                                           // masked words received, in order
     std::map<uint64_t, std::array<uint8_t, 1 + kKeyBytes>> revealed;  // owner -> share it revealed
     std::array<StageBytes, 4> bytes{};
   };

@@ -23,8 +23,8 @@ uint8_t GfMul(uint8_t a, uint8_t b);
 uint8_t GfInv(uint8_t a);
 
 struct Share {
-  uint8_t x = 0;              // the holder's coordinate, 1..255
-  std::vector<uint8_t> y;     // one byte per secret byte
+  uint8_t x = 0;           // the holder's coordinate, 1..255
+  std::vector<uint8_t> y;  // one byte per secret byte
 };
 
 // Fills a buffer with uniformly random bytes (the caller's randomness: libsodium's, or a seeded test source).
