@@ -44,19 +44,20 @@ int main(int argc, char** argv) {
       "RDP order grid: tf-privacy (TF Privacy's 1.25 … 512, which reproduces its published values) or "
       "dp-accounting (dp_accounting's 1.1 … 1024)";
 
+  // The schedule both subcommands account: q, T, δ and the order grid.
+  auto add_schedule = [&](CLI::App* sub, const char* q_help) {
+    sub->add_option("--sampling-rate", q, q_help)->required();
+    sub->add_option("--steps", steps, "T: rounds (one step per round)")->required();
+    sub->add_option("--delta", delta, "δ, in (0, 1)")->required();
+    sub->add_option("--orders", orders, orders_help);
+  };
   CLI::App* epsilon = app.add_subcommand("epsilon", "print ε and the best RDP order of a schedule");
   epsilon->add_option("--noise-multiplier", sigma, "σ: noise std / clipping norm")->required();
-  epsilon->add_option("--sampling-rate", q, "q: clients per round / population, in [0, 1]")->required();
-  epsilon->add_option("--steps", steps, "T: rounds (one step per round)")->required();
-  epsilon->add_option("--delta", delta, "δ, in (0, 1)")->required();
-  epsilon->add_option("--orders", orders, orders_help);
+  add_schedule(epsilon, "q: clients per round / population, in [0, 1]");
 
   CLI::App* noise = app.add_subcommand("noise", "print the smallest σ whose schedule spends at most a target ε");
   noise->add_option("--target-epsilon", target, "ε to reach, > 0")->required();
-  noise->add_option("--sampling-rate", q, "q: clients per round / population, in (0, 1]")->required();
-  noise->add_option("--steps", steps, "T: rounds (one step per round)")->required();
-  noise->add_option("--delta", delta, "δ, in (0, 1)")->required();
-  noise->add_option("--orders", orders, orders_help);
+  add_schedule(noise, "q: clients per round / population, in (0, 1]");
   noise->add_option("--max-noise", max_noise, "give up above this σ (the target is then unreachable)");
 
   try {
