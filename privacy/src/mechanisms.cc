@@ -1,6 +1,7 @@
 #include "fl/privacy/mechanisms.h"
 
 #include <cmath>
+#include <type_traits>
 
 #include "fl/core/str_cat.h"
 #include "fl/privacy/accountant.h"
