@@ -41,6 +41,7 @@ ClientRound::~ClientRound() {
   Wipe(self_mask_key_);
   for (auto& [id, n] : neighbours_) Wipe(n.share_key);
   for (auto& [id, key] : partners_) Wipe(key);
+  for (SignedKey& m : masks_) Wipe(m.key);
   for (auto& [id, h] : held_) {
     Wipe(h.mask_key_share);
     Wipe(h.seed_share);
@@ -260,14 +261,15 @@ absl::Status ClientRound::OnMaskingStart(const v1::SecAggMaskingStart& start, ui
   for (auto& [v, held] : received) held_[v] = held;
   partners_ = std::move(partners);
   self_mask_key_ = RoundMaskKey(self_seed_, round_);
+  masks_.push_back({self_mask_key_, +1});
+  for (const auto& [v, key] : partners_) masks_.push_back({key, v > id_ ? +1 : -1});
   weight_ = weight;
   stage_ = Stage::kMasking;
   return absl::OkStatus();
 }
 
 absl::Status ClientRound::Mask(uint64_t offset, std::span<uint32_t> words) const {
-  ApplyMask(self_mask_key_, +1, offset, words);
-  for (const auto& [v, key] : partners_) ApplyMask(key, v > id_ ? +1 : -1, offset, words);
+  ApplyMasks(masks_, offset, words);
   return absl::OkStatus();
 }
 

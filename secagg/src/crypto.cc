@@ -109,9 +109,16 @@ Key RoundMaskKey(const Key& secret, uint64_t round) {
 }
 
 void ApplyMask(const Key& key, int sign, uint64_t offset, std::span<uint32_t> words) {
+  const SignedKey one{key, sign};
+  ApplyMasks(std::span<const SignedKey>(&one, 1), offset, words);
+}
+
+void ApplyMasks(std::span<const SignedKey> keys, uint64_t offset, std::span<uint32_t> words) {
   static_assert(std::endian::native == std::endian::little, "the mask words are the keystream's little-endian words");
   // The nonce is constant: every key is used for one stream only (a pair and a round, or one self-mask seed).
   const std::array<uint8_t, crypto_stream_chacha20_ietf_NONCEBYTES> nonce{};
+  // The keystream is the encryption of zeros; a constant zero input spares a memset per piece.
+  static const std::array<uint32_t, kPieceWords + kBlockWords> kZeros{};
   std::array<uint32_t, kPieceWords + kBlockWords> stream;
   size_t done = 0;
   while (done < words.size()) {
@@ -119,17 +126,18 @@ void ApplyMask(const Key& key, int sign, uint64_t offset, std::span<uint32_t> wo
     const uint64_t block = position / kBlockWords;
     const size_t skip = static_cast<size_t>(position % kBlockWords);
     const size_t count = std::min(kPieceWords, words.size() - done);
-    const size_t blocks = (skip + count + kBlockWords - 1) / kBlockWords;
-    std::memset(stream.data(), 0, blocks * kBlockWords * sizeof(uint32_t));
-    crypto_stream_chacha20_ietf_xor_ic(
-        reinterpret_cast<uint8_t*>(stream.data()), reinterpret_cast<const uint8_t*>(stream.data()),
-        blocks * kBlockWords * sizeof(uint32_t), nonce.data(), static_cast<uint32_t>(block), key.data());
+    const size_t bytes = (skip + count + kBlockWords - 1) / kBlockWords * kBlockWords * sizeof(uint32_t);
     uint32_t* out = words.data() + done;
-    const uint32_t* mask = stream.data() + skip;
-    if (sign > 0) {
-      for (size_t i = 0; i < count; ++i) out[i] += mask[i];
-    } else {
-      for (size_t i = 0; i < count; ++i) out[i] -= mask[i];
+    for (const SignedKey& k : keys) {
+      crypto_stream_chacha20_ietf_xor_ic(reinterpret_cast<uint8_t*>(stream.data()),
+                                         reinterpret_cast<const uint8_t*>(kZeros.data()), bytes, nonce.data(),
+                                         static_cast<uint32_t>(block), k.key.data());
+      const uint32_t* mask = stream.data() + skip;
+      if (k.sign > 0) {
+        for (size_t i = 0; i < count; ++i) out[i] += mask[i];
+      } else {
+        for (size_t i = 0; i < count; ++i) out[i] -= mask[i];
+      }
     }
     done += count;
   }

@@ -499,14 +499,17 @@ absl::Status ServerRound::CloseUnmask() {
     Key wipe = *secret;
     Wipe(wipe);
   }
+  std::vector<SignedKey> masks;
   for (Key& key : seeds) {
-    ApplyMask(key, -1, 0, sum_);
+    masks.push_back({key, -1});
     Wipe(key);
   }
   for (PairMask& p : pairs) {
-    ApplyMask(p.key, p.sign, 0, sum_);
+    masks.push_back({p.key, p.sign});
     Wipe(p.key);
   }
+  ApplyMasks(masks, 0, sum_);
+  for (SignedKey& m : masks) Wipe(m.key);
   stage_ = Stage::kDone;
   return absl::OkStatus();
 }

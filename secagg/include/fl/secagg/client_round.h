@@ -88,6 +88,7 @@ class ClientRound {
   std::map<uint64_t, HeldShare> held_;        // owner -> our share of its secrets (ours included)
   std::map<uint64_t, Key> partners_;          // mask partner -> its round mask key
   Key self_mask_key_{};
+  std::vector<SignedKey> masks_;  // the self mask (+1), then each partner's (+1 if its id is larger, else -1)
   uint32_t weight_ = 0;
   uint64_t clipped_ = 0;
 };

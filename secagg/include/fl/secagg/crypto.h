@@ -65,6 +65,15 @@ Key RoundMaskKey(const Key& secret, uint64_t round);
 // counter of 16-word blocks).
 void ApplyMask(const Key& key, int sign, uint64_t offset, std::span<uint32_t> words);
 
+// Several masks at once: the same as ApplyMask for each, but piece by piece (16 KiB of words at a time, every
+// key's keystream added to that piece before the next), so that the words stay in the cache while the keys
+// pass over them instead of the whole chunk streaming through memory once per key.
+struct SignedKey {
+  Key key{};
+  int sign = +1;
+};
+void ApplyMasks(std::span<const SignedKey> keys, uint64_t offset, std::span<uint32_t> words);
+
 // The associated data of a share: purpose label, round, sender, receiver (little-endian).
 std::string ShareAssociatedData(uint64_t round, uint64_t sender, uint64_t receiver);
 
