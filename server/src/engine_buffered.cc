@@ -63,8 +63,7 @@ bool RoundEngine::Core::AdvanceBuffered() {
     // that left does not stop the others).
     if (!b.started && clients_.connected() < config_.fit.min_available) return false;
     b.started = true;
-    if (!Fire(EngineTrigger::kBufferingStarted)) return false;
-    OpenBufferedStep();
+    if (!Fire(EngineTrigger::kBufferingStarted)) return false;  // opens the step (EngineEffect::kOpenStep)
   }
   if (b.step.accepted >= config_.buffer_size) {
     ApplyStep();
@@ -129,9 +128,9 @@ void RoundEngine::Core::DispatchBuffered(ClientInfo& client) {
   info->dispatched_unix_ms = UnixMs();
   info->deadline_ns = now + int64_t{config_.round_deadline_ms} * kMsToNs;
   info->uplink_codec = t.uplink_codec();
-  info->model_version = model_version_;
-  t.set_model_version(model_version_);
-  t.set_model_fingerprint(spec_->fingerprint());
+  info->model_version = model_.version();
+  t.set_model_version(model_.version());
+  t.set_model_fingerprint(model_.spec()->fingerprint());
   t.set_deadline_server_ns(info->deadline_ns);
   t.set_downlink_codec(config_.downlink_codec);
   fl::v1::ServerMessage msg;
@@ -140,7 +139,7 @@ void RoundEngine::Core::DispatchBuffered(ClientInfo& client) {
   client.open_task = info->id;
   client.session->Send(std::move(msg));
   b.out.insert(info->id);
-  b.base_version[info->id] = model_version_;
+  b.base_version[info->id] = model_.version();
   tasks_[info->id] = std::move(info);
 }
 
@@ -262,7 +261,7 @@ fl::v1::UploadUpdateResponse RoundEngine::Core::AcceptBufferedUpdate(UploadDoneE
   // Staleness: the versions applied since the task's model. The version changes only when a step is applied,
   // and a step takes every update buffered before it, so tau is also the distance to the model it is applied to.
   const uint64_t base = b.base_version.at(task.id);
-  const uint64_t tau = model_version_ - base;
+  const uint64_t tau = model_.version() - base;
   rec.staleness = static_cast<int64_t>(tau);
   if (tau > config_.max_staleness) {
     spdlog::info("refused the update of client '{}' (task {}) as stale: trained from version {}, {} behind",
@@ -270,7 +269,7 @@ fl::v1::UploadUpdateResponse RoundEngine::Core::AcceptBufferedUpdate(UploadDoneE
     return finish(ClientOutcome::kRejected,
                   Rejected(task.id, fl::v1::ERROR_CODE_LATE,
                            fl::StrCat("stale: the update was trained from model version ", base, ", ", tau,
-                                      " versions behind the current ", model_version_,
+                                      " versions behind the current ", model_.version(),
                                       " (--max-staleness=", config_.max_staleness, "); it is refused"),
                            "a faster link or fewer local steps would help"),
                   "stale");
@@ -305,14 +304,11 @@ fl::v1::UploadUpdateResponse RoundEngine::Core::AcceptBufferedUpdate(UploadDoneE
     // kept whole on the server (older ones only as download payloads), so weights must be fresh.
     if (tau != 0) {
       return reject(absl::InvalidArgumentError(
-          fl::StrCat("an update of whole weights must be trained from the current model version ", model_version_,
+          fl::StrCat("an update of whole weights must be trained from the current model version ", model_.version(),
                      " in buffered mode (it was trained from ", base, "); send a delta")));
     }
-    scratch_.resize(spec_->num_elements());
-    absl::Status st = codec.Decode(e.payload, scratch_, kVerifiedUpload);
-    if (st.ok()) st = core::CheckFinite(scratch_, source, spec_.get());
+    absl::Status st = model_.PseudoGradientOfWeights(codec, e.payload, source, scratch_);
     if (!st.ok()) return reject(st);
-    for (size_t i = 0; i < scratch_.size(); ++i) scratch_[i] = global_[i] - scratch_[i];
     if (st = b.step.aggregator->Add(scratch_, weight, h.model_fingerprint(), sender); !st.ok()) return reject(st);
   }
   if (rec.train_loss.has_value()) {
@@ -374,7 +370,7 @@ void RoundEngine::Core::ApplyStep() {
   }
   uploads_.DropBuffers();
   const int64_t agg_start = NowNs();
-  if (absl::Status step = StepGlobalModel(r, fl::StrCat("aggregation step ", r.round)); !step.ok()) {
+  if (absl::Status step = model_.Step(*r.aggregator, fl::StrCat("aggregation step ", r.round)); !step.ok()) {
     Finish(instrumentation::ExperimentStatus::kFailed,
            fl::StrCat("aggregation step ", r.round, ": the server optimizer step failed: ", fl::ToStd(step.message())));
     return;
@@ -382,12 +378,11 @@ void RoundEngine::Core::ApplyStep() {
   // Tasks out keep downloading the version they were given: keep those payloads (at most --concurrency).
   std::set<uint64_t> needed;
   for (const std::string& id : b.out) needed.insert(b.base_version.at(id));
-  if (needed.contains(model_version_)) b.old_payloads[model_version_] = payload_;
+  if (needed.contains(model_.version())) b.old_payloads[model_.version()] = model_.payload();
   std::erase_if(b.old_payloads, [&](const auto& p) { return !needed.contains(p.first); });
   round_ = r.round;
   committed_attempt_ = r.attempt;
-  ++model_version_;
-  PublishPayload();
+  model_.Commit(round_);
   const double aggregation_ms = static_cast<double>(NowNs() - agg_start) / 1e6;
   // Committed as a round is (docs/round-engine.md, "Commit and resume").
   if (!CommitGlobalStep(r, aggregation_ms, {}, "aggregation step", "steps")) return;
@@ -398,7 +393,7 @@ void RoundEngine::Core::ApplyStep() {
   spdlog::info(
       "aggregation step {} applied (model version {}): {} update(s), largest staleness {}, {} refused, {} "
       "dropped, {} late; aggregation {:.1f} ms, step {:.0f} ms",
-      round_, model_version_, r.accepted, max_tau, r.rejected, r.dropped, r.late, aggregation_ms,
+      round_, model_.version(), r.accepted, max_tau, r.rejected, r.dropped, r.late, aggregation_ms,
       last_round_.duration_ms);
   FreeStepClients();
   b.step_open = false;

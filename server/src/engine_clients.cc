@@ -113,7 +113,7 @@ void RoundEngine::Core::HandleJoin(JoinEvent& e) {
   }
   // A model the server does not have yet (it would be this client's) is bounded: the server holds several
   // model-sized buffers, and the first client's declaration alone must not decide how much memory it takes.
-  if (spec_ == nullptr && spec->num_elements() > config_.max_model_values) {
+  if (model_.spec() == nullptr && spec->num_elements() > config_.max_model_values) {
     return refuse(grpc::StatusCode::RESOURCE_EXHAUSTED, fl::v1::ERROR_CODE_ADMISSION_REFUSED,
                   fl::StrCat("client '", req.client_name(), "' declares a model of ", spec->num_elements(), " values (",
                              spec->num_elements() * 4, " bytes as fp32, ", spec->num_tensors(),
@@ -137,7 +137,7 @@ void RoundEngine::Core::HandleJoin(JoinEvent& e) {
   // The model a joining client must train: the experiment's, or, while the server waits for its initial
   // weights, that of the client asked for them (unless that one has gone: then this client is asked).
   bool ask_for_initial_model = false;
-  std::shared_ptr<const core::ModelSpec> expected = spec_;
+  std::shared_ptr<const core::ModelSpec> expected = model_.spec();
   std::string_view expected_name = "this experiment's";
   if (state_ == EngineState::kWaitingForModel) {
     ClientInfo* holder = clients_.Find(initial_model_client_);

@@ -22,6 +22,7 @@
 #include "fl/core/timeline.h"
 #include "fl/rpc/event_loop.h"
 #include "fl/server/round_engine.h"
+#include "engine_model.h"
 #include "engine_registry.h"
 #include "engine_transfers.h"
 
@@ -61,6 +62,15 @@ class RoundEngine::Core {
   // row is a bug of the engine (docs/architecture.md, "Errors and missing transitions"): logged critical, counted,
   // and the run ends as failed through the kInvariantBroken row; the caller must then stop what it was doing.
   [[nodiscard]] bool Fire(EngineTrigger on);
+  // The row's effect, right after the state changed (EngineEffect).
+  void Carry(EngineEffect effect);
+  // EngineEffect::kEndRun, with the status and reason Finish left in ending_.
+  void EndRun();
+  struct Ending {
+    instrumentation::ExperimentStatus status = instrumentation::ExperimentStatus::kFailed;
+    std::string reason;
+  };
+  Ending ending_;
   void MissingTransition(EngineTrigger on);
   template <class F>
   void Notify(F&& f) {
@@ -86,8 +96,7 @@ class RoundEngine::Core {
   void HandleDownload(DownloadEvent& e);
   void HandleDownloadDone(const DownloadDoneEvent& e);
   // Link-aware compression (engine_codecs.cc): the codec a client's next train task names, the decoder of the
-  // codec a task named, and the client's uplink rate measured from a finished upload.
-  absl::Status PrepareUplinkCodecs();
+  // codec a task named (the global model's), and the client's uplink rate measured from a finished upload.
   const std::string& UplinkCodecFor(const ClientInfo& client) const;
   const core::Codec& UplinkCodecOf(const TaskInfo& task) const;
   void NoteUplinkRate(const std::string& client_id, uint64_t payload_bytes, int64_t first_byte_ns, int64_t done_ns);
@@ -139,7 +148,6 @@ class RoundEngine::Core {
 
   absl::Status AdoptModel(core::ModelSpec spec, std::string model_name, std::vector<float> values,
                           uint64_t model_version);
-  void PublishPayload();
   // Writes the checkpoint file of round_ (temporary file, fsync, rename) and returns its row, which the caller
   // records (with the round's commit); nullopt without --checkpoint-dir.
   absl::StatusOr<std::optional<instrumentation::CheckpointRecord>> WriteCheckpointFile();
@@ -194,10 +202,6 @@ class RoundEngine::Core {
   void RoundDone(const std::optional<instrumentation::ServerMetrics::Evaluation>& eval);
   void Record(instrumentation::Record record);
   instrumentation::RoundRecord RoundRow(const RoundState& round, instrumentation::RoundStatus status) const;
-  // The global model's step from `round`'s aggregate (a round's commit, an aggregation step's): the aggregate, the
-  // server optimizer, integer tensors kept; an error names what failed (the caller ends the experiment). `what`
-  // ("round 3", "aggregation step 7") starts the clipping log line.
-  absl::Status StepGlobalModel(RoundState& round, std::string_view what);
   // Commits the stepped model (a round's, an aggregation step's) in the order --resume relies on: the checkpoint
   // file, then the round row, its client rows, `folded_rows` and the checkpoint's row as one unit; then prunes old
   // checkpoints and tells the observers. On a failure it undoes the step's counters, ends the experiment as failed
@@ -290,19 +294,11 @@ class RoundEngine::Core {
   std::string pending_model_name_;
   int64_t initial_model_asked_ns_ = 0;
   bool initial_model_upload_in_progress_ = false;  // its upload's header was admitted and it has not ended
-  std::shared_ptr<const core::ModelSpec> spec_;
   // The experiment's learning task: fixed by the first admitted client (or the resumed checkpoint).
   std::optional<core::Task> task_;
-  std::vector<float> global_;
-  uint64_t model_version_ = 0;
+  // The weights, version, server optimizer, codecs, download payload and checkpoint file (engine_model.h).
+  engine::GlobalModel model_;
   uint64_t round_ = 0;  // last committed round
-  std::unique_ptr<core::ServerOptimizer> optimizer_;
-  std::unique_ptr<core::Codec> uplink_codec_;
-  // Link-aware compression (engine_codecs.cc): the policy, and a decoder of every codec it can name.
-  core::CodecPolicy codec_policy_;
-  std::map<std::string, std::unique_ptr<core::Codec>, std::less<>> uplink_codecs_;
-  std::unique_ptr<core::Codec> downlink_codec_;
-  std::shared_ptr<const ModelPayload> payload_;
   std::unique_ptr<RoundState> current_;
   std::unique_ptr<core::Aggregator> spare_aggregator_;      // TakeAggregator / ReleaseRound
   std::map<std::string, std::unique_ptr<TaskInfo>> tasks_;  // open and recently closed, by task id

@@ -114,7 +114,7 @@ std::optional<fl::v1::UploadUpdateResponse> RoundEngine::Core::FoldLateUpdate(
                   "trained from cannot be formed once the global model moved on");
   }
   if (h.num_examples() == 0) return refuse(fl::v1::ERROR_CODE_MALFORMED, "it covers 0 examples");
-  if (h.model_fingerprint() != spec_->fingerprint()) {
+  if (h.model_fingerprint() != model_.spec()->fingerprint()) {
     return refuse(fl::v1::ERROR_CODE_FINGERPRINT_MISMATCH, "it is for another model");
   }
   if (ClientInfo* c = clients_.Find(task.client_id); c != nullptr) {
@@ -125,9 +125,9 @@ std::optional<fl::v1::UploadUpdateResponse> RoundEngine::Core::FoldLateUpdate(
   // The codec the header named, which its upload's admission checked against the one the task asked for.
   auto codec = core::MakeCodec(h.codec());
   if (!codec.ok()) return refuse(fl::v1::ERROR_CODE_UNSUPPORTED_CODEC, fl::ToStd(codec.status().message()));
-  std::vector<float> values(spec_->num_elements());
+  std::vector<float> values(model_.spec()->num_elements());
   absl::Status s = (*codec)->Decode(e.payload, values, kVerifiedUpload);
-  if (s.ok()) s = core::CheckFinite(values, source, spec_.get());
+  if (s.ok()) s = core::CheckFinite(values, source, model_.spec().get());
   if (!s.ok()) {
     const bool checksum = s.code() == absl::StatusCode::kDataLoss;
     return refuse(checksum ? fl::v1::ERROR_CODE_CHECKSUM_MISMATCH : fl::v1::ERROR_CODE_NON_FINITE,
@@ -143,7 +143,7 @@ std::optional<fl::v1::UploadUpdateResponse> RoundEngine::Core::FoldLateUpdate(
   fold.row = rec;
   stragglers_->pending.push_back(std::move(fold));
   spdlog::info("{}: kept, to be folded into the next committed round (model version {} -> {} so far)", source, base,
-               model_version_);
+               model_.version());
   return Verdict(task.id, fl::v1::UPDATE_OUTCOME_ACCEPTED);
 }
 
@@ -152,7 +152,7 @@ std::vector<instrumentation::ClientRoundRecord> RoundEngine::Core::FoldPendingIn
   if (stragglers_ == nullptr) return rows;
   for (Stragglers::PendingFold& p : stragglers_->pending) {
     // tau: model versions between the one the update was trained from and the one this aggregate is applied to.
-    const uint64_t tau = model_version_ > p.base_model_version ? model_version_ - p.base_model_version : 0;
+    const uint64_t tau = model_.version() > p.base_model_version ? model_.version() - p.base_model_version : 0;
     const double discount = std::pow(1.0 + static_cast<double>(tau), -config_.late_discount);
     // The aggregator's errors say "update from <sender>".
     const std::string sender = fl::StrCat("client '", p.row.client_id, "' for round ", p.row.round,
@@ -190,7 +190,7 @@ void RoundEngine::Core::NoteFoldableTasks(const RoundState& r) {
     if (t.kind != fl::v1::TASK_KIND_TRAIN || t.answered || !t.outcome.has_value()) continue;
     if (*t.outcome != ClientOutcome::kLate && *t.outcome != ClientOutcome::kDropped) continue;
     // Called after the commit's version bump: the task was given the version before it.
-    s.foldable[id] = {model_version_ - 1};
+    s.foldable[id] = {model_.version() - 1};
   }
 }
 

@@ -60,7 +60,6 @@ void RoundEngine::Core::StartRound() {
     t.set_deadline_ms(config_.round_deadline_ms);
     Dispatch(clients_.At(id), std::move(t), attempt_);
   }
-  ArmAt(deadline_timer_, current_->deadline_ns);
   if (!Fire(EngineTrigger::kRoundStarted)) return;
   spdlog::info("round {} (attempt {}): {} of {} idle clients selected", round, attempt_, selected.size(), idle.size());
 }
@@ -70,7 +69,7 @@ std::unique_ptr<core::Aggregator> RoundEngine::Core::TakeAggregator() {
   if (agg != nullptr) {
     agg->Reset();
   } else {
-    agg = *core::MakeAggregator(config_.aggregator, spec_);  // validated in Start()
+    agg = *core::MakeAggregator(config_.aggregator, model_.spec());  // validated in Start()
   }
   // Norm bounding of the updates (--clip-update-norm, or the strategy's default; validated in Start()).
   if (absl::Status s = agg->SetNormClip(*config_.UpdateNormClip()); !s.ok()) {
@@ -103,12 +102,12 @@ void RoundEngine::Core::Dispatch(ClientInfo& client, fl::v1::Task task, uint32_t
   info->dispatched_ns = current_->started_ns;
   info->dispatched_unix_ms = current_->started_unix_ms;
   info->deadline_ns = current_->deadline_ns;
-  info->model_version = model_version_;
+  info->model_version = model_.version();
   // Link-aware compression: each train task names its client's uplink codec (--uplink-codec-policy).
   if (task.kind() == fl::v1::TASK_KIND_TRAIN) task.set_uplink_codec(UplinkCodecFor(client));
   info->uplink_codec = task.uplink_codec();
-  task.set_model_version(model_version_);
-  task.set_model_fingerprint(spec_->fingerprint());
+  task.set_model_version(model_.version());
+  task.set_model_fingerprint(model_.spec()->fingerprint());
   task.set_deadline_server_ns(current_->deadline_ns);
   task.set_downlink_codec(config_.downlink_codec);
   fl::v1::ServerMessage msg;
@@ -126,7 +125,7 @@ bool RoundEngine::Core::CommitGlobalStep(RoundState& r, double aggregation_ms,
   auto checkpoint_row = WriteCheckpointFile();
   if (!checkpoint_row.ok()) {
     round_ = r.round - 1;
-    --model_version_;
+    model_.UndoCommit();
     Finish(instrumentation::ExperimentStatus::kFailed,
            fl::StrCat("cannot checkpoint ", unit, " ", r.round, ": ", fl::ToStd(checkpoint_row.status().message()),
                       "; ", units, " up to ", round_,
@@ -136,7 +135,7 @@ bool RoundEngine::Core::CommitGlobalStep(RoundState& r, double aggregation_ms,
   MaybeKillForTest("checkpoint-written", r.round);
   instrumentation::RoundRecord rec = RoundRow(r, instrumentation::RoundStatus::kCommitted);
   rec.aggregation_ms = aggregation_ms;
-  rec.model_version = static_cast<int64_t>(model_version_);
+  rec.model_version = static_cast<int64_t>(model_.version());
   last_round_ =
       CommittedRound{r.round, r.attempt, r.accepted, rec.train_loss, rec.duration_ms, aggregation_ms, nullptr};
   instrumentation::RoundCommitRecord commit;
@@ -146,7 +145,7 @@ bool RoundEngine::Core::CommitGlobalStep(RoundState& r, double aggregation_ms,
   commit.folded_rows = std::move(folded_rows);
   if (absl::Status s = StoreCommit(std::move(commit)); !s.ok()) {
     round_ = r.round - 1;
-    --model_version_;
+    model_.UndoCommit();
     Finish(instrumentation::ExperimentStatus::kFailed,
            fl::StrCat(unit, " ", r.round, " was not committed: its records could not be stored: ",
                       fl::ToStd(s.message()), ". The experiment stopped; ", units, " up to ", round_,
@@ -160,25 +159,6 @@ bool RoundEngine::Core::CommitGlobalStep(RoundState& r, double aggregation_ms,
   committed.client_rows = &r.client_rows;
   Notify([&](EngineObserver& o) { o.OnRoundCommitted(committed); });
   return true;
-}
-
-absl::Status RoundEngine::Core::StepGlobalModel(RoundState& r, std::string_view what) {
-  auto pseudo_grad = r.aggregator->Finish();
-  if (r.aggregator->num_clipped() > 0) {
-    spdlog::info("{}: {} of {} updates scaled down to the update norm bound ({})", what, r.aggregator->num_clipped(),
-                 r.aggregator->num_updates(), r.aggregator->norm_clip().ToString());
-  }
-  // Integer tensors (BatchNorm's num_batches_tracked, ...) are client-local state, never averaged as floats:
-  // whatever the aggregator and the server optimizer made of them, they keep the previous global's values.
-  absl::StatusOr<std::vector<float>> integer_values = core::SaveIntegerTensors(*spec_, global_);
-  absl::Status step = !pseudo_grad.ok()      ? pseudo_grad.status()
-                      : !integer_values.ok() ? integer_values.status()
-                                             : optimizer_->Step(global_, *pseudo_grad);
-  if (step.ok()) step = core::RestoreIntegerTensors(*spec_, *integer_values, global_);
-  // Every update value is bounded (--max-update-value), so the mean is, and so each step: a non-finite model can
-  // only come from the server's own settings (an absurd learning rate). It is never published nor checkpointed.
-  if (step.ok()) step = core::CheckFinite(global_, fl::StrCat("the global model after ", what), spec_.get());
-  return step;
 }
 
 instrumentation::RoundRecord RoundEngine::Core::RoundRow(const RoundState& r,
@@ -243,7 +223,7 @@ void RoundEngine::Core::CloseRound() {
   const int64_t agg_start = NowNs();
   // --deadline-policy fold: late updates of earlier rounds join this aggregate, discounted (engine_overcommit.cc).
   std::vector<instrumentation::ClientRoundRecord> folded_rows = FoldPendingInto(r);
-  if (absl::Status step = StepGlobalModel(r, fl::StrCat("round ", r.round)); !step.ok()) {
+  if (absl::Status step = model_.Step(*r.aggregator, fl::StrCat("round ", r.round)); !step.ok()) {
     // Inputs were validated one by one; an optimizer failure means the aggregate itself overflowed.
     Finish(instrumentation::ExperimentStatus::kFailed,
            fl::StrCat("round ", r.round, ": the server optimizer step failed: ", fl::ToStd(step.message())));
@@ -251,8 +231,7 @@ void RoundEngine::Core::CloseRound() {
   }
   round_ = r.round;
   committed_attempt_ = r.attempt;
-  ++model_version_;
-  PublishPayload();
+  model_.Commit(round_);
   const double aggregation_ms = static_cast<double>(NowNs() - agg_start) / 1e6;
   // Commit order: checkpoint file first, then the round's records (its row, its client rows and the
   // checkpoint's row) as one atomic unit. A round is committed when, and only when, those records are
@@ -302,7 +281,6 @@ void RoundEngine::Core::StartEvaluation() {
     t.set_deadline_ms(config_.evaluate_deadline_ms);
     Dispatch(clients_.At(id), std::move(t), committed_attempt_);
   }
-  ArmAt(deadline_timer_, current_->deadline_ns);
   if (!Fire(EngineTrigger::kEvaluationStarted)) return;
   MaybeKillForTest("evaluation-started", round_);
 }
@@ -429,63 +407,16 @@ void RoundEngine::Core::CloseTaskAsDropped(TaskInfo& task, std::string_view why,
 
 absl::Status RoundEngine::Core::AdoptModel(core::ModelSpec spec, std::string model_name, std::vector<float> values,
                                            uint64_t model_version) {
-  if (values.size() != spec.num_elements()) {
-    return absl::InvalidArgumentError(
-        fl::StrCat("model has ", values.size(), " values but its spec needs ", spec.num_elements()));
+  if (absl::Status s = model_.Adopt(std::move(spec), model_name, std::move(values), model_version, round_); !s.ok()) {
+    return s;
   }
-  spec_ = std::make_shared<const core::ModelSpec>(std::move(spec));
-  config_.model_name = std::move(model_name);
-  global_ = std::move(values);
-  model_version_ = model_version;
-  auto opt = core::MakeServerOptimizer(config_.optimizer, global_.size());
-  if (!opt.ok()) return opt.status();
-  optimizer_ = std::move(*opt);
-  PublishPayload();
+  config_.model_name = std::move(model_name);  // recorded with the experiment
   return absl::OkStatus();
 }
 
-void RoundEngine::Core::PublishPayload() {
-  // Drop our reference to the previous version first: downloads still streaming it keep it alive, and when
-  // none are (the usual case at a commit) its memory is reused for the new one.
-  payload_.reset();
-  auto payload = std::make_shared<ModelPayload>();
-  payload->model_version = model_version_;
-  payload->round = round_;
-  payload->spec = proto::ToProto(*spec_, config_.model_name);
-  payload->codec = std::string(downlink_codec_->name());
-  if (absl::Status s = downlink_codec_->Encode(global_, &payload->bytes); !s.ok()) {
-    // The global model is finite by construction (every input is checked); failing here is a bug.
-    spdlog::critical("cannot encode the global model: {}", s.message());
-    std::abort();
-  }
-  payload->checksum = core::TransferChecksum64(payload->bytes);
-  payload_ = std::move(payload);
-}
-
 absl::StatusOr<std::optional<instrumentation::CheckpointRecord>> RoundEngine::Core::WriteCheckpointFile() {
-  if (config_.checkpoint_dir.empty()) return std::nullopt;
-  Checkpoint ckpt;
-  ckpt.experiment_id = config_.experiment_id;
-  ckpt.round = round_;
-  ckpt.model_version = model_version_;
-  ckpt.spec = *spec_;
-  ckpt.model_name = config_.model_name;
-  ckpt.values = global_;
-  ckpt.optimizer = optimizer_->ExportState();
-  ckpt.created_unix_ms = UnixMs();
-  if (task_.has_value()) ckpt.task = std::string(core::TaskName(*task_));
-  const std::string path = CheckpointPath(config_.checkpoint_dir, round_);
-  if (absl::Status s = SaveCheckpoint(ckpt, path); !s.ok()) return s;
-  instrumentation::CheckpointRecord rec;
-  rec.experiment_id = config_.experiment_id;
-  rec.round = static_cast<int64_t>(round_);
-  rec.model_version = static_cast<int64_t>(model_version_);
-  rec.path = path;
-  std::error_code ec;
-  rec.bytes = static_cast<int64_t>(std::filesystem::file_size(path, ec));
-  rec.fingerprint = spec_->FingerprintHex();
-  rec.created_unix_ms = ckpt.created_unix_ms;
-  return rec;
+  return model_.WriteCheckpoint(
+      engine::CheckpointTarget{config_.checkpoint_dir, config_.experiment_id, round_, task_, UnixMs()});
 }
 
 absl::Status RoundEngine::Core::WriteInitialCheckpoint() {

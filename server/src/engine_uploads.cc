@@ -32,11 +32,11 @@ void RoundEngine::Core::HandleDownload(DownloadEvent& e) {
             nullptr);
     return;
   }
-  if (payload_ == nullptr) {
+  if (model_.payload() == nullptr) {
     e.reply(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "the server has no global model yet"), nullptr);
     return;
   }
-  if (req.model_version() != 0 && req.model_version() != payload_->model_version) {
+  if (req.model_version() != 0 && req.model_version() != model_.payload()->model_version) {
     // Buffered aggregation: a train task out may still download the older version it was given.
     if (std::shared_ptr<const ModelPayload> old = schedule_->OldPayload(req.model_version()); old != nullptr) {
       e.reply(grpc::Status::OK, std::move(old));
@@ -44,11 +44,11 @@ void RoundEngine::Core::HandleDownload(DownloadEvent& e) {
     }
     e.reply(grpc::Status(grpc::StatusCode::NOT_FOUND,
                          fl::StrCat("model version ", req.model_version(), " is no longer served; the current one is ",
-                                    payload_->model_version)),
+                                    model_.payload()->model_version)),
             nullptr);
     return;
   }
-  e.reply(grpc::Status::OK, payload_);
+  e.reply(grpc::Status::OK, model_.payload());
 }
 
 void RoundEngine::Core::HandleDownloadDone(const DownloadDoneEvent& e) {
@@ -91,7 +91,7 @@ void RoundEngine::Core::HandleUploadStart(UploadStartEvent& e) {
   }
   const core::Codec* codec = nullptr;
   std::unique_ptr<core::Codec> initial_codec;
-  std::shared_ptr<const core::ModelSpec> expected = spec_;
+  std::shared_ptr<const core::ModelSpec> expected = model_.spec();
   TaskInfo* train_task = nullptr;
   if (h.kind() == fl::v1::UPDATE_KIND_INITIAL_MODEL) {
     if (state_ != EngineState::kWaitingForModel || client->id != initial_model_client_) {
@@ -317,8 +317,9 @@ void RoundEngine::Core::HandleUploadDone(UploadDoneEvent& e) {
       }
       if (s.ok()) {
         verdict = Verdict("", fl::v1::UPDATE_OUTCOME_ACCEPTED);
-        spdlog::info("initial model ({} tensors, {} parameters, fingerprint {}) from client '{}'", spec_->num_tensors(),
-                     spec_->num_elements(), spec_->FingerprintHex(), h.client_id());
+        spdlog::info("initial model ({} tensors, {} parameters, fingerprint {}) from client '{}'",
+                     model_.spec()->num_tensors(), model_.spec()->num_elements(), model_.spec()->FingerprintHex(),
+                     h.client_id());
       } else {
         verdict = Rejected("", fl::v1::ERROR_CODE_MALFORMED, std::string(fl::ToStd(s.message())));
       }
@@ -464,11 +465,8 @@ fl::v1::UploadUpdateResponse RoundEngine::Core::AcceptUpdate(UploadDoneEvent& e,
     }
   } else {
     // Weights: the aggregate is taken over pseudo-gradients theta_global - theta_client.
-    scratch_.resize(spec_->num_elements());
-    absl::Status s = UplinkCodecOf(*task).Decode(e.payload, scratch_, kVerifiedUpload);
-    if (s.ok()) s = core::CheckFinite(scratch_, source, spec_.get());
+    absl::Status s = model_.PseudoGradientOfWeights(UplinkCodecOf(*task), e.payload, source, scratch_);
     if (!s.ok()) return reject(s);
-    for (size_t i = 0; i < scratch_.size(); ++i) scratch_[i] = global_[i] - scratch_[i];
     if (s = current_->aggregator->Add(scratch_, weight, h.model_fingerprint(), sender); !s.ok()) return reject(s);
   }
   if (rec.train_loss.has_value()) {
@@ -501,7 +499,7 @@ UpdateBounds RoundEngine::Core::UpdateReportBounds(const ClientInfo& client, con
   b.max_phase_ns = PhaseBoundNs(task.dispatched_ns, now_ns);
   // A phase moves at most the model's download (the only transfer reported in the header), with headroom
   // for framing; 1 MiB when there is no model yet.
-  const uint64_t model_bytes = payload_ != nullptr ? payload_->bytes.size() : 0;
+  const uint64_t model_bytes = model_.payload() != nullptr ? model_.payload()->bytes.size() : 0;
   b.max_phase_bytes = 2 * model_bytes + (uint64_t{1} << 20);
   return b;
 }

@@ -64,61 +64,75 @@ namespace {
 
 using S = EngineState;
 using T = EngineTrigger;
+using E = EngineEffect;
 
 constexpr std::string_view kBrokenEffect = "log critical; the experiment failed; tell every client";
 
 // The round engine's transition table. docs/round-engine.md shows the same rows (a test compares them).
 constexpr EngineTransition kTransitions[] = {
-    {S::kWaitingForModel, T::kInitialModelAdopted, S::kWaitingForClients,
+    {S::kWaitingForModel, T::kInitialModelAdopted, S::kWaitingForClients, E::kNone,
      "adopt the uploaded weights; write the round-0 checkpoint"},
-    {S::kWaitingForModel, T::kModelLoaded, S::kWaitingForClients,
+    {S::kWaitingForModel, T::kModelLoaded, S::kWaitingForClients, E::kNone,
      "adopt the checkpoint's model (--initial-model, or --resume's last committed round)"},
-    {S::kWaitingForModel, T::kShutdown, S::kFinished, "tell every client; the experiment is aborted"},
-    {S::kWaitingForClients, T::kRoundStarted, S::kCollecting,
+    {S::kWaitingForModel, T::kShutdown, S::kFinished, E::kEndRun, "tell every client; the experiment is aborted"},
+    {S::kWaitingForClients, T::kRoundStarted, S::kCollecting, E::kArmDeadline,
      "select idle clients; dispatch train tasks; arm the round deadline"},
-    {S::kWaitingForClients, T::kEvaluationStarted, S::kEvaluating,
+    {S::kWaitingForClients, T::kEvaluationStarted, S::kEvaluating, E::kArmDeadline,
      "select idle clients; dispatch evaluate tasks; arm the evaluation deadline"},
-    {S::kWaitingForClients, T::kAllRoundsCommitted, S::kDraining, "arm the grace for the last uplink reports"},
-    {S::kWaitingForClients, T::kShutdown, S::kFinished, "tell every client; the experiment is aborted"},
-    {S::kCollecting, T::kRoundCommitted, S::kWaitingForClients,
+    {S::kWaitingForClients, T::kAllRoundsCommitted, S::kDraining, E::kArmDrainGrace,
+     "arm the grace for the last uplink reports"},
+    {S::kWaitingForClients, T::kShutdown, S::kFinished, E::kEndRun, "tell every client; the experiment is aborted"},
+    {S::kCollecting, T::kRoundCommitted, S::kWaitingForClients, E::kNone,
      "aggregate; server optimizer step; write the checkpoint; store the round's records as one commit"},
-    {S::kCollecting, T::kRoundFailed, S::kWaitingForClients,
+    {S::kCollecting, T::kRoundFailed, S::kWaitingForClients, E::kNone,
      "record the attempt as failed with its reason; the next attempt waits for clients"},
-    {S::kCollecting, T::kGaveUp, S::kFinished,
+    {S::kCollecting, T::kGaveUp, S::kFinished, E::kEndRun,
      "attempts exhausted, or the step, checkpoint or records failed: the experiment failed"},
-    {S::kCollecting, T::kShutdown, S::kFinished, "cancel open tasks; record the attempt as aborted; tell every client"},
-    {S::kEvaluating, T::kEvaluationStored, S::kWaitingForClients,
+    {S::kCollecting, T::kShutdown, S::kFinished, E::kEndRun,
+     "cancel open tasks; record the attempt as aborted; tell every client"},
+    {S::kEvaluating, T::kEvaluationStored, S::kWaitingForClients, E::kNone,
      "store the clients' results and the round's figures as one commit"},
-    {S::kEvaluating, T::kGaveUp, S::kFinished, "the evaluation's records failed: the experiment failed"},
-    {S::kEvaluating, T::kShutdown, S::kFinished, "cancel open tasks; tell every client"},
-    {S::kDraining, T::kDrained, S::kFinished, "the experiment finished; tell every client"},
-    {S::kDraining, T::kGaveUp, S::kFinished, "the final records failed: the experiment failed"},
-    {S::kDraining, T::kShutdown, S::kFinished, "tell every client; the experiment is aborted"},
+    {S::kEvaluating, T::kGaveUp, S::kFinished, E::kEndRun, "the evaluation's records failed: the experiment failed"},
+    {S::kEvaluating, T::kShutdown, S::kFinished, E::kEndRun, "cancel open tasks; tell every client"},
+    {S::kDraining, T::kDrained, S::kFinished, E::kEndRun, "the experiment finished; tell every client"},
+    {S::kDraining, T::kGaveUp, S::kFinished, E::kEndRun, "the final records failed: the experiment failed"},
+    {S::kDraining, T::kShutdown, S::kFinished, E::kEndRun, "tell every client; the experiment is aborted"},
     // Buffered aggregation (engine_buffered.cc); evaluations and the end go through the rows above.
-    {S::kWaitingForClients, T::kBufferingStarted, S::kBuffering,
+    {S::kWaitingForClients, T::kBufferingStarted, S::kBuffering, E::kOpenStep,
      "keep --concurrency clients training on the newest model; their updates fill the step's buffer"},
-    {S::kBuffering, T::kStepApplied, S::kWaitingForClients,
+    {S::kBuffering, T::kStepApplied, S::kWaitingForClients, E::kNone,
      "staleness-weighted mean of the buffer; server optimizer step; write the checkpoint; store the step's records "
      "as one commit"},
-    {S::kBuffering, T::kStepFailed, S::kWaitingForClients,
+    {S::kBuffering, T::kStepFailed, S::kWaitingForClients, E::kNone,
      "record the step's attempt as failed (no update buffered and no client left to train); train tasks go out "
      "again"},
-    {S::kBuffering, T::kGaveUp, S::kFinished,
+    {S::kBuffering, T::kGaveUp, S::kFinished, E::kEndRun,
      "attempts exhausted, or the step, checkpoint or records failed: the experiment failed"},
-    {S::kBuffering, T::kShutdown, S::kFinished,
+    {S::kBuffering, T::kShutdown, S::kFinished, E::kEndRun,
      "cancel train tasks out; record the open step as aborted; tell every client"},
     // A path the rows above lack (a bug): from every state but kFinished, so that the failure is a row too.
-    {S::kWaitingForModel, T::kInvariantBroken, S::kFinished, kBrokenEffect},
-    {S::kWaitingForClients, T::kInvariantBroken, S::kFinished, kBrokenEffect},
-    {S::kCollecting, T::kInvariantBroken, S::kFinished, kBrokenEffect},
-    {S::kEvaluating, T::kInvariantBroken, S::kFinished, kBrokenEffect},
-    {S::kDraining, T::kInvariantBroken, S::kFinished, kBrokenEffect},
-    {S::kBuffering, T::kInvariantBroken, S::kFinished, kBrokenEffect},
+    {S::kWaitingForModel, T::kInvariantBroken, S::kFinished, E::kEndRun, kBrokenEffect},
+    {S::kWaitingForClients, T::kInvariantBroken, S::kFinished, E::kEndRun, kBrokenEffect},
+    {S::kCollecting, T::kInvariantBroken, S::kFinished, E::kEndRun, kBrokenEffect},
+    {S::kEvaluating, T::kInvariantBroken, S::kFinished, E::kEndRun, kBrokenEffect},
+    {S::kDraining, T::kInvariantBroken, S::kFinished, E::kEndRun, kBrokenEffect},
+    {S::kBuffering, T::kInvariantBroken, S::kFinished, E::kEndRun, kBrokenEffect},
 };
 
 }  // namespace
 
 std::span<const EngineTransition> EngineTransitions() { return kTransitions; }
+
+std::string_view EngineEffectName(EngineEffect effect) {
+  switch (effect) {
+    case EngineEffect::kNone: return "none";
+    case EngineEffect::kArmDeadline: return "arm_deadline";
+    case EngineEffect::kOpenStep: return "open_step";
+    case EngineEffect::kArmDrainGrace: return "arm_drain_grace";
+    case EngineEffect::kEndRun: return "end_run";
+  }
+  return "unknown";
+}
 
 std::optional<EngineState> NextEngineState(EngineState from, EngineTrigger on) {
   for (const EngineTransition& t : kTransitions) {
@@ -128,15 +142,32 @@ std::optional<EngineState> NextEngineState(EngineState from, EngineTrigger on) {
 }
 
 bool RoundEngine::Core::Fire(EngineTrigger on) {
-  const std::optional<EngineState> next = NextEngineState(state_, on);
-  if (!next.has_value()) {
+  const EngineTransition* row = nullptr;
+  for (const EngineTransition& t : kTransitions) {
+    if (t.from == state_ && t.on == on) row = &t;
+  }
+  if (row == nullptr) {
     MissingTransition(on);
     return false;
   }
   const EngineState from = state_;
-  state_ = *next;
+  state_ = row->to;
   Notify([&](EngineObserver& o) { o.OnTransition(from, on, state_); });
+  Carry(row->effect);
   return true;
+}
+
+void RoundEngine::Core::Carry(EngineEffect effect) {
+  switch (effect) {
+    case EngineEffect::kNone: break;
+    case EngineEffect::kArmDeadline: ArmAt(deadline_timer_, current_->deadline_ns); break;
+    case EngineEffect::kOpenStep: OpenBufferedStep(); break;
+    case EngineEffect::kArmDrainGrace:
+      drain_deadline_ns_ = NowNs() + kUplinkReportGraceNs;
+      ArmAt(drain_timer_, drain_deadline_ns_);
+      break;
+    case EngineEffect::kEndRun: EndRun(); break;
+  }
 }
 
 void RoundEngine::Core::MissingTransition(EngineTrigger on) {
@@ -279,11 +310,14 @@ absl::Status RoundEngine::Core::Prepare() {
     config_.experiment_id = fl::StrCat("exp-", UnixMs(), "-", RandomHex(3));
   }
   if (config_.max_sessions == 0) config_.max_sessions = DefaultMaxSessions();
-  auto up = core::MakeCodec(config_.uplink_codec);
-  auto down = core::MakeCodec(config_.downlink_codec);
-  uplink_codec_ = std::move(*up);
-  downlink_codec_ = std::move(*down);
-  if (absl::Status s = PrepareUplinkCodecs(); !s.ok()) return s;
+  if (absl::Status s = model_.Configure(config_.uplink_codec, config_.uplink_codec_policy, config_.downlink_codec,
+                                        config_.optimizer);
+      !s.ok()) {
+    return s;
+  }
+  if (model_.codec_policy().basis != core::CodecPolicy::Basis::kFixed) {
+    spdlog::info("uplink codec per client: {}", model_.codec_policy().ToString());
+  }
   uploads_ = engine::UploadSlots(config_.upload_slots);
 
   const bool resumed = start_.resume && start_.checkpoint.has_value();
@@ -303,11 +337,11 @@ absl::Status RoundEngine::Core::Prepare() {
       task_ = *task;
     }
     if (resumed) {
-      if (ckpt.optimizer.optimizer == optimizer_->name()) {
-        if (absl::Status s = optimizer_->ImportState(ckpt.optimizer); !s.ok()) return s;
+      if (ckpt.optimizer.optimizer == model_.optimizer().name()) {
+        if (absl::Status s = model_.optimizer().ImportState(ckpt.optimizer); !s.ok()) return s;
       } else {
         spdlog::warn("checkpoint holds '{}' optimizer state; starting '{}' fresh", ckpt.optimizer.optimizer,
-                     optimizer_->name());
+                     model_.optimizer().name());
       }
       round_ = ckpt.round;
       committed_attempt_ = start_.committed_attempt;
@@ -332,7 +366,7 @@ absl::Status RoundEngine::Core::Prepare() {
       Record(superseded);
     }
     spdlog::info("resuming experiment {} after round {} (model version {}), attempt {}{}", config_.experiment_id,
-                 round_, model_version_, attempt_,
+                 round_, model_.version(), attempt_,
                  evaluation_due_ ? "; its evaluation was interrupted and is redone first" : "");
   } else {
     instrumentation::ExperimentRecord exp;
@@ -454,10 +488,7 @@ bool RoundEngine::Core::Drained(int64_t now) {
     return c == nullptr || c->session == nullptr;
   });
   if (uplink_reports_due_.empty()) return true;
-  if (drain_deadline_ns_ == 0) {
-    drain_deadline_ns_ = now + kUplinkReportGraceNs;
-    ArmAt(drain_timer_, drain_deadline_ns_);
-  }
+  // drain_deadline_ns_: armed on entering kDraining (EngineEffect::kArmDrainGrace).
   return now >= drain_deadline_ns_;
 }
 
@@ -473,8 +504,15 @@ void RoundEngine::Core::Finish(instrumentation::ExperimentStatus status, std::st
   const EngineTrigger on = via.value_or(status == ExperimentStatus::kAborted    ? EngineTrigger::kShutdown
                                         : status == ExperimentStatus::kFinished ? EngineTrigger::kDrained
                                                                                 : EngineTrigger::kGaveUp);
-  // No row: MissingTransition has finished the run through kInvariantBroken instead.
-  if (!Fire(on)) return;
+  ending_ = Ending{status, std::move(reason)};
+  // No row: MissingTransition has finished the run through kInvariantBroken instead (with its own ending_).
+  (void)Fire(on);
+}
+
+void RoundEngine::Core::EndRun() {
+  using instrumentation::ExperimentStatus;
+  ExperimentStatus status = ending_.status;
+  std::string reason = ending_.reason;
   for (rpc::TimerId* t : {&deadline_timer_, &upload_timer_, &heartbeat_timer_, &initial_model_timer_, &drain_timer_,
                           &buffer_timer_, &stall_timer_}) {
     if (*t != 0) loop_.Cancel(*t);

@@ -311,7 +311,7 @@ TEST_F(EngineClockTest, EveryStateChangeOfARunIsARowOfTheTransitionTable) {
   struct Watcher : EngineObserver {
     std::vector<EngineTransition>* seen;
     void OnTransition(EngineState from, EngineTrigger on, EngineState to) override {
-      seen->push_back({from, on, to, ""});
+      seen->push_back({from, on, to, EngineEffect::kNone, ""});
     }
   };
   std::vector<EngineTransition> seen;
@@ -376,17 +376,18 @@ TEST(EngineTransitionsTest, TheDocumentedTableIsTheCodesTable) {
   ASSERT_NE(begin, std::string::npos) << "the table's begin marker";
   ASSERT_NE(end, std::string::npos) << "the table's end marker";
   std::vector<std::string> documented;
-  const std::regex row(R"(^\|\s*`(\w+)`\s*\|\s*`(\w+)`\s*\|\s*`(\w+)`\s*\|\s*(.*?)\s*\|\s*$)");
+  const std::regex row(R"(^\|\s*`(\w+)`\s*\|\s*`(\w+)`\s*\|\s*`(\w+)`\s*\|\s*`(\w+)`\s*\|\s*(.*?)\s*\|\s*$)");
   std::istringstream lines(doc.substr(begin, end - begin));
   for (std::string line; std::getline(lines, line);) {
     std::smatch m;
     if (std::regex_match(line, m, row))
-      documented.push_back(fl::StrCat(m[1].str(), " ", m[2].str(), " ", m[3].str(), ": ", m[4].str()));
+      documented.push_back(
+          fl::StrCat(m[1].str(), " ", m[2].str(), " ", m[3].str(), " [", m[4].str(), "]: ", m[5].str()));
   }
   std::vector<std::string> code;
   for (const EngineTransition& t : EngineTransitions()) {
-    code.push_back(
-        fl::StrCat(EngineStateName(t.from), " ", EngineTriggerName(t.on), " ", EngineStateName(t.to), ": ", t.effects));
+    code.push_back(fl::StrCat(EngineStateName(t.from), " ", EngineTriggerName(t.on), " ", EngineStateName(t.to), " [",
+                              EngineEffectName(t.effect), "]: ", t.effects));
   }
   EXPECT_EQ(documented, code);
 }

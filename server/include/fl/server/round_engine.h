@@ -87,11 +87,28 @@ enum class EngineTrigger {
 };
 std::string_view EngineTriggerName(EngineTrigger trigger);
 
-// One row of the transition table: in `from`, `on` leads to `to`, and the engine does `effects`.
+// What the engine does to the outside world on entering a state, carried out by Fire() right after the state
+// changed (the islands coordinator's shape: coordinator_states.h). The work that decides whether a transition
+// happens at all (an aggregate, a server step, a checkpoint, a records commit: each can fail and then fires
+// another trigger) is done before Fire by the handler; records, metrics and log lines are the observers' (they
+// see every transition), not effects.
+enum class EngineEffect : uint8_t {
+  kNone,
+  kArmDeadline,    // arm the timer at the open round's (or evaluation's) deadline
+  kOpenStep,       // open the buffered step: its aggregator, counters and start time
+  kArmDrainGrace,  // arm the grace for the last uplink reports (kUplinkReportGrace from now)
+  kEndRun,         // cancel every timer, tell every connected client (Shutdown) and let its session go, refuse the
+                   // uploads waiting for a slot, store the status, publish the result
+};
+std::string_view EngineEffectName(EngineEffect effect);
+
+// One row of the transition table: in `from`, `on` leads to `to`, and Fire carries out `effect`; `effects` says
+// in words what the handler did to get there and what the effect does.
 struct EngineTransition {
   EngineState from;
   EngineTrigger on;
   EngineState to;
+  EngineEffect effect;
   std::string_view effects;
 };
 // Every allowed transition. Any other (state, trigger) pair is a bug of the engine: the core logs it as critical
