@@ -42,8 +42,9 @@ struct ClipResult {
   double scale = 1;      // the factor applied: min(1, C/norm)
   bool clipped = false;  // norm > C (an update exactly at C is not clipped and counts as "at or below")
 };
-// Scales `update` in place to L2 norm at most C. A non-finite norm (NaN/Inf in the update) is an InvalidArgument:
-// clipping cannot bound it.
+// Scales `update` in place to L2 norm at most C (to float rounding: the scaled values are rounded to float, so the
+// norm may exceed C by a relative 1e-7 or so, as in TF Privacy's float32 clipping; its effect on ε is far below the
+// accountant's digits). A non-finite norm (NaN/Inf in the update) is an InvalidArgument: clipping cannot bound it.
 absl::StatusOr<ClipResult> ClipToNorm(std::span<float> update, double clip_norm);
 
 // Adds independent N(0, stddev²) to every value. stddev ≥ 0 and finite.
