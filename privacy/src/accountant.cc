@@ -326,4 +326,11 @@ absl::StatusOr<EpsilonAndOrder> RdpAccountant::Epsilon(double delta) const {
   return EpsilonFromRdp(orders_, rdp_, delta);
 }
 
+absl::StatusOr<EpsilonAndOrder> RdpAccountant::EpsilonIfAdded(double q, double sigma, double delta,
+                                                              int64_t count) const {
+  RdpAccountant copy = *this;
+  if (auto s = copy.AddSteps(q, sigma, count); !s.ok()) return s;
+  return copy.Epsilon(delta);
+}
+
 }  // namespace fl::privacy

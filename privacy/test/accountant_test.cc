@@ -179,6 +179,25 @@ TEST(AccountantTest, LedgerComposesRoundByRound) {
   EXPECT_EQ(e->order, r.order);
 }
 
+TEST(AccountantTest, LedgerAnswersWhatTheNextRoundWouldSpend) {
+  // A stop condition at ε = 0.5 over reference 0's schedule: the round that would pass it is not run.
+  const Reference& r = kReferences[0];
+  RdpAccountant ledger;
+  int rounds = 0;
+  for (;;) {
+    auto next = ledger.EpsilonIfAdded(r.q, r.sigma, r.delta, 100);
+    ASSERT_TRUE(next.ok());
+    if (next->epsilon > 0.5) break;
+    ASSERT_TRUE(ledger.AddSteps(r.q, r.sigma, 100).ok());
+    ++rounds;
+    EXPECT_EQ(ledger.Epsilon(r.delta)->epsilon, next->epsilon);
+  }
+  EXPECT_GT(rounds, 0);
+  EXPECT_LE(ledger.Epsilon(r.delta)->epsilon, 0.5);
+  EXPECT_EQ(ledger.steps(), 100 * rounds);
+  EXPECT_THAT(Message(ledger.EpsilonIfAdded(r.q, 0, r.delta).status()), HasSubstr("gives no privacy"));
+}
+
 TEST(AccountantTest, LedgerComposesDifferentRates) {
   // rdp_accountant_test.py test_compute_heterogeneous_rdp_different_sampling_probabilities: (q=0) + (q=1), σ = 10.
   auto ledger = RdpAccountant::WithOrders({20});

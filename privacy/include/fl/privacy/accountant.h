@@ -91,6 +91,9 @@ class RdpAccountant {
   absl::Status AddSteps(double q, double sigma, int64_t count = 1);
 
   absl::StatusOr<EpsilonAndOrder> Epsilon(double delta) const;
+  // ε(δ) as it would be after AddSteps(q, σ, count), the accountant unchanged: a stop condition such as
+  // `--dp-target-epsilon` asks it before a round, so that no round spends past the target.
+  absl::StatusOr<EpsilonAndOrder> EpsilonIfAdded(double q, double sigma, double delta, int64_t count = 1) const;
 
   int64_t steps() const { return steps_; }
   std::span<const double> orders() const { return orders_; }
