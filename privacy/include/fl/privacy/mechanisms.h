@@ -51,7 +51,9 @@ absl::StatusOr<ClipResult> ClipToNorm(std::span<float> update, double clip_norm)
 absl::Status AddGaussianNoise(std::span<float> values, double stddev, NoiseRng& rng);
 
 // The per-coordinate noise std of central DP with fixed clipping: σ·C on the sum of m clipped updates, σ·C/m on
-// their mean (m ≥ 1: the number of updates aggregated).
+// their mean (m ≥ 1: the denominator of the mean). With Poisson sampling the realised count of updates is itself
+// private, so DP-FedAvg (McMahan et al. 2018) and TF Privacy divide by the expected count q·population, which is
+// public; with a fixed number of clients per round it is that number.
 absl::StatusOr<double> CentralNoiseStddevForSum(double noise_multiplier, double clip_norm);
 absl::StatusOr<double> CentralNoiseStddevForMean(double noise_multiplier, double clip_norm, int64_t updates);
 
@@ -80,7 +82,8 @@ class AdaptiveClipping {
   double update_noise_multiplier() const { return update_noise_multiplier_; }
 
   // After a round of m ≥ 1 updates of which `at_or_below` had norm ≤ clip_norm() (ClipResult::clipped false):
-  // the noisy fraction and the geometric step of C.
+  // the noisy fraction and the geometric step of C. m is the public denominator, as for the mean above (TF
+  // Privacy's QuantileAdaptiveClipSumQuery divides by the expected number of records).
   absl::StatusOr<AdaptiveClipStep> Update(int64_t at_or_below, int64_t updates, NoiseRng& rng);
 
  private:
