@@ -30,6 +30,11 @@ NoiseRng NoiseRng::FromSeed(uint64_t seed) {
   return NoiseRng(key);
 }
 
+NoiseRng NoiseRng::FromKey(const std::array<unsigned char, 32>& key) {
+  if (sodium_init() < 0) std::abort();
+  return NoiseRng(key);
+}
+
 void NoiseRng::Refill() {
   static constexpr unsigned char kNonce[crypto_stream_chacha20_NONCEBYTES] = {};
   auto* bytes = reinterpret_cast<unsigned char*>(buffer_.data());

@@ -1,14 +1,42 @@
-// The generator every mechanism draws from: a seed fixes the stream, the system seed does not repeat, and the
-// stream is ChaCha20's keystream (its 64-bit words are uniform: each bit is set half the time).
+// The generator every mechanism draws from: its stream is ChaCha20's keystream (a known answer, and libsodium's own
+// keystream across refills), a seed fixes it, the system seed does not repeat, and its bits are balanced.
 #include "fl/privacy/noise_rng.h"
 
 #include <gtest/gtest.h>
+#include <sodium.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 namespace fl::privacy {
 namespace {
+
+// ChaCha20 with an all-zero key and nonce (the test vector of draft-agl-tls-chacha20poly1305, TC1): the stream's
+// first 16 bytes, read little-endian as two words.
+TEST(NoiseRngTest, StreamIsChaCha20) {
+  NoiseRng rng = NoiseRng::FromKey({});
+  EXPECT_EQ(rng.Next64(), 0x903df1a0ade0b876ull);
+  EXPECT_EQ(rng.Next64(), 0x28bd8653e56a5d40ull);
+}
+
+// Across refills the block counter continues: the words are libsodium's keystream of the same key, read in one go.
+TEST(NoiseRngTest, RefillsContinueTheKeystream) {
+  std::array<unsigned char, 32> key;
+  for (size_t i = 0; i < key.size(); ++i) key[i] = static_cast<unsigned char>(i * 7 + 1);
+  const size_t words = 3 * 512 + 17;
+  std::vector<unsigned char> stream(words * 8);
+  const unsigned char nonce[crypto_stream_chacha20_NONCEBYTES] = {};
+  ASSERT_EQ(crypto_stream_chacha20(stream.data(), stream.size(), nonce, key.data()), 0);
+  NoiseRng rng = NoiseRng::FromKey(key);
+  for (size_t i = 0; i < words; ++i) {
+    uint64_t expected;
+    std::memcpy(&expected, stream.data() + 8 * i, 8);
+    ASSERT_EQ(rng.Next64(), expected) << "word " << i;
+  }
+}
 
 TEST(NoiseRngTest, SeedFixesTheStreamAcrossRefills) {
   NoiseRng a = NoiseRng::FromSeed(77);

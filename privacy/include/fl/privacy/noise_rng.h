@@ -19,6 +19,8 @@ class NoiseRng {
   static NoiseRng FromSystem();
   // A deterministic key derived from `seed` (tests, benchmarks and reproducible simulations only).
   static NoiseRng FromSeed(uint64_t seed);
+  // A given 256-bit key (the caller's own key derivation; known-answer tests).
+  static NoiseRng FromKey(const std::array<unsigned char, 32>& key);
 
   // A uniform 64-bit word.
   uint64_t Next64() {
