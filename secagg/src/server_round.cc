@@ -184,19 +184,24 @@ absl::Status ServerRound::CloseStage(Stage stage) {
   return absl::OkStatus();
 }
 
-absl::Status ServerRound::CloseAdvertiseKeys() {
-  if (absl::Status s = CloseStage(Stage::kAdvertiseKeys); !s.ok()) return s;
+absl::Status ServerRound::CloseKeyStage(Stage stage, bool Client::*answered, std::string_view what) {
+  if (absl::Status s = CloseStage(stage); !s.ok()) return s;
   for (auto& [id, c] : clients_) {
-    if (c.alive && !c.has_keys) {
+    if (c.alive && !(c.*answered)) {
       c.alive = false;
-      dropped_[0].push_back(id);
+      dropped_[static_cast<size_t>(stage)].push_back(id);
     }
   }
-  DropIsolated(Stage::kAdvertiseKeys);
+  DropIsolated(stage);
   if (Alive().empty()) {
     return Fail(SecurityEventKind::kTooFewSurvivors,
-                fl::StrCat("no client has ", graph_.threshold, " neighbours (threshold) that advertised keys"));
+                fl::StrCat("no client has ", graph_.threshold, " neighbours (threshold) that ", what));
   }
+  return absl::OkStatus();
+}
+
+absl::Status ServerRound::CloseAdvertiseKeys() {
+  if (absl::Status s = CloseKeyStage(Stage::kAdvertiseKeys, &Client::has_keys, "advertised keys"); !s.ok()) return s;
   stage_ = Stage::kShareKeys;
   return absl::OkStatus();
 }
@@ -260,18 +265,7 @@ absl::Status ServerRound::OnShares(const v1::SecAggShares& shares) {
 }
 
 absl::Status ServerRound::CloseShareKeys() {
-  if (absl::Status s = CloseStage(Stage::kShareKeys); !s.ok()) return s;
-  for (auto& [id, c] : clients_) {
-    if (c.alive && !c.has_shares) {
-      c.alive = false;
-      dropped_[1].push_back(id);
-    }
-  }
-  DropIsolated(Stage::kShareKeys);
-  if (Alive().empty()) {
-    return Fail(SecurityEventKind::kTooFewSurvivors,
-                fl::StrCat("no client has ", graph_.threshold, " neighbours (threshold) that shared keys"));
-  }
+  if (absl::Status s = CloseKeyStage(Stage::kShareKeys, &Client::has_shares, "shared keys"); !s.ok()) return s;
   sum_.assign(config_.dimension + 1, 0u);
   stage_ = Stage::kMaskedUpload;
   return absl::OkStatus();

@@ -22,6 +22,17 @@ using testing::RoundHarness;
 
 const QuantizationSpec kSpec{1.0, 65536.0, 1};
 
+// A copy of `message` from client 999 (not in the round) and one of round 6 (this is round 7), each refused.
+template <typename Message, typename Deliver>
+void ExpectOutsiderAndOldRoundRefused(const Message& message, Deliver deliver) {
+  Message stranger = message;
+  stranger.set_client_id(999);
+  EXPECT_REFUSED(deliver(stranger), SecurityEventKind::kNotInRound, "client 999");
+  Message old = message;
+  old.set_round(6);
+  EXPECT_REFUSED(deliver(old), SecurityEventKind::kWrongRound, "round 6");
+}
+
 TEST(SecAggBadInputTest, ThresholdAboveTheNeighboursIsRefusedAtCreation) {
   ServerRoundConfig config;
   config.round = 1;
@@ -64,12 +75,7 @@ TEST(SecAggBadInputTest, KeysFromOutsideTheRoundAnotherRoundTwiceOrOfTheWrongLen
   v1::SecAggPublicKeys keys;
   auto client = ClientRound::Start(setup, RandomSource::SeededForTests(5), &keys);
   ASSERT_TRUE(client.ok());
-  v1::SecAggPublicKeys stranger = keys;
-  stranger.set_client_id(999);
-  EXPECT_REFUSED(h.server->OnPublicKeys(stranger), SecurityEventKind::kNotInRound, "client 999");
-  v1::SecAggPublicKeys old = keys;
-  old.set_round(6);
-  EXPECT_REFUSED(h.server->OnPublicKeys(old), SecurityEventKind::kWrongRound, "round 6");
+  ExpectOutsiderAndOldRoundRefused(keys, [&](const v1::SecAggPublicKeys& m) { return h.server->OnPublicKeys(m); });
   v1::SecAggPublicKeys short_key = keys;
   short_key.mutable_mask_public_key()->pop_back();
   EXPECT_REFUSED(h.server->OnPublicKeys(short_key), SecurityEventKind::kWrongLength, "31 bytes");
@@ -117,12 +123,7 @@ TEST(SecAggBadInputTest, SharesFromOutsideTwiceOfTheWrongLengthOrFailingAuthenti
     ASSERT_TRUE(h.server->NeighbourKeysFor(id, &keys).ok());
     ASSERT_TRUE(h.clients[id]->OnNeighbourKeys(keys, &sent[id]).ok());
   }
-  v1::SecAggShares stranger = sent[100];
-  stranger.set_client_id(999);
-  EXPECT_REFUSED(h.server->OnShares(stranger), SecurityEventKind::kNotInRound, "999");
-  v1::SecAggShares old = sent[100];
-  old.set_round(1);
-  EXPECT_REFUSED(h.server->OnShares(old), SecurityEventKind::kWrongRound, "round 1");
+  ExpectOutsiderAndOldRoundRefused(sent[100], [&](const v1::SecAggShares& m) { return h.server->OnShares(m); });
   v1::SecAggShares cut = sent[100];
   cut.mutable_shares(0)->mutable_ciphertext()->pop_back();
   EXPECT_REFUSED(h.server->OnShares(cut), SecurityEventKind::kWrongLength, "80-byte ciphertext");
@@ -186,12 +187,7 @@ TEST(SecAggBadInputTest, MaskedChunksFromOutsideAnotherRoundDuplicatedOrOfTheWro
   const std::vector<float> x(10, 0.25f);
   v1::SecAggMaskedChunk chunk;
   ASSERT_TRUE(h.clients[100]->MaskChunk(0, std::span<const float>(x).subspan(0, 6), &chunk).ok());
-  v1::SecAggMaskedChunk stranger = chunk;
-  stranger.set_client_id(999);
-  EXPECT_REFUSED(h.server->OnMaskedChunk(stranger), SecurityEventKind::kNotInRound, "999");
-  v1::SecAggMaskedChunk old = chunk;
-  old.set_round(6);
-  EXPECT_REFUSED(h.server->OnMaskedChunk(old), SecurityEventKind::kWrongRound, "round 6");
+  ExpectOutsiderAndOldRoundRefused(chunk, [&](const v1::SecAggMaskedChunk& m) { return h.server->OnMaskedChunk(m); });
   v1::SecAggMaskedChunk ragged = chunk;
   ragged.mutable_words()->pop_back();
   EXPECT_REFUSED(h.server->OnMaskedChunk(ragged), SecurityEventKind::kWrongLength, "23 bytes");

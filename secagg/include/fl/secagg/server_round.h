@@ -127,6 +127,8 @@ class ServerRound {
   std::vector<uint64_t> AliveNeighbours(uint64_t client) const;
   uint8_t XOf(uint64_t owner, uint64_t holder) const;
   absl::Status CloseStage(Stage stage);
+  // Closes stage 1 or 2: drops the clients that did not answer (`answered` false) and then the isolated ones.
+  absl::Status CloseKeyStage(Stage stage, bool Client::*answered, std::string_view what);
 
   ServerRoundConfig config_;
   NeighbourGraph graph_;
