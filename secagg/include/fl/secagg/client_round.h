@@ -14,6 +14,7 @@
 //
 // Every refusal is a status naming the value and carrying its SecurityEventKind (events.h); a refused message
 // changes nothing (the caller may drop out of the round: the server then treats this client as dropped).
+// Not thread-safe: one session drives it; MaskChunk calls for different chunks may not overlap either.
 #pragma once
 
 #include <cstdint>

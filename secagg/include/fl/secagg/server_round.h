@@ -21,6 +21,8 @@
 // its words are already in the running sum and cannot be removed without revealing its update (the engine
 // should cancel a client before its upload starts, or let it finish). Every refusal is also recorded as a
 // SecurityEvent (events()).
+//
+// Not thread-safe, on purpose: one owner drives it (the engine's loop thread, which owns all round state).
 #pragma once
 
 #include <array>
