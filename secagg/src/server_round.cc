@@ -51,8 +51,18 @@ absl::StatusOr<std::unique_ptr<ServerRound>> ServerRound::Create(ServerRoundConf
 
 absl::Status ServerRound::Refuse(SecurityEventKind kind, uint64_t client, std::string_view message,
                                  absl::StatusCode code) {
-  events_.push_back({kind, client, std::string(message)});
+  Record({kind, client, std::string(message)});
   return Refusal(kind, code, message);
+}
+
+void ServerRound::Record(SecurityEvent event) {
+  // A hostile client could send refused messages without end: the round keeps the first kMaxEvents and counts
+  // the rest (the engine's own budget of security_events rows applies after that).
+  if (events_.size() < kMaxEvents) {
+    events_.push_back(std::move(event));
+  } else {
+    ++events_not_kept_;
+  }
 }
 
 absl::Status ServerRound::Fail(SecurityEventKind kind, std::string_view reason) {
@@ -60,7 +70,7 @@ absl::Status ServerRound::Fail(SecurityEventKind kind, std::string_view reason) 
   failure_ = fl::StrCat("secure aggregation of round ", config_.round, " failed: ", reason,
                         "; the round's update is discarded and the model kept");
   std::fill(sum_.begin(), sum_.end(), 0u);  // nothing partly unmasked stays behind
-  events_.push_back({kind, 0, failure_});
+  Record({kind, 0, failure_});
   return Refusal(kind, absl::StatusCode::kFailedPrecondition, failure_);
 }
 

@@ -272,6 +272,16 @@ TEST(SecAggBadInputTest, NoClientRevealsBothSecretsOfOneClient) {
   EXPECT_REFUSED(h.server->OnUnmaskResponse(response), SecurityEventKind::kDuplicate, "twice");
 }
 
+TEST(SecAggBadInputTest, AFloodOfRefusedMessagesIsCountedNotKept) {
+  RoundHarness h = RoundHarness::Make(3, 10, kSpec, 18);
+  v1::SecAggPublicKeys stranger;
+  stranger.set_round(7);
+  stranger.set_client_id(999);
+  for (size_t i = 0; i < ServerRound::kMaxEvents + 10; ++i) EXPECT_FALSE(h.server->OnPublicKeys(stranger).ok());
+  EXPECT_EQ(h.server->events().size(), ServerRound::kMaxEvents);
+  EXPECT_EQ(h.server->events_not_kept(), 10u);
+}
+
 TEST(SecAggBadInputTest, MessagesOutOfStageAreRefused) {
   RoundHarness h = RoundHarness::Make(5, 10, kSpec, 17);
   h.Advertise();

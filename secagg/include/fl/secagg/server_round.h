@@ -91,7 +91,10 @@ class ServerRound {
   Stage stage() const { return stage_; }
   const std::string& failure() const { return failure_; }
   const NeighbourGraph& graph() const { return graph_; }
+  // What the round refused, in order: at most kMaxEvents, then only counted (events_not_kept()).
+  static constexpr size_t kMaxEvents = 1024;
   const std::vector<SecurityEvent>& events() const { return events_; }
+  uint64_t events_not_kept() const { return events_not_kept_; }
   // Clients dropped when `stage` closed (did not answer in time, or left with too few neighbours).
   const std::vector<uint64_t>& DroppedAt(Stage stage) const { return dropped_[static_cast<size_t>(stage)]; }
   // Clients still in the round.
@@ -124,6 +127,7 @@ class ServerRound {
   // The client `id` of a message in `stage`: in the round, alive, the stage open, the round right.
   absl::StatusOr<Client*> Sender(Stage stage, uint64_t round, uint64_t id, std::string_view what);
   absl::Status Fail(SecurityEventKind kind, std::string_view reason);
+  void Record(SecurityEvent event);
   // Drops alive clients with fewer than t alive neighbours (themselves included) until none is left to drop.
   void DropIsolated(Stage stage);
   std::vector<uint64_t> AliveNeighbours(uint64_t client) const;
@@ -141,6 +145,7 @@ class ServerRound {
   std::set<uint64_t> survivors_;  // U3: complete masked uploads
   std::vector<uint32_t> sum_;
   std::vector<SecurityEvent> events_;
+  uint64_t events_not_kept_ = 0;
   std::vector<std::pair<uint64_t, v1::SecAggSecret>> reconstructed_;
 };
 
