@@ -13,15 +13,28 @@ namespace {
 
 using u128 = unsigned __int128;
 
-// Bernoulli(num/den), 0 ≤ num ≤ den, den ≥ 1.
-bool Bernoulli(u128 num, u128 den, NoiseRng& rng) { return rng.UniformBelow(den) < num; }
+// Bernoulli(num/den), 0 ≤ num ≤ den, den < 2^127: a uniform U in [0, 1) drawn bit by bit and compared with the
+// binary expansion of p = num/den, stopping at the first bit where they differ (U < p exactly when U's bit is the
+// smaller). Exact, and two random bits on average instead of a uniform integer below den (64 or 128 bits).
+bool Bernoulli(u128 num, u128 den, NoiseRng& rng) {
+  if (num >= den) return true;
+  u128 remainder = num;  // p's expansion so far: the next bit is whether 2·remainder ≥ den
+  for (;;) {
+    remainder <<= 1;  // < 2·den < 2^128
+    const bool p_bit = remainder >= den;
+    if (p_bit) remainder -= den;
+    const bool u_bit = rng.NextBit();
+    if (u_bit != p_bit) return p_bit;  // U's bit 0 where p's is 1: U < p
+    if (remainder == 0) return false;  // p's expansion ended and U matched it so far: U ≥ p
+  }
+}
 
 // Bernoulli(exp(−num/den)) for num/den in [0, 1] (Algorithm 1, first part): K = the first k with ¬Bernoulli(x/k);
 // return K odd.
 bool BernoulliExpAtMostOne(u128 num, u128 den, NoiseRng& rng) {
   u128 k = 1;
   for (;;) {
-    // den < 2^102 (Sample), so den·k fits 128 bits for k ≤ 2^24; reaching k = 2^24 takes 2^24 successes in a row of
+    // den < 2^102 (Sample), so den·k < 2^126 for k ≤ 2^24; reaching k = 2^24 takes 2^24 successes in a row of
     // probabilities ≤ 1/k (chance below 1/(2^24)!), where k stops growing.
     constexpr u128 kMaxK = static_cast<u128>(1) << 24;
     const u128 den_k = den * (k < kMaxK ? k : kMaxK);
@@ -56,7 +69,7 @@ uint64_t GeometricExpOverT(uint64_t t, NoiseRng& rng) {
 int64_t DiscreteLaplace(uint64_t t, NoiseRng& rng) {
   constexpr uint64_t kMaxMagnitude = uint64_t{1} << 32;
   for (;;) {
-    const bool negative = (rng.Next64() & 1) != 0;
+    const bool negative = rng.NextBit();
     const uint64_t magnitude = GeometricExpOverT(t, rng);
     if (negative && magnitude == 0) continue;  // −0 and +0 are one outcome
     if (magnitude > kMaxMagnitude) continue;   // the stated deviation (header)

@@ -66,6 +66,19 @@ double NoiseRng::Gaussian() {
 unsigned __int128 NoiseRng::UniformBelow(unsigned __int128 n) {
   if (n <= 1) return 0;
   const unsigned __int128 max = n - 1;
+  if ((max >> 64) == 0) {
+    if (max == ~uint64_t{0}) return Next64();
+    // Lemire's multiply-and-shift ("Fast random integer generation in an interval", 2019): exactly uniform, and it
+    // rejects only when the low half falls below 2^64 mod n, so it rarely draws twice (masking would reject up to
+    // half of the draws; the discrete Gaussian makes about a dozen of these per sample).
+    const uint64_t range = static_cast<uint64_t>(n);
+    unsigned __int128 product = static_cast<unsigned __int128>(Next64()) * range;
+    if (static_cast<uint64_t>(product) < range) {
+      const uint64_t threshold = (0 - range) % range;  // 2^64 mod range
+      while (static_cast<uint64_t>(product) < threshold) product = static_cast<unsigned __int128>(Next64()) * range;
+    }
+    return product >> 64;
+  }
   const uint64_t high = static_cast<uint64_t>(max >> 64);
   const int bits = high != 0 ? 128 - std::countl_zero(high) : 64 - std::countl_zero(static_cast<uint64_t>(max));
   const unsigned __int128 mask =

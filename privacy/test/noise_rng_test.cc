@@ -69,6 +69,17 @@ TEST(NoiseRngTest, BitsAreBalanced) {
   for (int bit = 0; bit < 64; ++bit) EXPECT_LT(std::abs(ones[bit] - n / 2), 5 * std::sqrt(n / 4.0)) << bit;
 }
 
+TEST(NoiseRngTest, BitsAreTheWordsLeastSignificantFirst) {
+  NoiseRng words = NoiseRng::FromSeed(6);
+  NoiseRng bits = NoiseRng::FromSeed(6);
+  for (int w = 0; w < 3; ++w) {
+    const uint64_t word = words.Next64();
+    uint64_t rebuilt = 0;
+    for (int i = 0; i < 64; ++i) rebuilt |= static_cast<uint64_t>(bits.NextBit()) << i;
+    EXPECT_EQ(rebuilt, word) << w;
+  }
+}
+
 TEST(NoiseRngTest, UniformIntegersAndRealsStayInRange) {
   NoiseRng rng = NoiseRng::FromSeed(4);
   const unsigned __int128 big = (static_cast<unsigned __int128>(1) << 100) + 12345;

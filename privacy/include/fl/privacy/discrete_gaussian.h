@@ -1,7 +1,8 @@
 // The exact sampler of the discrete Gaussian N_Z(0, σ²) of Canonne, Kamath and Steinke 2020 ("The Discrete Gaussian
 // for Differential Privacy", Algorithms 1–3): discrete Laplace proposals accepted with Bernoulli(exp(−γ)), every
 // probability a rational evaluated with integer arithmetic only, so no floating-point rounding shapes the output
-// distribution (the weakness of floating-point noise, Mironov 2012).
+// distribution (the weakness of floating-point noise, Mironov 2012). Each Bernoulli(num/den) compares random bits
+// with the binary expansion of num/den until they differ (two bits on average, exact).
 //
 // Exact for a rational variance: σ² is taken as an integer number of 1/1024ths (`variance_num / 1024`, the variance
 // actually sampled, reported by variance()); the rationals then fit unsigned 128-bit integers for σ ≤ 2^20. One

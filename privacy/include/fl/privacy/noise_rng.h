@@ -27,6 +27,17 @@ class NoiseRng {
     if (next_ == kWords) Refill();
     return buffer_[next_++];
   }
+  // One uniform bit (64 bits drawn at a time; the exact samplers' Bernoulli trials take about two each).
+  bool NextBit() {
+    if (bits_left_ == 0) {
+      bits_ = Next64();
+      bits_left_ = 64;
+    }
+    const bool bit = (bits_ & 1) != 0;
+    bits_ >>= 1;
+    --bits_left_;
+    return bit;
+  }
   // Uniform in (0, 1]: 53 random bits, never 0, so that log() of it is finite.
   double UniformOpenClosed() { return static_cast<double>((Next64() >> 11) + 1) * 0x1.0p-53; }
   // Uniform in [0, 1).
@@ -45,6 +56,8 @@ class NoiseRng {
   uint64_t block_counter_ = 0;  // ChaCha20 64-byte blocks consumed
   std::array<uint64_t, kWords> buffer_{};
   size_t next_ = kWords;
+  uint64_t bits_ = 0;
+  int bits_left_ = 0;
   bool has_spare_ = false;
   double spare_ = 0;
 };
