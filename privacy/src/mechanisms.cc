@@ -105,6 +105,19 @@ absl::StatusOr<double> CentralNoiseStddevForMean(double noise_multiplier, double
   return *sum / static_cast<double>(updates);
 }
 
+absl::Status AddCentralNoiseToSum(std::span<float> sum, double noise_multiplier, double clip_norm, NoiseRng& rng) {
+  auto stddev = CentralNoiseStddevForSum(noise_multiplier, clip_norm);
+  if (!stddev.ok()) return stddev.status();
+  return AddGaussianNoise(sum, *stddev, rng);
+}
+
+absl::Status AddCentralNoiseToMean(std::span<float> mean, double noise_multiplier, double clip_norm, int64_t updates,
+                                   NoiseRng& rng) {
+  auto stddev = CentralNoiseStddevForMean(noise_multiplier, clip_norm, updates);
+  if (!stddev.ok()) return stddev.status();
+  return AddGaussianNoise(mean, *stddev, rng);
+}
+
 absl::StatusOr<double> AdaptiveUpdateNoiseMultiplier(double noise_multiplier, double clipped_count_stddev) {
   if (auto s = CheckNoiseMultiplier(noise_multiplier); !s.ok()) return s;
   if (!(clipped_count_stddev > noise_multiplier / 2) || !std::isfinite(clipped_count_stddev)) {

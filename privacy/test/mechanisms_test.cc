@@ -109,6 +109,13 @@ TEST(CentralDpTest, NoiseStdIsSigmaTimesClipOverUpdates) {
   EXPECT_THAT(Message(CentralNoiseStddevForSum(0, 0.5).status()), HasSubstr("σ = 0 gives no privacy"));
   EXPECT_THAT(Message(CentralNoiseStddevForSum(1, 0).status()), HasSubstr("C = 0 gives no privacy"));
   EXPECT_THAT(Message(CentralNoiseStddevForMean(1, 1, 0).status()), HasSubstr("aggregated is 0"));
+  NoiseRng rng = NoiseRng::FromSeed(10);
+  std::vector<float> sum(8, 0.0f);
+  EXPECT_THAT(Message(AddCentralNoiseToSum(sum, 0, 1, rng)), HasSubstr("σ = 0 gives no privacy"));
+  EXPECT_THAT(Message(AddCentralNoiseToMean(sum, 1, -2, 4, rng)), HasSubstr("C = -2"));
+  EXPECT_EQ(sum, std::vector<float>(8, 0.0f));  // refused: nothing added
+  EXPECT_TRUE(AddCentralNoiseToSum(sum, 1, 1, rng).ok());
+  EXPECT_NE(sum, std::vector<float>(8, 0.0f));
 }
 
 TEST(CentralDpTest, ClippedMeanPlusNoiseHasTheStatedVariance) {
@@ -125,7 +132,7 @@ TEST(CentralDpTest, ClippedMeanPlusNoiseHasTheStatedVariance) {
   }
   const float clean = mean[0];
   const double s = *CentralNoiseStddevForMean(sigma, c, m);
-  ASSERT_TRUE(AddGaussianNoise(mean, s, rng).ok());
+  ASSERT_TRUE(AddCentralNoiseToMean(mean, sigma, c, m, rng).ok());
   for (float& x : mean) x -= clean;
   const Moments got = MomentsOf(mean);
   EXPECT_LT(std::abs(got.mean), MeanBound(s, dim));

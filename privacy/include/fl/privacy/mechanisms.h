@@ -56,6 +56,10 @@ absl::Status AddGaussianNoise(std::span<float> values, double stddev, NoiseRng& 
 // public; with a fixed number of clients per round it is that number.
 absl::StatusOr<double> CentralNoiseStddevForSum(double noise_multiplier, double clip_norm);
 absl::StatusOr<double> CentralNoiseStddevForMean(double noise_multiplier, double clip_norm, int64_t updates);
+// The same noise added in place: to the sum of clipped updates, or to their mean over `updates`.
+absl::Status AddCentralNoiseToSum(std::span<float> sum, double noise_multiplier, double clip_norm, NoiseRng& rng);
+absl::Status AddCentralNoiseToMean(std::span<float> mean, double noise_multiplier, double clip_norm, int64_t updates,
+                                   NoiseRng& rng);
 
 struct AdaptiveClippingConfig {
   double initial_clip_norm = 0.1;   // C_0 (Flower's default)
