@@ -63,7 +63,9 @@ absl::StatusOr<std::vector<double>> Phase(RecordReader& reader, const std::strin
   return v;
 }
 
-std::string Opt(const std::optional<double>& v, const char* fmt) {
+// A FormatSpec, not a const char*: clang checks the format against the argument where Opt is called (with a
+// runtime string it refuses StrFormat outright).
+std::string Opt(const std::optional<double>& v, const absl::FormatSpec<double>& fmt) {
   return v.has_value() ? absl::StrFormat(fmt, *v) : std::string("-");
 }
 

@@ -20,15 +20,15 @@ Exchanger::Exchanger(ExchangeConfig config, CoordinatorClient* client)
 
 Exchanger::~Exchanger() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    fl::MutexLock lock(mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   thread_.join();
 }
 
 absl::Status Exchanger::Start(SyncKey key, std::vector<float> values) {
-  std::lock_guard<std::mutex> lock(mu_);
+  fl::MutexLock lock(mu_);
   if (busy_) {
     return absl::FailedPreconditionError(
         fl::StrCat("exchange of sync (", key.step, ", ", key.fragment, ") started while another is in flight"));
@@ -36,24 +36,24 @@ absl::Status Exchanger::Start(SyncKey key, std::vector<float> values) {
   busy_ = true;
   result_.reset();
   job_.emplace(key, std::move(values));
-  cv_.notify_all();
+  cv_.NotifyAll();
   return absl::OkStatus();
 }
 
 bool Exchanger::in_flight() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  fl::MutexLock lock(mu_);
   return busy_;
 }
 
 ExchangeOutcome Exchanger::Wait() {
   const auto start = std::chrono::steady_clock::now();
-  std::unique_lock<std::mutex> lock(mu_);
+  fl::MutexLock lock(mu_);
   if (!busy_) {
     ExchangeOutcome none;
     none.error = absl::FailedPreconditionError("Exchanger::Wait with no exchange in flight");
     return none;
   }
-  cv_.wait(lock, [&] { return result_.has_value(); });
+  cv_.Wait(mu_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return result_.has_value(); });
   ExchangeOutcome out = std::move(*result_);
   result_.reset();
   busy_ = false;
@@ -65,18 +65,18 @@ void Exchanger::ThreadMain() {
   for (;;) {
     std::pair<SyncKey, std::vector<float>> job;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || job_.has_value(); });
+      fl::MutexLock lock(mu_);
+      cv_.Wait(mu_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || job_.has_value(); });
       if (stop_) return;
       job = std::move(*job_);
       job_.reset();
     }
     ExchangeOutcome out = RunExchange(job.first, std::move(job.second));
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      fl::MutexLock lock(mu_);
       result_ = std::move(out);
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
 }
 
@@ -131,7 +131,7 @@ absl::Status Exchanger::EnsureRing(const std::vector<RingMember>& members, size_
 }
 
 void Exchanger::ResetRing() {
-  std::lock_guard<std::mutex> lock(mu_);
+  fl::MutexLock lock(mu_);
   ring_.reset();
   ring_fingerprint_ = 0;
 }

@@ -11,10 +11,8 @@
 // The caller applies the outer step and then Commit()s it (ReportSyncDone with its state hash).
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -23,6 +21,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "fl/core/mutex.h"
 #include "absl/time/time.h"
 #include "fl/diloco/coord/coordinator_client.h"
 #include "fl/diloco/net/ring_allreduce.h"
@@ -97,12 +96,15 @@ class Exchanger {
 
   ExchangeConfig config_;
   CoordinatorClient* client_;
+  // The exchange thread's while an exchange is in flight, the caller's between Wait() and the next Start()
+  // (ResetRing): not guarded by mu_, handed over through it (the thread publishes result_ under mu_ after its
+  // last use, Start() hands the next job under mu_ after the caller's).
   std::unique_ptr<RingAllReduce> ring_;  // cached while the membership is unchanged
   uint64_t ring_fingerprint_ = 0;
   uint64_t static_exchange_id_ = 0;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
+  mutable fl::Mutex mu_;
+  fl::CondVar cv_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<std::pair<SyncKey, std::vector<float>>> job_ ABSL_GUARDED_BY(mu_);
   std::optional<ExchangeOutcome> result_ ABSL_GUARDED_BY(mu_);
