@@ -118,8 +118,6 @@ class RoundEngine::Core {
   void Advance();
   // One step of Advance: true when the state moved back to kWaitingForClients and Advance should look again.
   bool AdvanceOnce();
-  void StartRound();
-  void CloseRound();
   // A round's (or buffered step's) aggregator: the one the previous round used, reset, when there is one
   // (ReleaseRound keeps it), else a new one with the configured norm clip. A new weighted mean allocates and
   // zeroes two model-sized accumulators: at 25M parameters 200 MB of page faults on the engine thread before
@@ -219,39 +217,7 @@ class RoundEngine::Core {
   void ReleasePlace(ClientInfo& client);
   ClientInfo* ClientOfSession(const SessionChannel* channel);
   ClientInfo* Authenticate(const std::string& client_id, const std::string& token);
-  // Buffered aggregation (engine_buffered.cc, docs/round-engine.md "Buffered aggregation"). The hooks in the
-  // shared paths call these only when buffer_ is set.
-  bool AdvanceBuffered();  // kWaitingForClients and kBuffering in buffered mode; true: look again (AdvanceOnce)
-  void DispatchBuffered(ClientInfo& client);
-  void ApplyStep();  // the buffer's updates -> one aggregation step (or a failed attempt)
-  void CloseExpiredBufferedTasks(int64_t now);
-  void BufferedTaskDropped(TaskInfo& task, instrumentation::ClientOutcome outcome, std::string_view why);
-  fl::v1::UploadUpdateResponse AcceptBufferedUpdate(UploadDoneEvent& e, TaskInfo& task,
-                                                    instrumentation::ClientRoundRecord rec);
-  // The client's uplink report into its row (open step: buffered; applied step: an update record).
-  bool RecordBufferedUplink(const TaskInfo& task, double uplink_ms, std::optional<double> start_unix_ms,
-                            std::optional<double> end_unix_ms);
-  void AbortBufferedStep(const std::string& reason);
-  void OpenBufferedStep();  // the next step's buffer (aggregator), counters and start time
-  // `rec` (of `task`) into the open step's rows; the step's counters are the caller's.
-  void AppendStepRow(const TaskInfo& task, instrumentation::ClientRoundRecord rec);
-  void ArmBufferTimer();   // at the earliest deadline of a train task out
-  void FreeStepClients();  // the clients with a row in the open step may get a task again
-  // Over-commitment and late folding (engine_overcommit.cc); the hooks in the shared paths are one line each.
-  struct Stragglers;
-  Stragglers& StragglerState();
-  // The number of clients a round selects: `k` (what the selection policy gives), or ceil(overcommit * k) capped
-  // at `available`; remembers k as the round's commit target.
-  uint32_t OvercommitSize(uint32_t k, uint32_t available);
-  bool CommitTargetReached() const;  // the open round has its k accepted updates (over-commitment only)
-  void CancelSurplusTasks();         // at the commit: cancel the open round's unanswered tasks, rows 'cancelled'
-  bool LateUploadAdmitted(const TaskInfo& task) const;  // fold: the task's round committed, its update may come
-  // fold: a late update of a committed round, validated and kept for the next commit; nullopt = not foldable.
-  std::optional<fl::v1::UploadUpdateResponse> FoldLateUpdate(UploadDoneEvent& e, TaskInfo& task,
-                                                             const instrumentation::ClientRoundRecord& rec);
-  // At a commit: the kept late updates into r's aggregate (discounted); their rows go with the commit.
-  std::vector<instrumentation::ClientRoundRecord> FoldPendingInto(RoundState& r);
-  void NoteFoldableTasks(const RoundState& r);  // after a commit: r's tasks closed by its deadline may still fold
+  struct Stragglers;  // engine_internal.h; SyncRounds holds it
 
   EngineConfig config_;
   const rpc::Clock* clock_;
@@ -324,14 +290,11 @@ class RoundEngine::Core {
   // The aggregation schedule (engine_schedule.h), made at construction from config_.aggregation: the shared paths
   // call it where they used to test the mode. Each implementation is nested here, so that it reaches the core.
   class AggregationSchedule;
-  class SyncRounds;     // engine_schedule_sync.cc
-  class BufferedSteps;  // engine_schedule_buffered.cc
+  class SyncRounds;     // engine_schedule_sync.cc (with its state)
+  class BufferedSteps;  // engine_buffered.cc (with its state)
   std::unique_ptr<AggregationSchedule> MakeSyncRounds();
   std::unique_ptr<AggregationSchedule> MakeBufferedSteps();
   std::unique_ptr<AggregationSchedule> schedule_;
-  std::unique_ptr<BufferState> buffer_;  // buffered aggregation's state (engine_buffered.cc); null when synchronous
-  // Over-commitment and late folding (engine_overcommit.cc); made on first use.
-  std::unique_ptr<Stragglers> stragglers_;
   Published& published_;  // the end of the run and the counters other threads read (RoundEngine)
 };
 

@@ -26,44 +26,6 @@ namespace fl::server {
 
 using namespace engine_internal;  // NOLINT: the engine's own helpers
 
-void RoundEngine::Core::StartRound() {
-  // Called after every turn while waiting: too few connected clients is known without looking at each of them
-  // (idle ones are a subset), so a join storm does not cost a scan of all clients per turn.
-  if (!SelectionSize(config_.fit, static_cast<uint32_t>(clients_.connected())).ok()) return;
-  // Reports still due from rounds before the last committed one will not come any more.
-  std::erase_if(uplink_reports_due_, [&](const auto& due) { return due.second < round_; });
-  std::vector<ClientInfo*> idle = IdleConnectedClients();
-  auto size = SelectionSize(config_.fit, static_cast<uint32_t>(idle.size()));
-  if (!size.ok()) return;  // keep waiting for clients
-  // Over-commitment (engine_overcommit.cc): ceil(F x K) selected, K of them commit the round.
-  *size = OvercommitSize(*size, static_cast<uint32_t>(idle.size()));
-  std::vector<std::string> ids;
-  for (ClientInfo* c : idle) ids.push_back(c->id);
-  const uint64_t round = round_ + 1;
-  std::vector<std::string> selected = SelectClients(ids, *size, config_.seed, round, attempt_);
-
-  current_ = std::make_unique<RoundState>();
-  current_->round = round;
-  current_->attempt = attempt_;
-  current_->started_ns = NowNs();
-  current_->started_unix_ms = UnixMs();
-  current_->deadline_ns = current_->started_ns + int64_t{config_.round_deadline_ms} * kMsToNs;
-  current_->aggregator = TakeAggregator();
-
-  for (const std::string& id : selected) {
-    fl::v1::Task t;
-    t.set_task_id(fl::StrCat("r", round, ".", attempt_, "-", id, "-", ++task_counter_));
-    t.set_kind(fl::v1::TASK_KIND_TRAIN);
-    t.set_round(round);
-    *t.mutable_train() = config_.train;
-    t.mutable_train()->set_seed(config_.seed ^ (round * 0x9E3779B97F4A7C15ULL) ^ std::hash<std::string>{}(id));
-    t.set_deadline_ms(config_.round_deadline_ms);
-    Dispatch(clients_.At(id), std::move(t), attempt_);
-  }
-  if (!Fire(EngineTrigger::kRoundStarted)) return;
-  spdlog::info("round {} (attempt {}): {} of {} idle clients selected", round, attempt_, selected.size(), idle.size());
-}
-
 std::unique_ptr<core::Aggregator> RoundEngine::Core::TakeAggregator() {
   std::unique_ptr<core::Aggregator> agg = std::move(spare_aggregator_);
   if (agg != nullptr) {
@@ -179,80 +141,6 @@ instrumentation::RoundRecord RoundEngine::Core::RoundRow(const RoundState& r,
   rec.num_examples = static_cast<int64_t>(r.train_loss_weight);
   if (r.train_loss_weight > 0) rec.train_loss = r.train_loss_sum / r.train_loss_weight;
   return rec;
-}
-
-void RoundEngine::Core::CloseRound() {
-  RoundState& r = *current_;
-  // Before the deadline only when every task had closed (answered, refused, its client gone): the reason must say
-  // so, not "by the deadline" (issue 27: an attempt whose clients all failed at 1.8 s of an 8 s round).
-  const int64_t closed_at = NowNs();
-  const bool early = closed_at < r.deadline_ns;
-  CancelSurplusTasks();  // over-commitment (engine_overcommit.cc): the tasks beyond the first K updates
-  for (const std::string& id : r.task_ids) {
-    CloseTaskAsDropped(*tasks_.at(id), "no update by the round's deadline", /*at_deadline=*/true);
-  }
-
-  if (r.accepted < config_.fit.min_clients) {
-    instrumentation::RoundRecord rec = RoundRow(r, instrumentation::RoundStatus::kFailed);
-    const std::string counts = fl::StrCat("the round needs ", config_.fit.min_clients, " (", r.late, " late, ",
-                                          r.rejected, " rejected, ", r.dropped, " dropped)");
-    rec.failure_reason = early ? absl::StrFormat(
-                                     "every task closed %.1f s into the round, %.1f s before its deadline, with %u "
-                                     "update(s) accepted; %s",
-                                     static_cast<double>(closed_at - r.started_ns) / 1e9,
-                                     static_cast<double>(r.deadline_ns - closed_at) / 1e9, r.accepted, counts)
-                               : fl::StrCat(r.accepted, " update(s) accepted by the deadline; ", counts);
-    spdlog::warn("round {} attempt {} failed: {}", r.round, r.attempt, rec.failure_reason);
-    const std::string reason = rec.failure_reason;
-    Record(std::move(rec));
-    for (auto& row : r.client_rows) Record(std::move(row));
-    ReleaseRound();
-    if (attempt_ >= config_.max_round_attempts) {
-      Finish(instrumentation::ExperimentStatus::kFailed,
-             fl::StrCat("round ", round_ + 1, " failed ", attempt_, " times; last: ", reason));
-      return;
-    }
-    ++attempt_;
-    (void)Fire(EngineTrigger::kRoundFailed);  // no row: the run has failed (MissingTransition)
-    return;
-  }
-
-  // Peak memory is at the commit: give back what the next round can rebuild cheaply (the receive buffers,
-  // once per round, not per update) before the aggregate and the new download payload are materialised.
-  uploads_.DropBuffers();
-  const int64_t agg_start = NowNs();
-  // --deadline-policy fold: late updates of earlier rounds join this aggregate, discounted (engine_overcommit.cc).
-  std::vector<instrumentation::ClientRoundRecord> folded_rows = FoldPendingInto(r);
-  if (absl::Status step = model_.Step(*r.aggregator, fl::StrCat("round ", r.round)); !step.ok()) {
-    // Inputs were validated one by one; an optimizer failure means the aggregate itself overflowed.
-    Finish(instrumentation::ExperimentStatus::kFailed,
-           fl::StrCat("round ", r.round, ": the server optimizer step failed: ", fl::ToStd(step.message())));
-    return;
-  }
-  round_ = r.round;
-  committed_attempt_ = r.attempt;
-  model_.Commit(round_);
-  const double aggregation_ms = static_cast<double>(NowNs() - agg_start) / 1e6;
-  // Commit order: checkpoint file first, then the round's records (its row, its client rows and the
-  // checkpoint's row) as one atomic unit. A round is committed when, and only when, those records are
-  // stored: --resume trusts them and loads that round's checkpoint, so a crash before they land re-runs the
-  // round (from the previous checkpoint, which is pruned only after the commit) instead of losing or
-  // doubling it.
-  if (!CommitGlobalStep(r, aggregation_ms, std::move(folded_rows), "round", "rounds")) return;
-  NoteFoldableTasks(r);
-  ReleaseRound();
-  if (!Fire(EngineTrigger::kRoundCommitted)) return;
-  auto first = first_attempts_.find(round_ + 1);
-  attempt_ = first == first_attempts_.end() ? 1 : first->second;
-  spdlog::info("round {} committed: {} accepted, aggregation {:.1f} ms, round {:.0f} ms", round_, last_round_.accepted,
-               aggregation_ms, last_round_.duration_ms);
-  const bool evaluate = config_.evaluate_every > 0 && config_.fraction_evaluate > 0 &&
-                        (round_ % config_.evaluate_every == 0 || round_ == config_.num_rounds);
-  if (evaluate) {
-    StartEvaluation();
-    if (state_ == EngineState::kEvaluating) return;
-  }
-  RoundDone(std::nullopt);
 }
 
 void RoundEngine::Core::StartEvaluation() {

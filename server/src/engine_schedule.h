@@ -4,7 +4,7 @@
 // checks left, and a third schedule is one implementation of this interface (docs/architecture.md, "The round
 // engine"). Implementations: RoundEngine::Core::SyncRounds (synchronous rounds, with over-commitment and the
 // deadline policies drop / fold; engine_schedule_sync.cc) and RoundEngine::Core::BufferedSteps (FedBuff buffered
-// steps; engine_schedule_buffered.cc). Loop thread only.
+// steps; engine_buffered.cc). Loop thread only.
 #pragma once
 
 #include <cstdint>
@@ -30,12 +30,17 @@ class RoundEngine::Core::AggregationSchedule {
   // moved back to kWaitingForClients and Advance looks again.
   virtual bool AdvanceWaiting() = 0;
   virtual bool AdvanceOwnState() { return false; }
+  // EngineEffect::kOpenStep: the schedule's state was entered; open its unit (buffered: the step).
+  virtual void OpenStep() {}
   // Before every Advance step (but after the end): deadlines of the schedule's own tasks.
   virtual void SweepDeadlines(int64_t /*now*/) {}
   // After the server's own stall moved every deadline on: re-arm the schedule's timers.
   virtual void AfterStall() {}
   // A shutdown: the schedule's open unit is recorded as aborted.
   virtual void Abort(const std::string& /*reason*/) {}
+  // The open round is over (every task closed, its deadline passed, or CommitTargetReached): commit it or record
+  // the attempt as failed. Only schedules whose units are rounds (kCollecting) have one.
+  virtual void CloseRound() {}
   // The open round has what it commits with (over-commitment's K updates): close it now.
   virtual bool CommitTargetReached() const { return false; }
   // An upload for `task`, closed already, may still come (a late update the schedule folds).

@@ -161,7 +161,7 @@ void RoundEngine::Core::Carry(EngineEffect effect) {
   switch (effect) {
     case EngineEffect::kNone: break;
     case EngineEffect::kArmDeadline: ArmAt(deadline_timer_, current_->deadline_ns); break;
-    case EngineEffect::kOpenStep: OpenBufferedStep(); break;
+    case EngineEffect::kOpenStep: schedule_->OpenStep(); break;
     case EngineEffect::kArmDrainGrace:
       drain_deadline_ns_ = NowNs() + kUplinkReportGraceNs;
       ArmAt(drain_timer_, drain_deadline_ns_);
@@ -459,7 +459,7 @@ bool RoundEngine::Core::AdvanceOnce() {
         if (deadline_timer_ != 0) loop_.Cancel(deadline_timer_);
         deadline_timer_ = 0;
         if (state_ == EngineState::kCollecting) {
-          CloseRound();
+          schedule_->CloseRound();
         } else {
           CloseEvaluation();
         }
