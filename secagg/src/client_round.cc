@@ -273,16 +273,26 @@ absl::Status ClientRound::Mask(uint64_t offset, std::span<uint32_t> words) const
   return absl::OkStatus();
 }
 
-absl::Status ClientRound::MaskChunk(uint64_t offset, std::span<const float> values, std::span<uint32_t> words) {
+absl::Status ClientRound::CheckChunk(uint64_t offset, size_t values, size_t words) const {
   if (stage_ != Stage::kMasking) {
     return Refuse(SecurityEventKind::kProtocolViolation,
                   "secagg masking before the masking start, or after the unmask stage revealed shares");
   }
-  if (offset > dimension_ || values.size() > dimension_ - offset || words.size() != values.size()) {
+  if (offset > dimension_ || values > dimension_ - offset || words != values) {
     return Refuse(SecurityEventKind::kWrongLength,
-                  fl::StrCat("secagg chunk at offset ", offset, " of ", values.size(), " values into ", words.size(),
+                  fl::StrCat("secagg chunk at offset ", offset, " of ", values, " values into ", words,
                              " words; the model has ", dimension_, " coordinates"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status ClientRound::MaskQuantizedChunk(uint64_t offset, std::span<uint32_t> words) {
+  if (absl::Status s = CheckChunk(offset, words.size(), words.size()); !s.ok()) return s;
+  return Mask(offset, words);
+}
+
+absl::Status ClientRound::MaskChunk(uint64_t offset, std::span<const float> values, std::span<uint32_t> words) {
+  if (absl::Status s = CheckChunk(offset, values.size(), words.size()); !s.ok()) return s;
   const float range = static_cast<float>(quantization_.range);
   for (size_t i = 0; i < values.size(); ++i) {
     const float x = values[i];

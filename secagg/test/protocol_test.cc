@@ -183,6 +183,35 @@ TEST(SecAggRoundTest, TheServerHoldsOnlyMaskedVectors) {
   EXPECT_EQ(Words(h.server->running_sum()), h.PlainSum(survivors));
 }
 
+TEST(SecAggRoundTest, CallerQuantisedWordsWithIntegerNoiseSumExactly) {
+  // Distributed DP's path: the client quantises and adds its integer noise share itself, then masks the words;
+  // the unmasked sum is the sum of what the clients put in, exactly.
+  RoundHarness h = RoundHarness::Make(5, 300, {1.0, 4096.0, 1}, 10);
+  h.Advertise();
+  h.Share();
+  std::vector<uint32_t> expected(h.config.dimension + 1, 0);
+  for (uint64_t id : h.server->Alive()) {
+    v1::SecAggMaskingStart start;
+    ASSERT_TRUE(h.server->MaskingStartFor(id, &start).ok());
+    ASSERT_TRUE(h.clients[id]->OnMaskingStart(start, 1).ok());
+    std::vector<uint32_t> words(h.config.dimension);
+    for (size_t i = 0; i < words.size(); ++i) {
+      const int32_t noise = static_cast<int32_t>((id * 31 + i * 17) % 41) - 20;
+      words[i] = static_cast<uint32_t>(Quantize(h.config.quantization, h.inputs[id][i]) + noise);
+      expected[i] += words[i];
+    }
+    expected[h.config.dimension] += 1;
+    ASSERT_TRUE(h.clients[id]->MaskQuantizedChunk(0, words).ok());
+    ASSERT_TRUE(h.server->OnMaskedWords(7, id, 0, words).ok());
+    v1::SecAggMaskedChunk weight;
+    ASSERT_TRUE(h.clients[id]->MaskWeight(&weight).ok());
+    ASSERT_TRUE(h.server->OnMaskedChunk(weight).ok());
+  }
+  ASSERT_TRUE(h.server->CloseMaskedUpload().ok());
+  ASSERT_TRUE(h.Unmask().ok()) << h.server->failure();
+  EXPECT_EQ(Words(h.server->running_sum()), expected);
+}
+
 TEST(SecAggRoundTest, BytesPerClientAndStageAreRecorded) {
   RoundHarness h = RoundHarness::Make(5, 1000, {1.0, 65536.0, 1}, 9);
   h.Advertise();

@@ -47,6 +47,11 @@ class ClientRound {
   // are clipped (counted in clipped_values()); NaN or infinity is refused with its index.
   absl::Status MaskChunk(uint64_t offset, std::span<const float> values, std::span<uint32_t> words);
   absl::Status MaskChunk(uint64_t offset, std::span<const float> values, v1::SecAggMaskedChunk* chunk);
+  // Masks, in place, words the caller quantised and weighted itself: words[i] = w * Quantize(x[offset + i]) as
+  // two's complement, plus whatever integer the caller adds before masking (distributed DP's noise share,
+  // privacy/). The caller then owns the range: the round's largest population assumes every word stays within
+  // max_weight * range * scale in magnitude, so noise needs its own room in the range.
+  absl::Status MaskQuantizedChunk(uint64_t offset, std::span<uint32_t> words);
   // The weight coordinate (index `dimension` of the masked vector), masked, as the last chunk.
   absl::Status MaskWeight(v1::SecAggMaskedChunk* chunk);
 
@@ -56,6 +61,7 @@ class ClientRound {
   uint64_t dimension() const { return dimension_; }
   uint64_t clipped_values() const { return clipped_; }
   size_t mask_partners() const { return partners_.size(); }
+  uint32_t weight() const { return weight_; }  // set by OnMaskingStart
 
  private:
   ClientRound() = default;
@@ -73,6 +79,7 @@ class ClientRound {
 
   absl::Status CheckRound(uint64_t round, std::string_view what) const;
   absl::Status Mask(uint64_t offset, std::span<uint32_t> words) const;
+  absl::Status CheckChunk(uint64_t offset, size_t values, size_t words) const;
 
   Stage stage_ = Stage::kAdvertised;
   RandomSource random_ = RandomSource::System();
