@@ -169,16 +169,14 @@ absl::Status ServerRound::OnPublicKeys(const v1::SecAggPublicKeys& keys) {
   if (keys.encryption_public_key() == keys.mask_public_key()) {
     return Refuse(SecurityEventKind::kBadKey, id, fl::StrCat("client ", id, " sent the same key twice"));
   }
-  for (const auto& [other, oc] : clients_) {
-    if (!oc.has_keys) continue;
-    for (const Key* k : {&oc.encryption_public, &oc.mask_public}) {
-      const std::string_view known(reinterpret_cast<const char*>(k->data()), k->size());
-      if (known == keys.encryption_public_key() || known == keys.mask_public_key()) {
-        return Refuse(SecurityEventKind::kBadKey, id,
-                      fl::StrCat("client ", id, " advertised a public key of client ", other, "; refused"));
-      }
+  for (const std::string* key : {&keys.encryption_public_key(), &keys.mask_public_key()}) {
+    if (const auto known = key_owners_.find(*key); known != key_owners_.end()) {
+      return Refuse(SecurityEventKind::kBadKey, id,
+                    fl::StrCat("client ", id, " advertised a public key of client ", known->second, "; refused"));
     }
   }
+  key_owners_[keys.encryption_public_key()] = id;
+  key_owners_[keys.mask_public_key()] = id;
   std::memcpy((*c)->encryption_public.data(), keys.encryption_public_key().data(), kKeyBytes);
   std::memcpy((*c)->mask_public.data(), keys.mask_public_key().data(), kKeyBytes);
   (*c)->has_keys = true;

@@ -141,6 +141,7 @@ class ServerRound {
   Stage stage_ = Stage::kAdvertiseKeys;
   std::string failure_;
   std::map<uint64_t, Client> clients_;
+  std::map<std::string, uint64_t> key_owners_;  // every advertised public key -> its client (repeats refused)
   std::vector<uint64_t> dropped_[4];
   std::set<uint64_t> survivors_;  // U3: complete masked uploads
   std::vector<uint32_t> sum_;
