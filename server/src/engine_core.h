@@ -53,7 +53,6 @@ class RoundEngine::Core {
   using ClientInfo = engine::ClientInfo;  // engine_registry.h
   struct TaskInfo;
   struct RoundState;
-  struct PendingUpload;
   struct BufferState;
 
   absl::Status Prepare();
@@ -284,7 +283,6 @@ class RoundEngine::Core {
   std::map<std::string, uint64_t> uplink_reports_due_;
   int64_t drain_deadline_ns_ = 0;
   static constexpr int64_t kUplinkReportGraceNs = 2'000'000'000;
-  std::deque<std::unique_ptr<PendingUpload>> waiting_uploads_;
   std::vector<float> scratch_;
   CommittedRound last_round_;  // the last committed round (its client_rows pointer is not kept)
   // The aggregation schedule (engine_schedule.h), made at construction from config_.aggregation: the shared paths

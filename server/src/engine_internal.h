@@ -81,9 +81,6 @@ struct RoundEngine::Core::RoundState {
   std::vector<instrumentation::EvaluationRecord> evaluation_rows;  // written with the evaluation's figures
 };
 
-struct RoundEngine::Core::PendingUpload {
-  UploadStartEvent event;
-};
 
 // Buffered aggregation (engine_buffered.cc): the open aggregation step, the train tasks out and the older model
 // versions they were given. A client whose update (or refusal, or drop) has a row in the open step waits: it gets

@@ -50,6 +50,17 @@ class UploadSlots {
   void DropBuffers() { std::vector<std::vector<uint8_t>>().swap(free_buffers_); }
   size_t buffers() const { return free_buffers_.size(); }
 
+  // Uploads waiting for a slot, first come first served: their headers were admitted, their `admit` not yet called.
+  void Wait(UploadStartEvent upload) { waiting_.push_back(std::move(upload)); }
+  bool HasWaiting() const { return !waiting_.empty(); }
+  size_t waiting() const { return waiting_.size(); }
+  // The oldest waiting upload, out of the queue (requires HasWaiting()).
+  UploadStartEvent NextWaiting() {
+    UploadStartEvent next = std::move(waiting_.front());
+    waiting_.pop_front();
+    return next;
+  }
+
   // The watch: an upload granted a slot at `granted_ns` (its header announced `payload_bytes`), until it ends.
   void Watch(std::shared_ptr<UploadHandle> handle, std::string client_id, std::string task_id, int64_t granted_ns,
              uint64_t payload_bytes);
@@ -83,6 +94,7 @@ class UploadSlots {
   };
   uint32_t slots_;
   uint32_t busy_ = 0;
+  std::deque<UploadStartEvent> waiting_;
   std::vector<std::vector<uint8_t>> free_buffers_;
   std::vector<Active> active_;
 };

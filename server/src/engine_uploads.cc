@@ -185,36 +185,33 @@ void RoundEngine::Core::HandleUploadStart(UploadStartEvent& e) {
   }
   if (h.kind() == fl::v1::UPDATE_KIND_INITIAL_MODEL) initial_model_upload_in_progress_ = true;
   if (train_task != nullptr) train_task->upload_in_flight = true;
-  auto pending = std::make_unique<PendingUpload>();
-  pending->event = std::move(e);
-  waiting_uploads_.push_back(std::move(pending));
+  uploads_.Wait(std::move(e));
   GrantUploadSlots();
 }
 
 void RoundEngine::Core::GrantUploadSlots() {
-  while (uploads_.HasFree() && !waiting_uploads_.empty()) {
-    std::unique_ptr<PendingUpload> next = std::move(waiting_uploads_.front());
-    waiting_uploads_.pop_front();
-    const fl::v1::UpdateHeader& h = next->event.header;
+  while (uploads_.HasFree() && uploads_.HasWaiting()) {
+    UploadStartEvent next = uploads_.NextWaiting();
+    const fl::v1::UpdateHeader& h = next.header;
     if (h.kind() != fl::v1::UPDATE_KIND_INITIAL_MODEL) {
       // A slot goes only to an update that can still count: one whose task closed while it waited is late now.
       auto t = tasks_.find(h.task_id());
       if (t == tasks_.end() || (t->second->closed && !schedule_->LateUploadAdmitted(*t->second))) {
         if (t != tasks_.end()) t->second->upload_in_flight = false;
-        next->event.admit(t != tasks_.end() ? ClosedTaskVerdict(*t->second, NowNs())
-                                            : Rejected(h.task_id(), fl::v1::ERROR_CODE_WRONG_ROUND,
-                                                       "the task is no longer known (its round ended long ago)"),
-                          {});
+        next.admit(t != tasks_.end() ? ClosedTaskVerdict(*t->second, NowNs())
+                                     : Rejected(h.task_id(), fl::v1::ERROR_CODE_WRONG_ROUND,
+                                                "the task is no longer known (its round ended long ago)"),
+                   {});
         continue;
       }
     }
     uploads_.Take();
     std::vector<uint8_t> buffer = uploads_.TakeBuffer();
-    if (next->event.handle != nullptr) {
-      uploads_.Watch(next->event.handle, h.client_id(), h.task_id(), NowNs(), h.payload_bytes());
+    if (next.handle != nullptr) {
+      uploads_.Watch(next.handle, h.client_id(), h.task_id(), NowNs(), h.payload_bytes());
       ArmUploadCheck();
     }
-    next->event.admit(std::nullopt, std::move(buffer));
+    next.admit(std::nullopt, std::move(buffer));
   }
 }
 

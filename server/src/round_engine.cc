@@ -530,11 +530,9 @@ void RoundEngine::Core::EndRun() {
     c->session->Close(grpc::Status::OK);
     DetachSession(*c);
   }
-  while (!waiting_uploads_.empty()) {
-    waiting_uploads_.front()->event.admit(Rejected(waiting_uploads_.front()->event.header.task_id(),
-                                                   fl::v1::ERROR_CODE_SHUTTING_DOWN, "the experiment has ended"),
-                                          {});
-    waiting_uploads_.pop_front();
+  while (uploads_.HasWaiting()) {
+    UploadStartEvent next = uploads_.NextWaiting();
+    next.admit(Rejected(next.header.task_id(), fl::v1::ERROR_CODE_SHUTTING_DOWN, "the experiment has ended"), {});
   }
   WriteRefusalSummaries(/*all=*/true);  // the refusals counted instead of recorded (engine_clients.cc)
   if (records_ != nullptr) {

@@ -53,6 +53,21 @@ TEST(UploadSlotsTest, SlotsAreCountedAndAtMostOneBufferPerSlotIsKept) {
   EXPECT_EQ(slots.buffers(), 0u);
 }
 
+TEST(UploadSlotsTest, UploadsWaitingForASlotComeOutFirstComeFirstServed) {
+  UploadSlots slots(1);
+  EXPECT_FALSE(slots.HasWaiting());
+  for (const char* task : {"t1", "t2", "t3"}) {
+    UploadStartEvent e;
+    e.header.set_task_id(task);
+    slots.Wait(std::move(e));
+  }
+  EXPECT_EQ(slots.waiting(), 3u);
+  std::vector<std::string> order;
+  while (slots.HasWaiting()) order.push_back(slots.NextWaiting().header.task_id());
+  EXPECT_EQ(order, (std::vector<std::string>{"t1", "t2", "t3"}));
+  EXPECT_EQ(slots.waiting(), 0u);
+}
+
 TEST(UploadSlotsTest, ASilentUploadLosesItsSlotOnceAfterTheMessageTimeout) {
   rpc::ManualClock clock;
   UploadSlots slots(1);
