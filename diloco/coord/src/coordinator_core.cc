@@ -289,6 +289,10 @@ Coordinator::Coordinator(std::unique_ptr<Core> core, std::unique_ptr<pki::Revoca
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOptions options,
                                                                  instrumentation::IslandRecordWriter* records,
                                                                  instrumentation::IslandMetrics* metrics) {
+  // spdlog's default logger is a lazily created static inside the uninstrumented libspdlog: made by the loop
+  // thread's first log line while this thread logs a revocation reload, TSan cannot see the static's guard and
+  // reports a race (as RoundEngine's constructor says). Made here, before the loop and watcher threads start.
+  spdlog::default_logger_raw();
   if (options.experiment_id.empty() && options.clock != nullptr) {
     std::random_device rd;
     const uint64_t random = (static_cast<uint64_t>(rd()) << 32) ^ rd();
