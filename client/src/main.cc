@@ -672,6 +672,24 @@ int main(int argc, char** argv) {
                (*trainer)->model_name(), (*trainer)->task(), (*trainer)->spec().num_tensors(),
                (*trainer)->spec().num_elements(), (*trainer)->spec().FingerprintHex(), (*trainer)->num_train_examples(),
                (*trainer)->num_test_examples());
+#if FL_WITH_TORCH
+  // A GPU client says so at Join (DeviceInfo.accelerator, device class "gpu" unless --device-class names one),
+  // as fl-island does: the records group its figures apart from the CPU clients'.
+  if (SyntheticParameters(model.model) == 0) {
+    if (std::optional<fl::training::CudaDevice> cuda = fl::training::TrainingCudaDevice(model.device)) {
+      fl::v1::Accelerator* accelerator = options.device.mutable_accelerator();
+      accelerator->set_kind(fl::v1::ACCELERATOR_KIND_CUDA);
+      accelerator->set_name(cuda->name);
+      accelerator->set_memory_bytes(cuda->memory_bytes);
+      accelerator->set_count(cuda->count);
+      if (device_class.empty()) options.device.set_device_class("gpu");
+      spdlog::info("device: cuda ({}, {} MiB; {} CUDA device(s) seen)", cuda->name.empty() ? "?" : cuda->name,
+                   cuda->memory_bytes >> 20, cuda->count);
+    } else {
+      spdlog::info("device: cpu (--device {})", model.device);
+    }
+  }
+#endif
   {
     // With the trainer built (the libraries, the model and the data shard resident): the peak still to come.
     fl::client::OneClientMemory m;

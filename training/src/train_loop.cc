@@ -1,5 +1,9 @@
 #include "train_loop.h"
 
+#ifdef FL_TORCH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -8,6 +12,24 @@
 
 #include "fl/core/str_cat.h"
 #include "fl/training/data/deterministic_random.h"
+#include "fl/training/torch_trainer.h"
+
+namespace fl::training {
+
+std::optional<CudaDevice> TrainingCudaDevice(std::string_view device) {
+  if (device == "cpu" || !torch::cuda::is_available()) return std::nullopt;
+  CudaDevice d;
+  d.count = static_cast<uint32_t>(torch::cuda::device_count());
+#ifdef FL_TORCH_CUDA
+  // The trainers use the current device (torch::kCUDA without an index).
+  const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
+  d.name = props->name;
+  d.memory_bytes = props->totalGlobalMem;
+#endif
+  return d;
+}
+
+}  // namespace fl::training
 
 namespace fl::training::internal {
 

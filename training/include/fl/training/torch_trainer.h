@@ -38,6 +38,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -108,5 +109,16 @@ class TorchTrainer final : public Trainer {
 
 // The names CreateTorchModel / TorchTrainerOptions::model accept.
 std::vector<std::string> TorchModelNames();
+
+// The GPU a trainer with `device` ("auto" | "cpu" | "cuda", as TorchTrainerOptions::device) trains on, for what
+// fl-client reports at Join (DeviceInfo.accelerator): the CUDA runtime's name and memory of the current device
+// (only in a build against a CUDA LibTorch; empty and 0 otherwise) and how many devices LibTorch sees.
+// nullopt where it trains on the CPU: "cpu", or no CUDA device visible (Debian's LibTorch is CPU-only).
+struct CudaDevice {
+  std::string name;
+  uint64_t memory_bytes = 0;
+  uint32_t count = 0;
+};
+std::optional<CudaDevice> TrainingCudaDevice(std::string_view device);
 
 }  // namespace fl::training
