@@ -6,18 +6,18 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/base/thread_annotations.h"
 #include "fl/core/checksum.h"
 #include "fl/core/codec.h"
+#include "fl/core/mutex.h"
 #include "fl/core/str_cat.h"
 #include "fl/core/tensor_spec.h"
 #include "fl/proto/chunk_reader.h"
@@ -68,7 +68,7 @@ struct Fleet::Impl {
       StartCall();
     }
     void Enqueue(fl::v1::ClientMessage m) {
-      std::lock_guard lock(mu_);
+      fl::MutexLock lock(mu_);
       if (done_) return;
       m.set_seq(++seq_);
       out_.push_back(std::move(m));
@@ -78,7 +78,7 @@ struct Fleet::Impl {
       }
     }
     void OnWriteDone(bool ok) override {
-      std::lock_guard lock(mu_);
+      fl::MutexLock lock(mu_);
       out_.pop_front();
       if (!ok || out_.empty()) {
         writing_ = false;
@@ -93,7 +93,7 @@ struct Fleet::Impl {
     }
     void OnDone(const grpc::Status& status) override {
       {
-        std::lock_guard lock(mu_);
+        fl::MutexLock lock(mu_);
         done_ = true;
         status_ = status;
       }
@@ -137,12 +137,12 @@ struct Fleet::Impl {
     Member* member_;
     grpc::ClientContext ctx_;
     fl::v1::ServerMessage in_;
-    std::mutex mu_;
-    std::deque<fl::v1::ClientMessage> out_;
-    bool writing_ = false;
-    bool done_ = false;
-    uint64_t seq_ = 0;
-    grpc::Status status_;
+    fl::Mutex mu_;
+    std::deque<fl::v1::ClientMessage> out_ ABSL_GUARDED_BY(mu_);
+    bool writing_ ABSL_GUARDED_BY(mu_) = false;
+    bool done_ ABSL_GUARDED_BY(mu_) = false;
+    uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
+    grpc::Status status_ ABSL_GUARDED_BY(mu_);
     bool welcomed_ = false;  // reactor's read side only
   };
 
@@ -173,79 +173,82 @@ struct Fleet::Impl {
   fl::v1::ModelSpec spec_proto;
 
   // Scheduler: Joins (first and retried) at their times, and the heartbeat buckets.
-  std::mutex mu;
-  std::condition_variable cv;
-  std::multimap<int64_t, std::function<void()>> timed;  // steady ns -> what to do
-  std::deque<std::function<void()>> work;               // for the workers
-  uint64_t sessions_running = 0;
-  uint64_t joins_running = 0;
-  uint64_t updates_answered = 0;
-  bool stop_threads = false;
+  fl::Mutex mu;
+  fl::CondVar cv;
+  std::multimap<int64_t, std::function<void()>> timed ABSL_GUARDED_BY(mu);  // steady ns -> what to do
+  std::deque<std::function<void()>> work ABSL_GUARDED_BY(mu);               // for the workers
+  uint64_t sessions_running ABSL_GUARDED_BY(mu) = 0;
+  uint64_t joins_running ABSL_GUARDED_BY(mu) = 0;
+  uint64_t updates_answered ABSL_GUARDED_BY(mu) = 0;
+  bool stop_threads ABSL_GUARDED_BY(mu) = false;
   std::thread scheduler;
   std::vector<std::thread> workers;
 
   void At(int64_t when_ns, std::function<void()> fn) {
     {
-      std::lock_guard lock(mu);
+      fl::MutexLock lock(mu);
       timed.emplace(when_ns, std::move(fn));
     }
-    cv.notify_all();
+    cv.NotifyAll();
   }
   void PostWork(std::function<void()> fn) {
     {
-      std::lock_guard lock(mu);
+      fl::MutexLock lock(mu);
       work.push_back(std::move(fn));
     }
-    cv.notify_all();
+    cv.NotifyAll();
   }
   void SessionDone() {
     {
-      std::lock_guard lock(mu);
+      fl::MutexLock lock(mu);
       --sessions_running;
     }
-    cv.notify_all();
+    cv.NotifyAll();
   }
   void UpdateAnswered(bool accepted) {
     (accepted ? counters.updates_accepted : counters.updates_other).fetch_add(1);
     {
-      std::lock_guard lock(mu);
+      fl::MutexLock lock(mu);
       ++updates_answered;
     }
-    cv.notify_all();
+    cv.NotifyAll();
   }
 
+  // Both run what they take off the queue without the lock (it may call At or PostWork).
   void RunScheduler() {
-    std::unique_lock lock(mu);
+    mu.Lock();
     while (!stop_threads) {
       if (timed.empty()) {
-        cv.wait(lock);
+        cv.Wait(mu);
         continue;
       }
       const int64_t due = timed.begin()->first;
       const int64_t now = NowNs();
       if (due > now) {
-        cv.wait_for(lock, std::chrono::nanoseconds(due - now));
+        cv.WaitFor(mu, std::chrono::nanoseconds(due - now));
         continue;
       }
       auto fn = std::move(timed.begin()->second);
       timed.erase(timed.begin());
-      lock.unlock();
+      mu.Unlock();
       fn();
-      lock.lock();
+      mu.Lock();
     }
+    mu.Unlock();
   }
 
   void RunWorker() {
-    std::unique_lock lock(mu);
+    mu.Lock();
     while (true) {
-      cv.wait(lock, [&] { return stop_threads || !work.empty(); });
-      if (stop_threads) return;
+      cv.Wait(mu, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return stop_threads || !work.empty(); });
+      if (stop_threads) break;
       auto fn = std::move(work.front());
       work.pop_front();
-      lock.unlock();
+      mu.Unlock();
       fn();
-      lock.lock();
+      mu.Lock();
     }
+    mu.Unlock();
   }
 
   // Heartbeats: every interval, bucket b of kBuckets gets its heartbeat at b * interval / kBuckets.
@@ -280,7 +283,7 @@ struct Fleet::Impl {
     *call->request.mutable_model_spec() = spec_proto;
     call->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
     {
-      std::lock_guard lock(mu);
+      fl::MutexLock lock(mu);
       ++joins_running;
     }
     int64_t expected = 0;
@@ -324,16 +327,16 @@ struct Fleet::Impl {
       }
     }
     {
-      std::lock_guard lock(mu);
+      fl::MutexLock lock(mu);
       --joins_running;
     }
-    cv.notify_all();
+    cv.NotifyAll();
   }
 
   void OpenSession(Member& m) {
     if (stopping.load()) return;
     {
-      std::lock_guard lock(mu);
+      fl::MutexLock lock(mu);
       ++sessions_running;
     }
     m.session = std::make_unique<Session>(this, &m);
@@ -472,13 +475,14 @@ absl::Status Fleet::WaitAllOpen(int64_t timeout_ms) {
 }
 
 absl::Status Fleet::WaitUpdates(uint64_t updates, int64_t timeout_ms) {
-  std::unique_lock lock(impl_->mu);
-  if (impl_->cv.wait_for(lock, std::chrono::milliseconds(timeout_ms),
-                         [&] { return impl_->updates_answered >= updates; })) {
+  Impl& f = *impl_;
+  fl::MutexLock lock(f.mu);
+  if (f.cv.WaitFor(f.mu, std::chrono::milliseconds(timeout_ms),
+                   [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(f.mu) { return f.updates_answered >= updates; })) {
     return absl::OkStatus();
   }
   return absl::DeadlineExceededError(
-      fl::StrCat("fleet: ", impl_->updates_answered, " of ", updates, " updates answered after ", timeout_ms, " ms"));
+      fl::StrCat("fleet: ", f.updates_answered, " of ", updates, " updates answered after ", timeout_ms, " ms"));
 }
 
 FleetStats Fleet::stats() const {
@@ -507,23 +511,23 @@ void Fleet::Stop() {
   Impl& f = *impl_;
   if (f.stopping.exchange(true)) return;
   {
-    std::lock_guard lock(f.mu);
+    fl::MutexLock lock(f.mu);
     f.stop_threads = true;
     f.timed.clear();
   }
-  f.cv.notify_all();
+  f.cv.NotifyAll();
   if (f.scheduler.joinable()) f.scheduler.join();
   for (auto& w : f.workers) w.join();
   // Joins in flight finish (their callbacks open no session any more), then every session is cancelled.
   {
-    std::unique_lock lock(f.mu);
-    f.cv.wait(lock, [&] { return f.joins_running == 0; });
+    fl::MutexLock lock(f.mu);
+    f.cv.Wait(f.mu, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(f.mu) { return f.joins_running == 0; });
   }
   for (auto& m : f.members) {
     if (m->session != nullptr) m->session->Cancel();
   }
-  std::unique_lock lock(f.mu);
-  f.cv.wait(lock, [&] { return f.sessions_running == 0; });
+  fl::MutexLock lock(f.mu);
+  f.cv.Wait(f.mu, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(f.mu) { return f.sessions_running == 0; });
 }
 
 }  // namespace fl::bench

@@ -40,7 +40,6 @@
 #include <atomic>
 #include <chrono>
 #include <map>
-#include <mutex>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -51,6 +50,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "fl/core/mutex.h"
 #include "fl/core/str_cat.h"
 #include "fl/diloco/net/ring_allreduce.h"
 #include "ratio_reporter.h"
@@ -193,8 +194,8 @@ void BM_RawTcpRing(benchmark::State& state) {
 // AllReduce(values), which builds the result in scratch memory and copies it over `values` at the end.
 // Seconds per exchange of the plaintext BM_Ring/<codec> (one connection, out of place) by "<codec>/<M>", for the
 // CURVE variants' curve_x.
-std::mutex g_plain_mu;
-std::map<std::string, double> g_plain_seconds;
+fl::Mutex g_plain_mu;
+std::map<std::string, double> g_plain_seconds ABSL_GUARDED_BY(g_plain_mu);
 
 void BM_Ring(benchmark::State& state, const std::string& codec, int connections, bool in_place, bool curve = false) {
   const auto m = static_cast<size_t>(state.range(0));
@@ -295,7 +296,7 @@ void BM_Ring(benchmark::State& state, const std::string& codec, int connections,
     state.counters["wire_bound_x"] = (wire_bytes / raw) / total_s;
   }
   const std::string key = fl::StrCat(codec, "/", m);
-  std::lock_guard<std::mutex> lock(g_plain_mu);
+  fl::MutexLock lock(g_plain_mu);
   if (!curve && connections == 1 && !in_place) g_plain_seconds[key] = total_s / iters;
   if (curve && g_plain_seconds.count(key) != 0) state.counters["curve_x"] = (total_s / iters) / g_plain_seconds[key];
 }
