@@ -210,7 +210,7 @@ for dev in $DEVICES; do
   if [ "$dev" = cuda ]; then
     isl "isl-lmbig-$dev" "$dev" $((100 / SCALE)) 5 "${LMBIG[@]}"
   else
-    isl "isl-lmbig-$dev" "$dev" 2 5 "${LMBIG[@]}" --threads 8
+    isl "isl-lmbig-$dev" "$dev" 2 5 "${LMBIG[@]}" --threads "${FL_GPU_CPU_THREADS:-8}"
   fi
   save
 done
