@@ -7,6 +7,7 @@
 #include <cmath>
 #include <iostream>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -232,6 +233,20 @@ TEST(TorchModels, FastMaxPoolMatchesTorch) {
   const torch::Tensor reference = torch::max_pool2d(x, 2);
   EXPECT_TRUE(std::isnan(fast[0][0][0][0].item<float>()));
   EXPECT_TRUE(torch::allclose(fast.nan_to_num(0), reference.nan_to_num(0)));
+}
+
+// fl-client's accelerator report at Join (TrainingCudaDevice): nothing for "cpu", nothing for "auto" or "cuda"
+// where LibTorch sees no GPU (Debian's LibTorch), and where it sees some, their count.
+TEST(TorchModels, TrainingCudaDeviceOnlyWhereLibTorchSeesOne) {
+  EXPECT_FALSE(TrainingCudaDevice("cpu").has_value());
+  const std::optional<CudaDevice> automatic = TrainingCudaDevice("auto");
+  if (!torch::cuda::is_available()) {
+    EXPECT_FALSE(automatic.has_value());
+    EXPECT_FALSE(TrainingCudaDevice("cuda").has_value());
+  } else {
+    ASSERT_TRUE(automatic.has_value());
+    EXPECT_EQ(automatic->count, static_cast<uint32_t>(torch::cuda::device_count()));
+  }
 }
 
 TEST(TorchModels, ImagesAreNormalised) {
