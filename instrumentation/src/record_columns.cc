@@ -140,7 +140,11 @@ const RowTable<RoundRecord>& RoundsTable() {
        Col<&R::eval_accuracy>("eval_accuracy"),
        Col<&R::eval_num_examples>("eval_num_examples"),
        Col<&R::eval_mae>("eval_mae", "CHECK (eval_mae IS NULL OR eval_mae >= 0)", 6),
-       Col<&R::eval_perplexity>("eval_perplexity", "CHECK (eval_perplexity IS NULL OR eval_perplexity >= 1)", 6)},
+       Col<&R::eval_perplexity>("eval_perplexity", "CHECK (eval_perplexity IS NULL OR eval_perplexity >= 1)", 6),
+       Col<&R::dp_epsilon>("dp_epsilon", "CHECK (dp_epsilon IS NULL OR dp_epsilon >= 0)", 10),
+       Col<&R::dp_clip_norm>("dp_clip_norm", "CHECK (dp_clip_norm IS NULL OR dp_clip_norm > 0)", 10),
+       Col<&R::dp_noise_multiplier>("dp_noise_multiplier",
+                                    "CHECK (dp_noise_multiplier IS NULL OR dp_noise_multiplier >= 0)", 10)},
       {"PRIMARY KEY (experiment_id, round, attempt)", "CHECK (status <> 'committed' OR model_version IS NOT NULL)"},
       // A round is committed at most once; failed/aborted attempts of it may be many.
       {"CREATE UNIQUE INDEX rounds_committed_once ON rounds (experiment_id, round) WHERE status = 'committed'"});

@@ -362,6 +362,14 @@ DROP TABLE client_rounds_v8;
 CREATE INDEX client_rounds_by_client ON client_rounds (experiment_id, client_id);
 )sql";
 
+// Version 10: central differential privacy per round (docs/privacy.md): ε spent up to the round, the clip norm and
+// the noise multiplier used. NULL in runs without it and in rows from before v10.
+constexpr std::string_view kSchemaV10 = R"sql(
+ALTER TABLE rounds ADD COLUMN dp_epsilon REAL CHECK (dp_epsilon IS NULL OR dp_epsilon >= 0);
+ALTER TABLE rounds ADD COLUMN dp_clip_norm REAL CHECK (dp_clip_norm IS NULL OR dp_clip_norm > 0);
+ALTER TABLE rounds ADD COLUMN dp_noise_multiplier REAL CHECK (dp_noise_multiplier IS NULL OR dp_noise_multiplier >= 0);
+)sql";
+
 // Append new migrations here: {N + 1, "what it does", R"sql(...)sql"}. Never edit a shipped entry. A new database
 // does not run them: it is created from the column declarations (record_columns.cc), which must declare what the
 // migrations reach (instrumentation_schema_test compares the two).
@@ -376,6 +384,7 @@ constexpr Migration kMigrations[] = {
     {8, "security_events (calls refused on the secure federation channel)", kSchemaV8, false},
     {9, "experiments.aggregation; client_rounds rebuilt: outcomes cancelled/folded, staleness columns", kSchemaV9,
      true},
+    {10, "rounds.dp_epsilon/dp_clip_norm/dp_noise_multiplier (central differential privacy)", kSchemaV10, false},
 };
 
 std::string Hex(int64_t v) {

@@ -53,6 +53,7 @@ struct ServerMetrics::Impl {
   prometheus::Counter* joins_shed = nullptr;
   // Families without a series until the first value: a loss or accuracy of 0 before any round would lie.
   prometheus::Family<prometheus::Gauge>* train_loss = nullptr;
+  prometheus::Family<prometheus::Gauge>* dp_epsilon = nullptr;
   prometheus::Family<prometheus::Gauge>* eval_loss = nullptr;
   prometheus::Family<prometheus::Gauge>* eval_accuracy = nullptr;
   prometheus::Family<prometheus::Gauge>* eval_mae = nullptr;
@@ -98,6 +99,8 @@ absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Start(const std::s
                                  "queue was above --max-engine-queue (load shedding)")
                           .Add({});
   impl->train_loss = &e.Gauges("fl_train_loss", "Mean local training loss of the last committed round");
+  impl->dp_epsilon =
+      &e.Gauges("fl_dp_epsilon", "Differential privacy: epsilon spent so far at the configured delta (RDP accountant)");
   impl->eval_loss =
       &e.Gauges("fl_eval_loss", "Loss of the global model on the clients' test data at the last evaluation");
   impl->eval_accuracy = &e.Gauges("fl_eval_accuracy",
@@ -177,6 +180,8 @@ void ServerMetrics::CountStraggler(const std::vector<ClientRoundRecord>& rows) {
 }
 
 void ServerMetrics::SetTrainLoss(double loss) { impl_->train_loss->Add({}).Set(loss); }
+
+void ServerMetrics::SetPrivacyEpsilon(double epsilon) { impl_->dp_epsilon->Add({}).Set(epsilon); }
 
 void ServerMetrics::SetEvaluation(const Evaluation& evaluation) {
   impl_->eval_loss->Add({}).Set(evaluation.loss);

@@ -311,9 +311,13 @@ TEST(RecordStoreTest, EveryColumnOfEveryKindRoundTripsSetAndUnset) {
   bare_client.experiment_id = "bare";
   bare_client.client_id = "c";
   bare_client.joined_unix_ms = 22;
-  RoundRecord full_round{
-      "full", 3,     1,  RoundStatus::kCommitted, "", 15, 16, 17.5, 18.5, 5, 4, 3, 2, 1, 900, 7, 0.5, 0.25, 0.75,
-      300,    0.125, 1.5};
+  RoundRecord full_round{"full", 3,    1,    RoundStatus::kCommitted,
+                         "",     15,   16,   17.5,
+                         18.5,   5,    4,    3,
+                         2,      1,    900,  7,
+                         0.5,    0.25, 0.75, 300,
+                         0.125,  1.5,  2.5,  0.75,
+                         1.1};
   full_round.failure_reason = "a committed round keeps a reason it is given";
   RoundRecord bare_round;
   bare_round.experiment_id = "bare";

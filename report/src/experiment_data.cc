@@ -103,6 +103,8 @@ absl::Status LoadRounds(ins::RecordReader& reader, ExperimentData& data) {
     a.eval_accuracy = r.eval_accuracy;
     a.eval_mae = r.eval_mae;
     a.eval_perplexity = r.eval_perplexity;
+    a.dp_epsilon = r.dp_epsilon;
+    a.dp_clip_norm = r.dp_clip_norm;
     data.rounds.push_back(std::move(a));
   }
   return absl::OkStatus();

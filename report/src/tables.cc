@@ -94,6 +94,13 @@ Table RoundsTable(const ExperimentData& data, const Analysis& analysis) {
   if (steps) t.columns[0].name = "step";
   const std::vector<EvalColumn> eval = EvalColumns(data.experiment.task);
   for (const EvalColumn& c : eval) t.columns.emplace_back(c.name, 4);
+  // Central differential privacy (schema v10): only for a run that had it.
+  const bool private_run = std::any_of(analysis.rounds.begin(), analysis.rounds.end(),
+                                       [](const RoundSummary& s) { return s.attempt->dp_epsilon.has_value(); });
+  if (private_run) {
+    t.columns.emplace_back("dp_epsilon", 4);
+    t.columns.emplace_back("dp_clip_norm", 4);
+  }
   for (const char* name : {"straggler", "straggler_link", "straggler_phase"}) t.columns.emplace_back(name, 0);
   for (const RoundSummary& s : analysis.rounds) {
     const RoundAttempt& r = *s.attempt;
@@ -123,6 +130,10 @@ Table RoundsTable(const ExperimentData& data, const Analysis& analysis) {
                              StatMax(s.uplink_ms),
                              r.duration_ms};
     for (const EvalColumn& c : eval) row.push_back(Opt(c.value(r)));
+    if (private_run) {
+      row.push_back(Opt(r.dp_epsilon));
+      row.push_back(Opt(r.dp_clip_norm));
+    }
     if (s.straggler.has_value()) {
       row.push_back(Label(data, s.straggler->client_id));
       row.push_back(LinkOf(data, s.straggler->client_id));
@@ -366,6 +377,10 @@ std::string RenderJson(const ExperimentData& data, const Analysis& analysis, con
       {"eval_mae", "regression: mean absolute error, clients' results weighted by examples"},
       {"eval_perplexity", "next-token: exp(eval_loss)"},
       {"eval_token_accuracy", "next-token: fraction of test tokens predicted right, weighted by sequences"},
+      {"dp_epsilon",
+       "central differential privacy: epsilon spent by the run up to and including the round, at the run's "
+       "--dp-delta (RDP accountant; records schema v10, only in runs with --dp-noise-multiplier)"},
+      {"dp_clip_norm", "central differential privacy: the L2 norm C the round's updates were clipped to"},
       {"client_events",
        "what fl-server refused from a client (report_refused: a reported figure failed "
        "validation) or did to it (upload_revoked, initial_model_reasked, session_closed) outside "

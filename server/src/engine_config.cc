@@ -49,6 +49,7 @@ absl::Status EngineConfig::Validate() const {
   // The mode checks first: they say why a combination cannot work, which a bound alone would not.
   if (absl::Status s = ValidateBuffered(); !s.ok()) return s;
   if (absl::Status s = ValidateStragglers(); !s.ok()) return s;
+  if (absl::Status s = ValidatePrivacy(); !s.ok()) return s;
   // Every setting's own bounds and choices, from its declaration (settings.cc).
   if (absl::Status s = CheckSettingBounds(*this); !s.ok()) return s;
   // Checks across settings.
@@ -187,6 +188,69 @@ absl::Status EngineConfig::ValidateStragglers() const {
           "' (fedmedian, fedtrimmedavg) ignores weights, so the discount would mean nothing and a stale update "
           "would count as much as a fresh one; use --deadline-policy=drop with it"));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EngineConfig::ValidatePrivacy() const {
+  if (!dp_on()) {
+    if (dp_target_epsilon > 0) {
+      return absl::InvalidArgumentError(fl::StrCat(
+          "--dp-target-epsilon=", dp_target_epsilon,
+          " without --dp-noise-multiplier gives no privacy: nothing is clipped or noised, so no epsilon is spent or "
+          "bounded; set --dp-noise-multiplier (e.g. 1.0) and --dp-population, or drop --dp-target-epsilon"));
+    }
+    return absl::OkStatus();
+  }
+  if (!std::isfinite(dp_clip_norm) || dp_clip_norm <= 0) {
+    return absl::InvalidArgumentError(fl::StrCat("--dp-clip-norm=", dp_clip_norm,
+                                                 " gives no privacy: updates must be clipped to a finite L2 norm C > "
+                                                 "0 for the noise to hide any one of them; e.g. --dp-clip-norm=1"));
+  }
+  if (dp_population == 0) {
+    return absl::InvalidArgumentError(
+        "--dp-noise-multiplier needs --dp-population: the number of clients the rounds sample from, so that the "
+        "accountant knows the sampling rate q = clients per round / population (e.g. --dp-population=1000)");
+  }
+  if (!(dp_delta > 0 && dp_delta < 1)) {
+    return absl::InvalidArgumentError(fl::StrCat(
+        "--dp-delta=", dp_delta, " must lie in (0, 1); use one well below 1/population, e.g. --dp-delta=1e-5"));
+  }
+  if (buffered()) {
+    return absl::InvalidArgumentError(
+        "--dp-noise-multiplier with --aggregation=buffered is not supported: the accountant composes one sampled "
+        "round at a time, and a buffered step's updates come from overlapping, staleness-weighted cohorts; use "
+        "--aggregation=synchronous with differential privacy");
+  }
+  const std::string kind = aggregator.substr(0, aggregator.find(':'));
+  if (kind != "mean" && kind != "fedavg") {
+    return absl::InvalidArgumentError(fl::StrCat(
+        "--dp-noise-multiplier needs the mean of the updates (--strategy fedavg, fedprox, fedavgm, fedadam, fedyogi, "
+        "fedadagrad or nesterov): the noise N(0, (sigma C/m)^2) bounds what one clipped update adds to a mean; the "
+        "aggregator '",
+        aggregator, "' (fedmedian, fedtrimmedavg) has another sensitivity"));
+  }
+  if (folds_late_updates()) {
+    return absl::InvalidArgumentError(
+        "--dp-noise-multiplier with --deadline-policy=fold is not supported: a folded late update would count in "
+        "a round it was not sampled for; use --deadline-policy=drop");
+  }
+  if (!clip_update_norm.empty() && clip_update_norm != "off") {
+    return absl::InvalidArgumentError(fl::StrCat(
+        "--clip-update-norm=", clip_update_norm,
+        " with --dp-noise-multiplier: differential privacy clips every update to --dp-clip-norm itself; drop "
+        "--clip-update-norm"));
+  }
+  if (dp_clipping != "fixed" && dp_clipping != "adaptive") {
+    return absl::InvalidArgumentError(
+        fl::StrCat("--dp-clipping=", dp_clipping, " is not known; use fixed or adaptive"));
+  }
+  if (dp_clipping == "adaptive" && !(dp_clipped_count_stddev > dp_noise_multiplier / 2)) {
+    return absl::InvalidArgumentError(
+        fl::StrCat("--dp-clipping=adaptive needs --dp-clipped-count-stddev above --dp-noise-multiplier / 2 (",
+                   dp_noise_multiplier / 2, "): part of the noise goes to the count of updates at or below C, and at ",
+                   dp_clipped_count_stddev,
+                   " none would be left for the update (Andrew et al. 2021 suggest about clients per round / 20)"));
   }
   return absl::OkStatus();
 }

@@ -23,6 +23,7 @@
 #include "fl/rpc/event_loop.h"
 #include "fl/server/round_engine.h"
 #include "engine_model.h"
+#include "engine_privacy.h"
 #include "engine_registry.h"
 #include "engine_transfers.h"
 
@@ -263,7 +264,10 @@ class RoundEngine::Core {
   std::optional<core::Task> task_;
   // The weights, version, server optimizer, codecs, download payload and checkpoint file (engine_model.h).
   engine::GlobalModel model_;
-  uint64_t round_ = 0;  // last committed round
+  // Central differential privacy: clip norm, noise on the mean, the accountant (engine_privacy.h); off without it.
+  engine::CentralDp dp_;
+  std::string stop_reason_;  // why the run ends early in kDraining (the privacy budget); "" = all rounds committed
+  uint64_t round_ = 0;       // last committed round
   std::unique_ptr<RoundState> current_;
   std::unique_ptr<core::Aggregator> spare_aggregator_;      // TakeAggregator / ReleaseRound
   std::map<std::string, std::unique_ptr<TaskInfo>> tasks_;  // open and recently closed, by task id

@@ -79,6 +79,7 @@ struct RoundEngine::Core::RoundState {
   std::unordered_map<std::string, std::vector<size_t>> rows_of_client;
   size_t indexed_rows = 0;
   std::vector<instrumentation::EvaluationRecord> evaluation_rows;  // written with the evaluation's figures
+  std::optional<engine::RoundPrivacy> privacy;  // central differential privacy: what the committed round spent
 };
 
 

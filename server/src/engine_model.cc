@@ -77,8 +77,11 @@ absl::Status GlobalModel::PseudoGradientOfWeights(const core::Codec& codec, std:
   return absl::OkStatus();
 }
 
-absl::Status GlobalModel::Step(core::Aggregator& aggregator, std::string_view what) {
+absl::Status GlobalModel::Step(core::Aggregator& aggregator, std::string_view what, const Perturb& perturb) {
   auto pseudo_grad = aggregator.Finish();
+  if (pseudo_grad.ok() && perturb) {
+    if (absl::Status s = perturb(*pseudo_grad); !s.ok()) return s;
+  }
   if (aggregator.num_clipped() > 0) {
     spdlog::info("{}: {} of {} updates scaled down to the update norm bound ({})", what, aggregator.num_clipped(),
                  aggregator.num_updates(), aggregator.norm_clip().ToString());

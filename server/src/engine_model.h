@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -80,7 +81,9 @@ class GlobalModel {
   // num_batches_tracked, ...) keep the previous values, and the result must be finite. `what` ("round 3",
   // "aggregation step 7") starts the clipping log line and the error. The version does not move: Commit does.
   // On an error the weights may be part-stepped; the caller ends the run (the last checkpoint is intact).
-  absl::Status Step(core::Aggregator& aggregator, std::string_view what);
+  // `perturb`, when given, changes the aggregate before the optimizer sees it (differential privacy's noise).
+  using Perturb = std::function<absl::Status(std::span<float>)>;
+  absl::Status Step(core::Aggregator& aggregator, std::string_view what, const Perturb& perturb = nullptr);
   // The stepped weights become the next version, downloaded as that of `round`.
   void Commit(uint64_t round);
   // A commit that could not be stored: the version number goes back (the run ends; --resume loads the checkpoint).

@@ -43,6 +43,7 @@ class MetricsObserver final : public EngineObserver {
     metrics_->SetCurrentRound(round.round);
     if (round.client_rows != nullptr) metrics_->CountStraggler(*round.client_rows);
     if (round.train_loss.has_value()) metrics_->SetTrainLoss(*round.train_loss);
+    if (round.dp_epsilon.has_value()) metrics_->SetPrivacyEpsilon(*round.dp_epsilon);
   }
 
   void OnSecurityRefusal(instrumentation::SecurityRefusal reason) override { metrics_->CountSecurityRefusal(reason); }

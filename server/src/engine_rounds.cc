@@ -33,8 +33,11 @@ std::unique_ptr<core::Aggregator> RoundEngine::Core::TakeAggregator() {
   } else {
     agg = *core::MakeAggregator(config_.aggregator, model_.spec());  // validated in Start()
   }
-  // Norm bounding of the updates (--clip-update-norm, or the strategy's default; validated in Start()).
-  if (absl::Status s = agg->SetNormClip(*config_.UpdateNormClip()); !s.ok()) {
+  // Norm bounding of the updates (--clip-update-norm, or the strategy's default; validated in Start()); with
+  // differential privacy, C of this round (--dp-clip-norm, or adaptive clipping's estimate).
+  core::NormClip clip = *config_.UpdateNormClip();
+  if (dp_.on()) clip = core::NormClip{core::NormClip::Mode::kFixed, dp_.clip_norm()};
+  if (absl::Status s = agg->SetNormClip(clip); !s.ok()) {
     spdlog::error("--clip-update-norm: {}", s.message());
   }
   // Without a norm bound, the bound on every value of an update (--max-update-value; validated in Start()): one
@@ -98,8 +101,13 @@ bool RoundEngine::Core::CommitGlobalStep(RoundState& r, double aggregation_ms,
   instrumentation::RoundRecord rec = RoundRow(r, instrumentation::RoundStatus::kCommitted);
   rec.aggregation_ms = aggregation_ms;
   rec.model_version = static_cast<int64_t>(model_.version());
-  last_round_ =
-      CommittedRound{r.round, r.attempt, r.accepted, rec.train_loss, rec.duration_ms, aggregation_ms, nullptr};
+  if (r.privacy.has_value()) {
+    rec.dp_epsilon = r.privacy->epsilon;
+    rec.dp_clip_norm = r.privacy->clip_norm;
+    rec.dp_noise_multiplier = r.privacy->noise_multiplier;
+  }
+  last_round_ = CommittedRound{r.round,         r.attempt,      r.accepted,     rec.train_loss,
+                               rec.duration_ms, aggregation_ms, rec.dp_epsilon, nullptr};
   instrumentation::RoundCommitRecord commit;
   commit.round = std::move(rec);
   commit.client_rounds = r.client_rows;

@@ -103,6 +103,18 @@ void RoundEngine::Core::SyncRounds::StartRound() {
   for (ClientInfo* c : idle) ids.push_back(c->id);
   const uint64_t round = c_.round_ + 1;
   std::vector<std::string> selected = SelectClients(ids, *size, c_.config_.seed, round, c_.attempt_);
+  // --dp-target-epsilon: no round may spend past it, so the run ends before the one that would.
+  auto past = c_.dp_.EpsilonPastTarget(static_cast<int64_t>(selected.size()));
+  if (!past.ok() || past->has_value()) {
+    c_.stop_reason_ = past.ok() ? absl::StrFormat(
+                                      "privacy budget: round %u would bring epsilon to %.4g, past --dp-target-epsilon="
+                                      "%g at --dp-delta=%g; rounds up to %u are committed",
+                                      round, **past, c_.config_.dp_target_epsilon, c_.config_.dp_delta, c_.round_)
+                                : fl::StrCat("privacy accountant: ", fl::ToStd(past.status().message()));
+    spdlog::info("{}", c_.stop_reason_);
+    (void)c_.Fire(EngineTrigger::kBudgetSpent);  // no row: the run has failed (MissingTransition)
+    return;
+  }
 
   c_.current_ = std::make_unique<RoundState>();
   c_.current_->round = round;
@@ -169,11 +181,28 @@ void RoundEngine::Core::SyncRounds::CloseRound() {
   const int64_t agg_start = c_.NowNs();
   // --deadline-policy fold: late updates of earlier rounds join this aggregate, discounted (engine_overcommit.cc).
   std::vector<instrumentation::ClientRoundRecord> folded_rows = FoldPendingInto(r);
-  if (absl::Status step = c_.model_.Step(*r.aggregator, fl::StrCat("round ", r.round)); !step.ok()) {
+  // Central differential privacy: the mean of the clipped updates is noised before the server optimizer sees it.
+  engine::GlobalModel::Perturb noise;
+  if (c_.dp_.on()) noise = [&](std::span<float> mean) { return c_.dp_.NoiseMean(mean, r.accepted); };
+  if (absl::Status step = c_.model_.Step(*r.aggregator, fl::StrCat("round ", r.round), noise); !step.ok()) {
     // Inputs were validated one by one; an optimizer failure means the aggregate itself overflowed.
     c_.Finish(instrumentation::ExperimentStatus::kFailed,
               fl::StrCat("round ", r.round, ": the server optimizer step failed: ", fl::ToStd(step.message())));
     return;
+  }
+  if (c_.dp_.on()) {
+    const auto updates = static_cast<int64_t>(r.aggregator->num_updates());
+    auto spent = c_.dp_.AfterRound(static_cast<int64_t>(r.task_ids.size()), updates,
+                                   updates - static_cast<int64_t>(r.aggregator->num_clipped()));
+    if (!spent.ok()) {
+      c_.Finish(
+          instrumentation::ExperimentStatus::kFailed,
+          fl::StrCat("round ", r.round, ": the privacy accountant failed: ", fl::ToStd(spent.status().message())));
+      return;
+    }
+    r.privacy = *spent;
+    spdlog::info("round {}: epsilon {:.4g} at delta {:g} (order {:g}), clip norm {:.4g}, noise multiplier {:.4g}",
+                 r.round, spent->epsilon, c_.config_.dp_delta, spent->order, spent->clip_norm, spent->noise_multiplier);
   }
   c_.round_ = r.round;
   c_.committed_attempt_ = r.attempt;

@@ -451,7 +451,9 @@ fl::v1::UploadUpdateResponse RoundEngine::Core::AcceptUpdate(UploadDoneEvent& e,
                   Rejected(task->id, code, std::string(fl::ToStd(s.message())),
                            non_finite ? "lower the learning rate; the client's training diverged" : ""));
   };
-  const double weight = static_cast<double>(h.num_examples());
+  // FedAvg weights by examples; differential privacy takes the uniform mean (its noise bounds one update's share of
+  // a mean of m, whatever the update claims to stand for).
+  const double weight = dp_.on() ? 1.0 : static_cast<double>(h.num_examples());
   if (h.kind() == fl::v1::UPDATE_KIND_DELTA) {
     // The common path: the payload is the pseudo-gradient itself, decoded straight into the aggregator's
     // own buffer (no extra model-sized copy on the server).

@@ -55,6 +55,7 @@ std::string_view EngineTriggerName(EngineTrigger trigger) {
     case EngineTrigger::kStepApplied: return "step_applied";
     case EngineTrigger::kStepFailed: return "step_failed";
     case EngineTrigger::kModelLoaded: return "model_loaded";
+    case EngineTrigger::kBudgetSpent: return "budget_spent";
     case EngineTrigger::kInvariantBroken: return "invariant_broken";
   }
   return "unknown";
@@ -82,6 +83,9 @@ constexpr EngineTransition kTransitions[] = {
     {S::kWaitingForClients, T::kAllRoundsCommitted, S::kDraining, E::kArmDrainGrace,
      "arm the grace for the last uplink reports"},
     {S::kWaitingForClients, T::kShutdown, S::kFinished, E::kEndRun, "tell every client; the experiment is aborted"},
+    {S::kWaitingForClients, T::kBudgetSpent, S::kDraining, E::kArmDrainGrace,
+     "the next round would spend past --dp-target-epsilon: no round more; arm the grace for the last uplink "
+     "reports"},
     {S::kCollecting, T::kRoundCommitted, S::kWaitingForClients, E::kNone,
      "aggregate; server optimizer step; write the checkpoint; store the round's records as one commit"},
     {S::kCollecting, T::kRoundFailed, S::kWaitingForClients, E::kNone,
@@ -315,6 +319,12 @@ absl::Status RoundEngine::Core::Prepare() {
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = dp_.Configure(config_); !s.ok()) return s;
+  if (dp_.on() && start_.resume) {
+    return absl::FailedPreconditionError(
+        "--resume with --dp-noise-multiplier is not supported yet: the privacy accountant's ledger is not kept in the "
+        "checkpoint, so a resumed run would report less epsilon than it spent; start a new experiment");
+  }
   if (model_.codec_policy().basis != core::CodecPolicy::Basis::kFixed) {
     spdlog::info("uplink codec per client: {}", model_.codec_policy().ToString());
   }
@@ -470,7 +480,7 @@ bool RoundEngine::Core::AdvanceOnce() {
     case EngineState::kDraining:
       if (Drained(now)) {
         Finish(instrumentation::ExperimentStatus::kFinished,
-               fl::StrCat("all ", config_.num_rounds, " rounds committed"));
+               stop_reason_.empty() ? fl::StrCat("all ", config_.num_rounds, " rounds committed") : stop_reason_);
       }
       return false;
     case EngineState::kFinished: return false;

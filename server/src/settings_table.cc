@@ -353,6 +353,51 @@ std::vector<Setting> MakeSettingsTable() {
           .InOldManifests()
           .OldZeroIsDefault());
 
+  group = "Differential privacy";
+  add(Number("dp_noise_multiplier", "--dp-noise-multiplier", "", 0, 1000,
+             "Central differential privacy: sigma; each update clipped to --dp-clip-norm C, Gaussian noise of std "
+             "sigma x C / m on the mean of the round's m updates (uniform weights), epsilon accounted every round "
+             "(docs/privacy.md)",
+             FL_MEMBER(dp_noise_multiplier))
+          .ZeroOff()
+          .Manifest("server.privacy.noise_multiplier"));
+  add(Number("dp_clip_norm", "--dp-clip-norm", "", 0, 1e9,
+             "Differential privacy: C, the L2 norm each update is clipped to (adaptive clipping: the initial C)",
+             FL_MEMBER(dp_clip_norm))
+          .Open()
+          .Manifest("server.privacy.clip_norm"));
+  add(String("dp_clipping", "--dp-clipping",
+             "Differential privacy: fixed C, or adaptive (C follows the --dp-target-quantile of the update norms, "
+             "Andrew et al. 2021)",
+             FL_MEMBER(dp_clipping))
+          .Choices({"fixed", "adaptive"})
+          .Manifest("server.privacy.clipping"));
+  add(Number("dp_target_quantile", "--dp-target-quantile", "", 0, 1,
+             "Adaptive clipping: the fraction of updates at or below C it aims for", FL_MEMBER(dp_target_quantile))
+          .Manifest("server.privacy.target_quantile"));
+  add(Number("dp_clip_learning_rate", "--dp-clip-learning-rate", "", 0, 100,
+             "Adaptive clipping: eta of C <- C x exp(-eta (b - quantile))", FL_MEMBER(dp_clip_learning_rate))
+          .Open()
+          .Manifest("server.privacy.clip_learning_rate"));
+  add(Number("dp_clipped_count_stddev", "--dp-clipped-count-stddev", "", 0, 1e9,
+             "Adaptive clipping: std of the noise on the count of updates at or below C (above sigma / 2; about "
+             "clients per round / 20)",
+             FL_MEMBER(dp_clipped_count_stddev))
+          .Manifest("server.privacy.clipped_count_stddev"));
+  add(Number("dp_delta", "--dp-delta", "", 0, 1, "Differential privacy: delta of the (epsilon, delta) reported",
+             FL_MEMBER(dp_delta))
+          .Open()
+          .Manifest("server.privacy.delta"));
+  add(Unsigned("dp_population", "--dp-population", "clients", 0, 1e9,
+               "Differential privacy: the clients the rounds sample from (sampling rate = clients per round / this)",
+               FL_MEMBER(dp_population))
+          .Manifest("server.privacy.population"));
+  add(Number("dp_target_epsilon", "--dp-target-epsilon", "", 0, 1e9,
+             "Differential privacy: end the run (finished) before a round would spend more than this epsilon",
+             FL_MEMBER(dp_target_epsilon))
+          .ZeroOff()
+          .Manifest("server.privacy.target_epsilon"));
+
   group = "Checks of updates";
   add(String("clip_update_norm", "--clip-update-norm",
              "Bound on each update's L2 norm (float tensors): off, median (the median norm of the round's updates; "

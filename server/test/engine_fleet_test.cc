@@ -252,6 +252,16 @@ TEST_F(EngineFleetTest, AJoinToAnOverloadedEngineIsShedWithRetryAfterMetadata) {
 // fl-client waits the retry-after-ms a refused Join carries, not only its own backoff: a server at its session limit
 // (one place, held) refuses "b" with retry-after-ms 60000, and b's next attempt is scheduled that far out.
 TEST(FleetClientTest, ARefusedJoinWaitsTheServersRetryAfter) {
+  // fl-client logs each retry with its wait ("join failed (...); retrying in N ms"): keep the last log lines
+  // (ringbuffer_sink is thread-safe to read). The default logger is swapped before the server's threads start and
+  // put back after they end (the guard outlives the server): spdlog::debug and friends read it without a lock, so
+  // swapping it while the engine logs frees a logger under it (ThreadSanitizer's report).
+  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(256);
+  struct DefaultLoggerSwap {
+    std::shared_ptr<spdlog::logger> previous = spdlog::default_logger();
+    explicit DefaultLoggerSwap(std::shared_ptr<spdlog::logger> l) { spdlog::set_default_logger(std::move(l)); }
+    ~DefaultLoggerSwap() { spdlog::set_default_logger(previous); }
+  } swap(std::make_shared<spdlog::logger>("retry-test", sink));
   fl::testing::ScratchDir dir("fl_fleet_retry");
   EngineConfig config = test_harness::SmallConfig(dir.File("ckpt"));
   config.max_sessions = 1;
@@ -261,11 +271,6 @@ TEST(FleetClientTest, ARefusedJoinWaitsTheServersRetryAfter) {
   auto a = holder.Connect("a");  // takes the one place
   ASSERT_NE(a, nullptr);
 
-  // fl-client logs each retry with its wait ("join failed (...); retrying in N ms"): keep the last log lines
-  // (ringbuffer_sink is thread-safe to read).
-  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(256);
-  auto previous = spdlog::default_logger();
-  spdlog::set_default_logger(std::make_shared<spdlog::logger>("retry-test", sink));
   auto b = test_harness::StartClient(server.address(), "b", 2);
   bool scheduled = false;
   std::string seen;
@@ -276,7 +281,6 @@ TEST(FleetClientTest, ARefusedJoinWaitsTheServersRetryAfter) {
     if (!scheduled) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   test_harness::StopClient(*b);  // wakes it from its wait
-  spdlog::set_default_logger(previous);
   EXPECT_TRUE(scheduled) << seen;
   a->ctx.TryCancel();
 }

@@ -640,9 +640,14 @@ TEST(HostileTest, FlClientRejoinsWithItsTokenWhileTheServerStillHoldsItsSession)
   config.evaluate_every = 0;
   config.fit = {1.0, 1, 1};
   config.heartbeat_interval_ms = 5000;  // the server drops the old session only after 20 s of silence
-  TestServer server(config, db, InitialModel(1));
+  // The sink is added before the server's threads start and removed after they end (the guard outlives the
+  // server): a logger's sink list is read without a lock by every thread that logs (ThreadSanitizer).
   auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(10000);
-  spdlog::default_logger()->sinks().push_back(sink);
+  struct SinkAdded {
+    explicit SinkAdded(spdlog::sink_ptr s) { spdlog::default_logger()->sinks().push_back(std::move(s)); }
+    ~SinkAdded() { spdlog::default_logger()->sinks().pop_back(); }
+  } added(sink);
+  TestServer server(config, db, InitialModel(1));
   const std::string address = server.address();
   Relay relay(std::stoi(address.substr(address.rfind(':') + 1)));
   auto c = StartClient(relay.address(), "c0", 1, "ethernet", 0, 200);
@@ -657,7 +662,6 @@ TEST(HostileTest, FlClientRejoinsWithItsTokenWhileTheServerStillHoldsItsSession)
   relay.CutClientSide();  // fl-client's session breaks; the server's end of it stays open and silent
   const EngineResult result = server.Wait();
   c->thread.join();
-  spdlog::default_logger()->sinks().pop_back();
   ASSERT_EQ(result.status_name(), "finished") << result.reason;
   EXPECT_EQ(result.rounds_committed, 3u);
   EXPECT_TRUE(c->result.ok()) << c->result;

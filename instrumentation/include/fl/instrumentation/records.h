@@ -152,6 +152,12 @@ struct RoundRecord {
   std::optional<int64_t> eval_num_examples;
   std::optional<double> eval_mae;         // schema v6: regression's mean absolute error, >= 0
   std::optional<double> eval_perplexity;  // schema v6: next-token's exp(eval_loss), >= 1
+  // Schema v10, central differential privacy (docs/privacy.md); NULL without it. ε spent by the run up to and
+  // including this round at the configured δ (RDP accountant), the clip norm C its updates were clipped to, and
+  // the noise multiplier of the noise added to its aggregate (adaptive clipping: σ_Δ, less than the whole σ).
+  std::optional<double> dp_epsilon;
+  std::optional<double> dp_clip_norm;
+  std::optional<double> dp_noise_multiplier;
 
   bool operator==(const RoundRecord&) const = default;
 };

@@ -52,6 +52,8 @@ class ServerMetrics {
   void CountStraggler(const std::vector<ClientRoundRecord>& rows);
   // Mean local training loss of the committed round.
   void SetTrainLoss(double loss);
+  // ε spent so far at the configured δ (central differential privacy; docs/privacy.md).
+  void SetPrivacyEpsilon(double epsilon);
   // The global model's evaluation (client results weighted by examples): fl_eval_loss always, and the
   // figures of the experiment's task: fl_eval_accuracy (classification; next-token's token accuracy),
   // fl_eval_mae (regression), fl_eval_perplexity (next-token). A figure the task does not have gets no series

@@ -99,6 +99,8 @@ struct RoundAttempt {
   std::optional<double> eval_accuracy;    // classification; next-token's token accuracy
   std::optional<double> eval_mae;         // regression (v6)
   std::optional<double> eval_perplexity;  // next-token (v6)
+  std::optional<double> dp_epsilon;       // central differential privacy (v10): ε spent up to this round
+  std::optional<double> dp_clip_norm;     // (v10) the C its updates were clipped to
   std::vector<ClientRoundRow> clients;    // by write order
 
   bool committed() const { return status == "committed"; }

@@ -122,6 +122,21 @@ struct EngineConfig {
   bool folds_late_updates() const { return deadline_policy == "fold"; }
   absl::Status ValidateStragglers() const;  // part of Validate()
 
+  // Central differential privacy (engine_privacy.h, docs/privacy.md): each update clipped to L2 norm C, the mean of
+  // the round's m updates (uniform weights) noised with N(0, (σ·C/m)²), ε accounted per round (RDP of the
+  // Poisson-subsampled Gaussian, q = clients per round / dp_population). 0 = off.
+  double dp_noise_multiplier = 0;      // σ
+  double dp_clip_norm = 1.0;           // C (adaptive clipping: the initial C)
+  std::string dp_clipping = "fixed";   // fixed, or adaptive (Andrew et al. 2021)
+  double dp_target_quantile = 0.5;     // adaptive: γ, the fraction of updates at or below C it aims for
+  double dp_clip_learning_rate = 0.2;  // adaptive: η of C <- C·exp(-η(b - γ))
+  double dp_clipped_count_stddev = 0;  // adaptive: σ_b of the noisy count (must exceed σ/2)
+  double dp_delta = 1e-5;              // δ of the (ε, δ) reported
+  uint32_t dp_population = 0;          // N, the clients the rounds sample from
+  double dp_target_epsilon = 0;        // stop before a round would spend more; 0 = no stop
+  bool dp_on() const { return dp_noise_multiplier > 0; }
+  absl::Status ValidatePrivacy() const;  // part of Validate()
+
   // The norm bound in effect (clip_update_norm, or the aggregator's default); errors name the flag.
   absl::StatusOr<core::NormClip> UpdateNormClip() const;
 

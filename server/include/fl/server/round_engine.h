@@ -81,6 +81,7 @@ enum class EngineTrigger {
   kStepApplied,       // the buffer's updates aggregated, stepped, checkpointed, and the step's records stored
   kStepFailed,        // no client could fill the buffer (every one waits for the step) and it holds no update
   kModelLoaded,       // the start point's checkpoint (--initial-model, or --resume's round) adopted at Start
+  kBudgetSpent,       // the next round would spend more than --dp-target-epsilon: no further round
   // A path of the engine that the table lacks (a bug, never a client's doing): logged critical, the run fails.
   // Every state but kFinished has this row, so that the failure itself goes through the table.
   kInvariantBroken,
@@ -134,6 +135,7 @@ struct CommittedRound {
   std::optional<double> train_loss;
   double duration_ms = 0;
   double aggregation_ms = 0;
+  std::optional<double> dp_epsilon;  // ε spent so far (central differential privacy; none without it)
   const std::vector<instrumentation::ClientRoundRecord>* client_rows = nullptr;  // valid during the call
 };
 

@@ -1,0 +1,234 @@
+// Central differential privacy in the round engine (server/src/engine_privacy.h, docs/privacy.md) on an injected
+// ManualClock: every update clipped to C and averaged uniformly, the mean noised with std σ·C/m (measured over the
+// 5,000 coordinates of the synthetic model, read back from the round's checkpoint), ε per round in the records
+// equal to the accountant's for (σ, q = clients per round / population, rounds, δ), the run ended before a round
+// would spend past --dp-target-epsilon, adaptive clipping's C moving towards its quantile, and the refusals at start.
+#include <cmath>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "../src/engine_privacy.h"
+#include "fl/instrumentation/record_reader.h"
+#include "fl/privacy/accountant.h"
+#include "fl/server/checkpoint.h"
+#include "manual_engine.h"
+
+namespace fl::server {
+namespace {
+
+using test_harness::kParams;
+using test_harness::LastTask;
+using test_harness::TestClient;
+
+class EnginePrivacyTest : public test_harness::ManualEngineTest {
+ protected:
+  EnginePrivacyTest() : ManualEngineTest("fl_engine_privacy") {}
+
+  // Two clients, both selected each round (K = 2), a population of 10: q = 0.2.
+  EngineConfig Config(double sigma, double clip) {
+    EngineConfig c = test_harness::SmallConfig(dir_.File("ckpt"));
+    c.num_rounds = 2;
+    c.fit = {1.0, 2, 2};
+    c.evaluate_every = 0;
+    c.round_deadline_ms = 10'000;
+    c.heartbeat_interval_ms = 60'000;
+    c.print_table = false;
+    c.dp_noise_multiplier = sigma;
+    c.dp_clip_norm = clip;
+    c.dp_population = 10;
+    c.dp_delta = 1e-5;
+    return c;
+  }
+
+  fl::v1::UploadUpdateResponse Upload(const TestClient& c, float value, uint64_t examples) {
+    const fl::v1::Task task = *LastTask(c);
+    const auto header = test_harness::DeltaHeader(c.id, c.token, task, examples);
+    const int64_t first = clock_.NowNs();
+    if (auto refused = StartUpload(header); refused.has_value()) return *refused;
+    return FinishUpload(header, Fp32Delta(value), first);
+  }
+
+  // The global model's move in round `round` (previous checkpoint minus this one), coordinate by coordinate.
+  std::vector<double> MoveIn(uint64_t round) {
+    auto before = LoadCheckpoint(CheckpointPath(dir_.File("ckpt"), round - 1));
+    auto after = LoadCheckpoint(CheckpointPath(dir_.File("ckpt"), round));
+    EXPECT_TRUE(before.ok()) << before.status();
+    EXPECT_TRUE(after.ok()) << after.status();
+    std::vector<double> move;
+    if (!before.ok() || !after.ok()) return move;
+    for (size_t i = 0; i < kParams; ++i) move.push_back(double{before->values[i]} - double{after->values[i]});
+    return move;
+  }
+
+  static double Mean(const std::vector<double>& v) {
+    double s = 0;
+    for (double x : v) s += x;
+    return s / static_cast<double>(v.size());
+  }
+  static double StdDev(const std::vector<double>& v) {
+    const double m = Mean(v);
+    double s = 0;
+    for (double x : v) s += (x - m) * (x - m);
+    return std::sqrt(s / static_cast<double>(v.size() - 1));
+  }
+
+  double ExpectedEpsilon(double sigma, int64_t rounds) {
+    auto e = privacy::ComputeEpsilon(sigma, 0.2, rounds, 1e-5);
+    EXPECT_TRUE(e.ok()) << e.status();
+    return e.ok() ? e->epsilon : NAN;
+  }
+};
+
+// Opposite updates, both far above C: clipped to ±C/√n per coordinate, their uniform mean is 0, so the model moves by
+// the noise alone, N(0, (σC/m)²) = N(0, 0.25²) per coordinate. Over 5,000 coordinates the sample's std is within
+// 1% of 0.25 (one standard error is 0.25/√10,000 = 0.0025): the band of ±6% is 6 standard errors wide each side.
+TEST_F(EnginePrivacyTest, TheMeanOfClippedUpdatesIsNoisedWithSigmaTimesCOverMAndEpsilonIsRecordedEachRound) {
+  StartEngine(Config(/*sigma=*/1.0, /*clip=*/0.5));
+  TestClient a = Connect("a");
+  TestClient b = Connect("b");
+  ASSERT_EQ(engine_->state(), EngineState::kCollecting);
+  ASSERT_EQ(Upload(a, 0.1f, 10).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
+  ASSERT_EQ(Upload(b, -0.3f, 30).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
+  const std::vector<double> move = MoveIn(1);
+  ASSERT_EQ(move.size(), kParams);
+  EXPECT_NEAR(StdDev(move), 0.25, 0.015);
+  EXPECT_NEAR(Mean(move), 0.0, 5 * 0.25 / std::sqrt(double{kParams}));
+
+  auto rounds = *Reader()->ListRounds(ExperimentId());
+  ASSERT_EQ(rounds.size(), 1u);
+  ASSERT_TRUE(rounds[0].dp_epsilon.has_value());
+  EXPECT_NEAR(*rounds[0].dp_epsilon, ExpectedEpsilon(1.0, 1), 1e-9);
+  EXPECT_EQ(rounds[0].dp_clip_norm, 0.5);
+  EXPECT_EQ(rounds[0].dp_noise_multiplier, 1.0);
+
+  // Round 2: ε composes over the rounds, as the accountant says for two steps.
+  ASSERT_EQ(engine_->state(), EngineState::kCollecting);
+  ASSERT_EQ(Upload(a, 0.1f, 10).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
+  ASSERT_EQ(Upload(b, -0.3f, 30).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
+  rounds = *Reader()->ListRounds(ExperimentId());
+  ASSERT_EQ(rounds.size(), 2u);
+  ASSERT_TRUE(rounds[1].dp_epsilon.has_value());
+  EXPECT_NEAR(*rounds[1].dp_epsilon, ExpectedEpsilon(1.0, 2), 1e-9);
+  EXPECT_GT(*rounds[1].dp_epsilon, *rounds[0].dp_epsilon);
+}
+
+// Almost no noise (σ = 0.01: std 0.01 x 1 / 2 = 0.005 per coordinate, 7e-5 on the mean over 5,000): a's update
+// (norm 0.1 x √5000 ≈ 7.07) is clipped to C = 1, b's (0.004 x √5000 ≈ 0.28) is not, and the two are averaged with
+// equal weights although b claims three times the examples: (0.1/7.07 − 0.004)/2 per coordinate.
+TEST_F(EnginePrivacyTest, UpdatesAreClippedToCAndAveragedUniformly) {
+  StartEngine(Config(/*sigma=*/0.01, /*clip=*/1.0));
+  TestClient a = Connect("a");
+  TestClient b = Connect("b");
+  ASSERT_EQ(Upload(a, 0.1f, 10).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
+  ASSERT_EQ(Upload(b, -0.004f, 30).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
+  const double clipped_a = 0.1 / (0.1 * std::sqrt(double{kParams}));
+  const double uniform = (clipped_a - 0.004) / 2;
+  const double by_examples = (10 * clipped_a - 30 * 0.004) / 40;
+  const double mean = Mean(MoveIn(1));
+  EXPECT_NEAR(mean, uniform, 5e-4);
+  EXPECT_GT(std::abs(mean - by_examples), 1e-3) << "weighted by examples, it would be " << by_examples;
+}
+
+// The target lies between what one round and two rounds spend: round 1 commits, and the run ends (finished, with
+// the budget as the reason) instead of starting round 2.
+TEST_F(EnginePrivacyTest, TheRunEndsBeforeARoundWouldSpendPastTheTarget) {
+  EngineConfig config = Config(1.0, 0.5);
+  config.num_rounds = 5;
+  const double one = ExpectedEpsilon(1.0, 1);
+  const double two = ExpectedEpsilon(1.0, 2);
+  ASSERT_LT(one, two);
+  config.dp_target_epsilon = (one + two) / 2;
+  StartEngine(config);
+  TestClient a = Connect("a");
+  TestClient b = Connect("b");
+  ASSERT_EQ(Upload(a, 0.1f, 10).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
+  ASSERT_EQ(Upload(b, -0.3f, 30).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
+  Advance(3'000);  // past the grace for the last uplink reports
+  ASSERT_EQ(engine_->state(), EngineState::kFinished);
+  auto result = engine_->result();
+  ASSERT_TRUE(result.has_value());
+  EXPECT_EQ(result->status, instrumentation::ExperimentStatus::kFinished);
+  EXPECT_EQ(result->rounds_committed, 1u);
+  EXPECT_NE(result->reason.find("privacy budget: round 2 would bring epsilon to"), std::string::npos) << result->reason;
+  EXPECT_NE(result->reason.find("--dp-target-epsilon"), std::string::npos) << result->reason;
+}
+
+// Adaptive clipping (Andrew et al. 2021): with every update above C the noisy fraction at or below it stays near
+// 0 < γ, so C grows round after round; with every update below it, C shrinks. A seeded generator makes the noisy
+// counts, hence the run, the same every time.
+TEST(CentralDpTest, AdaptiveClippingMovesCTowardsItsQuantile) {
+  EngineConfig config;
+  config.dp_noise_multiplier = 1.0;
+  config.dp_clip_norm = 1.0;
+  config.dp_clipping = "adaptive";
+  config.dp_clipped_count_stddev = 5.0;
+  config.dp_population = 1000;
+  for (bool above : {true, false}) {
+    engine::CentralDp dp;
+    ASSERT_TRUE(dp.Configure(config, privacy::NoiseRng::FromSeed(7)).ok());
+    // The count takes a share of the round's σ, so the update's own noise multiplier σ_Δ is above σ.
+    EXPECT_GT(dp.noise_multiplier(), 1.0);
+    double c = dp.clip_norm();
+    for (int round = 0; round < 20; ++round) {
+      auto spent = dp.AfterRound(100, 100, above ? 0 : 100);
+      ASSERT_TRUE(spent.ok()) << spent.status();
+      EXPECT_EQ(spent->clip_norm, c) << "the record names the C the round used";
+      c = dp.clip_norm();
+    }
+    if (above) {
+      EXPECT_GT(c, 5.0) << "C grew towards updates above it";
+    } else {
+      EXPECT_LT(c, 0.2) << "C shrank towards updates below it";
+    }
+  }
+}
+
+TEST(CentralDpTest, OffWithoutANoiseMultiplier) {
+  engine::CentralDp dp;
+  ASSERT_TRUE(dp.Configure(EngineConfig{}).ok());
+  EXPECT_FALSE(dp.on());
+  auto past = dp.EpsilonPastTarget(10);
+  ASSERT_TRUE(past.ok());
+  EXPECT_FALSE(past->has_value());
+}
+
+TEST(EnginePrivacyConfigTest, SettingsThatGiveNoPrivacyOrCannotBeAccountedAreRefusedSayingWhy) {
+  auto refused = [](auto change, const std::string& words) {
+    EngineConfig c = test_harness::SmallConfig("");
+    c.dp_noise_multiplier = 1.0;
+    c.dp_population = 100;
+    change(c);
+    absl::Status s = c.Validate();
+    EXPECT_FALSE(s.ok()) << words;
+    EXPECT_NE(std::string(s.message()).find(words), std::string::npos) << s;
+  };
+  refused([](EngineConfig& c) { c.dp_clip_norm = 0; }, "--dp-clip-norm=0 gives no privacy");
+  refused([](EngineConfig& c) { c.dp_population = 0; }, "needs --dp-population");
+  refused(
+      [](EngineConfig& c) {
+        c.dp_noise_multiplier = 0;
+        c.dp_target_epsilon = 4;
+      },
+      "without --dp-noise-multiplier gives no privacy");
+  refused([](EngineConfig& c) { c.aggregation = "buffered"; }, "--aggregation=buffered is not supported");
+  refused([](EngineConfig& c) { c.aggregator = "median"; }, "needs the mean of the updates");
+  refused([](EngineConfig& c) { c.deadline_policy = "fold"; }, "--deadline-policy=fold is not supported");
+  refused([](EngineConfig& c) { c.clip_update_norm = "2"; }, "--clip-update-norm=2 with --dp-noise-multiplier");
+  refused(
+      [](EngineConfig& c) {
+        c.dp_clipping = "adaptive";
+        c.dp_clipped_count_stddev = 0.5;
+      },
+      "needs --dp-clipped-count-stddev above --dp-noise-multiplier / 2");
+  EngineConfig fine = test_harness::SmallConfig("");
+  fine.dp_noise_multiplier = 1.0;
+  fine.dp_population = 100;
+  EXPECT_TRUE(fine.Validate().ok()) << fine.Validate();
+}
+
+}  // namespace
+}  // namespace fl::server
