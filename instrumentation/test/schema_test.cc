@@ -549,6 +549,55 @@ TEST(SchemaTest, VersionEightDatabaseWithRowsMigratesToNine) {
   EXPECT_TRUE(db.Exec("UPDATE experiments SET aggregation = 'buffered' WHERE id = 'v8'").ok());
 }
 
+
+// v10 adds the central differential privacy columns to `rounds`: a v9 file's rows read as before, with NULL there,
+// and a private round written after the migration reads back with its epsilon, clip norm and noise multiplier.
+TEST(SchemaTest, VersionNineDatabaseWithRowsMigratesToTen) {
+  ScratchDir dir;
+  const std::string path = dir.File("records.db");
+  {
+    sqlite::Database db = OpenRaw(path);
+    ASSERT_TRUE(MigrateSchema(db, SchemaMigrations().first(9)).ok());
+    ASSERT_TRUE(db.Exec(R"sql(
+      INSERT INTO experiments (id, name, started_unix_ms, software_version, task, aggregation)
+        VALUES ('v9', 'old run', 1, '0.9', 'classification', 'synchronous');
+      INSERT INTO rounds (experiment_id, round, attempt, status, started_unix_ms, ended_unix_ms, duration_ms,
+                          model_version, eval_loss, eval_accuracy, eval_num_examples)
+        VALUES ('v9', 1, 0, 'committed', 3, 4, 1.5, 1, 0.5, 0.75, 100);
+    )sql")
+                    .ok());
+    EXPECT_EQ(Int(db, "PRAGMA user_version"), 9);
+  }
+  ASSERT_GE(LatestSchemaVersion(), 10);
+  auto store = RecordStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  RoundRecord private_round;
+  private_round.experiment_id = "v9";
+  private_round.round = 2;
+  private_round.status = RoundStatus::kCommitted;
+  private_round.started_unix_ms = 5;
+  private_round.ended_unix_ms = 6;
+  private_round.model_version = 2;
+  private_round.dp_epsilon = 0.72;
+  private_round.dp_clip_norm = 0.5;
+  private_round.dp_noise_multiplier = 1.3;
+  ASSERT_TRUE((*store)->Enqueue(private_round).ok());
+  absl::Status flushed = (*store)->Close();
+  ASSERT_TRUE(flushed.ok()) << flushed;
+
+  auto reader = RecordReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto rounds = (*reader)->ListRounds("v9");
+  ASSERT_TRUE(rounds.ok()) << rounds.status();
+  ASSERT_EQ(rounds->size(), 2u);
+  EXPECT_EQ((*rounds)[0].eval_accuracy, 0.75);
+  EXPECT_FALSE((*rounds)[0].dp_epsilon.has_value()) << "a round from before v10 had no privacy";
+  EXPECT_EQ((*rounds)[1].dp_epsilon, 0.72);
+  EXPECT_EQ((*rounds)[1].dp_clip_norm, 0.5);
+  EXPECT_EQ((*rounds)[1].dp_noise_multiplier, 1.3);
+  sqlite::Database db = OpenRaw(path);
+  EXPECT_FALSE(db.Exec("UPDATE rounds SET dp_epsilon = -1 WHERE round = 2").ok()) << "epsilon >= 0 (CHECK)";
+}
 TEST(SchemaTest, FailedMigrationLeavesThePreviousVersion) {
   ScratchDir dir;
   sqlite::Database db = OpenRaw(dir.File("t.db"));
