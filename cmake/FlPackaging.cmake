@@ -31,7 +31,7 @@ include(GNUInstallDirs)
 # runtime) is left out of its package.
 set(FL_PACKAGE_PROGRAMS_server fl-server fl-provision)
 set(FL_PACKAGE_PROGRAMS_client fl-client)
-set(FL_PACKAGE_PROGRAMS_tools fl-experiment fl-report fl-link fl-coordinator fl-island fl-islands-run)
+set(FL_PACKAGE_PROGRAMS_tools fl-experiment fl-report fl-link fl-coordinator fl-island fl-islands-run fl-privacy)
 foreach(component server client tools)
   foreach(program IN LISTS FL_PACKAGE_PROGRAMS_${component})
     if(TARGET ${program})

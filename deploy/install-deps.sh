@@ -19,6 +19,8 @@ PACKAGES=(
   libssl-dev openssl
   # island data plane
   libzmq3-dev cppzmq-dev
+  # privacy and secure aggregation: ChaCha20 noise, X25519, XChaCha20-Poly1305 (fl-server, fl-privacy, secagg)
+  libsodium-dev
   # records and metrics
   libsqlite3-dev sqlite3 prometheus-cpp-dev
   # wire transfers' checksum (XXH3)

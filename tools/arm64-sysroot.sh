@@ -38,7 +38,7 @@ PACKAGES=(
   libgrpc++-dev libgrpc-dev libprotobuf-dev libabsl-dev
   libssl-dev zlib1g-dev libsqlite3-dev libxxhash-dev
   prometheus-cpp-dev libspdlog-dev libfmt-dev libyaml-cpp-dev libcli11-dev nlohmann-json3-dev
-  libzmq3-dev cppzmq-dev
+  libzmq3-dev cppzmq-dev libsodium-dev
   # Never run (the build runs the host's grpc_cpp_plugin), but gRPCConfig.cmake's imported target
   # gRPC::grpc_cpp_plugin refuses to load when its file is missing.
   protobuf-compiler-grpc
