@@ -37,15 +37,7 @@ std::vector<float> Gaussian(size_t n) {
 }
 
 void BM_Memcpy(benchmark::State& state) {
-  const size_t n = static_cast<size_t>(state.range(0));
-  const std::vector<float> in = Gaussian(n);
-  std::vector<float> out(n, 1.0f);
-  for (auto _ : state) {
-    std::memcpy(out.data(), in.data(), n * sizeof(float));
-    benchmark::DoNotOptimize(out.data());
-    benchmark::ClobberMemory();
-  }
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(n * 4));
+  fl::bench::MemcpyReference(state, Gaussian(static_cast<size_t>(state.range(0))));
 }
 
 void BM_WeightedMeanAdd(benchmark::State& state) {

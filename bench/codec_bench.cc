@@ -41,15 +41,7 @@ std::unique_ptr<fl::core::Codec> Make(const std::string& spec) {
 }
 
 void BM_Memcpy(benchmark::State& state) {
-  const size_t n = static_cast<size_t>(state.range(0));
-  const std::vector<float>& in = Input(n);
-  std::vector<float> out(n, 1.0f);  // touched, so page faults are not measured
-  for (auto _ : state) {
-    std::memcpy(out.data(), in.data(), n * sizeof(float));
-    benchmark::DoNotOptimize(out.data());
-    benchmark::ClobberMemory();
-  }
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(n * 4));
+  fl::bench::MemcpyReference(state, Input(static_cast<size_t>(state.range(0))));
 }
 
 void BM_Encode(benchmark::State& state, const std::string& spec) {

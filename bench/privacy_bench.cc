@@ -35,16 +35,7 @@ void SetBytes(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * state.range(0) * 4);
 }
 
-void BM_Memcpy(benchmark::State& state) {
-  const std::vector<float>& in = Update();
-  std::vector<float> out(in.size(), 1.0f);
-  for (auto _ : state) {
-    std::memcpy(out.data(), in.data(), in.size() * sizeof(float));
-    benchmark::DoNotOptimize(out.data());
-    benchmark::ClobberMemory();
-  }
-  SetBytes(state);
-}
+void BM_Memcpy(benchmark::State& state) { fl::bench::MemcpyReference(state, Update()); }
 
 void BM_L2Norm(benchmark::State& state) {
   const std::vector<float>& in = Update();

@@ -17,7 +17,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <ostream>
 #include <string>
@@ -25,6 +27,18 @@
 #include <vector>
 
 namespace fl::bench {
+
+// The usual reference benchmark's body: copies `in` into a buffer of its size (touched first, so that page faults
+// are not measured) once per iteration, counting its bytes.
+inline void MemcpyReference(benchmark::State& state, const std::vector<float>& in) {
+  std::vector<float> out(in.size(), 1.0f);
+  for (auto _ : state) {
+    std::memcpy(out.data(), in.data(), in.size() * sizeof(float));
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(in.size() * sizeof(float)));
+}
 
 class RatioReporter : public benchmark::ConsoleReporter {
  public:

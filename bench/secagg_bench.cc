@@ -99,15 +99,7 @@ std::vector<float> Update(size_t n) {
 }
 
 void BM_Memcpy(benchmark::State& state) {
-  const size_t n = static_cast<size_t>(state.range(0));
-  const std::vector<float> in = Update(n);
-  std::vector<float> out(n, 1.0f);
-  for (auto _ : state) {
-    std::memcpy(out.data(), in.data(), n * sizeof(float));
-    benchmark::DoNotOptimize(out.data());
-    benchmark::ClobberMemory();
-  }
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(n * 4));
+  fl::bench::MemcpyReference(state, Update(static_cast<size_t>(state.range(0))));
 }
 
 // One client masks its whole update (bytes: its 4n).
