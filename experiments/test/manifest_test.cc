@@ -123,7 +123,7 @@ TEST(ManifestTest, UnknownKeyNamesFileLinePathAndAllowedKeys) {
               {"exp.yaml:6:", "server.round", "unknown key",
                "allowed: rounds, strategy, selection, evaluation, round_deadline_s, max_round_attempts, "
                "initial_model_deadline_ms, uplink_codec_policy, deadline_policy, late_discount, aggregation, buffered, "
-               "updates, upload_slots, sessions, fleet, abuse, keep_checkpoints, metrics_addr"});
+               "privacy, updates, upload_slots, sessions, fleet, abuse, keep_checkpoints, metrics_addr"});
 }
 
 // Buffered aggregation (FedBuff): server.aggregation and server.buffered.*, passed to fl-server as its flags.
