@@ -12,66 +12,15 @@
 #include "fl/core/str_cat.h"
 #include "fl/testing/scratch_dir.h"
 #include "fl/testing/subprocess.h"
+#include "process_run.h"
 #include "records_polling.h"
 
 namespace fl::server {
 namespace {
 
-using fl::testing::Subprocess;
 using process_testing::Query;
 using process_testing::ReadFile;
-
-std::vector<std::string> ServerArgs(const fl::testing::ScratchDir& dir, int port, std::vector<std::string> extra) {
-  std::vector<std::string> args = {FL_SERVER_BIN,
-                                   "--listen",
-                                   fl::StrCat("127.0.0.1:", port),
-                                   "--db",
-                                   dir.File("records.db"),
-                                   "--evaluate-every",
-                                   "0",
-                                   "--heartbeat-interval-ms",
-                                   "300",
-                                   "--log-level",
-                                   "info",
-                                   "--insecure"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  return args;
-}
-
-std::vector<std::string> ClientArgs(int port, const std::string& name, const std::string& model) {
-  return {FL_CLIENT_BIN,
-          "--server",
-          fl::StrCat("127.0.0.1:", port),
-          "--name",
-          name,
-          "--model",
-          model,
-          "--give-up-after-s",
-          "60",
-          "--log-level",
-          "warn",
-          "--insecure"};
-}
-
-// Runs the server and clients (name -> synthetic model with its training time) to the end; returns the server's exit
-// code, every process stopped.
-int RunExperiment(const fl::testing::ScratchDir& dir, const std::vector<std::string>& server_extra,
-                  const std::vector<std::pair<std::string, std::string>>& clients) {
-  const int port = fl::testing::FreeLoopbackPort();
-  const std::string log = dir.File("server.txt");
-  Subprocess server(ServerArgs(dir, port, server_extra), log);
-  std::vector<std::unique_ptr<Subprocess>> running;
-  for (const auto& [name, model] : clients) {
-    running.push_back(std::make_unique<Subprocess>(ClientArgs(port, name, model), dir.File(name + ".txt")));
-  }
-  auto code = server.Wait(std::chrono::seconds(90));
-  EXPECT_TRUE(code.has_value()) << "fl-server did not finish; see " << ReadFile(log);
-  for (auto& c : running) {
-    auto client_code = c->Wait(std::chrono::seconds(30));
-    EXPECT_TRUE(client_code.has_value()) << "a client did not end with the experiment";
-  }
-  return code.value_or(-1);
-}
+using process_testing::RunExperiment;
 
 // --overcommit 1.5 with K = 2 (fraction 0.5 of 3 clients, at least 2): all three are selected, each round commits
 // with the two fast clients' updates and the slow one's task is cancelled. The cancel reaches fl-client, which stops
