@@ -104,7 +104,7 @@ absl::Status EngineConfig::ValidateBuffered() const {
                                                  "(FedBuff: asynchronous training, an aggregation step every "
                                                  "--buffer-size updates)"));
   }
-  if (aggregator != "mean" && aggregator != "fedavg") {
+  if (!aggregates_by_mean()) {
     return absl::InvalidArgumentError(fl::StrCat(
         "--aggregation=buffered cannot use the robust aggregator '", aggregator,
         "' (--strategy fedmedian / fedtrimmedavg): it compares the updates of one synchronous cohort, while a "
@@ -179,8 +179,7 @@ absl::Status EngineConfig::ValidateStragglers() const {
     }
   }
   if (folds_late_updates()) {
-    const std::string kind = aggregator.substr(0, aggregator.find(':'));
-    if (kind != "mean" && kind != "fedavg") {
+    if (!aggregates_by_mean()) {
       return absl::InvalidArgumentError(fl::StrCat(
           "--deadline-policy=fold needs the weighted mean (--strategy fedavg, fedprox, fedavgm, fedadam, fedyogi, "
           "fedadagrad or nesterov): a late update is folded in with a discounted weight, and the aggregator '",
@@ -190,6 +189,11 @@ absl::Status EngineConfig::ValidateStragglers() const {
     }
   }
   return absl::OkStatus();
+}
+
+bool EngineConfig::aggregates_by_mean() const {
+  const std::string kind = aggregator.substr(0, aggregator.find(':'));
+  return kind == "mean" || kind == "fedavg";
 }
 
 absl::Status EngineConfig::ValidatePrivacy() const {
@@ -222,8 +226,7 @@ absl::Status EngineConfig::ValidatePrivacy() const {
         "round at a time, and a buffered step's updates come from overlapping, staleness-weighted cohorts; use "
         "--aggregation=synchronous with differential privacy");
   }
-  const std::string kind = aggregator.substr(0, aggregator.find(':'));
-  if (kind != "mean" && kind != "fedavg") {
+  if (!aggregates_by_mean()) {
     return absl::InvalidArgumentError(fl::StrCat(
         "--dp-noise-multiplier needs the mean of the updates (--strategy fedavg, fedprox, fedavgm, fedadam, fedyogi, "
         "fedadagrad or nesterov): the noise N(0, (sigma C/m)^2) bounds what one clipped update adds to a mean; the "

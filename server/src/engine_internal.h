@@ -82,7 +82,6 @@ struct RoundEngine::Core::RoundState {
   std::optional<engine::RoundPrivacy> privacy;  // central differential privacy: what the committed round spent
 };
 
-
 // Buffered aggregation (engine_buffered.cc): the open aggregation step, the train tasks out and the older model
 // versions they were given. A client whose update (or refusal, or drop) has a row in the open step waits: it gets
 // no train task before the step is applied, so it has one row per step (it may evaluate meanwhile).
@@ -128,10 +127,7 @@ namespace engine_internal {
 
 inline constexpr int64_t kMsToNs = 1'000'000;
 
-// How the engine decodes an UploadDoneEvent's payload: the reactor (service.cc) checked the upload's XXH3-64
-// against its trailer before posting it, so the codec's body checksum is not computed again (and fl-client's
-// uploads do not carry one: core::kCodecFlagNoBodyChecksum).
-inline constexpr core::DecodeOptions kVerifiedUpload{.transfer_verified = true};
+using engine::kVerifiedUpload;  // engine_model.h
 
 inline std::string RandomHex(size_t bytes) {
   std::random_device rd;

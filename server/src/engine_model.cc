@@ -67,10 +67,8 @@ const core::Codec& GlobalModel::UplinkCodecOf(std::string_view name) const {
 
 absl::Status GlobalModel::PseudoGradientOfWeights(const core::Codec& codec, std::span<const uint8_t> payload,
                                                   std::string_view source, std::vector<float>& out) const {
-  // The upload's transfer checksum was verified as it arrived: the codec need not check its own again.
-  constexpr core::DecodeOptions kVerified{.transfer_verified = true};
   out.resize(values_.size());
-  absl::Status s = codec.Decode(payload, out, kVerified);
+  absl::Status s = codec.Decode(payload, out, kVerifiedUpload);
   if (s.ok()) s = core::CheckFinite(out, source, spec_.get());
   if (!s.ok()) return s;
   for (size_t i = 0; i < out.size(); ++i) out[i] = values_[i] - out[i];

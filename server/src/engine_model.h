@@ -27,6 +27,11 @@
 
 namespace fl::server::engine {
 
+// How the engine decodes an upload's payload: the reactor (service.cc) checked the upload's XXH3-64 against its
+// trailer before posting it, so the codec's body checksum is not computed again (and fl-client's uploads do not
+// carry one: core::kCodecFlagNoBodyChecksum).
+inline constexpr core::DecodeOptions kVerifiedUpload{.transfer_verified = true};
+
 // Where a checkpoint goes and what it says about the run (EngineConfig checkpoint_dir, experiment_id).
 struct CheckpointTarget {
   std::string dir;  // "" writes none

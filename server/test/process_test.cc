@@ -10,6 +10,7 @@
 #include "fl/instrumentation/record_reader.h"
 #include "fl/testing/scratch_dir.h"
 #include "fl/testing/subprocess.h"
+#include "process_run.h"
 #include "records_polling.h"
 
 namespace fl::server {
@@ -44,24 +45,10 @@ std::vector<std::string> ServerArgs(const fl::testing::ScratchDir& dir, int port
   return args;
 }
 
+using process_testing::ClientArgs;
 using process_testing::Query;
 using process_testing::ReadFile;
 using process_testing::WaitFor;
-
-std::vector<std::string> ClientArgs(int port, const std::string& name, const std::string& model) {
-  return {FL_CLIENT_BIN,
-          "--server",
-          fl::StrCat("127.0.0.1:", port),
-          "--name",
-          name,
-          "--model",
-          model,
-          "--give-up-after-s",
-          "60",
-          "--log-level",
-          "warn",
-          "--insecure"};
-}
 
 int64_t CommittedRounds(const std::string& db) {
   auto reader = instrumentation::RecordReader::Open(db);

@@ -137,6 +137,10 @@ struct EngineConfig {
   bool dp_on() const { return dp_noise_multiplier > 0; }
   absl::Status ValidatePrivacy() const;  // part of Validate()
 
+  // The aggregator is the (weighted) mean, not fedmedian/fedtrimmedavg: what buffered steps, folding and
+  // differential privacy need.
+  bool aggregates_by_mean() const;
+
   // The norm bound in effect (clip_update_norm, or the aggregator's default); errors name the flag.
   absl::StatusOr<core::NormClip> UpdateNormClip() const;
 
