@@ -119,11 +119,12 @@ void ExpectError(const std::string& text, const std::vector<std::string>& parts)
 }
 
 TEST(ManifestTest, UnknownKeyNamesFileLinePathAndAllowedKeys) {
-  ExpectError(Replace(kGood, "  rounds: 2\n", "  rounds: 2\n  round: 3\n"),
-              {"exp.yaml:6:", "server.round", "unknown key",
-               "allowed: rounds, strategy, selection, evaluation, round_deadline_s, max_round_attempts, "
-               "initial_model_deadline_ms, uplink_codec_policy, deadline_policy, late_discount, aggregation, buffered, "
-               "privacy, updates, upload_slots, sessions, fleet, abuse, keep_checkpoints, metrics_addr"});
+  ExpectError(
+      Replace(kGood, "  rounds: 2\n", "  rounds: 2\n  round: 3\n"),
+      {"exp.yaml:6:", "server.round", "unknown key",
+       "allowed: rounds, strategy, selection, evaluation, round_deadline_s, max_round_attempts, "
+       "initial_model_deadline_ms, uplink_codec_policy, deadline_policy, late_discount, aggregation, buffered, "
+       "secure_aggregation, privacy, updates, upload_slots, sessions, fleet, abuse, keep_checkpoints, metrics_addr"});
 }
 
 // Buffered aggregation (FedBuff): server.aggregation and server.buffered.*, passed to fl-server as its flags.

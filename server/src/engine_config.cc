@@ -16,6 +16,7 @@
 #include "fl/core/str_cat.h"
 #include "fl/core/tensor_spec.h"
 #include "fl/proto/convert.h"
+#include "fl/secagg/quantize.h"
 #include "fl/server/settings.h"
 #include "fl/server/staleness.h"
 
@@ -50,6 +51,7 @@ absl::Status EngineConfig::Validate() const {
   if (absl::Status s = ValidateBuffered(); !s.ok()) return s;
   if (absl::Status s = ValidateStragglers(); !s.ok()) return s;
   if (absl::Status s = ValidatePrivacy(); !s.ok()) return s;
+  if (absl::Status s = ValidateSecureAggregation(); !s.ok()) return s;
   // Every setting's own bounds and choices, from its declaration (settings.cc).
   if (absl::Status s = CheckSettingBounds(*this); !s.ok()) return s;
   // Checks across settings.
@@ -254,6 +256,58 @@ absl::Status EngineConfig::ValidatePrivacy() const {
                    dp_noise_multiplier / 2, "): part of the noise goes to the count of updates at or below C, and at ",
                    dp_clipped_count_stddev,
                    " none would be left for the update (Andrew et al. 2021 suggest about clients per round / 20)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EngineConfig::ValidateSecureAggregation() const {
+  if (!secagg_on()) return absl::OkStatus();
+  auto refuse = [](std::string what) { return absl::InvalidArgumentError(std::move(what)); };
+  if (buffered()) {
+    return refuse(
+        "--secure-aggregation=secagg+ with --aggregation=buffered is not supported: a buffered step mixes updates of "
+        "different model versions with staleness weights, which a sum of masked vectors cannot apply; use "
+        "--aggregation=synchronous");
+  }
+  if (!aggregates_by_mean()) {
+    return refuse(fl::StrCat("--secure-aggregation=secagg+ needs the mean of the updates: the aggregator '", aggregator,
+                             "' (fedmedian, fedtrimmedavg) needs every update on its own, which secure aggregation "
+                             "exists to hide; use --strategy fedavg (or fedprox, fedavgm, fedadam, fedyogi, "
+                             "fedadagrad, nesterov)"));
+  }
+  if (folds_late_updates()) {
+    return refuse(
+        "--secure-aggregation=secagg+ with --deadline-policy=fold is not supported: a late masked update cannot be "
+        "unmasked once its round's unmask stage is over; use --deadline-policy=drop");
+  }
+  if (!clip_update_norm.empty() && clip_update_norm != "off") {
+    return refuse(fl::StrCat("--clip-update-norm=", clip_update_norm,
+                             " with --secure-aggregation=secagg+: the server cannot see an update's norm; bound "
+                             "updates with --secagg-range (each value is clipped to it) or with differential "
+                             "privacy's client-side clipping (--dp-clip-norm)"));
+  }
+  if (uplink_codec_policy.size() > 0 && uplink_codec_policy != "fixed") {
+    return refuse(fl::StrCat("--uplink-codec-policy=", uplink_codec_policy,
+                             " with --secure-aggregation=secagg+: masked updates travel as 4-byte words in Z_2^32 "
+                             "whatever the link; drop --uplink-codec-policy"));
+  }
+  secagg::QuantizationSpec spec{secagg_range, secagg_scale, secagg_max_weight};
+  if (absl::Status s = secagg::ValidateQuantization(spec); !s.ok()) {
+    return refuse(fl::StrCat("--secagg-range=", secagg_range, " --secagg-scale=", secagg_scale,
+                             " --secagg-max-weight=", secagg_max_weight, ": ", fl::ToStd(s.message())));
+  }
+  // The most clients a round may mask together (the round's selection is capped at it, SyncRounds::StartRound): the
+  // fewest a round commits with must fit, or no round could ever commit.
+  if (const uint64_t most = secagg::MaxPopulation(spec); fit.min_clients > most) {
+    return refuse(fl::StrCat("--secure-aggregation=secagg+: a round needs --min-fit-clients=", fit.min_clients,
+                             " updates, but the quantised sum holds at most ", most, " at --secagg-range=", secagg_range,
+                             " --secagg-scale=", secagg_scale, " --secagg-max-weight=", secagg_max_weight,
+                             " without wrapping; lower the scale, the range or the weight cap"));
+  }
+  if (secagg_threshold != 0 && secagg_threshold < 2) {
+    return refuse(fl::StrCat("--secagg-threshold=", secagg_threshold,
+                             " must be 0 (the default, floor(k / 2) + 1) or at least 2: one share would reveal a "
+                             "secret"));
   }
   return absl::OkStatus();
 }

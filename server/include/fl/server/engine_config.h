@@ -137,6 +137,19 @@ struct EngineConfig {
   bool dp_on() const { return dp_noise_multiplier > 0; }
   absl::Status ValidatePrivacy() const;  // part of Validate()
 
+  // Secure aggregation, SecAgg+ (engine_secagg.h, docs/privacy.md "Secure aggregation in the rounds"): "off", or
+  // "secagg+": the server only ever holds masked updates and the unmasked sum of a round's survivors.
+  std::string secure_aggregation = "off";
+  uint32_t secagg_stage_deadline_ms = 10000;  // each key stage's and the unmask stage's own deadline
+  double secagg_range = 1.0;                  // update values are clipped to [-range, range] ...
+  double secagg_scale = 65536;                // ... and quantised to round(x * scale) in Z_2^32
+  uint32_t secagg_max_weight = 1;             // 1: uniform mean; > 1: FedAvg weights (examples, capped at this)
+  double secagg_log_factor = 3.0;             // neighbourhood k = odd >= c * log2(n) (Bell et al. 2020)
+  uint32_t secagg_full_graph_max = 32;        // at most this many clients: every pair (plain SecAgg)
+  uint32_t secagg_threshold = 0;              // shares to reconstruct a secret; 0: floor(k / 2) + 1
+  bool secagg_on() const { return secure_aggregation == "secagg+"; }
+  absl::Status ValidateSecureAggregation() const;  // part of Validate()
+
   // The aggregator is the (weighted) mean, not fedmedian/fedtrimmedavg: what buffered steps, folding and
   // differential privacy need.
   bool aggregates_by_mean() const;
