@@ -12,6 +12,7 @@ absl::Status CentralDp::Configure(const EngineConfig& config, std::optional<priv
   sigma_ = config.dp_noise_multiplier;
   if (!on()) return absl::OkStatus();
   clip_norm_ = config.dp_clip_norm;
+  clients_clip_ = config.secagg_on();
   delta_ = config.dp_delta;
   target_epsilon_ = config.dp_target_epsilon;
   population_ = config.dp_population;

@@ -15,6 +15,7 @@
 #include "fl/privacy/mechanisms.h"
 #include "fl/privacy/noise_rng.h"
 #include "fl/server/engine_config.h"
+#include "fl/v1/federation.pb.h"
 
 namespace fl::server::engine {
 
@@ -41,6 +42,14 @@ class CentralDp {
   // The multiplier of the noise on the mean: σ, or with adaptive clipping the σ_Δ left after the count's share.
   double noise_multiplier() const;
 
+  // What a train task's `privacy` carries: with secure aggregation the server cannot clip an update it cannot see,
+  // so the clients clip to C themselves. (The dp helper extends this with local and distributed DP.)
+  void FillClientPrivacy(int64_t /*expected_clients*/, fl::v1::ClientPrivacy* out) const {
+    if (on() && clients_clip_) out->set_clip_norm(clip_norm());
+  }
+  // Whether the server adds the noise (on the mean at the commit).
+  bool ServerNoises() const { return on(); }
+
   // Noise N(0, (σ·C/m)²) on every value of the mean of `updates` clipped updates, in place.
   absl::Status NoiseMean(std::span<float> mean, int64_t updates);
 
@@ -57,6 +66,7 @@ class CentralDp {
 
   double sigma_ = 0;
   double clip_norm_ = 0;
+  bool clients_clip_ = false;  // secure aggregation: the clients clip (FillClientPrivacy)
   double delta_ = 0;
   double target_epsilon_ = 0;
   uint32_t population_ = 0;
