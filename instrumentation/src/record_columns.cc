@@ -16,6 +16,7 @@ using Ev = EvaluationRecord;
 using Ck = CheckpointRecord;
 using CE = ClientEventRecord;
 using SE = SecurityEventRecord;
+using SA = SecAggStageRecord;
 using I = IslandRecord;
 using IE = IslandEpochRecord;
 using IS = IslandSyncRecord;
@@ -144,7 +145,9 @@ const RowTable<RoundRecord>& RoundsTable() {
        Col<&R::dp_epsilon>("dp_epsilon", "CHECK (dp_epsilon IS NULL OR dp_epsilon >= 0)", 10),
        Col<&R::dp_clip_norm>("dp_clip_norm", "CHECK (dp_clip_norm IS NULL OR dp_clip_norm > 0)", 10),
        Col<&R::dp_noise_multiplier>("dp_noise_multiplier",
-                                    "CHECK (dp_noise_multiplier IS NULL OR dp_noise_multiplier >= 0)", 10)},
+                                    "CHECK (dp_noise_multiplier IS NULL OR dp_noise_multiplier >= 0)", 10),
+       Col<&R::secagg_survivors>("secagg_survivors", "CHECK (secagg_survivors IS NULL OR secagg_survivors >= 0)", 11),
+       Col<&R::secagg_dropped>("secagg_dropped", "CHECK (secagg_dropped IS NULL OR secagg_dropped >= 0)", 11)},
       {"PRIMARY KEY (experiment_id, round, attempt)", "CHECK (status <> 'committed' OR model_version IS NOT NULL)"},
       // A round is committed at most once; failed/aborted attempts of it may be many.
       {"CREATE UNIQUE INDEX rounds_committed_once ON rounds (experiment_id, round) WHERE status = 'committed'"});
@@ -337,6 +340,7 @@ const RowTable<ClientEventRecord>& ClientEventsTable() {
   return *table;
 }
 
+// v11 rebuilt the table (the reason CHECK gained 'secagg'): its columns and their versions are unchanged.
 const RowTable<SecurityEventRecord>& SecurityEventsTable() {
   static const RowTable<SE>* const table = [] {
     // The database numbers the rows; the record reads its number back but never writes it.
@@ -365,12 +369,38 @@ const RowTable<SecurityEventRecord>& SecurityEventsTable() {
   return *table;
 }
 
+// One client's part in one stage of a secure-aggregation round attempt; children of the attempt's rounds row and of
+// the client's row, like client_rounds.
+const RowTable<SecAggStageRecord>& SecAggStagesTable() {
+  static const RowTable<SA>* const table = [] {
+    // The reason a client gave or caused is bounded like a client event's.
+    Column<SA> detail = OptText<&SA::detail>("detail", "", 11);
+    detail.bind = [](sqlite::Statement& st, int index, const SA& row, const ColumnSpec&) {
+      st.BindTextOrNull(index, BoundText(row.detail, kMaxSecAggDetailBytes));
+    };
+    return new RowTable<SA>(
+        "secagg_stages", 11,
+        {Col<&SA::experiment_id>("experiment_id", "", 11), Col<&SA::round>("round", "", 11),
+         Col<&SA::attempt>("attempt", "", 11), Col<&SA::client_id>("client_id", "", 11),
+         Col<&SA::stage>("stage", "", 11), Col<&SA::outcome>("outcome", "", 11),
+         Col<&SA::started_unix_ms>("started_unix_ms", "", 11),
+         Col<&SA::duration_ms>("duration_ms", "CHECK (duration_ms IS NULL OR duration_ms >= 0)", 11),
+         Col<&SA::bytes_down>("bytes_down", "CHECK (bytes_down >= 0)", 11),
+         Col<&SA::bytes_up>("bytes_up", "CHECK (bytes_up >= 0)", 11), detail},
+        {"PRIMARY KEY (experiment_id, round, attempt, client_id, stage)", std::string(kToRoundAttempt),
+         std::string(kToClient), "CHECK (outcome <> 'ok' OR detail IS NULL)"},
+        {"CREATE INDEX secagg_stages_by_client ON secagg_stages (experiment_id, client_id)"});
+  }();
+  return *table;
+}
+
 std::span<const TableSpec* const> RecordTables() {
-  static const std::array<const TableSpec*, 12> tables = {
+  static const std::array<const TableSpec*, 13> tables = {
       &ExperimentsTable().spec,         &ClientsTable().spec,      &RoundsTable().spec,
       &ClientRoundsTable().spec,        &EvaluationsTable().spec,  &CheckpointsTable().spec,
       &ExperimentManifestsTable().spec, &IslandsTable().spec,      &IslandEpochsTable().spec,
-      &IslandSyncsTable().spec,         &ClientEventsTable().spec, &SecurityEventsTable().spec};
+      &IslandSyncsTable().spec,         &ClientEventsTable().spec, &SecurityEventsTable().spec,
+      &SecAggStagesTable().spec};
   return tables;
 }
 

@@ -213,6 +213,15 @@ absl::StatusOr<std::vector<SecurityEventRecord>> RecordReader::ListSecurityEvent
                 experiment_id);
 }
 
+absl::StatusOr<std::vector<SecAggStageRecord>> RecordReader::ListSecAggStages(std::string_view experiment_id) {
+  fl::MutexLock lock(mu_);
+  // Stages in the order they run, not in the order of their names.
+  return Select(db_, schema_version_, SecAggStagesTable(),
+                "WHERE experiment_id = ?1 ORDER BY round, attempt, client_id, CASE stage WHEN 'advertise_keys' THEN 0 "
+                "WHEN 'share_keys' THEN 1 WHEN 'masked_upload' THEN 2 ELSE 3 END",
+                experiment_id);
+}
+
 absl::StatusOr<std::vector<IslandRecord>> RecordReader::ListIslands(std::string_view experiment_id) {
   fl::MutexLock lock(mu_);
   return Select(db_, schema_version_, IslandsTable(), "WHERE experiment_id = ?1 ORDER BY join_seq", experiment_id);

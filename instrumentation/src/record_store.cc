@@ -73,7 +73,9 @@ WHERE experiment_id = :experiment_id AND round > :after_round AND status = 'comm
 constexpr std::string_view kForgetClient = R"sql(
 DELETE FROM clients WHERE experiment_id = :experiment_id AND client_id = :client_id
   AND NOT EXISTS (SELECT 1 FROM client_rounds c WHERE c.experiment_id = :experiment_id AND c.client_id = :client_id)
-  AND NOT EXISTS (SELECT 1 FROM evaluations e WHERE e.experiment_id = :experiment_id AND e.client_id = :client_id))sql";
+  AND NOT EXISTS (SELECT 1 FROM evaluations e WHERE e.experiment_id = :experiment_id AND e.client_id = :client_id)
+  AND NOT EXISTS (SELECT 1 FROM secagg_stages s WHERE s.experiment_id = :experiment_id AND s.client_id = :client_id)
+)sql";
 
 }  // namespace
 
@@ -97,6 +99,7 @@ struct RecordStore::Writer {
   sqlite::Statement forget_client;
   sqlite::Statement insert_client_event;
   sqlite::Statement insert_security_event;
+  sqlite::Statement insert_secagg_stage;
 
   absl::Status Prepare() {
     std::vector<absl::StatusOr<std::string>> updates = {
@@ -125,7 +128,8 @@ struct RecordStore::Writer {
              {&supersede_rounds, kSupersedeRounds},
              {&forget_client, kForgetClient},
              {&insert_client_event, InsertSql(ClientEventsTable())},
-             {&insert_security_event, InsertSql(SecurityEventsTable())}});
+             {&insert_security_event, InsertSql(SecurityEventsTable())},
+             {&insert_secagg_stage, InsertSql(SecAggStagesTable())}});
   }
 
   absl::Status Run(sqlite::Statement& stmt, std::string_view what, bool expect_change = false) {
@@ -188,6 +192,7 @@ struct RecordStore::Writer {
             [&](const CheckpointRecord& r) { return Insert(insert_checkpoint, CheckpointsTable(), r); },
             [&](const ClientEventRecord& r) { return Insert(insert_client_event, ClientEventsTable(), r); },
             [&](const SecurityEventRecord& r) { return Insert(insert_security_event, SecurityEventsTable(), r); },
+            [&](const SecAggStageRecord& r) { return Insert(insert_secagg_stage, SecAggStagesTable(), r); },
             [&](const RoundCommitRecord& r) {
               return WriteAtomically([&]() -> absl::Status {
                 // Parent first: client rows reference the round's row.

@@ -83,16 +83,48 @@ std::string_view SecurityRefusalName(SecurityRefusal r) {
     case SecurityRefusal::kSessionLimit: return "session_limit";
     case SecurityRefusal::kUploadLimit: return "upload_limit";
     case SecurityRefusal::kStreamDeadline: return "stream_deadline";
+    case SecurityRefusal::kSecAgg: return "secagg";
   }
   return "unknown";
 }
 
 absl::StatusOr<SecurityRefusal> ParseSecurityRefusal(std::string_view name) {
-  return ParseEnum(name,
-                   {SecurityRefusal::kNameMismatch, SecurityRefusal::kWrongIdentity,
-                    SecurityRefusal::kRevokedCertificate, SecurityRefusal::kBadToken, SecurityRefusal::kJoinRate,
-                    SecurityRefusal::kSessionLimit, SecurityRefusal::kUploadLimit, SecurityRefusal::kStreamDeadline},
-                   SecurityRefusalName, "security refusal");
+  return ParseEnum(
+      name,
+      {SecurityRefusal::kNameMismatch, SecurityRefusal::kWrongIdentity, SecurityRefusal::kRevokedCertificate,
+       SecurityRefusal::kBadToken, SecurityRefusal::kJoinRate, SecurityRefusal::kSessionLimit,
+       SecurityRefusal::kUploadLimit, SecurityRefusal::kStreamDeadline, SecurityRefusal::kSecAgg},
+      SecurityRefusalName, "security refusal");
+}
+
+std::string_view SecAggStageName(SecAggStage s) {
+  switch (s) {
+    case SecAggStage::kAdvertiseKeys: return "advertise_keys";
+    case SecAggStage::kShareKeys: return "share_keys";
+    case SecAggStage::kMaskedUpload: return "masked_upload";
+    case SecAggStage::kUnmask: return "unmask";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<SecAggStage> ParseSecAggStage(std::string_view name) {
+  return ParseEnum(
+      name, {SecAggStage::kAdvertiseKeys, SecAggStage::kShareKeys, SecAggStage::kMaskedUpload, SecAggStage::kUnmask},
+      SecAggStageName, "secure-aggregation stage");
+}
+
+std::string_view SecAggStageOutcomeName(SecAggStageOutcome o) {
+  switch (o) {
+    case SecAggStageOutcome::kOk: return "ok";
+    case SecAggStageOutcome::kDropped: return "dropped";
+    case SecAggStageOutcome::kRefused: return "refused";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<SecAggStageOutcome> ParseSecAggStageOutcome(std::string_view name) {
+  return ParseEnum(name, {SecAggStageOutcome::kOk, SecAggStageOutcome::kDropped, SecAggStageOutcome::kRefused},
+                   SecAggStageOutcomeName, "secure-aggregation stage outcome");
 }
 
 std::string BoundText(std::string_view text, size_t max_bytes) {
@@ -196,6 +228,11 @@ std::string DescribeRecord(const Record& record) {
           [](const SecurityEventRecord& r) {
             return fl::StrCat("security event (experiment ", r.experiment_id, ", ", SecurityRefusalName(r.reason),
                               ", peer ", r.peer, ")");
+          },
+          [](const SecAggStageRecord& r) {
+            return fl::StrCat("secure-aggregation stage (experiment ", r.experiment_id, ", round ", r.round,
+                              ", attempt ", r.attempt, ", client ", r.client_id, ", ", SecAggStageName(r.stage), ", ",
+                              SecAggStageOutcomeName(r.outcome), ")");
           },
       },
       record);

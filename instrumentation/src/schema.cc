@@ -370,6 +370,53 @@ ALTER TABLE rounds ADD COLUMN dp_clip_norm REAL CHECK (dp_clip_norm IS NULL OR d
 ALTER TABLE rounds ADD COLUMN dp_noise_multiplier REAL CHECK (dp_noise_multiplier IS NULL OR dp_noise_multiplier >= 0);
 )sql";
 
+// Version 11: secure aggregation (SecAgg+, docs/privacy.md). secagg_stages: one client's part in one stage of a
+// secure round attempt (advertise keys, share keys, masked upload, unmask) with its outcome, time and bytes, child of
+// the attempt's rounds row and of the client's row like client_rounds. rounds: how many clients the unmasked sum
+// holds and how many dropped out of it. security_events: the reason 'secagg' (a secure-aggregation message refused),
+// which changes the reason CHECK and so rebuilds the table the way v9 rebuilt client_rounds (renamed away, created
+// under its real name, rows copied with their ids, the old table dropped with its index, the index made again).
+// Nothing references security_events.
+constexpr std::string_view kSchemaV11 = R"sql(
+ALTER TABLE rounds ADD COLUMN secagg_survivors INTEGER CHECK (secagg_survivors IS NULL OR secagg_survivors >= 0);
+ALTER TABLE rounds ADD COLUMN secagg_dropped INTEGER CHECK (secagg_dropped IS NULL OR secagg_dropped >= 0);
+ALTER TABLE security_events RENAME TO security_events_v10;
+CREATE TABLE security_events (
+  id                INTEGER PRIMARY KEY,
+  experiment_id     TEXT    NOT NULL REFERENCES experiments (id) ON DELETE CASCADE,
+  reason            TEXT    NOT NULL CHECK (reason IN ('name_mismatch', 'wrong_identity', 'revoked_certificate',
+                                                       'bad_token', 'join_rate', 'session_limit', 'upload_limit',
+                                                       'stream_deadline', 'secagg')),
+  peer              TEXT    NOT NULL,
+  identity          TEXT,
+  claimed           TEXT,
+  detail            TEXT    NOT NULL,
+  at_unix_ms        INTEGER NOT NULL
+);
+INSERT INTO security_events (id, experiment_id, reason, peer, identity, claimed, detail, at_unix_ms)
+SELECT id, experiment_id, reason, peer, identity, claimed, detail, at_unix_ms FROM security_events_v10;
+DROP TABLE security_events_v10;
+CREATE INDEX security_events_by_reason ON security_events (experiment_id, reason);
+CREATE TABLE secagg_stages (
+  experiment_id     TEXT    NOT NULL,
+  round             INTEGER NOT NULL,
+  attempt           INTEGER NOT NULL,
+  client_id         TEXT    NOT NULL,
+  stage             TEXT    NOT NULL CHECK (stage IN ('advertise_keys', 'share_keys', 'masked_upload', 'unmask')),
+  outcome           TEXT    NOT NULL CHECK (outcome IN ('ok', 'dropped', 'refused')),
+  started_unix_ms   REAL,
+  duration_ms       REAL    CHECK (duration_ms IS NULL OR duration_ms >= 0),
+  bytes_down        INTEGER NOT NULL CHECK (bytes_down >= 0),
+  bytes_up          INTEGER NOT NULL CHECK (bytes_up >= 0),
+  detail            TEXT,
+  PRIMARY KEY (experiment_id, round, attempt, client_id, stage),
+  FOREIGN KEY (experiment_id, round, attempt) REFERENCES rounds (experiment_id, round, attempt) ON DELETE CASCADE,
+  FOREIGN KEY (experiment_id, client_id) REFERENCES clients (experiment_id, client_id) ON DELETE CASCADE,
+  CHECK (outcome <> 'ok' OR detail IS NULL)
+);
+CREATE INDEX secagg_stages_by_client ON secagg_stages (experiment_id, client_id);
+)sql";
+
 // Append new migrations here: {N + 1, "what it does", R"sql(...)sql"}. Never edit a shipped entry. A new database
 // does not run them: it is created from the column declarations (record_columns.cc), which must declare what the
 // migrations reach (instrumentation_schema_test compares the two).
@@ -385,6 +432,8 @@ constexpr Migration kMigrations[] = {
     {9, "experiments.aggregation; client_rounds rebuilt: outcomes cancelled/folded, staleness columns", kSchemaV9,
      true},
     {10, "rounds.dp_epsilon/dp_clip_norm/dp_noise_multiplier (central differential privacy)", kSchemaV10, false},
+    {11, "secagg_stages; rounds.secagg_survivors/secagg_dropped; security_events rebuilt: reason secagg", kSchemaV11,
+     true},
 };
 
 std::string Hex(int64_t v) {

@@ -89,7 +89,8 @@ absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Start(const std::s
   impl->security_refusals =
       &e.Counters("fl_security_refusals_total",
                   "Calls refused for a security reason (name_mismatch, wrong_identity, revoked_certificate, "
-                  "bad_token, join_rate, session_limit, upload_limit, stream_deadline); each is a security_events row, "
+                  "bad_token, join_rate, session_limit, upload_limit, stream_deadline, secagg); each is a "
+                  "security_events row, "
                   "or counted in a summary row past the address's budget of rows");
   for (SecurityRefusal r : EnumTraits<SecurityRefusal>::kValues)
     impl->security_refusals->Add({{"reason", std::string(SecurityRefusalName(r))}});

@@ -317,7 +317,7 @@ TEST(RecordStoreTest, EveryColumnOfEveryKindRoundTripsSetAndUnset) {
                          2,      1,    900,  7,
                          0.5,    0.25, 0.75, 300,
                          0.125,  1.5,  2.5,  0.75,
-                         1.1};
+                         1.1,    9,    2};
   full_round.failure_reason = "a committed round keeps a reason it is given";
   RoundRecord bare_round;
   bare_round.experiment_id = "bare";
@@ -348,13 +348,28 @@ TEST(RecordStoreTest, EveryColumnOfEveryKindRoundTripsSetAndUnset) {
   SecurityEventRecord full_security{
       1, "full", SecurityRefusal::kRevokedCertificate, "ipv4:10.0.0.2:4000", "alice", "alice", "revoked", 31};
   SecurityEventRecord bare_security{2, "bare", SecurityRefusal::kUploadLimit, "ipv4:10.0.0.3:4001", "", "", "busy", 32};
+  // A full row is a refused one: only a stage that did not end ok has a detail.
+  SecAggStageRecord full_secagg{"full",
+                                3,
+                                1,
+                                "c",
+                                SecAggStage::kMaskedUpload,
+                                SecAggStageOutcome::kRefused,
+                                33.5,
+                                120.25,
+                                4096,
+                                8192,
+                                "wrong length: 10 chunks, expected 12"};
+  SecAggStageRecord bare_secagg;
+  bare_secagg.experiment_id = "bare";
+  bare_secagg.client_id = "c";
 
   std::vector<Record> records = {full_experiment, bare_experiment, full_client, bare_client};
   // The group kinds carry the full rows, the row kinds the bare ones.
   records.push_back(RoundCommitRecord{full_round, {full_client_round}, full_checkpoint, {}});
   records.push_back(EvaluationCommitRecord{"full", 3, 1, {full_evaluation}, std::nullopt});
   for (Record r : std::vector<Record>{bare_round, bare_client_round, bare_evaluation, bare_checkpoint, full_event,
-                                      bare_event, full_security, bare_security}) {
+                                      bare_event, full_security, bare_security, full_secagg, bare_secagg}) {
     records.push_back(std::move(r));
   }
   for (Record& r : records) ASSERT_TRUE(store->Enqueue(std::move(r)).ok());
@@ -370,8 +385,9 @@ TEST(RecordStoreTest, EveryColumnOfEveryKindRoundTripsSetAndUnset) {
   EXPECT_EQ(NullColumns(path, "checkpoints", "experiment_id = 'full'"), none);
   EXPECT_EQ(NullColumns(path, "client_events", "experiment_id = 'full'"), none);
   EXPECT_EQ(NullColumns(path, "security_events", "experiment_id = 'full'"), none);
+  EXPECT_EQ(NullColumns(path, "secagg_stages", "experiment_id = 'full'"), none);
   for (const char* table : {"experiments", "clients", "rounds", "client_rounds", "evaluations", "checkpoints",
-                            "client_events", "security_events"}) {
+                            "client_events", "security_events", "secagg_stages"}) {
     const std::string where = std::string(table) == "experiments" ? "id = 'bare'" : "experiment_id = 'bare'";
     EXPECT_EQ(NullColumns(path, table, where), NullableColumns(path, table)) << table;
   }
@@ -395,6 +411,8 @@ TEST(RecordStoreTest, EveryColumnOfEveryKindRoundTripsSetAndUnset) {
   // The ids the database gave, in the order written: the records carried the same.
   EXPECT_EQ(*reader->ListSecurityEvents("full"), std::vector<SecurityEventRecord>{full_security});
   EXPECT_EQ(*reader->ListSecurityEvents("bare"), std::vector<SecurityEventRecord>{bare_security});
+  EXPECT_EQ(*reader->ListSecAggStages("full"), std::vector<SecAggStageRecord>{full_secagg});
+  EXPECT_EQ(*reader->ListSecAggStages("bare"), std::vector<SecAggStageRecord>{bare_secagg});
 
   // The updates, on the bare rows: each sets exactly its columns.
   const ExperimentStatusUpdate finished{"bare", ExperimentStatus::kAborted, "stopped", 29};

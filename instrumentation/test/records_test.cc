@@ -41,7 +41,7 @@ TEST(RecordsTest, EnumNamesRoundTrip) {
   for (SecurityRefusal r :
        {SecurityRefusal::kNameMismatch, SecurityRefusal::kWrongIdentity, SecurityRefusal::kRevokedCertificate,
         SecurityRefusal::kBadToken, SecurityRefusal::kJoinRate, SecurityRefusal::kSessionLimit,
-        SecurityRefusal::kUploadLimit, SecurityRefusal::kStreamDeadline}) {
+        SecurityRefusal::kUploadLimit, SecurityRefusal::kStreamDeadline, SecurityRefusal::kSecAgg}) {
     auto parsed = ParseSecurityRefusal(SecurityRefusalName(r));
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, r);
@@ -55,6 +55,25 @@ TEST(RecordsTest, EnumNamesRoundTrip) {
   EXPECT_EQ(SecurityRefusalName(SecurityRefusal::kSessionLimit), "session_limit");
   EXPECT_EQ(SecurityRefusalName(SecurityRefusal::kUploadLimit), "upload_limit");
   EXPECT_EQ(SecurityRefusalName(SecurityRefusal::kStreamDeadline), "stream_deadline");
+  EXPECT_EQ(SecurityRefusalName(SecurityRefusal::kSecAgg), "secagg");
+  for (SecAggStage st :
+       {SecAggStage::kAdvertiseKeys, SecAggStage::kShareKeys, SecAggStage::kMaskedUpload, SecAggStage::kUnmask}) {
+    auto parsed = ParseSecAggStage(SecAggStageName(st));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, st);
+  }
+  EXPECT_EQ(SecAggStageName(SecAggStage::kAdvertiseKeys), "advertise_keys");
+  EXPECT_EQ(SecAggStageName(SecAggStage::kShareKeys), "share_keys");
+  EXPECT_EQ(SecAggStageName(SecAggStage::kMaskedUpload), "masked_upload");
+  EXPECT_EQ(SecAggStageName(SecAggStage::kUnmask), "unmask");
+  for (SecAggStageOutcome o : {SecAggStageOutcome::kOk, SecAggStageOutcome::kDropped, SecAggStageOutcome::kRefused}) {
+    auto parsed = ParseSecAggStageOutcome(SecAggStageOutcomeName(o));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, o);
+  }
+  EXPECT_EQ(SecAggStageOutcomeName(SecAggStageOutcome::kOk), "ok");
+  EXPECT_EQ(SecAggStageOutcomeName(SecAggStageOutcome::kDropped), "dropped");
+  EXPECT_EQ(SecAggStageOutcomeName(SecAggStageOutcome::kRefused), "refused");
   // The spellings are part of the schema (CHECK constraints) and of fl-report's queries.
   EXPECT_EQ(RoundStatusName(RoundStatus::kCommitted), "committed");
   EXPECT_EQ(ClientOutcomeName(ClientOutcome::kDropped), "dropped");
@@ -70,13 +89,26 @@ TEST(RecordsTest, UnknownNamesListTheValidOnes) {
             "unknown client outcome 'timeout'; expected one of ok, late, dropped, rejected, cancelled, folded");
 }
 
-TEST(RecordsTest, UnknownSecurityRefusalListsTheEight) {
+TEST(RecordsTest, UnknownSecurityRefusalListsTheNine) {
   auto bad = ParseSecurityRefusal("too_many");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(std::string(bad.status().message()),
             "unknown security refusal 'too_many'; expected one of name_mismatch, wrong_identity, revoked_certificate, "
-            "bad_token, join_rate, session_limit, upload_limit, stream_deadline");
+            "bad_token, join_rate, session_limit, upload_limit, stream_deadline, secagg");
+}
+
+TEST(RecordsTest, UnknownSecAggNamesListTheValidOnes) {
+  auto stage = ParseSecAggStage("upload");
+  ASSERT_FALSE(stage.ok());
+  EXPECT_EQ(stage.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(stage.status().message()),
+            "unknown secure-aggregation stage 'upload'; expected one of advertise_keys, share_keys, masked_upload, "
+            "unmask");
+  auto outcome = ParseSecAggStageOutcome("late");
+  ASSERT_FALSE(outcome.ok());
+  EXPECT_EQ(std::string(outcome.status().message()),
+            "unknown secure-aggregation stage outcome 'late'; expected one of ok, dropped, refused");
 }
 
 TEST(RecordsTest, DescribeNamesTheKindAndKey) {
@@ -107,6 +139,14 @@ TEST(RecordsTest, DescribeNamesTheKindAndKey) {
   security.reason = SecurityRefusal::kWrongIdentity;
   security.peer = "ipv4:127.0.0.1:50514";
   EXPECT_EQ(DescribeRecord(security), "security event (experiment e1, wrong_identity, peer ipv4:127.0.0.1:50514)");
+  SecAggStageRecord stage;
+  stage.experiment_id = "e1";
+  stage.round = 2;
+  stage.client_id = "pi-7";
+  stage.stage = SecAggStage::kShareKeys;
+  stage.outcome = SecAggStageOutcome::kDropped;
+  EXPECT_EQ(DescribeRecord(stage),
+            "secure-aggregation stage (experiment e1, round 2, attempt 0, client pi-7, share_keys, dropped)");
 }
 
 TEST(RecordsTest, ClientEventReasonIsBoundedAtACharacterBoundary) {

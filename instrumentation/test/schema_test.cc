@@ -549,7 +549,6 @@ TEST(SchemaTest, VersionEightDatabaseWithRowsMigratesToNine) {
   EXPECT_TRUE(db.Exec("UPDATE experiments SET aggregation = 'buffered' WHERE id = 'v8'").ok());
 }
 
-
 // v10 adds the central differential privacy columns to `rounds`: a v9 file's rows read as before, with NULL there,
 // and a private round written after the migration reads back with its epsilon, clip norm and noise multiplier.
 TEST(SchemaTest, VersionNineDatabaseWithRowsMigratesToTen) {
@@ -597,6 +596,173 @@ TEST(SchemaTest, VersionNineDatabaseWithRowsMigratesToTen) {
   EXPECT_EQ((*rounds)[1].dp_noise_multiplier, 1.3);
   sqlite::Database db = OpenRaw(path);
   EXPECT_FALSE(db.Exec("UPDATE rounds SET dp_epsilon = -1 WHERE round = 2").ok()) << "epsilon >= 0 (CHECK)";
+}
+
+// A database an fl-server of schema v10 wrote opens with this build: v11 rebuilds security_events (the reason CHECK
+// gains 'secagg'), keeping every row with its id, the index and the foreign key; rounds gain secagg_survivors and
+// secagg_dropped (NULL for the old rounds); secagg_stages is created. Before the migration this build reads the file
+// as it is (no stages, NULL counts); after it, secure-aggregation rows and 'secagg' refusals store and read back.
+TEST(SchemaTest, VersionTenDatabaseWithRowsMigratesToEleven) {
+  ScratchDir dir;
+  const std::string path = dir.File("records.db");
+  {
+    sqlite::Database db = OpenRaw(path);
+    ASSERT_TRUE(MigrateSchema(db, SchemaMigrations().first(10)).ok());
+    ASSERT_TRUE(db.Exec(R"sql(
+      INSERT INTO experiments (id, name, started_unix_ms, software_version, task, aggregation)
+        VALUES ('v10', 'old run', 1, '0.10', 'classification', 'synchronous');
+      INSERT INTO clients (experiment_id, client_id, joined_unix_ms) VALUES ('v10', 'c1', 2), ('v10', 'c2', 2);
+      INSERT INTO rounds (experiment_id, round, attempt, status, started_unix_ms, ended_unix_ms, duration_ms,
+                          model_version, dp_epsilon)
+        VALUES ('v10', 0, 0, 'committed', 3, 4, 1.5, 1, 0.5);
+      INSERT INTO client_rounds (experiment_id, round, attempt, client_id, outcome, num_examples)
+        VALUES ('v10', 0, 0, 'c1', 'ok', 100);
+      INSERT INTO security_events (id, experiment_id, reason, peer, identity, claimed, detail, at_unix_ms)
+        VALUES (5, 'v10', 'bad_token', 'ipv4:10.0.0.1:4000', NULL, 'ghost', 'unknown client id', 5),
+               (9, 'v10', 'join_rate', 'ipv4:10.0.0.2:4000', 'alice', 'alice', 'too many joins', 6);
+    )sql")
+                    .ok());
+    EXPECT_EQ(Int(db, "PRAGMA user_version"), 10);
+    EXPECT_FALSE(db.Exec("INSERT INTO security_events (experiment_id, reason, peer, detail, at_unix_ms) "
+                         "VALUES ('v10', 'secagg', 'p', 'd', 7)")
+                     .ok())
+        << "v10 has no 'secagg' reason";
+  }
+  {
+    auto old_reader = RecordReader::OpenAnyVersion(path);
+    ASSERT_TRUE(old_reader.ok()) << old_reader.status();
+    EXPECT_EQ((*old_reader)->schema_version(), 10);
+    auto stages = (*old_reader)->ListSecAggStages("v10");
+    ASSERT_TRUE(stages.ok()) << stages.status();
+    EXPECT_TRUE(stages->empty());
+    auto rounds = (*old_reader)->ListRounds("v10");
+    ASSERT_TRUE(rounds.ok()) << rounds.status();
+    ASSERT_EQ(rounds->size(), 1u);
+    EXPECT_FALSE((*rounds)[0].secagg_survivors.has_value());
+    EXPECT_FALSE((*old_reader)->HasColumn("rounds", "secagg_dropped"));
+  }
+  ASSERT_GE(LatestSchemaVersion(), 11);
+  RoundRecord secure_round;
+  secure_round.experiment_id = "v10";
+  secure_round.round = 1;
+  secure_round.status = RoundStatus::kCommitted;
+  secure_round.started_unix_ms = 10;
+  secure_round.ended_unix_ms = 20;
+  secure_round.duration_ms = 10;
+  secure_round.model_version = 2;
+  secure_round.secagg_survivors = 1;
+  secure_round.secagg_dropped = 1;
+  const SecAggStageRecord ok_stage{"v10", 1,   0,   "c1", SecAggStage::kShareKeys, SecAggStageOutcome::kOk, 11.5,
+                                   2.25,  300, 600, ""};
+  const SecAggStageRecord dropped_stage{"v10",
+                                        1,
+                                        0,
+                                        "c2",
+                                        SecAggStage::kMaskedUpload,
+                                        SecAggStageOutcome::kDropped,
+                                        12.5,
+                                        std::nullopt,
+                                        0,
+                                        0,
+                                        "no masked upload by the stage's deadline (30 s)"};
+  const SecurityEventRecord refusal{0,     "v10", SecurityRefusal::kSecAgg,       "ipv4:10.0.0.3:4000",
+                                    "bob", "bob", "share for round 7 in round 1", 13};
+  {
+    auto store = RecordStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    for (Record r : std::vector<Record>{secure_round, ok_stage, dropped_stage, refusal}) {
+      ASSERT_TRUE((*store)->Enqueue(std::move(r)).ok());
+    }
+    absl::Status flushed = (*store)->Close();
+    ASSERT_TRUE(flushed.ok()) << flushed;
+  }
+  auto reader = RecordReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto events = (*reader)->ListSecurityEvents("v10");
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_EQ(events->size(), 3u);
+  EXPECT_EQ((*events)[0].id, 5);
+  EXPECT_EQ((*events)[0].reason, SecurityRefusal::kBadToken);
+  EXPECT_EQ((*events)[0].claimed, "ghost");
+  EXPECT_EQ((*events)[1].id, 9);
+  EXPECT_EQ((*events)[1].identity, "alice");
+  SecurityEventRecord stored_refusal = refusal;
+  stored_refusal.id = 10;  // after the highest id kept
+  EXPECT_EQ((*events)[2], stored_refusal);
+  auto rounds = (*reader)->ListRounds("v10");
+  ASSERT_TRUE(rounds.ok()) << rounds.status();
+  ASSERT_EQ(rounds->size(), 2u);
+  EXPECT_EQ((*rounds)[0].dp_epsilon, 0.5);
+  EXPECT_FALSE((*rounds)[0].secagg_survivors.has_value()) << "a round from before v11 had no secure aggregation";
+  EXPECT_EQ((*rounds)[1], secure_round);
+  auto stages = (*reader)->ListSecAggStages("v10");
+  ASSERT_TRUE(stages.ok()) << stages.status();
+  EXPECT_EQ(*stages, (std::vector<SecAggStageRecord>{ok_stage, dropped_stage}));
+
+  sqlite::Database db = OpenRaw(path);
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM client_rounds WHERE experiment_id = 'v10' AND num_examples = 100"), 1);
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM sqlite_schema WHERE name LIKE 'security_events_v10%'"), 0);
+  EXPECT_EQ(Int(db,
+                "SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND name = 'security_events_by_reason' AND "
+                "tbl_name = 'security_events'"),
+            1);
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM pragma_foreign_key_list('security_events') WHERE \"table\" = 'experiments'"),
+            1);
+  EXPECT_EQ(Int(db, "SELECT count(*) FROM pragma_foreign_key_list('secagg_stages')"), 5);
+  // The CHECKs of v11.
+  EXPECT_FALSE(db.Exec("UPDATE security_events SET reason = 'masked' WHERE id = 10").ok());
+  EXPECT_FALSE(db.Exec("UPDATE rounds SET secagg_survivors = -1 WHERE round = 1").ok());
+  EXPECT_FALSE(db.Exec("UPDATE rounds SET secagg_dropped = -1 WHERE round = 1").ok());
+  EXPECT_FALSE(db.Exec("UPDATE secagg_stages SET stage = 'train' WHERE client_id = 'c1'").ok());
+  EXPECT_FALSE(db.Exec("UPDATE secagg_stages SET outcome = 'late' WHERE client_id = 'c1'").ok());
+  EXPECT_FALSE(db.Exec("UPDATE secagg_stages SET duration_ms = -0.5 WHERE client_id = 'c1'").ok());
+  EXPECT_FALSE(db.Exec("UPDATE secagg_stages SET bytes_down = -1 WHERE client_id = 'c1'").ok());
+  EXPECT_FALSE(db.Exec("UPDATE secagg_stages SET bytes_up = -1 WHERE client_id = 'c1'").ok());
+  EXPECT_FALSE(db.Exec("UPDATE secagg_stages SET detail = 'why' WHERE client_id = 'c1'").ok()) << "ok has no detail";
+  EXPECT_TRUE(db.Exec("UPDATE secagg_stages SET outcome = 'refused', detail = 'bad tag' WHERE client_id = 'c1'").ok());
+}
+
+// The store refuses a secure-aggregation row without its parents (the round attempt, the client) and with a value
+// out of range, each alone: the rest of the batch lands. Its detail is bounded like a client event's reason, and a
+// client with such rows is not forgotten.
+TEST(SchemaTest, SecAggStageRowsNeedTheirParentsAndBoundTheirDetail) {
+  ScratchDir dir;
+  const std::string path = dir.File("records.db");
+  auto store = testing_util::MustOpen(path);
+  ASSERT_NE(store, nullptr);
+  for (Record r : std::vector<Record>{testing_util::Experiment("e"), testing_util::Client("e", "c1"),
+                                      testing_util::Round("e", 0)}) {
+    ASSERT_TRUE(store->Enqueue(std::move(r)).ok());
+  }
+  ASSERT_TRUE(store->Flush().ok());
+  SecAggStageRecord good{"e", 0,   0,  "c1", SecAggStage::kUnmask,  SecAggStageOutcome::kRefused,
+                         1.5, 0.5, 10, 20,   std::string(5000, 'x')};
+  SecAggStageRecord no_round = good;
+  no_round.round = 1;
+  no_round.stage = SecAggStage::kAdvertiseKeys;
+  SecAggStageRecord no_client = good;
+  no_client.client_id = "ghost";
+  SecAggStageRecord negative = good;
+  negative.stage = SecAggStage::kShareKeys;
+  negative.duration_ms = -1;
+  for (const SecAggStageRecord& r : {no_round, good, no_client, negative}) ASSERT_TRUE(store->Enqueue(r).ok());
+  absl::Status flushed = store->Flush();
+  EXPECT_FALSE(flushed.ok());
+  EXPECT_NE(std::string(flushed.message()).find("secure-aggregation stage (experiment e, round 1"), std::string::npos)
+      << flushed;
+  EXPECT_EQ(store->stats().failed, 3u);
+  ASSERT_TRUE(store->Enqueue(ClientForgottenRecord{"e", "c1"}).ok());
+  ASSERT_TRUE(store->Close().ok());
+
+  auto reader = testing_util::MustRead(path);
+  ASSERT_NE(reader, nullptr);
+  auto stages = reader->ListSecAggStages("e");
+  ASSERT_TRUE(stages.ok()) << stages.status();
+  ASSERT_EQ(stages->size(), 1u);
+  EXPECT_EQ((*stages)[0].detail.size(), kMaxSecAggDetailBytes);
+  EXPECT_EQ((*stages)[0].detail, BoundText(good.detail, kMaxSecAggDetailBytes));
+  EXPECT_EQ(testing_util::Count(*reader, "SELECT count(*) FROM clients WHERE client_id = 'c1'"), 1)
+      << "a client with secure-aggregation rows is kept";
 }
 TEST(SchemaTest, FailedMigrationLeavesThePreviousVersion) {
   ScratchDir dir;

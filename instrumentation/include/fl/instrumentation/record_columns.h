@@ -106,12 +106,26 @@ struct EnumTraits<ClientEventKind> {
 };
 template <>
 struct EnumTraits<SecurityRefusal> {
-  static constexpr std::array kValues = {SecurityRefusal::kNameMismatch,       SecurityRefusal::kWrongIdentity,
-                                         SecurityRefusal::kRevokedCertificate, SecurityRefusal::kBadToken,
-                                         SecurityRefusal::kJoinRate,           SecurityRefusal::kSessionLimit,
-                                         SecurityRefusal::kUploadLimit,        SecurityRefusal::kStreamDeadline};
+  static constexpr std::array kValues = {
+      SecurityRefusal::kNameMismatch, SecurityRefusal::kWrongIdentity,  SecurityRefusal::kRevokedCertificate,
+      SecurityRefusal::kBadToken,     SecurityRefusal::kJoinRate,       SecurityRefusal::kSessionLimit,
+      SecurityRefusal::kUploadLimit,  SecurityRefusal::kStreamDeadline, SecurityRefusal::kSecAgg};
   static std::string_view Name(SecurityRefusal v) { return SecurityRefusalName(v); }
   static absl::StatusOr<SecurityRefusal> Parse(std::string_view s) { return ParseSecurityRefusal(s); }
+};
+template <>
+struct EnumTraits<SecAggStage> {
+  static constexpr std::array kValues = {SecAggStage::kAdvertiseKeys, SecAggStage::kShareKeys,
+                                         SecAggStage::kMaskedUpload, SecAggStage::kUnmask};
+  static std::string_view Name(SecAggStage v) { return SecAggStageName(v); }
+  static absl::StatusOr<SecAggStage> Parse(std::string_view s) { return ParseSecAggStage(s); }
+};
+template <>
+struct EnumTraits<SecAggStageOutcome> {
+  static constexpr std::array kValues = {SecAggStageOutcome::kOk, SecAggStageOutcome::kDropped,
+                                         SecAggStageOutcome::kRefused};
+  static std::string_view Name(SecAggStageOutcome v) { return SecAggStageOutcomeName(v); }
+  static absl::StatusOr<SecAggStageOutcome> Parse(std::string_view s) { return ParseSecAggStageOutcome(s); }
 };
 
 // "CHECK (column IN ('a', 'b'))" for an enumeration's stored names.
@@ -277,6 +291,7 @@ const RowTable<EvaluationRecord>& EvaluationsTable();
 const RowTable<CheckpointRecord>& CheckpointsTable();
 const RowTable<ClientEventRecord>& ClientEventsTable();
 const RowTable<SecurityEventRecord>& SecurityEventsTable();
+const RowTable<SecAggStageRecord>& SecAggStagesTable();  // schema v11
 const RowTable<IslandRecord>& IslandsTable();
 const RowTable<IslandEpochRecord>& IslandEpochsTable();
 const RowTable<IslandSyncRecord>& IslandSyncsTable();

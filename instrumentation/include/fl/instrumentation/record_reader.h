@@ -94,6 +94,10 @@ class RecordReader {
   absl::StatusOr<std::vector<ClientEventRecord>> ListClientEvents(std::string_view experiment_id);
   // Security events of an experiment (schema v8), by time, then in the order they were written; none in older files.
   absl::StatusOr<std::vector<SecurityEventRecord>> ListSecurityEvents(std::string_view experiment_id);
+  // Secure-aggregation stages of an experiment (schema v11), by (round, attempt, client_id) and within a client's
+  // round attempt in the order the stages run (advertise_keys, share_keys, masked_upload, unmask); none in older
+  // files.
+  absl::StatusOr<std::vector<SecAggStageRecord>> ListSecAggStages(std::string_view experiment_id);
   // Islands experiments (schema v5): admissions by join_seq, epochs by number, members by (epoch, ring index).
   absl::StatusOr<std::vector<IslandRecord>> ListIslands(std::string_view experiment_id);
   absl::StatusOr<std::vector<IslandEpochRecord>> ListIslandEpochs(std::string_view experiment_id);

@@ -118,8 +118,8 @@ struct ClientLeftRecord {
 
 // Deletes the row of a client that joined but never had a task, when fl-server forgets it (it keeps at most
 // --max-idle-newcomers such clients: docs/security.md, "Abuse limits"). Its client_events rows go with it (ON DELETE
-// CASCADE). A client with client_rounds or evaluations rows is never deleted: the statement checks, and deletes
-// nothing then. Deleting nothing is not an error (the row may already be gone).
+// CASCADE). A client with client_rounds, evaluations or secagg_stages rows is never deleted: the statement checks,
+// and deletes nothing then. Deleting nothing is not an error (the row may already be gone).
 struct ClientForgottenRecord {
   std::string experiment_id;
   std::string client_id;
@@ -158,6 +158,11 @@ struct RoundRecord {
   std::optional<double> dp_epsilon;
   std::optional<double> dp_clip_norm;
   std::optional<double> dp_noise_multiplier;
+  // Schema v11, secure aggregation (SecAgg+, docs/privacy.md); NULL without it. The clients whose masked updates
+  // the unmasked sum holds, and the clients that took part in the round's first stage but are not in that sum
+  // (dropped or refused at some stage, cancelled by over-commitment).
+  std::optional<int64_t> secagg_survivors;
+  std::optional<int64_t> secagg_dropped;
 
   bool operator==(const RoundRecord&) const = default;
 };
@@ -342,6 +347,9 @@ enum class SecurityRefusal {
   kSessionLimit,        // "session_limit": concurrent sessions beyond the per-peer or per-identity limit
   kUploadLimit,         // "upload_limit": concurrent uploads beyond the per-peer or per-identity limit
   kStreamDeadline,      // "stream_deadline": a stream cut off for a deadline (no first message, a message too late)
+  kSecAgg,              // "secagg" (schema v11): a secure-aggregation message refused: from a client not in the
+                        //   round, for another round, duplicated, of the wrong length, failing authentication, a bad
+                        //   key, or out of stage
 };
 std::string_view SecurityRefusalName(SecurityRefusal r);
 absl::StatusOr<SecurityRefusal> ParseSecurityRefusal(std::string_view name);
@@ -368,10 +376,48 @@ struct SecurityEventRecord {
   bool operator==(const SecurityEventRecord&) const = default;
 };
 
-using Record = std::variant<ExperimentRecord, ExperimentStatusUpdate, ClientRecord, ClientLeftRecord, RoundRecord,
-                            RoundEvaluationUpdate, ClientRoundRecord, ClientRoundUplinkUpdate, EvaluationRecord,
-                            CheckpointRecord, ExperimentTaskUpdate, RoundCommitRecord, EvaluationCommitRecord,
-                            RoundsSupersededUpdate, ClientEventRecord, SecurityEventRecord, ClientForgottenRecord>;
+// The stages of a secure-aggregation round (SecAgg+, schema v11), in their order.
+enum class SecAggStage { kAdvertiseKeys, kShareKeys, kMaskedUpload, kUnmask };
+// "advertise_keys", "share_keys", "masked_upload", "unmask".
+std::string_view SecAggStageName(SecAggStage s);
+absl::StatusOr<SecAggStage> ParseSecAggStage(std::string_view name);
+
+// How a client's part in one stage ended.
+enum class SecAggStageOutcome {
+  kOk,       // "ok": the client answered in time and its answer was accepted
+  kDropped,  // "dropped": no answer by the stage's deadline, or the client left
+  kRefused,  // "refused": its message was refused (a security_events row with reason 'secagg' says why)
+};
+std::string_view SecAggStageOutcomeName(SecAggStageOutcome o);  // "ok", "dropped", "refused"
+absl::StatusOr<SecAggStageOutcome> ParseSecAggStageOutcome(std::string_view name);
+
+// The most bytes the store keeps of SecAggStageRecord::detail (cut like a client event's reason).
+inline constexpr size_t kMaxSecAggDetailBytes = 1024;
+
+// One row of `secagg_stages` (schema v11): one client's part in one stage of a secure round attempt, as the server
+// saw it. Written after the round attempt's `rounds` row (its parent: the row references it), at the commit or when
+// the attempt fails. The client must exist in `clients`.
+struct SecAggStageRecord {
+  std::string experiment_id;
+  int64_t round = 0;
+  int64_t attempt = 0;
+  std::string client_id;
+  SecAggStage stage = SecAggStage::kAdvertiseKeys;
+  SecAggStageOutcome outcome = SecAggStageOutcome::kOk;
+  std::optional<double> started_unix_ms;  // when the server sent the stage's message to the client (server clock)
+  std::optional<double> duration_ms;      // from then to the client's answer (server clock, >= 0); NULL: no answer
+  int64_t bytes_down = 0;                 // serialized bytes the server sent the client in this stage (>= 0)
+  int64_t bytes_up = 0;                   // serialized bytes accepted from the client in this stage (>= 0)
+  std::string detail;                     // why dropped/refused; "" (NULL) for ok; stored bounded to 1024 bytes
+
+  bool operator==(const SecAggStageRecord&) const = default;
+};
+
+using Record =
+    std::variant<ExperimentRecord, ExperimentStatusUpdate, ClientRecord, ClientLeftRecord, RoundRecord,
+                 RoundEvaluationUpdate, ClientRoundRecord, ClientRoundUplinkUpdate, EvaluationRecord, CheckpointRecord,
+                 ExperimentTaskUpdate, RoundCommitRecord, EvaluationCommitRecord, RoundsSupersededUpdate,
+                 ClientEventRecord, SecurityEventRecord, ClientForgottenRecord, SecAggStageRecord>;
 
 // "round (experiment e1, round 3, attempt 0)": names a record in errors.
 std::string DescribeRecord(const Record& record);
