@@ -114,6 +114,13 @@ std::vector<std::string> InstanceNames(const std::string& base, uint32_t count) 
   return names;
 }
 
+uint32_t SecAggDroppingInstances(double fraction, uint32_t count) {
+  if (!(fraction > 0)) return 0;
+  // Less a hair: 0.3 x 50 is 15.000000000000002 in doubles, and 15 instances are meant, not 16.
+  const double n = std::ceil(std::min(fraction, 1.0) * count - 1e-9);
+  return static_cast<uint32_t>(std::clamp<double>(n, 0, count));
+}
+
 absl::StatusOr<std::vector<std::string>> InstanceServers(const std::string& flag, uint32_t count) {
   std::vector<std::string> parts;
   std::stringstream in(flag);

@@ -201,6 +201,7 @@ struct InstanceFlags {
   uint32_t count = 1;
   uint32_t train_concurrency = 0;         // 0: the cores
   std::string tls_cert_dir;               // NAME-i.crt / NAME-i.key per instance
+  double secagg_drop_fraction = 0;        // --secagg-drop-after-shares: the first ceil(F x N) instances drop
   fl::client::Availability availability;  // always online unless --availability
 };
 
@@ -297,6 +298,7 @@ int RunInstances(const fl::client::ClientOptions& options, const ModelFlags& mod
     o.client_name = names[i];
     o.server_address = (*servers)[i];
     o.seed = model.init_seed ^ (model.client_index + i);
+    o.secagg_drop_after_shares = i < fl::client::SecAggDroppingInstances(flags.secagg_drop_fraction, n);
     if (!flags.tls_cert_dir.empty() && o.tls.has_value()) {
       o.tls->cert_file = fl::StrCat(flags.tls_cert_dir, "/", names[i], ".crt");
       o.tls->key_file = fl::StrCat(flags.tls_cert_dir, "/", names[i], ".key");
@@ -304,6 +306,12 @@ int RunInstances(const fl::client::ClientOptions& options, const ModelFlags& mod
     instance_options[i] = std::move(o);
   }
   spdlog::info("{} instances started, at most {} training at once", n, concurrency);
+  if (const uint32_t dropping = fl::client::SecAggDroppingInstances(flags.secagg_drop_fraction, n); dropping > 0) {
+    spdlog::warn(
+        "--secagg-drop-after-shares {}: {} of {} instances ({}..{}) drop out of every secure round after "
+        "their shares (a test)",
+        flags.secagg_drop_fraction, dropping, n, names.front(), names[dropping - 1]);
+  }
 
   std::atomic<bool> exiting{false}, signalled{false};
   // Some instance learnt that the experiment finished: the offline ones need not come back to hear it (the
@@ -521,6 +529,13 @@ int main(int argc, char** argv) {
                  "(a seeded phase per shard) or trace:<file> (per instance name its online windows, "
                  "docs/testbed.md \"Availability\"); offline, its session is closed and the server cannot select it; "
                  "default: always online");
+  app.add_option("--secagg-drop-after-shares", instances.secagg_drop_fraction,
+                 "Testing flag (secure aggregation's dropout measurements, docs/testbed.md): this fraction of the "
+                 "clients abandons every secure round right after sending its shares (no masked upload, no unmask "
+                 "answer; the session stays up). With --instances N: the first ceil(FRACTION x N) instances, by "
+                 "index; without: this client when FRACTION > 0")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (absl::Status st = setting_flags.ApplyTo(model); !st.ok()) {
     std::cerr << "fl-client: " << st.message() << "\n";
@@ -624,6 +639,7 @@ int main(int argc, char** argv) {
   options.software_version = FL_VERSION;
   options.give_up_after_ms = give_up_s * 1000;
   options.seed = model.init_seed ^ model.client_index;
+  options.secagg_drop_after_shares = fl::client::SecAggDroppingInstances(instances.secagg_drop_fraction, 1) > 0;
   if (model.num_clients == 0 || model.client_index >= model.num_clients) {
     std::cerr << "fl-client: --client-index=" << model.client_index
               << " must be below --num-clients=" << model.num_clients << "\n";

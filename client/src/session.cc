@@ -9,19 +9,24 @@
 #include <charconv>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <random>
+#include <span>
 #include <thread>
 #include <utility>
 
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
 
-#include "fl/core/log_format.h"
+#include "fl/client/secure_update.h"
+#include "fl/client/update_privacy.h"
 #include "fl/client/uplink_encoder.h"
+#include "fl/core/log_format.h"
 
 #include "fl/core/codec.h"
 #include "fl/core/str_cat.h"
 #include "fl/core/task.h"
+#include "fl/privacy/noise_rng.h"
 #include "fl/proto/convert.h"
 #include "fl/v1/federation.grpc.pb.h"
 #include "session_impl.h"
@@ -137,6 +142,9 @@ absl::StatusOr<fl::v1::JoinResponse> FederatedClient::Impl::Join(uint32_t timeou
   // The token of our previous Join (empty the first time): while the server still holds our old session (it
   // may not have noticed that the link dropped) it admits a rejoin under our name only with it.
   req.set_session_token(token_);
+  // Secure aggregation's stages and masked upload, and Task.privacy (proto/fl/v1/federation.proto).
+  req.add_capabilities("secagg-v1");
+  req.add_capabilities("client-privacy-v1");
   grpc::ClientContext ctx;
   ctx.set_deadline(DeadlineAfterMs(timeout_ms));
   ctx.set_wait_for_ready(true);  // wait for the server to come up instead of failing at once
@@ -250,9 +258,29 @@ absl::StatusOr<FederatedClient::Impl::SessionEnd> FederatedClient::Impl::RunSess
   while (stream->Read(&msg)) {
     switch (msg.kind_case()) {
       case ServerMessage::kTask: {
+        // Secure aggregation's keys go up at once, while the task downloads and trains (the server closes the
+        // advertise-keys stage at its own deadline).
+        if (msg.task().has_secagg() && msg.task().kind() == fl::v1::TASK_KIND_TRAIN) StartSecureRound(msg.task());
         fl::MutexLock lock(queue_mu_);
         tasks_.push_back(msg.task());
         queue_cv_.NotifyAll();
+        break;
+      }
+      case ServerMessage::kSecaggNeighbourKeys: {
+        if (std::optional<fl::v1::SecAggShares> shares = secure_.OnNeighbourKeys(msg.secagg_neighbour_keys())) {
+          ClientMessage m;
+          *m.mutable_secagg_shares() = *std::move(shares);
+          WriteToSession(m);
+        }
+        break;
+      }
+      case ServerMessage::kSecaggMaskingStart: secure_.OnMaskingStart(msg.secagg_masking_start()); break;
+      case ServerMessage::kSecaggUnmaskRequest: {
+        if (std::optional<fl::v1::SecAggUnmaskResponse> r = secure_.OnUnmaskRequest(msg.secagg_unmask_request())) {
+          ClientMessage m;
+          *m.mutable_secagg_unmask() = *std::move(r);
+          WriteToSession(m);
+        }
         break;
       }
       case ServerMessage::kPing: {
@@ -266,9 +294,14 @@ absl::StatusOr<FederatedClient::Impl::SessionEnd> FederatedClient::Impl::RunSess
         break;
       }
       case ServerMessage::kCancel: {
-        fl::MutexLock lock(queue_mu_);
-        if (current_task_ == msg.cancel().task_id()) task_cancelled_ = true;
-        std::erase_if(tasks_, [&](const fl::v1::Task& t) { return t.task_id() == msg.cancel().task_id(); });
+        {
+          fl::MutexLock lock(queue_mu_);
+          if (current_task_ == msg.cancel().task_id()) task_cancelled_ = true;
+          std::erase_if(tasks_, [&](const fl::v1::Task& t) { return t.task_id() == msg.cancel().task_id(); });
+        }
+        // A cancelled client counts as dropped in its secure round; a worker waiting for the masking start wakes.
+        secure_.Abandon(msg.cancel().task_id(), fl::StrCat("the server cancelled task ", msg.cancel().task_id()));
+        secure_.Wake();
         break;
       }
       case ServerMessage::kShutdown:
@@ -294,6 +327,9 @@ absl::StatusOr<FederatedClient::Impl::SessionEnd> FederatedClient::Impl::RunSess
     task_cancelled_ = true;
     queue_cv_.NotifyAll();
   }
+  // The server lost this session, and with it this client's place in any secure round.
+  secure_.Abandon("", "the session ended");
+  secure_.Wake();
   worker.join();
   task_cancelled_ = false;
   {
@@ -337,6 +373,8 @@ void FederatedClient::Impl::Worker() {
 
 void FederatedClient::Impl::ReportFailure(const std::string& task_id, const absl::Status& status) {
   spdlog::warn("task {} failed: {}", task_id, status.message());
+  // A failed task sends nothing more in its secure round (the server counts the client as dropped there).
+  secure_.Abandon(task_id, fl::ToStd(status.message()));
   ClientMessage m;
   m.mutable_status()->set_task_id(task_id);
   m.mutable_status()->set_state(fl::v1::CLIENT_STATE_FAILED);
@@ -344,8 +382,70 @@ void FederatedClient::Impl::ReportFailure(const std::string& task_id, const absl
       proto::MakeError(fl::v1::ERROR_CODE_INTERNAL, std::string(fl::ToStd(status.message())));
   WriteToSession(m);
 }
+void FederatedClient::Impl::StartSecureRound(const fl::v1::Task& task) {
+  absl::StatusOr<fl::v1::SecAggPublicKeys> keys =
+      secure_.Start(task.task_id(), task.secagg(), trainer_->spec().num_elements(), secagg::RandomSource::System());
+  if (!keys.ok()) return;  // logged and kept: RunTask reports it as the task's failure
+  ClientMessage m;
+  *m.mutable_secagg_keys() = *std::move(keys);
+  WriteToSession(m);
+}
+
+absl::StatusOr<bool> FederatedClient::Impl::MaskUpdate(const fl::v1::Task& task, uint64_t num_examples,
+                                                       int64_t task_start, fl::v1::UpdateHeader* h) {
+  const fl::v1::ClientPrivacy& privacy = task.privacy();
+  privacy::NoiseRng rng = privacy::NoiseRng::FromSystem();  // 32 bytes from the kernel; drawn from only for noise
+  // The delta is formed in the payload buffer itself and masked there: no model-sized buffer besides it.
+  if (encoded_ == nullptr || encoded_.use_count() > 1) encoded_ = std::make_shared<std::vector<uint8_t>>();
+  std::vector<uint8_t>& payload = *encoded_;
+  const size_t n = global_.size();
+  payload.resize(SecAggPayloadBytes(n));
+  const std::span<float> delta(reinterpret_cast<float*>(payload.data()), n);
+  if (absl::Status s = trainer_->GetParameters(delta); !s.ok()) return s;
+  for (size_t i = 0; i < n; ++i) delta[i] = global_[i] - delta[i];
+  if (ChangesDelta(privacy)) {
+    if (absl::StatusOr<privacy::ClipResult> c = ApplyClientPrivacy(delta, privacy, rng); !c.ok()) return c.status();
+  }
+  // Keys and shares went up from the reader thread, maybe during the training; the masking start may have come
+  // too. Wait for it no longer than the task's deadline (from when this client began the task).
+  const int64_t wait_start = Now();
+  const int64_t left_ms =
+      task.deadline_ms() > 0 ? int64_t{task.deadline_ms()} - (wait_start - task_start) / 1'000'000 : 24 * 3600 * 1000;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max<int64_t>(left_ms, 0));
+  const SecureUpdate::Waited waited = secure_.AwaitMaskingStart(
+      task.task_id(), SecAggWeight(task.secagg().quantization(), num_examples), task_cancelled_, deadline);
+  const int64_t wait_end = Now();
+  if (task_cancelled_) return false;
+  switch (waited.outcome) {
+    case SecureUpdate::Outcome::kReady: break;
+    case SecureUpdate::Outcome::kDropped:
+    case SecureUpdate::Outcome::kInterrupted: return false;
+    case SecureUpdate::Outcome::kAbandoned:
+    case SecureUpdate::Outcome::kDeadline: return waited.why;
+  }
+  absl::StatusOr<MaskReport> masked =
+      secure_.MaskInPlace(task.task_id(), payload,
+                          DistributedNoise{.central_noise_steps = privacy.central_noise_steps(),
+                                           .expected_clients = privacy.expected_clients()},
+                          rng);
+  const int64_t mask_end = Now();
+  if (!masked.ok()) return masked.status();
+  auto& metrics = *h->mutable_metrics();
+  metrics["secagg_clipped_values"] = static_cast<double>(masked->clipped_values);
+  metrics["secagg_wait_seconds"] = static_cast<double>(wait_end - wait_start) / 1e9;
+  metrics["secagg_mask_seconds"] = static_cast<double>(mask_end - wait_end) / 1e9;
+  return true;
+}
+
 void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
   const int64_t task_start = Now();
+  if (task.kind() == fl::v1::TASK_KIND_TRAIN) {
+    // Refused before any work: values that would give no privacy, or none that the server meant.
+    if (absl::Status s = CheckClientPrivacy(task.privacy(), task.has_secagg()); !s.ok()) {
+      ReportFailure(task.task_id(), s);
+      return;
+    }
+  }
   auto global = Download(task);
   if (!global.ok()) {
     ReportFailure(task.task_id(), global.status());
@@ -405,38 +505,59 @@ void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
     return;
   }
 
-  // The update is the pseudo-gradient global - local (see UPDATE_KIND_DELTA), encoded with the task's
-  // codec, with error feedback when the codec is lossy.
-  const std::string codec_name = task.uplink_codec().empty() ? "fp32" : task.uplink_codec();
-  auto codec = core::MakeCodec(codec_name);
-  if (!codec.ok()) {
-    ReportFailure(task.task_id(), codec.status());
-    return;
-  }
-  // The last upload's slices may still hold encoded_ (gRPC releases them after the call, on its own thread):
-  // reuse the buffer only when nothing else holds it, so that no byte changes under a slice being sent.
-  if (encoded_ == nullptr || encoded_.use_count() > 1) encoded_ = std::make_shared<std::vector<uint8_t>>();
-  std::vector<uint8_t>& payload = *encoded_;
-  const size_t n = global_.size();
+  // The update is the pseudo-gradient global - local (see UPDATE_KIND_DELTA), clipped and noised as Task.privacy
+  // says, then masked (Task.secagg) or encoded with the task's codec, with error feedback when the codec is lossy.
+  fl::v1::UpdateHeader h;
+  const fl::v1::ClientPrivacy& privacy = task.privacy();
+  std::string codec_name;
   absl::Status encoded;
-  if ((*codec)->kind() == core::CodecKind::kFp32 && uplink_encoder_.residual().empty() &&
-      std::endian::native == std::endian::little) {
-    // fp32 with nothing owed to error feedback: the update is computed straight into the payload's body and
-    // sealed there (core::SealFp32Payload), the same bytes as encoding it, without the update buffer and its copy.
-    payload.resize((*codec)->EncodedSize(n));
-    const std::span<float> body(reinterpret_cast<float*>(payload.data() + core::kCodecHeaderBytes), n);
-    encoded = trainer_->GetParameters(body);
-    if (encoded.ok()) {
-      for (size_t i = 0; i < n; ++i) body[i] = global_[i] - body[i];
-      encoded = core::SealFp32Payload(payload, kUploadEncoding);
+  if (task.has_secagg()) {
+    codec_name = kSecAggCodec;
+    absl::StatusOr<bool> masked = MaskUpdate(task, result->num_examples, task_start, &h);
+    if (!masked.ok()) {
+      ReportFailure(task.task_id(), masked.status());
+      return;
     }
+    if (!*masked) return;
   } else {
-    std::vector<float>& update = update_;
-    update.resize(n);
-    encoded = trainer_->GetParameters(update);
-    if (encoded.ok()) {
-      for (size_t i = 0; i < n; ++i) update[i] = global_[i] - update[i];
-      encoded = uplink_encoder_.Encode(**codec, update, &payload, kUploadEncoding);
+    codec_name = task.uplink_codec().empty() ? "fp32" : task.uplink_codec();
+    auto codec = core::MakeCodec(codec_name);
+    if (!codec.ok()) {
+      ReportFailure(task.task_id(), codec.status());
+      return;
+    }
+    auto apply_privacy = [&](std::span<float> delta) -> absl::Status {
+      if (!ChangesDelta(privacy)) return absl::OkStatus();
+      privacy::NoiseRng rng = privacy::NoiseRng::FromSystem();  // 32 bytes from the kernel; nothing drawn to clip
+      return ApplyClientPrivacy(delta, privacy, rng).status();
+    };
+    // The last upload's slices may still hold encoded_ (gRPC releases them after the call, on its own thread):
+    // reuse the buffer only when nothing else holds it, so that no byte changes under a slice being sent.
+    if (encoded_ == nullptr || encoded_.use_count() > 1) encoded_ = std::make_shared<std::vector<uint8_t>>();
+    std::vector<uint8_t>& payload = *encoded_;
+    const size_t n = global_.size();
+    if ((*codec)->kind() == core::CodecKind::kFp32 && uplink_encoder_.residual().empty() &&
+        std::endian::native == std::endian::little) {
+      // fp32 with nothing owed to error feedback: the update is computed straight into the payload's body and
+      // sealed there (core::SealFp32Payload), the same bytes as encoding it, without the update buffer and its
+      // copy; Task.privacy applies to that body before the seal.
+      payload.resize((*codec)->EncodedSize(n));
+      const std::span<float> body(reinterpret_cast<float*>(payload.data() + core::kCodecHeaderBytes), n);
+      encoded = trainer_->GetParameters(body);
+      if (encoded.ok()) {
+        for (size_t i = 0; i < n; ++i) body[i] = global_[i] - body[i];
+        encoded = apply_privacy(body);
+      }
+      if (encoded.ok()) encoded = core::SealFp32Payload(payload, kUploadEncoding);
+    } else {
+      std::vector<float>& update = update_;
+      update.resize(n);
+      encoded = trainer_->GetParameters(update);
+      if (encoded.ok()) {
+        for (size_t i = 0; i < n; ++i) update[i] = global_[i] - update[i];
+        encoded = apply_privacy(update);
+      }
+      if (encoded.ok()) encoded = uplink_encoder_.Encode(**codec, update, &payload, kUploadEncoding);
     }
   }
   if (!encoded.ok()) {
@@ -444,8 +565,8 @@ void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
     ReportFailure(task.task_id(), encoded);
     return;
   }
+  const std::vector<uint8_t>& payload = *encoded_;
 
-  fl::v1::UpdateHeader h;
   h.set_task_id(task.task_id());
   h.set_round(task.round());
   h.set_base_model_version(global->model_version);

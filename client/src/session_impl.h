@@ -19,6 +19,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "fl/client/secure_update.h"
 #include "fl/client/session.h"
 #include "fl/client/uplink_encoder.h"
 #include "fl/core/checksum.h"
@@ -58,7 +59,10 @@ struct Downloaded {
 
 class FederatedClient::Impl {
  public:
-  Impl(ClientOptions options, training::Trainer* trainer) : options_(std::move(options)), trainer_(trainer) {
+  Impl(ClientOptions options, training::Trainer* trainer)
+      : options_(std::move(options)),
+        trainer_(trainer),
+        secure_(SecureUpdate::Options{.drop_after_shares = options_.secagg_drop_after_shares}) {
     grpc::ChannelArguments args = proto::SessionChannelArguments();
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
@@ -92,6 +96,7 @@ class FederatedClient::Impl {
     }
     queue_cv_.NotifyAll();
     stop_cv_.NotifyAll();
+    secure_.Wake();  // a worker waiting for a masking start looks at task_cancelled_
   }
 
  private:
@@ -102,6 +107,13 @@ class FederatedClient::Impl {
   absl::StatusOr<SessionEnd> RunSession();
   void Worker();
   void RunTask(const fl::v1::Task& task);
+  // The update of a train task with Task.secagg, masked where it lies in encoded_ (secure_update.h), the header's
+  // secagg metrics added to `h`: true to upload it; false when there is nothing to send (the task was cancelled,
+  // the session ended, the drop-after-shares test hook); an error to report as the task's failure.
+  absl::StatusOr<bool> MaskUpdate(const fl::v1::Task& task, uint64_t num_examples, int64_t task_start,
+                                  fl::v1::UpdateHeader* h);
+  // Task.secagg arrived (the reader thread): opens the secure round and sends the keys at once.
+  void StartSecureRound(const fl::v1::Task& task);
   absl::StatusOr<Downloaded> Download(const fl::v1::Task& task);
   // Streams `payload` in chunks that refer to it in place (proto::EncodeDataChunkInPlace): gRPC may hold it after
   // this returns, so the caller changes it only once it is the sole holder again.
@@ -164,6 +176,10 @@ class FederatedClient::Impl {
   // Error feedback of lossy uplink codecs: what they lost is added to the next update, also when the task's
   // codec changes between rounds (uplink_encoder.h).
   UplinkEncoder uplink_encoder_;
+
+  // The secure round of the current train task: the reader thread answers its stages, the worker masks the
+  // update with it (secure_update.h).
+  SecureUpdate secure_;
 };
 
 }  // namespace fl::client

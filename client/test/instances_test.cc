@@ -81,6 +81,18 @@ TEST(InstancesTest, NamesFollowTheGroupConvention) {
   EXPECT_EQ(InstanceNames("wifi", 3), (std::vector<std::string>{"wifi-0", "wifi-1", "wifi-2"}));
 }
 
+// --secagg-drop-after-shares: 10% and 30% of 50 are 5 and 15 instances (not 16: 0.3 x 50 exceeds 15 in doubles).
+TEST(InstancesTest, TheDroppingInstancesAreTheCeilingOfTheFraction) {
+  EXPECT_EQ(SecAggDroppingInstances(0.1, 50), 5u);
+  EXPECT_EQ(SecAggDroppingInstances(0.3, 50), 15u);
+  EXPECT_EQ(SecAggDroppingInstances(0.3, 10), 3u);
+  EXPECT_EQ(SecAggDroppingInstances(0.25, 10), 3u);  // 2.5 -> 3
+  EXPECT_EQ(SecAggDroppingInstances(0.01, 50), 1u);
+  EXPECT_EQ(SecAggDroppingInstances(0, 50), 0u);
+  EXPECT_EQ(SecAggDroppingInstances(1, 50), 50u);
+  EXPECT_EQ(SecAggDroppingInstances(0.5, 1), 1u);
+}
+
 TEST(InstancesTest, OneServerForAllOrOnePerInstance) {
   auto one = InstanceServers("127.0.0.1:5", 3);
   ASSERT_TRUE(one.ok());

@@ -67,6 +67,11 @@ class GatedTrainer final : public training::Trainer {
 // of a group.
 std::vector<std::string> InstanceNames(const std::string& base, uint32_t count);
 
+// How many of `count` instances drop out of every secure round after sending their shares (fl-client
+// --secagg-drop-after-shares FRACTION, a test hook for issue 29's dropout measurements): ceil(fraction x count),
+// the instances with the lowest indices (NAME-0 ..), so that a run is repeatable. fraction in [0, 1].
+uint32_t SecAggDroppingInstances(double fraction, uint32_t count);
+
 // `--server` for N instances: one address for all, or N comma-separated addresses, one per instance (each its own
 // emulated link, e.g. a shaping relay's port). InvalidArgument naming the counts otherwise.
 absl::StatusOr<std::vector<std::string>> InstanceServers(const std::string& flag, uint32_t count);

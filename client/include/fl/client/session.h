@@ -51,6 +51,9 @@ struct ClientOptions {
   ClientMetrics* metrics = nullptr;
   // Absent: plaintext (the default for now). A file that cannot be read makes Run() fail at once.
   std::optional<ClientTls> tls;
+  // Test hook (fl-client --secagg-drop-after-shares): abandon every secure round right after sending the shares,
+  // as a client that drops after sharing keys (no masked upload, no unmask answer; the session stays up).
+  bool secagg_drop_after_shares = false;
 };
 
 class FederatedClient {
