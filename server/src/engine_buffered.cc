@@ -34,7 +34,7 @@ using instrumentation::ClientOutcome;
 
 class RoundEngine::Core::BufferedSteps final : public AggregationSchedule {
  public:
-  explicit BufferedSteps(Core& core) : c_(core) {}
+  explicit BufferedSteps(Core& core) : AggregationSchedule(core), c_(core) {}
   std::string_view RecordName() const override { return instrumentation::kAggregationBuffered; }
   bool RowsAreSteps() const override { return true; }
   void Prepare() override {

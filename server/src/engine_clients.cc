@@ -23,6 +23,7 @@
 #include "engine_internal.h"
 #include "engine_schedule.h"
 #include "engine_peers.h"
+#include "engine_secagg.h"
 #include "peer_guard.h"
 
 namespace fl::server {
@@ -67,6 +68,15 @@ void RoundEngine::Core::HandleJoin(JoinEvent& e) {
         fl::StrCat("protocol version ", static_cast<int>(req.protocol_version()),
                    " is not supported; this server speaks version ", static_cast<int>(fl::v1::PROTOCOL_VERSION_3)),
         "protocol_version", "use an fl-client of the same release as the server");
+  }
+  // What the run asks of a client beyond the protocol: the SecAgg+ stages, the client-side privacy of Task.privacy.
+  for (const auto& [needed, why] : RequiredCapabilities()) {
+    if (std::find(req.capabilities().begin(), req.capabilities().end(), needed) == req.capabilities().end()) {
+      return refuse(grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_ADMISSION_REFUSED,
+                    fl::StrCat("this server runs with ", why, ", which needs clients with capability '", needed,
+                               "' (JoinRequest.capabilities); this client does not declare it"),
+                    "capabilities", "use an fl-client of the same release as the server");
+    }
   }
   if (!ValidClientName(req.client_name())) {
     return refuse(grpc::StatusCode::INVALID_ARGUMENT, fl::v1::ERROR_CODE_MALFORMED,
@@ -404,6 +414,19 @@ void RoundEngine::Core::SendPing(ClientInfo& client) {
   client.session->Send(std::move(ping));
 }
 
+std::vector<std::pair<std::string_view, std::string>> RoundEngine::Core::RequiredCapabilities() const {
+  std::vector<std::pair<std::string_view, std::string>> out;
+  if (config_.secagg_on()) out.emplace_back(engine::kSecAggCapability, "--secure-aggregation=secagg+");
+  // Differential privacy the server cannot apply itself: clients clip (and, local or distributed, noise) their own
+  // update, so a client that would ignore Task.privacy must not take part.
+  if (config_.dp_on() && config_.secagg_on()) {
+    out.emplace_back("client-privacy-v1",
+                     "differential privacy applied on the clients (--dp-noise-multiplier with "
+                     "--secure-aggregation)");
+  }
+  return out;
+}
+
 void RoundEngine::Core::HandleSessionMessage(SessionMessageEvent& e) {
   ClientInfo* client = ClientOfSession(e.channel.get());
   if (client == nullptr) return;  // a stream we already replaced or closed
@@ -494,6 +517,9 @@ void RoundEngine::Core::HandleSessionMessage(SessionMessageEvent& e) {
       }
       break;
     }
+    case fl::v1::ClientMessage::kSecaggKeys:
+    case fl::v1::ClientMessage::kSecaggShares:
+    case fl::v1::ClientMessage::kSecaggUnmask: schedule_->OnSecureMessage(*client, m, e.received_server_ns); break;
     case fl::v1::ClientMessage::kHeartbeat: SendPing(*client); break;
     case fl::v1::ClientMessage::kPong: {
       // t1 is our own record of the ping, not the echoed value: a client cannot skew the estimate by

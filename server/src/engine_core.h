@@ -92,6 +92,8 @@ class RoundEngine::Core {
   void HandleJoin(JoinEvent& e);
   void HandleSessionOpen(SessionOpenEvent& e);
   void HandleSessionMessage(SessionMessageEvent& e);
+  // The JoinRequest.capabilities this run needs of every client, each with the setting that needs it.
+  std::vector<std::pair<std::string_view, std::string>> RequiredCapabilities() const;
   void HandleSessionClosed(SessionClosedEvent& e);
   void HandleDownload(DownloadEvent& e);
   void HandleDownloadDone(const DownloadDoneEvent& e);

@@ -55,6 +55,7 @@ struct RoundEngine::Core::TaskInfo {
   std::string closed_why;
   bool closed_at_deadline = false;  // closed by its round's (or, buffered, its own) deadline
   std::string revoked_why;          // an upload of it lost its slot (RevokeSlowUploads): what the client was told
+  bool secure = false;              // its round runs secure aggregation: its update is a masked one (engine_secagg.h)
 };
 
 struct RoundEngine::Core::RoundState {
@@ -80,6 +81,8 @@ struct RoundEngine::Core::RoundState {
   size_t indexed_rows = 0;
   std::vector<instrumentation::EvaluationRecord> evaluation_rows;  // written with the evaluation's figures
   std::optional<engine::RoundPrivacy> privacy;  // central differential privacy: what the committed round spent
+  // Secure aggregation: the clients whose masked updates are in the unmasked sum, and those dropped on the way.
+  std::optional<int64_t> secagg_survivors, secagg_dropped;
 };
 
 // Buffered aggregation (engine_buffered.cc): the open aggregation step, the train tasks out and the older model

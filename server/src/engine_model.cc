@@ -76,13 +76,21 @@ absl::Status GlobalModel::PseudoGradientOfWeights(const core::Codec& codec, std:
 }
 
 absl::Status GlobalModel::Step(core::Aggregator& aggregator, std::string_view what, const Perturb& perturb) {
-  auto pseudo_grad = aggregator.Finish();
-  if (pseudo_grad.ok() && perturb) {
-    if (absl::Status s = perturb(*pseudo_grad); !s.ok()) return s;
-  }
   if (aggregator.num_clipped() > 0) {
     spdlog::info("{}: {} of {} updates scaled down to the update norm bound ({})", what, aggregator.num_clipped(),
                  aggregator.num_updates(), aggregator.norm_clip().ToString());
+  }
+  return StepFrom(aggregator.Finish(), what, perturb);
+}
+
+absl::Status GlobalModel::StepFrom(absl::StatusOr<std::vector<float>> pseudo_grad, std::string_view what,
+                                   const Perturb& perturb) {
+  if (pseudo_grad.ok() && pseudo_grad->size() != values_.size()) {
+    return absl::InternalError(
+        fl::StrCat(what, ": an aggregate of ", pseudo_grad->size(), " values for a model of ", values_.size()));
+  }
+  if (pseudo_grad.ok() && perturb) {
+    if (absl::Status s = perturb(*pseudo_grad); !s.ok()) return s;
   }
   // Integer tensors are client-local state, never averaged as floats: whatever the aggregator and the server
   // optimizer made of them, they keep the previous global's values.
@@ -133,6 +141,7 @@ absl::StatusOr<std::optional<instrumentation::CheckpointRecord>> GlobalModel::Wr
   ckpt.optimizer = optimizer_->ExportState();
   ckpt.created_unix_ms = target.created_unix_ms;
   if (target.task.has_value()) ckpt.task = std::string(core::TaskName(*target.task));
+  ckpt.privacy = target.privacy;
   const std::string path = CheckpointPath(target.dir, target.round);
   if (absl::Status s = SaveCheckpoint(ckpt, path); !s.ok()) return s;
   instrumentation::CheckpointRecord rec;

@@ -23,6 +23,7 @@
 #include "fl/core/server_optimizer.h"
 #include "fl/core/task.h"
 #include "fl/instrumentation/records.h"
+#include "fl/v1/checkpoint.pb.h"
 #include "fl/server/events.h"
 
 namespace fl::server::engine {
@@ -39,6 +40,7 @@ struct CheckpointTarget {
   uint64_t round = 0;  // the last committed round, the file's name
   std::optional<core::Task> task;
   int64_t created_unix_ms = 0;
+  std::optional<fl::v1::PrivacyLedger> privacy;  // differential privacy's ledger (engine_privacy.h), kept with it
 };
 
 class GlobalModel {
@@ -89,6 +91,9 @@ class GlobalModel {
   // `perturb`, when given, changes the aggregate before the optimizer sees it (differential privacy's noise).
   using Perturb = std::function<absl::Status(std::span<float>)>;
   absl::Status Step(core::Aggregator& aggregator, std::string_view what, const Perturb& perturb = nullptr);
+  // The same from an aggregate formed elsewhere (secure aggregation's unmasked mean), one value per parameter.
+  absl::Status StepFrom(absl::StatusOr<std::vector<float>> pseudo_grad, std::string_view what,
+                        const Perturb& perturb = nullptr);
   // The stepped weights become the next version, downloaded as that of `round`.
   void Commit(uint64_t round);
   // A commit that could not be stored: the version number goes back (the run ends; --resume loads the checkpoint).

@@ -21,6 +21,7 @@
 
 #include "engine_internal.h"
 #include "engine_schedule.h"
+#include "engine_secagg.h"
 
 namespace fl::server {
 
@@ -36,7 +37,7 @@ std::unique_ptr<core::Aggregator> RoundEngine::Core::TakeAggregator() {
   // Norm bounding of the updates (--clip-update-norm, or the strategy's default; validated in Start()); with
   // differential privacy, C of this round (--dp-clip-norm, or adaptive clipping's estimate).
   core::NormClip clip = *config_.UpdateNormClip();
-  if (dp_.on()) clip = core::NormClip{core::NormClip::Mode::kFixed, dp_.clip_norm()};
+  if (dp_.ServerClips()) clip = core::NormClip{core::NormClip::Mode::kFixed, dp_.clip_norm()};
   if (absl::Status s = agg->SetNormClip(clip); !s.ok()) {
     spdlog::error("--clip-update-norm: {}", s.message());
   }
@@ -69,7 +70,11 @@ void RoundEngine::Core::Dispatch(ClientInfo& client, fl::v1::Task task, uint32_t
   info->deadline_ns = current_->deadline_ns;
   info->model_version = model_.version();
   // Link-aware compression: each train task names its client's uplink codec (--uplink-codec-policy).
-  if (task.kind() == fl::v1::TASK_KIND_TRAIN) task.set_uplink_codec(UplinkCodecFor(client));
+  // Secure aggregation: the update is masked words, whatever the link.
+  if (task.kind() == fl::v1::TASK_KIND_TRAIN) {
+    task.set_uplink_codec(task.has_secagg() ? std::string(engine::kSecAggUploadCodec) : UplinkCodecFor(client));
+  }
+  info->secure = task.has_secagg();
   info->uplink_codec = task.uplink_codec();
   task.set_model_version(model_.version());
   task.set_model_fingerprint(model_.spec()->fingerprint());
@@ -101,6 +106,8 @@ bool RoundEngine::Core::CommitGlobalStep(RoundState& r, double aggregation_ms,
   instrumentation::RoundRecord rec = RoundRow(r, instrumentation::RoundStatus::kCommitted);
   rec.aggregation_ms = aggregation_ms;
   rec.model_version = static_cast<int64_t>(model_.version());
+  rec.secagg_survivors = r.secagg_survivors;
+  rec.secagg_dropped = r.secagg_dropped;
   if (r.privacy.has_value()) {
     rec.dp_epsilon = r.privacy->epsilon;
     rec.dp_clip_norm = r.privacy->clip_norm;
@@ -312,7 +319,7 @@ absl::Status RoundEngine::Core::AdoptModel(core::ModelSpec spec, std::string mod
 
 absl::StatusOr<std::optional<instrumentation::CheckpointRecord>> RoundEngine::Core::WriteCheckpointFile() {
   return model_.WriteCheckpoint(
-      engine::CheckpointTarget{config_.checkpoint_dir, config_.experiment_id, round_, task_, UnixMs()});
+      engine::CheckpointTarget{config_.checkpoint_dir, config_.experiment_id, round_, task_, UnixMs(), dp_.Ledger()});
 }
 
 absl::Status RoundEngine::Core::WriteInitialCheckpoint() {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string_view>
 
 #include "engine_internal.h"
@@ -56,11 +57,32 @@ class RoundEngine::Core::AggregationSchedule {
   virtual bool TaskDropped(TaskInfo& /*task*/, instrumentation::ClientOutcome /*outcome*/, std::string_view /*why*/) {
     return false;
   }
+  // Secure aggregation (synchronous rounds only; engine_secagg.h). A client's message of a secure stage
+  // (ClientMessage.secagg_*): a refusal is recorded as a security event by the schedule.
+  virtual void OnSecureMessage(ClientInfo& client, const fl::v1::ClientMessage& /*message*/, int64_t /*now*/) {
+    RefuseSecureMessage(client,
+                        "no secure round is open (the server runs without --secure-aggregation, or the "
+                        "round is over)");
+  }
+  // Whether a masked upload for `task` may start now.
+  virtual absl::Status MaskedUploadAdmitted(const TaskInfo& /*task*/) const {
+    return absl::FailedPreconditionError("this server aggregates without secure aggregation");
+  }
+  // A fully received masked update, into the open round's running sum.
+  virtual absl::Status AddMasked(const TaskInfo& /*task*/, std::span<const uint8_t> /*payload*/, int64_t /*now*/) {
+    return absl::FailedPreconditionError("this server aggregates without secure aggregation");
+  }
   // The client's own uplink time of an answered update: true when the schedule attached it to its row.
   virtual bool RecordUplink(const TaskInfo& /*task*/, double /*uplink_ms*/, std::optional<double> /*start_unix_ms*/,
                             std::optional<double> /*end_unix_ms*/) {
     return false;
   }
+
+ protected:
+  explicit AggregationSchedule(Core& core) : core_(core) {}
+  // A secure-aggregation message refused: a security event naming the client and `why`.
+  void RefuseSecureMessage(const ClientInfo& client, std::string_view why);
+  Core& core_;
 };
 
 }  // namespace fl::server

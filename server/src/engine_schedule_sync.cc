@@ -16,7 +16,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -29,6 +32,7 @@
 #include "fl/server/round_engine.h"
 #include "engine_internal.h"
 #include "engine_schedule.h"
+#include "engine_secagg.h"
 
 namespace fl::server {
 
@@ -37,7 +41,7 @@ using instrumentation::ClientOutcome;
 
 class RoundEngine::Core::SyncRounds final : public AggregationSchedule {
  public:
-  explicit SyncRounds(Core& core) : c_(core) {}
+  explicit SyncRounds(Core& core) : AggregationSchedule(core), c_(core) {}
 
   std::string_view RecordName() const override { return instrumentation::kAggregationSynchronous; }
   bool RowsAreSteps() const override { return false; }
@@ -66,8 +70,32 @@ class RoundEngine::Core::SyncRounds final : public AggregationSchedule {
     // Over-commitment's cancelled tasks; --deadline-policy fold's late updates.
     return FoldLateUpdate(e, task, rec);
   }
+  // Secure aggregation (engine_secagg.h): the key stages and the unmask stage run on the engine's turns.
+  void SweepDeadlines(int64_t now) override;
+  bool AdvanceOwnState() override;  // kUnmasking
+  void Abort(const std::string& reason) override;
+  bool TaskDropped(TaskInfo& task, instrumentation::ClientOutcome /*outcome*/, std::string_view /*why*/) override {
+    if (secure_ != nullptr && task.secure && c_.current_ != nullptr && task.round == c_.current_->round &&
+        task.attempt == c_.current_->attempt) {
+      secure_->Gone(task.client_id);
+    }
+    return false;
+  }
+  void OnSecureMessage(ClientInfo& client, const fl::v1::ClientMessage& message, int64_t now) override;
+  absl::Status MaskedUploadAdmitted(const TaskInfo& task) const override;
+  absl::Status AddMasked(const TaskInfo& task, std::span<const uint8_t> payload, int64_t now) override;
 
  private:
+  // The attempt failed (`reason`): its rows, and the next attempt or the end of the run.
+  void FailAttempt(RoundState& r, std::string reason);
+  // The aggregate (the aggregator's, or the secure round's unmasked mean) stepped, checkpointed and committed.
+  void CommitRound(RoundState& r, std::optional<secagg::AggregateResult> secure);
+  // Secure aggregation: sends what a stage produced and closes the tasks of the clients it dropped; false when the
+  // attempt failed (FailAttempt was called).
+  bool Apply(engine::SecureRound::Progress progress);
+  // The stage rows of the secure round (records), after its round row; the secure round ends.
+  void RecordSecureStages(const RoundState& r);
+  void ArmSecureTimer();
   // Selects idle clients (over-committed), dispatches train tasks, and fires round_started.
   void StartRound();
   RoundEngine::Core::Stragglers& StragglerState();
@@ -86,6 +114,12 @@ class RoundEngine::Core::SyncRounds final : public AggregationSchedule {
 
   Core& c_;
   std::unique_ptr<Stragglers> st_;  // over-commitment and folding; made on first use (StragglerState)
+  // Secure aggregation: the open attempt's secure round (null without --secure-aggregation, and between rounds),
+  // the train task of each participant, and the timer of the open stage's deadline.
+  std::unique_ptr<engine::SecureRound> secure_;
+  std::map<std::string, std::string> secure_tasks_;
+  rpc::TimerId secure_timer_ = 0;
+  int64_t secure_timer_at_ = 0;
 };
 
 void RoundEngine::Core::SyncRounds::StartRound() {
@@ -102,6 +136,17 @@ void RoundEngine::Core::SyncRounds::StartRound() {
   std::vector<std::string> ids;
   for (ClientInfo* c : idle) ids.push_back(c->id);
   const uint64_t round = c_.round_ + 1;
+  if (c_.config_.secagg_on()) {
+    // The quantised sum must not wrap: a round masks at most this many clients together (docs/privacy.md).
+    const uint64_t most = engine::SecureRound::MaxParticipants(c_.config_);
+    if (*size > most) {
+      spdlog::warn(
+          "round {}: {} clients would be selected; secure aggregation takes at most {} at --secagg-range={} "
+          "--secagg-scale={} --secagg-max-weight={} (the quantised sum would wrap): {} selected",
+          round, *size, most, c_.config_.secagg_range, c_.config_.secagg_scale, c_.config_.secagg_max_weight, most);
+      *size = static_cast<uint32_t>(most);
+    }
+  }
   std::vector<std::string> selected = SelectClients(ids, *size, c_.config_.seed, round, c_.attempt_);
   // --dp-target-epsilon: no round may spend past it, so the run ends before the one that would.
   auto past = c_.dp_.EpsilonPastTarget(static_cast<int64_t>(selected.size()));
@@ -123,6 +168,22 @@ void RoundEngine::Core::SyncRounds::StartRound() {
   c_.current_->started_unix_ms = c_.UnixMs();
   c_.current_->deadline_ns = c_.current_->started_ns + int64_t{c_.config_.round_deadline_ms} * kMsToNs;
   c_.current_->aggregator = c_.TakeAggregator();
+  secure_.reset();
+  secure_tasks_.clear();
+  if (c_.config_.secagg_on()) {
+    auto secure = engine::SecureRound::Create(c_.config_, round, selected, c_.model_.spec()->num_elements(),
+                                              c_.current_->started_ns);
+    if (!secure.ok()) {
+      // Settings the checks at start could not rule out for this selection (a threshold above a small round's
+      // neighbourhood): the attempt fails with the library's reason, nothing dispatched.
+      (void)c_.Fire(EngineTrigger::kRoundStarted);
+      FailAttempt(*c_.current_, fl::StrCat("secure aggregation: ", fl::ToStd(secure.status().message())));
+      return;
+    }
+    secure_ = *std::move(secure);
+    spdlog::info("round {}: secure aggregation of {} clients, neighbourhoods of {}, threshold {}", round,
+                 selected.size(), secure_->neighbourhood_size(), secure_->threshold());
+  }
 
   for (const std::string& id : selected) {
     fl::v1::Task t;
@@ -132,9 +193,17 @@ void RoundEngine::Core::SyncRounds::StartRound() {
     *t.mutable_train() = c_.config_.train;
     t.mutable_train()->set_seed(c_.config_.seed ^ (round * 0x9E3779B97F4A7C15ULL) ^ std::hash<std::string>{}(id));
     t.set_deadline_ms(c_.config_.round_deadline_ms);
+    c_.dp_.FillClientPrivacy(static_cast<int64_t>(selected.size()), t.mutable_privacy());
+    if (secure_ != nullptr) {
+      if (absl::Status s = secure_->SetupFor(id, t.mutable_secagg()); !s.ok()) {
+        spdlog::critical("round {}: secure aggregation setup of '{}': {}", round, id, fl::ToStd(s.message()));
+      }
+      secure_tasks_[id] = t.task_id();
+    }
     c_.Dispatch(c_.clients_.At(id), std::move(t), c_.attempt_);
   }
   if (!c_.Fire(EngineTrigger::kRoundStarted)) return;
+  ArmSecureTimer();
   spdlog::info("round {} (attempt {}): {} of {} idle clients selected", round, c_.attempt_, selected.size(),
                idle.size());
 }
@@ -145,55 +214,81 @@ void RoundEngine::Core::SyncRounds::CloseRound() {
   // so, not "by the deadline" (issue 27: an attempt whose clients all failed at 1.8 s of an 8 s round).
   const int64_t closed_at = c_.NowNs();
   const bool early = closed_at < r.deadline_ns;
-  CancelSurplusTasks();  // over-commitment (engine_overcommit.cc): the tasks beyond the first K updates
+  CancelSurplusTasks();  // over-commitment: the tasks beyond the first K updates
   for (const std::string& id : r.task_ids) {
     c_.CloseTaskAsDropped(*c_.tasks_.at(id), "no update by the round's deadline", /*at_deadline=*/true);
   }
 
   if (r.accepted < c_.config_.fit.min_clients) {
-    instrumentation::RoundRecord rec = c_.RoundRow(r, instrumentation::RoundStatus::kFailed);
     const std::string counts = fl::StrCat("the round needs ", c_.config_.fit.min_clients, " (", r.late, " late, ",
                                           r.rejected, " rejected, ", r.dropped, " dropped)");
-    rec.failure_reason = early ? absl::StrFormat(
-                                     "every task closed %.1f s into the round, %.1f s before its deadline, with %u "
-                                     "update(s) accepted; %s",
-                                     static_cast<double>(closed_at - r.started_ns) / 1e9,
-                                     static_cast<double>(r.deadline_ns - closed_at) / 1e9, r.accepted, counts)
-                               : fl::StrCat(r.accepted, " update(s) accepted by the deadline; ", counts);
-    spdlog::warn("round {} attempt {} failed: {}", r.round, r.attempt, rec.failure_reason);
-    const std::string reason = rec.failure_reason;
-    c_.Record(std::move(rec));
-    for (auto& row : r.client_rows) c_.Record(std::move(row));
-    c_.ReleaseRound();
-    if (c_.attempt_ >= c_.config_.max_round_attempts) {
-      c_.Finish(instrumentation::ExperimentStatus::kFailed,
-                fl::StrCat("round ", c_.round_ + 1, " failed ", c_.attempt_, " times; last: ", reason));
-      return;
-    }
-    ++c_.attempt_;
-    (void)c_.Fire(EngineTrigger::kRoundFailed);  // no row: the run has failed (MissingTransition)
+    FailAttempt(r, early
+                       ? absl::StrFormat("every task closed %.1f s into the round, %.1f s before its deadline, with %u "
+                                         "update(s) accepted; %s",
+                                         static_cast<double>(closed_at - r.started_ns) / 1e9,
+                                         static_cast<double>(r.deadline_ns - closed_at) / 1e9, r.accepted, counts)
+                       : fl::StrCat(r.accepted, " update(s) accepted by the deadline; ", counts));
     return;
   }
+  if (secure_ != nullptr) {
+    // The masked upload is over: the survivors are asked for the shares that remove the masks; the commit waits
+    // for the unmask stage (kUnmasking, AdvanceOwnState).
+    if (!Apply(secure_->CloseMaskedUpload(c_.NowNs()))) return;
+    r.secagg_survivors = static_cast<int64_t>(secure_->survivors());
+    if (!c_.Fire(EngineTrigger::kUnmaskStarted)) return;
+    spdlog::info("round {}: {} masked updates in the sum; asking the survivors to unmask it", r.round,
+                 secure_->survivors());
+    ArmSecureTimer();
+    return;
+  }
+  CommitRound(r, std::nullopt);
+}
 
+void RoundEngine::Core::SyncRounds::FailAttempt(RoundState& r, std::string reason) {
+  instrumentation::RoundRecord rec = c_.RoundRow(r, instrumentation::RoundStatus::kFailed);
+  rec.failure_reason = reason;
+  spdlog::warn("round {} attempt {} failed: {}", r.round, r.attempt, rec.failure_reason);
+  c_.Record(std::move(rec));
+  for (auto& row : r.client_rows) c_.Record(std::move(row));
+  RecordSecureStages(r);
+  c_.ReleaseRound();
+  if (c_.attempt_ >= c_.config_.max_round_attempts) {
+    c_.Finish(instrumentation::ExperimentStatus::kFailed,
+              fl::StrCat("round ", c_.round_ + 1, " failed ", c_.attempt_, " times; last: ", reason));
+    return;
+  }
+  ++c_.attempt_;
+  (void)c_.Fire(EngineTrigger::kRoundFailed);  // no row: the run has failed (MissingTransition)
+}
+
+void RoundEngine::Core::SyncRounds::CommitRound(RoundState& r, std::optional<secagg::AggregateResult> secure) {
   // Peak memory is at the commit: give back what the next round can rebuild cheaply (the receive buffers,
   // once per round, not per update) before the aggregate and the new download payload are materialised.
   c_.uploads_.DropBuffers();
   const int64_t agg_start = c_.NowNs();
-  // --deadline-policy fold: late updates of earlier rounds join this aggregate, discounted (engine_overcommit.cc).
+  // --deadline-policy fold: late updates of earlier rounds join this aggregate, discounted.
   std::vector<instrumentation::ClientRoundRecord> folded_rows = FoldPendingInto(r);
+  // Secure aggregation: the survivors' updates are in the unmasked sum, each clipped by its client when DP asks.
+  const auto updates =
+      static_cast<int64_t>(secure.has_value() ? secure->survivors.size() : r.aggregator->num_updates());
+  const int64_t at_or_below =
+      secure.has_value() ? updates : updates - static_cast<int64_t>(r.aggregator->num_clipped());
   // Central differential privacy: the mean of the clipped updates is noised before the server optimizer sees it.
   engine::GlobalModel::Perturb noise;
-  if (c_.dp_.on()) noise = [&](std::span<float> mean) { return c_.dp_.NoiseMean(mean, r.accepted); };
-  if (absl::Status step = c_.model_.Step(*r.aggregator, fl::StrCat("round ", r.round), noise); !step.ok()) {
+  if (c_.dp_.on() && c_.dp_.ServerNoises()) {
+    noise = [&](std::span<float> mean) { return c_.dp_.NoiseMean(mean, updates); };
+  }
+  const std::string what = fl::StrCat("round ", r.round);
+  absl::Status step = secure.has_value() ? c_.model_.StepFrom(std::move(secure->mean), what, noise)
+                                         : c_.model_.Step(*r.aggregator, what, noise);
+  if (!step.ok()) {
     // Inputs were validated one by one; an optimizer failure means the aggregate itself overflowed.
     c_.Finish(instrumentation::ExperimentStatus::kFailed,
               fl::StrCat("round ", r.round, ": the server optimizer step failed: ", fl::ToStd(step.message())));
     return;
   }
   if (c_.dp_.on()) {
-    const auto updates = static_cast<int64_t>(r.aggregator->num_updates());
-    auto spent = c_.dp_.AfterRound(static_cast<int64_t>(r.task_ids.size()), updates,
-                                   updates - static_cast<int64_t>(r.aggregator->num_clipped()));
+    auto spent = c_.dp_.AfterRound(static_cast<int64_t>(r.task_ids.size()), updates, at_or_below);
     if (!spent.ok()) {
       c_.Finish(
           instrumentation::ExperimentStatus::kFailed,
@@ -214,6 +309,7 @@ void RoundEngine::Core::SyncRounds::CloseRound() {
   // round (from the previous checkpoint, which is pruned only after the commit) instead of losing or
   // doubling it.
   if (!c_.CommitGlobalStep(r, aggregation_ms, std::move(folded_rows), "round", "rounds")) return;
+  RecordSecureStages(r);
   NoteFoldableTasks(r);
   c_.ReleaseRound();
   if (!c_.Fire(EngineTrigger::kRoundCommitted)) return;
@@ -228,6 +324,158 @@ void RoundEngine::Core::SyncRounds::CloseRound() {
     if (c_.state_ == EngineState::kEvaluating) return;
   }
   c_.RoundDone(std::nullopt);
+}
+
+// ---- secure aggregation (engine_secagg.h) ----
+
+void RoundEngine::Core::SyncRounds::ArmSecureTimer() {
+  const int64_t at = secure_ != nullptr ? secure_->stage_deadline_ns() : 0;
+  if (at == secure_timer_at_ && (at == 0 || secure_timer_ != 0)) return;
+  if (secure_timer_ != 0) c_.loop_.Cancel(secure_timer_);
+  secure_timer_ = 0;
+  secure_timer_at_ = at;
+  if (at != 0) c_.ArmAt(secure_timer_, at);
+}
+
+bool RoundEngine::Core::SyncRounds::Apply(engine::SecureRound::Progress progress) {
+  for (engine::SecureRound::Outgoing& out : progress.send) {
+    ClientInfo* client = c_.clients_.Find(out.client_id);
+    if (client == nullptr || client->session == nullptr) continue;  // gone: the stage drops it at its deadline
+    out.message.set_seq(++client->server_seq);
+    client->session->Send(std::move(out.message));
+  }
+  for (const auto& [client_id, why] : progress.dropped) {
+    auto task_id = secure_tasks_.find(client_id);
+    if (task_id == secure_tasks_.end()) continue;
+    auto t = c_.tasks_.find(task_id->second);
+    if (t == c_.tasks_.end() || t->second->closed) continue;
+    // Its update could not be unmasked any more: it stops training (the cancel) and its row says why.
+    if (ClientInfo* client = c_.clients_.Find(client_id); client != nullptr && client->session != nullptr) {
+      fl::v1::ServerMessage cancel;
+      cancel.set_seq(++client->server_seq);
+      cancel.mutable_cancel()->set_task_id(t->second->id);
+      cancel.mutable_cancel()->set_reason(why);
+      client->session->Send(std::move(cancel));
+    }
+    c_.CloseTaskAsDropped(*t->second, why);
+  }
+  if (progress.failure.has_value()) {
+    if (secure_timer_ != 0) c_.loop_.Cancel(secure_timer_);
+    secure_timer_ = 0;
+    secure_timer_at_ = 0;
+    RoundState& r = *c_.current_;
+    // The tasks still open end with the attempt (their updates could not be unmasked).
+    for (const std::string& id : r.task_ids) c_.CloseTaskAsDropped(*c_.tasks_.at(id), *progress.failure);
+    FailAttempt(r, fl::StrCat(*progress.failure, "; the global model is untouched"));
+    return false;
+  }
+  return true;
+}
+
+void RoundEngine::Core::SyncRounds::SweepDeadlines(int64_t now) {
+  if (secure_ == nullptr || c_.current_ == nullptr || c_.current_->evaluation) return;
+  if (c_.state_ != EngineState::kCollecting && c_.state_ != EngineState::kUnmasking) return;
+  if (!Apply(secure_->Advance(now))) return;
+  ArmSecureTimer();
+}
+
+bool RoundEngine::Core::SyncRounds::AdvanceOwnState() {
+  if (c_.state_ != EngineState::kUnmasking || secure_ == nullptr) return false;
+  if (!secure_->done()) return false;  // SweepDeadlines closes the unmask stage (a failure ends the attempt there)
+  absl::StatusOr<secagg::AggregateResult> result = secure_->Result();
+  if (!result.ok()) {
+    FailAttempt(*c_.current_, fl::StrCat("secure aggregation: ", fl::ToStd(result.status().message()),
+                                         "; the global model is untouched"));
+    return c_.state_ == EngineState::kWaitingForClients;
+  }
+  c_.current_->secagg_survivors = static_cast<int64_t>(result->survivors.size());
+  c_.current_->secagg_dropped = static_cast<int64_t>(secure_->participants() - result->survivors.size());
+  CommitRound(*c_.current_, *std::move(result));
+  return c_.state_ == EngineState::kWaitingForClients;
+}
+
+void RoundEngine::Core::SyncRounds::Abort(const std::string& /*reason*/) {
+  if (secure_timer_ != 0) c_.loop_.Cancel(secure_timer_);
+  secure_timer_ = 0;
+  secure_timer_at_ = 0;
+  if (secure_ != nullptr && c_.current_ != nullptr) {
+    // Recorded with the aborted round (HandleShutdown writes its row after this).
+    c_.current_->secagg_dropped = static_cast<int64_t>(secure_->dropped());
+  }
+}
+
+void RoundEngine::Core::SyncRounds::OnSecureMessage(ClientInfo& client, const fl::v1::ClientMessage& message,
+                                                    int64_t now) {
+  if (secure_ == nullptr || c_.current_ == nullptr ||
+      (c_.state_ != EngineState::kCollecting && c_.state_ != EngineState::kUnmasking)) {
+    RefuseSecureMessage(client, "no secure round is open (the round it belongs to is over)");
+    return;
+  }
+  absl::Status s = secure_->OnMessage(client.id, message, now);
+  if (!s.ok()) {
+    RefuseSecureMessage(client, fl::StrCat("round ", c_.current_->round, ": ", fl::ToStd(s.message())));
+    return;
+  }
+  SweepDeadlines(now);  // the stage may be complete: the next one's messages go out now
+}
+
+absl::Status RoundEngine::Core::SyncRounds::MaskedUploadAdmitted(const TaskInfo& task) const {
+  if (secure_ == nullptr || c_.current_ == nullptr || task.round != c_.current_->round ||
+      task.attempt != c_.current_->attempt) {
+    return absl::FailedPreconditionError(fl::StrCat("task '", task.id, "': its round's secure aggregation is over"));
+  }
+  return secure_->UploadAdmitted(task.client_id);
+}
+
+absl::Status RoundEngine::Core::SyncRounds::AddMasked(const TaskInfo& task, std::span<const uint8_t> payload,
+                                                      int64_t now) {
+  if (absl::Status s = MaskedUploadAdmitted(task); !s.ok()) return s;
+  return secure_->OnMaskedUpload(task.client_id, payload, now);
+}
+
+void RoundEngine::Core::SyncRounds::RecordSecureStages(const RoundState& r) {
+  if (secure_ == nullptr) return;
+  if (secure_timer_ != 0) c_.loop_.Cancel(secure_timer_);
+  secure_timer_ = 0;
+  secure_timer_at_ = 0;
+  using instrumentation::SecAggStage;
+  using instrumentation::SecAggStageOutcome;
+  constexpr SecAggStage kStages[] = {SecAggStage::kAdvertiseKeys, SecAggStage::kShareKeys, SecAggStage::kMaskedUpload,
+                                     SecAggStage::kUnmask};
+  for (const std::string& id : secure_->participant_ids()) {
+    const std::array<engine::SecureStageView, 4>* view = secure_->ViewOf(id);
+    const std::array<secagg::StageBytes, 4> bytes = secure_->BytesOf(id);
+    for (size_t s = 0; s < 4; ++s) {
+      const engine::SecureStageView& v = (*view)[s];
+      if (v.sent_ns == 0) continue;  // the stage never reached this client (dropped before, or the round failed)
+      instrumentation::SecAggStageRecord row;
+      row.experiment_id = c_.config_.experiment_id;
+      row.round = static_cast<int64_t>(r.round);
+      row.attempt = r.attempt;
+      row.client_id = id;
+      row.stage = kStages[s];
+      row.outcome = v.answered_ns != 0 ? SecAggStageOutcome::kOk
+                    : v.refused        ? SecAggStageOutcome::kRefused
+                                       : SecAggStageOutcome::kDropped;
+      row.started_unix_ms = static_cast<double>(c_.timeline_.UnixMsAt(v.sent_ns));
+      if (v.answered_ns != 0) row.duration_ms = static_cast<double>(v.answered_ns - v.sent_ns) / 1e6;
+      row.bytes_down = static_cast<int64_t>(bytes[s].down);
+      row.bytes_up = static_cast<int64_t>(bytes[s].up);
+      if (row.outcome != SecAggStageOutcome::kOk) row.detail = v.detail;
+      c_.Record(std::move(row));
+    }
+  }
+  secure_.reset();
+  secure_tasks_.clear();
+}
+
+void RoundEngine::Core::AggregationSchedule::RefuseSecureMessage(const ClientInfo& client, std::string_view why) {
+  instrumentation::SecurityEventRecord event;
+  event.reason = instrumentation::SecurityRefusal::kSecAgg;
+  event.peer = client.peer;
+  event.claimed = client.id;
+  event.detail = fl::StrCat("secure aggregation message refused: ", why);
+  core_.RecordSecurityRefusal(std::move(event));
 }
 
 RoundEngine::Core::Stragglers& RoundEngine::Core::SyncRounds::StragglerState() {

@@ -16,6 +16,7 @@
 #include "fl/proto/convert.h"
 #include "engine_internal.h"
 #include "engine_schedule.h"
+#include "engine_secagg.h"
 
 namespace fl::server {
 
@@ -163,7 +164,19 @@ void RoundEngine::Core::HandleUploadStart(UploadStartEvent& e) {
       RejectAtHeader(task, verdict);
       return refuse(std::move(verdict));
     }
-    codec = &UplinkCodecOf(task);
+    if (task.secure) {
+      // A masked update: only once the masked-upload stage is open for this client, and only as a delta.
+      absl::Status admitted = h.kind() == fl::v1::UPDATE_KIND_DELTA
+                                  ? schedule_->MaskedUploadAdmitted(task)
+                                  : absl::InvalidArgumentError("a masked update is a delta (UPDATE_KIND_DELTA)");
+      if (!admitted.ok()) {
+        return refuse(Rejected(h.task_id(), fl::v1::ERROR_CODE_WRONG_ROUND,
+                               fl::StrCat("masked update refused: ", fl::ToStd(admitted.message())),
+                               "upload the masked update once ServerMessage.secagg_masking_start arrived"));
+      }
+    } else {
+      codec = &UplinkCodecOf(task);
+    }
     task.upload_started = true;
     train_task = &task;
   } else {
@@ -176,11 +189,14 @@ void RoundEngine::Core::HandleUploadStart(UploadStartEvent& e) {
         fl::StrCat("update is for model ", core::FingerprintToHex(h.model_fingerprint()), " but the server's model is ",
                    expected ? expected->FingerprintHex() : std::string("(none)"))));
   }
-  const uint64_t want_bytes = codec->EncodedSize(expected->num_elements());
+  // A masked update is (parameters + 1) words of 4 bytes: the weighted quantised delta and the weight.
+  const uint64_t want_bytes = codec != nullptr ? codec->EncodedSize(expected->num_elements())
+                                               : (expected->num_elements() + 1) * sizeof(uint32_t);
   if (h.payload_bytes() != want_bytes) {
     return refuse(Rejected(h.task_id(),
                            h.payload_bytes() > want_bytes ? fl::v1::ERROR_CODE_TOO_LARGE : fl::v1::ERROR_CODE_MALFORMED,
-                           fl::StrCat("update announces ", h.payload_bytes(), " payload bytes but a ", codec->name(),
+                           fl::StrCat("update announces ", h.payload_bytes(), " payload bytes but a ",
+                                      codec != nullptr ? codec->name() : engine::kSecAggUploadCodec,
                                       " payload of this model is exactly ", want_bytes, " bytes")));
   }
   if (h.kind() == fl::v1::UPDATE_KIND_INITIAL_MODEL) initial_model_upload_in_progress_ = true;
@@ -454,7 +470,14 @@ fl::v1::UploadUpdateResponse RoundEngine::Core::AcceptUpdate(UploadDoneEvent& e,
   // FedAvg weights by examples; differential privacy takes the uniform mean (its noise bounds one update's share of
   // a mean of m, whatever the update claims to stand for).
   const double weight = dp_.on() ? 1.0 : static_cast<double>(h.num_examples());
-  if (h.kind() == fl::v1::UPDATE_KIND_DELTA) {
+  if (task->secure) {
+    // Secure aggregation: the masked words go into the round's running sum; the server never sees the update.
+    if (absl::Status s = schedule_->AddMasked(*task, e.payload, e.done_server_ns); !s.ok()) {
+      spdlog::warn("rejected {}: {}", source, fl::ToStd(s.message()));
+      return finish(instrumentation::ClientOutcome::kRejected,
+                    Rejected(task->id, fl::v1::ERROR_CODE_MALFORMED, std::string(fl::ToStd(s.message()))));
+    }
+  } else if (h.kind() == fl::v1::UPDATE_KIND_DELTA) {
     // The common path: the payload is the pseudo-gradient itself, decoded straight into the aggregator's
     // own buffer (no extra model-sized copy on the server).
     if (absl::Status s = current_->aggregator->AddEncoded(UplinkCodecOf(*task), e.payload, weight,

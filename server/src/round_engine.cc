@@ -35,6 +35,7 @@ std::string_view EngineStateName(EngineState state) {
     case EngineState::kDraining: return "draining";
     case EngineState::kFinished: return "finished";
     case EngineState::kBuffering: return "buffering";
+    case EngineState::kUnmasking: return "unmasking";
   }
   return "unknown";
 }
@@ -56,6 +57,7 @@ std::string_view EngineTriggerName(EngineTrigger trigger) {
     case EngineTrigger::kStepFailed: return "step_failed";
     case EngineTrigger::kModelLoaded: return "model_loaded";
     case EngineTrigger::kBudgetSpent: return "budget_spent";
+    case EngineTrigger::kUnmaskStarted: return "unmask_started";
     case EngineTrigger::kInvariantBroken: return "invariant_broken";
   }
   return "unknown";
@@ -114,6 +116,19 @@ constexpr EngineTransition kTransitions[] = {
      "attempts exhausted, or the step, checkpoint or records failed: the experiment failed"},
     {S::kBuffering, T::kShutdown, S::kFinished, E::kEndRun,
      "cancel train tasks out; record the open step as aborted; tell every client"},
+    // Secure aggregation (engine_secagg.h): a round's commit waits for the unmask stage.
+    {S::kCollecting, T::kUnmaskStarted, S::kUnmasking, E::kNone,
+     "the masked upload closed with enough survivors: ask them for the shares that remove the masks (the unmask "
+     "stage's own deadline)"},
+    {S::kUnmasking, T::kRoundCommitted, S::kWaitingForClients, E::kNone,
+     "unmask the sum of the survivors' updates; server optimizer step; write the checkpoint; store the round's "
+     "records as one commit"},
+    {S::kUnmasking, T::kRoundFailed, S::kWaitingForClients, E::kNone,
+     "too few shares to remove the masks: record the attempt as failed, the global model untouched; the next "
+     "attempt waits for clients"},
+    {S::kUnmasking, T::kGaveUp, S::kFinished, E::kEndRun,
+     "attempts exhausted, or the step, checkpoint or records failed: the experiment failed"},
+    {S::kUnmasking, T::kShutdown, S::kFinished, E::kEndRun, "record the attempt as aborted; tell every client"},
     // A path the rows above lack (a bug): from every state but kFinished, so that the failure is a row too.
     {S::kWaitingForModel, T::kInvariantBroken, S::kFinished, E::kEndRun, kBrokenEffect},
     {S::kWaitingForClients, T::kInvariantBroken, S::kFinished, E::kEndRun, kBrokenEffect},
@@ -121,6 +136,7 @@ constexpr EngineTransition kTransitions[] = {
     {S::kEvaluating, T::kInvariantBroken, S::kFinished, E::kEndRun, kBrokenEffect},
     {S::kDraining, T::kInvariantBroken, S::kFinished, E::kEndRun, kBrokenEffect},
     {S::kBuffering, T::kInvariantBroken, S::kFinished, E::kEndRun, kBrokenEffect},
+    {S::kUnmasking, T::kInvariantBroken, S::kFinished, E::kEndRun, kBrokenEffect},
 };
 
 }  // namespace
@@ -320,10 +336,9 @@ absl::Status RoundEngine::Core::Prepare() {
     return s;
   }
   if (absl::Status s = dp_.Configure(config_); !s.ok()) return s;
-  if (dp_.on() && start_.resume) {
-    return absl::FailedPreconditionError(
-        "--resume with --dp-noise-multiplier is not supported yet: the privacy accountant's ledger is not kept in the "
-        "checkpoint, so a resumed run would report less epsilon than it spent; start a new experiment");
+  // Resuming: the accountant continues from the checkpoint's ledger (refused with other DP settings).
+  if (start_.resume && start_.checkpoint.has_value()) {
+    if (absl::Status s = dp_.Restore(start_.checkpoint->privacy, start_.checkpoint->round); !s.ok()) return s;
   }
   if (model_.codec_policy().basis != core::CodecPolicy::Basis::kFixed) {
     spdlog::info("uplink codec per client: {}", model_.codec_policy().ToString());
@@ -454,7 +469,8 @@ bool RoundEngine::Core::AdvanceOnce() {
   if (state_ != EngineState::kFinished) schedule_->SweepDeadlines(now);
   switch (state_) {
     case EngineState::kWaitingForModel: ReaskInitialModelIfStalled(now); return false;
-    case EngineState::kBuffering: return schedule_->AdvanceOwnState();
+    case EngineState::kBuffering:
+    case EngineState::kUnmasking: return schedule_->AdvanceOwnState();
     case EngineState::kWaitingForClients: return schedule_->AdvanceWaiting();
     case EngineState::kCollecting:
     case EngineState::kEvaluating: {

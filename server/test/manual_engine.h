@@ -115,6 +115,9 @@ class ManualEngineTest : public ::testing::Test {
     fl::v1::JoinRequest req;
     req.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
     req.set_client_name(name);
+    // What fl-client of this release declares (secure aggregation and client-side privacy).
+    req.add_capabilities("secagg-v1");
+    req.add_capabilities("client-privacy-v1");
     if (link != fl::v1::LINK_KIND_UNSPECIFIED) req.mutable_link()->set_kind(link);
     req.set_num_train_examples(100);
     req.set_num_test_examples(10);

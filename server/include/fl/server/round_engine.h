@@ -60,7 +60,8 @@ enum class EngineState {
   kEvaluating,
   kDraining,
   kFinished,
-  kBuffering
+  kBuffering,
+  kUnmasking  // secure aggregation: the round's masked uploads are in; the survivors' shares remove the masks
 };
 std::string_view EngineStateName(EngineState state);
 
@@ -82,6 +83,7 @@ enum class EngineTrigger {
   kStepFailed,        // no client could fill the buffer (every one waits for the step) and it holds no update
   kModelLoaded,       // the start point's checkpoint (--initial-model, or --resume's round) adopted at Start
   kBudgetSpent,       // the next round would spend more than --dp-target-epsilon: no further round
+  kUnmaskStarted,     // secure aggregation: the masked upload closed with enough survivors; their shares are asked
   // A path of the engine that the table lacks (a bug, never a client's doing): logged critical, the run fails.
   // Every state but kFinished has this row, so that the failure itself goes through the table.
   kInvariantBroken,
