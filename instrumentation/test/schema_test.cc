@@ -642,14 +642,7 @@ TEST(SchemaTest, VersionTenDatabaseWithRowsMigratesToEleven) {
     EXPECT_FALSE((*old_reader)->HasColumn("rounds", "secagg_dropped"));
   }
   ASSERT_GE(LatestSchemaVersion(), 11);
-  RoundRecord secure_round;
-  secure_round.experiment_id = "v10";
-  secure_round.round = 1;
-  secure_round.status = RoundStatus::kCommitted;
-  secure_round.started_unix_ms = 10;
-  secure_round.ended_unix_ms = 20;
-  secure_round.duration_ms = 10;
-  secure_round.model_version = 2;
+  RoundRecord secure_round = testing_util::Round("v10", 1);
   secure_round.secagg_survivors = 1;
   secure_round.secagg_dropped = 1;
   const SecAggStageRecord ok_stage{"v10", 1,   0,   "c1", SecAggStage::kShareKeys, SecAggStageOutcome::kOk, 11.5,

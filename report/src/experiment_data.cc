@@ -105,6 +105,8 @@ absl::Status LoadRounds(ins::RecordReader& reader, ExperimentData& data) {
     a.eval_perplexity = r.eval_perplexity;
     a.dp_epsilon = r.dp_epsilon;
     a.dp_clip_norm = r.dp_clip_norm;
+    a.secagg_survivors = r.secagg_survivors;
+    a.secagg_dropped = r.secagg_dropped;
     data.rounds.push_back(std::move(a));
   }
   return absl::OkStatus();
@@ -192,6 +194,18 @@ absl::Status LoadSecurityEvents(ins::RecordReader& reader, ExperimentData& data)
   return absl::OkStatus();
 }
 
+absl::Status LoadSecAggStages(ins::RecordReader& reader, ExperimentData& data) {
+  absl::StatusOr<std::vector<ins::SecAggStageRecord>> rows = reader.ListSecAggStages(data.experiment.id);
+  if (!rows.ok()) return rows.status();
+  for (ins::SecAggStageRecord& r : *rows) {
+    data.secagg_stages.push_back(SecAggStageRow{r.round, r.attempt, std::move(r.client_id),
+                                                std::string(ins::SecAggStageName(r.stage)),
+                                                std::string(ins::SecAggStageOutcomeName(r.outcome)), r.started_unix_ms,
+                                                r.duration_ms, r.bytes_down, r.bytes_up, std::move(r.detail)});
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 const ClientInfo* ExperimentData::FindClient(std::string_view client_id) const {
@@ -255,6 +269,7 @@ absl::StatusOr<ExperimentData> LoadExperiment(const std::string& db_path, std::s
   if (absl::Status s = LoadEvaluations(reader, data); !s.ok()) return s;
   if (absl::Status s = LoadClientEvents(reader, data); !s.ok()) return s;
   if (absl::Status s = LoadSecurityEvents(reader, data); !s.ok()) return s;
+  if (absl::Status s = LoadSecAggStages(reader, data); !s.ok()) return s;
   return data;
 }
 

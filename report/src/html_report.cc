@@ -110,6 +110,8 @@ std::string HtmlReport(const ExperimentData& data, const Analysis& analysis, con
   if (!table("client_events").rows.empty()) out += section("client-events", table("client_events"));
   // Likewise for security events (none before v8): what a peer was refused, beside what clients were.
   if (!table("security_events").rows.empty()) out += section("security-events", table("security_events"));
+  // Secure aggregation's stages (v11): only for a run that had it (AllTables leaves the table out otherwise).
+  if (!data.secagg_stages.empty()) out += section("secagg", table("secagg"));
   out += fl::StrCat("<h2 id=\"rounds\">", Esc(table("rounds").title), "</h2>\n");
   out += "<figure>\n" + RoundTimeSvg(data, analysis) + "</figure>\n";
   out += TableHtml(table("rounds"));

@@ -1,7 +1,7 @@
 // fl-report: tables and plots of an experiment out of a records database (docs/report.md).
 //
 //   fl-report DB [--experiment ID] [--format text|csv|json|html|svg] [--out PATH|DIR]
-//                [--table rounds|links|groups|stragglers|client_events|security_events] [--top N]
+//                [--table rounds|links|groups|stragglers|client_events|security_events|secagg] [--top N]
 //                [--plot timeline|phase_shares|round_time] [--rounds A:B]
 //   fl-report --compare DB [DB...] [--target-accuracy 0.85] [--format text|csv|json|html|svg] [--out PATH|DIR]
 //

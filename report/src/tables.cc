@@ -4,6 +4,8 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -14,6 +16,7 @@ namespace fl::report {
 namespace {
 
 Cell Opt(const std::optional<double>& v) { return v.has_value() ? Cell(*v) : Cell(); }
+Cell OptInt(const std::optional<int64_t>& v) { return v.has_value() ? Cell(*v) : Cell(); }
 Cell StatMean(const Stat& s) { return s.n > 0 ? Cell(s.mean) : Cell(); }
 Cell StatMax(const Stat& s) { return s.n > 0 ? Cell(s.max) : Cell(); }
 Cell Text(std::string s) { return s.empty() ? Cell() : Cell(std::move(s)); }
@@ -101,6 +104,14 @@ Table RoundsTable(const ExperimentData& data, const Analysis& analysis) {
     t.columns.emplace_back("dp_epsilon", 4);
     t.columns.emplace_back("dp_clip_norm", 4);
   }
+  // Secure aggregation (schema v11): likewise only for a run that had it.
+  const bool secure_run = std::any_of(analysis.rounds.begin(), analysis.rounds.end(), [](const RoundSummary& s) {
+    return s.attempt->secagg_survivors.has_value() || s.attempt->secagg_dropped.has_value();
+  });
+  if (secure_run) {
+    t.columns.emplace_back("secagg_survivors", 0);
+    t.columns.emplace_back("secagg_dropped", 0);
+  }
   for (const char* name : {"straggler", "straggler_link", "straggler_phase"}) t.columns.emplace_back(name, 0);
   for (const RoundSummary& s : analysis.rounds) {
     const RoundAttempt& r = *s.attempt;
@@ -133,6 +144,10 @@ Table RoundsTable(const ExperimentData& data, const Analysis& analysis) {
     if (private_run) {
       row.push_back(Opt(r.dp_epsilon));
       row.push_back(Opt(r.dp_clip_norm));
+    }
+    if (secure_run) {
+      row.push_back(OptInt(r.secagg_survivors));
+      row.push_back(OptInt(r.secagg_dropped));
     }
     if (s.straggler.has_value()) {
       row.push_back(Label(data, s.straggler->client_id));
@@ -247,10 +262,64 @@ Table SecurityEventsTable(const ExperimentData& data) {
   return t;
 }
 
+Table SecAggTable(const ExperimentData& data) {
+  Table t;
+  t.name = "secagg";
+  t.title = fl::StrCat("Secure aggregation (", data.secagg_stages.size(),
+                       " client stages: per round attempt and stage, the clients' outcomes, time and bytes)");
+  t.columns = {{"round", 0},
+               {"attempt", 0},
+               {"stage", 0},
+               {"clients", 0},
+               {"ok", 0},
+               {"dropped", 0},
+               {"refused", 0},
+               {"duration_median_ms", 1},
+               {"duration_max_ms", 1},
+               {"bytes_down", 0},
+               {"bytes_up", 0}};
+  // The rows come by (round, attempt, client, stage order): one group per (round, attempt, stage), stages in the
+  // order they run.
+  struct Group {
+    int64_t clients = 0, ok = 0, dropped = 0, refused = 0, bytes_down = 0, bytes_up = 0;
+    std::vector<double> durations;
+  };
+  auto stage_order = [](const std::string& stage) {
+    static constexpr std::string_view kOrder[] = {"advertise_keys", "share_keys", "masked_upload", "unmask"};
+    return static_cast<int>(std::find(std::begin(kOrder), std::end(kOrder), stage) - std::begin(kOrder));
+  };
+  std::map<std::tuple<int64_t, int64_t, int, std::string>, Group> groups;
+  for (const SecAggStageRow& r : data.secagg_stages) {
+    Group& g = groups[{r.round, r.attempt, stage_order(r.stage), r.stage}];
+    ++g.clients;
+    g.ok += r.outcome == "ok" ? 1 : 0;
+    g.dropped += r.outcome == "dropped" ? 1 : 0;
+    g.refused += r.outcome == "refused" ? 1 : 0;
+    g.bytes_down += r.bytes_down;
+    g.bytes_up += r.bytes_up;
+    if (r.duration_ms.has_value()) g.durations.push_back(*r.duration_ms);
+  }
+  for (auto& [key, g] : groups) {
+    Cell median, max;
+    if (!g.durations.empty()) {
+      std::sort(g.durations.begin(), g.durations.end());
+      const size_t n = g.durations.size();
+      median = n % 2 == 1 ? g.durations[n / 2] : (g.durations[n / 2 - 1] + g.durations[n / 2]) / 2;
+      max = g.durations.back();
+    }
+    t.rows.push_back({std::get<0>(key), std::get<1>(key), std::get<3>(key), g.clients, g.ok, g.dropped, g.refused,
+                      median, max, g.bytes_down, g.bytes_up});
+  }
+  return t;
+}
+
 std::vector<Table> AllTables(const ExperimentData& data, const Analysis& analysis, size_t top_stragglers) {
-  return {RoundsTable(data, analysis), LinksTable(data, analysis),
-          GroupsTable(data, analysis), StragglersTable(data, analysis, top_stragglers),
-          ClientEventsTable(data),     SecurityEventsTable(data)};
+  std::vector<Table> tables = {RoundsTable(data, analysis), LinksTable(data, analysis),
+                               GroupsTable(data, analysis), StragglersTable(data, analysis, top_stragglers),
+                               ClientEventsTable(data),     SecurityEventsTable(data)};
+  // Most runs have no secure aggregation: no empty table for them.
+  if (!data.secagg_stages.empty()) tables.push_back(SecAggTable(data));
+  return tables;
 }
 
 absl::StatusOr<Table> TableByName(const ExperimentData& data, const Analysis& analysis, std::string_view name,
@@ -261,6 +330,7 @@ absl::StatusOr<Table> TableByName(const ExperimentData& data, const Analysis& an
   if (name == "stragglers") return StragglersTable(data, analysis, top_stragglers);
   if (name == "client_events") return ClientEventsTable(data);
   if (name == "security_events") return SecurityEventsTable(data);
+  if (name == "secagg") return SecAggTable(data);
   std::string names;
   for (std::string_view n : kTableNames) names += fl::StrCat(names.empty() ? "" : ", ", n);
   return absl::InvalidArgumentError(fl::StrCat("unknown table '", name, "'; the tables are ", names));
@@ -389,9 +459,18 @@ std::string RenderJson(const ExperimentData& data, const Analysis& analysis, con
        "what fl-server refused on the secure federation channel, by reason: name_mismatch (a Join claiming "
        "another name than its certificate's), wrong_identity (a call for another client than the certificate's), "
        "revoked_certificate, bad_token (an unknown client id or a wrong session token), join_rate, session_limit, "
-       "upload_limit (beyond a per-peer or per-identity limit), stream_deadline (a stream cut off for a deadline); "
-       "with the peer, its certificate's name (identity), the name it claimed and what it was told (records "
-       "schema v8; none in older records)"}};
+       "upload_limit (beyond a per-peer or per-identity limit), stream_deadline (a stream cut off for a deadline), "
+       "secagg (a secure-aggregation message refused, records schema v11); with the peer, its certificate's name "
+       "(identity), the name it claimed and what it was told (records schema v8; none in older records)"},
+      {"secagg_survivors", "secure aggregation: the clients whose masked updates the round's unmasked sum holds"},
+      {"secagg_dropped", "secure aggregation: the clients that took part but dropped out of the round's sum"},
+      {"secagg",
+       "secure aggregation (SecAgg+), per round attempt and stage (advertise_keys, share_keys, masked_upload, "
+       "unmask): clients with a row, how many answered (ok), gave no answer by the stage's deadline or left "
+       "(dropped) or had their message refused (refused; a security_events row with reason secagg says why); the "
+       "median and maximum time from the server sending the stage's message to the client's answer (server "
+       "clock, answered clients only); the serialized bytes sent to and accepted from the clients (records schema "
+       "v11; only in runs with secure aggregation)"}};
   nlohmann::ordered_json out_tables = nlohmann::ordered_json::object();
   for (const Table& t : tables) {
     nlohmann::ordered_json rows = nlohmann::ordered_json::array();

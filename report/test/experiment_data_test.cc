@@ -180,7 +180,8 @@ TEST(ExperimentDataTest, SchemaV2DatabaseLoadsWithPhasesLaidEndToEnd) {
 }
 
 // A database of every schema version loads as it is (fl-report never migrates): what the version has is there,
-// what came later is empty; only v7 and later have client events, only v8 and later security events.
+// what came later is empty; only v7 and later have client events, only v8 and later security events, only v11 and
+// later secure-aggregation stages and counts.
 TEST(ExperimentDataTest, EverySchemaVersionLoads) {
   fl::testing::ScratchDir dir("report_versions");
   for (int version = 1; version <= ins::LatestSchemaVersion(); ++version) {
@@ -211,6 +212,15 @@ TEST(ExperimentDataTest, EverySchemaVersionLoads) {
       if (version >= 8) {
         ASSERT_TRUE(db->Exec("INSERT INTO security_events (experiment_id, reason, peer, identity, detail, at_unix_ms) "
                              "VALUES ('run', 'revoked_certificate', 'ipv4:10.0.0.2:4000', 'pi', 'revoked', 1350)")
+                        .ok());
+      }
+      if (version >= 11) {
+        ASSERT_TRUE(db->Exec(R"sql(
+          UPDATE rounds SET secagg_survivors = 1, secagg_dropped = 0;
+          INSERT INTO secagg_stages (experiment_id, round, attempt, client_id, stage, outcome, started_unix_ms,
+                                     duration_ms, bytes_down, bytes_up)
+            VALUES ('run', 1, 0, 'a', 'masked_upload', 'ok', 1100.5, 12.5, 0, 4096);
+        )sql")
                         .ok());
       }
     }
@@ -244,6 +254,17 @@ TEST(ExperimentDataTest, EverySchemaVersionLoads) {
       EXPECT_EQ(e.claimed, "");
       EXPECT_EQ(e.detail, "revoked");
       EXPECT_EQ(e.at_unix_ms, 1350);
+    }
+    EXPECT_EQ(data->rounds[0].secagg_survivors, version >= 11 ? std::optional<int64_t>(1) : std::nullopt);
+    ASSERT_EQ(data->secagg_stages.size(), version >= 11 ? 1u : 0u);
+    if (version >= 11) {
+      const SecAggStageRow& s = data->secagg_stages[0];
+      EXPECT_EQ(s.client_id, "a");
+      EXPECT_EQ(s.stage, "masked_upload");
+      EXPECT_EQ(s.outcome, "ok");
+      EXPECT_EQ(s.duration_ms, 12.5);
+      EXPECT_EQ(s.bytes_up, 4096);
+      EXPECT_EQ(s.detail, "");
     }
   }
 }

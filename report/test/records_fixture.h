@@ -63,6 +63,12 @@ class RecordsFixture {
   void Round(const std::string& experiment, int64_t round, int64_t started_unix_ms, double duration_ms,
              ins::RoundStatus status = ins::RoundStatus::kCommitted, int64_t attempt = 0,
              std::optional<double> aggregation_ms = 1.5) {
+    Put(RoundRow(experiment, round, started_unix_ms, duration_ms, status, attempt, aggregation_ms));
+  }
+
+  static ins::RoundRecord RoundRow(const std::string& experiment, int64_t round, int64_t started_unix_ms,
+                                   double duration_ms, ins::RoundStatus status, int64_t attempt,
+                                   std::optional<double> aggregation_ms) {
     ins::RoundRecord r;
     r.experiment_id = experiment;
     r.round = round;
@@ -76,7 +82,7 @@ class RecordsFixture {
     if (status == ins::RoundStatus::kCommitted) r.model_version = round;
     r.num_selected = 3;
     r.num_accepted = 3;
-    Put(std::move(r));
+    return r;
   }
 
   void ClientRound(const std::string& experiment, int64_t round, const std::string& client, int64_t dispatched_unix_ms,
@@ -152,6 +158,25 @@ class RecordsFixture {
                      const std::string& identity, const std::string& claimed, const std::string& detail,
                      int64_t at_unix_ms) {
     Put(ins::SecurityEventRecord{0, experiment, reason, peer, identity, claimed, detail, at_unix_ms});
+  }
+
+  // A committed secure-aggregation round (schema v11): Round()'s row with the clients in the unmasked sum and those
+  // that dropped out of it.
+  void SecureRound(const std::string& experiment, int64_t round, int64_t started_unix_ms, double duration_ms,
+                   int64_t survivors, int64_t dropped) {
+    ins::RoundRecord r =
+        RoundRow(experiment, round, started_unix_ms, duration_ms, ins::RoundStatus::kCommitted, 0, 1.5);
+    r.secagg_survivors = survivors;
+    r.secagg_dropped = dropped;
+    Put(std::move(r));
+  }
+
+  // One client's part in one stage of a secure round attempt (schema v11); the round's row must exist.
+  void SecAggStage(const std::string& experiment, int64_t round, const std::string& client, ins::SecAggStage stage,
+                   ins::SecAggStageOutcome outcome, std::optional<double> duration_ms, int64_t bytes_down,
+                   int64_t bytes_up, const std::string& detail = "", int64_t attempt = 0) {
+    Put(ins::SecAggStageRecord{experiment, round, attempt, client, stage, outcome, 1000.0, duration_ms, bytes_down,
+                               bytes_up, detail});
   }
 
   // Everything enqueued is committed (the report reads it on its own connection).

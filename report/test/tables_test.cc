@@ -131,7 +131,7 @@ TEST_F(TablesTest, TableByNameRejectsUnknownNames) {
   auto t = TableByName(data_, analysis_, "clients");
   ASSERT_FALSE(t.ok());
   EXPECT_NE(std::string(fl::ToStd(t.status().message()))
-                .find("the tables are rounds, links, groups, stragglers, client_events, security_events"),
+                .find("the tables are rounds, links, groups, stragglers, client_events, security_events, secagg"),
             std::string::npos)
       << t.status();
   for (std::string_view name : kTableNames) {
@@ -139,10 +139,11 @@ TEST_F(TablesTest, TableByNameRejectsUnknownNames) {
     ASSERT_TRUE(named.ok()) << named.status();
     EXPECT_EQ(named->name, name);
   }
-  // AllTables: every table once, in kTableNames order.
+  // AllTables: every table once, in kTableNames order; secagg only for a run with secure aggregation (not this one).
   const std::vector<Table> all = AllTables(data_, analysis_);
-  ASSERT_EQ(all.size(), std::size(kTableNames));
+  ASSERT_EQ(all.size(), std::size(kTableNames) - 1);
   for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(all[i].name, kTableNames[i]);
+  EXPECT_TRUE(TableByName(data_, analysis_, "secagg")->rows.empty());
 }
 
 // Client events (records v7), by time, with the client's label and link kind; no round or task shows as empty.
@@ -242,6 +243,87 @@ TEST(RoundsTableTest, CountsCancelledAndFoldedRowsOfEachRound) {
   EXPECT_EQ(t.rows[0][static_cast<size_t>(folded)].int_value, 1);
   EXPECT_EQ(t.rows[1][static_cast<size_t>(cancelled)].int_value, 0);
   EXPECT_EQ(t.rows[0][static_cast<size_t>(t.ColumnIndex("straggler"))].text, "a");  // folded d is not accepted
+}
+
+// Secure aggregation (records v11), from rows stored through the real RecordStore: per round attempt and stage its
+// clients' outcomes, the median and maximum time of the clients that answered, and the bytes; the rounds table gains
+// the survivors and the dropped, and the HTML report a section; a run without it has neither.
+TEST(SecAggTableTest, SummarizesEachStageOfEachRoundFromStoredRows) {
+  fl::testing::ScratchDir dir("report_secagg");
+  testing::RecordsFixture f(dir.File("r.db"));
+  f.Experiment("e", 1);
+  for (const char* c : {"a", "b", "c"}) f.Client("e", c, "wifi");
+  f.SecureRound("e", 1, 1000, 500, 2, 1);
+  using S = ins::SecAggStage;
+  using O = ins::SecAggStageOutcome;
+  // Written as the engine does, client by client; the table orders stages as they run.
+  for (const char* c : {"a", "b", "c"}) {
+    f.SecAggStage("e", 1, c, S::kAdvertiseKeys, O::kOk, 10, 100, 200);
+    f.SecAggStage("e", 1, c, S::kShareKeys, O::kOk, std::string(c) == "c" ? 40 : 20, 300, 600);
+  }
+  f.SecAggStage("e", 1, "a", S::kMaskedUpload, O::kOk, 200, 0, 4000);
+  f.SecAggStage("e", 1, "b", S::kMaskedUpload, O::kOk, 300, 0, 4000);
+  f.SecAggStage("e", 1, "c", S::kMaskedUpload, O::kDropped, std::nullopt, 0, 0, "no masked upload by the deadline");
+  f.SecAggStage("e", 1, "a", S::kUnmask, O::kOk, 5, 50, 70);
+  f.SecAggStage("e", 1, "b", S::kUnmask, O::kRefused, 7, 50, 0, "share of an unknown client");
+  f.SecurityEvent("e", ins::SecurityRefusal::kSecAgg, "ipv4:10.0.0.2:4000", "b", "b", "share of an unknown client",
+                  1400);
+  f.Close();
+  auto data = LoadExperiment(dir.File("r.db"));
+  ASSERT_TRUE(data.ok()) << data.status();
+  ASSERT_EQ(data->secagg_stages.size(), 11u);
+  EXPECT_EQ(data->secagg_stages[0].stage, "advertise_keys");
+  EXPECT_EQ(data->secagg_stages[3].stage, "unmask");  // a's four stages first, in the order they run
+  ASSERT_EQ(data->security_events.size(), 1u);
+  EXPECT_EQ(data->security_events[0].reason, "secagg");
+  const Analysis analysis = Analyze(*data);
+
+  const Table t = SecAggTable(*data);
+  ASSERT_EQ(t.rows.size(), 4u);
+  auto cell = [&](size_t row, const char* column) {
+    const int i = t.ColumnIndex(column);
+    EXPECT_GE(i, 0) << column;
+    return t.rows[row][static_cast<size_t>(i)];
+  };
+  const char* stages[] = {"advertise_keys", "share_keys", "masked_upload", "unmask"};
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(cell(i, "round").int_value, 1);
+    EXPECT_EQ(cell(i, "stage").text, stages[i]);
+  }
+  EXPECT_EQ(cell(0, "clients").int_value, 3);
+  EXPECT_EQ(cell(0, "ok").int_value, 3);
+  EXPECT_EQ(cell(0, "bytes_down").int_value, 300);
+  EXPECT_EQ(cell(0, "bytes_up").int_value, 600);
+  EXPECT_EQ(cell(1, "duration_median_ms").real_value, 20);
+  EXPECT_EQ(cell(1, "duration_max_ms").real_value, 40);
+  // masked_upload: c dropped without an answer, so the median is over a and b.
+  EXPECT_EQ(cell(2, "ok").int_value, 2);
+  EXPECT_EQ(cell(2, "dropped").int_value, 1);
+  EXPECT_EQ(cell(2, "refused").int_value, 0);
+  EXPECT_EQ(cell(2, "duration_median_ms").real_value, 250);
+  EXPECT_EQ(cell(2, "duration_max_ms").real_value, 300);
+  EXPECT_EQ(cell(2, "bytes_up").int_value, 8000);
+  EXPECT_EQ(cell(3, "refused").int_value, 1);
+  EXPECT_EQ(cell(3, "clients").int_value, 2);
+
+  const Table rounds = RoundsTable(*data, analysis);
+  ASSERT_GE(rounds.ColumnIndex("secagg_survivors"), 0);
+  EXPECT_EQ(rounds.rows[0][static_cast<size_t>(rounds.ColumnIndex("secagg_survivors"))].int_value, 2);
+  EXPECT_EQ(rounds.rows[0][static_cast<size_t>(rounds.ColumnIndex("secagg_dropped"))].int_value, 1);
+  const std::vector<Table> all = AllTables(*data, analysis);
+  ASSERT_EQ(all.size(), std::size(kTableNames));
+  EXPECT_EQ(all.back().name, "secagg");
+  const nlohmann::json doc = nlohmann::json::parse(RenderJson(*data, analysis, all));
+  EXPECT_EQ(doc["tables"]["secagg"][2]["duration_median_ms"].get<double>(), 250);
+  EXPECT_TRUE(doc["definitions"].contains("secagg"));
+  EXPECT_NE(HtmlReport(*data, analysis, {}).find("id=\"secagg\""), std::string::npos);
+
+  ExperimentData plain = *data;
+  plain.secagg_stages.clear();
+  for (RoundAttempt& r : plain.rounds) r.secagg_survivors = r.secagg_dropped = std::nullopt;
+  const Analysis plain_analysis = Analyze(plain);
+  EXPECT_EQ(RoundsTable(plain, plain_analysis).ColumnIndex("secagg_survivors"), -1);
+  EXPECT_EQ(HtmlReport(plain, plain_analysis, {}).find("id=\"secagg\""), std::string::npos);
 }
 
 }  // namespace

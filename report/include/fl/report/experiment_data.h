@@ -3,7 +3,8 @@
 // Reads through instrumentation's RecordReader (OpenAnyVersion) on a read-only connection of its own, in one
 // snapshot, never blocks a running fl-server (WAL), and reads every schema version from 1 to this build's latest
 // without migrating it: columns added by later migrations (clock offsets in v2, phase start times on the
-// server's timeline in v3) read as NULL and tables added later (client events in v7, security events in v8) as empty
+// server's timeline in v3) read as NULL and tables added later (client events in v7, security events in v8,
+// secure-aggregation stages in v11) as empty
 // when the database predates them, so reports of old runs keep working (v6's task reads as classification: every
 // experiment before it trained a classifier).
 #pragma once
@@ -96,12 +97,14 @@ struct RoundAttempt {
   int64_t num_rejected = 0;
   int64_t num_dropped = 0;
   std::optional<double> eval_loss;
-  std::optional<double> eval_accuracy;    // classification; next-token's token accuracy
-  std::optional<double> eval_mae;         // regression (v6)
-  std::optional<double> eval_perplexity;  // next-token (v6)
-  std::optional<double> dp_epsilon;       // central differential privacy (v10): ε spent up to this round
-  std::optional<double> dp_clip_norm;     // (v10) the C its updates were clipped to
-  std::vector<ClientRoundRow> clients;    // by write order
+  std::optional<double> eval_accuracy;      // classification; next-token's token accuracy
+  std::optional<double> eval_mae;           // regression (v6)
+  std::optional<double> eval_perplexity;    // next-token (v6)
+  std::optional<double> dp_epsilon;         // central differential privacy (v10): ε spent up to this round
+  std::optional<double> dp_clip_norm;       // (v10) the C its updates were clipped to
+  std::optional<int64_t> secagg_survivors;  // secure aggregation (v11): clients in the unmasked sum
+  std::optional<int64_t> secagg_dropped;    // (v11) clients that dropped out of it
+  std::vector<ClientRoundRow> clients;      // by write order
 
   bool committed() const { return status == "committed"; }
 };
@@ -140,6 +143,20 @@ struct SecurityEventRow {
   int64_t at_unix_ms = 0;
 };
 
+// One row of `secagg_stages` (v11): one client's part in one stage of a secure-aggregation round attempt.
+struct SecAggStageRow {
+  int64_t round = 0;
+  int64_t attempt = 0;
+  std::string client_id;
+  std::string stage;    // advertise_keys, share_keys, masked_upload, unmask
+  std::string outcome;  // ok, dropped, refused
+  std::optional<double> started_unix_ms;
+  std::optional<double> duration_ms;  // server clock, message sent -> answer; none without an answer
+  int64_t bytes_down = 0;
+  int64_t bytes_up = 0;
+  std::string detail;  // why dropped/refused; "" for ok
+};
+
 struct ExperimentData {
   std::string db_path;
   int schema_version = 0;
@@ -150,6 +167,7 @@ struct ExperimentData {
   std::vector<EvaluationRow> evaluations;         // by (round, attempt, client_id)
   std::vector<ClientEventRow> client_events;      // by time (empty before v7)
   std::vector<SecurityEventRow> security_events;  // by time (empty before v8)
+  std::vector<SecAggStageRow> secagg_stages;      // by (round, attempt, client, stage order) (empty before v11)
 
   // nullptr for an id not in `clients`.
   const ClientInfo* FindClient(std::string_view client_id) const;

@@ -48,7 +48,7 @@ struct Column {
 };
 
 struct Table {
-  std::string name;   // rounds, links, groups, stragglers, client_events, security_events
+  std::string name;   // rounds, links, groups, stragglers, client_events, security_events, secagg
   std::string title;  // a heading for people
   std::vector<Column> columns;
   std::vector<std::vector<Cell>> rows;
@@ -57,8 +57,8 @@ struct Table {
   int ColumnIndex(std::string_view column) const;
 };
 
-inline constexpr std::string_view kTableNames[] = {"rounds",     "links",         "groups",
-                                                   "stragglers", "client_events", "security_events"};
+inline constexpr std::string_view kTableNames[] = {"rounds",        "links",           "groups", "stragglers",
+                                                   "client_events", "security_events", "secagg"};
 
 // Rows of the stragglers table by default (fl-report --top): the clients most often the straggler. A fleet's
 // thousand clients are summarized by the groups table; 0 lists every client.
@@ -84,7 +84,10 @@ Table StragglersTable(const ExperimentData& data, const Analysis& analysis, size
 Table ClientEventsTable(const ExperimentData& data);
 // What fl-server refused on the secure federation channel (security_events, schema v8), by time.
 Table SecurityEventsTable(const ExperimentData& data);
-// All of them, in kTableNames order.
+// Secure aggregation (secagg_stages, schema v11): per round attempt and stage, its clients ok, dropped and refused,
+// the median and maximum stage time and the bytes down and up.
+Table SecAggTable(const ExperimentData& data);
+// All of them, in kTableNames order; secagg only for a run with secure-aggregation stages recorded.
 std::vector<Table> AllTables(const ExperimentData& data, const Analysis& analysis,
                              size_t top_stragglers = kDefaultTopStragglers);
 // One by name; InvalidArgument naming the choices for an unknown one.
