@@ -526,39 +526,11 @@ void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
       ReportFailure(task.task_id(), codec.status());
       return;
     }
-    auto apply_privacy = [&](std::span<float> delta) -> absl::Status {
-      if (!ChangesDelta(privacy)) return absl::OkStatus();
-      privacy::NoiseRng rng = privacy::NoiseRng::FromSystem();  // 32 bytes from the kernel; nothing drawn to clip
-      return ApplyClientPrivacy(delta, privacy, rng).status();
-    };
     // The last upload's slices may still hold encoded_ (gRPC releases them after the call, on its own thread):
     // reuse the buffer only when nothing else holds it, so that no byte changes under a slice being sent.
     if (encoded_ == nullptr || encoded_.use_count() > 1) encoded_ = std::make_shared<std::vector<uint8_t>>();
-    std::vector<uint8_t>& payload = *encoded_;
-    const size_t n = global_.size();
-    if ((*codec)->kind() == core::CodecKind::kFp32 && uplink_encoder_.residual().empty() &&
-        std::endian::native == std::endian::little) {
-      // fp32 with nothing owed to error feedback: the update is computed straight into the payload's body and
-      // sealed there (core::SealFp32Payload), the same bytes as encoding it, without the update buffer and its
-      // copy; Task.privacy applies to that body before the seal.
-      payload.resize((*codec)->EncodedSize(n));
-      const std::span<float> body(reinterpret_cast<float*>(payload.data() + core::kCodecHeaderBytes), n);
-      encoded = trainer_->GetParameters(body);
-      if (encoded.ok()) {
-        for (size_t i = 0; i < n; ++i) body[i] = global_[i] - body[i];
-        encoded = apply_privacy(body);
-      }
-      if (encoded.ok()) encoded = core::SealFp32Payload(payload, kUploadEncoding);
-    } else {
-      std::vector<float>& update = update_;
-      update.resize(n);
-      encoded = trainer_->GetParameters(update);
-      if (encoded.ok()) {
-        for (size_t i = 0; i < n; ++i) update[i] = global_[i] - update[i];
-        encoded = apply_privacy(update);
-      }
-      if (encoded.ok()) encoded = uplink_encoder_.Encode(**codec, update, &payload, kUploadEncoding);
-    }
+    encoded = uplink_encoder_.EncodeDelta(**codec, global_, *trainer_, privacy, update_, encoded_.get(),
+                                          kUploadEncoding);
   }
   if (!encoded.ok()) {
     // Non-finite values after training: the local model diverged. Tell the server rather than go silent.

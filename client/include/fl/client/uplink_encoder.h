@@ -15,6 +15,8 @@
 
 #include "absl/status/status.h"
 #include "fl/core/codec.h"
+#include "fl/training/trainer.h"
+#include "fl/v1/federation.pb.h"
 
 namespace fl::client {
 
@@ -23,6 +25,16 @@ class UplinkEncoder {
   // Encodes `update` (plus the residual, if any) with `codec` into `out`. On error nothing changes.
   absl::Status Encode(const core::Codec& codec, std::span<const float> update, std::vector<uint8_t>* out,
                       const core::EncodeOptions& options = {});
+
+  // The update of a trained model, the pseudo-gradient global - local (UPDATE_KIND_DELTA), with Task.privacy's
+  // clip and local noise applied (update_privacy.h; CheckClientPrivacy first), encoded with `codec` into `out`
+  // through Encode. fp32 with nothing owed to error feedback (on a little-endian host) is computed straight into
+  // `out`'s body and sealed there (core::SealFp32Payload): the same bytes as encoding it, without `scratch` and its
+  // copy, privacy applied to that body before the seal. Other codecs form the update in `scratch` (reused from
+  // round to round). A non-finite update is refused by the clip or the encode (a diverged training).
+  absl::Status EncodeDelta(const core::Codec& codec, std::span<const float> global, training::Trainer& trainer,
+                           const v1::ClientPrivacy& privacy, std::vector<float>& scratch, std::vector<uint8_t>* out,
+                           const core::EncodeOptions& options = {});
 
   // The residual carried to the next update; empty when there is none.
   std::span<const float> residual() const;
