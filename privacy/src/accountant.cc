@@ -311,6 +311,30 @@ absl::StatusOr<RdpAccountant> RdpAccountant::WithOrders(std::vector<double> orde
   return RdpAccountant(std::move(orders));
 }
 
+absl::StatusOr<RdpAccountant> RdpAccountant::Restore(std::vector<double> orders, std::vector<double> rdp,
+                                                     int64_t steps) {
+  if (auto s = CheckOrders(orders); !s.ok()) return s;
+  if (!std::is_sorted(orders.begin(), orders.end())) {
+    return absl::InvalidArgumentError("restored orders must be ascending, as orders() gives them");
+  }
+  if (rdp.size() != orders.size()) {
+    return absl::InvalidArgumentError(
+        StrCat("restored RDP has ", rdp.size(), " values for ", orders.size(), " orders; they must match"));
+  }
+  for (size_t i = 0; i < rdp.size(); ++i) {
+    // +∞ is a legitimate RDP (σ = 0 is refused, but a huge order at q = 1 may overflow); NaN or negative is not.
+    if (std::isnan(rdp[i]) || rdp[i] < 0) {
+      return absl::InvalidArgumentError(
+          StrCat("restored RDP at order ", orders[i], " is ", rdp[i], "; it must be a number >= 0"));
+    }
+  }
+  if (steps < 0) return absl::InvalidArgumentError(StrCat("restored steps ", steps, " must be >= 0"));
+  RdpAccountant a(std::move(orders));
+  a.rdp_ = std::move(rdp);
+  a.steps_ = steps;
+  return a;
+}
+
 absl::Status RdpAccountant::AddSteps(double q, double sigma, int64_t count) {
   if (auto s = CheckNoiseMultiplier(sigma); !s.ok()) return s;
   if (auto s = CheckSamplingRate(q); !s.ok()) return s;

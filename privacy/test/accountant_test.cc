@@ -222,6 +222,25 @@ TEST(AccountantTest, LedgerRefusesBadStepsAndStaysUnchanged) {
   EXPECT_THAT(Message(RdpAccountant::WithOrders({}).status()), HasSubstr("no RDP orders"));
 }
 
+// A ledger saved after 30 of reference 0's 60 blocks and restored (a server restart) ends where the uninterrupted
+// one does, to the digit; a damaged ledger is refused.
+TEST(AccountantTest, ARestoredLedgerContinuesWhereItStopped) {
+  const Reference& r = kReferences[0];
+  RdpAccountant first;
+  ASSERT_TRUE(first.AddSteps(r.q, r.sigma, 3000).ok());
+  auto restored = RdpAccountant::Restore({first.orders().begin(), first.orders().end()},
+                                         {first.rdp().begin(), first.rdp().end()}, first.steps());
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  ASSERT_TRUE(restored->AddSteps(r.q, r.sigma, 3000).ok());
+  EXPECT_EQ(restored->steps(), 6000);
+  EXPECT_NEAR(restored->Epsilon(r.delta)->epsilon, r.tf_epsilon, 1e-9 * r.tf_epsilon);
+  EXPECT_EQ(restored->Epsilon(r.delta)->order, r.order);
+  EXPECT_THAT(Message(RdpAccountant::Restore({2, 3}, {0.1}, 1).status()), HasSubstr("1 values for 2 orders"));
+  EXPECT_THAT(Message(RdpAccountant::Restore({2, 3}, {0.1, -1}, 1).status()), HasSubstr("order 3 is -1"));
+  EXPECT_THAT(Message(RdpAccountant::Restore({3, 2}, {0.1, 0.1}, 1).status()), HasSubstr("ascending"));
+  EXPECT_THAT(Message(RdpAccountant::Restore({2, 3}, {0.1, 0.1}, -1).status()), HasSubstr("steps -1"));
+}
+
 TEST(AccountantTest, NoiseForTargetInvertsEpsilon) {
   for (const Reference& r : kReferences) {
     auto sigma = NoiseForTarget(r.tf_epsilon, r.delta, r.q, r.steps);

@@ -91,6 +91,7 @@ absl::Status SaveCheckpoint(const Checkpoint& ckpt, const std::string& path) {
   header.set_optimizer(ckpt.optimizer.optimizer);
   header.set_optimizer_steps(ckpt.optimizer.step_count);
   header.set_task(ckpt.task);
+  if (ckpt.privacy.has_value()) *header.mutable_privacy() = *ckpt.privacy;
   for (const core::NamedBuffer& s : ckpt.optimizer.buffers) {
     auto* b = header.add_state();
     b->set_name(s.name);
@@ -213,6 +214,7 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
   ckpt.optimizer.optimizer = header.optimizer();
   ckpt.optimizer.step_count = header.optimizer_steps();
   ckpt.task = header.task();
+  if (header.has_privacy()) ckpt.privacy = header.privacy();
   ckpt.created_unix_ms = header.created_unix_ms();
 
   auto take_floats = [&](uint64_t count, std::vector<float>* out) {

@@ -213,7 +213,12 @@ absl::Status EngineConfig::ValidatePrivacy() const {
                                                  " gives no privacy: updates must be clipped to a finite L2 norm C > "
                                                  "0 for the noise to hide any one of them; e.g. --dp-clip-norm=1"));
   }
-  if (dp_population == 0) {
+  if (dp_mode != "central" && dp_mode != "local" && dp_mode != "distributed") {
+    return absl::InvalidArgumentError(
+        fl::StrCat("--dp-mode=", dp_mode, " is not known; use central (the default), local or distributed"));
+  }
+  // Local DP accounts each client's own releases (q = 1): the population does not enter.
+  if (dp_population == 0 && dp_mode != "local") {
     return absl::InvalidArgumentError(
         "--dp-noise-multiplier needs --dp-population: the number of clients the rounds sample from, so that the "
         "accountant knows the sampling rate q = clients per round / population (e.g. --dp-population=1000)");
@@ -256,6 +261,53 @@ absl::Status EngineConfig::ValidatePrivacy() const {
                    dp_noise_multiplier / 2, "): part of the noise goes to the count of updates at or below C, and at ",
                    dp_clipped_count_stddev,
                    " none would be left for the update (Andrew et al. 2021 suggest about clients per round / 20)"));
+  }
+  return ValidatePrivacyMode();
+}
+
+absl::Status EngineConfig::ValidatePrivacyMode() const {
+  auto refuse = [](std::string what) { return absl::InvalidArgumentError(std::move(what)); };
+  if (dp_clipping == "adaptive" && (secagg_on() || dp_mode != "central")) {
+    return refuse(fl::StrCat(
+        "--dp-clipping=adaptive with ",
+        secagg_on() ? "--secure-aggregation=secagg+" : fl::StrCat("--dp-mode=", dp_mode),
+        " is not supported: adaptive clipping needs the number of updates at or below C, which only a server that "
+        "clips every update itself can count; the clients clip here, so use --dp-clipping=fixed"));
+  }
+  if (secagg_on() && secagg_max_weight != 1) {
+    return refuse(
+        fl::StrCat("--dp-noise-multiplier with --secure-aggregation=secagg+ needs uniform weights "
+                   "(--secagg-max-weight=1, not ",
+                   secagg_max_weight,
+                   "): the noise bounds what one clipped update adds to a mean in which every client counts "
+                   "once; a client weighted by its examples could claim more"));
+  }
+  if (dp_mode != "distributed") return absl::OkStatus();
+  if (!secagg_on()) {
+    return refuse(
+        "--dp-mode=distributed needs --secure-aggregation=secagg+: each client adds only a share of the noise, which "
+        "hides its update only inside the masked sum; without secure aggregation use --dp-mode=central or local");
+  }
+  // The smallest round that can commit has the largest share per client (σ·C·scale/√n steps).
+  const double n = std::max<double>(1, fit.min_clients);
+  const double share_steps = dp_noise_multiplier * dp_clip_norm * secagg_scale / std::sqrt(n);
+  if (share_steps > kMaxDistributedShareSteps) {
+    return refuse(fl::StrCat("--dp-mode=distributed: each of --min-fit-clients=", fit.min_clients,
+                             " clients would add discrete Gaussian noise of std ", share_steps,
+                             " quantisation steps (sigma x C x --secagg-scale / sqrt(clients)), above the sampler's "
+                             "2^20; lower --secagg-scale=",
+                             secagg_scale, " or raise --min-fit-clients"));
+  }
+  // A coordinate of a clipped update is at most C; its share of noise must fit in the quantisation range too, or
+  // the sum could wrap: 8 standard deviations leave a chance below 1e-15 per coordinate.
+  const double needed = dp_clip_norm + 8 * share_steps / secagg_scale;
+  if (secagg_range < needed) {
+    return refuse(
+        fl::StrCat("--dp-mode=distributed: --secagg-range=", secagg_range,
+                   " leaves no room for the noise: a coordinate of an update clipped to --dp-clip-norm=", dp_clip_norm,
+                   " plus 8 standard deviations of a client's noise share (", share_steps / secagg_scale,
+                   " at --min-fit-clients=", fit.min_clients, ") needs --secagg-range of at least ", needed,
+                   "; raise --secagg-range or lower --dp-clip-norm"));
   }
   return absl::OkStatus();
 }
@@ -300,8 +352,8 @@ absl::Status EngineConfig::ValidateSecureAggregation() const {
   // fewest a round commits with must fit, or no round could ever commit.
   if (const uint64_t most = secagg::MaxPopulation(spec); fit.min_clients > most) {
     return refuse(fl::StrCat("--secure-aggregation=secagg+: a round needs --min-fit-clients=", fit.min_clients,
-                             " updates, but the quantised sum holds at most ", most, " at --secagg-range=", secagg_range,
-                             " --secagg-scale=", secagg_scale, " --secagg-max-weight=", secagg_max_weight,
+                             " updates, but the quantised sum holds at most ", most, " at --secagg-range=",
+                             secagg_range, " --secagg-scale=", secagg_scale, " --secagg-max-weight=", secagg_max_weight,
                              " without wrapping; lower the scale, the range or the weight cap"));
   }
   if (secagg_threshold != 0 && secagg_threshold < 2) {

@@ -154,6 +154,15 @@ absl::StatusOr<RoundEngine::StartPoint> PlanResume(EngineConfig* config, const s
   if (auto next = start.first_attempts.find(round + 1); next != start.first_attempts.end()) {
     start.first_attempt = next->second;
   }
+  if (round < last && config->dp_on()) {
+    // Their models were released to clients (and their ε spent) before the restart; the older checkpoint's ledger
+    // does not hold them, so re-running them would report less ε than the run has spent.
+    return absl::FailedPreconditionError(fl::StrCat(
+        "--resume-from-round ", round, " with --dp-noise-multiplier: rounds ", round + 1, "-", last,
+        " were committed and their models released, so the privacy they spent cannot be taken back by re-running "
+        "them from round ",
+        round, "'s ledger; run --resume without --resume-from-round, or start a new experiment"));
+  }
   if (round < last) {
     start.supersede_later_rounds = true;
     start.supersede_reason = fl::StrCat("superseded: fl-server --resume-from-round ", round,

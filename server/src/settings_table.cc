@@ -394,10 +394,18 @@ std::vector<Setting> MakeSettingsTable() {
           .Manifest("server.secure_aggregation.threshold"));
 
   group = "Differential privacy";
+  add(String("dp_mode", "--dp-mode",
+             "Differential privacy: who adds the noise. central: the server, on the mean (clients clip under "
+             "secure aggregation); local: every client clips to C and adds N(0, (sigma x C)^2) to its own update; "
+             "distributed: every client adds its share of a discrete Gaussian noise of std sigma x C before "
+             "masking (needs --secure-aggregation secagg+)",
+             FL_MEMBER(dp_mode))
+          .Choices({"central", "local", "distributed"})
+          .Manifest("server.privacy.mode"));
   add(Number("dp_noise_multiplier", "--dp-noise-multiplier", "", 0, 1000,
-             "Central differential privacy: sigma; each update clipped to --dp-clip-norm C, Gaussian noise of std "
-             "sigma x C / m on the mean of the round's m updates (uniform weights), epsilon accounted every round "
-             "(docs/privacy.md)",
+             "Differential privacy: sigma; each update clipped to --dp-clip-norm C, Gaussian noise of std "
+             "sigma x C / m on the mean of the round's m updates (uniform weights; --dp-mode says who adds it), "
+             "epsilon accounted every round (docs/privacy.md)",
              FL_MEMBER(dp_noise_multiplier))
           .ZeroOff()
           .Manifest("server.privacy.noise_multiplier"));

@@ -1,8 +1,13 @@
 // Central differential privacy end to end: the real fl-server with --dp-* flags and two fl-client processes (the
 // synthetic model) on loopback. What it checks is read from the records: every committed round has its ε, growing
 // round by round, its clip norm and noise multiplier, and the run stops before the round that would spend past
-// --dp-target-epsilon. The exact noise and ε values are engine_privacy_test's.
+// --dp-target-epsilon; a SIGKILLed private server resumes (--resume) with the accountant's ledger from its checkpoint,
+// so ε keeps growing across the restart. The exact noise and ε values are engine_privacy_test's.
+#include <chrono>
+#include <csignal>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -14,6 +19,7 @@
 namespace fl::server {
 namespace {
 
+using process_testing::ClientArgs;
 using process_testing::Query;
 using process_testing::ReadFile;
 using process_testing::RunExperiment;
@@ -60,6 +66,59 @@ TEST(PrivacyProcessTest, EveryRoundRecordsItsEpsilonAndTheRunStopsAtTheTarget) {
             1)
       << ReadFile(dir.File("server.txt"));
   EXPECT_NE(ReadFile(dir.File("server.txt")).find("round 1: epsilon"), std::string::npos);
+}
+
+// q = 2/20, σ = 1, δ = 1e-5, 6 rounds: killed after at least 2 committed, resumed from the last checkpoint. Without
+// the ledger the resumed rounds would start again from ε = 2.133 (one round's); with it every round's ε is above the
+// one before, across the restart, and the last is 6 rounds' (fl-privacy epsilon --noise-multiplier 1
+// --sampling-rate 0.1 --steps 6 --delta 1e-5: 3.0320).
+TEST(PrivacyProcessTest, AKilledPrivateServerResumesWithItsLedgerAndEpsilonKeepsGrowing) {
+  fl::testing::ScratchDir dir("fl_privacy_resume");
+  const int port = fl::testing::FreeLoopbackPort();
+  const std::string log = dir.File("server.txt");
+  const std::string db = dir.File("records.db");
+  auto args = [&](bool resume) {
+    std::vector<std::string> extra = PrivacyArgs("6", "0");  // target 0: none
+    const std::vector<std::string> more = {"--checkpoint-dir", dir.File("ckpt"), "--round-deadline-ms", "20000"};
+    extra.insert(extra.end(), more.begin(), more.end());
+    if (resume) extra.push_back("--resume");
+    return process_testing::ServerArgs(dir, port, extra);
+  };
+  auto server = std::make_unique<fl::testing::Subprocess>(args(false), log);
+  std::vector<std::unique_ptr<fl::testing::Subprocess>> clients;
+  for (const char* name : {"a", "b"}) {
+    // 200 ms of "training" per round: rounds long enough to kill the server between commits.
+    clients.push_back(std::make_unique<fl::testing::Subprocess>(ClientArgs(port, name, "synthetic:1000:200"),
+                                                                dir.File(std::string(name) + ".txt")));
+  }
+  ASSERT_TRUE(process_testing::WaitFor(db, "SELECT count(*) FROM rounds WHERE status = 'committed'", 2,
+                                       std::chrono::seconds(60)))
+      << ReadFile(log);
+  server->Kill(SIGKILL);
+  ASSERT_EQ(server->Wait(std::chrono::seconds(10)), 128 + SIGKILL);
+  const int64_t before = Query(db, "SELECT count(*) FROM rounds WHERE status = 'committed'");
+  ASSERT_LT(before, 6) << "the run finished before it could be killed";
+
+  server = std::make_unique<fl::testing::Subprocess>(args(true), log);
+  auto code = server->Wait(std::chrono::seconds(120));
+  ASSERT_TRUE(code.has_value()) << "the resumed fl-server did not finish; see " << ReadFile(log);
+  EXPECT_EQ(*code, 0) << ReadFile(log);
+  for (auto& c : clients) EXPECT_TRUE(c->Wait(std::chrono::seconds(30)).has_value());
+
+  EXPECT_EQ(Query(db, "SELECT count(DISTINCT round) FROM rounds WHERE status = 'committed' AND dp_epsilon > 0"), 6)
+      << ReadFile(log);
+  // Each committed round's ε is above its predecessor's, the rounds after the restart included.
+  EXPECT_EQ(Query(db,
+                  "SELECT count(*) FROM rounds r2 JOIN rounds r1 ON r1.experiment_id = r2.experiment_id AND "
+                  "r1.round + 1 = r2.round AND r1.status = 'committed' AND r2.status = 'committed' WHERE "
+                  "r2.dp_epsilon > r1.dp_epsilon"),
+            5)
+      << ReadFile(log);
+  EXPECT_EQ(Query(db,
+                  "SELECT count(*) FROM rounds WHERE status = 'committed' AND round = 6 AND abs(dp_epsilon - "
+                  "3.0320) < 1e-4"),
+            1)
+      << ReadFile(log);
 }
 
 TEST(PrivacyProcessTest, ANoiseMultiplierWithoutAPopulationIsRefusedAtStartNamingIt) {

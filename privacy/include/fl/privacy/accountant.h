@@ -86,6 +86,10 @@ class RdpAccountant {
   // Custom orders, each > 1 and finite, at least one; an InvalidArgument otherwise.
   static absl::StatusOr<RdpAccountant> WithOrders(std::vector<double> orders);
 
+  // An accountant that has already composed `steps` steps whose RDP per order is `rdp` (a ledger kept across a
+  // restart: a checkpoint's orders(), rdp() and steps()). Refuses orders WithOrders refuses, a length mismatch,
+  // an RDP that is negative or not a number, and steps < 0.
+  static absl::StatusOr<RdpAccountant> Restore(std::vector<double> orders, std::vector<double> rdp, int64_t steps);
   // Composes `count` steps of the Poisson-subsampled Gaussian (q, σ). Refuses what ComputeEpsilon refuses; a
   // refused step leaves the accountant unchanged.
   absl::Status AddSteps(double q, double sigma, int64_t count = 1);

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "fl/core/server_optimizer.h"
 #include "fl/core/tensor_spec.h"
+#include "fl/v1/checkpoint.pb.h"
 
 namespace fl::server {
 
@@ -32,6 +33,9 @@ struct Checkpoint {
   // The experiment's learning task (fl::core::TaskName); "" when no client had joined yet (and in checkpoints
   // written before tasks existed, whose experiments were classifiers).
   std::string task;
+  // Differential privacy's ledger (the accountant's RDP, adaptive clipping's C; server/src/engine_privacy.h):
+  // nullopt when the run is not private.
+  std::optional<fl::v1::PrivacyLedger> privacy;
 };
 
 // The largest checkpoint file LoadCheckpoint reads: the largest model fl-server accepts (--max-model-values

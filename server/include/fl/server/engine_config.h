@@ -122,9 +122,12 @@ struct EngineConfig {
   bool folds_late_updates() const { return deadline_policy == "fold"; }
   absl::Status ValidateStragglers() const;  // part of Validate()
 
-  // Central differential privacy (engine_privacy.h, docs/privacy.md): each update clipped to L2 norm C, the mean of
-  // the round's m updates (uniform weights) noised with N(0, (σ·C/m)²), ε accounted per round (RDP of the
-  // Poisson-subsampled Gaussian, q = clients per round / dp_population). 0 = off.
+  // Differential privacy (engine_privacy.h, docs/privacy.md), on with σ > 0. central: each update clipped to L2 norm
+  // C (by the server, or by its client under secure aggregation), the mean of the round's m updates (uniform
+  // weights) noised with N(0, (σ·C/m)²), ε accounted per round (RDP of the Poisson-subsampled Gaussian, q = clients
+  // per round / dp_population). local: each client clips to C and adds N(0, (σ·C)²) itself. distributed (with
+  // secure aggregation): each client adds its share of a discrete Gaussian central noise of std σ·C.
+  std::string dp_mode = "central";     // central, local or distributed
   double dp_noise_multiplier = 0;      // σ
   double dp_clip_norm = 1.0;           // C (adaptive clipping: the initial C)
   std::string dp_clipping = "fixed";   // fixed, or adaptive (Andrew et al. 2021)
@@ -135,7 +138,10 @@ struct EngineConfig {
   uint32_t dp_population = 0;          // N, the clients the rounds sample from
   double dp_target_epsilon = 0;        // stop before a round would spend more; 0 = no stop
   bool dp_on() const { return dp_noise_multiplier > 0; }
-  absl::Status ValidatePrivacy() const;  // part of Validate()
+  absl::Status ValidatePrivacy() const;      // part of Validate()
+  absl::Status ValidatePrivacyMode() const;  // part of ValidatePrivacy(): local, distributed, secure aggregation
+  // The discrete Gaussian sampler's largest std (fl::privacy::AddDiscreteGaussianShare), in quantisation steps.
+  static constexpr double kMaxDistributedShareSteps = 1 << 20;
 
   // Secure aggregation, SecAgg+ (engine_secagg.h, docs/privacy.md "Secure aggregation in the rounds"): "off", or
   // "secagg+": the server only ever holds masked updates and the unmasked sum of a round's survivors.
