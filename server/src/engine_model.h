@@ -40,7 +40,9 @@ struct CheckpointTarget {
   uint64_t round = 0;  // the last committed round, the file's name
   std::optional<core::Task> task;
   int64_t created_unix_ms = 0;
-  std::optional<fl::v1::PrivacyLedger> privacy;  // differential privacy's ledger (engine_privacy.h), kept with it
+  // Differential privacy's ledger (engine_privacy.h), kept with the model (defaulted: a target without one needs
+  // no initializer).
+  std::optional<fl::v1::PrivacyLedger> privacy = std::nullopt;
 };
 
 class GlobalModel {
