@@ -23,6 +23,10 @@ namespace {
 // and the same bytes written as words), 64 KiB at a time, so that the model is never copied whole.
 constexpr size_t kMaskStep = 16384;
 
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 secagg::QuantizationSpec SpecOf(const v1::SecAggQuantization& q) {
   return secagg::QuantizationSpec{.range = q.range(), .scale = q.scale(), .max_weight = q.max_weight()};
 }
@@ -44,6 +48,7 @@ absl::StatusOr<v1::SecAggPublicKeys> SecureUpdate::Start(const std::string& task
   round_.reset();
   held_start_.reset();
   weight_ = 0;
+  keys_seconds_ = shares_seconds_ = masking_start_seconds_ = 0;
   abandoned_ = absl::OkStatus();
   task_id_ = task_id;
   round_id_ = setup.round();
@@ -56,8 +61,10 @@ absl::StatusOr<v1::SecAggPublicKeys> SecureUpdate::Start(const std::string& task
                                                     " values: the server's secure round is wrong"));
   } else {
     v1::SecAggPublicKeys keys;
+    const auto t0 = std::chrono::steady_clock::now();
     absl::StatusOr<std::unique_ptr<secagg::ClientRound>> started =
         secagg::ClientRound::Start(setup, std::move(random), &keys);
+    keys_seconds_ = SecondsSince(t0);
     if (started.ok()) {
       round_ = *std::move(started);
       cv_.NotifyAll();
@@ -95,7 +102,10 @@ std::optional<v1::SecAggShares> SecureUpdate::OnNeighbourKeys(const v1::SecAggNe
   fl::MutexLock lock(mu_);
   if (!Accepts(keys.round(), "neighbour keys")) return std::nullopt;
   v1::SecAggShares shares;
-  if (absl::Status s = round_->OnNeighbourKeys(keys, &shares); !s.ok()) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const absl::Status s = round_->OnNeighbourKeys(keys, &shares);
+  shares_seconds_ = SecondsSince(t0);
+  if (!s.ok()) {
     AbandonLocked(absl::Status(s.code(), fl::StrCat("the neighbour keys were refused: ", s.message())));
     return std::nullopt;
   }
@@ -115,7 +125,10 @@ void SecureUpdate::ApplyStartLocked() {
   if (!held_start_.has_value() || weight_ == 0 || state_ != State::kShared) return;
   const v1::SecAggMaskingStart start = *std::move(held_start_);
   held_start_.reset();
-  if (absl::Status s = round_->OnMaskingStart(start, weight_); !s.ok()) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const absl::Status s = round_->OnMaskingStart(start, weight_);
+  masking_start_seconds_ = SecondsSince(t0);
+  if (!s.ok()) {
     AbandonLocked(absl::Status(s.code(), fl::StrCat("the masking start was refused: ", s.message())));
     return;
   }
@@ -264,7 +277,10 @@ absl::StatusOr<MaskReport> SecureUpdate::MaskInPlace(const std::string& task_id,
   state_ = State::kUploaded;
   return MaskReport{.clipped_values = round_->clipped_values() + clipped_here,
                     .weight = weight,
-                    .mask_partners = round_->mask_partners()};
+                    .mask_partners = round_->mask_partners(),
+                    .keys_seconds = keys_seconds_,
+                    .shares_seconds = shares_seconds_,
+                    .masking_start_seconds = masking_start_seconds_};
 }
 
 bool SecureUpdate::worker_waiting() const {

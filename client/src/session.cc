@@ -434,6 +434,9 @@ absl::StatusOr<bool> FederatedClient::Impl::MaskUpdate(const fl::v1::Task& task,
   metrics["secagg_clipped_values"] = static_cast<double>(masked->clipped_values);
   metrics["secagg_wait_seconds"] = static_cast<double>(wait_end - wait_start) / 1e9;
   metrics["secagg_mask_seconds"] = static_cast<double>(mask_end - wait_end) / 1e9;
+  metrics["secagg_keys_seconds"] = masked->keys_seconds;
+  metrics["secagg_shares_seconds"] = masked->shares_seconds;
+  metrics["secagg_masking_start_seconds"] = masked->masking_start_seconds;
   return true;
 }
 
@@ -529,8 +532,8 @@ void FederatedClient::Impl::RunTask(const fl::v1::Task& task) {
     // The last upload's slices may still hold encoded_ (gRPC releases them after the call, on its own thread):
     // reuse the buffer only when nothing else holds it, so that no byte changes under a slice being sent.
     if (encoded_ == nullptr || encoded_.use_count() > 1) encoded_ = std::make_shared<std::vector<uint8_t>>();
-    encoded = uplink_encoder_.EncodeDelta(**codec, global_, *trainer_, privacy, update_, encoded_.get(),
-                                          kUploadEncoding);
+    encoded =
+        uplink_encoder_.EncodeDelta(**codec, global_, *trainer_, privacy, update_, encoded_.get(), kUploadEncoding);
   }
   if (!encoded.ok()) {
     // Non-finite values after training: the local model diverged. Tell the server rather than go silent.

@@ -136,6 +136,10 @@ struct Federation {
     if (!report.ok()) return Outcome::kAbandoned;
     EXPECT_EQ(payload.size(), (config.dimension + 1) * 4);
     EXPECT_EQ(report->weight, WeightOf(id));
+    // The client's own time in each stage's work was taken.
+    EXPECT_GT(report->keys_seconds, 0);
+    EXPECT_GT(report->shares_seconds, 0);
+    EXPECT_GT(report->masking_start_seconds, 0);
     clipped[id] = report->clipped_values;
     const std::vector<uint32_t> words = WordsOf(payload);
     uploaded[id] = words;

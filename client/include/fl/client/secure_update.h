@@ -59,6 +59,11 @@ struct MaskReport {
   uint64_t clipped_values = 0;  // coordinates outside the quantisation range, clipped to it
   uint32_t weight = 0;
   size_t mask_partners = 0;
+  // This client's own time in the stages' work (its part of each stage's latency, beside the link's): making the
+  // keys, making and encrypting the shares, opening the shares of the masking start.
+  double keys_seconds = 0;
+  double shares_seconds = 0;
+  double masking_start_seconds = 0;
 };
 
 class SecureUpdate {
@@ -135,7 +140,10 @@ class SecureUpdate {
   v1::SecAggQuantization quantization_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<secagg::ClientRound> round_ ABSL_GUARDED_BY(mu_);
   std::optional<v1::SecAggMaskingStart> held_start_ ABSL_GUARDED_BY(mu_);
-  uint32_t weight_ ABSL_GUARDED_BY(mu_) = 0;  // 0: the training has not given it yet
+  uint32_t weight_ ABSL_GUARDED_BY(mu_) = 0;      // 0: the training has not given it yet
+  double keys_seconds_ ABSL_GUARDED_BY(mu_) = 0;  // MaskReport's stage times
+  double shares_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  double masking_start_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status abandoned_ ABSL_GUARDED_BY(mu_);
   bool worker_waiting_ ABSL_GUARDED_BY(mu_) = false;
 };
