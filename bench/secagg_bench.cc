@@ -196,7 +196,12 @@ void BM_ServerUnmask(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>((n + 1) * 4));
 }
 
-BENCHMARK(BM_Memcpy)->Arg(kCoordinates);
+// The CNN of the quickstart (225,034 parameters; docs/privacy.md "What each mechanism costs per round").
+constexpr int64_t kCnn = 225034;
+
+BENCHMARK(BM_Memcpy)->Arg(kCnn)->Arg(kCoordinates);
+BENCHMARK(BM_ClientMask)->ArgsProduct({{10, 100}, {kCnn}})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ServerUnmask)->ArgsProduct({{10, 100}, {0}, {kCnn}})->Unit(benchmark::kMillisecond)->Iterations(3);
 BENCHMARK(BM_ClientMask)->ArgsProduct({{10, 50, 100}, {kCoordinates}})->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ServerSum)->ArgsProduct({{10, 50, 100}, {kCoordinates}})->Unit(benchmark::kMillisecond)->Iterations(3);
 BENCHMARK(BM_ServerUnmask)

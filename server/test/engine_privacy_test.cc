@@ -66,14 +66,25 @@ class EnginePrivacyTest : public test_harness::ManualEngineTest {
     return move;
   }
 
-  // fl-server killed after round `round` and started again with --resume: a new engine on the same records, from
-  // that round's checkpoint (what PlanResume hands it), the clients joining again.
-  void ResumeFrom(uint64_t round, EngineConfig config) {
+  // The engine stops (its open round aborted) and its records are closed, as when fl-server is killed.
+  void StopEngine() {
     engine_->Post(ShutdownEvent{"killed"});
     engine_->RunUntilIdle();
     engine_.reset();
     ASSERT_TRUE(records_->Close().ok());
     records_.reset();
+  }
+
+  // One round of the two clients: a's update 0.1 on every coordinate (10 examples), b's −0.3 (30).
+  void OpposedRound(const TestClient& a, const TestClient& b) {
+    ASSERT_EQ(Upload(a, 0.1f, 10).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
+    ASSERT_EQ(Upload(b, -0.3f, 30).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
+  }
+
+  // fl-server killed after round `round` and started again with --resume: a new engine on the same records, from
+  // that round's checkpoint (what PlanResume hands it), the clients joining again.
+  void ResumeFrom(uint64_t round, EngineConfig config) {
+    StopEngine();
     auto ckpt = LoadCheckpoint(CheckpointPath(dir_.File("ckpt"), round));
     ASSERT_TRUE(ckpt.ok()) << ckpt.status();
     RoundEngine::StartPoint start;
@@ -143,12 +154,9 @@ TEST_F(EnginePrivacyTest, TheMeanOfClippedUpdatesIsNoisedWithSigmaTimesCOverMAnd
 TEST_F(EnginePrivacyTest, AResumedRunContinuesTheAccountantFromItsCheckpoint) {
   const EngineConfig config = Config(/*sigma=*/1.0, /*clip=*/0.5);
   StartEngine(config);
-  {
-    TestClient a = Connect("a");
-    TestClient b = Connect("b");
-    ASSERT_EQ(Upload(a, 0.1f, 10).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
-    ASSERT_EQ(Upload(b, -0.3f, 30).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
-  }
+  const TestClient a1 = Connect("a");
+  const TestClient b1 = Connect("b");
+  OpposedRound(a1, b1);
   auto ckpt = LoadCheckpoint(CheckpointPath(dir_.File("ckpt"), 1));
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
   ASSERT_TRUE(ckpt->privacy.has_value()) << "the checkpoint keeps the ledger";
@@ -158,11 +166,9 @@ TEST_F(EnginePrivacyTest, AResumedRunContinuesTheAccountantFromItsCheckpoint) {
 
   ResumeFrom(1, config);
   ASSERT_EQ(engine_->state(), EngineState::kWaitingForClients);
-  TestClient a = Connect("a");
-  TestClient b = Connect("b");
-  ASSERT_EQ(engine_->state(), EngineState::kCollecting);
-  ASSERT_EQ(Upload(a, 0.1f, 10).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
-  ASSERT_EQ(Upload(b, -0.3f, 30).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
+  const TestClient a2 = Connect("a");
+  const TestClient b2 = Connect("b");
+  OpposedRound(a2, b2);
   // Round 1, round 2's attempt 1 (aborted by the kill) and round 2's attempt 2.
   std::vector<instrumentation::RoundRecord> committed;
   auto rows = Reader()->ListRounds(ExperimentId());
@@ -179,10 +185,9 @@ TEST_F(EnginePrivacyTest, AResumedRunContinuesTheAccountantFromItsCheckpoint) {
 TEST_F(EnginePrivacyTest, AResumeWithOtherPrivacySettingsIsRefusedNamingTheDifference) {
   const EngineConfig config = Config(/*sigma=*/1.0, /*clip=*/0.5);
   StartEngine(config);
-  TestClient a = Connect("a");
-  TestClient b = Connect("b");
-  ASSERT_EQ(Upload(a, 0.1f, 10).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
-  ASSERT_EQ(Upload(b, -0.3f, 30).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
+  const TestClient a = Connect("a");
+  const TestClient b = Connect("b");
+  OpposedRound(a, b);
   auto ckpt = LoadCheckpoint(CheckpointPath(dir_.File("ckpt"), 1));
   ASSERT_TRUE(ckpt.ok() && ckpt->privacy.has_value());
   auto restore = [&](EngineConfig c, std::optional<fl::v1::PrivacyLedger> ledger) {
@@ -216,11 +221,7 @@ TEST_F(EnginePrivacyTest, AResumeWithOtherPrivacySettingsIsRefusedNamingTheDiffe
   // Through the engine: Start fails with the same reason.
   other = config;
   other.dp_noise_multiplier = 2.0;
-  engine_->Post(ShutdownEvent{"killed"});
-  engine_->RunUntilIdle();
-  engine_.reset();
-  ASSERT_TRUE(records_->Close().ok());
-  records_.reset();
+  StopEngine();
   RoundEngine::StartPoint start;
   start.checkpoint = *std::move(ckpt);
   start.resume = true;
@@ -247,8 +248,7 @@ TEST_F(EnginePrivacyTest, LocalDpLeavesClippingAndNoiseToTheClientsAndAccountsEa
   EXPECT_EQ(task.privacy().clip_norm(), 0.5);
   EXPECT_EQ(task.privacy().local_noise_stddev(), 0.5);
   EXPECT_EQ(task.privacy().central_noise_steps(), 0);
-  ASSERT_EQ(Upload(a, 0.1f, 10).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
-  ASSERT_EQ(Upload(b, -0.3f, 30).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
+  OpposedRound(a, b);
   const std::vector<double> move = MoveIn(1);
   ASSERT_EQ(move.size(), kParams);
   // (0.1 − 0.3)/2 on every coordinate: not clipped (it would be ±0.5/√5000 ≈ 0.007), not weighted (−0.2), no noise.
