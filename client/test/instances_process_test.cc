@@ -2,7 +2,8 @@
 // experiment against a real fl-server, each under its own name in the records; an instance that cannot start (its
 // certificate is missing) is reported by name while the others finish; an N that cannot fit is refused before
 // anything starts, naming the estimate and the limit. One client (no --instances) is estimated at start too: refused
-// below --memory-limit with the estimate, past the check with enough memory or --no-memory-check.
+// below --memory-limit with the estimate, past the check with enough memory or --no-memory-check. Secure
+// aggregation: instances told to drop after their shares (--secagg-drop-after-shares) are recovered by the others.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -95,6 +96,51 @@ TEST(InstancesProcessTest, ThreeHundredInstancesInOneProcessFinishAnExperimentUn
   const std::string out = ReadFile(client_log);
   EXPECT_THAT(out, HasSubstr("300 instances (virt-0..virt-299), shards 0..299 of 300: memory 300 instances x"));
   EXPECT_THAT(out, HasSubstr("at most 2 training at once"));
+}
+
+// --secagg-drop-after-shares against a real fl-server with --secure-aggregation secagg+ (issue 29's dropout
+// measurements): of 10 instances the first ceil(0.3 x 10) = 3 send their keys and shares, then nothing; every round
+// is unmasked from the other 7 (the dropped clients' mask keys reconstructed from the survivors' shares) and
+// commits. Over-commitment (10 selected for 7 updates) closes each round at its 7th update, cancelling the three,
+// rather than at the deadline, which stays long for a loaded machine (or TSan).
+TEST(InstancesProcessTest, InstancesThatDropAfterTheirSharesAreRecoveredBySecureAggregation) {
+  fl::testing::ScratchDir dir("fl_instances");
+  std::vector<std::string> server_args = ServerArgs(dir, 10, 2);
+  for (size_t i = 0; i + 1 < server_args.size(); ++i) {
+    if (server_args[i] == "--min-fit-clients") server_args[i + 1] = "7";  // the updates a round commits with
+  }
+  // K = 0.7 x 10 = 7 updates commit; ceil(1.5 x 7) = 11, capped at the 10 clients, are selected.
+  server_args.insert(server_args.end(),
+                     {"--insecure", "--secure-aggregation", "secagg+", "--fraction-fit", "0.7", "--overcommit", "1.5"});
+  Subprocess server(server_args, dir.File("server.log"));
+  const int port = WaitForPort(dir.File("port"), server);
+  ASSERT_GT(port, 0) << ReadFile(dir.File("server.log"));
+  const std::string client_log = dir.File("client.log");
+  Subprocess client(
+      {FL_CLIENT_BIN, "--server", fl::StrCat("127.0.0.1:", port), "--name", "sa", "--instances", "10", "--num-clients",
+       "10", "--model", "synthetic:5000", "--secagg-drop-after-shares", "0.3", "--give-up-after-s", "60", "--insecure"},
+      client_log);
+  EXPECT_EQ(client.Wait(std::chrono::seconds(120)), std::optional<int>(0)) << ReadFile(client_log);
+  EXPECT_EQ(server.Wait(std::chrono::seconds(60)), std::optional<int>(0)) << ReadFile(dir.File("server.log"));
+  const std::string db = dir.File("records.db");
+  EXPECT_EQ(Query(db, "SELECT count(*) FROM rounds WHERE status = 'committed'"), 2) << ReadFile(dir.File("server.log"));
+  EXPECT_EQ(Query(db,
+                  "SELECT count(*) FROM rounds WHERE status = 'committed' AND secagg_survivors = 7 AND "
+                  "secagg_dropped = 3"),
+            2);
+  // The dropped ones are sa-0..sa-2: they shared their keys in both rounds and never uploaded.
+  const std::string dropped =
+      "client_id IN (SELECT client_id FROM clients WHERE client_name IN ('sa-0','sa-1','sa-2'))";
+  EXPECT_EQ(
+      Query(db, fl::StrCat("SELECT count(*) FROM secagg_stages WHERE stage = 'share_keys' AND outcome = 'ok' AND ",
+                           dropped)),
+      6);
+  EXPECT_EQ(Query(db, fl::StrCat("SELECT count(*) FROM secagg_stages WHERE stage = 'masked_upload' AND outcome = "
+                                 "'ok' AND ",
+                                 dropped)),
+            0);
+  EXPECT_EQ(Query(db, "SELECT count(*) FROM secagg_stages WHERE stage = 'unmask' AND outcome = 'ok'"), 14);
+  EXPECT_THAT(ReadFile(client_log), HasSubstr("3 of 10 instances (sa-0..sa-2) drop out of every secure round"));
 }
 
 TEST(InstancesProcessTest, AnInstanceWithoutItsCertificateIsReportedByNameAndTheOthersFinish) {
