@@ -2,7 +2,8 @@
 // synthetic model) on loopback. What it checks is read from the records: every committed round has its ε, growing
 // round by round, its clip norm and noise multiplier, and the run stops before the round that would spend past
 // --dp-target-epsilon; a SIGKILLed private server resumes (--resume) with the accountant's ledger from its checkpoint,
-// so ε keeps growing across the restart. The exact noise and ε values are engine_privacy_test's.
+// so ε keeps growing across the restart; local and distributed DP (SecAgg+) run through real clients. The exact noise
+// values are engine_privacy_test's.
 #include <chrono>
 #include <csignal>
 #include <memory>
@@ -12,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "fl/core/str_cat.h"
 #include "fl/testing/scratch_dir.h"
 #include "process_run.h"
 #include "records_polling.h"
@@ -119,6 +121,33 @@ TEST(PrivacyProcessTest, AKilledPrivateServerResumesWithItsLedgerAndEpsilonKeeps
                   "3.0320) < 1e-4"),
             1)
       << ReadFile(log);
+}
+
+// Local DP (the clients clip and noise, each client's ε at q = 1 and σ/2) and distributed DP (SecAgg+ with the
+// clients' discrete Gaussian shares) through real processes: every round commits with the mode's ε. After two rounds
+// at σ = 1: local ε = 16.5536 (fl-privacy epsilon --noise-multiplier 0.5 --sampling-rate 1 --steps 2 --delta 1e-5),
+// distributed with both shares in the sum ε = 2.5041 (--noise-multiplier 1 --sampling-rate 0.1 --steps 2).
+TEST(PrivacyProcessTest, LocalAndDistributedDpRunThroughRealClients) {
+  for (const auto& [mode, epsilon] :
+       std::vector<std::pair<std::string, double>>{{"local", 16.5536}, {"distributed", 2.5041}}) {
+    fl::testing::ScratchDir dir("fl_privacy_modes");
+    std::vector<std::string> args = PrivacyArgs("2", "0");
+    const std::vector<std::string> more = {"--dp-mode", mode};
+    args.insert(args.end(), more.begin(), more.end());
+    if (mode == "distributed") {
+      // A share's std is sigma C / sqrt(2) = 0.35: the range needs C + 8 x 0.35 = 3.33.
+      const std::vector<std::string> secure = {"--secure-aggregation", "secagg+", "--secagg-range", "4"};
+      args.insert(args.end(), secure.begin(), secure.end());
+    }
+    ASSERT_EQ(RunExperiment(dir, args, kClients), 0) << mode << ": " << ReadFile(dir.File("server.txt"));
+    const std::string db = dir.File("records.db");
+    EXPECT_EQ(Query(db, "SELECT count(*) FROM rounds WHERE status = 'committed'"), 2) << mode;
+    EXPECT_EQ(Query(db, fl::StrCat("SELECT count(*) FROM rounds WHERE status = 'committed' AND round = 2 AND "
+                                   "abs(dp_epsilon - ",
+                                   epsilon, ") < 1e-4")),
+              1)
+        << mode << ": " << ReadFile(dir.File("server.txt"));
+  }
 }
 
 TEST(PrivacyProcessTest, ANoiseMultiplierWithoutAPopulationIsRefusedAtStartNamingIt) {
