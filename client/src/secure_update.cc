@@ -188,12 +188,17 @@ SecureUpdate::Waited SecureUpdate::AwaitMaskingStart(const std::string& task_id,
     weight_ = weight;
     ApplyStartLocked();
   }
+  // A later task's Task.secagg replaces the round (the server moved on): that, too, ends this wait.
   auto settled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return interrupted.load() || (state_ != State::kAdvertised && state_ != State::kShared);
+    return interrupted.load() || task_id_ != task_id || (state_ != State::kAdvertised && state_ != State::kShared);
   };
   worker_waiting_ = true;
   const bool done = cv_.WaitUntil(mu_, deadline, settled);
   worker_waiting_ = false;
+  if (task_id_ != task_id) {
+    return {Outcome::kAbandoned, absl::FailedPreconditionError(fl::StrCat(
+                                     "task ", task_id, "'s secure round was replaced by task ", task_id_, "'s"))};
+  }
   switch (state_) {
     case State::kMasking: return {Outcome::kReady, absl::OkStatus()};
     case State::kAbandoned: return {Outcome::kAbandoned, abandoned_};

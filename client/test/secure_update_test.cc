@@ -417,6 +417,22 @@ TEST(SecureUpdateTest, TheServersCancelAbandonsTheRoundAndWakesTheWorker) {
   EXPECT_FALSE(c.client().open());
 }
 
+TEST(SecureUpdateTest, ALaterTasksRoundEndsTheWaitOfTheOneItReplaces) {
+  OneClient c;
+  v1::SecAggSetup next;  // the next round's setup: this one's with another round number
+  ASSERT_TRUE(c.f.server->SetupFor(c.id, &next).ok());
+  next.set_round(kRound + 1);
+  c.f.AdvertiseAndShare();
+  SecureUpdate::Waited waited;
+  std::thread worker([&] { waited = c.client().AwaitMaskingStart(TaskOf(c.id), 1, c.interrupted, FarAway()); });
+  while (!c.client().worker_waiting()) std::this_thread::yield();
+  EXPECT_TRUE(c.client().Start("task-next", next, 100, secagg::RandomSource::SeededForTests(2)).ok());
+  worker.join();
+  EXPECT_EQ(waited.outcome, Outcome::kAbandoned);
+  EXPECT_NE(std::string(waited.why.message()).find("replaced by task task-next"), std::string::npos) << waited.why;
+  EXPECT_TRUE(c.client().open());  // the new round is
+}
+
 TEST(SecureUpdateTest, NoMaskingStartBeforeTheDeadlineAbandonsTheRound) {
   OneClient c;
   c.f.AdvertiseAndShare();
