@@ -403,6 +403,9 @@ config::FieldTable<ClientGroup> GroupFields(const Where& where) {
             g.availability_trace = fs::absolute(path, ec).lexically_normal().string();
             return absl::OkStatus();
           }),
+      config::NumberField("secagg_drop_after_shares", &G::secagg_drop_after_shares,
+                          {.min = 0, .max = 1, .max_exclusive = true})
+          .NewInRecords(),
       config::RecordField("link_name", &G::link_name),
   };
 }

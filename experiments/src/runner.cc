@@ -78,8 +78,16 @@ struct ClientPlan {
   double start_at_s = 0;
   double leave_at_s = 0;  // 0 = never
   bool started = false;
-  bool leaving = false;  // it was told to leave: its exit is expected
+  bool leaving = false;      // it was told to leave: its exit is expected
+  bool secagg_drop = false;  // one client (instances == 0) of the group's first ceil(F x count): it drops
 };
+
+// How many of a group's `count` clients drop after the shares: ceil(F x count), as fl-client --instances counts
+// its dropping instances (client/src/instances.cc), so that both ways of running a group drop the same clients.
+uint32_t SecAggDroppingClients(double fraction, uint32_t count) {
+  if (!(fraction > 0)) return 0;
+  return static_cast<uint32_t>(std::clamp<double>(std::ceil(fraction * count - 1e-9), 0, count));
+}
 
 // Where the run's certificates are: empty `dir` = plaintext (security.mode insecure).
 struct RunPki {
@@ -175,6 +183,11 @@ std::vector<std::string> ClientArgs(const Manifest& m, const RunOptions& o, cons
   if (!g.link_name.empty()) a.insert(a.end(), {"--link-profile", g.link_name});
   if (!g.device.device_class.empty()) a.insert(a.end(), {"--device-class", g.device.device_class});
   if (c.instances > 0) a.insert(a.end(), {"--instances", std::to_string(c.instances)});
+  if (c.instances > 0 && g.secagg_drop_after_shares > 0) {
+    a.insert(a.end(), {"--secagg-drop-after-shares", Fmt(g.secagg_drop_after_shares)});
+  } else if (c.secagg_drop) {
+    a.insert(a.end(), {"--secagg-drop-after-shares", "1"});  // one client: any fraction above 0 drops it
+  }
   if (c.instances > 0 && g.period_s > 0) {
     a.insert(a.end(), {"--availability", fl::StrCat("diurnal:period_s=", Fmt(g.period_s),
                                                     ",online=", Fmt(g.online_fraction), ",seed=", m.settings.seed)});
@@ -337,6 +350,7 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
       p.index = index++;
       p.start_at_s = g.start_delay_s;
       p.leave_at_s = g.leave_after_s > 0 ? g.start_delay_s + g.leave_after_s : 0;
+      p.secagg_drop = i < SecAggDroppingClients(g.secagg_drop_after_shares, g.count);
       plans.push_back(p);
     }
   }

@@ -189,6 +189,23 @@ TEST(ManifestTest, UplinkCodecPolicyIsPassedOnAndABadOneIsRefusedWithItsLine) {
               {"exp.yaml:6:", "server.uplink_codec_policy", "unknown link kind '6g'", "fixed, by-link:"});
 }
 
+// clients[i].secagg_drop_after_shares (fl-client --secagg-drop-after-shares, for SecAgg+'s recovery runs): read,
+// kept in the resolved record, 0 when absent; refused at 1 (no survivors) and below 0, naming the line.
+TEST(ManifestTest, SecAggDropAfterSharesIsReadKeptAndBoundedBelowOne) {
+  absl::StatusOr<Manifest> m =
+      Parse(Replace(kGood, "data_share: 0.5", "data_share: 0.5\n    secagg_drop_after_shares: 0.3"));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_DOUBLE_EQ(m->clients[0].secagg_drop_after_shares, 0.3);
+  EXPECT_DOUBLE_EQ(m->clients[1].secagg_drop_after_shares, 0);
+  ExpectError(Replace(kGood, "data_share: 0.5", "data_share: 0.5\n    secagg_drop_after_shares: 1"),
+              {"exp.yaml:", "clients[0].secagg_drop_after_shares", "1"});
+  ExpectError(Replace(kGood, "data_share: 0.5", "data_share: 0.5\n    secagg_drop_after_shares: -0.1"),
+              {"exp.yaml:", "clients[0].secagg_drop_after_shares", "-0.1"});
+  absl::StatusOr<Manifest> back = ManifestFromResolvedJson(ResolvedManifestJson(*m), m->source_yaml);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_DOUBLE_EQ(back->clients[0].secagg_drop_after_shares, 0.3);
+}
+
 // Stragglers: server.selection.overcommit, server.deadline_policy and server.late_discount, read and kept in the
 // resolved record; an over-commitment below 1 and an unknown policy are refused with the line.
 TEST(ManifestTest, OvercommitAndDeadlinePolicyAreReadAndBadOnesRefused) {

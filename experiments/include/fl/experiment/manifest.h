@@ -60,6 +60,9 @@ struct ClientGroup {
   double online_fraction = 1;
   // Or a trace file (fl-client --availability trace:FILE, docs/testbed.md "Availability"), absolute; "" = none.
   std::string availability_trace;
+  // SecAgg+ dropouts on purpose (fl-client --secagg-drop-after-shares): the group's first ceil(F x count) clients
+  // leave every secure round after sending their key shares, so that recovery can be measured. In [0, 1).
+  double secagg_drop_after_shares = 0;
   // Whether the group's clients come and go on a schedule (diurnal or trace), which needs virtual clients.
   bool HasSchedule() const { return period_s > 0 || !availability_trace.empty(); }
 
