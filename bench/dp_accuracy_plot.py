@@ -9,7 +9,7 @@ import sys
 
 SERIES = [("nodp", "no DP", "#000000"), ("eps8", "ε ≈ 8", "#1f77b4"), ("eps4", "ε ≈ 4", "#2ca02c"),
           ("eps1", "ε ≈ 1", "#d62728")]
-W, H, L, R, T, B = 640, 400, 60, 120, 30, 50
+W, H, L, R, T, B = 700, 400, 60, 160, 30, 50
 
 
 def main():
@@ -23,7 +23,7 @@ def main():
         points = [(int(r["round"]), float(r["accuracy"])) for r in rows]
         final_eps = next((r["epsilon"] for r in reversed(rows) if r["epsilon"]), "")
         if final_eps:
-            label = f"{label} ({float(final_eps):.2f})"
+            label = f"{label}: spent {float(final_eps):.2f}"
         data.append((label, colour, points))
     max_round = max(p[0] for _, _, pts in data for p in pts)
 
