@@ -359,39 +359,39 @@ std::vector<Setting> MakeSettingsTable() {
              "learns the sum of a round's survivors (docs/privacy.md)",
              FL_MEMBER(secure_aggregation))
           .Choices({"off", "secagg+"})
-          .Manifest("server.secure_aggregation.mode"));
+          .Manifest("server.secure_aggregation.mode", "secure_aggregation"));
   add(Unsigned("secagg_stage_deadline_ms", "--secagg-stage-deadline-ms", "ms", 100, kU32,
                "Secure aggregation: each key stage's and the unmask stage's deadline; who has not answered by then "
                "is dropped",
                FL_MEMBER(secagg_stage_deadline_ms))
-          .Manifest("server.secure_aggregation.stage_deadline_s")
+          .Manifest("server.secure_aggregation.stage_deadline_s", "secagg_stage_deadline_s")
           .ManifestUnit("s", 1000));
   add(Number("secagg_range", "--secagg-range", "", 0, 1e6,
              "Secure aggregation: update values are clipped to [-range, range] before quantisation",
              FL_MEMBER(secagg_range))
           .Open()
-          .Manifest("server.secure_aggregation.range"));
+          .Manifest("server.secure_aggregation.range", "secagg_range"));
   add(Number("secagg_scale", "--secagg-scale", "", 1, 1e9,
              "Secure aggregation: quantisation steps per unit (the mean is within 1 / (2 x scale) of the exact one)",
              FL_MEMBER(secagg_scale))
-          .Manifest("server.secure_aggregation.scale"));
+          .Manifest("server.secure_aggregation.scale", "secagg_scale"));
   add(Unsigned("secagg_max_weight", "--secagg-max-weight", "examples", 1, 1e6,
                "Secure aggregation: 1 = uniform mean; above 1, FedAvg weights (examples trained on, capped here)",
                FL_MEMBER(secagg_max_weight))
-          .Manifest("server.secure_aggregation.max_weight"));
+          .Manifest("server.secure_aggregation.max_weight", "secagg_max_weight"));
   add(Number("secagg_log_factor", "--secagg-log-factor", "", 0, 100,
              "Secure aggregation: c of the neighbourhood size k = odd >= c x log2(clients)",
              FL_MEMBER(secagg_log_factor))
           .Open()
-          .Manifest("server.secure_aggregation.log_factor"));
+          .Manifest("server.secure_aggregation.log_factor", "secagg_log_factor"));
   add(Unsigned("secagg_full_graph_max", "--secagg-full-graph-max", "clients", 2, 255,
                "Secure aggregation: rounds of at most this many clients mask with every pair (plain SecAgg)",
                FL_MEMBER(secagg_full_graph_max))
-          .Manifest("server.secure_aggregation.full_graph_max"));
+          .Manifest("server.secure_aggregation.full_graph_max", "secagg_full_graph_max"));
   add(Unsigned("secagg_threshold", "--secagg-threshold", "shares", 0, 255,
                "Secure aggregation: shares needed to reconstruct a secret, in (k/2, k]; 0 = floor(k / 2) + 1",
                FL_MEMBER(secagg_threshold))
-          .Manifest("server.secure_aggregation.threshold"));
+          .Manifest("server.secure_aggregation.threshold", "secagg_threshold"));
 
   group = "Differential privacy";
   add(String("dp_mode", "--dp-mode",
