@@ -2,6 +2,7 @@
 #include "engine_privacy.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -168,7 +169,12 @@ absl::Status CentralDp::Restore(const std::optional<fl::v1::PrivacyLedger>& ledg
     std::string had;
     std::string now;
   };
-  auto num = [](double v) { return fl::StrCat(v); };
+  // The shortest text that reads back as the same double: equal texts are equal values (absl's 6 digits are not).
+  auto num = [](double v) {
+    char text[32];
+    const auto end = std::to_chars(text, text + sizeof(text), v).ptr;
+    return std::string(text, end);
+  };
   const std::vector<Field> fields = {
       {"--dp-mode", ledger->mode(), settings_.mode()},
       {"--dp-noise-multiplier", num(ledger->noise_multiplier()), num(settings_.noise_multiplier())},

@@ -206,7 +206,12 @@ TEST_F(EnginePrivacyTest, AResumeWithOtherPrivacySettingsIsRefusedNamingTheDiffe
   other = config;
   other.dp_delta = 1e-6;
   s = restore(other, ckpt->privacy);
-  EXPECT_NE(std::string(s.message()).find("--dp-delta="), std::string::npos) << s;
+  EXPECT_NE(std::string(s.message()).find("--dp-delta=1e-05, this run has 1e-06"), std::string::npos) << s;
+  // A difference beyond six digits is one too (σ from fl-privacy noise has eleven).
+  other = config;
+  other.dp_noise_multiplier = 1.0000001;
+  s = restore(other, ckpt->privacy);
+  EXPECT_NE(std::string(s.message()).find("--dp-noise-multiplier=1, this run has 1.0000001"), std::string::npos) << s;
   other = config;
   other.dp_mode = "local";
   s = restore(other, ckpt->privacy);
