@@ -419,10 +419,10 @@ std::vector<std::pair<std::string_view, std::string>> RoundEngine::Core::Require
   if (config_.secagg_on()) out.emplace_back(engine::kSecAggCapability, "--secure-aggregation=secagg+");
   // Differential privacy the server cannot apply itself: clients clip (and, local or distributed, noise) their own
   // update, so a client that would ignore Task.privacy must not take part.
-  if (config_.dp_on() && config_.secagg_on()) {
+  if (config_.dp_on() && (config_.secagg_on() || config_.dp_mode != "central")) {
     out.emplace_back("client-privacy-v1",
-                     "differential privacy applied on the clients (--dp-noise-multiplier with "
-                     "--secure-aggregation)");
+                     fl::StrCat("differential privacy applied on the clients (--dp-mode=", config_.dp_mode,
+                                config_.secagg_on() ? " with --secure-aggregation" : "", ")"));
   }
   return out;
 }

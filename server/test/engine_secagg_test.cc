@@ -299,6 +299,21 @@ TEST_F(EngineSecAggTest, OutOfPlaceMessagesAreRefusedAndRecordedAsSecurityEvents
   EXPECT_EQ(secagg, 2) << "the forged and the duplicate keys";
 }
 
+TEST_F(EngineSecAggTest, AClientWithoutTheSecAggCapabilityIsRefusedAtJoinNamingIt) {
+  StartEngine(Config(3));
+  fl::v1::JoinRequest req;
+  req.set_protocol_version(fl::v1::PROTOCOL_VERSION_3);
+  req.set_client_name("old");
+  req.set_num_train_examples(100);
+  *req.mutable_model_spec() = proto::ToProto(client::SyntheticTrainer(kParams, 10, 1).spec(), "synthetic");
+  std::optional<grpc::Status> status;
+  engine_->Post(JoinEvent{req, "test", [&](const grpc::Status& s, const fl::v1::JoinResponse&) { status = s; }, ""});
+  Run();
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(status->error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(status->error_message().find("'secagg-v1'"), std::string::npos) << status->error_message();
+}
+
 TEST_F(EngineSecAggTest, AggregatorsThatNeedEachUpdateAndBufferedStepsAreRefused) {
   EngineConfig c = Config(3);
   ASSERT_TRUE(c.Validate().ok()) << c.Validate();
