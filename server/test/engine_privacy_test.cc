@@ -54,18 +54,6 @@ class EnginePrivacyTest : public test_harness::ManualEngineTest {
     return FinishUpload(header, Fp32Delta(value), first);
   }
 
-  // The global model's move in round `round` (previous checkpoint minus this one), coordinate by coordinate.
-  std::vector<double> MoveIn(uint64_t round) {
-    auto before = LoadCheckpoint(CheckpointPath(dir_.File("ckpt"), round - 1));
-    auto after = LoadCheckpoint(CheckpointPath(dir_.File("ckpt"), round));
-    EXPECT_TRUE(before.ok()) << before.status();
-    EXPECT_TRUE(after.ok()) << after.status();
-    std::vector<double> move;
-    if (!before.ok() || !after.ok()) return move;
-    for (size_t i = 0; i < kParams; ++i) move.push_back(double{before->values[i]} - double{after->values[i]});
-    return move;
-  }
-
   // The engine stops (its open round aborted) and its records are closed, as when fl-server is killed.
   void StopEngine() {
     engine_->Post(ShutdownEvent{"killed"});

@@ -131,18 +131,6 @@ class EngineSecAggTest : public test_harness::ManualEngineTest {
     }
     return out;
   }
-
-  // The global model's move in round 1 (checkpoint 0 minus checkpoint 1), coordinate 0..kParams.
-  std::vector<double> MoveInRoundOne() {
-    auto before = LoadCheckpoint(CheckpointPath(dir_.File("ckpt"), 0));
-    auto after = LoadCheckpoint(CheckpointPath(dir_.File("ckpt"), 1));
-    EXPECT_TRUE(before.ok()) << before.status();
-    EXPECT_TRUE(after.ok()) << after.status();
-    std::vector<double> move;
-    if (!before.ok() || !after.ok()) return move;
-    for (size_t i = 0; i < kParams; ++i) move.push_back(double{before->values[i]} - double{after->values[i]});
-    return move;
-  }
 };
 
 TEST_F(EngineSecAggTest, FourStagesCommitTheMeanOfTheMaskedUpdatesWithinTheQuantisationBound) {
@@ -166,7 +154,7 @@ TEST_F(EngineSecAggTest, FourStagesCommitTheMeanOfTheMaskedUpdatesWithinTheQuant
   EXPECT_NE(engine_->state(), EngineState::kUnmasking);
 
   // The plain mean is (0.01 + 0.02 + 0.03) / 3 = 0.02 in every coordinate; the quantised one is within 1/(2 scale).
-  const std::vector<double> move = MoveInRoundOne();
+  const std::vector<double> move = MoveIn(1);
   ASSERT_EQ(move.size(), kParams);
   const double bound = secagg::AggregateErrorBound({1.0, 65536, 1}) + 1e-6;  // + the float32 rounding
   for (size_t i = 0; i < kParams; ++i) ASSERT_NEAR(move[i], 0.02, bound) << "coordinate " << i;
@@ -208,7 +196,7 @@ TEST_F(EngineSecAggTest, AClientThatDropsAfterSharingKeysIsUnmaskedOutOfTheSum) 
   ASSERT_EQ(engine_->state(), EngineState::kUnmasking);
   for (size_t i = 0; i < 3; ++i) Answer(clients[i]);
   // Its pairwise masks were removed with its mask key, rebuilt from the survivors' shares: the mean is the three's.
-  const std::vector<double> move = MoveInRoundOne();
+  const std::vector<double> move = MoveIn(1);
   ASSERT_EQ(move.size(), kParams);
   const double bound = secagg::AggregateErrorBound({1.0, 65536, 1}) + 1e-6;
   for (size_t i = 0; i < kParams; ++i) ASSERT_NEAR(move[i], 0.02, bound) << "coordinate " << i;
@@ -240,7 +228,7 @@ TEST_F(EngineSecAggTest, AClientMissingTheKeyStageIsDroppedAndCancelledAtTheStag
   for (size_t i = 0; i < 3; ++i)
     EXPECT_EQ(UploadMasked(clients[i], starts[i]).outcome(), fl::v1::UPDATE_OUTCOME_ACCEPTED);
   for (size_t i = 0; i < 3; ++i) Answer(clients[i]);
-  const std::vector<double> move = MoveInRoundOne();
+  const std::vector<double> move = MoveIn(1);
   ASSERT_EQ(move.size(), kParams);
   EXPECT_NEAR(move[0], 0.02, 1e-4);
 }

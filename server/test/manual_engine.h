@@ -15,6 +15,7 @@
 
 #include "fl/instrumentation/record_reader.h"
 #include "fl/rpc/clock.h"
+#include "fl/server/checkpoint.h"
 #include "fl/testing/scratch_dir.h"
 #include "federation_harness.h"
 
@@ -205,6 +206,21 @@ class ManualEngineTest : public ::testing::Test {
     if (!listed.ok()) return rows;
     for (instrumentation::ClientRoundRecord& r : *listed) rows[r.client_id] = std::move(r);
     return rows;
+  }
+
+  // The global model's move in `round`: the checkpoint (in dir_/ckpt) of the round before minus this round's,
+  // coordinate by coordinate; empty (with a failure) when either is missing.
+  std::vector<double> MoveIn(uint64_t round) {
+    auto before = LoadCheckpoint(CheckpointPath(dir_.File("ckpt"), round - 1));
+    auto after = LoadCheckpoint(CheckpointPath(dir_.File("ckpt"), round));
+    EXPECT_TRUE(before.ok()) << before.status();
+    EXPECT_TRUE(after.ok()) << after.status();
+    std::vector<double> move;
+    if (!before.ok() || !after.ok()) return move;
+    for (size_t i = 0; i < before->values.size() && i < after->values.size(); ++i) {
+      move.push_back(double{before->values[i]} - double{after->values[i]});
+    }
+    return move;
   }
 
   fl::testing::ScratchDir dir_;
