@@ -11,6 +11,10 @@
 //   kEvaluating        evaluate tasks out; on the last answer or the deadline the results are stored
 //   kDraining          every round committed; the last clients' uplink reports are waited for (briefly)
 //   kFinished          clients told, records closed; Wait() returns
+//   kBuffering         buffered aggregation (FedBuff): train tasks keep --concurrency clients busy, each buffer
+//                      of updates is one step
+//   kUnmasking         secure aggregation: the round's masked uploads are summed; the survivors' shares are awaited
+//                      to remove the masks, then the commit (or a failed attempt, the model untouched)
 // A shutdown in any state records the open round as aborted, tells every client, and finishes.
 //
 // RoundEngine is a thin shell over a private core (server/src/engine_core.h, docs/architecture.md "The round
