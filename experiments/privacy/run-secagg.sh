@@ -3,24 +3,27 @@
 # (docs/privacy.md, "Secure aggregation: what it costs per link kind"). For K in $KS (default 10 50 100), links in
 # $LINKS (default none ethernet wifi 5g-sa; none = loopback) and modes plain and secagg (secure_aggregation.mode off
 # and secagg+), it writes experiments/privacy/secagg-cost.yaml with that K, link and mode into $OUT/manifests and
-# runs it (3 rounds, every client selected) into one records database; then the recovery runs of
+# runs it (6 rounds, every client selected) into one records database; then the recovery runs of
 # secagg-recovery.yaml (K = $RECOVERY_K, default 50, loopback) with 0%, 10% and 30% of the clients dropping after
-# sharing their keys. Each run is mutual TLS with its own throwaway CA, as every fl-experiment run.
+# sharing their keys, with the default SecAgg+ graph and the full graph ($GRAPHS). Each run is mutual TLS with its own throwaway CA, as every fl-experiment run.
 # Prints the table (secagg_table.py) and fl-report's rounds and secagg tables of the recovery runs.
 #
 # Usage: experiments/privacy/run-secagg.sh [BUILD_DIR] [OUT_DIR]   (defaults: build/release, out/privacy-secagg)
-#        KS="10 50" LINKS="none 5g-sa" MODES="plain secagg" DROPS="0 10 30" to run a part; a run already in the
+#        KS="10 50" LINKS="none 5g-sa" MODES="plain secagg" DROPS="0 10 30" to run a part (KS="" none); a run already in the
 #        database (finished) is skipped, so that the script can be stopped and started again.
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/../.."
 BUILD_DIR="${1:-build/release}"
 OUT="${2:-out/privacy-secagg}"
 DB="$OUT/records.db"
-KS="${KS:-10 50 100}"
-LINKS="${LINKS:-none ethernet wifi 5g-sa}"
-MODES="${MODES:-plain secagg}"
-DROPS="${DROPS:-0 10 30}"
+KS="${KS-10 50 100}"
+LINKS="${LINKS-none ethernet wifi 5g-sa}"
+MODES="${MODES-plain secagg}"
+DROPS="${DROPS-0 10 30}"
 RECOVERY_K="${RECOVERY_K:-50}"
+# Recovery graphs: "none" = the default SecAgg+ graph (k = odd >= 3 log2 K, threshold floor(k/2) + 1); "full" =
+# every pair (secure_aggregation.full_graph_max raised to K: plain SecAgg, threshold floor(K/2) + 1).
+GRAPHS="${GRAPHS-none full}"
 mkdir -p "$OUT/manifests"
 
 done_before() {  # a finished experiment of this name is in the database
@@ -52,30 +55,35 @@ for k in $KS; do
   done
 done
 
+for graph in $GRAPHS; do
 for drop in $DROPS; do
-  name="secagg-rec-k$RECOVERY_K-none-secagg-drop$drop"
+  name="secagg-rec-k$RECOVERY_K-$graph-secagg-drop$drop"
   m="$OUT/manifests/$name.yaml"
   # The survivors, K - ceil(drop% x K) (as fl-client counts its dropping instances): the updates a round needs.
   survivors=$(awk "BEGIN{d = $drop * $RECOVERY_K / 100; c = int(d); if (c < d - 1e-9) c++; print $RECOVERY_K - c}")
   sed -e "s/^name: secagg-recovery$/name: $name/" \
       -e "s/^description: .*/description: \"SecAgg+ recovery: K = $RECOVERY_K over loopback, $drop% dropping after the shares\"/" \
-      -e "s/min_fit_clients: 35, min_available_clients: 50/min_fit_clients: $survivors, min_available_clients: $RECOVERY_K/" \
+      -e "s/min_fit_clients: 35, min_available_clients: 50}  # 35: the survivors commit/min_fit_clients: $survivors, min_available_clients: $RECOVERY_K}  # the survivors commit/" \
       -e "s/upload_slots: 50/upload_slots: $RECOVERY_K/" \
       -e "s/^    count: 50$/    count: $RECOVERY_K/" \
       -e "s/secagg_drop_after_shares: 0.3/secagg_drop_after_shares: $(awk "BEGIN{print $drop/100}")/" \
       experiments/privacy/secagg-recovery.yaml >"$m"
+  [ "$graph" = full ] && sed -i -e "s/^    stage_deadline_s: 60$/    stage_deadline_s: 60\n    full_graph_max: $RECOVERY_K/" "$m"
   run "$name" "$m" || true
+done
 done
 
 echo; echo "== cost per round (experiments/privacy/secagg_table.py $DB)"
 python3 experiments/privacy/secagg_table.py "$DB" secagg-cost-
 echo; echo "== recovery"
 python3 experiments/privacy/secagg_table.py "$DB" secagg-rec-
+for graph in $GRAPHS; do
 for drop in $DROPS; do
-  name="secagg-rec-k$RECOVERY_K-none-secagg-drop$drop"
+  name="secagg-rec-k$RECOVERY_K-$graph-secagg-drop$drop"
   id=$(sqlite3 "$DB" "SELECT id FROM experiments WHERE name = '$name' ORDER BY started_unix_ms DESC LIMIT 1")
   [ -n "$id" ] || continue
   echo; echo "== $name ($id)"
   "$BUILD_DIR/report/fl-report" "$DB" --experiment "$id" --table rounds
   "$BUILD_DIR/report/fl-report" "$DB" --experiment "$id" --table secagg
+done
 done

@@ -35,12 +35,13 @@ def fmt(x, unit="", nd=0):
 
 def rows_of(db, exp):
     q = lambda sql, *a: db.execute(sql, (exp,) + a).fetchall()
-    rounds = q("SELECT round, duration_ms, secagg_survivors, secagg_dropped, num_accepted, attempt FROM rounds "
-               "WHERE experiment_id = ? AND status = 'committed' ORDER BY round")
+    rounds = q("SELECT round, duration_ms, secagg_survivors, secagg_dropped, num_accepted, attempt, ended_unix_ms "
+               "FROM rounds WHERE experiment_id = ? AND status = 'committed' ORDER BY round")
+    attempts = q("SELECT count(*) FROM rounds WHERE experiment_id = ?")[0][0]
     counted = [r for r in rounds if r[0] > min(r[0] for r in rounds)] if len(rounds) > 1 else rounds
     keep = {r[0] for r in counted}
     attempt_of = {r[0]: r[5] for r in counted}  # the committed attempt of each round
-    out = {"rounds": len(rounds), "counted": len(counted)}
+    out = {"rounds": len(rounds), "counted": len(counted), "attempts": attempts}
     if not counted:
         return out
     out["round_ms"] = median([r[1] for r in counted])
@@ -70,6 +71,14 @@ def rows_of(db, exp):
     out["key_bytes"] = median(list(per_client.values()))
     for stage in ("advertise_keys", "share_keys", "masked_upload", "unmask"):
         out[stage] = median([s[4] for s in st if s[2] == stage and s[7] == "ok"])
+    # The unmask stage's opening to the commit: the survivors' answers, the reconstruction of the secrets and the
+    # removal of the masks (with dropouts: the dropped clients' pairwise masks recomputed from their keys).
+    to_commit = []
+    for rnd, _, _, _, _, _, ended in counted:
+        opened = [s[3] for s in st if s[0] == rnd and s[2] == "unmask" and s[3] is not None]
+        if opened and ended:
+            to_commit.append(ended - min(opened))
+    out["unmask_to_commit"] = median(to_commit)
     key_share = []
     for rnd, dur, *_ in counted:
         span = 0.0
@@ -96,9 +105,9 @@ def main():
         if m:
             exps[name] = (exp_id, status, m)
     print("| K | link | mode | rounds | round (ms) | uplink B/client | key-stage B/client | advertise (ms) "
-          "| share keys (ms) | masked upload (ms) | unmask (ms) | uplink share | key round trips share "
-          "| survivors/dropped |")
-    print("|---" * 14 + "|")
+          "| share keys (ms) | masked upload (ms) | unmask (ms) | unmask→commit (ms) | uplink share "
+          "| key round trips share | survivors/dropped |")
+    print("|---" * 15 + "|")
     def key(item):
         m = item[1][2]
         return (int(m.group(1)), LINK_ORDER.get(m.group(2), 9), m.group(2), m.group(3), int(m.group(4) or 0))
@@ -106,10 +115,12 @@ def main():
         r = rows_of(db, exp_id)
         mode = m.group(3) + (f" {m.group(4)}% drop" if m.group(4) else "")
         sd = (f"{fmt(r.get('survivors'))}/{fmt(r.get('dropped'))}" if r.get("survivors") is not None else "–")
-        print(f"| {m.group(1)} | {m.group(2)} | {mode} | {r['counted']}/{r['rounds']}"
+        tries = "" if r["attempts"] == r["rounds"] else f" ({r['attempts']} attempts)"
+        print(f"| {m.group(1)} | {m.group(2)} | {mode} | {r['counted']}/{r['rounds']}{tries}"
               f"{'' if status == 'finished' else ' (' + status + ')'} | {fmt(r.get('round_ms'))} "
               f"| {fmt(r.get('up_bytes'))} | {fmt(r.get('key_bytes'))} | {fmt(r.get('advertise_keys'), nd=1)} "
               f"| {fmt(r.get('share_keys'), nd=1)} | {fmt(r.get('masked_upload'))} | {fmt(r.get('unmask'), nd=1)} "
+              f"| {fmt(r.get('unmask_to_commit'))} "
               f"| {fmt(100 * r['up_share'] if r.get('up_share') is not None else None, '%')} "
               f"| {fmt(100 * r['key_share'] if r.get('key_share') is not None else None, '%', 1)} | {sd} |")
 
