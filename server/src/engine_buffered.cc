@@ -45,7 +45,7 @@ class RoundEngine::Core::BufferedSteps final : public AggregationSchedule {
   void OpenStep() override { OpenBufferedStep(); }
   // Train tasks run through every state (evaluations too): their deadlines are swept before each step.
   void SweepDeadlines(int64_t now) override { CloseExpiredBufferedTasks(now); }
-  void AfterStall() override { ArmBufferTimer(); }
+  void AfterStall(int64_t /*stall_ns*/) override { ArmBufferTimer(); }
   void Abort(const std::string& reason) override { AbortBufferedStep(reason); }
   std::shared_ptr<const ModelPayload> OldPayload(uint64_t version) const override {
     auto old = buf_.old_payloads.find(version);

@@ -35,8 +35,9 @@ class RoundEngine::Core::AggregationSchedule {
   virtual void OpenStep() {}
   // Before every Advance step (but after the end): deadlines of the schedule's own tasks.
   virtual void SweepDeadlines(int64_t /*now*/) {}
-  // After the server's own stall moved every deadline on: re-arm the schedule's timers.
-  virtual void AfterStall() {}
+  // After the server's own stall (`stall_ns` long) moved every deadline on: move the schedule's own deadlines on
+  // and re-arm its timers.
+  virtual void AfterStall(int64_t /*stall_ns*/) {}
   // A shutdown: the schedule's open unit is recorded as aborted.
   virtual void Abort(const std::string& /*reason*/) {}
   // The open round is over (every task closed, its deadline passed, or CommitTargetReached): commit it or record

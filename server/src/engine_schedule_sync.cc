@@ -73,6 +73,12 @@ class RoundEngine::Core::SyncRounds final : public AggregationSchedule {
   // Secure aggregation (engine_secagg.h): the key stages and the unmask stage run on the engine's turns.
   void SweepDeadlines(int64_t now) override;
   bool AdvanceOwnState() override;  // kUnmasking
+  // The open secure stage's deadline moves on with the others: nobody is dropped for the server's own stall.
+  void AfterStall(int64_t stall_ns) override {
+    if (secure_ == nullptr) return;
+    secure_->MoveOn(stall_ns);
+    ArmSecureTimer();
+  }
   void Abort(const std::string& reason) override;
   bool TaskDropped(TaskInfo& task, instrumentation::ClientOutcome /*outcome*/, std::string_view /*why*/) override {
     if (secure_ != nullptr && task.secure && c_.current_ != nullptr && task.round == c_.current_->round &&

@@ -88,6 +88,8 @@ class SecureRound {
   // The client's task closed without an update (its session ended, it failed, it was cancelled): a key stage need
   // not wait for it.
   void Gone(const std::string& client);
+  // The server itself stalled `stall_ns` (engine_stalls.cc): the open stage's deadline moves on by that.
+  void MoveOn(int64_t stall_ns) { stage_opened_ns_ += stall_ns; }
 
   // Closes a key stage that is complete (every participant still in answered) or past its deadline, and the
   // unmask stage the same way; opens the next. Called after every engine event.

@@ -61,7 +61,7 @@ void RoundEngine::Core::MoveDeadlinesOn(int64_t stall, int64_t now) {
     current_->deadline_ns += stall;
     ArmAt(deadline_timer_, current_->deadline_ns);
   }
-  schedule_->AfterStall();
+  schedule_->AfterStall(stall);
   // Uploads holding a slot: the stall is neither a silence of theirs nor time at a low rate.
   uploads_.MoveOn(stall);
   if (state_ == EngineState::kWaitingForModel && !initial_model_client_.empty()) {

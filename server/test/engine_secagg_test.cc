@@ -233,6 +233,23 @@ TEST_F(EngineSecAggTest, AClientMissingTheKeyStageIsDroppedAndCancelledAtTheStag
   EXPECT_NEAR(move[0], 0.02, 1e-4);
 }
 
+TEST_F(EngineSecAggTest, TheServersOwnStallMovesTheKeyStageDeadlineOnAndDropsNobody) {
+  EngineConfig config = Config(3);
+  config.stall_threshold_ms = 1'000;
+  StartEngine(config);
+  std::vector<SecureClient> clients = ConnectAll(3);
+  AdvertiseKeys(clients[0], 600);
+  AdvertiseKeys(clients[1], 601);
+  // fl-server paused 10 s, five times the stage's deadline; then c2's keys, sent during the pause, are read.
+  clock_.AdvanceMs(10'000);
+  Run();
+  AdvertiseKeys(clients[2], 602);
+  EXPECT_FALSE(test_harness::LastCancel(clients[2].client).has_value())
+      << "dropped for the server's stall: " << test_harness::LastCancel(clients[2].client)->reason();
+  for (SecureClient& s : clients) Answer(s);
+  for (SecureClient& s : clients) EXPECT_TRUE(Answer(s).has_value()) << s.client.id << " got no masking start";
+}
+
 TEST_F(EngineSecAggTest, TooFewSurvivorsToUnmaskFailTheAttemptAndLeaveTheModelUntouched) {
   // The round would commit with one update, but its masks cannot all be removed.
   StartEngine(Config(3, 1));
