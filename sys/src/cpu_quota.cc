@@ -166,15 +166,22 @@ absl::StatusOr<std::unique_ptr<CpuQuota>> CpuQuota::Create(std::string_view name
   if (!controller.ok()) return controller.status();
 
   const std::string parent = fl::StrCat(controller->root, "/", kParent);
-  if (absl::Status made = MakeDir(parent, /*exist_ok=*/true); !made.ok()) return made;
-  if (controller->version == CgroupVersion::kV2) {
-    // v2 gives a child the cpu controller only when every ancestor enables it for its children.
-    if (absl::Status s = WriteFile(controller->root + "/cgroup.subtree_control", "+cpu"); !s.ok()) return s;
-    if (absl::Status s = WriteFile(parent + "/cgroup.subtree_control", "+cpu"); !s.ok()) return s;
-  }
   static std::atomic<uint64_t> counter{0};
   const std::string path = fl::StrCat(parent, "/", name, "-", ::getpid(), "-", counter.fetch_add(1));
-  if (absl::Status made = MakeDir(path, /*exist_ok=*/false); !made.ok()) return made;
+  // Another process's last CpuQuota removes the shared parent when it empties; if that happens between our
+  // mkdirs, make the parent again.
+  for (int attempt = 0;; ++attempt) {
+    if (absl::Status made = MakeDir(parent, /*exist_ok=*/true); !made.ok()) return made;
+    absl::Status s = absl::OkStatus();
+    if (controller->version == CgroupVersion::kV2) {
+      // v2 gives a child the cpu controller only when every ancestor enables it for its children.
+      s = WriteFile(controller->root + "/cgroup.subtree_control", "+cpu");
+      if (s.ok()) s = WriteFile(parent + "/cgroup.subtree_control", "+cpu");
+    }
+    if (s.ok()) s = MakeDir(path, /*exist_ok=*/false);
+    if (s.ok()) break;
+    if (attempt == 4 || ::access(parent.c_str(), F_OK) == 0) return s;  // not the race: a real error
+  }
   // From here on the destructor removes the group whatever fails next.
   std::unique_ptr<CpuQuota> quota(new CpuQuota(*controller, path, cores));
 

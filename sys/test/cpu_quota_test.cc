@@ -31,6 +31,17 @@ bool Exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
+// Kills and reaps a forked child if the test ends early (a failed ASSERT), so no spinning child is left.
+struct ChildGuard {
+  pid_t pid = -1;
+  ~ChildGuard() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
 std::string WriteTemp(const std::string& name, const std::string& text) {
   const std::string path = ::testing::TempDir() + "/" + name;
   std::ofstream(path) << text;
@@ -116,8 +127,10 @@ TEST(CpuQuotaTest, BusyChildIsHeldToTheQuota) {
     volatile uint64_t spin = 0;
     for (;;) spin = spin + 1;
   }
+  ChildGuard guard{pid};
   ::close(go[0]);
-  ASSERT_TRUE((*quota)->AddProcess(pid).ok());
+  absl::Status added = (*quota)->AddProcess(pid);
+  ASSERT_TRUE(added.ok()) << added;
   const auto start = std::chrono::steady_clock::now();
   ASSERT_EQ(::write(go[1], "g", 1), 1);
   ::close(go[1]);
@@ -141,6 +154,7 @@ TEST(CpuQuotaTest, BusyChildIsHeldToTheQuota) {
   int status = 0;
   struct rusage usage {};
   ASSERT_EQ(::wait4(pid, &status, 0, &usage), pid);
+  guard.pid = -1;
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double cpu = static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
                      static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
@@ -149,6 +163,26 @@ TEST(CpuQuotaTest, BusyChildIsHeldToTheQuota) {
   RecordProperty("throttled_periods", std::to_string(stats->throttled_periods));
   // A ceiling: quota x wall, 20% for the period boundaries, 0.15 s slack for the time after the group went.
   EXPECT_LE(cpu, kCores * wall * 1.2 + 0.15) << "cpu " << cpu << " s over wall " << wall << " s";
+}
+
+TEST(CpuQuotaTest, AddingAProcessThatDoesNotExistNamesThePid) {
+  absl::StatusOr<CpuController> support = CpuQuotaSupport();
+  absl::StatusOr<std::unique_ptr<CpuQuota>> quota = CpuQuota::Create("gone", 0.5);
+  if (!support.ok()) {  // unsupported: the refusal is what there is to check
+    ASSERT_FALSE(quota.ok());
+    EXPECT_EQ(quota.status().message(), support.status().message());
+    return;
+  }
+  ASSERT_TRUE(quota.ok()) << quota.status();
+  // pid_max itself is never a pid (pids are below it), so no process can have it, unlike a reaped child's pid.
+  std::ifstream pid_max_file("/proc/sys/kernel/pid_max");
+  pid_t pid_max = 0;
+  ASSERT_TRUE(pid_max_file >> pid_max);
+  absl::Status added = (*quota)->AddProcess(pid_max);
+  ASSERT_FALSE(added.ok());
+  EXPECT_THAT(added.message(), HasSubstr(std::to_string(pid_max)));
+  EXPECT_THAT(added.message(), HasSubstr("alive?"));
+  EXPECT_THAT((*quota)->AddProcess(0).message(), HasSubstr("pid 0"));
 }
 
 }  // namespace
