@@ -42,8 +42,17 @@ struct ChildGuard {
   }
 };
 
+// A directory of this run's own (a fixed name would meet files an earlier run, maybe another user, left).
+const std::string& OwnTempDir() {
+  static const std::string dir = [] {
+    std::string templ = ::testing::TempDir() + "/cpu_quota_test.XXXXXX";
+    return std::string(::mkdtemp(templ.data()) != nullptr ? templ.c_str() : ::testing::TempDir().c_str());
+  }();
+  return dir;
+}
+
 std::string WriteTemp(const std::string& name, const std::string& text) {
-  const std::string path = ::testing::TempDir() + "/" + name;
+  const std::string path = OwnTempDir() + "/" + name;
   std::ofstream(path) << text;
   return path;
 }
@@ -75,7 +84,7 @@ TEST(CpuQuotaTest, FindsV1AndV2AndNamesWhatIsMissing) {
   EXPECT_EQ(v1->root, "/x/cpu,cpuacct");
 
   // v2 whose cgroup.controllers lists cpu.
-  const std::string v2_root = ::testing::TempDir() + "/v2root";
+  const std::string v2_root = OwnTempDir() + "/v2root";
   ::mkdir(v2_root.c_str(), 0755);
   std::ofstream(v2_root + "/cgroup.controllers") << "cpuset cpu io memory pids\n";
   auto v2 = FindCpuController(WriteTemp("mounts_v2", "cgroup2 " + v2_root + " cgroup2 rw 0 0\n"));
