@@ -100,9 +100,7 @@ class SecureRound {
   // The unmask stage closed with every secret reconstructed: the weighted mean of the survivors' updates.
   absl::StatusOr<secagg::AggregateResult> Result() const { return round_->Result(); }
 
-  secagg::Stage stage() const { return round_->stage(); }
   bool done() const { return round_->stage() == secagg::Stage::kDone; }
-  bool failed() const { return round_->stage() == secagg::Stage::kFailed; }
   // The deadline of the open key or unmask stage (0: none open, the masked upload runs to the round's deadline).
   int64_t stage_deadline_ns() const;
   uint64_t survivors() const { return survivors_; }
@@ -114,8 +112,6 @@ class SecureRound {
   const std::array<SecureStageView, 4>* ViewOf(const std::string& client) const;
   std::array<secagg::StageBytes, 4> BytesOf(const std::string& client) const;
   const std::vector<std::string>& participant_ids() const { return participants_; }
-  // What the server holds of the updates (a test looks: masked words only until the unmask stage closes).
-  std::span<const uint32_t> running_sum() const { return round_->running_sum(); }
 
  private:
   SecureRound() = default;
