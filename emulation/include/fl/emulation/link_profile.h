@@ -48,13 +48,37 @@ struct MahimahiTrace {
   bool operator==(const MahimahiTrace&) const = default;
 };
 
+// Bursty loss: a two-state Gilbert-Elliott chain, stepped once per packet (good -> bad with p_good_to_bad,
+// bad -> good with p_bad_to_good), each state losing packets at its own rate. Only the packet backend
+// applies it (docs/testbed.md).
+struct BurstLoss {
+  double p_good_to_bad = 0;  // 0 = no bursty loss
+  double p_bad_to_good = 1;
+  double loss_good = 0;
+  double loss_bad = 1;
+
+  bool Enabled() const { return p_good_to_bad > 0; }
+  // The long-run fraction of packets lost: pi_bad * loss_bad + pi_good * loss_good.
+  double StationaryLoss() const {
+    if (!Enabled()) return loss_good;
+    const double pi_bad = p_good_to_bad / (p_good_to_bad + p_bad_to_good);
+    return pi_bad * loss_bad + (1 - pi_bad) * loss_good;
+  }
+  // Mean number of consecutive packets spent in the bad state (1 / p_bad_to_good).
+  double MeanBadRunPackets() const { return p_bad_to_good > 0 ? 1.0 / p_bad_to_good : 0.0; }
+  bool operator==(const BurstLoss&) const = default;
+};
+
 // One direction of a link.
 struct LinkDirection {
   double rate_bps = 0;             // link rate; 0 = unlimited (no shaping)
   double delay_ms = 0;             // one-way propagation delay
   double jitter_ms = 0;            // uniform +- around delay_ms, clamped at 0
-  double loss = 0;                 // packet loss fraction in [0, 1); netem only
+  double loss = 0;                 // random (Bernoulli) packet loss in [0, 1); netem or the packet backend
+  BurstLoss burst_loss;            // bursty loss on top of `loss`; the packet backend only
   uint64_t queue_limit_bytes = 0;  // 0 = default (see EffectiveQueueLimit)
+  uint64_t queue_limit_packets = 0;  // drop-tail by packets as well (0 = bytes only); the packet backend only
+  bool reorder = false;            // jitter may reorder packets (packet backend; default: never)
   bool has_trace = false;
   MahimahiTrace trace;  // when has_trace, replaces rate_bps
 

@@ -1,0 +1,94 @@
+// One direction of a packet-level emulated link, in virtual time: the scheduler of the packet backend
+// (docs/testbed.md, "Packet-level links"). It holds no clock and no socket: the caller offers IP packets
+// with the time they arrived and asks which ones leave by a time, so that the same code runs under the TUN
+// devices' event loop and in unit tests on a virtual clock.
+//
+// A packet's way through one direction, as Mahimahi's mm-link + mm-delay + mm-loss chain it:
+//   1. the bottleneck queue: drop-tail, bounded in bytes (LinkDirection::EffectiveQueueLimit) and, when
+//      queue_limit_packets > 0, in packets; a packet that does not fit is dropped on arrival;
+//   2. the bottleneck: a fixed rate (a packet of B bytes takes B*8/rate to serialise, back to back) or a
+//      Mahimahi trace (each line a 1500-byte delivery opportunity at that ms, the trace repeating with its
+//      period; an opportunity carries whole packets while their bytes fit in 1500, and is lost if the queue
+//      is empty at its time);
+//   3. loss, drawn as the packet leaves the bottleneck (it used its transmission opportunity, as a frame
+//      lost on the air does): Bernoulli(loss), then the Gilbert-Elliott chain (stepped once per packet);
+//   4. one-way delay delay_ms + uniform(-jitter_ms, +jitter_ms), clamped at 0; unless `reorder`, a packet
+//      never leaves before the one ahead of it (its time is raised to its predecessor's).
+// An unlimited direction (no rate, no trace) skips 1-2. Every draw comes from one RNG seeded by `seed`: the
+// same offers at the same times give the same deliveries.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "fl/emulation/link_profile.h"
+
+namespace fl::emulation {
+
+struct Packet {
+  std::vector<uint8_t> bytes;  // one IP packet
+  int64_t arrival_ns = 0;      // when it was offered
+};
+
+struct PacketLinkStats {
+  uint64_t offered = 0;
+  uint64_t offered_bytes = 0;
+  uint64_t dropped_queue = 0;  // drop-tail: did not fit the queue
+  uint64_t lost = 0;           // lost by the loss models (Bernoulli or Gilbert-Elliott)
+  uint64_t lost_burst = 0;     // of `lost`, lost by the Gilbert-Elliott chain
+  uint64_t delivered = 0;
+  uint64_t delivered_bytes = 0;
+  uint64_t opportunities_unused = 0;  // trace opportunities that found the queue empty
+  uint64_t max_queue_bytes = 0;       // high-water mark of the bottleneck queue
+};
+
+enum class OfferResult { kQueued, kDroppedQueue };
+
+class PacketLink {
+ public:
+  // Validates the direction for the packet backend (ranges of delay, jitter, loss, burst_loss, queue; the
+  // error names the field, the value and what is allowed; `field` prefixes the names, e.g. "uplink") and
+  // starts the link's clock at start_ns (a trace's first period begins there).
+  static absl::StatusOr<PacketLink> Create(const LinkDirection& direction, uint64_t seed, int64_t start_ns,
+                                           std::string_view field = "");
+
+  // A packet arrives at the link at now_ns (non-decreasing across calls, as are Deliver's).
+  OfferResult Offer(int64_t now_ns, std::vector<uint8_t> packet);
+  // Appends to `out`, in order, every packet whose time to leave the link is <= now_ns; advances the
+  // bottleneck to now_ns (lost packets are counted, not returned).
+  void Deliver(int64_t now_ns, std::vector<Packet>* out);
+  // The earliest time at which Deliver would return a packet or the bottleneck would move one on; INT64_MAX
+  // when the link holds nothing.
+  int64_t NextEventNs() const;
+
+  const PacketLinkStats& stats() const { return stats_; }
+  uint64_t queued_bytes() const { return queued_bytes_; }
+  size_t queued_packets() const { return queue_.size(); }
+
+ private:
+  PacketLink() = default;
+  // Moves packets from the queue through the bottleneck up to now_ns.
+  void RunBottleneck(int64_t now_ns);
+  // Loss and delay for a packet that left the bottleneck at t_ns.
+  void Depart(Packet p, int64_t t_ns);
+  // The next trace opportunity at or after t_ns.
+  int64_t NextOpportunityNs(int64_t t_ns) const;
+
+  LinkDirection d_;
+  int64_t start_ns_ = 0;
+  std::mt19937_64 rng_;
+  bool burst_bad_ = false;
+  std::deque<Packet> queue_;          // waiting for the bottleneck
+  uint64_t queued_bytes_ = 0;
+  int64_t busy_until_ns_ = 0;         // fixed rate: the bottleneck is serialising until then
+  int64_t next_opportunity_ns_ = 0;   // trace: the next opportunity not yet used or skipped
+  std::deque<Packet> in_flight_;      // left the bottleneck, delayed; arrival_ns = time to leave
+  int64_t last_departure_ns_ = std::numeric_limits<int64_t>::min();
+  PacketLinkStats stats_;
+};
+
+}  // namespace fl::emulation
