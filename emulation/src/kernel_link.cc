@@ -1,19 +1,10 @@
 #include "fl/emulation/kernel_link.h"
 
-#include <fcntl.h>
-#include <sched.h>
-#include <signal.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
-#include <cstring>
 #include <mutex>
 #include <optional>
-#include <set>
-#include <sstream>
-#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -21,100 +12,24 @@
 #include "fl/core/str_cat.h"
 #include "fl/emulation/shaper.h"
 #include "fl/sys/process.h"
+#include "netns_common.h"
 
 namespace fl::emulation {
 namespace {
 
 using fl::sys::RunCommand;
 
-constexpr char kNetnsPrefix[] = "fle_";
-constexpr char kLinkPrefix[] = "fle";
-// The /30s of the links come from 10.213.0.0/16 (16384 links); a host address in use marks its /30 taken.
-constexpr uint32_t kPoolBase = (10u << 24) | (213u << 16);
-constexpr uint32_t kPoolSubnets = 1u << 14;
-constexpr char kLockPath[] = "/run/fl-emulation.lock";
+// The /30s of the links come from 10.213.0.0/16.
+constexpr int kPoolOctet = 213;
 
 std::atomic<int> g_next_index{0};
 
-std::string Hex(uint64_t v) {
-  std::ostringstream os;
-  os << std::hex << v;
-  return os.str();
-}
-
-std::string Ipv4(uint32_t a) { return StrCat(a >> 24, ".", (a >> 16) & 255, ".", (a >> 8) & 255, ".", a & 255); }
-
-bool ProcessAlive(int pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
-
-// Serialises address allocation and setup across processes (parallel test runs).
-class FileLock {
- public:
-  FileLock() {
-    fd_ = open(kLockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd_ >= 0) flock(fd_, LOCK_EX);
-  }
-  ~FileLock() {
-    if (fd_ >= 0) {
-      flock(fd_, LOCK_UN);
-      close(fd_);
-    }
-  }
-  FileLock(const FileLock&) = delete;
-  FileLock& operator=(const FileLock&) = delete;
-
- private:
-  int fd_ = -1;
-};
-
-// Parses "fle<pid hex>_<index hex><side>" (links) or "fle_<pid hex>_<index hex>" (namespaces) -> pid.
-std::optional<int> OwnerPid(const std::string& name, bool netns) {
-  const std::string prefix = netns ? kNetnsPrefix : kLinkPrefix;
-  if (name.rfind(prefix, 0) != 0) return std::nullopt;
-  std::string rest = name.substr(prefix.size());
-  const size_t us = rest.find('_');
-  if (us == std::string::npos || us == 0) return std::nullopt;
-  const std::string pid_hex = rest.substr(0, us);
-  std::string tail = rest.substr(us + 1);
-  if (!netns) {
-    if (tail.size() < 2) return std::nullopt;
-    const char side = tail.back();
-    if (side != 'h' && side != 'n' && side != 'p' && side != 'q') return std::nullopt;
-    tail.pop_back();
-  }
-  for (const std::string* s : {&pid_hex, static_cast<const std::string*>(&tail)}) {
-    if (s->empty() || s->find_first_not_of("0123456789abcdef") != std::string::npos) return std::nullopt;
-  }
-  return static_cast<int>(std::stoul(pid_hex, nullptr, 16));
-}
-
-// The /30 indices whose host address is in use on this host.
-absl::StatusOr<std::set<uint32_t>> UsedSubnets() {
-  auto out = RunCommand({"ip", "-o", "-4", "addr", "show"});
-  if (!out.ok()) return out.status();
-  std::set<uint32_t> used;
-  std::istringstream in(*out);
-  std::string line;
-  while (std::getline(in, line)) {
-    const size_t p = line.find(" inet ");
-    if (p == std::string::npos) continue;
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (std::sscanf(line.c_str() + p + 6, "%u.%u.%u.%u", &a, &b, &c, &d) != 4) continue;
-    const uint32_t addr = (a << 24) | (b << 16) | (c << 8) | d;
-    if ((addr & 0xFFFF0000u) == kPoolBase) used.insert((addr & 0xFFFFu) >> 2);
-  }
-  return used;
-}
-
 }  // namespace
 
-std::string KernelLinkNetnsName(int pid, int index) {
-  return StrCat(kNetnsPrefix, Hex(static_cast<uint64_t>(pid)), "_", Hex(static_cast<uint64_t>(index)));
-}
+std::string KernelLinkNetnsName(int pid, int index) { return netns::NetnsName(netns::kKernelNaming, pid, index); }
 
 std::string KernelLinkInterfaceName(int pid, int index, char side) {
-  // At most 15 characters (IFNAMSIZ - 1): "fle" + 6 hex pid + "_" + up to 4 hex index + side.
-  return StrCat(kLinkPrefix, Hex(static_cast<uint64_t>(pid)), "_", Hex(static_cast<uint64_t>(index) & 0xFFFF),
-                std::string(1, side));
+  return netns::InterfaceName(netns::kKernelNaming, pid, index, side);
 }
 
 absl::StatusOr<NetemSupport> DetectNetem() {
@@ -171,7 +86,7 @@ absl::Status KernelLink::Setup(const KernelLinkOptions& options) {
   host_if_ = KernelLinkInterfaceName(pid, index, 'h');
   ns_if_ = KernelLinkInterfaceName(pid, index, 'n');
   {
-    FileLock lock;
+    netns::FileLock lock;
     if (auto s = RunCommand({"ip", "netns", "add", netns_}); !s.ok()) return s.status();
     netns_created_ = true;
     if (auto s = RunCommand({"ip", "link", "add", host_if_, "type", "veth", "peer", "name", ns_if_, "netns", netns_});
@@ -179,15 +94,10 @@ absl::Status KernelLink::Setup(const KernelLinkOptions& options) {
       return s.status();
     }
     veth_created_ = true;
-    auto used = UsedSubnets();
-    if (!used.ok()) return used.status();
-    uint32_t subnet = 0;
-    while (subnet < kPoolSubnets && used->count(subnet) > 0) ++subnet;
-    if (subnet == kPoolSubnets) {
-      return absl::ResourceExhaustedError("no free /30 left in 10.213.0.0/16 for another kernel link");
-    }
-    host_ip_ = Ipv4(kPoolBase + subnet * 4 + 1);
-    ns_ip_ = Ipv4(kPoolBase + subnet * 4 + 2);
+    auto subnet = netns::AllocateSubnet(kPoolOctet);
+    if (!subnet.ok()) return subnet.status();
+    host_ip_ = subnet->host_ip;
+    ns_ip_ = subnet->peer_ip;
     const std::vector<std::vector<std::string>> steps = {
         {"ip", "addr", "add", StrCat(host_ip_, "/30"), "dev", host_if_},
         {"ip", "link", "set", host_if_, "up"},
@@ -321,69 +231,21 @@ absl::Status KernelLink::Destroy() {
 std::string KernelLink::client_target() const { return relay_ ? StrCat(host_ip_, ":", relay_->port()) : std::string(); }
 
 std::vector<std::string> KernelLink::WrapCommand(const std::vector<std::string>& argv) const {
-  std::vector<std::string> out = {"ip", "netns", "exec", netns_};
-  out.insert(out.end(), argv.begin(), argv.end());
-  return out;
+  return netns::WrapCommand(netns_, argv);
 }
 
 absl::Status KernelLink::RunInNamespace(const std::function<void()>& fn) const {
-  absl::Status status = absl::OkStatus();
-  const std::string path = StrCat("/run/netns/", netns_);
-  std::thread t([&] {
-    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      status = absl::NotFoundError(StrCat("cannot open ", path, ": ", std::strerror(errno)));
-      return;
-    }
-    // setns on this thread only: the rest of the process stays in the host namespace.
-    const int rc = setns(fd, CLONE_NEWNET);
-    const int err = errno;
-    close(fd);
-    if (rc != 0) {
-      status = absl::InternalError(StrCat("setns(", path, "): ", std::strerror(err)));
-      return;
-    }
-    fn();
-  });
-  t.join();
-  return status;
+  return netns::RunInNamespace(netns_, fn);
 }
 
 absl::StatusOr<int> CleanupStaleKernelLinks() {
-  FileLock lock;
+  // Both backends' leftovers: the kernel backend's namespaces and veth pairs, the packet backend's namespaces
+  // (its TUN devices go with their namespace or with the file descriptor of the process that died).
   int removed = 0;
-  auto links = RunCommand({"ip", "-o", "link", "show"});
-  if (!links.ok()) return links.status();
-  std::istringstream lin(*links);
-  std::string line;
-  while (std::getline(lin, line)) {
-    // "12: fle1a2b_0h@if11: <BROADCAST,..."
-    const size_t a = line.find(": ");
-    if (a == std::string::npos) continue;
-    const size_t b = line.find_first_of("@:", a + 2);
-    if (b == std::string::npos) continue;
-    const std::string name = line.substr(a + 2, b - a - 2);
-    const auto owner = OwnerPid(name, false);
-    if (!owner || ProcessAlive(*owner)) continue;
-    // Its peer may already be gone with an earlier deletion in this loop; only a remaining link is an error.
-    auto s = RunCommand({"ip", "link", "del", name});
-    if (s.ok()) {
-      ++removed;
-      spdlog::info("removed stale link {} (process {} is gone)", name, *owner);
-    } else if (RunCommand({"ip", "link", "show", name}).ok()) {
-      return s.status();
-    }
-  }
-  auto namespaces = RunCommand({"ip", "netns", "list"});
-  if (!namespaces.ok()) return namespaces.status();
-  std::istringstream nin(*namespaces);
-  while (std::getline(nin, line)) {
-    const std::string name = line.substr(0, line.find(' '));
-    const auto owner = OwnerPid(name, true);
-    if (!owner || ProcessAlive(*owner)) continue;
-    if (auto s = RunCommand({"ip", "netns", "del", name}); !s.ok()) return s.status();
-    ++removed;
-    spdlog::info("removed stale namespace {} (process {} is gone)", name, *owner);
+  for (const netns::Naming* naming : {&netns::kKernelNaming, &netns::kPacketNaming}) {
+    auto n = netns::CleanupStale(*naming);
+    if (!n.ok()) return n.status();
+    removed += *n;
   }
   return removed;
 }
