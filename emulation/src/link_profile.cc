@@ -4,6 +4,7 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -11,6 +12,7 @@
 #include "fl/config/field_table.h"
 #include "fl/config/yaml_fields.h"
 #include "fl/core/str_cat.h"
+#include "fl/emulation/rate_process.h"
 #include "fl/sys/user_file.h"
 
 namespace fl::emulation {
@@ -56,6 +58,70 @@ bool SplitNumberUnit(std::string_view text, double* number, std::string* unit) {
 constexpr char kRateAllowed[] =
     "a positive rate such as 100mbit, 2.5gbit, 800kbit (units bit, kbit, mbit, gbit), or 'unlimited'";
 
+// burst_loss: a Gilbert-Elliott chain (link_profile.h); every figure a probability.
+config::FieldTable<BurstLoss> BurstLossFields() {
+  using B = BurstLoss;
+  return {
+      config::NumberField("p_good_to_bad", &B::p_good_to_bad, {0, 1})
+          .Allowed("a probability per packet, 0 <= p_good_to_bad <= 1 (0 = no bursty loss)"),
+      config::NumberField("p_bad_to_good", &B::p_bad_to_good, {0, 1})
+          .Allowed("a probability per packet, 0 < p_bad_to_good <= 1 when p_good_to_bad > 0")
+          .Then([](const config::YamlMap& m, B& b) -> absl::Status {
+            // A chain that can enter the bad state but never leave it loses every packet from some point on.
+            if (b.p_good_to_bad > 0 && b.p_bad_to_good <= 0) {
+              return m.Error(m.Has("p_bad_to_good") ? m.Node("p_bad_to_good") : m.node(), "p_bad_to_good",
+                             StrCat("p_bad_to_good ", b.p_bad_to_good, " with p_good_to_bad ", b.p_good_to_bad,
+                                    " never leaves the bad state"),
+                             "0 < p_bad_to_good <= 1 when p_good_to_bad > 0");
+            }
+            return absl::OkStatus();
+          }),
+      config::NumberField("loss_good", &B::loss_good, {0, 1})
+          .Allowed("a fraction of packets lost in the good state, 0 <= loss_good <= 1"),
+      config::NumberField("loss_bad", &B::loss_bad, {0, 1})
+          .Allowed("a fraction of packets lost in the bad state, 0 <= loss_bad <= 1"),
+  };
+}
+
+// rate_process: the figures of a fitted process (rate_process.h); ValidateRateProcess checks across them.
+config::FieldTable<RateProcess> RateProcessFields() {
+  using R = RateProcess;
+  return {
+      config::IntField("interval_ms", &R::interval_ms, 1, 60'000),
+      config::IntField("duration_s", &R::duration_s, 1, 86'400)
+          .Allowed("an integer 1 <= duration_s <= 86400: the generated trace's period (it repeats)"),
+      config::NumberField("lag1_autocorrelation", &R::lag1_autocorrelation, {-1, 1, true})
+          .Allowed("the lag-1 autocorrelation of the per-interval rates, -1 < lag1_autocorrelation < 1")
+          .Required(),
+      config::CustomField<R>(
+          "quantiles_mbit",
+          [](const config::YamlMap& m, const std::string& key, R& r) -> absl::Status {
+            constexpr char kAllowed[] =
+                "a list of 2 to 1001 non-decreasing rates in Mbit/s at evenly spaced probabilities 0..1 "
+                "(fl-link fit-trace writes 41: p0, p2.5, ..., p100)";
+            const YAML::Node v = m.Node(key);
+            if (!v.IsSequence()) {
+              return m.Error(v, key, StrCat("expected a list of numbers, got ", config::DescribeYaml(v)), kAllowed);
+            }
+            r.quantiles_mbit.clear();
+            for (size_t i = 0; i < v.size(); ++i) {
+              const YAML::Node e = v[i];
+              double x = 0;
+              std::string unit;
+              if (!e.IsScalar() || !SplitNumberUnit(e.Scalar(), &x, &unit) || !unit.empty()) {
+                return m.Error(e, StrCat(key, "[", i, "]"), StrCat("expected a number, got ", config::DescribeYaml(e)),
+                               kAllowed);
+              }
+              r.quantiles_mbit.push_back(x);
+            }
+            return absl::OkStatus();
+          })
+          .Required(),
+      config::StringField("source", &R::source),
+      config::IntField("seed", &R::seed, 0, std::numeric_limits<int64_t>::max()),
+  };
+}
+
 // One direction's fields (the allowed keys of uplink: and downlink: are this table's). Trace paths resolve
 // against `base_dir`.
 config::FieldTable<LinkDirection> DirectionFields(const std::filesystem::path& base_dir) {
@@ -73,10 +139,11 @@ config::FieldTable<LinkDirection> DirectionFields(const std::filesystem::path& b
                                d.rate_bps = **r;
                                return absl::OkStatus();
                              }),
-      config::NumberField("delay_ms", &D::delay_ms, {0, 60'000, true})
-          .Allowed("a number of milliseconds, 0 <= delay_ms < 60000"),
-      config::NumberField("jitter_ms", &D::jitter_ms, {0, 60'000, true})
-          .Allowed("a number of milliseconds, 0 <= jitter_ms < 60000")
+      // 10 s one way is far beyond any terrestrial or satellite link; larger values are typing mistakes.
+      config::NumberField("delay_ms", &D::delay_ms, {0, 10'000})
+          .Allowed("a number of milliseconds, 0 <= delay_ms <= 10000"),
+      config::NumberField("jitter_ms", &D::jitter_ms, {0, 10'000})
+          .Allowed("a number of milliseconds, 0 <= jitter_ms <= 10000")
           .Then([](const config::YamlMap& m, D& d) -> absl::Status {
             // Allowed (delays clamp at 0), but a profile that means this should say delay_ms: 0 explicitly.
             if (d.jitter_ms > 0 && d.delay_ms == 0 && !m.Has("delay_ms")) {
@@ -87,6 +154,7 @@ config::FieldTable<LinkDirection> DirectionFields(const std::filesystem::path& b
           }),
       config::NumberField("loss", &D::loss, {0, 1, true})
           .Allowed("a fraction of packets, 0 <= loss < 1 (0.001 = 0.1%)"),
+      config::SectionField("burst_loss", &D::burst_loss, BurstLossFields()),
       config::CustomField<D>(
           "queue_limit",
           [](const config::YamlMap& m, const std::string& key, D& d) -> absl::Status {
@@ -104,6 +172,10 @@ config::FieldTable<LinkDirection> DirectionFields(const std::filesystem::path& b
             d.queue_limit_bytes = **r;
             return absl::OkStatus();
           }),
+      config::IntField("queue_limit_packets", &D::queue_limit_packets, 1, 1'000'000)
+          .Allowed("an integer number of packets, 1 <= queue_limit_packets <= 1000000 (drop-tail by packets, "
+                   "packet backend)"),
+      config::BoolField("reorder", &D::reorder),
       config::CustomField<D>(
           "trace",
           [base_dir](const config::YamlMap& m, const std::string& key, D& d) -> absl::Status {
@@ -121,6 +193,32 @@ config::FieldTable<LinkDirection> DirectionFields(const std::filesystem::path& b
             if (!trace.ok()) return m.Error(v, key, ToStd(trace.status().message()), kAllowed);
             d.has_trace = true;
             d.trace = *std::move(trace);
+            return absl::OkStatus();
+          }),
+      config::CustomField<D>(
+          "rate_process",
+          [](const config::YamlMap& m, const std::string& key, D& d) -> absl::Status {
+            const YAML::Node v = m.Node(key);
+            for (const char* other : {"rate", "trace"}) {
+              if (m.Has(other)) {
+                return m.Error(v, key,
+                               StrCat("a direction has one of rate, trace and rate_process; this one also has ", other),
+                               "rate_process without rate and trace");
+              }
+            }
+            absl::StatusOr<std::optional<config::YamlMap>> map = m.Map(key, RateProcessFields().Describe());
+            if (!map.ok()) return map.status();
+            RateProcess process;
+            if (absl::Status s = RateProcessFields().Read(**map, process); !s.ok()) return s;
+            if (absl::Status s = ValidateRateProcess(process); !s.ok()) {
+              return m.Error(v, key, ToStd(s.message()));
+            }
+            absl::StatusOr<MahimahiTrace> trace = GenerateTrace(process);
+            if (!trace.ok()) return m.Error(v, key, ToStd(trace.status().message()));
+            d.has_trace = true;
+            d.trace = *std::move(trace);
+            d.has_rate_process = true;
+            d.rate_process = std::move(process);
             return absl::OkStatus();
           }),
   };
@@ -246,7 +344,12 @@ absl::StatusOr<MahimahiTrace> LoadMahimahiTrace(const std::filesystem::path& pat
     rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
     ++line_no;
     const std::string_view t = Trim(line);
-    if (t.empty()) continue;
+    if (t.empty()) {
+      if (rest.empty()) break;  // the final newline
+      return absl::InvalidArgumentError(StrCat(path.string(), ":", line_no,
+                                               ": an empty line; every line must hold one integer ms timestamp "
+                                               "(mm-link refuses blank lines too)"));
+    }
     uint64_t ms = 0;
     auto [ptr, ec] = std::from_chars(t.data(), t.data() + t.size(), ms);
     if (ec != std::errc() || ptr != t.data() + t.size()) {
@@ -308,7 +411,17 @@ std::string LinkProfileToYaml(const LinkProfile& profile) {
   for (int i = 0; i < 2; ++i) {
     const LinkDirection& d = i == 0 ? profile.uplink : profile.downlink;
     out << YAML::Key << (i == 0 ? "uplink" : "downlink") << YAML::Value << YAML::BeginMap;
-    if (d.has_trace) {
+    if (d.has_rate_process) {
+      const RateProcess& r = d.rate_process;
+      out << YAML::Key << "rate_process" << YAML::Value << YAML::Flow << YAML::BeginMap;
+      out << YAML::Key << "interval_ms" << YAML::Value << r.interval_ms;
+      out << YAML::Key << "duration_s" << YAML::Value << r.duration_s;
+      out << YAML::Key << "lag1_autocorrelation" << YAML::Value << r.lag1_autocorrelation;
+      out << YAML::Key << "quantiles_mbit" << YAML::Value << YAML::Flow << r.quantiles_mbit;
+      out << YAML::Key << "source" << YAML::Value << r.source;
+      out << YAML::Key << "seed" << YAML::Value << r.seed;
+      out << YAML::EndMap;
+    } else if (d.has_trace) {
       out << YAML::Key << "trace" << YAML::Value << d.trace.path;
     } else {
       out << YAML::Key << "rate" << YAML::Value << FormatRate(d.rate_bps);
@@ -317,6 +430,18 @@ std::string LinkProfileToYaml(const LinkProfile& profile) {
     out << YAML::Key << "jitter_ms" << YAML::Value << d.jitter_ms;
     out << YAML::Key << "loss" << YAML::Value << d.loss;
     if (d.queue_limit_bytes > 0) out << YAML::Key << "queue_limit" << YAML::Value << d.queue_limit_bytes;
+    if (d.burst_loss != BurstLoss{}) {
+      out << YAML::Key << "burst_loss" << YAML::Value << YAML::Flow << YAML::BeginMap;
+      out << YAML::Key << "p_good_to_bad" << YAML::Value << d.burst_loss.p_good_to_bad;
+      out << YAML::Key << "p_bad_to_good" << YAML::Value << d.burst_loss.p_bad_to_good;
+      out << YAML::Key << "loss_good" << YAML::Value << d.burst_loss.loss_good;
+      out << YAML::Key << "loss_bad" << YAML::Value << d.burst_loss.loss_bad;
+      out << YAML::EndMap;
+    }
+    if (d.queue_limit_packets > 0) {
+      out << YAML::Key << "queue_limit_packets" << YAML::Value << d.queue_limit_packets;
+    }
+    if (d.reorder) out << YAML::Key << "reorder" << YAML::Value << true;
     out << YAML::EndMap;
   }
   out << YAML::EndMap;

@@ -6,10 +6,14 @@
 //                                                     in ARGS becomes the address to connect to)
 //   fl-link cleanup                                   remove namespaces/links left by crashed runs
 //   fl-link calibrate PROFILE... [--backend userspace|kernel|both] [--write]
+//   fl-link fit-trace FILE.mahi [--interval-ms 1000] [--source TEXT]
+//                                                     fit a rate process to a measured trace (a profile's
+//                                                     rate_process: block) and compare a generated trace
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -24,6 +28,7 @@
 #include "fl/emulation/calibrate.h"
 #include "fl/emulation/kernel_link.h"
 #include "fl/emulation/link_profile.h"
+#include "fl/emulation/rate_process.h"
 #include "fl/emulation/shaping_relay.h"
 #include "fl/sys/process.h"
 
@@ -198,6 +203,53 @@ int Calibrate(const std::vector<std::string>& paths, const std::string& backend,
   return rc;
 }
 
+std::string StatsRow(const std::string& label, const fe::RateStats& s) {
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "#   %-22s %9zu %9.2f %9.2f %9.2f %9.2f %6.3f\n", label.c_str(), s.intervals,
+                s.mean_mbit, s.p5_mbit, s.median_mbit, s.p95_mbit, s.lag1);
+  return buf;
+}
+
+// fit-trace: the rate_process block a profile ships, and the statistics of the source and of a trace generated
+// from the fit (the same figures ../shared/traces/README.md tabulates).
+int FitTrace(const std::string& path, uint64_t interval_ms, std::string source) {
+  if (path.ends_with(".gz")) {
+    std::cerr << path << ": a gzip-compressed trace; decompress it first (gunzip -k " << path
+              << ") and fit the plain file\n";
+    return 1;
+  }
+  absl::StatusOr<fe::MahimahiTrace> trace = fe::LoadMahimahiTrace(path);
+  if (!trace.ok()) {
+    std::cerr << trace.status().message() << "\n";
+    return 1;
+  }
+  if (source.empty()) source = fl::StrCat(path, " (fitted)");
+  absl::StatusOr<fe::RateProcess> process = fe::FitRateProcess(*trace, interval_ms, source);
+  if (!process.ok()) {
+    std::cerr << process.status().message() << "\n";
+    return 1;
+  }
+  absl::StatusOr<fe::MahimahiTrace> generated = fe::GenerateTrace(*process);
+  if (!generated.ok()) {
+    std::cerr << generated.status().message() << "\n";
+    return 1;
+  }
+  absl::StatusOr<std::vector<double>> source_rates = fe::IntervalRatesMbit(*trace, interval_ms);
+  absl::StatusOr<std::vector<double>> generated_rates = fe::IntervalRatesMbit(*generated, interval_ms);
+  if (!source_rates.ok() || !generated_rates.ok()) {
+    std::cerr << (source_rates.ok() ? generated_rates.status() : source_rates.status()).message() << "\n";
+    return 1;
+  }
+  std::cout << "# fl-link fit-trace " << path << " --interval-ms " << interval_ms << "\n"
+            << "rate_process: " << fe::RateProcessToYamlFlow(*process) << "\n"
+            << "# per-interval rates in Mbit/s (" << interval_ms
+            << " ms intervals; quantiles_mbit at p0, p2.5, ..., p100)\n"
+            << "#   " << std::string(22, ' ') << " intervals      mean        p5    median       p95   lag1\n"
+            << StatsRow("source", fe::ComputeRateStats(*source_rates))
+            << StatsRow(fl::StrCat("generated (seed ", process->seed, ")"), fe::ComputeRateStats(*generated_rates));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -246,6 +298,15 @@ int main(int argc, char** argv) {
   cal->add_option("--seconds", seconds, "bulk transfer length per direction")->check(CLI::Range(0.2, 60.0));
   cal->add_option("--pings", pings, "round trips to measure")->check(CLI::Range(1, 10000));
 
+  std::string fit_path, fit_source;
+  uint64_t fit_interval_ms = 1000;
+  auto* fit = app.add_subcommand("fit-trace", "fit a rate process (a profile's rate_process: block) to a trace");
+  fit->add_option("trace", fit_path, "Mahimahi trace file (plain text; gunzip a .gz first)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  fit->add_option("--interval-ms", fit_interval_ms, "interval of the per-interval rates")->check(CLI::Range(1, 60000));
+  fit->add_option("--source", fit_source, "the source: text of the block (default: the path, \"(fitted)\")");
+
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));
   if (*check) return Check(check_paths);
@@ -261,5 +322,6 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (*cal) return Calibrate(cal_paths, backend, write, seconds, pings);
+  if (*fit) return FitTrace(fit_path, fit_interval_ms, fit_source);
   return 0;
 }

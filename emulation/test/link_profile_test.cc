@@ -102,7 +102,8 @@ TEST_F(LinkProfileFileTest, UnknownKeyNamesFileFieldLineAndAllowedKeys) {
   const std::string m = Message(p.status());
   EXPECT_THAT(m, HasSubstr(StrCat(path.string(), ":4:")));
   EXPECT_THAT(m, HasSubstr("uplink.latency_ms: unknown key"));
-  EXPECT_THAT(m, HasSubstr("allowed: rate, delay_ms, jitter_ms, loss, queue_limit, trace"));
+  EXPECT_THAT(m, HasSubstr("allowed: rate, delay_ms, jitter_ms, loss, burst_loss, queue_limit, queue_limit_packets, "
+                           "reorder, trace, rate_process"));
 }
 
 TEST_F(LinkProfileFileTest, NegativeRateIsAnError) {
@@ -223,6 +224,153 @@ TEST_F(LinkProfileFileTest, YamlOutputParsesBackToTheSameProfile) {
   EXPECT_DOUBLE_EQ(q->uplink.loss, 0.001);
   EXPECT_DOUBLE_EQ(q->downlink.rate_bps, 150e6);
   EXPECT_EQ(q->downlink.queue_limit_bytes, 100000u);
+}
+
+TEST_F(LinkProfileFileTest, PacketBackendFieldsParseAndRoundTrip) {
+  auto p = LoadLinkProfile(Write("pk.yaml",
+                                 "uplink:\n  rate: 10mbit\n  delay_ms: 10000\n  loss: 0.01\n"
+                                 "  burst_loss: {p_good_to_bad: 0.001, p_bad_to_good: 0.25, loss_good: 0, loss_bad: "
+                                 "0.5}\n  queue_limit_packets: 64\n  reorder: true\ndownlink: {}\n"));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_DOUBLE_EQ(p->uplink.delay_ms, 10000);
+  EXPECT_DOUBLE_EQ(p->uplink.burst_loss.p_good_to_bad, 0.001);
+  EXPECT_DOUBLE_EQ(p->uplink.burst_loss.p_bad_to_good, 0.25);
+  EXPECT_DOUBLE_EQ(p->uplink.burst_loss.loss_bad, 0.5);
+  EXPECT_EQ(p->uplink.queue_limit_packets, 64u);
+  EXPECT_TRUE(p->uplink.reorder);
+  EXPECT_FALSE(p->downlink.reorder);
+  EXPECT_EQ(p->downlink.burst_loss, BurstLoss{});
+  auto q = ParseLinkProfile(YAML::Load(LinkProfileToYaml(*p)), YamlContext{});
+  ASSERT_TRUE(q.ok()) << q.status() << "\n" << LinkProfileToYaml(*p);
+  q->source = p->source;
+  q->name = p->name;
+  EXPECT_EQ(*q, *p);
+}
+
+TEST_F(LinkProfileFileTest, PacketBackendFieldsRefuseBadValuesNamingFieldValueAndAllowed) {
+  struct Case {
+    const char* yaml;
+    const char* message;
+  };
+  for (const Case c : {
+           Case{"  burst_loss: {p_good_to_bad: 1.5}\n",
+                "uplink.burst_loss.p_good_to_bad: value 1.5 is out of range; allowed: a probability per packet"},
+           Case{"  burst_loss: {p_good_to_bad: 0.1, p_bad_to_good: 0}\n",
+                "uplink.burst_loss.p_bad_to_good: p_bad_to_good 0 with p_good_to_bad 0.1 never leaves the bad state; "
+                "allowed: 0 < p_bad_to_good <= 1 when p_good_to_bad > 0"},
+           Case{"  burst_loss: {loss_good: -0.1}\n", "uplink.burst_loss.loss_good: value -0.1 is out of range"},
+           Case{"  burst_loss: {loss_bad: 2}\n", "uplink.burst_loss.loss_bad: value 2 is out of range"},
+           Case{"  burst_loss: {p_loss: 2}\n", "uplink.burst_loss.p_loss: unknown key"},
+           Case{"  burst_loss: 0.1\n", "uplink.burst_loss: expected a map"},
+           Case{"  queue_limit_packets: 0\n",
+                "uplink.queue_limit_packets: value 0 is out of range; allowed: an integer number of packets, 1 <="},
+           Case{"  queue_limit_packets: 2.5\n", "uplink.queue_limit_packets: expected an integer"},
+           Case{"  reorder: maybe\n", "uplink.reorder: expected"},
+           Case{"  delay_ms: 10001\n",
+                "uplink.delay_ms: value 10001 is out of range; allowed: a number of "
+                "milliseconds, 0 <= delay_ms <= 10000"},
+           Case{"  delay_ms: 1\n  jitter_ms: 20000\n", "uplink.jitter_ms: value 20000 is out of range"},
+       }) {
+    auto p = LoadLinkProfile(Write("bad.yaml", StrCat("uplink:\n", c.yaml, "downlink: {}\n")));
+    ASSERT_FALSE(p.ok()) << c.yaml;
+    EXPECT_THAT(Message(p.status()), HasSubstr(c.message)) << c.yaml;
+  }
+}
+
+constexpr char kProcess[] =
+    "{interval_ms: 1000, duration_s: 30, lag1_autocorrelation: 0.6, quantiles_mbit: [2, 5, 10, 15, 18], "
+    "source: \"test\", seed: 3}";
+
+TEST_F(LinkProfileFileTest, RateProcessBecomesAGeneratedTraceAndRoundTrips) {
+  auto p = LoadLinkProfile(Write(
+      "rp.yaml", StrCat("uplink:\n  rate_process: ", kProcess, "\n  delay_ms: 12\n", "downlink: {rate: 40mbit}\n")));
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE(p->uplink.has_trace);
+  ASSERT_TRUE(p->uplink.has_rate_process);
+  EXPECT_EQ(p->uplink.trace.period_ms, 30'000u);
+  EXPECT_THAT(p->uplink.trace.path, HasSubstr("rate_process(seed 3"));
+  EXPECT_THAT(p->uplink.trace.path, HasSubstr("from test"));
+  EXPECT_EQ(p->uplink.rate_process.quantiles_mbit, (std::vector<double>{2, 5, 10, 15, 18}));
+  // Between the smallest and the largest quantile on average; the exact figures are rate_process_test's.
+  EXPECT_GT(p->uplink.NominalRateBps(), 2e6);
+  EXPECT_LT(p->uplink.NominalRateBps(), 18e6);
+  // Written back as the process (not the generated trace's name), and read back to the same trace.
+  const std::string yaml = LinkProfileToYaml(*p);
+  EXPECT_THAT(yaml, HasSubstr("rate_process:"));
+  auto q = ParseLinkProfile(YAML::Load(yaml), YamlContext{});
+  ASSERT_TRUE(q.ok()) << q.status() << "\n" << yaml;
+  EXPECT_EQ(q->uplink, p->uplink);
+}
+
+TEST_F(LinkProfileFileTest, RateProcessRefusesBadFiguresAndOtherCapacities) {
+  struct Case {
+    std::string yaml;
+    const char* message;
+  };
+  for (const Case& c : {
+           Case{StrCat("  rate: 1mbit\n  rate_process: ", kProcess, "\n"),
+                "uplink.rate_process: a direction has one of rate, trace and rate_process; this one also has rate"},
+           Case{StrCat("  trace: ok.trace\n  rate_process: ", kProcess, "\n"), "this one also has trace"},
+           Case{"  rate_process: {lag1_autocorrelation: 0.5, quantiles_mbit: [3, 1]}\n",
+                "uplink.rate_process: quantiles_mbit[1] = 1 is below quantiles_mbit[0] = 3; allowed: non-decreasing"},
+           Case{"  rate_process: {lag1_autocorrelation: 0.5, quantiles_mbit: [1]}\n",
+                "quantiles_mbit has 1 values; allowed: 2 to 1001"},
+           Case{"  rate_process: {lag1_autocorrelation: 0.5, quantiles_mbit: [1, fast]}\n",
+                "uplink.rate_process.quantiles_mbit[1]: expected a number, got \"fast\""},
+           Case{"  rate_process: {lag1_autocorrelation: 0.5, quantiles_mbit: 3}\n",
+                "uplink.rate_process.quantiles_mbit: expected a list of numbers"},
+           Case{"  rate_process: {lag1_autocorrelation: 1, quantiles_mbit: [1, 2]}\n",
+                "uplink.rate_process.lag1_autocorrelation: value 1 is out of range; allowed: the lag-1"},
+           Case{"  rate_process: {quantiles_mbit: [1, 2]}\n", "uplink.rate_process.lag1_autocorrelation: missing"},
+           Case{"  rate_process: {lag1_autocorrelation: 0}\n", "uplink.rate_process.quantiles_mbit: missing"},
+           Case{"  rate_process: {lag1_autocorrelation: 0, quantiles_mbit: [0, 0]}\n", "all 0"},
+           Case{"  rate_process: {lag1_autocorrelation: 0, quantiles_mbit: [1, 2], duration_s: 0}\n",
+                "uplink.rate_process.duration_s: value 0 is out of range"},
+           Case{"  rate_process: {lag1_autocorrelation: 0, quantiles_mbit: [1, 2], interval_ms: 0}\n",
+                "uplink.rate_process.interval_ms: value 0 is out of range"},
+           Case{"  rate_process: {lag1_autocorrelation: 0, quantiles_mbit: [1, 2], period: 3}\n",
+                "uplink.rate_process.period: unknown key"},
+           Case{"  rate_process: {lag1_autocorrelation: 0, quantiles_mbit: [900000, 1000000], duration_s: 86400}\n",
+                "shorten duration_s"},
+       }) {
+    Write("ok.trace", "1\n2\n");
+    auto p = LoadLinkProfile(Write("bad.yaml", StrCat("uplink:\n", c.yaml, "downlink: {}\n")));
+    ASSERT_FALSE(p.ok()) << c.yaml;
+    EXPECT_THAT(Message(p.status()), HasSubstr(c.message)) << c.yaml;
+  }
+}
+
+TEST_F(LinkProfileFileTest, BadTracesAreRefusedNamingFileLineValueAndWhatIsAllowed) {
+  struct Case {
+    const char* text;
+    const char* message;
+  };
+  for (const Case c : {
+           Case{"", "a trace needs at least one line and a last timestamp above 0"},
+           Case{"0\n0\n", "a trace needs at least one line and a last timestamp above 0"},
+           Case{"1\n5\n3\n",
+                "t.trace:3: timestamp 3 is smaller than the previous one (5); timestamps must not "
+                "decrease"},
+           Case{"1\n2.5\n", "t.trace:2: '2.5' is not a non-negative integer ms timestamp"},
+           Case{"1\n-4\n", "t.trace:2: '-4' is not a non-negative integer"},
+           Case{"1\n99999999999999999999999\n", "t.trace:2: '99999999999999999999999' is not a non-negative"},
+           Case{"1\n\n2\n", "t.trace:2: an empty line; every line must hold one integer ms timestamp"},
+       }) {
+    const auto path = Write("t.trace", c.text);
+    absl::StatusOr<MahimahiTrace> t = LoadMahimahiTrace(path);
+    ASSERT_FALSE(t.ok()) << c.text;
+    EXPECT_THAT(Message(t.status()), HasSubstr(c.message)) << c.text;
+    EXPECT_THAT(Message(t.status()), HasSubstr(path.string())) << c.text;
+  }
+  // One byte over the limit (a sparse file: nothing is written) is refused before it is read.
+  const auto big = Write("big.trace", "");
+  std::filesystem::resize_file(big, kMaxTraceBytes + 1);
+  absl::StatusOr<MahimahiTrace> t = LoadMahimahiTrace(big);
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(Message(t.status()), HasSubstr(StrCat(kMaxTraceBytes + 1, " bytes, over the limit of ", kMaxTraceBytes)));
+  // A final newline is not an empty line.
+  EXPECT_TRUE(LoadMahimahiTrace(Write("ok.trace", "1\n2\n")).ok());
+  EXPECT_TRUE(LoadMahimahiTrace(Write("ok2.trace", "1\n2")).ok());
 }
 
 // The repository's profiles load, and carry the starting values of ../shared/REFERENCES.md.

@@ -8,10 +8,19 @@
 //     rate: 100mbit    # bits/s; units bit, kbit, mbit, gbit (SI, as tc writes them); absent = unlimited
 //     delay_ms: 3      # one-way delay
 //     jitter_ms: 2     # each chunk's delay is delay +- jitter (uniform), never reordering bytes
-//     loss: 0.001      # fraction of packets; applied only by netem (see docs/testbed.md)
+//     loss: 0.001      # random loss, fraction of packets; applied by netem or the packet backend
+//     burst_loss: {p_good_to_bad: 0.001, p_bad_to_good: 0.3, loss_good: 0, loss_bad: 0.5}  # packet backend
 //     queue_limit: 256kib   # bytes waiting for the bottleneck; units b, kb, kib, mb, mib
+//     queue_limit_packets: 100  # drop-tail by packets as well (packet backend)
+//     reorder: false   # whether jitter may reorder packets (packet backend)
 //     trace: traces/x.trace # Mahimahi delivery trace (replaces rate), relative to the profile's folder
+//     rate_process: {interval_ms: 1000, duration_s: 120, lag1_autocorrelation: 0.6,
+//                    quantiles_mbit: [...], source: "...", seed: 1}   # a fitted process (rate_process.h)
 //   downlink: { ... }  # server -> client
+//
+// `rate`, `trace` and `rate_process` are mutually exclusive. A rate process is turned into a generated trace
+// when the profile is read (has_trace, trace.path naming the process and its seed), so a backend only ever
+// sees a fixed rate or a trace.
 //
 // Validation is strict: an unknown key, a wrong type or an out-of-range value is an error that names the
 // file, the field path, the line and what is allowed. The manifest loader embeds inline profiles through
@@ -69,18 +78,35 @@ struct BurstLoss {
   bool operator==(const BurstLoss&) const = default;
 };
 
+// A fitted rate process (rate_process.h fits and generates it): per-interval rates whose marginal distribution
+// is the piecewise-linear quantile function through `quantiles_mbit` (at the evenly spaced probabilities
+// 0, 1/(n-1), ..., 1) and whose lag-1 autocorrelation is `lag1_autocorrelation` (a Gaussian AR(1) mapped
+// through that quantile function). A profile stores the figures, never the measured trace.
+struct RateProcess {
+  uint64_t interval_ms = 1000;         // each rate holds for one interval
+  uint64_t duration_s = 120;           // the generated trace's loop period
+  double lag1_autocorrelation = 0;     // of the per-interval rates, in (-1, 1)
+  std::vector<double> quantiles_mbit;  // >= 2 values, non-decreasing, >= 0, the last > 0
+  std::string source;                  // what it was fitted from (free text)
+  uint64_t seed = 1;                   // the generator's seed: the same seed gives the same trace
+  bool operator==(const RateProcess&) const = default;
+};
+
 // One direction of a link.
 struct LinkDirection {
-  double rate_bps = 0;             // link rate; 0 = unlimited (no shaping)
-  double delay_ms = 0;             // one-way propagation delay
-  double jitter_ms = 0;            // uniform +- around delay_ms, clamped at 0
-  double loss = 0;                 // random (Bernoulli) packet loss in [0, 1); netem or the packet backend
-  BurstLoss burst_loss;            // bursty loss on top of `loss`; the packet backend only
-  uint64_t queue_limit_bytes = 0;  // 0 = default (see EffectiveQueueLimit)
+  double rate_bps = 0;               // link rate; 0 = unlimited (no shaping)
+  double delay_ms = 0;               // one-way propagation delay
+  double jitter_ms = 0;              // uniform +- around delay_ms, clamped at 0
+  double loss = 0;                   // random (Bernoulli) packet loss in [0, 1); netem or the packet backend
+  BurstLoss burst_loss;              // bursty loss on top of `loss`; the packet backend only
+  uint64_t queue_limit_bytes = 0;    // 0 = default (see EffectiveQueueLimit)
   uint64_t queue_limit_packets = 0;  // drop-tail by packets as well (0 = bytes only); the packet backend only
-  bool reorder = false;            // jitter may reorder packets (packet backend; default: never)
+  bool reorder = false;              // jitter may reorder packets (packet backend; default: never)
   bool has_trace = false;
   MahimahiTrace trace;  // when has_trace, replaces rate_bps
+  // When the trace was generated from a rate process (written back as the process, not the trace).
+  bool has_rate_process = false;
+  RateProcess rate_process;
 
   // The rate the direction offers on average (the trace's mean when there is one); 0 = unlimited.
   double NominalRateBps() const;
@@ -119,7 +145,8 @@ absl::StatusOr<uint64_t> ParseByteSize(std::string_view text);
 // Formats bits/s as tc would write it ("100mbit", "2.5gbit", "800kbit").
 std::string FormatRate(double bps);
 
-// The largest trace file read. Mahimahi's published cellular traces are 0.1-2 MB; 32 MiB holds a 1 Gbit/s link
+// The largest trace file read, and (kMaxTraceBytes / 2, lines of "0\n") the most delivery opportunities a
+// generated trace may hold. Mahimahi's published cellular traces are 0.1-2 MB; 32 MiB holds a 1 Gbit/s link
 // (83,000 lines a second) for about 50 s, and the trace repeats. Each line becomes 8 bytes in memory, so a
 // trace costs at most 4 times its size (lines of "0\n").
 inline constexpr uint64_t kMaxTraceBytes = uint64_t{32} << 20;
