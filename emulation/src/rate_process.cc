@@ -176,7 +176,7 @@ double QuantileFunction(const std::vector<double>& q, double u) {
 double GaussianLag1For(const std::vector<double>& quantiles_mbit, double target) {
   // Midpoint rule on [-6, 6] with normal weights: the mapped rates are bounded (the quantiles), so the
   // truncated tails contribute below 1e-8 of the moments.
-  constexpr int kPoints = 241;
+  constexpr int kPoints = 161;
   constexpr double kLo = -6, kHi = 6;
   constexpr double kStep = (kHi - kLo) / kPoints;
   std::vector<double> z(kPoints), w(kPoints), g(kPoints);
