@@ -260,6 +260,7 @@ const config::FieldTable<Emulation>& EmulationFields() {
       config::ChoiceField("backend", &Emulation::backend, {"auto", "none", "userspace", "kernel"}),
       config::NumberField("host_relative_speed", &Emulation::host_relative_speed, {1e-3, 1e6}),
       config::BoolField("virtual_clients", &Emulation::virtual_clients).NewInRecords(),
+      config::ChoiceField("devices", &Emulation::devices, {"auto", "duty-cycle", "cpu-quota"}).NewInRecords(),
   };
   return table;
 }
@@ -710,6 +711,8 @@ absl::StatusOr<Manifest> ManifestFromResolvedJson(const std::string& json, const
     FromRecord(j.at("training"), TrainingFields(nullptr), m.training);
     if (absl::Status s = SettingsFromRecord(j, m.settings); !s.ok()) return s;
     FromRecord(j.at("emulation"), EmulationFields(), m.emulation);
+    // Recorded before emulation.devices existed: those runs slowed devices by the duty cycle only.
+    if (!j.at("emulation").contains("devices")) m.emulation.devices = "duty-cycle";
     // Recorded before the security section existed: the default, mutual TLS with a throwaway CA. Those runs
     // were plaintext, but a replay is no reason to serve a model in the clear; the outcomes do not depend on it.
     if (j.contains("security")) FromRecord(j.at("security"), SecurityFields(), m.security);

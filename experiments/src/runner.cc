@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -23,6 +24,7 @@
 #include "fl/instrumentation/experiment_manifests.h"
 #include "fl/instrumentation/record_reader.h"
 #include "fl/pki/pki.h"
+#include "fl/sys/cpu_quota.h"
 #include "fl/sys/process_group.h"
 
 namespace fl::experiment {
@@ -80,7 +82,15 @@ struct ClientPlan {
   bool started = false;
   bool leaving = false;      // it was told to leave: its exit is expected
   bool secagg_drop = false;  // one client (instances == 0) of the group's first ceil(F x count): it drops
+  DeviceEmulation device;    // its group's (ResolveDevices): fl-client --slowdown, and a cpu quota or not
 };
+
+// Whether group `g` runs as one fl-client --instances process (virtual clients) rather than a process per client.
+// Virtual clients need one process to reach every instance's link: the userspace relays (a port each) can, the
+// kernel backend's namespaces cannot (a process is in one).
+bool RunsAsVirtualClients(const Manifest& m, const ClientGroup& g, const std::string& backend) {
+  return m.emulation.virtual_clients && backend != "kernel" && (g.count > 1 || g.HasSchedule());
+}
 
 // How many of a group's `count` clients drop after the shares: ceil(F x count), as fl-client --instances counts
 // its dropping instances (client/src/instances.cc), so that both ways of running a group drop the same clients.
@@ -157,6 +167,8 @@ std::vector<std::string> ServerArgs(const Manifest& m, const RunOptions& o, cons
 std::vector<std::string> ClientArgs(const Manifest& m, const RunOptions& o, const ClientPlan& c,
                                     const std::string& server_addr, const RunPki& tls, bool via_forwarder) {
   const ClientGroup& g = *c.group;
+  // Under a cpu quota the kernel slows the whole process: no duty cycle on top.
+  const double slowdown = c.device.mode == "duty-cycle" ? c.device.slowdown : 1.0;
   std::vector<std::string> a = {o.client_bin.string(),
                                 "--server",
                                 server_addr,
@@ -173,7 +185,7 @@ std::vector<std::string> ClientArgs(const Manifest& m, const RunOptions& o, cons
                                 "--device",
                                 "cpu",
                                 "--slowdown",
-                                Fmt(SlowdownFor(m, g.device)),
+                                Fmt(slowdown),
                                 "--give-up-after-s",
                                 "60",
                                 "--log-level",
@@ -269,9 +281,53 @@ absl::StatusOr<std::string> ResolveBackend(const Manifest& m) {
   return std::string("userspace");
 }
 
+double DeviceQuotaCores(const Manifest& m, const ClientGroup& g) {
+  const double machine = std::max(1u, std::thread::hardware_concurrency());
+  const uint32_t threads = ClientSettingsFor(m, g).threads;
+  const double busy = threads == 0 ? machine : std::min<double>(threads, machine);
+  return busy / SlowdownFor(m, g.device);
+}
+
+absl::StatusOr<std::vector<DeviceEmulation>> ResolveDevices(const Manifest& m, const std::string& backend) {
+  const std::string& asked = m.emulation.devices;
+  std::optional<absl::Status> support;  // CpuQuotaSupport(), asked once and only where a quota is wanted
+  std::vector<DeviceEmulation> out;
+  for (const ClientGroup& g : m.clients) {
+    DeviceEmulation d;
+    d.slowdown = SlowdownFor(m, g.device);
+    d.mode = d.slowdown > 1 ? "duty-cycle" : "host";
+    if (d.slowdown > 1 && asked != "duty-cycle") {
+      if (RunsAsVirtualClients(m, g, backend)) {
+        d.why = "virtual clients (fl-client --instances): a quota would slow the process's clients together";
+      } else {
+        if (!support.has_value()) support = fl::sys::CpuQuotaSupport().status();
+        const double cores = DeviceQuotaCores(m, g);
+        absl::Status s = *support;
+        if (s.ok()) s = fl::sys::ValidateCores(cores);
+        if (s.ok()) {
+          d.mode = "cpu-quota";
+          d.cores = cores;
+        } else if (asked == "cpu-quota") {
+          return absl::Status(
+              s.code(), fl::StrCat(m.path, ": emulation.devices is cpu-quota, but clients group ", g.name, " (device ",
+                                   g.device.name, ", slowdown ", Fmt(d.slowdown), ") cannot have its quota of ",
+                                   Fmt(cores), " cores: ", fl::ToStd(s.message()), "; or use devices: duty-cycle"));
+        } else {
+          d.why = fl::ToStd(s.message());
+        }
+      }
+    }
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
 absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) {
   absl::StatusOr<std::string> backend = ResolveBackend(m);
   if (!backend.ok()) return backend.status();
+  // Before anything starts: how each group's devices are slowed (a refusal names what the machine lacks).
+  absl::StatusOr<std::vector<DeviceEmulation>> devices = ResolveDevices(m, *backend);
+  if (!devices.ok()) return devices.status();
   // Before anything starts: a diurnal schedule is fl-client --instances's, so it needs virtual clients.
   for (const ClientGroup& g : m.clients) {
     const std::string field = g.period_s > 0 ? "period_s" : "trace";
@@ -327,14 +383,23 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
   // Plan every client; links are set up as each client starts.
   std::vector<ClientPlan> plans;
   uint32_t index = 0;
-  // Virtual clients need one process to reach every instance's link: the userspace relays (a port each) can,
-  // the kernel backend's namespaces cannot (a process is in one).
-  const bool virtual_clients = m.emulation.virtual_clients && *backend != "kernel";
   for (const ClientGroup& g : m.clients) {
-    if (virtual_clients && (g.count > 1 || g.HasSchedule())) {
+    const DeviceEmulation& device = (*devices)[&g - m.clients.data()];
+    if (!o.quiet && device.mode == "cpu-quota") {
+      spdlog::info(
+          "clients {}: device {} (slowdown {}): the whole process in a cpu quota of {} cores, fl-client "
+          "--slowdown 1",
+          g.name, g.device.name, Fmt(device.slowdown), Fmt(device.cores));
+    } else if (!o.quiet && device.mode == "duty-cycle") {
+      spdlog::info("clients {}: device {} (slowdown {}): duty cycle, training only (fl-client --slowdown {}){}", g.name,
+                   g.device.name, Fmt(device.slowdown), Fmt(device.slowdown),
+                   device.why.empty() ? std::string() : fl::StrCat("; no cpu quota: ", device.why));
+    }
+    if (RunsAsVirtualClients(m, g, *backend)) {
       ClientPlan p;
       p.name = fl::StrCat(g.name, "-instances");
       p.group = &g;
+      p.device = device;
       p.index = index;
       p.instances = g.count;
       p.start_at_s = g.start_delay_s;
@@ -351,11 +416,14 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
       p.start_at_s = g.start_delay_s;
       p.leave_at_s = g.leave_after_s > 0 ? g.start_delay_s + g.leave_after_s : 0;
       p.secagg_drop = i < SecAggDroppingClients(g.secagg_drop_after_shares, g.count);
+      p.device = device;
       plans.push_back(p);
     }
   }
   std::vector<std::unique_ptr<emulation::ShapingRelay>> relays;
   std::vector<std::unique_ptr<emulation::KernelLink>> kernel_links;
+  // One cpu quota per slowed client process; each removes its cgroup when destroyed (the run's end, any path).
+  std::vector<std::unique_ptr<fl::sys::CpuQuota>> quotas;
 
   auto start_client = [&](ClientPlan& p) -> absl::Status {
     std::string addr = target;
@@ -401,6 +469,17 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
     absl::StatusOr<pid_t> pid = procs.Start(p.name, argv, (o.out_dir / fl::StrCat(p.name, ".log")).string());
     if (!pid.ok()) return pid.status();
     p.started = true;
+    DeviceEmulation applied = p.device;
+    applied.process = p.name;
+    if (p.device.mode == "cpu-quota") {
+      // `ip netns exec` execs the client: the pid is fl-client's. It ran unthrottled until here (its start-up).
+      absl::StatusOr<std::unique_ptr<fl::sys::CpuQuota>> q = fl::sys::CpuQuota::Create(p.name, p.device.cores);
+      if (!q.ok()) return q.status();
+      if (absl::Status s = (*q)->AddProcess(*pid); !s.ok()) return s;
+      applied.cgroup = (*q)->path();
+      quotas.push_back(std::move(*q));
+    }
+    result.devices.push_back(std::move(applied));
     return absl::OkStatus();
   };
 
@@ -461,6 +540,7 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
     procs.StopAll("", std::chrono::seconds(2));
   }
   relays.clear();
+  quotas.clear();
   for (auto& link : kernel_links) {
     if (absl::Status s = link->Destroy(); !s.ok()) spdlog::warn("link emulation cleanup: {}", s.message());
   }

@@ -175,6 +175,21 @@ TEST(ManifestTest, OutOfRangeAndUnknownValuesAreRefused) {
               {"server.selection", "only 3 clients"});
   ExpectError(Replace(kGood, "name: t\n", ""), {"name", "is required"});
   ExpectError("name: [1\n", {"exp.yaml:", "not valid YAML"});
+  ExpectError(Replace(kGood, "name: t\n", "name: t\nemulation: {devices: quota}\n"),
+              {"emulation.devices", "unknown value \"quota\"", "allowed: auto, duty-cycle, cpu-quota"});
+}
+
+// emulation.devices (issue 30 item 3): auto unless given, and what a run asked for is what a replay asks for.
+TEST(ManifestTest, DevicesSettingDefaultsToAutoAndRoundTrips) {
+  absl::StatusOr<Manifest> m = Parse(kGood);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->emulation.devices, "auto");
+  m = Parse(Replace(kGood, "name: t\n", "name: t\nemulation: {devices: duty-cycle}\n"));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->emulation.devices, "duty-cycle");
+  absl::StatusOr<Manifest> back = ManifestFromResolvedJson(ResolvedManifestJson(*m), m->source_yaml);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->emulation.devices, "duty-cycle");
 }
 
 TEST(ManifestTest, UplinkCodecPolicyIsPassedOnAndABadOneIsRefusedWithItsLine) {
@@ -315,6 +330,8 @@ TEST(ManifestTest, ManifestsRecordedBeforeNewerFieldsStillReadBack) {
   EXPECT_EQ(m->security.pki_dir, "");
   // Recorded before virtual clients: a replay runs a group with count as one fl-client --instances process.
   EXPECT_TRUE(m->emulation.virtual_clients);
+  // Recorded before emulation.devices: those runs slowed devices by the duty cycle, and a replay does too.
+  EXPECT_EQ(m->emulation.devices, "duty-cycle");
   // A field every record has is still required.
   std::string missing = kOld;
   missing.replace(missing.find("\"rounds\": 2, "), 13, "");

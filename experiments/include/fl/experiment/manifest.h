@@ -108,6 +108,12 @@ struct Manifest {
     // its own session and link); false: one fl-client process per client. The kernel backend always runs one
     // process per client (a process lives in one network namespace).
     bool virtual_clients = true;
+    // How a slowed device (SlowdownFor > 1) is emulated (docs/manifests.md "Device emulation"): duty-cycle
+    // (fl-client --slowdown: training idles between batches), cpu-quota (the whole client process in a cgroup
+    // cpu quota, fl/sys/cpu_quota.h: training and the transfer's CPU work alike; process-per-client clients
+    // only, virtual clients keep the duty cycle), auto (cpu-quota where the machine supports it, else
+    // duty-cycle). Recorded before this setting existed: duty-cycle, what those runs did.
+    std::string devices = "auto";
     bool operator==(const Emulation&) const = default;
   } emulation;
 

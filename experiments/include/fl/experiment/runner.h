@@ -36,6 +36,16 @@ struct RunOptions {
   bool no_records = false;
 };
 
+// How a client process emulates its device (docs/manifests.md "Device emulation", issue 30 item 3).
+struct DeviceEmulation {
+  std::string process;  // RunResult: the fl-client process (a client, or <group>-instances); "" in a plan
+  std::string mode;     // "host" (no slowdown), "duty-cycle" (fl-client --slowdown), "cpu-quota" (a cgroup quota)
+  double slowdown = 1;  // the device's factor, SlowdownFor
+  double cores = 0;     // cpu-quota: the process's quota in cores (DeviceQuotaCores)
+  std::string why;      // duty-cycle where emulation.devices is auto or cpu-quota: why not a quota
+  std::string cgroup;   // RunResult, cpu-quota: the group the process ran in (removed when the run ended)
+};
+
 struct RunResult {
   std::string experiment_id;
   std::string status;  // "finished", "failed", "aborted"
@@ -43,11 +53,32 @@ struct RunResult {
   std::string backend;   // the link emulation used: none, userspace, kernel
   std::string security;  // the federation's transport: "mtls" or "insecure" (plaintext)
   std::string pki_dir;   // with mtls: the certificates' directory (the run's throwaway CA, or security.pki_dir)
+  // Each started fl-client process's device emulation (also logged at start). Not in the records database: the
+  // manifest record has no column for it (a schema change), and the recorded manifest gives emulation.devices.
+  std::vector<DeviceEmulation> devices;
 };
 
 // The backend `manifest` gets here: "auto" resolves to kernel when root and `ip`/`tc` work, else userspace;
 // "none" when no client group has a link profile. An error when "kernel" is asked for without root.
 absl::StatusOr<std::string> ResolveBackend(const Manifest& manifest);
+
+// The cpu quota of one client process of group `g` (its own process, slowdown s = SlowdownFor > 1):
+// min(training threads, this machine's cores) / s, training.threads 0 counting as every core. Why: the device
+// factor s is a throughput ratio measured with the same manifest, so the same threads, on both machines
+// (host_relative_speed's calibration); those threads keep at most min(threads, cores) of this machine's cores
+// busy, and a quota of 1/s of that lets every CPU-bound thing the process does, training and the transfer's
+// TLS, checksums and serialisation alike, run at 1/s of this machine's speed. A Pi 4's 4 cores are in the
+// factor, not in the quota: with threads <= 4 the Pi also runs one thread per core, each 1/s as fast as here
+// (with threads > 4 a Pi would oversubscribe its cores and the emulation is optimistic for it).
+double DeviceQuotaCores(const Manifest& manifest, const ClientGroup& g);
+
+// How each client group's devices are emulated on this machine with link backend `backend` (ResolveBackend's),
+// one per group in manifest order, from emulation.devices: duty-cycle; cpu-quota for groups whose clients run as
+// their own processes (virtual clients keep the duty cycle: a quota would slow the process's clients together);
+// auto = cpu-quota where fl::sys::CpuQuotaSupport() passes and the quota is enforceable, else duty-cycle. An
+// error, before anything starts, where cpu-quota is asked for and a group would need a quota that this machine
+// cannot give (CpuQuotaSupport's message, or a quota under the kernel's minimum, naming the value).
+absl::StatusOr<std::vector<DeviceEmulation>> ResolveDevices(const Manifest& manifest, const std::string& backend);
 
 absl::StatusOr<RunResult> RunExperiment(const Manifest& manifest, const RunOptions& options);
 
