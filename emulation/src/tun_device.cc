@@ -100,15 +100,15 @@ TunDevice::~TunDevice() {
 
 absl::StatusOr<bool> TunDevice::Read(std::vector<uint8_t>* packet) {
   // Without IFF_VNET_HDR the kernel hands over no offloaded super-packets: one read is one packet of at most
-  // the MTU, well under 64 KiB.
-  packet->resize(65536);
-  const ssize_t n = read(fd_, packet->data(), packet->size());
+  // the MTU, well under 64 KiB. Read into room kept for it, then copy just the packet's bytes out.
+  if (scratch_.empty()) scratch_.resize(65536);
+  const ssize_t n = read(fd_, scratch_.data(), scratch_.size());
   if (n < 0) {
     packet->clear();
     if (errno == EAGAIN || errno == EINTR) return false;
     return absl::InternalError(StrCat("read from TUN ", name_, ": ", std::strerror(errno)));
   }
-  packet->resize(static_cast<size_t>(n));
+  packet->assign(scratch_.begin(), scratch_.begin() + n);
   return true;
 }
 

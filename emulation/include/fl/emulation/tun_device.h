@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -48,6 +49,7 @@ class TunDevice {
   TunDevice(std::string name, int fd) : name_(std::move(name)), fd_(fd) {}
   std::string name_;
   int fd_ = -1;
+  std::vector<uint8_t> scratch_;  // one read's room, allocated once
 };
 
 }  // namespace fl::emulation
