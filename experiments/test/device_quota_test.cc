@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -311,6 +312,39 @@ TEST(DeviceQuotaRunTest, AProcessPerClientClientRunsInItsQuotaWithSlowdown1) {
   EXPECT_DOUBLE_EQ(r->devices[0].slowdown, 4);
   EXPECT_EQ(r->devices[0].cgroup, controller->root + cgroup);
   EXPECT_FALSE(fs::exists(r->devices[0].cgroup)) << "the quota outlived the run";
+}
+
+// Interrupted (Ctrl-C) as soon as the client is in its quota: the run stops and the group is gone all the same.
+TEST(DeviceQuotaRunTest, AnInterruptedRunRemovesItsQuotas) {
+  absl::StatusOr<fl::sys::CpuController> controller = fl::sys::CpuQuotaSupport();
+  if (!controller.ok()) GTEST_SKIP() << "no cpu quotas here (the refusal is checked above): " << controller.status();
+  fl::testing::ScratchDir dir("device_quota");
+  Manifest m;
+  ASSERT_NO_FATAL_FAILURE(
+      ParseOk(Edit(Edit(kManifest, "rounds: 3", "rounds: 50"), "synthetic:20000:300", "synthetic:20000:2000"), &m));
+  std::atomic<bool> interrupted{false};
+  RunOptions o;
+  o.db_path = dir.File("records.db");
+  o.out_dir = dir.File("run");
+  o.server_bin = FL_SERVER_BIN;
+  o.client_bin = FL_CLIENT_BIN;
+  o.software_version = "test";
+  o.quiet = true;
+  o.interrupted = &interrupted;
+  std::string cgroup;
+  o.on_tick = [&](const std::string&) {
+    const pid_t pid = ClientPid("devquota-0");
+    if (pid < 0 || !cgroup.empty()) return;
+    cgroup = CpuCgroupOf(pid, *controller);
+    interrupted = true;
+  };
+  absl::StatusOr<RunResult> r = RunExperiment(m, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, "aborted") << r->reason;
+  EXPECT_NE(cgroup.find("/fl-testbed/devquota-0-"), std::string::npos) << cgroup;
+  ASSERT_EQ(r->devices.size(), 1u);
+  EXPECT_EQ(r->devices[0].cgroup, controller->root + cgroup);
+  EXPECT_FALSE(fs::exists(r->devices[0].cgroup)) << "the quota outlived the interrupted run";
 }
 
 }  // namespace
