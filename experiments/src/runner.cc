@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -281,6 +282,34 @@ absl::StatusOr<std::string> ResolveBackend(const Manifest& m) {
   return std::string("userspace");
 }
 
+namespace {
+
+// Cpu quota groups that an earlier fl-experiment left behind when it was killed (SIGKILL, a crash):
+// <root>/fl-testbed/<name>-<pid>-<n> whose creator <pid> is gone and which hold no process any more (an orphaned
+// client gives up after --give-up-after-s; its group goes on a later run). Returns how many were removed.
+int RemoveStaleCpuQuotas() {
+  absl::StatusOr<fl::sys::CpuController> c = fl::sys::FindCpuController();
+  if (!c.ok()) return 0;
+  std::error_code ec;
+  int removed = 0;
+  for (const fs::directory_entry& e : fs::directory_iterator(fs::path(c->root) / "fl-testbed", ec)) {
+    const std::string name = e.path().filename().string();
+    const size_t last = name.rfind('-');
+    const size_t before = last == std::string::npos || last == 0 ? std::string::npos : name.rfind('-', last - 1);
+    if (before == std::string::npos) continue;
+    const std::string pid = name.substr(before + 1, last - before - 1);
+    if (pid.empty() || pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (::kill(static_cast<pid_t>(std::stol(pid)), 0) == 0 || errno == EPERM) continue;  // its owner lives
+    std::ifstream procs(e.path() / "cgroup.procs");
+    std::string any;
+    if (!procs || procs >> any) continue;  // unreadable, or a process still in it
+    if (::rmdir(e.path().c_str()) == 0) ++removed;
+  }
+  return removed;
+}
+
+}  // namespace
+
 double DeviceQuotaCores(const Manifest& m, const ClientGroup& g) {
   const double machine = std::max(1u, std::thread::hardware_concurrency());
   const uint32_t threads = ClientSettingsFor(m, g).threads;
@@ -345,6 +374,11 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
   if (!o.db_path.empty() && fs::path(o.db_path).has_parent_path())
     fs::create_directories(fs::path(o.db_path).parent_path(), ec);
 
+  if (std::any_of(devices->begin(), devices->end(), [](const DeviceEmulation& d) { return d.mode == "cpu-quota"; })) {
+    if (const int removed = RemoveStaleCpuQuotas(); removed > 0) {
+      spdlog::info("removed {} stale cpu quota groups of earlier runs", removed);
+    }
+  }
   if (*backend == "kernel") {
     // Namespaces and links that a crashed earlier run left behind (their owner's pid is gone).
     if (absl::StatusOr<int> removed = emulation::CleanupStaleKernelLinks(); removed.ok() && *removed > 0) {

@@ -263,12 +263,8 @@ pid_t ClientPid(const std::string& name) {
   return -1;
 }
 
-// fl-experiment end to end: the Pi 4 client, its own process, runs in a cgroup whose quota is the rule's 0.25 core
-// and was started with --slowdown 1 (the kernel slows it; no duty cycle on top); the group is gone afterwards.
-TEST(DeviceQuotaRunTest, AProcessPerClientClientRunsInItsQuotaWithSlowdown1) {
-  fl::testing::ScratchDir dir("device_quota");
-  Manifest m;
-  ASSERT_NO_FATAL_FAILURE(ParseOk(kManifest, &m));
+// A quiet run into `dir` with the real binaries.
+RunOptions Options(const fl::testing::ScratchDir& dir) {
   RunOptions o;
   o.db_path = dir.File("records.db");
   o.out_dir = dir.File("run");
@@ -276,6 +272,16 @@ TEST(DeviceQuotaRunTest, AProcessPerClientClientRunsInItsQuotaWithSlowdown1) {
   o.client_bin = FL_CLIENT_BIN;
   o.software_version = "test";
   o.quiet = true;
+  return o;
+}
+
+// fl-experiment end to end: the Pi 4 client, its own process, runs in a cgroup whose quota is the rule's 0.25 core
+// and was started with --slowdown 1 (the kernel slows it; no duty cycle on top); the group is gone afterwards.
+TEST(DeviceQuotaRunTest, AProcessPerClientClientRunsInItsQuotaWithSlowdown1) {
+  fl::testing::ScratchDir dir("device_quota");
+  Manifest m;
+  ASSERT_NO_FATAL_FAILURE(ParseOk(kManifest, &m));
+  RunOptions o = Options(dir);
   absl::StatusOr<fl::sys::CpuController> controller = fl::sys::CpuQuotaSupport();
   if (!controller.ok()) {
     absl::StatusOr<RunResult> r = RunExperiment(m, o);
@@ -284,6 +290,15 @@ TEST(DeviceQuotaRunTest, AProcessPerClientClientRunsInItsQuotaWithSlowdown1) {
     EXPECT_FALSE(fs::exists(o.out_dir)) << "refused, yet the run's folder was made";
     GTEST_SKIP() << "no cpu quotas here (the refusal is checked): " << controller.status();
   }
+  // A group left behind by an fl-experiment that was killed: its creator (a pid above pid_max, so none) is gone.
+  std::istringstream pid_max_text(ReadText("/proc/sys/kernel/pid_max"));
+  long pid_max = 0;
+  pid_max_text >> pid_max;
+  ASSERT_GT(pid_max, 0);
+  const fs::path stale = fs::path(controller->root) / "fl-testbed" / fl::StrCat("devquota-stale-", pid_max + 1, "-0");
+  std::error_code ec;
+  fs::create_directories(stale, ec);
+  ASSERT_FALSE(ec) << stale << ": " << ec.message();
   // Seen from the wait loop, which runs right after each client starts (the same thread), so the client cannot
   // have been missed: its cgroup, that group's quota and its --slowdown.
   std::string cgroup;
@@ -312,6 +327,8 @@ TEST(DeviceQuotaRunTest, AProcessPerClientClientRunsInItsQuotaWithSlowdown1) {
   EXPECT_DOUBLE_EQ(r->devices[0].slowdown, 4);
   EXPECT_EQ(r->devices[0].cgroup, controller->root + cgroup);
   EXPECT_FALSE(fs::exists(r->devices[0].cgroup)) << "the quota outlived the run";
+  EXPECT_FALSE(fs::exists(stale)) << "the stale group of a killed run was not removed";
+  fs::remove(stale, ec);
 }
 
 // Interrupted (Ctrl-C) as soon as the client is in its quota: the run stops and the group is gone all the same.
@@ -323,13 +340,7 @@ TEST(DeviceQuotaRunTest, AnInterruptedRunRemovesItsQuotas) {
   ASSERT_NO_FATAL_FAILURE(
       ParseOk(Edit(Edit(kManifest, "rounds: 3", "rounds: 50"), "synthetic:20000:300", "synthetic:20000:2000"), &m));
   std::atomic<bool> interrupted{false};
-  RunOptions o;
-  o.db_path = dir.File("records.db");
-  o.out_dir = dir.File("run");
-  o.server_bin = FL_SERVER_BIN;
-  o.client_bin = FL_CLIENT_BIN;
-  o.software_version = "test";
-  o.quiet = true;
+  RunOptions o = Options(dir);
   o.interrupted = &interrupted;
   std::string cgroup;
   o.on_tick = [&](const std::string&) {
