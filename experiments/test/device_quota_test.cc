@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <atomic>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -263,6 +264,46 @@ pid_t ClientPid(const std::string& name) {
   return -1;
 }
 
+// What the wait loop saw of the client devquota-0: its cpu cgroup, that group's quota, its --slowdown.
+struct Seen {
+  std::string cgroup;  // relative to the controller's root; "" = not seen yet
+  double quota_cores = -1;
+  bool slowdown_1 = false;
+};
+
+// RunOptions::on_tick filling `seen` the first time the client runs. The wait loop runs right after each client
+// starts, in the same thread, and about every 100 ms while the client lives (seconds), so it cannot be missed.
+// With the kernel backend the first look may find `ip netns exec` not yet exec'd into fl-client: a later one sees
+// it.
+std::function<void(const std::string&)> Observe(Seen* seen, const fl::sys::CpuController& c) {
+  return [seen, &c](const std::string&) {
+    if (!seen->cgroup.empty()) return;
+    const pid_t pid = ClientPid("devquota-0");
+    if (pid < 0) return;
+    seen->slowdown_1 =
+        ReadText(fl::StrCat("/proc/", pid, "/cmdline")).find(ArgPair("--slowdown", "1")) != std::string::npos;
+    seen->cgroup = CpuCgroupOf(pid, c);
+    seen->quota_cores = QuotaCoresOf(fs::path(c.root + seen->cgroup), c);
+  };
+}
+
+// The finished run `r` of kManifest (or a variant): its client ran in a group of the rule's quota with
+// --slowdown 1, the result says so, and the group is gone.
+void ExpectRanInItsQuota(const Manifest& m, const RunResult& r, const Seen& seen, const fl::sys::CpuController& c) {
+  EXPECT_EQ(r.status, "finished") << r.reason;
+  ASSERT_FALSE(seen.cgroup.empty()) << "the client was never seen running";
+  EXPECT_NE(seen.cgroup.find("/fl-testbed/devquota-0-"), std::string::npos) << seen.cgroup;
+  EXPECT_DOUBLE_EQ(seen.quota_cores, DeviceQuotaCores(m, m.clients[0]));
+  EXPECT_DOUBLE_EQ(seen.quota_cores, 0.25);
+  EXPECT_TRUE(seen.slowdown_1) << "the client was not started with --slowdown 1";
+  ASSERT_EQ(r.devices.size(), 1u);
+  EXPECT_EQ(r.devices[0].process, "devquota-0");
+  EXPECT_EQ(r.devices[0].mode, "cpu-quota");
+  EXPECT_DOUBLE_EQ(r.devices[0].slowdown, 4);
+  EXPECT_EQ(r.devices[0].cgroup, c.root + seen.cgroup);
+  EXPECT_FALSE(fs::exists(r.devices[0].cgroup)) << "the quota outlived the run";
+}
+
 // A quiet run into `dir` with the real binaries.
 RunOptions Options(const fl::testing::ScratchDir& dir) {
   RunOptions o;
@@ -299,36 +340,39 @@ TEST(DeviceQuotaRunTest, AProcessPerClientClientRunsInItsQuotaWithSlowdown1) {
   std::error_code ec;
   fs::create_directories(stale, ec);
   ASSERT_FALSE(ec) << stale << ": " << ec.message();
-  // Seen from the wait loop, which runs right after each client starts (the same thread), so the client cannot
-  // have been missed: its cgroup, that group's quota and its --slowdown.
-  std::string cgroup;
-  double quota_cores = -1;
-  bool slowdown_1 = false;
-  o.on_tick = [&](const std::string&) {
-    if (!cgroup.empty()) return;
-    const pid_t pid = ClientPid("devquota-0");
-    if (pid < 0) return;
-    const std::string cmd = ReadText(fl::StrCat("/proc/", pid, "/cmdline"));
-    slowdown_1 = cmd.find(ArgPair("--slowdown", "1")) != std::string::npos;
-    cgroup = CpuCgroupOf(pid, *controller);
-    quota_cores = QuotaCoresOf(fs::path(controller->root + cgroup), *controller);
-  };
+  struct RemoveAtEnd {  // whatever happens below (the next run that uses quotas would remove it too)
+    fs::path path;
+    ~RemoveAtEnd() {
+      std::error_code e;
+      fs::remove(path, e);
+    }
+  } remove_stale{stale};
+  Seen seen;
+  o.on_tick = Observe(&seen, *controller);
   absl::StatusOr<RunResult> r = RunExperiment(m, o);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->status, "finished") << r->reason;
-  ASSERT_FALSE(cgroup.empty()) << "the client was never seen running";
-  EXPECT_NE(cgroup.find("/fl-testbed/devquota-0-"), std::string::npos) << cgroup;
-  EXPECT_DOUBLE_EQ(quota_cores, DeviceQuotaCores(m, m.clients[0]));
-  EXPECT_DOUBLE_EQ(quota_cores, 0.25);
-  EXPECT_TRUE(slowdown_1) << "the client was not started with --slowdown 1";
-  ASSERT_EQ(r->devices.size(), 1u);
-  EXPECT_EQ(r->devices[0].process, "devquota-0");
-  EXPECT_EQ(r->devices[0].mode, "cpu-quota");
-  EXPECT_DOUBLE_EQ(r->devices[0].slowdown, 4);
-  EXPECT_EQ(r->devices[0].cgroup, controller->root + cgroup);
-  EXPECT_FALSE(fs::exists(r->devices[0].cgroup)) << "the quota outlived the run";
   EXPECT_FALSE(fs::exists(stale)) << "the stale group of a killed run was not removed";
-  fs::remove(stale, ec);
+  ASSERT_NO_FATAL_FAILURE(ExpectRanInItsQuota(m, *r, seen, *controller));
+}
+
+// The kernel backend: the client runs through `ip netns exec` (which execs it: the pid fl-experiment put in the
+// group is fl-client's) behind an emulated Ethernet link, in its quota all the same.
+TEST(DeviceQuotaRunTest, AKernelBackendClientRunsInItsQuota) {
+  absl::StatusOr<fl::sys::CpuController> controller = fl::sys::CpuQuotaSupport();
+  if (!controller.ok()) GTEST_SKIP() << "no cpu quotas here (the refusal is checked above): " << controller.status();
+  if (geteuid() != 0) GTEST_SKIP() << "the kernel link backend needs root (network namespaces, tc)";
+  fl::testing::ScratchDir dir("device_quota");
+  Manifest m;
+  ASSERT_NO_FATAL_FAILURE(ParseOk(Edit(Edit(kManifest, "backend: none", "backend: kernel"), "    device: rpi4\n",
+                                       "    device: rpi4\n    link: ethernet\n"),
+                                  &m));
+  RunOptions o = Options(dir);
+  Seen seen;
+  o.on_tick = Observe(&seen, *controller);
+  absl::StatusOr<RunResult> r = RunExperiment(m, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->backend, "kernel");
+  ASSERT_NO_FATAL_FAILURE(ExpectRanInItsQuota(m, *r, seen, *controller));
 }
 
 // Interrupted (Ctrl-C) as soon as the client is in its quota: the run stops and the group is gone all the same.
