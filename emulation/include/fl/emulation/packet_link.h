@@ -70,23 +70,41 @@ class PacketLink {
   size_t queued_packets() const { return queue_.size(); }
 
  private:
+  struct InFlight {
+    int64_t leave_ns;
+    uint64_t sequence;  // ties leave in arrival order
+    Packet packet;
+  };
+  // The heap's order: the earliest time to leave on top.
+  static bool Later(const InFlight& a, const InFlight& b) {
+    return a.leave_ns != b.leave_ns ? a.leave_ns > b.leave_ns : a.sequence > b.sequence;
+  }
+
   PacketLink() = default;
+  bool Bottlenecked() const;
   // Moves packets from the queue through the bottleneck up to now_ns.
   void RunBottleneck(int64_t now_ns);
+  // When the queue's head leaves the bottleneck (the queue is not empty).
+  int64_t HeadDepartureNs() const;
   // Loss and delay for a packet that left the bottleneck at t_ns.
   void Depart(Packet p, int64_t t_ns);
-  // The next trace opportunity at or after t_ns.
-  int64_t NextOpportunityNs(int64_t t_ns) const;
+  double Uniform();
+  // Trace opportunities are numbered 0, 1, ... from start_ns across the repeats.
+  int64_t OpportunityNs(uint64_t index) const;
+  uint64_t FirstOpportunityAtOrAfter(int64_t t_ns) const;
 
   LinkDirection d_;
   int64_t start_ns_ = 0;
+  uint64_t queue_limit_bytes_ = 0;
+  double ns_per_byte_ = 0;  // fixed rate: serialisation time of one byte
   std::mt19937_64 rng_;
   bool burst_bad_ = false;
-  std::deque<Packet> queue_;          // waiting for the bottleneck
+  std::deque<Packet> queue_;  // waiting for the bottleneck (the head is being serialised)
   uint64_t queued_bytes_ = 0;
-  int64_t busy_until_ns_ = 0;         // fixed rate: the bottleneck is serialising until then
-  int64_t next_opportunity_ns_ = 0;   // trace: the next opportunity not yet used or skipped
-  std::deque<Packet> in_flight_;      // left the bottleneck, delayed; arrival_ns = time to leave
+  int64_t busy_until_ns_ = 0;        // fixed rate: the bottleneck is serialising until then
+  uint64_t next_opportunity_ = 0;    // trace: the first opportunity not yet used or skipped
+  std::vector<InFlight> in_flight_;  // left the bottleneck, delayed: a heap by time to leave
+  uint64_t sequence_ = 0;
   int64_t last_departure_ns_ = std::numeric_limits<int64_t>::min();
   PacketLinkStats stats_;
 };
