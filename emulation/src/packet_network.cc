@@ -32,6 +32,14 @@ constexpr uint64_t kTimerTag = ~uint64_t{0} - 1;
 std::atomic<int> g_next_netns{0};
 std::atomic<int> g_next_link{0};
 
+constexpr char kAllowedPath[] = "/proc/sys/net/ipv4/tcp_allowed_congestion_control";
+
+std::string Join(const std::vector<std::string>& names, const char* sep = ", ") {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : sep) + n;
+  return out.empty() ? std::string("nothing") : out;
+}
+
 int64_t NowNs() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -74,11 +82,23 @@ absl::StatusOr<std::unique_ptr<PacketNamespace>> PacketNamespace::Create(PacketN
     auto available = DetectCongestionControls();
     if (!available.ok()) return available.status();
     if (std::find(available->begin(), available->end(), options.tcp_congestion) == available->end()) {
-      std::string list;
-      for (const std::string& c : *available) list += (list.empty() ? "" : ", ") + c;
       return absl::InvalidArgumentError(StrCat("TCP congestion control '", options.tcp_congestion,
-                                               "' is not available in this kernel; available: ", list,
+                                               "' is not available in this kernel; available: ", Join(*available),
                                                " (tcp_available_congestion_control)"));
+    }
+    // A namespace other than the host's may only take what the host allows (the sysctl would fail with EPERM).
+    std::ifstream in(kAllowedPath);
+    std::vector<std::string> allowed;
+    for (std::string name; in >> name;) allowed.push_back(name);
+    if (std::find(allowed.begin(), allowed.end(), options.tcp_congestion) == allowed.end()) {
+      const std::string listed = Join(allowed);
+      allowed.push_back(options.tcp_congestion);
+      return absl::FailedPreconditionError(
+          StrCat("TCP congestion control '", options.tcp_congestion,
+                 "' is available but a network namespace may not take it: ", kAllowedPath, " lists ", listed,
+                 "; allow it on the host with `sysctl -w "
+                 "net.ipv4.tcp_allowed_congestion_control=\"",
+                 Join(allowed, " "), "\"`"));
     }
   }
   std::unique_ptr<PacketNamespace> ns(new PacketNamespace());

@@ -368,6 +368,19 @@ TEST(PacketNetworkTest, BadInputIsRefusedAndLeavesNothingBehind) {
     ASSERT_FALSE(cc.ok());
     EXPECT_THAT(std::string(cc.status().message()), HasSubstr("'no-such-cc' is not available"));
     EXPECT_THAT(std::string(cc.status().message()), HasSubstr("reno"));
+    // Available but not allowed in a namespace (cubic is built in; this machine allows "reno bbr"): refused
+    // naming the sysctl that allows it, instead of failing inside.
+    std::ifstream allowed_in("/proc/sys/net/ipv4/tcp_allowed_congestion_control");
+    std::string allowed;
+    std::getline(allowed_in, allowed);
+    auto available = DetectCongestionControls();
+    ASSERT_TRUE(available.ok());
+    for (const std::string& c : *available) {
+      if ((" " + allowed + " ").find(" " + c + " ") != std::string::npos) continue;
+      auto denied = PacketNamespace::Create({.label = "denied-cc", .tcp_congestion = c, .seed = 1});
+      ASSERT_FALSE(denied.ok()) << c;
+      EXPECT_THAT(std::string(denied.status().message()), HasSubstr("tcp_allowed_congestion_control"));
+    }
     auto ns = PacketNamespace::Create({.label = "bad-profile", .tcp_congestion = "", .seed = 1});
     ASSERT_TRUE(ns.ok()) << ns.status();
     LinkProfile p;

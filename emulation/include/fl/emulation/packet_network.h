@@ -34,9 +34,11 @@
 namespace fl::emulation {
 
 struct PacketNamespaceOptions {
-  std::string label;           // for logs ("client-3")
-  std::string tcp_congestion;  // "" = the kernel's default; else set inside the namespace (must be available)
-  uint64_t seed = 1;           // each link direction's RNG is derived from it
+  std::string label;  // for logs ("client-3")
+  // "" = the kernel's default; else set inside the namespace: it must be in tcp_available_congestion_control
+  // and, for a namespace other than the host's, in tcp_allowed_congestion_control (refused otherwise).
+  std::string tcp_congestion;
+  uint64_t seed = 1;  // each link direction's RNG is derived from it
 };
 
 class PacketNamespace {
