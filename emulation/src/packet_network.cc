@@ -190,25 +190,18 @@ absl::StatusOr<int> PacketNamespace::AddLink(const LinkProfile& profile) {
   return link;
 }
 
-const std::string& PacketNamespace::host_ip(int link) const {
-  static const std::string kNone;
-  return link >= 0 && link < link_count() ? links_[link]->host_ip : kNone;
+const std::string& PacketNamespace::LinkField(int link, std::string Link::*field) const {
+  static const std::string kNone;  // an index that names no link
+  return link >= 0 && link < link_count() ? (*links_[link]).*field : kNone;
 }
 
-const std::string& PacketNamespace::netns_ip(int link) const {
-  static const std::string kNone;
-  return link >= 0 && link < link_count() ? links_[link]->ns_ip : kNone;
-}
+const std::string& PacketNamespace::host_ip(int link) const { return LinkField(link, &Link::host_ip); }
 
-const std::string& PacketNamespace::host_interface(int link) const {
-  static const std::string kNone;
-  return link >= 0 && link < link_count() ? links_[link]->host_if : kNone;
-}
+const std::string& PacketNamespace::netns_ip(int link) const { return LinkField(link, &Link::ns_ip); }
 
-const std::string& PacketNamespace::netns_interface(int link) const {
-  static const std::string kNone;
-  return link >= 0 && link < link_count() ? links_[link]->ns_if : kNone;
-}
+const std::string& PacketNamespace::host_interface(int link) const { return LinkField(link, &Link::host_if); }
+
+const std::string& PacketNamespace::netns_interface(int link) const { return LinkField(link, &Link::ns_if); }
 
 absl::Status PacketNamespace::Start() {
   if (thread_.joinable()) return absl::FailedPreconditionError(StrCat("packet namespace ", netns_, " already started"));

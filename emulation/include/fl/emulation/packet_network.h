@@ -80,6 +80,8 @@ class PacketNamespace {
   struct Link;
   PacketNamespace() = default;
   absl::Status Setup(const PacketNamespaceOptions& options);
+  // One of a link's names or addresses; "" for an index that names no link.
+  const std::string& LinkField(int link, std::string Link::*field) const;
   void Loop();
 
   PacketNamespaceOptions options_;
