@@ -4,8 +4,11 @@
 //   fl-link relay PROFILE --target H:P [--listen H:P] userspace shaping relay until Ctrl-C
 //   fl-link netns PROFILE --target H:P -- CMD ARGS    kernel link; CMD runs inside its namespace ({target}
 //                                                     in ARGS becomes the address to connect to)
+//   fl-link packet PROFILE --port P -- CMD ARGS       packet backend; CMD runs inside its namespace and its
+//                                                     own TCP crosses the link to a server on this host's
+//                                                     0.0.0.0:P ({target} becomes the link's address:P)
 //   fl-link cleanup                                   remove namespaces/links left by crashed runs
-//   fl-link calibrate PROFILE... [--backend userspace|kernel|both] [--write]
+//   fl-link calibrate PROFILE... [--backend userspace|kernel|packet|both|all] [--write]
 //   fl-link fit-trace FILE.mahi [--interval-ms 1000] [--source TEXT]
 //                                                     fit a rate process to a measured trace (a profile's
 //                                                     rate_process: block) and compare a generated trace
@@ -28,6 +31,7 @@
 #include "fl/emulation/calibrate.h"
 #include "fl/emulation/kernel_link.h"
 #include "fl/emulation/link_profile.h"
+#include "fl/emulation/packet_network.h"
 #include "fl/emulation/rate_process.h"
 #include "fl/emulation/shaping_relay.h"
 #include "fl/sys/process.h"
@@ -99,6 +103,34 @@ int Relay(const std::string& path, const std::string& listen, const std::string&
   return 0;
 }
 
+void ReplaceTarget(std::vector<std::string>& command, const std::string& target) {
+  for (auto& a : command) {
+    for (size_t p = a.find("{target}"); p != std::string::npos; p = a.find("{target}")) a.replace(p, 8, target);
+  }
+}
+
+// Runs `argv` (already wrapped to enter a namespace) in fl-link's own process group, with the terminal's stdin:
+// an interactive command (a shell in the namespace) stays in the terminal's foreground group. SIGINT/SIGTERM sent
+// to fl-link itself (blocked in every thread, `set`) are forwarded to it. Returns its exit code.
+int RunForwardingSignals(const sigset_t& set, std::vector<std::string> argv, const std::string& target) {
+  fl::sys::SpawnOptions spawn;
+  spawn.argv = std::move(argv);
+  spawn.env = {fl::StrCat("FL_LINK_TARGET=", target)};
+  spawn.stdin_from = fl::sys::Stdio::Inherit();
+  spawn.new_process_group = false;
+  absl::StatusOr<fl::sys::Child> child = fl::sys::Child::Spawn(spawn);
+  if (!child.ok()) {
+    std::cerr << child.status().message() << "\n";
+    return 127;
+  }
+  while (!child->Poll().has_value()) {
+    const timespec tick{0, 50 * 1000 * 1000};
+    const int sig = sigtimedwait(&set, nullptr, &tick);
+    if (sig > 0) (void)child->Signal(sig);
+  }
+  return child->exit_status()->code;
+}
+
 int Netns(const std::string& path, const std::string& target, uint64_t seed, std::vector<std::string> command) {
   auto profile = fe::LoadLinkProfile(path);
   if (!profile.ok()) {
@@ -120,50 +152,57 @@ int Netns(const std::string& path, const std::string& target, uint64_t seed, std
     return 1;
   }
   const std::string client_target = (*link)->client_target();
-  for (auto& a : command) {
-    for (size_t p = a.find("{target}"); p != std::string::npos; p = a.find("{target}")) {
-      a.replace(p, 8, client_target);
-    }
-  }
+  ReplaceTarget(command, client_target);
   std::cout << "namespace " << (*link)->netns() << ": connect to " << client_target << " -> " << target << std::endl;
-  // In fl-link's own process group, with the terminal's stdin: an interactive command (a shell in the namespace)
-  // stays in the terminal's foreground group. SIGINT/SIGTERM sent to fl-link itself are forwarded to it.
-  fl::sys::SpawnOptions spawn;
-  spawn.argv = (*link)->WrapCommand(command);
-  spawn.env = {fl::StrCat("FL_LINK_TARGET=", client_target)};
-  spawn.stdin_from = fl::sys::Stdio::Inherit();
-  spawn.new_process_group = false;
-  absl::StatusOr<fl::sys::Child> child = fl::sys::Child::Spawn(spawn);
-  int rc = 127;
-  if (!child.ok()) {
-    std::cerr << child.status().message() << "\n";
-  } else {
-    // Forward Ctrl-C/SIGTERM (blocked in every thread, taken here) to the command until it has exited.
-    while (!child->Poll().has_value()) {
-      const timespec tick{0, 50 * 1000 * 1000};
-      const int sig = sigtimedwait(&set, nullptr, &tick);
-      if (sig > 0) (void)child->Signal(sig);
-    }
-    rc = child->exit_status()->code;
-  }
+  const int rc = RunForwardingSignals(set, (*link)->WrapCommand(command), client_target);
   const auto stats = (*link)->relay_stats();
   if (auto s = (*link)->Destroy(); !s.ok()) std::cerr << "cleanup: " << s.message() << "\n";
   std::cout << "forwarded " << stats.uplink_bytes << " bytes up, " << stats.downlink_bytes << " bytes down\n";
   return rc;
 }
 
-int Calibrate(const std::vector<std::string>& paths, const std::string& backend, bool write, double seconds,
-              int pings) {
-  std::vector<fe::Backend> backends;
-  if (backend == "both") {
-    backends = {fe::Backend::kUserspace, fe::Backend::kKernel};
-  } else {
-    auto b = fe::ParseBackend(backend);
-    if (!b.ok()) {
-      std::cerr << "--backend: " << b.status().message() << " (or both)\n";
-      return 2;
-    }
-    backends = {*b};
+// The packet backend: the command's own kernel TCP crosses the emulated link to a server on this host that
+// listens on 0.0.0.0:port (or the link's host address); nothing relays it.
+int Packet(const std::string& path, int port, const std::string& congestion, uint64_t seed,
+           std::vector<std::string> command) {
+  auto profile = fe::LoadLinkProfile(path);
+  if (!profile.ok()) {
+    std::cerr << profile.status().message() << "\n";
+    return 1;
+  }
+  if (command.empty()) {
+    std::cerr << "give the command to run inside the namespace after --\n";
+    return 2;
+  }
+  const sigset_t set = BlockStopSignals();
+  auto ns = fe::PacketNamespace::Create({.label = profile->name, .tcp_congestion = congestion, .seed = seed});
+  absl::Status s = ns.ok() ? (*ns)->AddLink(*profile).status() : ns.status();
+  if (s.ok()) s = (*ns)->Start();
+  if (!s.ok()) {
+    std::cerr << s.message() << "\n";
+    return 1;
+  }
+  const std::string client_target = fl::StrCat((*ns)->host_ip(0), ":", port);
+  ReplaceTarget(command, client_target);
+  std::cout << "namespace " << (*ns)->netns() << ": connect to " << client_target << " (packet link "
+            << (*ns)->netns_ip(0) << " <-> " << (*ns)->host_ip(0) << ")" << std::endl;
+  const int rc = RunForwardingSignals(set, (*ns)->WrapCommand(command), client_target);
+  for (const bool up : {true, false}) {
+    const fe::PacketLinkStats st = (*ns)->stats(0, up);
+    std::cout << (up ? "uplink:   " : "downlink: ") << st.delivered << " packets (" << st.delivered_bytes
+              << " bytes) delivered of " << st.offered << "; " << st.lost << " lost, " << st.dropped_queue
+              << " dropped by the queue\n";
+  }
+  if (auto d = (*ns)->Destroy(); !d.ok()) std::cerr << "cleanup: " << d.message() << "\n";
+  return rc;
+}
+
+int Calibrate(const std::vector<std::string>& paths, const std::string& backend, bool write, double seconds, int pings,
+              const fe::CalibrationOptions& physics) {
+  auto backends = fe::ParseBackends(backend);
+  if (!backends.ok()) {
+    std::cerr << "--backend: " << backends.status().message() << "\n";
+    return 2;
   }
   std::vector<fe::CalibrationResult> all;
   int rc = 0;
@@ -174,8 +213,8 @@ int Calibrate(const std::vector<std::string>& paths, const std::string& backend,
       return 1;
     }
     std::vector<fe::CalibrationResult> mine;
-    for (const fe::Backend b : backends) {
-      fe::CalibrationOptions o;
+    for (const fe::Backend b : *backends) {
+      fe::CalibrationOptions o = physics;
       o.backend = b;
       o.bulk_seconds = seconds;
       o.pings = pings;
@@ -200,6 +239,7 @@ int Calibrate(const std::vector<std::string>& paths, const std::string& backend,
     all.insert(all.end(), mine.begin(), mine.end());
   }
   std::cout << fe::CalibrationTable(all);
+  if (const std::string t = fe::PhysicsTable(all); !t.empty()) std::cout << "\n" << t;
   return rc;
 }
 
@@ -284,6 +324,22 @@ int main(int argc, char** argv) {
                    "address to connect to")
       ->required();
 
+  std::string packet_path, congestion;
+  int packet_port = 0;
+  std::vector<std::string> packet_command;
+  auto* packet = app.add_subcommand(
+      "packet", "packet backend (root): make a namespace whose traffic crosses the profile's packet-level link");
+  packet->add_option("profile", packet_path, "profile YAML file")->required()->check(CLI::ExistingFile);
+  packet->add_option("--port", packet_port, "the server's port on this host ({target} = link address:port)")
+      ->required()
+      ->check(CLI::Range(1, 65535));
+  packet->add_option("--congestion", congestion, "TCP congestion control inside the namespace (cubic, bbr, reno)");
+  packet->add_option("--seed", seed, "loss and jitter seed");
+  packet
+      ->add_option("command", packet_command,
+                   "command and arguments (after --); {target} is replaced by the address to connect to")
+      ->required();
+
   auto* cleanup = app.add_subcommand("cleanup", "remove namespaces and links left behind by crashed runs (root)");
 
   std::vector<std::string> cal_paths;
@@ -293,7 +349,16 @@ int main(int argc, char** argv) {
   int pings = 100;
   auto* cal = app.add_subcommand("calibrate", "measure what each profile's emulated link delivers");
   cal->add_option("profiles", cal_paths, "profile YAML files")->required()->check(CLI::ExistingFile);
-  cal->add_option("--backend", backend, "userspace, kernel or both")->default_val("userspace");
+  cal->add_option("--backend", backend, "userspace, kernel, packet, both (userspace and kernel) or all")
+      ->default_val("userspace");
+  fe::CalibrationOptions physics;
+  cal->add_option("--loss-packets", physics.loss_packets,
+                  "packet backend: UDP datagrams per direction for the loss check (0: skip)")
+      ->check(CLI::Range(int64_t{0}, int64_t{10'000'000}));
+  cal->add_option("--mathis-loss", physics.mathis_loss,
+                  "packet backend: random loss of the TCP-under-loss check (0: skip)")
+      ->check(CLI::Range(0.0, 0.5));
+  cal->add_option("--mathis-seconds", physics.mathis_seconds, "its transfer")->check(CLI::Range(1.0, 600.0));
   cal->add_flag("--write", write, "write <profile>.calibration.yaml beside each profile");
   cal->add_option("--seconds", seconds, "bulk transfer length per direction")->check(CLI::Range(0.2, 60.0));
   cal->add_option("--pings", pings, "round trips to measure")->check(CLI::Range(1, 10000));
@@ -312,6 +377,7 @@ int main(int argc, char** argv) {
   if (*check) return Check(check_paths);
   if (*relay) return Relay(relay_path, relay_listen, relay_target, seed);
   if (*netns) return Netns(ns_path, ns_target, seed, ns_command);
+  if (*packet) return Packet(packet_path, packet_port, congestion, seed, packet_command);
   if (*cleanup) {
     auto n = fe::CleanupStaleKernelLinks();
     if (!n.ok()) {
@@ -321,7 +387,7 @@ int main(int argc, char** argv) {
     std::cout << "removed " << *n << " stale namespaces/links\n";
     return 0;
   }
-  if (*cal) return Calibrate(cal_paths, backend, write, seconds, pings);
+  if (*cal) return Calibrate(cal_paths, backend, write, seconds, pings, physics);
   if (*fit) return FitTrace(fit_path, fit_interval_ms, fit_source);
   return 0;
 }

@@ -2,7 +2,7 @@
 //
 //   fl-experiment run MANIFEST [--db PATH] [--out DIR]
 //   fl-experiment replay DB [EXPERIMENT] [--out DIR]
-//   fl-experiment calibrate PROFILE... [--backend userspace|kernel|both] [--write]
+//   fl-experiment calibrate PROFILE... [--backend userspace|kernel|packet|both|all] [--write]
 //   fl-experiment validate MANIFEST
 // Exit status: 0 the experiment finished; 1 it failed or was aborted; 2 bad input (manifest, arguments).
 #include <signal.h>
@@ -201,7 +201,8 @@ int main(int argc, char** argv) {
   std::string profiles_dir = FL_DEFAULT_PROFILES_DIR;
   CLI::App* calibrate = app.add_subcommand("calibrate", "Measure what emulated links deliver against their profiles");
   calibrate->add_option("profiles", profiles, "Link profile names (experiments/profiles/links) or files")->required();
-  calibrate->add_option("--backend", backend, "userspace, kernel or both")->capture_default_str();
+  calibrate->add_option("--backend", backend, "userspace, kernel, packet, both (userspace and kernel) or all")
+      ->capture_default_str();
   calibrate->add_flag("--write", write, "Store the measurements beside each profile (<profile>.calibration.yaml)");
   calibrate->add_option("--profiles-dir", profiles_dir, "Folder with links/ and devices/")->capture_default_str();
 
@@ -267,21 +268,15 @@ int main(int argc, char** argv) {
     return r->status == "finished" ? 0 : 1;
   }
   // calibrate
-  std::vector<fl::emulation::Backend> backends;
-  if (backend == "both") {
-    backends = {fl::emulation::Backend::kUserspace, fl::emulation::Backend::kKernel};
-  } else {
-    absl::StatusOr<fl::emulation::Backend> b = fl::emulation::ParseBackend(backend);
-    if (!b.ok()) return Fail(b.status());
-    backends = {*b};
-  }
+  absl::StatusOr<std::vector<fl::emulation::Backend>> backends = fl::emulation::ParseBackends(backend);
+  if (!backends.ok()) return Fail(backends.status());
   std::vector<fl::emulation::CalibrationResult> all;
   for (const std::string& p : profiles) {
     const fs::path file = ResolveProfile(p, profiles_dir);
     absl::StatusOr<fl::emulation::LinkProfile> profile = fl::emulation::LoadLinkProfile(file);
     if (!profile.ok()) return Fail(profile.status());
     std::vector<fl::emulation::CalibrationResult> mine;
-    for (fl::emulation::Backend b : backends) {
+    for (fl::emulation::Backend b : *backends) {
       if (g_interrupted.load()) return 1;
       fl::emulation::CalibrationOptions co;
       co.backend = b;
@@ -297,5 +292,8 @@ int main(int argc, char** argv) {
     all.insert(all.end(), mine.begin(), mine.end());
   }
   std::printf("%s", fl::emulation::CalibrationTable(all).c_str());
+  if (const std::string physics = fl::emulation::PhysicsTable(all); !physics.empty()) {
+    std::printf("\n%s", physics.c_str());
+  }
   return 0;
 }

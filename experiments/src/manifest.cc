@@ -257,7 +257,9 @@ config::FieldTable<Training> TrainingFields(server::EngineConfig* sink) {
 
 const config::FieldTable<Emulation>& EmulationFields() {
   static const auto& table = *new config::FieldTable<Emulation>{
-      config::ChoiceField("backend", &Emulation::backend, {"auto", "none", "userspace", "kernel"}),
+      config::ChoiceField("backend", &Emulation::backend, {"auto", "none", "userspace", "kernel", "packet"}),
+      config::ChoiceField("tcp_congestion", &Emulation::tcp_congestion, {"default", "cubic", "bbr", "reno"})
+          .NewInRecords(),
       config::NumberField("host_relative_speed", &Emulation::host_relative_speed, {1e-3, 1e6}),
       config::BoolField("virtual_clients", &Emulation::virtual_clients).NewInRecords(),
       config::ChoiceField("devices", &Emulation::devices, {"auto", "duty-cycle", "cpu-quota"}).NewInRecords(),

@@ -21,6 +21,8 @@
 #include "fl/core/log_format.h"
 #include "fl/core/str_cat.h"
 #include "fl/emulation/kernel_link.h"
+#include "fl/emulation/packet_network.h"
+#include "fl/emulation/tun_device.h"
 #include "fl/emulation/shaping_relay.h"
 #include "fl/instrumentation/experiment_manifests.h"
 #include "fl/instrumentation/record_reader.h"
@@ -89,6 +91,7 @@ struct ClientPlan {
 // Whether group `g` runs as one fl-client --instances process (virtual clients) rather than a process per client.
 // Virtual clients need one process to reach every instance's link: the userspace relays (a port each) can, the
 // kernel backend's namespaces cannot (a process is in one).
+// The packet backend can: a namespace per process with a link per instance, each instance dialling its own.
 bool RunsAsVirtualClients(const Manifest& m, const ClientGroup& g, const std::string& backend) {
   return m.emulation.virtual_clients && backend != "kernel" && (g.count > 1 || g.HasSchedule());
 }
@@ -275,6 +278,39 @@ absl::StatusOr<std::string> ResolveBackend(const Manifest& m) {
     return std::string("kernel");
   }
   if (m.emulation.backend == "userspace") return std::string("userspace");
+  if (m.emulation.backend == "packet") {
+    if (absl::Status s = emulation::PacketBackendSupport(); !s.ok()) {
+      return absl::Status(s.code(), fl::StrCat(m.path, ": emulation.backend is packet, which this machine cannot run: ",
+                                               fl::ToStd(s.message()), "; or use backend: userspace"));
+    }
+    if (m.emulation.tcp_congestion != "default") {
+      absl::StatusOr<std::vector<std::string>> offered = emulation::DetectCongestionControls();
+      if (!offered.ok()) return offered.status();
+      if (std::find(offered->begin(), offered->end(), m.emulation.tcp_congestion) == offered->end()) {
+        std::string have;
+        for (const std::string& c : *offered) have = fl::StrCat(have, have.empty() ? "" : ", ", c);
+        return absl::FailedPreconditionError(
+            fl::StrCat(m.path, ": emulation.tcp_congestion is ", m.emulation.tcp_congestion,
+                       ", which this kernel does not offer (it has: ", have, "); load its module (modprobe tcp_",
+                       m.emulation.tcp_congestion, ") or choose another"));
+      }
+      // A namespace other than the host's may only take a congestion control the host allows
+      // (net.ipv4.tcp_allowed_congestion_control; reno always): the kernel answers EPERM otherwise.
+      std::ifstream allowed_file("/proc/sys/net/ipv4/tcp_allowed_congestion_control");
+      std::vector<std::string> allowed{"reno"};
+      for (std::string c; allowed_file >> c;) allowed.push_back(c);
+      if (std::find(allowed.begin(), allowed.end(), m.emulation.tcp_congestion) == allowed.end()) {
+        std::string list;
+        for (const std::string& c : allowed) list = fl::StrCat(list, list.empty() ? "" : " ", c);
+        return absl::FailedPreconditionError(fl::StrCat(
+            m.path, ": emulation.tcp_congestion is ", m.emulation.tcp_congestion,
+            ", which the host does not allow inside network namespaces (net.ipv4.tcp_allowed_congestion_control = ",
+            list, "); allow it with: sysctl -w net.ipv4.tcp_allowed_congestion_control=\"", list, " ",
+            m.emulation.tcp_congestion, "\", or choose one of those"));
+      }
+    }
+    return std::string("packet");
+  }
   // auto: the kernel backend where it can work, which we find out by asking `ip` for the namespaces.
   if (root && fl::sys::RunCommand({"ip", "netns", "list"}).ok() && fl::sys::RunCommand({"tc", "-V"}).ok()) {
     return std::string("kernel");
@@ -379,7 +415,7 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
       spdlog::info("removed {} stale cpu quota groups of earlier runs", removed);
     }
   }
-  if (*backend == "kernel") {
+  if (*backend == "kernel" || *backend == "packet") {
     // Namespaces and links that a crashed earlier run left behind (their owner's pid is gone).
     if (absl::StatusOr<int> removed = emulation::CleanupStaleKernelLinks(); removed.ok() && *removed > 0) {
       spdlog::info("removed {} stale link emulations of earlier runs", *removed);
@@ -400,13 +436,18 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
   const fs::path server_log = o.out_dir / "server.log";
   const fs::path port_file = o.out_dir / "server.port";
   fs::remove(port_file, ec);
-  // Clients in namespaces reach the server through a relay on the host, so loopback is enough either way.
-  absl::StatusOr<pid_t> server = procs.Start(
-      "server", ServerArgs(m, o, result.experiment_id, "127.0.0.1:0", port_file, *tls), server_log.string());
+  // Clients in the kernel backend's namespaces reach the server through a relay on the host, so loopback is
+  // enough there. The packet backend's clients reach it over their own TCP at their link's host address
+  // (10.214.x.1, a TUN device that exists only once the client's link is made): the server listens on every
+  // address, and the clients check its certificate as 127.0.0.1 (fl-client --tls-server-name).
+  const std::string listen = *backend == "packet" ? "0.0.0.0:0" : "127.0.0.1:0";
+  absl::StatusOr<pid_t> server =
+      procs.Start("server", ServerArgs(m, o, result.experiment_id, listen, port_file, *tls), server_log.string());
   if (!server.ok()) return server.status();
   absl::StatusOr<int> port = WaitForPort(port_file, procs, server_log);
   if (!port.ok()) return port.status();
-  const std::string target = fl::StrCat("127.0.0.1:", *port);
+  const int server_port = *port;
+  const std::string target = fl::StrCat("127.0.0.1:", server_port);
   if (!o.quiet) {
     spdlog::info("experiment {} ({} clients, link emulation: {}); fl-server on {} ({})", result.experiment_id,
                  m.num_clients(), *backend, target,
@@ -456,6 +497,12 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
   }
   std::vector<std::unique_ptr<emulation::ShapingRelay>> relays;
   std::vector<std::unique_ptr<emulation::KernelLink>> kernel_links;
+  struct PacketClient {
+    std::string process;
+    std::vector<std::string> clients;  // one per link
+    std::unique_ptr<emulation::PacketNamespace> ns;
+  };
+  std::vector<PacketClient> packet_namespaces;
   // One cpu quota per slowed client process; each removes its cgroup when destroyed (the run's end, any path).
   std::vector<std::unique_ptr<fl::sys::CpuQuota>> quotas;
 
@@ -463,8 +510,30 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
     std::string addr = target;
     const emulation::KernelLink* netns = nullptr;  // the client runs inside this link's namespace
     const uint64_t seed = m.settings.seed * 100'003 + p.index;
-    if (p.instances > 0 && p.group->link.has_value()) {
-      // Virtual clients (userspace backend only): a relay per instance, seeded and named as that client's own
+    const emulation::PacketNamespace* packet_ns = nullptr;  // or inside this one
+    if (p.group->link.has_value() && *backend == "packet") {
+      // A namespace for the process, a link per client in it (one, or one per instance), seeded as the client's.
+      absl::StatusOr<std::unique_ptr<emulation::PacketNamespace>> ns = emulation::PacketNamespace::Create(
+          {.label = p.name,
+           .tcp_congestion = m.emulation.tcp_congestion == "default" ? "" : m.emulation.tcp_congestion,
+           .seed = seed});
+      if (!ns.ok()) return ns.status();
+      PacketClient pc{.process = p.name, .clients = {}, .ns = std::move(*ns)};
+      addr.clear();
+      for (uint32_t i = 0; i < std::max<uint32_t>(p.instances, 1); ++i) {
+        absl::StatusOr<int> link = pc.ns->AddLink(*p.group->link);
+        if (!link.ok()) {
+          return absl::Status(link.status().code(), fl::StrCat("link ", p.group->link_name, " of client ", p.name, ": ",
+                                                               fl::ToStd(link.status().message())));
+        }
+        addr = fl::StrCat(addr, addr.empty() ? "" : ",", pc.ns->host_ip(*link), ":", server_port);
+        pc.clients.push_back(p.instances > 0 ? fl::StrCat(p.group->name, "-", i) : p.name);
+      }
+      if (absl::Status s = pc.ns->Start(); !s.ok()) return s;
+      packet_ns = pc.ns.get();
+      packet_namespaces.push_back(std::move(pc));
+    } else if (p.instances > 0 && p.group->link.has_value()) {
+      // Virtual clients (userspace backend): a relay per instance, seeded and named as that client's own
       // would be, so that every instance keeps its own link and the same draws as one process per client.
       addr.clear();
       for (uint32_t i = 0; i < p.instances; ++i) {
@@ -498,8 +567,9 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
       netns = link->get();
       kernel_links.push_back(std::move(*link));
     }
-    std::vector<std::string> argv = ClientArgs(m, o, p, addr, *tls, netns != nullptr);
+    std::vector<std::string> argv = ClientArgs(m, o, p, addr, *tls, netns != nullptr || packet_ns != nullptr);
     if (netns != nullptr) argv = netns->WrapCommand(argv);
+    if (packet_ns != nullptr) argv = packet_ns->WrapCommand(argv);
     absl::StatusOr<pid_t> pid = procs.Start(p.name, argv, (o.out_dir / fl::StrCat(p.name, ".log")).string());
     if (!pid.ok()) return pid.status();
     p.started = true;
@@ -579,6 +649,24 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
     if (absl::Status s = link->Destroy(); !s.ok()) spdlog::warn("link emulation cleanup: {}", s.message());
   }
   kernel_links.clear();
+  if (!packet_namespaces.empty()) {
+    // What each client's packet link did, beside the run's logs (the records hold the phases, not the packets).
+    std::ofstream tsv(o.out_dir / "packet-links.tsv");
+    tsv << "client\tprocess\tdirection\toffered\tdelivered\tdelivered_bytes\tlost\tlost_burst\tdropped_queue\t"
+           "max_queue_bytes\n";
+    for (PacketClient& pc : packet_namespaces) {
+      for (size_t i = 0; i < pc.clients.size(); ++i) {
+        for (const bool up : {true, false}) {
+          const emulation::PacketLinkStats st = pc.ns->stats(static_cast<int>(i), up);
+          tsv << pc.clients[i] << "\t" << pc.process << "\t" << (up ? "uplink" : "downlink") << "\t" << st.offered
+              << "\t" << st.delivered << "\t" << st.delivered_bytes << "\t" << st.lost << "\t" << st.lost_burst << "\t"
+              << st.dropped_queue << "\t" << st.max_queue_bytes << "\n";
+        }
+      }
+      if (absl::Status s = pc.ns->Destroy(); !s.ok()) spdlog::warn("link emulation cleanup: {}", s.message());
+    }
+    packet_namespaces.clear();
+  }
 
   absl::StatusOr<std::pair<std::string, std::string>> status =
       o.no_records

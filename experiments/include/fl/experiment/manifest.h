@@ -102,7 +102,9 @@ struct Manifest {
   Training training;
 
   struct Emulation {
-    std::string backend = "auto";      // none, userspace, kernel, auto (kernel when root and available)
+    std::string backend = "auto";  // none, userspace, kernel, packet, auto (kernel when root and available)
+    // Packet backend: the clients' TCP congestion control inside their namespaces ("default": the kernel's).
+    std::string tcp_congestion = "default";
     double host_relative_speed = 4.0;  // this machine's training speed relative to a Raspberry Pi 4
     // A group with count > 1 runs as one fl-client --instances <count> (virtual clients: one process, each client
     // its own session and link); false: one fl-client process per client. The kernel backend always runs one
