@@ -131,19 +131,28 @@ int RunForwardingSignals(const sigset_t& set, std::vector<std::string> argv, con
   return child->exit_status()->code;
 }
 
-int Netns(const std::string& path, const std::string& target, uint64_t seed, std::vector<std::string> command) {
-  auto profile = fe::LoadLinkProfile(path);
-  if (!profile.ok()) {
-    std::cerr << profile.status().message() << "\n";
+// Loads the profile of a subcommand that runs `command` inside a namespace: 0, or the exit code after saying why
+// it cannot.
+int LoadForCommand(const std::string& path, const std::vector<std::string>& command, fe::LinkProfile* profile) {
+  auto loaded = fe::LoadLinkProfile(path);
+  if (!loaded.ok()) {
+    std::cerr << loaded.status().message() << "\n";
     return 1;
   }
   if (command.empty()) {
     std::cerr << "give the command to run inside the namespace after --\n";
     return 2;
   }
+  *profile = *std::move(loaded);
+  return 0;
+}
+
+int Netns(const std::string& path, const std::string& target, uint64_t seed, std::vector<std::string> command) {
+  fe::LinkProfile profile;
+  if (const int rc = LoadForCommand(path, command, &profile); rc != 0) return rc;
   const sigset_t set = BlockStopSignals();
   fe::KernelLinkOptions o;
-  o.profile = *profile;
+  o.profile = profile;
   o.target_addr = target;
   o.seed = seed;
   auto link = fe::KernelLink::Create(o);
@@ -165,18 +174,11 @@ int Netns(const std::string& path, const std::string& target, uint64_t seed, std
 // listens on 0.0.0.0:port (or the link's host address); nothing relays it.
 int Packet(const std::string& path, int port, const std::string& congestion, uint64_t seed,
            std::vector<std::string> command) {
-  auto profile = fe::LoadLinkProfile(path);
-  if (!profile.ok()) {
-    std::cerr << profile.status().message() << "\n";
-    return 1;
-  }
-  if (command.empty()) {
-    std::cerr << "give the command to run inside the namespace after --\n";
-    return 2;
-  }
+  fe::LinkProfile profile;
+  if (const int rc = LoadForCommand(path, command, &profile); rc != 0) return rc;
   const sigset_t set = BlockStopSignals();
-  auto ns = fe::PacketNamespace::Create({.label = profile->name, .tcp_congestion = congestion, .seed = seed});
-  absl::Status s = ns.ok() ? (*ns)->AddLink(*profile).status() : ns.status();
+  auto ns = fe::PacketNamespace::Create({.label = profile.name, .tcp_congestion = congestion, .seed = seed});
+  absl::Status s = ns.ok() ? (*ns)->AddLink(profile).status() : ns.status();
   if (s.ok()) s = (*ns)->Start();
   if (!s.ok()) {
     std::cerr << s.message() << "\n";
