@@ -532,7 +532,7 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
       if (absl::Status s = pc.ns->Start(); !s.ok()) return s;
       packet_ns = pc.ns.get();
       packet_namespaces.push_back(std::move(pc));
-    } else if (p.instances > 0 && p.group->link.has_value()) {
+    } else if (p.instances > 0 && p.group->link.has_value() && *backend == "userspace") {
       // Virtual clients (userspace backend): a relay per instance, seeded and named as that client's own
       // would be, so that every instance keeps its own link and the same draws as one process per client.
       addr.clear();

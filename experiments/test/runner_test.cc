@@ -271,6 +271,41 @@ TEST_F(RunnerTest, PacketBackendCarriesEveryClientsTcpAndRemovesItsNamespaces) {
   EXPECT_EQ(ProcessesMentioning(dir_.path()), 0);
 }
 
+// `backend: none` means no link emulation at all: virtual clients dial fl-server itself, not one relay per
+// instance (seen in the running fl-client's --server argument: the server's one address, no list of relays).
+TEST_F(RunnerTest, BackendNoneStartsNoRelaysForVirtualClients) {
+  Manifest m;
+  ASSERT_NO_FATAL_FAILURE(LoadOk(Edit(kManifest, "backend: userspace", "backend: none"), &m));
+  RunOptions o = Options("run");
+  std::set<std::string> dialled;  // every --server value of our fl-client processes, sampled while the run goes on
+  o.on_tick = [&](const std::string&) {
+    DIR* proc = opendir("/proc");
+    while (dirent* e = readdir(proc)) {
+      if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+      std::ifstream in(fl::StrCat("/proc/", e->d_name, "/cmdline"));
+      std::vector<std::string> argv;
+      std::string all;
+      for (std::string arg; std::getline(in, arg, '\0');) {
+        argv.push_back(arg);
+        all += arg + " ";
+      }
+      if (argv.empty() || argv[0] != FL_CLIENT_BIN || all.find(dir_.path()) == std::string::npos) continue;
+      const auto it = std::find(argv.begin(), argv.end(), "--server");
+      if (it != argv.end() && it + 1 != argv.end()) dialled.insert(*(it + 1));
+    }
+    closedir(proc);
+  };
+  RunResult r;
+  ASSERT_NO_FATAL_FAILURE(RunFinished(m, o, &r));
+  EXPECT_EQ(r.backend, "none");
+  const std::string port = ReadText(dir_.File("run/server.port"));
+  ASSERT_FALSE(dialled.empty());
+  for (const std::string& addr : dialled) {
+    EXPECT_EQ(addr.find(','), std::string::npos) << addr;  // a list would be one relay per instance
+    EXPECT_EQ(addr, fl::StrCat("127.0.0.1:", std::stoi(port))) << addr;
+  }
+}
+
 // `security: {mode: insecure}` opts out: plaintext on both ends, each saying so in its log, no certificates.
 TEST_F(RunnerTest, InsecureModeRunsPlaintextAndRecordsIt) {
   RunResult r;
