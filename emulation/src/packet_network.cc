@@ -76,30 +76,35 @@ struct PacketNamespace::Link {
   std::unique_ptr<TunDevice> ns_tun;    // in the namespace
 };
 
+absl::Status CheckNamespaceCongestionControl(const std::string& name) {
+  auto available = DetectCongestionControls();
+  if (!available.ok()) return available.status();
+  if (std::find(available->begin(), available->end(), name) == available->end()) {
+    return absl::InvalidArgumentError(
+        StrCat("TCP congestion control '", name, "' is not available in this kernel; available: ", Join(*available),
+               " (tcp_available_congestion_control); load its module (modprobe tcp_", name, ") or choose another"));
+  }
+  // A namespace other than the host's may only take what the host allows (the sysctl would fail with EPERM).
+  std::ifstream in(kAllowedPath);
+  std::vector<std::string> allowed;
+  for (std::string n; in >> n;) allowed.push_back(n);
+  if (std::find(allowed.begin(), allowed.end(), name) == allowed.end()) {
+    const std::string listed = Join(allowed);
+    allowed.push_back(name);
+    return absl::FailedPreconditionError(
+        StrCat("TCP congestion control '", name,
+               "' is available but a network namespace may not take it: ", kAllowedPath, " lists ", listed,
+               "; allow it on the host with `sysctl -w "
+               "net.ipv4.tcp_allowed_congestion_control=\"",
+               Join(allowed, " "), "\"`"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<PacketNamespace>> PacketNamespace::Create(PacketNamespaceOptions options) {
   if (auto s = PacketBackendSupport(); !s.ok()) return s;
   if (!options.tcp_congestion.empty()) {
-    auto available = DetectCongestionControls();
-    if (!available.ok()) return available.status();
-    if (std::find(available->begin(), available->end(), options.tcp_congestion) == available->end()) {
-      return absl::InvalidArgumentError(StrCat("TCP congestion control '", options.tcp_congestion,
-                                               "' is not available in this kernel; available: ", Join(*available),
-                                               " (tcp_available_congestion_control)"));
-    }
-    // A namespace other than the host's may only take what the host allows (the sysctl would fail with EPERM).
-    std::ifstream in(kAllowedPath);
-    std::vector<std::string> allowed;
-    for (std::string name; in >> name;) allowed.push_back(name);
-    if (std::find(allowed.begin(), allowed.end(), options.tcp_congestion) == allowed.end()) {
-      const std::string listed = Join(allowed);
-      allowed.push_back(options.tcp_congestion);
-      return absl::FailedPreconditionError(
-          StrCat("TCP congestion control '", options.tcp_congestion,
-                 "' is available but a network namespace may not take it: ", kAllowedPath, " lists ", listed,
-                 "; allow it on the host with `sysctl -w "
-                 "net.ipv4.tcp_allowed_congestion_control=\"",
-                 Join(allowed, " "), "\"`"));
-    }
+    if (auto s = CheckNamespaceCongestionControl(options.tcp_congestion); !s.ok()) return s;
   }
   std::unique_ptr<PacketNamespace> ns(new PacketNamespace());
   ns->options_ = options;

@@ -284,29 +284,8 @@ absl::StatusOr<std::string> ResolveBackend(const Manifest& m) {
                                                fl::ToStd(s.message()), "; or use backend: userspace"));
     }
     if (m.emulation.tcp_congestion != "default") {
-      absl::StatusOr<std::vector<std::string>> offered = emulation::DetectCongestionControls();
-      if (!offered.ok()) return offered.status();
-      if (std::find(offered->begin(), offered->end(), m.emulation.tcp_congestion) == offered->end()) {
-        std::string have;
-        for (const std::string& c : *offered) have = fl::StrCat(have, have.empty() ? "" : ", ", c);
-        return absl::FailedPreconditionError(
-            fl::StrCat(m.path, ": emulation.tcp_congestion is ", m.emulation.tcp_congestion,
-                       ", which this kernel does not offer (it has: ", have, "); load its module (modprobe tcp_",
-                       m.emulation.tcp_congestion, ") or choose another"));
-      }
-      // A namespace other than the host's may only take a congestion control the host allows
-      // (net.ipv4.tcp_allowed_congestion_control; reno always): the kernel answers EPERM otherwise.
-      std::ifstream allowed_file("/proc/sys/net/ipv4/tcp_allowed_congestion_control");
-      std::vector<std::string> allowed{"reno"};
-      for (std::string c; allowed_file >> c;) allowed.push_back(c);
-      if (std::find(allowed.begin(), allowed.end(), m.emulation.tcp_congestion) == allowed.end()) {
-        std::string list;
-        for (const std::string& c : allowed) list = fl::StrCat(list, list.empty() ? "" : " ", c);
-        return absl::FailedPreconditionError(fl::StrCat(
-            m.path, ": emulation.tcp_congestion is ", m.emulation.tcp_congestion,
-            ", which the host does not allow inside network namespaces (net.ipv4.tcp_allowed_congestion_control = ",
-            list, "); allow it with: sysctl -w net.ipv4.tcp_allowed_congestion_control=\"", list, " ",
-            m.emulation.tcp_congestion, "\", or choose one of those"));
+      if (absl::Status s = emulation::CheckNamespaceCongestionControl(m.emulation.tcp_congestion); !s.ok()) {
+        return absl::Status(s.code(), fl::StrCat(m.path, ": emulation.tcp_congestion: ", fl::ToStd(s.message())));
       }
     }
     return std::string("packet");

@@ -271,6 +271,25 @@ TEST_F(RunnerTest, PacketBackendCarriesEveryClientsTcpAndRemovesItsNamespaces) {
   EXPECT_EQ(ProcessesMentioning(dir_.path()), 0);
 }
 
+// A congestion control the host does not let namespaces take is refused before anything starts (cubic on a host
+// whose tcp_allowed_congestion_control lacks it, as this one's), naming the sysctl; where allowed it resolves.
+TEST_F(RunnerTest, PacketBackendRefusesACongestionControlNamespacesMayNotTake) {
+  if (!emulation::PacketBackendSupport().ok()) GTEST_SKIP() << "covered by the packet backend's refusal test";
+  Manifest m;
+  ASSERT_NO_FATAL_FAILURE(LoadOk(Edit(kManifest, "backend: userspace", "backend: packet, tcp_congestion: cubic"), &m));
+  absl::StatusOr<std::string> backend = ResolveBackend(m);
+  const std::string allowed = ReadText("/proc/sys/net/ipv4/tcp_allowed_congestion_control");
+  if (allowed.find("cubic") != std::string::npos) {
+    EXPECT_TRUE(backend.ok()) << backend.status();
+    return;
+  }
+  ASSERT_FALSE(backend.ok());
+  EXPECT_NE(backend.status().message().find("emulation.tcp_congestion"), std::string::npos) << backend.status();
+  EXPECT_NE(backend.status().message().find("sysctl -w net.ipv4.tcp_allowed_congestion_control"), std::string::npos)
+      << backend.status();
+  EXPECT_FALSE(fs::exists(dir_.File("run")));
+}
+
 // `backend: none` means no link emulation at all: virtual clients dial fl-server itself, not one relay per
 // instance (seen in the running fl-client's --server argument: the server's one address, no list of relays).
 TEST_F(RunnerTest, BackendNoneStartsNoRelaysForVirtualClients) {

@@ -41,6 +41,11 @@ struct PacketNamespaceOptions {
   uint64_t seed = 1;  // each link direction's RNG is derived from it
 };
 
+// A TCP congestion control a packet namespace can take: offered by the kernel
+// (tcp_available_congestion_control) and, for a namespace other than the host's, allowed by the host
+// (tcp_allowed_congestion_control). The refusal names what is missing and the command that fixes it.
+absl::Status CheckNamespaceCongestionControl(const std::string& name);
+
 class PacketNamespace {
  public:
   static absl::StatusOr<std::unique_ptr<PacketNamespace>> Create(PacketNamespaceOptions options);
