@@ -193,7 +193,8 @@ int Packet(const std::string& path, int port, const std::string& congestion, uin
     const fe::PacketLinkStats st = (*ns)->stats(0, up);
     std::cout << (up ? "uplink:   " : "downlink: ") << st.delivered << " packets (" << st.delivered_bytes
               << " bytes) delivered of " << st.offered << "; " << st.lost << " lost, " << st.dropped_queue
-              << " dropped by the queue\n";
+              << " dropped by the queue; the emulator late by up to " << st.max_late_ns / 1000 << " us ("
+              << st.late_over_1ms << " packets over 1 ms)\n";
   }
   if (auto d = (*ns)->Destroy(); !d.ok()) std::cerr << "cleanup: " << d.message() << "\n";
   return rc;

@@ -205,6 +205,9 @@ void PacketLink::Deliver(int64_t now_ns, std::vector<Packet>* out) {
     in_flight_.pop_back();
     ++stats_.delivered;
     stats_.delivered_bytes += p.bytes.size();
+    const int64_t late = now_ns - p.arrival_ns;  // arrival_ns holds the time to leave once in flight
+    stats_.max_late_ns = std::max(stats_.max_late_ns, late);
+    if (late > 1'000'000) ++stats_.late_over_1ms;
     out->push_back(std::move(p));
   }
 }

@@ -45,6 +45,20 @@ TEST(PacketLinkTest, FixedRateDeliversBytesInBytesTimesEightOverRate) {
     EXPECT_EQ(out[i].second, static_cast<uint8_t>(i));
   }
   EXPECT_EQ(l.stats().delivered_bytes, 150'000u);
+  EXPECT_EQ(l.stats().max_late_ns, 0);  // delivered at their times
+}
+
+TEST(PacketLinkTest, LatenessCountsPacketsDeliveredAfterTheirTime) {
+  LinkDirection d;
+  d.delay_ms = 10;
+  PacketLink l = Make(d);
+  l.Offer(0, Bytes(100));
+  l.Offer(0, Bytes(100));
+  std::vector<Packet> got;
+  l.Deliver(10 * kMs + 3 * kMs, &got);  // the loop woke 3 ms late
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(l.stats().max_late_ns, 3 * kMs);
+  EXPECT_EQ(l.stats().late_over_1ms, 2u);
 }
 
 TEST(PacketLinkTest, AnIdleLinkStartsAPacketAtItsArrival) {

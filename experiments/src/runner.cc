@@ -632,14 +632,15 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
     // What each client's packet link did, beside the run's logs (the records hold the phases, not the packets).
     std::ofstream tsv(o.out_dir / "packet-links.tsv");
     tsv << "client\tprocess\tdirection\toffered\tdelivered\tdelivered_bytes\tlost\tlost_burst\tdropped_queue\t"
-           "max_queue_bytes\n";
+           "max_queue_bytes\tmax_late_us\tlate_over_1ms\n";
     for (PacketClient& pc : packet_namespaces) {
       for (size_t i = 0; i < pc.clients.size(); ++i) {
         for (const bool up : {true, false}) {
           const emulation::PacketLinkStats st = pc.ns->stats(static_cast<int>(i), up);
           tsv << pc.clients[i] << "\t" << pc.process << "\t" << (up ? "uplink" : "downlink") << "\t" << st.offered
               << "\t" << st.delivered << "\t" << st.delivered_bytes << "\t" << st.lost << "\t" << st.lost_burst << "\t"
-              << st.dropped_queue << "\t" << st.max_queue_bytes << "\n";
+              << st.dropped_queue << "\t" << st.max_queue_bytes << "\t" << st.max_late_ns / 1000 << "\t"
+              << st.late_over_1ms << "\n";
         }
       }
       if (absl::Status s = pc.ns->Destroy(); !s.ok()) spdlog::warn("link emulation cleanup: {}", s.message());

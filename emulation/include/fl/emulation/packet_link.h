@@ -44,6 +44,10 @@ struct PacketLinkStats {
   uint64_t delivered_bytes = 0;
   uint64_t opportunities_unused = 0;  // trace opportunities that found the queue empty
   uint64_t max_queue_bytes = 0;       // high-water mark of the bottleneck queue
+  // The emulator's own fidelity: how late packets left against their time (Deliver called after it, e.g. the event
+  // loop's wake-up or the CPU it had). 0 on a virtual clock that calls Deliver at NextEventNs.
+  int64_t max_late_ns = 0;
+  uint64_t late_over_1ms = 0;  // packets that left more than 1 ms after their time
 };
 
 enum class OfferResult { kQueued, kDroppedQueue };
