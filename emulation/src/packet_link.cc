@@ -97,7 +97,9 @@ uint64_t PacketLink::FirstOpportunityAtOrAfter(int64_t t_ns) const {
   const uint64_t n = d_.trace.opportunities_ms.size();
   if (t_ns <= start_ns_) return 0;
   const int64_t period_ns = static_cast<int64_t>(d_.trace.period_ms) * kNsPerMs;
-  const uint64_t cycle = static_cast<uint64_t>((t_ns - start_ns_) / period_ns);
+  // The cycle is taken so that within_ns is in (0, period]: a cycle's last line is at its period, the same instant
+  // as the next cycle's start, and a packet arriving exactly then must still get that opportunity.
+  const uint64_t cycle = static_cast<uint64_t>((t_ns - start_ns_ - 1) / period_ns);
   const int64_t within_ns = t_ns - start_ns_ - static_cast<int64_t>(cycle) * period_ns;
   const uint64_t min_ms = static_cast<uint64_t>((within_ns + kNsPerMs - 1) / kNsPerMs);
   const auto it = std::lower_bound(d_.trace.opportunities_ms.begin(), d_.trace.opportunities_ms.end(), min_ms);

@@ -102,6 +102,21 @@ TEST(PacketLinkTest, SmallPacketsShareAnOpportunityUpTo1500Bytes) {
   EXPECT_EQ(out[3].first, 2 * kMs);
 }
 
+TEST(PacketLinkTest, APacketArrivingAtAnOpportunityTakesIt) {
+  LinkDirection d;
+  d.has_trace = true;
+  d.trace.opportunities_ms = {3, 10};  // the last line is the period: 10 ms, 20 ms, ... are opportunities
+  d.trace.period_ms = 10;
+  PacketLink l = Make(d);
+  l.Offer(3 * kMs, Bytes(100, 1));   // at the first line's time
+  l.Offer(20 * kMs, Bytes(100, 2));  // at the second period's last line, where the third period begins
+  const auto out = Drain(l);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].first, 3 * kMs);
+  EXPECT_EQ(out[1].first, 20 * kMs);
+  EXPECT_EQ(l.stats().opportunities_unused, 2u);  // 10 ms and 13 ms found the queue empty
+}
+
 TEST(PacketLinkTest, OpportunitiesThatFindTheQueueEmptyAreLostEvenAcrossManyPeriods) {
   LinkDirection d;
   d.has_trace = true;

@@ -42,8 +42,10 @@ struct PacketLinkStats {
   uint64_t lost_burst = 0;     // of `lost`, lost by the Gilbert-Elliott chain
   uint64_t delivered = 0;
   uint64_t delivered_bytes = 0;
-  uint64_t opportunities_unused = 0;  // trace opportunities that found the queue empty
-  uint64_t max_queue_bytes = 0;       // high-water mark of the bottleneck queue
+  // Trace opportunities that found the queue empty, counted in one step when the next packet reaches the queue
+  // (the ones after the last packet are not counted until another arrives).
+  uint64_t opportunities_unused = 0;
+  uint64_t max_queue_bytes = 0;  // high-water mark of the bottleneck queue
   // The emulator's own fidelity: how late packets left against their time (Deliver called after it, e.g. the event
   // loop's wake-up or the CPU it had). 0 on a virtual clock that calls Deliver at NextEventNs.
   int64_t max_late_ns = 0;
