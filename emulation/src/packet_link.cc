@@ -76,6 +76,7 @@ absl::StatusOr<PacketLink> PacketLink::Create(const LinkDirection& direction, ui
   l.start_ns_ = start_ns;
   l.rng_.seed(seed);
   l.busy_until_ns_ = start_ns;
+  l.busy_start_ns_ = start_ns;
   l.queue_limit_bytes_ = direction.EffectiveQueueLimit();
   l.ns_per_byte_ = direction.has_trace || direction.rate_bps <= 0 ? 0.0 : 8e9 / direction.rate_bps;
   return l;
@@ -131,8 +132,11 @@ OfferResult PacketLink::Offer(int64_t now_ns, std::vector<uint8_t> packet) {
 int64_t PacketLink::HeadDepartureNs() const {
   const Packet& head = queue_.front();
   if (!d_.has_trace) {
-    const int64_t start = std::max(busy_until_ns_, head.arrival_ns);
-    return start + static_cast<int64_t>(std::llround(static_cast<double>(head.bytes.size()) * ns_per_byte_));
+    // An idle link starts a new busy period at the packet's arrival; a busy one serialises it right after the last.
+    const bool idle = head.arrival_ns >= busy_until_ns_;
+    const int64_t start = idle ? head.arrival_ns : busy_start_ns_;
+    const uint64_t bytes = (idle ? 0 : busy_bytes_) + head.bytes.size();
+    return start + static_cast<int64_t>(std::llround(static_cast<double>(bytes) * ns_per_byte_));
   }
   return OpportunityNs(std::max(next_opportunity_, FirstOpportunityAtOrAfter(head.arrival_ns)));
 }
@@ -142,6 +146,11 @@ void PacketLink::RunBottleneck(int64_t now_ns) {
     if (!d_.has_trace) {
       const int64_t done = HeadDepartureNs();
       if (done > now_ns) return;
+      if (queue_.front().arrival_ns >= busy_until_ns_) {
+        busy_start_ns_ = queue_.front().arrival_ns;
+        busy_bytes_ = 0;
+      }
+      busy_bytes_ += queue_.front().bytes.size();
       busy_until_ns_ = done;
       Packet p = std::move(queue_.front());
       queue_.pop_front();

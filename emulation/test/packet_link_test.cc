@@ -48,6 +48,23 @@ TEST(PacketLinkTest, FixedRateDeliversBytesInBytesTimesEightOverRate) {
   EXPECT_EQ(l.stats().max_late_ns, 0);  // delivered at their times
 }
 
+TEST(PacketLinkTest, FixedRateRoundingDoesNotAccumulatePerPacket) {
+  LinkDirection d;
+  d.rate_bps = 7e6;  // 1500 bytes = 1,714,285.71 ns: 7 packets = 12 ms exactly
+  d.queue_limit_bytes = 1 << 20;
+  PacketLink l = Make(d);
+  for (int i = 0; i < 7; ++i) l.Offer(0, Bytes(1500));
+  const auto out = Drain(l);
+  ASSERT_EQ(out.size(), 7u);
+  EXPECT_EQ(out[0].first, 1'714'286);
+  EXPECT_EQ(out[6].first, 12 * kMs);
+  // After an idle gap the next packet starts at its arrival, a new busy period.
+  l.Offer(20 * kMs, Bytes(1500));
+  const auto later = Drain(l);
+  ASSERT_EQ(later.size(), 1u);
+  EXPECT_EQ(later[0].first, 20 * kMs + 1'714'286);
+}
+
 TEST(PacketLinkTest, LatenessCountsPacketsDeliveredAfterTheirTime) {
   LinkDirection d;
   d.delay_ms = 10;

@@ -107,7 +107,11 @@ class PacketLink {
   bool burst_bad_ = false;
   std::deque<Packet> queue_;  // waiting for the bottleneck (the head is being serialised)
   uint64_t queued_bytes_ = 0;
-  int64_t busy_until_ns_ = 0;        // fixed rate: the bottleneck is serialising until then
+  int64_t busy_until_ns_ = 0;  // fixed rate: the bottleneck is serialising until then
+  // Fixed rate: the current busy period (packets back to back) began at busy_start_ns_ and has serialised
+  // busy_bytes_ so far; times are rounded from the period's total, so that rounding never accumulates per packet.
+  int64_t busy_start_ns_ = 0;
+  uint64_t busy_bytes_ = 0;
   uint64_t next_opportunity_ = 0;    // trace: the first opportunity not yet used or skipped
   std::vector<InFlight> in_flight_;  // left the bottleneck, delayed: a heap by time to leave
   uint64_t sequence_ = 0;
