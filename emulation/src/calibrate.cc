@@ -512,10 +512,32 @@ absl::Status CalibratePacket(const LinkProfile& profile, const CalibrationOption
     if (!ns.ok()) return ns.status();
     const std::string target = StrCat((*ns)->host_ip(0), ":", port);
     absl::Status measured = absl::OkStatus();
-    if (auto s = (*ns)->RunInNamespace([&] { measured = Measure(target, profile, options, result); }); !s.ok()) {
-      return s;
-    }
+    if (auto s = (*ns)->RunInNamespace([&] { measured = MeasureRtt(target, options, result); }); !s.ok()) return s;
     if (!measured.ok()) return measured;
+    // Each bulk transfer between two snapshots of its direction's counters: on a trace, the opportunities the
+    // link offered meanwhile (each carries up to 1,500 bytes; an unused one is counted when the next packet
+    // arrives, and the transfer's last ACK or FIN follows its data) are the capacity it had to match.
+    for (const bool up : {true, false}) {
+      DirectionMeasurement* d = up ? &result->uplink : &result->downlink;
+      const PacketLinkStats before = (*ns)->stats(0, up);
+      const int64_t t0 = NowNs();
+      if (auto s = (*ns)->RunInNamespace([&] {
+            measured = up ? MeasureUplink(target, profile.uplink.NominalRateBps(), options.bulk_seconds, d)
+                          : MeasureDownlink(target, profile.downlink.NominalRateBps(), options.bulk_seconds, d);
+          });
+          !s.ok()) {
+        return s;
+      }
+      if (!measured.ok()) return measured;
+      const PacketLinkStats after = (*ns)->stats(0, up);
+      const double elapsed_s = static_cast<double>(NowNs() - t0) / 1e9;
+      if ((up ? profile.uplink : profile.downlink).has_trace && elapsed_s > 0) {
+        const uint64_t opportunities =
+            (after.delivered - before.delivered) + (after.opportunities_unused - before.opportunities_unused);
+        d->window_capacity_bps = static_cast<double>(opportunities) * 1500 * 8 / elapsed_s;
+      }
+      if (auto s = Goodput(d); !s.ok()) return s;
+    }
     if (auto s = (*ns)->Destroy(); !s.ok()) return s;
   }
   if (options.loss_packets > 0) {
@@ -665,13 +687,19 @@ std::string CalibrationTable(const std::vector<CalibrationResult>& results) {
       return d.nominal_bps > 0 ? StrCat(d.RateError() >= 0 ? "+" : "", Fixed(d.RateError() * 100, 1), "%")
                                : std::string("n/a");
     };
+    // A trace's rows give its long-run mean and, after it, what it offered during the transfer (the error's
+    // reference).
+    auto nominal = [](const DirectionMeasurement& d) {
+      return d.window_capacity_bps > 0 ? StrCat(Mbit(d.nominal_bps), " (window ", Mbit(d.window_capacity_bps), ")")
+                                       : Mbit(d.nominal_bps);
+    };
     const double rtt_err = r.rtt_median_ms - r.nominal_rtt_ms;
     std::string targets = StrCat(r.RateWithinTarget() ? "rate ok" : "RATE MISSED", ", ",
                                  r.RttWithinTarget() ? "delay ok" : "DELAY MISSED");
     os << "| " << r.profile << " | " << BackendName(r.backend)
        << (r.backend == Backend::kKernel ? (r.netem ? " (netem)" : " (htb + delay line)") : "") << " | "
-       << Mbit(r.uplink.nominal_bps) << " | " << Mbit(r.uplink.measured_bps) << " | " << err(r.uplink) << " | "
-       << Mbit(r.downlink.nominal_bps) << " | " << Mbit(r.downlink.measured_bps) << " | " << err(r.downlink) << " | "
+       << nominal(r.uplink) << " | " << Mbit(r.uplink.measured_bps) << " | " << err(r.uplink) << " | "
+       << nominal(r.downlink) << " | " << Mbit(r.downlink.measured_bps) << " | " << err(r.downlink) << " | "
        << Fixed(r.nominal_rtt_ms, 1) << " | " << Fixed(r.rtt_median_ms, 2) << " (" << Fixed(r.rtt_p10_ms, 2) << "-"
        << Fixed(r.rtt_p90_ms, 2) << ") | " << (rtt_err >= 0 ? "+" : "") << Fixed(rtt_err, 2) << " | " << targets
        << " |\n";
@@ -756,6 +784,9 @@ absl::StatusOr<std::filesystem::path> WriteCalibrationYaml(const std::filesystem
       const DirectionMeasurement& d = i == 0 ? r.uplink : r.downlink;
       y << YAML::Key << (i == 0 ? "uplink" : "downlink") << YAML::Value << YAML::BeginMap;
       y << YAML::Key << "nominal_bps" << YAML::Value << d.nominal_bps;
+      if (d.window_capacity_bps > 0) {
+        y << YAML::Key << "window_capacity_bps" << YAML::Value << std::round(d.window_capacity_bps);
+      }
       y << YAML::Key << "measured_bps" << YAML::Value << std::round(d.measured_bps);
       y << YAML::Key << "error" << YAML::Value << std::round(d.RateError() * 10000) / 10000;
       y << YAML::Key << "bytes" << YAML::Value << d.bytes;

@@ -6,11 +6,13 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <fstream>
 
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>
 
+#include "fl/emulation/tun_device.h"
 #include "fl/testing/scratch_dir.h"
 
 namespace fl::emulation {
@@ -56,6 +58,51 @@ TEST(CalibrateTest, KernelBackendMeasuresBothDirectionsAndTheRoundTrip) {
   auto r = Calibrate(Profile(), o);
   ASSERT_TRUE(r.ok()) << r.status();
   ExpectWithinGuarantees(*r, Profile());
+}
+
+TEST(CalibrateTest, PacketBackendMeasuresPhysicsOrNamesWhatIsMissing) {
+  LinkProfile p = Profile();
+  p.uplink.loss = 0.02;
+  p.downlink.loss = 0.01;
+  CalibrationOptions o;
+  o.backend = Backend::kPacket;
+  o.bulk_seconds = 1.0;
+  o.pings = 10;
+  o.loss_packets = 20'000;
+  o.mathis_loss = 0.01;
+  o.mathis_seconds = 3;
+  const absl::Status support = PacketBackendSupport();
+  auto r = Calibrate(p, o);
+  if (!support.ok()) {
+    // Refused before anything starts, with the same list of what this machine lacks.
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find(support.message()), std::string_view::npos) << r.status();
+    return;
+  }
+  ASSERT_TRUE(r.ok()) << r.status();
+  // Capacity and delay are measured without the loss, so the guarantees are those of the lossless link.
+  ExpectWithinGuarantees(*r, p);
+  // Loss: physics (the configured Bernoulli probability) plus the binomial spread over the datagrams that got
+  // past the queue; 6 sigma, so a correct link fails this about once in 500 million runs.
+  ASSERT_TRUE(r->has_loss);
+  for (const auto& [m, configured] : {std::pair{r->loss_up, 0.02}, std::pair{r->loss_down, 0.01}}) {
+    EXPECT_DOUBLE_EQ(m.configured, configured);
+    EXPECT_EQ(m.sent, 20'000u);
+    const double counted = static_cast<double>(m.sent - m.queue_drops);
+    const double lost = m.Measured() * counted;
+    const double sigma = std::sqrt(counted * configured * (1 - configured));
+    EXPECT_NEAR(lost, counted * configured, 6 * sigma)
+        << "sent " << m.sent << ", received " << m.received << ", queue drops " << m.queue_drops;
+    // Every datagram the receiver missed was lost by the link's loss model or dropped by its queue.
+    EXPECT_LE(m.sent - m.received, m.link_lost + m.queue_drops);
+  }
+  // TCP under random loss: Reno's own retransmissions, goodput still under the link's rate.
+  ASSERT_TRUE(r->has_mathis);
+  EXPECT_EQ(r->mathis.congestion_control, "reno");
+  EXPECT_GT(r->mathis.retransmits, 0u);
+  EXPECT_GT(r->mathis.measured_bps, 0);
+  EXPECT_LE(r->mathis.measured_bps, p.uplink.rate_bps * 1.02);
+  EXPECT_GE(r->mathis.rtt_ms, p.NominalRttMs());
 }
 
 TEST(CalibrateTest, WritesYamlBesideTheProfileKeepingOtherBackends) {

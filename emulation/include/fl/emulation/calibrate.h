@@ -76,8 +76,14 @@ struct DirectionMeasurement {
   double measured_bps = 0;  // receiver goodput
   uint64_t bytes = 0;       // received in the measured window
   double seconds = 0;       // the window
-  // measured / nominal - 1 (0 when unlimited).
-  double RateError() const { return nominal_bps > 0 ? measured_bps / nominal_bps - 1.0 : 0.0; }
+  // Packet backend with a trace: the capacity the trace offered while the transfer ran (the link's delivery
+  // opportunities, used and unused, times 1,500 bytes over the time between the link's counters before and
+  // after it). A transfer of a few seconds sees a few seconds of a trace whose rate moves over seconds, so its
+  // goodput is compared with this, not the trace's long-run mean. 0 = not measured (fixed rate: the rate).
+  double window_capacity_bps = 0;
+  double Reference() const { return window_capacity_bps > 0 ? window_capacity_bps : nominal_bps; }
+  // measured / reference - 1 (0 when unlimited).
+  double RateError() const { return Reference() > 0 ? measured_bps / Reference() - 1.0 : 0.0; }
 };
 
 struct CalibrationResult {
