@@ -185,7 +185,7 @@ absl::StatusOr<std::unique_ptr<CpuQuota>> CpuQuota::Create(std::string_view name
   // From here on the destructor removes the group whatever fails next.
   std::unique_ptr<CpuQuota> quota(new CpuQuota(*controller, path, cores));
 
-  const int64_t period = kPeriod.count();
+  const int64_t period = PeriodFor(cores).count();
   const int64_t limit = std::max<int64_t>(1000, std::llround(cores * static_cast<double>(period)));
   if (controller->version == CgroupVersion::kV1) {
     if (absl::Status s = WriteFile(path + "/cpu.cfs_period_us", fl::StrCat(period)); !s.ok()) return s;
@@ -194,6 +194,13 @@ absl::StatusOr<std::unique_ptr<CpuQuota>> CpuQuota::Create(std::string_view name
     if (absl::Status s = WriteFile(path + "/cpu.max", fl::StrCat(limit, " ", period)); !s.ok()) return s;
   }
   return quota;
+}
+
+std::chrono::microseconds CpuQuota::PeriodFor(double cores) {
+  if (!(cores > 0)) return kMaxPeriod;
+  const double needed_us = 1000.0 / cores;  // the period that makes the quota exactly 1 ms
+  const auto period = static_cast<int64_t>(std::ceil(needed_us));
+  return std::chrono::microseconds(std::clamp<int64_t>(period, kMinPeriod.count(), kMaxPeriod.count()));
 }
 
 CpuQuota::~CpuQuota() {

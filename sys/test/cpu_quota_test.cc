@@ -74,6 +74,17 @@ TEST(CpuQuotaTest, BadValuesAreRefusedNamingTheValue) {
   }
 }
 
+// The period is the shortest in [10, 100] ms whose quota is at least the kernel's 1 ms: short, so that an emulated
+// device is slowed evenly rather than frozen for most of a long period.
+TEST(CpuQuotaTest, PeriodIsTheShortestThatGivesTheKernelsMillisecond) {
+  using std::chrono::microseconds;
+  EXPECT_EQ(CpuQuota::PeriodFor(0.25), microseconds(10'000));  // 2.5 ms of every 10 ms
+  EXPECT_EQ(CpuQuota::PeriodFor(2.0), microseconds(10'000));
+  EXPECT_EQ(CpuQuota::PeriodFor(0.05), microseconds(20'000));  // 1 ms of every 20 ms
+  EXPECT_EQ(CpuQuota::PeriodFor(0.02), microseconds(50'000));
+  EXPECT_EQ(CpuQuota::PeriodFor(0.01), microseconds(100'000));
+}
+
 TEST(CpuQuotaTest, FindsV1AndV2AndNamesWhatIsMissing) {
   // v1: a cgroup mount with the cpu option (possibly co-mounted with cpuacct).
   auto v1 = FindCpuController(WriteTemp("mounts_v1",
@@ -147,7 +158,8 @@ TEST(CpuQuotaTest, BusyChildIsHeldToTheQuota) {
   // At least 1 s; longer (bounded) only if the shared machine gave the child too little CPU to reach the quota.
   std::this_thread::sleep_for(std::chrono::seconds(1));
   absl::StatusOr<CpuQuotaStats> stats = (*quota)->Stats();
-  for (int i = 0; i < 190 && stats.ok() && stats->throttled_periods == 0; ++i) {
+  // A throttle in progress is counted at its start and timed at its end: wait for a finished one.
+  for (int i = 0; i < 190 && stats.ok() && (stats->throttled_periods == 0 || stats->throttled_time.count() == 0); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     stats = (*quota)->Stats();
   }

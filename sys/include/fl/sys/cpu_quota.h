@@ -52,7 +52,14 @@ struct CpuQuotaStats {
 // destructor moves any processes still in it back to the hierarchy's root and removes it.
 class CpuQuota {
  public:
-  static constexpr std::chrono::microseconds kPeriod{100'000};
+  // The enforcement period: the shortest in [10 ms, 100 ms] that still gives the kernel's minimum quota of 1 ms.
+  // The kernel lets a group run its whole quota at once and then stops it for the rest of the period, so the
+  // period is how long an emulated device can freeze: at 0.25 core, 100 ms periods stall a process for up to
+  // 75 ms (a transfer caught there takes 75 ms longer), 10 ms periods for 7.5 ms, closer to a slower CPU that
+  // never stops. Shorter periods cost the scheduler a little more bookkeeping.
+  static constexpr std::chrono::microseconds kMinPeriod{10'000};
+  static constexpr std::chrono::microseconds kMaxPeriod{100'000};
+  static std::chrono::microseconds PeriodFor(double cores);
 
   // `name`: letters, digits, '-', '_', '.' (it becomes a directory name).
   static absl::StatusOr<std::unique_ptr<CpuQuota>> Create(std::string_view name, double cores);
@@ -66,6 +73,7 @@ class CpuQuota {
 
   const std::string& path() const { return path_; }
   double cores() const { return cores_; }
+  std::chrono::microseconds period() const { return PeriodFor(cores_); }
   const CpuController& controller() const { return controller_; }
 
  private:
