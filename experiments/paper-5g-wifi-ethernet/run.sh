@@ -5,23 +5,29 @@
 # Each run is mutual TLS with its own throwaway CA in $OUT/<run>/pki, as every fl-experiment run is unless its
 # manifest says `security: {mode: insecure}` (docs/manifests.md).
 #
-# Usage: experiments/paper-5g-wifi-ethernet/run.sh [BUILD_DIR] [OUT_DIR]   (defaults: build/release, out/paper)
+# The runs use the packet backend and cpu quotas: run as root (each is refused before it starts otherwise, saying
+# what is missing).
+#
+# Usage: experiments/paper-5g-wifi-ethernet/run.sh [BUILD_DIR|BIN_DIR] [OUT_DIR]   (defaults: build/release, out/paper)
+# BIN_DIR: a folder holding fl-experiment, fl-server, fl-client and fl-report side by side (e.g. an installed copy).
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/../.."
 BUILD_DIR="${1:-build/release}"
 OUT="${2:-out/paper}"
+if [ -x "$BUILD_DIR/fl-experiment" ]; then EXP="$BUILD_DIR/fl-experiment"; REPORT="$BUILD_DIR/fl-report"
+else EXP="$BUILD_DIR/experiments/fl-experiment"; REPORT="$BUILD_DIR/report/fl-report"; fi
 DB="$OUT/records.db"
 mkdir -p "$OUT"
 for run in ethernet wifi 5g mixed; do
-  "$BUILD_DIR/experiments/fl-experiment" run "experiments/paper-5g-wifi-ethernet/$run.yaml" --db "$DB" \
+  "$EXP" run "experiments/paper-5g-wifi-ethernet/$run.yaml" --db "$DB" \
     --out "$OUT/$run" >"$OUT/$run.txt" 2>&1 || { echo "run $run failed: $OUT/$run.txt" >&2; exit 1; }
   echo "run $run done"
 done
-"$BUILD_DIR/report/fl-report" "$DB" --list
+"$REPORT" "$DB" --list
 for run in ethernet wifi 5g mixed; do
   id=$(sqlite3 "$DB" "SELECT id FROM experiments WHERE name = 'paper-$run' ORDER BY started_unix_ms DESC LIMIT 1")
   echo; echo "== paper-$run ($id)"
-  "$BUILD_DIR/report/fl-report" "$DB" --experiment "$id" --table links
-  "$BUILD_DIR/report/fl-report" "$DB" --experiment "$id" --table stragglers
-  "$BUILD_DIR/report/fl-report" "$DB" --experiment "$id" --format html --out "$OUT/$run.html"
+  "$REPORT" "$DB" --experiment "$id" --table links
+  "$REPORT" "$DB" --experiment "$id" --table stragglers
+  "$REPORT" "$DB" --experiment "$id" --format html --out "$OUT/$run.html"
 done
