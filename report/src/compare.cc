@@ -20,7 +20,6 @@ namespace {
 // Tableau 10: distinguishable lines for up to ten experiments (then the colours repeat).
 constexpr std::string_view kLineColors[] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
                                             "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"};
-constexpr std::string_view kAxisColor = "#444444";
 
 std::string Fixed(double v, int decimals) {
   char buf[32];
@@ -30,18 +29,26 @@ std::string Fixed(double v, int decimals) {
 
 }  // namespace
 
+double FirstDispatchUnixMs(const ExperimentData& data) {
+  double t0 = std::numeric_limits<double>::infinity();
+  for (const RoundAttempt& r : data.rounds) {
+    t0 = std::min(t0, static_cast<double>(r.started_unix_ms));
+    for (const ClientRoundRow& c : r.clients) {
+      if (c.dispatched_unix_ms.has_value()) t0 = std::min(t0, static_cast<double>(*c.dispatched_unix_ms));
+    }
+  }
+  return t0;
+}
+
 ComparedExperiment Summarize(const ExperimentData& data, double target_accuracy) {
   ComparedExperiment out;
   out.label = data.experiment.name.empty() ? data.experiment.id : data.experiment.name;
   out.id = data.experiment.id;
   out.db_path = data.db_path;
   out.aggregation = data.experiment.aggregation;
-  // The first dispatch: the earliest start of any round or step, or dispatch of any task, recorded.
-  double t0 = std::numeric_limits<double>::infinity();
+  const double t0 = FirstDispatchUnixMs(data);
   for (const RoundAttempt& r : data.rounds) {
-    t0 = std::min(t0, static_cast<double>(r.started_unix_ms));
     for (const ClientRoundRow& c : r.clients) {
-      if (c.dispatched_unix_ms.has_value()) t0 = std::min(t0, static_cast<double>(*c.dispatched_unix_ms));
       out.uplink_bytes += c.uplink_bytes.value_or(0);
       out.downlink_bytes += c.downlink_bytes.value_or(0);
     }
@@ -165,27 +172,11 @@ std::string CompareSvg(const std::vector<ComparedExperiment>& experiments, doubl
   const std::vector<double> xt = NiceTicks(0, x_hi, 8);
   const std::vector<double> yt = NiceTicks(y_lo, y_hi, 6);
   x_hi = std::max(x_hi, xt.empty() ? x_hi : xt.back());
-  const double plot_w = kWidth - kLeft - kRight;
-  auto X = [&](double s) { return kLeft + plot_w * s / x_hi; };
-  auto Y = [&](double a) { return kTop + kPlotHeight * (1 - (a - y_lo) / (y_hi - y_lo)); };
-
-  svg.BeginGroup("axes");
-  svg.Line(kLeft, kTop + kPlotHeight, kLeft + plot_w, kTop + kPlotHeight, kAxisColor);
-  svg.Line(kLeft, kTop, kLeft, kTop + kPlotHeight, kAxisColor);
-  for (double v : xt) {
-    if (v > x_hi) continue;
-    svg.Line(X(v), kTop + kPlotHeight, X(v), kTop + kPlotHeight + 4, kAxisColor);
-    svg.Text(X(v), kTop + kPlotHeight + 16, AxisLabel(v), 11, "middle");
-  }
-  for (double v : yt) {
-    if (v < y_lo || v > y_hi) continue;
-    svg.Line(kLeft - 4, Y(v), kLeft + plot_w, Y(v), "#e8e8e8");
-    svg.Text(kLeft - 6, Y(v) + 4, AxisLabel(v), 11, "end");
-  }
-  svg.Text(kLeft + plot_w / 2, kTop + kPlotHeight + 34, "seconds since the experiment's first dispatch", 12, "middle");
-  svg.Text(16, kTop + kPlotHeight / 2, "test accuracy", 12, "middle",
-           fl::StrCat("transform=\"rotate(-90 16 ", kTop + kPlotHeight / 2, ")\""));
-  svg.EndGroup();
+  const PlotFrame frame{kLeft, kTop, kWidth - kLeft - kRight, kPlotHeight, 0, x_hi, y_lo, y_hi};
+  const double plot_w = frame.width;
+  auto X = [&](double s) { return frame.X(s); };
+  auto Y = [&](double a) { return frame.Y(a); };
+  DrawAxes(svg, frame, xt, yt, "seconds since the experiment's first dispatch", "test accuracy");
   svg.Line(kLeft, Y(target_accuracy), kLeft + plot_w, Y(target_accuracy), "#888888", 1,
            "stroke-dasharray=\"6 4\" class=\"target\"");
 

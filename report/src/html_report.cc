@@ -112,6 +112,10 @@ std::string HtmlReport(const ExperimentData& data, const Analysis& analysis, con
   if (!table("security_events").rows.empty()) out += section("security-events", table("security_events"));
   // Secure aggregation's stages (v11): only for a run that had it (AllTables leaves the table out otherwise).
   if (!data.secagg_stages.empty()) out += section("secagg", table("secagg"));
+  out += "<h2 id=\"learning-curve\">Learning curve</h2>\n<figure>\n" + MetricSvg(data) +
+         "<figcaption>The task's metric of the global model after each evaluated round (rounds without an "
+         "evaluation are no points), against the round and against seconds since the first dispatch at the "
+         "round's commit; hover for figures.</figcaption>\n</figure>\n";
   out += fl::StrCat("<h2 id=\"rounds\">", Esc(table("rounds").title), "</h2>\n");
   out += "<figure>\n" + RoundTimeSvg(data, analysis) + "</figure>\n";
   out += TableHtml(table("rounds"));

@@ -144,7 +144,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember(
           std::vector<std::string>(std::begin(fl::report::kTableNames), std::end(fl::report::kTableNames))));
   app.add_option("--plot", plot, "Only this plot (svg)")
-      ->check(CLI::IsMember({"timeline", "phase_shares", "round_time"}));
+      ->check(CLI::IsMember(
+          std::vector<std::string>(std::begin(fl::report::kPlotNames), std::end(fl::report::kPlotNames))));
   app.add_option("--rounds", rounds, "Timeline window: A:B, A:, :B or one round A (svg, html)");
   size_t top = fl::report::kDefaultTopStragglers;
   app.add_option("--top", top, "Rows of the stragglers table: the clients most often the straggler; 0 = all")

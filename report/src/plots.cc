@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "fl/core/str_cat.h"
+#include "fl/report/compare.h"
 #include "fl/report/svg.h"
+#include "fl/report/tables.h"
 
 namespace fl::report {
 namespace {
@@ -343,11 +345,92 @@ std::string RoundTimeSvg(const ExperimentData& data, const Analysis& analysis) {
   return svg.Finish("plot-round-time", "round time over rounds");
 }
 
+MetricCurve LearningCurve(const ExperimentData& data) {
+  const EvalColumn metric = EvalColumns(data.experiment.task).front();
+  MetricCurve out{metric.name, metric.name == "eval_accuracy", {}};
+  const double t0 = FirstDispatchUnixMs(data);
+  for (const RoundAttempt& r : data.rounds) {
+    const std::optional<double> v = metric.value(r);
+    if (!r.committed() || !v.has_value()) continue;
+    out.points.push_back({r.round, (static_cast<double>(r.ended_unix_ms) - t0) / 1000.0, *v});
+  }
+  std::stable_sort(out.points.begin(), out.points.end(),
+                   [](const MetricPoint& a, const MetricPoint& b) { return a.round < b.round; });
+  return out;
+}
+
+std::string MetricSvg(const ExperimentData& data) {
+  const MetricCurve curve = LearningCurve(data);
+  const bool steps = data.experiment.aggregation == "buffered";
+  const double left = 70, right = 20, top = 44, plot_w = 760, plot_h = 220, gap = 80;
+  SvgWriter svg(left + plot_w + right, top + 2 * plot_h + gap + 50);
+  const std::string direction = curve.higher_is_better ? "higher is better" : "lower is better";
+  svg.Text(left, 16,
+           fl::StrCat("Learning curve: ", curve.metric, " of the global model after each evaluated ",
+                      steps ? "step" : "round", " (", direction, ")"),
+           14, "start", "font-weight=\"bold\"");
+  if (curve.points.empty()) {
+    svg.Text(left, top + 14,
+             fl::StrCat("no evaluated ", steps ? "steps" : "rounds",
+                        ": this run recorded no evaluation of the global model, so there is no curve"),
+             12, "start", "class=\"no-evaluation\"");
+    return svg.Finish("plot-metric", "learning curve");
+  }
+  double y_lo = curve.points.front().value, y_hi = y_lo, r_lo = static_cast<double>(curve.points.front().round);
+  double r_hi = static_cast<double>(curve.points.back().round), s_hi = 1;
+  for (const MetricPoint& p : curve.points) {
+    y_lo = std::min(y_lo, p.value);
+    y_hi = std::max(y_hi, p.value);
+    s_hi = std::max(s_hi, p.seconds);
+  }
+  if (r_hi <= r_lo) r_hi = r_lo + 1;
+  const double pad = y_hi > y_lo ? (y_hi - y_lo) * 0.05 : std::max(std::abs(y_hi) * 0.05, 1e-3);
+  y_lo -= pad;
+  y_hi += pad;
+  const std::vector<double> y_ticks = NiceTicks(y_lo, y_hi, 6);
+  const std::vector<double> s_ticks = NiceTicks(0, s_hi, 8);
+  if (!s_ticks.empty()) s_hi = std::max(s_hi, s_ticks.back());
+  // Top: against the round; bottom: against wall time. Each point's title carries its figures.
+  const PlotFrame by_round{left, top, plot_w, plot_h, r_lo, r_hi, y_lo, y_hi};
+  const PlotFrame by_time{left, top + plot_h + gap, plot_w, plot_h, 0, s_hi, y_lo, y_hi};
+  std::vector<double> r_ticks;
+  for (double t : NiceTicks(r_lo, r_hi, 10)) {
+    if (t == std::floor(t)) r_ticks.push_back(t);
+  }
+  const std::string y_title = fl::StrCat(curve.metric, " (", direction, ")");
+  DrawAxes(svg, by_round, r_ticks, y_ticks, steps ? "aggregation step" : "round", y_title);
+  DrawAxes(svg, by_time, s_ticks, y_ticks, "seconds since the experiment's first dispatch", y_title);
+  const struct {
+    const PlotFrame& frame;
+    std::string_view group;
+    bool by_round;
+  } panels[] = {{by_round, "points-by-round", true}, {by_time, "points-by-time", false}};
+  for (const auto& panel : panels) {
+    std::vector<std::pair<double, double>> line;
+    for (const MetricPoint& p : curve.points)
+      line.emplace_back(panel.frame.X(panel.by_round ? static_cast<double>(p.round) : p.seconds),
+                        panel.frame.Y(p.value));
+    if (line.size() > 1) svg.Polyline(line, "#4e79a7", 1.5);
+    svg.BeginGroup(panel.group);
+    for (size_t i = 0; i < line.size(); ++i) {
+      char value[40], at[40];
+      std::snprintf(value, sizeof(value), "%.10g", curve.points[i].value);
+      std::snprintf(at, sizeof(at), "%.1f", curve.points[i].seconds);
+      svg.Circle(line[i].first, line[i].second, 3.5, "#4e79a7",
+                 fl::StrCat(steps ? "step " : "round ", curve.points[i].round, ": ", curve.metric, " ", value, " at ",
+                            at, " s"));
+    }
+    svg.EndGroup();
+  }
+  return svg.Finish("plot-metric", "learning curve");
+}
+
 std::string PlotByName(std::string_view name, const ExperimentData& data, const Analysis& analysis,
                        const TimelineOptions& options) {
   if (name == "timeline") return TimelineSvg(data, analysis, options);
   if (name == "phase_shares") return PhaseSharesSvg(data, analysis);
   if (name == "round_time") return RoundTimeSvg(data, analysis);
+  if (name == "metric") return MetricSvg(data);
   return "";
 }
 

@@ -128,4 +128,27 @@ std::string AxisLabel(double v) {
   return buf;
 }
 
+void DrawAxes(SvgWriter& svg, const PlotFrame& f, const std::vector<double>& x_ticks,
+              const std::vector<double>& y_ticks, std::string_view x_title, std::string_view y_title) {
+  constexpr std::string_view kAxisColor = "#444444";
+  const double bottom = f.top + f.height;
+  svg.BeginGroup("axes");
+  svg.Line(f.left, bottom, f.left + f.width, bottom, kAxisColor);
+  svg.Line(f.left, f.top, f.left, bottom, kAxisColor);
+  for (double v : x_ticks) {
+    if (v < f.x_lo || v > f.x_hi) continue;
+    svg.Line(f.X(v), bottom, f.X(v), bottom + 4, kAxisColor);
+    svg.Text(f.X(v), bottom + 16, AxisLabel(v), 11, "middle");
+  }
+  for (double v : y_ticks) {
+    if (v < f.y_lo || v > f.y_hi) continue;
+    svg.Line(f.left - 4, f.Y(v), f.left + f.width, f.Y(v), "#e8e8e8");
+    svg.Text(f.left - 6, f.Y(v) + 4, AxisLabel(v), 11, "end");
+  }
+  svg.Text(f.left + f.width / 2, bottom + 34, x_title, 12, "middle");
+  const double mid = f.top + f.height / 2;
+  svg.Text(16, mid, y_title, 12, "middle", fl::StrCat("transform=\"rotate(-90 16 ", mid, ")\""));
+  svg.EndGroup();
+}
+
 }  // namespace fl::report

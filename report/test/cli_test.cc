@@ -153,7 +153,7 @@ TEST_F(CliTest, JsonFileParsesWithTheFiguresOfTheRecords) {
   EXPECT_DOUBLE_EQ(g5["uplink_share"].get<double>(), 499.5 / 800);
 }
 
-TEST_F(CliTest, SvgWritesThreePlotsOrOneToStdout) {
+TEST_F(CliTest, SvgWritesEveryPlotOrOneToStdout) {
   const std::string out = dir_.File("plots");
   ASSERT_EQ(Report({db_, "--format", "svg", "--out", out}).code, 0);
   for (const char* p : {"timeline", "phase_shares", "round_time"}) {
@@ -161,6 +161,9 @@ TEST_F(CliTest, SvgWritesThreePlotsOrOneToStdout) {
     EXPECT_EQ(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0), 0u) << p;
     EXPECT_NE(svg.find("<rect"), std::string::npos) << p;
   }
+  // The learning curve beside them (this fixture's rounds have no evaluation: it says so).
+  EXPECT_NE(ReadAll(out + "/metric.svg").find("id=\"plot-metric\""), std::string::npos);
+  EXPECT_NE(Report({db_, "--format", "svg", "--plot", "metric"}).output.find("no evaluated rounds"), std::string::npos);
   const ToolResult one = Report({db_, "--format", "svg", "--plot", "timeline", "--rounds", "2:3"});
   ASSERT_EQ(one.code, 0);
   EXPECT_NE(one.output.find("g5 round 2 uplink"), std::string::npos);

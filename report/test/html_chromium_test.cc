@@ -31,6 +31,7 @@ TEST(HtmlChromiumTest, PlotsAreDrawnAndTablesShowTheRecordsFigures) {
       f.ClientRound("study", r, "eth-2", t0, {.downlink_ms = 41, .train_ms = 5100, .uplink_ms = 62.0});
       f.ClientRound("study", r, "wifi-1", t0, {.downlink_ms = 70, .train_ms = 5050, .uplink_ms = 115.0 + 2 * r});
       f.ClientRound("study", r, "5g-1", t0, {.downlink_ms = 300, .train_ms = 5200, .uplink_ms = 2050.0 + 10 * r});
+      if (r >= 2) f.RoundEvaluation("study", r, 1.0 / r, 0.6 + 0.05 * r, {}, {});  // round 1 not evaluated
     }
     // A failed attempt and a late update: shown in the rounds table, excluded from every figure.
     f.Round("study", 6, 700'000, 30'000, ins::RoundStatus::kFailed);
@@ -45,7 +46,7 @@ TEST(HtmlChromiumTest, PlotsAreDrawnAndTablesShowTheRecordsFigures) {
   ASSERT_FALSE(dom.empty());
 
   // Every plot: an <svg> with a viewBox and drawn content.
-  for (const char* id : {"plot-timeline", "plot-phase-shares", "plot-round-time"}) {
+  for (const char* id : {"plot-timeline", "plot-phase-shares", "plot-round-time", "plot-metric"}) {
     const std::string svg = ElementById(dom, "svg", id);
     ASSERT_FALSE(svg.empty()) << id << " is not in the rendered page";
     EXPECT_NE(svg.find("viewBox=\"0 0 "), std::string::npos) << id;
@@ -67,6 +68,10 @@ TEST(HtmlChromiumTest, PlotsAreDrawnAndTablesShowTheRecordsFigures) {
   // Round time: one point per committed round.
   EXPECT_EQ(static_cast<double>(CountOf(ElementById(dom, "svg", "plot-round-time"), "<circle")),
             sql.QueryDouble("SELECT count(*) FROM rounds WHERE status = 'committed'"));
+  // Learning curve: one point per evaluated committed round, against the round and against wall time.
+  EXPECT_EQ(
+      static_cast<double>(CountOf(ElementById(dom, "svg", "plot-metric"), "<circle")),
+      2 * sql.QueryDouble("SELECT count(*) FROM rounds WHERE status = 'committed' AND eval_accuracy IS NOT NULL"));
   // Phase shares: one bar segment per measured phase and link kind (3 phases x 3 kinds) plus "waiting".
   EXPECT_GE(CountOf(ElementById(dom, "svg", "plot-phase-shares"), "<rect"), 9u);
 

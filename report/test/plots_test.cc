@@ -100,7 +100,7 @@ TEST_F(PlotsTest, RoundTimeHasOnePointPerCommittedRound) {
 
 TEST_F(PlotsTest, HtmlReportIsSelfContained) {
   const std::string html = HtmlReport(data_, analysis_);
-  EXPECT_EQ(Count(html, "<svg"), 3u);
+  EXPECT_EQ(Count(html, "<svg"), 4u);                // timeline, phase shares, round time, learning curve
   EXPECT_EQ(Count(html, "<table id=\"table-"), 4u);  // links, groups, stragglers, rounds
   // Nothing fetched from anywhere: no scripts, no links, no external images or fonts.
   for (const char* bad : {"<script", "<link", "src=", "@import", "url("}) {

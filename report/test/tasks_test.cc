@@ -2,6 +2,7 @@
 // text, CSV, JSON and HTML, with the figures of the records (checked against SQL over the same file), and
 // no column of another task's metric.
 #include <cmath>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -14,9 +15,11 @@
 #include "fl/instrumentation/sqlite.h"
 #include "fl/report/analysis.h"
 #include "fl/report/html_report.h"
+#include "fl/report/plots.h"
 #include "fl/report/tables.h"
 #include "fl/testing/scratch_dir.h"
 #include "records_fixture.h"
+#include "svg_text.h"
 
 namespace fl::report {
 namespace {
@@ -196,6 +199,88 @@ TEST(ReportTasksTest, AnExperimentWithoutATaskIsShownAsClassification) {
   EXPECT_DOUBLE_EQ(row.at("eval_accuracy").get<double>(), 0.8125);
   EXPECT_FALSE(row.contains("eval_mae"));
   EXPECT_FALSE(r.data.rounds.at(0).eval_mae.has_value());
+}
+
+// The learning curve (fl-report --plot metric, and the HTML report's "Learning curve"), read back from the SVG as
+// drawn: one point per evaluated committed round in each panel, its round, value and wall time those of the
+// records (SQL over the same file), the task's metric and direction in the titles.
+struct DrawnPoint {
+  int64_t round;
+  double value;
+  double seconds;
+};
+
+std::vector<DrawnPoint> DrawnPoints(const std::string& svg, const std::string& panel, const std::string& metric) {
+  const std::string group = testing::Group(svg, panel);
+  const std::regex title("<title>round ([0-9]+): " + metric + " ([-+0-9.e]+) at ([-0-9.]+) s</title>");
+  std::vector<DrawnPoint> out;
+  for (std::sregex_iterator it(group.begin(), group.end(), title), end; it != end; ++it)
+    out.push_back({std::stoll((*it)[1]), std::stod((*it)[2]), std::stod((*it)[3])});
+  return out;
+}
+
+void ExpectCurveEqualsSql(const std::string& path, const std::string& metric, const std::string& direction) {
+  auto data = LoadExperiment(path);
+  ASSERT_TRUE(data.ok()) << data.status();
+  const std::string svg = MetricSvg(*data);
+  EXPECT_EQ(svg, PlotByName("metric", *data, Analyze(*data)));
+  EXPECT_NE(svg.find(fl::StrCat("Learning curve: ", metric)), std::string::npos) << svg;
+  EXPECT_NE(svg.find(fl::StrCat("(", direction, ")")), std::string::npos) << svg;
+  RecordsFixture sql(path);
+  const std::string evaluated =
+      fl::StrCat(" FROM rounds WHERE experiment_id = 'e' AND status = 'committed' AND ", metric, " IS NOT NULL");
+  const double t0 = sql.QueryDouble(
+      "SELECT MIN(t) FROM (SELECT started_unix_ms AS t FROM rounds UNION ALL SELECT dispatched_unix_ms FROM "
+      "client_rounds WHERE dispatched_unix_ms IS NOT NULL)");
+  for (const std::string panel : {"points-by-round", "points-by-time"}) {
+    const std::vector<DrawnPoint> points = DrawnPoints(svg, panel, metric);
+    ASSERT_EQ(static_cast<double>(points.size()), sql.QueryDouble("SELECT COUNT(*)" + evaluated)) << panel << svg;
+    ASSERT_FALSE(points.empty());
+    for (const DrawnPoint& p : points) {
+      const std::string where = fl::StrCat(evaluated, " AND round = ", p.round);
+      ASSERT_EQ(sql.QueryDouble("SELECT COUNT(*)" + where), 1) << panel << " round " << p.round;
+      const double want = sql.QueryDouble(fl::StrCat("SELECT ", metric, where));
+      EXPECT_NEAR(p.value, want, std::abs(want) * 1e-9) << panel << " round " << p.round;
+      EXPECT_NEAR(p.seconds, (sql.QueryDouble("SELECT ended_unix_ms" + where) - t0) / 1000, 0.051) << p.round;
+    }
+  }
+}
+
+TEST(ReportTasksTest, LearningCurveOfEachTaskIsItsEvaluatedRounds) {
+  fl::testing::ScratchDir dir("report_tasks");
+  RecordsFixture cls(dir.File("cls.db"));
+  WriteExperiment(cls, "classification", [&](int r) { cls.RoundEvaluation("e", r, 1.0 / r, 0.7 + 0.05 * r, {}, {}); });
+  RecordsFixture reg(dir.File("reg.db"));
+  WriteExperiment(reg, "regression", [&](int r) { reg.RoundEvaluation("e", r, 0.04 / r, {}, 0.1875 / r, {}); });
+  RecordsFixture lm(dir.File("lm.db"));
+  WriteExperiment(lm, "next-token", [&](int r) {
+    const double loss = 3.0 - 0.5 * r;
+    lm.RoundEvaluation("e", r, loss, 0.1 * r, {}, std::exp(loss));
+  });
+  // Round 1 has no evaluation in each (WriteExperiment evaluates rounds 2 and 3): it is no point.
+  ExpectCurveEqualsSql(cls.path(), "eval_accuracy", "higher is better");
+  ExpectCurveEqualsSql(reg.path(), "eval_mae", "lower is better");
+  ExpectCurveEqualsSql(lm.path(), "eval_perplexity", "lower is better");
+  // The HTML report carries the same plot.
+  auto data = LoadExperiment(reg.path());
+  ASSERT_TRUE(data.ok()) << data.status();
+  const std::string html = HtmlReport(*data, Analyze(*data), TimelineOptions{});
+  EXPECT_NE(html.find("<h2 id=\"learning-curve\">"), std::string::npos);
+  EXPECT_NE(html.find(MetricSvg(*data)), std::string::npos);
+}
+
+TEST(ReportTasksTest, LearningCurveOfARunWithoutEvaluationsSaysSo) {
+  fl::testing::ScratchDir dir("report_tasks");
+  RecordsFixture f(dir.File("none.db"));
+  WriteExperiment(f, "regression", [](int) {});
+  auto data = LoadExperiment(f.path());
+  ASSERT_TRUE(data.ok()) << data.status();
+  const std::string svg = MetricSvg(*data);
+  EXPECT_NE(svg.find("class=\"no-evaluation\""), std::string::npos) << svg;
+  EXPECT_NE(svg.find("recorded no evaluation"), std::string::npos) << svg;
+  EXPECT_EQ(testing::Count(svg, "<circle"), 0u) << svg;
+  EXPECT_EQ(testing::Group(svg, "axes"), "") << svg;
+  EXPECT_TRUE(LearningCurve(*data).points.empty());
 }
 
 }  // namespace

@@ -42,6 +42,10 @@ struct ComparedExperiment {
   std::optional<double> wall_s;  // first dispatch -> last commit
 };
 
+// The experiment's first dispatch (unix ms): the earliest start of any round or step, or dispatch of any client
+// round, recorded; +infinity when none. Wall time is measured from it here and in the learning curve (plots.h).
+double FirstDispatchUnixMs(const ExperimentData& data);
+
 // One experiment's figures for the comparison (label = its name).
 ComparedExperiment Summarize(const ExperimentData& data, double target_accuracy);
 

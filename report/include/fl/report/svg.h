@@ -49,4 +49,18 @@ std::vector<double> NiceTicks(double lo, double hi, int count = 5);
 // A number formatted compactly for axis labels ("0", "2.5", "1200").
 std::string AxisLabel(double v);
 
+// A plot area at (left, top) of width x height user units showing [x_lo, x_hi] x [y_lo, y_hi], and the mapping
+// of data to user units (shared by the compare plot and the learning curve).
+struct PlotFrame {
+  double left = 0, top = 0, width = 0, height = 0;
+  double x_lo = 0, x_hi = 1, y_lo = 0, y_hi = 1;
+  double X(double x) const { return left + width * (x - x_lo) / (x_hi - x_lo); }
+  double Y(double y) const { return top + height * (1 - (y - y_lo) / (y_hi - y_lo)); }
+};
+
+// The frame's axes in a <g class="axes">: x and y lines, the ticks inside the ranges with their labels (y ticks
+// as light grid lines), and the two axis titles (the y title rotated).
+void DrawAxes(SvgWriter& svg, const PlotFrame& frame, const std::vector<double>& x_ticks,
+              const std::vector<double>& y_ticks, std::string_view x_title, std::string_view y_title);
+
 }  // namespace fl::report
