@@ -363,7 +363,8 @@ std::string MetricSvg(const ExperimentData& data) {
   const MetricCurve curve = LearningCurve(data);
   const bool steps = data.experiment.aggregation == "buffered";
   const double left = 70, right = 20, top = 44, plot_w = 760, plot_h = 220, gap = 80;
-  SvgWriter svg(left + plot_w + right, top + 2 * plot_h + gap + 50);
+  // A run without evaluations gets a one-line drawing, not a page of empty space.
+  SvgWriter svg(left + plot_w + right, curve.points.empty() ? top + 30 : top + 2 * plot_h + gap + 50);
   const std::string direction = curve.higher_is_better ? "higher is better" : "lower is better";
   svg.Text(left, 16,
            fl::StrCat("Learning curve: ", curve.metric, " of the global model after each evaluated ",
@@ -394,8 +395,9 @@ std::string MetricSvg(const ExperimentData& data) {
   const PlotFrame by_round{left, top, plot_w, plot_h, r_lo, r_hi, y_lo, y_hi};
   const PlotFrame by_time{left, top + plot_h + gap, plot_w, plot_h, 0, s_hi, y_lo, y_hi};
   std::vector<double> r_ticks;
-  for (double t : NiceTicks(r_lo, r_hi, 10)) {
-    if (t == std::floor(t)) r_ticks.push_back(t);
+  for (double t : NiceTicks(r_lo, r_hi, std::min(10, static_cast<int>(r_hi - r_lo) + 1))) {
+    // Whole rounds only; NiceTicks' sums of steps may land a hair off an integer.
+    if (std::abs(t - std::round(t)) < 1e-6) r_ticks.push_back(std::round(t));
   }
   const std::string y_title = fl::StrCat(curve.metric, " (", direction, ")");
   DrawAxes(svg, by_round, r_ticks, y_ticks, steps ? "aggregation step" : "round", y_title);

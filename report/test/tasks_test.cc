@@ -226,6 +226,11 @@ void ExpectCurveEqualsSql(const std::string& path, const std::string& metric, co
   EXPECT_EQ(svg, PlotByName("metric", *data, Analyze(*data)));
   EXPECT_NE(svg.find(fl::StrCat("Learning curve: ", metric)), std::string::npos) << svg;
   EXPECT_NE(svg.find(fl::StrCat("(", direction, ")")), std::string::npos) << svg;
+  // The round panel's axis (the first) labels the evaluated rounds 2 and 3, whole rounds only.
+  const std::string round_axis = testing::Group(svg, "axes");
+  EXPECT_NE(round_axis.find(">2</text>"), std::string::npos) << round_axis;
+  EXPECT_NE(round_axis.find(">3</text>"), std::string::npos) << round_axis;
+  EXPECT_EQ(round_axis.find(">2.5</text>"), std::string::npos) << round_axis;
   RecordsFixture sql(path);
   const std::string evaluated =
       fl::StrCat(" FROM rounds WHERE experiment_id = 'e' AND status = 'committed' AND ", metric, " IS NOT NULL");
