@@ -176,11 +176,17 @@ absl::StatusOr<int> PacketNamespace::AddLink(const LinkProfile& profile) {
     // Reverse-path filtering needs no change: the host TUN carries the /30 whose .2 is every packet's
     // source, so the route back to the source is through the interface the packet came in on (strict mode
     // passes, loose mode too).
+    // A TUN device queues what the kernel sends through it until the event loop reads it, in a ring of
+    // txqueuelen packets (500 by default) whose overflow is dropped silently: a link's only queue must be its
+    // PacketLink's (the profile's), so the ring is made deep enough never to be the one that drops: with the
+    // default, 0.2-1.3% of a 20,000 packets/s UDP stream over the lossless ethernet profile went missing in 4 of
+    // 6 calibration runs (no socket, softnet or link counter saw them), with 10,000 in none of 5.
+    constexpr char kTxQueueLen[] = "10000";
     std::vector<std::vector<std::string>> steps = {
         {"ip", "addr", "add", StrCat(l->host_ip, "/30"), "dev", l->host_if},
-        {"ip", "link", "set", l->host_if, "mtu", "1500", "up"},
+        {"ip", "link", "set", l->host_if, "mtu", "1500", "txqueuelen", kTxQueueLen, "up"},
         {"ip", "-n", netns_, "addr", "add", StrCat(l->ns_ip, "/30"), "dev", l->ns_if},
-        {"ip", "-n", netns_, "link", "set", l->ns_if, "mtu", "1500", "up"},
+        {"ip", "-n", netns_, "link", "set", l->ns_if, "mtu", "1500", "txqueuelen", kTxQueueLen, "up"},
     };
     // The first link also carries the namespace's default route (each link's host address is on its own /30).
     if (link == 0) steps.push_back({"ip", "-n", netns_, "route", "add", "default", "via", l->host_ip, "dev", l->ns_if});
