@@ -14,8 +14,7 @@ set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/../.."
 BUILD_DIR="${1:-build/release}"
 OUT="${2:-out/paper}"
-if [ -x "$BUILD_DIR/fl-experiment" ]; then EXP="$BUILD_DIR/fl-experiment"; REPORT="$BUILD_DIR/fl-report"
-else EXP="$BUILD_DIR/experiments/fl-experiment"; REPORT="$BUILD_DIR/report/fl-report"; fi
+. experiments/paper-5g-wifi-ethernet/binaries.sh "$BUILD_DIR"
 DB="$OUT/records.db"
 mkdir -p "$OUT"
 for run in ethernet wifi 5g mixed; do

@@ -10,8 +10,7 @@ set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/../../.."
 BUILD_DIR="${1:-build/release}"
 OUT="${2:-out/paper-sensitivity}"
-if [ -x "$BUILD_DIR/fl-experiment" ]; then EXP="$BUILD_DIR/fl-experiment"; REPORT="$BUILD_DIR/fl-report"
-else EXP="$BUILD_DIR/experiments/fl-experiment"; REPORT="$BUILD_DIR/report/fl-report"; fi
+. experiments/paper-5g-wifi-ethernet/binaries.sh "$BUILD_DIR"
 DB="$OUT/records.db"
 mkdir -p "$OUT"
 RUNS="cap-5g-sa-fixed15 cap-sdr-100ft cap-5g-edge loss-0 loss-1pct cc-reno cc-reno-loss-1pct model-cnn fixed-cost-duty-cycle wifi-300mbit"
