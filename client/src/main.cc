@@ -28,6 +28,7 @@
 #include "fl/client/session.h"
 #include "fl/client/settings.h"
 #include "fl/client/synthetic_trainer.h"
+#include "fl/core/allocator.h"
 #include "fl/core/log_format.h"
 #include "fl/core/model_file.h"
 #include "fl/core/str_cat.h"
@@ -461,6 +462,13 @@ int main(int argc, char** argv) {
       "allocated it, and squeezenet's evaluation under qemu-aarch64 peaked at 703 MiB with glibc's default "
       "(8 x cores), 376 MiB with 1 (docs/deploy-raspberry-pi.md \"Memory\"); 0: glibc's default; default: 1, "
       "or glibc's default with --instances (many trainings at once)");
+  bool keep_freed_memory = true;
+  app.add_option("--keep-freed-memory", keep_freed_memory,
+                 "Keep freed memory for the next training step (glibc M_MMAP_THRESHOLD 32 MiB, M_TRIM_THRESHOLD "
+                 "1 GiB) instead of glibc's defaults, which hand it back and fault it in again: 4 virtual "
+                 "clients' first round took 2-4x their later ones (docs/performance.md, issue 32 item 5); false: "
+                 "glibc's defaults (less resident memory, for comparison)")
+      ->capture_default_str();
   app.add_option("--device-class", device_class, "Device class recorded with every figure (default: detected)");
   app.add_option("--link-interface", link_interface, "Network interface the link uses (recorded)");
   app.add_option("--link-profile", link_profile, "Emulated link profile name (recorded)");
@@ -552,6 +560,20 @@ int main(int argc, char** argv) {
     std::cerr << "fl-client: --malloc-arenas=" << malloc_arenas << ": glibc refused M_ARENA_MAX\n";
     return 2;
   }
+  // Also before any thread. glibc's defaults make every block of 128 KiB or more its own mmap (the threshold
+  // rises only as such blocks are freed, one size at a time) and trim the heap's top once 128 KiB is free there,
+  // so LibTorch's per-step activations and gradients come back as fresh pages the kernel faults in and zeroes:
+  // with 4 virtual clients round 1 took 0.9-3.2 million page faults and 7-27 s of kernel time. Fixed
+  // thresholds keep that memory for the next step; the price is resident memory (up to 1 GiB freed kept per
+  // process, heap fragmentation instead of unmapped blocks). Single clients too: their first round faults the
+  // same way, only one trainer's worth.
+  if (keep_freed_memory) {
+    if (absl::Status st = fl::core::KeepFreedMemory(); !st.ok()) {
+      std::cerr << "fl-client: --keep-freed-memory: " << st.message()
+                << " (--keep-freed-memory=false: glibc's defaults)\n";
+      return 2;
+    }
+  }
   if (model.eval_batch_size < 1) {
     std::cerr << "fl-client: --eval-batch-size=" << model.eval_batch_size
               << ": must be >= 1 (test examples per forward pass when evaluating; default "
@@ -623,6 +645,9 @@ int main(int argc, char** argv) {
   if (tls_given == 3) options.tls = tls;
 
   spdlog::set_default_logger(spdlog::stderr_color_mt("fl-client"));
+  spdlog::info("allocator: {}", keep_freed_memory
+                                    ? "keeps freed memory (M_MMAP_THRESHOLD 32 MiB, M_TRIM_THRESHOLD 1 GiB)"
+                                    : "glibc's defaults (--keep-freed-memory=false)");
   spdlog::set_level(spdlog::level::from_str(log_level));
   options.device = fl::client::DetectDevice(device_class);
   if (options.client_name.empty()) {

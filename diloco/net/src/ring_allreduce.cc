@@ -29,8 +29,6 @@
 #include "fl/core/mutex.h"
 #include "fl/diloco/net/ring_allreduce.h"
 
-#include <malloc.h>
-
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -49,6 +47,7 @@
 #include <sanitizer/tsan_interface.h>
 #endif
 
+#include "fl/core/allocator.h"
 #include "fl/core/checksum.h"
 #include "fl/core/codec.h"
 #include "fl/core/str_cat.h"
@@ -189,11 +188,7 @@ uint64_t RingFingerprint(const std::vector<RingMember>& members) {
                               0x52494e47);
 }
 
-bool TuneAllocatorForLargeMessages() {
-  const bool mmap_ok = mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1;
-  const bool trim_ok = mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;
-  return mmap_ok && trim_ok;
-}
+bool TuneAllocatorForLargeMessages() { return fl::core::KeepFreedMemory().ok(); }
 
 ValueRange RingChunk(size_t num_values, size_t num_members, size_t chunk) {
   // 128-bit products: num_values * (chunk + 1) can exceed 64 bits only for absurd sizes, but be exact.

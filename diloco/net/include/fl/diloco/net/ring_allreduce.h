@@ -180,6 +180,7 @@ absl::StatusOr<uint64_t> RingBytesSentPerMember(size_t num_values, size_t num_me
 // messages ZeroMQ allocates for every received sub-chunk reuse heap memory instead of fresh pages, which
 // the kernel must fault in and zero (about a fifth of an fp32 exchange's CPU time on the 2-core test VM).
 // The price: freed memory goes back to the OS later. Returns false if glibc refused a setting.
+// fl::core::KeepFreedMemory (fl/core/allocator.h) with its defaults; fl-client applies the same.
 bool TuneAllocatorForLargeMessages();
 
 class RingAllReduce {
