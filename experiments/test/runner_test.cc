@@ -87,6 +87,14 @@ int ProcessesMentioning(const std::string& needle) {
   return n;
 }
 
+// The start of the names of the namespaces this process makes: <prefix><our pid in hex>_ (the kernel backend's
+// fle_, the packet backend's flp_).
+std::string OurNamespacePrefix(const std::string& prefix) {
+  std::ostringstream name;
+  name << prefix << std::hex << getpid() << "_";
+  return name.str();
+}
+
 // Each test in its own scratch folder: the manifest m.yaml, records.db, and a folder of logs per run. The helpers
 // that assert return early on a fatal failure, so the tests call them inside ASSERT_NO_FATAL_FAILURE.
 class RunnerTest : public ::testing::Test {
@@ -217,10 +225,10 @@ TEST_F(RunnerTest, KernelBackendRunsClientsInNamespacesAndRemovesThem) {
   std::vector<instrumentation::ClientRecord> clients;
   ASSERT_NO_FATAL_FAILURE(OpenRecords(r.experiment_id, &reader, &clients));
   EXPECT_EQ(clients.size(), 3u);
-  // Namespaces of this process (fle_<pid>_<n>) are all removed.
+  // Namespaces of this process (fle_<pid in hex>_<n>) are all removed.
   absl::StatusOr<std::string> netns = fl::sys::RunCommand({"ip", "netns", "list"});
   ASSERT_TRUE(netns.ok()) << netns.status();
-  EXPECT_EQ(netns->find(fl::StrCat("fle_", getpid(), "_")), std::string::npos) << *netns;
+  EXPECT_EQ(netns->find(OurNamespacePrefix("fle_")), std::string::npos) << *netns;
   EXPECT_EQ(ProcessesMentioning(dir_.path()), 0);
 }
 
@@ -265,9 +273,7 @@ TEST_F(RunnerTest, PacketBackendCarriesEveryClientsTcpAndRemovesItsNamespaces) {
   EXPECT_EQ(directions, (std::map<std::string, int>{{"cell-0", 2}, {"wifi-0", 2}, {"wifi-1", 2}}));
   absl::StatusOr<std::string> netns = fl::sys::RunCommand({"ip", "netns", "list"});
   ASSERT_TRUE(netns.ok()) << netns.status();
-  std::ostringstream ours;  // the packet backend's namespaces are flp_<our pid in hex>_<n>
-  ours << "flp_" << std::hex << getpid() << "_";
-  EXPECT_EQ(netns->find(ours.str()), std::string::npos) << *netns;
+  EXPECT_EQ(netns->find(OurNamespacePrefix("flp_")), std::string::npos) << *netns;
   EXPECT_EQ(ProcessesMentioning(dir_.path()), 0);
 }
 
