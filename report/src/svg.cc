@@ -105,15 +105,26 @@ std::string SvgWriter::Finish(std::string_view id, std::string_view label) const
 std::vector<double> NiceTicks(double lo, double hi, int count) {
   if (!(hi > lo) || !std::isfinite(lo) || !std::isfinite(hi)) return {lo};
   const double raw = (hi - lo) / std::max(count, 1);
-  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
-  double step = mag;
+  const int exponent = static_cast<int>(std::floor(std::log10(raw)));
+  const double mag = std::pow(10.0, exponent);
+  double multiple = 1;
   for (double m : {1.0, 2.0, 5.0, 10.0}) {
-    step = m * mag;
-    if (step >= raw) break;
+    multiple = m;
+    if (m * mag >= raw) break;
   }
+  const double step = multiple * mag;
+  // Each tick is k x multiple x 10^exponent computed from its integer k: adding the step up (0.2 + 0.2 + ...)
+  // drifts, so that a tick meant to be 2 came out 2.0000000000000004 and the round-time plot, which labels
+  // whole rounds only, lost it. Dividing by an exact power of ten rounds correctly (3 / 10 is the double 0.3).
+  auto tick = [&](double k) {
+    const double units = k * multiple;
+    return exponent < 0 ? units / std::pow(10.0, -exponent) : units * mag;
+  };
   std::vector<double> ticks;
-  for (double t = std::ceil(lo / step - 1e-9) * step; t <= hi + step * 1e-9; t += step) {
-    ticks.push_back(std::abs(t) < step * 1e-9 ? 0.0 : t);
+  for (double k = std::ceil(lo / step - 1e-9);; k += 1) {
+    const double t = tick(k);
+    if (t > hi + step * 1e-9) break;
+    ticks.push_back(t == 0 ? 0.0 : t);
   }
   return ticks;
 }

@@ -33,6 +33,18 @@ TEST(SvgWriterTest, EscapesTextAndAttributes) {
   EXPECT_EQ(Count(out, "</svg>"), 1u);
 }
 
+// Ticks are exact where the value is: steps of 0.2 from 1 reach 2 and 3 exactly (summing 0.2 five times gives
+// 2.0000000000000004, which the round-time plot, labelling whole rounds only, skipped), and 0.3 is the double 0.3.
+TEST(SvgWriterTest, NiceTicksAreExactWholeNumbersAndDecimals) {
+  const std::vector<double> t = NiceTicks(1, 3, 10);
+  ASSERT_EQ(t.size(), 11u);
+  EXPECT_EQ(t[5], 2.0);
+  EXPECT_EQ(t[10], 3.0);
+  const std::vector<double> u = NiceTicks(0, 1, 10);
+  ASSERT_GE(u.size(), 4u);
+  EXPECT_EQ(u[3], 0.3);
+}
+
 TEST(SvgWriterTest, NiceTicksCoverTheRangeInRoundSteps) {
   const std::vector<double> t = NiceTicks(0, 9.3, 5);
   ASSERT_EQ(t.size(), 5u);
@@ -96,6 +108,10 @@ TEST_F(PlotsTest, RoundTimeHasOnePointPerCommittedRound) {
   EXPECT_EQ(Count(Group(svg, "points"), "<circle"), 3u);
   EXPECT_NE(svg.find("round 3: 500.0 ms, straggler g5 (uplink)"), std::string::npos) << svg;
   EXPECT_EQ(Count(svg, "<path d=\"M"), 1u);
+  // Every whole round of the range is labelled on the x axis: 1, 2 and 3 (10 font-size labels centred).
+  for (const char* round : {"1", "2", "3"}) {
+    EXPECT_EQ(Count(Group(svg, "axes"), fl::StrCat("text-anchor=\"middle\">", round, "</text>")), 1u) << round;
+  }
 }
 
 TEST_F(PlotsTest, HtmlReportIsSelfContained) {
