@@ -5,7 +5,11 @@
 # amd64 and arm64 (Raspberry Pi OS 64-bit is Debian 12 arm64); anything else is refused with a clear
 # message, because the package names and versions below are those of Debian 12.
 #
-# Usage: deploy/install-deps.sh [--check]   (--check: report what is missing, install nothing)
+# Usage: deploy/install-deps.sh [--check] [--slurm]
+#   --check: report what is missing, install nothing
+#   --slurm: also Slurm and munge (slurmctld, slurmd, slurm-client, munge) for tools/local-slurm.sh, the local
+#            two-node cluster that `fl-experiment run --launcher slurm` is tested on (docs/cluster.md); opt-in so
+#            that the normal install does not grow
 set -euo pipefail
 
 PACKAGES=(
@@ -47,6 +51,8 @@ PACKAGES=(
   iproute2
 )
 
+SLURM_PACKAGES=(slurmctld slurmd slurm-client munge)
+
 die() { echo "install-deps: $*" >&2; exit 1; }
 
 check_platform() {
@@ -77,6 +83,14 @@ missing_packages() {
 }
 
 main() {
+  local check=0 arg
+  for arg in "$@"; do
+    case "$arg" in
+      --check) check=1 ;;
+      --slurm) PACKAGES+=("${SLURM_PACKAGES[@]}") ;;
+      *) die "unknown argument '$arg': use --check and/or --slurm" ;;
+    esac
+  done
   [[ "${FL_SKIP_PLATFORM_CHECK:-0}" == "1" ]] || check_platform
   command -v dpkg-query >/dev/null || die "dpkg-query not found: this script needs a Debian system"
 
@@ -86,7 +100,7 @@ main() {
     return 0
   fi
   echo "install-deps: missing ${#missing[@]} package(s): ${missing[*]}"
-  if [[ "${1:-}" == "--check" ]]; then
+  if [[ "$check" -eq 1 ]]; then
     return 1
   fi
 
@@ -96,7 +110,12 @@ main() {
     sudo=(sudo)
   fi
   export DEBIAN_FRONTEND=noninteractive
-  "${sudo[@]}" apt-get update
+  # apt-get update only when apt does not know a missing package (a fresh image's empty lists), not every time.
+  local p need_update=0
+  for p in "${missing[@]}"; do
+    apt-cache show "$p" >/dev/null 2>&1 || need_update=1
+  done
+  [[ "$need_update" -eq 0 ]] || "${sudo[@]}" apt-get update
   "${sudo[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
 
   mapfile -t still_missing < <(missing_packages)
