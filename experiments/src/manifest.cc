@@ -26,6 +26,7 @@ using Server = Manifest::Server;
 using Training = Manifest::Training;
 using Emulation = Manifest::Emulation;
 using Security = Manifest::Security;
+using Launcher = Manifest::Launcher;
 
 #define FL_RETURN_IF_ERROR(expr)              \
   do {                                        \
@@ -295,6 +296,129 @@ const config::FieldTable<Security>& SecurityFields() {
   return table;
 }
 
+// Characters that may go into an #SBATCH line or a Kubernetes name unquoted: letters, digits and `allowed_extra`.
+bool OnlyChars(const std::string& v, std::string_view allowed_extra) {
+  return std::all_of(v.begin(), v.end(), [&](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           allowed_extra.find(c) != std::string_view::npos;
+  });
+}
+
+// Slurm's time limit forms (sbatch --time): minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+bool IsSlurmTime(const std::string& t) {
+  auto digits = [](std::string_view s) {
+    return !s.empty() && s.size() <= 6 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  auto parts = [&](std::string_view s, size_t min, size_t max) {
+    size_t n = 0;
+    while (true) {
+      const size_t colon = s.find(':');
+      if (!digits(s.substr(0, colon))) return false;
+      ++n;
+      if (colon == std::string_view::npos) break;
+      s.remove_prefix(colon + 1);
+    }
+    return n >= min && n <= max;
+  };
+  const size_t dash = t.find('-');
+  if (dash == std::string::npos) return parts(t, 1, 3);
+  return digits(std::string_view(t).substr(0, dash)) && parts(std::string_view(t).substr(dash + 1), 1, 3);
+}
+
+// A Kubernetes resource quantity for a volume: digits, an optional fraction, an optional binary or decimal suffix.
+bool IsStorageQuantity(const std::string& q) {
+  size_t i = 0;
+  while (i < q.size() && q[i] >= '0' && q[i] <= '9') ++i;
+  if (i == 0) return false;
+  if (i < q.size() && q[i] == '.') {
+    const size_t start = ++i;
+    while (i < q.size() && q[i] >= '0' && q[i] <= '9') ++i;
+    if (i == start) return false;
+  }
+  const std::string suffix = q.substr(i);
+  for (const char* s : {"", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "k", "M", "G", "T", "P", "E"}) {
+    if (suffix == s) return true;
+  }
+  return false;
+}
+
+// A DNS-1123 label (a Kubernetes namespace): lower-case letters, digits and '-', starting and ending with a
+// letter or digit, at most 63 characters.
+bool IsDnsLabel(const std::string& v) {
+  return !v.empty() && v.size() <= 63 && OnlyChars(v, "-") && v.front() != '-' && v.back() != '-' &&
+         std::none_of(v.begin(), v.end(), [](char c) { return c >= 'A' && c <= 'Z'; });
+}
+
+// launcher.sbatch_args: a list of sbatch options, each written as its own #SBATCH line.
+absl::Status ReadSbatchArgs(const YamlMap& m, const std::string& key, Launcher& l) {
+  const YAML::Node n = m.Node(key);
+  const std::string allowed = "a list of sbatch options, each one string starting with '-' (\"--account=proj\")";
+  if (!n.IsSequence()) return m.Error(n, key, fl::StrCat("expected a list, got ", config::DescribeYaml(n)), allowed);
+  l.sbatch_args.clear();
+  for (const YAML::Node& item : n) {
+    if (!item.IsScalar()) {
+      return m.Error(item, key, fl::StrCat("expected a string, got ", config::DescribeYaml(item)), allowed);
+    }
+    const std::string& a = item.Scalar();
+    if (a.empty() || a[0] != '-' || a.find_first_of("\n\r") != std::string::npos) {
+      return m.Error(item, key, fl::StrCat("\"", a, "\" is not one sbatch option"), allowed);
+    }
+    // The launcher writes these itself from the manifest and the groups: a second value would contradict them.
+    for (const char* own : {"--nodes", "-N", "--partition", "-p", "--time", "-t", "--output", "-o", "--job-name", "-J",
+                            "--ntasks", "-n", "--wait", "-W"}) {
+      const std::string_view o(own);
+      if (a == o || (a.starts_with(o) && (a[o.size()] == '=' || (o.size() == 2 && o[1] != '-')))) {
+        return m.Error(item, key,
+                       fl::StrCat("\"", a, "\": fl-experiment writes ", own,
+                                  " itself (launcher.nodes/partition/time, the output folder, the experiment's "
+                                  "name, the groups' processes)"),
+                       "other sbatch options; give nodes, partition and time as launcher keys");
+      }
+    }
+    l.sbatch_args.push_back(a);
+  }
+  return absl::OkStatus();
+}
+
+std::string DefaultImage() { return fl::StrCat("fl-testbed:", FL_LIB_VERSION); }
+
+const config::FieldTable<Launcher>& LauncherFields() {
+  using L = Launcher;
+  static const auto& table = *new config::FieldTable<L>{
+      config::ChoiceField("kind", &L::kind, {"local", "slurm", "kubernetes"}),
+      config::StringField("partition", &L::partition).Then([](const YamlMap& m, L& l) -> absl::Status {
+        if (OnlyChars(l.partition, "_.-")) return absl::OkStatus();
+        return m.Error(m.Node("partition"), "partition", fl::StrCat("partition name \"", l.partition, "\""),
+                       "a Slurm partition name: letters, digits, '_', '.', '-' (sinfo lists them)");
+      }),
+      config::StringField("time", &L::time).Then([](const YamlMap& m, L& l) -> absl::Status {
+        if (l.time.empty() || IsSlurmTime(l.time)) return absl::OkStatus();
+        return m.Error(m.Node("time"), "time", fl::StrCat("\"", l.time, "\" is not a Slurm time limit"),
+                       "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (sbatch --time)");
+      }),
+      config::IntField("nodes", &L::nodes, 0, kMaxManifestClients),
+      config::CustomField<L>("sbatch_args", ReadSbatchArgs).Allowed("a list of sbatch options"),
+      config::StringField("image", &L::image).Then([](const YamlMap& m, L& l) -> absl::Status {
+        if (l.image.empty()) l.image = DefaultImage();
+        if (OnlyChars(l.image, "_.-/:@")) return absl::OkStatus();
+        return m.Error(m.Node("image"), "image", fl::StrCat("container image \"", l.image, "\""),
+                       "an image reference: letters, digits, '_', '.', '-', '/', ':', '@' (fl-testbed:0.1.0)");
+      }),
+      config::StringField("namespace", &L::k8s_namespace).Then([](const YamlMap& m, L& l) -> absl::Status {
+        if (IsDnsLabel(l.k8s_namespace)) return absl::OkStatus();
+        return m.Error(m.Node("namespace"), "namespace", fl::StrCat("namespace \"", l.k8s_namespace, "\""),
+                       "a Kubernetes namespace: lower-case letters, digits and '-', at most 63, starting and "
+                       "ending with a letter or digit");
+      }),
+      config::StringField("storage", &L::storage).Then([](const YamlMap& m, L& l) -> absl::Status {
+        if (IsStorageQuantity(l.storage)) return absl::OkStatus();
+        return m.Error(m.Node("storage"), "storage", fl::StrCat("\"", l.storage, "\" is not a volume size"),
+                       "a Kubernetes quantity: 1Gi, 500Mi, 10G");
+      }),
+  };
+  return table;
+}
+
 // clients[i].device: a profile name, "host", or an inline map.
 absl::Status ReadDevice(const Where& where, const YamlMap& m, const std::string& key, ClientGroup& g) {
   const YAML::Node n = m.Node(key);
@@ -409,6 +533,7 @@ config::FieldTable<ClientGroup> GroupFields(const Where& where) {
       config::NumberField("secagg_drop_after_shares", &G::secagg_drop_after_shares,
                           {.min = 0, .max = 1, .max_exclusive = true})
           .NewInRecords(),
+      config::IntField("processes_per_node", &G::processes_per_node, 0, kMaxManifestClients).NewInRecords(),
       config::RecordField("link_name", &G::link_name),
   };
 }
@@ -467,6 +592,8 @@ config::FieldTable<Manifest> ManifestFields(const Where& where, server::EngineCo
                                     }),
       config::SectionField("emulation", &Manifest::emulation, EmulationFields()),
       config::SectionField("security", &Manifest::security, SecurityFields()),
+      // Recorded by hand (sbatch_args is a list): ResolvedManifestJson, ManifestFromResolvedJson.
+      config::SectionField("launcher", &Manifest::launcher, LauncherFields()).NotRecorded(),
       config::CustomField<Manifest>("clients", [where](const YamlMap& m, const std::string& key,
                                                        Manifest& out) { return ReadClients(where, m, key, out); })
           .Required()
@@ -669,6 +796,7 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& text, const std::strin
   if (m.settings.train.local_epochs() == 0 && m.settings.train.local_steps() == 0) {
     return root.Error(root.Node("training"), "training.local_epochs", "local_epochs and local_steps cannot both be 0");
   }
+  if (m.launcher.image.empty()) m.launcher.image = DefaultImage();
   if (!m.security.pki_dir.empty()) {
     // Checked now, with the manifest's line, rather than as a client failing its handshake mid-run.
     if (absl::Status s = CheckPkiDir(m.security.pki_dir, m.client_names()); !s.ok()) {
@@ -689,6 +817,8 @@ std::string ResolvedManifestJson(const Manifest& m) {
   }
   j["emulation"] = ToRecord(EmulationFields(), m.emulation);
   j["security"] = ToRecord(SecurityFields(), m.security);
+  j["launcher"] = ToRecord(LauncherFields(), m.launcher);
+  j["launcher"]["sbatch_args"] = m.launcher.sbatch_args;
   j["clients"] = nlohmann::json::array();
   const config::FieldTable<ClientGroup> group_fields = GroupFields({});
   for (const ClientGroup& g : m.clients) {
@@ -718,6 +848,11 @@ absl::StatusOr<Manifest> ManifestFromResolvedJson(const std::string& json, const
     // Recorded before the security section existed: the default, mutual TLS with a throwaway CA. Those runs
     // were plaintext, but a replay is no reason to serve a model in the clear; the outcomes do not depend on it.
     if (j.contains("security")) FromRecord(j.at("security"), SecurityFields(), m.security);
+    // Recorded before the launcher block existed: those ran here, on the defaults.
+    if (j.contains("launcher")) {
+      FromRecord(j.at("launcher"), LauncherFields(), m.launcher);
+      m.launcher.sbatch_args = j.at("launcher").at("sbatch_args").get<std::vector<std::string>>();
+    }
     const config::FieldTable<ClientGroup> group_fields = GroupFields({});
     for (const auto& c : j.at("clients")) {
       ClientGroup g;

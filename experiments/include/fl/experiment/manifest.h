@@ -63,6 +63,9 @@ struct ClientGroup {
   // SecAgg+ dropouts on purpose (fl-client --secagg-drop-after-shares): the group's first ceil(F x count) clients
   // leave every secure round after sending their key shares, so that recovery can be measured. In [0, 1).
   double secagg_drop_after_shares = 0;
+  // On a cluster (launcher.kind slurm): at most this many of the group's fl-client processes on one node (srun
+  // --ntasks-per-node); 0 = as the scheduler packs them. A group of virtual clients is one process.
+  uint32_t processes_per_node = 0;
   // Whether the group's clients come and go on a schedule (diurnal or trace), which needs virtual clients.
   bool HasSchedule() const { return period_s > 0 || !availability_trace.empty(); }
 
@@ -128,6 +131,26 @@ struct Manifest {
     std::string pki_dir;
     bool operator==(const Security&) const = default;
   } security;
+
+  // Where the experiment runs (docs/manifests.md "launcher", docs/cluster.md): this machine (local), a Slurm
+  // allocation (fl-experiment run/render --launcher slurm), or Kubernetes objects (render --launcher kubernetes).
+  // fl-experiment's --launcher overrides kind. How it runs, not what: a replay runs locally whatever it says.
+  struct Launcher {
+    std::string kind = "local";  // local | slurm | kubernetes
+    // Slurm (sbatch): the partition ("" = the cluster's default), the time limit in one of Slurm's forms
+    // (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS; "" = the partition's default), how many nodes (0 =
+    // as many as the processes need at their groups' processes_per_node, at least 1), and further sbatch options
+    // written as #SBATCH lines (each one option starting with '-', e.g. "--account=proj", "--qos=short").
+    std::string partition;
+    std::string time;
+    uint32_t nodes = 0;
+    std::vector<std::string> sbatch_args;
+    // Kubernetes (rendered objects): the container image, the namespace, the server's volume size.
+    std::string image;  // default fl-testbed:<version>
+    std::string k8s_namespace = "default";
+    std::string storage = "1Gi";
+    bool operator==(const Launcher&) const = default;
+  } launcher;
 
   std::vector<ClientGroup> clients;
 
