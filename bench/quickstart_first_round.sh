@@ -13,6 +13,7 @@
 # fastest client-round, scaled by how many trainers shared the cores (virtual clients train min(4, cores) at once,
 # processes all 4): t1 = fastest step x cores / concurrent. So bound = steps x fastest step / concurrent. The
 # round also evaluates and exchanges the model, so the ratio is above 1; the goal is first/median <= 1.2.
+# Each run also reports the fl-client processes' peak resident memory (GNU time's %M): the largest and the sum.
 #
 # Usage: bench/quickstart_first_round.sh [BUILD_DIR] [REPS]   (defaults: build/release, 1)
 set -euo pipefail
@@ -31,11 +32,15 @@ CORES=$(nproc)
 
 # The two bin dirs: the allocator setting as shipped, and glibc's defaults.
 mkdir -p "$OUT/bin-keep" "$OUT/bin-default"
+# Each fl-client runs under GNU time, which appends its peak resident memory (KiB) to $FL_BENCH_RSS: the price
+# of keeping freed memory is resident memory, so it is reported beside the rounds.
+[[ -x /usr/bin/time ]] || { echo "quickstart_first_round: /usr/bin/time missing: apt-get install time" >&2; exit 2; }
 ln -s "$SERVER" "$OUT/bin-keep/fl-server"
-ln -s "$CLIENT" "$OUT/bin-keep/fl-client"
 ln -s "$SERVER" "$OUT/bin-default/fl-server"
-printf '#!/bin/sh\nexec "%s" "$@" --keep-freed-memory=false\n' "$CLIENT" >"$OUT/bin-default/fl-client"
-chmod +x "$OUT/bin-default/fl-client"
+printf '#!/bin/sh\nexec /usr/bin/time -a -o "$FL_BENCH_RSS" -f %%M "%s" "$@"%s\n' "$CLIENT" "" >"$OUT/bin-keep/fl-client"
+printf '#!/bin/sh\nexec /usr/bin/time -a -o "$FL_BENCH_RSS" -f %%M "%s" "$@"%s\n' "$CLIENT" " --keep-freed-memory=false" \
+  >"$OUT/bin-default/fl-client"
+chmod +x "$OUT/bin-keep/fl-client" "$OUT/bin-default/fl-client"
 cp experiments/quickstart.yaml "$OUT/virtual.yaml"
 sed 's/^emulation: {backend: userspace}$/emulation: {backend: userspace, virtual_clients: false}/' \
   experiments/quickstart.yaml >"$OUT/processes.yaml"
@@ -46,7 +51,7 @@ median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(
 
 run() {  # run MODE(virtual|processes) ALLOC(keep|default) REP
   local mode=$1 alloc=$2 rep=$3 name="$1-$2-$3" concurrent
-  if ! "$EXPERIMENT" --bin-dir "$OUT/bin-$alloc" run "$OUT/$mode.yaml" --profiles-dir experiments/profiles \
+  if ! FL_BENCH_RSS="$OUT/$name.rss" "$EXPERIMENT" --bin-dir "$OUT/bin-$alloc" run "$OUT/$mode.yaml" --profiles-dir experiments/profiles \
     --out "$OUT/$name" >"$OUT/$name.log" 2>&1; then
     echo "quickstart_first_round: run $name failed:" >&2
     tail -20 "$OUT/$name.log" >&2
@@ -61,8 +66,12 @@ run() {  # run MODE(virtual|processes) ALLOC(keep|default) REP
   if [[ $mode == virtual ]]; then concurrent=$((CORES < 4 ? CORES : 4)); else concurrent=4; fi
   local first=${rounds[0]} med
   med=$(median "${rounds[@]:1}")
+  # Peak RSS of the fl-client processes: the largest one and their sum (one process for virtual clients).
+  local rss_max rss_sum
+  read -r rss_max rss_sum < <(awk '$1 ~ /^[0-9]+$/ {s += $1; if ($1 > m) m = $1} END {printf "%.0f %.0f\n", m / 1024, s / 1024}' "$OUT/$name.rss")
   awk -v n="$name" -v f="$first" -v m="$med" -v s="$steps" -v t="$fastest" -v c="$concurrent" -v r="${rounds[*]}" \
-    'BEGIN {b = s * t / c; printf "%-22s rounds %-20s bound %6.2f s  first/bound %5.2f  median(2..)/bound %5.2f  first/median %5.2f\n", n, r, b, f / b, m / b, f / m}'
+    -v rm="$rss_max" -v rs="$rss_sum" \
+    'BEGIN {b = s * t / c; printf "%-22s rounds %-20s bound %6.2f s  first/bound %5.2f  median(2..)/bound %5.2f  first/median %5.2f  client peak RSS MiB max %d sum %d\n", n, r, b, f / b, m / b, f / m, rm, rs}'
 }
 
 echo "quickstart first round: $CORES cores, $REPS repetition(s); rounds in s (fl-server round_time_s)"
