@@ -74,18 +74,12 @@ absl::Status WriteManifestRecord(const std::string& db_path, const Manifest& m, 
   return instrumentation::WriteExperimentManifest(db_path, r);
 }
 
-// One fl-client process: one client, or a group's clients as virtual clients (fl-client --instances).
-struct ClientPlan {
-  std::string name;  // the client's name, or for virtual clients the process's: <group>-instances
-  const ClientGroup* group = nullptr;
-  uint32_t index = 0;      // global, 0..N-1: its data shard (virtual clients: the first one's)
-  uint32_t instances = 0;  // 0: one client; > 0: fl-client --instances <instances>, named <group>-0..
+// One fl-client process of this run and what the wait loop knows of it.
+struct ClientPlan : ClientProcess {
   double start_at_s = 0;
   double leave_at_s = 0;  // 0 = never
   bool started = false;
-  bool leaving = false;      // it was told to leave: its exit is expected
-  bool secagg_drop = false;  // one client (instances == 0) of the group's first ceil(F x count): it drops
-  DeviceEmulation device;    // its group's (ResolveDevices): fl-client --slowdown, and a cpu quota or not
+  bool leaving = false;  // it was told to leave: its exit is expected
 };
 
 // Whether group `g` runs as one fl-client --instances process (virtual clients) rather than a process per client.
@@ -166,14 +160,50 @@ std::vector<std::string> ServerArgs(const Manifest& m, const RunOptions& o, cons
   return a;
 }
 
-// `via_forwarder`: the client dials a forwarder (a namespace link's host end), not the server's own address.
-// `server_addr`: for virtual clients, one address per instance, comma-separated (each its own relay).
-std::vector<std::string> ClientArgs(const Manifest& m, const RunOptions& o, const ClientPlan& c,
-                                    const std::string& server_addr, const RunPki& tls, bool via_forwarder) {
+absl::StatusOr<int> WaitForPort(const fs::path& port_file, ProcessGroup& procs, const fs::path& log) {
+  const auto end = Clock::now() + std::chrono::seconds(30);
+  while (Clock::now() < end) {
+    std::ifstream in(port_file);
+    int port = 0;
+    if (in >> port && port > 0) return port;
+    if (!procs.Running("server")) {
+      return absl::FailedPreconditionError(
+          fl::StrCat("fl-server exited before it listened; its log (", log.string(), ") ends:", Tail(log, 15)));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return absl::DeadlineExceededError(
+      fl::StrCat("fl-server did not write its port within 30 s; its log (", log.string(), ") ends:", Tail(log, 15)));
+}
+
+absl::StatusOr<std::pair<std::string, std::string>> ExperimentStatus(const std::string& db_path,
+                                                                     const std::string& id) {
+  absl::StatusOr<std::unique_ptr<instrumentation::RecordReader>> reader = instrumentation::RecordReader::Open(db_path);
+  if (!reader.ok()) return reader.status();
+  absl::StatusOr<instrumentation::ExperimentRecord> e = (*reader)->GetExperiment(id);
+  if (absl::IsNotFound(e.status())) {
+    return absl::NotFoundError(fl::StrCat("experiment ", id, " was never recorded by fl-server"));
+  }
+  if (!e.ok()) return e.status();
+  return std::make_pair(std::string(instrumentation::ExperimentStatusName(e->status)), e->status_reason);
+}
+
+}  // namespace
+
+std::vector<std::string> ServerSettingArgs(const Manifest& m) {
+  // Every setting a manifest can give, from the one table (fl/server/settings.h), in fl-server's units: fl-server
+  // runs with exactly the manifest's settings (their defaults included), whatever its own defaults.
+  return server::SettingArgs(m.settings, [](const server::Setting& s) { return !s.manifest.empty(); });
+}
+
+std::vector<std::string> ClientProcessArgs(const Manifest& m, const ClientProcess& c, const std::string& client_bin,
+                                           const std::string& server_addr, const std::string& pki_dir,
+                                           bool via_forwarder, const std::string& server_name) {
   const ClientGroup& g = *c.group;
+  const pki::Paths paths{.dir = pki_dir};
   // Under a cpu quota the kernel slows the whole process: no duty cycle on top.
   const double slowdown = c.device.mode == "duty-cycle" ? c.device.slowdown : 1.0;
-  std::vector<std::string> a = {o.client_bin.string(),
+  std::vector<std::string> a = {client_bin,
                                 "--server",
                                 server_addr,
                                 "--name",
@@ -211,56 +241,50 @@ std::vector<std::string> ClientArgs(const Manifest& m, const RunOptions& o, cons
   if (c.instances > 0 && !g.availability_trace.empty()) {
     a.insert(a.end(), {"--availability", fl::StrCat("trace:", g.availability_trace)});
   }
-  if (tls.enabled() && c.instances > 0) {
+  if (!pki_dir.empty() && c.instances > 0) {
     // Each instance presents its own certificate, <group>-<i>.crt from the run's clients/ folder.
-    a.insert(a.end(), {"--tls-ca", tls.paths.CaCert(), "--tls-cert-dir",
-                       fs::path(tls.paths.Cert(pki::Kind::kClient, g.name)).parent_path().string()});
-    if (via_forwarder) a.insert(a.end(), {"--tls-server-name", "127.0.0.1"});
-  } else if (tls.enabled()) {
-    a.insert(a.end(), {"--tls-ca", tls.paths.CaCert(), "--tls-cert", tls.paths.Cert(pki::Kind::kClient, c.name),
-                       "--tls-key", tls.paths.Key(pki::Kind::kClient, c.name)});
+    a.insert(a.end(), {"--tls-ca", paths.CaCert(), "--tls-cert-dir",
+                       fs::path(paths.Cert(pki::Kind::kClient, g.name)).parent_path().string()});
+    if (via_forwarder) a.insert(a.end(), {"--tls-server-name", server_name});
+  } else if (!pki_dir.empty()) {
+    a.insert(a.end(), {"--tls-ca", paths.CaCert(), "--tls-cert", paths.Cert(pki::Kind::kClient, c.name), "--tls-key",
+                       paths.Key(pki::Kind::kClient, c.name)});
     // The server's certificate names 127.0.0.1, where it listens, not the forwarder's 10.213.x.1.
-    if (via_forwarder) a.insert(a.end(), {"--tls-server-name", "127.0.0.1"});
+    if (via_forwarder) a.insert(a.end(), {"--tls-server-name", server_name});
   } else {
     a.push_back("--insecure");
   }
   return a;
 }
 
-absl::StatusOr<int> WaitForPort(const fs::path& port_file, ProcessGroup& procs, const fs::path& log) {
-  const auto end = Clock::now() + std::chrono::seconds(30);
-  while (Clock::now() < end) {
-    std::ifstream in(port_file);
-    int port = 0;
-    if (in >> port && port > 0) return port;
-    if (!procs.Running("server")) {
-      return absl::FailedPreconditionError(
-          fl::StrCat("fl-server exited before it listened; its log (", log.string(), ") ends:", Tail(log, 15)));
+std::vector<ClientProcess> PlanClientProcesses(const Manifest& m, const std::string& backend,
+                                               const std::vector<DeviceEmulation>& devices) {
+  std::vector<ClientProcess> out;
+  uint32_t index = 0;
+  for (const ClientGroup& g : m.clients) {
+    const DeviceEmulation& device = devices[&g - m.clients.data()];
+    if (RunsAsVirtualClients(m, g, backend)) {
+      out.push_back({.name = fl::StrCat(g.name, "-instances"),
+                     .group = &g,
+                     .index = index,
+                     .group_offset = 0,
+                     .instances = g.count,
+                     .secagg_drop = false,
+                     .device = device});
+      index += g.count;
+      continue;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (uint32_t i = 0; i < g.count; ++i) {
+      out.push_back({.name = fl::StrCat(g.name, "-", i),
+                     .group = &g,
+                     .index = index++,
+                     .group_offset = i,
+                     .instances = 0,
+                     .secagg_drop = i < SecAggDroppingClients(g.secagg_drop_after_shares, g.count),
+                     .device = device});
+    }
   }
-  return absl::DeadlineExceededError(
-      fl::StrCat("fl-server did not write its port within 30 s; its log (", log.string(), ") ends:", Tail(log, 15)));
-}
-
-absl::StatusOr<std::pair<std::string, std::string>> ExperimentStatus(const std::string& db_path,
-                                                                     const std::string& id) {
-  absl::StatusOr<std::unique_ptr<instrumentation::RecordReader>> reader = instrumentation::RecordReader::Open(db_path);
-  if (!reader.ok()) return reader.status();
-  absl::StatusOr<instrumentation::ExperimentRecord> e = (*reader)->GetExperiment(id);
-  if (absl::IsNotFound(e.status())) {
-    return absl::NotFoundError(fl::StrCat("experiment ", id, " was never recorded by fl-server"));
-  }
-  if (!e.ok()) return e.status();
-  return std::make_pair(std::string(instrumentation::ExperimentStatusName(e->status)), e->status_reason);
-}
-
-}  // namespace
-
-std::vector<std::string> ServerSettingArgs(const Manifest& m) {
-  // Every setting a manifest can give, from the one table (fl/server/settings.h), in fl-server's units: fl-server
-  // runs with exactly the manifest's settings (their defaults included), whatever its own defaults.
-  return server::SettingArgs(m.settings, [](const server::Setting& s) { return !s.manifest.empty(); });
+  return out;
 }
 
 absl::StatusOr<std::string> ResolveBackend(const Manifest& m) {
@@ -436,7 +460,6 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
 
   // Plan every client; links are set up as each client starts.
   std::vector<ClientPlan> plans;
-  uint32_t index = 0;
   for (const ClientGroup& g : m.clients) {
     const DeviceEmulation& device = (*devices)[&g - m.clients.data()];
     if (!o.quiet && device.mode == "cpu-quota") {
@@ -449,30 +472,13 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
                    g.device.name, Fmt(device.slowdown), Fmt(device.slowdown),
                    device.why.empty() ? std::string() : fl::StrCat("; no cpu quota: ", device.why));
     }
-    if (RunsAsVirtualClients(m, g, *backend)) {
-      ClientPlan p;
-      p.name = fl::StrCat(g.name, "-instances");
-      p.group = &g;
-      p.device = device;
-      p.index = index;
-      p.instances = g.count;
-      p.start_at_s = g.start_delay_s;
-      p.leave_at_s = g.leave_after_s > 0 ? g.start_delay_s + g.leave_after_s : 0;
-      plans.push_back(p);
-      index += g.count;
-      continue;
-    }
-    for (uint32_t i = 0; i < g.count; ++i) {
-      ClientPlan p;
-      p.name = fl::StrCat(g.name, "-", i);
-      p.group = &g;
-      p.index = index++;
-      p.start_at_s = g.start_delay_s;
-      p.leave_at_s = g.leave_after_s > 0 ? g.start_delay_s + g.leave_after_s : 0;
-      p.secagg_drop = i < SecAggDroppingClients(g.secagg_drop_after_shares, g.count);
-      p.device = device;
-      plans.push_back(p);
-    }
+  }
+  for (ClientProcess& c : PlanClientProcesses(m, *backend, *devices)) {
+    ClientPlan p;
+    static_cast<ClientProcess&>(p) = std::move(c);
+    p.start_at_s = p.group->start_delay_s;
+    p.leave_at_s = p.group->leave_after_s > 0 ? p.group->start_delay_s + p.group->leave_after_s : 0;
+    plans.push_back(std::move(p));
   }
   std::vector<std::unique_ptr<emulation::ShapingRelay>> relays;
   std::vector<std::unique_ptr<emulation::KernelLink>> kernel_links;
@@ -546,7 +552,8 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
       netns = link->get();
       kernel_links.push_back(std::move(*link));
     }
-    std::vector<std::string> argv = ClientArgs(m, o, p, addr, *tls, netns != nullptr || packet_ns != nullptr);
+    std::vector<std::string> argv =
+        ClientProcessArgs(m, p, o.client_bin.string(), addr, tls->paths.dir, netns != nullptr || packet_ns != nullptr);
     if (netns != nullptr) argv = netns->WrapCommand(argv);
     if (packet_ns != nullptr) argv = packet_ns->WrapCommand(argv);
     absl::StatusOr<pid_t> pid = procs.Start(p.name, argv, (o.out_dir / fl::StrCat(p.name, ".log")).string());

@@ -82,6 +82,33 @@ absl::StatusOr<std::vector<DeviceEmulation>> ResolveDevices(const Manifest& mani
 
 absl::StatusOr<RunResult> RunExperiment(const Manifest& manifest, const RunOptions& options);
 
+// One fl-client process of a run as the runner plans it: one client, or a group's clients as virtual clients
+// (fl-client --instances). Shared with the launchers that start the same processes elsewhere (the Kubernetes
+// renderer, k8s_render.h), so that names, shards and flags are the local run's.
+struct ClientProcess {
+  std::string name;  // the client's name, or for virtual clients the process's: <group>-instances
+  const ClientGroup* group = nullptr;
+  uint32_t index = 0;         // global, 0..N-1: its data shard (virtual clients: the first one's)
+  uint32_t group_offset = 0;  // its first client's i in <group>-<i>
+  uint32_t instances = 0;     // 0: one client; > 0: fl-client --instances <instances>, named <group>-0..
+  bool secagg_drop = false;   // one client (instances == 0) of the group's first ceil(F x count): it drops
+  DeviceEmulation device;     // its group's (ResolveDevices): fl-client --slowdown, and a cpu quota or not
+};
+
+// Every fl-client process of `manifest` in start order, for link backend `backend` (ResolveBackend's) and each
+// group's device emulation `devices` (ResolveDevices', one per group).
+std::vector<ClientProcess> PlanClientProcesses(const Manifest& manifest, const std::string& backend,
+                                               const std::vector<DeviceEmulation>& devices);
+
+// fl-client's command line for process `c` (argv[0] = `client_bin`): `server_addr` is what it dials (virtual
+// clients: one address per instance, comma-separated); `pki_dir` the run's certificates in fl-provision's
+// layout ("" = plaintext, --insecure); `via_forwarder`: it dials a forwarder, not the server's own address, and
+// checks the server's certificate as `server_name`.
+std::vector<std::string> ClientProcessArgs(const Manifest& manifest, const ClientProcess& c,
+                                           const std::string& client_bin, const std::string& server_addr,
+                                           const std::string& pki_dir, bool via_forwarder,
+                                           const std::string& server_name = "127.0.0.1");
+
 // fl-server's arguments for the manifest's settings (every setting a manifest can give, declared in
 // fl/server/settings.h, in fl-server's units): the part of fl-server's command line that a manifest decides.
 std::vector<std::string> ServerSettingArgs(const Manifest& manifest);
