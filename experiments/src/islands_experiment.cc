@@ -78,7 +78,9 @@ absl::Status IslandsExperimentConfig::Validate() const {
     return absl::InvalidArgumentError(fl::StrCat(source, ": ", field, " is '", value, "'; ", want));
   };
   if (name.empty()) return bad("name", name, "give the experiment a name");
-  if (mode != "diloco" && mode != "data-parallel") return bad("mode", mode, "use diloco or data-parallel");
+  if (mode != "diloco" && mode != "data-parallel" && mode != "onebit-adam") {
+    return bad("mode", mode, "use diloco, data-parallel or onebit-adam");
+  }
   if (dp_transport != "gloo" && dp_transport != "ring") return bad("dp_transport", dp_transport, "use gloo or ring");
   if (islands < 1 || islands > 64) return bad("islands", islands, "use 1..64");
   if (ranks_per_island < 1 || ranks_per_island > 64) return bad("ranks_per_island", ranks_per_island, "use 1..64");
@@ -93,6 +95,24 @@ absl::Status IslandsExperimentConfig::Validate() const {
   }
   if (auto outer = core::MakeServerOptimizer(outer_optimizer, 1); !outer.ok()) {
     return bad("outer.optimizer", outer_optimizer, fl::ToStd(outer.status().message()));
+  }
+  // 1-bit Adam (fl-island checks the same; here the manifest's field is named before anything starts).
+  if (inner_optimizer != "adamw") {
+    return bad("inner.optimizer", inner_optimizer,
+               mode == "onebit-adam" ? "1-bit Adam is Adam with a frozen variance: use adamw"
+                                     : "use adamw (the only inner optimizer built)");
+  }
+  if (mode == "onebit-adam") {
+    if (onebit_warmup_steps > total_steps) {
+      return bad("onebit.warmup_steps", onebit_warmup_steps,
+                 fl::StrCat("the warm-up is longer than the run (inner.total_steps ", total_steps, "); use at most ",
+                            total_steps, " (equal: plain data-parallel Adam)"));
+    }
+    if (auto sign1 = core::MakeCodec(fl::StrCat("sign1:", onebit_chunk)); !sign1.ok()) {
+      return bad("onebit.chunk", onebit_chunk,
+                 fl::StrCat("the sign1 codec cannot carry it (", fl::ToStd(sign1.status().message()),
+                            "); use a positive multiple of 8 up to 1048576, e.g. 256"));
+    }
   }
   if (mode == "diloco" && total_steps % inner_steps != 0) {
     return bad("inner.total_steps", total_steps,
@@ -126,7 +146,7 @@ config::FieldTable<Config> ManifestFields(const std::filesystem::path& manifest_
       config::StringField("name", &Config::name),
       config::StringField<Config>("description"),
       config::StringField("method", &Config::method),
-      config::ChoiceField("mode", &Config::mode, {"diloco", "data-parallel"}),
+      config::ChoiceField("mode", &Config::mode, {"diloco", "data-parallel", "onebit-adam"}),
       config::ChoiceField("dp_transport", &Config::dp_transport, {"gloo", "ring"}),
       config::IntField("islands", &Config::islands, 1, 64),
       config::IntField("ranks_per_island", &Config::ranks_per_island, 1, 64),
@@ -147,6 +167,9 @@ config::FieldTable<Config> ManifestFields(const std::filesystem::path& manifest_
       IslandFlag("inner.beta2", "--beta2"),
       IslandFlag("inner.warmup_steps", "--warmup-steps"),
       IslandFlag("inner.eval_every", "--eval-every"),
+      config::StringField("inner.optimizer", &Config::inner_optimizer),
+      config::IntField("onebit.warmup_steps", &Config::onebit_warmup_steps),
+      config::IntField("onebit.chunk", &Config::onebit_chunk),
       config::IntField("inner.total_steps", &Config::total_steps),
       config::IntField("outer.inner_steps", &Config::inner_steps, 1),
       config::IntField("outer.fragments", &Config::fragments, 1),
@@ -373,6 +396,12 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
           std::to_string(c.total_steps),
           "--error-feedback",
           c.error_feedback ? "true" : "false",
+          "--inner-optimizer",
+          c.inner_optimizer,
+          "--onebit-warmup-steps",
+          std::to_string(c.onebit_warmup_steps),
+          "--onebit-chunk",
+          std::to_string(c.onebit_chunk),
           "--data-endpoint",
           fl::StrCat("tcp://127.0.0.1:", data_ports[i]),
           "--pg-store",

@@ -151,5 +151,39 @@ TEST(IslandsExperimentTest, WanLinkResolvesAProfileAndRefusesWhatItCannotShape) 
   EXPECT_NE(std::string(c.status().message()).find("dp_transport"), std::string::npos) << c.status();
 }
 
+// 1-bit Adam's bad inputs are refused at load, naming the field, the value and what to do (issue 33).
+TEST(IslandsExperimentTest, OneBitAdamBadInputsNameTheFieldAndWhatToDo) {
+  fl::testing::ScratchDir dir("manifest-onebit");
+  const std::string path = dir.File("bad.yaml");
+  auto load = [&](const std::string& extra) {
+    std::ofstream(path) << "name: x\nmode: onebit-adam\ninner:\n  total_steps: 600\n" << extra;
+    return LoadIslandsExperiment(path);
+  };
+  absl::StatusOr<IslandsExperimentConfig> ok = load("onebit:\n  warmup_steps: 600\n  chunk: 64\n");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->onebit_warmup_steps, 600u);
+  EXPECT_EQ(ok->onebit_chunk, 64u);
+  absl::StatusOr<IslandsExperimentConfig> c = load("onebit:\n  warmup_steps: 700\n");
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(c.status().message())
+                .find("onebit.warmup_steps is '700'; the warm-up is longer than the run (inner.total_steps 600); "
+                      "use at most 600"),
+            std::string::npos)
+      << c.status();
+  c = load("onebit:\n  chunk: 100\n");
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(c.status().message()).find("onebit.chunk is '100'; the sign1 codec cannot carry it"),
+            std::string::npos)
+      << c.status();
+  EXPECT_NE(std::string(c.status().message()).find("multiple of 8"), std::string::npos) << c.status();
+  std::ofstream(path) << "name: x\nmode: onebit-adam\ninner:\n  optimizer: sgd\n";
+  c = LoadIslandsExperiment(path);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(c.status().message())
+                .find("inner.optimizer is 'sgd'; 1-bit Adam is Adam with a frozen variance: use adamw"),
+            std::string::npos)
+      << c.status();
+}
+
 }  // namespace
 }  // namespace fl::experiment

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <utility>
 
+#include "fl/core/codec.h"
 #include "fl/core/str_cat.h"
 #include "fl/pki/pki.h"
 
@@ -127,6 +128,22 @@ absl::Status Exchanger::EnsureRing(const std::vector<RingMember>& members, size_
   if (!ring.ok()) return ring.status();
   ring_ = std::move(*ring);
   ring_fingerprint_ = fingerprint;
+  return absl::OkStatus();
+}
+
+absl::Status Exchanger::SetCodec(const std::string& codec_spec) {
+  fl::MutexLock lock(mu_);
+  if (busy_ || job_.has_value()) {
+    return absl::FailedPreconditionError(
+        fl::StrCat("cannot switch the ring to ", codec_spec, " while an exchange is in flight"));
+  }
+  if (ring_ != nullptr) {
+    if (absl::Status s = ring_->SetCodec(codec_spec); !s.ok()) return s;
+  } else if (absl::StatusOr<std::unique_ptr<core::Codec>> codec = core::MakeCodec(codec_spec); !codec.ok()) {
+    return absl::InvalidArgumentError(
+        fl::StrCat("ring codec '", codec_spec, "': ", fl::ToStd(codec.status().message())));
+  }
+  config_.codec = codec_spec;
   return absl::OkStatus();
 }
 

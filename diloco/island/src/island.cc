@@ -9,6 +9,18 @@
 
 namespace fl::diloco {
 
+OneBitAdamOptions IslandOptions::OneBit() const {
+  OneBitAdamOptions o;
+  o.beta1 = beta1;
+  o.beta2 = beta2;
+  o.weight_decay = weight_decay;
+  o.warmup_steps = onebit_warmup_steps;
+  o.total_steps = total_steps;
+  o.chunk = onebit_chunk;
+  o.inner_optimizer = inner_optimizer;
+  return o;
+}
+
 absl::Status IslandOptions::Validate() const {
   auto bad = [](std::string_view field, const auto& value, std::string_view want) {
     return absl::InvalidArgumentError(fl::StrCat(field, " is '", value, "'; ", want));
@@ -40,11 +52,18 @@ absl::Status IslandOptions::Validate() const {
     }
   } else if (mode == "data-parallel") {
     if (dp_transport != "gloo" && dp_transport != "ring") return bad("dp_transport", dp_transport, "use gloo or ring");
+  } else if (mode == "onebit-adam") {
+    if (absl::Status s = OneBit().Validate(); !s.ok()) return s;
+    if (!coordinator.empty()) {
+      return bad("coordinator", coordinator,
+                 "onebit-adam runs over the static ring (--peer); the coordinator's membership is for diloco");
+    }
   } else {
-    return bad("mode", mode, "use diloco or data-parallel");
+    return bad("mode", mode, "use diloco, data-parallel or onebit-adam");
   }
-  const bool needs_ring =
-      (mode == "diloco" && coordinator.empty()) || (mode == "data-parallel" && dp_transport == "ring");
+  if (inner_optimizer != "adamw") return bad("inner_optimizer", inner_optimizer, "use adamw (the only one built)");
+  const bool needs_ring = (mode == "diloco" && coordinator.empty()) ||
+                          (mode == "data-parallel" && dp_transport == "ring") || mode == "onebit-adam";
   if (needs_ring && rank == 0) {
     if (peers.empty()) {
       return absl::InvalidArgumentError(
@@ -89,7 +108,8 @@ absl::Status IslandOptions::Validate() const {
 
 bool IslandOptions::NeedsTransportSecurity() const {
   if (rank != 0) return false;  // only the leader talks to the coordinator and the ring
-  return !coordinator.empty() || mode == "diloco" || (mode == "data-parallel" && dp_transport == "ring");
+  return !coordinator.empty() || mode == "diloco" || mode == "onebit-adam" ||
+         (mode == "data-parallel" && dp_transport == "ring");
 }
 
 absl::Status IslandOptions::CheckTransportSecurity() const {

@@ -193,6 +193,9 @@ class IslandRun {
   absl::Status ApplyAt(uint64_t step, size_t fragment, uint64_t* resume_step);
   absl::Status LoadState(const StateSource& source);
   absl::Status RunDataParallel();
+  absl::Status RunOneBitAdam();
+  absl::Status OneBitStep(uint64_t step);
+  absl::Status StartStaticRingExchanger(const std::string& codec);
   absl::Status RunDiLoCo();
   void Eval(uint64_t step);
 
@@ -209,6 +212,8 @@ class IslandRun {
   c10::intrusive_ptr<CollectiveGroup> global_pg_;  // data-parallel baseline over one c10d group
   size_t global_size_ = 1;
   std::vector<float> local_;
+  // 1-bit Adam / data-parallel Adam (every rank holds the optimizer state; the leader exchanges)
+  std::optional<OneBitAdam> onebit_;
   // DiLoCo
   std::optional<OuterState> outer_;
   std::optional<core::FragmentSchedule> schedule_;  // every rank
@@ -354,21 +359,27 @@ void IslandRun::Eval(uint64_t step) {
                            ",\"eval_loss\":", loss, "}"));
 }
 
+// The leader's exchanger over the static ring (--peer), for the modes that exchange every step.
+absl::Status IslandRun::StartStaticRingExchanger(const std::string& codec) {
+  ExchangeConfig c;
+  c.self_id = o_.island_id;
+  c.bind_endpoint = o_.data_endpoint;
+  for (const std::string& p : o_.peers) {
+    const size_t eq = p.find('=');
+    c.static_peers.push_back(RingMember{p.substr(0, eq), p.substr(eq + 1)});
+  }
+  c.codec = codec;
+  c.error_feedback = o_.error_feedback;
+  c.connections_per_peer = o_.connections_per_peer;
+  if (o_.secured()) c.curve_dir = o_.CurveDir();
+  c.timeout = absl::Seconds(o_.exchange_timeout_s);
+  exchanger_ = std::make_unique<Exchanger>(std::move(c), nullptr);
+  return absl::OkStatus();
+}
+
 absl::Status IslandRun::RunDataParallel() {
   if (o_.dp_transport == "ring" && leader()) {
-    ExchangeConfig c;
-    c.self_id = o_.island_id;
-    c.bind_endpoint = o_.data_endpoint;
-    for (const std::string& p : o_.peers) {
-      const size_t eq = p.find('=');
-      c.static_peers.push_back(RingMember{p.substr(0, eq), p.substr(eq + 1)});
-    }
-    c.codec = "fp32";
-    c.error_feedback = false;
-    c.connections_per_peer = o_.connections_per_peer;
-    if (o_.secured()) c.curve_dir = o_.CurveDir();
-    c.timeout = absl::Seconds(o_.exchange_timeout_s);
-    exchanger_ = std::make_unique<Exchanger>(std::move(c), nullptr);
+    if (absl::Status s = StartStaticRingExchanger("fp32"); !s.ok()) return s;
   }
   const auto start = Clock::now();
   for (uint64_t t = 1; t <= total_steps_; ++t) {
@@ -379,6 +390,101 @@ absl::Status IslandRun::RunDataParallel() {
   staging_->ToHost(local_);
   summary_.local_model_hash = core::Checksum64(
       std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(local_.data()), local_.size() * sizeof(float)));
+  if (leader()) {
+    summary_.final_eval_loss = task_->EvalLoss();
+    summary_.final_local_eval_loss = summary_.final_eval_loss;
+  }
+  return absl::OkStatus();
+}
+
+// One step of 1-bit Adam (or, during its warm-up and with W = T, of data-parallel Adam): the island's mean
+// gradient (c10d), the leader's exchange over the ring (the gradient in warm-up, the local momentum after),
+// the result broadcast to the island's ranks, and the same optimizer arithmetic on every rank.
+absl::Status IslandRun::OneBitStep(uint64_t step) {
+  const auto start = Clock::now();
+  const double warm = o_.warmup_steps == 0 ? 1.0 : std::min(1.0, static_cast<double>(step) / o_.warmup_steps);
+  const double lr = o_.inner_lr * warm;
+  for (torch::Tensor& p : params_) {
+    if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+  torch::Tensor loss = task_->NextTrainLoss();
+  loss.backward();
+  const double loss_value = loss.item<double>();
+  if (!std::isfinite(loss_value)) {
+    return absl::InternalError(
+        fl::StrCat("training loss is ", loss_value, " at step ", step, "; lower --inner-lr (now ", o_.inner_lr, ")"));
+  }
+  torch::Tensor g = FlatGrads(params_).contiguous();
+  if (island_pg_) AllReduceMean(*island_pg_, g, o_.ranks);
+  torch::Tensor host = torch_device_.is_cpu() ? g : g.to(torch::kCPU);
+  const size_t n = local_.size();
+  std::span<const float> grad(host.data_ptr<float>(), n);
+  const bool compressed = onebit_->NextStepCompressed();
+  torch::Tensor exchanged = torch::empty({static_cast<int64_t>(n)}, torch::kFloat32);
+  std::span<float> mean(exchanged.data_ptr<float>(), n);
+  const auto net_start = Clock::now();
+  double waited = 0;
+  if (leader()) {
+    std::vector<float> send(n);
+    if (compressed) {
+      if (absl::Status s = onebit_->LocalMomentum(grad, send); !s.ok()) return s;
+      if (step == o_.onebit_warmup_steps + 1) {
+        const std::string codec = onebit_->options().CompressedCodec();
+        if (absl::Status s = exchanger_->SetCodec(codec); !s.ok()) return s;
+        spdlog::info("{}: step {}: variance frozen after {} warm-up steps; momentum in {} from now on", o_.island_id,
+                     step, o_.onebit_warmup_steps, codec);
+      }
+    } else {
+      std::copy(grad.begin(), grad.end(), send.begin());
+    }
+    // Residual key 0: the warm-up's gradients (with a lossy warm-up codec); 1: the compressed momentum.
+    const auto net = Clock::now();
+    if (absl::Status s = exchanger_->Start(SyncKey{step, compressed ? 1u : 0u}, std::move(send)); !s.ok()) return s;
+    ExchangeOutcome out = exchanger_->Wait();
+    if (out.kind != ExchangeOutcome::Kind::kAveraged) return out.error;
+    waited = Since(net);
+    std::copy(out.values.begin(), out.values.end(), mean.begin());
+    summary_.bytes_sent += out.bytes_sent;
+    summary_.bytes_received += out.bytes_received;
+    summary_.peak_sync_bytes = std::max(summary_.peak_sync_bytes, out.bytes_sent);
+    summary_.exchange_s += out.exchange_seconds;
+  }
+  if (island_pg_) BroadcastHost(*island_pg_, exchanged, torch_device_);
+  if (!leader()) waited = Since(net_start);
+  absl::Status applied = compressed ? onebit_->CompressedStep(mean, lr, local_) : onebit_->AdamStep(mean, lr, local_);
+  if (!applied.ok()) return applied;
+  staging_->FromHost(local_);
+  summary_.wait_s += waited;
+  ++summary_.syncs;
+  const double seconds = Since(start) - waited;
+  summary_.compute_s += seconds;
+  ++summary_.steps;
+  summary_.units += task_->units_per_batch() * o_.ranks;
+  if (leader() && step % 50 == 0) spdlog::debug("{} step {} loss {:.4f}", o_.island_id, step, loss_value);
+  return absl::OkStatus();
+}
+
+absl::Status IslandRun::RunOneBitAdam() {
+  absl::StatusOr<OneBitAdam> adam = OneBitAdam::Create(local_.size(), o_.OneBit());
+  if (!adam.ok()) return adam.status();
+  onebit_.emplace(std::move(*adam));
+  inner_.reset();  // this mode steps the model itself (onebit_adam.h): no LibTorch optimizer state
+  if (leader()) {
+    if (absl::Status s = StartStaticRingExchanger(o_.codec); !s.ok()) return s;
+    spdlog::info("{}: 1-bit Adam, {} parameters, warm-up {} of {} steps in {}, then {}{}", o_.island_id, local_.size(),
+                 o_.onebit_warmup_steps, total_steps_, o_.codec, onebit_->options().CompressedCodec(),
+                 o_.error_feedback ? " + error feedback on both sides" : "");
+  }
+  const auto start = Clock::now();
+  for (uint64_t t = 1; t <= total_steps_; ++t) {
+    if (absl::Status s = OneBitStep(t); !s.ok()) return s;
+    if (leader() && o_.eval_every > 0 && t % o_.eval_every == 0 && t < total_steps_) Eval(t);
+  }
+  summary_.wall_s = Since(start);
+  staging_->ToHost(local_);
+  summary_.local_model_hash = core::Checksum64(
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(local_.data()), local_.size() * sizeof(float)));
+  summary_.state_hash = onebit_->Hash(local_);
   if (leader()) {
     summary_.final_eval_loss = task_->EvalLoss();
     summary_.final_local_eval_loss = summary_.final_eval_loss;
@@ -447,7 +553,12 @@ absl::Status IslandRun::SetupLeader() {
     IslandJoinRequest join;
     join.island_id = o_.island_id;
     join.data_endpoint = o_.advertised_endpoint.empty() ? o_.data_endpoint : o_.advertised_endpoint;
-    join.state_endpoint = state_server_->endpoint();
+    // Peers fetch the state at the host the server listens on (--state-endpoint HOST:0 across machines);
+    // a wildcard or no --state-endpoint names no host, so loopback as before.
+    const std::string state_host = state_listen.substr(0, state_listen.rfind(':'));
+    join.state_endpoint = state_host.empty() || state_host == "0.0.0.0" || state_host == "[::]"
+                              ? state_server_->endpoint()
+                              : fl::StrCat(state_host, ":", state_server_->port());
     join.num_ranks = static_cast<uint32_t>(o_.ranks);
     join.model_fingerprint = spec_->fingerprint();
     join.model_name = o_.model;
@@ -708,7 +819,9 @@ absl::Status IslandRun::RunDiLoCo() {
 
 absl::StatusOr<IslandSummary> IslandRun::Run() {
   if (absl::Status s = Setup(); !s.ok()) return s;
-  absl::Status s = o_.mode == "data-parallel" ? RunDataParallel() : RunDiLoCo();
+  absl::Status s = o_.mode == "data-parallel" ? RunDataParallel()
+                   : o_.mode == "onebit-adam" ? RunOneBitAdam()
+                                              : RunDiLoCo();
   if (!s.ok()) return s;
   if (leader()) {
     spdlog::info(

@@ -49,7 +49,13 @@ int main(int argc, char** argv) {
   app.add_option("--warmup-steps", o.warmup_steps, "linear lr warm-up steps")->capture_default_str();
   app.add_option("--total-steps", o.total_steps, "inner steps T")->capture_default_str();
   app.add_option("--eval-every", o.eval_every, "evaluate every n steps (0 = at the end)")->capture_default_str();
-  app.add_option("--mode", o.mode, "diloco | data-parallel")->capture_default_str();
+  app.add_option("--mode", o.mode, "diloco | data-parallel | onebit-adam")->capture_default_str();
+  app.add_option("--inner-optimizer", o.inner_optimizer, "adamw (1-bit Adam needs it)")->capture_default_str();
+  app.add_option("--onebit-warmup-steps", o.onebit_warmup_steps,
+                 "onebit-adam: exact Adam steps before the variance freezes (= --total-steps: data-parallel Adam)")
+      ->capture_default_str();
+  app.add_option("--onebit-chunk", o.onebit_chunk, "onebit-adam: values per sign1 scale (a multiple of 8)")
+      ->capture_default_str();
   app.add_option("--dp-transport", o.dp_transport, "data-parallel: gloo (one process group) | ring")
       ->capture_default_str();
   app.add_option("--inner-steps", o.outer.inner_steps, "H")->capture_default_str();
@@ -74,7 +80,9 @@ int main(int argc, char** argv) {
   app.add_option("--advertised-endpoint", o.advertised_endpoint, "ring endpoint peers dial (default: data-endpoint)");
   app.add_option("--coordinator", o.coordinator, "fl-coordinator address (host:port)");
   app.add_option("--peer", o.peers, "static ring member id=endpoint (repeat, in ring order)");
-  app.add_option("--state-endpoint", o.state_endpoint, "listen address of this island's state server");
+  app.add_option("--state-endpoint", o.state_endpoint,
+                 "listen address of this island's state server (HOST:0 picks a port; peers are told HOST:port, or "
+                 "127.0.0.1:port for a wildcard)");
   app.add_option("--summary", o.summary_path, "write the leader's JSON summary here");
   app.add_option("--metrics", o.metrics_path, "append per-sync / per-eval JSON lines here");
   app.add_option("--tls-ca", o.tls_ca,

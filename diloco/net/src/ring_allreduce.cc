@@ -387,6 +387,21 @@ class RingAllReduce::Impl {
   }
 
   void ResetResidual(uint64_t key) { residuals_.erase(key); }
+  std::span<const float> Residual(uint64_t key) const {
+    auto it = residuals_.find(key);
+    return it == residuals_.end() ? std::span<const float>() : std::span<const float>(it->second);
+  }
+  absl::Status SetCodec(const std::string& spec) {
+    auto codec = fl::core::MakeCodec(spec);
+    if (!codec.ok()) {
+      return absl::InvalidArgumentError(fl::StrCat("ring codec '", spec, "': ", fl::ToStd(codec.status().message())));
+    }
+    codec_ = std::move(*codec);
+    options_.codec = spec;
+    lossy_ = codec_->kind() != fl::core::CodecKind::kFp32;
+    raw_ = !lossy_;
+    return absl::OkStatus();
+  }
   const RingOptions& options() const { return options_; }
   const std::string& bound_endpoint() const { return bound_endpoint_; }
 
@@ -1189,6 +1204,8 @@ absl::Status RingAllReduce::AllReduce(uint64_t exchange_id, uint64_t residual_ke
 }
 
 void RingAllReduce::ResetResidual(uint64_t residual_key) { impl_->ResetResidual(residual_key); }
+std::span<const float> RingAllReduce::Residual(uint64_t residual_key) const { return impl_->Residual(residual_key); }
+absl::Status RingAllReduce::SetCodec(const std::string& codec_spec) { return impl_->SetCodec(codec_spec); }
 const RingOptions& RingAllReduce::options() const { return impl_->options(); }
 const std::string& RingAllReduce::bound_endpoint() const { return impl_->bound_endpoint(); }
 

@@ -16,7 +16,7 @@ namespace fl::experiment {
 struct IslandsExperimentConfig {
   std::string name;
   std::string method;                 // label for the table: "data-parallel", "diloco", "streaming", ...
-  std::string mode = "diloco";        // fl-island --mode: diloco | data-parallel
+  std::string mode = "diloco";        // fl-island --mode: diloco | data-parallel | onebit-adam
   std::string dp_transport = "gloo";  // data-parallel: gloo | ring
   uint32_t islands = 2;
   uint32_t ranks_per_island = 1;
@@ -24,6 +24,12 @@ struct IslandsExperimentConfig {
   // fl-island flags for the model, data and inner optimizer, as "--flag value" pairs (from the manifest's
   // model: and inner: maps), e.g. {"--d-model", "64"}.
   std::vector<std::string> island_args;
+  // inner.optimizer (fl-island --inner-optimizer)
+  std::string inner_optimizer = "adamw";
+  // onebit-adam (docs/diloco.md, "1-bit Adam"): exact Adam warm-up steps W (= total_steps: data-parallel Adam)
+  // and values per sign1 scale after it.
+  uint64_t onebit_warmup_steps = 100;
+  uint32_t onebit_chunk = 256;
   // Outer loop (handed to the coordinator, which hands it to the islands).
   uint64_t total_steps = 600;
   uint64_t inner_steps = 100;  // H

@@ -89,6 +89,10 @@ class Exchanger {
   // Drops the cached ring (its bound endpoint and error-feedback residuals), e.g. after a rejoin.
   void ResetRing();
 
+  // Switches the ring's codec for the exchanges started from now on (1-bit Adam: fp32 warm-up, then sign1).
+  // Between exchanges only (FailedPrecondition while one is in flight); InvalidArgument for a bad spec.
+  absl::Status SetCodec(const std::string& codec_spec);
+
  private:
   void ThreadMain();
   ExchangeOutcome RunExchange(SyncKey key, std::vector<float> values);

@@ -10,6 +10,9 @@
 //                         pseudo-gradient is averaged over the islands with the ring all-reduce (on a
 //                         background thread), applied τ steps later with the outer optimizer, mixed into
 //                         the local replica, and broadcast by the leader to its ranks (c10d broadcast).
+//   mode "onebit-adam"    1-bit Adam (onebit_adam.h) over the static ring between leaders: every step exact
+//                         Adam on fp32-averaged gradients for W steps, then the sign1 momentum with error
+//                         feedback on both sides; c10d inside the island.
 //   mode "data-parallel"  the baseline: every inner step all-reduces gradients across ALL ranks of ALL
 //                         islands. dp_transport "gloo": one c10d process group spanning every rank (bytes
 //                         across islands counted as the ring algorithm's 2(W-1)/W of the gradient);
@@ -29,6 +32,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "fl/diloco/island/onebit_adam.h"
 #include "fl/diloco/island/outer_state.h"
 
 namespace fl::diloco {
@@ -67,13 +71,22 @@ struct IslandOptions {
   uint64_t warmup_steps = 50;   // linear learning-rate warm-up from 0
   uint64_t total_steps = 1000;  // inner steps T (the same for every method: same tokens)
   uint64_t eval_every = 0;      // 0 = evaluate only at the end
+  // The inner optimizer: "adamw" (the only one implemented; the field exists so that 1-bit Adam can refuse
+  // another by name).
+  std::string inner_optimizer = "adamw";
 
   // Cross-island.
-  std::string mode = "diloco";        // "diloco" | "data-parallel"
+  std::string mode = "diloco";        // "diloco" | "data-parallel" | "onebit-adam"
   std::string dp_transport = "gloo";  // data-parallel only: "gloo" | "ring"
   OuterOptions outer;                 // H, P, strategy, τ, α, outer optimizer
   std::string codec = "fp32";         // ring codec: fp32, bf16, int8, int4, fp4 (any core::MakeCodec spec)
-  bool error_feedback = true;         // for lossy codecs
+                                      // (onebit-adam: the warm-up's gradient codec; data-parallel ring too)
+  // "onebit-adam": W exact Adam steps, then sign1 momentum with `onebit_chunk` values per scale
+  // (onebit_adam.h). W = total_steps is plain data-parallel Adam over the ring with `codec`.
+  uint64_t onebit_warmup_steps = 100;
+  uint32_t onebit_chunk = 256;
+  OneBitAdamOptions OneBit() const;
+  bool error_feedback = true;  // for lossy codecs
   int connections_per_peer = 1;
   double exchange_timeout_s = 30;
   std::string data_endpoint = "tcp://127.0.0.1:0";  // what the leader binds for the ring

@@ -217,6 +217,18 @@ class RingAllReduce {
   // Forgets the error-feedback residual of `residual_key` (e.g. when a fragment's layout changed).
   void ResetResidual(uint64_t residual_key);
 
+  // The error-feedback residual kept for `residual_key` (values.size() floats: in the ranges this member sends
+  // at reduce-scatter, what its encodings lost; in the chunk it owns, the reducer's loss of the all-gather
+  // encoding, in sum units), or an empty span when there is none yet. Valid until the next call on this
+  // instance. For tests (1-bit Adam's exchange against a one-process reference: docs/diloco.md).
+  std::span<const float> Residual(uint64_t residual_key) const;
+
+  // Switches the codec for later exchanges (any fl::core::MakeCodec spec), e.g. 1-bit Adam's move from exact
+  // fp32 warm-up to sign1 momentum. Every member must switch before the same exchange: a member still on the
+  // old codec fails it naming both codecs. Residuals are kept per residual_key (use another key for the new
+  // codec, or ResetResidual). InvalidArgument naming the spec when it is not a codec (nothing changes then).
+  absl::Status SetCodec(const std::string& codec_spec);
+
   const RingOptions& options() const;
   // The endpoint actually bound, as ZeroMQ reports it (ZMQ_LAST_ENDPOINT).
   const std::string& bound_endpoint() const;

@@ -1,0 +1,79 @@
+#!/bin/bash
+# The comparison of docs/diloco.md ("Syncing every step with few bits, or rarely with whole models"): the same
+# char LM, tokens and islands over two emulated inter-site links, for data-parallel Adam (fp32 and int8 over the
+# ring), 1-bit Adam, DiLoCo (H = 100, int8) and Streaming DiLoCo (4 fragments, overlap, fp4).
+#
+#   experiments/diloco/onebit_table.sh BUILD OUT [JOBS]
+#     BUILD  a build folder (build/release) or a folder holding fl-islands-run, fl-island and fl-coordinator
+#     OUT    where each run's folder, derived manifests and table.md go
+#     JOBS   runs at a time (default 1; the bytes and losses do not depend on it, the wall times do)
+# Environment: LINKS (default "wan-1gbit-10ms wan-100mbit-40ms"), METHODS (manifest names, default the five
+# below), STEPS (inner.total_steps for every run; default: the manifests' 600; 1-bit Adam's W scales with it).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+build="${1:?usage: onebit_table.sh BUILD OUT [JOBS]}"
+out="${2:?usage: onebit_table.sh BUILD OUT [JOBS]}"
+jobs="${3:-1}"
+if [ -x "$build/fl-islands-run" ]; then run="$build/fl-islands-run"; else run="$build/experiments/fl-islands-run"; fi
+[ -x "$run" ] || { echo "no fl-islands-run under $build (build it: ninja -C $build fl-islands-run fl-island fl-coordinator)" >&2; exit 2; }
+links="${LINKS:-wan-1gbit-10ms wan-100mbit-40ms}"
+methods="${METHODS:-adam_dp_fp32 adam_dp_int8 onebit_adam diloco onebit_table_streaming_fp4}"
+mkdir -p "$out/manifests"
+
+one() {  # method link
+  local m="$1" link="$2" dir="$out/$1-$2" manifest="$out/manifests/$1-$2.yaml"
+  # The manifest with this link (an absolute path: the copy lives elsewhere) and, with STEPS, the run length.
+  sed -e "s|^wan: .*|wan: $here/../profiles/links/$link.yaml|" -e "s|^name: \(.*\)|name: \1-$link|" \
+    "$here/$m.yaml" > "$manifest"
+  if [ -n "${STEPS:-}" ]; then
+    sed -i -e "s|^  total_steps: [0-9]*|  total_steps: $STEPS|" "$manifest"
+    # 1-bit Adam's warm-up keeps its share of the run (1/6); data-parallel Adam's stays the whole run.
+    if grep -q "warmup_steps: 600 " "$manifest"; then sed -i "s|^  warmup_steps: 600 |  warmup_steps: $STEPS |" "$manifest"
+    else sed -i "s|^  warmup_steps: 100 |  warmup_steps: $((STEPS / 6)) |" "$manifest"; fi
+  fi
+  local load
+  load="$(cut -d' ' -f1-3 /proc/loadavg)"
+  if "$run" --manifest "$manifest" --out "$dir" > "$dir.stdout" 2> "$dir.stderr"; then
+    echo "$load $(cut -d' ' -f1-3 /proc/loadavg)" > "$dir/loadavg"
+    echo "done $m $link"
+  else
+    echo "FAILED $m $link: see $dir.stderr" >&2
+  fi
+}
+
+pids=()
+for link in $links; do
+  for m in $methods; do
+    one "$m" "$link" &
+    pids+=($!)
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do sleep 2; done
+  done
+done
+wait
+
+# The table: one row per run, from result.json and the islands' summaries.
+python3 - "$out" $links -- $methods <<'EOF' | tee "$out/table.md"
+import json, os, sys
+out = sys.argv[1]
+sep = sys.argv.index("--")
+links, methods = sys.argv[2:sep], sys.argv[sep + 1:]
+print("| method | link | final eval loss | bytes sent per island | peak bytes / sync, per island | syncs | "
+      "wall s | compute utilisation | load (start; end) |")
+print("|---|---|---|---|---|---|---|---|---|")
+for link in links:
+    for m in methods:
+        d = os.path.join(out, f"{m}-{link}")
+        try:
+            r = json.load(open(os.path.join(d, "result.json")))
+        except OSError:
+            print(f"| {m} | {link} | (no result) | | | | | | |")
+            continue
+        isl = [json.load(open(os.path.join(d, f))) for f in sorted(os.listdir(d))
+               if f.startswith("island-") and f.endswith("-rank0.json")]
+        util = sum(i["compute_s"] / i["wall_s"] for i in isl) / len(isl)
+        syncs = max(i["syncs"] for i in isl)
+        load = open(os.path.join(d, "loadavg")).read().split()
+        print(f"| {r['method']} | {link} | {r['final_eval_loss']:.4f} | {r['bytes_sent'] // len(isl):,} | "
+              f"{r['peak_sync_bytes']:,} | {syncs} | {r['wall_s']:.0f} | {100 * util:.0f}% | "
+              f"{load[0]}; {load[3]} |")
+EOF
