@@ -39,6 +39,8 @@ PACKAGES=(
   libyaml-cpp-dev libcli11-dev libspdlog-dev nlohmann-json3-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev prometheus
+  # tools/k8s_schema_check.py: rendered Kubernetes objects against the official client's models (test-only)
+  python3-kubernetes
   # the HTML report test renders it in headless Chromium
   chromium
   # bench/instrumentation_overhead.sh (a scraper and a free port)
