@@ -1,6 +1,10 @@
 // fl-experiment: run an experiment from its manifest, replay a recorded one, calibrate link profiles.
 //
-//   fl-experiment run MANIFEST [--db PATH] [--out DIR]
+//   fl-experiment run MANIFEST [--db PATH] [--out DIR] [--launcher local|slurm]
+//   fl-experiment render --launcher slurm MANIFEST [--out DIR] [--db PATH]   (the batch script, submits nothing)
+//   fl-experiment render --launcher kubernetes MANIFEST [--out DIR] [--image I] [--namespace N] [--storage Q]
+//                        [--pki-dir D]   (the objects as YAML files in DIR for kubectl apply -f DIR)
+//   fl-experiment step prepare|server|clients MANIFEST ...   (a Slurm job's node-local agent, docs/cluster.md)
 //   fl-experiment replay DB [EXPERIMENT] [--out DIR]
 //   fl-experiment calibrate PROFILE... [--backend userspace|kernel|packet|both|all] [--write]
 //   fl-experiment validate MANIFEST
@@ -12,6 +16,8 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <optional>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -25,8 +31,11 @@
 #include "fl/core/str_cat.h"
 #include "fl/emulation/calibrate.h"
 #include "fl/emulation/link_profile.h"
+#include "fl/experiment/k8s_render.h"
 #include "fl/experiment/manifest.h"
 #include "fl/experiment/runner.h"
+#include "fl/experiment/slurm_launcher.h"
+#include "fl/instrumentation/record_reader.h"
 #include "fl/report/analysis.h"
 #include "fl/report/experiment_data.h"
 #include "fl/report/progress.h"
@@ -159,6 +168,112 @@ int RunAndReport(const fl::experiment::Manifest& manifest, fl::experiment::RunOp
   return r->status == "finished" ? 0 : 1;
 }
 
+// The paths a Slurm job's steps use, absolute (they run elsewhere, in another working directory).
+absl::StatusOr<fl::experiment::slurm::ExperimentJobPaths> SlurmPaths(const fl::experiment::Manifest& m,
+                                                                     const fs::path& out_dir, const std::string& db,
+                                                                     const std::string& bin_dir,
+                                                                     const std::string& profiles_dir) {
+  fl::experiment::slurm::ExperimentJobPaths p;
+  std::error_code ec;
+  // The steps run this fl-experiment, which finds fl-server and fl-client as this one does (beside it, or in the
+  // build tree); with --bin-dir (an installed tree, or rendering for another machine), fl-experiment is there too.
+  if (bin_dir.empty()) {
+    p.fl_experiment = SelfDir() / "fl-experiment";
+  } else {
+    p.bin_dir = fs::absolute(bin_dir, ec).lexically_normal();
+    p.fl_experiment = p.bin_dir / "fl-experiment";
+  }
+  p.manifest = fs::absolute(m.path, ec).lexically_normal();
+  p.out_dir = fs::absolute(out_dir, ec).lexically_normal();
+  p.db_path = fs::absolute(db, ec).lexically_normal().string();
+  if (!profiles_dir.empty()) p.profiles_dir = fs::absolute(profiles_dir, ec).lexically_normal();
+  return p;
+}
+
+// The newest modification time of the run's logs (the steps' last words): the end of the last step.
+std::optional<fs::file_time_type> LastLogWrite(const fs::path& out_dir) {
+  std::optional<fs::file_time_type> last;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(out_dir, ec)) {
+    if (e.path().extension() != ".log") continue;
+    const fs::file_time_type t = e.last_write_time(ec);
+    if (!ec && (!last.has_value() || t > *last)) last = t;
+  }
+  return last;
+}
+
+// fl-experiment run --launcher slurm: checks the cluster and the job's shape, writes the batch script to
+// <out>/slurm-job.sh, submits it with sbatch --wait (Ctrl-C cancels the job), then reports as a local run does.
+int RunOnSlurm(const fl::experiment::Manifest& m, const fs::path& out_dir, const std::string& db,
+               const std::string& bin_dir, const std::string& profiles_dir) {
+  namespace slurm = fl::experiment::slurm;
+  if (absl::Status s = slurm::CheckSlurm(); !s.ok()) return Fail(s);
+  absl::StatusOr<slurm::ExperimentJobPaths> paths = SlurmPaths(m, out_dir, db, bin_dir, profiles_dir);
+  if (!paths.ok()) return Fail(paths.status());
+  absl::StatusOr<slurm::BatchJob> job = slurm::ExperimentJob(m, *paths);
+  if (!job.ok()) return Fail(job.status());
+  absl::StatusOr<std::vector<slurm::PartitionInfo>> partitions = slurm::Partitions();
+  if (!partitions.ok()) return Fail(partitions.status());
+  if (absl::Status s = slurm::CheckJobFits(*job, *partitions); !s.ok()) {
+    return Fail(absl::InvalidArgumentError(fl::StrCat(m.path, ": ", fl::ToStd(s.message()))));
+  }
+  std::error_code ec;
+  fs::create_directories(paths->out_dir, ec);
+  const fs::path script = paths->out_dir / "slurm-job.sh";
+  {
+    std::ofstream f(script);
+    f << slurm::RenderBatchScript(*job);
+    if (!f) return Fail(absl::FailedPreconditionError(fl::StrCat("cannot write ", script.string())), 1);
+  }
+  const auto submitted_at = fs::file_time_type::clock::now();
+  absl::StatusOr<slurm::JobOutcome> r = slurm::SubmitAndWait(script, &g_interrupted, [&](const std::string& id) {
+    std::printf("submitted Slurm job %s (%s); its output: %s/slurm-%s.out\n", id.c_str(), script.c_str(),
+                paths->out_dir.c_str(), id.c_str());
+    std::fflush(stdout);
+  });
+  if (!r.ok()) return Fail(r.status(), 1);
+  const auto returned_at = fs::file_time_type::clock::now();
+  const std::string id = fl::StrCat(m.name, "-slurm-", r->job_id);
+  // What the job's steps said when they failed (the batch script and the agents write "fl-experiment step ...").
+  std::string failures;
+  {
+    std::ifstream out(paths->out_dir / fl::StrCat("slurm-", r->job_id, ".out"));
+    for (std::string line; std::getline(out, line);) {
+      if (line.starts_with("fl-experiment: step ") || line.starts_with("fl-experiment step "))
+        failures += "\n  " + line;
+    }
+  }
+  std::string status = "failed", reason;
+  if (absl::StatusOr<std::unique_ptr<fl::instrumentation::RecordReader>> reader =
+          fl::instrumentation::RecordReader::Open(paths->db_path);
+      reader.ok()) {
+    if (absl::StatusOr<fl::instrumentation::ExperimentRecord> e = (*reader)->GetExperiment(id); e.ok()) {
+      status = std::string(fl::instrumentation::ExperimentStatusName(e->status));
+      reason = e->status_reason;
+      std::printf("%s", Summary(paths->db_path, id).c_str());
+    }
+  }
+  if (r->exit_code != 0 && status == "finished") status = "failed";
+  // The launcher's own overhead: submission to the server step's start (it writes server.host first), and the
+  // last step's last log line to sbatch returning.
+  std::string overhead;
+  std::error_code e1, e2;
+  const fs::file_time_type started = fs::last_write_time(paths->out_dir / "server.host", e1);
+  const std::optional<fs::file_time_type> last_log = LastLogWrite(paths->out_dir);
+  if (!e1 && last_log.has_value()) {
+    overhead = fl::StrCat(
+        "; launcher: sbatch answered in ", r->submit_s, " s, first step started ",
+        std::chrono::duration<double>(started - submitted_at).count(), " s after submission, sbatch returned ",
+        std::chrono::duration<double>(returned_at - *last_log).count(), " s after the last step's log");
+  }
+  std::printf("experiment %s %s (Slurm job %s, exit %d%s)%s%s%s\nrecords: %s; logs: %s\n", id.c_str(), status.c_str(),
+              r->job_id.c_str(), r->exit_code, r->cancelled ? ", cancelled" : "", reason.empty() ? "" : ": ",
+              reason.c_str(), failures.empty() ? "" : fl::StrCat("\nfailed steps:", failures).c_str(),
+              paths->db_path.c_str(), paths->out_dir.c_str());
+  std::printf("%s\n", overhead.empty() ? "" : overhead.substr(2).c_str());
+  return status == "finished" && r->exit_code == 0 ? 0 : 1;
+}
+
 fs::path ResolveProfile(const std::string& arg, const fs::path& profiles_dir) {
   if (arg.find('/') != std::string::npos || arg.ends_with(".yaml")) return arg;
   return profiles_dir / "links" / fl::StrCat(arg, ".yaml");
@@ -188,6 +303,44 @@ int main(int argc, char** argv) {
       "Folder with links/ and devices/ profiles (default: the profiles/ folder nearest above the manifest)");
   run->add_flag("--no-records", no_records,
                 "No records database or checkpoints (only to measure what instrumentation costs; no report)");
+  std::string launcher;
+  run->add_option("--launcher", launcher,
+                  "local (this machine) or slurm (sbatch --wait: one allocation, docs/cluster.md); default: the "
+                  "manifest's launcher.kind")
+      ->check(CLI::IsMember({"local", "slurm"}));
+
+  CLI::App* render = app.add_subcommand("render", "Print what a cluster needs to run the experiment, submit nothing");
+  render->add_option("manifest", manifest_path, "Experiment manifest (YAML)")->required();
+  std::string render_launcher;
+  render->add_option("--launcher", render_launcher,
+                     "slurm (the batch script) or kubernetes (the objects, docs/cluster.md); default: the manifest's "
+                     "launcher.kind");
+  render->add_option("--out", out_dir,
+                     "slurm: the output folder the job writes to (default: out/<name>, made absolute); kubernetes: "
+                     "where the YAML files (and a throwaway CA, pki/) go (default: out/<name>-k8s)");
+  fl::experiment::K8sRenderOptions k8s;
+  render->add_option("--image", k8s.image, "kubernetes: the container image (default: launcher.image)");
+  render->add_option("--namespace", k8s.k8s_namespace, "kubernetes: the namespace (default: launcher.namespace)");
+  render->add_option("--storage", k8s.storage, "kubernetes: the records volume's size (default: launcher.storage)");
+  render->add_option("--pki-dir", k8s.pki_dir,
+                     "kubernetes: the certificates for the Secrets, an fl-provision directory (default: "
+                     "security.pki_dir, else a throwaway CA made in <out>/pki)");
+  render->add_option("--db", db_path, "Records database (default: <out>/records.db)");
+  render->add_option("--profiles-dir", run_profiles_dir, "Folder with links/ and devices/ profiles");
+
+  // The node-local agent of a Slurm job (slurm_launcher.h): not for people, the batch script runs it.
+  std::string step_part, step_group, step_id;
+  CLI::App* step = app.add_subcommand("step", "A Slurm job step's agent (run by the batch script; docs/cluster.md)");
+  step->add_option("part", step_part, "prepare, server or clients")
+      ->required()
+      ->check(CLI::IsMember({"prepare", "server", "clients"}));
+  step->add_option("manifest", manifest_path, "Experiment manifest (YAML)")->required();
+  step->add_option("--out", out_dir, "The run's output folder (shared by the nodes)")->required();
+  step->add_option("--db", db_path, "Records database")->required();
+  step->add_option("--experiment-id", step_id, "The run's experiment id")->required();
+  step->add_option("--group", step_group, "clients: the client group this step runs");
+  step->add_option("--profiles-dir", run_profiles_dir, "Folder with links/ and devices/ profiles");
+  step->group("");  // hidden from --help
 
   std::string replay_db, replay_id;
   CLI::App* replay = app.add_subcommand("replay", "Run a recorded experiment again and compare the outcomes");
@@ -222,6 +375,54 @@ int main(int argc, char** argv) {
     std::printf("%s\n", fl::experiment::ResolvedManifestJson(*m).c_str());
     return 0;
   }
+  if (*render) {
+    absl::StatusOr<fl::experiment::Manifest> m =
+        fl::experiment::LoadManifest(manifest_path, fl::experiment::ManifestOptions{run_profiles_dir});
+    if (!m.ok()) return Fail(m.status());
+    const std::string kind = render_launcher.empty() ? m->launcher.kind : render_launcher;
+    if (kind == "kubernetes") {
+      absl::StatusOr<fs::path> default_k8s = fl::experiment::ExperimentOutputDir("out", m->name, "-k8s");
+      if (out_dir.empty() && !default_k8s.ok()) return Fail(default_k8s.status());
+      k8s.out_dir = out_dir.empty() ? *default_k8s : fs::path(out_dir);
+      k8s.software_version = FL_VERSION;
+      absl::StatusOr<fl::experiment::K8sRendering> objects = fl::experiment::RenderKubernetes(*m, k8s);
+      if (!objects.ok()) return Fail(objects.status());
+      if (absl::Status s = fl::experiment::WriteKubernetes(*objects, k8s.out_dir); !s.ok()) return Fail(s, 1);
+      for (const auto& file : objects->files) std::printf("wrote %s\n", (k8s.out_dir / file.first).c_str());
+      std::printf("certificates: %s\napply with: kubectl apply --server-side -f %s (docs/cluster.md \"Kubernetes, rendered\")\n",
+                  objects->pki_source.empty() ? "none (security.mode insecure)" : objects->pki_source.c_str(),
+                  k8s.out_dir.c_str());
+      return 0;
+    }
+    if (kind != "slurm") {
+      return Fail(absl::InvalidArgumentError(
+          fl::StrCat("render needs a cluster launcher: --launcher slurm or kubernetes, or launcher.kind in ", m->path,
+                     " (it is ", kind, ")")));
+    }
+    absl::StatusOr<fs::path> default_out = fl::experiment::ExperimentOutputDir("out", m->name);
+    if (out_dir.empty() && !default_out.ok()) return Fail(default_out.status());
+    const fs::path out = out_dir.empty() ? *default_out : fs::path(out_dir);
+    absl::StatusOr<fl::experiment::slurm::ExperimentJobPaths> paths =
+        SlurmPaths(*m, out, db_path.empty() ? (out / "records.db").string() : db_path, bin_dir, run_profiles_dir);
+    if (!paths.ok()) return Fail(paths.status());
+    absl::StatusOr<fl::experiment::slurm::BatchJob> job = fl::experiment::slurm::ExperimentJob(*m, *paths);
+    if (!job.ok()) return Fail(job.status());
+    std::printf("%s", fl::experiment::slurm::RenderBatchScript(*job).c_str());
+    return 0;
+  }
+  if (*step) {
+    absl::StatusOr<fl::experiment::Manifest> m =
+        fl::experiment::LoadManifest(manifest_path, fl::experiment::ManifestOptions{run_profiles_dir});
+    if (!m.ok()) return Fail(m.status());
+    fl::experiment::RunOptions o;
+    o.out_dir = out_dir;
+    o.db_path = db_path;
+    o.experiment_id = step_id;
+    FindBinaries(bin_dir, &o);
+    o.interrupted = &g_interrupted;
+    o.software_version = FL_VERSION;
+    return fl::experiment::slurm::RunStep(step_part, *m, step_group, o);
+  }
   if (*run) {
 #if FL_WITH_ISLANDS
     if (IsIslandsManifest(manifest_path)) return RunIslands(manifest_path, out_dir, bin_dir);
@@ -234,6 +435,13 @@ int main(int argc, char** argv) {
     if (out_dir.empty() && !default_out.ok()) return Fail(default_out.status());
     o.out_dir = out_dir.empty() ? *default_out : fs::path(out_dir);
     o.db_path = db_path.empty() ? (o.out_dir / "records.db").string() : db_path;
+    const std::string kind = launcher.empty() ? m->launcher.kind : launcher;
+    if (kind == "slurm") return RunOnSlurm(*m, o.out_dir, o.db_path, bin_dir, run_profiles_dir);
+    if (kind != "local") {
+      return Fail(absl::InvalidArgumentError(fl::StrCat(m->path, ": launcher.kind ", kind,
+                                                        " is rendered, not run: fl-experiment render --launcher ", kind,
+                                                        ", or run with --launcher local")));
+    }
     FindBinaries(bin_dir, &o);
     o.no_records = no_records;
     return RunAndReport(*m, o);

@@ -17,6 +17,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "absl/strings/numbers.h"
+
 #include "fl/core/clock.h"
 #include "fl/core/log_format.h"
 #include "fl/core/str_cat.h"
@@ -117,6 +119,16 @@ absl::StatusOr<RunPki> PreparePki(const Manifest& m, const RunOptions& o) {
   std::error_code ec;
   // Absolute: the clients are started through `ip netns exec` too, and the paths are in their logs.
   const fs::path dir = fs::absolute(o.out_dir / "pki", ec).lexically_normal();
+  if (o.part == RunOptions::Part::kServer || o.part == RunOptions::Part::kClients) {
+    // The prepare step made it for the whole run (the same CA on every node, through the shared folder).
+    if (absl::Status s = CheckPkiDir(dir.string(), m.client_names()); !s.ok()) {
+      return absl::FailedPreconditionError(fl::StrCat(
+          fl::ToStd(s.message()), " (the run's CA is made by its prepare step, fl-experiment step prepare, in the "
+          "output folder that every node must see)"));
+    }
+    r.paths.dir = dir.string();
+    return r;
+  }
   fs::remove_all(dir, ec);  // an earlier run's, into the same --out: a fresh CA per run
   if (ec) {
     return absl::FailedPreconditionError(
@@ -424,6 +436,7 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
       spdlog::info("removed {} stale link emulations of earlier runs", *removed);
     }
   }
+  using Part = RunOptions::Part;
   absl::StatusOr<RunPki> tls = PreparePki(m, o);
   if (!tls.ok()) return tls.status();
   RunResult result;
@@ -431,26 +444,42 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
   result.backend = *backend;
   result.security = tls->enabled() ? "mtls" : "insecure";
   result.pki_dir = tls->paths.dir;
-  if (!o.no_records) {
+  if (!o.no_records && (o.part == Part::kAll || o.part == Part::kPrepare)) {
     if (absl::Status s = WriteManifestRecord(o.db_path, m, result.experiment_id, *backend, o); !s.ok()) return s;
   }
 
   ProcessGroup procs;
   const fs::path server_log = o.out_dir / "server.log";
   const fs::path port_file = o.out_dir / "server.port";
-  fs::remove(port_file, ec);
+  if (o.part != Part::kClients) fs::remove(port_file, ec);
+  if (o.part == Part::kPrepare) {
+    result.status = "prepared";
+    return result;
+  }
   // Clients in the kernel backend's namespaces reach the server through a relay on the host, so loopback is
   // enough there. The packet backend's clients reach it over their own TCP at their link's host address
   // (10.214.x.1, a TUN device that exists only once the client's link is made): the server listens on every
   // address, and the clients check its certificate as 127.0.0.1 (fl-client --tls-server-name).
-  const std::string listen = *backend == "packet" ? "0.0.0.0:0" : "127.0.0.1:0";
-  absl::StatusOr<pid_t> server =
-      procs.Start("server", ServerArgs(m, o, result.experiment_id, listen, port_file, *tls), server_log.string());
-  if (!server.ok()) return server.status();
-  absl::StatusOr<int> port = WaitForPort(port_file, procs, server_log);
-  if (!port.ok()) return port.status();
-  const int server_port = *port;
-  const std::string target = fl::StrCat("127.0.0.1:", server_port);
+  // A server step (Part::kServer) is dialled from other nodes: every address.
+  const std::string listen = *backend == "packet" || o.part == Part::kServer ? "0.0.0.0:0" : "127.0.0.1:0";
+  int server_port = 0;
+  std::string target;
+  if (o.part == Part::kClients) {
+    // The server runs elsewhere (its own step): the clients and their links dial its address.
+    const size_t colon = o.server_addr.rfind(':');
+    if (colon == std::string::npos || !absl::SimpleAtoi(o.server_addr.substr(colon + 1), &server_port)) {
+      return absl::InvalidArgumentError(fl::StrCat("server address \"", o.server_addr, "\" is not host:port"));
+    }
+    target = o.server_addr;
+  } else {
+    absl::StatusOr<pid_t> server =
+        procs.Start("server", ServerArgs(m, o, result.experiment_id, listen, port_file, *tls), server_log.string());
+    if (!server.ok()) return server.status();
+    absl::StatusOr<int> port = WaitForPort(port_file, procs, server_log);
+    if (!port.ok()) return port.status();
+    server_port = *port;
+    target = fl::StrCat("127.0.0.1:", server_port);
+  }
   if (!o.quiet) {
     spdlog::info("experiment {} ({} clients, link emulation: {}); fl-server on {} ({})", result.experiment_id,
                  m.num_clients(), *backend, target,
@@ -473,7 +502,20 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
                    device.why.empty() ? std::string() : fl::StrCat("; no cpu quota: ", device.why));
     }
   }
-  for (ClientProcess& c : PlanClientProcesses(m, *backend, *devices)) {
+  std::vector<ClientProcess> processes = PlanClientProcesses(m, *backend, *devices);
+  if (o.part == Part::kServer) processes.clear();
+  if (o.part == Part::kClients) {
+    std::vector<ClientProcess> mine;
+    for (uint32_t i : o.processes) {
+      if (i >= processes.size()) {
+        return absl::InvalidArgumentError(
+            fl::StrCat("client process ", i, " does not exist: the run has ", processes.size(), " client processes"));
+      }
+      mine.push_back(processes[i]);
+    }
+    processes = std::move(mine);
+  }
+  for (ClientProcess& c : processes) {
     ClientPlan p;
     static_cast<ClientProcess&>(p) = std::move(c);
     p.start_at_s = p.group->start_delay_s;
@@ -552,8 +594,10 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
       netns = link->get();
       kernel_links.push_back(std::move(*link));
     }
+    // A client step dials the server's node, not the 127.0.0.1 its certificate names: checked as 127.0.0.1.
     std::vector<std::string> argv =
-        ClientProcessArgs(m, p, o.client_bin.string(), addr, tls->paths.dir, netns != nullptr || packet_ns != nullptr);
+        ClientProcessArgs(m, p, o.client_bin.string(), addr, tls->paths.dir,
+                          netns != nullptr || packet_ns != nullptr || o.part == Part::kClients);
     if (netns != nullptr) argv = netns->WrapCommand(argv);
     if (packet_ns != nullptr) argv = packet_ns->WrapCommand(argv);
     absl::StatusOr<pid_t> pid = procs.Start(p.name, argv, (o.out_dir / fl::StrCat(p.name, ".log")).string());
@@ -600,7 +644,15 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
     if (!failure.empty()) break;
     if (o.on_tick) o.on_tick(result.experiment_id);
     std::optional<ChildExit> e = procs.WaitAny(std::chrono::milliseconds(100));
-    if (!e.has_value()) continue;
+    if (!e.has_value()) {
+      // A client step ends when its clients have all exited (each exit was reported above, failures first).
+      if (o.part == Part::kClients && procs.num_running() == 0 &&
+          std::all_of(plans.begin(), plans.end(), [](const ClientPlan& p) { return p.started; })) {
+        server_exited = true;
+        break;
+      }
+      continue;
+    }
     if (e->name == "server") {
       server_exited = true;
       server_code = e->code;
@@ -655,6 +707,12 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
     packet_namespaces.clear();
   }
 
+  if (o.part == Part::kClients) {
+    // The server's step records the experiment's outcome; this step says only whether its clients did their part.
+    result.status = !failure.empty() ? "failed" : aborted ? "aborted" : "finished";
+    result.reason = !failure.empty() ? failure : aborted ? "interrupted (SIGTERM: the job step was cancelled)" : "";
+    return result;
+  }
   absl::StatusOr<std::pair<std::string, std::string>> status =
       o.no_records
           ? absl::StatusOr<std::pair<std::string, std::string>>(std::make_pair(

@@ -34,6 +34,20 @@ struct RunOptions {
   // No records database and no checkpoints: only for measuring what instrumentation costs
   // (bench/instrumentation_overhead.sh). The outcome then comes from fl-server's exit status alone.
   bool no_records = false;
+  // Which part of the run this process does (default: all of it). A launcher that runs the server and the client
+  // groups as separate steps on other nodes (slurm_launcher.h) runs each part where it belongs, with this code,
+  // so that links, devices, names, shards and flags are those of a local run:
+  //   kPrepare  the checks, the output folder, the run's CA (<out_dir>/pki) and the manifest record; returns
+  //             with status "prepared" (once per run, before the others start)
+  //   kServer   fl-server only, listening on every address of this node (the CA and the record exist);
+  //             waits for it like a whole run and reads the outcome from the records
+  //   kClients  the client processes `processes` (indices into PlanClientProcesses' order) with their links and
+  //             devices, dialling `server_addr`; ends when they have all exited: status "finished", or "failed"
+  //             naming the client that failed
+  enum class Part { kAll, kPrepare, kServer, kClients };
+  Part part = Part::kAll;
+  std::string server_addr;          // kClients: host:port of fl-server
+  std::vector<uint32_t> processes;  // kClients
 };
 
 // How a client process emulates its device (docs/manifests.md "Device emulation", issue 30 item 3).
