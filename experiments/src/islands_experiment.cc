@@ -1,10 +1,11 @@
 #include "fl/experiment/islands_experiment.h"
 
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
+#include <charconv>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
@@ -24,23 +26,12 @@
 #include "fl/core/str_cat.h"
 #include "fl/emulation/link_profile.h"
 #include "fl/emulation/shaping_relay.h"
+#include "fl/experiment/islands_addresses.h"
 #include "fl/pki/pki.h"
 #include "fl/sys/process_group.h"
 
 namespace fl::experiment {
 namespace {
-
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 std::string Num(double v) {
   std::ostringstream s;
@@ -139,6 +130,54 @@ config::Field<Config> IslandFlag(std::string yaml, std::string flag) {
       });
 }
 
+// launcher: where the islands run (docs/cluster.md "Islands on Slurm").
+config::FieldTable<Config::Launcher> LauncherFields() {
+  using L = Config::Launcher;
+  auto chars = [](const std::string& v, std::string_view extra) {
+    return std::all_of(v.begin(), v.end(), [&](char ch) {
+      return std::isalnum(static_cast<unsigned char>(ch)) || extra.find(ch) != std::string_view::npos;
+    });
+  };
+  return {
+      config::ChoiceField("kind", &L::kind, {"local", "slurm"}),
+      config::StringField("partition", &L::partition).Then([chars](const config::YamlMap& m, L& l) -> absl::Status {
+        if (chars(l.partition, "_.-")) return absl::OkStatus();
+        return m.Error(m.Node("partition"), "partition", fl::StrCat("partition name \"", l.partition, "\""),
+                       "a Slurm partition name: letters, digits, '_', '.', '-' (sinfo lists them)");
+      }),
+      config::StringField("time", &L::time).Then([chars](const config::YamlMap& m, L& l) -> absl::Status {
+        if (chars(l.time, ":-")) return absl::OkStatus();
+        return m.Error(m.Node("time"), "time", fl::StrCat("\"", l.time, "\" is not a Slurm time limit"),
+                       "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (sbatch --time)");
+      }),
+      config::IntField("nodes", &L::nodes, 0, 64),
+      config::CustomField<L>(
+          "sbatch_args",
+          [](const config::YamlMap& m, const std::string& key, L& l) -> absl::Status {
+            const YAML::Node n = m.Node(key);
+            const std::string allowed = "a list of sbatch options, each one string starting with '-' (\"--qos=x\")";
+            if (!n.IsSequence()) return m.Error(n, key, "expected a list", allowed);
+            for (const YAML::Node& item : n) {
+              const std::string a = item.IsScalar() ? item.Scalar() : std::string();
+              if (a.empty() || a[0] != '-' || a.find_first_of("\n\r") != std::string::npos) {
+                return m.Error(item, key, fl::StrCat("\"", a, "\" is not one sbatch option"), allowed);
+              }
+              // The launcher writes these itself: a second value would contradict them.
+              for (const std::string_view own : {"--nodes", "-N", "--partition", "-p", "--time", "-t", "--output", "-o",
+                                                 "--job-name", "-J", "--ntasks", "-n", "--wait", "-W"}) {
+                if (a == own || (a.starts_with(own) && (a[own.size()] == '=' || own.size() == 2))) {
+                  return m.Error(item, key, fl::StrCat("\"", a, "\": the launcher writes ", own, " itself"),
+                                 "other sbatch options; give nodes, partition and time as launcher keys");
+                }
+              }
+              l.sbatch_args.push_back(a);
+            }
+            return absl::OkStatus();
+          })
+          .Allowed("a list of sbatch options"),
+  };
+}
+
 // Every field of an islands manifest (docs/diloco.md); the keys allowed in each map are this table's.
 // `manifest_dir` is where a wan profile's name or relative path resolves.
 config::FieldTable<Config> ManifestFields(const std::filesystem::path& manifest_dir) {
@@ -188,6 +227,7 @@ config::FieldTable<Config> ManifestFields(const std::filesystem::path& manifest_
       config::IntField("exchange.connections_per_peer", &Config::connections_per_peer),
       config::IntField("exchange.timeout_ms", &Config::exchange_timeout_ms),
       config::ChoiceField("security", &Config::security, {"tls", "insecure"}),
+      config::SectionField("launcher", &Config::launcher, LauncherFields()),
       config::CustomField<Config>(
           "wan",
           [manifest_dir](const config::YamlMap& m, const std::string& key, Config& c) -> absl::Status {
@@ -245,9 +285,64 @@ std::string IslandsExperimentResult::ToJson() const {
   return j.dump();
 }
 
+absl::Status ProvisionIslandsPki(const IslandsExperimentConfig& c, const std::string& out_dir,
+                                 const std::vector<std::string>& coordinator_hosts) {
+  const pki::Paths pki_paths{(std::filesystem::path(out_dir) / "pki").string()};
+  std::error_code ec;
+  std::filesystem::remove_all(pki_paths.dir, ec);  // a rerun into the same --out gets a fresh CA
+  pki::CaOptions ca;
+  ca.common_name = fl::StrCat("fl-islands-run CA for ", c.name);
+  if (absl::Status s = pki::CreateCa(pki_paths.dir, ca); !s.ok()) return s;
+  pki::IssueOptions server;
+  // The islands dial the coordinator at the host it advertises: the certificate names it (and loopback).
+  server.ip_addresses = {"127.0.0.1"};
+  server.dns_names = {"localhost"};
+  for (const std::string& h : coordinator_hosts) {
+    std::vector<std::string>& names = IsIpv4Literal(h) ? server.ip_addresses : server.dns_names;
+    if (std::find(names.begin(), names.end(), h) == names.end()) names.push_back(h);
+  }
+  if (auto s = pki::Issue(pki_paths.dir, pki::Kind::kServer, "coordinator", server); !s.ok()) return s.status();
+  for (uint32_t i = 0; i < c.islands; ++i) {
+    if (auto s = pki::Issue(pki_paths.dir, pki::Kind::kIsland, fl::StrCat("island-", i), {}); !s.ok()) {
+      return s.status();
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperimentConfig& c,
                                                              const LaunchPaths& paths) {
   if (absl::Status s = c.Validate(); !s.ok()) return s;
+  // Every process binds and advertises one host here (all run on this machine); FreePortOn also refuses a
+  // host that is not this machine's.
+  const std::string host = paths.advertise;
+  if (absl::Status s = CheckAdvertisableHost("the coordinator and every island", host); !s.ok()) return s;
+  absl::StatusOr<int> probe = FreePortOn(host);
+  if (!probe.ok()) return probe.status();
+  auto port_on_host = [&]() { return FreePortOn(host).value_or(0); };
+  // One step of a batch job runs one part (LaunchPaths::step); the local launcher runs them all.
+  const bool all = paths.step.empty();
+  const bool coordinator_step = paths.step == "coordinator";
+  std::optional<uint32_t> island_step;
+  if (!all && !coordinator_step) {
+    uint32_t i = 0;
+    const std::string_view index = std::string_view(paths.step).substr(std::min<size_t>(7, paths.step.size()));
+    const auto [end, err] = std::from_chars(index.data(), index.data() + index.size(), i);
+    if (!paths.step.starts_with("island-") || index.empty() || err != std::errc() ||
+        end != index.data() + index.size() || i >= c.islands) {
+      return absl::InvalidArgumentError(
+          fl::StrCat("step '", paths.step, "': use coordinator or island-<i> with i in 0..", c.islands - 1));
+    }
+    island_step = i;
+  }
+  if (!all && c.mode != "diloco") {
+    return absl::InvalidArgumentError(
+        fl::StrCat(c.source, ": mode ", c.mode,
+                   " runs a static ring whose every endpoint each island must know "
+                   "before any starts, which one step per node cannot; across nodes use mode diloco (the "
+                   "coordinator tells each island its peers)"));
+  }
+  auto runs_island = [&](uint32_t i) { return all || island_step == i; };
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::create_directories(paths.out_dir, ec);
@@ -271,18 +366,11 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
   };
   const pki::Paths pki_paths{out("pki")};
   if (c.security == "tls") {
-    fs::remove_all(pki_paths.dir, ec);  // a rerun into the same --out gets a fresh CA
-    pki::CaOptions ca;
-    ca.common_name = fl::StrCat("fl-islands-run CA for ", c.name);
-    if (absl::Status s = pki::CreateCa(pki_paths.dir, ca); !s.ok()) return s;
-    pki::IssueOptions server;
-    server.ip_addresses = {"127.0.0.1"};
-    server.dns_names = {"localhost"};
-    if (auto s = pki::Issue(pki_paths.dir, pki::Kind::kServer, "coordinator", server); !s.ok()) return s.status();
-    for (uint32_t i = 0; i < c.islands; ++i) {
-      if (auto s = pki::Issue(pki_paths.dir, pki::Kind::kIsland, fl::StrCat("island-", i), {}); !s.ok()) {
-        return s.status();
-      }
+    if (all) {
+      if (absl::Status s = ProvisionIslandsPki(c, paths.out_dir, {host}); !s.ok()) return s;
+    } else if (!fs::exists(pki_paths.CaCert())) {
+      return absl::FailedPreconditionError(fl::StrCat("step ", paths.step, ": no CA at ", pki_paths.CaCert(),
+                                                      "; the submitting launcher makes it before the job starts"));
     }
     // The CA's revocation list too: revoking an island during the run (fl-provision revoke island-N --dir
     // <out>/pki) evicts it and refuses its calls, as in a provisioned deployment.
@@ -298,12 +386,24 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
     };
   }
   std::string coordinator;
-  if (c.mode == "diloco") {
+  const std::string address_file = out("coordinator.address");
+  if (island_step.has_value()) {
+    // The coordinator runs in another step, maybe on another node: it says where in the shared output folder.
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (coordinator.empty() && std::chrono::steady_clock::now() < end) {
+      std::ifstream in(address_file);
+      if (!(in >> coordinator)) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (coordinator.empty()) {
+      return absl::UnavailableError(fl::StrCat("step ", paths.step, ": the coordinator step wrote no ", address_file,
+                                               " within 120 s; see ", out("coordinator.log")));
+    }
+  } else if (c.mode == "diloco") {
     const std::string port_file = out("coordinator.port");
     fs::remove(port_file, ec);
     std::vector<std::string> argv = {paths.fl_coordinator,
                                      "--listen",
-                                     "127.0.0.1:0",
+                                     fl::StrCat(host, ":0"),
                                      "--port-file",
                                      port_file,
                                      "--db",
@@ -334,7 +434,11 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
     if (port == 0) {
       return absl::UnavailableError(fl::StrCat("fl-coordinator did not start; see ", out("coordinator.log")));
     }
-    coordinator = fl::StrCat("127.0.0.1:", port);
+    coordinator = fl::StrCat(host, ":", port);
+    if (coordinator_step) {  // written whole, then renamed: a reader never sees half an address
+      std::ofstream(address_file + ".tmp") << coordinator << "\n";
+      fs::rename(address_file + ".tmp", address_file, ec);
+    }
   }
 
   std::vector<std::string> peers;
@@ -348,13 +452,18 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
     wan = *profile;
   }
   for (uint32_t i = 0; i < c.islands; ++i) {
-    data_ports.push_back(FreePort());
-    advertised.push_back(fl::StrCat("tcp://127.0.0.1:", data_ports.back()));
+    if (!runs_island(i)) {  // another step's: its peers learn its endpoint from the coordinator
+      data_ports.push_back(0);
+      advertised.emplace_back();
+      continue;
+    }
+    data_ports.push_back(port_on_host());
+    advertised.push_back(fl::StrCat("tcp://", host, ":", data_ports.back()));
     if (wan.has_value()) {
       // Ring traffic into island i crosses its relay: the WAN's rate and delay apply to every hop.
       absl::StatusOr<std::unique_ptr<fl::emulation::ShapingRelay>> relay = fl::emulation::ShapingRelay::Start(
-          {.listen_addr = "127.0.0.1:0",
-           .target_addr = fl::StrCat("127.0.0.1:", data_ports.back()),
+          {.listen_addr = fl::StrCat(host, ":0"),
+           .target_addr = fl::StrCat(host, ":", data_ports.back()),
            .uplink = wan->uplink,
            .downlink = wan->downlink,
            .seed = 1000 + i,
@@ -368,10 +477,12 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
     }
     peers.push_back(fl::StrCat("island-", i, "=", advertised.back()));
   }
-  const int global_store = FreePort();
+  // The c10d stores stay on loopback: every rank runs on this machine.
+  const int global_store = FreePortOn("127.0.0.1").value_or(0);
   size_t ranks_running = 0;
   for (uint32_t i = 0; i < c.islands; ++i) {
-    const int island_store = FreePort();
+    if (!runs_island(i)) continue;
+    const int island_store = FreePortOn("127.0.0.1").value_or(0);
     for (uint32_t r = 0; r < c.ranks_per_island; ++r) {
       const std::string id = fl::StrCat("island-", i);
       std::vector<std::string> argv = {
@@ -403,7 +514,9 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
           "--onebit-chunk",
           std::to_string(c.onebit_chunk),
           "--data-endpoint",
-          fl::StrCat("tcp://127.0.0.1:", data_ports[i]),
+          fl::StrCat("tcp://", host, ":", data_ports[i]),
+          "--state-endpoint",
+          fl::StrCat(host, ":0"),
           "--pg-store",
           fl::StrCat("127.0.0.1:", c.mode == "data-parallel" && c.dp_transport == "gloo" ? global_store : island_store),
           "--summary",
@@ -436,10 +549,12 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
   // Wait for every rank. The first one to fail, or a coordinator that dies under them, ends the experiment
   // at once (the others would only wait for their exchange timeout) and names the log to read.
   absl::Status failure;
-  while (ranks_running > 0 && failure.ok()) {
+  bool coordinator_running = coordinator_step;  // the coordinator's step waits for it alone
+  while ((ranks_running > 0 || coordinator_running) && failure.ok()) {
     std::optional<fl::sys::ChildExit> e = procs.WaitAny(std::chrono::seconds(1));
     if (!e.has_value()) continue;
     if (e->name == kCoordinator) {
+      coordinator_running = false;
       if (e->code == 0) continue;  // done with its last outer step; the islands finish their evaluation
       failure = absl::InternalError(
           fl::StrCat("fl-coordinator exited with ", e->code, " while the islands were training; see ", logs[e->name]));
@@ -454,7 +569,18 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
   // The coordinator first (SIGTERM: it closes its records), then whatever is left.
   procs.StopAll(kCoordinator, std::chrono::seconds(5));
   if (!failure.ok()) return failure;
+  if (!all) {  // one step's part is done; whoever submitted the job gathers the islands' summaries
+    IslandsExperimentResult part;
+    part.name = c.name;
+    part.method = c.method;
+    return part;
+  }
+  return GatherIslandsResult(c, paths.out_dir);
+}
 
+absl::StatusOr<IslandsExperimentResult> GatherIslandsResult(const IslandsExperimentConfig& c,
+                                                            const std::string& out_dir) {
+  auto out = [&](const std::string& name) { return (std::filesystem::path(out_dir) / name).string(); };
   IslandsExperimentResult result;
   result.name = c.name;
   result.method = c.method;
@@ -462,7 +588,7 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
   for (uint32_t i = 0; i < c.islands; ++i) {
     std::ifstream in(out(fl::StrCat("island-", i, "-rank0.json")));
     nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-    if (!j.is_object()) return absl::InternalError(fl::StrCat("no summary from island-", i, " in ", paths.out_dir));
+    if (!j.is_object()) return absl::InternalError(fl::StrCat("no summary from island-", i, " in ", out_dir));
     result.final_eval_loss += j["final_eval_loss"].get<double>() / c.islands;
     result.bytes_sent += j["bytes_sent"].get<uint64_t>();
     result.peak_sync_bytes = std::max(result.peak_sync_bytes, j["peak_sync_bytes"].get<uint64_t>());

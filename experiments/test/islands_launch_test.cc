@@ -28,7 +28,13 @@ std::string TinyManifest(const std::string& extra_model_field) {
          "exchange:\n  codec: int8\n  error_feedback: true\n";
 }
 
-LaunchPaths Paths(const std::string& out) { return {FL_ISLAND_BIN, FL_COORDINATOR_BIN, out}; }
+LaunchPaths Paths(const std::string& out) {
+  LaunchPaths p;  // advertise 127.0.0.1, every part (no step): the local launcher
+  p.fl_island = FL_ISLAND_BIN;
+  p.fl_coordinator = FL_COORDINATOR_BIN;
+  p.out_dir = out;
+  return p;
+}
 
 bool LoopbackPortAcceptsConnections(int port) {
   const int fd = fl::testing::ConnectLoopback(port);

@@ -46,9 +46,21 @@ struct IslandsExperimentConfig {
   // each island's ring endpoint is reached through its own shaping relay with it. "" = loopback.
   std::string wan_link;
   // "tls" (default): the launcher provisions a throwaway CA in <out>/pki for the run (a coordinator certificate
-  // for 127.0.0.1/localhost, one island certificate and CurveZMQ key pair per island) and runs everything with
+  // for the advertised address (LaunchPaths::advertise) and 127.0.0.1/localhost, one island certificate and
+  // CurveZMQ key pair per island) and runs everything with
   // mutual TLS and CurveZMQ. "insecure": plaintext, every process started with --insecure.
   std::string security = "tls";
+
+  // Where it runs (docs/cluster.md "Islands on Slurm"): local (this machine) or slurm (fl-islands-run
+  // --launcher overrides kind): the partition ("" = the cluster's default), the time limit ("" = the
+  // partition's), the nodes (0 = one per island, at most the partition's) and further #SBATCH options.
+  struct Launcher {
+    std::string kind = "local";
+    std::string partition;
+    std::string time;
+    uint32_t nodes = 0;
+    std::vector<std::string> sbatch_args;
+  } launcher;
 
   std::string source;  // manifest path, for errors
 
@@ -76,7 +88,26 @@ struct LaunchPaths {
   std::string fl_island;       // path of the fl-island binary
   std::string fl_coordinator;  // path of the fl-coordinator binary (the islands coordinator)
   std::string out_dir;         // summaries, logs, metrics, records.db
+  // The address every process binds and advertises (the coordinator's gRPC, each island's ring endpoint and
+  // state server; the SAN of the coordinator's certificate). Everything runs on this machine, so 127.0.0.1 by
+  // default; one of its other addresses makes the processes reachable from elsewhere (islands_addresses.h).
+  std::string advertise = "127.0.0.1";
+  // Under a batch system (islands_slurm.h) each step runs one part of the experiment on its node through this
+  // same launcher: "" = all of it (this machine); "coordinator" = fl-coordinator alone, until it ends, writing
+  // its address to <out>/coordinator.address; "island-<i>" = that island's ranks, which dial the address found
+  // there. Steps use the CA made before the job was submitted (ProvisionIslandsPki); mode diloco only.
+  std::string step;
 };
+
+// The run's throwaway CA in <out_dir>/pki (replacing one there): a coordinator certificate naming every host in
+// `coordinator_hosts` and 127.0.0.1/localhost, and an island certificate with its CurveZMQ key pair per island.
+absl::Status ProvisionIslandsPki(const IslandsExperimentConfig& config, const std::string& out_dir,
+                                 const std::vector<std::string>& coordinator_hosts);
+
+// The islands' summaries in out_dir (<out_dir>/island-<i>-rank0.json) gathered into one result, also written to
+// <out_dir>/result.json. Errors name the island without a summary.
+absl::StatusOr<IslandsExperimentResult> GatherIslandsResult(const IslandsExperimentConfig& config,
+                                                            const std::string& out_dir);
 
 // Runs the experiment to the end (blocking). Errors: bad config, a process that fails (its log named).
 absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperimentConfig& config,

@@ -1,0 +1,113 @@
+// Islands on Slurm against the real local Slurm (tools/local-slurm.sh; root, slow): two islands across the two
+// namespace "sites" of `start --sites` finish with the same result structure as a local run, every process
+// advertising its node's address; on the cluster without sites both nodes' NodeAddr is 127.0.0.1, and spreading
+// the islands over them is refused before submission, naming the island and the address.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "fl/experiment/islands_experiment.h"
+#include "fl/experiment/islands_slurm.h"
+#include "fl/sys/process.h"
+#include "fl/testing/scratch_dir.h"
+
+namespace fl::experiment {
+namespace {
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A local two-node Slurm in its own directory for one test, stopped (namespaces removed) when it ends.
+class LocalCluster {
+ public:
+  LocalCluster(const std::string& dir, bool sites) : dir_(dir) {
+    std::vector<std::string> argv = {"bash", std::string(FL_SOURCE_DIR) + "/tools/local-slurm.sh", "start", "--dir",
+                                     dir_};
+    if (sites) argv.push_back("--sites");
+    absl::StatusOr<std::string> out = fl::sys::RunCommand(argv);
+    started_ = out.status();
+    setenv("SLURM_CONF", (dir_ + "/slurm.conf").c_str(), 1);
+  }
+  ~LocalCluster() {
+    (void)fl::sys::RunCommand({"bash", std::string(FL_SOURCE_DIR) + "/tools/local-slurm.sh", "stop", "--dir", dir_});
+  }
+  const absl::Status& started() const { return started_; }
+
+ private:
+  std::string dir_;
+  absl::Status started_;
+};
+
+// The tiny manifest of islands_launch_test: 2 islands, DiLoCo H=10, 20 inner steps.
+std::string TinyManifest() {
+  return "name: slurm-sites\nmethod: diloco\nmode: diloco\nislands: 2\nranks_per_island: 1\nthreads_per_rank: 1\n"
+         "model:\n  name: char-lm\n  d_model: 16\n  layers: 2\n  heads: 2\n  context: 16\n  batch_size: 4\n"
+         "inner:\n  lr: 3.0e-3\n  warmup_steps: 5\n  total_steps: 20\nouter:\n  inner_steps: 10\n"
+         "exchange:\n  codec: int8\n  error_feedback: true\nlauncher:\n  kind: slurm\n  partition: debug\n"
+         "  nodes: 2\n  time: \"10:00\"\n";
+}
+
+IslandsJobPaths Paths(const fl::testing::ScratchDir& dir) {
+  return {.fl_islands_run = FL_ISLANDS_RUN_BIN,
+          .fl_island = FL_ISLAND_BIN,
+          .fl_coordinator = FL_COORDINATOR_BIN,
+          .manifest = dir.File("tiny.yaml"),
+          .out_dir = dir.File("out")};
+}
+
+TEST(IslandsSlurmTest, TwoIslandsAcrossTwoNamespaceSitesFinishLikeALocalRun) {
+  ASSERT_EQ(geteuid(), 0u) << "the local Slurm needs root (slurmd runs jobs as their users; namespaces)";
+  fl::testing::ScratchDir dir("islands-sites");
+  LocalCluster cluster(dir.File("slurm"), /*sites=*/true);
+  ASSERT_TRUE(cluster.started().ok()) << cluster.started();
+  std::ofstream(dir.File("tiny.yaml")) << TinyManifest();
+  absl::StatusOr<IslandsExperimentConfig> config = LoadIslandsExperiment(dir.File("tiny.yaml"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<IslandsExperimentResult> result = RunIslandsOnSlurm(*config, Paths(dir));
+  ASSERT_TRUE(result.ok()) << result.status();
+  // What islands_launch_test checks of a local run.
+  EXPECT_TRUE(result->hashes_equal);
+  EXPECT_GT(result->bytes_sent, 0u);
+  EXPECT_GT(result->final_eval_loss, 0.0);
+  EXPECT_EQ(result->units, 2u * 20u * 4u * 16u);
+  const std::string out = dir.File("out");
+  EXPECT_TRUE(std::filesystem::exists(out + "/result.json"));
+  EXPECT_TRUE(std::filesystem::exists(out + "/records.db"));
+  // The coordinator ran on n1's site and advertised its namespace's address, not loopback; each island joined
+  // from its own site's address (the coordinator logs the endpoint every island joins with).
+  const std::string coordinator = Slurp(out + "/coordinator.address");
+  EXPECT_EQ(coordinator.rfind("10.216.", 0), 0u) << coordinator;
+  const std::string log = Slurp(out + "/coordinator.log");
+  for (const char* island : {"island-0", "island-1"}) {
+    EXPECT_NE(log.find(island), std::string::npos) << log;
+  }
+  EXPECT_EQ(log.find("tcp://127.0.0.1"), std::string::npos) << log;
+}
+
+TEST(IslandsSlurmTest, LoopbackNodeAddressesAcrossNodesAreRefusedBeforeSubmission) {
+  ASSERT_EQ(geteuid(), 0u) << "the local Slurm needs root";
+  fl::testing::ScratchDir dir("islands-loopback");
+  LocalCluster cluster(dir.File("slurm"), /*sites=*/false);
+  ASSERT_TRUE(cluster.started().ok()) << cluster.started();
+  std::ofstream(dir.File("tiny.yaml")) << TinyManifest();
+  absl::StatusOr<IslandsExperimentConfig> config = LoadIslandsExperiment(dir.File("tiny.yaml"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<IslandsExperimentResult> result = RunIslandsOnSlurm(*config, Paths(dir));
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << result.status();
+  const std::string msg(result.status().message());
+  EXPECT_NE(msg.find("on node n1 advertises 127.0.0.1, a loopback address"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("island-1 on n2"), std::string::npos) << msg;
+  EXPECT_FALSE(std::filesystem::exists(dir.File("out/islands.sbatch"))) << "nothing submitted";
+}
+
+}  // namespace
+}  // namespace fl::experiment
