@@ -253,6 +253,11 @@ int RunOnSlurm(const fl::experiment::Manifest& m, const fs::path& out_dir, const
       std::printf("%s", Summary(paths->db_path, id).c_str());
     }
   }
+  if (status == "running") {
+    // fl-server was killed before it could record how the experiment ended (a node lost, SIGKILL).
+    status = "failed";
+    reason = "the server step ended without recording the outcome; the committed rounds are intact";
+  }
   if (r->exit_code != 0 && status == "finished") status = "failed";
   // The launcher's own overhead: submission to the server step's start (it writes server.host first), and the
   // last step's last log line to sbatch returning.

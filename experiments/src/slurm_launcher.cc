@@ -135,8 +135,9 @@ while ((${#STEP[@]} > 0)); do
     failed="$name"
     status=1
     echo "fl-experiment: step $name failed (exit $rc); stopping the others" >&2
-    # srun forwards SIGTERM to its tasks: fl-server records the experiment aborted, the agents stop their clients.
-    ((${#STEP[@]} == 0)) || kill -TERM "${!STEP[@]}" 2>/dev/null
+    # SIGTERM to every step's tasks, nothing harder (srun itself, signalled, would SIGKILL its step): fl-server
+    # records the experiment aborted, the agents stop their clients and links.
+    ((${#STEP[@]} == 0)) || scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null
   fi
 done
 exit "$status"

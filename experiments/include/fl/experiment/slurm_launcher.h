@@ -57,7 +57,7 @@ uint32_t TotalTasks(const BatchJob& job);
 
 // The batch script: #SBATCH lines, the prologue, every step as `srun ... &`, then a loop that waits for them: a
 // step that fails (non-zero exit) is named on stderr ("fl-experiment: step NAME failed (exit N)") and the other
-// steps are sent SIGTERM (srun forwards it to their tasks: fl-server records the experiment aborted); the main
+// steps' tasks are sent SIGTERM (scancel --signal=TERM: fl-server records the experiment aborted); the main
 // step's exit status is the job's, or 1 when another step failed. Arguments are quoted for bash where they need
 // it; `$VAR` references to the variables are left to the shell only in values given as variables.
 std::string RenderBatchScript(const BatchJob& job);
