@@ -221,24 +221,12 @@ absl::StatusOr<std::pair<std::string, std::string>> PreparePki(const Manifest& m
   }
   std::error_code ec;
   const fs::path dir = fs::absolute(o.out_dir / "pki", ec).lexically_normal();
-  fs::remove_all(dir, ec);  // an earlier rendering's: a fresh CA each time
-  if (ec) {
-    return absl::FailedPreconditionError(
-        fl::StrCat("cannot remove the earlier rendering's ", dir.string(), ": ", ec.message()));
-  }
-  pki::CaOptions ca;
-  ca.common_name = fl::StrCat("fl-experiment render throwaway CA (", m.name, ")");
-  if (absl::Status s = pki::CreateCa(dir.string(), ca); !s.ok()) return s;
-  pki::IssueOptions server;
-  server.dns_names = K8sServerDnsNames(m, n.ns);
-  server.dns_names.push_back("localhost");
-  server.ip_addresses = {"127.0.0.1"};
-  if (absl::StatusOr<pki::Issued> s = pki::Issue(dir.string(), pki::Kind::kServer, "server", server); !s.ok()) {
-    return s.status();
-  }
-  for (const std::string& name : m.client_names()) {
-    absl::StatusOr<pki::Issued> c = pki::Issue(dir.string(), pki::Kind::kClient, name, {});
-    if (!c.ok()) return absl::Status(c.status().code(), fl::StrCat("client ", name, ": ", c.status().message()));
+  std::vector<std::string> dns = K8sServerDnsNames(m, n.ns);
+  dns.push_back("localhost");
+  if (absl::Status s =
+          MakeThrowawayPki(m, dir, fl::StrCat("fl-experiment render throwaway CA (", m.name, ")"), dns, {"127.0.0.1"});
+      !s.ok()) {
+    return s;
   }
   return std::make_pair(
       dir.string(), fl::StrCat("a throwaway CA made in ", dir.string(), " (its key stays there, not in the cluster)"));

@@ -129,25 +129,12 @@ absl::StatusOr<RunPki> PreparePki(const Manifest& m, const RunOptions& o) {
     r.paths.dir = dir.string();
     return r;
   }
-  fs::remove_all(dir, ec);  // an earlier run's, into the same --out: a fresh CA per run
-  if (ec) {
-    return absl::FailedPreconditionError(
-        fl::StrCat("cannot remove the earlier run's ", dir.string(), ": ", ec.message()));
-  }
-  pki::CaOptions ca;
-  ca.common_name = fl::StrCat("fl-experiment throwaway CA (", m.name, ")");
-  if (absl::Status s = pki::CreateCa(dir.string(), ca); !s.ok()) return s;
   // fl-server listens on 127.0.0.1 (clients on namespace links reach it through a forwarder and check its
   // certificate as 127.0.0.1 too, fl-client --tls-server-name).
-  pki::IssueOptions server;
-  server.dns_names = {"localhost"};
-  server.ip_addresses = {"127.0.0.1"};
-  if (absl::StatusOr<pki::Issued> s = pki::Issue(dir.string(), pki::Kind::kServer, "server", server); !s.ok()) {
-    return s.status();
-  }
-  for (const std::string& name : m.client_names()) {
-    absl::StatusOr<pki::Issued> c = pki::Issue(dir.string(), pki::Kind::kClient, name, {});
-    if (!c.ok()) return absl::Status(c.status().code(), fl::StrCat("client ", name, ": ", c.status().message()));
+  if (absl::Status s = MakeThrowawayPki(m, dir, fl::StrCat("fl-experiment throwaway CA (", m.name, ")"), {"localhost"},
+                                        {"127.0.0.1"});
+      !s.ok()) {
+    return s;
   }
   r.paths.dir = dir.string();
   return r;
@@ -201,6 +188,29 @@ absl::StatusOr<std::pair<std::string, std::string>> ExperimentStatus(const std::
 }
 
 }  // namespace
+
+absl::Status MakeThrowawayPki(const Manifest& m, const fs::path& dir, const std::string& ca_name,
+                              const std::vector<std::string>& server_dns, const std::vector<std::string>& server_ips) {
+  std::error_code ec;
+  fs::remove_all(dir, ec);  // an earlier run's, into the same folder: a fresh CA each time
+  if (ec) {
+    return absl::FailedPreconditionError(fl::StrCat("cannot remove the earlier ", dir.string(), ": ", ec.message()));
+  }
+  pki::CaOptions ca;
+  ca.common_name = ca_name;
+  if (absl::Status s = pki::CreateCa(dir.string(), ca); !s.ok()) return s;
+  pki::IssueOptions server;
+  server.dns_names = server_dns;
+  server.ip_addresses = server_ips;
+  if (absl::StatusOr<pki::Issued> s = pki::Issue(dir.string(), pki::Kind::kServer, "server", server); !s.ok()) {
+    return s.status();
+  }
+  for (const std::string& name : m.client_names()) {
+    absl::StatusOr<pki::Issued> c = pki::Issue(dir.string(), pki::Kind::kClient, name, {});
+    if (!c.ok()) return absl::Status(c.status().code(), fl::StrCat("client ", name, ": ", c.status().message()));
+  }
+  return absl::OkStatus();
+}
 
 std::vector<std::string> ServerSettingArgs(const Manifest& m) {
   // Every setting a manifest can give, from the one table (fl/server/settings.h), in fl-server's units: fl-server

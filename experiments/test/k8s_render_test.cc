@@ -254,6 +254,45 @@ TEST(K8sRenderTest, PodScriptsExpandToTheLocalArgumentsVirtualClients) {
   CheckPodScripts(kExperiments / "quickstart.yaml", devices);
 }
 
+// The command: render --launcher kubernetes writes the files and says where the certificates come from; a launcher
+// it does not know, or none, is refused naming it (exit 2, nothing written).
+TEST(K8sRenderTest, RenderCommand) {
+  fl::testing::ScratchDir tmp{"fl_k8s"};
+  const fs::path out = tmp.path() / "objects";
+  ToolResult r = fl::testing::RunTool(
+      {FL_EXPERIMENT_BIN, "render", "--launcher", "kubernetes", (kExperiments / "quickstart.yaml").string(), "--out",
+       out.string(), "--namespace", "fl", "--image", "registry.example/fl-testbed:1"},
+      tmp);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find(fl::StrCat("certificates: a throwaway CA made in ", (out / "pki").string())),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(Read(out / "statefulset.yaml").find("image: \"registry.example/fl-testbed:1\""), std::string::npos);
+  EXPECT_NE(Read(out / "job.yaml").find("namespace: fl\n"), std::string::npos);
+  EXPECT_TRUE(fs::exists(out / "pki" / "ca" / "ca.key"));
+  // The CA's key stays in <out>/pki: none of its lines is in the Secrets.
+  std::istringstream ca_key(Read(out / "pki" / "ca" / "ca.key"));
+  const std::string secrets = Read(out / "secret.yaml");
+  for (std::string line; std::getline(ca_key, line);) {
+    if (line.size() > 40) {
+      EXPECT_EQ(secrets.find(line), std::string::npos) << "the CA key is in secret.yaml";
+    }
+  }
+
+  r = fl::testing::RunTool({FL_EXPERIMENT_BIN, "render", "--launcher", "nomad",
+                            (kExperiments / "quickstart.yaml").string(), "--out", (tmp.path() / "nomad").string()},
+                           tmp);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("render needs a cluster launcher: --launcher slurm or kubernetes"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("(it is nomad)"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(tmp.path() / "nomad"));
+
+  r = fl::testing::RunTool({FL_EXPERIMENT_BIN, "render", (kExperiments / "quickstart.yaml").string()}, tmp);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("(it is local)"), std::string::npos) << r.output;
+}
+
 absl::Status RenderText(const std::string& yaml, const fs::path& dir, K8sRenderOptions o = {}) {
   absl::StatusOr<Manifest> m = ParseManifest(yaml, "bad.yaml", kExperiments);
   if (!m.ok()) return m.status();

@@ -123,6 +123,12 @@ std::vector<std::string> ClientProcessArgs(const Manifest& manifest, const Clien
                                            const std::string& pki_dir, bool via_forwarder,
                                            const std::string& server_name = "127.0.0.1");
 
+// A throwaway CA in `dir` (an earlier one there is removed first) named `ca_name`, with fl-server's certificate
+// for `server_dns` and `server_ips` and a certificate per client of `manifest`, in fl-provision's layout. Its key
+// stays in `dir`: nothing outside the run trusts it. A local run's (<out>/pki) and the Kubernetes renderer's.
+absl::Status MakeThrowawayPki(const Manifest& manifest, const std::filesystem::path& dir, const std::string& ca_name,
+                              const std::vector<std::string>& server_dns, const std::vector<std::string>& server_ips);
+
 // fl-server's arguments for the manifest's settings (every setting a manifest can give, declared in
 // fl/server/settings.h, in fl-server's units): the part of fl-server's command line that a manifest decides.
 std::vector<std::string> ServerSettingArgs(const Manifest& manifest);
