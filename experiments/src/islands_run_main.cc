@@ -120,6 +120,10 @@ int main(int argc, char** argv) {
               << result.status().message() << "\n";
     return result.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
+  if (!paths.step.empty()) {  // a part's result is whole only once gathered by the submitting launcher
+    std::cout << "fl-islands-run step " << paths.step << ": done (advertised " << paths.advertise << ")" << std::endl;
+    return 0;
+  }
   std::cout << result->ToJson() << std::endl;
   return 0;
 }

@@ -6,6 +6,8 @@
 #include <set>
 #include <sstream>
 
+#include <spdlog/spdlog.h>
+
 #include "fl/core/str_cat.h"
 #include "fl/sys/process.h"
 
@@ -183,6 +185,9 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsOnSlurm(const IslandsExperimen
   }
   absl::StatusOr<slurm::JobOutcome> outcome = slurm::SubmitAndWait(script, interrupted);
   if (!outcome.ok()) return outcome.status();
+  // The launcher's own cost beside the run's: sbatch's answer, and the whole job from submission to its end.
+  spdlog::info("islands job {}: sbatch answered in {:.2f} s; the job ended {:.2f} s after submission (exit {})",
+               outcome->job_id, outcome->submit_s, outcome->total_s, outcome->exit_code);
   if (outcome->cancelled) {
     return absl::CancelledError(fl::StrCat("the islands job ", outcome->job_id, " was cancelled"));
   }

@@ -44,6 +44,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "fl/experiment/islands_experiment.h"
+#include "fl/experiment/islands_slurm.h"
 #endif
 
 namespace {
@@ -101,9 +102,17 @@ bool IsIslandsManifest(const std::string& path) {
   }
 }
 
-int RunIslands(const std::string& manifest_path, const std::string& out_dir, const std::string& bin_dir) {
+// `launcher` "" = the manifest's launcher.kind; slurm runs (or with `render` prints the batch script of) the islands
+// through fl-islands-run's steps (islands_slurm.h, docs/cluster.md "Islands on Slurm").
+int RunIslands(const std::string& manifest_path, const std::string& out_dir, const std::string& bin_dir,
+               const std::string& launcher = "", bool render = false) {
   absl::StatusOr<fl::experiment::IslandsExperimentConfig> config = fl::experiment::LoadIslandsExperiment(manifest_path);
   if (!config.ok()) return Fail(config.status());
+  if (!launcher.empty()) config->launcher.kind = launcher;
+  if (config->launcher.kind != "local" && config->launcher.kind != "slurm") {
+    return Fail(absl::InvalidArgumentError(fl::StrCat("islands run locally or on Slurm, not on launcher ",
+                                                      config->launcher.kind, " (", manifest_path, ")")));
+  }
   fl::experiment::LaunchPaths paths;
   const fs::path dir = bin_dir.empty() ? SelfDir() : fs::path(bin_dir);
   paths.fl_island = (dir / "fl-island").string();
@@ -118,6 +127,31 @@ int RunIslands(const std::string& manifest_path, const std::string& out_dir, con
     paths.out_dir = default_out->string();
   } else {
     paths.out_dir = out_dir;
+  }
+  if (config->launcher.kind == "slurm") {
+    auto absolute = [](const std::string& p) { return fs::absolute(p).lexically_normal().string(); };
+    // fl-islands-run is beside fl-experiment (build tree and install alike): every step runs it on its node.
+    const fl::experiment::IslandsJobPaths resolved{.fl_islands_run = absolute((dir / "fl-islands-run").string()),
+                                                   .fl_island = absolute(paths.fl_island),
+                                                   .fl_coordinator = absolute(paths.fl_coordinator),
+                                                   .manifest = absolute(manifest_path),
+                                                   .out_dir = absolute(paths.out_dir)};
+    if (render) {
+      absl::StatusOr<std::string> script = fl::experiment::RenderIslandsBatchScript(*config, resolved);
+      if (!script.ok()) return Fail(script.status());
+      std::printf("%s", script->c_str());
+      return 0;
+    }
+    absl::StatusOr<fl::experiment::IslandsExperimentResult> r =
+        fl::experiment::RunIslandsOnSlurm(*config, resolved, &g_interrupted);
+    if (!r.ok()) return Fail(r.status(), r.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1);
+    std::printf("%s\nrecords: %s/records.db; logs and per-sync metrics: %s\n", r->ToJson().c_str(),
+                paths.out_dir.c_str(), paths.out_dir.c_str());
+    return r->hashes_equal ? 0 : 1;
+  }
+  if (render) {
+    return Fail(absl::InvalidArgumentError(fl::StrCat(
+        "render needs a cluster launcher for islands: --launcher slurm, or launcher.kind slurm in ", manifest_path)));
   }
   absl::StatusOr<fl::experiment::IslandsExperimentResult> r = fl::experiment::RunIslandsExperiment(*config, paths);
   if (!r.ok()) return Fail(r.status(), 1);
@@ -381,6 +415,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (*render) {
+#if FL_WITH_ISLANDS
+    if (IsIslandsManifest(manifest_path)) return RunIslands(manifest_path, out_dir, bin_dir, render_launcher, true);
+#endif
     absl::StatusOr<fl::experiment::Manifest> m =
         fl::experiment::LoadManifest(manifest_path, fl::experiment::ManifestOptions{run_profiles_dir});
     if (!m.ok()) return Fail(m.status());
@@ -430,7 +467,7 @@ int main(int argc, char** argv) {
   }
   if (*run) {
 #if FL_WITH_ISLANDS
-    if (IsIslandsManifest(manifest_path)) return RunIslands(manifest_path, out_dir, bin_dir);
+    if (IsIslandsManifest(manifest_path)) return RunIslands(manifest_path, out_dir, bin_dir, launcher);
 #endif
     absl::StatusOr<fl::experiment::Manifest> m =
         fl::experiment::LoadManifest(manifest_path, fl::experiment::ManifestOptions{run_profiles_dir});

@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -87,10 +89,15 @@ TEST(IslandsSlurmTest, TwoIslandsAcrossTwoNamespaceSitesFinishLikeALocalRun) {
   const std::string coordinator = Slurp(out + "/coordinator.address");
   EXPECT_EQ(coordinator.rfind("10.216.", 0), 0u) << coordinator;
   const std::string log = Slurp(out + "/coordinator.log");
-  for (const char* island : {"island-0", "island-1"}) {
-    EXPECT_NE(log.find(island), std::string::npos) << log;
+  std::set<std::string> joined_from;
+  const std::regex join(
+      R"('(island-\d)' asks to join \(1 ranks, data tcp://(10\.216\.\d+\.2):\d+, state (10\.216\.\d+\.2):)");
+  for (std::sregex_iterator it(log.begin(), log.end(), join), end; it != end; ++it) {
+    EXPECT_EQ((*it)[2].str(), (*it)[3].str()) << "ring and state server of " << (*it)[1] << " on one address";
+    joined_from.insert((*it)[2].str());
   }
-  EXPECT_EQ(log.find("tcp://127.0.0.1"), std::string::npos) << log;
+  EXPECT_EQ(joined_from.size(), 2u) << "each island from its own site:\n" << log;
+  EXPECT_EQ(log.find("127.0.0.1:"), std::string::npos) << log;
 }
 
 TEST(IslandsSlurmTest, LoopbackNodeAddressesAcrossNodesAreRefusedBeforeSubmission) {
