@@ -14,7 +14,12 @@ here="$(cd "$(dirname "$0")" && pwd)"
 build="${1:?usage: onebit_table.sh BUILD OUT [JOBS]}"
 out="${2:?usage: onebit_table.sh BUILD OUT [JOBS]}"
 jobs="${3:-1}"
-if [ -x "$build/fl-islands-run" ]; then run="$build/fl-islands-run"; else run="$build/experiments/fl-islands-run"; fi
+if [ -x "$build/fl-islands-run" ]; then
+  run="$build/fl-islands-run"; island="$build/fl-island"; coordinator="$build/fl-coordinator"
+else
+  run="$build/experiments/fl-islands-run"; island="$build/diloco/island/fl-island"
+  coordinator="$build/diloco/coord/fl-coordinator"
+fi
 [ -x "$run" ] || { echo "no fl-islands-run under $build (build it: ninja -C $build fl-islands-run fl-island fl-coordinator)" >&2; exit 2; }
 links="${LINKS:-wan-1gbit-10ms wan-100mbit-40ms}"
 methods="${METHODS:-adam_dp_fp32 adam_dp_int8 onebit_adam diloco onebit_table_streaming_fp4}"
@@ -33,7 +38,8 @@ one() {  # method link
   fi
   local load
   load="$(cut -d' ' -f1-3 /proc/loadavg)"
-  if "$run" --manifest "$manifest" --out "$dir" > "$dir.stdout" 2> "$dir.stderr"; then
+  if "$run" --manifest "$manifest" --out "$dir" --fl-island "$island" --fl-coordinator "$coordinator" \
+    > "$dir.stdout" 2> "$dir.stderr"; then
     echo "$load $(cut -d' ' -f1-3 /proc/loadavg)" > "$dir/loadavg"
     echo "done $m $link"
   else

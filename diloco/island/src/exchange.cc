@@ -115,6 +115,7 @@ absl::Status Exchanger::EnsureRing(const std::vector<RingMember>& members, size_
   options.connections_per_peer = config_.connections_per_peer;
   options.timeout = config_.timeout;
   options.linger = absl::Milliseconds(500);
+  options.sync_mode = config_.sync_mode;
   // Behind an emulated WAN link the others dial the link's front (our advertised endpoint); we bind behind it.
   if (!config_.bind_endpoint.empty() && config_.bind_endpoint != members[self_index].endpoint) {
     options.bind_endpoint = config_.bind_endpoint;

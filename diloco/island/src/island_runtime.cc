@@ -369,6 +369,7 @@ absl::Status IslandRun::StartStaticRingExchanger(const std::string& codec) {
     c.static_peers.push_back(RingMember{p.substr(0, eq), p.substr(eq + 1)});
   }
   c.codec = codec;
+  c.sync_mode = o_.mode;
   c.error_feedback = o_.error_feedback;
   c.connections_per_peer = o_.connections_per_peer;
   if (o_.secured()) c.curve_dir = o_.CurveDir();
@@ -471,9 +472,14 @@ absl::Status IslandRun::RunOneBitAdam() {
   inner_.reset();  // this mode steps the model itself (onebit_adam.h): no LibTorch optimizer state
   if (leader()) {
     if (absl::Status s = StartStaticRingExchanger(o_.codec); !s.ok()) return s;
-    spdlog::info("{}: 1-bit Adam, {} parameters, warm-up {} of {} steps in {}, then {}{}", o_.island_id, local_.size(),
-                 o_.onebit_warmup_steps, total_steps_, o_.codec, onebit_->options().CompressedCodec(),
-                 o_.error_feedback ? " + error feedback on both sides" : "");
+    if (o_.onebit_warmup_steps >= total_steps_) {
+      spdlog::info("{}: data-parallel Adam, {} parameters, {} steps, gradients in {}", o_.island_id, local_.size(),
+                   total_steps_, o_.codec);
+    } else {
+      spdlog::info("{}: 1-bit Adam, {} parameters, warm-up {} of {} steps in {}, then {}{}", o_.island_id,
+                   local_.size(), o_.onebit_warmup_steps, total_steps_, o_.codec, onebit_->options().CompressedCodec(),
+                   o_.error_feedback ? " + error feedback on both sides" : "");
+    }
   }
   const auto start = Clock::now();
   for (uint64_t t = 1; t <= total_steps_; ++t) {
@@ -528,6 +534,7 @@ absl::Status IslandRun::SetupLeader() {
   c.self_id = o_.island_id;
   c.bind_endpoint = o_.data_endpoint;
   c.codec = o_.codec;
+  c.sync_mode = o_.mode;
   c.error_feedback = o_.error_feedback;
   c.connections_per_peer = o_.connections_per_peer;
   c.timeout = absl::Seconds(o_.exchange_timeout_s);

@@ -439,7 +439,8 @@ class RingAllReduce::Impl {
       hello.type = MessageType::kHello;
       hello.ring = fingerprint_;
       hello.sender = static_cast<uint32_t>(self_);
-      absl::Status s = SendOn(push, hello, std::vector<uint8_t>{});
+      // The hello carries this member's sync mode, so that a successor running another one refuses it by name.
+      absl::Status s = SendOn(push, hello, std::vector<uint8_t>(options_.sync_mode.begin(), options_.sync_mode.end()));
       if (!s.ok()) return s;
     }
     return absl::OkStatus();
@@ -918,6 +919,12 @@ class RingAllReduce::Impl {
                      " but only its predecessor ", Name(pred_), " sends to it (ring orders differ between members?)"));
     }
     if (header->type == MessageType::kHello) {
+      const std::string mode(static_cast<const char*>(rest[0].data()), rest[0].size());
+      if (!options_.sync_mode.empty() && !mode.empty() && mode != options_.sync_mode) {
+        return absl::FailedPreconditionError(fl::StrCat(
+            "ring member ", Name(pred_), " runs sync mode '", mode, "' but member ", Name(self_), " runs '",
+            options_.sync_mode, "': every island of a ring must sync the same way; start them all with one --mode"));
+      }
       if (fd >= 0) pred_fds_.insert(fd);
       return true;
     }

@@ -135,5 +135,33 @@ TEST(OneBitRingSwitchTest, ABadSpecIsRefusedAndChangesNothing) {
   EXPECT_EQ(rings[0]->options().codec, "fp32");
 }
 
+// Islands that sync differently cannot share a ring: the first exchange fails on every member, naming both modes
+// (the hello of each member carries its mode), instead of mixing a sign1 momentum with an fp32 gradient.
+TEST(OneBitRingSwitchTest, MembersOfAnotherSyncModeAreRefusedNamingBothModes) {
+  RingOptions base;
+  base.timeout = absl::Seconds(10);  // a bound in case the refusal did not travel; it does at once
+  std::vector<RingOptions> options = RingOf(2, base);
+  options[0].sync_mode = "onebit-adam";
+  options[1].sync_mode = "diloco";
+  auto rings = CreateAll(options);
+  ASSERT_EQ(rings.size(), 2u);
+  std::vector<std::vector<float>> values = {RandomValues(64, 1), RandomValues(64, 2)};
+  testing::ExchangeResult r = RunExchange(rings, 1, values, ReduceOp::kMean);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(r.status[i].code(), absl::StatusCode::kFailedPrecondition) << r.status[i];
+    EXPECT_NE(testing::Msg(r.status[i]).find("sync mode"), std::string::npos) << r.status[i];
+  }
+  const std::string both = testing::Msg(r.status[0]) + " | " + testing::Msg(r.status[1]);
+  EXPECT_NE(both.find("runs sync mode 'diloco' but member 'm0'"), std::string::npos) << both;
+  EXPECT_NE(both.find("runs 'onebit-adam'"), std::string::npos) << both;
+  // The same modes, or one member that does not say: the exchange runs.
+  options = RingOf(2, base);
+  options[0].sync_mode = "onebit-adam";
+  rings = CreateAll(options);
+  ASSERT_EQ(rings.size(), 2u);
+  r = RunExchange(rings, 1, values, ReduceOp::kMean);
+  EXPECT_TRUE(r.status[0].ok() && r.status[1].ok()) << r.status[0] << r.status[1];
+}
+
 }  // namespace
 }  // namespace fl::diloco

@@ -39,6 +39,8 @@ struct ExchangeConfig {
   // CurveZMQ on the ring: the folder with this island's <self_id>.curve.key and every member's <id>.curve.pub
   // (fl-provision's D/islands/). "" = plaintext ZeroMQ.
   std::string curve_dir;
+  // The island's sync mode (fl-island --mode), checked against the ring's other members (RingOptions::sync_mode).
+  std::string sync_mode;
 };
 
 // The ring's CurveZMQ keys for `members` from `curve_dir`: this member's secret key and every member's public

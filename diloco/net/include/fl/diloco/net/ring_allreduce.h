@@ -50,7 +50,8 @@
 //     u64 exchange_id | u32 sender index | u32 step | u32 chunk | u32 sub-chunk | u64 offset (first value,
 //     in the whole vector) | u64 count (values) | u64 total (values.size())
 //   frame 1, payload kind 0: the codec payload (codec.h: self-describing and checksummed); for an abort, a
-//     UTF-8 reason, and `chunk` holds the index of the member blamed; empty for a hello.
+//     UTF-8 reason, and `chunk` holds the index of the member blamed; for a hello, the sender's sync mode
+//     (RingOptions::sync_mode, empty when unset).
 //   frame 1, payload kind 1 (every data message of a ring with codec "fp32"): exactly `count` fp32 values,
 //     no framing and no checksum (TCP already checks integrity; Gloo and NCCL do not checksum either).
 //     NaN/Inf are still refused: the receiver checks every sum and every all-gather value it stores (the
@@ -143,6 +144,10 @@ struct RingOptions {
   std::string bind_endpoint;
   // Set: CurveZMQ on every connection (above). Unset: plaintext ZeroMQ (fl-island --insecure).
   std::optional<RingCurve> curve;
+  // How this member syncs ("diloco", "onebit-adam", ...), sent in its hellos: a member whose predecessor runs
+  // another mode fails its first exchange with FailedPrecondition naming both modes (and the abort reaches the
+  // rest of the ring). "" = neither sent nor checked.
+  std::string sync_mode;
 };
 
 enum class ReduceOp { kMean, kSum };
