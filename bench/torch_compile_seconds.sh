@@ -28,7 +28,8 @@ SCRATCH=$(mktemp -d /tmp/fl_torch_compile.XXXXXX)
 trap 'rm -rf "$SCRATCH"' EXIT
 export CCACHE_DISABLE=1
 
-# Lines "<directory>\t<output>\t<file>\t<command>" from a tree's compile_commands.json: every entry with LibTorch's
+# Lines "<directory> <output> <file> <command>", separated by \x1f (a tab is whitespace to read: empty fields would
+# collapse), from a tree's compile_commands.json: every entry with LibTorch's
 # include directory on its command line (PCH builds: file cmake_pch.hxx.cxx).
 commands() {
   python3 - "$1" <<'EOF'
@@ -37,7 +38,9 @@ for e in json.load(open(sys.argv[1] + "/compile_commands.json")):
     cmd = e.get("command") or shlex.join(e["arguments"])
     if "torch/csrc/api/include" not in cmd:
         continue
-    print("\t".join([e["directory"], e.get("output", ""), e["file"], cmd]))
+    args = shlex.split(cmd)
+    out = e.get("output") or (args[args.index("-o") + 1] if "-o" in args else "")
+    print("\x1f".join([e["directory"], out, e["file"], cmd]))
 EOF
 }
 
@@ -53,13 +56,25 @@ timed() {
 # Whether a compile command's file includes LibTorch: its dependency list (-M) names torch/torch.h or torch/script.h.
 includes_torch() {
   local dir=$1 cmd=$2
-  cmd="$(sed -E 's# -o [^ ]+##; s# -M[DT]? [^ ]*##g; s# -MF [^ ]+##; s# -c # -M -c #' <<<"$cmd")"
+  cmd="$(python3 - "$cmd" <<'EOF'
+import shlex, sys
+args, out, skip = shlex.split(sys.argv[1]), [], False
+for a in args:
+    if skip:
+        skip = False
+    elif a in ("-o", "-MT", "-MF", "-MQ"):
+        skip = True
+    elif a not in ("-MD", "-MMD"):
+        out.append(a)
+print(shlex.join(out + ["-M"]))
+EOF
+)"
   (cd "$dir" && bash -c "$cmd" 2>/dev/null) | grep -qE 'torch/(torch|script)\.h'
 }
 
 echo "# load at start: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) cores; $(g++ --version | head -n 1)"
 declare -A ref_cmd ref_dir
-while IFS=$'\t' read -r dir out file cmd; do
+while IFS=$'\x1f' read -r dir out file cmd; do
   [[ $file == *cmake_pch.hxx.cxx ]] && continue
   ref_cmd[$file]=$cmd
   ref_dir[$file]=$dir
@@ -67,22 +82,24 @@ done < <(commands "$REF")
 
 pch_cpu=0 pch_wall=0
 printf 'file\tref_cpu_s\tnew_cpu_s\tnew/ref_cpu\tref_wall_s\tnew_wall_s\n'
-while IFS=$'\t' read -r dir out file cmd; do
+while IFS=$'\x1f' read -r dir out file cmd; do
   [[ $file == *cmake_pch.hxx.cxx ]] || continue
   read -r c w < <(timed "$dir" "$out" "$cmd")  # into NEW's tree: its users look for the .gch there
+  [[ -n ${w:-} ]] || exit 1
   printf '%s\t-\t%s\t-\t-\t%s\n' "PCH ${out%/cmake_pch.hxx.gch}" "$c" "$w"
   pch_cpu=$(awk -v a="$pch_cpu" -v b="$c" 'BEGIN{print a + b}')
   pch_wall=$(awk -v a="$pch_wall" -v b="$w" 'BEGIN{print a + b}')
 done < <(commands "$NEW")
 
 ref_cpu_sum=0 new_cpu_sum=0 ref_wall_sum=0 new_wall_sum=0 n=0
-while IFS=$'\t' read -r dir out file cmd; do
+while IFS=$'\x1f' read -r dir out file cmd; do
   [[ $file == *cmake_pch.hxx.cxx ]] && continue
   [[ $file =~ $REGEX ]] || continue
   [[ -n ${ref_cmd[$file]:-} ]] || continue
   includes_torch "${ref_dir[$file]}" "${ref_cmd[$file]}" || continue
   read -r rc rw < <(timed "${ref_dir[$file]}" "$SCRATCH/ref.o" "${ref_cmd[$file]}")
   read -r nc nw < <(timed "$dir" "$SCRATCH/new.o" "$cmd")
+  [[ -n ${rw:-} && -n ${nw:-} ]] || exit 1
   printf '%s\t%s\t%s\t%.2f\t%s\t%s\n' "${file#"$PWD"/}" "$rc" "$nc" "$(awk -v a="$nc" -v b="$rc" 'BEGIN{print a / b}')" "$rw" "$nw"
   read -r ref_cpu_sum new_cpu_sum ref_wall_sum new_wall_sum < <(awk -v a="$ref_cpu_sum" -v b="$rc" -v c="$new_cpu_sum" \
     -v d="$nc" -v e="$ref_wall_sum" -v f="$rw" -v g="$new_wall_sum" -v h="$nw" 'BEGIN{print a + b, c + d, e + f, g + h}')

@@ -19,7 +19,7 @@ endforeach()
 set(FL_DEMO_PROGRAMS_FILE ${CMAKE_BINARY_DIR}/fl_demo_programs.txt)
 file(GENERATE OUTPUT ${FL_DEMO_PROGRAMS_FILE} CONTENT "${fl_demo_programs}")
 
-# Slow (quickstart runs of one short round with real training, ~1 min on two cores); the quickstart trains the
+# Slow (a quickstart run of one short round with real training, ~10 s on two cores, more under load); it trains the
 # LibTorch CNN, so only where LibTorch is built.
 if(FL_WITH_TORCH AND FL_BUILD_TESTS)
   find_package(yaml-cpp CONFIG REQUIRED)

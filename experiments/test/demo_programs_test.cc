@@ -43,6 +43,10 @@ std::string ShortQuickstart(const ScratchDir& dir) {
   EXPECT_TRUE(m["server"]["rounds"]) << "quickstart.yaml has no server.rounds: update this test";
   m["server"]["rounds"] = 1;
   m["training"]["local_steps"] = 10;
+  // Link profiles resolve against the manifest's folder (profiles/ beside it), as for the quickstart in place.
+  std::error_code ec;
+  fs::create_directory_symlink(fs::path(FL_EXPERIMENTS_DIR) / "profiles", dir.path() / "profiles", ec);
+  EXPECT_FALSE(ec) << ec.message();
   const std::string path = dir.File("quickstart-short.yaml");
   std::ofstream(path) << YAML::Dump(m) << "\n";
   return path;
@@ -106,6 +110,9 @@ TEST(DemoPrograms, EveryListedProgramIsNeeded) {
     const ToolResult r = RunQuickstart(dir, bin, manifest, "out-without-" + name);
     EXPECT_NE(r.code, 0) << "the quickstart ran without " << name << ": fl_demo builds a program it does not need\n"
                          << r.output;
+    // It failed for that reason, not another: a program was not found (fl-experiment names the path it tried, which
+    // is the build tree's layout when a sibling is missing).
+    EXPECT_NE(r.output.find("No such file or directory"), std::string::npos) << r.output;
   }
 }
 
