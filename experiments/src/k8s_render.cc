@@ -356,7 +356,7 @@ absl::StatusOr<std::string> RenderClientScript(const Manifest& m, const std::vec
     // The link: fl-link relay per client of the process, on the pod's loopback, seeded as the local relay.
     s += "A=\n";
     s += fl::StrCat("i=0\nwhile [ $i -lt ", links, " ]; do\n");
-    s += fl::StrCat("  ", kBinDir, "/fl-link --log-level warn relay ", kManifestDir, "/link-", g.link_name,
+    s += fl::StrCat("  ", kBinDir, "/fl-link --log-level warn relay ", kManifestDir, "/link-", g.name,
                     ".yaml --listen 127.0.0.1:$((", kRelayFirstPort, " + i)) --target ", service_addr, " --seed $((",
                     seed_base - first.index, " + I + i)) &\n");
     s += fl::StrCat("  A=\"${A:+$A,}127.0.0.1:$((", kRelayFirstPort, " + i))\"\n  i=$((i + 1))\ndone\n");
@@ -455,7 +455,8 @@ absl::StatusOr<K8sRendering> RenderKubernetes(const Manifest& m, const K8sRender
   // The manifest and the link profiles its groups use, as the pods read them.
   json cm_data = {{"manifest.yaml", m.source_yaml}};
   for (const ClientGroup& g : m.clients) {
-    if (g.link.has_value()) cm_data[fl::StrCat("link-", g.link_name, ".yaml")] = emulation::LinkProfileToYaml(*g.link);
+    // Keyed by group (a DNS label, checked), not by profile name, which need not be a valid ConfigMap key.
+    if (g.link.has_value()) cm_data[fl::StrCat("link-", g.name, ".yaml")] = emulation::LinkProfileToYaml(*g.link);
   }
   if (cm_data.dump().size() > kMaxObjectData) {
     return absl::InvalidArgumentError(fl::StrCat(m.path,

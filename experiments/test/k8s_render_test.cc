@@ -16,8 +16,10 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
 
 #include "fl/core/str_cat.h"
+#include "fl/emulation/link_profile.h"
 #include "fl/experiment/manifest.h"
 #include "fl/experiment/runner.h"
 #include "fl/testing/run_tool.h"
@@ -111,6 +113,22 @@ TEST_P(K8sGoldenTest, MatchesGoldenFilesAndTheSchema) {
                                                  "deploy/install-deps.sh): "
                                                : "")
                            << check.output;
+
+  // Each group's link profile in the ConfigMap reads back (what fl-link relay loads in the pod) as the group's link.
+  const std::vector<YAML::Node> configmaps = YAML::LoadAll(Read(rendered / "configmap.yaml"));
+  ASSERT_EQ(configmaps.size(), 1u);
+  for (const ClientGroup& g : m->clients) {
+    if (!g.link.has_value()) continue;
+    const YAML::Node text = configmaps[0]["data"][fl::StrCat("link-", g.name, ".yaml")];
+    ASSERT_TRUE(text.IsScalar()) << g.name;
+    const fs::path profile = tmp.path() / fl::StrCat(g.name, ".yaml");
+    std::ofstream(profile) << text.as<std::string>();
+    absl::StatusOr<emulation::LinkProfile> loaded = emulation::LoadLinkProfile(profile);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    EXPECT_EQ(loaded->name, g.link->name);
+    EXPECT_TRUE(loaded->uplink == g.link->uplink) << g.name;
+    EXPECT_TRUE(loaded->downlink == g.link->downlink) << g.name;
+  }
 
   // The same manifest renders the same bytes (certificates aside): nothing depends on the time or the run.
   absl::StatusOr<K8sRendering> again = RenderKubernetes(*m, Options(tmp.path()));
@@ -224,7 +242,7 @@ void CheckPodScripts(const fs::path& manifest, const std::vector<DeviceEmulation
                                               "--log-level",
                                               "warn",
                                               "relay",
-                                              fl::StrCat("/etc/fl/manifest/link-", p.group->link_name, ".yaml"),
+                                              fl::StrCat("/etc/fl/manifest/link-", p.group->name, ".yaml"),
                                               "--listen",
                                               listen,
                                               "--target",
