@@ -99,8 +99,8 @@ std::string RenderBatchScript(const BatchJob& job) {
   o << "set -u\n";
   for (const auto& [name, value] : job.variables) o << name << "=" << Word(value) << "\n";
   for (const std::vector<std::string>& cmd : job.prologue) {
-    o << Join(cmd) << " || { echo \"fl-experiment: the job's preparation failed: " << Quote(cmd.front())
-      << "\" >&2; exit 2; }\n";
+    o << Join(cmd) << " || { echo \"fl-experiment: the job's preparation failed: "
+      << (cmd.size() > 2 ? cmd[1] + " " + cmd[2] : cmd[0]) << " (exit $?)\" >&2; exit 2; }\n";
   }
   // Every step in the background, remembered by srun's pid; `wait -n -p` (bash 5.1) says which one ended.
   o << "declare -A STEP=()\n";

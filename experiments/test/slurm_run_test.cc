@@ -1,0 +1,247 @@
+// fl-experiment run --launcher slurm against the real local Slurm (tools/local-slurm.sh; root, slow): a small
+// manifest finishes with the same records (rounds, clients, phases) as the same manifest run locally; a client
+// step killed mid-run is named, the experiment recorded aborted with its committed rounds intact; and the bad
+// inputs (an unknown partition, more nodes than the partition has, a controller that does not answer, no sbatch)
+// are refused before submission, each naming what and where.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "fl/core/str_cat.h"
+#include "fl/instrumentation/record_reader.h"
+#include "fl/sys/process.h"
+#include "fl/testing/scratch_dir.h"
+#include "slurm_local_cluster.h"
+
+namespace fl::experiment {
+namespace {
+
+namespace fs = std::filesystem;
+using instrumentation::RecordReader;
+
+constexpr char kManifest[] = R"(name: slurm-run
+seed: 3
+server:
+  rounds: 2
+  round_deadline_s: 60
+  selection: {min_fit_clients: 3, min_available_clients: 3}
+  evaluation: {every: 0}
+training: {model: "synthetic:20000:30"}
+emulation: {backend: userspace, virtual_clients: false}
+launcher: {kind: slurm, partition: debug, time: "10:00"}
+clients:
+  - name: wifi
+    count: 2
+    link: wifi
+    processes_per_node: 1
+  - name: cell
+    device: rpi4
+    link: 5g-sa
+)";
+
+std::string Edit(std::string text, const std::string& from, const std::string& to) {
+  text.replace(text.find(from), from.size(), to);
+  return text;
+}
+
+std::string Slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+struct RunOutput {
+  int code = -1;
+  std::string out;  // stdout and stderr
+};
+
+fl::sys::SpawnOptions Command(const std::vector<std::string>& args, const fs::path& log,
+                              std::vector<std::string> env = {}) {
+  fl::sys::SpawnOptions o;
+  o.argv = {FL_EXPERIMENT_BIN};
+  o.argv.insert(o.argv.end(), args.begin(), args.end());
+  o.env = std::move(env);
+  o.stdout_to = fl::sys::Stdio::File(log.string(), false);
+  o.stderr_to = fl::sys::Stdio::ToStdout();
+  return o;
+}
+
+RunOutput Experiment(const std::vector<std::string>& args, const fs::path& log, std::vector<std::string> env = {}) {
+  RunOutput r;
+  absl::StatusOr<fl::sys::Child> c = fl::sys::Child::Spawn(Command(args, log, std::move(env)));
+  if (!c.ok()) {
+    r.out = std::string(c.status().message());
+    return r;
+  }
+  r.code = c->Wait().code;
+  r.out = Slurp(log);
+  return r;
+}
+
+class SlurmRunTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    cluster_ = fl::testing::LocalSlurm::Start(std::string(FL_SOURCE_DIR) + "/tools/local-slurm.sh").release();
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+  void SetUp() override { ASSERT_TRUE(cluster_->started().ok()) << cluster_->started(); }
+
+  // Writes `text` as <dir>/m.yaml and runs it with --launcher `launcher` into <dir>/<out>.
+  RunOutput RunManifest(const fl::testing::ScratchDir& dir, const std::string& text, const std::string& launcher,
+                        const std::string& out, std::vector<std::string> env = {}) {
+    std::ofstream(dir.path() / "m.yaml") << text;
+    return Experiment({"run", (dir.path() / "m.yaml").string(), "--launcher", launcher, "--profiles-dir",
+                       std::string(FL_EXPERIMENTS_DIR) + "/profiles", "--out", (dir.path() / out).string()},
+                      dir.path() / fl::StrCat(out, ".log"), std::move(env));
+  }
+
+  static fl::testing::LocalSlurm* cluster_;
+};
+fl::testing::LocalSlurm* SlurmRunTest::cluster_ = nullptr;
+
+// The experiment id in a run's last lines: "experiment <id> <status> ...".
+std::string ExperimentId(const std::string& out) {
+  const size_t at = out.rfind("\nexperiment ");
+  if (at == std::string::npos) return "";
+  std::istringstream words(out.substr(at + 12));
+  std::string id;
+  words >> id;
+  return id;
+}
+
+// The records' structure: per committed round, each client with its outcome and which phases it recorded.
+std::string Structure(const fs::path& db, const std::string& id) {
+  absl::StatusOr<std::unique_ptr<RecordReader>> reader = RecordReader::Open(db.string());
+  if (!reader.ok()) return std::string(reader.status().message());
+  absl::StatusOr<instrumentation::ExperimentRecord> e = (*reader)->GetExperiment(id);
+  if (!e.ok()) return std::string(e.status().message());
+  std::string s = fl::StrCat("status ", instrumentation::ExperimentStatusName(e->status), "\n");
+  absl::StatusOr<std::vector<instrumentation::RoundRecord>> rounds = (*reader)->ListRounds(id);
+  if (!rounds.ok()) return std::string(rounds.status().message());
+  for (const instrumentation::RoundRecord& r : *rounds) {
+    s += fl::StrCat("round ", r.round, " attempt ", r.attempt, "\n");
+    absl::StatusOr<std::vector<instrumentation::ClientRoundRecord>> clients = (*reader)->ListClientRounds(id, r.round);
+    if (!clients.ok()) return std::string(clients.status().message());
+    std::set<std::string> lines;
+    for (const instrumentation::ClientRoundRecord& c : *clients) {
+      lines.insert(fl::StrCat("  ", c.client_id, " outcome ", static_cast<int>(c.outcome), " downlink ",
+                              c.downlink_ms.has_value(), " train ", c.train_ms.has_value(), " uplink ",
+                              c.uplink_ms.has_value(), " examples ", c.num_examples.value_or(-1), "\n"));
+    }
+    for (const std::string& l : lines) s += l;
+  }
+  return s;
+}
+
+TEST_F(SlurmRunTest, SmallManifestFinishesWithTheSameRecordsAsLocally) {
+  fl::testing::ScratchDir dir("slurm-same");
+  const RunOutput local = RunManifest(dir, kManifest, "local", "local");
+  ASSERT_EQ(local.code, 0) << local.out;
+  const RunOutput slurm = RunManifest(dir, kManifest, "slurm", "slurm");
+  ASSERT_EQ(slurm.code, 0) << slurm.out;
+  EXPECT_NE(slurm.out.find("submitted Slurm job"), std::string::npos) << slurm.out;
+  const std::string id = ExperimentId(slurm.out);
+  ASSERT_TRUE(id.starts_with("slurm-run-slurm-")) << slurm.out;
+  const std::string want = Structure(dir.path() / "local" / "records.db", ExperimentId(local.out));
+  EXPECT_NE(want.find("status finished"), std::string::npos) << want;
+  EXPECT_NE(want.find("round 2"), std::string::npos) << want;
+  EXPECT_EQ(Structure(dir.path() / "slurm" / "records.db", id), want);
+  // Logs, the CA and the records where a local run puts them; wifi's two processes on the two nodes.
+  for (const char* f : {"server.log", "wifi-0.log", "wifi-1.log", "cell-0.log", "pki/ca/ca.crt", "slurm-job.sh"}) {
+    EXPECT_TRUE(fs::exists(dir.path() / "slurm" / f)) << f;
+  }
+}
+
+TEST_F(SlurmRunTest, KilledClientStepIsNamedAndTheRecordsStayIntact) {
+  fl::testing::ScratchDir dir("slurm-kill");
+  std::ofstream(dir.path() / "m.yaml") << Edit(kManifest, "rounds: 2", "rounds: 1000");
+  const fs::path out = dir.path() / "out";
+  absl::StatusOr<fl::sys::Child> run =
+      fl::sys::Child::Spawn(Command({"run", (dir.path() / "m.yaml").string(), "--profiles-dir",
+                                     std::string(FL_EXPERIMENTS_DIR) + "/profiles", "--out", out.string()},
+                                    dir.path() / "run.log"));
+  ASSERT_TRUE(run.ok()) << run.status();
+  // Once a round is committed, the wifi group's step is killed as a lost node would be.
+  std::string step;
+  for (int i = 0; i < 1200 && step.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ASSERT_FALSE(run->exited()) << Slurp(dir.path() / "run.log");
+    const std::string job = Slurp(dir.path() / "run.log");
+    const size_t at = job.find("submitted Slurm job ");
+    if (at == std::string::npos) continue;
+    std::istringstream words(job.substr(at + 20));
+    std::string job_id;
+    words >> job_id;
+    absl::StatusOr<std::unique_ptr<RecordReader>> reader = RecordReader::Open((out / "records.db").string());
+    if (!reader.ok()) continue;
+    absl::StatusOr<int64_t> rounds = (*reader)->CountRounds(fl::StrCat("slurm-run-slurm-", job_id));
+    if (!rounds.ok() || *rounds < 1) continue;
+    absl::StatusOr<std::string> steps = fl::sys::RunCommand({"squeue", "-s", "-h", "-j", job_id, "-o", "%i %j"});
+    ASSERT_TRUE(steps.ok()) << steps.status();
+    std::istringstream lines(*steps);
+    for (std::string id, name; lines >> id >> name;) {
+      if (name == "clients-wifi") step = id;
+    }
+  }
+  ASSERT_FALSE(step.empty()) << "the wifi step never ran with a committed round: " << Slurp(dir.path() / "run.log");
+  ASSERT_TRUE(fl::sys::RunCommand({"scancel", "--signal=KILL", step}).ok());
+  const int code = run->Wait().code;
+  const std::string text = Slurp(dir.path() / "run.log");
+  EXPECT_EQ(code, 1) << text;
+  EXPECT_NE(text.find("step clients-wifi failed"), std::string::npos) << text;
+  const std::string id = ExperimentId(text);
+  absl::StatusOr<std::unique_ptr<RecordReader>> reader = RecordReader::Open((out / "records.db").string());
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  absl::StatusOr<instrumentation::ExperimentRecord> e = (*reader)->GetExperiment(id);
+  ASSERT_TRUE(e.ok()) << e.status() << text;
+  // fl-server was stopped, not killed: it recorded the experiment aborted, its committed rounds kept (what
+  // fl-server --resume continues from).
+  EXPECT_EQ(instrumentation::ExperimentStatusName(e->status), "aborted") << text;
+  absl::StatusOr<int64_t> rounds = (*reader)->CountRounds(id);
+  ASSERT_TRUE(rounds.ok());
+  EXPECT_GE(*rounds, 1);
+}
+
+TEST_F(SlurmRunTest, BadInputIsRefusedBeforeSubmissionNamingWhatAndWhere) {
+  fl::testing::ScratchDir dir("slurm-bad");
+  RunOutput r = RunManifest(dir, Edit(kManifest, "partition: debug", "partition: nope"), "slurm", "a");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("launcher.partition \"nope\" does not exist on this cluster; it has: debug (default)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("m.yaml"), std::string::npos) << r.out;
+
+  r = RunManifest(dir, Edit(kManifest, "partition: debug", "nodes: 3"), "slurm", "b");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("asks for 3 nodes (launcher.nodes) but partition debug has 2"), std::string::npos) << r.out;
+
+  // A controller that does not answer: the cluster's configuration with a port where nothing listens.
+  std::string conf = Slurp(cluster_->slurm_conf());
+  const size_t at = conf.find("SlurmctldPort=");
+  conf.replace(at, conf.find('\n', at) - at, "SlurmctldPort=1");
+  std::ofstream(dir.path() / "dead.conf") << conf;
+  r = RunManifest(dir, kManifest, "slurm", "c", {fl::StrCat("SLURM_CONF=", (dir.path() / "dead.conf").string())});
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("the Slurm controller does not answer"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("dead.conf"), std::string::npos) << r.out;
+
+  // No Slurm on the machine: no sbatch on PATH.
+  r = RunManifest(dir, kManifest, "slurm", "d", {"PATH=/nonexistent"});
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("no Slurm on this machine: sbatch is not installed"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace fl::experiment
