@@ -394,6 +394,29 @@ TEST(K8sRenderTest, GivenCaIsUsedAndChecked) {
   EXPECT_NE(s.message().find("c-1.key"), std::string::npos) << s;
 }
 
+// security.mode insecure renders no Secrets and --insecure on both sides; a group without a link dials the Service
+// itself (no relay), and the objects still pass the schema.
+TEST(K8sRenderTest, InsecureAndUnlinkedGroups) {
+  fl::testing::ScratchDir tmp{"fl_k8s"};
+  absl::StatusOr<Manifest> m = ParseManifest(
+      fl::StrCat(kSmall, "security: {mode: insecure}\nclients: [{name: c, count: 2}]\n"), "small.yaml", kExperiments);
+  ASSERT_TRUE(m.ok()) << m.status();
+  absl::StatusOr<K8sRendering> r = RenderKubernetes(*m, Options(tmp.path()));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->pki_source, "");
+  EXPECT_FALSE(fs::exists(tmp.path() / "pki"));
+  std::map<std::string, std::string> files(r->files.begin(), r->files.end());
+  EXPECT_EQ(files.count("secret.yaml"), 0u);
+  EXPECT_NE(files["statefulset.yaml"].find("--insecure"), std::string::npos);
+  EXPECT_NE(files["job.yaml"].find("--server small-server:50051 \\\n"), std::string::npos) << files["job.yaml"];
+  EXPECT_NE(files["job.yaml"].find("--insecure"), std::string::npos);
+  EXPECT_EQ(files["job.yaml"].find("fl-link"), std::string::npos);
+  EXPECT_EQ(files["job.yaml"].find("/etc/fl/pki"), std::string::npos);
+  ASSERT_TRUE(WriteKubernetes(*r, tmp.path() / "k8s").ok());
+  const ToolResult check = RunChecker(tmp.path() / "k8s", tmp);
+  EXPECT_EQ(check.code, 0) << check.output;
+}
+
 TEST(K8sRenderTest, YamlQuotesWhatPlainYamlWouldMisread) {
   EXPECT_EQ(JsonToYaml(R"({"a":"true","b":"9464","c":"fl-testbed:1","d":"plain/text-1.2","e":"","f":"x y"})"),
             "a: \"true\"\nb: \"9464\"\nc: \"fl-testbed:1\"\nd: plain/text-1.2\ne: \"\"\nf: \"x y\"\n");
