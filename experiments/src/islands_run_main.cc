@@ -30,11 +30,11 @@ absl::StatusOr<std::string> NodeAdvertise(const std::string& step) {
   absl::StatusOr<std::string> address = fl::experiment::slurm::NodeAddress(node == nullptr ? "" : node);
   if (!address.ok()) return address.status();
   const char* job_nodes = std::getenv("SLURM_JOB_NUM_NODES");
-  if (job_nodes != nullptr && std::atoi(job_nodes) > 1) {
-    const std::string others = fl::StrCat("the job's ", std::atoi(job_nodes) - 1, " other node(s)");
-    if (absl::Status s = fl::experiment::CheckPeersCanReach({{step, node, *address}, {others, "", ""}}); !s.ok()) {
-      return s;
-    }
+  if (job_nodes != nullptr && std::atoi(job_nodes) > 1 && fl::experiment::IsLoopbackHost(*address)) {
+    return absl::InvalidArgumentError(fl::StrCat(
+        step, " on node ", node, " advertises ", *address, ", a loopback address (its NodeAddr), but the job spans ",
+        job_nodes, " nodes whose processes would dial themselves; give ", node,
+        " an address they reach (the node's NodeAddr in slurm.conf), or run the job on one node"));
   }
   return address;
 }

@@ -113,5 +113,36 @@ TEST(IslandsSlurmRenderTest, AnAddressThatIsNotThisMachinesIsRefusedLocally) {
   EXPECT_EQ(CheckAdvertisableHost("the coordinator", "0.0.0.0").code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The manifest's launcher block: read into the config; sbatch options the launcher writes itself are refused with
+// the key to use instead, naming the file and line.
+TEST(IslandsSlurmRenderTest, ManifestLauncherBlockIsReadAndItsMistakesNamed) {
+  fl::testing::ScratchDir dir("islands-launcher");
+  const std::string path = dir.File("m.yaml");
+  std::ofstream(path) << "name: x\nislands: 2\ninner:\n  total_steps: 20\nouter:\n  inner_steps: 10\n"
+                         "launcher:\n  kind: slurm\n  partition: debug\n  time: \"1:00:00\"\n  nodes: 2\n"
+                         "  sbatch_args: [\"--qos=short\"]\n";
+  absl::StatusOr<IslandsExperimentConfig> c = LoadIslandsExperiment(path);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->launcher.kind, "slurm");
+  EXPECT_EQ(c->launcher.partition, "debug");
+  EXPECT_EQ(c->launcher.time, "1:00:00");
+  EXPECT_EQ(c->launcher.nodes, 2u);
+  EXPECT_EQ(c->launcher.sbatch_args, std::vector<std::string>{"--qos=short"});
+
+  std::ofstream(path) << "name: x\nislands: 2\nlauncher:\n  kind: slurm\n  sbatch_args: [\"--nodes=4\"]\n";
+  c = LoadIslandsExperiment(path);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(c.status().message())
+                .find("m.yaml:5: launcher.sbatch_args: \"--nodes=4\": the launcher "
+                      "writes --nodes itself"),
+            std::string::npos)
+      << c.status();
+
+  std::ofstream(path) << "name: x\nislands: 2\nlauncher:\n  kind: kubernetes\n";
+  c = LoadIslandsExperiment(path);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(c.status().message()).find("launcher.kind"), std::string::npos) << c.status();
+}
+
 }  // namespace
 }  // namespace fl::experiment

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "fl/experiment/islands_experiment.h"
+#include "fl/core/str_cat.h"
 #include "fl/experiment/islands_slurm.h"
 #include "fl/sys/process.h"
 #include "fl/testing/scratch_dir.h"
@@ -114,6 +115,22 @@ TEST(IslandsSlurmTest, LoopbackNodeAddressesAcrossNodesAreRefusedBeforeSubmissio
   EXPECT_NE(msg.find("on node n1 advertises 127.0.0.1, a loopback address"), std::string::npos) << msg;
   EXPECT_NE(msg.find("island-1 on n2"), std::string::npos) << msg;
   EXPECT_FALSE(std::filesystem::exists(dir.File("out/islands.sbatch"))) << "nothing submitted";
+
+  // A site that submits the rendered script itself (fl-experiment render) gets the same refusal from the steps,
+  // which check the node they really got: the job fails and its output names the process and the address.
+  absl::StatusOr<std::string> script = RenderIslandsBatchScript(*config, Paths(dir));
+  ASSERT_TRUE(script.ok()) << script.status();
+  std::filesystem::create_directories(dir.File("out"));
+  ASSERT_TRUE(ProvisionIslandsPki(*config, dir.File("out"), {"127.0.0.1"}).ok());
+  std::ofstream(dir.File("out/by-hand.sbatch")) << *script;
+  absl::StatusOr<slurm::JobOutcome> job = slurm::SubmitAndWait(dir.File("out/by-hand.sbatch"), nullptr);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_NE(job->exit_code, 0);
+  const std::string output = Slurp(dir.File(fl::StrCat("out/slurm-", job->job_id, ".out")));
+  EXPECT_NE(output.find("on node n2 advertises 127.0.0.1, a loopback address (its NodeAddr), but the job spans 2 "
+                        "nodes"),
+            std::string::npos)
+      << output;
 }
 
 }  // namespace
