@@ -53,11 +53,11 @@ progress() {
 }
 
 # Stage 1: the Debian packages. install-deps.sh's own lines (what is missing, or that all are there) are shown;
-# apt's output goes to the log, shown as the share of packages set up ("N newly installed" is apt's count, the
-# requested packages and their dependencies).
+# apt's output goes to the log, shown as the share of packages downloaded, then set up ("N newly installed" is apt's
+# count, the requested packages and their dependencies).
 install() {
   mkdir -p build
-  local log=build/fl-install.log total=0 ndone=0 began=$SECONDS line
+  local log=build/fl-install.log total=0 ngot=0 ndone=0 began=$SECONDS line
   local next_pct=10 last_line=$SECONDS
   say "1/${STAGES} packages: deploy/install-deps.sh (apt's output in ${log})"
   : >"$log"
@@ -72,9 +72,16 @@ install() {
         total="${total%% newly installed*}"
         [[ "$total" =~ ^[0-9]+$ ]] || total=0
         say "    apt installs ${total} package(s), dependencies included" ;;
+      Get:[0-9]*)
+        ngot=$((ngot + 1))
+        ((total > 0 && ngot <= total)) && progress "downloaded" "$ngot" "$total" "$began" ;;
       "Setting up "*)
+        if ((ndone == 0)); then  # the downloads are done: the shares and the rate start again
+          next_pct=10
+          began=$SECONDS
+        fi
         ndone=$((ndone + 1))
-        ((total > 0)) && progress "installed" "$ndone" "$total" "$began" ;;
+        ((total > 0)) && progress "set up" "$ndone" "$total" "$began" ;;
     esac
   done
   local rc=${PIPESTATUS[0]}
@@ -134,7 +141,7 @@ build() {
 # The quickstart's own lines pass through (fl-experiment's line per round); after each round's line, the time left
 # at the mean round time so far. stdbuf: fl-experiment's printf lines would wait in a full buffer in a pipe.
 quickstart() {
-  local manifest=experiments/quickstart.yaml rounds line n total secs sum=0
+  local manifest=experiments/quickstart.yaml rounds line n total secs sum=0 began=$SECONDS
   rounds="$(sed -n 's/^  rounds: *\([0-9][0-9]*\).*/\1/p' "$manifest" | head -n 1)"
   say "4/${STAGES} running the quickstart (${manifest}: ${rounds:-?} rounds; records in out/quickstart)"
   set +e
@@ -154,7 +161,11 @@ quickstart() {
     done
   local rc=${PIPESTATUS[0]}
   set -e
-  say "quickstart finished (exit ${rc})"
+  if ((rc == 0)); then
+    say "quickstart done in $((SECONDS - began)) s; records in out/quickstart/records.db"
+  else
+    say "the quickstart failed (exit ${rc}); its logs are in out/quickstart/"
+  fi
   return "$rc"
 }
 
