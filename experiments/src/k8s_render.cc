@@ -285,7 +285,7 @@ absl::StatusOr<std::string> RenderClientScript(const Manifest& m, const std::vec
   auto args_of = [&](const ClientProcess& c, bool secagg) {
     ClientProcess p = c;
     p.secagg_drop = secagg && c.secagg_drop;
-    return ClientProcessArgs(m, p, client_bin, server_addr, pki_dir, relays, server_name);
+    return ClientProcessArgs(m, p, client_bin, server_addr, pki_dir, relays, server_name, kK8sClientGiveUpS);
   };
   // The template: process 0's arguments without its SecAgg drop, with what differs in process 1 made variable.
   std::vector<std::string> tmpl = args_of(first, false);

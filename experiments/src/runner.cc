@@ -220,7 +220,8 @@ std::vector<std::string> ServerSettingArgs(const Manifest& m) {
 
 std::vector<std::string> ClientProcessArgs(const Manifest& m, const ClientProcess& c, const std::string& client_bin,
                                            const std::string& server_addr, const std::string& pki_dir,
-                                           bool via_forwarder, const std::string& server_name) {
+                                           bool via_forwarder, const std::string& server_name,
+                                           uint32_t give_up_after_s) {
   const ClientGroup& g = *c.group;
   const pki::Paths paths{.dir = pki_dir};
   // Under a cpu quota the kernel slows the whole process: no duty cycle on top.
@@ -243,7 +244,7 @@ std::vector<std::string> ClientProcessArgs(const Manifest& m, const ClientProces
                                 "--slowdown",
                                 Fmt(slowdown),
                                 "--give-up-after-s",
-                                "60",
+                                std::to_string(give_up_after_s),
                                 "--log-level",
                                 "warn"};
   // Every setting of fl-client's table (fl/client/settings.h) as the manifest gives it, its defaults included.

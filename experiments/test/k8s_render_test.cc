@@ -251,8 +251,9 @@ void CheckPodScripts(const fs::path& manifest, const std::vector<DeviceEmulation
                                               std::to_string(m->settings.seed * 100'003 + p.index + i)};
       EXPECT_EQ(relays[listen], relay) << p.name << " relay " << i;
     }
-    const std::vector<std::string> want = ClientProcessArgs(*m, p, bin.string() + "/fl-client", server_addr,
-                                                            "/etc/fl/pki", true, fl::StrCat(m->name, "-server"));
+    const std::vector<std::string> want =
+        ClientProcessArgs(*m, p, bin.string() + "/fl-client", server_addr, "/etc/fl/pki", true,
+                          fl::StrCat(m->name, "-server"), kK8sClientGiveUpS);
     EXPECT_EQ(client_argv, want) << p.name;
   }
 }

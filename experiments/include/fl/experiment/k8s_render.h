@@ -12,6 +12,7 @@
 // Secrets' certificates, which are made fresh when the CA is a throwaway one.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <utility>
@@ -21,6 +22,10 @@
 #include "fl/experiment/manifest.h"
 
 namespace fl::experiment {
+
+// How long a client pod's fl-client tries to reach fl-server before it exits with an error (and its pod restarts):
+// on a cluster the server's pod may still be pulling its image when the clients start.
+inline constexpr uint32_t kK8sClientGiveUpS = 600;
 
 struct K8sRenderOptions {
   // "" = the manifest's launcher.image, launcher.namespace, launcher.storage (each with its default there).

@@ -117,11 +117,12 @@ std::vector<ClientProcess> PlanClientProcesses(const Manifest& manifest, const s
 // fl-client's command line for process `c` (argv[0] = `client_bin`): `server_addr` is what it dials (virtual
 // clients: one address per instance, comma-separated); `pki_dir` the run's certificates in fl-provision's
 // layout ("" = plaintext, --insecure); `via_forwarder`: it dials a forwarder, not the server's own address, and
-// checks the server's certificate as `server_name`.
+// checks the server's certificate as `server_name`; it exits with an error after `give_up_after_s` without reaching
+// the server (60 s on this machine, where the server is up before any client starts).
 std::vector<std::string> ClientProcessArgs(const Manifest& manifest, const ClientProcess& c,
                                            const std::string& client_bin, const std::string& server_addr,
                                            const std::string& pki_dir, bool via_forwarder,
-                                           const std::string& server_name = "127.0.0.1");
+                                           const std::string& server_name = "127.0.0.1", uint32_t give_up_after_s = 60);
 
 // A throwaway CA in `dir` (an earlier one there is removed first) named `ca_name`, with fl-server's certificate
 // for `server_dns` and `server_ips` and a certificate per client of `manifest`, in fl-provision's layout. Its key
