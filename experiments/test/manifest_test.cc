@@ -91,6 +91,8 @@ TEST(ManifestTest, EveryShippedManifestLoads) {
     if (e.path().string().find("/diloco/") != std::string::npos) continue;  // islands manifests: docs/diloco.md
     // The fuzz seeds (test/corpus/) resolve their traces elsewhere: manifest_fuzz_test loads them.
     if (e.path().string().find("/test/corpus/") != std::string::npos) continue;
+    // Renderers' golden outputs (Kubernetes objects), not manifests.
+    if (e.path().string().find("/test/golden/") != std::string::npos) continue;
     absl::StatusOr<Manifest> m = LoadManifest(e.path());
     EXPECT_TRUE(m.ok()) << e.path() << ": " << m.status();
     ++n;
@@ -257,6 +259,7 @@ TEST(ManifestTest, EveryShippedManifestRoundTripsThroughTheResolvedJson) {
       if (e.path().extension() != ".yaml" || p.find("/profiles/") != std::string::npos) continue;
       if (p.find("/experiments/diloco/") != std::string::npos) continue;  // islands manifests (docs/diloco.md)
       if (p.find("/test/corpus/") != std::string::npos) continue;         // fuzz seeds (manifest_fuzz_test)
+      if (p.find("/test/golden/") != std::string::npos) continue;         // renderers' golden outputs
       manifests.push_back(e.path());
     }
   }
