@@ -6,21 +6,17 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "fl/experiment/islands_addresses.h"
 #include "fl/experiment/islands_slurm.h"
+#include "fl/sys/user_file.h"
 #include "fl/testing/scratch_dir.h"
 
 namespace fl::experiment {
 namespace {
 
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+// A file's text ("" when missing: the expectations then say what was wanted).
+std::string Slurp(const std::string& path) { return fl::sys::ReadUserFile(path, "test output", 1 << 20).value_or(""); }
 
 IslandsExperimentConfig Tiny() {
   IslandsExperimentConfig c;

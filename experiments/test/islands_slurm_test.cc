@@ -10,24 +10,20 @@
 #include <fstream>
 #include <regex>
 #include <set>
-#include <sstream>
 #include <string>
 
 #include "fl/experiment/islands_experiment.h"
 #include "fl/core/str_cat.h"
 #include "fl/experiment/islands_slurm.h"
 #include "fl/sys/process.h"
+#include "fl/sys/user_file.h"
 #include "fl/testing/scratch_dir.h"
 
 namespace fl::experiment {
 namespace {
 
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+// A file's text ("" when missing: the expectations then say what was wanted).
+std::string Slurp(const std::string& path) { return fl::sys::ReadUserFile(path, "test output", 1 << 20).value_or(""); }
 
 // A local two-node Slurm in its own directory for one test, stopped (namespaces removed) when it ends.
 class LocalCluster {
