@@ -10,6 +10,7 @@
 #include <regex>
 #include <string>
 
+#include "fl/core/str_cat.h"
 #include "fl/experiment/islands_experiment.h"
 #include "fl/testing/scratch_dir.h"
 #include "fl/testing/subprocess.h"
@@ -101,6 +102,34 @@ TEST(IslandsLaunchTest, TheSameRunOverMutualTlsAndCurveEqualsPlaintext) {
   EXPECT_EQ(Slurp(secure_out + "/island-0-rank0.log").find("plaintext"), std::string::npos);
   EXPECT_NE(Slurp(plain_out + "/island-0-rank0.log").find("--insecure: plaintext"), std::string::npos);
   EXPECT_FALSE(std::filesystem::exists(plain_out + "/pki"));
+}
+
+// --advertise: every process binds and advertises the given host, and the coordinator's certificate names it (the
+// islands verify it against the address they dial). 127.0.0.2 is this machine's too, but not 127.0.0.1: a process
+// left on 127.0.0.1 would not be reached, and a certificate without it would fail the handshake.
+TEST(IslandsLaunchTest, AdvertisedHostIsWhereEveryProcessListensAndWhatTheCertificateNames) {
+  fl::testing::ScratchDir dir("launch-advertise");
+  const std::string manifest = dir.File("tiny.yaml");
+  std::ofstream(manifest) << TinyManifest("");
+  absl::StatusOr<IslandsExperimentConfig> config = LoadIslandsExperiment(manifest);
+  ASSERT_TRUE(config.ok()) << config.status();
+  LaunchPaths paths = Paths(dir.File("out"));
+  paths.advertise = "127.0.0.2";
+  absl::StatusOr<IslandsExperimentResult> result = RunIslandsExperiment(*config, paths);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(result->hashes_equal);
+  const std::string log = Slurp(dir.File("out/coordinator.log"));
+  for (const char* island : {"island-0", "island-1"}) {
+    EXPECT_NE(log.find(fl::StrCat("'", island, "' asks to join (1 ranks, data tcp://127.0.0.2:")), std::string::npos)
+        << log;
+  }
+  EXPECT_EQ(log.find("127.0.0.1:"), std::string::npos) << log;
+
+  paths.advertise = "192.0.2.1";  // TEST-NET-1: never this machine's
+  result = RunIslandsExperiment(*config, paths);
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << result.status();
+  EXPECT_NE(std::string(result.status().message()).find("cannot bind '192.0.2.1'"), std::string::npos)
+      << result.status();
 }
 
 TEST(IslandsLaunchTest, FailingIslandStopsTheExperimentAndItsCoordinator) {
