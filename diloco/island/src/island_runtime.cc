@@ -194,6 +194,7 @@ class IslandRun {
   absl::Status LoadState(const StateSource& source);
   absl::Status RunDataParallel();
   absl::Status RunOneBitAdam();
+  absl::Status RunEveryStep(absl::Status (IslandRun::*step)(uint64_t));
   absl::Status OneBitStep(uint64_t step);
   absl::Status StartStaticRingExchanger(const std::string& codec);
   absl::Status RunDiLoCo();
@@ -382,9 +383,14 @@ absl::Status IslandRun::RunDataParallel() {
   if (o_.dp_transport == "ring" && leader()) {
     if (absl::Status s = StartStaticRingExchanger("fp32"); !s.ok()) return s;
   }
+  return RunEveryStep(&IslandRun::InnerStep);
+}
+
+// The loop of the modes that exchange every step (data-parallel, onebit-adam) and what their summary ends with.
+absl::Status IslandRun::RunEveryStep(absl::Status (IslandRun::*step)(uint64_t)) {
   const auto start = Clock::now();
   for (uint64_t t = 1; t <= total_steps_; ++t) {
-    if (absl::Status s = InnerStep(t); !s.ok()) return s;
+    if (absl::Status s = (this->*step)(t); !s.ok()) return s;
     if (leader() && o_.eval_every > 0 && t % o_.eval_every == 0 && t < total_steps_) Eval(t);
   }
   summary_.wall_s = Since(start);
@@ -481,20 +487,8 @@ absl::Status IslandRun::RunOneBitAdam() {
                    o_.error_feedback ? " + error feedback on both sides" : "");
     }
   }
-  const auto start = Clock::now();
-  for (uint64_t t = 1; t <= total_steps_; ++t) {
-    if (absl::Status s = OneBitStep(t); !s.ok()) return s;
-    if (leader() && o_.eval_every > 0 && t % o_.eval_every == 0 && t < total_steps_) Eval(t);
-  }
-  summary_.wall_s = Since(start);
-  staging_->ToHost(local_);
-  summary_.local_model_hash = core::Checksum64(
-      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(local_.data()), local_.size() * sizeof(float)));
+  if (absl::Status s = RunEveryStep(&IslandRun::OneBitStep); !s.ok()) return s;
   summary_.state_hash = onebit_->Hash(local_);
-  if (leader()) {
-    summary_.final_eval_loss = task_->EvalLoss();
-    summary_.final_local_eval_loss = summary_.final_eval_loss;
-  }
   return absl::OkStatus();
 }
 
