@@ -3,48 +3,27 @@
 // advertising its node's address; on the cluster without sites both nodes' NodeAddr is 127.0.0.1, and spreading
 // the islands over them is refused before submission, naming the island and the address.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <regex>
 #include <set>
 #include <string>
 
-#include "fl/experiment/islands_experiment.h"
 #include "fl/core/str_cat.h"
+#include "fl/experiment/islands_experiment.h"
 #include "fl/experiment/islands_slurm.h"
 #include "fl/sys/process.h"
 #include "fl/sys/user_file.h"
 #include "fl/testing/scratch_dir.h"
+#include "slurm_local_cluster.h"
 
 namespace fl::experiment {
 namespace {
 
 // A file's text ("" when missing: the expectations then say what was wanted).
 std::string Slurp(const std::string& path) { return fl::sys::ReadUserFile(path, "test output", 1 << 20).value_or(""); }
-
-// A local two-node Slurm in its own directory for one test, stopped (namespaces removed) when it ends.
-class LocalCluster {
- public:
-  LocalCluster(const std::string& dir, bool sites) : dir_(dir) {
-    std::vector<std::string> argv = {"bash", std::string(FL_SOURCE_DIR) + "/tools/local-slurm.sh", "start", "--dir",
-                                     dir_};
-    if (sites) argv.push_back("--sites");
-    absl::StatusOr<std::string> out = fl::sys::RunCommand(argv);
-    started_ = out.status();
-    setenv("SLURM_CONF", (dir_ + "/slurm.conf").c_str(), 1);
-  }
-  ~LocalCluster() {
-    (void)fl::sys::RunCommand({"bash", std::string(FL_SOURCE_DIR) + "/tools/local-slurm.sh", "stop", "--dir", dir_});
-  }
-  const absl::Status& started() const { return started_; }
-
- private:
-  std::string dir_;
-  absl::Status started_;
-};
 
 // The tiny manifest of islands_launch_test: 2 islands, DiLoCo H=10, 20 inner steps.
 std::string TinyManifest() {
@@ -64,10 +43,10 @@ IslandsJobPaths Paths(const fl::testing::ScratchDir& dir) {
 }
 
 TEST(IslandsSlurmTest, TwoIslandsAcrossTwoNamespaceSitesFinishLikeALocalRun) {
-  ASSERT_EQ(geteuid(), 0u) << "the local Slurm needs root (slurmd runs jobs as their users; namespaces)";
   fl::testing::ScratchDir dir("islands-sites");
-  LocalCluster cluster(dir.File("slurm"), /*sites=*/true);
-  ASSERT_TRUE(cluster.started().ok()) << cluster.started();
+  std::unique_ptr<fl::testing::LocalSlurm> cluster =
+      fl::testing::LocalSlurm::Start(std::string(FL_SOURCE_DIR) + "/tools/local-slurm.sh", /*sites=*/true);
+  ASSERT_TRUE(cluster->started().ok()) << cluster->started();
   std::ofstream(dir.File("tiny.yaml")) << TinyManifest();
   absl::StatusOr<IslandsExperimentConfig> config = LoadIslandsExperiment(dir.File("tiny.yaml"));
   ASSERT_TRUE(config.ok()) << config.status();
@@ -98,10 +77,10 @@ TEST(IslandsSlurmTest, TwoIslandsAcrossTwoNamespaceSitesFinishLikeALocalRun) {
 }
 
 TEST(IslandsSlurmTest, LoopbackNodeAddressesAcrossNodesAreRefusedBeforeSubmission) {
-  ASSERT_EQ(geteuid(), 0u) << "the local Slurm needs root";
   fl::testing::ScratchDir dir("islands-loopback");
-  LocalCluster cluster(dir.File("slurm"), /*sites=*/false);
-  ASSERT_TRUE(cluster.started().ok()) << cluster.started();
+  std::unique_ptr<fl::testing::LocalSlurm> cluster =
+      fl::testing::LocalSlurm::Start(std::string(FL_SOURCE_DIR) + "/tools/local-slurm.sh", /*sites=*/false);
+  ASSERT_TRUE(cluster->started().ok()) << cluster->started();
   std::ofstream(dir.File("tiny.yaml")) << TinyManifest();
   absl::StatusOr<IslandsExperimentConfig> config = LoadIslandsExperiment(dir.File("tiny.yaml"));
   ASSERT_TRUE(config.ok()) << config.status();
