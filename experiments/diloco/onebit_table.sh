@@ -47,8 +47,10 @@ one() {  # method link
   fi
 }
 
+# TABLE_ONLY=1: only the table, from the runs already in OUT.
 pids=()
-for link in $links; do
+[ -n "${TABLE_ONLY:-}" ] && links_to_run="" || links_to_run="$links"
+for link in $links_to_run; do
   for m in $methods; do
     one "$m" "$link" &
     pids+=($!)
@@ -58,14 +60,21 @@ done
 wait
 
 # The table: one row per run, from result.json and the islands' summaries.
-python3 - "$out" $links -- $methods <<'EOF' | tee "$out/table.md"
-import json, os, sys
-out = sys.argv[1]
+# "network, ring model": what the syncs cost on the link alone, 2 ring hops per sync for 2 islands, each one
+# way delay + half of what the island sends in the sync at the link's rate: syncs x 2 x delay + 8 x bytes / rate.
+python3 - "$out" "$here/../profiles/links" $links -- $methods <<'EOF' | tee "$out/table.md"
+import json, os, re, sys
+out, profiles = sys.argv[1], sys.argv[2]
 sep = sys.argv.index("--")
-links, methods = sys.argv[2:sep], sys.argv[sep + 1:]
+links, methods = sys.argv[3:sep], sys.argv[sep + 1:]
+def link_of(name):
+    text = open(os.path.join(profiles, name + ".yaml")).read().split("downlink:")[0]
+    rate = re.search(r"rate: *([0-9.]+) *([kmg])bit", text)
+    scale = {"k": 1e3, "m": 1e6, "g": 1e9}[rate.group(2)]
+    return float(rate.group(1)) * scale, float(re.search(r"delay_ms: *([0-9.]+)", text).group(1)) / 1e3
 print("| method | link | final eval loss | bytes sent per island | peak bytes / sync, per island | syncs | "
-      "wall s | compute utilisation | load (start; end) |")
-print("|---|---|---|---|---|---|---|---|---|")
+      "network, ring model (s) | waited on the exchange (s) | wall s | compute utilisation | load (start; end) |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 for link in links:
     for m in methods:
         d = os.path.join(out, f"{m}-{link}")
@@ -78,8 +87,12 @@ for link in links:
                if f.startswith("island-") and f.endswith("-rank0.json")]
         util = sum(i["compute_s"] / i["wall_s"] for i in isl) / len(isl)
         syncs = max(i["syncs"] for i in isl)
+        waited = sum(i["wait_s"] for i in isl) / len(isl)
         load = open(os.path.join(d, "loadavg")).read().split()
-        print(f"| {r['method']} | {link} | {r['final_eval_loss']:.4f} | {r['bytes_sent'] // len(isl):,} | "
-              f"{r['peak_sync_bytes']:,} | {syncs} | {r['wall_s']:.0f} | {100 * util:.0f}% | "
-              f"{load[0]}; {load[3]} |")
+        rate, delay = link_of(link)
+        per_island = r["bytes_sent"] // len(isl)
+        network = syncs * 2 * delay + 8 * per_island / rate
+        print(f"| {r['method']} | {link} | {r['final_eval_loss']:.4f} | {per_island:,} | "
+              f"{r['peak_sync_bytes']:,} | {syncs} | {network:.1f} | {waited:.1f} | {r['wall_s']:.0f} | "
+              f"{100 * util:.0f}% | {load[0]}; {load[3]} |")
 EOF
