@@ -4,6 +4,7 @@
 // inputs (an unknown partition, more nodes than the partition has, a controller that does not answer, no sbatch)
 // are refused before submission, each naming what and where.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <memory>
 #include <set>
+#include <utility>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -164,54 +166,85 @@ TEST_F(SlurmRunTest, SmallManifestFinishesWithTheSameRecordsAsLocally) {
   }
 }
 
-TEST_F(SlurmRunTest, KilledClientStepIsNamedAndTheRecordsStayIntact) {
-  fl::testing::ScratchDir dir("slurm-kill");
+// Starts the manifest with 1000 rounds (about 30 s at least) under fl-experiment run in <dir>/out, its output in
+// <dir>/run.log, and waits until a round is committed while the wifi group's step runs: {job id, that step's id}.
+struct LongRun {
+  absl::StatusOr<fl::sys::Child> child = absl::UnknownError("not started");
+  std::string job;
+  std::string wifi_step;
+};
+LongRun StartLongRun(const fl::testing::ScratchDir& dir) {
   std::ofstream(dir.path() / "m.yaml") << Edit(kManifest, "rounds: 2", "rounds: 1000");
   const fs::path out = dir.path() / "out";
-  absl::StatusOr<fl::sys::Child> run =
-      fl::sys::Child::Spawn(Command({"run", (dir.path() / "m.yaml").string(), "--profiles-dir",
-                                     std::string(FL_EXPERIMENTS_DIR) + "/profiles", "--out", out.string()},
-                                    dir.path() / "run.log"));
-  ASSERT_TRUE(run.ok()) << run.status();
-  // Once a round is committed, the wifi group's step is killed as a lost node would be.
-  std::string step;
-  for (int i = 0; i < 1200 && step.empty(); ++i) {
+  LongRun r;
+  r.child = fl::sys::Child::Spawn(Command({"run", (dir.path() / "m.yaml").string(), "--profiles-dir",
+                                           std::string(FL_EXPERIMENTS_DIR) + "/profiles", "--out", out.string()},
+                                          dir.path() / "run.log"));
+  if (!r.child.ok()) return r;
+  for (int i = 0; i < 1200 && r.wifi_step.empty() && !r.child->exited(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    ASSERT_FALSE(run->exited()) << Slurp(dir.path() / "run.log");
     const std::string job = Slurp(dir.path() / "run.log");
     const size_t at = job.find("submitted Slurm job ");
     if (at == std::string::npos) continue;
     std::istringstream words(job.substr(at + 20));
-    std::string job_id;
-    words >> job_id;
+    words >> r.job;
     absl::StatusOr<std::unique_ptr<RecordReader>> reader = RecordReader::Open((out / "records.db").string());
     if (!reader.ok()) continue;
-    absl::StatusOr<int64_t> rounds = (*reader)->CountRounds(fl::StrCat("slurm-run-slurm-", job_id));
+    absl::StatusOr<int64_t> rounds = (*reader)->CountRounds(fl::StrCat("slurm-run-slurm-", r.job));
     if (!rounds.ok() || *rounds < 1) continue;
-    absl::StatusOr<std::string> steps = fl::sys::RunCommand({"squeue", "-s", "-h", "-j", job_id, "-o", "%i %j"});
-    ASSERT_TRUE(steps.ok()) << steps.status();
+    absl::StatusOr<std::string> steps = fl::sys::RunCommand({"squeue", "-s", "-h", "-j", r.job, "-o", "%i %j"});
+    if (!steps.ok()) continue;
     std::istringstream lines(*steps);
     for (std::string id, name; lines >> id >> name;) {
-      if (name == "clients-wifi") step = id;
+      if (name == "clients-wifi") r.wifi_step = id;
     }
   }
-  ASSERT_FALSE(step.empty()) << "the wifi step never ran with a committed round: " << Slurp(dir.path() / "run.log");
-  ASSERT_TRUE(fl::sys::RunCommand({"scancel", "--signal=KILL", step}).ok());
-  const int code = run->Wait().code;
+  return r;
+}
+
+// The experiment `text` names (its last "experiment <id> ..." line) as the records hold it: status, rounds.
+std::pair<std::string, int64_t> Recorded(const fs::path& db, const std::string& text) {
+  absl::StatusOr<std::unique_ptr<RecordReader>> reader = RecordReader::Open(db.string());
+  if (!reader.ok()) return {std::string(reader.status().message()), 0};
+  absl::StatusOr<instrumentation::ExperimentRecord> e = (*reader)->GetExperiment(ExperimentId(text));
+  if (!e.ok()) return {std::string(e.status().message()), 0};
+  absl::StatusOr<int64_t> rounds = (*reader)->CountRounds(ExperimentId(text));
+  return {std::string(instrumentation::ExperimentStatusName(e->status)), rounds.ok() ? *rounds : 0};
+}
+
+TEST_F(SlurmRunTest, KilledClientStepIsNamedAndTheRecordsStayIntact) {
+  fl::testing::ScratchDir dir("slurm-kill");
+  LongRun run = StartLongRun(dir);
+  ASSERT_TRUE(run.child.ok()) << run.child.status();
+  ASSERT_FALSE(run.wifi_step.empty()) << "the wifi step never ran with a committed round: "
+                                      << Slurp(dir.path() / "run.log");
+  // Killed as a lost node would be.
+  ASSERT_TRUE(fl::sys::RunCommand({"scancel", "--signal=KILL", run.wifi_step}).ok());
+  const int code = run.child->Wait().code;
   const std::string text = Slurp(dir.path() / "run.log");
   EXPECT_EQ(code, 1) << text;
   EXPECT_NE(text.find("step clients-wifi failed"), std::string::npos) << text;
-  const std::string id = ExperimentId(text);
-  absl::StatusOr<std::unique_ptr<RecordReader>> reader = RecordReader::Open((out / "records.db").string());
-  ASSERT_TRUE(reader.ok()) << reader.status();
-  absl::StatusOr<instrumentation::ExperimentRecord> e = (*reader)->GetExperiment(id);
-  ASSERT_TRUE(e.ok()) << e.status() << text;
   // fl-server was stopped, not killed: it recorded the experiment aborted, its committed rounds kept (what
   // fl-server --resume continues from).
-  EXPECT_EQ(instrumentation::ExperimentStatusName(e->status), "aborted") << text;
-  absl::StatusOr<int64_t> rounds = (*reader)->CountRounds(id);
-  ASSERT_TRUE(rounds.ok());
-  EXPECT_GE(*rounds, 1);
+  const auto [status, rounds] = Recorded(dir.path() / "out" / "records.db", text);
+  EXPECT_EQ(status, "aborted") << text;
+  EXPECT_GE(rounds, 1);
+}
+
+// Ctrl-C on fl-experiment cancels the job (scancel): every step stops, the experiment is recorded aborted.
+TEST_F(SlurmRunTest, InterruptCancelsTheJob) {
+  fl::testing::ScratchDir dir("slurm-int");
+  LongRun run = StartLongRun(dir);
+  ASSERT_TRUE(run.child.ok()) << run.child.status();
+  ASSERT_FALSE(run.wifi_step.empty()) << Slurp(dir.path() / "run.log");
+  ASSERT_TRUE(run.child->Signal(SIGINT).ok());
+  const int code = run.child->Wait().code;
+  const std::string text = Slurp(dir.path() / "run.log");
+  EXPECT_EQ(code, 1) << text;
+  EXPECT_NE(text.find(", cancelled)"), std::string::npos) << text;
+  EXPECT_EQ(Recorded(dir.path() / "out" / "records.db", text).first, "aborted") << text;
+  absl::StatusOr<std::string> left = fl::sys::RunCommand({"squeue", "-h", "-t", "R", "-j", run.job});
+  EXPECT_TRUE(!left.ok() || left->empty()) << *left;
 }
 
 TEST_F(SlurmRunTest, BadInputIsRefusedBeforeSubmissionNamingWhatAndWhere) {
