@@ -404,6 +404,14 @@ absl::StatusOr<BatchJob> ExperimentJob(const Manifest& m, const ExperimentJobPat
     job.steps.push_back(std::move(s));
   }
   job.nodes = m.launcher.nodes > 0 ? m.launcher.nodes : nodes_needed;
+  // A one-process group (virtual clients, or count 1) goes to a node of its own choosing, round robin after the
+  // server's: srun would put every such step on the first node with room, all of them beside the server.
+  uint32_t next = 1;
+  for (Step& s : job.steps) {
+    if (s.main || s.tasks != 1 || s.tasks_per_node > 0) continue;
+    s.nodes = 1;
+    s.relative = static_cast<int>(next++ % job.nodes);
+  }
   for (const Step& s : job.steps) {
     if (s.nodes > job.nodes) {
       return absl::InvalidArgumentError(fl::StrCat(m.path, ": clients group ", s.name.substr(8), " runs ", s.tasks,
