@@ -108,13 +108,21 @@ configure() {
 # left at the rate so far: steps differ in cost (a LibTorch file takes a minute, a ccache hit nothing), so it is
 # a rough figure. On a failure, the compiler's messages from the log.
 build() {
-  local target=$1 what=$2 log="${BUILD_DIR}/fl-build.log" began=$SECONDS line ndone total
+  local target=$1 what=$2 log="${BUILD_DIR}/fl-build.log" began=$SECONDS line ndone=0 total st
   local next_pct=10 last_line=$SECONDS
   say "3/${STAGES} building ${what} (cmake --build --preset ${PRESET} --target ${target}; log ${log})"
   : >"$log"
   set +e
   NINJA_STATUS='[%f/%t] ' cmake --build --preset "$PRESET" --target "$target" -j "$(nproc)" 2>&1 |
-    while IFS= read -r line; do
+    while true; do
+      # A line at least every 60 s: a LibTorch file can take minutes with no step finishing.
+      IFS= read -r -t 60 line
+      st=$?
+      if ((st != 0)); then
+        ((st > 128)) || break  # end of the output; > 128: the wait timed out
+        [[ -n ${total:-} ]] && say "    build still at ${ndone}/${total} steps (a LibTorch file takes a minute or more)"
+        continue
+      fi
       printf '%s\n' "$line" >>"$log"
       if [[ "$line" =~ ^\[([0-9]+)/([0-9]+)\]\  ]]; then
         ndone=${BASH_REMATCH[1]}
