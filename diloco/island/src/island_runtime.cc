@@ -190,6 +190,8 @@ class IslandRun {
   absl::Status Setup();
   absl::Status SetupLeader();
   absl::Status InnerStep(uint64_t step);
+  double LearningRate(uint64_t step) const;
+  absl::StatusOr<double> Backward(uint64_t step);
   absl::Status ApplyAt(uint64_t step, size_t fragment, uint64_t* resume_step);
   absl::Status LoadState(const StateSource& source);
   absl::Status RunDataParallel();
@@ -289,13 +291,15 @@ absl::Status IslandRun::Setup() {
   return absl::OkStatus();
 }
 
-absl::Status IslandRun::InnerStep(uint64_t step) {
-  const auto start = Clock::now();
+// The inner learning rate at `step`: a linear warm-up from 0 over warmup_steps.
+double IslandRun::LearningRate(uint64_t step) const {
   const double warm = o_.warmup_steps == 0 ? 1.0 : std::min(1.0, static_cast<double>(step) / o_.warmup_steps);
-  for (auto& group : inner_->param_groups()) {
-    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(o_.inner_lr * warm);
-  }
-  inner_->zero_grad();
+  return o_.inner_lr * warm;
+}
+
+// Forward and backward on this rank's next batch (gradients accumulate into the parameters'); the loss, which
+// must be finite.
+absl::StatusOr<double> IslandRun::Backward(uint64_t step) {
   torch::Tensor loss = task_->NextTrainLoss();
   loss.backward();
   const double loss_value = loss.item<double>();
@@ -303,6 +307,18 @@ absl::Status IslandRun::InnerStep(uint64_t step) {
     return absl::InternalError(
         fl::StrCat("training loss is ", loss_value, " at step ", step, "; lower --inner-lr (now ", o_.inner_lr, ")"));
   }
+  return loss_value;
+}
+
+absl::Status IslandRun::InnerStep(uint64_t step) {
+  const auto start = Clock::now();
+  for (auto& group : inner_->param_groups()) {
+    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(LearningRate(step));
+  }
+  inner_->zero_grad();
+  absl::StatusOr<double> loss = Backward(step);
+  if (!loss.ok()) return loss.status();
+  const double loss_value = *loss;
   if (island_pg_) {
     torch::Tensor g = FlatGrads(params_);
     AllReduceMean(*island_pg_, g, o_.ranks);
@@ -409,18 +425,13 @@ absl::Status IslandRun::RunEveryStep(absl::Status (IslandRun::*step)(uint64_t)) 
 // the result broadcast to the island's ranks, and the same optimizer arithmetic on every rank.
 absl::Status IslandRun::OneBitStep(uint64_t step) {
   const auto start = Clock::now();
-  const double warm = o_.warmup_steps == 0 ? 1.0 : std::min(1.0, static_cast<double>(step) / o_.warmup_steps);
-  const double lr = o_.inner_lr * warm;
+  const double lr = LearningRate(step);
   for (torch::Tensor& p : params_) {
     if (p.grad().defined()) p.mutable_grad().zero_();
   }
-  torch::Tensor loss = task_->NextTrainLoss();
-  loss.backward();
-  const double loss_value = loss.item<double>();
-  if (!std::isfinite(loss_value)) {
-    return absl::InternalError(
-        fl::StrCat("training loss is ", loss_value, " at step ", step, "; lower --inner-lr (now ", o_.inner_lr, ")"));
-  }
+  absl::StatusOr<double> loss = Backward(step);
+  if (!loss.ok()) return loss.status();
+  const double loss_value = *loss;
   torch::Tensor g = FlatGrads(params_).contiguous();
   if (island_pg_) AllReduceMean(*island_pg_, g, o_.ranks);
   torch::Tensor host = torch_device_.is_cpu() ? g : g.to(torch::kCPU);

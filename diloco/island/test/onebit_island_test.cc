@@ -4,30 +4,23 @@
 // run exits 2 naming it.
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "fl/core/str_cat.h"
 #include "fl/diloco/net/ring_allreduce.h"
+#include "fl/testing/run_tool.h"
 #include "fl/testing/scratch_dir.h"
 #include "fl/testing/subprocess.h"
 
 namespace {
 
 using fl::testing::FreeLoopbackPort;
+using fl::testing::ReadAll;
 using fl::testing::ScratchDir;
 using fl::testing::Subprocess;
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 bool Has(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
 
@@ -91,8 +84,8 @@ Pair RunPair(const ScratchDir& dir, const std::vector<std::string>& extra0, cons
   for (size_t i = 0; i < 2; ++i) {
     std::optional<int> rc = procs[i]->Wait(std::chrono::minutes(3));
     pair.rc[i] = rc.has_value() ? *rc : -1;
-    pair.log[i] = ReadFile(dir.File(fl::StrCat("log", i)));
-    pair.summary[i] = nlohmann::json::parse(ReadFile(dir.File(fl::StrCat("s", i, ".json"))), nullptr, false);
+    pair.log[i] = ReadAll(dir.File(fl::StrCat("log", i)));
+    pair.summary[i] = nlohmann::json::parse(ReadAll(dir.File(fl::StrCat("s", i, ".json"))), nullptr, false);
   }
   return pair;
 }
@@ -147,10 +140,10 @@ TEST(OneBitIslandTest, AWarmUpLongerThanTheRunExitsTwoNamingIt) {
   Subprocess proc(Island(0, endpoints, dir.File("s.json"), {"--mode", "onebit-adam", "--onebit-warmup-steps", "30"}),
                   dir.File("log"));
   std::optional<int> rc = proc.Wait(std::chrono::minutes(1));
-  const std::string log = ReadFile(dir.File("log"));
+  const std::string log = ReadAll(dir.File("log"));
   EXPECT_EQ(rc.value_or(-1), 2) << log;
   EXPECT_TRUE(Has(log, "1-bit Adam warm-up of 30 steps is longer than the run (20 steps); use at most 20")) << log;
-  EXPECT_TRUE(ReadFile(dir.File("s.json")).empty()) << "a summary was written although nothing trained";
+  EXPECT_TRUE(ReadAll(dir.File("s.json")).empty()) << "a summary was written although nothing trained";
 }
 
 }  // namespace
