@@ -128,7 +128,7 @@ start_cluster() {
     die "munged did not start; its log: $DIR/log/munged.log"
   wait_for 5 "" test -S "$DIR/munge.socket" || die "munged made no socket $DIR/munge.socket; see $DIR/log/munged.log"
 
-  local ports ctl_port p1 p2 ctl_addr a1 a2
+  local ctl_port p1 p2 ctl_addr a1 a2
   read -r ctl_port p1 p2 <<<"$(free_ports)"
   ctl_addr=127.0.0.1 a1=127.0.0.1 a2=127.0.0.1
   local ns1="" ns2=""
@@ -230,7 +230,7 @@ case "$CMD" in
     for d in munged slurmctld slurmd-n1 slurmd-n2; do
       if pid_alive "$DIR/$d.pid"; then echo "$d: running (pid $(cat "$DIR/$d.pid"))"; else echo "$d: not running"; fi
     done
-    [[ -f "$DIR/slurm.conf" ]] && SLURM_CONF="$DIR/slurm.conf" sinfo -N 2>&1 || true
+    if [[ -f "$DIR/slurm.conf" ]]; then SLURM_CONF="$DIR/slurm.conf" sinfo -N 2>&1 || true; fi
     ;;
   env) print_env ;;
   *) usage ;;

@@ -122,9 +122,10 @@ absl::StatusOr<RunPki> PreparePki(const Manifest& m, const RunOptions& o) {
   if (o.part == RunOptions::Part::kServer || o.part == RunOptions::Part::kClients) {
     // The prepare step made it for the whole run (the same CA on every node, through the shared folder).
     if (absl::Status s = CheckPkiDir(dir.string(), m.client_names()); !s.ok()) {
-      return absl::FailedPreconditionError(fl::StrCat(
-          fl::ToStd(s.message()), " (the run's CA is made by its prepare step, fl-experiment step prepare, in the "
-          "output folder that every node must see)"));
+      return absl::FailedPreconditionError(
+          fl::StrCat(fl::ToStd(s.message()),
+                     " (the run's CA is made by its prepare step, fl-experiment step prepare, in the "
+                     "output folder that every node must see)"));
     }
     r.paths.dir = dir.string();
     return r;
