@@ -120,7 +120,7 @@ build() {
       st=$?
       if ((st != 0)); then
         ((st > 128)) || break  # end of the output; > 128: the wait timed out
-        [[ -n ${total:-} ]] && say "    build still at ${ndone}/${total} steps (a LibTorch file takes a minute or more)"
+        [[ -n ${total:-} ]] && say "    build still at ${ndone}/${total} steps (one file can take minutes: LibTorch code, a large main.cc)"
         continue
       fi
       printf '%s\n' "$line" >>"$log"
