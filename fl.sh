@@ -54,15 +54,16 @@ progress() {
 
 # Stage 1: the Debian packages. install-deps.sh's own lines (what is missing, or that all are there) are shown;
 # apt's output goes to the log, shown as the share of packages downloaded, then set up ("N newly installed" is apt's
-# count, the requested packages and their dependencies).
+# count, the requested packages and their dependencies). Arguments go to install-deps.sh (the test command's
+# --slurm: the local two-node Slurm that the cluster launcher's tests run on).
 install() {
   mkdir -p build
   local log=build/fl-install.log total=0 ngot=0 ndone=0 began=$SECONDS line
   local next_pct=10 last_line=$SECONDS
-  say "1/${STAGES} packages: deploy/install-deps.sh (apt's output in ${log})"
+  say "1/${STAGES} packages: deploy/install-deps.sh $* (apt's output in ${log})"
   : >"$log"
   set +e
-  ./deploy/install-deps.sh 2>&1 | while IFS= read -r line; do
+  ./deploy/install-deps.sh "$@" 2>&1 | while IFS= read -r line; do
     printf '%s\n' "$line" >>"$log"
     case "$line" in
       install-deps:*) say "    ${line#install-deps: }" ;;
@@ -188,7 +189,7 @@ demo() {
 }
 
 run_tests() {
-  install
+  install --slurm
   configure
   build all "everything: programs, tests, benchmarks (what the demo built is reused)"
   say "4/${STAGES} running the test suite (ctest --preset ${PRESET} $*)"
