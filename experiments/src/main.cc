@@ -238,12 +238,14 @@ std::optional<fs::file_time_type> LastLogWrite(const fs::path& out_dir) {
 
 // fl-experiment run --launcher slurm: checks the cluster and the job's shape, writes the batch script to
 // <out>/slurm-job.sh, submits it with sbatch --wait (Ctrl-C cancels the job), then reports as a local run does.
+// `resume_id`: the job continues that experiment (fl-experiment run --resume) instead of starting one.
 int RunOnSlurm(const fl::experiment::Manifest& m, const fs::path& out_dir, const std::string& db,
-               const std::string& bin_dir, const std::string& profiles_dir) {
+               const std::string& bin_dir, const std::string& profiles_dir, const std::string& resume_id = "") {
   namespace slurm = fl::experiment::slurm;
   if (absl::Status s = slurm::CheckSlurm(); !s.ok()) return Fail(s);
   absl::StatusOr<slurm::ExperimentJobPaths> paths = SlurmPaths(m, out_dir, db, bin_dir, profiles_dir);
   if (!paths.ok()) return Fail(paths.status());
+  paths->resume_id = resume_id;
   absl::StatusOr<slurm::BatchJob> job = slurm::ExperimentJob(m, *paths);
   if (!job.ok()) return Fail(job.status());
   absl::StatusOr<std::vector<slurm::PartitionInfo>> partitions = slurm::Partitions();
@@ -267,7 +269,7 @@ int RunOnSlurm(const fl::experiment::Manifest& m, const fs::path& out_dir, const
   });
   if (!r.ok()) return Fail(r.status(), 1);
   const auto returned_at = fs::file_time_type::clock::now();
-  const std::string id = fl::StrCat(m.name, "-slurm-", r->job_id);
+  const std::string id = resume_id.empty() ? fl::StrCat(m.name, "-slurm-", r->job_id) : resume_id;
   // What the job's steps said when they failed (the batch script and the agents write "fl-experiment step ...").
   std::string failures;
   {
@@ -340,6 +342,11 @@ int main(int argc, char** argv) {
   run->add_option(
       "--profiles-dir", run_profiles_dir,
       "Folder with links/ and devices/ profiles (default: the profiles/ folder nearest above the manifest)");
+  bool resume = false;
+  run->add_flag("--resume", resume,
+                "Continue the newest experiment of this manifest in the records (--out's records.db, or --db) after "
+                "its last committed round: fl-server --resume from its checkpoints, its CA, clients started afresh "
+                "(after a node or step failed mid-run; refused for a finished experiment)");
   run->add_flag("--no-records", no_records,
                 "No records database or checkpoints (only to measure what instrumentation costs; no report)");
   std::string launcher;
@@ -379,6 +386,8 @@ int main(int argc, char** argv) {
   step->add_option("--experiment-id", step_id, "The run's experiment id")->required();
   step->add_option("--group", step_group, "clients: the client group this step runs");
   step->add_option("--profiles-dir", run_profiles_dir, "Folder with links/ and devices/ profiles");
+  bool step_resume = false;
+  step->add_flag("--resume", step_resume, "The job continues experiment --experiment-id (fl-experiment run --resume)");
   step->group("");  // hidden from --help
 
   std::string replay_db, replay_id;
@@ -431,9 +440,11 @@ int main(int argc, char** argv) {
       if (!objects.ok()) return Fail(objects.status());
       if (absl::Status s = fl::experiment::WriteKubernetes(*objects, k8s.out_dir); !s.ok()) return Fail(s, 1);
       for (const auto& file : objects->files) std::printf("wrote %s\n", (k8s.out_dir / file.first).c_str());
-      std::printf("certificates: %s\napply with: kubectl apply --server-side -f %s (docs/cluster.md \"Kubernetes, rendered\")\n",
-                  objects->pki_source.empty() ? "none (security.mode insecure)" : objects->pki_source.c_str(),
-                  k8s.out_dir.c_str());
+      std::printf(
+          "certificates: %s\napply with: kubectl apply --server-side -f %s (docs/cluster.md \"Kubernetes, "
+          "rendered\")\n",
+          objects->pki_source.empty() ? "none (security.mode insecure)" : objects->pki_source.c_str(),
+          k8s.out_dir.c_str());
       return 0;
     }
     if (kind != "slurm") {
@@ -460,6 +471,7 @@ int main(int argc, char** argv) {
     o.out_dir = out_dir;
     o.db_path = db_path;
     o.experiment_id = step_id;
+    o.resume = step_resume;
     FindBinaries(bin_dir, &o);
     o.interrupted = &g_interrupted;
     o.software_version = FL_VERSION;
@@ -478,7 +490,16 @@ int main(int argc, char** argv) {
     o.out_dir = out_dir.empty() ? *default_out : fs::path(out_dir);
     o.db_path = db_path.empty() ? (o.out_dir / "records.db").string() : db_path;
     const std::string kind = launcher.empty() ? m->launcher.kind : launcher;
-    if (kind == "slurm") return RunOnSlurm(*m, o.out_dir, o.db_path, bin_dir, run_profiles_dir);
+    if (resume) {
+      if (no_records) return Fail(absl::InvalidArgumentError("--resume needs the records: drop --no-records"));
+      absl::StatusOr<std::string> id = fl::experiment::ExperimentToResume(o.db_path, m->name);
+      if (!id.ok()) return Fail(id.status());
+      o.experiment_id = *id;
+      o.resume = true;
+      std::printf("resuming experiment %s from %s\n", id->c_str(), o.db_path.c_str());
+      std::fflush(stdout);
+    }
+    if (kind == "slurm") return RunOnSlurm(*m, o.out_dir, o.db_path, bin_dir, run_profiles_dir, o.experiment_id);
     if (kind != "local") {
       return Fail(absl::InvalidArgumentError(fl::StrCat(m->path, ": launcher.kind ", kind,
                                                         " is rendered, not run: fl-experiment render --launcher ", kind,

@@ -119,6 +119,16 @@ absl::StatusOr<RunPki> PreparePki(const Manifest& m, const RunOptions& o) {
   std::error_code ec;
   // Absolute: the clients are started through `ip netns exec` too, and the paths are in their logs.
   const fs::path dir = fs::absolute(o.out_dir / "pki", ec).lexically_normal();
+  if (o.resume && (o.part == RunOptions::Part::kAll || o.part == RunOptions::Part::kPrepare)) {
+    // The resumed experiment's clients keep their certificates: the CA the first run made, not a new one.
+    if (absl::Status s = CheckPkiDir(dir.string(), m.client_names()); !s.ok()) {
+      return absl::FailedPreconditionError(fl::StrCat(
+          "--resume: ", fl::ToStd(s.message()),
+          " (a resumed run uses the CA its first run made in its output folder: resume with the same --out)"));
+    }
+    r.paths.dir = dir.string();
+    return r;
+  }
   if (o.part == RunOptions::Part::kServer || o.part == RunOptions::Part::kClients) {
     // The prepare step made it for the whole run (the same CA on every node, through the shared folder).
     if (absl::Status s = CheckPkiDir(dir.string(), m.client_names()); !s.ok()) {
@@ -148,6 +158,7 @@ std::vector<std::string> ServerArgs(const Manifest& m, const RunOptions& o, cons
       "--experiment-name",   m.name,     "--log-level", "warn"};
   for (std::string& arg : ServerSettingArgs(m)) a.push_back(std::move(arg));
   if (!o.no_records) a.insert(a.end(), {"--db", o.db_path, "--checkpoint-dir", (o.out_dir / "checkpoints").string()});
+  if (o.resume) a.push_back("--resume");
   if (!m.server.metrics_addr.empty()) a.insert(a.end(), {"--metrics-addr", m.server.metrics_addr});
   if (tls.enabled()) {
     a.insert(a.end(), {"--tls-cert", tls.paths.Cert(pki::Kind::kServer, "server"), "--tls-key",
@@ -456,7 +467,20 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
   result.backend = *backend;
   result.security = tls->enabled() ? "mtls" : "insecure";
   result.pki_dir = tls->paths.dir;
-  if (!o.no_records && (o.part == Part::kAll || o.part == Part::kPrepare)) {
+  if (o.resume && (o.no_records || o.experiment_id.empty())) {
+    return absl::InvalidArgumentError("--resume needs the records and the experiment's id (ExperimentToResume)");
+  }
+  if (o.resume && (o.part == Part::kAll || o.part == Part::kPrepare)) {
+    // Refused before anything starts: an experiment fl-server never recorded, or one that finished.
+    absl::StatusOr<std::pair<std::string, std::string>> st = ExperimentStatus(o.db_path, result.experiment_id);
+    if (!st.ok()) return absl::NotFoundError(fl::StrCat("--resume: ", fl::ToStd(st.status().message())));
+    if (st->first == "finished") {
+      return absl::FailedPreconditionError(
+          fl::StrCat("--resume: experiment ", result.experiment_id, " in ", o.db_path, " finished; nothing to resume"));
+    }
+  }
+  // A resumed experiment keeps the manifest record of its first run.
+  if (!o.no_records && !o.resume && (o.part == Part::kAll || o.part == Part::kPrepare)) {
     if (absl::Status s = WriteManifestRecord(o.db_path, m, result.experiment_id, *backend, o); !s.ok()) return s;
   }
 
@@ -749,6 +773,27 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
     result.reason = fl::StrCat("fl-server exited with ", server_code);
   }
   return result;
+}
+
+absl::StatusOr<std::string> ExperimentToResume(const std::string& db_path, const std::string& name) {
+  std::error_code ec;
+  if (!fs::exists(db_path, ec)) {
+    return absl::NotFoundError(
+        fl::StrCat("--resume: no records database at ", db_path, " (resume with the first run's --out, or its --db)"));
+  }
+  absl::StatusOr<std::unique_ptr<instrumentation::RecordReader>> reader = instrumentation::RecordReader::Open(db_path);
+  if (!reader.ok()) return reader.status();
+  absl::StatusOr<std::vector<instrumentation::ExperimentRecord>> all = (*reader)->ListExperiments();
+  if (!all.ok()) return all.status();
+  for (auto it = all->rbegin(); it != all->rend(); ++it) {
+    if (it->name != name) continue;
+    if (it->status == instrumentation::ExperimentStatus::kFinished) {
+      return absl::FailedPreconditionError(fl::StrCat("--resume: the newest experiment named ", name, " in ", db_path,
+                                                      ", ", it->id, ", finished; nothing to resume"));
+    }
+    return it->id;
+  }
+  return absl::NotFoundError(fl::StrCat("--resume: no experiment named ", name, " in ", db_path));
 }
 
 absl::StatusOr<RecordedManifest> ReadRecordedManifest(const std::string& db_path, const std::string& experiment_id) {

@@ -368,8 +368,10 @@ absl::StatusOr<BatchJob> ExperimentJob(const Manifest& m, const ExperimentJobPat
                    {"MANIFEST", p.manifest.string()},
                    {"OUT", p.out_dir.string()},
                    {"DB", p.db_path},
-                   {"ID", fl::StrCat("${FL_EXPERIMENT_ID:-", m.name, "-slurm-${SLURM_JOB_ID}}")}};
+                   {"ID", p.resume_id.empty() ? fl::StrCat("${FL_EXPERIMENT_ID:-", m.name, "-slurm-${SLURM_JOB_ID}}")
+                                              : p.resume_id}};
   std::vector<std::string> common = {"--out", "$OUT", "--db", "$DB", "--experiment-id", "$ID"};
+  if (!p.resume_id.empty()) common.push_back("--resume");
   if (!p.bin_dir.empty()) common.insert(common.end(), {"--bin-dir", p.bin_dir.string()});
   if (!p.profiles_dir.empty()) common.insert(common.end(), {"--profiles-dir", p.profiles_dir.string()});
   auto agent = [&](const std::string& part) {

@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <functional>
@@ -503,6 +504,69 @@ TEST_F(RunnerTest, InterruptStopsEverythingAndRecordsAborted) {
   auto exp = reader->GetExperiment(r->experiment_id);
   ASSERT_TRUE(exp.ok()) << exp.status();
   EXPECT_EQ(instrumentation::ExperimentStatusName(exp->status), "aborted");  // the server closed its records
+  EXPECT_EQ(ProcessesMentioning(dir_.path()), 0);
+}
+
+// fl-experiment run --resume: an experiment stopped after a committed round (as a failed node or step leaves
+// it) continues from its checkpoint to its last round under the same id, with the first run's CA and manifest
+// record; a finished one is refused, and so is a records database that does not exist.
+TEST_F(RunnerTest, ResumeContinuesAnAbortedExperimentToItsLastRound) {
+  // 12 rounds, stopped once round 1 committed: the ticks come every ~100 ms, so the first run ends with about
+  // ten of its rounds left (each round trains three clients).
+  Manifest m;
+  ASSERT_NO_FATAL_FAILURE(LoadOk(Edit(kManifest, "rounds: 2", "rounds: 12"), &m));
+  const std::string db = dir_.File("records.db");
+  auto committed_rounds = [&](const std::string& id) {
+    std::vector<int64_t> rounds;
+    absl::StatusOr<std::unique_ptr<RecordReader>> reader = RecordReader::Open(db);
+    if (!reader.ok()) return rounds;
+    auto listed = (*reader)->ListRounds(id);
+    if (!listed.ok()) return rounds;
+    for (const auto& r : *listed) {
+      if (r.status == instrumentation::RoundStatus::kCommitted) rounds.push_back(r.round);
+    }
+    return rounds;
+  };
+  std::atomic<bool> interrupted{false};
+  RunOptions first = Options("run");
+  first.interrupted = &interrupted;
+  first.on_tick = [&](const std::string& id) {
+    if (!committed_rounds(id).empty()) interrupted = true;
+  };
+  absl::StatusOr<RunResult> r1 = RunExperiment(m, first);
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  ASSERT_EQ(r1->status, "aborted") << r1->reason;
+  const size_t before = committed_rounds(r1->experiment_id).size();
+  ASSERT_GE(before, 1u);
+  ASSERT_LT(before, 12u);
+  const std::string ca_before = ReadText(dir_.File("run/pki/ca/ca.crt"));
+
+  absl::StatusOr<std::string> id = ExperimentToResume(db, "runner-test");
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(*id, r1->experiment_id);
+  RunOptions again = Options("run");
+  again.resume = true;
+  again.experiment_id = *id;
+  RunResult r2;
+  ASSERT_NO_FATAL_FAILURE(RunFinished(m, again, &r2));
+  EXPECT_EQ(r2.experiment_id, r1->experiment_id);
+  EXPECT_EQ(ReadText(dir_.File("run/pki/ca/ca.crt")), ca_before);  // the first run's CA, not a new one
+  std::vector<int64_t> rounds = committed_rounds(r2.experiment_id);
+  std::sort(rounds.begin(), rounds.end());
+  std::vector<int64_t> expected(12);
+  for (int64_t i = 0; i < 12; ++i) expected[i] = i + 1;
+  EXPECT_EQ(rounds, expected);  // every round committed once: the resumed run went on after the first's last
+  absl::StatusOr<RecordedManifest> rec = ReadRecordedManifest(db, r2.experiment_id);
+  ASSERT_TRUE(rec.ok()) << rec.status();  // the first run's manifest record stands
+
+  absl::StatusOr<std::string> done = ExperimentToResume(db, "runner-test");
+  EXPECT_EQ(done.status().code(), absl::StatusCode::kFailedPrecondition) << done.status();
+  EXPECT_NE(done.status().message().find("finished"), std::string_view::npos) << done.status();
+  absl::StatusOr<RunResult> r3 = RunExperiment(m, again);
+  EXPECT_EQ(r3.status().code(), absl::StatusCode::kFailedPrecondition) << r3.status();
+  absl::StatusOr<std::string> none = ExperimentToResume(dir_.File("nothing.db"), "runner-test");
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(none.status().message().find("nothing.db"), std::string_view::npos) << none.status();
   EXPECT_EQ(ProcessesMentioning(dir_.path()), 0);
 }
 

@@ -65,7 +65,8 @@ ExperimentJobPaths FixedPaths() {
           .out_dir = "/shared/out/slurm-small",
           .db_path = "/shared/out/slurm-small/records.db",
           .bin_dir = "/opt/fl/bin",
-          .profiles_dir = ""};
+          .profiles_dir = "",
+          .resume_id = ""};
 }
 
 TEST(SlurmLauncherTest, LauncherBlockIsReadWithItsDefaults) {
@@ -125,6 +126,29 @@ TEST(SlurmLauncherTest, BatchScriptMatchesItsGoldenFile) {
   std::stringstream want;
   want << in.rdbuf();
   EXPECT_EQ(script, want.str()) << "rewrite it with FL_UPDATE_GOLDEN=1 if the change is meant";
+}
+
+// fl-experiment run --resume through Slurm: the job carries the resumed experiment's id, not a new one, and every
+// step (prepare, server, clients) runs with --resume.
+TEST(SlurmLauncherTest, AResumedJobKeepsTheExperimentIdAndResumesEveryStep) {
+  absl::StatusOr<Manifest> m = Parse(kSmall);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ExperimentJobPaths paths = FixedPaths();
+  paths.resume_id = "slurm-small-slurm-41";
+  absl::StatusOr<BatchJob> job = ExperimentJob(*m, paths);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string script = RenderBatchScript(*job);
+  EXPECT_NE(script.find("\nID=slurm-small-slurm-41\n"), std::string::npos) << script;
+  EXPECT_EQ(script.find("FL_EXPERIMENT_ID"), std::string::npos) << script;
+  size_t agents = 0, resumed = 0;
+  std::istringstream lines(script);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("\"$FL_EXPERIMENT\" step ") == std::string::npos) continue;
+    ++agents;
+    if (line.find(" --resume") != std::string::npos) ++resumed;
+  }
+  EXPECT_EQ(agents, 4u);  // prepare, server, clients-wifi, clients-cell
+  EXPECT_EQ(resumed, agents);
 }
 
 TEST(SlurmLauncherTest, VirtualClientGroupIsOneTask) {

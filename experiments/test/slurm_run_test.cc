@@ -16,6 +16,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "fl/core/str_cat.h"
 #include "fl/instrumentation/record_reader.h"
@@ -166,15 +167,21 @@ TEST_F(SlurmRunTest, SmallManifestFinishesWithTheSameRecordsAsLocally) {
   }
 }
 
-// Starts the manifest with 1000 rounds (about 30 s at least) under fl-experiment run in <dir>/out, its output in
-// <dir>/run.log, and waits until a round is committed while the wifi group's step runs: {job id, that step's id}.
+// The manifest with 12 rounds of a 2 s training (about 25 s at least): long enough to outlast a kill after round 1,
+// short enough to resume to its end.
+std::string LongManifest() {
+  return Edit(Edit(kManifest, "rounds: 2", "rounds: 12"), "synthetic:20000:30", "synthetic:20000:2000");
+}
+
+// Starts LongManifest() under fl-experiment run in <dir>/out, its output in <dir>/run.log, and waits until a round
+// is committed while the wifi group's step runs: {job id, that step's id}.
 struct LongRun {
   absl::StatusOr<fl::sys::Child> child = absl::UnknownError("not started");
   std::string job;
   std::string wifi_step;
 };
 LongRun StartLongRun(const fl::testing::ScratchDir& dir) {
-  std::ofstream(dir.path() / "m.yaml") << Edit(kManifest, "rounds: 2", "rounds: 1000");
+  std::ofstream(dir.path() / "m.yaml") << LongManifest();
   const fs::path out = dir.path() / "out";
   LongRun r;
   r.child = fl::sys::Child::Spawn(Command({"run", (dir.path() / "m.yaml").string(), "--profiles-dir",
@@ -229,6 +236,29 @@ TEST_F(SlurmRunTest, KilledClientStepIsNamedAndTheRecordsStayIntact) {
   const auto [status, rounds] = Recorded(dir.path() / "out" / "records.db", text);
   EXPECT_EQ(status, "aborted") << text;
   EXPECT_GE(rounds, 1);
+
+  // fl-experiment run --resume through Slurm continues it to its last round: the same experiment, each of its 12
+  // rounds committed once (the resumed job started after the last committed one).
+  const RunOutput resumed =
+      Experiment({"run", (dir.path() / "m.yaml").string(), "--profiles-dir",
+                  std::string(FL_EXPERIMENTS_DIR) + "/profiles", "--out", (dir.path() / "out").string(), "--resume"},
+                 dir.path() / "resume.log");
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_EQ(ExperimentId(resumed.out), ExperimentId(text)) << resumed.out;
+  EXPECT_NE(resumed.out.find("resuming experiment " + ExperimentId(text)), std::string::npos) << resumed.out;
+  EXPECT_EQ(Recorded(dir.path() / "out" / "records.db", resumed.out).first, "finished") << resumed.out;
+  absl::StatusOr<std::unique_ptr<RecordReader>> reader =
+      RecordReader::Open((dir.path() / "out" / "records.db").string());
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  absl::StatusOr<std::vector<instrumentation::RoundRecord>> all = (*reader)->ListRounds(ExperimentId(text));
+  ASSERT_TRUE(all.ok()) << all.status();
+  std::vector<int64_t> committed;
+  for (const instrumentation::RoundRecord& r : *all) {
+    if (r.status == instrumentation::RoundStatus::kCommitted) committed.push_back(r.round);
+  }
+  std::vector<int64_t> expected;
+  for (int64_t round = 1; round <= 12; ++round) expected.push_back(round);
+  EXPECT_EQ(committed, expected);  // ListRounds: by (round, attempt)
 }
 
 // Ctrl-C on fl-experiment cancels the job (scancel): every step stops, the experiment is recorded aborted.

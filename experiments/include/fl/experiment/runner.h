@@ -48,6 +48,11 @@ struct RunOptions {
   Part part = Part::kAll;
   std::string server_addr;          // kClients: host:port of fl-server
   std::vector<uint32_t> processes;  // kClients
+  // Continue experiment `experiment_id` (ExperimentToResume) after its last committed round instead of starting
+  // one: fl-server --resume with the same records database and <out_dir>/checkpoints, the run's CA as it was in
+  // <out_dir>/pki, no new manifest record; the clients start afresh (a node or step that failed mid-run,
+  // docs/cluster.md). Errors, before anything starts, for an experiment that is not in the records or finished.
+  bool resume = false;
 };
 
 // How a client process emulates its device (docs/manifests.md "Device emulation", issue 30 item 3).
@@ -145,6 +150,11 @@ struct RecordedManifest {
   std::string software_version;
 };
 absl::StatusOr<RecordedManifest> ReadRecordedManifest(const std::string& db_path, const std::string& experiment_id);
+
+// The experiment `fl-experiment run --resume` continues: the newest one named `name` in the records at `db_path`.
+// NotFound naming the database and the name when there is none; FailedPrecondition when it finished (nothing to
+// resume), naming it.
+absl::StatusOr<std::string> ExperimentToResume(const std::string& db_path, const std::string& name);
 
 // How a replay's outcomes compare with the original's: per-round accuracy and loss side by side, and the
 // distributions (median, p90, max) of round, train, uplink and downlink time. Text for the terminal.

@@ -120,11 +120,13 @@ struct ExperimentJobPaths {
   std::string db_path;                  // absolute
   std::filesystem::path bin_dir;        // fl-server, fl-client (absolute); "" = where fl-experiment finds them
   std::filesystem::path profiles_dir;   // "" = the manifest's default
+  std::string resume_id;                // "" = a new experiment; else the job continues it (run --resume)
 };
 
 // The batch job of `manifest` (launcher.partition/time/nodes/sbatch_args; a step per client group with
 // processes_per_node): prologue `fl-experiment step prepare`, the server step on node 0, the client steps.
-// The experiment id is <name>-slurm-$SLURM_JOB_ID unless FL_EXPERIMENT_ID is set when the job runs. Errors for
+// The experiment id is <name>-slurm-$SLURM_JOB_ID unless FL_EXPERIMENT_ID is set when the job runs; with
+// paths.resume_id it is that experiment's, and every step runs with --resume. Errors for
 // a manifest that cannot run on Slurm (emulation.backend packet: its clients must share the server's machine).
 absl::StatusOr<BatchJob> ExperimentJob(const Manifest& manifest, const ExperimentJobPaths& paths);
 
