@@ -107,10 +107,10 @@ absl::StatusOr<training::EvalResult> GatedTrainer::Evaluate(std::span<const floa
   }
 }
 
-std::vector<std::string> InstanceNames(const std::string& base, uint32_t count) {
+std::vector<std::string> InstanceNames(const std::string& base, uint32_t count, uint32_t offset) {
   std::vector<std::string> names;
   names.reserve(count);
-  for (uint32_t i = 0; i < count; ++i) names.push_back(fl::StrCat(base, "-", i));
+  for (uint32_t i = 0; i < count; ++i) names.push_back(fl::StrCat(base, "-", offset + i));
   return names;
 }
 

@@ -200,6 +200,7 @@ int ApplyMemoryCheck(const fl::client::MemoryEstimate& estimate, const MemoryChe
 // What --instances adds to one client's flags.
 struct InstanceFlags {
   uint32_t count = 1;
+  uint32_t offset = 0;                    // the first instance's number in NAME-<k> (--instance-offset)
   uint32_t train_concurrency = 0;         // 0: the cores
   std::string tls_cert_dir;               // NAME-i.crt / NAME-i.key per instance
   double secagg_drop_fraction = 0;        // --secagg-drop-after-shares: the first ceil(F x N) instances drop
@@ -214,7 +215,7 @@ int RunInstances(const fl::client::ClientOptions& options, const ModelFlags& mod
                  const MemoryCheckFlags& memory, sigset_t signals) {
   const uint32_t n = flags.count;
   const std::string base = options.client_name;
-  const std::vector<std::string> names = fl::client::InstanceNames(base, n);
+  const std::vector<std::string> names = fl::client::InstanceNames(base, n, flags.offset);
   auto servers = fl::client::InstanceServers(options.server_address, n);
   if (!servers.ok()) {
     std::cerr << "fl-client: " << servers.status().message() << "\n";
@@ -516,6 +517,10 @@ int main(int argc, char** argv) {
                  "(--name is NAME), shards --client-index..--client-index+N-1, each its own session; they share "
                  "the LibTorch runtime and --train-concurrency trainings at a time (docs/testbed.md)")
       ->check(CLI::Range(1u, 1u << 20));
+  app.add_option("--instance-offset", instances.offset,
+                 "With --instances: name the instances NAME-K..NAME-(K+N-1) instead of from 0 (one group's virtual "
+                 "clients split over several processes; their shards still start at --client-index)")
+      ->check(CLI::Range(0u, 1u << 20));
   app.add_option("--train-concurrency", instances.train_concurrency,
                  "With --instances: at most this many instances train or evaluate at once; 0: the cores")
       ->capture_default_str();
@@ -674,6 +679,12 @@ int main(int argc, char** argv) {
     std::cerr << "fl-client: --instances=" << instances.count << " from --client-index=" << model.client_index
               << " needs shards up to " << uint64_t{model.client_index} + instances.count - 1
               << ", beyond --num-clients=" << model.num_clients << "\n";
+    return 2;
+  }
+
+  if (app.count("--instance-offset") > 0 && !virtual_clients) {
+    std::cerr << "fl-client: --instance-offset=" << instances.offset
+              << " needs --instances (it numbers the instances)\n";
     return 2;
   }
 

@@ -79,6 +79,8 @@ TEST(GatedTrainerTest, AnExceptionBecomesAnErrorNamingTheInstanceAndReleasesTheG
 
 TEST(InstancesTest, NamesFollowTheGroupConvention) {
   EXPECT_EQ(InstanceNames("wifi", 3), (std::vector<std::string>{"wifi-0", "wifi-1", "wifi-2"}));
+  // A group split over processes (fl-client --instance-offset): the second process of two-instance ones.
+  EXPECT_EQ(InstanceNames("wifi", 2, 2), (std::vector<std::string>{"wifi-2", "wifi-3"}));
 }
 
 // --secagg-drop-after-shares: 10% and 30% of 50 are 5 and 15 instances (not 16: 0.3 x 50 exceeds 15 in doubles).

@@ -436,6 +436,14 @@ absl::StatusOr<K8sRendering> RenderKubernetes(const Manifest& m, const K8sRender
     devices.push_back(*d);
   }
   for (const ClientGroup& g : m.clients) {
+    // An Indexed Job's pods share one template: a split group's last process may hold fewer instances, and its
+    // offset would need a second variable in the pod script.
+    if (m.emulation.virtual_clients && g.instances_per_process > 0 && g.instances_per_process < g.count) {
+      return absl::InvalidArgumentError(fl::StrCat(
+          m.path, ": clients group ", g.name, ": instances_per_process ", g.instances_per_process, " of ", g.count,
+          " clients is not rendered for Kubernetes yet (one Indexed Job pod per process of equal shape); drop it "
+          "(one pod for the group) or use emulation.virtual_clients: false (a pod per client)"));
+    }
     if (g.HasSchedule() && !m.emulation.virtual_clients) {
       return absl::InvalidArgumentError(
           fl::StrCat(m.path, ": clients group ", g.name,

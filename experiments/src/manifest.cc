@@ -534,6 +534,7 @@ config::FieldTable<ClientGroup> GroupFields(const Where& where) {
                           {.min = 0, .max = 1, .max_exclusive = true})
           .NewInRecords(),
       config::IntField("processes_per_node", &G::processes_per_node, 0, kMaxManifestClients).NewInRecords(),
+      config::IntField("instances_per_process", &G::instances_per_process, 0, kMaxManifestClients).NewInRecords(),
       config::RecordField("link_name", &G::link_name),
   };
 }
@@ -551,6 +552,15 @@ absl::Status ReadClients(const Where& where, const YamlMap& m, const std::string
     g.device = HostDevice();
     g.link_kind = "ethernet";  // without a link
     FL_RETURN_IF_ERROR(fields.Read(entry, g));
+    // A split group's processes would each count their own first ceil(F x n) instances as the dropping ones, not
+    // the group's first ceil(F x count) clients.
+    if (g.instances_per_process > 0 && g.instances_per_process < g.count && g.secagg_drop_after_shares > 0) {
+      return entry.Error(
+          entry.Node("instances_per_process"), "instances_per_process",
+          fl::StrCat("group ", g.name, " splits its ", g.count, " clients over processes of ", g.instances_per_process,
+                     " while secagg_drop_after_shares picks the group's first clients to drop"),
+          "drop instances_per_process (one process for the group), or secagg_drop_after_shares");
+    }
     if (!names.insert(g.name).second) {
       return entry.Error(entry.Node("name"), "name", fl::StrCat("group name \"", g.name, "\" is used twice"));
     }

@@ -264,6 +264,7 @@ std::vector<std::string> ClientProcessArgs(const Manifest& m, const ClientProces
   if (!g.link_name.empty()) a.insert(a.end(), {"--link-profile", g.link_name});
   if (!g.device.device_class.empty()) a.insert(a.end(), {"--device-class", g.device.device_class});
   if (c.instances > 0) a.insert(a.end(), {"--instances", std::to_string(c.instances)});
+  if (c.instances > 0 && c.group_offset > 0) a.insert(a.end(), {"--instance-offset", std::to_string(c.group_offset)});
   if (c.instances > 0 && g.secagg_drop_after_shares > 0) {
     a.insert(a.end(), {"--secagg-drop-after-shares", Fmt(g.secagg_drop_after_shares)});
   } else if (c.secagg_drop) {
@@ -299,13 +300,20 @@ std::vector<ClientProcess> PlanClientProcesses(const Manifest& m, const std::str
   for (const ClientGroup& g : m.clients) {
     const DeviceEmulation& device = devices[&g - m.clients.data()];
     if (RunsAsVirtualClients(m, g, backend)) {
-      out.push_back({.name = fl::StrCat(g.name, "-instances"),
-                     .group = &g,
-                     .index = index,
-                     .group_offset = 0,
-                     .instances = g.count,
-                     .secagg_drop = false,
-                     .device = device});
+      // instances_per_process splits the group: process k runs clients k*n .. k*n+n-1 (fl-client
+      // --instance-offset), shards from their own global index; one process keeps the name <group>-instances.
+      const uint32_t per = g.instances_per_process == 0 ? g.count : std::min(g.instances_per_process, g.count);
+      const bool split = per < g.count;
+      for (uint32_t first = 0; first < g.count; first += per) {
+        out.push_back(
+            {.name = split ? fl::StrCat(g.name, "-instances-", first / per) : fl::StrCat(g.name, "-instances"),
+             .group = &g,
+             .index = index + first,
+             .group_offset = first,
+             .instances = std::min(per, g.count - first),
+             .secagg_drop = false,
+             .device = device});
+      }
       index += g.count;
       continue;
     }
@@ -590,7 +598,7 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
                                                                fl::ToStd(link.status().message())));
         }
         addr = fl::StrCat(addr, addr.empty() ? "" : ",", pc.ns->host_ip(*link), ":", server_port);
-        pc.clients.push_back(p.instances > 0 ? fl::StrCat(p.group->name, "-", i) : p.name);
+        pc.clients.push_back(p.instances > 0 ? fl::StrCat(p.group->name, "-", p.group_offset + i) : p.name);
       }
       if (absl::Status s = pc.ns->Start(); !s.ok()) return s;
       packet_ns = pc.ns.get();
@@ -606,7 +614,7 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
                                             .uplink = p.group->link->uplink,
                                             .downlink = p.group->link->downlink,
                                             .seed = seed + i,
-                                            .name = fl::StrCat(p.group->name, "-", i)});
+                                            .name = fl::StrCat(p.group->name, "-", p.group_offset + i)});
         if (!relay.ok()) return relay.status();
         addr = fl::StrCat(addr, addr.empty() ? "" : ",", (*relay)->address());
         relays.push_back(std::move(*relay));
@@ -698,8 +706,9 @@ absl::StatusOr<RunResult> RunExperiment(const Manifest& m, const RunOptions& o) 
     if (e->code != 0 && plan != plans.end() && !plan->leaving) {
       const fs::path log = o.out_dir / fl::StrCat(e->name, ".log");
       const std::string who = plan->instances > 0
-                                  ? fl::StrCat("clients ", plan->group->name, "-0..", plan->instances - 1,
-                                               " (fl-client --instances ", plan->instances, ", ", e->name, ")")
+                                  ? fl::StrCat("clients ", plan->group->name, "-", plan->group_offset, "..",
+                                               plan->group_offset + plan->instances - 1, " (fl-client --instances ",
+                                               plan->instances, ", ", e->name, ")")
                                   : fl::StrCat("client ", e->name);
       // Virtual clients: the log's end names the instances that failed.
       failure = fl::StrCat(who, " failed (exit ", e->code, "); its log (", log.string(), ") ends:", Tail(log, 10));

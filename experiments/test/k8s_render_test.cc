@@ -362,6 +362,11 @@ TEST(K8sRenderTest, RefusesWhatItCannotExpress) {
       "clients: [{name: c, count: 2, device: rpi4}]\n",
       tmp.path());
   EXPECT_NE(s.message().find("emulation.devices is cpu-quota, but training.threads is 0"), std::string::npos) << s;
+
+  s = RenderText(fl::StrCat(kSmall, "clients: [{name: c, count: 3, instances_per_process: 2}]\n"), tmp.path());
+  EXPECT_NE(s.message().find("instances_per_process 2 of 3 clients is not rendered for Kubernetes yet"),
+            std::string::npos)
+      << s;
   EXPECT_FALSE(fs::exists(tmp.path() / "pki")) << "refused after making a CA";
 }
 

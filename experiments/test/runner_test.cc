@@ -399,6 +399,52 @@ TEST_F(RunnerTest, AGroupRunsAsOneProcessOfVirtualClientsUnderTheirOwnNames) {
   EXPECT_EQ(ProcessesMentioning(dir_.path()), 0);
 }
 
+// clients[].instances_per_process splits a group of virtual clients: 5 clients at 2 per process are processes of
+// 2, 2 and 1 (wifi-instances-0..2), named wifi-0..wifi-4 as one process would name them, each process's fl-client
+// told its first instance's number; the plan gives each process its own first shard and offset.
+TEST_F(RunnerTest, InstancesPerProcessSplitsAGroupKeepingItsNames) {
+  const std::string text = WifiGroup("count: 5\n    instances_per_process: 2", 6);
+  Manifest m;
+  ASSERT_NO_FATAL_FAILURE(LoadOk(text, &m));
+  const std::vector<ClientProcess> plan =
+      PlanClientProcesses(m, "userspace", std::vector<DeviceEmulation>(m.clients.size()));
+  ASSERT_EQ(plan.size(), 4u);  // three wifi processes and cell-0
+  for (uint32_t k = 0; k < 3; ++k) {
+    EXPECT_EQ(plan[k].name, fl::StrCat("wifi-instances-", k));
+    EXPECT_EQ(plan[k].group_offset, 2 * k);
+    EXPECT_EQ(plan[k].index, 2 * k);  // wifi is the first group: its clients hold shards 0..4
+    EXPECT_EQ(plan[k].instances, k < 2 ? 2u : 1u);
+  }
+  const std::vector<std::string> args = ClientProcessArgs(m, plan[1], "fl-client", "127.0.0.1:1", "", false);
+  const auto flag = [&](const std::string& name) {
+    auto it = std::find(args.begin(), args.end(), name);
+    return it == args.end() || it + 1 == args.end() ? std::string("(none)") : *(it + 1);
+  };
+  EXPECT_EQ(flag("--instance-offset"), "2");
+  EXPECT_EQ(flag("--client-index"), "2");
+  EXPECT_EQ(flag("--instances"), "2");
+  EXPECT_EQ(flag("--name"), "wifi");
+
+  RunResult r;
+  ASSERT_NO_FATAL_FAILURE(LoadAndRunFinished(text, "run", &r));
+  for (const char* log : {"run/wifi-instances-0.log", "run/wifi-instances-1.log", "run/wifi-instances-2.log"}) {
+    EXPECT_TRUE(fs::exists(dir_.File(log))) << log;
+  }
+  std::unique_ptr<RecordReader> reader;
+  std::vector<instrumentation::ClientRecord> clients;
+  ASSERT_NO_FATAL_FAILURE(OpenRecords(r.experiment_id, &reader, &clients));
+  std::set<std::string> names;
+  for (const auto& c : clients) names.insert(c.client_name);
+  EXPECT_EQ(names, (std::set<std::string>{"wifi-0", "wifi-1", "wifi-2", "wifi-3", "wifi-4", "cell-0"}));
+  EXPECT_EQ(ProcessesMentioning(dir_.path()), 0);
+
+  // SecAgg's planned dropouts pick the group's first clients: a split group would pick each process's.
+  absl::StatusOr<Manifest> refused =
+      Load(WifiGroup("count: 5\n    instances_per_process: 2\n    secagg_drop_after_shares: 0.2", 6));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("instances_per_process"), std::string_view::npos) << refused.status();
+}
+
 // availability.period_s/online: the group's instances follow a diurnal schedule seeded by the manifest's seed
 // (fl-client --availability); without virtual clients the run is refused before anything starts.
 TEST_F(RunnerTest, ADiurnalGroupRunsAsVirtualClientsAndIsRefusedWithoutThem) {

@@ -159,6 +159,15 @@ TEST(SlurmLauncherTest, VirtualClientGroupIsOneTask) {
   ASSERT_EQ(groups->size(), 2u);
   EXPECT_EQ((*groups)[0].count, 1u);  // wifi-0..1 in one fl-client --instances 2
   EXPECT_EQ((*groups)[1].first, 1u);
+
+  // instances_per_process 1 splits wifi into two one-instance processes: two tasks of its step, one per node.
+  absl::StatusOr<Manifest> split = Parse(Replace(Replace(kSmall, "virtual_clients: false", "virtual_clients: true"),
+                                                 "count: 2", "count: 2\n    instances_per_process: 1"));
+  ASSERT_TRUE(split.ok()) << split.status();
+  groups = ClientGroupProcesses(*split);
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  EXPECT_EQ((*groups)[0].count, 2u);
+  EXPECT_EQ((*groups)[1].first, 2u);
 }
 
 TEST(SlurmLauncherTest, MoreProcessesThanTheAllocationHoldsAreRefused) {

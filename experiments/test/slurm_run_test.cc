@@ -167,6 +167,27 @@ TEST_F(SlurmRunTest, SmallManifestFinishesWithTheSameRecordsAsLocally) {
   }
 }
 
+// A group of virtual clients split by instances_per_process: its two one-instance processes are the two tasks of
+// its step, one per node, and the records are those of the same manifest run locally (clients wifi-0, wifi-1).
+TEST_F(SlurmRunTest, ASplitGroupOfVirtualClientsSpreadsOverTheNodes) {
+  fl::testing::ScratchDir dir("slurm-split");
+  const std::string text = Edit(Edit(kManifest, "virtual_clients: false", "virtual_clients: true"), "count: 2",
+                                "count: 2\n    instances_per_process: 1");
+  const RunOutput local = RunManifest(dir, text, "local", "local");
+  ASSERT_EQ(local.code, 0) << local.out;
+  const RunOutput slurm = RunManifest(dir, text, "slurm", "slurm");
+  ASSERT_EQ(slurm.code, 0) << slurm.out;
+  const std::string want = Structure(dir.path() / "local" / "records.db", ExperimentId(local.out));
+  EXPECT_NE(want.find("wifi-1"), std::string::npos) << want;
+  EXPECT_EQ(Structure(dir.path() / "slurm" / "records.db", ExperimentId(slurm.out)), want);
+  for (const char* f : {"wifi-instances-0.log", "wifi-instances-1.log"}) {
+    EXPECT_TRUE(fs::exists(dir.path() / "slurm" / f)) << f;
+  }
+  EXPECT_NE(Slurp(dir.path() / "slurm" / "slurm-job.sh").find("--job-name=clients-wifi --ntasks=2 --nodes=2"),
+            std::string::npos)
+      << Slurp(dir.path() / "slurm" / "slurm-job.sh");
+}
+
 // The manifest with 12 rounds of a 2 s training (about 25 s at least): long enough to outlast a kill after round 1,
 // short enough to resume to its end.
 std::string LongManifest() {

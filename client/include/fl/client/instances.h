@@ -63,9 +63,9 @@ class GatedTrainer final : public training::Trainer {
   TrainGate* gate_;
 };
 
-// The names of `count` instances named after `base`: base-0 .. base-(count-1), as fl-experiment names the clients
-// of a group.
-std::vector<std::string> InstanceNames(const std::string& base, uint32_t count);
+// The names of `count` instances named after `base`: base-<offset> .. base-<offset+count-1>, as fl-experiment names
+// the clients of a group (`offset` > 0: a group split over several processes, clients[].instances_per_process).
+std::vector<std::string> InstanceNames(const std::string& base, uint32_t count, uint32_t offset = 0);
 
 // How many of `count` instances drop out of every secure round after sending their shares (fl-client
 // --secagg-drop-after-shares FRACTION, a test hook for issue 29's dropout measurements): ceil(fraction x count),

@@ -66,6 +66,9 @@ struct ClientGroup {
   // On a cluster (launcher.kind slurm): at most this many of the group's fl-client processes on one node (srun
   // --ntasks-per-node); 0 = as the scheduler packs them. A group of virtual clients is one process.
   uint32_t processes_per_node = 0;
+  // Virtual clients: at most this many of the group's clients in one fl-client --instances process, so that a
+  // large group becomes several processes (spread over a cluster's nodes, processes_per_node); 0 = one process.
+  uint32_t instances_per_process = 0;
   // Whether the group's clients come and go on a schedule (diurnal or trace), which needs virtual clients.
   bool HasSchedule() const { return period_s > 0 || !availability_trace.empty(); }
 
