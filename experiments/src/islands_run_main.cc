@@ -23,22 +23,6 @@ std::string Absolute(const std::string& path) {
   return path.empty() ? path : std::filesystem::absolute(path).lexically_normal().string();
 }
 
-// --advertise node: this step's node's address as Slurm knows it (NodeAddr); refused when it is a loopback address
-// while the job spans other nodes, whose processes would dial themselves.
-absl::StatusOr<std::string> NodeAdvertise(const std::string& step) {
-  const char* node = std::getenv("SLURMD_NODENAME");
-  absl::StatusOr<std::string> address = fl::experiment::slurm::NodeAddress(node == nullptr ? "" : node);
-  if (!address.ok()) return address.status();
-  const char* job_nodes = std::getenv("SLURM_JOB_NUM_NODES");
-  if (job_nodes != nullptr && std::atoi(job_nodes) > 1 && fl::experiment::IsLoopbackHost(*address)) {
-    return absl::InvalidArgumentError(fl::StrCat(
-        step, " on node ", node, " advertises ", *address, ", a loopback address (its NodeAddr), but the job spans ",
-        job_nodes, " nodes whose processes would dial themselves; give ", node,
-        " an address they reach (the node's NodeAddr in slurm.conf), or run the job on one node"));
-  }
-  return address;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -107,7 +91,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (paths.advertise == "node") {
-    absl::StatusOr<std::string> address = NodeAdvertise(paths.step.empty() ? "fl-islands-run" : paths.step);
+    absl::StatusOr<std::string> address =
+        fl::experiment::slurm::ReachableNodeAddress(paths.step.empty() ? "fl-islands-run" : paths.step);
     if (!address.ok()) {
       std::cerr << "fl-islands-run: " << address.status().message() << "\n";
       return 2;

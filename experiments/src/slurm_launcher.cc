@@ -14,6 +14,7 @@
 
 #include "absl/strings/numbers.h"
 #include "fl/core/str_cat.h"
+#include "fl/experiment/islands_addresses.h"
 #include "fl/sys/process.h"
 
 namespace fl::experiment::slurm {
@@ -131,6 +132,12 @@ while ((${#STEP[@]} > 0)); do
   unset "STEP[$pid]"
   if [[ "$name" == "$MAIN" ]]; then
     [[ -n "$failed" ]] || status=$rc
+    if ((rc != 0)) && [[ -z "$failed" ]]; then
+      # The main step failed (fl-server, or its step refused to start): the others would wait for it.
+      failed="$name"
+      echo "fl-experiment: step $name failed (exit $rc); stopping the others" >&2
+      ((${#STEP[@]} == 0)) || scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null
+    fi
   elif ((rc != 0)) && [[ -z "$failed" ]]; then
     failed="$name"
     status=1
@@ -425,6 +432,20 @@ absl::StatusOr<BatchJob> ExperimentJob(const Manifest& m, const ExperimentJobPat
   return job;
 }
 
+absl::StatusOr<std::string> ReachableNodeAddress(const std::string& who) {
+  const char* node = std::getenv("SLURMD_NODENAME");
+  absl::StatusOr<std::string> address = NodeAddress(node == nullptr ? "" : node);
+  if (!address.ok()) return address.status();
+  const char* job_nodes = std::getenv("SLURM_JOB_NUM_NODES");
+  if (job_nodes != nullptr && std::atoi(job_nodes) > 1 && IsLoopbackHost(*address)) {
+    return absl::InvalidArgumentError(fl::StrCat(
+        who, " on node ", node, " advertises ", *address, ", a loopback address (its NodeAddr), but the job spans ",
+        job_nodes, " nodes whose processes would dial themselves; give ", node,
+        " an address they reach (the node's NodeAddr in slurm.conf), or run the job on one node"));
+  }
+  return address;
+}
+
 int RunStep(const std::string& part, const Manifest& m, const std::string& group, RunOptions o) {
   auto fail = [&](std::string_view what) {
     std::fprintf(stderr, "fl-experiment step %s%s%s: %s\n", part.c_str(), group.empty() ? "" : " ", group.c_str(),
@@ -445,7 +466,8 @@ int RunStep(const std::string& part, const Manifest& m, const std::string& group
   if (!rank.ok()) return fail(fl::ToStd(rank.status().message()));
   if (part == "server") {
     o.part = RunOptions::Part::kServer;
-    absl::StatusOr<std::string> addr = NodeAddress(rank->node);
+    // fl-server's address for the client steps on the other nodes: never a loopback one across nodes.
+    absl::StatusOr<std::string> addr = ReachableNodeAddress("the server step");
     if (!addr.ok()) return fail(fl::ToStd(addr.status().message()));
     {
       std::ofstream out(host_file);

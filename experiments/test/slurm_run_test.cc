@@ -93,7 +93,10 @@ RunOutput Experiment(const std::vector<std::string>& args, const fs::path& log, 
 class SlurmRunTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    cluster_ = fl::testing::LocalSlurm::Start(std::string(FL_SOURCE_DIR) + "/tools/local-slurm.sh").release();
+    // Two "sites": each node in its own network namespace with its own address, as nodes of a real cluster are
+    // (on one host without --sites every NodeAddr is 127.0.0.1, which the server step refuses across nodes).
+    cluster_ =
+        fl::testing::LocalSlurm::Start(std::string(FL_SOURCE_DIR) + "/tools/local-slurm.sh", /*sites=*/true).release();
   }
   static void TearDownTestSuite() {
     delete cluster_;
@@ -325,6 +328,31 @@ TEST_F(SlurmRunTest, BadInputIsRefusedBeforeSubmissionNamingWhatAndWhere) {
   r = RunManifest(dir, kManifest, "slurm", "d", {"PATH=/nonexistent"});
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("no Slurm on this machine: sbatch is not installed"), std::string::npos) << r.out;
+}
+
+// On a cluster whose nodes' NodeAddr is loopback (one host, no --sites), a job over two nodes would have the client
+// steps dial themselves: the server step refuses, naming itself, its node and the address; fl-experiment names the
+// failed step.
+TEST(SlurmLoopbackTest, AServerStepAdvertisingLoopbackAcrossNodesIsRefused) {
+  std::unique_ptr<fl::testing::LocalSlurm> cluster =
+      fl::testing::LocalSlurm::Start(std::string(FL_SOURCE_DIR) + "/tools/local-slurm.sh", /*sites=*/false);
+  ASSERT_TRUE(cluster->started().ok()) << cluster->started();
+  fl::testing::ScratchDir dir("slurm-loopback");
+  std::ofstream(dir.path() / "m.yaml") << kManifest;  // wifi: 2 processes at 1 per node, so 2 nodes
+  const RunOutput r =
+      Experiment({"run", (dir.path() / "m.yaml").string(), "--launcher", "slurm", "--profiles-dir",
+                  std::string(FL_EXPERIMENTS_DIR) + "/profiles", "--out", (dir.path() / "out").string()},
+                 dir.path() / "run.log");
+  EXPECT_NE(r.code, 0) << r.out;
+  const std::string job_out = [&] {
+    std::string all = r.out;
+    for (const auto& e : fs::directory_iterator(dir.path() / "out")) {
+      if (e.path().filename().string().starts_with("slurm-") && e.path().extension() == ".out") all += Slurp(e.path());
+    }
+    return all;
+  }();
+  EXPECT_NE(job_out.find("the server step on node n1 advertises 127.0.0.1, a loopback address"), std::string::npos)
+      << job_out;
 }
 
 }  // namespace

@@ -111,6 +111,11 @@ absl::StatusOr<StepRank> StepRankFromEnv();
 // Never a loopback address unless the node's NodeAddr is one (every node on one host).
 absl::StatusOr<std::string> NodeAddress(const std::string& node);
 
+// This step's node's address for the job's other nodes to dial (NodeAddress of SLURMD_NODENAME), refused, naming
+// `who` (e.g. "the server step", "island-1") and the node, when it is a loopback address while the job spans
+// several nodes (SLURM_JOB_NUM_NODES > 1): the processes there would dial themselves.
+absl::StatusOr<std::string> ReachableNodeAddress(const std::string& who);
+
 // ---- experiments ----
 
 struct ExperimentJobPaths {
