@@ -119,23 +119,17 @@ absl::StatusOr<RunPki> PreparePki(const Manifest& m, const RunOptions& o) {
   std::error_code ec;
   // Absolute: the clients are started through `ip netns exec` too, and the paths are in their logs.
   const fs::path dir = fs::absolute(o.out_dir / "pki", ec).lexically_normal();
-  if (o.resume && (o.part == RunOptions::Part::kAll || o.part == RunOptions::Part::kPrepare)) {
-    // The resumed experiment's clients keep their certificates: the CA the first run made, not a new one.
+  // The CA exists already: a server or clients step's (the prepare step made it for the whole run, on the folder
+  // every node sees), or a resumed run's (its clients keep the certificates the first run gave them).
+  const bool step = o.part == RunOptions::Part::kServer || o.part == RunOptions::Part::kClients;
+  if (step || o.resume) {
     if (absl::Status s = CheckPkiDir(dir.string(), m.client_names()); !s.ok()) {
       return absl::FailedPreconditionError(fl::StrCat(
-          "--resume: ", fl::ToStd(s.message()),
-          " (a resumed run uses the CA its first run made in its output folder: resume with the same --out)"));
-    }
-    r.paths.dir = dir.string();
-    return r;
-  }
-  if (o.part == RunOptions::Part::kServer || o.part == RunOptions::Part::kClients) {
-    // The prepare step made it for the whole run (the same CA on every node, through the shared folder).
-    if (absl::Status s = CheckPkiDir(dir.string(), m.client_names()); !s.ok()) {
-      return absl::FailedPreconditionError(
-          fl::StrCat(fl::ToStd(s.message()),
-                     " (the run's CA is made by its prepare step, fl-experiment step prepare, in the "
-                     "output folder that every node must see)"));
+          o.resume && !step ? "--resume: " : "", fl::ToStd(s.message()),
+          o.resume && !step
+              ? " (a resumed run uses the CA its first run made in its output folder: resume with the same --out)"
+              : " (the run's CA is made by its prepare step, fl-experiment step prepare, in the output folder that "
+                "every node must see)"));
     }
     r.paths.dir = dir.string();
     return r;
