@@ -94,11 +94,14 @@ install() {
   fi
 }
 
+# Arguments go to cmake: the demo's -DFL_BUILD_TESTS=OFF -DFL_BUILD_BENCH=OFF (its install has no googletest or
+# Google Benchmark); the test command's none, so the preset's ON applies again in the same build dir and every
+# object the demo built is reused (the options change which targets exist, not how any object is compiled).
 configure() {
   local log="${BUILD_DIR}/fl-configure.log"
   mkdir -p "$BUILD_DIR"
-  say "2/${STAGES} configuring ${BUILD_DIR} (cmake --preset ${PRESET}; log ${log})"
-  if ! cmake --preset "$PRESET" >"$log" 2>&1; then
+  say "2/${STAGES} configuring ${BUILD_DIR} (cmake --preset ${PRESET}${*:+ $*}; log ${log})"
+  if ! cmake --preset "$PRESET" "$@" >"$log" 2>&1; then
     say "configuring failed; the end of ${log}:"
     tail -n 30 "$log"
     exit 1
@@ -179,8 +182,9 @@ quickstart() {
 }
 
 demo() {
-  install
-  configure
+  # Only the demo's packages (deploy/install-deps.sh --demo): no test framework, browser or Python LibTorch.
+  install --demo
+  configure -DFL_BUILD_TESTS=OFF -DFL_BUILD_BENCH=OFF
   build fl_demo "fl_demo: fl-experiment, fl-server, fl-client and their libraries"
   # The main job: the quickstart experiment (fl-server + 4 fl-client processes, FedAvg on Fashion-MNIST,
   # each client behind an emulated Ethernet link), from its manifest; over mutual TLS with a throwaway CA made for

@@ -5,38 +5,56 @@
 # amd64 and arm64 (Raspberry Pi OS 64-bit is Debian 12 arm64); anything else is refused with a clear
 # message, because the package names and versions below are those of Debian 12.
 #
-# Usage: deploy/install-deps.sh [--check] [--slurm]
+# Usage: deploy/install-deps.sh [--check] [--demo] [--slurm]
 #   --check: report what is missing, install nothing
+#   --demo:  only what `./fl.sh demo` needs (DEMO_PACKAGES: building the programs and running the quickstart), not
+#            the tests' and tools' packages (TEST_PACKAGES); without it, both
 #   --slurm: also Slurm and munge (slurmctld, slurmd, slurm-client, munge) for tools/local-slurm.sh, the local
 #            two-node cluster that `fl-experiment run --launcher slurm` is tested on (docs/cluster.md); opt-in so
 #            that the normal install does not grow
 set -euo pipefail
 
-PACKAGES=(
+# What `./fl.sh demo` needs (--demo): the build of the programs and their libraries (CMake configures every module,
+# so every library a module finds at configure time is here, zmq included) and what the quickstart reads.
+DEMO_PACKAGES=(
   # toolchain
   g++ cmake ninja-build ccache pkgconf make git ca-certificates
-  # Debian packages of the testbed (cpack: dpkg-shlibdeps computes their Depends)
-  dpkg-dev
   # control plane: gRPC + protobuf (+ abseil, which gRPC already pulls in)
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   # certificates (fl-provision links libssl; the openssl tool inspects what it issued)
   libssl-dev openssl
-  # island data plane
+  # island data plane (configured with every module; compiled only by the test command)
   libzmq3-dev cppzmq-dev
   # privacy and secure aggregation: ChaCha20 noise, X25519, XChaCha20-Poly1305 (fl-server, fl-privacy, secagg)
   libsodium-dev
   # records and metrics
-  libsqlite3-dev sqlite3 prometheus-cpp-dev
+  libsqlite3-dev prometheus-cpp-dev
   # wire transfers' checksum (XXH3)
   libxxhash-dev
   # training
-  libtorch-dev libgloo-dev   # gloo: the headers of LibTorch's c10d ProcessGroupGloo (island ranks)
+  libtorch-dev
   # LibTorch's matrix products (nn.Linear, nn.GRU) go to the system BLAS, which is the reference BLAS unless an
   # optimised one is installed: OpenBLAS (its OpenMP build follows LibTorch's thread count) trains a GRU language
   # model 10x and a CNN with a large nn.Linear 1.6x faster (docs/performance.md, "TorchScript models")
   libopenblas0-openmp
   # configuration, CLI, logging, JSON
   libyaml-cpp-dev libcli11-dev libspdlog-dev nlohmann-json3-dev
+  # real data: Fashion-MNIST images
+  dataset-fashion-mnist
+  # link emulation (ip netns, tc)
+  iproute2
+)
+
+# What the rest of the build (tests, benchmarks, the island runtime, the .deb packages), the tests and the tools
+# need on top: the default (no --demo) installs both lists. Kept out of the demo's install because a newcomer's first
+# run should not wait for a browser and a Python LibTorch (issue 32: the demo's install is part of its ten minutes).
+TEST_PACKAGES=(
+  # Debian packages of the testbed (cpack: dpkg-shlibdeps computes their Depends)
+  dpkg-dev
+  # the island runtime: gloo, the headers of LibTorch's c10d ProcessGroupGloo (island ranks)
+  libgloo-dev
+  # records inspected by tests and scripts
+  sqlite3
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev prometheus
   # tools/k8s_schema_check.py: rendered Kubernetes objects against the official client's models (test-only)
@@ -47,10 +65,8 @@ PACKAGES=(
   curl python3
   # bring-your-own-model examples and tests: export TorchScript models, write .npz datasets
   python3-torch python3-numpy
-  # real data: Fashion-MNIST images, human text for the small language model
-  dataset-fashion-mnist fortunes-min
-  # link emulation (ip netns, tc)
-  iproute2
+  # human text for the small language model (islands, examples)
+  fortunes-min
 )
 
 SLURM_PACKAGES=(slurmctld slurmd slurm-client munge)
@@ -85,14 +101,18 @@ missing_packages() {
 }
 
 main() {
-  local check=0 arg
+  local check=0 demo=0 slurm=0 arg
   for arg in "$@"; do
     case "$arg" in
       --check) check=1 ;;
-      --slurm) PACKAGES+=("${SLURM_PACKAGES[@]}") ;;
-      *) die "unknown argument '$arg': use --check and/or --slurm" ;;
+      --demo) demo=1 ;;
+      --slurm) slurm=1 ;;
+      *) die "unknown argument '$arg': use --check, --demo and/or --slurm" ;;
     esac
   done
+  PACKAGES=("${DEMO_PACKAGES[@]}")
+  [[ "$demo" -eq 1 ]] || PACKAGES+=("${TEST_PACKAGES[@]}")
+  [[ "$slurm" -eq 0 ]] || PACKAGES+=("${SLURM_PACKAGES[@]}")
   [[ "${FL_SKIP_PLATFORM_CHECK:-0}" == "1" ]] || check_platform
   command -v dpkg-query >/dev/null || die "dpkg-query not found: this script needs a Debian system"
 
