@@ -34,6 +34,7 @@ eta() {
   local ndone=$1 total=$2 spent=$3 left
   ((ndone > 0 && spent >= 5 && ndone < total)) || return 0
   left=$(((total - ndone) * spent / ndone))
+  ((left > 0)) || return 0
   if ((left >= 90)); then
     printf ', about %d min left' $(((left + 30) / 60))
   else
@@ -53,12 +54,13 @@ progress() {
 }
 
 # Stage 1: the Debian packages. install-deps.sh's own lines (what is missing, or that all are there) are shown;
-# apt's output goes to the log, shown as the share of packages downloaded, then set up ("N newly installed" is apt's
-# count, the requested packages and their dependencies). Arguments go to install-deps.sh (the test command's
+# apt's output goes to the log, shown as how much apt fetches, then the share of packages unpacked and then set up
+# ("N newly installed" is apt's count, the requested packages and their dependencies), each phase with its own rate
+# for the time left. Arguments go to install-deps.sh (the demo's --demo: only its packages; the test command's
 # --slurm: the local two-node Slurm that the cluster launcher's tests run on).
 install() {
   mkdir -p build
-  local log=build/fl-install.log total=0 ngot=0 ndone=0 began=$SECONDS line
+  local log=build/fl-install.log total=0 nunpacked=0 ndone=0 setting_up=0 began=$SECONDS line
   local next_pct=10 last_line=$SECONDS
   say "1/${STAGES} packages: deploy/install-deps.sh $* (apt's output in ${log})"
   : >"$log"
@@ -73,16 +75,23 @@ install() {
         total="${total%% newly installed*}"
         [[ "$total" =~ ^[0-9]+$ ]] || total=0
         say "    apt installs ${total} package(s), dependencies included" ;;
-      Get:[0-9]*)
-        ngot=$((ngot + 1))
-        ((total > 0 && ngot <= total)) && progress "downloaded" "$ngot" "$total" "$began" ;;
-      "Setting up "*)
-        if ((ndone == 0)); then  # the downloads are done: the shares and the rate start again
-          next_pct=10
-          began=$SECONDS
+      "Need to get "*) say "    apt downloads ${line#Need to get }" ;;
+      "Fetched "*) say "    apt f${line#F}" ;;
+      "Unpacking "*)
+        if ((nunpacked == 0)); then  # a new phase: its shares and its rate start again
+          next_pct=10 began=$SECONDS last_line=$SECONDS
         fi
+        nunpacked=$((nunpacked + 1))
+        ((total > 0 && nunpacked <= total)) && progress "unpacked" "$nunpacked" "$total" "$began" ;;
+      "Setting up "*)
+        # dpkg sets a few packages up between unpacks (what later ones need): their phase starts, for the lines and
+        # the rate, once every package is unpacked.
         ndone=$((ndone + 1))
-        ((total > 0)) && progress "set up" "$ndone" "$total" "$began" ;;
+        ((total > 0 && nunpacked >= total)) || continue
+        if ((setting_up == 0)); then
+          setting_up=1 next_pct=10 began=$SECONDS last_line=$SECONDS
+        fi
+        ((ndone <= total)) && progress "set up" "$ndone" "$total" "$began" ;;
     esac
   done
   local rc=${PIPESTATUS[0]}
