@@ -49,8 +49,9 @@ DEMO_PACKAGES=(
 # need on top: the default (no --demo) installs both lists. Kept out of the demo's install because a newcomer's first
 # run should not wait for a browser and a Python LibTorch (issue 32: the demo's install is part of its ten minutes).
 TEST_PACKAGES=(
-  # Debian packages of the testbed (cpack: dpkg-shlibdeps computes their Depends)
-  dpkg-dev
+  # Debian packages of the testbed (cpack: dpkg-shlibdeps computes their Depends; CPack's deb generator refuses
+  # to run without the file utility, which a minimal Debian 12 does not have)
+  dpkg-dev file
   # the island runtime: gloo, the headers of LibTorch's c10d ProcessGroupGloo (island ranks)
   libgloo-dev
   # records inspected by tests and scripts
