@@ -16,6 +16,7 @@
 # Each run also reports the fl-client processes' peak resident memory (GNU time's %M): the largest and the sum.
 #
 # Usage: bench/quickstart_first_round.sh [BUILD_DIR] [REPS]   (defaults: build/release, 1)
+# ALLOCS="keep" runs only the shipped allocator setting (default: "default keep")
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 BUILD_DIR="$(readlink -f "${1:-build/release}")"
@@ -77,6 +78,6 @@ run() {  # run MODE(virtual|processes) ALLOC(keep|default) REP
 echo "quickstart first round: $CORES cores, $REPS repetition(s); rounds in s (fl-server round_time_s)"
 for rep in $(seq "$REPS"); do
   for mode in virtual processes; do
-    for alloc in default keep; do run "$mode" "$alloc" "$rep"; done
+    for alloc in ${ALLOCS:-default keep}; do run "$mode" "$alloc" "$rep"; done
   done
 done
