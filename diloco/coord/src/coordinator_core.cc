@@ -257,6 +257,15 @@ absl::Status CoordinatorOptions::Validate() const {
     return bad("--connections-per-peer", schedule.connections_per_peer, "must be in [1, 16]");
   }
   if (schedule.exchange_timeout_ms == 0) return bad("--exchange-timeout-ms", 0, "must be positive");
+  if (schedule.sync_mode != "diloco" && schedule.sync_mode != "onebit-adam") {
+    return bad("--sync-mode", schedule.sync_mode, "use diloco or onebit-adam");
+  }
+  if (schedule.sync_mode == "onebit-adam" && (schedule.num_fragments != 1 || schedule.overlap_steps != 0)) {
+    return bad("--fragments", schedule.num_fragments,
+               fl::StrCat("onebit-adam exchanges every step: its sync is a membership window of --inner-steps steps, "
+                          "with one fragment and no overlap (--fragments 1 --overlap-steps 0; --overlap-steps is ",
+                          schedule.overlap_steps, ")"));
+  }
   if (min_islands < 1) return bad("--min-islands", min_islands, "must be at least 1");
   if (max_islands < min_islands) return bad("--max-islands", max_islands, "must be at least --min-islands");
   if (heartbeat_interval_ms == 0) return bad("--heartbeat-interval-ms", 0, "must be positive");

@@ -100,7 +100,12 @@ int Run(int argc, char** argv) {
   app.add_option("--metrics-addr", metrics_addr, "Serve Prometheus metrics on /metrics here; empty: off");
   app.add_option("--experiment-name", o.experiment_name, "Name recorded with the experiment")->capture_default_str();
   app.add_option("--experiment-id", o.experiment_id, "Experiment id (default: generated)");
-  app.add_option("--inner-steps", s.inner_steps, "H: inner steps between two syncs of a fragment")
+  app.add_option("--sync-mode", s.sync_mode,
+                 "How the islands sync: diloco, or onebit-adam (one sync = a membership window of --inner-steps "
+                 "steps); an island of the other mode is refused at Join")
+      ->capture_default_str();
+  app.add_option("--inner-steps", s.inner_steps,
+                 "H: inner steps between two syncs of a fragment (onebit-adam: steps per membership window)")
       ->capture_default_str();
   app.add_option("--fragments", s.num_fragments, "P: fragments (1 = DiLoCo; > 1 = Streaming DiLoCo; divides H)")
       ->capture_default_str();

@@ -20,6 +20,7 @@ inline fl::v1::IslandSchedule ToProto(const IslandSchedule& s) {
   p.set_total_outer_steps(s.total_outer_steps);
   p.set_exchange_timeout_ms(s.exchange_timeout_ms);
   for (const auto& [k, v] : s.options) (*p.mutable_options())[k] = v;
+  p.set_sync_mode(s.sync_mode);
   return p;
 }
 
@@ -37,6 +38,7 @@ inline IslandSchedule FromProto(const fl::v1::IslandSchedule& p) {
   s.total_outer_steps = p.total_outer_steps();
   s.exchange_timeout_ms = p.exchange_timeout_ms();
   for (const auto& [k, v] : p.options()) s.options[k] = v;
+  s.sync_mode = p.sync_mode().empty() ? "diloco" : p.sync_mode();  // a coordinator from before the field
   return s;
 }
 
@@ -52,6 +54,7 @@ inline fl::v1::IslandJoinRequest ToProto(const IslandJoinRequest& r) {
   p.set_software_version(r.software_version);
   p.set_device_class(r.device_class);
   p.set_accelerator(r.accelerator);
+  p.set_sync_mode(r.sync_mode);
   return p;
 }
 
@@ -66,6 +69,7 @@ inline IslandJoinRequest FromProto(const fl::v1::IslandJoinRequest& p) {
   r.software_version = p.software_version();
   r.device_class = p.device_class();
   r.accelerator = p.accelerator();
+  r.sync_mode = p.sync_mode().empty() ? "diloco" : p.sync_mode();  // an fl-island from before the field
   return r;
 }
 

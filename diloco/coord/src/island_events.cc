@@ -245,6 +245,16 @@ void Coordinator::Core::OnJoin(JoinEvent& e) {
     return refuse(grpc::StatusCode::INVALID_ARGUMENT, fl::v1::ERROR_CODE_MALFORMED, "num_ranks is 0", "num_ranks",
                   "an island has at least one rank");
   }
+  // An island that syncs otherwise would fail the ring's first exchange (the ring's hello checks the modes too);
+  // here it is refused before it is admitted, and the coordinator names both modes.
+  if (const std::string mode = req.sync_mode().empty() ? "diloco" : req.sync_mode(); mode != opt_.schedule.sync_mode) {
+    return refuse(grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_ADMISSION_REFUSED,
+                  fl::StrCat("island '", req.island_id(), "' syncs with mode '", mode,
+                             "' but this coordinator's islands sync with '", opt_.schedule.sync_mode, "'"),
+                  "sync_mode",
+                  fl::StrCat("start every island with fl-island --mode ", opt_.schedule.sync_mode,
+                             ", or a coordinator with --sync-mode ", mode, " for them"));
+  }
   if (fingerprint_.has_value() && *fingerprint_ != req.model_fingerprint()) {
     return refuse(grpc::StatusCode::FAILED_PRECONDITION, fl::v1::ERROR_CODE_FINGERPRINT_MISMATCH,
                   fl::StrCat("island '", req.island_id(), "' trains a model with fingerprint ",

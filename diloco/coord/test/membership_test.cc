@@ -1,6 +1,6 @@
 // Membership of the islands coordinator over real loopback gRPC: admission, ring order, islands that drop
 // (session closed, heartbeats stopped), failed exchanges retried without the vanished island, and the
-// fingerprint check. Islands are threads using the public CoordinatorClient API.
+// fingerprint and sync-mode checks. Islands are threads using the public CoordinatorClient API.
 #include <gtest/gtest.h>
 
 #include "coord_test_util.h"
@@ -243,6 +243,35 @@ TEST(MembershipTest, FingerprintMismatchIsRefusedNamingBothFingerprints) {
   EXPECT_NE(message.find("00000000deadbeef"), std::string::npos) << message;
   EXPECT_NE(message.find("1234abcd5678ef90"), std::string::npos) << message;
   EXPECT_EQ(h.coordinator().Snapshot().members, std::vector<std::string>{"a"});
+}
+
+// Islands are admitted in the coordinator's sync mode only (issue 33): a 1-bit Adam island at a DiLoCo coordinator
+// and a DiLoCo island at a 1-bit Adam one are refused naming both modes; the schedule says the mode.
+TEST(MembershipTest, AnIslandOfAnotherSyncModeIsRefusedNamingBothModes) {
+  for (const std::string coordinator_mode : {"diloco", "onebit-adam"}) {
+    const std::string other = coordinator_mode == "diloco" ? "onebit-adam" : "diloco";
+    CoordinatorOptions o = TestOptions();
+    o.schedule.sync_mode = coordinator_mode;
+    CoordinatorHarness h(o);
+    SimIsland a("a"), b("b");
+    IslandJoinRequest wrong = b.Request();
+    wrong.sync_mode = other;
+    auto refused = b.client->Connect(h.address(), wrong);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+    const std::string message(refused.status().message());
+    EXPECT_NE(message.find(fl::StrCat("island 'b' syncs with mode '", other,
+                                      "' but this coordinator's islands sync with '", coordinator_mode, "'")),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find(fl::StrCat("--sync-mode ", other)), std::string::npos) << message;
+    IslandJoinRequest right = a.Request();
+    right.sync_mode = coordinator_mode;
+    auto admitted = a.client->Connect(h.address(), right);
+    ASSERT_TRUE(admitted.ok()) << admitted.status();
+    EXPECT_EQ(admitted->schedule.sync_mode, coordinator_mode);
+    EXPECT_EQ(h.coordinator().Snapshot().members, std::vector<std::string>{"a"});
+  }
 }
 
 TEST(MembershipTest, ConfiguredFingerprintRefusesEvenTheFirstIsland) {

@@ -5,6 +5,7 @@
 
 #include "fl/core/codec.h"
 #include "fl/core/str_cat.h"
+#include "fl/diloco/island/onebit_membership.h"
 #include "fl/pki/pki.h"
 
 namespace fl::diloco {
@@ -152,6 +153,7 @@ void Exchanger::ResetRing() {
   fl::MutexLock lock(mu_);
   ring_.reset();
   ring_fingerprint_ = 0;
+  window_.reset();
 }
 
 ExchangeOutcome Exchanger::RunExchange(SyncKey key, std::vector<float> values) {
@@ -166,7 +168,12 @@ ExchangeOutcome Exchanger::RunExchange(SyncKey key, std::vector<float> values) {
   for (;;) {
     ++out.attempts;
     SyncPlan plan;
-    if (client_ == nullptr) {
+    uint64_t exchange_id = 0;
+    if (window_.has_value()) {
+      // A window's exchange: its ring is fixed; a failure ends the window (reported by the caller).
+      plan = *window_;
+      exchange_id = (plan.epoch << kWindowExchangeBits) + ++window_exchanges_;
+    } else if (client_ == nullptr) {
       plan.key = key;
       plan.epoch = ++static_exchange_id_;
       plan.members = config_.static_peers;
@@ -182,6 +189,7 @@ ExchangeOutcome Exchanger::RunExchange(SyncKey key, std::vector<float> values) {
       }
       plan = std::move(*begun);
     }
+    if (exchange_id == 0) exchange_id = plan.exchange_id();
     // The ring members BIND their endpoint: this leader binds its own configured endpoint whatever address
     // the others know it by.
     absl::Status s = EnsureRing(plan.members, plan.self_index);
@@ -191,7 +199,7 @@ ExchangeOutcome Exchanger::RunExchange(SyncKey key, std::vector<float> values) {
     std::vector<float> result;
     if (s.ok()) {
       result.resize(values.size());
-      s = ring_->AllReduce(plan.exchange_id(), key.fragment, std::span<const float>(values), std::span<float>(result),
+      s = ring_->AllReduce(exchange_id, key.fragment, std::span<const float>(values), std::span<float>(result),
                            ReduceOp::kMean, &stats);
     }
     out.bytes_sent += stats.bytes_sent;
@@ -210,6 +218,10 @@ ExchangeOutcome Exchanger::RunExchange(SyncKey key, std::vector<float> values) {
     // A ring that failed may hold half a message from a dead peer: build a fresh one for the next epoch.
     ring_.reset();
     ring_fingerprint_ = 0;
+    if (window_.has_value()) {
+      out.error = s;
+      return finish(ExchangeOutcome::Kind::kFailed);
+    }
     SyncStats failed_stats;
     failed_stats.exchange_seconds = stats.seconds;
     failed_stats.bytes_sent = stats.bytes_sent;
@@ -237,6 +249,62 @@ absl::StatusOr<Verdict> Exchanger::Commit(const ExchangeOutcome& outcome, uint64
   }
   if (!outcome.plan.has_value()) return absl::FailedPreconditionError("Commit without a successful exchange");
   return client_->ReportSyncDone(*outcome.plan, state_hash, stats);
+}
+
+}  // namespace fl::diloco
+
+namespace fl::diloco {
+
+absl::StatusOr<SyncPlan> Exchanger::BeginWindow(SyncKey key) {
+  if (client_ == nullptr) return absl::FailedPreconditionError("membership windows need a coordinator");
+  if (in_flight()) {
+    return absl::FailedPreconditionError(
+        fl::StrCat("window (", key.step, ", ", key.fragment, ") begun while an exchange is in flight"));
+  }
+  window_.reset();
+  absl::StatusOr<SyncPlan> plan = client_->BeginSync(key);
+  if (!plan.ok()) return plan.status();
+  if (absl::Status s = EnsureRing(plan->members, plan->self_index); !s.ok()) return s;
+  window_ = *plan;
+  window_exchanges_ = 0;
+  return plan;
+}
+
+absl::Status Exchanger::FoldResiduals(OneBitAdam& adam, ExchangeStats* stats) {
+  if (!window_.has_value() || ring_ == nullptr) {
+    return absl::FailedPreconditionError("FoldResiduals outside a membership window with a ring");
+  }
+  const uint64_t id = (window_->epoch << kWindowExchangeBits) + ++window_exchanges_;
+  absl::Status s = FoldResidualsIntoMomentum(*ring_, id, adam, stats);
+  if (!s.ok()) {
+    ring_.reset();  // as after any failed exchange: it may hold half a message
+    ring_fingerprint_ = 0;
+  }
+  return s;
+}
+
+void Exchanger::DropResiduals() {
+  if (ring_ == nullptr) return;
+  ring_->ResetResidual(kOneBitGradientKey);
+  ring_->ResetResidual(kOneBitMomentumKey);
+}
+
+std::vector<float> Exchanger::MomentumResidual() const {
+  if (ring_ == nullptr) return {};
+  std::span<const float> r = ring_->Residual(kOneBitMomentumKey);
+  return std::vector<float>(r.begin(), r.end());
+}
+
+absl::StatusOr<Verdict> Exchanger::ReportWindowDone(uint64_t state_hash, const SyncStats& stats) {
+  if (!window_.has_value()) return absl::FailedPreconditionError("ReportWindowDone outside a membership window");
+  const SyncPlan plan = *std::exchange(window_, std::nullopt);
+  return client_->ReportSyncDone(plan, state_hash, stats);
+}
+
+absl::StatusOr<Verdict> Exchanger::ReportWindowFailed(const absl::Status& error, const SyncStats& stats) {
+  if (!window_.has_value()) return absl::FailedPreconditionError("ReportWindowFailed outside a membership window");
+  const SyncPlan plan = *std::exchange(window_, std::nullopt);
+  return client_->ReportSyncFailed(plan, error, VanishedMemberFromError(error, plan), stats);
 }
 
 }  // namespace fl::diloco

@@ -53,17 +53,15 @@ absl::Status IslandOptions::Validate() const {
   } else if (mode == "data-parallel") {
     if (dp_transport != "gloo" && dp_transport != "ring") return bad("dp_transport", dp_transport, "use gloo or ring");
   } else if (mode == "onebit-adam") {
+    // With a coordinator the run's length is the coordinator's (windows x steps per window): checked again then.
     if (absl::Status s = OneBit().Validate(); !s.ok()) return s;
-    if (!coordinator.empty()) {
-      return bad("coordinator", coordinator,
-                 "onebit-adam runs over the static ring (--peer); the coordinator's membership is for diloco");
-    }
   } else {
     return bad("mode", mode, "use diloco, data-parallel or onebit-adam");
   }
   if (inner_optimizer != "adamw") return bad("inner_optimizer", inner_optimizer, "use adamw (the only one built)");
   const bool needs_ring = (mode == "diloco" && coordinator.empty()) ||
-                          (mode == "data-parallel" && dp_transport == "ring") || mode == "onebit-adam";
+                          (mode == "data-parallel" && dp_transport == "ring") ||
+                          (mode == "onebit-adam" && coordinator.empty());
   if (needs_ring && rank == 0) {
     if (peers.empty()) {
       return absl::InvalidArgumentError(
@@ -158,6 +156,10 @@ std::string IslandSummary::ToJson() const {
   j["state_hash"] = core::FingerprintToHex(state_hash);
   j["outer_steps"] = outer_steps;
   j["late_joined"] = late_joined;
+  j["state_loads"] = state_loads;
+  j["state_load_bytes"] = state_load_bytes;
+  j["state_load_ms"] = state_load_ms;
+  j["fold_bytes_sent"] = fold_bytes_sent;
   j["local_model_hash"] = core::FingerprintToHex(local_model_hash);
   return j.dump();
 }

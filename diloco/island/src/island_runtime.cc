@@ -18,6 +18,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -30,6 +31,7 @@
 #include "fl/diloco/coord/coordinator_client.h"
 #include "fl/diloco/island/exchange.h"
 #include "fl/diloco/island/island.h"
+#include "fl/diloco/island/onebit_membership.h"
 #include "fl/diloco/coord/state_transfer.h"
 #include "train_task.h"
 
@@ -189,6 +191,7 @@ class IslandRun {
   }
   absl::Status Setup();
   absl::Status SetupLeader();
+  absl::StatusOr<Assignment> ConnectToCoordinator();
   absl::Status InnerStep(uint64_t step);
   double LearningRate(uint64_t step) const;
   absl::StatusOr<double> Backward(uint64_t step);
@@ -198,6 +201,11 @@ class IslandRun {
   absl::Status RunOneBitAdam();
   absl::Status RunEveryStep(absl::Status (IslandRun::*step)(uint64_t));
   absl::Status OneBitStep(uint64_t step);
+  absl::Status OneBitStepIn(uint64_t step, absl::Status* ring_failure);
+  absl::Status RunOneBitWindows();
+  absl::Status SetupOneBitLeader();
+  absl::Status LoadOneBitState(const StateSource& source);
+  absl::Status ShareWindowControl(int64_t* kind, uint64_t* next_step);
   absl::Status StartStaticRingExchanger(const std::string& codec);
   absl::Status RunDiLoCo();
   void Eval(uint64_t step);
@@ -217,6 +225,10 @@ class IslandRun {
   std::vector<float> local_;
   // 1-bit Adam / data-parallel Adam (every rank holds the optimizer state; the leader exchanges)
   std::optional<OneBitAdam> onebit_;
+  std::string onebit_warmup_codec_;       // the warm-up's gradient codec (the coordinator's, or --codec)
+  uint64_t window_steps_ = 0;             // K: steps per membership window (with a coordinator)
+  bool window_error_feedback_ = false;    // the coordinator's: residuals to fold at a window's end
+  std::vector<uint8_t> committed_image_;  // leader: the last committed state, a failed window's rollback
   // DiLoCo
   std::optional<OuterState> outer_;
   std::optional<core::FragmentSchedule> schedule_;  // every rank
@@ -423,7 +435,12 @@ absl::Status IslandRun::RunEveryStep(absl::Status (IslandRun::*step)(uint64_t)) 
 // One step of 1-bit Adam (or, during its warm-up and with W = T, of data-parallel Adam): the island's mean
 // gradient (c10d), the leader's exchange over the ring (the gradient in warm-up, the local momentum after),
 // the result broadcast to the island's ranks, and the same optimizer arithmetic on every rank.
-absl::Status IslandRun::OneBitStep(uint64_t step) {
+absl::Status IslandRun::OneBitStep(uint64_t step) { return OneBitStepIn(step, nullptr); }
+
+// `ring_failure` null: a failed exchange fails the step (static ring). Set (a membership window): a failed
+// exchange is written there (ranks: Aborted), nothing is applied, and the step returns OK so that the window
+// can be reported failed and rolled back.
+absl::Status IslandRun::OneBitStepIn(uint64_t step, absl::Status* ring_failure) {
   const auto start = Clock::now();
   const double lr = LearningRate(step);
   for (torch::Tensor& p : params_) {
@@ -438,44 +455,61 @@ absl::Status IslandRun::OneBitStep(uint64_t step) {
   const size_t n = local_.size();
   std::span<const float> grad(host.data_ptr<float>(), n);
   const bool compressed = onebit_->NextStepCompressed();
-  torch::Tensor exchanged = torch::empty({static_cast<int64_t>(n)}, torch::kFloat32);
+  // The exchanged vector and, after it, whether the leader's exchange succeeded (1) or not (0), in one broadcast.
+  torch::Tensor exchanged = torch::empty({static_cast<int64_t>(n) + 1}, torch::kFloat32);
   std::span<float> mean(exchanged.data_ptr<float>(), n);
+  exchanged[static_cast<int64_t>(n)] = 1.0f;
   const auto net_start = Clock::now();
   double waited = 0;
   if (leader()) {
     std::vector<float> send(n);
-    if (compressed) {
-      if (absl::Status s = onebit_->LocalMomentum(grad, send); !s.ok()) return s;
-      if (step == o_.onebit_warmup_steps + 1) {
-        const std::string codec = onebit_->options().CompressedCodec();
-        if (absl::Status s = exchanger_->SetCodec(codec); !s.ok()) return s;
+    // The codec follows the stage, not the step number: a late joiner, or a window run again after a rollback,
+    // starts its ring in whichever stage the state is in.
+    const std::string codec = compressed ? onebit_->options().CompressedCodec() : onebit_warmup_codec_;
+    if (exchanger_->codec() != codec) {
+      if (absl::Status s = exchanger_->SetCodec(codec); !s.ok()) return s;
+      if (compressed) {
         spdlog::info("{}: step {}: variance frozen after {} warm-up steps; momentum in {} from now on", o_.island_id,
                      step, o_.onebit_warmup_steps, codec);
       }
+    }
+    if (compressed) {
+      if (absl::Status s = onebit_->LocalMomentum(grad, send); !s.ok()) return s;
     } else {
       std::copy(grad.begin(), grad.end(), send.begin());
     }
-    // Residual key 0: the warm-up's gradients (with a lossy warm-up codec); 1: the compressed momentum.
     const auto net = Clock::now();
-    if (absl::Status s = exchanger_->Start(SyncKey{step, compressed ? 1u : 0u}, std::move(send)); !s.ok()) return s;
+    const SyncKey key{step, static_cast<uint32_t>(compressed ? kOneBitMomentumKey : kOneBitGradientKey)};
+    if (absl::Status s = exchanger_->Start(key, std::move(send)); !s.ok()) return s;
     ExchangeOutcome out = exchanger_->Wait();
-    if (out.kind != ExchangeOutcome::Kind::kAveraged) return out.error;
     waited = Since(net);
-    std::copy(out.values.begin(), out.values.end(), mean.begin());
     summary_.bytes_sent += out.bytes_sent;
     summary_.bytes_received += out.bytes_received;
-    summary_.peak_sync_bytes = std::max(summary_.peak_sync_bytes, out.bytes_sent);
     summary_.exchange_s += out.exchange_seconds;
+    if (out.kind != ExchangeOutcome::Kind::kAveraged) {
+      if (ring_failure == nullptr) return out.error;
+      *ring_failure = out.error;
+      exchanged[static_cast<int64_t>(n)] = 0.0f;
+    } else {
+      std::copy(out.values.begin(), out.values.end(), mean.begin());
+      summary_.peak_sync_bytes = std::max(summary_.peak_sync_bytes, out.bytes_sent);
+    }
   }
   if (island_pg_) BroadcastHost(*island_pg_, exchanged, torch_device_);
   if (!leader()) waited = Since(net_start);
+  summary_.wait_s += waited;
+  if (exchanged[static_cast<int64_t>(n)].item<float>() == 0.0f) {
+    if (!leader() && ring_failure != nullptr) *ring_failure = absl::AbortedError("the leader's exchange failed");
+    return absl::OkStatus();
+  }
   absl::Status applied = compressed ? onebit_->CompressedStep(mean, lr, local_) : onebit_->AdamStep(mean, lr, local_);
   if (!applied.ok()) return applied;
   staging_->FromHost(local_);
-  summary_.wait_s += waited;
   ++summary_.syncs;
   const double seconds = Since(start) - waited;
   summary_.compute_s += seconds;
+  compute_since_sync_s_ += seconds;
+  ++steps_since_sync_;
   ++summary_.steps;
   summary_.units += task_->units_per_batch() * o_.ranks;
   if (leader() && step % 50 == 0) spdlog::debug("{} step {} loss {:.4f}", o_.island_id, step, loss_value);
@@ -483,10 +517,12 @@ absl::Status IslandRun::OneBitStep(uint64_t step) {
 }
 
 absl::Status IslandRun::RunOneBitAdam() {
+  inner_.reset();  // this mode steps the model itself (onebit_adam.h): no LibTorch optimizer state
+  onebit_warmup_codec_ = o_.codec;
+  if (!o_.coordinator.empty()) return RunOneBitWindows();
   absl::StatusOr<OneBitAdam> adam = OneBitAdam::Create(local_.size(), o_.OneBit());
   if (!adam.ok()) return adam.status();
   onebit_.emplace(std::move(*adam));
-  inner_.reset();  // this mode steps the model itself (onebit_adam.h): no LibTorch optimizer state
   if (leader()) {
     if (absl::Status s = StartStaticRingExchanger(o_.codec); !s.ok()) return s;
     if (o_.onebit_warmup_steps >= total_steps_) {
@@ -500,6 +536,294 @@ absl::Status IslandRun::RunOneBitAdam() {
   }
   if (absl::Status s = RunEveryStep(&IslandRun::OneBitStep); !s.ok()) return s;
   summary_.state_hash = onebit_->Hash(local_);
+  return absl::OkStatus();
+}
+
+// The leader's admission in onebit-adam: the coordinator's schedule fixes the window K (inner_steps), the run
+// T = windows x K, the warm-up codec and the ring; a late joiner copies the committed state.
+absl::Status IslandRun::SetupOneBitLeader() {
+  absl::StatusOr<Assignment> assignment = ConnectToCoordinator();
+  if (!assignment.ok()) return assignment.status();
+  const IslandSchedule& s = assignment->schedule;
+  if (s.total_outer_steps == 0) {
+    return absl::InvalidArgumentError(
+        "the coordinator runs until stopped (--outer-steps 0), but onebit-adam needs the run's length for its "
+        "schedule; start fl-coordinator with --outer-steps = total steps / --inner-steps");
+  }
+  window_steps_ = s.inner_steps;
+  window_error_feedback_ = s.error_feedback;
+  total_steps_ = s.total_outer_steps * s.inner_steps;
+  onebit_warmup_codec_ = s.codec;
+  OneBitAdamOptions options = o_.OneBit();
+  options.total_steps = total_steps_;
+  absl::StatusOr<OneBitAdam> adam = OneBitAdam::Create(local_.size(), options);
+  if (!adam.ok()) return adam.status();
+  onebit_.emplace(std::move(*adam));
+  ExchangeConfig c;
+  c.self_id = o_.island_id;
+  c.bind_endpoint = o_.data_endpoint;
+  c.codec = s.codec;
+  c.sync_mode = o_.mode;
+  c.error_feedback = s.error_feedback;
+  c.connections_per_peer = static_cast<int>(s.connections_per_peer);
+  c.timeout = absl::Milliseconds(s.exchange_timeout_ms);
+  if (o_.secured()) c.curve_dir = o_.CurveDir();
+  exchanger_ = std::make_unique<Exchanger>(std::move(c), client_.get());
+  committed_image_ = onebit_->Serialize(local_);
+  spdlog::info(
+      "{}: 1-bit Adam through the coordinator, {} parameters, warm-up {} of {} steps in {}, then {}{}, "
+      "membership windows of {} steps",
+      o_.island_id, local_.size(), o_.onebit_warmup_steps, total_steps_, s.codec, onebit_->options().CompressedCodec(),
+      s.error_feedback ? " + error feedback" : "", window_steps_);
+  if (assignment->state_source.has_value()) {
+    if (absl::Status st = LoadOneBitState(*assignment->state_source); !st.ok()) return st;
+    first_step_ = (assignment->state_source->key.step + 1) * window_steps_;
+    summary_.late_joined = true;
+  }
+  return absl::OkStatus();
+}
+
+// A committed 1-bit Adam state from a peer (late join, repair, rejoin): copied over TLS, verified by restoring
+// it into a scratch state and recomputing the hash, its residual checked to be the fold's zeros, reported.
+absl::Status IslandRun::LoadOneBitState(const StateSource& source) {
+  const auto start = Clock::now();
+  FetchOptions fetch;
+  fetch.verify = [this](std::span<const uint8_t> image) -> absl::StatusOr<uint64_t> {
+    OneBitAdam copy = *onebit_;
+    std::vector<float> params(local_.size());
+    std::vector<float> residual;
+    if (absl::Status s = copy.Restore(image, params, &residual); !s.ok()) return s;
+    return copy.Hash(params, residual);
+  };
+  if (o_.secured()) {
+    fetch.tls = ClientTls();
+    fetch.peer_island = source.island_id;
+  }
+  absl::StatusOr<StateSnapshot> snap = FetchState(source.endpoint, source.expected_hash, fetch);
+  if (!snap.ok()) return snap.status();
+  std::vector<float> residual;
+  if (absl::Status s = onebit_->Restore(snap->image, local_, &residual); !s.ok()) return s;
+  if (std::any_of(residual.begin(), residual.end(), [](float r) { return r != 0.0f; })) {
+    // A committed state is always folded; residuals of another island's ring cannot continue on this one.
+    return absl::FailedPreconditionError(fl::StrCat("the state copied from ", source.island_id,
+                                                    " carries error-feedback residuals; a committed 1-bit Adam "
+                                                    "state is folded (all zero): run every island of one release"));
+  }
+  const uint64_t hash = onebit_->Hash(local_);
+  if (hash != source.expected_hash) {
+    return absl::DataLossError(fl::StrCat("state copied from ", source.island_id, " hashes to ",
+                                          core::FingerprintToHex(hash), ", expected ",
+                                          core::FingerprintToHex(source.expected_hash)));
+  }
+  exchanger_->DropResiduals();
+  if (absl::Status s = client_->ReportStateLoaded(source.key, hash); !s.ok()) return s;
+  committed_image_ = snap->image;
+  if (state_server_) state_server_->Publish({source.key, hash, snap->image});
+  const double ms = Since(start) * 1000.0;
+  summary_.state_loads += 1;
+  summary_.state_load_bytes += snap->image.size();
+  summary_.state_load_ms += ms;
+  spdlog::info("{} loaded the 1-bit Adam state after window {} (step {}) from {}: {} bytes in {:.1f} ms, hash {}",
+               o_.island_id, source.key.step, onebit_->step(), source.island_id, snap->image.size(), ms,
+               core::FingerprintToHex(hash));
+  return absl::OkStatus();
+}
+
+// Leader -> ranks at a window boundary: what happens next (kind) and from which step; with kFullModel the
+// leader's whole state image follows (a fold, a rollback, a copied state), which every rank restores.
+absl::Status IslandRun::ShareWindowControl(int64_t* kind, uint64_t* next_step) {
+  if (!island_pg_) return absl::OkStatus();
+  torch::Tensor control = torch::zeros({2}, torch::kInt64);
+  if (leader()) {
+    control[0] = *kind;
+    control[1] = static_cast<int64_t>(*next_step);
+  }
+  BroadcastHost(*island_pg_, control, torch_device_);
+  *kind = control[0].item<int64_t>();
+  *next_step = static_cast<uint64_t>(control[1].item<int64_t>());
+  if (*kind != kFullModel) return absl::OkStatus();
+  std::vector<uint8_t> image = onebit_->Serialize(local_);  // the ranks' own: the size the leader's will have
+  torch::Tensor bytes = torch::from_blob(image.data(), {static_cast<int64_t>(image.size())}, torch::kUInt8);
+  BroadcastHost(*island_pg_, bytes, torch_device_);
+  if (!leader()) {
+    if (absl::Status s = onebit_->Restore(image, local_); !s.ok()) return s;
+    staging_->FromHost(local_);
+  }
+  return absl::OkStatus();
+}
+
+// 1-bit Adam admitted by fl-coordinator (onebit_membership.h): windows of K steps, each a coordinator sync with
+// its own ring; the residuals folded and the state hashed and committed at each window's end; a failed window
+// rolled back to the committed state and run again on the coordinator's next ring; late joiners and rejoiners
+// copy the committed state.
+absl::Status IslandRun::RunOneBitWindows() {
+  torch::Tensor sched = torch::zeros({3}, torch::kInt64);
+  if (leader()) {
+    if (absl::Status s = SetupOneBitLeader(); !s.ok()) return s;
+    sched[0] = static_cast<int64_t>(window_steps_);
+    sched[1] = static_cast<int64_t>(total_steps_);
+    sched[2] = static_cast<int64_t>(first_step_);
+  }
+  if (island_pg_) BroadcastHost(*island_pg_, sched, torch_device_);
+  window_steps_ = static_cast<uint64_t>(sched[0].item<int64_t>());
+  total_steps_ = static_cast<uint64_t>(sched[1].item<int64_t>());
+  first_step_ = static_cast<uint64_t>(sched[2].item<int64_t>());
+  if (!leader()) {
+    OneBitAdamOptions options = o_.OneBit();
+    options.total_steps = total_steps_;
+    absl::StatusOr<OneBitAdam> adam = OneBitAdam::Create(local_.size(), options);
+    if (!adam.ok()) return adam.status();
+    onebit_.emplace(std::move(*adam));
+  }
+  int64_t kind = kFullModel;  // the ranks start from the leader's state (a late joiner's copied one)
+  uint64_t t = first_step_;
+  if (absl::Status s = ShareWindowControl(&kind, &t); !s.ok()) return s;
+  staging_->FromHost(local_);
+  summary_.first_step = first_step_;
+
+  const auto start = Clock::now();
+  while (t < total_steps_) {
+    const uint64_t window = t / window_steps_;
+    const uint64_t end = std::min((window + 1) * window_steps_, total_steps_);
+    const SyncKey key{window, 0};
+    uint64_t next = end;
+    kind = kFragment;      // continue: nothing to copy to the ranks
+    absl::Status failure;  // fatal: the leader stops its ranks and returns it
+    absl::Status rejoin;   // the leader was evicted
+    size_t ring_size = 0;
+    const IslandSummary before = summary_;
+    compute_since_sync_s_ = 0;
+    steps_since_sync_ = 0;
+    if (leader()) {
+      absl::StatusOr<SyncPlan> plan = exchanger_->BeginWindow(key);
+      if (!plan.ok()) {
+        (IsRejoinNeeded(plan.status()) ? rejoin : failure) = plan.status();
+      } else {
+        ring_size = plan->members.size();
+      }
+    }
+    // Whether the window runs at all (the leader's BeginWindow may have ended in an eviction or an error).
+    int64_t go = rejoin.ok() && failure.ok() ? 1 : 0;
+    if (island_pg_) {
+      torch::Tensor flag = torch::full({1}, go, torch::kInt64);
+      BroadcastHost(*island_pg_, flag, torch_device_);
+      go = flag[0].item<int64_t>();
+    }
+    absl::Status ring_failure;
+    if (go == 1) {
+      for (uint64_t step = t + 1; step <= end && ring_failure.ok(); ++step) {
+        if (absl::Status s = OneBitStepIn(step, &ring_failure); !s.ok()) return s;
+        if (leader() && o_.eval_every > 0 && step % o_.eval_every == 0 && step < total_steps_ && ring_failure.ok()) {
+          Eval(step);
+        }
+      }
+    }
+    if (leader() && failure.ok() && rejoin.ok()) {
+      bool folded = false;
+      if (ring_failure.ok() && window_error_feedback_ && onebit_->step() > o_.onebit_warmup_steps) {
+        ExchangeStats fold;
+        ring_failure = exchanger_->FoldResiduals(*onebit_, &fold);
+        summary_.bytes_sent += fold.bytes_sent;
+        summary_.bytes_received += fold.bytes_received;
+        summary_.exchange_s += fold.seconds;
+        summary_.fold_bytes_sent += fold.bytes_sent;
+        folded = ring_failure.ok();
+      } else if (ring_failure.ok()) {
+        exchanger_->DropResiduals();
+      }
+      SyncStats stats;
+      stats.inner_compute_seconds = compute_since_sync_s_;
+      stats.inner_steps = steps_since_sync_;
+      stats.exchange_seconds = summary_.exchange_s - before.exchange_s;
+      stats.bytes_sent = summary_.bytes_sent - before.bytes_sent;
+      stats.bytes_received = summary_.bytes_received - before.bytes_received;
+      stats.wait_seconds = summary_.wait_s - before.wait_s;
+      absl::StatusOr<Verdict> verdict;
+      uint64_t hash = 0;
+      if (ring_failure.ok()) {
+        // The residuals are folded (or there are none): the hash covers them, zero on every member.
+        hash = onebit_->Hash(local_, exchanger_->MomentumResidual());
+        std::vector<uint8_t> image = onebit_->Serialize(local_, exchanger_->MomentumResidual());
+        if (state_server_) state_server_->Publish({key, hash, image});
+        verdict = exchanger_->ReportWindowDone(hash, stats);
+        if (verdict.ok()) committed_image_ = std::move(image);
+        if (folded) kind = kFullModel;
+      } else {
+        spdlog::warn("{}: window {} (steps {}..{}) failed at step {}: {}", o_.island_id, window, t + 1, end,
+                     onebit_->step() + 1, fl::ToStd(ring_failure.message()));
+        verdict = exchanger_->ReportWindowFailed(ring_failure, stats);
+      }
+      if (!verdict.ok()) {
+        (IsRejoinNeeded(verdict.status()) ? rejoin : failure) = verdict.status();
+      } else if (verdict->kind == VerdictKind::kRetry) {
+        // Nobody applied the window: back to its start (the committed state, no residuals), on a new ring.
+        if (absl::Status s = onebit_->Restore(committed_image_, local_); !s.ok()) return s;
+        ++summary_.retries;
+        next = t;
+        kind = kFullModel;
+        spdlog::info("{}: window {} rolled back to step {}; running it again on the coordinator's next ring",
+                     o_.island_id, window, t);
+      } else if (verdict->kind == VerdictKind::kRepair) {
+        if (!verdict->source.has_value()) {
+          failure = absl::InternalError("repair verdict without a source");
+        } else {
+          spdlog::warn("{}: window {} not applied here or hash {} differs from the majority's {}: copying the state",
+                       o_.island_id, window, core::FingerprintToHex(hash),
+                       core::FingerprintToHex(verdict->majority_hash));
+          exchanger_->ResetRing();
+          if (absl::Status s = LoadOneBitState(*verdict->source); !s.ok()) {
+            failure = s;
+          } else {
+            next = (verdict->source->key.step + 1) * window_steps_;
+            kind = kFullModel;
+          }
+        }
+      } else {
+        metrics_.Line(fl::StrCat("{\"event\":\"sync\",\"island\":\"", o_.island_id, "\",\"window\":", window,
+                                 ",\"step\":", end, ",\"ring_size\":", ring_size,
+                                 ",\"folded\":", folded ? "true" : "false", ",\"bytes_sent\":", stats.bytes_sent,
+                                 ",\"compute_s\":", stats.inner_compute_seconds, ",\"hash\":\"",
+                                 core::FingerprintToHex(hash), "\"}"));
+        ++summary_.outer_steps;
+      }
+    }
+    if (leader() && failure.ok() && !rejoin.ok()) {
+      spdlog::warn("{}: evicted ({}); rejoining", o_.island_id, fl::ToStd(rejoin.message()));
+      exchanger_->ResetRing();
+      absl::StatusOr<Assignment> assignment = client_->Rejoin();
+      if (!assignment.ok()) {
+        failure = assignment.status();
+      } else if (!assignment->state_source.has_value()) {
+        failure = absl::InternalError("rejoined without a state source");
+      } else if (absl::Status s = LoadOneBitState(*assignment->state_source); !s.ok()) {
+        failure = s;
+      } else {
+        next = (assignment->state_source->key.step + 1) * window_steps_;
+        kind = kFullModel;
+      }
+    }
+    if (leader() && !failure.ok()) kind = kStop;
+    if (absl::Status s = ShareWindowControl(&kind, &next); !s.ok()) return s;
+    if (kind == kStop)
+      return leader() ? failure : absl::AbortedError("the island leader stopped after a failed window");
+    if (!leader() && !ring_failure.ok() && kind != kFullModel) {
+      return absl::InternalError("a failed window without the leader's state to roll back to");
+    }
+    if (kind == kFullModel) staging_->FromHost(local_);
+    t = next;
+  }
+  summary_.wall_s = Since(start);
+  staging_->ToHost(local_);
+  summary_.local_model_hash = core::Checksum64(
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(local_.data()), local_.size() * sizeof(float)));
+  summary_.state_hash = onebit_->Hash(local_);
+  if (leader()) {
+    summary_.final_eval_loss = task_->EvalLoss();
+    summary_.final_local_eval_loss = summary_.final_eval_loss;
+    if (absl::Status s = client_->Leave("finished"); !s.ok()) {
+      spdlog::warn("{}: leave: {}", o_.island_id, fl::ToStd(s.message()));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -533,6 +857,44 @@ absl::Status IslandRun::LoadState(const StateSource& source) {
   return absl::OkStatus();
 }
 
+// The leader's admission by fl-coordinator (every mode that has one): its state server (peers copy the
+// committed state from it), the client, and the Join with this island's model and sync mode.
+absl::StatusOr<Assignment> IslandRun::ConnectToCoordinator() {
+  std::string state_listen = o_.state_endpoint.empty() ? std::string("127.0.0.1:0") : o_.state_endpoint;
+  // The state server serves mutual TLS with the island's own certificate (it has serverAuth too), so that only
+  // islands of the same CA copy the global state.
+  std::optional<rpc::ServerTls> state_tls;
+  if (o_.secured()) {
+    state_tls.emplace();
+    state_tls->cert_file = o_.tls_cert;
+    state_tls->key_file = o_.tls_key;
+    state_tls->client_ca_file = o_.tls_ca;
+  }
+  absl::StatusOr<std::unique_ptr<StateServer>> server = StateServer::Start(state_listen, 2, state_tls);
+  if (!server.ok()) return server.status();
+  state_server_ = std::move(*server);
+  CoordinatorClientOptions client_options;
+  if (o_.secured()) client_options.tls = ClientTls();
+  client_ = std::make_unique<CoordinatorClient>(client_options);
+  IslandJoinRequest join;
+  join.island_id = o_.island_id;
+  join.data_endpoint = o_.advertised_endpoint.empty() ? o_.data_endpoint : o_.advertised_endpoint;
+  // Peers fetch the state at the host the server listens on (--state-endpoint HOST:0 across machines);
+  // a wildcard or no --state-endpoint names no host, so loopback as before.
+  const std::string state_host = state_listen.substr(0, state_listen.rfind(':'));
+  join.state_endpoint = state_host.empty() || state_host == "0.0.0.0" || state_host == "[::]"
+                            ? state_server_->endpoint()
+                            : fl::StrCat(state_host, ":", state_server_->port());
+  join.num_ranks = static_cast<uint32_t>(o_.ranks);
+  join.model_fingerprint = spec_->fingerprint();
+  join.model_name = o_.model;
+  join.software_version = "fl-island";
+  join.device_class = device_.cuda ? "gpu" : "x86";
+  join.accelerator = device_.cuda ? AcceleratorName(device_.index) : std::string();
+  join.sync_mode = o_.mode;
+  return client_->Connect(o_.coordinator, join);
+}
+
 absl::Status IslandRun::SetupLeader() {
   OuterOptions outer = o_.outer;
   ExchangeConfig c;
@@ -546,38 +908,7 @@ absl::Status IslandRun::SetupLeader() {
   if (o_.secured()) c.curve_dir = o_.CurveDir();
   std::optional<StateSource> late_source;
   if (!o_.coordinator.empty()) {
-    std::string state_listen = o_.state_endpoint.empty() ? std::string("127.0.0.1:0") : o_.state_endpoint;
-    // The state server serves mutual TLS with the island's own certificate (it has serverAuth too), so that only
-    // islands of the same CA copy the global state.
-    std::optional<rpc::ServerTls> state_tls;
-    if (o_.secured()) {
-      state_tls.emplace();
-      state_tls->cert_file = o_.tls_cert;
-      state_tls->key_file = o_.tls_key;
-      state_tls->client_ca_file = o_.tls_ca;
-    }
-    absl::StatusOr<std::unique_ptr<StateServer>> server = StateServer::Start(state_listen, 2, state_tls);
-    if (!server.ok()) return server.status();
-    state_server_ = std::move(*server);
-    CoordinatorClientOptions client_options;
-    if (o_.secured()) client_options.tls = ClientTls();
-    client_ = std::make_unique<CoordinatorClient>(client_options);
-    IslandJoinRequest join;
-    join.island_id = o_.island_id;
-    join.data_endpoint = o_.advertised_endpoint.empty() ? o_.data_endpoint : o_.advertised_endpoint;
-    // Peers fetch the state at the host the server listens on (--state-endpoint HOST:0 across machines);
-    // a wildcard or no --state-endpoint names no host, so loopback as before.
-    const std::string state_host = state_listen.substr(0, state_listen.rfind(':'));
-    join.state_endpoint = state_host.empty() || state_host == "0.0.0.0" || state_host == "[::]"
-                              ? state_server_->endpoint()
-                              : fl::StrCat(state_host, ":", state_server_->port());
-    join.num_ranks = static_cast<uint32_t>(o_.ranks);
-    join.model_fingerprint = spec_->fingerprint();
-    join.model_name = o_.model;
-    join.software_version = "fl-island";
-    join.device_class = device_.cuda ? "gpu" : "x86";
-    join.accelerator = device_.cuda ? AcceleratorName(device_.index) : std::string();
-    absl::StatusOr<Assignment> assignment = client_->Connect(o_.coordinator, join);
+    absl::StatusOr<Assignment> assignment = ConnectToCoordinator();
     if (!assignment.ok()) return assignment.status();
     // The coordinator's schedule is the one source of truth for everything all islands must agree on.
     const IslandSchedule& s = assignment->schedule;

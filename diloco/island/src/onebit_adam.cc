@@ -11,7 +11,8 @@ namespace fl::diloco {
 namespace {
 
 constexpr uint32_t kImageMagic = 0x41424f31;  // "1OBA" little-endian: 1-bit Adam state
-constexpr uint32_t kImageVersion = 1;
+// Version 2 added the error-feedback residual after the model (churn: docs/diloco.md).
+constexpr uint32_t kImageVersion = 2;
 
 absl::Status CheckValues(std::span<const float> values, size_t n, std::string_view what) {
   if (values.size() != n) {
@@ -133,9 +134,20 @@ absl::Status OneBitAdam::CompressedStep(std::span<const float> mean_momentum, do
   return absl::OkStatus();
 }
 
-std::vector<uint8_t> OneBitAdam::Serialize(std::span<const float> params) const {
+absl::Status OneBitAdam::FoldIntoMomentum(std::span<const float> mean_residual) {
+  if (!NextStepCompressed()) {
+    return absl::FailedPreconditionError(fl::StrCat("1-bit Adam: step ", step_, " is in the warm-up of ",
+                                                    options_.warmup_steps,
+                                                    " steps, which has no momentum residuals to fold"));
+  }
+  if (absl::Status s = CheckValues(mean_residual, m_.size(), "the averaged residual"); !s.ok()) return s;
+  for (size_t i = 0; i < m_.size(); ++i) m_[i] += mean_residual[i];
+  return absl::OkStatus();
+}
+
+std::vector<uint8_t> OneBitAdam::Serialize(std::span<const float> params, std::span<const float> residual) const {
   std::vector<uint8_t> out;
-  out.reserve(96 + (m_.size() * 2 + params.size()) * sizeof(float));
+  out.reserve(104 + (m_.size() * 3 + params.size()) * sizeof(float));
   Put<uint32_t>(&out, kImageMagic);
   Put<uint32_t>(&out, kImageVersion);
   Put<double>(&out, options_.beta1);
@@ -150,20 +162,29 @@ std::vector<uint8_t> OneBitAdam::Serialize(std::span<const float> params) const 
   Append(&out, v_.data(), v_.size() * sizeof(float));
   Put<uint64_t>(&out, params.size());
   Append(&out, params.data(), params.size() * sizeof(float));
+  // The residual always has the model's size (zeros when the island keeps none), so that an island without a
+  // ring yet and one whose residuals were folded serialize alike.
+  Put<uint64_t>(&out, m_.size());
+  if (residual.size() == m_.size()) {
+    Append(&out, residual.data(), residual.size() * sizeof(float));
+  } else {
+    out.resize(out.size() + m_.size() * sizeof(float), 0);
+  }
   Put<uint64_t>(&out, core::Checksum64(out));
   return out;
 }
 
-uint64_t OneBitAdam::Hash(std::span<const float> params) const {
+uint64_t OneBitAdam::Hash(std::span<const float> params, std::span<const float> residual) const {
   // The image is exactly "everything that must agree", so hash it (without its own checksum).
-  std::vector<uint8_t> image = Serialize(params);
+  std::vector<uint8_t> image = Serialize(params, residual);
   return core::Checksum64(std::span<const uint8_t>(image.data(), image.size() - sizeof(uint64_t)));
 }
 
-absl::Status OneBitAdam::Restore(std::span<const uint8_t> image, std::span<float> params) {
+absl::Status OneBitAdam::Restore(std::span<const uint8_t> image, std::span<float> params,
+                                 std::vector<float>* residual) {
   const size_t n = m_.size();
   const size_t expected = 2 * sizeof(uint32_t) + 4 * sizeof(double) + sizeof(uint64_t) + sizeof(uint32_t) +
-                          3 * sizeof(uint64_t) + 3 * n * sizeof(float) + sizeof(uint64_t);
+                          4 * sizeof(uint64_t) + 4 * n * sizeof(float) + sizeof(uint64_t);
   auto corrupt = [&](std::string_view what) {
     return absl::DataLossError(
         fl::StrCat("1-bit Adam state image (", image.size(), " bytes) is corrupt: ", what, "; fetch it again"));
@@ -196,6 +217,11 @@ absl::Status OneBitAdam::Restore(std::span<const uint8_t> image, std::span<float
   std::memcpy(v_.data(), image.data() + pos, n * sizeof(float));
   pos += n * sizeof(float) + sizeof(uint64_t);
   std::memcpy(params.data(), image.data() + pos, n * sizeof(float));
+  pos += n * sizeof(float) + sizeof(uint64_t);
+  if (residual != nullptr) {
+    residual->resize(n);
+    std::memcpy(residual->data(), image.data() + pos, n * sizeof(float));
+  }
   step_ = step;
   return absl::OkStatus();
 }

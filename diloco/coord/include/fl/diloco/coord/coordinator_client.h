@@ -83,6 +83,10 @@ struct IslandSchedule {
   uint64_t total_outer_steps = 0;              // outer steps (rounds) per fragment to run; 0 = until stopped
   uint32_t exchange_timeout_ms = 30000;        // RingOptions::timeout
   std::map<std::string, std::string> options;  // free-form run options for the islands (--island-option k=v)
+  // How the islands sync: "diloco", or "onebit-adam", where one sync is a membership window of inner_steps
+  // steps, each with its own exchange (docs/diloco.md, "Churn in 1-bit Adam"). Islands of another mode are
+  // refused at Join naming both.
+  std::string sync_mode = "diloco";
 };
 
 // Where to copy the global state from (late join, repair): the StateServer of island `island_id` serves
@@ -96,15 +100,16 @@ struct StateSource {
 
 // What an island says about itself when it joins.
 struct IslandJoinRequest {
-  std::string island_id;           // unique, stable across restarts ("island-a"); a metric label: keep it short
-  std::string data_endpoint;       // ZeroMQ endpoint its leader binds for the ring ("tcp://10.0.0.1:5555")
-  std::string state_endpoint;      // its StateServer's gRPC address ("10.0.0.1:6000"), for late joiners/repairs
-  uint32_t num_ranks = 1;          // data-parallel ranks in the island
-  uint64_t model_fingerprint = 0;  // core::ModelSpec::fingerprint(); must equal the coordinator's
-  std::string model_name;          // informational
-  std::string software_version;    // fl-island version
-  std::string device_class;        // "gpu", "x86", ... (recorded)
-  std::string accelerator;         // e.g. "cuda:NVIDIA H100 80GB HBM3"; "" = CPU only (recorded)
+  std::string island_id;             // unique, stable across restarts ("island-a"); a metric label: keep it short
+  std::string data_endpoint;         // ZeroMQ endpoint its leader binds for the ring ("tcp://10.0.0.1:5555")
+  std::string state_endpoint;        // its StateServer's gRPC address ("10.0.0.1:6000"), for late joiners/repairs
+  uint32_t num_ranks = 1;            // data-parallel ranks in the island
+  uint64_t model_fingerprint = 0;    // core::ModelSpec::fingerprint(); must equal the coordinator's
+  std::string model_name;            // informational
+  std::string software_version;      // fl-island version
+  std::string device_class;          // "gpu", "x86", ... (recorded)
+  std::string accelerator;           // e.g. "cuda:NVIDIA H100 80GB HBM3"; "" = CPU only (recorded)
+  std::string sync_mode = "diloco";  // fl-island --mode; must equal the schedule's (refused at Join, naming both)
 };
 
 // The coordinator's answer to Join.

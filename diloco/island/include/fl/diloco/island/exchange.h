@@ -9,6 +9,11 @@
 //      values and nothing is ever applied half-done; on kRepair the outcome says where to copy the state.
 // Wait() blocks until that is over and says how long the caller was blocked (the "wait" of the overlap).
 // The caller applies the outer step and then Commit()s it (ReportSyncDone with its state hash).
+//
+// 1-bit Adam with a coordinator runs membership WINDOWS instead (onebit_membership.h): BeginWindow(key) asks for
+// the ring once, every Start() until the window's report exchanges on that ring without a barrier of its own
+// (a failure is returned as kFailed, not reported: the window is), FoldResiduals() ends the window's exchanges,
+// and ReportWindowDone / ReportWindowFailed report the window and get its verdict.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +29,7 @@
 #include "fl/core/mutex.h"
 #include "absl/time/time.h"
 #include "fl/diloco/coord/coordinator_client.h"
+#include "fl/diloco/island/onebit_adam.h"
 #include "fl/diloco/net/ring_allreduce.h"
 
 namespace fl::diloco {
@@ -94,6 +100,23 @@ class Exchanger {
   // Switches the ring's codec for the exchanges started from now on (1-bit Adam: fp32 warm-up, then sign1).
   // Between exchanges only (FailedPrecondition while one is in flight); InvalidArgument for a bad spec.
   absl::Status SetCodec(const std::string& codec_spec);
+  const std::string& codec() const { return config_.codec; }
+
+  // Membership windows (1-bit Adam with a coordinator; between exchanges only). BeginWindow: the barrier of
+  // window `key` (BeginSync) and its ring; errors as BeginSync's (IsRejoinNeeded after an eviction).
+  absl::StatusOr<SyncPlan> BeginWindow(SyncKey key);
+  // The fold of the window's residuals into `adam`'s momentum over the window's ring (FoldResidualsIntoMomentum).
+  // On an error the ring is dropped and the window must be reported failed.
+  absl::Status FoldResiduals(OneBitAdam& adam, ExchangeStats* stats);
+  // Forgets the ring's 1-bit Adam residuals (a window that ends before the compression stage: a lossy warm-up
+  // codec's gradient residual cannot be folded exactly, so it is dropped).
+  void DropResiduals();
+  // This island's momentum residual now (empty without a ring or residual); between exchanges only.
+  std::vector<float> MomentumResidual() const;
+  // The window's report and its verdict (ReportSyncDone / ReportSyncFailed naming the member the error names);
+  // both end the window.
+  absl::StatusOr<Verdict> ReportWindowDone(uint64_t state_hash, const SyncStats& stats);
+  absl::StatusOr<Verdict> ReportWindowFailed(const absl::Status& error, const SyncStats& stats);
 
  private:
   void ThreadMain();
@@ -108,6 +131,8 @@ class Exchanger {
   std::unique_ptr<RingAllReduce> ring_;  // cached while the membership is unchanged
   uint64_t ring_fingerprint_ = 0;
   uint64_t static_exchange_id_ = 0;
+  std::optional<SyncPlan> window_;  // the membership window in progress (caller's, like ring_)
+  uint64_t window_exchanges_ = 0;   // exchanges started in it
 
   mutable fl::Mutex mu_;
   fl::CondVar cv_;

@@ -10,9 +10,10 @@
 //                         pseudo-gradient is averaged over the islands with the ring all-reduce (on a
 //                         background thread), applied τ steps later with the outer optimizer, mixed into
 //                         the local replica, and broadcast by the leader to its ranks (c10d broadcast).
-//   mode "onebit-adam"    1-bit Adam (onebit_adam.h) over the static ring between leaders: every step exact
+//   mode "onebit-adam"    1-bit Adam (onebit_adam.h) over the ring between leaders: every step exact
 //                         Adam on fp32-averaged gradients for W steps, then the sign1 momentum with error
-//                         feedback on both sides; c10d inside the island.
+//                         feedback on both sides; c10d inside the island. With a coordinator, in membership
+//                         windows of K steps (onebit_membership.h); without, over the static `peers` ring.
 //   mode "data-parallel"  the baseline: every inner step all-reduces gradients across ALL ranks of ALL
 //                         islands. dp_transport "gloo": one c10d process group spanning every rank (bytes
 //                         across islands counted as the ring algorithm's 2(W-1)/W of the gradient);
@@ -146,9 +147,15 @@ struct IslandSummary {
   double compute_s = 0;      // inner steps (forward, backward, intra-island all-reduce, AdamW)
   double exchange_s = 0;     // ring all-reduce time (background thread)
   double wait_s = 0;         // time compute waited on the cross-island exchange
-  uint64_t state_hash = 0;   // OuterState::Hash at the end ("diloco")
+  uint64_t state_hash = 0;   // OuterState::Hash ("diloco") or OneBitAdam::Hash ("onebit-adam") at the end
   uint64_t outer_steps = 0;  // sum over fragments
   bool late_joined = false;
+  // "onebit-adam" with a coordinator: committed states copied from a peer (late join, repair, rejoin), their
+  // bytes and the time from the fetch to the report; bytes the windows' residual folds sent.
+  uint64_t state_loads = 0;
+  uint64_t state_load_bytes = 0;
+  double state_load_ms = 0;
+  uint64_t fold_bytes_sent = 0;
   uint64_t local_model_hash = 0;  // Checksum64 of this rank's replica at the end (equal on an island's ranks)
   std::string ToJson() const;
 };

@@ -17,7 +17,9 @@
 //
 // What is not the paper's: the sign1 scale is the codec's mean |x| of the chunk (fl::core, codec.h), where the
 // paper uses ‖x‖₂/√n; both make the decoded chunk's mean magnitude match. The error-feedback residuals are each
-// island's own (its encodings' losses; the reducer's loss of the chunks it owns), not shared state.
+// island's own (its encodings' losses; the reducer's loss of the chunks it owns) while a ring runs; at a
+// membership window's end they are folded into m (FoldIntoMomentum, onebit_membership.h) and are then zero on
+// every island, which the state image and hash include.
 #pragma once
 
 #include <cstddef>
@@ -72,15 +74,20 @@ class OneBitAdam {
   // A compression-stage step with the islands' averaged momentum: m ← it; x steps with the frozen v.
   // FailedPrecondition during the warm-up; InvalidArgument on sizes or NaN/Inf (nothing changes then).
   absl::Status CompressedStep(std::span<const float> mean_momentum, double lr, std::span<float> params);
+  // m ← m + mean_residual: the islands' error-feedback residuals averaged over the ring, delivered into the
+  // shared momentum at once instead of through later exchanges (onebit_membership.h). FailedPrecondition during
+  // the warm-up (there are no momentum residuals then); InvalidArgument on sizes or NaN/Inf.
+  absl::Status FoldIntoMomentum(std::span<const float> mean_residual);
 
-  // Checksum64 of the state image of `params` with this state: equal on two islands iff model, m, v, step and
-  // the options that shape a step agree (up to hash collisions).
-  uint64_t Hash(std::span<const float> params) const;
-  // A self-describing image (magic, version, options, step, m, v, the model, checksum) and its inverse.
-  // Restore checks everything (options equal to this instance's, sizes, checksum) before it changes
-  // anything; on error neither the state nor `params` change.
-  std::vector<uint8_t> Serialize(std::span<const float> params) const;
-  absl::Status Restore(std::span<const uint8_t> image, std::span<float> params);
+  // Checksum64 of the state image of `params` with this state and the island's error-feedback `residual` of
+  // the momentum (empty = zeros): equal on two islands iff model, m, v, step, the options that shape a step and
+  // the residuals agree (up to hash collisions). After a fold the residuals are zero on every island.
+  uint64_t Hash(std::span<const float> params, std::span<const float> residual = {}) const;
+  // A self-describing image (magic, version 2, options, step, m, v, the model, the residual, checksum) and its
+  // inverse. Restore checks everything (options equal to this instance's, sizes, checksum) before it changes
+  // anything; on error neither the state, `params` nor `*residual` change. `residual` may be null (ignored).
+  std::vector<uint8_t> Serialize(std::span<const float> params, std::span<const float> residual = {}) const;
+  absl::Status Restore(std::span<const uint8_t> image, std::span<float> params, std::vector<float>* residual = nullptr);
 
  private:
   OneBitAdam(size_t n, const OneBitAdamOptions& options) : options_(options), m_(n, 0.0f), v_(n, 0.0f) {}
