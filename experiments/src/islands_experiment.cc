@@ -104,6 +104,13 @@ absl::Status IslandsExperimentConfig::Validate() const {
                  fl::StrCat("the sign1 codec cannot carry it (", fl::ToStd(sign1.status().message()),
                             "); use a positive multiple of 8 up to 1048576, e.g. 256"));
     }
+    if (onebit_window_steps > 0 && total_steps % onebit_window_steps != 0) {
+      return bad("onebit.window_steps", onebit_window_steps,
+                 fl::StrCat("the run (inner.total_steps ", total_steps,
+                            ") must be whole membership windows; use a divisor of it, or 0 for the static ring"));
+    }
+  } else if (onebit_window_steps > 0) {
+    return bad("onebit.window_steps", onebit_window_steps, "membership windows are for mode onebit-adam; remove it");
   }
   if (mode == "diloco" && total_steps % inner_steps != 0) {
     return bad("inner.total_steps", total_steps,
@@ -209,6 +216,7 @@ config::FieldTable<Config> ManifestFields(const std::filesystem::path& manifest_
       config::StringField("inner.optimizer", &Config::inner_optimizer),
       config::IntField("onebit.warmup_steps", &Config::onebit_warmup_steps),
       config::IntField("onebit.chunk", &Config::onebit_chunk),
+      config::IntField("onebit.window_steps", &Config::onebit_window_steps),
       config::IntField("inner.total_steps", &Config::total_steps),
       config::IntField("outer.inner_steps", &Config::inner_steps, 1),
       config::IntField("outer.fragments", &Config::fragments, 1),
@@ -398,7 +406,7 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
       return absl::UnavailableError(fl::StrCat("step ", paths.step, ": the coordinator step wrote no ", address_file,
                                                " within 120 s; see ", out("coordinator.log")));
     }
-  } else if (c.mode == "diloco") {
+  } else if (c.UsesCoordinator()) {
     const std::string port_file = out("coordinator.port");
     fs::remove(port_file, ec);
     std::vector<std::string> argv = {paths.fl_coordinator,
@@ -410,11 +418,19 @@ absl::StatusOr<IslandsExperimentResult> RunIslandsExperiment(const IslandsExperi
                                      out("records.db"),
                                      "--experiment-name",
                                      c.name,
-                                     "--outer-steps",
-                                     std::to_string(c.total_steps / c.inner_steps),
                                      "--min-islands",
                                      std::to_string(c.islands)};
-    const std::vector<std::string> schedule = ScheduleArgs(c);
+    // 1-bit Adam: one sync is a membership window of K steps, one fragment, no overlap; the codec is the
+    // warm-up's (docs/diloco.md, "Churn in 1-bit Adam").
+    IslandsExperimentConfig windows = c;
+    if (c.mode == "onebit-adam") {
+      windows.inner_steps = c.onebit_window_steps;
+      windows.fragments = 1;
+      windows.overlap_steps = 0;
+      argv.insert(argv.end(), {"--sync-mode", "onebit-adam"});
+    }
+    argv.insert(argv.end(), {"--outer-steps", std::to_string(c.total_steps / windows.inner_steps)});
+    const std::vector<std::string> schedule = ScheduleArgs(windows);
     argv.insert(argv.end(), schedule.begin(), schedule.end());
     if (c.error_feedback) argv.push_back("--error-feedback");
     argv.insert(argv.end(), coordinator_security.begin(), coordinator_security.end());

@@ -65,6 +65,39 @@ std::string Slurp(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
+// 1-bit Adam with membership windows (onebit.window_steps): the launcher starts fl-coordinator with
+// --sync-mode onebit-adam and windows of 5 steps, the islands join it instead of a static ring, and both end
+// with one state after committing the run's 4 windows.
+TEST(IslandsLaunchTest, OneBitAdamWithWindowsRunsThroughTheCoordinator) {
+  fl::testing::ScratchDir dir("launch-onebit");
+  const std::string manifest = dir.File("onebit.yaml");
+  std::string text = TinyManifest("");
+  text.replace(text.find("mode: diloco"), 12, "mode: onebit-adam");
+  text.replace(text.find("codec: int8"), 11, "codec: fp32");
+  text += "onebit:\n  warmup_steps: 5\n  chunk: 64\n  window_steps: 5\n";
+  std::ofstream(manifest) << text;
+  absl::StatusOr<IslandsExperimentConfig> config = LoadIslandsExperiment(manifest);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->UsesCoordinator());
+  const std::string out = dir.File("out");
+  absl::StatusOr<IslandsExperimentResult> result = RunIslandsExperiment(*config, Paths(out));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(result->hashes_equal);
+  const std::string log = Slurp(out + "/island-0-rank0.log");
+  EXPECT_NE(log.find("1-bit Adam through the coordinator"), std::string::npos) << log;
+  EXPECT_NE(log.find("membership windows of 5 steps"), std::string::npos) << log;
+  // One "sync" line per committed window: 20 steps / 5.
+  size_t windows = 0;
+  std::ifstream metrics(out + "/island-0.jsonl");
+  for (std::string line; std::getline(metrics, line);) windows += line.find("\"event\":\"sync\"") != std::string::npos;
+  EXPECT_EQ(windows, 4u);
+  // A window that does not divide the run is refused, naming the field.
+  std::ofstream(manifest) << std::regex_replace(text, std::regex("window_steps: 5"), "window_steps: 7");
+  absl::StatusOr<IslandsExperimentConfig> bad = LoadIslandsExperiment(manifest);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("onebit.window_steps is '7'"), std::string::npos) << bad.status();
+}
+
 // Secure by default: the launcher provisions a CA for the run, the coordinator serves mutual TLS and the ring runs
 // CurveZMQ; the numbers are those of the same run in plaintext (`security: insecure`), up to the rounding of the
 // ring's summation order.

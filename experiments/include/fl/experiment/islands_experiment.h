@@ -1,5 +1,5 @@
 // The islands experiment launcher: reads a manifest (experiments/diloco/*.yaml, fields in docs/diloco.md),
-// starts fl-coordinator (DiLoCo methods) and every rank of every island as fl-island processes
+// starts fl-coordinator (DiLoCo methods, 1-bit Adam with windows) and every rank of every island as fl-island processes
 // on this machine, waits for them, and gathers the islands' summaries into one result. Torch-free: the
 // launcher (and fl-experiment) never link LibTorch.
 #pragma once
@@ -30,6 +30,11 @@ struct IslandsExperimentConfig {
   // and values per sign1 scale after it.
   uint64_t onebit_warmup_steps = 100;
   uint32_t onebit_chunk = 256;
+  // onebit.window_steps K: > 0 runs onebit-adam through fl-coordinator (--sync-mode onebit-adam) in membership
+  // windows of K steps, with churn (docs/diloco.md, "Churn in 1-bit Adam"); 0 = the static ring.
+  uint64_t onebit_window_steps = 0;
+  // Whether the run has fl-coordinator: DiLoCo always, onebit-adam with membership windows.
+  bool UsesCoordinator() const { return mode == "diloco" || (mode == "onebit-adam" && onebit_window_steps > 0); }
   // Outer loop (handed to the coordinator, which hands it to the islands).
   uint64_t total_steps = 600;
   uint64_t inner_steps = 100;  // H
