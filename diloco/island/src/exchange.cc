@@ -251,10 +251,6 @@ absl::StatusOr<Verdict> Exchanger::Commit(const ExchangeOutcome& outcome, uint64
   return client_->ReportSyncDone(*outcome.plan, state_hash, stats);
 }
 
-}  // namespace fl::diloco
-
-namespace fl::diloco {
-
 absl::StatusOr<SyncPlan> Exchanger::BeginWindow(SyncKey key) {
   if (client_ == nullptr) return absl::FailedPreconditionError("membership windows need a coordinator");
   if (in_flight()) {
