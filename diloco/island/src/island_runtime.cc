@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -205,6 +206,10 @@ class IslandRun {
   absl::Status RunOneBitWindows();
   absl::Status SetupOneBitLeader();
   absl::Status LoadOneBitState(const StateSource& source);
+  // Evicted (`why`): rejoin through the coordinator and load the state it names with `load` (DiLoCo's or 1-bit
+  // Adam's); the key of that state, after which the island continues, or why not.
+  absl::StatusOr<SyncKey> RejoinWithState(const absl::Status& why,
+                                          const std::function<absl::Status(const StateSource&)>& load);
   absl::Status ShareWindowControl(int64_t* kind, uint64_t* next_step);
   absl::Status StartStaticRingExchanger(const std::string& codec);
   absl::Status RunDiLoCo();
@@ -652,6 +657,17 @@ absl::Status IslandRun::ShareWindowControl(int64_t* kind, uint64_t* next_step) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<SyncKey> IslandRun::RejoinWithState(const absl::Status& why,
+                                                   const std::function<absl::Status(const StateSource&)>& load) {
+  spdlog::warn("{}: evicted ({}); rejoining", o_.island_id, fl::ToStd(why.message()));
+  exchanger_->ResetRing();
+  absl::StatusOr<Assignment> assignment = client_->Rejoin();
+  if (!assignment.ok()) return assignment.status();
+  if (!assignment->state_source.has_value()) return absl::InternalError("rejoined without a state source");
+  if (absl::Status s = load(*assignment->state_source); !s.ok()) return s;
+  return assignment->state_source->key;
+}
+
 // 1-bit Adam admitted by fl-coordinator (onebit_membership.h): windows of K steps, each a coordinator sync with
 // its own ring; the residuals folded and the state hashed and committed at each window's end; a failed window
 // rolled back to the committed state and run again on the coordinator's next ring; late joiners and rejoiners
@@ -788,17 +804,12 @@ absl::Status IslandRun::RunOneBitWindows() {
       }
     }
     if (leader() && failure.ok() && !rejoin.ok()) {
-      spdlog::warn("{}: evicted ({}); rejoining", o_.island_id, fl::ToStd(rejoin.message()));
-      exchanger_->ResetRing();
-      absl::StatusOr<Assignment> assignment = client_->Rejoin();
-      if (!assignment.ok()) {
-        failure = assignment.status();
-      } else if (!assignment->state_source.has_value()) {
-        failure = absl::InternalError("rejoined without a state source");
-      } else if (absl::Status s = LoadOneBitState(*assignment->state_source); !s.ok()) {
-        failure = s;
+      absl::StatusOr<SyncKey> k =
+          RejoinWithState(rejoin, [this](const StateSource& source) { return LoadOneBitState(source); });
+      if (!k.ok()) {
+        failure = k.status();
       } else {
-        next = (assignment->state_source->key.step + 1) * window_steps_;
+        next = (k->step + 1) * window_steps_;
         kind = kFullModel;
       }
     }
@@ -1010,17 +1021,12 @@ absl::Status IslandRun::ApplyAt(uint64_t step, size_t fragment, uint64_t* resume
       case ExchangeOutcome::Kind::kFailed: break;
     }
     if (out.kind == ExchangeOutcome::Kind::kRejoin) {
-      spdlog::warn("{}: evicted ({}); rejoining", o_.island_id, fl::ToStd(out.error.message()));
-      exchanger_->ResetRing();
-      absl::StatusOr<Assignment> assignment = client_->Rejoin();
-      if (!assignment.ok()) {
-        failure = assignment.status();
-      } else if (!assignment->state_source.has_value()) {
-        failure = absl::InternalError("rejoined without a state source");
-      } else if (absl::Status s = LoadState(*assignment->state_source); !s.ok()) {
-        failure = s;
+      absl::StatusOr<SyncKey> rejoined =
+          RejoinWithState(out.error, [this](const StateSource& source) { return LoadState(source); });
+      if (!rejoined.ok()) {
+        failure = rejoined.status();
       } else {
-        const SyncKey k = assignment->state_source->key;
+        const SyncKey k = *rejoined;
         *resume_step = outer_->schedule().SendStep(k.fragment, k.step) + outer_->options().overlap_steps;
         if (absl::Status s2 = outer_->CopyGlobalInto(local_); !s2.ok()) return s2;
         kind = kFullModel;
