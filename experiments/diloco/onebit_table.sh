@@ -1,6 +1,6 @@
 #!/bin/bash
 # The comparison of docs/diloco.md ("Syncing every step with few bits, or rarely with whole models"): the same
-# char LM, tokens and islands over two emulated inter-site links, for data-parallel Adam (fp32 and int8 over the
+# model, tokens and islands over two emulated inter-site links, for data-parallel Adam (fp32 and int8 over the
 # ring), 1-bit Adam, DiLoCo (H = 100, int8) and Streaming DiLoCo (4 fragments, overlap, fp4).
 #
 #   experiments/diloco/onebit_table.sh BUILD OUT [JOBS]
@@ -8,7 +8,14 @@
 #     OUT    where each run's folder, derived manifests and table.md go
 #     JOBS   runs at a time (default 1; the bytes and losses do not depend on it, the wall times do)
 # Environment: LINKS (default "wan-1gbit-10ms wan-100mbit-40ms"), METHODS (manifest names, default the five
-# below), STEPS (inner.total_steps for every run; default: the manifests' 600; 1-bit Adam's W scales with it).
+# below), STEPS (inner.total_steps for every run; default: the manifests' 600; 1-bit Adam's W scales with it),
+# MODEL (char-lm, the manifests' own, by default; gru: the TorchScript GRU language model below).
+#
+# MODEL=gru swaps each manifest's model: block for TinyLm of examples/bring-your-own-model (byte embedding 64,
+# nn.GRU 128, linear 256: 123,904 parameters), exported with torch.jit.trace by export_models.py (Debian's
+# python3-torch, seeded: the same weights every time) into OUT/byom/tiny_lm.pt, or the file GRU_PT names.
+# Everything else stays the manifest's: the fortunes text, batch 16 x context 64 per rank (the same tokens a
+# step), AdamW and its schedule, the links, codecs and sync schedules.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 build="${1:?usage: onebit_table.sh BUILD OUT [JOBS]}"
@@ -23,13 +30,43 @@ fi
 [ -x "$run" ] || { echo "no fl-islands-run under $build (build it: ninja -C $build fl-islands-run fl-island fl-coordinator)" >&2; exit 2; }
 links="${LINKS:-wan-1gbit-10ms wan-100mbit-40ms}"
 methods="${METHODS:-adam_dp_fp32 adam_dp_int8 onebit_adam diloco onebit_table_streaming_fp4}"
+model="${MODEL:-char-lm}"
 mkdir -p "$out/manifests"
+case "$model" in
+  char-lm) ;;
+  gru)
+    gru_pt="${GRU_PT:-$out/byom/tiny_lm.pt}"
+    if [ -z "${TABLE_ONLY:-}" ] && [ ! -f "$gru_pt" ]; then
+      /usr/bin/python3 "$here/../../examples/bring-your-own-model/export_models.py" --out "$(dirname "$gru_pt")" \
+        > "$out/export.log" 2>&1 || { echo "exporting the GRU failed: see $out/export.log (needs python3-torch)" >&2; exit 2; }
+    fi
+    gru_pt="$(realpath "$gru_pt")";;  # fl-island runs elsewhere: an absolute path
+  *) echo "MODEL is '$model'; use char-lm or gru" >&2; exit 2;;
+esac
 
 one() {  # method link
   local m="$1" link="$2" dir="$out/$1-$2" manifest="$out/manifests/$1-$2.yaml"
   # The manifest with this link (an absolute path: the copy lives elsewhere) and, with STEPS, the run length.
   sed -e "s|^wan: .*|wan: $here/../profiles/links/$link.yaml|" -e "s|^name: \(.*\)|name: \1-$link|" \
     "$here/$m.yaml" > "$manifest"
+  if [ "$model" = gru ]; then
+    # The model: block (up to the next top-level key) becomes the GRU's, keeping the manifest's context, batch
+    # and seed; the char LM's d_model, layers and heads mean nothing to a TorchScript model.
+    # The name stays the manifest's: fl-islands-run puts it in its CA's common name, which OpenSSL caps at 64
+    # characters, and streaming-p4-overlap5-fp4-wan-100mbit-40ms already fills it.
+    python3 - "$manifest" "$gru_pt" <<'PY'
+import re, sys
+path, pt = sys.argv[1:]
+text = open(path).read()
+block = re.search(r"^model:\n((?: .*\n|\n)*)", text, re.M)
+keep = "".join(line + "\n" for line in block.group(1).splitlines()
+               if re.match(r"  (context|batch_size|seed):", line))
+gru = (f"model:\n  name: {pt}   # TinyLm (TorchScript): byte embedding, nn.GRU, linear\n"
+       "  data: /usr/share/games/fortunes\n  task: next-token\n" + keep)
+text = text[:block.start()] + gru + text[block.end():]
+open(path, "w").write(text)
+PY
+  fi
   if [ -n "${STEPS:-}" ]; then
     sed -i -e "s|^  total_steps: [0-9]*|  total_steps: $STEPS|" "$manifest"
     # 1-bit Adam's warm-up keeps its share of the run (1/6); data-parallel Adam's stays the whole run.
