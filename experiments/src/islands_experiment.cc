@@ -299,7 +299,7 @@ absl::Status ProvisionIslandsPki(const IslandsExperimentConfig& c, const std::st
   std::error_code ec;
   std::filesystem::remove_all(pki_paths.dir, ec);  // a rerun into the same --out gets a fresh CA
   pki::CaOptions ca;
-  ca.common_name = fl::StrCat("fl-islands-run CA for ", c.name);
+  ca.common_name = pki::FitCommonName(fl::StrCat("fl-islands-run CA for ", c.name));
   if (absl::Status s = pki::CreateCa(pki_paths.dir, ca); !s.ok()) return s;
   pki::IssueOptions server;
   // The islands dial the coordinator at the host it advertises: the certificate names it (and loopback).

@@ -203,7 +203,7 @@ absl::Status MakeThrowawayPki(const Manifest& m, const fs::path& dir, const std:
     return absl::FailedPreconditionError(fl::StrCat("cannot remove the earlier ", dir.string(), ": ", ec.message()));
   }
   pki::CaOptions ca;
-  ca.common_name = ca_name;
+  ca.common_name = pki::FitCommonName(ca_name);  // the name carries the manifest's, of any length
   if (absl::Status s = pki::CreateCa(dir.string(), ca); !s.ok()) return s;
   pki::IssueOptions server;
   server.dns_names = server_dns;

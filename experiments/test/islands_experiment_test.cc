@@ -185,5 +185,18 @@ TEST(IslandsExperimentTest, OneBitAdamBadInputsNameTheFieldAndWhatToDo) {
       << c.status();
 }
 
+// A manifest's name of any length gets its run's CA: "fl-islands-run CA for <name>" is fitted into X.509's 64
+// characters (before, a name over 42 characters failed the run with OpenSSL's bare "string too long").
+TEST(IslandsExperimentTest, ALongManifestNameStillGetsItsCa) {
+  absl::StatusOr<IslandsExperimentConfig> c =
+      LoadIslandsExperiment(std::string(FL_DILOCO_MANIFEST_DIR) + "/onebit_table_streaming_fp4.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  c->name = "onebit-table-streaming-fp4-wan-100mbit-40ms-gru-a-name-past-the-limit";
+  fl::testing::ScratchDir dir("islands_long_name");
+  absl::Status s = ProvisionIslandsPki(*c, dir.File("out"), {"127.0.0.1"});
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(std::filesystem::exists(dir.File("out/pki/ca/ca.crt")));
+}
+
 }  // namespace
 }  // namespace fl::experiment

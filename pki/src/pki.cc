@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -190,6 +191,13 @@ struct NewCert {
   int64_t not_after = 0;
 };
 
+// UTF-8 characters (code points) of `s`: what X.509 counts a common name's length in.
+size_t Utf8Length(std::string_view s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80 ? 1 : 0;
+  return n;
+}
+
 // The fields every certificate here shares; the caller adds its extensions and signs.
 absl::StatusOr<NewCert> StartCert(std::string_view common_name, EVP_PKEY* subject_key, X509* issuer,
                                   const Validity& validity) {
@@ -209,6 +217,12 @@ absl::StatusOr<NewCert> StartCert(std::string_view common_name, EVP_PKEY* subjec
   }
   X509_NAME* name = X509_get_subject_name(c);
   const std::string cn(common_name);
+  // OpenSSL's own refusal says only "string too long"; name the value, the limit and what to do.
+  if (const size_t length = Utf8Length(cn); length > kMaxCommonNameLength) {
+    return absl::InvalidArgumentError(fl::StrCat("the common name '", cn, "' has ", length,
+                                                 " characters; X.509 allows at most ", kMaxCommonNameLength,
+                                                 " (RFC 5280): use a shorter name"));
+  }
   if (X509_NAME_add_entry_by_txt(name, "O", MBSTRING_UTF8, reinterpret_cast<const unsigned char*>("fl-testbed"), -1, -1,
                                  0) != 1 ||
       X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_UTF8, reinterpret_cast<const unsigned char*>(cn.c_str()), -1, -1,
@@ -504,6 +518,24 @@ std::string FormatTime(int64_t unix_seconds) {
   char buf[32];
   std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
   return buf;
+}
+
+std::string FitCommonName(std::string_view name) {
+  if (Utf8Length(name) <= kMaxCommonNameLength) return std::string(name);
+  // FNV-1a over the whole name: stable across builds and machines (the CA's name is recorded and compared by
+  // people, not by code), and enough to tell two long names apart.
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  char suffix_buf[16];
+  std::snprintf(suffix_buf, sizeof suffix_buf, "~%08x", static_cast<unsigned>(static_cast<uint32_t>(h ^ (h >> 32))));
+  const std::string suffix(suffix_buf);
+  // The first characters, cut at a character's start so that no UTF-8 sequence is split.
+  const size_t keep = kMaxCommonNameLength - suffix.size();
+  size_t chars = 0, end = 0;
+  for (; end < name.size(); ++end) {
+    if ((static_cast<unsigned char>(name[end]) & 0xC0) != 0x80 && chars++ == keep) break;
+  }
+  return fl::StrCat(name.substr(0, end), suffix);
 }
 
 absl::Status CreateCa(const std::string& dir, const CaOptions& options) {

@@ -285,5 +285,46 @@ TEST(ProvisionNoCaTest, IssuingWithoutACaSaysWhatToDo) {
   EXPECT_THAT(std::string(i.status().message()), HasSubstr("fl-provision init"));
 }
 
+// X.509 caps a common name at 64 characters; OpenSSL's refusal said only "string too long", and a CA named after a
+// long manifest name failed the whole run with it (fl-islands-run's "fl-islands-run CA for <name>").
+TEST(CommonNameTest, ALongCommonNameIsRefusedNamingItAndTheLimit) {
+  fl::testing::ScratchDir scratch("pki_cn");
+  CaOptions ca;
+  ca.common_name = std::string(65, 'c');
+  absl::Status s = CreateCa(scratch.File("long"), ca);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), AllOf(HasSubstr(ca.common_name), HasSubstr("65 characters"), HasSubstr("at most 64")));
+  ca.common_name = std::string(64, 'c');
+  ASSERT_TRUE(CreateCa(scratch.File("fits"), ca).ok());
+  auto cert = ReadCert(Paths{scratch.File("fits")}.CaCert());
+  EXPECT_EQ(CommonName(cert.get()), ca.common_name);
+  ASSERT_TRUE(CreateCa(scratch.File("issuer"), CaOptions{}).ok());
+  absl::StatusOr<Issued> client = Issue(scratch.File("issuer"), Kind::kClient, std::string(70, 'n'), {});
+  EXPECT_FALSE(client.ok());
+  EXPECT_THAT(client.status().message(), HasSubstr("1-64 characters"));  // names are checked before the CN
+}
+
+TEST(CommonNameTest, FitCommonNameKeepsShortNamesAndFitsLongOnesDistinctly) {
+  EXPECT_EQ(FitCommonName("fl-islands-run CA for onebit-adam"), "fl-islands-run CA for onebit-adam");
+  const std::string base = "fl-islands-run CA for onebit-table-streaming-fp4-wan-100mbit-40ms-";
+  const std::string a = FitCommonName(base + "gru"), b = FitCommonName(base + "char-lm");
+  EXPECT_EQ(a.size(), kMaxCommonNameLength);
+  EXPECT_EQ(b.size(), kMaxCommonNameLength);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(a.substr(0, 55), base.substr(0, 55));
+  EXPECT_EQ(a, FitCommonName(base + "gru"));  // the same name, the same common name
+  // Multi-byte characters count once and are never cut in half.
+  std::string greek;
+  for (int i = 0; i < 70; ++i) greek += "\xce\xbb";  // U+03BB, two bytes each
+  const std::string g = FitCommonName(greek);
+  EXPECT_EQ(g.size(), 55 * 2 + 9u);
+  EXPECT_EQ(FitCommonName(greek.substr(0, 64 * 2)), greek.substr(0, 64 * 2));
+  // And a CA under a fitted name is made.
+  fl::testing::ScratchDir scratch("pki_fit");
+  CaOptions ca;
+  ca.common_name = a;
+  EXPECT_TRUE(CreateCa(scratch.File("ca"), ca).ok());
+}
+
 }  // namespace
 }  // namespace fl::pki

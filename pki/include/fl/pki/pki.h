@@ -72,6 +72,14 @@ struct Validity {
   static Validity Days(int days);
 };
 
+// The longest common name X.509 allows, in characters (RFC 5280's ub-common-name); a longer one is refused by
+// CreateCa and Issue, naming it.
+inline constexpr size_t kMaxCommonNameLength = 64;
+// `name` as a common name: unchanged when it fits, else its first characters, "~" and 8 hex digits of a hash of
+// the whole name, 64 characters in all, so that two long names that share a beginning stay distinct. For names
+// made from a user's (a CA named after a manifest): a manifest name of any length must not fail the PKI.
+std::string FitCommonName(std::string_view name);
+
 struct CaOptions {
   std::string common_name = "fl-testbed root CA";
   Validity validity = Validity::Days(3650);
