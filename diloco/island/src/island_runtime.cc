@@ -39,6 +39,14 @@
 namespace fl::diloco {
 namespace {
 
+// The ring's settings every island takes from the coordinator's schedule (DiLoCo's and 1-bit Adam's admission).
+void TakeRingSettings(const IslandSchedule& s, ExchangeConfig& c) {
+  c.codec = s.codec;
+  c.error_feedback = s.error_feedback;
+  c.connections_per_peer = static_cast<int>(s.connections_per_peer);
+  c.timeout = absl::Milliseconds(s.exchange_timeout_ms);
+}
+
 // LibTorch 2.x made Gloo and NCCL c10d::Backends of a ProcessGroup; in 1.x (Debian 12's 1.13) they are
 // ProcessGroups. The collectives used here (allreduce, broadcast) have the same signature on both.
 #if TORCH_VERSION_MAJOR >= 2
@@ -567,11 +575,8 @@ absl::Status IslandRun::SetupOneBitLeader() {
   ExchangeConfig c;
   c.self_id = o_.island_id;
   c.bind_endpoint = o_.data_endpoint;
-  c.codec = s.codec;
   c.sync_mode = o_.mode;
-  c.error_feedback = s.error_feedback;
-  c.connections_per_peer = static_cast<int>(s.connections_per_peer);
-  c.timeout = absl::Milliseconds(s.exchange_timeout_ms);
+  TakeRingSettings(s, c);
   if (o_.secured()) c.curve_dir = o_.CurveDir();
   exchanger_ = std::make_unique<Exchanger>(std::move(c), client_.get());
   committed_image_ = onebit_->Serialize(local_);
@@ -931,10 +936,7 @@ absl::Status IslandRun::SetupLeader() {
     outer.overlap_steps = s.overlap_steps;
     outer.mixing_alpha = s.mixing_alpha;
     outer.outer_optimizer = s.outer_optimizer;
-    c.codec = s.codec;
-    c.error_feedback = s.error_feedback;
-    c.connections_per_peer = static_cast<int>(s.connections_per_peer);
-    c.timeout = absl::Milliseconds(s.exchange_timeout_ms);
+    TakeRingSettings(s, c);
     if (s.total_outer_steps > 0) total_steps_ = s.total_outer_steps * s.inner_steps;
     late_source = assignment->state_source;
   } else {
