@@ -763,8 +763,8 @@ absl::Status IslandRun::RunOneBitWindows() {
       uint64_t hash = 0;
       if (ring_failure.ok()) {
         // The residuals are folded (or there are none): the hash covers them, zero on every member.
-        hash = onebit_->Hash(local_, exchanger_->MomentumResidual());
         std::vector<uint8_t> image = onebit_->Serialize(local_, exchanger_->MomentumResidual());
+        hash = OneBitAdam::ImageHash(image);
         if (state_server_) state_server_->Publish({key, hash, image});
         verdict = exchanger_->ReportWindowDone(hash, stats);
         if (verdict.ok()) committed_image_ = std::move(image);

@@ -175,9 +175,12 @@ std::vector<uint8_t> OneBitAdam::Serialize(std::span<const float> params, std::s
 }
 
 uint64_t OneBitAdam::Hash(std::span<const float> params, std::span<const float> residual) const {
+  return ImageHash(Serialize(params, residual));
+}
+
+uint64_t OneBitAdam::ImageHash(std::span<const uint8_t> image) {
   // The image is exactly "everything that must agree", so hash it (without its own checksum).
-  std::vector<uint8_t> image = Serialize(params, residual);
-  return core::Checksum64(std::span<const uint8_t>(image.data(), image.size() - sizeof(uint64_t)));
+  return core::Checksum64(image.first(image.size() - sizeof(uint64_t)));
 }
 
 absl::Status OneBitAdam::Restore(std::span<const uint8_t> image, std::span<float> params,

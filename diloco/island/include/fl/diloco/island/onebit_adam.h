@@ -83,6 +83,8 @@ class OneBitAdam {
   // the momentum (empty = zeros): equal on two islands iff model, m, v, step, the options that shape a step and
   // the residuals agree (up to hash collisions). After a fold the residuals are zero on every island.
   uint64_t Hash(std::span<const float> params, std::span<const float> residual = {}) const;
+  // The same hash of an image Serialize made (for a caller that needs both: one Serialize, not two).
+  static uint64_t ImageHash(std::span<const uint8_t> image);
   // A self-describing image (magic, version 2, options, step, m, v, the model, the residual, checksum) and its
   // inverse. Restore checks everything (options equal to this instance's, sizes, checksum) before it changes
   // anything; on error neither the state, `params` nor `*residual` change. `residual` may be null (ignored).
